@@ -1,0 +1,104 @@
+"""The `gpt1` command line: parse options, call the library, render with Rich.
+
+Each subcommand is one function in ``gptcli/commands/<name>.py`` (named ``command``) registered here, so this
+file stays a table of contents. Heavy imports (torch, spaCy) happen inside the command bodies, which keeps
+``gpt1 --help`` instant.
+
+User errors (:class:`gptcli.errors.GPT1Error`) print as one red line and exit 1; ``--debug`` or
+``GPT1_DEBUG=1`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Optional
+
+import click
+import typer
+from rich.console import Console
+
+from gptcli import __version__
+from gptcli.errors import GPT1Error
+
+app = typer.Typer(
+    name="gpt1",
+    help="GPT-1 end to end: prepare text, pretrain, fine-tune on the paper's 12 tasks, evaluate, zero-shot.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+# (subcommand name, module in gptcli.commands) in the order of the paper's pipeline.
+COMMANDS: list[tuple[str, str]] = [
+    ("quickstart", "quickstart"),
+    ("prepare", "prepare"),
+    ("inspect", "inspect"),
+    ("pretrain", "pretrain"),
+    ("finetune", "finetune"),
+    ("eval", "evaluate"),
+    ("zeroshot", "zeroshot"),
+    ("convert", "convert"),
+    ("generate", "generate"),
+]
+
+_state = {"debug": False}
+err_console = Console(stderr=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"gpt1 {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Optional[bool] = typer.Option(
+        None, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+    debug: bool = typer.Option(
+        False, "--debug", help="Show full tracebacks for errors (also: GPT1_DEBUG=1)."
+    ),
+) -> None:
+    _state["debug"] = debug or _state["debug"]
+
+
+def _register() -> None:
+    for name, module in COMMANDS:
+        qualified = f"gptcli.commands.{module}"
+        if importlib.util.find_spec(qualified) is None:
+            continue
+        mod = importlib.import_module(qualified)
+        app.command(name, **getattr(mod, "COMMAND_SETTINGS", {}))(mod.command)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point with one-line user errors and meaningful exit codes."""
+    _state["debug"] = os.environ.get("GPT1_DEBUG", "") not in ("", "0")
+    command = typer.main.get_command(app)
+    try:
+        rv = command.main(args=argv, prog_name="gpt1", standalone_mode=False)
+    except GPT1Error as e:
+        if _state["debug"]:
+            raise
+        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        err_console.print("[bold red]aborted[/]")
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("[bold red]interrupted[/]")
+        sys.exit(130)
+    sys.exit(rv if isinstance(rv, int) else 0)

@@ -1,0 +1,164 @@
+"""Token shards on disk: Arrow IPC files of token ids with document boundaries, and the corpus that lists them.
+
+A shard is an uncompressed Arrow IPC *file* holding one record batch with a single column ``tokens`` of type
+``large_list<uint16>`` (``uint32`` once the vocabulary no longer fits 16 bits): one row per document. Because the
+file is uncompressed and has one batch, memory-mapping it gives the flat token array and the document offsets
+as zero-copy numpy views — what the pretraining sampler reads.
+
+A corpus directory holds ``manifest.json``, ``tokenizer/`` and the shards named ``{split}-{index:05d}.arrow``.
+The format is documented in ``docs/formats.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pyarrow as pa
+
+from gptcli.errors import GPT1Error
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest unsigned dtype holding every id (specials included)."""
+    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.uint32)
+
+
+def shard_name(split: str, index: int) -> str:
+    return f"{split}-{index:05d}.arrow"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_shard(path: Path, documents: Iterable[np.ndarray], dtype: np.dtype) -> dict[str, Any]:
+    """Write documents (arrays of ids) as one shard; returns ``{file, documents, tokens, sha256}``."""
+    docs = [np.asarray(d, dtype=dtype) for d in documents]
+    lengths = np.fromiter((len(d) for d in docs), dtype=np.int64, count=len(docs))
+    offsets = np.zeros(len(docs) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.concatenate(docs) if docs else np.zeros(0, dtype=dtype)
+    values = pa.array(flat, type=pa.from_numpy_dtype(dtype))
+    column = pa.LargeListArray.from_arrays(pa.array(offsets, type=pa.int64()), values)
+    batch = pa.record_batch([column], names=["tokens"])
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return {"file": path.name, "documents": len(docs), "tokens": int(offsets[-1]), "sha256": sha256_file(path)}
+
+
+@dataclass
+class Shard:
+    """A memory-mapped shard: ``tokens`` (flat ids) and ``offsets`` (document d is tokens[offsets[d]:offsets[d+1]])."""
+
+    path: Path
+    tokens: np.ndarray
+    offsets: np.ndarray
+    _keepalive: Any = field(default=None, repr=False)
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.offsets) - 1
+
+    def document(self, i: int) -> np.ndarray:
+        return self.tokens[self.offsets[i] : self.offsets[i + 1]]
+
+
+def read_shard(path: str | Path) -> Shard:
+    """Memory-map a shard; the returned arrays are zero-copy views into the file."""
+    p = Path(path)
+    try:
+        source = pa.memory_map(str(p), "r")
+        table = pa.ipc.open_file(source).read_all()
+    except (OSError, pa.ArrowInvalid) as e:
+        raise GPT1Error(f"{p}: not a readable token shard ({e})") from None
+    if table.column_names != ["tokens"] or table.column(0).num_chunks > 1:
+        raise GPT1Error(f"{p}: unexpected shard layout (expected one batch with a 'tokens' list column)")
+    chunk = table.column(0).chunk(0) if table.num_rows else None
+    if chunk is None:
+        return Shard(p, np.zeros(0, dtype=np.uint16), np.zeros(1, dtype=np.int64), source)
+    tokens = chunk.values.to_numpy(zero_copy_only=True)
+    offsets = chunk.offsets.to_numpy(zero_copy_only=True)
+    if offsets[0] != 0:  # a sliced array would break the zero-copy contract
+        tokens = tokens[offsets[0] :]
+        offsets = offsets - offsets[0]
+    return Shard(p, tokens, offsets, (source, table))
+
+
+class Corpus:
+    """A prepared corpus directory: manifest, tokenizer and memory-mapped shards per split."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.dir = Path(directory)
+        mpath = self.dir / MANIFEST
+        if not self.dir.is_dir():
+            raise GPT1Error(f"{self.dir}: corpus directory not found (create one with `gpt1 prepare`)")
+        if not mpath.is_file():
+            raise GPT1Error(f"{self.dir}: not a prepared corpus (no {MANIFEST}; create one with `gpt1 prepare`)")
+        try:
+            self.manifest: dict[str, Any] = json.loads(mpath.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise GPT1Error(f"{mpath}: corrupt manifest ({e})") from None
+        if "shards" not in self.manifest:
+            raise GPT1Error(f"{mpath}: manifest lists no shards")
+
+    @cached_property
+    def tokenizer(self):
+        from gptcli.tokenizers import load_tokenizer
+
+        return load_tokenizer(self.dir / "tokenizer")
+
+    def shard_entries(self, split: str) -> list[dict[str, Any]]:
+        return [s for s in self.manifest["shards"] if s.get("split") == split]
+
+    @property
+    def splits(self) -> list[str]:
+        return sorted({s["split"] for s in self.manifest["shards"]})
+
+    def shards(self, split: str) -> list[Shard]:
+        """Memory-mapped shards of ``split`` in manifest order."""
+        entries = self.shard_entries(split)
+        if not entries:
+            raise GPT1Error(f"{self.dir}: corpus has no {split!r} split (splits: {', '.join(self.splits) or 'none'})")
+        out = []
+        for e in entries:
+            path = self.dir / e["file"]
+            if not path.is_file():
+                raise GPT1Error(f"{path}: shard listed in the manifest is missing")
+            out.append(read_shard(path))
+        return out
+
+    def arrays(self, split: str) -> list[np.ndarray]:
+        """The flat token arrays of ``split``, one per shard (zero-copy)."""
+        return [s.tokens for s in self.shards(split)]
+
+    def num_tokens(self, split: str) -> int:
+        return sum(int(e["tokens"]) for e in self.shard_entries(split))
+
+    def verify(self) -> list[str]:
+        """Check every shard's sha256 against the manifest; returns the problems found (empty = all good)."""
+        problems = []
+        for e in self.manifest["shards"]:
+            path = self.dir / e["file"]
+            if not path.is_file():
+                problems.append(f"{path}: missing")
+            elif sha256_file(path) != e["sha256"]:
+                problems.append(f"{path}: checksum mismatch (expected {e['sha256'][:12]}…)")
+        return problems
+
+
+def open_corpus(directory: str | Path) -> Corpus:
+    """Open a directory written by ``gpt1 prepare``."""
+    return Corpus(directory)

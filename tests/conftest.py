@@ -1,0 +1,32 @@
+"""Shared test fixtures: the real data in ../shared and small helpers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("GPT1_SHARED", REPO.parent / "shared"))
+DATA = SHARED / "data"
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """``../shared/data`` (real benchmark files); tests that need it skip with a reason when it is absent."""
+    if not DATA.is_dir():
+        pytest.skip(f"real data not found at {DATA} (set GPT1_SHARED)")
+    return DATA
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_torch():
+    """Keep torch to the cores CI has and make every test start from the same RNG state."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    torch.manual_seed(0)
+    yield
