@@ -16,8 +16,12 @@ import os
 import sys
 from typing import Optional
 
-import click
 import typer
+
+try:  # typer >= 0.16 vendors click as typer._click; older versions use click itself
+    from typer._click import exceptions as click_exc
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_exc
 from rich.console import Console
 
 from gptcli import __version__
@@ -79,6 +83,15 @@ def _register() -> None:
 _register()
 
 
+def _record_for_launcher(e: BaseException) -> None:
+    """Inside a torch.distributed worker, leave the error where the launcher reads it (per-rank error file),
+    so `gpt1 pretrain --gpus N` can report which rank failed and why."""
+    if os.environ.get("TORCHELASTIC_ERROR_FILE") and not isinstance(e, SystemExit):
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(e)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point with one-line user errors and meaningful exit codes."""
     _state["debug"] = os.environ.get("GPT1_DEBUG", "") not in ("", "0")
@@ -86,19 +99,23 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rv = command.main(args=argv, prog_name="gpt1", standalone_mode=False)
     except GPT1Error as e:
+        _record_for_launcher(e)
         if _state["debug"]:
             raise
         err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
-    except click.exceptions.Abort:
+    except typer.Abort:
         err_console.print("[bold red]aborted[/]")
         sys.exit(130)
-    except click.ClickException as e:
+    except click_exc.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
-    except click.exceptions.Exit as e:
+    except typer.Exit as e:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         err_console.print("[bold red]interrupted[/]")
         sys.exit(130)
+    except BaseException as e:
+        _record_for_launcher(e)
+        raise
     sys.exit(rv if isinstance(rv, int) else 0)
