@@ -13,7 +13,7 @@ from gptcli.tasks.base import Example, ReadOptions, Split, Task
 
 _REGISTRY: dict[str, Task] = {}
 # Family modules in gptcli/tasks/, imported lazily on first lookup.
-FAMILIES: tuple[str, ...] = ()
+FAMILIES: tuple[str, ...] = ("glue", "snli", "scitail", "race", "storycloze")
 _loaded = False
 
 
@@ -33,8 +33,46 @@ def _load_families() -> None:
 
 
 def all_tasks() -> list[Task]:
+    """Every registered task, in the paper's table order (then any others by name)."""
     _load_families()
-    return list(_REGISTRY.values())
+    return sorted(_REGISTRY.values(), key=_order)
+
+
+# The paper's table order (Tables 2-4), used by ``all_tasks`` and ``--list-tasks``.
+PAPER_ORDER: tuple[str, ...] = (
+    "mnli", "mnli-mm", "snli", "scitail", "qnli", "rte", "wnli",
+    "storycloze", "race-m", "race-h", "race",
+    "cola", "sst2", "mrpc", "stsb", "qqp",
+)
+
+
+def _order(t: Task) -> tuple[int, str]:
+    return (PAPER_ORDER.index(t.name), "") if t.name in PAPER_ORDER else (len(PAPER_ORDER), t.name)
+
+
+def task_rows() -> list[dict]:
+    """The registry as plain rows for ``gpt1 finetune --list-tasks`` (the command renders them).
+
+    Keys: ``name``, ``title``, ``kind``, ``transformation``, ``labels`` (official strings, joined; "score in
+    [0, 5]" for regression), ``metric`` (headline, then extra metrics), ``paper`` (GPT-1's score or None),
+    ``location`` (``$GPT1_DATA/<folder>``), ``files`` (what the folder must hold), ``splits``, ``source``.
+    """
+    rows = []
+    for t in all_tasks():
+        rows.append({
+            "name": t.name,
+            "title": t.title,
+            "kind": t.kind,
+            "transformation": t.transformation,
+            "labels": ", ".join(t.labels) if t.labels else "score in [0, 5]",
+            "metric": " / ".join((t.metric, *t.extra_metrics)),
+            "paper": t.paper_score,
+            "location": f"$GPT1_DATA/{t.folder}",
+            "files": ", ".join(t.files),
+            "splits": ", ".join(t.splits),
+            "source": t.source_url,
+        })
+    return rows
 
 
 def get_task(name: str) -> Task:
@@ -45,4 +83,4 @@ def get_task(name: str) -> Task:
     return _REGISTRY[key]
 
 
-__all__ = ["Example", "ReadOptions", "Split", "Task", "all_tasks", "get_task", "register"]
+__all__ = ["FAMILIES", "PAPER_ORDER", "Example", "ReadOptions", "Split", "Task", "all_tasks", "get_task", "register", "task_rows"]

@@ -15,6 +15,15 @@ from gptcli.errors import GPT1Error
 
 Kind = Literal["classification", "entailment", "similarity", "multiple_choice", "regression"]
 
+TRANSFORMATIONS: dict[str, str] = {
+    "classification": "<s> text <e>",
+    "entailment": "<s> premise $ hypothesis <e>",
+    "similarity": "<s> a $ b <e> + <s> b $ a <e> (final states summed)",
+    "regression": "<s> a $ b <e> + <s> b $ a <e> (final states summed), linear output",
+    "multiple_choice": "<s> context question $ answer <e> per answer, softmax over answers",
+}
+"""The paper's input transformations (reference §4) by task kind, as shown by ``--list-tasks``."""
+
 
 @dataclass
 class Example:
@@ -46,6 +55,9 @@ class ReadOptions:
     """Skip (and count) malformed rows instead of stopping at the first one."""
     skipped: list[str] = field(default_factory=list)
     """Filled by readers: one ``path:line: reason`` per skipped row."""
+    excluded: list[str] = field(default_factory=list)
+    """Filled by readers: one ``path:line: reason`` per row the dataset's own rule leaves out (not an error),
+    e.g. SNLI/MNLI ``gold_label == "-"`` (no annotator consensus)."""
 
 
 @dataclass
@@ -78,24 +90,78 @@ class Task:
     """Answers per example for multiple-choice tasks."""
     notes: str = ""
     """Truncation rule and other task-specific documentation."""
+    parent_folders: tuple[str, ...] = ()
+    """Extra parents under ``$GPT1_DATA`` tried after the root, e.g. ``glue_data`` (as GLUE's download script
+    lays it out): ``$GPT1_DATA/<folder>`` first, then ``$GPT1_DATA/<parent>/<folder>``."""
+    glue_name: str = ""
+    """GLUE submission file stem (``SST-2``, ``MNLI-m``, ...); empty for tasks outside GLUE."""
+    extra_metrics: tuple[str, ...] = ()
+    """Metrics reported besides the headline one (e.g. ``spearman`` for STS-B, ``accuracy`` for MRPC/QQP)."""
+
+    @property
+    def transformation(self) -> str:
+        """The input transformation of the paper (reference §4) this task's kind uses, in words."""
+        return TRANSFORMATIONS[self.kind]
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """Every file (or folder, for RACE) any split expects, relative to the task folder, without repeats."""
+        return tuple(dict.fromkeys(f for s in self.splits.values() for f in s.files))
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """The headline metric then the extra ones, as names in :data:`gptcli.metrics.METRICS`."""
+        return (self.metric, *self.extra_metrics)
+
+    def label_string(self, label: int | float) -> str:
+        """A label as the official files (and GLUE submissions) write it: ``labels[i]``, or the STS-B score."""
+        if self.kind == "regression":
+            return f"{float(label):.3f}"
+        return self.labels[int(label)]
+
+    def label_index(self, label: str) -> int:
+        """Index of an official label string in :attr:`labels` (``ValueError`` if unknown)."""
+        return self.labels.index(label)
+
+    def candidate_dirs(self) -> list[Path]:
+        """Where the task folder is looked for under ``$GPT1_DATA`` (empty when the variable is unset)."""
+        root = os.environ.get("GPT1_DATA")
+        if not root:
+            return []
+        return [Path(root) / self.folder] + [Path(root) / p / self.folder for p in self.parent_folders]
 
     def data_dir(self, data_dir: str | Path | None = None) -> Path:
-        """``data_dir`` if given, else ``$GPT1_DATA/<folder>``; raises with the expected files when missing."""
+        """``data_dir`` if given, else ``$GPT1_DATA/<folder>`` (or under a :attr:`parent_folders` entry);
+        raises :class:`GPT1Error` naming the expected files and the official source when missing."""
+        where = f"official distribution: {self.source_url}" if self.source_url else "see docs/datasets.md"
+        expected = ", ".join(self.files)
         if data_dir is not None:
             d = Path(data_dir)
-        elif os.environ.get("GPT1_DATA"):
-            d = Path(os.environ["GPT1_DATA"]) / self.folder
-        else:
+            if not d.is_dir():
+                raise GPT1Error(f"{d}: data directory for task {self.name!r} not found (expected a folder "
+                                f"{self.folder}/ holding {expected}; {where})")
+            return d
+        candidates = self.candidate_dirs()
+        if not candidates:
             raise GPT1Error(
                 f"no data location for task {self.name!r}: pass --data-dir or set GPT1_DATA so that "
-                f"$GPT1_DATA/{self.folder}/ holds {', '.join(sorted({f for s in self.splits.values() for f in s.files}))}"
-                + (f" (official distribution: {self.source_url})" if self.source_url else "")
+                f"$GPT1_DATA/{self.folder}/ holds {expected} ({where})"
             )
-        if not d.is_dir():
-            raise GPT1Error(f"{d}: data directory for task {self.name!r} not found" + (f" (get it from {self.source_url})" if self.source_url else ""))
-        return d
+        for d in candidates:
+            if d.is_dir():
+                return d
+        raise GPT1Error(
+            f"{candidates[0]}: data directory for task {self.name!r} not found (looked in "
+            f"{', '.join(str(c) for c in candidates)}; expected {expected}; {where})"
+        )
 
     def read(self, split: str, data_dir: str | Path | None = None, options: ReadOptions | None = None) -> list[Example]:
+        """Read one split from ``data_dir`` (the task's official folder) or ``$GPT1_DATA/<folder>``.
+
+        Every row is validated; a bad row raises :class:`~gptcli.errors.DataError` (``path:line: reason``)
+        unless ``options.skip_bad_rows``, in which case it is skipped and recorded in ``options.skipped``.
+        Unlabeled test files give examples with ``label=None``.
+        """
         if split not in self.splits:
             raise GPT1Error(f"task {self.name!r} has no split {split!r} (splits: {', '.join(self.splits)})")
         d = self.data_dir(data_dir)
@@ -104,7 +170,7 @@ class Task:
         out: list[Example] = []
         for f in sp.files:
             path = d / f
-            if not path.is_file():
+            if not path.exists():  # a file, or a folder of files for RACE
                 raise GPT1Error(
                     f"{path}: missing {split} file for task {self.name!r} (expected {', '.join(sp.files)} in {d})"
                     + (f"; official distribution: {self.source_url}" if self.source_url else "")

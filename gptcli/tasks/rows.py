@@ -1,0 +1,87 @@
+"""Reading official files line by line, with exact line numbers and one bad-row policy for every loader.
+
+GLUE, SciTail and the other TSV distributions are split on tabs with no quote processing (what
+``csv.QUOTE_NONE`` does): their sentences contain unbalanced ``"`` characters that a quoting reader would
+swallow across lines. Files are read as bytes and split on ``\\n`` only, so a stray ``\\r`` or U+2028 inside a
+sentence never shifts a line number; a UTF-8 byte order mark (MRPC) is dropped from the first line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from gptcli.errors import DataError
+from gptcli.tasks.base import ReadOptions
+
+
+class BadRow(Exception):
+    """Raised by a row parser: what is wrong with the current row (the reader adds ``path:line``)."""
+
+
+def reject(path: Path, line: int | None, reason: str, opts: ReadOptions) -> None:
+    """Apply the bad-row policy: raise ``DataError`` by default, else record ``path:line: reason`` and go on."""
+    err = DataError(path, reason, line)
+    if not opts.skip_bad_rows:
+        raise err
+    opts.skipped.append(str(err))
+
+
+def iter_lines(path: Path, opts: ReadOptions) -> Iterator[tuple[int, str]]:
+    """``(line_number, text)`` for each line, 1-based, without its ``\\n``/``\\r\\n``; BOM dropped.
+
+    A line that is not valid UTF-8 is a bad row. A final empty line (file ending in a newline) is not a row.
+    """
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            if raw.endswith(b"\n"):
+                raw = raw[:-1]
+                if raw.endswith(b"\r"):
+                    raw = raw[:-1]
+            if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                reject(path, n, f"not valid UTF-8 ({e.reason} at byte {e.start})", opts)
+                continue
+            yield n, text
+
+
+def iter_tsv(path: Path, opts: ReadOptions) -> Iterator[tuple[int, list[str]]]:
+    """``(line_number, columns)`` for each non-blank line of a TSV file, split on tabs, no quoting."""
+    for n, text in iter_lines(path, opts):
+        if not text.strip():
+            continue  # blank lines (e.g. a trailing one) carry no row
+        yield n, text.split("\t")
+
+
+def check_columns(cols: list[str], n: int) -> None:
+    if len(cols) != n:
+        raise BadRow(f"expected {n} tab-separated columns, found {len(cols)}")
+
+
+def nonempty(value: str, what: str) -> str:
+    """``value`` unchanged, or :class:`BadRow` if it is empty or only whitespace."""
+    if not value.strip():
+        raise BadRow(f"empty {what}")
+    return value
+
+
+def label_of(value: str, labels: tuple[str, ...], what: str = "label") -> int:
+    """Index of ``value`` in ``labels``, or :class:`BadRow` naming the allowed values."""
+    try:
+        return labels.index(value)
+    except ValueError:
+        raise BadRow(f"unknown {what} {value!r} (expected one of {', '.join(repr(x) for x in labels)})") from None
+
+
+def score_of(value: str, lo: float, hi: float, what: str = "score") -> float:
+    """``value`` as a float in ``[lo, hi]``, or :class:`BadRow`."""
+    try:
+        x = float(value)
+    except ValueError:
+        raise BadRow(f"{what} {value!r} is not a number") from None
+    if not lo <= x <= hi:  # also rejects nan
+        raise BadRow(f"{what} {value!r} is outside [{lo:g}, {hi:g}]")
+    return x
