@@ -1,0 +1,179 @@
+"""Winograd schemas: readers for DPRD (Rahman & Ng 2012) and WSC273 (Davis et al., XML), and the substitution.
+
+Both become :class:`Schema` objects: the sentence split around the pronoun to resolve (``before``, ``pronoun``,
+``after``), the two candidate referents and the index of the correct one. The zero-shot heuristic (paper §5)
+replaces the pronoun by each candidate and compares the language model's average log-probability of ``after``.
+
+Locating the pronoun (DPRD gives only the sentence and the pronoun's text; WSC273 marks it in the XML):
+the pronoun is matched as a whole word, case-insensitively. When it occurs more than once (36 of DPRD's 1,322
+sentences, e.g. "Ryan won … against Tom because he feels he was …"), the occurrence taken is the first one after
+the end of the later-mentioned candidate — the referring pronoun follows both antecedents in every such sentence
+of the dataset; when a candidate cannot be found in the sentence, the first occurrence is taken. A pronoun that is
+not in the sentence is a ``path:line:`` error.
+
+Possessive pronouns (his, its, their, whose; ``her`` when a noun follows it) are replaced by the candidate with
+``'s`` ("… looked at his groceries" → "… looked at Nick's groceries"), as Trinh & Le (2018) do; object ``her``
+("took her to the hospital") is replaced by the bare candidate. Candidate capitalisation is kept as written: every
+tokenizer here lowercases.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+from gptcli.errors import DataError
+
+POSSESSIVE = {"his", "its", "their", "whose", "hers", "theirs"}
+# Words after "her" that show it is an object ("took her to …", "gave her a present"), not a determiner.
+_OBJECT_FOLLOWERS = {
+    "to", "in", "at", "on", "for", "with", "from", "by", "about", "into", "onto", "and", "but", "or", "so",
+    "because", "that", "as", "up", "down", "out", "off", "over", "a", "an", "the", "this", "again",
+    "away", "too", "when", "if", "since", "before", "after", "while", "until", "than", "what", "how", "why",
+    "not", "anything", "something", "nothing", "everything", "some", "any", "very", "much", "all", "first",
+}
+
+
+@dataclass
+class Schema:
+    """One Winograd sentence with its pronoun located."""
+
+    before: str
+    pronoun: str
+    after: str
+    candidates: tuple[str, str]
+    label: int
+    """Index of the correct candidate in ``candidates``."""
+    source: str = ""
+    """``path:line`` of the schema."""
+
+    @property
+    def sentence(self) -> str:
+        return f"{self.before}{self.pronoun}{self.after}"
+
+    def substitute(self, candidate: int) -> tuple[str, str]:
+        """``(before + candidate, after)``: the context and the continuation scored for one candidate."""
+        return self.before + replacement(self.pronoun, self.candidates[candidate], self.after), self.after
+
+
+def is_possessive(pronoun: str, after: str) -> bool:
+    """Whether ``pronoun`` (followed by the text ``after``) is a possessive determiner."""
+    p = pronoun.strip().lower()
+    if p in POSSESSIVE:
+        return True
+    if p == "her":
+        m = re.match(r"\s*([A-Za-z']+)", after)
+        return bool(m) and m.group(1).lower() not in _OBJECT_FOLLOWERS
+    return False
+
+
+def replacement(pronoun: str, candidate: str, after: str) -> str:
+    """The text that replaces ``pronoun``: the candidate, with ``'s`` for a possessive."""
+    c = candidate.strip()
+    return c + "'s" if is_possessive(pronoun, after) else c
+
+
+def _word(text: str) -> re.Pattern:
+    # Whole word, case-insensitive; (?<!\w)/(?!\w) instead of \b so multi-word or punctuated pronouns work too.
+    return re.compile(r"(?<!\w)" + re.escape(text.strip()) + r"(?!\w)", re.IGNORECASE)
+
+
+def locate(sentence: str, pronoun: str, candidates: tuple[str, ...]) -> tuple[int, int] | None:
+    """Span of the pronoun occurrence to substitute (see the module docstring), or None if absent."""
+    hits = [m.span() for m in _word(pronoun).finditer(sentence)]
+    if not hits:
+        return None
+    if len(hits) == 1:
+        return hits[0]
+    ends = []
+    for c in candidates:
+        m = _word(c).search(sentence)
+        if m is None:
+            return hits[0]
+        ends.append(m.end())
+    after_both = [h for h in hits if h[0] >= max(ends)]
+    return after_both[0] if after_both else hits[0]
+
+
+def read_dprd(path: str | Path) -> list[Schema]:
+    """Rahman & Ng's format: blocks of sentence, pronoun, ``cand1,cand2``, correct candidate, then a blank line."""
+    p = Path(path)
+    try:
+        lines = p.read_text(encoding="utf-8-sig").splitlines()
+    except UnicodeDecodeError as e:
+        raise DataError(p, f"not UTF-8 text ({e.reason})") from None
+    out: list[Schema] = []
+    i = 0
+    while i < len(lines):
+        if not lines[i].strip():
+            i += 1
+            continue
+        start = i + 1  # 1-based line of the block's sentence
+        block = []
+        while i < len(lines) and lines[i].strip():
+            block.append(lines[i].strip())
+            i += 1
+        if len(block) != 4:
+            raise DataError(p, f"expected a block of 4 lines (sentence, pronoun, candidates, answer), got {len(block)}", start)
+        sentence, pronoun, cands, answer = block
+        parts = [c.strip() for c in cands.split(",")]
+        if len(parts) != 2 or not all(parts):
+            raise DataError(p, f"expected two comma-separated candidates, got {cands!r}", start + 2)
+        # Compare case-insensitively: the answer line repeats a candidate, sometimes with other capitalisation.
+        lower = [c.lower() for c in parts]
+        if answer.lower() not in lower:
+            raise DataError(p, f"answer {answer!r} is not one of the candidates {parts}", start + 3)
+        span = locate(sentence, pronoun, tuple(parts))
+        if span is None:
+            raise DataError(p, f"pronoun {pronoun!r} does not occur in the sentence", start + 1)
+        a, b = span
+        out.append(Schema(sentence[:a], sentence[a:b], sentence[b:], (parts[0], parts[1]), lower.index(answer.lower()), f"{p}:{start}"))
+    if not out:
+        raise DataError(p, "no schemas found")
+    return out
+
+
+def _line_of(text: str, needle: str, start: int) -> tuple[int, int]:
+    at = text.find(needle, start)
+    return (text.count("\n", 0, at) + 1 if at >= 0 else 0), max(at, start)
+
+
+def read_wsc(path: str | Path) -> list[Schema]:
+    """WSC273's ``WSCollection.xml``: ``<txt1>``/``<pron>``/``<txt2>``, two ``<answer>``s, ``<correctAnswer>`` A/B."""
+    p = Path(path)
+    raw = p.read_bytes()
+    try:
+        root = ET.fromstring(raw)
+    except ET.ParseError as e:
+        raise DataError(p, f"not valid XML: {e.msg}", e.position[0]) from None
+    text = raw.decode("latin-1")  # only used to report line numbers
+    out: list[Schema] = []
+    cursor = 0
+    for n, schema in enumerate(root.iter("schema"), 1):
+        line, cursor = _line_of(text, "<schema>", cursor)
+        cursor += 1
+
+        def need(xpath: str) -> str:
+            el = schema.find(xpath)
+            if el is None:
+                raise DataError(p, f"schema {n} has no <{xpath.split('/')[-1]}>", line)
+            return " ".join((el.text or "").split())
+
+        txt1, pron, txt2 = need("text/txt1"), need("text/pron"), need("text/txt2")
+        answers = [" ".join((a.text or "").split()) for a in schema.findall("answers/answer")]
+        if len(answers) != 2 or not all(answers):
+            raise DataError(p, f"schema {n} must have exactly two non-empty <answer>s, got {len(answers)}", line)
+        correct = need("correctAnswer").rstrip(".").strip().upper()
+        if correct not in ("A", "B"):
+            raise DataError(p, f"schema {n}: <correctAnswer> must be A or B, got {correct!r}", line)
+        if not pron:
+            raise DataError(p, f"schema {n}: empty <pron>", line)
+        # Rebuild the sentence with single spaces; the XML splits it around the pronoun explicitly.
+        before = (txt1 + " ") if txt1 else ""
+        after = txt2 if txt2[:1] in (".", ",", "'", "?", "!", ";", ":") or not txt2 else " " + txt2
+        out.append(Schema(before, pron, after, (answers[0], answers[1]), "AB".index(correct), f"{p}:{line}"))
+    if not out:
+        raise DataError(p, "no <schema> elements found")
+    return out
