@@ -44,6 +44,50 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def write_manifest(directory: str | Path, manifest: dict[str, Any]) -> Path:
+    """Write ``manifest.json`` (sorted keys, stable formatting) through a temporary file and a rename."""
+    path = Path(directory) / MANIFEST
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+class ShardWriter:
+    """Accumulates the documents of one split and writes a shard whenever ``shard_tokens`` is reached.
+
+    Memory is bounded by one shard's worth of tokens (a single document longer than that gets a shard of its
+    own). ``entries`` lists what was written, in the manifest's shard format.
+    """
+
+    def __init__(self, directory: str | Path, split: str, dtype: np.dtype, shard_tokens: int = 1 << 26) -> None:
+        self.dir = Path(directory)
+        self.split = split
+        self.dtype = np.dtype(dtype)
+        self.shard_tokens = shard_tokens
+        self.entries: list[dict[str, Any]] = []
+        self._docs: list[np.ndarray] = []
+        self._tokens = 0
+
+    def add(self, document: np.ndarray) -> None:
+        self._docs.append(np.asarray(document, dtype=self.dtype))
+        self._tokens += len(document)
+        if self._tokens >= self.shard_tokens:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._docs:
+            return
+        path = self.dir / shard_name(self.split, len(self.entries))
+        entry = write_shard(path, self._docs, self.dtype)
+        self.entries.append({"split": self.split, **entry})
+        self._docs, self._tokens = [], 0
+
+    def close(self) -> list[dict[str, Any]]:
+        self.flush()
+        return self.entries
+
+
 def write_shard(path: Path, documents: Iterable[np.ndarray], dtype: np.dtype) -> dict[str, Any]:
     """Write documents (arrays of ids) as one shard; returns ``{file, documents, tokens, sha256}``."""
     docs = [np.asarray(d, dtype=dtype) for d in documents]
@@ -147,6 +191,15 @@ class Corpus:
     def num_tokens(self, split: str) -> int:
         return sum(int(e["tokens"]) for e in self.shard_entries(split))
 
+    def num_documents(self, split: str) -> int:
+        return sum(int(e["documents"]) for e in self.shard_entries(split))
+
+    def documents(self, split: str) -> Iterable[np.ndarray]:
+        """Every document of ``split`` in order, as zero-copy views."""
+        for shard in self.shards(split):
+            for i in range(shard.num_documents):
+                yield shard.document(i)
+
     def verify(self) -> list[str]:
         """Check every shard's sha256 against the manifest; returns the problems found (empty = all good)."""
         problems = []
@@ -155,7 +208,10 @@ class Corpus:
             if not path.is_file():
                 problems.append(f"{path}: missing")
             elif sha256_file(path) != e["sha256"]:
-                problems.append(f"{path}: checksum mismatch (expected {e['sha256'][:12]}…)")
+                problems.append(
+                    f"{path}: checksum mismatch (expected sha256 {e['sha256'][:12]}…); "
+                    "the shard changed since `gpt1 prepare` wrote it: re-run prepare"
+                )
         return problems
 
 
