@@ -170,3 +170,145 @@ def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu
 
         tok = _load_tok(p / TOKENIZER)
     return Checkpoint(p, model, mcfg, tok, config.get("kind", "lm"), config.get("meta", {}), head)
+
+
+# --- training state (resumable runs) ---------------------------------------------------------------------------
+# Two extra files in a checkpoint of a resumable run:
+#   training_state.json          step, tokens seen, sampler state, optimizer hyper-parameters, RNG states (ints)
+#   optimizer.safetensors        every optimizer state tensor as "state.<param index>.<name>", plus RNG byte states
+# Both load without executing code; the optimizer state maps back through parameter *indices*, the same order
+# ``torch.optim.Optimizer.state_dict`` uses.
+
+TRAINING_STATE = "training_state.json"
+OPTIMIZER = "optimizer.safetensors"
+
+
+def rng_state() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(JSON part, tensor part) of every RNG a training step may consume: Python, numpy, torch CPU and CUDA."""
+    import random
+
+    import numpy as np
+
+    py_version, py_state, py_gauss = random.getstate()
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    js = {
+        "python": [py_version, list(py_state), py_gauss],
+        "numpy": [np_name, np_keys.tolist(), int(np_pos), int(np_has_gauss), float(np_gauss)],
+    }
+    tensors = {"rng.torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.torch_cuda.{i}"] = s
+    return js, tensors
+
+
+def set_rng_state(js: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
+    import random
+
+    import numpy as np
+
+    if "python" in js:
+        v, state, gauss = js["python"]
+        random.setstate((v, tuple(state), gauss))
+    if "numpy" in js:
+        name, keys, pos, has_gauss, gauss = js["numpy"]
+        np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    if "rng.torch_cpu" in tensors:
+        torch.set_rng_state(tensors["rng.torch_cpu"])
+    cuda = [tensors[k] for k in sorted(tensors) if k.startswith("rng.torch_cuda.")]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
+
+
+def write_training_state(
+    directory: Path,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    *,
+    scaler: Any | None = None,
+) -> None:
+    """Write the optimizer, RNG states and the JSON ``state`` (step, sampler, ...) into ``directory``."""
+    sd = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    for idx, pstate in sd["state"].items():
+        for name, value in pstate.items():
+            t = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+            tensors[f"state.{idx}.{name}"] = t.detach().to("cpu").contiguous()
+    rng_js, rng_t = rng_state()
+    tensors.update(rng_t)
+    save_file(tensors, str(Path(directory) / OPTIMIZER), metadata={"format": str(FORMAT)})
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in sd["param_groups"]]
+    doc = {"format": FORMAT, **state, "optimizer_param_groups": groups, "rng": rng_js}
+    if scaler is not None and scaler.is_enabled():
+        doc["grad_scaler"] = {k: (float(v) if isinstance(v, float) else v) for k, v in scaler.state_dict().items()}
+    (Path(directory) / TRAINING_STATE).write_text(json.dumps(doc, indent=1), encoding="utf-8")
+
+
+def has_training_state(path: Path) -> bool:
+    return (path / TRAINING_STATE).is_file() and (path / OPTIMIZER).is_file()
+
+
+def read_training_state(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The JSON training state and the tensors (optimizer + RNG) of a checkpoint, with one-line errors."""
+    p = Path(path)
+    if not has_training_state(p):
+        raise GPT1Error(f"{p}: checkpoint has no training state ({TRAINING_STATE} + {OPTIMIZER}); cannot resume from it")
+    try:
+        doc = json.loads((p / TRAINING_STATE).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise GPT1Error(f"{p / TRAINING_STATE}: corrupt training state ({e})") from None
+    try:
+        tensors = load_file(str(p / OPTIMIZER))
+    except Exception as e:
+        raise GPT1Error(f"{p / OPTIMIZER}: unreadable optimizer state ({e})") from None
+    return doc, tensors
+
+
+def restore_training_state(
+    doc: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    *,
+    scaler: Any | None = None,
+    restore_rng: bool = True,
+) -> None:
+    """Load optimizer (and GradScaler) state and the RNG states read by :func:`read_training_state`."""
+    groups = doc["optimizer_param_groups"]
+    for g in groups:
+        if "betas" in g:
+            g["betas"] = tuple(g["betas"])
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, t in tensors.items():
+        if not key.startswith("state."):
+            continue
+        _, idx, name = key.split(".", 2)
+        state.setdefault(int(idx), {})[name] = t
+    try:
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise GPT1Error(f"optimizer state does not match the model ({e})") from None
+    if scaler is not None and "grad_scaler" in doc:
+        scaler.load_state_dict(doc["grad_scaler"])
+    if restore_rng:
+        set_rng_state(doc.get("rng", {}), tensors)
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:07d}"
+
+
+def prune_checkpoints(checkpoints: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` complete ``step-*`` checkpoints and stale temporary directories."""
+    checkpoints = Path(checkpoints)
+    if not checkpoints.is_dir():
+        return []
+    removed = []
+    for stale in checkpoints.glob(".step-*.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+        removed.append(stale)
+    if keep > 0:
+        done = sorted(c for c in checkpoints.glob("step-*") if c.is_dir() and is_checkpoint(c))
+        for old in done[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+            removed.append(old)
+    return removed

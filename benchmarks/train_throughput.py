@@ -1,0 +1,116 @@
+"""Training throughput and MFU: our GPT vs ``transformers.OpenAIGPTLMHeadModel``, same process, interleaved.
+
+For each model size (``gpt1`` at batch 4×512 and ``tiny``) both implementations get the same weights, the same
+batch and the same optimizer (fused AdamW), in train mode with the paper's dropouts; one timed "step" is
+forward + backward + optimizer step. Variants run round-robin (ours fp32, HF fp32, ours bf16, HF bf16) so machine
+noise hits all alike; the report gives medians and ratios against HF fp32 measured in the same run, and MFU
+against the fp32 matmul peak measured by this script (FLOPs per token = 6N + 12·L·d·T, ``GPT.flops_per_token``).
+
+glibc's malloc returns freed memory to the OS every step here and re-faults it (docs/performance.md); unless
+``--default-malloc`` is given, the script re-executes itself with ``GLIBC_TUNABLES`` raising the mmap and trim
+thresholds, which applies to both implementations alike.
+
+    python benchmarks/train_throughput.py --steps 5            # both sizes, fp32 and bf16
+    python benchmarks/train_throughput.py --sizes tiny --steps 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+TUNABLES = "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=68719476736"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="gpt1,tiny", help="comma-separated presets (gpt1, tiny)")
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per variant (after one warm-up step)")
+    ap.add_argument("--batch", type=int, default=4, help="sequences per step")
+    ap.add_argument("--seq-len", type=int, default=512, help="tokens per sequence")
+    ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
+    ap.add_argument("--no-hf", action="store_true", help="only our model")
+    ap.add_argument("--default-malloc", action="store_true", help="do not set GLIBC_TUNABLES")
+    ap.add_argument("--json", help="also write the results to this JSON file")
+    args = ap.parse_args()
+
+    if not args.default_malloc and os.environ.get("GLIBC_TUNABLES") != TUNABLES:
+        os.environ["GLIBC_TUNABLES"] = TUNABLES
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+
+    import torch
+
+    from gptcli.hf import config_to_hf, state_dict_to_hf
+    from gptcli.model import GPT, preset
+    from gptcli.runtime import measure_cpu_peak
+
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(default)')}")
+    peak = {p: measure_cpu_peak(p, n=2048, seconds=2.0) for p in ("fp32", "bf16")}
+    print(f"measured matmul peak: fp32 {peak['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.0f} GFLOP/s")
+
+    results = []
+    for size in args.sizes.split(","):
+        cfg = preset(size)
+        torch.manual_seed(0)
+        ours = GPT(cfg).train()
+        models = {"ours": ours}
+        if not args.no_hf:
+            import transformers
+
+            hf_cfg = transformers.OpenAIGPTConfig(
+                **{k: v for k, v in config_to_hf(cfg).items() if k not in ("architectures", "model_type")}
+            )
+            hf = transformers.OpenAIGPTLMHeadModel(hf_cfg).train()
+            hf.load_state_dict(state_dict_to_hf(ours.state_dict(), cfg.n_layer), strict=False)
+            models["hf"] = hf
+        opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-5, weight_decay=0.01, fused=True) for k, m in models.items()}
+        g = torch.Generator().manual_seed(1)
+        batch = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), generator=g)
+        x, y = batch[:, :-1], batch[:, 1:]
+
+        def step(name: str, prec: str) -> float:
+            m, opt = models[name], opts[name]
+            ctx = torch.autocast("cpu", dtype=torch.bfloat16) if prec == "bf16" else torch.autocast("cpu", enabled=False)
+            t0 = time.perf_counter()
+            with ctx:
+                loss = m.lm_loss(x, y) if name == "ours" else m(input_ids=x, labels=x).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return time.perf_counter() - t0
+
+        variants = [(n, p) for p in args.precisions.split(",") for n in models]
+        times: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
+        for v in variants:  # warm-up
+            step(*v)
+        for _ in range(args.steps):
+            for v in variants:
+                times[v].append(step(*v))
+        tokens = args.batch * args.seq_len
+        fpt = ours.flops_per_token(args.seq_len)
+        base = statistics.median(times[("hf", "fp32")]) if ("hf", "fp32") in times else None
+        print(f"\n{size}: {ours.num_params() / 1e6:.1f}M params, batch {args.batch}×{args.seq_len}, "
+              f"{fpt / 1e6:.0f} MFLOP/token, {args.steps} steps")
+        for (name, prec), ts in times.items():
+            med = statistics.median(ts)
+            tps = tokens / med
+            mfu = tps * fpt / peak["fp32"]
+            ratio = base / med if base else float("nan")
+            results.append({"size": size, "impl": name, "precision": prec, "median_s": med, "tokens_per_s": tps,
+                            "mfu_vs_fp32_peak": mfu, "vs_hf_fp32": ratio})
+            print(f"  {name:4s} {prec}: {med:7.3f} s/step  {tps:8.1f} tok/s  MFU {100 * mfu:5.1f}% of fp32 peak  "
+                  f"{ratio:.2f}× HF fp32")
+        del models, opts, ours
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"peak": peak, "threads": torch.get_num_threads(), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Run logging: ``metrics.jsonl`` (always), TensorBoard (optional) and a Rich live display.
+
+``metrics.jsonl`` has one JSON object per line: ``{"kind": "train", "step", "loss", "lr", "grad_norm",
+"tokens", "tokens_per_s", "mfu", "elapsed_s"}`` per logged update and ``{"kind": "eval", "step", "split",
+"loss", "perplexity", "tokens"}`` per validation. Only the writing rank (rank 0 under DDP) creates a logger.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+METRICS = "metrics.jsonl"
+
+
+def truncate_metrics(path: Path, after_step: int) -> None:
+    """Drop records past ``after_step`` (written by a run that died after its last checkpoint) before resuming."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a crash
+        if rec.get("step", 0) <= after_step:
+            keep.append(line)
+    path.write_text("".join(k + "\n" for k in keep), encoding="utf-8")
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)  # JSON has no NaN/inf
+    return v
+
+
+class RunLogger:
+    """Appends metrics to ``RUN/metrics.jsonl`` and, if asked and installed, TensorBoard event files."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = False) -> None:
+        self.path = Path(run_dir) / METRICS
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", encoding="utf-8")
+        self.tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                from gptcli.errors import GPT1Error
+
+                raise GPT1Error("--tensorboard needs the tensorboard package (pip install tensorboard)") from None
+            self.tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+
+    def log(self, record: dict[str, Any]) -> None:
+        self._f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        self._f.flush()
+        if self.tb is not None:
+            kind = record.get("kind", "train")
+            for k, v in record.items():
+                if k not in ("kind", "step") and isinstance(v, (int, float)) and math.isfinite(v):
+                    self.tb.add_scalar(f"{kind}/{k}", v, record.get("step", 0))
+
+    def close(self) -> None:
+        self._f.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+def format_duration(seconds: float) -> str:
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    s = int(seconds)
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class LiveDisplay:
+    """A one-line Rich live view: step/total, loss, lr, tokens/s, MFU, ETA (and the last validation)."""
+
+    def __init__(self, total_steps: int, enabled: bool = True, console=None) -> None:
+        self.total = total_steps
+        self.enabled = enabled
+        self._live = None
+        self._console = console
+        self._last_eval = ""
+        self._text = ""
+
+    def __enter__(self) -> "LiveDisplay":
+        if self.enabled:
+            from rich.console import Console
+            from rich.live import Live
+
+            console = self._console or Console(stderr=True)
+            if console.is_terminal:
+                self._live = Live("", console=console, refresh_per_second=4, transient=False)
+                self._live.__enter__()
+            self._console = console
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)
+            self._live = None
+
+    def _render(self, line: str) -> None:
+        if self._live is not None:
+            self._live.update(self._text + self._last_eval)
+        elif self._console is not None and self.enabled:
+            self._console.print(line, highlight=False)  # not a terminal: one plain line per event
+
+    def train(self, step: int, loss: float, lr: float, tokens_per_s: float, mfu: float | None, eta_s: float) -> None:
+        mfu_s = f"{100 * mfu:5.1f}%" if mfu is not None else "  n/a"
+        self._text = (
+            f"[bold]step[/] {step}/{self.total}  [bold]loss[/] {loss:.4f}  [bold]lr[/] {lr:.3e}  "
+            f"[bold]tok/s[/] {tokens_per_s:,.0f}  [bold]MFU[/] {mfu_s}  [bold]ETA[/] {format_duration(eta_s)}"
+        )
+        self._render(self._text)
+
+    def eval(self, step: int, loss: float, ppl: float) -> None:
+        self._last_eval = f"  [cyan]val[/] {loss:.4f} (ppl {ppl:.2f} @ {step})"
+        self._render(self._last_eval.strip())
+
+
+class Throughput:
+    """Tokens/s and MFU over the updates since the last report (excluding evaluation and checkpoint time)."""
+
+    def __init__(self, flops_per_token: float, peak_flops: float | None) -> None:
+        self.fpt = flops_per_token
+        self.peak = peak_flops
+        self.tokens = 0
+        self.seconds = 0.0
+        self._t0: float | None = None
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def stop(self, tokens: int) -> None:
+        if self._t0 is not None:
+            self.seconds += time.perf_counter() - self._t0
+            self._t0 = None
+        self.tokens += tokens
+
+    def report(self) -> tuple[float, float | None]:
+        tps = self.tokens / self.seconds if self.seconds > 0 else 0.0
+        mfu = tps * self.fpt / self.peak if self.peak else None
+        self.tokens, self.seconds = 0, 0.0
+        return tps, mfu

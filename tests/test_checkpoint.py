@@ -1,0 +1,95 @@
+"""Checkpoints: training state round trip, atomic writes, keep-last-K, resolution, clear errors."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gptcli import checkpoint as ckpt
+from gptcli.errors import GPT1Error
+from gptcli.model import GPT, ModelConfig
+from gptcli.optim import make_optimizer
+
+TINY = ModelConfig(vocab_size=50, n_ctx=8, n_embd=16, n_layer=1, n_head=2, n_inner=32)
+
+
+def _trained():
+    model = GPT(TINY)
+    opt = make_optimizer(model, lr=1e-3)
+    for _ in range(2):
+        model.lm_loss(torch.randint(0, 50, (2, 8)), torch.randint(0, 50, (2, 8))).backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
+def test_training_state_round_trip(tmp_path):
+    model, opt = _trained()
+    path = ckpt.save_checkpoint(
+        tmp_path / "c", model, meta={"step": 2},
+        extra=lambda d: ckpt.write_training_state(d, opt, {"step": 2, "sampler": {"seed": 0, "epoch": 1, "position": 4}}),
+    )
+    expected_draw = (torch.rand(3), random.random(), np.random.rand())
+    torch.manual_seed(123), random.seed(1), np.random.seed(2)  # disturb every RNG
+    doc, tensors = ckpt.read_training_state(path)
+    assert doc["step"] == 2 and doc["sampler"] == {"seed": 0, "epoch": 1, "position": 4}
+    assert not any(p.suffix in (".pt", ".pkl", ".bin") for p in path.iterdir())  # nothing pickled
+    model2 = GPT(TINY)
+    model2.load_state_dict(ckpt.load_checkpoint(path).model.state_dict())
+    opt2 = make_optimizer(model2, lr=1e-3)
+    ckpt.restore_training_state(doc, tensors, opt2)
+    assert (torch.rand(3).tolist(), random.random(), np.random.rand()) == (expected_draw[0].tolist(), *expected_draw[1:])
+    s1, s2 = opt.state_dict(), opt2.state_dict()
+    assert s1["param_groups"] == s2["param_groups"]
+    for i in s1["state"]:
+        for k in s1["state"][i]:
+            assert torch.equal(s1["state"][i][k], s2["state"][i][k])
+
+
+def test_atomic_save_leaves_nothing_on_failure(tmp_path):
+    model, _ = _trained()
+    target = tmp_path / "checkpoints" / "step-0000001"
+    ckpt.save_checkpoint(target, model, meta={"step": 1})
+    before = (target / ckpt.WEIGHTS).read_bytes()
+
+    def boom(d: Path) -> None:
+        (d / "partial").write_text("x")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        ckpt.save_checkpoint(target, GPT(TINY), meta={"step": 1}, extra=boom)
+    assert (target / ckpt.WEIGHTS).read_bytes() == before  # the old checkpoint is untouched
+    assert [p.name for p in target.parent.iterdir()] == ["step-0000001"]  # no temp directory left
+
+
+def test_resolve_newest_ignores_temp_dirs_and_prune_keeps_k(tmp_path):
+    model, _ = _trained()
+    run = tmp_path / "run"
+    for step in (2, 4, 6):
+        ckpt.save_checkpoint(run / "checkpoints" / ckpt.step_dir_name(step), model, meta={"step": step})
+    # What a process killed mid-save leaves: a temp dir that even holds complete-looking files.
+    stale = run / "checkpoints" / ".step-0000008.tmp-deadbeef"
+    stale.mkdir()
+    (stale / ckpt.CONFIG).write_text(json.dumps({"model": {}, "meta": {"step": 8}}))
+    (stale / ckpt.WEIGHTS).write_bytes(b"\0" * 10)
+    assert ckpt.resolve_checkpoint(run).name == "step-0000006"
+    assert ckpt.load_checkpoint(run).meta["step"] == 6
+    ckpt.prune_checkpoints(run / "checkpoints", keep=2)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0000004", "step-0000006"]
+
+
+def test_corrupt_checkpoints_are_named(tmp_path):
+    model, _ = _trained()
+    path = ckpt.save_checkpoint(tmp_path / "c", model, meta={"step": 1})
+    with pytest.raises(GPT1Error, match="no training state"):
+        ckpt.read_training_state(path)
+    (path / ckpt.WEIGHTS).write_bytes((path / ckpt.WEIGHTS).read_bytes()[:100])
+    with pytest.raises(GPT1Error, match=r"model\.safetensors: unreadable weights"):
+        ckpt.load_checkpoint(path)
+    with pytest.raises(GPT1Error, match="checkpoint not found"):
+        ckpt.load_checkpoint(tmp_path / "nope")
