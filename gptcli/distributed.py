@@ -8,9 +8,12 @@ Three ways in, one code path:
 * ``torchrun --nproc-per-node N -m gptcli pretrain ...`` starts the workers itself.
 * Under SLURM (``srun``), every task is a worker; rank and world size come from the SLURM environment.
 
-Each worker then calls :func:`init_process_group`, which reads the environment the launcher left
-(RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT), picks NCCL on CUDA and gloo on CPU, and applies a timeout
-so a dead peer turns into an error instead of a hang.
+A command decides with :func:`plan_launch` whether it is the launcher (then :func:`launch`) or a process that
+trains. That process calls :func:`join`, which reads the environment the launcher left
+(RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT), initialises the process group (NCCL on CUDA, gloo on CPU,
+with a timeout so a dead peer turns into an error instead of a hang) and returns a :class:`DDPParallel` for the
+training loop — or the single-process :class:`~gptcli.trainer.Parallel` outside any job. A worker that finished
+calls :func:`leave`.
 """
 
 from __future__ import annotations
@@ -20,12 +23,20 @@ import os
 import sys
 import uuid
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from gptcli.errors import GPT1Error
+from gptcli.trainer import Parallel
+
+if TYPE_CHECKING:
+    import torch
 
 # Set in the environment of workers that *we* launched, so they do not try to launch again.
 WORKER_ENV = "GPT1_DIST_WORKER"
+# Seconds a collective may wait for a peer before it fails (passed from the launcher to its workers; also settable
+# by hand under torchrun/SLURM). Generous because a rank may be writing a checkpoint while the others wait.
+TIMEOUT_ENV = "GPT1_DIST_TIMEOUT"
+DEFAULT_TIMEOUT_S = 600
 
 
 @dataclass(frozen=True)
@@ -58,7 +69,10 @@ class LaunchSpec:
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
     use_cuda: bool = False
-    timeout_s: int = 600
+    timeout_s: int = DEFAULT_TIMEOUT_S
+    """Collective timeout inside the workers (a dead or stuck peer becomes an error after this long)."""
+    shutdown_timeout_s: int = 60
+    """After a signal or a failed rank, how long workers get to checkpoint/exit before they are killed."""
 
 
 def env_world() -> tuple[int, int, int] | None:
@@ -71,9 +85,12 @@ def env_world() -> tuple[int, int, int] | None:
 
 
 def init_process_group(device_type: str, timeout_s: int = 600) -> DistInfo:
-    """Join the job described by the environment (no-op for a single process)."""
+    """Join the job described by the environment (no-op for a plain process).
+
+    A launched job of one process (``--gpus 1``, ``torchrun --nproc-per-node 1``) still gets a process group, so it
+    runs the same DDP/NCCL code as a larger job; that costs nothing measurable and keeps one path tested."""
     world = env_world()
-    if world is None or world[1] == 1:
+    if world is None:
         return DistInfo()
     rank, world_size, local_rank = world
     import torch
@@ -86,6 +103,11 @@ def init_process_group(device_type: str, timeout_s: int = 600) -> DistInfo:
         )
     backend = "nccl" if device_type == "cuda" else "gloo"
     if device_type == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise GPT1Error(
+                f"local rank {local_rank} has no GPU: only {torch.cuda.device_count()} CUDA device(s) are visible "
+                "on this node (start at most that many processes per node)"
+            )
         torch.cuda.set_device(local_rank)
     dist.init_process_group(
         backend=backend,
@@ -103,29 +125,44 @@ def destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
-def launch(spec: LaunchSpec, argv: Sequence[str]) -> None:
+def rendezvous(spec: LaunchSpec) -> tuple[str, str, dict, str]:
+    """(backend, endpoint, configs, run id) of the rendezvous for ``spec``; GPT1Error for inconsistent options."""
+    if spec.nproc_per_node < 1 or spec.nnodes < 1:
+        raise GPT1Error("the number of processes and of nodes must be at least 1")
+    if not 0 <= spec.node_rank < spec.nnodes:
+        raise GPT1Error(f"--node-rank {spec.node_rank} is outside 0..{spec.nnodes - 1} for --nodes {spec.nnodes}")
+    if spec.nnodes > 1:
+        if spec.rdzv_endpoint:
+            # c10d: the first node to arrive hosts the store at the endpoint; node ranks are assigned.
+            return "c10d", spec.rdzv_endpoint, {}, _run_id(spec)
+        if spec.master_addr:
+            # torchrun's static rendezvous: node ranks are given, node 0 (the master) hosts the store.
+            return "static", f"{spec.master_addr}:{spec.master_port}", {"rank": spec.node_rank}, _run_id(spec)
+        raise GPT1Error("--nodes > 1 needs --master-addr (with --node-rank) or --rdzv-endpoint")
+    # Single node: a private c10d store on a free local port, like `torchrun --standalone`.
+    return "c10d", "localhost:0", {}, spec.rdzv_id or uuid.uuid4().hex[:12]
+
+
+def _run_id(spec: LaunchSpec) -> str:
+    # All nodes must agree on the run id; a SLURM job id is unique and the same on every node.
+    return spec.rdzv_id or os.environ.get("SLURM_JOB_ID") or "gpt1"
+
+
+def launch(spec: LaunchSpec, argv: Sequence[str]) -> str | None:
     """Start ``python -m gptcli <argv>`` as ``spec.nproc_per_node`` workers here and wait for the job.
+
+    Returns None when every worker finished, or the name of the signal (``"SIGTERM"``, ``"SIGINT"``) that stopped
+    the launcher: the launcher forwards it to its workers, which checkpoint once and exit (they get
+    ``spec.shutdown_timeout_s`` seconds before they are killed).
 
     Raises GPT1Error naming the first failed rank and its error when any worker fails; the launcher tears the
     others down (max_restarts=0), so a failure never hangs the job.
     """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    if spec.nnodes > 1:
-        if spec.rdzv_endpoint:
-            backend, endpoint, configs = "c10d", spec.rdzv_endpoint, {}
-        elif spec.master_addr:
-            # torchrun's static rendezvous: node ranks are given, the master hosts the store.
-            backend, endpoint = "static", f"{spec.master_addr}:{spec.master_port}"
-            configs = {"rank": spec.node_rank}
-        else:
-            raise GPT1Error("--nodes > 1 needs --master-addr (with --node-rank) or --rdzv-endpoint")
-        run_id = spec.rdzv_id or "gpt1"
-    else:
-        # Single node: a private c10d store on a free local port, like `torchrun --standalone`.
-        backend, endpoint, configs = "c10d", "localhost:0", {}
-        run_id = spec.rdzv_id or uuid.uuid4().hex[:12]
+    backend, endpoint, configs, run_id = rendezvous(spec)
     config = LaunchConfig(
         min_nodes=spec.nnodes,
         max_nodes=spec.nnodes,
@@ -137,16 +174,29 @@ def launch(spec: LaunchSpec, argv: Sequence[str]) -> None:
         max_restarts=0,
         monitor_interval=0.1,
         start_method="spawn",
+        shutdown_timeout=spec.shutdown_timeout_s,
     )
-    os.environ[WORKER_ENV] = "1"
+    env = {WORKER_ENV: "1", TIMEOUT_ENV: str(spec.timeout_s)}
+    if not spec.use_cuda and "OMP_NUM_THREADS" not in os.environ:
+        # CPU workers share the cores; without this each would start one thread per core and oversubscribe.
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.nproc_per_node))
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # spawned workers inherit the launcher's environment
     try:
         elastic_launch(config, sys.executable)("-m", "gptcli", *argv)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         message = _failure_message(failure)
         raise GPT1Error(f"worker rank {rank} failed: {message}") from None
+    except SignalException as e:
+        return e.sigval.name
     finally:
-        os.environ.pop(WORKER_ENV, None)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return None
 
 
 def _failure_message(failure) -> str:
@@ -172,5 +222,155 @@ def _failure_message(failure) -> str:
 
 
 def is_launched_worker() -> bool:
-    """True inside a worker started by :func:`launch` (or torchrun/SLURM): do not launch again."""
-    return os.environ.get(WORKER_ENV) == "1" or env_world() is not None
+    """True inside a worker started by :func:`launch` or torchrun: do not launch again.
+
+    A bare SLURM task is not one: under ``srun`` a per-node ``gpt1 pretrain --gpus 8`` still launches its workers
+    (without launch options it joins the SLURM job directly, see :func:`join`)."""
+    return os.environ.get(WORKER_ENV) == "1" or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+# --- inside a worker -----------------------------------------------------------------------------------------------
+
+
+class DDPParallel(Parallel):
+    """Data parallelism over the default process group: DistributedDataParallel, all-reduced metrics, barriers.
+
+    Collectives run on ``device`` (NCCL needs CUDA tensors; gloo takes CPU tensors), and each fails after the
+    process group's timeout instead of waiting forever for a dead peer.
+    """
+
+    def __init__(self, info: DistInfo, device: "torch.device") -> None:
+        self.info = info
+        self.rank = info.rank
+        self.world_size = info.world_size
+        self.device = device
+
+    def wrap(self, model):
+        from torch.nn.parallel import DistributedDataParallel
+
+        # DDP broadcasts rank 0's parameters and buffers here, so all ranks start from the same weights even if
+        # their initialisation differed; afterwards it averages gradients in the backward of a synced micro-batch.
+        device_ids = [self.device.index if self.device.index is not None else self.info.local_rank]
+        return DistributedDataParallel(model, device_ids=device_ids if self.device.type == "cuda" else None)
+
+    def _all_reduce(self, values: list[float], op: str) -> list[float]:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def mean(self, value: float) -> float:
+        return self._all_reduce([float(value)], "sum")[0] / self.world_size
+
+    def any(self, flag: bool) -> bool:
+        return self._all_reduce([1.0 if flag else 0.0], "max")[0] > 0
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        if self.device.type == "cuda":
+            dist.barrier(device_ids=[self.device.index if self.device.index is not None else self.info.local_rank])
+        else:
+            dist.barrier()
+
+
+def worker_device_type(device: str) -> str:
+    """``cuda`` or ``cpu`` for a ``--device`` value (``auto`` → CUDA when available), before the group exists."""
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
+def join(device: str = "auto") -> Parallel:
+    """Join the job this process belongs to (torchrun, SLURM or :func:`launch`) and return how to train in it.
+
+    A plain process gets the single-process :class:`Parallel`. Under a launcher this initialises the process
+    group (NCCL on CUDA, gloo on CPU, timeout from ``GPT1_DIST_TIMEOUT``) and returns a :class:`DDPParallel`.
+    """
+    if env_world() is None:
+        return Parallel()
+    import torch
+
+    device_type = worker_device_type(device)
+    timeout = int(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+    info = init_process_group(device_type, timeout)
+    dev = torch.device("cuda", info.local_rank) if device_type == "cuda" else torch.device("cpu")
+    return DDPParallel(info, dev)
+
+
+def leave(parallel: Parallel, exit_code: int = 0) -> None:
+    """Finish a worker that completed: destroy the process group, flush output, and exit at once.
+
+    The immediate ``os._exit`` is deliberate. About 1 in 5 short gloo runs here aborted during interpreter
+    shutdown (``terminate called without an active exception``, from gloo's background threads) after all work
+    was done; exiting right after ``destroy_process_group()`` removed it in 40 of 40 runs
+    (docs: measurements.md). Nothing after this call runs, so results must be written and printed before it.
+    A single process (no group) just returns.
+    """
+    if not isinstance(parallel, DDPParallel):
+        return
+    destroy_process_group()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(exit_code)
+
+
+def plan_launch(
+    *,
+    gpus: int | None = None,
+    procs: int | None = None,
+    nodes: int = 1,
+    node_rank: int = 0,
+    master_addr: str | None = None,
+    master_port: int = 29500,
+    rdzv_endpoint: str | None = None,
+) -> LaunchSpec | None:
+    """The LaunchSpec for the launch options of a command, or None to run in this process.
+
+    ``--gpus N`` means N CUDA workers and refuses without N visible devices; ``--procs N`` means N CPU workers
+    with gloo (how CI exercises the distributed path). Inside a launched worker this always returns None.
+    """
+    if is_launched_worker():
+        return None
+    if gpus is not None and procs is not None:
+        raise GPT1Error("--gpus and --procs are exclusive: --gpus N for CUDA workers, --procs N for CPU workers")
+    multi_node = nodes > 1 or node_rank != 0 or master_addr is not None or rdzv_endpoint is not None
+    if gpus is None and procs is None:
+        if multi_node:
+            raise GPT1Error("--nodes/--node-rank/--master-addr/--rdzv-endpoint need --gpus N (or --procs N) per node")
+        return None
+    n = gpus if gpus is not None else procs
+    if n is None or n < 1:
+        raise GPT1Error(f"--{'gpus' if gpus is not None else 'procs'} must be at least 1, got {n}")
+    if nodes < 1:
+        raise GPT1Error(f"--nodes must be at least 1, got {nodes}")
+    if gpus is not None:
+        import torch
+
+        available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if available == 0:
+            raise GPT1Error(
+                f"--gpus {gpus}: no CUDA device is available on this machine; "
+                f"use --procs {gpus} to run {gpus} CPU processes (gloo) instead"
+            )
+        if available < gpus:
+            raise GPT1Error(f"--gpus {gpus}: only {available} CUDA device(s) are visible on this node")
+    spec = LaunchSpec(
+        nproc_per_node=n,
+        nnodes=nodes,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+        rdzv_endpoint=rdzv_endpoint,
+        use_cuda=gpus is not None,
+        timeout_s=int(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)),
+    )
+    rendezvous(spec)  # inconsistent node options fail here, before any process starts
+    return spec

@@ -63,8 +63,13 @@ def evaluate_lm(
     device: torch.device | str = "cpu",
     precision: Precision = "fp32",
     max_batches: int | None = None,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> LMEval:
-    """Mean loss over the split (or over its first ``max_batches`` batches)."""
+    """Mean loss over the split (or over its first ``max_batches`` batches).
+
+    With ``world_size > 1`` this process scores only batches ``rank, rank + world_size, …`` of that same sequence
+    (data-parallel validation); combine the ranks' results weighted by ``tokens``."""
     device = torch.device(device)
     was_training = model.training
     model.eval()
@@ -86,22 +91,26 @@ def evaluate_lm(
         total += nll.double()
         count += int((y != IGNORE).sum())
 
+    def flush(items: list[tuple[np.ndarray, int]]) -> None:
+        nonlocal batches
+        if batches % world_size == rank:
+            run(items)
+        batches += 1
+
     for w, skip in eval_windows(arrays, seq_len):
         # Windows of unequal length (a short shard) are run on their own.
         if pending and len(w) != len(pending[0][0]):
-            run(pending)
+            flush(pending)
             pending = []
-            batches += 1
         pending.append((w, skip))
         if len(pending) == batch_size:
-            run(pending)
+            flush(pending)
             pending = []
-            batches += 1
         if max_batches is not None and batches >= max_batches:
             pending = []
             break
     if pending:
-        run(pending)
+        flush(pending)
     model.train(was_training)
     if count == 0:
         return LMEval(float("nan"), 0)

@@ -284,11 +284,15 @@ def pretrain(
             return None
         ev = evaluate_lm(
             unwrap(model), val_arrays, config.seq_len, micro, device=device, precision=precision,
-            max_batches=config.eval_batches,
+            max_batches=config.eval_batches, rank=par.rank, world_size=par.world_size,
         )
-        loss = par.mean(ev.loss)
+        loss, tokens = ev.loss, ev.tokens
+        if par.world_size > 1:  # each rank scored every world_size-th batch: combine them token-weighted
+            tokens = round(par.mean(float(ev.tokens)) * par.world_size)
+            nll = par.mean(ev.loss * ev.tokens if ev.tokens else 0.0) * par.world_size
+            loss = nll / tokens if tokens else float("nan")
         rec = {"kind": "eval", "step": at, "split": val_name, "loss": loss,
-               "perplexity": math.exp(min(loss, 700)), "tokens": ev.tokens}
+               "perplexity": math.exp(min(loss, 700)), "tokens": tokens}
         if logger is not None:
             logger.log(rec)
             live.eval(at, loss, rec["perplexity"])
