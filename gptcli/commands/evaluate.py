@@ -1,7 +1,8 @@
-"""`gpt1 eval`: evaluate checkpoints. Today: language-model perplexity on a prepared corpus (``--data``).
+"""`gpt1 eval`: evaluate checkpoints — perplexity on a prepared corpus (``--data``) or the paper's metric on a
+task (``--task``, or fine-tuned checkpoints, which know their task).
 
-The command dispatches on what is asked for; each kind of evaluation is one ``_eval_*`` function returning rows
-for the results table, so further kinds (``--task``) slot in beside :func:`_eval_perplexity`.
+The command only dispatches: perplexity is :func:`_eval_perplexity` here, task evaluation is
+:func:`gptcli.commands.eval_tasks.task_eval_command`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from typing import List, Optional
 
 import typer
 
-COMMAND_SETTINGS = {"help": "Evaluate checkpoints (perplexity on a prepared corpus with --data)."}
+COMMAND_SETTINGS = {
+    "help": "Evaluate checkpoints: perplexity on a prepared corpus (--data) or the paper's metric on a task (--task)."
+}
 
 
 def _eval_perplexity(
@@ -50,10 +53,27 @@ def _eval_perplexity(
     return ["checkpoint", "step", "loss", "perplexity", "tokens"], rows
 
 
+def _is_finetuned(path: Path) -> bool:
+    """True when ``path`` (a checkpoint or run directory) holds a fine-tuned checkpoint."""
+    import json
+
+    from gptcli.checkpoint import CONFIG, resolve_checkpoint
+
+    try:
+        return json.loads((resolve_checkpoint(path) / CONFIG).read_text()).get("kind") == "finetuned"
+    except (OSError, ValueError):
+        return False
+
+
 def command(
     checkpoint: List[Path] = typer.Option(..., "--checkpoint", help="Checkpoint directory or run directory (newest checkpoint); repeat for several."),
     data: Optional[Path] = typer.Option(None, "--data", help="Prepared corpus directory: report token-level perplexity on --split."),
-    split: str = typer.Option("val", "--split", help="Corpus split to evaluate."),
+    task: Optional[List[str]] = typer.Option(None, "--task", help="Task(s) to score fine-tuned checkpoints on (comma list or repeat; default: each checkpoint's own task). See `gpt1 finetune --list-tasks`."),
+    split: Optional[str] = typer.Option(None, "--split", help="Split to evaluate: corpus split (default val) or task split dev|test|train (default dev; test writes a GLUE submission file for unlabeled files)."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="The task's official data folder (default: $GPT1_DATA/<folder>)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Where task results, predictions and submission files go (default: RUN/eval/<task>-<split>/)."),
+    skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Skip and count malformed task rows instead of stopping at the first."),
+    max_examples: Optional[int] = typer.Option(None, "--max-examples", help="Score only the first N task examples (quick checks)."),
     batch_size: int = typer.Option(8, "--batch-size", help="Sequences per forward pass."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Window length (default: the model's context)."),
     device: str = typer.Option("auto", "--device", help="auto | cpu | cuda."),
@@ -67,8 +87,19 @@ def command(
 
     from gptcli.errors import GPT1Error
 
+    if data is not None and task:
+        raise GPT1Error("give either --data (perplexity) or --task (task metric), not both")
     if data is None:
-        raise GPT1Error("nothing to evaluate: give --data CORPUS_DIR")
+        if not task and not all(_is_finetuned(c) for c in checkpoint):
+            raise GPT1Error("nothing to evaluate: give --data CORPUS_DIR for perplexity, or --task T for a task metric")
+        from gptcli.commands.eval_tasks import task_eval_command
+
+        task_eval_command(
+            task or None, checkpoint, split or "dev", data_dir, out, batch_size=batch_size, device=device,
+            precision=precision, skip_bad_rows=skip_bad_rows, max_examples=max_examples,
+        )
+        return
+    split = split or "val"
     header, rows = _eval_perplexity(checkpoint, data, split, batch_size, seq_len, device, precision, max_batches, verify)
     table = Table(title=f"perplexity on {data} [{split}]")
     for h in header:

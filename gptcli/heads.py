@@ -1,0 +1,114 @@
+"""Task heads: a linear layer ``W_y`` on the final block's state at the first extract token (paper §3.2–3.3).
+
+- classification / entailment: ``softmax(h_e · W_y)`` over the task's labels;
+- similarity: the two orders' extract states are *summed* element-wise before ``W_y`` (§3.3);
+- regression (STS-B): as similarity with a 1-output ``W_y`` trained with squared error on the score scaled to
+  [0, 1] by ``target_range`` (predictions are mapped back and clipped to the range);
+- multiple choice: a shared 1-output ``W_y`` scores every answer's sequence; softmax over the answers.
+
+Classifier dropout (0.1) sits before ``W_y``. For multiple choice one dropout mask is shared by an example's
+answers, as the released code does (``noise_shape [B, 1, d]``), so answers are compared under the same mask.
+``W_y`` is initialised N(0, 0.02) with a zero bias, like the released ``clf`` layer.
+
+The extract position is found from the ids (``argmax(ids == extract_id)``, the first occurrence, as the
+released code's ``pool_idx``), so the head never depends on how a batch was padded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class HeadConfig:
+    kind: str
+    """Task kind: classification, entailment, similarity, multiple_choice or regression."""
+    n_embd: int
+    """Width of the model's hidden states."""
+    n_labels: int = 2
+    """Classes (classification/entailment/similarity); ignored by multiple choice and regression (1 output)."""
+    extract_id: int = 0
+    """Id of the extract token ``<e>``."""
+    pdrop: float = 0.1
+    """Classifier dropout before ``W_y`` (paper: 0.1)."""
+    init_std: float = 0.02
+    """Std of the N(0, σ) init of ``W_y``."""
+    target_range: tuple[float, float] = (0.0, 5.0)
+    """Regression only: the label range, scaled to [0, 1] for training (STS-B: 0–5)."""
+
+    @property
+    def n_out(self) -> int:
+        return 1 if self.kind in ("multiple_choice", "regression") else self.n_labels
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["target_range"] = list(self.target_range)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "HeadConfig":
+        d = dict(d)
+        if "target_range" in d:
+            d["target_range"] = tuple(d["target_range"])
+        return cls(**d)
+
+
+def first_extract_positions(ids: torch.Tensor, extract_id: int) -> torch.Tensor:
+    """(N,) index of the first ``extract_id`` in each row of ``ids`` (N, T)."""
+    hit = ids == extract_id
+    if not bool(hit.any(1).all()):
+        raise ValueError("every sequence must contain the extract token")
+    return hit.to(torch.int8).argmax(1)
+
+
+class TaskHead(nn.Module):
+    def __init__(self, config: HeadConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.drop_p = config.pdrop
+        self.linear = nn.Linear(config.n_embd, config.n_out)
+        nn.init.normal_(self.linear.weight, 0.0, config.init_std)
+        nn.init.zeros_(self.linear.bias)
+
+    def pooled(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """(N, d) final states at the first extract token of each sequence."""
+        pos = first_extract_positions(ids, self.config.extract_id)
+        return hidden[torch.arange(hidden.size(0), device=hidden.device), pos]
+
+    def forward(self, hidden: torch.Tensor, ids: torch.Tensor, n_seqs: int) -> torch.Tensor:
+        """Logits (B, n_labels), answer scores (B, n_choices) or regression outputs (B,) in [0, 1] units."""
+        h = self.pooled(hidden, ids)  # (B·S, d)
+        B = h.size(0) // n_seqs
+        kind = self.config.kind
+        if kind in ("similarity", "regression"):
+            h = h.view(B, n_seqs, -1).sum(1)
+        elif kind == "multiple_choice":
+            h = h.view(B, n_seqs, -1)
+            if self.training and self.drop_p > 0:
+                keep = torch.empty(B, 1, h.size(-1), device=h.device, dtype=h.dtype).bernoulli_(1 - self.drop_p)
+                h = h * keep / (1 - self.drop_p)
+            return self.linear(h).squeeze(-1)  # (B, S)
+        h = F.dropout(h, self.drop_p, self.training)
+        out = self.linear(h)
+        return out.squeeze(-1) if kind == "regression" else out
+
+    def loss(self, out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Mean task loss: cross-entropy over classes/answers, squared error for regression."""
+        if self.config.kind == "regression":
+            return F.mse_loss(out.float(), self.scale_target(labels).float())
+        return F.cross_entropy(out.float(), labels)
+
+    def scale_target(self, y: torch.Tensor) -> torch.Tensor:
+        lo, hi = self.config.target_range
+        return (y - lo) / (hi - lo)
+
+    def predict(self, out: torch.Tensor) -> torch.Tensor:
+        """Predicted class / answer index, or the regression score in label units clipped to the range."""
+        if self.config.kind == "regression":
+            lo, hi = self.config.target_range
+            return (out.float() * (hi - lo) + lo).clamp(lo, hi)
+        return out.argmax(-1)
