@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gptcli.errors import GPT1Error
+from gptcli.fsutil import fsync_dir, move_into_place
 from gptcli.model import GPT, ModelConfig
 
 FORMAT = 1
@@ -60,30 +61,12 @@ def atomic_directory(target: Path, write: Callable[[Path], None]) -> Path:
     try:
         tmp.mkdir()
         write(tmp)
-        _fsync_dir(tmp)
-        if target.exists():
-            old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
-            target.rename(old)
-            tmp.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(target)
-        _fsync_dir(target.parent)
+        fsync_dir(tmp)
+        move_into_place(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_checkpoint_files(

@@ -35,6 +35,7 @@ import numpy as np
 from gptcli import __version__
 from gptcli.config import to_dict
 from gptcli.errors import DataError, GPT1Error
+from gptcli.fsutil import move_into_place
 from gptcli.shards import FORMAT_VERSION, ShardWriter, sha256_file, token_dtype, write_manifest
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
@@ -656,12 +657,7 @@ def prepare(cfg: PrepareConfig, reporter: Optional[Reporter] = None) -> PrepareR
         if out.exists():
             if not cfg.overwrite:
                 raise GPT1Error(f"{out}: appeared while preparing; pass --overwrite to replace it")
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
+        move_into_place(tmp, out)
         ok = True
         return PrepareResult(out, manifest)
     finally:

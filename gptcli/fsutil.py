@@ -1,0 +1,33 @@
+"""Filesystem helpers for outputs that must appear whole or not at all."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a directory entry to disk (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def move_into_place(tmp: Path, target: Path) -> None:
+    """Rename a finished temporary directory to ``target``; an existing ``target`` is swapped out first and
+    removed only after the new one is in place, so a reader never sees a half-written directory."""
+    if target.exists():
+        old = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+        target.rename(old)
+        tmp.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(target)
+    fsync_dir(target.parent)
