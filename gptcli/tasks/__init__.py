@@ -24,6 +24,11 @@ def register(task: Task) -> Task:
     return task
 
 
+def unregister(name: str) -> None:
+    """Remove a task registered at run time (e.g. one a program builds for itself, like the quickstart's)."""
+    _REGISTRY.pop(name, None)
+
+
 def _load_families() -> None:
     global _loaded
     if not _loaded:
@@ -83,4 +88,4 @@ def get_task(name: str) -> Task:
     return _REGISTRY[key]
 
 
-__all__ = ["FAMILIES", "PAPER_ORDER", "Example", "ReadOptions", "Split", "Task", "all_tasks", "get_task", "register", "task_rows"]
+__all__ = ["FAMILIES", "PAPER_ORDER", "Example", "ReadOptions", "Split", "Task", "all_tasks", "get_task", "register", "task_rows", "unregister"]
