@@ -309,6 +309,36 @@ def task_dir(task: str, data_dir: str | None, root: bool) -> str | None:
     return str(next((c for c in candidates if c.is_dir()), candidates[0]))
 
 
+def winograd_dir(task: str, data_dir: str | None) -> Path:
+    """``data_dir`` or ``$GPT1_DATA/<task>`` for DPRD/WSC273."""
+    if data_dir is not None:
+        return Path(data_dir)
+    if os.environ.get("GPT1_DATA"):
+        return Path(os.environ["GPT1_DATA"]) / task
+    files = WINOGRAD_FILES[task]
+    raise GPT1Error(f"no data location for task {task!r}: pass --data-dir or set GPT1_DATA so that $GPT1_DATA/{task}/ holds {', '.join(files.values())}")
+
+
+def default_winograd_split(task: str, data_dir: str | None) -> tuple[str, str | None]:
+    """The default split of a Winograd task, falling back to another split whose file exists.
+
+    Zero-shot scoring trains on nothing, so when DPRD's test file is absent (only ``train.c.txt`` is at hand, as in
+    many copies of the data set) its train split is an equally unseen evaluation set; the returned note says so.
+    """
+    default = TASKS[task][2]
+    files = WINOGRAD_FILES[task]
+    try:
+        d = winograd_dir(task, data_dir)
+    except GPT1Error:
+        return default, None
+    if (d / files[default]).is_file():
+        return default, None
+    for split, name in files.items():
+        if (d / name).is_file():
+            return split, f"{files[default]} not found: scored the {split} split ({name}) instead"
+    return default, None
+
+
 def read_winograd(task: str, split: str, data_dir: str | None):
     """DPRD / WSC273 schemas, found like the registry's tasks (``data_dir`` or ``$GPT1_DATA/<task>``)."""
     from gptcli.winograd import read_dprd, read_wsc
@@ -316,12 +346,7 @@ def read_winograd(task: str, split: str, data_dir: str | None):
     files = WINOGRAD_FILES[task]
     if split not in files:
         raise GPT1Error(f"task {task!r} has no split {split!r} (splits: {', '.join(files)})")
-    if data_dir is not None:
-        d = Path(data_dir)
-    elif os.environ.get("GPT1_DATA"):
-        d = Path(os.environ["GPT1_DATA"]) / task
-    else:
-        raise GPT1Error(f"no data location for task {task!r}: pass --data-dir or set GPT1_DATA so that $GPT1_DATA/{task}/ holds {', '.join(files.values())}")
+    d = winograd_dir(task, data_dir)
     path = d / files[split]
     if not path.is_file():
         raise GPT1Error(f"{path}: missing {split} file for task {task!r} (expected {files[split]} in {d})")
@@ -342,9 +367,14 @@ def run_task(task: str, model, tokenizer, config: ZeroShotConfig, *, root: bool 
     kw = dict(batch_size=config.batch_size, precision=config.precision, progress=progress)
     t0 = time.perf_counter()
     if task in WINOGRAD_FILES:
+        fallback_note = None
+        if not (config.splits.get(task) or config.split):
+            split, fallback_note = default_winograd_split(task, ddir)
         schemas = read_winograd(task, split, ddir)[:lim]
         t0 = time.perf_counter()
         res = winograd(model, tokenizer, task, schemas, **kw)
+        if fallback_note:
+            res.notes.insert(0, fallback_note)
     else:
         from gptcli.tasks import get_task
 

@@ -349,3 +349,14 @@ def test_several_tasks_skip_missing_data_but_not_bad_files(tmp_path):
     assert list(results) == ["wsc"] and results["wsc"].n == 1 and "sst2" in skipped
     with pytest.raises(DataError, match=r"train\.c\.txt:2: pronoun 'it' does not occur"):
         evaluate(model, tok, ZeroShotConfig(task="dprd,wsc", split="train", splits={"wsc": "test"}, data_dir=str(tmp_path)))
+
+
+def test_dprd_falls_back_to_the_split_that_exists(tiny_run, shared_data, tmp_path, capsys, monkeypatch):
+    """Only DPRD's train file ships here: without --split it is scored (zero-shot trains on nothing) and said so."""
+    out = tmp_path / "out"
+    code, _, err = _cli(["zeroshot", "--task", "dprd", "--checkpoint", str(tiny_run), "--data-dir", str(shared_data / "dprd"),
+                         "--out", str(out), "--limit", "6", "--precision", "fp32"], capsys, monkeypatch)
+    assert code == 0, err
+    t = json.loads((out / "results.json").read_text())["tasks"]["dprd"]
+    assert t["split"] == "train" and t["n"] == 6
+    assert any("test.c.txt not found" in n for n in t["notes"])
