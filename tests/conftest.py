@@ -30,3 +30,15 @@ def _deterministic_torch():
         return
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: one torch thread. With 2 threads on a busy 2-core machine, small ops spin-wait (measured 25×
+    slower); opt in per module with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

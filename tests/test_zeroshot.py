@@ -18,13 +18,7 @@ from zs_toy_tokenizer import BagLM, ToyTokenizer
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models: one thread. With 2 threads on a busy 2-core machine, small ops spin-wait (measured 25x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 WORDS = "very positive negative good bad movie film the a was it . he she they ball red blue story end".split()
 
