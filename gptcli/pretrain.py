@@ -225,6 +225,7 @@ def pretrain(
         step = _restore(resumed_from, model, optimizer, sampler, device)
 
     wrapped = par.wrap(model)
+    seed_rank_rng(config.seed, par.rank, step)
     loss_fn = torch.compile(lm_loss) if config.compile else lm_loss
     warmup = config.warmup_steps
     trainer = Trainer(
@@ -348,6 +349,20 @@ def pretrain(
     if logger is not None:
         logger.close()
     return PretrainResult(run_dir, step, total_steps, final_val, stopped_by, last_ckpt)
+
+
+def seed_rank_rng(seed: int, rank: int, step: int) -> None:
+    """Give every rank but 0 its own dropout stream from here on.
+
+    Dropout draws from the global RNG, and every rank starts alike: all are seeded with ``seed`` so they build the
+    same weights, and a resumed run restores rank 0's saved RNG state on every rank. Left so, each rank would drop
+    the same units at the same positions of its own batch — correlated masks where data parallelism should
+    average ``world_size`` independent ones. Rank 0 keeps the single-process stream (a 1-process run and rank 0 of
+    an N-process run draw the same masks); rank r > 0 is reseeded from (seed, rank, step), so a resume at the same
+    step reproduces it.
+    """
+    if rank > 0:
+        torch.manual_seed((seed * 1_000_003 + rank * 7_919 + step) % (2**63 - 1))
 
 
 def _restore(path: Path, model: GPT, optimizer: torch.optim.Optimizer, sampler: WindowSampler, device) -> int:

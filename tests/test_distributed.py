@@ -292,3 +292,21 @@ def test_two_nodes_on_one_machine_match_one_process(corpus, tmp_path):
     ref = tmp_path / "one"
     pretrain(_cfg(corpus, ref, max_steps=3), display=False)
     _close(_losses(run), _losses(ref), range(1, 4))
+
+
+def test_each_rank_draws_its_own_dropout_masks_and_rank_0_keeps_the_single_process_stream():
+    from gptcli.pretrain import seed_rank_rng
+
+    def masks(rank: int, step: int) -> torch.Tensor:
+        torch.manual_seed(1234)  # what every rank did before building the model (or restored on resume)
+        seed_rank_rng(1234, rank, step)
+        return torch.nn.functional.dropout(torch.ones(4096), p=0.5) > 0
+
+    single = masks(0, 0)
+    torch.manual_seed(1234)
+    assert torch.equal(single, torch.nn.functional.dropout(torch.ones(4096), p=0.5) > 0)  # rank 0 untouched
+    r1, r2 = masks(1, 0), masks(2, 0)
+    for a, b in ((single, r1), (single, r2), (r1, r2)):
+        assert (a != b).float().mean() > 0.4  # independent halves disagree on about half the units
+    assert torch.equal(masks(1, 0), r1)  # reproducible per (rank, step): a resume redraws the same stream
+    assert not torch.equal(masks(1, 100), r1)
