@@ -134,8 +134,9 @@ class ReproConfig:
     """Cap on dev examples scored (None = the whole dev split)."""
     layers_task: str = "sst2"
     """Task of the layers-transferred curve (the paper used MultiNLI and RACE, not available here)."""
-    layers_seeds: int = 1
-    """Seeds per point of the layers-transferred curve."""
+    layers_seeds: int = 3
+    """Seeds per point of the layers-transferred curve (a point is a fine-tuning comparison too: one seed cannot
+    tell a trend from seed noise)."""
     zeroshot_limit: int | None = None
     """Examples per zero-shot split (None = all; the CoLA threshold fit uses the same cap)."""
     device: str = "cpu"
@@ -157,6 +158,7 @@ def smoke(cfg: ReproConfig) -> ReproConfig:
     cfg.train_examples = {t: 24 for t in TASKS}
     cfg.max_eval_examples = 24
     cfg.zeroshot_limit = 24
+    cfg.layers_seeds = 1
     return cfg
 
 
