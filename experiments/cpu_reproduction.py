@@ -431,6 +431,59 @@ def layers_curve(recs: list[dict[str, Any]]) -> dict[int, tuple[float, float, in
     return {k: (*mean_std(v), len(v)) for k, v in sorted(by_k.items())}
 
 
+def majority_baselines() -> dict[str, float | None]:
+    """Dev score of always predicting the most frequent training label (Story Cloze: the most frequent right ending).
+
+    The floor every fine-tuned score is read against: a run can be well above chance accuracy and still only say
+    "majority class" (MRPC's F1 of always answering "paraphrase" is ≈ 81). STS-B has none (a constant prediction
+    has no Pearson correlation): None. Files are found under ``$GPT1_DATA`` (main() sets it, as fine-tuning reads
+    them there too); a task whose files are missing is left out.
+    """
+    from collections import Counter
+
+    from gptcli.errors import GPT1Error
+    from gptcli.metrics import compute
+    from gptcli.tasks import get_task
+
+    out: dict[str, float | None] = {}
+    for name in TASKS:
+        if name == "stsb":
+            out[name] = None
+            continue
+        task = get_task(name)
+        try:
+            train, dev = task.read("train"), task.read("dev")
+        except GPT1Error:  # missing files only drop this baseline cell
+            continue
+        top = Counter(int(ex.label) for ex in train if ex.label is not None).most_common(1)[0][0]
+        labels = [int(ex.label) for ex in dev if ex.label is not None]
+        out[name] = 100.0 * compute([METRIC[name]], [top] * len(labels), labels)[METRIC[name]]
+    return out
+
+
+def sst2_margin_auc(zs_dir: Path) -> dict[int, float]:
+    """Per checkpoint step: ROC AUC of log p(positive) − log p(negative) against the SST-2 labels.
+
+    The heuristic's accuracy thresholds that margin at 0; a small model's margin can sit on one side of 0 for every
+    sentence (accuracy = the majority share) and still order the sentences by sentiment, or not. AUC asks that,
+    threshold-free: 0.5 = no signal.
+    """
+    curve = zs_dir / "curve.json"
+    if not curve.is_file():
+        return {}
+    out: dict[int, float] = {}
+    for point in read_json(curve)["points"]:
+        path = zs_dir / Path(point["checkpoint"]).name / "predictions-sst2.jsonl"  # run_curve's layout
+        if not path.is_file():
+            continue
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        pos = [r["logprob_positive"] - r["logprob_negative"] for r in rows if int(r["label"]) == 1]
+        neg = [r["logprob_positive"] - r["logprob_negative"] for r in rows if int(r["label"]) == 0]
+        if pos and neg:
+            out[int(point["step"])] = sum((a > b) + 0.5 * (a == b) for a in pos for b in neg) / (len(pos) * len(neg))
+    return out
+
+
 def markdown_tables(recs: list[dict[str, Any]], agg: dict, meta: dict[str, Any]) -> str:
     """The Markdown report: Table 5 at small scale (ours, mean ± std, then the paper's), differences, every run."""
     lines: list[str] = []
@@ -444,6 +497,10 @@ def markdown_tables(recs: list[dict[str, Any]], agg: dict, meta: dict[str, Any])
         glue = [cells[t]["mean"] for t in GLUE_TASKS if t in cells and cells[t]["n"]]
         avg = fmt(statistics.fmean(glue)) if len(glue) == len(GLUE_TASKS) else "–"
         lines.append(f"| {v} (ours) | " + " | ".join(row) + f" | {avg} |")
+    base = meta.get("baselines") or {}
+    if base:
+        row = [fmt(base[t]) if base.get(t) is not None else "–" for t in cols]
+        lines.append("| majority class (ours) | " + " | ".join(row) + " | – |")
     for v in VARIANTS:
         p = PAPER[v]
         glue = [p[t] for t in GLUE_TASKS]
@@ -454,7 +511,9 @@ def markdown_tables(recs: list[dict[str, Any]], agg: dict, meta: dict[str, Any])
     if uneven:  # an unfinished run, or a run that produced no score
         lines += ["", f"Cells with other than {meta.get('seeds')} scored seeds: " + ", ".join(uneven) + "."]
     lines += ["", "Paper: reference §6 (Table 5; Story Cloze from the main results, no ablation reported). "
-              "GLUE-5 avg = mean over SST-2, CoLA, RTE, MRPC, STS-B (the paper's Avg also has QQP, MNLI, QNLI).", ""]
+              "GLUE-5 avg = mean over SST-2, CoLA, RTE, MRPC, STS-B (the paper's Avg also has QQP, MNLI, QNLI). "
+              "Majority class: the dev score of always predicting the most frequent training label (STS-B: none, a "
+              "constant has no correlation).", ""]
     lines += ["## Differences of means (ours)", "", "| task | full − no-pretraining | full − no-aux-lm |", "|---|---|---|"]
     for t in cols:
         def diff(a: str, b: str) -> str:
@@ -463,6 +522,11 @@ def markdown_tables(recs: list[dict[str, Any]], agg: dict, meta: dict[str, Any])
                 return "–"
             return f"{ca['mean'] - cb['mean']:+.1f}"
         lines.append(f"| {t} | {diff('full', 'no-pretraining')} | {diff('full', 'no-aux-lm')} |")
+    auc = meta.get("sst2_margin_auc") or {}
+    if auc:
+        lines += ["", "## Zero-shot SST-2: does the margin carry signal? (ROC AUC of log p(positive) − log p(negative))",
+                  "", "| step | AUC |", "|---|---|"]
+        lines += [f"| {k} | {v:.3f} |" for k, v in sorted(auc.items())]
     curve = layers_curve(recs)
     if curve:
         task = next(r["task"] for r in recs if r["variant"] == "layers")
@@ -550,7 +614,8 @@ def stage_report(cfg: ReproConfig, out: Path) -> dict[str, Any]:
     zs = read_json(out / "zeroshot" / "curve.json") if (out / "zeroshot" / "curve.json").is_file() else None
     meta = {"seeds": cfg.seeds, "budget_minutes": cfg.budget_minutes, "config": asdict(cfg), "plan": plan,
             "pretrain": read_json(out / "pretrain-done.json") if (out / "pretrain-done.json").is_file() else None,
-            "seconds": read_json(out / "seconds.json") if (out / "seconds.json").is_file() else {}}
+            "seconds": read_json(out / "seconds.json") if (out / "seconds.json").is_file() else {},
+            "baselines": majority_baselines(), "sst2_margin_auc": sst2_margin_auc(out / "zeroshot")}
     made = plots(out, recs)
     result = {"meta": meta, "runs": recs, "table5": {v: {t: {k: c[k] for k in ("mean", "std", "n", "scores", "failed")}
                                                         for t, c in ts.items()} for v, ts in agg.items()},

@@ -70,6 +70,31 @@ def test_mean_std_and_format(repro):
     assert repro.fmt(50.0, 0.0, 1) == "50.0"
 
 
+def test_majority_baselines_on_the_real_dev_splits(repro, shared_data, monkeypatch):
+    monkeypatch.setenv("GPT1_DATA", str(shared_data))
+    base = repro.majority_baselines()
+    # SST-2 dev: 444 of 872 positive (train's majority); MRPC: always "paraphrase" → F1 = 2·279/(2·279+129)
+    assert base["sst2"] == pytest.approx(100 * 444 / 872)
+    assert base["mrpc"] == pytest.approx(100 * 2 * 279 / (2 * 279 + 129))
+    assert base["cola"] == 0.0 and base["stsb"] is None
+    assert 50.0 <= base["rte"] < 55.0 and 45.0 <= base["storycloze"] <= 55.0
+
+
+def test_sst2_margin_auc_is_threshold_free(repro, tmp_path):
+    zs = tmp_path / "zeroshot"
+    points = []
+    # every margin is positive (accuracy would be the positive share at both steps); step 10 orders them perfectly
+    for step, margins in ((0, [(1, 2.0), (0, 3.0), (1, 1.0), (0, 4.0)]), (10, [(1, 5.0), (0, 3.0), (1, 4.0), (0, 1.0)])):
+        d = zs / f"step-{step:07d}"
+        d.mkdir(parents=True)
+        rows = [{"label": y, "logprob_positive": m - 10.0, "logprob_negative": -10.0} for y, m in margins]
+        (d / "predictions-sst2.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        points.append({"checkpoint": f"/elsewhere/checkpoints/step-{step:07d}", "step": step})
+    (zs / "curve.json").write_text(json.dumps({"points": points}))
+    assert repro.sst2_margin_auc(zs) == {0: 0.0, 10: 1.0}
+    assert repro.sst2_margin_auc(tmp_path / "missing") == {}
+
+
 def test_smoke_end_to_end(repro, shared_data, tmp_path, monkeypatch):
     """The whole pipeline at tiny size on the real books and task files; then a rerun skips every stage."""
     monkeypatch.setenv("GPT1_DATA", str(shared_data))  # main() sets it; restored after the test
@@ -90,6 +115,8 @@ def test_smoke_end_to_end(repro, shared_data, tmp_path, monkeypatch):
         assert (out / "plots" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (out / "tables.md").read_text()
     assert "| full (ours) |" in md and "| no-pretraining (paper) |" in md
+    assert "| majority class (ours) |" in md and "## Zero-shot SST-2" in md
+    assert res["meta"]["baselines"]["mrpc"] > 80 and set(res["meta"]["sst2_margin_auc"]) == {"0", "10", "20", "30"}
 
     # resumable: a rerun finds every stage's outputs and trains nothing
     before = {p: p.stat().st_mtime_ns for p in out.rglob("results.json") if "finetune" in p.parts or "layers" in p.parts}
