@@ -188,6 +188,14 @@ def mean_std(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
+def welch_t(a: list[float], b: list[float]) -> float | None:
+    """Welch's t of mean(a) − mean(b); None when either side has under 2 values or both have no spread."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
+    return (statistics.fmean(a) - statistics.fmean(b)) / se if se > 0 else None
+
+
 def fmt(m: float, s: float | None = None, n: int | None = None) -> str:
     if m is None or (isinstance(m, float) and math.isnan(m)):
         return "–"
@@ -514,14 +522,18 @@ def markdown_tables(recs: list[dict[str, Any]], agg: dict, meta: dict[str, Any])
               "GLUE-5 avg = mean over SST-2, CoLA, RTE, MRPC, STS-B (the paper's Avg also has QQP, MNLI, QNLI). "
               "Majority class: the dev score of always predicting the most frequent training label (STS-B: none, a "
               "constant has no correlation).", ""]
-    lines += ["## Differences of means (ours)", "", "| task | full − no-pretraining | full − no-aux-lm |", "|---|---|---|"]
+    lines += ["## Differences of means (ours), with Welch's t", "",
+              "| task | full − no-pretraining | full − no-aux-lm |", "|---|---|---|"]
     for t in cols:
         def diff(a: str, b: str) -> str:
             ca, cb = agg.get(a, {}).get(t), agg.get(b, {}).get(t)
             if not ca or not cb or not ca["n"] or not cb["n"]:
                 return "–"
-            return f"{ca['mean'] - cb['mean']:+.1f}"
+            tval = welch_t(ca["scores"], cb["scores"])
+            return f"{ca['mean'] - cb['mean']:+.1f}" + ("" if tval is None else f" (t = {tval:+.1f})")
         lines.append(f"| {t} | {diff('full', 'no-pretraining')} | {diff('full', 'no-aux-lm')} |")
+    lines += ["", "t: Welch's t statistic of the two groups of seeds. With 3 seeds a side its degrees of freedom are "
+              "2-4, so |t| > 4.3 is significant at the 5 % level whatever the variances, and |t| < 2.8 is not."]
     auc = meta.get("sst2_margin_auc") or {}
     if auc:
         lines += ["", "## Zero-shot SST-2: does the margin carry signal? (ROC AUC of log p(positive) − log p(negative))",
@@ -558,7 +570,7 @@ def val_curve(out: Path) -> list[tuple[int, float]]:
     return sorted(dict(pts).items())
 
 
-def plots(out: Path, recs: list[dict[str, Any]]) -> list[str]:
+def plots(out: Path, recs: list[dict[str, Any]], baselines: dict[str, float | None] | None = None) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -590,12 +602,48 @@ def plots(out: Path, recs: list[dict[str, Any]]) -> list[str]:
             p.normalized = {t: (float("nan") if v is None else v) for t, v in p.normalized.items()}
         plot(curve, d / "zeroshot.png", plt)
         made.append("plots/zeroshot.png")
+    agg = aggregate(recs)
+    if agg:
+        # Table 5 as bars: one panel per task (metrics differ in scale), one bar per variant, every seed a dot.
+        tasks = [t for t in TASKS if any(t in agg.get(v, {}) for v in VARIANTS)]
+        fig, axes = plt.subplots(1, len(tasks), figsize=(2.1 * len(tasks), 3.6), dpi=120, squeeze=False)
+        colors = {"full": "tab:blue", "no-pretraining": "tab:red", "no-aux-lm": "tab:green"}
+        for ax, t in zip(axes[0], tasks):
+            for i, v in enumerate(VARIANTS):
+                cell = agg.get(v, {}).get(t)
+                if not cell or not cell["n"]:
+                    continue
+                ax.bar(i, cell["mean"], yerr=cell["std"] if cell["n"] > 1 else None, color=colors[v], alpha=0.75,
+                       capsize=3, label=v)
+                ax.scatter([i] * cell["n"], cell["scores"], s=9, color="black", zorder=3)
+            if baselines and baselines.get(t) is not None:
+                ax.axhline(baselines[t], color="black", linestyle=":", linewidth=1, label="majority class")
+            ax.set_title(f"{t} ({METRIC[t]})", fontsize=9)
+            ax.set_xticks([])
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+        fig.suptitle("Table 5 at CPU scale: dev scores per variant (bars: mean ± std; dots: seeds)", fontsize=10)
+        fig.tight_layout(rect=(0, 0.07, 1, 1))
+        fig.savefig(d / "table5.png")
+        plt.close(fig)
+        made.append("plots/table5.png")
     lc = layers_curve(recs)
     if lc:
         task = next(r["task"] for r in recs if r["variant"] == "layers")
         fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
         ks = list(lc)
-        ax.errorbar(ks, [lc[k][0] for k in ks], yerr=[lc[k][1] for k in ks], marker="o", capsize=3)
+        ax.errorbar(ks, [lc[k][0] for k in ks], yerr=[lc[k][1] for k in ks], marker="o", capsize=3,
+                    label="mean ± std over seeds")
+        seeds = [(r["transfer_layers"], r["score"]) for r in recs if r["variant"] == "layers" and r["score"] is not None]
+        ax.scatter([k for k, _ in seeds], [v for _, v in seeds], s=12, color="gray", zorder=3, label="each seed")
+        # References a reader needs to judge the curve: the same fine-tuning from random weights, and the floor.
+        nopre = [r["score"] for r in recs if r["variant"] == "no-pretraining" and r["task"] == task and r["score"] is not None]
+        if nopre:
+            ax.axhline(statistics.fmean(nopre), color="tab:red", linestyle="--", linewidth=1,
+                       label="no pretraining (mean)")
+        if baselines and baselines.get(task) is not None:
+            ax.axhline(baselines[task], color="black", linestyle=":", linewidth=1, label="majority class")
+        ax.legend(fontsize=8)
         ax.set_xticks(ks)
         ax.set_xlabel("pretrained layers transferred")
         ax.set_ylabel(f"{task} dev {METRIC[task]}")
@@ -616,7 +664,7 @@ def stage_report(cfg: ReproConfig, out: Path) -> dict[str, Any]:
             "pretrain": read_json(out / "pretrain-done.json") if (out / "pretrain-done.json").is_file() else None,
             "seconds": read_json(out / "seconds.json") if (out / "seconds.json").is_file() else {},
             "baselines": majority_baselines(), "sst2_margin_auc": sst2_margin_auc(out / "zeroshot")}
-    made = plots(out, recs)
+    made = plots(out, recs, meta["baselines"])
     result = {"meta": meta, "runs": recs, "table5": {v: {t: {k: c[k] for k in ("mean", "std", "n", "scores", "failed")}
                                                         for t, c in ts.items()} for v, ts in agg.items()},
               "paper": PAPER, "layers": {str(k): {"mean": m, "std": s, "n": n} for k, (m, s, n) in layers_curve(recs).items()},

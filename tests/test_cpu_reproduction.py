@@ -54,7 +54,7 @@ def test_aggregation_and_tables_on_synthetic_runs(repro, tmp_path):
     md = repro.markdown_tables(recs, agg, {"seeds": 3})
     assert "| full (ours) | 82.0 ± 2.0 |" in md
     assert "| full (paper) | 91.3 | 45.4 | 56.0 | 82.3 | 82.0 | 86.5 |" in md
-    assert "| sst2 | +21.0 |" in md  # full − no-pretraining
+    assert "| sst2 | +21.0 (t = " in md  # full − no-pretraining, with Welch's t
     assert md.count("| failed |") == 1
     assert "other than 3 scored seeds: full/cola: 1, no-aux-lm/sst2: 2." in md
     # every run has its own row
@@ -68,6 +68,9 @@ def test_mean_std_and_format(repro):
     assert repro.fmt(float("nan")) == "–"
     assert repro.fmt(50.0, 1.234, 3) == "50.0 ± 1.2"
     assert repro.fmt(50.0, 0.0, 1) == "50.0"
+    # Welch: means 2 and 0, variances 1 and 1, n 3 and 3 → t = 2 / sqrt(2/3)
+    assert repro.welch_t([1.0, 2.0, 3.0], [-1.0, 0.0, 1.0]) == pytest.approx(2 / math.sqrt(2 / 3))
+    assert repro.welch_t([1.0], [2.0, 3.0]) is None and repro.welch_t([1.0, 1.0], [2.0, 2.0]) is None
 
 
 def test_majority_baselines_on_the_real_dev_splits(repro, shared_data, monkeypatch):
@@ -111,7 +114,7 @@ def test_smoke_end_to_end(repro, shared_data, tmp_path, monkeypatch):
     assert [p["step"] for p in res["val_curve"]][0] == 0 and res["val_curve"][-1]["step"] == 30
     assert set(res["zeroshot"]["tasks"]) == set(repro.ZEROSHOT_TASKS)
     assert len(res["zeroshot"]["points"]) == 1 + 3  # step 0 + three checkpoints
-    for png in ("val_perplexity.png", "zeroshot.png", "layers.png"):
+    for png in ("val_perplexity.png", "zeroshot.png", "table5.png", "layers.png"):
         assert (out / "plots" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (out / "tables.md").read_text()
     assert "| full (ours) |" in md and "| no-pretraining (paper) |" in md
