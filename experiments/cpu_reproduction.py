@@ -188,6 +188,17 @@ def mean_std(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
+# Two-sided 5 % critical values of Student's t for 1-30 degrees of freedom (to read Welch's t without scipy).
+T975: tuple[float, ...] = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+                           2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+                           2.052, 2.048, 2.045, 2.042)
+
+
+def t_critical(df: int, conservative: bool = True) -> float:
+    """The 5 % two-sided critical t for ``df`` ≥ 1; past 30, 2.042 if ``conservative`` else the normal's 1.960."""
+    return T975[df - 1] if df <= len(T975) else (T975[-1] if conservative else 1.960)
+
+
 def welch_t(a: list[float], b: list[float]) -> float | None:
     """Welch's t of mean(a) − mean(b); None when either side has under 2 values or both have no spread."""
     if len(a) < 2 or len(b) < 2:
@@ -532,8 +543,12 @@ def markdown_tables(recs: list[dict[str, Any]], agg: dict, meta: dict[str, Any])
             tval = welch_t(ca["scores"], cb["scores"])
             return f"{ca['mean'] - cb['mean']:+.1f}" + ("" if tval is None else f" (t = {tval:+.1f})")
         lines.append(f"| {t} | {diff('full', 'no-pretraining')} | {diff('full', 'no-aux-lm')} |")
-    lines += ["", "t: Welch's t statistic of the two groups of seeds. With 3 seeds a side its degrees of freedom are "
-              "2-4, so |t| > 4.3 is significant at the 5 % level whatever the variances, and |t| < 2.8 is not."]
+    n = int(meta.get("seeds") or 0)
+    if n >= 2:
+        hi, lo = t_critical(n - 1), t_critical(2 * n - 2, conservative=False)
+        lines += ["", f"t: Welch's t statistic of the two groups of seeds. With {n} seeds a side its degrees of freedom "
+                  f"are {n - 1}-{2 * n - 2}, so |t| > {hi:.2f} is significant at the 5 % level (two-sided) whatever the "
+                  f"variances, and |t| < {lo:.2f} is not."]
     auc = meta.get("sst2_margin_auc") or {}
     if auc:
         lines += ["", "## Zero-shot SST-2: does the margin carry signal? (ROC AUC of log p(positive) − log p(negative))",

@@ -71,6 +71,8 @@ def test_mean_std_and_format(repro):
     # Welch: means 2 and 0, variances 1 and 1, n 3 and 3 → t = 2 / sqrt(2/3)
     assert repro.welch_t([1.0, 2.0, 3.0], [-1.0, 0.0, 1.0]) == pytest.approx(2 / math.sqrt(2 / 3))
     assert repro.welch_t([1.0], [2.0, 3.0]) is None and repro.welch_t([1.0, 1.0], [2.0, 2.0]) is None
+    assert repro.t_critical(2) == 4.303 and repro.t_critical(30) == 2.042
+    assert repro.t_critical(100) == 2.042 and repro.t_critical(100, conservative=False) == 1.960
 
 
 def test_majority_baselines_on_the_real_dev_splits(repro, shared_data, monkeypatch):
