@@ -59,10 +59,10 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from gptcli.finetune import FinetuneConfig, finetune
-    from gptcli.prepare import PrepareConfig, prepare
-    from gptcli.pretrain import PretrainConfig, pretrain
-    from gptcli.task_eval import evaluate_task
+    from gptcli.train.finetune import FinetuneConfig, finetune
+    from gptcli.data.prepare import PrepareConfig, prepare
+    from gptcli.train.pretrain import PretrainConfig, pretrain
+    from gptcli.eval.tasks import evaluate_task
     from gptcli.tasks import get_task
 
     console = Console(stderr=True)

@@ -13,8 +13,8 @@ import time
 
 import torch
 
-from gptcli.generate import SamplingConfig, generate
-from gptcli.model import GPT, preset
+from gptcli.model.generate import SamplingConfig, generate
+from gptcli.model.gpt import GPT, preset
 
 
 def measure(model: GPT, prompt: list[int], cfg: SamplingConfig) -> float:

@@ -37,7 +37,7 @@ def make_corpus(directory: Path, tokens: int) -> Path:
     """A prepared corpus of random ids with a placeholder OpenAI-BPE tokenizer of the paper's vocabulary size."""
     import numpy as np
 
-    from gptcli.shards import shard_name, token_dtype, write_shard
+    from gptcli.data.shards import shard_name, token_dtype, write_shard
     from gptcli.tokenizers.openai import OpenAIBPETokenizer
 
     tok = OpenAIBPETokenizer({f"t{i}</w>": i for i in range(VOCAB)}, [])

@@ -2,7 +2,7 @@
 
 Stages, each timed alone on one core: clean (ftfy + released standardization), spaCy words, BPE encode
 (sentencepiece, after learning the vocabulary), shard write (Arrow IPC + sha256). Then the whole pipeline
-(`gptcli.prepare.prepare`) with 1 and 2 workers, with its own per-stage times, so the speed-up of the parallel
+(`gptcli.data.prepare.prepare`) with 1 and 2 workers, with its own per-stage times, so the speed-up of the parallel
 stages is a ratio measured in the same run. MB are 10^6 bytes of input text (after Gutenberg stripping).
 
     python benchmarks/prepare_throughput.py                 # all 45 MB, 40,478-id vocabulary
@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gptcli.prepare import PrepareConfig, Reporter, prepare  # noqa: E402
+from gptcli.data.prepare import PrepareConfig, Reporter, prepare  # noqa: E402
 
 
 def _cpu() -> float:
@@ -80,7 +80,7 @@ def main() -> None:
     books = pick_books(args.data, args.limit_mb)
     if not books:
         sys.exit(f"no books under {args.data / 'books'}")
-    from gptcli.text import clean, spacy_tokenizer, strip_gutenberg, word_lines
+    from gptcli.tokenizers.text import clean, spacy_tokenizer, strip_gutenberg, word_lines
 
     docs = [strip_gutenberg(b.read_text(encoding="utf-8-sig"))[0] for b in books]
     mb = sum(len(d.encode("utf-8")) for d in docs) / 1e6
@@ -93,7 +93,7 @@ def main() -> None:
     if not args.skip_stages:
         import numpy as np
 
-        from gptcli.shards import write_shard
+        from gptcli.data.shards import write_shard
         from gptcli.tokenizers.learned import LearnedBPETokenizer
 
         spacy_tokenizer()  # load outside the timing

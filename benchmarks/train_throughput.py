@@ -45,8 +45,8 @@ def main() -> None:
 
     import torch
 
-    from gptcli.hf import config_to_hf, state_dict_to_hf
-    from gptcli.model import GPT, preset
+    from gptcli.interop.hf import config_to_hf, state_dict_to_hf
+    from gptcli.model.gpt import GPT, preset
     from gptcli.runtime import measure_cpu_peak
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)

@@ -1,6 +1,6 @@
 """Zero-shot scoring throughput: SST-2 dev examples per second for the `tiny` and `gpt1` presets (random weights).
 
-Compares, in the same run, the batched engine (``gptcli.scoring``: one forward pass of ``<sentence> very`` per
+Compares, in the same run, the batched engine (``gptcli.eval.scoring``: one forward pass of ``<sentence> very`` per
 example, rows sorted and padded dynamically, logits only at the read position) with the straightforward reference:
 each (sentence + very, word) pair scored on its own with full-sequence logits, batch 1. Reported: examples/s and
 the ratio engine / reference; fp32 and bf16 autocast for the engine.
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from gptcli.model import GPT, preset
-from gptcli.scoring import Request, score
+from gptcli.model.gpt import GPT, preset
+from gptcli.eval.scoring import Request, score
 
 SHARED = Path(os.environ.get("GPT1_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "data"
 
@@ -32,7 +32,7 @@ def tokenizer_for(name: str):
         from gptcli.tokenizers.openai import OpenAIBPETokenizer
 
         return OpenAIBPETokenizer.from_dir(SHARED / "openai-gpt-bpe")
-    from gptcli.text import word_lines
+    from gptcli.tokenizers.text import word_lines
     from gptcli.tokenizers.learned import LearnedBPETokenizer
 
     text = (SHARED / "books" / "pg1342_pride_and_prejudice.txt").read_text(encoding="utf-8-sig")

@@ -220,7 +220,7 @@ def fmt(m: float, s: float | None = None, n: int | None = None) -> str:
 
 
 def stage_prepare(cfg: ReproConfig, out: Path) -> Path:
-    from gptcli.prepare import PrepareConfig, prepare
+    from gptcli.data.prepare import PrepareConfig, prepare
 
     corpus = out / "corpus"
     if (corpus / "manifest.json").is_file():
@@ -242,7 +242,7 @@ def stage_prepare(cfg: ReproConfig, out: Path) -> Path:
 
 
 def _pretrain_config(cfg: ReproConfig, out: Path, corpus: Path, steps: int):
-    from gptcli.pretrain import PretrainConfig
+    from gptcli.train.pretrain import PretrainConfig
 
     # Intervals rounded up: ``checkpoints`` saves in all with the final one, not an extra one a few updates before it.
     return PretrainConfig(data=corpus, out=out / "pretrain", preset="tiny", model=dict(cfg.model),
@@ -257,10 +257,10 @@ def _time_update(mcfg, cfg: ReproConfig) -> float:
     """Median seconds per pretraining update of this model here (3 timed after one warm-up)."""
     import torch
 
-    from gptcli.model import GPT
-    from gptcli.optim import make_optimizer
-    from gptcli.pretrain import lm_loss
-    from gptcli.trainer import Trainer
+    from gptcli.model.gpt import GPT
+    from gptcli.train.optim import make_optimizer
+    from gptcli.train.pretrain import lm_loss
+    from gptcli.train.trainer import Trainer
 
     model = GPT(mcfg)
     trainer = Trainer(model, make_optimizer(model, 1e-4, 0.01), lm_loss, lambda s: 1e-4, device=torch.device("cpu"),
@@ -279,9 +279,9 @@ def stage_plan(cfg: ReproConfig, out: Path, corpus: Path) -> dict[str, Any]:
     path = out / "plan.json"
     if path.is_file():
         return read_json(path)
-    from gptcli.model import GPT
-    from gptcli.pretrain import build_model_config
-    from gptcli.shards import open_corpus
+    from gptcli.model.gpt import GPT
+    from gptcli.train.pretrain import build_model_config
+    from gptcli.data.shards import open_corpus
 
     oc = open_corpus(corpus)
     mcfg = build_model_config(_pretrain_config(cfg, out, corpus, 1), oc.tokenizer.vocab_size)
@@ -306,10 +306,10 @@ def stage_pretrain(cfg: ReproConfig, out: Path, corpus: Path, plan: dict[str, An
     import torch
 
     from gptcli.checkpoint import save_checkpoint
-    from gptcli.evaluate_lm import evaluate_lm
-    from gptcli.model import GPT
-    from gptcli.pretrain import build_model_config, pretrain
-    from gptcli.shards import open_corpus
+    from gptcli.eval.perplexity import evaluate_lm
+    from gptcli.model.gpt import GPT
+    from gptcli.train.pretrain import build_model_config, pretrain
+    from gptcli.data.shards import open_corpus
 
     run = out / "pretrain"
     done = out / "pretrain-done.json"
@@ -335,8 +335,8 @@ def stage_pretrain(cfg: ReproConfig, out: Path, corpus: Path, plan: dict[str, An
 
 
 def stage_zeroshot(cfg: ReproConfig, out: Path, run: Path) -> None:
-    from gptcli.zeroshot import ZeroShotConfig
-    from gptcli.zeroshot_curve import run_curve
+    from gptcli.eval.zeroshot import ZeroShotConfig
+    from gptcli.eval.curve import run_curve
 
     zs = out / "zeroshot"
     if (zs / "curve.json").is_file():
@@ -353,7 +353,7 @@ def stage_zeroshot(cfg: ReproConfig, out: Path, run: Path) -> None:
 
 def _finetune_one(cfg: ReproConfig, run_dir: Path, task: str, seed: int, init: str, tokenizer: str | None,
                   lm_weight: float, n_train: int, transfer: int | None = None) -> dict[str, Any]:
-    from gptcli.finetune import FinetuneConfig, finetune
+    from gptcli.train.finetune import FinetuneConfig, finetune
 
     results = run_dir / "results.json"
     if results.is_file():
@@ -461,7 +461,7 @@ def majority_baselines() -> dict[str, float | None]:
     from collections import Counter
 
     from gptcli.errors import GPT1Error
-    from gptcli.metrics import compute
+    from gptcli.eval.metrics import compute
     from gptcli.tasks import get_task
 
     out: dict[str, float | None] = {}
@@ -608,7 +608,7 @@ def plots(out: Path, recs: list[dict[str, Any]], baselines: dict[str, float | No
         made.append("plots/val_perplexity.png")
     cj = out / "zeroshot" / "curve.json"
     if cj.is_file():
-        from gptcli.zeroshot_curve import Curve, CurvePoint, plot
+        from gptcli.eval.curve import Curve, CurvePoint, plot
 
         c = read_json(cj)
         curve = Curve(c["tasks"], [CurvePoint(**p) for p in c["points"]], c.get("skipped", {}),

@@ -10,13 +10,13 @@ __version__ = "0.1.0"
 
 # Public names, resolved on first access (PEP 562) to keep `import gptcli` cheap.
 _LAZY = {
-    "GPT": "gptcli.model",
-    "ModelConfig": "gptcli.model",
+    "GPT": "gptcli.model.gpt",
+    "ModelConfig": "gptcli.model.gpt",
     "Tokenizer": "gptcli.tokenizers",
     "load_tokenizer": "gptcli.tokenizers",
     "load_checkpoint": "gptcli.checkpoint",
     "save_checkpoint": "gptcli.checkpoint",
-    "open_corpus": "gptcli.shards",
+    "open_corpus": "gptcli.data.shards",
     "get_task": "gptcli.tasks",
 }
 

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from gptcli.errors import GPT1Error
 from gptcli.fsutil import fsync_dir, move_into_place
-from gptcli.model import GPT, ModelConfig
+from gptcli.model.gpt import GPT, ModelConfig
 
 FORMAT = 1
 CONFIG = "config.json"

@@ -12,8 +12,8 @@ import torch
 
 from gptcli import checkpoint as ckpt
 from gptcli.errors import GPT1Error
-from gptcli.model import GPT, ModelConfig
-from gptcli.optim import make_optimizer
+from gptcli.model.gpt import GPT, ModelConfig
+from gptcli.train.optim import make_optimizer
 
 TINY = ModelConfig(vocab_size=50, n_ctx=8, n_embd=16, n_layer=1, n_head=2, n_inner=32)
 

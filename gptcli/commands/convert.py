@@ -42,7 +42,7 @@ def command(
     if out.exists() and not overwrite:
         raise GPT1Error(f"{out}: already exists (pass --overwrite to replace it)")
 
-    from gptcli import convert as conv
+    from gptcli.interop import convert as conv
 
     if to == "hf":
         path, warnings = conv.to_hf(src, out)

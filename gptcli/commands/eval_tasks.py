@@ -48,8 +48,8 @@ def task_eval_command(
     from rich.markup import escape
 
     from gptcli.errors import GPT1Error
-    from gptcli.results_table import details_table, results_table
-    from gptcli.task_eval import evaluate_task, run_label
+    from gptcli.commands.render import details_table, results_table
+    from gptcli.eval.tasks import evaluate_task, run_label
 
     if not checkpoints:
         raise GPT1Error("no checkpoint to evaluate: give --checkpoint RUN_DIR (repeatable)")

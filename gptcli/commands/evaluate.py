@@ -23,9 +23,9 @@ def _eval_perplexity(
 ) -> tuple[list[str], list[list[str]]]:
     from gptcli.checkpoint import load_checkpoint
     from gptcli.errors import GPT1Error
-    from gptcli.evaluate_lm import evaluate_lm
+    from gptcli.eval.perplexity import evaluate_lm
     from gptcli.runtime import resolve_device, resolve_precision
-    from gptcli.shards import open_corpus
+    from gptcli.data.shards import open_corpus
 
     corpus = open_corpus(data)
     if verify:

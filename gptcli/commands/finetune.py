@@ -90,7 +90,7 @@ def command(
 
     from gptcli.config import from_dict, load_file, to_dict
     from gptcli.errors import GPT1Error
-    from gptcli.finetune import FinetuneConfig, finetune
+    from gptcli.train.finetune import FinetuneConfig, finetune
 
     console = Console(stderr=True)
     if list_:
@@ -125,7 +125,7 @@ def command(
 
     result = finetune(cfg, console=console, on_epoch=on_epoch)
     r = result.results
-    from gptcli.results_table import details_table
+    from gptcli.commands.render import details_table
 
     if r.get("scores"):
         Console().print(details_table([{**r, "run": result.run_dir.name, "n": r.get("n_eval")}],

@@ -33,7 +33,7 @@ def command(
     from gptcli.checkpoint import load_checkpoint
     from gptcli.config import from_dict, load_file
     from gptcli.errors import GPT1Error
-    from gptcli.generate import SamplingConfig, generate
+    from gptcli.model.generate import SamplingConfig, generate
 
     err = Console(stderr=True)
     cfg = from_dict(SamplingConfig, load_file(config)) if config is not None else SamplingConfig()

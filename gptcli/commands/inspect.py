@@ -15,7 +15,7 @@ def render_inspect(directory: Path, sample_tokens: int = 64, verify: bool = True
     from rich.panel import Panel
     from rich.table import Table
 
-    from gptcli.shards import open_corpus
+    from gptcli.data.shards import open_corpus
 
     console = Console()
     corpus = open_corpus(directory)

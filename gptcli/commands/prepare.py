@@ -151,7 +151,7 @@ def command(
     from rich.console import Console
 
     from gptcli.config import from_dict, load_file, replace
-    from gptcli.prepare import PrepareConfig, prepare
+    from gptcli.data.prepare import PrepareConfig, prepare
 
     cfg = from_dict(PrepareConfig, load_file(config)) if config else PrepareConfig()
     cfg = replace(

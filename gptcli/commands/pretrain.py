@@ -60,7 +60,7 @@ def command(
 
     from gptcli.config import from_dict, load_file, to_dict
     from gptcli.errors import GPT1Error
-    from gptcli.pretrain import CONFIG_FILE, PretrainConfig, pretrain
+    from gptcli.train.pretrain import CONFIG_FILE, PretrainConfig, pretrain
 
     base: dict = {}
     if config is not None:
@@ -90,7 +90,7 @@ def command(
     cfg = from_dict(PretrainConfig, {k: v for k, v in merged.items() if v is not None})
 
     console = Console(stderr=True)
-    from gptcli.distributed import join, leave, plan_launch
+    from gptcli.train.distributed import join, leave, plan_launch
 
     spec = plan_launch(gpus=gpus, procs=procs, nodes=nodes, node_rank=node_rank, master_addr=master_addr,
                        master_port=master_port, rdzv_endpoint=rdzv_endpoint)
@@ -121,9 +121,9 @@ def _launch(cfg, spec, quiet: bool, console) -> None:
 
     from gptcli.checkpoint import resolve_checkpoint
     from gptcli.config import save_config
-    from gptcli.distributed import launch
+    from gptcli.train.distributed import launch
     from gptcli.errors import GPT1Error
-    from gptcli.pretrain import _validate as check_batch, open_training_corpus
+    from gptcli.train.pretrain import _validate as check_batch, open_training_corpus
 
     world = spec.nproc_per_node * spec.nnodes
     check_batch(cfg, world)

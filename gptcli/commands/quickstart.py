@@ -1,4 +1,4 @@
-"""`gpt1 quickstart`: the whole pipeline at toy scale, offline, in a few minutes (see gptcli/quickstart.py)."""
+"""`gpt1 quickstart`: the whole pipeline at toy scale, offline, in a few minutes (see gptcli/pipelines/quickstart.py)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def command(
     from rich.console import Console
 
     from gptcli.config import from_dict, load_file
-    from gptcli.quickstart import QuickstartConfig, quickstart
+    from gptcli.pipelines.quickstart import QuickstartConfig, quickstart
 
     base = load_file(config) if config is not None else {}
     given = dict(out=out, minutes=minutes, seed=seed, device=device, precision=precision, workers=workers)
@@ -50,10 +50,10 @@ def command(
 
 
 class RichHooks:
-    """Stage headers, notes and timings for :func:`gptcli.quickstart.quickstart`, on a Rich console."""
+    """Stage headers, notes and timings for :func:`gptcli.pipelines.quickstart.quickstart`, on a Rich console."""
 
     def __init__(self, console) -> None:
-        from gptcli.quickstart import STAGES
+        from gptcli.pipelines.quickstart import STAGES
 
         self.console = console
         self.index = {key: i + 1 for i, (key, _) in enumerate(STAGES)}
@@ -79,7 +79,7 @@ def render_summary(console, result) -> None:
     """The final table (value and meaning of each number) and the "what next" commands."""
     from rich.table import Table
 
-    from gptcli.quickstart import WHAT_NEXT, summary_rows
+    from gptcli.pipelines.quickstart import WHAT_NEXT, summary_rows
 
     n = result.numbers
     table = Table(title=f"gpt1 quickstart: results ({n['seconds_total']:.0f} s, seed {n['seed']})",

@@ -1,7 +1,7 @@
 """`gpt1 zeroshot`: the paper's zero-shot heuristics on a pretrained language model, and their learning curve.
 
-Parses options into a :class:`gptcli.zeroshot.ZeroShotConfig`, calls :func:`gptcli.zeroshot.zeroshot` (one
-checkpoint) or :func:`gptcli.zeroshot_curve.run_curve` (``--task all`` over a run directory, or several
+Parses options into a :class:`gptcli.eval.zeroshot.ZeroShotConfig`, calls :func:`gptcli.eval.zeroshot.zeroshot` (one
+checkpoint) or :func:`gptcli.eval.curve.run_curve` (``--task all`` over a run directory, or several
 ``--checkpoint``), and renders Rich tables.
 """
 
@@ -54,7 +54,7 @@ def command(
 
     from gptcli.config import from_dict, load_file, replace
     from gptcli.errors import GPT1Error
-    from gptcli.zeroshot import TASKS, ZeroShotConfig, task_list
+    from gptcli.eval.zeroshot import TASKS, ZeroShotConfig, task_list
 
     console = Console()
     base = from_dict(ZeroShotConfig, load_file(config)) if config else ZeroShotConfig()
@@ -77,7 +77,7 @@ def command(
         except ValueError:
             raise GPT1Error(f"--sota {k}={v}: not a number") from None
 
-    from gptcli.zeroshot_curve import is_run_dir
+    from gptcli.eval.curve import is_run_dir
 
     use_curve = curve if curve is not None else (len(checkpoint) > 1 or (cfg.task == "all" and is_run_dir(checkpoint[0])))
 
@@ -88,7 +88,7 @@ def command(
         _render_curve(console, cfg, checkpoint, sota_values, skip)
         return
 
-    from gptcli.zeroshot import zeroshot
+    from gptcli.eval.zeroshot import zeroshot
 
     with _progress(console) as progress:
         results, skipped, meta = zeroshot(cfg, on_skip=skip, progress=progress)
@@ -132,7 +132,7 @@ class _progress:
 def _render_curve(console, cfg, checkpoints, sota_values, on_skip) -> None:
     from rich.table import Table
 
-    from gptcli.zeroshot_curve import RANDOM, SOTA, run_curve
+    from gptcli.eval.curve import RANDOM, SOTA, run_curve
 
     def point(p) -> None:
         scores = ", ".join(f"{t} {v:.1f}" for t, v in p.scores.items())

@@ -110,7 +110,7 @@ class Task:
 
     @property
     def metric_names(self) -> tuple[str, ...]:
-        """The headline metric then the extra ones, as names in :data:`gptcli.metrics.METRICS`."""
+        """The headline metric then the extra ones, as names in :data:`gptcli.eval.metrics.METRICS`."""
         return (self.metric, *self.extra_metrics)
 
     def label_string(self, label: int | float) -> str:

@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 
 from gptcli.errors import DataError
-from gptcli.tasks import register
+from gptcli.tasks.registry import register
 from gptcli.tasks.base import Example, Reader, ReadOptions, Split, Task
 from gptcli.tasks.rows import BadRow, check_columns, iter_tsv, label_of, nonempty, reject, score_of
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gptcli.tasks import register
+from gptcli.tasks.registry import register
 from gptcli.tasks.base import Example, ReadOptions, Split, Task
 from gptcli.tasks.rows import BadRow, label_of, nonempty, reject
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gptcli.tasks import register
+from gptcli.tasks.registry import register
 from gptcli.tasks.base import Example, ReadOptions, Split, Task
 from gptcli.tasks.rows import BadRow, check_columns, iter_tsv, label_of, nonempty, reject
 

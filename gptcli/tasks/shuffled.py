@@ -150,7 +150,7 @@ def write_task_files(splits: dict[str, Sequence[TaskRow]], directory: str | Path
 @contextmanager
 def registered(task: Task = SHUFFLED) -> Iterator[Task]:
     """Make ``task`` visible to :func:`gptcli.tasks.get_task` inside the block (a no-op if it already is)."""
-    from gptcli import tasks as registry
+    from gptcli.tasks import registry
     from gptcli.errors import GPT1Error
 
     try:

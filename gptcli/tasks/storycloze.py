@@ -18,7 +18,7 @@ import csv
 from pathlib import Path
 
 from gptcli.errors import DataError
-from gptcli.tasks import register
+from gptcli.tasks.registry import register
 from gptcli.tasks.base import Example, ReadOptions, Split, Task
 from gptcli.tasks.rows import BadRow, label_of, nonempty, reject
 

@@ -84,7 +84,7 @@ class LearnedBPETokenizer(Tokenizer):
     ) -> "LearnedBPETokenizer":
         """Learn a BPE vocabulary of exactly ``vocab_size`` ids (newline included) from pipeline lines.
 
-        ``lines`` must already be in the form :func:`gptcli.text.word_lines` produces (lowercased unless
+        ``lines`` must already be in the form :func:`gptcli.tokenizers.text.word_lines` produces (lowercased unless
         ``cased``); long lines are cut at word boundaries so none is dropped.
         """
         import sentencepiece as spm
@@ -139,7 +139,7 @@ class LearnedBPETokenizer(Tokenizer):
 
     def lines(self, text: str) -> list[str]:
         """Raw text → pipeline lines (what the BPE sees)."""
-        from gptcli.text import word_lines
+        from gptcli.tokenizers.text import word_lines
 
         return word_lines(text, cased=self.cased)
 

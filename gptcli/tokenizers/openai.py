@@ -11,7 +11,7 @@ Faithfulness details kept on purpose (each one changes ids on real text):
 - spaCy emits a newline as the token ``"\\n "``; its BPE is ``'\\n  </w>'``, which the released code rewrites to
   ``'\\n</w>'`` (id 40477). We do the same.
 - Backslashes are not split off (the released regex never matched them; Hugging Face's port does) — see
-  :mod:`gptcli.text`.
+  :mod:`gptcli.tokenizers.text`.
 
 Speed: a word → ids cache (the released code caches word → BPE string; we cache the final ids), so each distinct
 word is merged once. On natural text the cache hit rate is > 95 %, leaving ftfy and spaCy as the main costs.
@@ -155,7 +155,7 @@ class OpenAIBPETokenizer(Tokenizer):
         return len(self.encoder)
 
     def encode(self, text: str) -> list[int]:
-        from gptcli.text import clean, words
+        from gptcli.tokenizers.text import clean, words
 
         out: list[int] = []
         for w in words(clean(text)):
@@ -163,7 +163,7 @@ class OpenAIBPETokenizer(Tokenizer):
         return out
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        from gptcli.text import clean, spacy_tokenizer
+        from gptcli.tokenizers.text import clean, spacy_tokenizer
 
         result = []
         for doc in spacy_tokenizer().pipe(clean(t) for t in texts):

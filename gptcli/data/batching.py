@@ -1,0 +1,148 @@
+"""Encoded examples → padded tensors, with dynamic padding and length-bucketed batches.
+
+Padding is dynamic: a batch is padded to its own longest sequence, never to the model's 512, and batches are
+drawn from length buckets so that sequences of similar length travel together. Short tasks (SST-2 sentences,
+~25 tokens) therefore pay for ~25 positions, not 512.
+
+Bucketing keeps the randomness an epoch needs: the shuffled examples are cut into pools of ``pool`` batches,
+each pool is sorted by length and cut into batches, and the batch order is shuffled again. Evaluation sorts all
+examples by length and the caller restores the original order through ``Batch.index``.
+
+Padding sits on the right and is causally invisible: no real token attends to a later position, so pad tokens
+change neither the extract state nor the LM loss of the real tokens (they are masked out of the loss).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from gptcli.data.transforms import Encoded
+
+PAD_ID = 0
+"""Any valid id works (padding is masked and causally after every real token); 0 is ``<unk>`` in the original vocab."""
+
+
+@dataclass
+class Batch:
+    """``B`` examples of ``S`` sequences each, flattened to ``B·S`` rows of length ``T``."""
+
+    ids: torch.Tensor
+    """(B·S, T) token ids, right-padded with ``PAD_ID``."""
+    mask: torch.Tensor
+    """(B·S, T) float, 1 on real tokens (the released code's ``M``)."""
+    labels: torch.Tensor | None
+    """(B,) long class/choice index or float target; None when the examples are unlabeled."""
+    index: torch.Tensor
+    """(B,) position of each example in the encoded list (restores order after length sorting)."""
+    n_seqs: int
+    """S: sequences per example (1, 2 for both orders, or the number of answers)."""
+
+    def to(self, device: torch.device | str) -> "Batch":
+        nb = device != "cpu" and torch.device(device).type == "cuda"
+        return Batch(
+            self.ids.to(device, non_blocking=nb),
+            self.mask.to(device, non_blocking=nb),
+            None if self.labels is None else self.labels.to(device, non_blocking=nb),
+            self.index,
+            self.n_seqs,
+        )
+
+    @property
+    def size(self) -> int:
+        return self.index.numel()
+
+    @property
+    def tokens(self) -> int:
+        """Real (non-pad) tokens in the batch."""
+        return int(self.mask.sum().item())
+
+
+def collate(items: Sequence[Encoded], regression: bool = False) -> Batch:
+    """Pad a list of encoded examples (all with the same number of sequences) to their longest sequence."""
+    n_seqs = len(items[0].seqs)
+    if any(len(it.seqs) != n_seqs for it in items):
+        raise ValueError("examples in one batch must have the same number of sequences")
+    rows = [s for it in items for s in it.seqs]
+    T = max(len(s) for s in rows)
+    ids = torch.full((len(rows), T), PAD_ID, dtype=torch.long)
+    mask = torch.zeros((len(rows), T), dtype=torch.float32)
+    for r, s in enumerate(rows):
+        ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[r, : len(s)] = 1.0
+    labels = None
+    if all(it.label is not None for it in items):
+        labels = torch.tensor([it.label for it in items], dtype=torch.float32 if regression else torch.long)
+    index = torch.tensor([it.index for it in items], dtype=torch.long)
+    return Batch(ids, mask, labels, index, n_seqs)
+
+
+def bucketed_batches(
+    lengths: Sequence[int], batch_size: int, *, shuffle: bool, rng: random.Random | None = None, pool: int = 50
+) -> list[list[int]]:
+    """Index lists of batches grouped by length.
+
+    ``shuffle=True`` (training): shuffle, sort within pools of ``pool·batch_size`` examples, shuffle the
+    batches. ``shuffle=False`` (evaluation): one global sort, longest first so memory peaks at the start.
+    Every example appears in exactly one batch; the last batch of a pool may be smaller.
+    """
+    order = list(range(len(lengths)))
+    if not shuffle:
+        order.sort(key=lambda i: -lengths[i])
+        return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    rng = rng or random.Random(0)
+    rng.shuffle(order)
+    batches: list[list[int]] = []
+    span = max(1, pool) * batch_size
+    for p in range(0, len(order), span):
+        chunk = sorted(order[p : p + span], key=lambda i: lengths[i])
+        batches.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
+    rng.shuffle(batches)
+    return batches
+
+
+def iterate(
+    encoded: Sequence[Encoded],
+    batch_size: int,
+    *,
+    shuffle: bool,
+    rng: random.Random | None = None,
+    regression: bool = False,
+) -> Iterator[Batch]:
+    """Batches over ``encoded`` (see :func:`bucketed_batches`)."""
+    for idx in bucketed_batches([e.length for e in encoded], batch_size, shuffle=shuffle, rng=rng):
+        yield collate([encoded[i] for i in idx], regression)
+
+
+def num_batches(n: int, batch_size: int, pool: int = 50) -> int:
+    """How many batches :func:`bucketed_batches` makes from ``n`` examples when shuffling."""
+    span = max(1, pool) * batch_size
+    full, rest = divmod(n, span)
+    return full * pool + -(-rest // batch_size)
+
+
+def lm_loss_per_sequence(
+    hidden: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, lm_logits: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """The released code's auxiliary LM loss, one value per sequence.
+
+    Targets are ``ids[:, 1:]`` where ``mask[:, 1:]`` is 1: every real token after the first, so the delimiter and
+    the extract token are predicted too and the start token is not. Each sequence's loss is the mean over its
+    targets; the caller averages over sequences (``lm_losses.mean()``), as ``tf.reduce_mean(lm_losses)`` does.
+
+    Only the positions that have a target go through the (vocabulary-wide) output layer ``lm_logits``: pad
+    positions would cost a 40k-wide projection each for nothing.
+    """
+    n = ids.size(0)
+    if ids.size(1) < 2:
+        return torch.zeros(n, device=ids.device)
+    m = mask[:, 1:] > 0
+    rows = torch.arange(n, device=ids.device).unsqueeze(1).expand_as(m)[m]
+    logits = lm_logits(hidden[:, :-1][m]).float()
+    nll = F.cross_entropy(logits, ids[:, 1:][m], reduction="none")
+    total = torch.zeros(n, device=ids.device, dtype=nll.dtype).index_add_(0, rows, nll)
+    return total / m.sum(1).clamp_min(1).to(nll.dtype)

@@ -1,0 +1,217 @@
+"""The zero-shot learning curve (paper Figure 2, right): every heuristic scored at every pretraining checkpoint.
+
+Each task's score is normalised between random guessing (0) and the single-model state of the art before GPT-1
+(1): ``(score - random) / (sota - random)``. The values used (percent; MCC × 100 for CoLA):
+
+=============  ======  =====  =====================================================================
+task           random  SOTA   source of the SOTA value
+=============  ======  =====  =====================================================================
+sst2           50.0    93.2   reference §6 "previous best" for SST-2 (paper Table 4)
+cola           0.0     35.0   reference §6 "previous best" for CoLA (paper Table 4)
+race           25.0    53.3   reference §6 "previous best" for RACE (paper Table 3)
+race-m         25.0    60.2   reference §6
+race-h         25.0    50.3   reference §6
+storycloze     50.0    77.6   reference §6 "previous best" for Story Cloze (paper Table 3)
+dprd           50.0    76.4   not in the reference: Peng, Khashabi & Roth (2015) on Rahman & Ng's test set
+wsc            50.0    63.7   not in the reference: Trinh & Le (2018) on WSC273 (an ensemble of LMs)
+=============  ======  =====  =====================================================================
+
+The paper's Figure 2 gives no numbers; its caption says "normalized between random guessing and state of the art".
+The DPRD and WSC values are our choice and can be replaced (``sota={...}``, ``--sota task=value``).
+
+Outputs: ``curve.json`` (raw and normalised scores per checkpoint and task, the constants used, skipped tasks),
+``curve.png`` (matplotlib, an optional dependency) and one ``results.json`` + predictions per checkpoint under
+``<out>/<checkpoint name>/``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from gptcli.errors import GPT1Error
+from gptcli.eval.zeroshot import ZeroShotConfig, json_safe, evaluate, open_model, write_results
+
+RANDOM: dict[str, float] = {"sst2": 50.0, "cola": 0.0, "race": 25.0, "race-m": 25.0, "race-h": 25.0, "storycloze": 50.0, "dprd": 50.0, "wsc": 50.0}
+SOTA: dict[str, float] = {"sst2": 93.2, "cola": 35.0, "race": 53.3, "race-m": 60.2, "race-h": 50.3, "storycloze": 77.6, "dprd": 76.4, "wsc": 63.7}
+SOTA_SOURCE: dict[str, str] = {
+    "sst2": "reference §6 previous best (paper Table 4)",
+    "cola": "reference §6 previous best (paper Table 4)",
+    "race": "reference §6 previous best (paper Table 3)",
+    "race-m": "reference §6 previous best (paper Table 3)",
+    "race-h": "reference §6 previous best (paper Table 3)",
+    "storycloze": "reference §6 previous best (paper Table 3)",
+    "dprd": "Peng, Khashabi & Roth 2015 (not in the reference; replace with --sota dprd=X)",
+    "wsc": "Trinh & Le 2018, LM ensemble (not in the reference; replace with --sota wsc=X)",
+}
+LABELS = {"sst2": "Sentiment analysis (SST-2)", "cola": "Linguistic acceptability (CoLA)", "race": "Question answering (RACE)",
+          "race-m": "RACE-m", "race-h": "RACE-h", "dprd": "Winograd schemas (DPRD)", "wsc": "Winograd schemas (WSC273)",
+          "storycloze": "Story Cloze"}
+
+
+def normalize(task: str, score: float, sota: dict[str, float] | None = None) -> float:
+    """``(score - random) / (sota - random)``: 0 = random guessing, 1 = the state of the art before GPT-1."""
+    top = (sota or SOTA)[task]
+    lo = RANDOM[task]
+    if score is None or (isinstance(score, float) and math.isnan(score)):
+        return float("nan")
+    return (score - lo) / (top - lo)
+
+
+def _step_of(path: Path) -> int:
+    try:
+        return int(json.loads((path / "config.json").read_text(encoding="utf-8")).get("meta", {}).get("step", -1))
+    except (OSError, json.JSONDecodeError, TypeError, ValueError):
+        return -1
+
+
+def list_checkpoints(paths: Sequence[str | Path]) -> list[Path]:
+    """Checkpoint directories named by ``paths``: a checkpoint itself, or every complete checkpoint of a run
+    directory (``RUN/checkpoints/*``) in order of training step."""
+    from gptcli.checkpoint import is_checkpoint
+
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if not p.exists():
+            raise GPT1Error(f"{p}: checkpoint not found")
+        if is_checkpoint(p):
+            out.append(p)
+            continue
+        found = [c for c in (p / "checkpoints").glob("*") if c.is_dir() and not c.name.startswith(".") and is_checkpoint(c)]
+        if not found:
+            raise GPT1Error(f"{p}: neither a checkpoint (config.json + model.safetensors) nor a run directory with checkpoints/")
+        out.extend(sorted(found, key=lambda c: (_step_of(c), c.name)))
+    return out
+
+
+def is_run_dir(path: str | Path) -> bool:
+    from gptcli.checkpoint import is_checkpoint
+
+    p = Path(path)
+    return p.is_dir() and not is_checkpoint(p) and (p / "checkpoints").is_dir()
+
+
+@dataclass
+class CurvePoint:
+    checkpoint: str
+    step: int | None
+    scores: dict[str, float] = field(default_factory=dict)
+    normalized: dict[str, float] = field(default_factory=dict)
+    n: dict[str, int] = field(default_factory=dict)
+    examples_per_s: dict[str, float] = field(default_factory=dict)
+    notes: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass
+class Curve:
+    tasks: list[str]
+    points: list[CurvePoint]
+    skipped: dict[str, str] = field(default_factory=dict)
+    sota: dict[str, float] = field(default_factory=lambda: dict(SOTA))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tasks": self.tasks,
+            "normalization": {t: {"random": RANDOM[t], "sota": self.sota[t], "sota_source": SOTA_SOURCE.get(t, "given")} for t in self.tasks},
+            "points": [p.__dict__ for p in self.points],
+            "skipped": self.skipped,
+        }
+
+
+def run_curve(config: ZeroShotConfig, checkpoints: Sequence[str | Path], *, sota: dict[str, float] | None = None,
+              on_point: Callable[[CurvePoint], None] | None = None, on_skip: Callable[[str, str], None] | None = None,
+              progress=None) -> Curve:
+    """Score ``config.task`` (usually ``all``) at every checkpoint; write per-checkpoint results and the curve
+    files into ``config.out`` when set. Tasks whose data is missing are skipped for the whole curve."""
+    paths = list_checkpoints(checkpoints)
+    if config.out:
+        _pyplot()  # fail before hours of scoring, not after
+    table = {**SOTA, **(sota or {})}
+    points: list[CurvePoint] = []
+    skipped: dict[str, str] = {}
+    tasks: list[str] = []
+    names_seen: set[str] = set()
+    for path in paths:
+        model, tokenizer, ck = open_model(path, config.device)
+        results, skip = evaluate(model, tokenizer, config, on_skip if not skipped else None, progress)
+        skipped.update(skip)
+        # Later checkpoints need not retry a task whose data is missing.
+        if skip and config.task == "all":
+            from dataclasses import replace
+
+            config = replace(config, task=",".join(results))
+        for t in results:
+            if t not in tasks:
+                tasks.append(t)
+        step = ck.meta.get("step")
+        pt = CurvePoint(str(ck.path), step if isinstance(step, int) else None)
+        for t, r in results.items():
+            pt.scores[t] = r.score
+            pt.normalized[t] = normalize(t, r.score, table)
+            pt.n[t] = r.n
+            pt.examples_per_s[t] = r.examples_per_s
+            pt.notes[t] = list(r.notes)
+        points.append(pt)
+        if config.out:
+            name = ck.path.name if ck.path.name not in names_seen else f"{ck.path.parent.parent.name}-{ck.path.name}"
+            names_seen.add(name)
+            write_results(Path(config.out) / name, results, {"checkpoint": str(ck.path), "step": pt.step}, skip)
+        if on_point:
+            on_point(pt)
+        del model
+    curve = Curve(tasks, points, skipped, table)
+    if config.out:
+        write_curve(config.out, curve)
+    return curve
+
+
+def write_curve(out: str | Path, curve: Curve) -> tuple[Path, Path]:
+    """``curve.json`` and ``curve.png`` in ``out`` (the plot needs matplotlib; checked before anything is written)."""
+    plt = _pyplot()
+    d = Path(out)
+    d.mkdir(parents=True, exist_ok=True)
+    png = d / "curve.png"
+    tmp_png = d / ".curve.png.tmp.png"
+    plot(curve, tmp_png, plt)
+    js = d / "curve.json"
+    tmp_js = d / ".curve.json.tmp"
+    tmp_js.write_text(json.dumps(json_safe(curve.to_dict()), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    tmp_png.replace(png)
+    tmp_js.replace(js)
+    return js, png
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise GPT1Error("the zero-shot curve plot needs matplotlib: pip install matplotlib (or pip install 'gpt1[plot]')") from None
+    return plt
+
+
+def plot(curve: Curve, path: str | Path, plt=None) -> None:
+    """Normalised score of each task over pretraining updates, as the paper's Figure 2 (right)."""
+    plt = plt or _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+    xs_all = [p.step if p.step is not None else i for i, p in enumerate(curve.points)]
+    for t in curve.tasks:
+        xs = [x for x, p in zip(xs_all, curve.points) if t in p.normalized and not math.isnan(p.normalized[t])]
+        ys = [p.normalized[t] for p in curve.points if t in p.normalized and not math.isnan(p.normalized[t])]
+        if xs:
+            ax.plot(xs, ys, marker="o", label=LABELS.get(t, t))
+    ax.axhline(0.0, color="grey", lw=0.8, ls="--")
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("pretraining updates" if all(p.step is not None for p in curve.points) else "checkpoint")
+    ax.set_ylabel("normalized zero-shot performance")
+    ax.set_title("Zero-shot heuristics over pretraining (0 = random, 1 = SOTA)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(str(path), format="png")
+    plt.close(fig)

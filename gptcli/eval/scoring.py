@@ -1,0 +1,269 @@
+"""Batched log-probability scoring: how likely is a continuation given a context, under a language model.
+
+Every zero-shot heuristic of the paper (§5) reduces to one question asked many times: *the sum (and count) of the
+log-probabilities of these continuation tokens after this context*. :func:`score` answers it for a whole list of
+:class:`Request` objects at once.
+
+Rules (documented in ``docs/zeroshot.md``):
+
+- **Ids, not strings.** Context and continuation are tokenized separately by the caller and concatenated as ids,
+  so the boundary between them never shifts with the tokenizer's merges.
+- **Left truncation.** The model reads at most ``n_ctx`` tokens, i.e. a scored sequence holds at most ``n_ctx + 1``
+  (the last one is only predicted). Longer inputs lose tokens from the LEFT of the context; the continuation is
+  kept whole. Requests that share a context are truncated *together*, by the budget of their longest continuation,
+  so every candidate answer sees exactly the same context. A continuation longer than the window on its own is cut
+  to its first ``n_ctx`` tokens (after one context token) and flagged; none of the paper's tasks come close.
+- **Empty context.** With no context the first continuation token has nothing to be predicted from and is not
+  scored (CoLA scores a sentence's tokens 2…n this way).
+- **Speed.** No gradients; rows sorted by length and padded dynamically (on the right, which a causal model never
+  attends to); logits are computed only at the positions that are read, never over the whole sequence × vocabulary.
+  Requests with the same context share one forward pass of it: when every continuation is a single token the
+  context row alone gives all their log-probabilities (SST-2's ``positive``/``negative`` after ``very``); when
+  they are longer and the shared context is long, the context runs once into a KV cache that all candidates
+  continue from (RACE's four answers after one document). ``precision`` follows :func:`gptcli.runtime.resolve_precision`
+  (``auto``: bf16 autocast on CUDA and on CPUs with native bf16, fp32 otherwise); log-softmax is always fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import torch
+import torch.nn.functional as F
+
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+
+
+@dataclass(frozen=True)
+class Request:
+    """Score ``continuation`` after ``context`` (both token id sequences)."""
+
+    context: tuple[int, ...]
+    continuation: tuple[int, ...]
+
+    @staticmethod
+    def of(context: Sequence[int], continuation: Sequence[int]) -> "Request":
+        return Request(tuple(int(i) for i in context), tuple(int(i) for i in continuation))
+
+
+@dataclass
+class Score:
+    """Sum and count of the continuation's token log-probabilities (natural log)."""
+
+    logprob: float = 0.0
+    count: int = 0
+    truncated: bool = False
+    """True when tokens were dropped to fit the context window."""
+
+    @property
+    def mean(self) -> float:
+        """Average token log-probability; ``nan`` when no token was scored."""
+        return self.logprob / self.count if self.count else float("nan")
+
+
+@dataclass
+class _Row:
+    """One sequence fed to the model and the (position, target token, request) triples read from it."""
+
+    ids: list[int]
+    reads: list[tuple[int, int, int]]
+
+
+def _fit(context: tuple[int, ...], max_cont: int, n_ctx: int) -> tuple[tuple[int, ...], bool]:
+    """Left-truncate ``context`` so that context + the longest continuation is at most ``n_ctx + 1`` tokens."""
+    budget = n_ctx + 1 - max_cont
+    if len(context) <= budget:
+        return context, False
+    budget = max(budget, 1 if context else 0)
+    return context[len(context) - budget :] if budget else (), True
+
+
+def _plan(requests: Sequence[Request], n_ctx: int, cache_min_context: int):
+    """Group requests by context and decide how each group is run.
+
+    Returns ``(rows, cached_groups, truncated)``: plain rows for the batched path, and groups
+    ``(context, [(request index, continuation)])`` that run their context once into a KV cache.
+    """
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, r in enumerate(requests):
+        groups.setdefault(r.context, []).append(i)
+    rows: list[_Row] = []
+    cached: list[tuple[tuple[int, ...], list[tuple[int, tuple[int, ...]]]]] = []
+    truncated = [False] * len(requests)
+    for context, members in groups.items():
+        conts = []
+        for i in members:
+            c = requests[i].continuation
+            limit = n_ctx if context else n_ctx + 1
+            if len(c) > limit:
+                c, truncated[i] = c[:limit], True
+            conts.append(c)
+        max_cont = max((len(c) for c in conts), default=0)
+        ctx, cut = _fit(context, max_cont, n_ctx)
+        for i in members:
+            truncated[i] = truncated[i] or cut
+        a = len(ctx)
+        if a and len(members) > 1 and all(len(c) <= 1 for c in conts):
+            # One row for the context; every single-token continuation is read at its last position.
+            rows.append(_Row(list(ctx), [(a - 1, c[0], i) for i, c in zip(members, conts) if c]))
+        elif a >= cache_min_context and len(members) > 1:
+            cached.append((ctx, list(zip(members, conts))))
+        else:
+            for i, c in zip(members, conts):
+                seq = list(ctx) + list(c)
+                reads = [(a - 1 + j, c[j], i) for j in range(0 if a else 1, len(c))]
+                if reads:
+                    rows.append(_Row(seq[:-1], reads))
+    return rows, cached, truncated
+
+
+def _precision(device: torch.device, precision: str) -> str:
+    from gptcli.runtime import resolve_precision
+
+    return resolve_precision(precision, device)
+
+
+def _autocast(device: torch.device, precision: str):
+    from gptcli.runtime import autocast
+
+    return autocast(device, _precision(device, precision))  # type: ignore[arg-type]
+
+
+def _read(model, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities of ``targets`` (N,) from hidden states ``h`` (N, d): logits only where they are read.
+
+    Called outside autocast with ``h`` cast back to the weights' dtype: the output projection is a small part of
+    the work here (only read positions) and fp32 logits keep close candidates apart.
+    """
+    logits = model.lm_logits(h.to(next(model.parameters()).dtype)).float()
+    return torch.gather(F.log_softmax(logits, dim=-1), 1, targets.unsqueeze(1)).squeeze(1)
+
+
+@torch.no_grad()
+def score(
+    model,
+    requests: Sequence[Request],
+    *,
+    batch_size: int = 32,
+    max_tokens: int | None = None,
+    precision: Precision = "auto",
+    cache_min_context: int = 64,
+    progress=None,
+) -> list[Score]:
+    """Score every request; results come back in the order of ``requests``.
+
+    ``model`` is a :class:`gptcli.model.gpt.GPT` (or anything with ``config.n_ctx``, ``forward(idx, cache)`` and
+    ``lm_logits(h)``). ``batch_size`` caps rows per forward pass and ``max_tokens`` (default ``batch_size × 128``)
+    caps padded tokens per pass. Groups of requests sharing a context of at least ``cache_min_context`` tokens run
+    it once into a KV cache. ``progress(n)`` is called with the number of requests finished after each pass.
+    """
+    if not requests:
+        return []
+    was_training = model.training
+    model.eval()
+    try:
+        return _score(model, requests, batch_size, max_tokens or batch_size * 128, precision, cache_min_context, progress)
+    finally:
+        model.train(was_training)
+
+
+def _score(model, requests, batch_size, max_tokens, precision, cache_min_context, progress) -> list[Score]:
+    n_ctx = model.config.n_ctx
+    device = next(model.parameters()).device
+    rows, cached, truncated = _plan(requests, n_ctx, cache_min_context)
+    sums = torch.zeros(len(requests), dtype=torch.float64)
+    counts = torch.zeros(len(requests), dtype=torch.long)
+
+    def add(idx: list[int], lp: torch.Tensor) -> None:
+        ix = torch.tensor(idx, dtype=torch.long)
+        sums.index_add_(0, ix, lp.double().cpu())
+        counts.index_add_(0, ix, torch.ones_like(ix))
+
+    # Plain rows: longest first, so the first batch shows the worst-case memory at once.
+    rows.sort(key=lambda r: len(r.ids), reverse=True)
+    start = 0
+    while start < len(rows):
+        longest = len(rows[start].ids)
+        take = max(1, min(batch_size, max_tokens // max(longest, 1)))
+        batch = rows[start : start + take]
+        start += take
+        x = torch.zeros(len(batch), longest, dtype=torch.long)
+        bi, pos, tgt, req = [], [], [], []
+        for b, r in enumerate(batch):
+            x[b, : len(r.ids)] = torch.tensor(r.ids, dtype=torch.long)
+            for p, t, i in r.reads:
+                bi.append(b), pos.append(p), tgt.append(t), req.append(i)
+        x = x.to(device)
+        with _autocast(device, precision):
+            h = model(x)
+        lp = _read(model, h[torch.tensor(bi, device=device), torch.tensor(pos, device=device)], torch.tensor(tgt, device=device))
+        add(req, lp)
+        if progress:
+            progress(len({i for r in batch for _, _, i in r.reads}))
+
+    # Shared long contexts: run once into a cache, then every candidate continues from a copy of it.
+    from gptcli.model.gpt import KVCache
+
+    for ctx, members in cached:
+        members = [(i, c) for i, c in members if c]
+        for s in range(0, len(members), batch_size):
+            chunk = members[s : s + batch_size]
+            with _autocast(device, precision):
+                cache = KVCache(model.config, 1, device=device, dtype=_cache_dtype(model, device, precision))
+                h_ctx = model(torch.tensor([list(ctx)], dtype=torch.long, device=device), cache)[0, -1]
+            first = _read(model, h_ctx.expand(len(chunk), -1), torch.tensor([c[0] for _, c in chunk], device=device))
+            add([i for i, _ in chunk], first)
+            rest = max(len(c) for _, c in chunk) - 1
+            if rest > 0:
+                with _autocast(device, precision):
+                    big = KVCache(model.config, len(chunk), device=device, dtype=cache.k[0].dtype)
+                    for layer in range(len(big.k)):
+                        big.k[layer][:, :, : len(ctx)] = cache.k[layer][:, :, : len(ctx)]
+                        big.v[layer][:, :, : len(ctx)] = cache.v[layer][:, :, : len(ctx)]
+                    big.pos = len(ctx)
+                    x = torch.zeros(len(chunk), rest, dtype=torch.long)
+                    bi, pos, tgt, req = [], [], [], []
+                    for b, (i, c) in enumerate(chunk):
+                        x[b, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
+                        for j in range(1, len(c)):
+                            bi.append(b), pos.append(j - 1), tgt.append(c[j]), req.append(i)
+                    h = model(x.to(device), big)
+                lp = _read(model, h[torch.tensor(bi, device=device), torch.tensor(pos, device=device)], torch.tensor(tgt, device=device))
+                add(req, lp)
+            if progress:
+                progress(len(chunk))
+
+    return [Score(float(s), int(c), t) for s, c, t in zip(sums.tolist(), counts.tolist(), truncated)]
+
+
+def _cache_dtype(model, device: torch.device, precision: str) -> torch.dtype:
+    """The dtype keys/values have inside the forward pass (the autocast dtype, else the weights' dtype)."""
+    p = _precision(device, precision)
+    if p == "bf16":
+        return torch.bfloat16
+    if p == "fp16":
+        return torch.float16
+    return next(model.parameters()).dtype
+
+
+def next_token_logprobs(model, contexts: Sequence[Sequence[int]], *, batch_size: int = 32, precision: Precision = "auto") -> torch.Tensor:
+    """Full next-token log-distribution (len(contexts), vocab) after each context (left-truncated to ``n_ctx``).
+
+    Used to inspect a heuristic (e.g. the top words after ``… very``); :func:`score` is what the tasks use.
+    """
+    n_ctx = model.config.n_ctx
+    device = next(model.parameters()).device
+    out = []
+    with torch.no_grad():
+        for s in range(0, len(contexts), batch_size):
+            chunk = [list(c)[-n_ctx:] for c in contexts[s : s + batch_size]]
+            longest = max(len(c) for c in chunk)
+            x = torch.zeros(len(chunk), longest, dtype=torch.long)
+            for b, c in enumerate(chunk):
+                x[b, : len(c)] = torch.tensor(c, dtype=torch.long)
+            with _autocast(device, precision):
+                h = model(x.to(device))
+            last = h[torch.arange(len(chunk), device=device), torch.tensor([len(c) - 1 for c in chunk], device=device)]
+            out.append(F.log_softmax(model.lm_logits(last).float(), dim=-1).cpu())
+    return torch.cat(out)

@@ -1,0 +1,310 @@
+"""Weights in and out: Hugging Face ``openai-gpt`` checkpoints and OpenAI's original ``.npy`` release.
+
+- :func:`from_hf` reads a Hugging Face directory (or fetches a hub id) → model + tokenizer.
+- :func:`from_openai` reads the original release (``params_0.npy`` … ``params_9.npy`` + ``params_shapes.json``).
+- :func:`to_hf` writes a directory that ``transformers.OpenAIGPTLMHeadModel.from_pretrained`` and
+  ``OpenAIGPTTokenizer.from_pretrained`` load.
+- :func:`convert_to_checkpoint` saves a converted model as an ordinary gpt1 checkpoint directory.
+
+Nothing here imports ``transformers``; pickled PyTorch files are read with ``weights_only=True`` only.
+
+The original release's layout (``finetune-transformer-lm/train.py``): the shards are pieces of one flat float32
+vector; cutting it at the cumulative sizes of ``params_shapes.json`` gives, in order, the position embedding
+[n_ctx, d], the token embedding [n_vocab, d], then per block ``c_attn w [1, d, 3d], b``, ``c_proj w [1, d, d], b``,
+``ln_1 g, b``, ``c_fc w [1, d, 4d], b``, ``c_proj w [1, 4d, d], b``, ``ln_2 g, b`` (TensorFlow variable creation
+order). The fine-tuning graph then builds one matrix ``we`` = [tokens; 3 specials; positions]; a params file saved
+from that graph therefore starts with a single [n_vocab + n_special + n_ctx, d] matrix, which we also accept.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptcli.checkpoint import atomic_directory, load_checkpoint, save_checkpoint
+from gptcli.errors import DataError, GPT1Error
+from gptcli.interop.hf import config_from_hf, config_to_hf, state_dict_from_hf, state_dict_to_hf
+from gptcli.model.gpt import GPT, ModelConfig
+
+HUB_FILES_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+_BLOCK_PARAMS = (  # the released per-block order, as Hugging Face names (Conv1D [in, out] weights)
+    "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
+    "ln_1.weight", "ln_1.bias",
+    "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias",
+    "ln_2.weight", "ln_2.bias",
+)
+
+
+@dataclass
+class Converted:
+    """A converted model, its tokenizer (None if the source had none) and where it came from."""
+
+    model: GPT
+    tokenizer: Any | None
+    meta: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _build(config: ModelConfig, hf_state: dict[str, torch.Tensor], where: Path) -> GPT:
+    model = GPT(config)
+    try:
+        ours = state_dict_from_hf(hf_state, config.n_layer)
+        model.load_state_dict({k: v.float() for k, v in ours.items()}, strict=True)
+    except KeyError as e:
+        raise GPT1Error(f"{where}: weight {e.args[0]!r} is missing") from None
+    except RuntimeError as e:
+        raise GPT1Error(f"{where}: weights do not match the config ({str(e).splitlines()[-1].strip()})") from None
+    model.eval()
+    return model
+
+
+def _tokenizer_from(directory: Path):
+    from gptcli.tokenizers.openai import FILE_NAMES, OpenAIBPETokenizer
+
+    if any((directory / v).is_file() and (directory / m).is_file() for v, m in FILE_NAMES):
+        return OpenAIBPETokenizer.from_dir(directory)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- Hugging Face
+def _looks_like_hub_id(src: str) -> bool:
+    return bool(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", src)) and not src.startswith((".", "/"))
+
+
+def fetch_from_hub(repo_id: str) -> Path:
+    """Download the files a conversion needs from the Hugging Face hub (needs ``huggingface_hub`` and a network)."""
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError:
+        raise GPT1Error(
+            f"{repo_id}: no such local directory, and fetching from the Hugging Face hub needs the optional "
+            "package huggingface_hub (pip install huggingface_hub); or download the files and pass the directory"
+        ) from None
+    try:
+        config = Path(hf_hub_download(repo_id, "config.json"))
+        for name in HUB_FILES_WEIGHTS:
+            try:
+                hf_hub_download(repo_id, name)
+                break
+            except Exception as e:  # a missing file raises EntryNotFoundError; try the next format
+                if "404" not in str(e) and "EntryNotFound" not in type(e).__name__:
+                    raise
+        for name in ("vocab.json", "merges.txt"):
+            try:
+                hf_hub_download(repo_id, name)
+            except Exception as e:
+                if "404" not in str(e) and "EntryNotFound" not in type(e).__name__:
+                    raise
+    except GPT1Error:
+        raise
+    except Exception as e:
+        raise GPT1Error(
+            f"{repo_id}: no such local directory, and it could not fetch from the Hugging Face hub "
+            f"({type(e).__name__}: {(str(e).splitlines() or [''])[0]}); offline? Download config.json, "
+            "model.safetensors (or pytorch_model.bin), vocab.json and merges.txt and pass that directory instead"
+        ) from None
+    return config.parent
+
+
+def read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """``model.safetensors`` or, failing that, ``pytorch_model.bin`` loaded without unpickling code."""
+    st = directory / "model.safetensors"
+    if st.is_file():
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(st))
+        except Exception as e:
+            raise GPT1Error(f"{st}: unreadable safetensors file ({e})") from None
+    pt = directory / "pytorch_model.bin"
+    if pt.is_file():
+        try:
+            return torch.load(pt, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise GPT1Error(f"{pt}: not loadable as plain tensors with weights_only=True ({str(e).splitlines()[0]})") from None
+    raise GPT1Error(f"{directory}: no model.safetensors or pytorch_model.bin")
+
+
+def from_hf(src: str | Path) -> Converted:
+    """A Hugging Face ``openai-gpt`` checkpoint (directory or hub id) as our model + original tokenizer."""
+    d = Path(src)
+    source = str(src)
+    if not d.is_dir():
+        if d.exists() or not _looks_like_hub_id(str(src)):
+            raise GPT1Error(f"{src}: not a directory (expected a Hugging Face checkpoint directory or hub id)")
+        d = fetch_from_hub(str(src))
+    cfg_path = d / "config.json"
+    if not cfg_path.is_file():
+        raise GPT1Error(f"{d}: no config.json (not a Hugging Face checkpoint directory)")
+    try:
+        hf_cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(cfg_path, f"invalid JSON ({e.msg})", e.lineno) from None
+    if hf_cfg.get("model_type") != "openai-gpt":
+        raise DataError(cfg_path, f"model_type is {hf_cfg.get('model_type')!r}, expected 'openai-gpt'")
+    if hf_cfg.get("afn", "gelu") != "gelu":
+        raise DataError(cfg_path, f"activation {hf_cfg.get('afn')!r} is not supported (GPT-1 uses gelu)")
+    warnings: list[str] = []
+    tok = _tokenizer_from(d)
+    if tok is None:
+        warnings.append(f"{d}: no vocab.json + merges.txt; the checkpoint is written without a tokenizer")
+    config = config_from_hf(hf_cfg)
+    if tok is not None and config.vocab_size > tok.vocab_size:
+        # Rows past the BPE vocabulary are fine-tuning special tokens (e.g. a model we exported after finetune).
+        config.n_special = config.vocab_size - tok.vocab_size
+        config.vocab_size = tok.vocab_size
+    elif tok is not None and config.vocab_size < tok.vocab_size:
+        raise GPT1Error(f"{cfg_path}: vocab_size {config.vocab_size} is smaller than the tokenizer's {tok.vocab_size}")
+    sd = read_hf_weights(d)
+    if "lm_head.weight" in sd:
+        emb = sd.get("transformer.tokens_embed.weight", sd.get("tokens_embed.weight"))
+        if emb is not None and not torch.equal(sd["lm_head.weight"], emb):
+            raise GPT1Error(f"{d}: lm_head.weight is not tied to the token embedding (GPT-1 ties them)")
+    model = _build(config, sd, d)
+    meta = {"source": {"format": "hf", "path": source, "resolved": str(d)}}
+    return Converted(model, tok, meta, warnings)
+
+
+# --------------------------------------------------------------------------------------- original release
+def read_openai_params(directory: Path) -> list[torch.Tensor]:
+    """Concatenate ``params_*.npy`` and cut the flat vector by ``params_shapes.json`` (the released loader)."""
+    import numpy as np
+
+    shapes_path = directory / "params_shapes.json"
+    if not shapes_path.is_file():
+        raise GPT1Error(f"{directory}: no params_shapes.json (not an original GPT-1 release directory)")
+    try:
+        shapes = json.loads(shapes_path.read_text(encoding="utf-8"))
+        shapes = [[int(x) for x in s] for s in shapes]
+    except (json.JSONDecodeError, TypeError, ValueError) as e:
+        raise DataError(shapes_path, f"expected a JSON list of shapes ({e})") from None
+    shards = []
+    n = 0
+    while (directory / f"params_{n}.npy").is_file():
+        shards.append(directory / f"params_{n}.npy")
+        n += 1
+    if not shards:
+        raise GPT1Error(f"{directory}: no params_0.npy … params_9.npy weight shards")
+    arrays = []
+    for p in shards:
+        try:
+            arrays.append(np.load(p, allow_pickle=False).reshape(-1))
+        except Exception as e:
+            raise GPT1Error(f"{p}: unreadable .npy file ({e})") from None
+    flat = np.concatenate(arrays, 0)
+    sizes = [int(np.prod(s)) for s in shapes]
+    if sum(sizes) != flat.size:
+        raise GPT1Error(
+            f"{directory}: the {len(shards)} shards hold {flat.size} values but params_shapes.json needs {sum(sizes)}"
+            " (a shard missing?)"
+        )
+    offsets = np.cumsum(sizes)[:-1]
+    return [torch.from_numpy(np.ascontiguousarray(a.reshape(s))).float() for a, s in zip(np.split(flat, offsets), shapes)]
+
+
+def from_openai(src: str | Path, *, n_head: int = 12, tokenizer_dir: str | Path | None = None, n_special: int = 3) -> Converted:
+    """The original release (``params_*.npy`` + ``params_shapes.json`` + the two BPE files) as our model.
+
+    ``n_head`` is not recorded in the release (12 for GPT-1). ``n_special`` matters only for a params file saved
+    from the fine-tuning graph, whose first matrix stacks tokens, ``n_special`` special rows and positions.
+    """
+    d = Path(src)
+    if not d.is_dir():
+        raise GPT1Error(f"{d}: not a directory")
+    tok_dir = Path(tokenizer_dir) if tokenizer_dir is not None else d
+    tok = _tokenizer_from(tok_dir)
+    params = read_openai_params(d)
+    where = d / "params_shapes.json"
+    if len(params) >= 2 and params[0].dim() == 2 and params[1].dim() == 2 and (len(params) - 2) % 12 == 0:
+        pos, tokens = params[0], params[1]  # the pretrained release: positions first, then tokens
+        blocks = params[2:]
+        specials = tokens.new_zeros(0, tokens.size(1))
+        layout = "separate"
+    elif len(params) >= 1 and params[0].dim() == 2 and (len(params) - 1) % 12 == 0:
+        if tok is None:
+            raise GPT1Error(f"{tok_dir}: a stacked embedding matrix needs the BPE files to know where tokens end")
+        we = params[0]
+        n_vocab = tok.vocab_size
+        if we.size(0) <= n_vocab + n_special:
+            raise DataError(where, f"first matrix has {we.size(0)} rows, too few for {n_vocab} tokens + {n_special} specials + positions")
+        tokens, specials, pos = we[:n_vocab], we[n_vocab : n_vocab + n_special], we[n_vocab + n_special :]
+        blocks = params[1:]
+        layout = "stacked"
+    else:
+        raise DataError(where, f"{len(params)} arrays do not match the GPT-1 layout (2 embeddings + 12 per block)")
+    n_layer = len(blocks) // 12
+    n_embd = tokens.size(1)
+    if tok is None:
+        warnings = [f"{tok_dir}: no BPE files (encoder_bpe_40000.json + vocab_40000.bpe or vocab.json + merges.txt);"
+                    " the checkpoint is written without a tokenizer"]
+    else:
+        warnings = []
+        if tok.vocab_size != tokens.size(0):
+            raise GPT1Error(f"{tok_dir}: tokenizer has {tok.vocab_size} ids but the token embedding has {tokens.size(0)} rows")
+    inner = blocks[6].shape[-1] if n_layer else 4 * n_embd
+    config = ModelConfig(vocab_size=tokens.size(0), n_special=specials.size(0), n_ctx=pos.size(0), n_embd=n_embd,
+                         n_layer=n_layer, n_head=n_head, n_inner=int(inner))
+    hf_state = {"tokens_embed.weight": torch.cat([tokens, specials], 0), "positions_embed.weight": pos}
+    for i in range(n_layer):
+        for j, name in enumerate(_BLOCK_PARAMS):
+            t = blocks[12 * i + j]
+            hf_state[f"h.{i}.{name}"] = t.reshape(t.shape[-2:]) if t.dim() == 3 else t  # drop the conv width 1
+    model = _build(config, hf_state, where)
+    meta = {"source": {"format": "openai", "path": str(d), "layout": layout, "shards": len(list(d.glob("params_*.npy")))}}
+    return Converted(model, tok, meta, warnings)
+
+
+# ------------------------------------------------------------------------------------------------- output
+def convert_to_checkpoint(converted: Converted, out: str | Path) -> Path:
+    """Save a converted model as an ordinary gpt1 checkpoint (kind ``lm``)."""
+    meta = dict(converted.meta)
+    meta["converted_by"] = "gpt1 convert"
+    return save_checkpoint(out, converted.model, converted.tokenizer, kind="lm", meta=meta)
+
+
+def to_hf(ckpt: str | Path, out: str | Path) -> tuple[Path, list[str]]:
+    """Write checkpoint ``ckpt`` as a Hugging Face ``openai-gpt`` directory; returns (dir, warnings).
+
+    Weights and config always; ``vocab.json`` + ``merges.txt`` only for the original OpenAI tokenizer (a learned
+    sentencepiece vocabulary has no ``OpenAIGPTTokenizer`` equivalent, so it is not exported — a warning says so).
+    Task heads of fine-tuned checkpoints are not exported either.
+    """
+    from safetensors.torch import save_file
+
+    c = load_checkpoint(ckpt)
+    cfg = c.config
+    if cfg.n_inner != 4 * cfg.n_embd:
+        raise GPT1Error(f"{c.path}: n_inner={cfg.n_inner} ≠ 4·n_embd; Hugging Face openai-gpt cannot represent it")
+    warnings: list[str] = []
+    hf_cfg = config_to_hf(cfg)
+    sd = state_dict_to_hf(c.model.state_dict(), cfg.n_layer)
+    # Tied: transformers re-ties lm_head to the embedding on load, and safetensors refuses shared storage.
+    sd.pop("lm_head.weight")
+    sd = {k: v.detach().float().contiguous().clone() for k, v in sd.items()}
+    tok = c.tokenizer
+    if c.kind != "lm" or c.head_state:
+        warnings.append(f"{c.path}: kind {c.kind!r}; only the language model is exported, not the task head")
+    if cfg.n_special:
+        warnings.append(f"{cfg.n_special} special-token rows are exported as ids {cfg.vocab_size}…"
+                        f"{cfg.total_vocab - 1} (vocab_size {cfg.total_vocab}); the tokenizer files do not name them")
+
+    def write(tmp: Path) -> None:
+        save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n", encoding="utf-8")
+        if tok is not None and getattr(tok, "kind", None) == "openai":
+            tok.save_bpe_files(tmp)
+            tok_cfg = {"tokenizer_class": "OpenAIGPTTokenizer", "unk_token": "<unk>", "model_max_length": cfg.n_ctx}
+            (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n", encoding="utf-8")
+
+    if tok is None:
+        warnings.append(f"{c.path}: the checkpoint has no tokenizer; none is exported")
+    elif getattr(tok, "kind", None) != "openai":
+        warnings.append(f"tokenizer kind {tok.kind!r} is not exported (Hugging Face openai-gpt only knows the original "
+                        f"BPE); keep using {c.path}/tokenizer with gpt1")
+    path = atomic_directory(Path(out), write)
+    return path, warnings

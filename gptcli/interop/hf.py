@@ -1,0 +1,92 @@
+"""Weight mapping between our GPT and Hugging Face's ``OpenAIGPTLMHeadModel`` (state dicts only).
+
+Hugging Face stores attention and MLP weights as "Conv1D" matrices of shape [in, out] (x·W), like the released
+TensorFlow code; we use ``nn.Linear`` ([out, in]), so those matrices are transposed on the way in and out.
+This module works on plain state dicts and needs no ``transformers`` install.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gptcli.model.gpt import ModelConfig
+
+# (our suffix, HF suffix, transpose?) inside each block.
+_BLOCK_MAP = [
+    ("attn.qkv.weight", "attn.c_attn.weight", True),
+    ("attn.qkv.bias", "attn.c_attn.bias", False),
+    ("attn.proj.weight", "attn.c_proj.weight", True),
+    ("attn.proj.bias", "attn.c_proj.bias", False),
+    ("ln_1.weight", "ln_1.weight", False),
+    ("ln_1.bias", "ln_1.bias", False),
+    ("mlp.fc.weight", "mlp.c_fc.weight", True),
+    ("mlp.fc.bias", "mlp.c_fc.bias", False),
+    ("mlp.proj.weight", "mlp.c_proj.weight", True),
+    ("mlp.proj.bias", "mlp.c_proj.bias", False),
+    ("ln_2.weight", "ln_2.weight", False),
+    ("ln_2.bias", "ln_2.bias", False),
+]
+
+
+def config_from_hf(hf: dict) -> ModelConfig:
+    """Our config from a Hugging Face ``config.json`` dict of model_type ``openai-gpt``."""
+    return ModelConfig(
+        vocab_size=int(hf.get("vocab_size", 40478)),
+        n_ctx=int(hf.get("n_positions", 512)),
+        n_embd=int(hf.get("n_embd", 768)),
+        n_layer=int(hf.get("n_layer", 12)),
+        n_head=int(hf.get("n_head", 12)),
+        n_inner=int(hf.get("n_inner") or 4 * int(hf.get("n_embd", 768))),
+        embd_pdrop=float(hf.get("embd_pdrop", 0.1)),
+        attn_pdrop=float(hf.get("attn_pdrop", 0.1)),
+        resid_pdrop=float(hf.get("resid_pdrop", 0.1)),
+        layer_norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+        init_std=float(hf.get("initializer_range", 0.02)),
+    )
+
+
+def config_to_hf(cfg: ModelConfig) -> dict:
+    """A Hugging Face ``config.json`` dict for our config (special rows count as vocabulary there)."""
+    return {
+        "architectures": ["OpenAIGPTLMHeadModel"],
+        "model_type": "openai-gpt",
+        "vocab_size": cfg.total_vocab,
+        "n_positions": cfg.n_ctx,
+        "n_embd": cfg.n_embd,
+        "n_layer": cfg.n_layer,
+        "n_head": cfg.n_head,
+        "afn": "gelu",  # HF's "gelu" for openai-gpt is the tanh approximation
+        "resid_pdrop": cfg.resid_pdrop,
+        "embd_pdrop": cfg.embd_pdrop,
+        "attn_pdrop": cfg.attn_pdrop,
+        "layer_norm_epsilon": cfg.layer_norm_eps,
+        "initializer_range": cfg.init_std,
+    }
+
+
+def state_dict_from_hf(sd: dict[str, torch.Tensor], n_layer: int) -> dict[str, torch.Tensor]:
+    """Map an ``OpenAIGPTLMHeadModel``/``OpenAIGPTModel`` state dict onto our parameter names."""
+    prefix = "transformer." if any(k.startswith("transformer.") for k in sd) else ""
+    out = {
+        "tok_emb.weight": sd[f"{prefix}tokens_embed.weight"],
+        "pos_emb.weight": sd[f"{prefix}positions_embed.weight"],
+    }
+    for i in range(n_layer):
+        for ours, theirs, transpose in _BLOCK_MAP:
+            t = sd[f"{prefix}h.{i}.{theirs}"]
+            out[f"blocks.{i}.{ours}"] = t.t().contiguous() if transpose else t
+    return out
+
+
+def state_dict_to_hf(sd: dict[str, torch.Tensor], n_layer: int) -> dict[str, torch.Tensor]:
+    """Our state dict as an ``OpenAIGPTLMHeadModel`` state dict (the LM head is tied to the embedding)."""
+    out = {
+        "transformer.tokens_embed.weight": sd["tok_emb.weight"],
+        "transformer.positions_embed.weight": sd["pos_emb.weight"],
+    }
+    for i in range(n_layer):
+        for ours, theirs, transpose in _BLOCK_MAP:
+            t = sd[f"blocks.{i}.{ours}"]
+            out[f"transformer.h.{i}.{theirs}"] = t.t().contiguous() if transpose else t.contiguous()
+    out["lm_head.weight"] = sd["tok_emb.weight"]
+    return out

@@ -1,0 +1,494 @@
+"""The whole GPT-1 pipeline at toy scale, offline, in a few minutes: ``quickstart(QuickstartConfig())``.
+
+Stages (each one is the real library function the full-scale commands use):
+
+1. **text** — the English text that ships with every Python installation: the docstrings of the standard library
+   (module, class and function docstrings read with :mod:`ast`, one document per module, in path order; nothing
+   is downloaded and nothing is copied into the repository). A seeded share of the modules is held out: their
+   prose sentences become the toy task, the rest is the pretraining corpus.
+2. **prepare** — :func:`gptcli.data.prepare.prepare` with a small learned BPE vocabulary.
+3. **pretrain** — :func:`gptcli.train.pretrain.pretrain` of the ``tiny`` preset shrunk further, for as many updates as
+   fit the time budget (the update time is measured first), with the paper's warmup + cosine schedule.
+4. **finetune** — :func:`gptcli.train.finetune.finetune` on "original vs word-shuffled sentence"
+   (:mod:`gptcli.tasks.shuffled`, CoLA's format and metric), auxiliary LM loss included.
+5. **eval** — :func:`gptcli.eval.tasks.evaluate_task` on the held-out test split, against the majority class.
+6. **zeroshot** — the paper's CoLA heuristic (:func:`gptcli.eval.zeroshot.cola`): average token log-probability,
+   thresholded on the train split, scored on the test split, for the model before and after pretraining.
+
+Everything goes under ``config.out``; ``summary.json`` holds the final numbers. Budget: ``minutes`` is the target
+for the whole run; pretraining gets what is left after preparing minus an estimate of the later stages.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import random
+import shutil
+import sysconfig
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from gptcli.errors import GPT1Error
+
+# What quickstart writes under its output directory (``overwrite`` removes exactly these).
+OUTPUTS = ("text", "task", "corpus", "pretrain", "finetune", "eval", "zeroshot", "summary.json", "config.toml")
+# Standard-library folders that are not documentation prose (tests, the IDLE test suite, installed packages).
+SKIP_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"})
+
+STAGES: tuple[tuple[str, str], ...] = (
+    ("text", "Collect text: docstrings of the Python standard library"),
+    ("prepare", "Prepare: text pipeline → learned BPE → token shards"),
+    ("pretrain", "Pretrain: generative pre-training of a tiny GPT"),
+    ("finetune", "Fine-tune: original vs word-shuffled sentences (CoLA-style)"),
+    ("eval", "Evaluate the fine-tuned model on the held-out test split"),
+    ("zeroshot", "Zero-shot: the paper's CoLA heuristic, before and after pretraining"),
+)
+
+
+@dataclass
+class QuickstartConfig:
+    """Settings of ``gpt1 quickstart``. The defaults run in about ``minutes`` on a 2-core laptop CPU."""
+
+    out: Path = Path("runs/quickstart")
+    """Output directory (text, task files, corpus, runs, summary.json)."""
+    minutes: float = 4.0
+    """Wall-clock target for the whole run; pretraining gets what the other stages leave."""
+    seed: int = 0
+    """Seeds the held-out modules, the task, the BPE sample, initialisation and data order."""
+    overwrite: bool = False
+    """Replace the outputs of an earlier quickstart in ``out`` (anything else there is refused, never deleted)."""
+    device: str = "auto"
+    """auto | cpu | cuda."""
+    precision: str = "auto"
+    """auto | fp32 | bf16 | fp16 (auto: bf16 on CUDA and on CPUs with native bf16)."""
+    workers: int = 0
+    """Worker processes for the text pipeline (0 = all cores)."""
+    stdlib: Path | None = None
+    """Folder of .py files to read docstrings from (default: this Python's standard library)."""
+    max_modules: int | None = None
+    """Use only the first N modules (quick tests)."""
+    task_fraction: float = 0.35
+    """Share of the modules held out from pretraining; their prose sentences make the toy task."""
+    vocab_size: int = 3000
+    """BPE vocabulary learned by prepare (GPT-1: 40,478)."""
+    model: dict[str, Any] = field(
+        default_factory=lambda: {"n_layer": 3, "n_embd": 192, "n_head": 4, "n_inner": 768, "n_ctx": 128,
+                                 "embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0, "init_std": 0.06}
+    )
+    """Overrides of the ``tiny`` preset (4 layers × 256): smaller still, so that minutes of CPU teach it something;
+    no dropout (GPT-1: 0.1), which only slows learning in a run that sees its data a few times; and a wider
+    initialisation than GPT-1's N(0, 0.02) (sized for 768 dimensions): measured on this corpus, a 3 × 192 model
+    initialised at 0.02 stayed at the unigram loss (≈ 6.1 nats) for 1,300 updates, at 0.06 it left it within 100."""
+    seq_len: int = 128
+    """Pretraining sequence length (GPT-1: 512)."""
+    batch_size: int = 16
+    """Pretraining sequences per update (GPT-1: 64)."""
+    lr: float = 2e-3
+    """Peak pretraining learning rate (GPT-1: 2.5e-4 for a 116M model; a tiny model takes a larger one)."""
+    pretrain_steps: int | None = None
+    """Fixed number of pretraining updates instead of filling the budget (tests, reproducible runs)."""
+    max_epochs: float = 20.0
+    """Cap on passes over the pretraining corpus when the machine is fast (a GPU)."""
+    eval_batches: int = 16
+    """Validation batches for perplexity (before and after pretraining)."""
+    finetune_lr: float = 5e-4
+    """Fine-tuning learning rate (GPT-1: 6.25e-5; again, the tiny model takes a larger one)."""
+    finetune_epochs: int = 3
+    """Fine-tuning epochs (GPT-1: 3)."""
+    finetune_batch_size: int = 32
+    """Fine-tuning examples per update (GPT-1: 32)."""
+    max_train_examples: int | None = None
+    """Cap on the task's training examples (quick tests)."""
+    zeroshot_fit_examples: int = 600
+    """Training examples the zero-shot threshold is fitted on (the paper fits CoLA's on its train split)."""
+
+
+@dataclass
+class QuickstartResult:
+    out: Path
+    numbers: dict[str, Any]
+    """The final figures (also in ``summary.json``): see :func:`summary_rows` for what each one means."""
+    seconds: dict[str, float]
+    """Wall-clock seconds per stage."""
+    paths: dict[str, str]
+
+
+class Hooks:
+    """Progress hooks; the library calls them, the command renders them (this base class does nothing)."""
+
+    console: Any = None
+    """A Rich console for the stages' own progress displays (pretrain, fine-tune); None = no display."""
+
+    def prepare_reporter(self) -> Any:
+        """A :class:`gptcli.data.prepare.Reporter` for the prepare stage (None = silent)."""
+        return None
+
+    def stage(self, key: str, title: str) -> None:
+        """A stage starts."""
+
+    def note(self, message: str) -> None:
+        """Something worth a line (budget decisions, sizes)."""
+
+    def done(self, key: str, summary: str, seconds: float) -> None:
+        """A stage finished."""
+
+
+# --------------------------------------------------------------------------------------------------- text
+
+
+def _docstrings(tree: ast.AST) -> Iterator[str]:
+    """Module, class and function docstrings in source order."""
+    nodes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    if isinstance(tree, nodes):
+        doc = ast.get_docstring(tree, clean=True)
+        if doc:
+            yield doc
+    for child in ast.iter_child_nodes(tree):
+        if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) or not isinstance(child, ast.expr):
+            yield from _docstrings(child)
+
+
+def strip_doctests(doc: str) -> str:
+    """``doc`` without its doctest examples: each ``>>>`` line and the lines after it up to a blank line."""
+    kept: list[str] = []
+    in_example = False
+    for line in doc.split("\n"):
+        if line.lstrip().startswith(">>>"):
+            in_example = True
+        elif not line.strip():
+            in_example = False
+        if not in_example:
+            kept.append(line)
+    return "\n".join(kept).strip()
+
+
+def stdlib_documents(root: str | Path | None = None, max_modules: int | None = None) -> list[tuple[str, str]]:
+    """``(module, text)`` for every module under ``root`` (default: this Python's standard library) that has
+    docstrings, in sorted path order; doctest examples are left out. Unparsable files are skipped."""
+    base = Path(root) if root is not None else Path(sysconfig.get_paths()["stdlib"])
+    if not base.is_dir():
+        raise GPT1Error(f"{base}: no such folder to read docstrings from")
+    docs: list[tuple[str, str]] = []
+    for path in sorted(base.rglob("*.py")):
+        rel = path.relative_to(base)
+        if SKIP_DIRS.intersection(rel.parts[:-1]):
+            continue
+        try:
+            tree = ast.parse(path.read_bytes(), filename=str(path))
+        except (SyntaxError, ValueError, OSError):
+            continue  # e.g. lib2to3 test data written in Python 2
+        parts = [strip_doctests(d) for d in _docstrings(tree)]
+        text = "\n\n".join(p for p in parts if p)
+        if text:
+            module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+            docs.append((module, text))
+            if max_modules is not None and len(docs) >= max_modules:
+                break
+    if len(docs) < 4:
+        raise GPT1Error(f"{base}: found docstrings in only {len(docs)} modules; need at least 4")
+    return docs
+
+
+def hold_out(docs: list[tuple[str, str]], fraction: float, seed: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Split documents into (pretraining, held out for the task) by a seeded draw of whole modules."""
+    n = max(1, min(len(docs) - 2, round(fraction * len(docs))))
+    held = set(random.Random(seed).sample(range(len(docs)), n))
+    return [d for i, d in enumerate(docs) if i not in held], [d for i, d in enumerate(docs) if i in held]
+
+
+# --------------------------------------------------------------------------------------------------- helpers
+
+
+def _prepare_out(cfg: QuickstartConfig) -> Path:
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise GPT1Error(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not cfg.overwrite:
+            raise GPT1Error(f"{out}: directory is not empty; pass --overwrite to replace an earlier quickstart "
+                            "there or choose another --out")
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in OUTPUTS and not p.name.startswith("."))
+        if foreign:
+            raise GPT1Error(f"{out}: holds files quickstart did not write ({', '.join(foreign[:5])}); "
+                            "refusing to overwrite it — choose another --out")
+        for name in OUTPUTS:
+            p = out / name
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
+        for p in out.glob(".*"):  # leftovers of an interrupted prepare (.corpus.partial-PID)
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _time_update(mcfg, seq_len: int, batch_size: int, device, precision, steps: int = 3) -> float:
+    """Seconds per pretraining update of this model on this machine (median of ``steps`` after a warm-up)."""
+    import torch
+
+    from gptcli.model.gpt import GPT
+    from gptcli.train.optim import make_optimizer
+    from gptcli.train.pretrain import lm_loss
+    from gptcli.train.trainer import Trainer
+
+    g = torch.Generator().manual_seed(0)
+    model = GPT(mcfg).to(device)
+    opt = make_optimizer(model, 1e-4, 0.01)
+    trainer = Trainer(model, opt, lm_loss, lambda s: 1e-4, device=device, precision=precision, grad_clip=1.0)
+    batch = torch.randint(0, mcfg.vocab_size, (batch_size, seq_len + 1), generator=g).to(device)
+    times = []
+    for i in range(steps + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        trainer.step(i, [batch])
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return sorted(times[1:])[len(times[1:]) // 2]
+
+
+def _pretrain_steps(cfg: QuickstartConfig, step_s: float, seconds_left: float, later_s: float, train_tokens: int) -> int:
+    if cfg.pretrain_steps is not None:
+        return max(1, cfg.pretrain_steps)
+    per_epoch = max(1, train_tokens // (cfg.batch_size * cfg.seq_len))
+    by_time = int((seconds_left - later_s) / step_s)
+    return max(20, min(by_time, int(cfg.max_epochs * per_epoch)))
+
+
+def _majority(labels: list[int]) -> tuple[int, float]:
+    ones = sum(labels)
+    label = int(ones * 2 > len(labels))
+    return label, 100.0 * max(ones, len(labels) - ones) / max(1, len(labels))
+
+
+def _accuracy(preds: list[dict[str, Any]]) -> float:
+    return 100.0 * sum(int(p["prediction"] == p["label"]) for p in preds) / max(1, len(preds))
+
+
+def _finite(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+# --------------------------------------------------------------------------------------------------- the run
+
+
+def quickstart(config: QuickstartConfig, hooks: Hooks | None = None) -> QuickstartResult:
+    """Run every stage as configured; returns the numbers of the final table. Raises GPT1Error on user errors."""
+    import torch
+
+    from gptcli.config import save_config, to_dict
+    from gptcli.eval.perplexity import evaluate_lm
+    from gptcli.train.finetune import FinetuneConfig, finetune
+    from gptcli.model.gpt import GPT
+    from gptcli.data.prepare import PrepareConfig, prepare
+    from gptcli.train.pretrain import PretrainConfig, build_model_config, pretrain
+    from gptcli.runtime import resolve_device, resolve_precision
+    from gptcli.data.shards import open_corpus
+    from gptcli.eval.tasks import evaluate_task
+    from gptcli.tasks import shuffled
+    from gptcli.eval.zeroshot import cola as zeroshot_cola, write_results
+
+    cfg = config
+    if cfg.minutes <= 0:
+        raise GPT1Error(f"--minutes must be positive, got {cfg.minutes}")
+    if not 0.05 <= cfg.task_fraction <= 0.8:
+        raise GPT1Error(f"task_fraction must be in [0.05, 0.8], got {cfg.task_fraction}")
+    h = hooks or Hooks()
+    t_start = time.perf_counter()
+    budget_s = 60.0 * cfg.minutes
+    out = _prepare_out(cfg)
+    save_config(cfg, out / "config.toml")
+    seconds: dict[str, float] = {}
+    numbers: dict[str, Any] = {"minutes_budget": cfg.minutes, "seed": cfg.seed}
+    paths: dict[str, str] = {}
+    titles = dict(STAGES)
+
+    def begin(key: str) -> float:
+        h.stage(key, titles[key])
+        return time.perf_counter()
+
+    def end(key: str, t0: float, summary: str) -> None:
+        seconds[key] = round(time.perf_counter() - t0, 2)
+        h.done(key, summary, seconds[key])
+
+    # 1. text ---------------------------------------------------------------------------------------------------
+    t0 = begin("text")
+    docs = stdlib_documents(cfg.stdlib, cfg.max_modules)
+    train_docs, held_docs = hold_out(docs, cfg.task_fraction, cfg.seed)
+    text_dir = out / "text"
+    text_dir.mkdir()
+    corpus_file = text_dir / "stdlib-docstrings.jsonl"
+    with open(corpus_file, "w", encoding="utf-8") as f:
+        for module, text in train_docs:
+            f.write(json.dumps({"module": module, "text": text}, ensure_ascii=False) + "\n")
+    # Docstrings repeat across modules (e.g. decimal and _pydecimal): a sentence that also occurs anywhere in the
+    # pretraining text is not held out, so it is left out of the task.
+    seen_text = " ".join(" ".join(t.split()) for _, t in train_docs).lower()
+    sentences = [(m, s) for m, text in held_docs for s in shuffled.prose_sentences(text) if s.lower() not in seen_text]
+    groups = shuffled.make_rows(sentences, cfg.seed)
+    splits = shuffled.split_rows(groups)
+    if cfg.max_train_examples is not None:
+        splits["train"] = splits["train"][: cfg.max_train_examples]
+    if min(len(v) for v in splits.values()) < 4:
+        raise GPT1Error(f"only {len(groups)} prose sentences in the held-out modules: too few for the task "
+                        "(use more modules or a larger task_fraction)")
+    task_dir = shuffled.write_task_files(splits, out / "task")
+    n_chars = sum(len(t) for _, t in train_docs)
+    numbers.update(modules=len(docs), pretrain_modules=len(train_docs), task_modules=len(held_docs),
+                   pretrain_chars=n_chars, **{f"task_{k}": len(v) for k, v in splits.items()})
+    paths.update(text=str(corpus_file), task=str(task_dir))
+    end("text", t0, f"{len(train_docs)} modules ({n_chars / 1e6:.2f} M characters) for pretraining; "
+                    f"{len(held_docs)} held out → {len(groups):,} task sentences, as written and shuffled: "
+                    f"{len(splits['train'])}/{len(splits['dev'])}/{len(splits['test'])} train/dev/test examples")
+
+    # 2. prepare ------------------------------------------------------------------------------------------------
+    t0 = begin("prepare")
+    corpus_dir = out / "corpus"
+    prep = prepare(PrepareConfig(inputs=[str(corpus_file)], out=corpus_dir, vocab_size=cfg.vocab_size,
+                                 val_fraction=0.05, seed=cfg.seed, workers=cfg.workers), h.prepare_reporter())
+    st = prep.manifest["splits"]
+    numbers.update(train_tokens=st["train"]["tokens"], val_tokens=st["val"]["tokens"], vocab_size=cfg.vocab_size)
+    paths["corpus"] = str(corpus_dir)
+    end("prepare", t0, f"{st['train']['tokens']:,} training and {st['val']['tokens']:,} validation tokens, "
+                       f"vocabulary {cfg.vocab_size:,}")
+
+    # 3. pretrain -----------------------------------------------------------------------------------------------
+    t0 = begin("pretrain")
+    device = resolve_device(cfg.device)
+    precision = resolve_precision(cfg.precision, device)
+    run_dir = out / "pretrain"
+    pc = PretrainConfig(data=corpus_dir, out=run_dir, preset="tiny", model=dict(cfg.model), seq_len=cfg.seq_len,
+                        batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, device=cfg.device,
+                        precision=cfg.precision, eval_every=0, eval_batches=cfg.eval_batches, save_every=0,
+                        keep_last=1)
+    corpus = open_corpus(corpus_dir)
+    tok = corpus.tokenizer
+    mcfg = build_model_config(pc, tok.vocab_size)
+    val_arrays = corpus.arrays("val")
+    torch.manual_seed(cfg.seed)  # the same initial weights pretrain() draws
+    init_model = GPT(mcfg).to(device)
+    before = evaluate_lm(init_model, val_arrays, cfg.seq_len, cfg.batch_size, device=device, precision=precision,
+                         max_batches=cfg.eval_batches)
+    step_s = _time_update(mcfg, cfg.seq_len, cfg.batch_size, device, precision)
+    # The later stages cost about this many training tokens' worth of updates (fine-tuning ~1.5× per token for
+    # its short padded batches; evaluation and zero-shot scoring forward-only, ~⅓), plus a few fixed seconds.
+    n_task_tokens = sum(len(r.sentence.split()) * 1.4 + 2 for r in splits["train"])
+    avg = n_task_tokens / max(1, len(splits["train"]))
+    later_tokens = (1.5 * cfg.finetune_epochs * n_task_tokens
+                    + 0.35 * avg * (cfg.finetune_epochs * len(splits["dev"]) + 2 * len(splits["test"])
+                                    + 2 * (min(len(splits["train"]), cfg.zeroshot_fit_examples) + len(splits["test"]))))
+    later_s = later_tokens * step_s / (cfg.batch_size * cfg.seq_len) + 8.0
+    seconds_left = budget_s - (time.perf_counter() - t_start)
+    steps = _pretrain_steps(cfg, step_s, seconds_left, later_s, st["train"]["tokens"])
+    pc.max_steps = steps
+    pc.warmup_steps = max(1, steps // 20)
+    pc.log_every = max(1, steps // 20)
+    h.note(f"one update of {cfg.batch_size}×{cfg.seq_len} tokens takes {step_s * 1000:.0f} ms here → {steps} updates "
+           f"(~{steps * step_s:.0f} s, {steps * cfg.batch_size * cfg.seq_len / max(1, st['train']['tokens']):.1f} "
+           f"epochs); validation perplexity before pretraining {before.perplexity:,.1f}")
+    res = pretrain(pc, display=h.console is not None, console=h.console)
+    if res.final_val_loss is None or res.last_checkpoint is None:
+        raise GPT1Error(f"{run_dir}: pretraining stopped early ({res.stopped_by or 'no validation split'})")
+    after_ppl = math.exp(min(res.final_val_loss, 700))
+    numbers.update(pretrain_steps=res.step, update_ms=round(1000 * step_s, 1),
+                   pretrain_tokens=res.step * cfg.batch_size * cfg.seq_len,
+                   val_ppl_before=before.perplexity, val_ppl_after=after_ppl, params=sum(
+                       p.numel() for p in init_model.parameters()))
+    paths["pretrain"] = str(res.last_checkpoint)
+    end("pretrain", t0, f"{res.step} updates; validation perplexity {before.perplexity:,.1f} → {after_ppl:,.1f}")
+
+    with shuffled.registered():
+        # 4. finetune -------------------------------------------------------------------------------------------
+        t0 = begin("finetune")
+        fc = FinetuneConfig(task=shuffled.NAME, init=str(res.last_checkpoint), out=str(out / "finetune"),
+                            data_dir=str(task_dir), lr=cfg.finetune_lr, batch_size=cfg.finetune_batch_size,
+                            epochs=cfg.finetune_epochs, warmup=0.05, seed=cfg.seed, n_ctx=cfg.model.get("n_ctx"),
+                            device=cfg.device, precision=cfg.precision, progress=h.console is not None,
+                            overwrite=True)
+        ft = finetune(fc, console=h.console)
+        dev = ft.results["scores"]
+        paths["finetune"] = str(ft.checkpoint)
+        end("finetune", t0, f"{ft.results['steps']} updates; best dev MCC {dev.get('mcc', float('nan')):.1f}, "
+                            f"accuracy {dev.get('accuracy', float('nan')):.1f}% (epoch {ft.results['epoch']})")
+
+        # 5. eval -----------------------------------------------------------------------------------------------
+        t0 = begin("eval")
+        ev = evaluate_task(shuffled.NAME, ft.checkpoint, "test", data_dir=task_dir, out=out / "eval",
+                           device=cfg.device, precision=cfg.precision)
+        test_labels = [r.label for r in splits["test"]]
+        maj_label, maj_acc = _majority(test_labels)
+        numbers.update(finetuned_accuracy=ev["scores"]["accuracy"], finetuned_mcc=ev["scores"]["mcc"],
+                       majority_accuracy=maj_acc, majority_label=maj_label, test_examples=len(test_labels))
+        paths["eval"] = str(out / "eval")
+        end("eval", t0, f"test accuracy {ev['scores']['accuracy']:.1f}% (majority class {maj_acc:.1f}%), "
+                        f"MCC {ev['scores']['mcc']:.1f}")
+
+        # 6. zeroshot -------------------------------------------------------------------------------------------
+        t0 = begin("zeroshot")
+        train_ex = shuffled.SHUFFLED.read("train", task_dir)[: cfg.zeroshot_fit_examples]
+        test_ex = shuffled.SHUFFLED.read("test", task_dir)
+        from gptcli.checkpoint import load_checkpoint
+
+        pre = load_checkpoint(res.last_checkpoint).model.to(device).eval()
+        init_model.eval()
+        zs: dict[str, Any] = {}
+        for name, model in (("before", init_model), ("after", pre)):
+            r = zeroshot_cola(model, tok, test_ex, train_examples=train_ex, batch_size=64, precision=precision)
+            r.task, r.split = f"{shuffled.NAME}-{name}-pretraining", "test"
+            zs[name] = r
+            numbers[f"zeroshot_mcc_{name}"] = r.score
+            numbers[f"zeroshot_accuracy_{name}"] = _accuracy(r.predictions)
+        write_results(out / "zeroshot", {r.task: r for r in zs.values()},
+                      {"checkpoint": str(res.last_checkpoint), "heuristic": "cola (average token log-probability, "
+                       "threshold fitted on the train split)"})
+        paths["zeroshot"] = str(out / "zeroshot")
+        end("zeroshot", t0, f"MCC {zs['before'].score:.1f} before pretraining → {zs['after'].score:.1f} after")
+
+    numbers["seconds_total"] = round(time.perf_counter() - t_start, 1)
+    summary = {"numbers": {k: (_finite(v) if isinstance(v, float) else v) for k, v in numbers.items()},
+               "seconds": seconds, "paths": paths, "config": to_dict(cfg)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+    return QuickstartResult(out, numbers, seconds, paths)
+
+
+def summary_rows(numbers: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """``(what, value, what it means)`` rows of the final table."""
+    n = numbers
+    ppl_uniform = n.get("vocab_size", 0)
+    return [
+        ("validation perplexity, before pretraining", f"{n['val_ppl_before']:,.1f}",
+         f"the untrained model: of the order of the vocabulary size ({ppl_uniform:,} ids) — it knows nothing yet"),
+        ("validation perplexity, after pretraining", f"{n['val_ppl_after']:,.1f}",
+         f"after {n['pretrain_steps']:,} updates ({n['pretrain_tokens'] / 1e6:.1f} M tokens) on held-out docstrings; "
+         "lower is better (GPT-1 reached 18.4 on BooksCorpus)"),
+        ("fine-tuned test accuracy", f"{n['finetuned_accuracy']:.1f}%",
+         f"original vs word-shuffled sentences it never saw; always answering the majority class scores "
+         f"{n['majority_accuracy']:.1f}%"),
+        ("fine-tuned test MCC", f"{n['finetuned_mcc']:.1f}",
+         "Matthews correlation × 100 (CoLA's metric): 0 = chance or majority class, 100 = perfect"),
+        ("zero-shot MCC, before pretraining", f"{n['zeroshot_mcc_before']:.1f}",
+         "no fine-tuning: average token log-probability above a threshold = 'original' (the paper's CoLA "
+         "heuristic); a random model knows nothing"),
+        ("zero-shot MCC, after pretraining", f"{n['zeroshot_mcc_after']:.1f}",
+         f"the same heuristic on the pretrained model (accuracy {n['zeroshot_accuracy_after']:.1f}%): what "
+         "pretraining alone learned about word order"),
+    ]
+
+
+WHAT_NEXT: tuple[tuple[str, str], ...] = (
+    ("gpt1 prepare books/ --out corpus", "prepare your own corpus (GPT-1 used BooksCorpus; docs/datasets.md)"),
+    ("gpt1 pretrain --data corpus --out run --gpus 8", "pretrain the full 117M GPT-1 (docs/reproducing-the-paper.md)"),
+    ("gpt1 finetune --task rte --init run --out rte", "fine-tune on one of the paper's 12 tasks (docs/finetune.md)"),
+    ("gpt1 zeroshot --task sst2 --checkpoint run", "the paper's zero-shot heuristics (docs/zeroshot.md)"),
+)
+"""The real commands, printed at the end of the quickstart."""
+
+
+__all__ = ["Hooks", "QuickstartConfig", "QuickstartResult", "STAGES", "WHAT_NEXT", "hold_out", "quickstart",
+           "stdlib_documents", "summary_rows"]

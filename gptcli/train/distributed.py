@@ -1,0 +1,376 @@
+"""Launching and joining a torch.distributed job — PyTorch's own stack, no home-made protocol.
+
+Three ways in, one code path:
+
+* ``gpt1 pretrain --gpus N`` (or ``--procs N`` on CPU) starts N local workers through the elastic launch API
+  (the machinery behind ``torchrun``); with ``--nodes``/``--node-rank``/``--master-addr`` or ``--rdzv-endpoint``
+  the same call joins a multi-node job.
+* ``torchrun --nproc-per-node N -m gptcli pretrain ...`` starts the workers itself.
+* Under SLURM (``srun``), every task is a worker; rank and world size come from the SLURM environment.
+
+A command decides with :func:`plan_launch` whether it is the launcher (then :func:`launch`) or a process that
+trains. That process calls :func:`join`, which reads the environment the launcher left
+(RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT), initialises the process group (NCCL on CUDA, gloo on CPU,
+with a timeout so a dead peer turns into an error instead of a hang) and returns a :class:`DDPParallel` for the
+training loop — or the single-process :class:`~gptcli.train.trainer.Parallel` outside any job. A worker that finished
+calls :func:`leave`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+from gptcli.errors import GPT1Error
+from gptcli.train.trainer import Parallel
+
+if TYPE_CHECKING:
+    import torch
+
+# Set in the environment of workers that *we* launched, so they do not try to launch again.
+WORKER_ENV = "GPT1_DIST_WORKER"
+# Seconds a collective may wait for a peer before it fails (passed from the launcher to its workers; also settable
+# by hand under torchrun/SLURM). Generous because a rank may be writing a checkpoint while the others wait.
+TIMEOUT_ENV = "GPT1_DIST_TIMEOUT"
+DEFAULT_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits in the job. A single process is rank 0 of world size 1."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+@dataclass
+class LaunchSpec:
+    """How many workers to start here and how to meet the other nodes."""
+
+    nproc_per_node: int
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int = 29500
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    use_cuda: bool = False
+    timeout_s: int = DEFAULT_TIMEOUT_S
+    """Collective timeout inside the workers (a dead or stuck peer becomes an error after this long)."""
+    shutdown_timeout_s: int = 60
+    """After a signal or a failed rank, how long workers get to checkpoint/exit before they are killed."""
+
+
+def env_world() -> tuple[int, int, int] | None:
+    """(rank, world_size, local_rank) from torchrun or SLURM variables, or None for a plain process."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0))
+    if "SLURM_PROCID" in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        return int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"]), int(os.environ.get("SLURM_LOCALID", 0))
+    return None
+
+
+def init_process_group(device_type: str, timeout_s: int = 600) -> DistInfo:
+    """Join the job described by the environment (no-op for a plain process).
+
+    A launched job of one process (``--gpus 1``, ``torchrun --nproc-per-node 1``) still gets a process group, so it
+    runs the same DDP/NCCL code as a larger job; that costs nothing measurable and keeps one path tested."""
+    world = env_world()
+    if world is None:
+        return DistInfo()
+    rank, world_size, local_rank = world
+    import torch
+    import torch.distributed as dist
+
+    if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+        raise GPT1Error(
+            "distributed run without MASTER_ADDR/MASTER_PORT: launch with `gpt1 pretrain --gpus N`, torchrun, "
+            "or export them in your SLURM script (see docs/distributed.md)"
+        )
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if device_type == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise GPT1Error(
+                f"local rank {local_rank} has no GPU: only {torch.cuda.device_count()} CUDA device(s) are visible "
+                "on this node (start at most that many processes per node)"
+            )
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(
+        backend=backend,
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    return DistInfo(rank, world_size, local_rank, backend)
+
+
+def destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def rendezvous(spec: LaunchSpec) -> tuple[str, str, dict, str]:
+    """(backend, endpoint, configs, run id) of the rendezvous for ``spec``; GPT1Error for inconsistent options."""
+    if spec.nproc_per_node < 1 or spec.nnodes < 1:
+        raise GPT1Error("the number of processes and of nodes must be at least 1")
+    if not 0 <= spec.node_rank < spec.nnodes:
+        raise GPT1Error(f"--node-rank {spec.node_rank} is outside 0..{spec.nnodes - 1} for --nodes {spec.nnodes}")
+    if spec.nnodes > 1:
+        if spec.rdzv_endpoint:
+            # c10d: the first node to arrive hosts the store at the endpoint; node ranks are assigned.
+            return "c10d", spec.rdzv_endpoint, {}, _run_id(spec)
+        if spec.master_addr:
+            # torchrun's static rendezvous: node ranks are given, node 0 (the master) hosts the store.
+            return "static", f"{spec.master_addr}:{spec.master_port}", {"rank": spec.node_rank}, _run_id(spec)
+        raise GPT1Error("--nodes > 1 needs --master-addr (with --node-rank) or --rdzv-endpoint")
+    # Single node: a private c10d store on a free local port, like `torchrun --standalone`.
+    return "c10d", "localhost:0", {}, spec.rdzv_id or uuid.uuid4().hex[:12]
+
+
+def _run_id(spec: LaunchSpec) -> str:
+    # All nodes must agree on the run id; a SLURM job id is unique and the same on every node.
+    return spec.rdzv_id or os.environ.get("SLURM_JOB_ID") or "gpt1"
+
+
+def launch(spec: LaunchSpec, argv: Sequence[str]) -> str | None:
+    """Start ``python -m gptcli <argv>`` as ``spec.nproc_per_node`` workers here and wait for the job.
+
+    Returns None when every worker finished, or the name of the signal (``"SIGTERM"``, ``"SIGINT"``) that stopped
+    the launcher: the launcher forwards it to its workers, which checkpoint once and exit (they get
+    ``spec.shutdown_timeout_s`` seconds before they are killed).
+
+    Raises GPT1Error naming the first failed rank and its error when any worker fails; the launcher tears the
+    others down (max_restarts=0), so a failure never hangs the job.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    backend, endpoint, configs, run_id = rendezvous(spec)
+    config = LaunchConfig(
+        min_nodes=spec.nnodes,
+        max_nodes=spec.nnodes,
+        nproc_per_node=spec.nproc_per_node,
+        run_id=run_id,
+        rdzv_backend=backend,
+        rdzv_endpoint=endpoint,
+        rdzv_configs=configs,
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+        shutdown_timeout=spec.shutdown_timeout_s,
+    )
+    env = {WORKER_ENV: "1", TIMEOUT_ENV: str(spec.timeout_s)}
+    if not spec.use_cuda and "OMP_NUM_THREADS" not in os.environ:
+        # CPU workers share the cores; without this each would start one thread per core and oversubscribe.
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.nproc_per_node))
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # spawned workers inherit the launcher's environment
+    try:
+        elastic_launch(config, sys.executable)("-m", "gptcli", *argv)
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        message = _failure_message(failure)
+        raise GPT1Error(f"worker rank {rank} failed: {message}") from None
+    except SignalException as e:
+        return e.sigval.name
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return None
+
+
+def _failure_message(failure) -> str:
+    """The failed worker's one-line error, from the error file ``@record`` wrote, else its exit code."""
+    import json
+
+    path = getattr(failure, "error_file", None)
+    if path and os.path.isfile(path):
+        try:
+            data = json.loads(open(path, encoding="utf-8").read())
+            msg = data.get("message", {})
+            if isinstance(msg, dict):
+                text = msg.get("message", "") or ""
+            else:
+                text = str(msg)
+            # ErrorHandler writes "<Type>: <message>" followed by the traceback; keep the first part.
+            text = text.split("Traceback (most recent call last)")[0].strip()
+            if text:
+                return text.split(": ", 1)[1] if text.split(": ", 1)[0].endswith(("GPT1Error", "DataError")) else text
+        except (OSError, ValueError):
+            pass
+    return f"exit code {failure.exitcode}" + (f" (signal {failure.signal_name()})" if failure.exitcode < 0 else "")
+
+
+def is_launched_worker() -> bool:
+    """True inside a worker started by :func:`launch` or torchrun: do not launch again.
+
+    A bare SLURM task is not one: under ``srun`` a per-node ``gpt1 pretrain --gpus 8`` still launches its workers
+    (without launch options it joins the SLURM job directly, see :func:`join`)."""
+    return os.environ.get(WORKER_ENV) == "1" or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+# --- inside a worker -----------------------------------------------------------------------------------------------
+
+
+class DDPParallel(Parallel):
+    """Data parallelism over the default process group: DistributedDataParallel, all-reduced metrics, barriers.
+
+    Collectives run on ``device`` (NCCL needs CUDA tensors; gloo takes CPU tensors), and each fails after the
+    process group's timeout instead of waiting forever for a dead peer.
+    """
+
+    def __init__(self, info: DistInfo, device: "torch.device") -> None:
+        self.info = info
+        self.rank = info.rank
+        self.world_size = info.world_size
+        self.device = device
+
+    def wrap(self, model):
+        from torch.nn.parallel import DistributedDataParallel
+
+        # DDP broadcasts rank 0's parameters and buffers here, so all ranks start from the same weights even if
+        # their initialisation differed; afterwards it averages gradients in the backward of a synced micro-batch.
+        device_ids = [self.device.index if self.device.index is not None else self.info.local_rank]
+        return DistributedDataParallel(model, device_ids=device_ids if self.device.type == "cuda" else None)
+
+    def _all_reduce(self, values: list[float], op: str) -> list[float]:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def mean(self, value: float) -> float:
+        return self._all_reduce([float(value)], "sum")[0] / self.world_size
+
+    def any(self, flag: bool) -> bool:
+        return self._all_reduce([1.0 if flag else 0.0], "max")[0] > 0
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        if self.device.type == "cuda":
+            dist.barrier(device_ids=[self.device.index if self.device.index is not None else self.info.local_rank])
+        else:
+            dist.barrier()
+
+
+def worker_device_type(device: str) -> str:
+    """``cuda`` or ``cpu`` for a ``--device`` value (``auto`` → CUDA when available), before the group exists."""
+    if device == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
+def join(device: str = "auto") -> Parallel:
+    """Join the job this process belongs to (torchrun, SLURM or :func:`launch`) and return how to train in it.
+
+    A plain process gets the single-process :class:`Parallel`. Under a launcher this initialises the process
+    group (NCCL on CUDA, gloo on CPU, timeout from ``GPT1_DIST_TIMEOUT``) and returns a :class:`DDPParallel`.
+    """
+    if env_world() is None:
+        return Parallel()
+    import torch
+
+    device_type = worker_device_type(device)
+    timeout = int(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+    info = init_process_group(device_type, timeout)
+    dev = torch.device("cuda", info.local_rank) if device_type == "cuda" else torch.device("cpu")
+    return DDPParallel(info, dev)
+
+
+def leave(parallel: Parallel, exit_code: int = 0) -> None:
+    """Finish a worker that completed: destroy the process group, flush output, and exit at once.
+
+    The immediate ``os._exit`` is deliberate. About 1 in 5 short gloo runs here aborted during interpreter
+    shutdown (``terminate called without an active exception``, from gloo's background threads) after all work
+    was done; exiting right after ``destroy_process_group()`` removed it in 40 of 40 runs
+    (docs: measurements.md). Nothing after this call runs, so results must be written and printed before it.
+    A single process (no group) just returns.
+    """
+    if not isinstance(parallel, DDPParallel):
+        return
+    destroy_process_group()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(exit_code)
+
+
+def plan_launch(
+    *,
+    gpus: int | None = None,
+    procs: int | None = None,
+    nodes: int = 1,
+    node_rank: int = 0,
+    master_addr: str | None = None,
+    master_port: int = 29500,
+    rdzv_endpoint: str | None = None,
+) -> LaunchSpec | None:
+    """The LaunchSpec for the launch options of a command, or None to run in this process.
+
+    ``--gpus N`` means N CUDA workers and refuses without N visible devices; ``--procs N`` means N CPU workers
+    with gloo (how CI exercises the distributed path). Inside a launched worker this always returns None.
+    """
+    if is_launched_worker():
+        return None
+    if gpus is not None and procs is not None:
+        raise GPT1Error("--gpus and --procs are exclusive: --gpus N for CUDA workers, --procs N for CPU workers")
+    multi_node = nodes > 1 or node_rank != 0 or master_addr is not None or rdzv_endpoint is not None
+    if gpus is None and procs is None:
+        if multi_node:
+            raise GPT1Error("--nodes/--node-rank/--master-addr/--rdzv-endpoint need --gpus N (or --procs N) per node")
+        return None
+    n = gpus if gpus is not None else procs
+    if n is None or n < 1:
+        raise GPT1Error(f"--{'gpus' if gpus is not None else 'procs'} must be at least 1, got {n}")
+    if nodes < 1:
+        raise GPT1Error(f"--nodes must be at least 1, got {nodes}")
+    if gpus is not None:
+        import torch
+
+        available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if available == 0:
+            raise GPT1Error(
+                f"--gpus {gpus}: no CUDA device is available on this machine; "
+                f"use --procs {gpus} to run {gpus} CPU processes (gloo) instead"
+            )
+        if available < gpus:
+            raise GPT1Error(f"--gpus {gpus}: only {available} CUDA device(s) are visible on this node")
+    spec = LaunchSpec(
+        nproc_per_node=n,
+        nnodes=nodes,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+        rdzv_endpoint=rdzv_endpoint,
+        use_cuda=gpus is not None,
+        timeout_s=int(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)),
+    )
+    rendezvous(spec)  # inconsistent node options fail here, before any process starts
+    return spec

@@ -1,0 +1,102 @@
+"""Arrow token shards: round trip, zero-copy reads, dtype choice, shard splitting, manifest, verification."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from gptcli.errors import GPT1Error
+from gptcli.data.shards import (
+    ShardWriter,
+    open_corpus,
+    read_shard,
+    sha256_file,
+    shard_name,
+    token_dtype,
+    write_manifest,
+    write_shard,
+)
+
+
+def _docs(rng, n, vocab, max_len=50):
+    return [rng.integers(0, vocab, size=rng.integers(0, max_len)).astype(np.int64) for _ in range(n)]
+
+
+def test_dtype_choice():
+    assert token_dtype(40478 + 3) == np.uint16
+    assert token_dtype(65536) == np.uint16
+    assert token_dtype(65537) == np.uint32
+
+
+@pytest.mark.parametrize("vocab", [40481, 70000])
+def test_round_trip_zero_copy(tmp_path, vocab):
+    rng = np.random.default_rng(0)
+    docs = _docs(rng, 20, vocab)
+    dtype = token_dtype(vocab)
+    entry = write_shard(tmp_path / "s.arrow", docs, dtype)
+    assert entry["documents"] == 20 and entry["tokens"] == sum(len(d) for d in docs)
+    assert entry["sha256"] == sha256_file(tmp_path / "s.arrow")
+    shard = read_shard(tmp_path / "s.arrow")
+    assert shard.tokens.dtype == dtype and shard.num_documents == 20
+    for i, d in enumerate(docs):
+        np.testing.assert_array_equal(shard.document(i), d)
+    assert not shard.tokens.flags.writeable  # a view into the memory map, not a copy
+    np.testing.assert_array_equal(shard.tokens, np.concatenate(docs))
+
+
+def test_writer_splits_into_shards(tmp_path):
+    rng = np.random.default_rng(1)
+    docs = _docs(rng, 30, 1000, max_len=40)
+    w = ShardWriter(tmp_path, "train", np.uint16, shard_tokens=100)
+    for d in docs:
+        w.add(d)
+    entries = w.close()
+    assert len(entries) > 3
+    assert [e["file"] for e in entries] == [shard_name("train", i) for i in range(len(entries))]
+    assert sum(e["documents"] for e in entries) == 30
+    back = [read_shard(tmp_path / e["file"]) for e in entries]
+    got = [s.document(i) for s in back for i in range(s.num_documents)]
+    assert all(np.array_equal(a, b) for a, b in zip(got, docs))
+
+
+def test_corpus_and_verify(tmp_path):
+    rng = np.random.default_rng(2)
+    w = ShardWriter(tmp_path, "train", np.uint16, shard_tokens=10**9)
+    for d in _docs(rng, 5, 500):
+        w.add(d)
+    v = ShardWriter(tmp_path, "val", np.uint16)
+    v.add(np.arange(7))
+    manifest = {"shards": w.close() + v.close()}
+    write_manifest(tmp_path, manifest)
+    assert json.loads((tmp_path / "manifest.json").read_text()) == manifest
+    corpus = open_corpus(tmp_path)
+    assert corpus.splits == ["train", "val"]
+    assert corpus.num_documents("val") == 1 and corpus.num_tokens("val") == 7
+    np.testing.assert_array_equal(corpus.arrays("val")[0], np.arange(7))
+    assert corpus.verify() == []
+    # flip one byte of the token data: the checksum catches it
+    path = tmp_path / shard_name("val", 0)
+    data = bytearray(path.read_bytes())
+    i = data.find(np.arange(7, dtype=np.uint16).tobytes())
+    data[i + 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    problems = corpus.verify()
+    assert len(problems) == 1 and "checksum mismatch" in problems[0] and "val-00000" in problems[0]
+    path.unlink()
+    assert "missing" in corpus.verify()[0]
+    with pytest.raises(GPT1Error, match="missing"):
+        corpus.shards("val")
+    with pytest.raises(GPT1Error, match="no 'test' split"):
+        corpus.shards("test")
+
+
+def test_open_corpus_errors(tmp_path):
+    with pytest.raises(GPT1Error, match="not found"):
+        open_corpus(tmp_path / "nope")
+    with pytest.raises(GPT1Error, match="not a prepared corpus"):
+        open_corpus(tmp_path)
+    (tmp_path / "manifest.json").write_text("{bad")
+    with pytest.raises(GPT1Error, match="corrupt manifest"):
+        open_corpus(tmp_path)

@@ -1,0 +1,210 @@
+"""`gpt1 quickstart`: the toy task, the standard-library corpus, and one whole run at test scale through the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from gptcli.errors import GPT1Error
+from gptcli.pipelines.quickstart import OUTPUTS, QuickstartConfig, hold_out, stdlib_documents, summary_rows
+from gptcli.tasks import all_tasks, get_task
+from gptcli.tasks import shuffled
+
+# A model and budget small enough for a whole run in well under a minute on 2 CPU cores.
+TINY = {
+    "minutes": 1.0,
+    "max_modules": 80,
+    "vocab_size": 400,
+    "model": {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 64, "n_ctx": 48},
+    "seq_len": 48,
+    "batch_size": 8,
+    "pretrain_steps": 12,
+    "eval_batches": 4,
+    "finetune_epochs": 1,
+    "max_train_examples": 96,
+    "zeroshot_fit_examples": 64,
+    "workers": 1,
+    "device": "cpu",
+    "precision": "fp32",
+}
+
+
+# --------------------------------------------------------------------------------------------- the toy task
+
+
+def test_prose_sentences_keep_prose_and_drop_code():
+    text = (
+        "Return whether the file supports seeking.\n\n"
+        "    >>> f.seekable()\n    True\n\n"
+        "Example::\n\n    x = compute(1, 2)\n\n"
+        "The default is False, meaning it parses the entire file. Short one.\n"
+        "See os.path.join() for details on how paths are joined here."
+    )
+    assert shuffled.prose_sentences(text) == [
+        "Return whether the file supports seeking.",
+        "The default is False, meaning it parses the entire file.",
+    ]
+
+
+def test_shuffle_words_changes_only_the_order():
+    rng = random.Random(0)
+    s = "The default is False, meaning it parses the entire file."
+    for _ in range(20):
+        t = shuffle_words_checked(s, rng)
+        assert t.endswith(".") and t[0].isupper() and t != s
+        norm = lambda x: sorted(w.lower().rstrip(",.") for w in x.split())  # noqa: E731
+        assert norm(t) == norm(s)
+    with pytest.raises(ValueError):
+        shuffled.shuffle_words("Go go go go go go.", rng)
+
+
+def shuffle_words_checked(s: str, rng: random.Random) -> str:
+    t = shuffled.shuffle_words(s, rng)
+    assert "," not in t.split()[-1], "a clause mark must not end up before the final period"
+    return t
+
+
+def test_rows_pair_each_sentence_with_its_shuffle_and_splits_do_not_share_sentences(tmp_path):
+    sents = [("m", f"Sentence number {w} says something rather plain here.") for w in
+             ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")]
+    sents.append(("m", sents[0][1]))  # a duplicate is dropped
+    groups = shuffled.make_rows(sents, seed=1)
+    assert len(groups) == 10 and all(sorted(r.label for r in g) == [0, 1] for g in groups)
+    assert groups == shuffled.make_rows(sents, seed=1)  # seeded
+    splits = shuffled.split_rows(groups)
+    assert [len(splits[k]) for k in ("train", "dev", "test")] == [12, 2, 6]
+    originals = {k: {r.sentence for r in v if r.label == 1} for k, v in splits.items()}
+    assert not (originals["train"] & originals["test"]) and not (originals["train"] & originals["dev"])
+
+    d = shuffled.write_task_files(splits, tmp_path / "task")
+    read = {k: shuffled.SHUFFLED.read(k, d) for k in ("train", "dev", "test")}
+    assert [(e.texts[0], e.label) for e in read["test"]] == [(r.sentence, r.label) for r in splits["test"]]
+    assert all(e.extra["star"] == ("" if e.label else "*") for e in read["train"])  # CoLA's marking
+
+
+def test_registered_makes_the_task_visible_only_inside_the_block():
+    before = [t.name for t in all_tasks()]
+    with pytest.raises(GPT1Error):
+        get_task(shuffled.NAME)
+    with shuffled.registered() as task:
+        assert get_task(shuffled.NAME) is task
+        with shuffled.registered():  # nested: a no-op
+            pass
+        assert get_task(shuffled.NAME) is task
+    assert [t.name for t in all_tasks()] == before
+
+
+# --------------------------------------------------------------------------------------------- the corpus
+
+
+def test_stdlib_documents_are_deterministic_docstrings(tmp_path):
+    a = stdlib_documents(max_modules=15)
+    assert a == stdlib_documents(max_modules=15) and len(a) == 15
+    assert len({m for m, _ in a}) == 15 and all(t.strip() for _, t in a)
+    # a folder of our own: module, class and function docstrings in source order; doctest lines left out
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text('"""Package doc."""\n')
+    (tmp_path / "b.py").write_text(
+        '"""Module doc.\n\n>>> 1 + 1\n2\n"""\nclass C:\n    """Class doc."""\n    def f(self):\n        """Method doc."""\n'
+    )
+    (tmp_path / "a.py").write_text('def g():\n    """Function doc."""\n')
+    (tmp_path / "bad.py").write_text("print 'python 2'\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "t.py").write_text('"""Test doc."""\n')
+    (tmp_path / "z.py").write_text('"""Zed doc."""\n')
+    docs = stdlib_documents(tmp_path)
+    assert docs == [("a", "Function doc."), ("b", "Module doc.\n\nClass doc.\n\nMethod doc."),
+                    ("pkg", "Package doc."), ("z", "Zed doc.")]
+    train, held = hold_out(docs, 0.25, seed=0)
+    assert len(held) == 1 and sorted(train + held) == sorted(docs)
+
+
+# --------------------------------------------------------------------------------------------- a whole run
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One quickstart through the CLI (`gpt1 quickstart --config tiny.toml --out DIR`); returns (dir, output)."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from gptcli.cli import main
+    from gptcli.config import save_config
+
+    root = tmp_path_factory.mktemp("qs")
+    cfg_file = root / "tiny.toml"
+    save_config(QuickstartConfig(**TINY), cfg_file)
+    out = root / "out"
+    buf_out, buf_err = io.StringIO(), io.StringIO()
+    with redirect_stdout(buf_out), redirect_stderr(buf_err), pytest.raises(SystemExit) as exit_info:
+        main(["quickstart", "--config", str(cfg_file), "--out", str(out), "--seed", "3"])
+    assert exit_info.value.code == 0, buf_err.getvalue()[-3000:]
+    return out, buf_out.getvalue(), buf_err.getvalue()
+
+
+def test_run_writes_every_stage_and_finite_numbers(run):
+    out, stdout, stderr = run
+    for rel in ("text/stdlib-docstrings.jsonl", "task/train.tsv", "task/dev.tsv", "task/test.tsv",
+                "corpus/manifest.json", "corpus/tokenizer/tokenizer.json", "pretrain/metrics.jsonl",
+                "pretrain/checkpoints/step-0000012", "finetune/results.json", "finetune/checkpoints/final",
+                "eval/results.json", "eval/predictions.jsonl", "zeroshot/results.json", "summary.json", "config.toml"):
+        assert (out / rel).exists(), rel
+    summary = json.loads((out / "summary.json").read_text())
+    n = summary["numbers"]
+    assert n["seed"] == 3 and n["pretrain_steps"] == 12 and n["vocab_size"] == 400
+    for key in ("val_ppl_before", "val_ppl_after", "finetuned_accuracy", "finetuned_mcc", "majority_accuracy",
+                "zeroshot_mcc_before", "zeroshot_mcc_after", "zeroshot_accuracy_after"):
+        assert isinstance(n[key], float) and math.isfinite(n[key]), key
+    assert n["val_ppl_after"] < n["val_ppl_before"] < 3 * 400  # 12 updates already beat the random model
+    assert n["majority_accuracy"] == 50.0  # every sentence is there as written and shuffled
+    assert 0.0 <= n["finetuned_accuracy"] <= 100.0 and -100.0 <= n["zeroshot_mcc_after"] <= 100.0
+    ev = json.loads((out / "eval" / "results.json").read_text())
+    assert ev["task"] == "shuffled" and ev["split"] == "test" and ev["scores"]["accuracy"] == n["finetuned_accuracy"]
+    assert set(summary["seconds"]) == {"text", "prepare", "pretrain", "finetune", "eval", "zeroshot"}
+    # the task files are held out: no test sentence is a pretraining document's text
+    test_sents = [ln.split("\t")[3] for ln in (out / "task" / "test.tsv").read_text().splitlines()]
+    docs = [json.loads(line)["text"] for line in (out / "text" / "stdlib-docstrings.jsonl").read_text().splitlines()]
+    corpus_text = " ".join(" ".join(d.split()) for d in docs).lower()
+    originals = [s for s, y in zip(test_sents, [ln.split("\t")[1] for ln in (out / "task" / "test.tsv").read_text().splitlines()]) if y == "1"]
+    assert originals and not any(s.lower() in corpus_text for s in originals)
+    # the final table and the next steps are printed, on stdout
+    for what, value, _ in summary_rows(n):
+        assert what.split(",")[0] in " ".join(stdout.split())
+    assert "gpt1 pretrain --data corpus --out run --gpus 8" in stdout
+    assert "gpt1 finetune --task rte" in stdout and "gpt1 zeroshot --task sst2" in stdout
+    assert "4/6" in stderr  # stage headers on stderr
+    assert "shuffled" not in {t.name for t in all_tasks()}  # the toy task left the registry again
+
+
+def test_run_refuses_to_clobber(run, tmp_path):
+    from gptcli.pipelines.quickstart import _prepare_out
+
+    out = run[0]
+    with pytest.raises(GPT1Error, match="not empty; pass --overwrite"):
+        _prepare_out(QuickstartConfig(out=out))
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    (foreign / "summary.json").write_text("{}")
+    with pytest.raises(GPT1Error, match="did not write"):
+        _prepare_out(QuickstartConfig(out=foreign, overwrite=True))
+    assert (foreign / "notes.txt").read_text() == "keep me" and (foreign / "summary.json").exists()
+    own = tmp_path / "own"
+    own.mkdir()
+    for name in OUTPUTS[:3]:
+        (own / name).mkdir()
+        (own / name / "x").write_text("old")
+    (own / ".corpus.partial-1").mkdir()
+    _prepare_out(QuickstartConfig(out=own, overwrite=True))
+    assert list(own.iterdir()) == []
+
+
+def test_bad_budget_is_a_user_error(tmp_path):
+    from gptcli.pipelines.quickstart import quickstart
+
+    with pytest.raises(GPT1Error, match="--minutes"):
+        quickstart(QuickstartConfig(out=tmp_path / "x", minutes=0))
+    assert not (tmp_path / "x").exists()

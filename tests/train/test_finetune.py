@@ -1,0 +1,319 @@
+"""Fine-tuning end to end on CPU with a tiny model, evaluation read-back, ablation switches, CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gptcli.checkpoint import load_checkpoint, save_checkpoint
+from gptcli.errors import GPT1Error
+from gptcli.train.finetune import FinetuneConfig, build_body, finetune
+from gptcli.model.gpt import GPT, ModelConfig
+from gptcli.eval.tasks import evaluate_task
+from toy_tokenizer import ToyTokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "tasks" / "fixtures"
+TINY = ModelConfig(vocab_size=97, n_ctx=64, n_embd=32, n_layer=2, n_head=2, n_inner=64)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> Path:
+    """A 'pretrained' tiny LM checkpoint (random weights) carrying the toy tokenizer."""
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("pre") / "checkpoints" / "step-0000010"
+    save_checkpoint(d, GPT(TINY), ToyTokenizer(97), meta={"step": 10})
+    return d
+
+
+def _cfg(task: str, init, out: Path, data_dir, **kw) -> FinetuneConfig:
+    base = dict(task=task, init=str(init), out=str(out), data_dir=str(data_dir), max_train_examples=24,
+                max_eval_examples=16, batch_size=8, epochs=2, lr=1e-3, device="cpu", precision="fp32",
+                log_every=1, progress=False)
+    base.update(kw)
+    return FinetuneConfig(**base)
+
+
+def _records(run: Path, kind: str) -> list[dict]:
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+
+
+# One task of each kind, on the real files where they exist (subsampled) and on the format fixtures otherwise.
+KINDS = [
+    ("sst2", "glue/SST-2", "classification", "accuracy"),
+    ("rte", "glue/RTE", "entailment", "accuracy"),
+    ("mrpc", "glue/MRPC", "similarity", "f1"),
+    ("stsb", "glue/STS-B", "regression", "pearson"),
+    ("storycloze", "storycloze", "multiple_choice", "accuracy"),
+]
+
+
+@pytest.mark.parametrize("task,folder,kind,metric", KINDS, ids=[k[0] for k in KINDS])
+def test_finetune_each_kind_end_to_end(task, folder, kind, metric, pretrained, shared_data, tmp_path):
+    run = tmp_path / task
+    res = finetune(_cfg(task, pretrained, run, shared_data / folder))
+    assert res.checkpoint == run / "checkpoints" / "final"
+    results = json.loads((run / "results.json").read_text())
+    assert results["task"] == task and results["n_train"] == 24 and results["n_eval"] == 16
+    assert metric in results["scores"] and len(results["history"]) == 2
+    train = _records(run, "train")
+    assert [r["step"] for r in train] == list(range(1, 7))  # 24 examples / batch 8 × 2 epochs
+    assert all("lm_loss" in r and "clf_loss" in r for r in train)
+    assert train[0]["lr"] > 0 and train[-1]["lr"] == pytest.approx(1e-3 * (1 - 4 / 5), rel=1e-6)  # 1 warmup update, then linear decay
+    ck = load_checkpoint(run)
+    assert ck.kind == "finetuned" and ck.config.n_special == 3 and ck.meta["kind"] == kind
+    assert ck.meta["head"]["extract_id"] == 99 and set(ck.head_state) == {"linear.weight", "linear.bias"}
+    # eval reads the run back and scores the same dev subset identically.
+    ev = evaluate_task(task, run, "dev", data_dir=shared_data / folder, out=tmp_path / "ev", device="cpu",
+                       precision="fp32", max_examples=16, seed=43)
+    assert ev["scores"][metric] == pytest.approx(results["scores"][metric])
+    preds = [json.loads(x) for x in (tmp_path / "ev" / "predictions.jsonl").read_text().splitlines()]
+    assert len(preds) == 16 and all("prediction" in p and "label" in p for p in preds)
+    assert json.loads((tmp_path / "ev" / "results.json").read_text())["scores"] == ev["scores"]
+
+
+def test_race_fixture_multiple_choice_and_levels(pretrained, tmp_path):
+    res = finetune(_cfg("race", pretrained, tmp_path / "race", FIXTURES / "RACE", max_train_examples=None,
+                        max_eval_examples=None, batch_size=2, epochs=1))
+    assert res.results["n_train"] > 0
+    ck = load_checkpoint(tmp_path / "race")
+    assert ck.meta["head"]["kind"] == "multiple_choice"
+    ev = evaluate_task("race", tmp_path / "race", "test", data_dir=FIXTURES / "RACE", out=tmp_path / "ev", device="cpu")
+    assert {"accuracy", "accuracy_middle", "accuracy_high"} <= set(ev["scores"])
+    # A run fine-tuned on `race` scores `race-m` (same kind and labels).
+    ev_m = evaluate_task("race-m", tmp_path / "race", "test", data_dir=FIXTURES / "RACE", out=tmp_path / "evm", device="cpu")
+    assert set(ev_m["scores"]) == {"accuracy"}
+
+
+def test_unlabeled_test_split_gives_a_glue_submission(pretrained, shared_data, tmp_path):
+    data = tmp_path / "SST-2"
+    data.mkdir()
+    for f in ("train.tsv", "dev.tsv"):
+        (data / f).symlink_to(shared_data / "glue" / "SST-2" / f)
+    (data / "test.tsv").write_bytes((FIXTURES / "glue_test" / "SST-2" / "test.tsv").read_bytes())
+    finetune(_cfg("sst2", pretrained, tmp_path / "run", data, epochs=1))
+    ev = evaluate_task("sst2", tmp_path / "run", "test", data_dir=data, device="cpu")
+    sub = Path(ev["submission"])
+    assert sub.name == "SST-2.tsv" and sub.parent == tmp_path / "run" / "eval" / "sst2-test"
+    lines = sub.read_text().splitlines()
+    ids = [ln.split("\t")[0] for ln in (FIXTURES / "glue_test" / "SST-2" / "test.tsv").read_text().splitlines()[1:]]
+    assert lines[0] == "index\tprediction" and [ln.split("\t")[0] for ln in lines[1:]] == ids
+    assert {ln.split("\t")[1] for ln in lines[1:]} <= {"0", "1"}
+    assert ev["scores"] == {} and not ev["labeled"]
+
+
+def test_stsb_submission_is_a_score(pretrained, shared_data, tmp_path):
+    data = tmp_path / "STS-B"
+    data.mkdir()
+    for f in ("train.tsv", "dev.tsv"):
+        (data / f).symlink_to(shared_data / "glue" / "STS-B" / f)
+    (data / "test.tsv").write_bytes((FIXTURES / "glue_test" / "STS-B" / "test.tsv").read_bytes())
+    finetune(_cfg("stsb", pretrained, tmp_path / "run", data, epochs=1))
+    ev = evaluate_task("stsb", tmp_path / "run", "test", data_dir=data, device="cpu")
+    rows = Path(ev["submission"]).read_text().splitlines()[1:]
+    assert Path(ev["submission"]).name == "STS-B.tsv"
+    assert all(0.0 <= float(r.split("\t")[1]) <= 5.0 for r in rows)
+
+
+def test_eval_refuses_a_task_of_another_kind(pretrained, shared_data, tmp_path):
+    finetune(_cfg("rte", pretrained, tmp_path / "run", shared_data / "glue" / "RTE", epochs=1))
+    with pytest.raises(GPT1Error, match="cannot score task 'sst2'"):
+        evaluate_task("sst2", tmp_path / "run", "dev", data_dir=shared_data / "glue" / "SST-2", device="cpu")
+    with pytest.raises(GPT1Error, match="not a fine-tuned checkpoint"):
+        evaluate_task("rte", pretrained, "dev", data_dir=shared_data / "glue" / "RTE", device="cpu")
+
+
+# --------------------------------------------------------------------------------------------- ablation switches
+
+
+def test_transfer_layers_keeps_exactly_the_first_k_blocks(pretrained):
+    pre = load_checkpoint(pretrained).model.state_dict()
+    gpt, tok, source = build_body(FinetuneConfig(task="rte", init=str(pretrained), transfer_layers=1))
+    sd = gpt.state_dict()
+    assert source["transfer_layers"] == 1
+    torch.testing.assert_close(sd["tok_emb.weight"][:97], pre["tok_emb.weight"])
+    torch.testing.assert_close(sd["pos_emb.weight"], pre["pos_emb.weight"])
+    for k, v in pre.items():
+        if k.startswith("blocks.0."):
+            torch.testing.assert_close(sd[k], v)
+        elif k.startswith("blocks.1.") and k.endswith("weight") and "ln_" not in k:
+            assert not torch.allclose(sd[k], v) and abs(sd[k].std().item() - 0.02) < 0.01  # fresh N(0, 0.02)
+    assert torch.all(sd["blocks.1.attn.qkv.bias"] == 0) and torch.all(sd["blocks.1.ln_1.weight"] == 1)
+    # K = 0: embeddings only; K = n_layer: everything.
+    gpt0, _, _ = build_body(FinetuneConfig(task="rte", init=str(pretrained), transfer_layers=0))
+    assert not torch.allclose(gpt0.state_dict()["blocks.0.mlp.fc.weight"], pre["blocks.0.mlp.fc.weight"])
+    gpt2, _, _ = build_body(FinetuneConfig(task="rte", init=str(pretrained), transfer_layers=2))
+    torch.testing.assert_close(gpt2.state_dict()["blocks.1.mlp.fc.weight"], pre["blocks.1.mlp.fc.weight"])
+    with pytest.raises(GPT1Error, match="between 0 and 2"):
+        build_body(FinetuneConfig(task="rte", init=str(pretrained), transfer_layers=3))
+
+
+def test_special_tokens_are_appended_with_small_random_rows(pretrained):
+    gpt, tok, _ = build_body(FinetuneConfig(task="rte", init=str(pretrained)))
+    emb = gpt.tok_emb.weight
+    assert emb.shape[0] == 100 == tok.total_vocab and gpt.config.n_special == 3
+    new = emb[97:]
+    assert new.abs().max() < 0.2 and new.std() > 0.005
+
+
+def test_init_none_is_random_with_the_checkpoint_shape(pretrained, tmp_path):
+    pre = load_checkpoint(pretrained).model.state_dict()
+    torch.manual_seed(1)  # the fixture's "pretrained" weights were drawn from seed 0
+    gpt, tok, source = build_body(FinetuneConfig(task="rte", init="none", tokenizer=str(pretrained)))
+    assert source["init"] == "none" and gpt.config.n_layer == TINY.n_layer and tok.vocab_size == 97
+    assert not torch.allclose(gpt.state_dict()["blocks.0.mlp.fc.weight"], pre["blocks.0.mlp.fc.weight"])
+    with pytest.raises(GPT1Error, match="--init none needs --tokenizer"):
+        build_body(FinetuneConfig(task="rte", init="none"))
+    # A bare tokenizer directory: the shape comes from the --model preset.
+    ToyTokenizer(97).save(tmp_path / "tok")
+    gpt, tok, _ = build_body(FinetuneConfig(task="rte", init="none", tokenizer=str(tmp_path / "tok"), model="tiny"))
+    assert gpt.config.n_layer == 4 and gpt.config.vocab_size == 97 and gpt.config.n_special == 3
+
+
+def test_lm_weight_zero_disables_the_lm_term(pretrained, shared_data, tmp_path):
+    finetune(_cfg("rte", pretrained, tmp_path / "a", shared_data / "glue" / "RTE", lm_weight=0.0, epochs=1))
+    finetune(_cfg("rte", pretrained, tmp_path / "b", shared_data / "glue" / "RTE", lm_weight=0.5, epochs=1))
+    a, b = _records(tmp_path / "a", "train"), _records(tmp_path / "b", "train")
+    assert all("lm_loss" not in r and r["loss"] == pytest.approx(r["clf_loss"]) for r in a)
+    assert all(r["loss"] == pytest.approx(r["clf_loss"] + 0.5 * r["lm_loss"], rel=1e-5) for r in b)
+    # Same seed and data: the first update's task loss is the same, only the LM term differs.
+    assert a[0]["clf_loss"] == pytest.approx(b[0]["clf_loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("select,epoch", [("best", 2), ("last", 3)])
+def test_select_best_or_last(select, epoch, pretrained, shared_data, tmp_path, monkeypatch):
+    import gptcli.train.finetune as ft
+    import gptcli.eval.tasks as te
+
+    scores = iter([60.0, 80.0, 70.0])
+    monkeypatch.setattr(te, "score_predictions", lambda task, preds, ex: {"accuracy": next(scores)})
+    snaps = []
+    real = ft._cpu_state
+    monkeypatch.setattr(ft, "_cpu_state", lambda m: snaps.append(real(m)) or snaps[-1])
+    res = finetune(_cfg("rte", pretrained, tmp_path / select, shared_data / "glue" / "RTE", epochs=3, select=select))
+    assert res.results["epoch"] == epoch and res.results["scores"] == {"accuracy": [60.0, 80.0, 70.0][epoch - 1]}
+    ck = load_checkpoint(tmp_path / select)
+    assert ck.meta["epoch"] == epoch
+    if select == "best":
+        # The kept weights are the ones snapshotted after epoch 2 (epoch 1 was snapshotted first).
+        torch.testing.assert_close(ck.head_state["linear.weight"], snaps[-1]["head.linear.weight"])
+        torch.testing.assert_close(ck.model.state_dict()["blocks.0.mlp.fc.weight"], snaps[-1]["gpt.blocks.0.mlp.fc.weight"])
+    else:
+        assert not snaps  # nothing to keep in memory
+
+
+def test_micro_batches_accumulate_to_the_same_update(shared_data, tmp_path):
+    from dataclasses import replace
+
+    # Without dropout the update is deterministic, so accumulation must reproduce the full-batch update.
+    torch.manual_seed(0)
+    nodrop = replace(TINY, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+    pre = save_checkpoint(tmp_path / "pre", GPT(nodrop), ToyTokenizer(97))
+    common = dict(epochs=1, clf_pdrop=0.0, lm_weight=0.5, eval_split="")
+    finetune(_cfg("sst2", pre, tmp_path / "full", shared_data / "glue" / "SST-2", **common))
+    finetune(_cfg("sst2", pre, tmp_path / "micro", shared_data / "glue" / "SST-2", micro_batch_size=4, **common))
+    a, b = load_checkpoint(tmp_path / "full"), load_checkpoint(tmp_path / "micro")
+    for k, v in a.model.state_dict().items():
+        torch.testing.assert_close(b.model.state_dict()[k], v, atol=2e-6, rtol=1e-4)
+    torch.testing.assert_close(b.head_state["linear.weight"], a.head_state["linear.weight"], atol=2e-6, rtol=1e-4)
+
+
+def test_existing_run_needs_overwrite(pretrained, shared_data, tmp_path):
+    finetune(_cfg("rte", pretrained, tmp_path / "r", shared_data / "glue" / "RTE", epochs=1))
+    with pytest.raises(GPT1Error, match="--overwrite"):
+        finetune(_cfg("rte", pretrained, tmp_path / "r", shared_data / "glue" / "RTE", epochs=1))
+    finetune(_cfg("rte", pretrained, tmp_path / "r", shared_data / "glue" / "RTE", epochs=1, overwrite=True))
+    assert len(_records(tmp_path / "r", "eval")) == 1  # metrics.jsonl restarted
+
+
+# --------------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_finetune_and_list_tasks(pretrained, shared_data, tmp_path):
+    from typer.testing import CliRunner
+
+    from gptcli.cli import app
+
+    runner = CliRunner()
+    r = runner.invoke(app, ["finetune", "--list-tasks"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    for name in ("sst2", "mnli-mm", "race-h", "storycloze", "stsb"):
+        assert name in r.output
+    assert "<s> premise $ hypothesis <e>" in r.output
+    cfg = tmp_path / "ft.toml"
+    cfg.write_text('lr = 0.001\nbatch_size = 8\nepochs = 1\ndevice = "cpu"\nprecision = "fp32"\n')
+    r = runner.invoke(app, ["finetune", "--task", "rte", "--init", str(pretrained), "--out", str(tmp_path / "run"),
+                            "--data-dir", str(shared_data / "glue" / "RTE"), "--config", str(cfg),
+                            "--max-train-examples", "16", "--max-eval-examples", "8", "--lm-weight", "0", "-q"])
+    assert r.exit_code == 0, r.output
+    saved = (tmp_path / "run" / "config.toml").read_text()
+    assert "lm_weight = 0.0" in saved and "lr = 0.001" in saved and "batch_size = 8" in saved
+    from gptcli.config import from_dict, load_file
+
+    again = from_dict(FinetuneConfig, load_file(tmp_path / "run" / "config.toml"))  # repeatable with --config
+    assert again.lm_weight == 0.0 and again.task == "rte" and again.max_train_examples == 16
+    r = runner.invoke(app, ["finetune", "--task", "rte", "--out", str(tmp_path / "x")])
+    assert isinstance(r.exception, GPT1Error) and "--init is required" in str(r.exception)
+
+
+def test_task_eval_command_combined_table(pretrained, shared_data, tmp_path):
+    from rich.console import Console
+
+    from gptcli.commands.eval_tasks import task_eval_command
+
+    finetune(_cfg("rte", pretrained, tmp_path / "rte", shared_data / "glue" / "RTE", epochs=1))
+    finetune(_cfg("rte", pretrained, tmp_path / "rte-nolm", shared_data / "glue" / "RTE", epochs=1, lm_weight=0.0))
+    console = Console(record=True, width=200)
+    results = task_eval_command("rte", [tmp_path / "rte", tmp_path / "rte-nolm"], "dev",
+                                shared_data / "glue" / "RTE", tmp_path / "evals", device="cpu", max_examples=8,
+                                console=console)
+    text = console.export_text()
+    assert "GPT-1 (paper)" in text and "56.0" in text and "no aux LM" in text
+    assert [r["run"] for r in results] == ["rte", "rte-nolm"]
+    assert (tmp_path / "evals" / "rte-nolm" / "rte-dev" / "results.json").is_file()
+
+
+def test_bad_rows_stop_the_run_or_are_skipped(pretrained, shared_data, tmp_path):
+    from gptcli.errors import DataError
+
+    data = tmp_path / "RTE"
+    data.mkdir()
+    lines = (shared_data / "glue" / "RTE" / "train.tsv").read_text(encoding="utf-8").splitlines()[:30]
+    lines[5] = "\t".join(lines[5].split("\t")[:3] + ["maybe"])  # an unknown label on file line 6
+    (data / "train.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (data / "dev.tsv").symlink_to(shared_data / "glue" / "RTE" / "dev.tsv")
+    with pytest.raises(DataError, match=r"train\.tsv:6: "):
+        finetune(_cfg("rte", pretrained, tmp_path / "a", data, epochs=1))
+    assert not (tmp_path / "a" / "checkpoints").exists()  # no half-written output
+    res = finetune(_cfg("rte", pretrained, tmp_path / "b", data, epochs=1, skip_bad_rows=True))
+    assert len(res.results["skipped_rows"]) == 1 and "train.tsv:6" in res.results["skipped_rows"][0]
+
+
+def test_snli_fixture_leaves_out_no_consensus_rows(pretrained, tmp_path):
+    res = finetune(_cfg("snli", pretrained, tmp_path / "snli", FIXTURES / "snli_1.0", max_train_examples=None,
+                        max_eval_examples=None, batch_size=4, epochs=1))
+    assert res.results["excluded_rows"] > 0 and res.results["n_train"] > 0
+
+
+def test_cli_eval_dispatches_to_tasks(pretrained, shared_data, tmp_path):
+    """`gpt1 eval` scores a fine-tuned run on its own task without --task, refuses ambiguity, and writes results."""
+    from typer.testing import CliRunner
+
+    from gptcli.cli import app
+
+    finetune(_cfg("rte", pretrained, tmp_path / "rte", shared_data / "glue" / "RTE", epochs=1))
+    runner = CliRunner()
+    rte = str(shared_data / "glue" / "RTE")
+    r = runner.invoke(app, ["eval", "--checkpoint", str(tmp_path / "rte"), "--data-dir", rte, "--max-examples", "8",
+                            "--device", "cpu"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    res = json.loads((tmp_path / "rte" / "eval" / "rte-dev" / "results.json").read_text())
+    assert res["task"] == "rte" and res["n"] == 8
+    # A pretrained (not fine-tuned) checkpoint with neither --data nor --task is a user error.
+    r = runner.invoke(app, ["eval", "--checkpoint", str(pretrained)])
+    assert isinstance(r.exception, GPT1Error) and "nothing to evaluate" in str(r.exception)
+    r = runner.invoke(app, ["eval", "--checkpoint", str(tmp_path / "rte"), "--task", "rte", "--data", str(tmp_path)])
+    assert isinstance(r.exception, GPT1Error) and "not both" in str(r.exception)
