@@ -98,7 +98,7 @@ def main() -> None:
         seq_len=args.seq_len, batch_size=args.pretrain_batch, max_steps=args.pretrain_steps, lr=args.pretrain_lr,
         warmup_steps=max(1, args.pretrain_steps // 20), eval_every=0, save_every=0, log_every=50,
         precision=args.precision,
-    ), display=False)
+    ))
     out["pretrain_s"] = round(time.perf_counter() - t, 1)
     out["pretrain_val_loss"] = pre.final_val_loss
 

@@ -326,7 +326,7 @@ def stage_pretrain(cfg: ReproConfig, out: Path, corpus: Path, plan: dict[str, An
         log("pretrain: done already, skipped")
         return run
     t0 = time.perf_counter()
-    res = pretrain(pc, display=False)
+    res = pretrain(pc)
     if res.stopped_by or res.final_val_loss is None:
         sys.exit(f"{run}: pretraining stopped ({res.stopped_by or 'no validation split'}); rerun to resume")
     write_json(done, {"step": res.step, "final_val_loss": res.final_val_loss, "seconds": round(time.perf_counter() - t0, 1)})

@@ -113,26 +113,61 @@ def is_checkpoint(path: Path) -> bool:
     return (path / CONFIG).is_file() and (path / WEIGHTS).is_file()
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint directory itself, or the newest complete checkpoint inside a run directory."""
+@dataclass
+class Header:
+    """What ``config.json`` says about a checkpoint, without loading its weights."""
+
+    path: Path
+    kind: str
+    """"lm" (pretrained or converted) or "finetuned" (a task model: meta["task"] names the task)."""
+    model: dict[str, Any]
+    """ModelConfig fields."""
+    meta: dict[str, Any]
+
+    @property
+    def step(self) -> int:
+        return int(self.meta.get("step", -1))
+
+
+def read_header(path: str | Path) -> Header:
+    """The header of a checkpoint (or of the newest one in a run directory), with a one-line error if unreadable."""
+    p = resolve_checkpoint(path)
+    return _read_header(p)
+
+
+def _read_header(p: Path) -> Header:
+    try:
+        config = json.loads((p / CONFIG).read_text(encoding="utf-8"))
+        return Header(p, str(config.get("kind", "lm")), dict(config["model"]), dict(config.get("meta", {})))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as e:
+        raise GPT1Error(f"{p / CONFIG}: unreadable checkpoint config ({e}) (restore the file or use another checkpoint)") from None
+
+
+def list_checkpoints(path: str | Path) -> list[Path]:
+    """Every complete checkpoint of a run directory, oldest step first (a checkpoint directory: just itself)."""
     p = Path(path)
     if not p.exists():
         raise GPT1Error(f"{p}: checkpoint not found")
     if is_checkpoint(p):
-        return p
+        return [p]
     candidates = [c for c in (p / "checkpoints").glob("*") if c.is_dir() and not c.name.startswith(".") and is_checkpoint(c)]
     if not candidates:
         raise GPT1Error(f"{p}: neither a checkpoint ({CONFIG} + {WEIGHTS}) nor a run directory with checkpoints/")
-    return max(candidates, key=lambda c: (json.loads((c / CONFIG).read_text()).get("meta", {}).get("step", -1), c.name))
+    return sorted(candidates, key=lambda c: (_read_header(c).step, c.name))
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory itself, or the newest complete checkpoint inside a run directory."""
+    return list_checkpoints(path)[-1]
 
 
 def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu", load_tokenizer: bool = True) -> Checkpoint:
     """Open a checkpoint (or the newest one in a run directory) as a model in eval mode on ``map_location``."""
     p = resolve_checkpoint(path)
+    header = _read_header(p)
     try:
-        config = json.loads((p / CONFIG).read_text(encoding="utf-8"))
-        mcfg = ModelConfig(**config["model"])
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        mcfg = ModelConfig(**header.model)
+    except TypeError as e:
         raise GPT1Error(f"{p / CONFIG}: unreadable checkpoint config ({e})") from None
     try:
         tensors = load_file(str(p / WEIGHTS), device=str(map_location))
@@ -152,7 +187,7 @@ def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu
         from gptcli.tokenizers import load_tokenizer as _load_tok
 
         tok = _load_tok(p / TOKENIZER)
-    return Checkpoint(p, model, mcfg, tok, config.get("kind", "lm"), config.get("meta", {}), head)
+    return Checkpoint(p, model, mcfg, tok, header.kind, header.meta, head)
 
 
 # --- training state (resumable runs) ---------------------------------------------------------------------------

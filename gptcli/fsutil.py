@@ -31,3 +31,21 @@ def move_into_place(tmp: Path, target: Path) -> None:
     else:
         tmp.rename(target)
     fsync_dir(target.parent)
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write a text file so that readers see the old content or the new one, never a part: write a hidden
+    temporary sibling, flush it to disk, rename it over ``path``."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return path

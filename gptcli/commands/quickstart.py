@@ -55,7 +55,10 @@ class RichHooks:
     def __init__(self, console) -> None:
         from gptcli.pipelines.quickstart import STAGES
 
+        from gptcli.commands.render import RichProgress
+
         self.console = console
+        self.progress = RichProgress(console)
         self.index = {key: i + 1 for i, (key, _) in enumerate(STAGES)}
         self.total = len(STAGES)
 

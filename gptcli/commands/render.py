@@ -233,3 +233,17 @@ def _make_amount_column() -> Any:
 
 def _AmountColumn() -> Any:  # noqa: N802 - a column factory that reads like the class it builds
     return _make_amount_column()()
+
+
+def stderr_console() -> Any:
+    """The console progress, notes and warnings go to (stdout stays for results a user may pipe)."""
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def stdout_console() -> Any:
+    """The console results go to."""
+    from rich.console import Console
+
+    return Console()

@@ -122,6 +122,8 @@ class Hooks:
 
     console: Any = None
     """A Rich console for the stages' own progress displays (pretrain, fine-tune); None = no display."""
+    progress: Any = None
+    """A :class:`gptcli.progress.Progress` for the stages that report through it (pretrain)."""
 
     def prepare_reporter(self) -> Any:
         """A :class:`gptcli.data.prepare.Reporter` for the prepare stage (None = silent)."""
@@ -392,7 +394,7 @@ def quickstart(config: QuickstartConfig, hooks: Hooks | None = None) -> Quicksta
     h.note(f"one update of {cfg.batch_size}×{cfg.seq_len} tokens takes {step_s * 1000:.0f} ms here → {steps} updates "
            f"(~{steps * step_s:.0f} s, {steps * cfg.batch_size * cfg.seq_len / max(1, st['train']['tokens']):.1f} "
            f"epochs); validation perplexity before pretraining {before.perplexity:,.1f}")
-    res = pretrain(pc, display=h.console is not None, console=h.console)
+    res = pretrain(pc, progress=h.progress)
     if res.final_val_loss is None or res.last_checkpoint is None:
         raise GPT1Error(f"{run_dir}: pretraining stopped early ({res.stopped_by or 'no validation split'})")
     after_ppl = math.exp(min(res.final_val_loss, 700))

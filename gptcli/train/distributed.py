@@ -322,21 +322,35 @@ def leave(parallel: Parallel, exit_code: int = 0) -> None:
     os._exit(exit_code)
 
 
-def plan_launch(
-    *,
-    gpus: int | None = None,
-    procs: int | None = None,
-    nodes: int = 1,
-    node_rank: int = 0,
-    master_addr: str | None = None,
-    master_port: int = 29500,
-    rdzv_endpoint: str | None = None,
-) -> LaunchSpec | None:
+@dataclass
+class LaunchConfig:
+    """How many processes run a job and where: settings of the launch, not of the run (a run resumes with any)."""
+
+    gpus: int | None = None
+    """Train with DDP on N GPUs of this node (N worker processes, NCCL); the global batch is split across them."""
+    procs: int | None = None
+    """Train with DDP in N CPU worker processes (gloo): the same code path as --gpus, without GPUs."""
+    nodes: int = 1
+    """Number of nodes; run the same command on each with its --node-rank (docs/distributed.md)."""
+    node_rank: int = 0
+    """This node's rank, 0 … nodes-1 (with --master-addr)."""
+    master_addr: str | None = None
+    """Address of node 0, which hosts the rendezvous (static, like torchrun --master-addr)."""
+    master_port: int = 29500
+    """Port of the rendezvous on --master-addr."""
+    rdzv_endpoint: str | None = None
+    """host:port of a c10d rendezvous; replaces --master-addr/--node-rank (node ranks are assigned)."""
+
+
+def plan_launch(launch: LaunchConfig | None = None) -> LaunchSpec | None:
     """The LaunchSpec for the launch options of a command, or None to run in this process.
 
     ``--gpus N`` means N CUDA workers and refuses without N visible devices; ``--procs N`` means N CPU workers
     with gloo (how CI exercises the distributed path). Inside a launched worker this always returns None.
     """
+    c = launch or LaunchConfig()
+    gpus, procs, nodes, node_rank = c.gpus, c.procs, c.nodes, c.node_rank
+    master_addr, master_port, rdzv_endpoint = c.master_addr, c.master_port, c.rdzv_endpoint
     if is_launched_worker():
         return None
     if gpus is not None and procs is not None:

@@ -27,7 +27,8 @@ from gptcli.errors import GPT1Error
 from gptcli.eval.perplexity import evaluate_lm
 from gptcli.model.gpt import GPT, ModelConfig, preset
 from gptcli.train.optim import lr_at, make_optimizer
-from gptcli.train.runlog import METRICS, LiveDisplay, RunLogger, Throughput, truncate_metrics
+from gptcli.progress import SILENT, Progress
+from gptcli.train.runlog import METRICS, RunLogger, Throughput, format_duration, truncate_metrics
 from gptcli.runtime import configure_backends, peak_flops, resolve_device, resolve_precision
 from gptcli.data.windows import WindowSampler
 from gptcli.data.shards import Corpus, open_corpus
@@ -71,8 +72,11 @@ class PretrainConfig:
     decay: Literal["paper", "released"] = "paper"
     """Which tensors decay: paper = not biases/LayerNorm; released = every tensor with ndim > 1."""
     beta1: float = 0.9
+    """Adam β1 (the released code's default)."""
     beta2: float = 0.999
+    """Adam β2 (the released code's default)."""
     eps: float = 1e-8
+    """Adam ε (the released code's default)."""
     grad_clip: float = 1.0
     """Global gradient-norm clip (released code: 1.0); 0 disables."""
     seed: int = 0
@@ -137,7 +141,8 @@ def plan_steps(config: PretrainConfig, steps_per_epoch: int) -> int:
     return max(1, min(caps))
 
 
-def _validate(config: PretrainConfig, world_size: int) -> None:
+def check_launch(config: PretrainConfig, world_size: int) -> None:
+    """Refuse batch settings that ``world_size`` processes cannot split (checked before any worker starts)."""
     if config.batch_size % world_size != 0:
         raise GPT1Error(f"--batch-size {config.batch_size} is not divisible by the {world_size} processes")
     # Without a micro-batch size each process takes its whole share of the global batch at once.
@@ -187,13 +192,13 @@ def pretrain(
     config: PretrainConfig,
     *,
     parallel: Parallel | None = None,
-    display: bool = True,
-    console=None,
+    progress: Progress | None = None,
     on_log: Callable[[dict[str, Any]], None] | None = None,
 ) -> PretrainResult:
     """Run (or resume) pretraining as configured; returns where it stopped. Raises GPT1Error on user errors."""
     par = parallel or Parallel()
-    _validate(config, par.world_size)
+    report = (progress or SILENT) if par.is_main else SILENT
+    check_launch(config, par.world_size)
     device = resolve_device(config.device)
     precision = resolve_precision(config.precision, device)
     configure_backends(device)
@@ -296,56 +301,63 @@ def pretrain(
                "perplexity": math.exp(min(loss, 700)), "tokens": tokens}
         if logger is not None:
             logger.log(rec)
-            live.eval(at, loss, rec["perplexity"])
+            report.note(f"validation at update {at}: loss {loss:.4f}, perplexity {rec['perplexity']:.2f}")
         if on_log is not None:
             on_log(rec)
         return loss
 
     t_start = time.perf_counter()
     steps_at_start = step
-    with GracefulStop(escalate=par.world_size == 1) as stop, LiveDisplay(total_steps, display and par.is_main, console) as live:
-        while step < total_steps:
-            meter.start()
-            batch = sampler.next_batch()
-            if device.type == "cuda":
-                batch = batch.pin_memory().to(device, non_blocking=True)
-            result = trainer.step(step, split_micro_batches(batch, micro))
-            meter.stop(tokens_per_step)
-            if not math.isfinite(result.loss):
-                where = f"the last good checkpoint is {last_ckpt}" if last_ckpt else "no checkpoint was saved yet"
-                raise NonFiniteLossError(
-                    f"loss became {result.loss} at update {step + 1}; stopping ({where}; "
-                    f"resume with --resume, perhaps with a lower --lr or --precision fp32)"
-                )
-            step += 1
-            if every(step, config.log_every) or step == total_steps:
-                loss = par.mean(result.loss)
-                tps, mfu = meter.report()
-                elapsed = time.perf_counter() - t_start
-                rate = (step - steps_at_start) / elapsed if elapsed > 0 else 0.0
-                eta = (total_steps - step) / rate if rate > 0 else float("inf")
-                rec = {"kind": "train", "step": step, "loss": loss, "lr": result.lr, "grad_norm": result.grad_norm,
-                       "tokens": step * tokens_per_step, "tokens_per_s": tps, "mfu": mfu,
-                       "elapsed_s": round(elapsed, 3)}
-                if logger is not None:
-                    logger.log(rec)
-                    live.train(step, loss, result.lr, tps, mfu, eta)
-                if on_log is not None:
-                    on_log(rec)
-            if every(step, config.eval_every) and step < total_steps:
-                validate(step)
-            if par.any(stop.requested is not None):
-                stopped_by = stop.name or "signal"
-                break
-            if every(step, config.save_every) and step < total_steps:
-                if par.is_main:
-                    last_ckpt = save(step)
-                par.barrier()
-        if stopped_by is None:
-            final_val = validate(step)
-        if par.is_main and (last_ckpt is None or last_ckpt.name != ckpt.step_dir_name(step)):
-            last_ckpt = save(step)
-        par.barrier()
+    report.stage("pretrain", total_steps, unit="updates", done=step)
+    shown = step
+    try:
+        with GracefulStop(escalate=par.world_size == 1) as stop:
+            while step < total_steps:
+                meter.start()
+                batch = sampler.next_batch()
+                if device.type == "cuda":
+                    batch = batch.pin_memory().to(device, non_blocking=True)
+                result = trainer.step(step, split_micro_batches(batch, micro))
+                meter.stop(tokens_per_step)
+                if not math.isfinite(result.loss):
+                    where = f"the last good checkpoint is {last_ckpt}" if last_ckpt else "no checkpoint was saved yet"
+                    raise NonFiniteLossError(
+                        f"loss became {result.loss} at update {step + 1}; stopping ({where}; "
+                        f"resume with --resume, perhaps with a lower --lr or --precision fp32)"
+                    )
+                step += 1
+                if every(step, config.log_every) or step == total_steps:
+                    loss = par.mean(result.loss)
+                    tps, mfu = meter.report()
+                    elapsed = time.perf_counter() - t_start
+                    rate = (step - steps_at_start) / elapsed if elapsed > 0 else 0.0
+                    eta = (total_steps - step) / rate if rate > 0 else float("inf")
+                    rec = {"kind": "train", "step": step, "loss": loss, "lr": result.lr, "grad_norm": result.grad_norm,
+                           "tokens": step * tokens_per_step, "tokens_per_s": tps, "mfu": mfu,
+                           "elapsed_s": round(elapsed, 3)}
+                    if logger is not None:
+                        logger.log(rec)
+                        report.advance(step - shown, loss=loss, lr=result.lr, **{"tok/s": round(tps)},
+                                       MFU="n/a" if mfu is None else f"{100 * mfu:.1f}%", ETA=format_duration(eta))
+                        shown = step
+                    if on_log is not None:
+                        on_log(rec)
+                if every(step, config.eval_every) and step < total_steps:
+                    validate(step)
+                if par.any(stop.requested is not None):
+                    stopped_by = stop.name or "signal"
+                    break
+                if every(step, config.save_every) and step < total_steps:
+                    if par.is_main:
+                        last_ckpt = save(step)
+                    par.barrier()
+            if stopped_by is None:
+                final_val = validate(step)
+            if par.is_main and (last_ckpt is None or last_ckpt.name != ckpt.step_dir_name(step)):
+                last_ckpt = save(step)
+            par.barrier()
+    finally:
+        report.end()
     if logger is not None:
         logger.close()
     return PretrainResult(run_dir, step, total_steps, final_val, stopped_by, last_ckpt)

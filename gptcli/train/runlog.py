@@ -78,53 +78,6 @@ def format_duration(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-class LiveDisplay:
-    """A one-line Rich live view: step/total, loss, lr, tokens/s, MFU, ETA (and the last validation)."""
-
-    def __init__(self, total_steps: int, enabled: bool = True, console=None) -> None:
-        self.total = total_steps
-        self.enabled = enabled
-        self._live = None
-        self._console = console
-        self._last_eval = ""
-        self._text = ""
-
-    def __enter__(self) -> "LiveDisplay":
-        if self.enabled:
-            from rich.console import Console
-            from rich.live import Live
-
-            console = self._console or Console(stderr=True)
-            if console.is_terminal:
-                self._live = Live("", console=console, refresh_per_second=4, transient=False)
-                self._live.__enter__()
-            self._console = console
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._live is not None:
-            self._live.__exit__(*exc)
-            self._live = None
-
-    def _render(self, line: str) -> None:
-        if self._live is not None:
-            self._live.update(self._text + self._last_eval)
-        elif self._console is not None and self.enabled:
-            self._console.print(line, highlight=False)  # not a terminal: one plain line per event
-
-    def train(self, step: int, loss: float, lr: float, tokens_per_s: float, mfu: float | None, eta_s: float) -> None:
-        mfu_s = f"{100 * mfu:5.1f}%" if mfu is not None else "  n/a"
-        self._text = (
-            f"[bold]step[/] {step}/{self.total}  [bold]loss[/] {loss:.4f}  [bold]lr[/] {lr:.3e}  "
-            f"[bold]tok/s[/] {tokens_per_s:,.0f}  [bold]MFU[/] {mfu_s}  [bold]ETA[/] {format_duration(eta_s)}"
-        )
-        self._render(self._text)
-
-    def eval(self, step: int, loss: float, ppl: float) -> None:
-        self._last_eval = f"  [cyan]val[/] {loss:.4f} (ppl {ppl:.2f} @ {step})"
-        self._render(self._last_eval.strip())
-
-
 class Throughput:
     """Tokens/s and MFU over the updates since the last report (excluding evaluation and checkpoint time)."""
 

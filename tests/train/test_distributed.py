@@ -155,24 +155,24 @@ def test_launch_options_are_checked_before_starting_anything(corpus, tmp_path, c
 
 
 def test_environment_decides_launcher_or_worker(monkeypatch):
-    from gptcli.train.distributed import env_world, is_launched_worker, plan_launch
+    from gptcli.train.distributed import LaunchConfig, env_world, is_launched_worker, plan_launch
 
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GPT1_DIST_WORKER", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"):
         monkeypatch.delenv(k, raising=False)
     assert env_world() is None and plan_launch() is None  # a plain process trains itself
-    spec = plan_launch(procs=2)
+    spec = plan_launch(LaunchConfig(procs=2))
     assert spec.nproc_per_node == 2 and not spec.use_cuda
     # A bare SLURM task is a worker of the SLURM job, unless launch options ask it to start workers per node.
     monkeypatch.setenv("SLURM_PROCID", "3")
     monkeypatch.setenv("SLURM_NTASKS", "4")
     monkeypatch.setenv("SLURM_LOCALID", "1")
     assert env_world() == (3, 4, 1) and not is_launched_worker()
-    assert plan_launch(procs=2, nodes=2, node_rank=1, master_addr="node0").node_rank == 1
+    assert plan_launch(LaunchConfig(procs=2, nodes=2, node_rank=1, master_addr="node0")).node_rank == 1
     # torchrun's variables win, and a worker never launches again.
     monkeypatch.setenv("RANK", "5")
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert env_world() == (5, 8, 1) and is_launched_worker() and plan_launch(procs=2) is None
+    assert env_world() == (5, 8, 1) and is_launched_worker() and plan_launch(LaunchConfig(procs=2)) is None
 
 
 def test_workers_take_a_repeated_signal_as_one_stop():
@@ -232,12 +232,12 @@ def test_two_processes_match_one_stop_on_sigterm_and_resume_with_one(corpus, tmp
 
     # The same global batch in one process gives the same losses (DDP averages gradients of disjoint halves).
     ref = tmp_path / "one"
-    pretrain(_cfg(corpus, ref, max_steps=stop + 3, save_every=1, keep_last=0), display=False)
+    pretrain(_cfg(corpus, ref, max_steps=stop + 3, save_every=1, keep_last=0))
     reference = _losses(ref)
     _close(got, reference, range(1, stop + 1))
 
     # The 2-process checkpoint continues in one process (the sampler position is global).
-    res = pretrain(_cfg(corpus, two, max_steps=stop + 3, resume=True), display=False)
+    res = pretrain(_cfg(corpus, two, max_steps=stop + 3, resume=True))
     assert res.step == stop + 3
     _close(_losses(two), reference, range(1, stop + 4))
 
@@ -290,7 +290,7 @@ def test_two_nodes_on_one_machine_match_one_process(corpus, tmp_path):
         out, err = p.communicate(timeout=TIMEOUT)
         assert p.returncode == 0, err[-3000:]
     ref = tmp_path / "one"
-    pretrain(_cfg(corpus, ref, max_steps=3), display=False)
+    pretrain(_cfg(corpus, ref, max_steps=3))
     _close(_losses(run), _losses(ref), range(1, 4))
 
 

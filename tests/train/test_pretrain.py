@@ -48,7 +48,7 @@ def test_tiny_run_on_books_learns(shared_data, tmp_path):
     data = text_corpus(tmp_path / "books", texts)
     run = tmp_path / "run"
     res = pretrain(_cfg(data, run, max_steps=60, batch_size=16, micro_batch_size=16, lr=3e-3, warmup_steps=5,
-                        eval_every=20, eval_batches=8, log_every=10), display=False)
+                        eval_every=20, eval_batches=8, log_every=10))
     evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"eval"' in line]
     assert [e["step"] for e in evals] == [20, 40, 60]
     assert math.log(256) - 1.0 > evals[-1]["loss"]  # far below a uniform byte model (5.55 nats)
@@ -60,7 +60,7 @@ def test_tiny_run_on_books_learns(shared_data, tmp_path):
 
 def test_resume_after_sigint_is_bitwise_identical(corpus, tmp_path):
     full = tmp_path / "full"
-    pretrain(_cfg(corpus, full, eval_every=3), display=False)
+    pretrain(_cfg(corpus, full, eval_every=3))
     reference = _train_losses(full)
 
     run = tmp_path / "interrupted"
@@ -69,11 +69,11 @@ def test_resume_after_sigint_is_bitwise_identical(corpus, tmp_path):
         if rec["kind"] == "train" and rec["step"] == 5:
             os.kill(os.getpid(), signal.SIGINT)  # handled between updates: checkpoint at 5, then stop
 
-    res = pretrain(_cfg(corpus, run, eval_every=3), display=False, on_log=interrupt)
+    res = pretrain(_cfg(corpus, run, eval_every=3), on_log=interrupt)
     assert res.stopped_by == "SIGINT" and res.step == 5 and res.last_checkpoint.name == "step-0000005"
     with pytest.raises(GPT1Error, match="--resume"):
-        pretrain(_cfg(corpus, run, eval_every=3), display=False)
-    res = pretrain(_cfg(corpus, run, eval_every=3, resume=True), display=False)
+        pretrain(_cfg(corpus, run, eval_every=3))
+    res = pretrain(_cfg(corpus, run, eval_every=3, resume=True))
     assert res.step == 8
     assert _train_losses(run) == reference  # bitwise: floats compared exactly
 
@@ -95,13 +95,13 @@ def dying(d, optimizer, state, **kw):
     return real(d, optimizer, state, **kw)
 ckpt.write_training_state = dying
 cfg = PretrainConfig(**{cfg})
-pretrain(cfg, display=False)
+pretrain(cfg)
 """
 
 
 def test_resume_after_kill_mid_save(corpus, tmp_path):
     full = tmp_path / "full"
-    pretrain(_cfg(corpus, full, max_steps=9, save_every=3), display=False)
+    pretrain(_cfg(corpus, full, max_steps=9, save_every=3))
     run = tmp_path / "killed"
     kw = dict(data=str(corpus), out=str(run), preset="tiny", model=MODEL, seq_len=32, batch_size=8,
               micro_batch_size=4, max_steps=9, warmup_steps=2, eval_every=0, save_every=3, log_every=1,
@@ -111,7 +111,7 @@ def test_resume_after_kill_mid_save(corpus, tmp_path):
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert names[1] == "step-0000003" and names[0].startswith(".step-0000006.tmp-"), names
-    res = pretrain(_cfg(corpus, run, max_steps=9, save_every=3, resume=True), display=False)
+    res = pretrain(_cfg(corpus, run, max_steps=9, save_every=3, resume=True))
     assert res.step == 9
     assert _train_losses(run) == _train_losses(full)
     assert not any(p.name.startswith(".") for p in (run / "checkpoints").iterdir())  # stale temp dir cleaned
@@ -129,7 +129,7 @@ def test_nan_loss_stops_naming_last_good_checkpoint(corpus, tmp_path, monkeypatc
     monkeypatch.setattr(pretrain_mod, "lm_loss", poisoned)
     run = tmp_path / "nan"
     with pytest.raises(pretrain_mod.NonFiniteLossError) as e:
-        pretrain(_cfg(corpus, run, save_every=4), display=False)
+        pretrain(_cfg(corpus, run, save_every=4))
     msg = str(e.value)
     assert "nan" in msg and "update 6" in msg and str(run / "checkpoints" / "step-0000004") in msg
 

@@ -1,0 +1,293 @@
+"""Command-line options derived from the config dataclasses, so that every setting is written once.
+
+A setting lives in one place: a field of a config dataclass (``PretrainConfig.lr``) with its type, its default and
+the attribute docstring under it. :class:`Options` turns those fields into Typer options: ``--lr`` with type
+``float``, ``[default: 0.00025]`` in ``--help`` and the docstring as help text, grouped into ``--help`` panels. The
+command function receives a :class:`Parsed` and builds its config with :meth:`Parsed.resolve`, which applies the
+precedence every command shares:
+
+    dataclass default  <  --config FILE (or a resumed run's config.toml)  <  options given on the command line
+
+"Given" means typed by the user (Click's parameter source), not "different from the default": ``--lr 0.00025``
+on the command line overrides a config file's ``lr = 1e-3``.
+
+A few options belong to the command line alone (``--quiet``, ``--list-tasks``, launcher settings): they are
+declared with :class:`CliOnly`, each with the reason it is not a config field. Like litgpt's and tyro's CLIs
+(which read dataclasses through their signatures), the derivation works by giving the command function an
+``inspect.Signature`` that Typer reads; this module is the only place that builds options.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import inspect
+import textwrap
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import typer
+from rich.markup import escape
+
+from gptcli.config import from_dict, load_file, to_dict
+
+# --help panels, in the order they are shown; a command uses those it needs.
+PANELS = ("Input", "Model", "Data", "Optimisation", "Schedule", "Evaluation", "Checkpointing", "Distributed",
+          "Runtime", "Output")
+
+
+@functools.lru_cache(maxsize=None)
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings (the string literal under each field) of a dataclass and its bases."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):  # pragma: no cover - classes without source (built at run time)
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for node, nxt in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
+                    and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+@dataclass(frozen=True)
+class CliOnly:
+    """An option that is not a config field. ``why`` is required: it says why the setting is not in the config
+    (a display choice, an action instead of a setting, a launcher detail) and is shown nowhere but here."""
+
+    name: str
+    annotation: Any
+    default: Any
+    flags: tuple[str, ...]
+    help: str
+    why: str
+    panel: str = "Output"
+    argument: bool = False
+
+
+@dataclass(frozen=True)
+class Nested:
+    """Options for some fields of another dataclass, stored as a dict field of the config: ``--n-layer`` for
+    ``PretrainConfig.model["n_layer"]`` (help text from ``ModelConfig``)."""
+
+    cls: type
+    fields: tuple[str, ...]
+    panel: str = "Model"
+    default_note: str = "from the preset"
+
+
+@dataclass
+class Parsed:
+    """What the user typed, split into config settings and command-line-only values."""
+
+    given: dict[str, Any]
+    """Config fields given on the command line (a Nested field as ``{"model": {"n_layer": 2}}``)."""
+    cli: dict[str, Any]
+    """Values of the :class:`CliOnly` options (defaults included)."""
+    config_file: Path | None = None
+    """``--config FILE``, when given."""
+    sections: dict[str, Any] = field(default_factory=dict)
+    """Instances of the section dataclasses (settings of how to run, not of the run: see ``Options``)."""
+
+    def base(self, fallback: Path | None = None) -> dict[str, Any]:
+        """The settings under the command line: ``--config FILE``, else ``fallback`` (a resumed run's config) if it
+        exists, else nothing."""
+        if self.config_file is not None:
+            return load_file(self.config_file)
+        if fallback is not None and fallback.is_file():
+            return load_file(fallback)
+        return {}
+
+    def resolve(self, cls: type, base: Mapping[str, Any] | None = None) -> Any:
+        """``cls`` from defaults < ``base`` < the options given; unknown or mistyped keys are one-line errors."""
+        merged = to_dict(from_dict(cls, dict(base or {})))
+        for key, value in self.given.items():
+            if isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = {**merged[key], **value}
+            else:
+                merged[key] = value
+        return from_dict(cls, {k: v for k, v in merged.items() if v is not None})
+
+    def has(self, name: str, base: Mapping[str, Any] | None = None) -> bool:
+        """Whether a setting was given at all (command line or ``base``), for settings a command requires."""
+        return name in self.given or name in (base or {})
+
+
+def _option_type(tp: Any) -> tuple[Any, bool]:
+    """The annotation Typer should see for a field type, and whether the field can be an option at all."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            t, ok = _option_type(inner[0])
+            return typing.Optional[t], ok
+        return str, False
+    if origin in (list, tuple):
+        return typing.Optional[list[args[0] if args else str]], True  # type: ignore[index]
+    if origin is dict or dataclasses.is_dataclass(tp) or tp is Any:
+        return tp, False
+    return tp, True
+
+
+def _default_text(value: Any) -> str | bool:
+    if value is None or (isinstance(value, (list, tuple)) and not value):
+        return False
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(str, value))
+    return True
+
+
+class Options:
+    """The options of one config dataclass, for one command.
+
+    ``panels`` maps a panel title to the fields shown in it (fields in no panel go to "Options"); ``flags`` gives
+    a field other or extra spellings (the first is the main one; old spellings stay working this way);
+    ``arguments`` are positional; ``hidden`` fields stay config-file-only (say why in a comment where used).
+    ``sections`` adds the fields of other dataclasses under a panel (``{"launch": (LaunchConfig, "Distributed")}``):
+    settings of how a run is executed rather than of the run, so they are neither read from ``--config`` nor saved
+    with the run; ``Parsed.sections["launch"]`` holds the instance.
+    """
+
+    def __init__(
+        self,
+        cls: type,
+        *,
+        panels: Mapping[str, Sequence[str]] = (),  # type: ignore[assignment]
+        flags: Mapping[str, Sequence[str]] = (),  # type: ignore[assignment]
+        arguments: Sequence[str] = (),
+        hidden: Sequence[str] = (),
+        nested: Mapping[str, Nested] = (),  # type: ignore[assignment]
+        cli_only: Sequence[CliOnly] = (),
+        sections: Mapping[str, tuple[type, str]] = (),  # type: ignore[assignment]
+        config_option: bool = True,
+    ) -> None:
+        self.cls = cls
+        self.panel_of = {name: title for title, names in dict(panels).items() for name in names}
+        self.flags = dict(flags)
+        self.arguments = tuple(arguments)
+        self.hidden = set(hidden)
+        self.nested = dict(nested)
+        self.cli_only = tuple(cli_only)
+        self.sections = dict(sections)
+        self.config_option = config_option
+        self._dest: dict[str, tuple[str, str | None]] = {}  # parameter name -> (field, nested key)
+        self.parameters = self._build()
+
+    # -- building the signature
+    def _build(self) -> list[inspect.Parameter]:
+        params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
+        hints = typing.get_type_hints(self.cls)
+        docs = field_docs(self.cls)
+        for f in dataclasses.fields(self.cls):
+            if not f.init or f.name in self.hidden:
+                continue
+            if f.name in self.nested:
+                params += self._nested_params(f.name, self.nested[f.name])
+                continue
+            tp, ok = _option_type(hints[f.name])
+            if not ok:
+                continue  # dicts and tables: config files only
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            params.append(self._param(f.name, tp, default, docs.get(f.name, ""), self.panel_of.get(f.name)))
+            self._dest[f.name] = (f.name, None)
+        for section, (scls, panel) in self.sections.items():
+            shints, sdocs = typing.get_type_hints(scls), field_docs(scls)
+            for f in dataclasses.fields(scls):
+                tp, _ = _option_type(shints[f.name])
+                params.append(self._raw(f.name, tp, f.default, self._spellings(f.name, tp is bool),
+                                        sdocs.get(f.name, ""), panel))
+                self._dest[f.name] = ("@" + section, f.name)
+        if self.config_option:
+            params.append(self._raw("config", typing.Optional[Path], None, ("--config",),
+                                    f"TOML/JSON file of {self.cls.__name__} settings; options given here override it.",
+                                    "Input"))
+        for extra in self.cli_only:
+            params.append(self._raw(extra.name, extra.annotation, extra.default, extra.flags, extra.help,
+                                    extra.panel, argument=extra.argument))
+        return [params[0], *sorted(params[1:], key=_panel_rank)]  # --help shows panels in PANELS order
+
+    def _nested_params(self, name: str, spec: Nested) -> list[inspect.Parameter]:
+        hints, docs, out = typing.get_type_hints(spec.cls), field_docs(spec.cls), []
+        for sub in spec.fields:
+            tp, _ = _option_type(hints[sub])
+            help_ = f"{docs.get(sub, '')} [default: {spec.default_note}]"
+            out.append(self._raw(sub, typing.Optional[tp] if typing.get_origin(tp) is not typing.Union else tp,
+                                 None, self._spellings(sub), help_, spec.panel))
+            self._dest[sub] = (name, sub)
+        return out
+
+    def _spellings(self, name: str, is_bool: bool = False) -> tuple[str, ...]:
+        dash = name.replace("_", "-")
+        main = f"--{dash}/--no-{dash}" if is_bool else f"--{dash}"
+        return tuple(self.flags.get(name, (main,)))
+
+    def _param(self, name: str, tp: Any, default: Any, doc: str, panel: str | None) -> inspect.Parameter:
+        is_bool = tp is bool or tp == typing.Optional[bool]
+        if name in self.arguments:
+            return self._raw(name, tp, default, (), doc, None, argument=True)
+        return self._raw(name, tp, list(default) if isinstance(default, tuple) else default,
+                         self._spellings(name, is_bool), doc, panel)
+
+    @staticmethod
+    def _raw(name: str, tp: Any, default: Any, flags: Sequence[str], help_: str, panel: str | None,
+             argument: bool = False) -> inspect.Parameter:
+        is_bool = tp is bool or tp == typing.Optional[bool]
+        kw: dict[str, Any] = {"help": escape(help_.replace("``", "`")), "show_default": _default_text(default)}
+        if argument:
+            info = typer.Argument(default, **kw)
+        else:
+            info = typer.Option(default, *flags, rich_help_panel=panel, **({"metavar": ""} if is_bool else {}), **kw)
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=tp, default=info)
+
+    # -- the command
+    def command(self, body: Callable[[Parsed], None], doc: str | None = None) -> Callable[..., None]:
+        """A Typer command function with the generated signature that calls ``body(Parsed)``."""
+        cli_names = {c.name for c in self.cli_only}
+
+        def run(ctx: typer.Context, **values: Any) -> None:
+            given: dict[str, Any] = {}
+            sections: dict[str, dict[str, Any]] = {name: {} for name in self.sections}
+            for pname, value in values.items():
+                if pname in cli_names or pname == "config" or pname not in self._dest:
+                    continue
+                if self._dest[pname][0].startswith("@"):
+                    sections[self._dest[pname][0][1:]][pname] = value
+                    continue
+                if not _typed(ctx, pname):
+                    continue
+                fname, sub = self._dest[pname]
+                if sub is None:
+                    given[fname] = value
+                else:
+                    given.setdefault(fname, {})[sub] = value
+            cli = {name: values[name] for name in cli_names}
+            built = {name: self.sections[name][0](**vals) for name, vals in sections.items()}
+            body(Parsed(given, cli, values.get("config"), built))
+
+        run.__signature__ = inspect.Signature(self.parameters)  # type: ignore[attr-defined]
+        run.__doc__ = doc if doc is not None else body.__doc__
+        run.__name__ = getattr(body, "__name__", "command")
+        return run
+
+
+def _panel_rank(param: inspect.Parameter) -> int:
+    panel = getattr(param.default, "rich_help_panel", None)
+    return PANELS.index(panel) if panel in PANELS else len(PANELS)
+
+
+def _typed(ctx: typer.Context, name: str) -> bool:
+    """Whether the user gave option ``name`` (command line or environment), as opposed to its default."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
+
+
+__all__ = ["PANELS", "CliOnly", "Nested", "Options", "Parsed", "field_docs"]
