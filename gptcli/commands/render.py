@@ -186,7 +186,7 @@ class RichProgress(Progress):
     # -- helpers
     def _ensure_bars(self) -> Any:
         if self._bars is None:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bars, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, Progress as Bars, TextColumn, TimeElapsedColumn
             from rich.progress import TimeRemainingColumn
 
             self._bars = Bars(

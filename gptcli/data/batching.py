@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from gptcli.data.transforms import Encoded
 
@@ -123,26 +122,3 @@ def num_batches(n: int, batch_size: int, pool: int = 50) -> int:
     span = max(1, pool) * batch_size
     full, rest = divmod(n, span)
     return full * pool + -(-rest // batch_size)
-
-
-def lm_loss_per_sequence(
-    hidden: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, lm_logits: Callable[[torch.Tensor], torch.Tensor]
-) -> torch.Tensor:
-    """The released code's auxiliary LM loss, one value per sequence.
-
-    Targets are ``ids[:, 1:]`` where ``mask[:, 1:]`` is 1: every real token after the first, so the delimiter and
-    the extract token are predicted too and the start token is not. Each sequence's loss is the mean over its
-    targets; the caller averages over sequences (``lm_losses.mean()``), as ``tf.reduce_mean(lm_losses)`` does.
-
-    Only the positions that have a target go through the (vocabulary-wide) output layer ``lm_logits``: pad
-    positions would cost a 40k-wide projection each for nothing.
-    """
-    n = ids.size(0)
-    if ids.size(1) < 2:
-        return torch.zeros(n, device=ids.device)
-    m = mask[:, 1:] > 0
-    rows = torch.arange(n, device=ids.device).unsqueeze(1).expand_as(m)[m]
-    logits = lm_logits(hidden[:, :-1][m]).float()
-    nll = F.cross_entropy(logits, ids[:, 1:][m], reduction="none")
-    total = torch.zeros(n, device=ids.device, dtype=nll.dtype).index_add_(0, rows, nll)
-    return total / m.sum(1).clamp_min(1).to(nll.dtype)

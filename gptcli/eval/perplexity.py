@@ -15,11 +15,10 @@ from typing import Iterator, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from gptcli.model.losses import IGNORE, next_token_nll
 from gptcli.runtime import Precision, autocast
 
-IGNORE = -100
 
 
 @dataclass
@@ -87,7 +86,7 @@ def evaluate_lm(
         y = y.to(device)
         with autocast(device, precision):
             logits = model.lm_logits(model(x))
-        nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum")
+        nll = next_token_nll(logits, y, reduction="sum")
         total += nll.double()
         count += int((y != IGNORE).sum())
 

@@ -14,12 +14,13 @@ time (so parity is exact), and is what the reference's "either is acceptable if 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from gptcli.model.losses import next_token_nll
 
 
 @dataclass
@@ -210,10 +211,9 @@ class GPT(nn.Module):
         """Tied output layer: logits over vocabulary + special tokens, ``h · Weᵀ``."""
         return F.linear(h, self.tok_emb.weight)
 
-    def lm_loss(self, idx: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-        """Mean next-token cross-entropy of ``targets`` (already shifted) given ``idx``."""
-        logits = self.lm_logits(self(idx))
-        return F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=ignore_index)
+    def lm_loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy of ``targets`` (already shifted; -100 = ignored) given ``idx``."""
+        return next_token_nll(self.lm_logits(self(idx)), targets)
 
     @torch.no_grad()
     def add_special_tokens(self, n: int) -> None:

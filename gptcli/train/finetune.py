@@ -269,7 +269,8 @@ def _seed_everything(seed: int) -> None:
 
 def finetune(config: FinetuneConfig, console: Any | None = None, on_epoch: Callable[[dict], None] | None = None) -> FinetuneResult:
     """Run one fine-tuning job as configured; returns where the checkpoint and results went."""
-    from gptcli.data.batching import bucketed_batches, collate, lm_loss_per_sequence, num_batches
+    from gptcli.data.batching import bucketed_batches, collate, num_batches
+    from gptcli.model.losses import lm_loss_per_sequence
     from gptcli.checkpoint import save_checkpoint
     from gptcli.config import save_config, to_dict
     from gptcli.model.heads import HeadConfig, TaskHead

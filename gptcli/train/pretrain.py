@@ -22,10 +22,11 @@ from typing import Any, Callable, Literal
 import torch
 
 from gptcli import checkpoint as ckpt
-from gptcli.config import from_dict, load_file, save_config, to_dict
+from gptcli.config import from_dict, load_file, save_config
 from gptcli.errors import GPT1Error
 from gptcli.eval.perplexity import evaluate_lm
 from gptcli.model.gpt import GPT, ModelConfig, preset
+from gptcli.model.losses import next_token_nll
 from gptcli.train.optim import lr_at, make_optimizer
 from gptcli.progress import SILENT, Progress
 from gptcli.train.runlog import METRICS, RunLogger, Throughput, format_duration, truncate_metrics
@@ -159,7 +160,7 @@ def lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
     """Next-token loss of a ``(b, T+1)`` window batch. Calls ``model(x)`` so a DDP wrapper sees the forward."""
     h = model(batch[:, :-1])
     logits = unwrap(model).lm_logits(h)
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
+    return next_token_nll(logits, batch[:, 1:])
 
 
 def build_model_config(config: PretrainConfig, vocab_size: int) -> ModelConfig:

@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptcli.data.batching import PAD_ID, bucketed_batches, collate, iterate, lm_loss_per_sequence, num_batches
+from gptcli.data.batching import PAD_ID, bucketed_batches, collate, iterate, num_batches
+from gptcli.model.losses import lm_loss_per_sequence
 from gptcli.model.heads import HeadConfig, TaskHead, first_extract_positions
 from gptcli.model.gpt import GPT, ModelConfig
 from gptcli.data.transforms import Encoded

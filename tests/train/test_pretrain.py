@@ -8,11 +8,9 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 
 import gptcli.train.pretrain as pretrain_mod
 from corpus_helpers import random_corpus, text_corpus

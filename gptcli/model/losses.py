@@ -1,0 +1,45 @@
+"""The language-modelling loss, in one place (paper §3.1, L1; and the auxiliary L1 of §3.2, L3 = L2 + λ·L1).
+
+Pretraining, the validation perplexity, the fine-tuning auxiliary loss and ``GPT.lm_loss`` all score next tokens
+with :func:`next_token_nll`; the fine-tuning form that averages per sequence first is
+:func:`lm_loss_per_sequence`. Logits are upcast to fp32 before the softmax so a bf16 run's loss is the fp32 loss of
+its bf16 logits.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+IGNORE = -100
+"""Target id that contributes nothing (a window's overlap with the previous one, padding)."""
+
+
+def next_token_nll(logits: torch.Tensor, targets: torch.Tensor, *, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of ``targets`` (already shifted; ``IGNORE`` skipped) under ``logits`` of shape ``(..., V)``."""
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1),
+                           ignore_index=IGNORE, reduction=reduction)
+
+
+def lm_loss_per_sequence(
+    hidden: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, lm_logits: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """The released code's auxiliary LM loss, one value per sequence.
+
+    Targets are ``ids[:, 1:]`` where ``mask[:, 1:]`` is 1: every real token after the first, so the delimiter and
+    the extract token are predicted too and the start token is not. Each sequence's loss is the mean over its
+    targets; the caller averages over sequences (``lm_losses.mean()``), as ``tf.reduce_mean(lm_losses)`` does.
+
+    Only the positions that have a target go through the (vocabulary-wide) output layer ``lm_logits``: pad
+    positions would cost a 40k-wide projection each for nothing.
+    """
+    n = ids.size(0)
+    if ids.size(1) < 2:
+        return torch.zeros(n, device=ids.device)
+    m = mask[:, 1:] > 0
+    rows = torch.arange(n, device=ids.device).unsqueeze(1).expand_as(m)[m]
+    nll = next_token_nll(lm_logits(hidden[:, :-1][m]), ids[:, 1:][m], reduction="none")
+    total = torch.zeros(n, device=ids.device, dtype=nll.dtype).index_add_(0, rows, nll)
+    return total / m.sum(1).clamp_min(1).to(nll.dtype)
