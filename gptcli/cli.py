@@ -50,6 +50,23 @@ COMMANDS: list[tuple[str, str]] = [
 ]
 
 _state = {"debug": False}
+
+
+def _hide_flag_types() -> None:
+    """Recent Typer prints ``<bool>`` beside every flag in --help (``--help <bool>``, ``--resume <bool>``), which
+    reads as if the flag took a value; a flag's type says nothing its name does not."""
+    option = getattr(typer.core, "TyperOption", None)
+    shown = getattr(option, "display_type_rich", None)
+    if shown is None:  # pragma: no cover - older Typer has no type column
+        return
+
+    def display_type_rich(self, ctx):  # type: ignore[no-untyped-def]
+        return None if getattr(self, "is_flag", False) else shown(self, ctx)
+
+    option.display_type_rich = display_type_rich
+
+
+_hide_flag_types()
 err_console = Console(stderr=True)
 
 
