@@ -2,10 +2,15 @@
 
 Layout of a checkpoint directory::
 
-    config.json          {"format": 1, "kind": "lm" | "finetuned", "model": ModelConfig fields, "meta": {...}}
+    config.json          {"format": 1, "kind": "lm" | "finetuned", "model": ModelConfig fields, "meta": {...},
+                          "files": {relative path: sha256} of every other file}
     model.safetensors    the GPT weights (plus task-head tensors under ``head.``)
     tokenizer/           the tokenizer the weights were trained with
     (training state files, for resumable pretraining runs — see ``trainer``/``pretrain``)
+
+``config.json`` is written last, with the sha256 of every other file in the directory, and loading verifies them
+(``verify=False`` skips it): a flipped byte is a one-line error naming the file, never a silently different
+model. Checkpoints written before checksums existed have no ``files`` table and load unverified.
 
 Nothing here unpickles: weights are safetensors, everything else JSON, so opening an untrusted checkpoint never
 runs code. A checkpoint is written under a temporary name in the same parent and renamed into place, so a crash
@@ -15,6 +20,7 @@ never leaves a directory that looks complete.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import shutil
 import uuid
@@ -76,16 +82,37 @@ def write_checkpoint_files(
     kind: str = "lm",
     meta: dict[str, Any] | None = None,
     head_state: dict[str, torch.Tensor] | None = None,
+    extra: Callable[[Path], None] | None = None,
 ) -> None:
-    """Write config, weights and tokenizer into an existing (temporary) directory."""
+    """Write weights, tokenizer and ``extra(directory)``'s files, then ``config.json`` with their checksums."""
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     for k, v in (head_state or {}).items():
         tensors[HEAD_PREFIX + k] = v.detach().to("cpu").contiguous()
     save_file(tensors, str(directory / WEIGHTS), metadata={"format": str(FORMAT)})
-    config = {"format": FORMAT, "kind": kind, "model": dataclasses.asdict(model.config), "meta": meta or {}}
-    (directory / CONFIG).write_text(json.dumps(config, indent=2), encoding="utf-8")
     if tokenizer is not None:
         tokenizer.save(directory / TOKENIZER)
+    if extra is not None:
+        extra(directory)
+    config = {"format": FORMAT, "kind": kind, "model": dataclasses.asdict(model.config), "meta": meta or {},
+              "files": _checksums(directory)}
+    (directory / CONFIG).write_text(json.dumps(config, indent=2), encoding="utf-8")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _checksums(directory: Path) -> dict[str, str]:
+    """sha256 of every file under ``directory`` except config.json, by POSIX relative path."""
+    return {
+        p.relative_to(directory).as_posix(): _sha256(p)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.relative_to(directory).as_posix() != CONFIG
+    }
 
 
 def save_checkpoint(
@@ -101,9 +128,7 @@ def save_checkpoint(
     """Atomically write a checkpoint directory; ``extra(tmpdir)`` may add more files (training state)."""
 
     def write(tmp: Path) -> None:
-        write_checkpoint_files(tmp, model, tokenizer, kind=kind, meta=meta, head_state=head_state)
-        if extra is not None:
-            extra(tmp)
+        write_checkpoint_files(tmp, model, tokenizer, kind=kind, meta=meta, head_state=head_state, extra=extra)
 
     return atomic_directory(Path(directory), write)
 
@@ -122,6 +147,8 @@ class Header:
     model: dict[str, Any]
     """ModelConfig fields."""
     meta: dict[str, Any]
+    files: dict[str, str] = field(default_factory=dict)
+    """sha256 of every other file of the checkpoint (empty for checkpoints written before checksums)."""
 
     @property
     def step(self) -> int:
@@ -137,7 +164,8 @@ def read_header(path: str | Path) -> Header:
 def _read_header(p: Path) -> Header:
     try:
         config = json.loads((p / CONFIG).read_text(encoding="utf-8"))
-        return Header(p, str(config.get("kind", "lm")), dict(config["model"]), dict(config.get("meta", {})))
+        return Header(p, str(config.get("kind", "lm")), dict(config["model"]), dict(config.get("meta", {})),
+                      dict(config.get("files", {})))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as e:
         raise GPT1Error(f"{p / CONFIG}: unreadable checkpoint config ({e}) (restore the file or use another checkpoint)") from None
 
@@ -152,7 +180,17 @@ def list_checkpoints(path: str | Path) -> list[Path]:
     candidates = [c for c in (p / "checkpoints").glob("*") if c.is_dir() and not c.name.startswith(".") and is_checkpoint(c)]
     if not candidates:
         raise GPT1Error(f"{p}: neither a checkpoint ({CONFIG} + {WEIGHTS}) nor a run directory with checkpoints/")
-    return sorted(candidates, key=lambda c: (_read_header(c).step, c.name))
+    return sorted(candidates, key=_age)
+
+
+def _age(c: Path) -> tuple[int, str]:
+    """Sort key: the step in the header, or in the directory name when the header is damaged (so a damaged
+    checkpoint still sorts where it belongs and ``newest_intact`` can skip it by name)."""
+    try:
+        return _read_header(c).step, c.name
+    except GPT1Error:
+        digits = c.name.rsplit("-", 1)[-1]
+        return (int(digits) if digits.isdigit() else -1), c.name
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -160,10 +198,52 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return list_checkpoints(path)[-1]
 
 
-def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu", load_tokenizer: bool = True) -> Checkpoint:
-    """Open a checkpoint (or the newest one in a run directory) as a model in eval mode on ``map_location``."""
+def verify_checkpoint(path: str | Path) -> list[str]:
+    """What is wrong with a checkpoint's files: unreadable config, missing files, checksum mismatches (empty: intact,
+    or written before checksums existed)."""
+    p = Path(path)
+    try:
+        header = _read_header(p)
+    except GPT1Error as e:
+        return [str(e)]
+    problems = []
+    for rel, expected in header.files.items():
+        f = p / rel
+        if not f.is_file():
+            problems.append(f"{f}: missing")
+        elif _sha256(f) != expected:
+            problems.append(f"{f}: checksum mismatch (the file is damaged)")
+    return problems
+
+
+def newest_intact(path: str | Path) -> tuple[Path, list[tuple[Path, str]]]:
+    """The newest checkpoint of a run whose files verify, and the newer ones skipped with the reason for each."""
+    skipped: list[tuple[Path, str]] = []
+    for c in reversed(list_checkpoints(path)):
+        problems = verify_checkpoint(c)
+        if not problems:
+            return c, skipped
+        skipped.append((c, problems[0]))
+    detail = "; ".join(f"{c.name}: {why}" for c, why in skipped)
+    raise GPT1Error(f"{path}: no intact checkpoint ({detail})")
+
+
+def _check(p: Path) -> None:
+    problems = verify_checkpoint(p)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise GPT1Error(f"{problems[0]}{more} (use another checkpoint, or pass --no-verify to load it anyway)")
+
+
+def load_checkpoint(
+    path: str | Path, *, map_location: str | torch.device = "cpu", load_tokenizer: bool = True, verify: bool = True
+) -> Checkpoint:
+    """Open a checkpoint (or the newest one in a run directory) as a model in eval mode on ``map_location``;
+    ``verify`` checks every file against the checksums in its config first."""
     p = resolve_checkpoint(path)
     header = _read_header(p)
+    if verify:
+        _check(p)
     try:
         mcfg = ModelConfig(**header.model)
     except TypeError as e:
@@ -265,9 +345,11 @@ def has_training_state(path: Path) -> bool:
     return (path / TRAINING_STATE).is_file() and (path / OPTIMIZER).is_file()
 
 
-def read_training_state(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+def read_training_state(path: str | Path, *, verify: bool = True) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The JSON training state and the tensors (optimizer + RNG) of a checkpoint, with one-line errors."""
     p = Path(path)
+    if verify:
+        _check(p)
     if not has_training_state(p):
         raise GPT1Error(f"{p}: checkpoint has no training state ({TRAINING_STATE} + {OPTIMIZER}); cannot resume from it")
     try:

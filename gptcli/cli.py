@@ -10,6 +10,7 @@ User errors (:class:`gptcli.errors.GPT1Error`) print as one red line and exit 1;
 
 from __future__ import annotations
 
+import errno
 import importlib
 import importlib.util
 import os
@@ -109,6 +110,21 @@ def _record_for_launcher(e: BaseException) -> None:
         ErrorHandler().record_exception(e)
 
 
+def os_error_line(e: OSError) -> str:
+    """``<path>: <what the OS said> (<what to do>)`` for an error from the operating system."""
+    what = e.strerror or str(e)
+    where = f"{e.filename}: " if e.filename else ""
+    hint = {
+        errno.ENOSPC: "free some space or write elsewhere; outputs already in place were kept",
+        errno.EACCES: "check the permissions, or write elsewhere",
+        errno.EROFS: "the file system is read-only: write elsewhere",
+        errno.ENOTDIR: "a path component is a file, not a directory: choose another path",
+        errno.EEXIST: "it already exists: choose another path",
+        errno.EISDIR: "that is a directory: give a file",
+    }.get(e.errno or -1, "check the path and try again; --debug shows the traceback")
+    return f"{where}{what} ({hint})"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point with one-line user errors and meaningful exit codes."""
     _state["debug"] = os.environ.get("GPT1_DEBUG", "") not in ("", "0")
@@ -132,6 +148,12 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         err_console.print("[bold red]interrupted[/]")
         sys.exit(130)
+    except OSError as e:  # read-only or full disks, an --out that is a file: the user can act on these
+        _record_for_launcher(e)
+        if _state["debug"]:
+            raise
+        err_console.print(f"[bold red]error:[/] {os_error_line(e)}", highlight=False, soft_wrap=True)
+        sys.exit(1)
     except BaseException as e:
         _record_for_launcher(e)
         raise

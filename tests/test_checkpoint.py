@@ -89,7 +89,61 @@ def test_corrupt_checkpoints_are_named(tmp_path):
     with pytest.raises(GPT1Error, match="no training state"):
         ckpt.read_training_state(path)
     (path / ckpt.WEIGHTS).write_bytes((path / ckpt.WEIGHTS).read_bytes()[:100])
-    with pytest.raises(GPT1Error, match=r"model\.safetensors: unreadable weights"):
+    with pytest.raises(GPT1Error, match=r"model\.safetensors: checksum mismatch .*--no-verify"):
         ckpt.load_checkpoint(path)
+    with pytest.raises(GPT1Error, match=r"model\.safetensors: unreadable weights"):
+        ckpt.load_checkpoint(path, verify=False)
     with pytest.raises(GPT1Error, match="checkpoint not found"):
         ckpt.load_checkpoint(tmp_path / "nope")
+
+
+def test_a_flipped_byte_is_caught_by_the_checksums(tmp_path):
+    model, _ = _trained()
+    path = ckpt.save_checkpoint(tmp_path / "c", model, meta={"step": 1})
+    header = ckpt.read_header(path)
+    assert set(header.files) == {ckpt.WEIGHTS}
+    data = bytearray((path / ckpt.WEIGHTS).read_bytes())
+    data[-5] ^= 0x01  # a weight, not the safetensors header: the file still parses
+    (path / ckpt.WEIGHTS).write_bytes(bytes(data))
+    assert ckpt.verify_checkpoint(path) == [f"{path / ckpt.WEIGHTS}: checksum mismatch (the file is damaged)"]
+    with pytest.raises(GPT1Error, match="checksum mismatch"):
+        ckpt.load_checkpoint(path)
+    ckpt.load_checkpoint(path, verify=False)  # the escape hatch still opens it
+
+
+def test_checksums_cover_training_state_and_tokenizer_files(tmp_path):
+    model, opt = _trained()
+    path = ckpt.save_checkpoint(tmp_path / "c", model, meta={"step": 1},
+                                extra=lambda d: ckpt.write_training_state(d, opt, {"step": 1}))
+    assert {ckpt.WEIGHTS, ckpt.TRAINING_STATE, ckpt.OPTIMIZER} <= set(ckpt.read_header(path).files)
+    (path / ckpt.TRAINING_STATE).write_text((path / ckpt.TRAINING_STATE).read_text().replace('"step": 1', '"step": 2'))
+    with pytest.raises(GPT1Error, match="training_state.json: checksum mismatch"):
+        ckpt.read_training_state(path)
+
+
+def test_newest_intact_skips_damaged_checkpoints_and_says_why(tmp_path):
+    model, _ = _trained()
+    run = tmp_path / "run"
+    for step in (1, 2, 3):
+        ckpt.save_checkpoint(run / "checkpoints" / ckpt.step_dir_name(step), model, meta={"step": step})
+    newest = run / "checkpoints" / ckpt.step_dir_name(3)
+    (newest / ckpt.WEIGHTS).write_bytes(b"garbage")
+    good, skipped = ckpt.newest_intact(run)
+    assert good.name == ckpt.step_dir_name(2)
+    assert [(c.name, "checksum mismatch" in why) for c, why in skipped] == [(newest.name, True)]
+    for step in (1, 2):
+        (run / "checkpoints" / ckpt.step_dir_name(step) / ckpt.CONFIG).write_text("{not json")
+    with pytest.raises(GPT1Error, match="no intact checkpoint"):
+        ckpt.newest_intact(run)
+
+
+def test_checkpoints_from_before_checksums_still_load(tmp_path):
+    import json
+
+    model, _ = _trained()
+    path = ckpt.save_checkpoint(tmp_path / "old", model, meta={"step": 1})
+    config = json.loads((path / ckpt.CONFIG).read_text())
+    del config["files"]  # what format-1 checkpoints written before checksums look like
+    (path / ckpt.CONFIG).write_text(json.dumps(config))
+    assert ckpt.verify_checkpoint(path) == []
+    assert ckpt.load_checkpoint(path).config == model.config

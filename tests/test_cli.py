@@ -1,0 +1,45 @@
+"""cli.py: the one place where errors become `error: <what> (<what to do>)` lines and exit codes."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from gptcli import cli
+
+
+def test_os_errors_become_one_line_with_advice() -> None:
+    line = cli.os_error_line(OSError(errno.ENOSPC, "No space left on device", "/runs/x/model.safetensors"))
+    assert line == ("/runs/x/model.safetensors: No space left on device "
+                    "(free some space or write elsewhere; outputs already in place were kept)")
+    assert "read-only" in cli.os_error_line(OSError(errno.EROFS, "Read-only file system", "/ro"))
+
+
+def test_main_turns_an_os_error_into_exit_1_without_traceback(monkeypatch, capsys) -> None:
+    import gptcli.commands.inspect as inspect_cmd
+
+    def boom(*a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied", "/data/corpus")
+
+    monkeypatch.setattr(inspect_cmd, "render_inspect", boom)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["inspect", "somewhere"])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert "error: /data/corpus: Permission denied (check the permissions" in " ".join(err.split())
+    assert "Traceback" not in err
+
+
+def test_debug_shows_the_traceback(monkeypatch) -> None:
+    import gptcli.commands.inspect as inspect_cmd
+
+    monkeypatch.setattr(inspect_cmd, "render_inspect", lambda *a, **k: (_ for _ in ()).throw(OSError(5, "I/O error")))
+    with pytest.raises(OSError):
+        cli.main(["--debug", "inspect", "somewhere"])
+
+
+def test_usage_errors_exit_2(capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["pretrain", "--no-such-option"])
+    assert e.value.code == 2
