@@ -134,7 +134,8 @@ def save_checkpoint(
 
 
 def is_checkpoint(path: Path) -> bool:
-    return (path / CONFIG).is_file() and (path / WEIGHTS).is_file()
+    """A gpt1 checkpoint directory (a Hugging Face export has the same two file names but another config)."""
+    return (path / CONFIG).is_file() and (path / WEIGHTS).is_file() and not _is_hf_export(path)
 
 
 @dataclass
@@ -179,8 +180,20 @@ def list_checkpoints(path: str | Path) -> list[Path]:
         return [p]
     candidates = [c for c in (p / "checkpoints").glob("*") if c.is_dir() and not c.name.startswith(".") and is_checkpoint(c)]
     if not candidates:
+        if _is_hf_export(p):
+            raise GPT1Error(f"{p}: this is a Hugging Face export, not a gpt1 checkpoint "
+                            f"(convert it first: gpt1 convert {p} --from hf --out DIR)")
         raise GPT1Error(f"{p}: neither a checkpoint ({CONFIG} + {WEIGHTS}) nor a run directory with checkpoints/")
     return sorted(candidates, key=_age)
+
+
+def _is_hf_export(p: Path) -> bool:
+    """A Hugging Face model directory (its config.json has a model_type and no gpt1 "format")."""
+    try:
+        config = json.loads((p / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(config, dict) and "model_type" in config and "format" not in config
 
 
 def _age(c: Path) -> tuple[int, str]:

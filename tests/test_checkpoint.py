@@ -147,3 +147,14 @@ def test_checkpoints_from_before_checksums_still_load(tmp_path):
     (path / ckpt.CONFIG).write_text(json.dumps(config))
     assert ckpt.verify_checkpoint(path) == []
     assert ckpt.load_checkpoint(path).config == model.config
+
+
+def test_a_hugging_face_export_is_named_as_such(tmp_path):
+    import json
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "openai-gpt", "n_embd": 8}))
+    (hf / "model.safetensors").write_bytes(b"")
+    with pytest.raises(GPT1Error, match="Hugging Face export, not a gpt1 checkpoint .*gpt1 convert .* --from hf"):
+        ckpt.load_checkpoint(hf)
