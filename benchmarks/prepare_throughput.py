@@ -24,7 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gptcli.data.prepare import PrepareConfig, Reporter, prepare  # noqa: E402
+from gptcli.data.prepare import PrepareConfig, prepare  # noqa: E402
+from gptcli.progress import Progress  # noqa: E402
 
 
 def _cpu() -> float:
@@ -35,25 +36,21 @@ def _cpu() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-class Timer(Reporter):
-    """Records how long each pipeline stage took."""
+class Timer(Progress):
+    """Records how long each pipeline stage took (prepare's stages do not nest)."""
 
     def __init__(self) -> None:
         self.times: dict[str, float] = {}
-        self._name = None
+        self._name: str | None = None
         self._t0 = 0.0
 
-    def stage(self, name, total=None):
-        self._close()
+    def stage(self, name, total=None, *, unit="", done=0):
         self._name, self._t0 = name, time.perf_counter()
 
-    def _close(self):
+    def end(self, summary=""):
         if self._name is not None:
             self.times[self._name] = time.perf_counter() - self._t0
             self._name = None
-
-    def done(self):
-        self._close()
 
 
 def pick_books(data: Path, limit_mb: float | None) -> list[Path]:
@@ -137,7 +134,7 @@ def main() -> None:
             )
             cpu0 = _cpu()
             t = time.perf_counter()
-            res = prepare(cfg, timer)
+            res = prepare(cfg, progress=timer)
             total = time.perf_counter() - t
             cpu = _cpu() - cpu0
             results[workers] = (total, timer.times, [s["sha256"] for s in res.manifest["shards"]], cpu)

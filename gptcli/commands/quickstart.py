@@ -63,9 +63,7 @@ class RichHooks:
         self.total = len(STAGES)
 
     def prepare_reporter(self):
-        from gptcli.commands.prepare import RichReporter
-
-        return RichReporter(self.console)
+        return self.progress  # prepare reports through the progress protocol, like pretrain
 
     def stage(self, key: str, title: str) -> None:
         self.console.print()

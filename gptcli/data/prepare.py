@@ -1,24 +1,30 @@
 """The ``prepare`` pipeline: raw documents → GPT-1 text pipeline → BPE ids → Arrow shards + manifest.
 
-Passes (all streaming; memory is bounded by a few work chunks, one document and one shard):
+GPT-1 (§4.1 "Setup") cleans BooksCorpus with ftfy, standardizes punctuation and whitespace, splits words with
+spaCy and learns a 40,000-merge BPE; this module does the same for any text, streaming. :func:`prepare` reads
+top to bottom as its stages (memory is bounded by a few work chunks, one document, the BPE sample and one shard):
 
-1. **scan** every input: size, sha256, usable documents; bad files are reported (skipped, or fatal with
+1. **plan**: check the settings, expand the inputs, load a reused tokenizer.
+2. **scan** every input: size, sha256, usable documents; bad files are reported (skipped, or fatal with
    ``strict``). Document-level validation membership is drawn here from the seed.
-2. **words**: each document is cut at line breaks into ~``chunk_bytes`` pieces that a pool of warm worker
+3. **words**: each document is cut at line breaks into ~``chunk_bytes`` pieces that a pool of warm worker
    processes turns into pipeline lines (ftfy + standardization → spaCy → lowercase). Results come back in
    order and go to a temporary words file; a seeded reservoir of training lines is kept on the side. Cutting
    at line breaks is exact: ftfy, the standardization and spaCy all work within lines (see ``text.fix``).
-3. **learn** the sentencepiece BPE on the reservoir (unless a tokenizer is given).
-4. **encode** the words file in order, again in chunks over the pool (workers hand back compact numpy
+4. **learn** the sentencepiece BPE on the reservoir (unless a tokenizer is given).
+5. **encode** the words file in order, again in chunks over the pool (workers hand back compact numpy
    arrays), and write the shards of each split.
+6. **manifest**, then **move into place**: the output is built in a hidden sibling directory and renamed into
+   place at the very end, so a failed or interrupted run never leaves a directory that looks complete.
 
-The output is built in a hidden sibling directory and renamed into place at the very end, so a failed or
-interrupted run never leaves a directory that looks complete. For the same inputs and settings the shards are
-byte-identical whatever the number of workers.
+For the same inputs and settings the shards are byte-identical whatever the number of workers. Progress goes
+through :class:`gptcli.progress.Progress`: one stage per pass with its size in bytes, per-file problems as
+warnings.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import multiprocessing as mp
@@ -36,6 +42,7 @@ from gptcli import __version__
 from gptcli.config import to_dict
 from gptcli.errors import DataError, GPT1Error
 from gptcli.fsutil import move_into_place
+from gptcli.progress import SILENT, Progress, staged
 from gptcli.data.shards import FORMAT_VERSION, ShardWriter, sha256_file, token_dtype, write_manifest
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
@@ -47,7 +54,8 @@ class PrepareConfig:
     """Settings of ``gpt1 prepare`` (defaults follow the paper where it says something)."""
 
     inputs: list[str] = field(default_factory=list)
-    """Files, directories (searched recursively) and glob patterns of .txt / .jsonl / .parquet."""
+    """Text files (.txt: one document each; .jsonl / .parquet: one per record / row), directories (searched
+    recursively) or glob patterns."""
     out: Optional[Path] = None
     """Output corpus directory (must not exist unless ``overwrite``)."""
     vocab_size: int = 40478
@@ -80,22 +88,6 @@ class PrepareConfig:
     """Replace an existing output directory."""
 
 
-class Reporter:
-    """Progress hooks; the library calls them, the CLI renders them (this base class does nothing)."""
-
-    def stage(self, name: str, total: Optional[int] = None) -> None:
-        """A new stage starts; ``total`` is its size in bytes when known."""
-
-    def advance(self, nbytes: int = 0, docs: int = 0, tokens: int = 0) -> None:
-        """Work done in the current stage."""
-
-    def warn(self, message: str) -> None:
-        """A per-file problem that was skipped."""
-
-    def done(self) -> None:
-        """The pipeline finished (successfully or not)."""
-
-
 @dataclass
 class PrepareResult:
     out: Path
@@ -109,40 +101,9 @@ class PrepareResult:
 def resolve_inputs(specs: Iterable[str | Path]) -> list[Path]:
     """Expand files, directories (recursively) and globs into an ordered, de-duplicated file list."""
     files: list[Path] = []
-
-    def add_dir(d: Path) -> int:
-        found = sorted(p for p in d.rglob("*") if p.suffix.lower() in SUFFIXES and not p.is_dir())
-        files.extend(found)
-        return len(found)
-
     for spec in specs:
         s = str(spec)
-        if any(c in s for c in "*?["):
-            matches = sorted(glob.glob(os.path.expanduser(s), recursive=True))
-            if not matches:
-                raise GPT1Error(f"{s}: no files match this pattern")
-            n = 0
-            for m in map(Path, matches):
-                if m.is_dir():
-                    n += add_dir(m)
-                elif m.suffix.lower() in SUFFIXES:
-                    files.append(m)
-                    n += 1
-            if n == 0:
-                raise GPT1Error(f"{s}: matches no .txt, .jsonl or .parquet file")
-            continue
-        p = Path(os.path.expanduser(s))
-        if p.is_dir():
-            if add_dir(p) == 0:
-                raise GPT1Error(f"{p}: directory holds no .txt, .jsonl or .parquet file")
-        elif p.is_file() or p.is_symlink():
-            if p.suffix.lower() not in SUFFIXES:
-                raise GPT1Error(
-                    f"{p}: unsupported file type {p.suffix or '(none)'!r}; expected .txt, .jsonl or .parquet"
-                )
-            files.append(p)
-        else:
-            raise GPT1Error(f"{p}: no such file or directory")
+        files += _glob_inputs(s) if any(c in s for c in "*?[") else _path_inputs(Path(os.path.expanduser(s)))
     seen: set[Path] = set()
     out = []
     for f in files:
@@ -155,12 +116,44 @@ def resolve_inputs(specs: Iterable[str | Path]) -> list[Path]:
     return out
 
 
+def _dir_inputs(d: Path) -> list[Path]:
+    return sorted(p for p in d.rglob("*") if p.suffix.lower() in SUFFIXES and not p.is_dir())
+
+
+def _glob_inputs(pattern: str) -> list[Path]:
+    matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
+    if not matches:
+        raise GPT1Error(f"{pattern}: no files match this pattern")
+    files: list[Path] = []
+    for m in map(Path, matches):
+        if m.is_dir():
+            files += _dir_inputs(m)
+        elif m.suffix.lower() in SUFFIXES:
+            files.append(m)
+    if not files:
+        raise GPT1Error(f"{pattern}: matches no .txt, .jsonl or .parquet file")
+    return files
+
+
+def _path_inputs(p: Path) -> list[Path]:
+    if p.is_dir():
+        files = _dir_inputs(p)
+        if not files:
+            raise GPT1Error(f"{p}: directory holds no .txt, .jsonl or .parquet file")
+        return files
+    if p.is_file() or p.is_symlink():
+        if p.suffix.lower() not in SUFFIXES:
+            raise GPT1Error(f"{p}: unsupported file type {p.suffix or '(none)'!r}; expected .txt, .jsonl or .parquet")
+        return [p]
+    raise GPT1Error(f"{p}: no such file or directory")
+
+
 class _Problems:
     """Per-file problems: warnings (file or lines skipped) or, with ``strict``, errors."""
 
-    def __init__(self, strict: bool, reporter: Reporter) -> None:
+    def __init__(self, strict: bool, report: Progress) -> None:
         self.strict = strict
-        self.reporter = reporter
+        self.report = report
         self.messages: list[str] = []
 
     def __call__(self, path: Path, message: str, line: Optional[int] = None) -> None:
@@ -168,7 +161,7 @@ class _Problems:
         if self.strict:
             raise err
         self.messages.append(str(err))
-        self.reporter.warn(str(err))
+        self.report.note(str(err), level="warn")
 
 
 def _looks_binary(head: bytes) -> bool:
@@ -187,105 +180,136 @@ def _utf8_error(data: bytes, e: UnicodeDecodeError) -> tuple[str, int]:
     )
 
 
-def iter_documents(path: Path, cfg: PrepareConfig, problem: Callable[..., None]) -> Iterator[str]:
-    """The usable documents of one input file, in order. Problems go to ``problem`` (and skip the file/line)."""
-    from gptcli.tokenizers.text import strip_gutenberg
+Problem = Callable[..., None]
 
+
+def iter_documents(path: Path, cfg: PrepareConfig, problem: Problem) -> Iterator[str]:
+    """The usable documents of one input file, in order. Problems go to ``problem`` (and skip the file/line)."""
     suffix = path.suffix.lower()
+    if not _looks_usable(path, suffix, problem):
+        return
+    if suffix == ".txt":
+        yield from _txt_documents(path, cfg, problem)
+    elif suffix == ".jsonl":
+        yield from _jsonl_documents(path, cfg, problem)
+    elif suffix == ".parquet":
+        yield from _parquet_documents(path, cfg, problem)
+
+
+def _looks_usable(path: Path, suffix: str, problem: Problem) -> bool:
+    """Readable, not empty and (unless Parquet) not binary: the checks every input goes through first."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
             head = f.read(8192)
     except OSError as e:
         problem(path, f"cannot read: {e.strerror or e}")
-        return
+        return False
     if size == 0:
         problem(path, "empty file")
-        return
+        return False
     if suffix != ".parquet" and _looks_binary(head):
         problem(path, "looks like a binary file, not text; leave it out of the inputs")
+        return False
+    return True
+
+
+def _finish(text: str, cfg: PrepareConfig, no_header: Optional[Callable[[], None]] = None) -> Optional[str]:
+    """A document as stored: Gutenberg boilerplate removed if asked (``no_header`` is told when there was none),
+    None when no text is left."""
+    if cfg.strip_gutenberg:
+        from gptcli.tokenizers.text import strip_gutenberg
+
+        text, found = strip_gutenberg(text)
+        if not found and no_header is not None:
+            no_header()
+    return text if text.strip() else None
+
+
+def _txt_documents(path: Path, cfg: PrepareConfig, problem: Problem) -> Iterator[str]:
+    """A .txt file is one document (one book per file, as in BooksCorpus)."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        problem(path, f"cannot read: {e.strerror or e}")
         return
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        problem(path, *_utf8_error(data, e))
+        return
+    doc = _finish(text, cfg, lambda: problem(path, "no Project Gutenberg header found; kept the whole text"))
+    if doc is None:
+        after = " after removing the Gutenberg header" if cfg.strip_gutenberg else ""
+        problem(path, f"no text in this file{after}")
+        return
+    yield doc
 
-    def finish(text: str, where: Optional[int] = None) -> Optional[str]:
-        if cfg.strip_gutenberg:
-            text, found = strip_gutenberg(text)
-            if not found and suffix == ".txt":
-                problem(path, "no Project Gutenberg header found; kept the whole text", where)
-        return text if text.strip() else None
 
-    if suffix == ".txt":
-        try:
-            data = path.read_bytes()
-        except OSError as e:
-            problem(path, f"cannot read: {e.strerror or e}")
-            return
-        try:
-            text = data.decode("utf-8-sig")
-        except UnicodeDecodeError as e:
-            problem(path, *_utf8_error(data, e))
-            return
-        doc = finish(text)
-        if doc is None:
-            after = " after removing the Gutenberg header" if cfg.strip_gutenberg else ""
-            problem(path, f"no text in this file{after}")
-            return
-        yield doc
-    elif suffix == ".jsonl":
-        bad: list[tuple[int, str]] = []
-        n = 0
-        with open(path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                if not raw.strip():
-                    continue
-                try:
-                    rec = json.loads(raw.decode("utf-8-sig" if lineno == 1 else "utf-8"))
-                except UnicodeDecodeError as e:
-                    bad.append((lineno, _utf8_error(raw, e)[0]))
-                    continue
-                except json.JSONDecodeError as e:
-                    bad.append((lineno, f"not valid JSON ({e.msg})"))
-                    continue
-                if not isinstance(rec, dict) or cfg.text_field not in rec:
-                    keys = ", ".join(map(str, rec)) if isinstance(rec, dict) else type(rec).__name__
-                    bad.append((lineno, f"no {cfg.text_field!r} field (found: {keys}); use --text-field"))
-                    continue
-                value = rec[cfg.text_field]
-                if not isinstance(value, str):
-                    bad.append((lineno, f"field {cfg.text_field!r} is not a string"))
-                    continue
-                doc = finish(value, lineno)
-                if doc is not None:
-                    n += 1
-                    yield doc
-        if bad:
-            line, msg = bad[0]
-            more = f" (and {len(bad) - 1} more bad lines)" if len(bad) > 1 else ""
-            problem(path, f"{msg}; line skipped{more}", line)
-        if n == 0 and not bad:
-            problem(path, "no documents with text in this file")
-    elif suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+def _jsonl_record(raw: bytes, lineno: int, text_field: str) -> tuple[Optional[str], Optional[str]]:
+    """One .jsonl line → ``(text, None)``, or ``(None, what is wrong with it)``."""
+    try:
+        rec = json.loads(raw.decode("utf-8-sig" if lineno == 1 else "utf-8"))
+    except UnicodeDecodeError as e:
+        return None, _utf8_error(raw, e)[0]
+    except json.JSONDecodeError as e:
+        return None, f"not valid JSON ({e.msg})"
+    if not isinstance(rec, dict) or text_field not in rec:
+        keys = ", ".join(map(str, rec)) if isinstance(rec, dict) else type(rec).__name__
+        return None, f"no {text_field!r} field (found: {keys}); use --text-field"
+    value = rec[text_field]
+    if not isinstance(value, str):
+        return None, f"field {text_field!r} is not a string"
+    return value, None
 
-        try:
-            pf = pq.ParquetFile(path)
-        except (OSError, pa.ArrowException) as e:
-            problem(path, f"not a readable Parquet file ({e})")
-            return
-        names = pf.schema_arrow.names
-        if cfg.text_field not in names:
-            problem(path, f"no column {cfg.text_field!r} (columns: {', '.join(names)}); use --text-field")
-            return
-        n = 0
-        for batch in pf.iter_batches(columns=[cfg.text_field], batch_size=1024):
-            for value in batch.column(0).to_pylist():
-                if isinstance(value, str):
-                    doc = finish(value)
-                    if doc is not None:
-                        n += 1
-                        yield doc
-        if n == 0:
-            problem(path, f"no text in column {cfg.text_field!r}")
+
+def _jsonl_documents(path: Path, cfg: PrepareConfig, problem: Problem) -> Iterator[str]:
+    """One document per line; bad lines are skipped and reported once per file (the first, and how many)."""
+    bad: list[tuple[int, str]] = []
+    n = 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            value, error = _jsonl_record(raw, lineno, cfg.text_field)
+            if error is not None:
+                bad.append((lineno, error))
+                continue
+            doc = _finish(value, cfg)
+            if doc is not None:
+                n += 1
+                yield doc
+    if bad:
+        line, msg = bad[0]
+        more = f" (and {len(bad) - 1} more bad lines)" if len(bad) > 1 else ""
+        problem(path, f"{msg}; line skipped{more}", line)
+    if n == 0 and not bad:
+        problem(path, "no documents with text in this file")
+
+
+def _parquet_documents(path: Path, cfg: PrepareConfig, problem: Problem) -> Iterator[str]:
+    """One document per row of the text column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as e:
+        problem(path, f"not a readable Parquet file ({e})")
+        return
+    names = pf.schema_arrow.names
+    if cfg.text_field not in names:
+        problem(path, f"no column {cfg.text_field!r} (columns: {', '.join(names)}); use --text-field")
+        return
+    n = 0
+    for batch in pf.iter_batches(columns=[cfg.text_field], batch_size=1024):
+        for value in batch.column(0).to_pylist():
+            doc = _finish(value, cfg) if isinstance(value, str) else None
+            if doc is not None:
+                n += 1
+                yield doc
+    if n == 0:
+        problem(path, f"no text in column {cfg.text_field!r}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -407,6 +431,12 @@ class _Executor:
         while pending:
             yield from drain_one()
 
+    def __enter__(self) -> "_Executor":
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        self.close(ok=exc_type is None)  # a failure (or Ctrl-C) terminates the workers instead of waiting
+
     def close(self, ok: bool) -> None:
         if self.pool is not None:
             if ok:
@@ -418,7 +448,93 @@ class _Executor:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the pipeline
+# the pipeline, stage by stage
+
+
+@dataclass
+class _Plan:
+    """What a run works from, settled before any text is read."""
+
+    cfg: PrepareConfig
+    out: Path
+    files: list[Path]
+    workers: int
+    cased: bool
+    """The case setting in force: a reused tokenizer's own wins over ``cfg.cased``."""
+    reused: Any = None
+    """The tokenizer given with ``cfg.tokenizer`` (a LearnedBPETokenizer), or None to learn one."""
+
+
+@dataclass
+class _Scan:
+    """What the scan found: the manifest's ``inputs`` entries, the document count and the validation draw."""
+
+    inputs: list[dict[str, Any]]
+    total_bytes: int
+    n_docs: int
+    val: set[int]
+
+
+@dataclass
+class _Words:
+    """The spaCy words of every document, in a temporary file, and the BPE sample drawn from them."""
+
+    path: Path
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    """``(offset, length)`` of each document's words in the file."""
+    text_bytes: list[int] = field(default_factory=list)
+    """Bytes of input text each document came from."""
+    sample: Optional["_Reservoir"] = None
+
+
+@dataclass
+class _Encoded:
+    """The shards written and the per-split figures of the manifest."""
+
+    shards: list[dict[str, Any]]
+    splits: dict[str, dict[str, int]]
+    dtype: np.dtype
+
+
+class _Reservoir:
+    """A seeded uniform sample of at most ``size`` lines from a stream of unknown length (Algorithm R), so the
+    BPE learns from a bounded sample of a corpus of any size."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size = size
+        self.rng = random.Random(seed)
+        self.lines: list[str] = []
+        self.seen = 0
+
+    def add(self, text: str) -> None:
+        for line in text.split("\n"):
+            self.seen += 1
+            if len(self.lines) < self.size:
+                self.lines.append(line)
+            else:
+                j = self.rng.randrange(self.seen)
+                if j < self.size:
+                    self.lines[j] = line
+
+
+def prepare(cfg: PrepareConfig, progress: Progress | None = None) -> PrepareResult:
+    """Run the whole pipeline; returns the output directory and its manifest."""
+    report = progress or SILENT
+    plan = _plan(cfg)
+    problems = _Problems(cfg.strict, report)
+    with _partial_dir(plan.out) as tmp:
+        scan = _scan(plan, problems, report)
+        with _Executor(plan.workers, cfg.chunk_bytes) as executor:  # loads spaCy, then forks the warm workers
+            words = _split_words(plan, scan, executor, tmp / WORDS_FILE, report)
+            tok, sample_info = _learn_or_reuse(plan, words, report)
+            words.sample = None  # the sample's lines are no longer needed: free them before encoding
+            tok.save(tmp / "tokenizer")
+            encoded = _encode(plan, scan, words, tok, executor, tmp, report)
+        words.path.unlink()
+        manifest = _manifest(plan, scan, tok, sample_info, encoded, problems.messages, tmp / "tokenizer")
+        write_manifest(tmp, manifest)
+        _move_into_place(tmp, plan)
+    return PrepareResult(plan.out, manifest)
 
 
 def _check(cfg: PrepareConfig) -> Path:
@@ -451,219 +567,223 @@ def _tokenizer_dir(path: Path) -> Path:
     raise GPT1Error(f"{p}: not a tokenizer directory (no tokenizer.json) nor a prepared corpus")
 
 
-def prepare(cfg: PrepareConfig, reporter: Optional[Reporter] = None) -> PrepareResult:
-    """Run the whole pipeline; returns the output directory and its manifest."""
-    rep = reporter or Reporter()
+def _plan(cfg: PrepareConfig) -> _Plan:
+    """Check the settings, expand the inputs and load a reused tokenizer: every error found before any work."""
     out = _check(cfg)
     files = resolve_inputs(cfg.inputs)
-    workers = cfg.workers or os.cpu_count() or 1
-
-    reused = None
-    cased = cfg.cased
+    plan = _Plan(cfg, out, files, workers=cfg.workers or os.cpu_count() or 1, cased=cfg.cased)
     if cfg.tokenizer is not None:
         from gptcli.tokenizers import load_tokenizer
         from gptcli.tokenizers.learned import LearnedBPETokenizer
 
-        reused = load_tokenizer(_tokenizer_dir(cfg.tokenizer))
-        if not isinstance(reused, LearnedBPETokenizer):
+        plan.reused = load_tokenizer(_tokenizer_dir(cfg.tokenizer))
+        if not isinstance(plan.reused, LearnedBPETokenizer):
             raise GPT1Error(
-                f"{cfg.tokenizer}: prepare encodes with sentencepiece tokenizers only (this one is {reused.kind!r})"
+                f"{cfg.tokenizer}: prepare encodes with sentencepiece tokenizers only "
+                f"(this one is {plan.reused.kind!r})"
             )
-        cased = reused.cased  # the tokenizer's own setting wins: its vocabulary was learned that way
+        plan.cased = plan.reused.cased  # the tokenizer's own setting wins: its vocabulary was learned that way
+    return plan
 
+
+@contextlib.contextmanager
+def _partial_dir(out: Path) -> Iterator[Path]:
+    """A hidden sibling of ``out`` to build the corpus in; removed unless the block moved it into place."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    executor = None
-    ok = False
     try:
-        problems = _Problems(cfg.strict, rep)
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # a no-op after a successful move
 
-        # 1. scan ------------------------------------------------------------------------------------------
-        sizes = []
-        for f in files:
-            try:
-                sizes.append(f.stat().st_size)
-            except OSError:
-                sizes.append(0)
-        rep.stage("scan", sum(sizes))
-        inputs = []
-        for f, size in zip(files, sizes):
-            n = sum(1 for _ in iter_documents(f, cfg, problems))
+
+def _file_size(f: Path) -> int:
+    try:
+        return f.stat().st_size
+    except OSError:
+        return 0
+
+
+def _scan(plan: _Plan, problems: _Problems, report: Progress) -> _Scan:
+    """Read every input once: its size, checksum and usable documents (problems reported here, once); then draw
+    the validation documents."""
+    sizes = [_file_size(f) for f in plan.files]
+    inputs = []
+    n_docs = 0
+    with staged(report, "scan", sum(sizes), unit="B"):
+        for f, size in zip(plan.files, sizes):
+            n = sum(1 for _ in iter_documents(f, plan.cfg, problems))
             try:
                 digest = sha256_file(f)
             except OSError:
                 digest = None
             inputs.append({"path": str(f), "bytes": size, "sha256": digest, "documents": n})
-            rep.advance(nbytes=size, docs=n)
-        n_docs = sum(i["documents"] for i in inputs)
-        if n_docs == 0:
-            raise GPT1Error(
-                f"no usable documents in {len(files)} input file{'s' if len(files) != 1 else ''}"
-                + (" (see the warnings above)" if problems.messages else "")
-            )
-        if n_docs < 2:
-            raise GPT1Error(
-                "only one usable document: a validation split needs at least two (split the text into several "
-                "files or .jsonl records)"
-            )
-        n_val = max(1, round(cfg.val_fraction * n_docs))
-        val = set(random.Random(cfg.seed).sample(range(n_docs), n_val))
+            n_docs += n
+            report.advance(size, docs=n_docs)
+    _check_document_count(n_docs, len(plan.files), bool(problems.messages))
+    n_val = max(1, round(plan.cfg.val_fraction * n_docs))
+    val = set(random.Random(plan.cfg.seed).sample(range(n_docs), n_val))
+    return _Scan(inputs, sum(sizes), n_docs, val)
 
-        # 2. words -----------------------------------------------------------------------------------------
-        quiet = _Problems(False, Reporter())  # second read: problems were reported by the scan already
 
-        def raw_documents() -> Iterator[str]:
-            for f in files:
-                yield from iter_documents(f, cfg, quiet)
+def _check_document_count(n_docs: int, n_files: int, warned: bool) -> None:
+    if n_docs == 0:
+        raise GPT1Error(
+            f"no usable documents in {n_files} input file{'s' if n_files != 1 else ''}"
+            + (" (see the warnings above)" if warned else "")
+        )
+    if n_docs < 2:
+        raise GPT1Error(
+            "only one usable document: a validation split needs at least two (split the text into several "
+            "files or .jsonl records)"
+        )
 
-        def word_tasks() -> Iterator[tuple[tuple[bool, int], tuple[str, bool, bool]]]:
-            for doc in raw_documents():
-                for piece, seen, last in text_chunks(doc, cfg.chunk_bytes):
-                    yield (last, len(piece.encode("utf-8"))), (piece, cased, seen)
 
-        rep.stage("words", sum(sizes))
-        executor = _Executor(workers, cfg.chunk_bytes)  # loads spaCy, then forks the warm workers
-        words_path = tmp / WORDS_FILE
-        doc_spans: list[tuple[int, int]] = []
-        doc_text_bytes: list[int] = []
-        rng = random.Random(cfg.seed + 1)
-        reservoir: list[str] = []
-        seen_lines = 0
-        learn = reused is None
-        with open(words_path, "wb") as wf:
-            parts: list[str] = []
-            nbytes = 0
-            for (last, piece_bytes), result in executor.map(_words_task, word_tasks(), size=lambda a: len(a[0])):
-                parts.append(result)
-                nbytes += piece_bytes
-                if not last:
-                    continue
-                doc_i = len(doc_spans)
-                text = "\n".join(p for p in parts if p)
-                data = text.encode("utf-8")
-                doc_spans.append((wf.tell(), len(data)))
-                doc_text_bytes.append(nbytes)
-                wf.write(data)
-                if learn and doc_i not in val and text:
-                    for line in text.split("\n"):
-                        seen_lines += 1
-                        if len(reservoir) < cfg.sample_lines:
-                            reservoir.append(line)
-                        else:
-                            j = rng.randrange(seen_lines)
-                            if j < cfg.sample_lines:
-                                reservoir[j] = line
-                rep.advance(nbytes=nbytes, docs=1)
-                parts, nbytes = [], 0
-        if len(doc_spans) != n_docs:  # the inputs changed between the scan and this pass
-            raise GPT1Error(f"inputs changed while preparing ({n_docs} documents scanned, {len(doc_spans)} read)")
+def _word_tasks(plan: _Plan) -> Iterator[tuple[tuple[bool, int], tuple[str, bool, bool]]]:
+    """Every document's pieces as ``((last piece?, its bytes), (piece, cased, html seen))`` work units."""
+    quiet = _Problems(False, SILENT)  # second read: problems were reported by the scan already
+    for f in plan.files:
+        for doc in iter_documents(f, plan.cfg, quiet):
+            for piece, seen, last in text_chunks(doc, plan.cfg.chunk_bytes):
+                yield (last, len(piece.encode("utf-8"))), (piece, plan.cased, seen)
 
-        # 3. learn -----------------------------------------------------------------------------------------
-        tok_dir = tmp / "tokenizer"
-        if learn:
-            from gptcli.tokenizers.learned import LearnedBPETokenizer
 
-            rep.stage("learn BPE", None)
-            tok = LearnedBPETokenizer.train(
-                reservoir,
-                vocab_size=cfg.vocab_size,
-                cased=cased,
-                seed=cfg.seed,
-                character_coverage=cfg.character_coverage,
-            )
-            if tok.vocab_size != cfg.vocab_size:  # sentencepiece enforces this; keep the promise explicit
-                raise GPT1Error(f"learned {tok.vocab_size} ids instead of {cfg.vocab_size}")
-            sample_info = {"lines": len(reservoir), "of_lines": seen_lines, "bytes": sum(len(x) for x in reservoir)}
-            del reservoir
-        else:
-            tok = reused
-            sample_info = None
-        tok.save(tok_dir)
-        dtype = token_dtype(tok.total_vocab)
+def _whole_documents(results: Iterable[tuple[tuple[bool, int], str]]) -> Iterator[tuple[str, int]]:
+    """Worker results (pieces' words, in order) joined back into ``(document's words, its input bytes)``."""
+    parts: list[str] = []
+    nbytes = 0
+    for (last, piece_bytes), result in results:
+        parts.append(result)
+        nbytes += piece_bytes
+        if last:
+            yield "\n".join(p for p in parts if p), nbytes
+            parts, nbytes = [], 0
 
-        # 4. encode + write --------------------------------------------------------------------------------
-        rep.stage("encode", sum(n for _, n in doc_spans))
-        writers = {
-            "train": ShardWriter(tmp, "train", dtype, cfg.shard_tokens),
-            "val": ShardWriter(tmp, "val", dtype, cfg.shard_tokens),
-        }
-        stats = {s: {"documents": 0, "tokens": 0, "text_bytes": 0} for s in writers}
-        model_dir = str(tok_dir)
 
-        def encode_tasks() -> Iterator[tuple[bool, tuple[str, str]]]:
-            with open(words_path, "rb") as rf:
-                for offset, n in doc_spans:
-                    rf.seek(offset)
-                    text = rf.read(n).decode("utf-8")
-                    for piece, _, last in text_chunks(text, cfg.chunk_bytes):
-                        yield last, (model_dir, piece.rstrip("\n"))
+def _split_words(plan: _Plan, scan: _Scan, executor: "_Executor", path: Path, report: Progress) -> _Words:
+    """Clean and split every document into words (in the pool), into a file; sample training lines for the BPE."""
+    words = _Words(path)
+    if plan.reused is None:
+        words.sample = _Reservoir(plan.cfg.sample_lines, plan.cfg.seed + 1)
+    results = executor.map(_words_task, _word_tasks(plan), size=lambda a: len(a[0]))
+    with staged(report, "words", scan.total_bytes, unit="B"), open(path, "wb") as wf:
+        for text, nbytes in _whole_documents(results):
+            doc_i = len(words.spans)
+            data = text.encode("utf-8")
+            words.spans.append((wf.tell(), len(data)))
+            words.text_bytes.append(nbytes)
+            wf.write(data)
+            if words.sample is not None and doc_i not in scan.val and text:
+                words.sample.add(text)
+            report.advance(nbytes, docs=len(words.spans))
+    if len(words.spans) != scan.n_docs:  # the inputs changed between the scan and this pass
+        raise GPT1Error(f"inputs changed while preparing ({scan.n_docs} documents scanned, {len(words.spans)} read)")
+    return words
 
-        nl = np.array([tok.newline_id], dtype=dtype)
-        arrays: list[np.ndarray] = []
-        doc_i = 0
-        for last, ids in executor.map(_encode_task, encode_tasks(), size=lambda a: len(a[1])):
-            if arrays:
-                arrays.append(nl)  # the pieces were cut at line breaks
-            arrays.append(ids.astype(dtype, copy=False))
-            if not last:
-                continue
-            doc = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-            split = "val" if doc_i in val else "train"
+
+def _learn_or_reuse(plan: _Plan, words: _Words, report: Progress) -> tuple[Any, Optional[dict[str, int]]]:
+    """The tokenizer to encode with, and the manifest's description of the sample it was learned from."""
+    if plan.reused is not None:
+        return plan.reused, None
+    from gptcli.tokenizers.learned import LearnedBPETokenizer
+
+    cfg, sample = plan.cfg, words.sample
+    assert sample is not None
+    with staged(report, "learn BPE"):
+        tok = LearnedBPETokenizer.train(
+            sample.lines,
+            vocab_size=cfg.vocab_size,
+            cased=plan.cased,
+            seed=cfg.seed,
+            character_coverage=cfg.character_coverage,
+        )
+    if tok.vocab_size != cfg.vocab_size:  # sentencepiece enforces this; keep the promise explicit
+        raise GPT1Error(f"learned {tok.vocab_size} ids instead of {cfg.vocab_size}")
+    return tok, {"lines": len(sample.lines), "of_lines": sample.seen, "bytes": sum(len(x) for x in sample.lines)}
+
+
+def _encode_tasks(words: _Words, model_dir: str, chunk_bytes: int) -> Iterator[tuple[bool, tuple[str, str]]]:
+    """The words file, document by document, cut in pieces: ``(last piece?, (tokenizer dir, lines))``."""
+    with open(words.path, "rb") as rf:
+        for offset, n in words.spans:
+            rf.seek(offset)
+            text = rf.read(n).decode("utf-8")
+            for piece, _, last in text_chunks(text, chunk_bytes):
+                yield last, (model_dir, piece.rstrip("\n"))
+
+
+def _joined_ids(results: Iterable[tuple[bool, np.ndarray]], newline_id: int, dtype: np.dtype) -> Iterator[np.ndarray]:
+    """Worker results (pieces' ids, in order) joined back into one array per document."""
+    nl = np.array([newline_id], dtype=dtype)
+    arrays: list[np.ndarray] = []
+    for last, ids in results:
+        if arrays:
+            arrays.append(nl)  # the pieces were cut at line breaks
+        arrays.append(ids.astype(dtype, copy=False))
+        if last:
+            yield arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+            arrays = []
+
+
+def _encode(plan: _Plan, scan: _Scan, words: _Words, tok: Any, executor: "_Executor", tmp: Path,
+            report: Progress) -> _Encoded:
+    """BPE-encode every document (in the pool) and write it to its split's shards."""
+    dtype = token_dtype(tok.total_vocab)
+    writers = {s: ShardWriter(tmp, s, dtype, plan.cfg.shard_tokens) for s in ("train", "val")}
+    splits = {s: {"documents": 0, "tokens": 0, "text_bytes": 0} for s in writers}
+    tasks = _encode_tasks(words, str(tmp / "tokenizer"), plan.cfg.chunk_bytes)
+    results = executor.map(_encode_task, tasks, size=lambda a: len(a[1]))
+    tokens = 0
+    with staged(report, "encode", sum(n for _, n in words.spans), unit="B"):
+        for doc_i, doc in enumerate(_joined_ids(results, tok.newline_id, dtype)):
+            split = "val" if doc_i in scan.val else "train"
             writers[split].add(doc)
-            st = stats[split]
+            st = splits[split]
             st["documents"] += 1
             st["tokens"] += len(doc)
-            st["text_bytes"] += doc_text_bytes[doc_i]
-            rep.advance(nbytes=doc_spans[doc_i][1], docs=1, tokens=len(doc))
-            arrays = []
-            doc_i += 1
+            st["text_bytes"] += words.text_bytes[doc_i]
+            tokens += len(doc)
+            report.advance(words.spans[doc_i][1], docs=doc_i + 1, tokens=tokens)
         shards = writers["train"].close() + writers["val"].close()
-        executor.close(ok=True)
-        executor = None
-        words_path.unlink()
+    for s in splits:
+        splits[s]["shards"] = sum(1 for e in shards if e["split"] == s)
+    return _Encoded(shards, splits, dtype)
 
-        for s in stats:
-            stats[s]["shards"] = sum(1 for e in shards if e["split"] == s)
-        settings = to_dict(cfg)
-        settings["cased"] = cased
-        settings["workers"] = workers
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "tool": {"name": "gpt1", "version": __version__},
-            "settings": settings,
-            "inputs": inputs,
-            "tokenizer": {
-                "dir": "tokenizer",
-                "kind": tok.kind,
-                "vocab_size": tok.vocab_size,
-                "total_vocab": tok.total_vocab,
-                "newline_id": tok.newline_id,
-                "learned": learn,
-                "source": None if learn else str(cfg.tokenizer),
-                "model_sha256": sha256_file(tok_dir / "sentencepiece.model"),
-                "sample": sample_info,
-            },
-            "dtype": dtype.name,
-            "splits": stats,
-            "shards": shards,
-            "warnings": problems.messages,
-        }
-        write_manifest(tmp, manifest)
 
-        # 5. move into place ----------------------------------------------------------------------------------
-        if out.exists():
-            if not cfg.overwrite:
-                raise GPT1Error(f"{out}: appeared while preparing; pass --overwrite to replace it")
-        move_into_place(tmp, out)
-        ok = True
-        return PrepareResult(out, manifest)
-    finally:
-        if executor is not None:
-            executor.close(ok=False)
-        if not ok:
-            shutil.rmtree(tmp, ignore_errors=True)
-        rep.done()
+def _manifest(plan: _Plan, scan: _Scan, tok: Any, sample_info: Optional[dict[str, int]], encoded: _Encoded,
+              warnings: list[str], tok_dir: Path) -> dict[str, Any]:
+    """What was made from what, with every setting and checksum (format: docs/formats.md)."""
+    learned = plan.reused is None
+    settings = to_dict(plan.cfg)
+    settings["cased"] = plan.cased
+    settings["workers"] = plan.workers
+    return {
+        "format_version": FORMAT_VERSION,
+        "tool": {"name": "gpt1", "version": __version__},
+        "settings": settings,
+        "inputs": scan.inputs,
+        "tokenizer": {
+            "dir": "tokenizer",
+            "kind": tok.kind,
+            "vocab_size": tok.vocab_size,
+            "total_vocab": tok.total_vocab,
+            "newline_id": tok.newline_id,
+            "learned": learned,
+            "source": None if learned else str(plan.cfg.tokenizer),
+            "model_sha256": sha256_file(tok_dir / "sentencepiece.model"),
+            "sample": sample_info,
+        },
+        "dtype": encoded.dtype.name,
+        "splits": encoded.splits,
+        "shards": encoded.shards,
+        "warnings": warnings,
+    }
 
+
+def _move_into_place(tmp: Path, plan: _Plan) -> None:
+    if plan.out.exists() and not plan.cfg.overwrite:
+        raise GPT1Error(f"{plan.out}: appeared while preparing; pass --overwrite to replace it")
+    move_into_place(tmp, plan.out)

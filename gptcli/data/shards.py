@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from gptcli.errors import GPT1Error
+from gptcli.fsutil import write_text_atomic
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -45,12 +46,9 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 
 
 def write_manifest(directory: str | Path, manifest: dict[str, Any]) -> Path:
-    """Write ``manifest.json`` (sorted keys, stable formatting) through a temporary file and a rename."""
-    path = Path(directory) / MANIFEST
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    return path
+    """Write ``manifest.json`` (sorted keys, stable formatting) atomically: readers see all of it or none."""
+    text = json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    return write_text_atomic(Path(directory) / MANIFEST, text)
 
 
 class ShardWriter:
@@ -200,6 +198,10 @@ class Corpus:
             for i in range(shard.num_documents):
                 yield shard.document(i)
 
+    def summary(self) -> CorpusSummary:
+        """What the manifest says about this corpus (splits, tokenizer, inputs), for display."""
+        return summarize(self.manifest)
+
     def verify(self) -> list[str]:
         """Check every shard's sha256 against the manifest; returns the problems found (empty = all good)."""
         problems = []
@@ -213,6 +215,63 @@ class Corpus:
                     "the shard changed since `gpt1 prepare` wrote it: re-run prepare"
                 )
         return problems
+
+
+@dataclass
+class SplitSummary:
+    """One split of a corpus, as ``gpt1 prepare`` and ``gpt1 inspect`` report it."""
+
+    name: str
+    documents: int
+    tokens: int
+    shards: int
+    text_bytes: int | None
+    """Bytes of input text the split's documents came from (None when the manifest does not say)."""
+
+
+@dataclass
+class CorpusSummary:
+    """The facts of a manifest worth showing, so that no caller reads the manifest's layout itself."""
+
+    splits: list[SplitSummary]
+    dtype: str
+    format_version: Any
+    vocab_size: int | None
+    learned: bool
+    tokenizer_source: str | None
+    inputs: int
+    input_bytes: int
+    tool_version: str
+    seed: Any
+    workers: Any
+    warnings: int
+
+
+def summarize(manifest: dict[str, Any]) -> CorpusSummary:
+    """A manifest (from ``manifest.json`` or ``PrepareResult.manifest``) → :class:`CorpusSummary`."""
+    shards = manifest.get("shards", [])
+    stats = manifest.get("splits", {})
+    splits = []
+    for name in sorted(set(stats) | {e["split"] for e in shards}):
+        entries = [e for e in shards if e.get("split") == name]
+        splits.append(SplitSummary(name, sum(int(e["documents"]) for e in entries),
+                                   sum(int(e["tokens"]) for e in entries), len(entries),
+                                   stats.get(name, {}).get("text_bytes")))
+    tok, settings, inputs = manifest.get("tokenizer", {}), manifest.get("settings", {}), manifest.get("inputs", [])
+    return CorpusSummary(
+        splits=splits,
+        dtype=manifest.get("dtype", "?"),
+        format_version=manifest.get("format_version", "?"),
+        vocab_size=tok.get("vocab_size"),
+        learned=bool(tok.get("learned")),
+        tokenizer_source=tok.get("source"),
+        inputs=len(inputs),
+        input_bytes=sum(i.get("bytes", 0) for i in inputs),
+        tool_version=manifest.get("tool", {}).get("version", "?"),
+        seed=settings.get("seed", "?"),
+        workers=settings.get("workers", "?"),
+        warnings=len(manifest.get("warnings", [])),
+    )
 
 
 def open_corpus(directory: str | Path) -> Corpus:

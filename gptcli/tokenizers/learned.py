@@ -36,6 +36,38 @@ MAX_SENTENCE_BYTES = 1 << 16
 TRAIN_CHUNK_BYTES = 4096
 
 
+# How sentencepiece learns GPT-1's BPE (see the module docstring): words split at spaces and ending in "▁", the
+# text taken as given (the pipeline already normalised it), no BOS/EOS/PAD pieces, every line of the sample used.
+TRAINER_SETTINGS = dict(
+    model_type="bpe",
+    treat_whitespace_as_suffix=True,
+    split_by_whitespace=True,
+    normalization_rule_name="identity",
+    remove_extra_whitespaces=False,
+    add_dummy_prefix=True,  # with suffix mode: the last word of a line also ends in "▁"
+    unk_id=0,
+    bos_id=-1,
+    eos_id=-1,
+    pad_id=-1,
+    unk_surface="\u2047",
+    max_sentence_length=MAX_SENTENCE_BYTES,
+    input_sentence_size=0,  # the caller already sampled; use every line given
+    shuffle_input_sentence=False,
+    num_threads=TRAIN_THREADS,
+    minloglevel=2,
+)
+
+
+def _training_error(e: RuntimeError, vocab_size: int) -> GPT1Error:
+    """Sentencepiece's trainer error, as one line that says what to change."""
+    msg = str(e).split("]")[-1].strip() or str(e)
+    if "Vocabulary size" in msg:
+        limit = re.search(r"<= (\d+)", msg)
+        most = f" (at most {int(limit.group(1)) + 1} here)" if limit else ""
+        return GPT1Error(f"cannot learn {vocab_size} BPE ids from this text{most}; lower --vocab-size or give more text")
+    return GPT1Error(f"sentencepiece could not learn a vocabulary: {msg}")
+
+
 def training_pieces(line: str, limit: int = TRAIN_CHUNK_BYTES) -> list[str]:
     """Cut a long line at spaces into pieces of at most ~``limit`` bytes.
 
@@ -102,34 +134,12 @@ class LearnedBPETokenizer(Tokenizer):
             spm.SentencePieceTrainer.train(
                 sentence_iterator=sentences(),
                 model_writer=buf,
-                model_type="bpe",
                 vocab_size=vocab_size - 1,  # the last id is the newline token
-                treat_whitespace_as_suffix=True,
-                split_by_whitespace=True,
-                normalization_rule_name="identity",
-                remove_extra_whitespaces=False,
-                add_dummy_prefix=True,  # with suffix mode: the last word of a line also ends in "▁"
                 character_coverage=character_coverage,
-                unk_id=0,
-                bos_id=-1,
-                eos_id=-1,
-                pad_id=-1,
-                unk_surface="\u2047",
-                max_sentence_length=MAX_SENTENCE_BYTES,
-                input_sentence_size=0,  # the caller already sampled; use every line given
-                shuffle_input_sentence=False,
-                num_threads=TRAIN_THREADS,
-                minloglevel=2,
+                **TRAINER_SETTINGS,
             )
         except RuntimeError as e:
-            msg = str(e).split("]")[-1].strip() or str(e)
-            if "Vocabulary size" in msg:
-                limit = re.search(r"<= (\d+)", msg)
-                most = f" (at most {int(limit.group(1)) + 1} here)" if limit else ""
-                raise GPT1Error(
-                    f"cannot learn {vocab_size} BPE ids from this text{most}; lower --vocab-size or give more text"
-                ) from None
-            raise GPT1Error(f"sentencepiece could not learn a vocabulary: {msg}") from None
+            raise _training_error(e, vocab_size) from None
         return cls(buf.getvalue(), cased=cased)
 
     # -- the ABC ----------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """End-to-end `prepare` on real books: output format, determinism, parallel == serial, bad inputs, atomic
-output, tokenizer reuse and `inspect`."""
+output, tokenizer reuse, progress reports and `inspect`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from gptcli.cli import main
 from gptcli.errors import DataError, GPT1Error
 from gptcli.data.prepare import PrepareConfig, prepare, resolve_inputs, text_chunks
 from gptcli.data.shards import open_corpus, sha256_file
+from gptcli.progress import RecordingProgress
 from gptcli.tokenizers.text import strip_gutenberg, word_lines
 
 BOOKS = ("pg1952_yellow_wallpaper.txt", "pg41_legend_of_sleepy_hollow.txt", "pg5200_metamorphosis.txt")
@@ -91,10 +92,64 @@ def test_chunking_is_exact_even_with_html_state():
 
 
 def test_reuse_tokenizer(serial, books, tmp_path):
-    r = prepare(_cfg(books[:2], tmp_path / "reuse", tokenizer=serial.out, vocab_size=999))
+    rec = RecordingProgress()
+    r = prepare(_cfg(books[:2], tmp_path / "reuse", tokenizer=serial.out, vocab_size=999), rec)
     t = r.manifest["tokenizer"]
     assert t["learned"] is False and t["vocab_size"] == 600
     assert t["model_sha256"] == serial.manifest["tokenizer"]["model_sha256"]
+    assert [s["name"] for s in rec.of("stage")] == ["scan", "words", "encode"]  # nothing to learn
+
+
+def _by_stage(rec: RecordingProgress) -> dict[str, list[dict]]:
+    """The advances of each stage, keyed by stage name (stages of prepare do not nest)."""
+    out: dict[str, list[dict]] = {}
+    current = None
+    for kind, payload in rec.events:
+        if kind == "stage":
+            current = out.setdefault(payload["name"], [])
+        elif kind == "end":
+            current = None
+        elif kind == "advance":
+            assert current is not None, "an advance outside any stage"
+            current.append(payload)
+    return out
+
+
+def test_progress_reports_stages_advances_and_warnings(bad_dir, tmp_path):
+    rec = RecordingProgress()
+    r = prepare(_cfg([bad_dir], tmp_path / "out", vocab_size=40, strip_gutenberg=False), progress=rec)
+    m = r.manifest
+    stages = rec.of("stage")
+    assert [s["name"] for s in stages] == ["scan", "words", "learn BPE", "encode"]
+    assert [s["unit"] for s in stages] == ["B", "B", "", "B"]
+    assert stages[2]["total"] is None
+    assert [k for k, _ in rec.events if k in ("stage", "end")] == ["stage", "end"] * 4  # each stage ended once
+    input_bytes = sum(i["bytes"] for i in m["inputs"])
+    assert stages[0]["total"] == stages[1]["total"] == input_bytes
+
+    adv = _by_stage(rec)
+    n_docs = sum(s["documents"] for s in m["splits"].values())
+    n_tokens = sum(s["tokens"] for s in m["splits"].values())
+    assert sum(a["n"] for a in adv["scan"]) == input_bytes and len(adv["scan"]) == len(m["inputs"])
+    for name in ("scan", "words", "encode"):
+        docs = [a["docs"] for a in adv[name]]
+        assert docs == sorted(docs) and docs[-1] == n_docs  # running totals
+    assert [a["docs"] for a in adv["encode"]] == list(range(1, n_docs + 1))
+    tokens = [a["tokens"] for a in adv["encode"]]
+    assert tokens == sorted(tokens) and tokens[-1] == n_tokens
+    assert sum(a["n"] for a in adv["words"]) == sum(s["text_bytes"] for s in m["splits"].values())
+
+    # every per-file problem is one warning, reported once (not again by the second read) and kept in the manifest
+    notes = rec.of("note")
+    assert [n["message"] for n in notes] == m["warnings"] and len(notes) == 6
+    assert {n["level"] for n in notes} == {"warn"}
+
+
+def test_progress_stages_end_when_prepare_fails(bad_dir, tmp_path):
+    rec = RecordingProgress()
+    with pytest.raises(DataError):
+        prepare(_cfg([bad_dir / "good1.txt", bad_dir / "empty.txt"], tmp_path / "o", strict=True), rec)
+    assert [k for k, _ in rec.events if k in ("stage", "end")] == ["stage", "end"]
 
 
 def test_jsonl_and_parquet_inputs(tmp_path, books):

@@ -14,6 +14,7 @@ from gptcli.data.shards import (
     read_shard,
     sha256_file,
     shard_name,
+    summarize,
     token_dtype,
     write_manifest,
     write_shard,
@@ -71,6 +72,7 @@ def test_corpus_and_verify(tmp_path):
     manifest = {"shards": w.close() + v.close()}
     write_manifest(tmp_path, manifest)
     assert json.loads((tmp_path / "manifest.json").read_text()) == manifest
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".arrow")) == ["manifest.json"]
     corpus = open_corpus(tmp_path)
     assert corpus.splits == ["train", "val"]
     assert corpus.num_documents("val") == 1 and corpus.num_tokens("val") == 7
@@ -100,3 +102,27 @@ def test_open_corpus_errors(tmp_path):
     (tmp_path / "manifest.json").write_text("{bad")
     with pytest.raises(GPT1Error, match="corrupt manifest"):
         open_corpus(tmp_path)
+
+
+def test_summarize_reads_the_manifest_for_the_commands(tmp_path):
+    w = ShardWriter(tmp_path, "train", np.uint16, shard_tokens=5)
+    for d in (np.arange(4), np.arange(3), np.arange(6)):
+        w.add(d)
+    v = ShardWriter(tmp_path, "val", np.uint16)
+    v.add(np.arange(2))
+    manifest = {
+        "format_version": 1, "dtype": "uint16", "tool": {"name": "gpt1", "version": "9.9"},
+        "settings": {"seed": 3, "workers": 2}, "inputs": [{"bytes": 10}, {"bytes": 32}],
+        "tokenizer": {"vocab_size": 40, "learned": False, "source": "elsewhere"},
+        "splits": {"train": {"text_bytes": 52}, "val": {"text_bytes": 8}},
+        "shards": w.close() + v.close(), "warnings": ["a: empty file"],
+    }
+    write_manifest(tmp_path, manifest)
+    s = open_corpus(tmp_path).summary()
+    assert s == summarize(manifest)
+    assert [(x.name, x.documents, x.tokens, x.shards, x.text_bytes) for x in s.splits] == [
+        ("train", 3, 13, 2, 52), ("val", 1, 2, 1, 8)]
+    assert (s.vocab_size, s.learned, s.tokenizer_source, s.inputs, s.input_bytes) == (40, False, "elsewhere", 2, 42)
+    assert (s.tool_version, s.seed, s.workers, s.warnings, s.dtype) == ("9.9", 3, 2, 1, "uint16")
+    old = summarize({"shards": manifest["shards"]})  # a bare manifest: what it lacks shows as unknown
+    assert old.splits[0].text_bytes is None and old.tool_version == "?" and old.warnings == 0
