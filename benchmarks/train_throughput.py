@@ -45,71 +45,77 @@ def main() -> None:
 
     import torch
 
-    from gptcli.interop.hf import config_to_hf, state_dict_to_hf
-    from gptcli.model.gpt import GPT, preset
     from gptcli.runtime import measure_cpu_peak
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(default)')}")
     peak = {p: measure_cpu_peak(p, n=2048, seconds=2.0) for p in ("fp32", "bf16")}
     print(f"measured matmul peak: fp32 {peak['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.0f} GFLOP/s")
-
-    results = []
-    for size in args.sizes.split(","):
-        cfg = preset(size)
-        torch.manual_seed(0)
-        ours = GPT(cfg).train()
-        models = {"ours": ours}
-        if not args.no_hf:
-            import transformers
-
-            hf_cfg = transformers.OpenAIGPTConfig(
-                **{k: v for k, v in config_to_hf(cfg).items() if k not in ("architectures", "model_type")}
-            )
-            hf = transformers.OpenAIGPTLMHeadModel(hf_cfg).train()
-            hf.load_state_dict(state_dict_to_hf(ours.state_dict(), cfg.n_layer), strict=False)
-            models["hf"] = hf
-        opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-5, weight_decay=0.01, fused=True) for k, m in models.items()}
-        g = torch.Generator().manual_seed(1)
-        batch = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), generator=g)
-        x, y = batch[:, :-1], batch[:, 1:]
-
-        def step(name: str, prec: str) -> float:
-            m, opt = models[name], opts[name]
-            ctx = torch.autocast("cpu", dtype=torch.bfloat16) if prec == "bf16" else torch.autocast("cpu", enabled=False)
-            t0 = time.perf_counter()
-            with ctx:
-                loss = m.lm_loss(x, y) if name == "ours" else m(input_ids=x, labels=x).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return time.perf_counter() - t0
-
-        variants = [(n, p) for p in args.precisions.split(",") for n in models]
-        times: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
-        for v in variants:  # warm-up
-            step(*v)
-        for _ in range(args.steps):
-            for v in variants:
-                times[v].append(step(*v))
-        tokens = args.batch * args.seq_len
-        fpt = ours.flops_per_token(args.seq_len)
-        base = statistics.median(times[("hf", "fp32")]) if ("hf", "fp32") in times else None
-        print(f"\n{size}: {ours.num_params() / 1e6:.1f}M params, batch {args.batch}×{args.seq_len}, "
-              f"{fpt / 1e6:.0f} MFLOP/token, {args.steps} steps")
-        for (name, prec), ts in times.items():
-            med = statistics.median(ts)
-            tps = tokens / med
-            mfu = tps * fpt / peak["fp32"]
-            ratio = base / med if base else float("nan")
-            results.append({"size": size, "impl": name, "precision": prec, "median_s": med, "tokens_per_s": tps,
-                            "mfu_vs_fp32_peak": mfu, "vs_hf_fp32": ratio})
-            print(f"  {name:4s} {prec}: {med:7.3f} s/step  {tps:8.1f} tok/s  MFU {100 * mfu:5.1f}% of fp32 peak  "
-                  f"{ratio:.2f}× HF fp32")
-        del models, opts, ours
+    results = [r for size in args.sizes.split(",") for r in bench_size(size, args, peak)]
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"peak": peak, "threads": torch.get_num_threads(), "results": results}, f, indent=1)
+
+
+def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> list[dict]:
+    """Time every (implementation, precision) variant of one preset, round-robin; print and return the rows."""
+    import torch
+
+    from gptcli.interop.hf import config_to_hf, state_dict_to_hf
+    from gptcli.model.gpt import GPT, preset
+
+    cfg = preset(size)
+    torch.manual_seed(0)
+    ours = GPT(cfg).train()
+    models = {"ours": ours}
+    if not args.no_hf:
+        import transformers
+
+        hf_cfg = transformers.OpenAIGPTConfig(
+            **{k: v for k, v in config_to_hf(cfg).items() if k not in ("architectures", "model_type")}
+        )
+        hf = transformers.OpenAIGPTLMHeadModel(hf_cfg).train()
+        hf.load_state_dict(state_dict_to_hf(ours.state_dict(), cfg.n_layer), strict=False)
+        models["hf"] = hf
+    opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-5, weight_decay=0.01, fused=True) for k, m in models.items()}
+    g = torch.Generator().manual_seed(1)
+    batch = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), generator=g)
+    x, y = batch[:, :-1], batch[:, 1:]
+
+    def step(name: str, prec: str) -> float:
+        m, opt = models[name], opts[name]
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if prec == "bf16" else torch.autocast("cpu", enabled=False)
+        t0 = time.perf_counter()
+        with ctx:
+            loss = m.lm_loss(x, y) if name == "ours" else m(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+    variants = [(n, p) for p in args.precisions.split(",") for n in models]
+    times: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
+    for v in variants:  # warm-up
+        step(*v)
+    for _ in range(args.steps):
+        for v in variants:
+            times[v].append(step(*v))
+    tokens = args.batch * args.seq_len
+    fpt = ours.flops_per_token(args.seq_len)
+    base = statistics.median(times[("hf", "fp32")]) if ("hf", "fp32") in times else None
+    print(f"\n{size}: {ours.num_params() / 1e6:.1f}M params, batch {args.batch}×{args.seq_len}, "
+          f"{fpt / 1e6:.0f} MFLOP/token, {args.steps} steps")
+    results = []
+    for (name, prec), ts in times.items():
+        med = statistics.median(ts)
+        tps = tokens / med
+        mfu = tps * fpt / peak["fp32"]
+        ratio = base / med if base else float("nan")
+        results.append({"size": size, "impl": name, "precision": prec, "median_s": med, "tokens_per_s": tps,
+                        "mfu_vs_fp32_peak": mfu, "vs_hf_fp32": ratio})
+        print(f"  {name:4s} {prec}: {med:7.3f} s/step  {tps:8.1f} tok/s  MFU {100 * mfu:5.1f}% of fp32 peak  "
+              f"{ratio:.2f}× HF fp32")
+    return results
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -13,7 +14,7 @@ from gptcli.commands.render import RichProgress, stderr_console
 from gptcli.config import save_config
 from gptcli.errors import GPT1Error
 from gptcli.model.gpt import ModelConfig
-from gptcli.train.distributed import LaunchConfig
+from gptcli.train.distributed import LaunchConfig, LaunchSpec
 from gptcli.train.pretrain import CONFIG_FILE, PretrainConfig
 
 COMMAND_SETTINGS = {"help": "Pretrain a GPT-1 language model on a prepared corpus (paper §4.1 defaults)."}
@@ -89,14 +90,17 @@ def run(p: Parsed) -> None:
 command = OPTIONS.command(run)
 
 
-def _launch(cfg: PretrainConfig, spec, quiet: bool, console) -> None:
+def _launch(cfg: PretrainConfig, spec: LaunchSpec, quiet: bool, console: Any) -> None:
     """Start the workers of a --gpus/--procs run here; each re-runs `gpt1 pretrain` on the resolved config."""
     from gptcli.checkpoint import resolve_checkpoint
     from gptcli.train.distributed import launch
-    from gptcli.train.pretrain import check_launch
+    from gptcli.train.pretrain import check_launch, open_training_corpus
 
     world = spec.nproc_per_node * spec.nnodes
     check_launch(cfg, world)
+    # Check the shards once here rather than in every worker (they would all read the whole corpus).
+    if cfg.verify_data:
+        open_training_corpus(cfg)
     worker_cfg = dataclasses.replace(cfg, device="cuda" if spec.use_cuda else "cpu", verify_data=False, resume=False)
     with tempfile.TemporaryDirectory(prefix="gpt1-launch-") as tmp:
         path = Path(tmp) / "pretrain.toml"

@@ -8,6 +8,11 @@ Run directory layout::
 
 so that ``load_checkpoint(RUN)`` opens the newest one. ``resume=True`` continues from the newest complete
 checkpoint; on CPU the continued run's losses are bitwise identical to an uninterrupted one (tested).
+
+:func:`pretrain` reads top to bottom as its stages: :func:`_plan` (settings, device, corpus, number of updates) →
+:func:`_start` (model, optimizer, resume, run directory) → :func:`_train` (the update loop: :func:`_update`,
+:func:`_log_update`, :func:`_validate`, :func:`_save`) → a final validation and :func:`_save_final`. The stages
+share a :class:`RunPlan` (fixed before the first update) and a :class:`TrainingRun` (what changes as it trains).
 """
 
 from __future__ import annotations
@@ -17,23 +22,33 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from gptcli import checkpoint as ckpt
 from gptcli.config import from_dict, load_file, save_config
+from gptcli.data.shards import Corpus, open_corpus
+from gptcli.data.windows import WindowSampler
 from gptcli.errors import GPT1Error
 from gptcli.eval.perplexity import evaluate_lm
 from gptcli.model.gpt import GPT, ModelConfig, preset
 from gptcli.model.losses import next_token_nll
-from gptcli.train.optim import lr_at, make_optimizer
 from gptcli.progress import SILENT, Progress
+from gptcli.runtime import Precision, configure_backends, peak_flops, resolve_device, resolve_precision
+from gptcli.train.optim import lr_at, make_optimizer
 from gptcli.train.runlog import METRICS, RunLogger, Throughput, format_duration, truncate_metrics
-from gptcli.runtime import configure_backends, peak_flops, resolve_device, resolve_precision
-from gptcli.data.windows import WindowSampler
-from gptcli.data.shards import Corpus, open_corpus
-from gptcli.train.trainer import GracefulStop, NonFiniteLossError, Parallel, Trainer, every, split_micro_batches, unwrap
+from gptcli.train.trainer import (
+    GracefulStop,
+    NonFiniteLossError,
+    Parallel,
+    StepResult,
+    Trainer,
+    every,
+    split_micro_batches,
+    unwrap,
+)
 
 CONFIG_FILE = "config.toml"
 
@@ -55,13 +70,14 @@ class PretrainConfig:
     batch_size: int = 64
     """Global batch in sequences per update (paper: 64)."""
     micro_batch_size: int | None = None
-    """Sequences per forward/backward on each process; the rest is gradient accumulation. None = whole batch."""
+    """Sequences per forward/backward on each process; the rest is gradient accumulation (unset: a process's
+    whole share of the batch at once)."""
     epochs: float = 100.0
     """Passes over the training windows (paper: 100). The run stops at the first of epochs/max_steps/max_tokens."""
     max_steps: int | None = None
-    """Cap on optimizer updates."""
+    """Cap on optimizer updates (unset: no cap)."""
     max_tokens: int | None = None
-    """Cap on training tokens (updates × batch × seq_len)."""
+    """Cap on training tokens, counted as updates × batch_size × seq_len (unset: no cap)."""
     lr: float = 2.5e-4
     """Peak learning rate (paper: 2.5e-4)."""
     warmup_steps: int = 2000
@@ -91,7 +107,7 @@ class PretrainConfig:
     eval_every: int = 1000
     """Validate every this many updates (and always at the end); 0 = only at the end."""
     eval_batches: int | None = None
-    """Cap on validation batches (None = the whole validation split)."""
+    """Cap on validation batches (unset: the whole validation split)."""
     val_split: str = "val"
     """Corpus split used for validation."""
     save_every: int = 1000
@@ -111,6 +127,7 @@ class PretrainConfig:
 
     @property
     def accum_steps(self) -> int:
+        """Micro-batches per update in a single process (gradient accumulation)."""
         return self.batch_size // (self.micro_batch_size or self.batch_size)
 
 
@@ -123,13 +140,19 @@ def load_config(path: str | Path, **overrides: Any) -> PretrainConfig:
 
 @dataclass
 class PretrainResult:
+    """Where a :func:`pretrain` call stopped."""
+
     run_dir: Path
     step: int
+    """Updates done (the resumed ones included)."""
     total_steps: int
+    """Updates planned (see :func:`plan_steps`)."""
     final_val_loss: float | None
+    """Validation loss at the end (None when stopped early or without a validation split)."""
     stopped_by: str | None = None
     """Signal name when the run was interrupted (it saved a checkpoint and can be resumed)."""
     last_checkpoint: Path | None = None
+    """The newest checkpoint this process knows of (on ranks > 0: the one it resumed from, if any)."""
 
 
 def plan_steps(config: PretrainConfig, steps_per_epoch: int) -> int:
@@ -164,6 +187,7 @@ def lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
 
 
 def build_model_config(config: PretrainConfig, vocab_size: int) -> ModelConfig:
+    """The preset with the ``[model]`` overrides and the corpus's vocabulary; GPT1Error for impossible settings."""
     unknown = set(config.model) - {f.name for f in dataclasses.fields(ModelConfig)}
     if unknown:
         raise GPT1Error(f"unknown model setting(s) {', '.join(sorted(unknown))} in [model]")
@@ -181,6 +205,7 @@ def build_model_config(config: PretrainConfig, vocab_size: int) -> ModelConfig:
 
 
 def open_training_corpus(config: PretrainConfig) -> Corpus:
+    """The prepared corpus, with every shard checked against its manifest checksum unless ``verify_data`` is off."""
     corpus = open_corpus(config.data)
     if config.verify_data:
         problems = corpus.verify()
@@ -194,174 +219,300 @@ def pretrain(
     *,
     parallel: Parallel | None = None,
     progress: Progress | None = None,
-    on_log: Callable[[dict[str, Any]], None] | None = None,
 ) -> PretrainResult:
-    """Run (or resume) pretraining as configured; returns where it stopped. Raises GPT1Error on user errors."""
+    """Run (or resume) pretraining as configured; returns where it stopped. Raises GPT1Error on user errors.
+
+    ``progress`` (rank 0 only) hears one stage, ``"pretrain"``, sized in updates and starting at the resumed step
+    (``done``). Every logged update (``log_every``, and the last) is one ``advance(n, loss=, lr=, grad_norm=,
+    tok/s=, MFU=, ETA=)`` where ``n`` is the number of updates since the previous one, so the stage's position
+    (``done`` plus every ``n``) is the update just logged; ``loss`` is the rank-averaged training loss, ``lr`` and
+    ``grad_norm`` those of that update. Each validation is one ``note("validation at update N: loss L,
+    perplexity P")``. ``end()`` closes the stage however the run stops. The same figures, unrounded, are the
+    lines of ``RUN/metrics.jsonl``.
+    """
     par = parallel or Parallel()
     report = (progress or SILENT) if par.is_main else SILENT
+    run = _start(_plan(config, par))
+    report.stage("pretrain", run.plan.total_steps, unit="updates", done=run.step)
+    try:
+        with GracefulStop(escalate=par.world_size == 1) as stop:
+            stopped_by = _train(run, stop, report)
+            final_val = _validate(run, report) if stopped_by is None else None
+            _save_final(run)
+    finally:
+        report.end()
+        if run.logger is not None:
+            run.logger.close()
+    return PretrainResult(Path(config.out), run.step, run.plan.total_steps, final_val, stopped_by, run.last_ckpt)
+
+
+# --- before the first update ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunPlan:
+    """What a run is made of before any weights exist: where it computes, what it reads and for how long."""
+
+    config: PretrainConfig
+    par: Parallel
+    device: torch.device
+    precision: Precision
+    corpus: Corpus
+    model_config: ModelConfig
+    sampler: WindowSampler
+    """This rank's share of every global batch of training windows."""
+    val_name: str | None
+    """The validation split actually used (``val_split``, else a common name); None = no validation."""
+    val_arrays: list[np.ndarray] | None
+    total_steps: int
+    has_checkpoints: bool
+    """RUN/checkpoints holds a complete checkpoint (continued with ``resume``, refused without it)."""
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.out)
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    @property
+    def micro(self) -> int:
+        """Rows per forward/backward (a rank's whole share when ``micro_batch_size`` is unset)."""
+        return self.config.micro_batch_size or self.config.batch_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Training tokens per update over all ranks (the global batch)."""
+        return self.config.batch_size * self.config.seq_len
+
+
+@dataclass
+class TrainingRun:
+    """The live state the training stages share: the plan, the model and its optimizer, and where the run is."""
+
+    plan: RunPlan
+    model: GPT
+    """The bare model (``trainer.model`` is the same model, DDP-wrapped under data parallelism)."""
+    optimizer: torch.optim.Optimizer
+    trainer: Trainer
+    logger: RunLogger | None
+    """Rank 0 only: metrics.jsonl (and TensorBoard)."""
+    meter: Throughput
+    step: int
+    """Updates done."""
+    last_ckpt: Path | None
+    first_step: int = 0
+    """The step this process started from (the resumed one), for the ETA."""
+    started: float = field(default_factory=time.perf_counter)
+    shown: int = 0
+    """The step of the last ``advance`` reported."""
+
+
+def _plan(config: PretrainConfig, par: Parallel) -> RunPlan:
+    """Check the settings, pick device and precision, open the corpus and count the updates."""
     check_launch(config, par.world_size)
     device = resolve_device(config.device)
     precision = resolve_precision(config.precision, device)
     configure_backends(device)
 
     corpus = open_training_corpus(config)
-    tokenizer = corpus.tokenizer
-    mcfg = build_model_config(config, tokenizer.vocab_size)
+    mcfg = build_model_config(config, corpus.tokenizer.vocab_size)
     train_arrays = corpus.arrays("train")
     val_name = next((s for s in (config.val_split, "val", "validation", "valid") if s in corpus.splits), None)
     val_arrays = corpus.arrays(val_name) if val_name is not None else None  # no split: no validation
     sampler = WindowSampler(train_arrays, config.seq_len, config.batch_size, config.seed, par.rank, par.world_size)
     total_steps = plan_steps(config, sampler.steps_per_epoch)
 
-    run_dir = Path(config.out)
-    ckpt_dir = run_dir / "checkpoints"
+    ckpt_dir = Path(config.out) / "checkpoints"
     existing = ckpt_dir.is_dir() and any(c.is_dir() and ckpt.is_checkpoint(c) for c in ckpt_dir.glob("step-*"))
     if existing and not config.resume:
-        raise GPT1Error(f"{run_dir}: already holds checkpoints; pass --resume to continue it or choose another --out")
+        raise GPT1Error(f"{config.out}: already holds checkpoints; pass --resume to continue it or choose another --out")
+    return RunPlan(config, par, device, precision, corpus, mcfg, sampler, val_name, val_arrays, total_steps, existing)
 
+
+def _start(plan: RunPlan) -> TrainingRun:
+    """Build the model (the same weights on every rank), restore a resumed run, and open the run directory.
+
+    The order is the order of RNG use: seed → initialise → restore the saved RNG → reseed ranks > 0.
+    """
+    config = plan.config
     torch.manual_seed(config.seed)
-    model = GPT(mcfg).to(device)
+    model = GPT(plan.model_config).to(plan.device)
     optimizer = make_optimizer(
         model, config.lr, config.weight_decay, (config.beta1, config.beta2), config.eps, config.decay
     )
-    step = 0
-    resumed_from: Path | None = None
-    if config.resume and existing:
-        resumed_from = ckpt.resolve_checkpoint(run_dir)
-        step = _restore(resumed_from, model, optimizer, sampler, device)
+    step, resumed_from, state = 0, None, {}
+    if config.resume and plan.has_checkpoints:
+        resumed_from = ckpt.resolve_checkpoint(plan.run_dir)
+        state = _restore(resumed_from, model, optimizer, plan.sampler, plan.device)
+        step = int(state["step"])
+    trainer = _make_trainer(plan, model, optimizer, step)
+    if "grad_scaler" in state:
+        trainer.scaler.load_state_dict(state["grad_scaler"])
+    logger = _open_run_dir(plan, step, resumed=resumed_from is not None) if plan.par.is_main else None
+    meter = _throughput_meter(plan, model)
+    return TrainingRun(plan, model, optimizer, trainer, logger, meter, step, resumed_from, first_step=step, shown=step)
 
+
+def _make_trainer(plan: RunPlan, model: GPT, optimizer: torch.optim.Optimizer, step: int) -> Trainer:
+    """Wrap the model for the ranks, give ranks > 0 their own dropout stream, and set the schedule."""
+    config, par = plan.config, plan.par
     wrapped = par.wrap(model)
     seed_rank_rng(config.seed, par.rank, step)
     loss_fn = torch.compile(lm_loss) if config.compile else lm_loss
-    warmup = config.warmup_steps
-    trainer = Trainer(
+    total_steps, warmup = plan.total_steps, config.warmup_steps
+    return Trainer(
         wrapped,
         optimizer,
         loss_fn,
         lambda s: lr_at(s, total_steps, config.lr, warmup, config.schedule),
-        device=device,
-        precision=precision,
+        device=plan.device,
+        precision=plan.precision,
         grad_clip=config.grad_clip,
     )
-    if resumed_from is not None:
-        doc, _ = ckpt.read_training_state(resumed_from)
-        if "grad_scaler" in doc:
-            trainer.scaler.load_state_dict(doc["grad_scaler"])
 
-    logger = None
-    if par.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(dataclasses.replace(config, resume=False), run_dir / CONFIG_FILE)
-        if resumed_from is not None:
-            truncate_metrics(run_dir / METRICS, step)
-        elif (run_dir / METRICS).exists():
-            (run_dir / METRICS).unlink()
-        logger = RunLogger(run_dir, config.tensorboard)
 
-    tokens_per_step = config.batch_size * config.seq_len
-    micro = (config.micro_batch_size or config.batch_size)
+def _open_run_dir(plan: RunPlan, step: int, resumed: bool) -> RunLogger:
+    """(Rank 0) write config.toml, drop metrics past the resumed step (or a fresh run's old ones), open the log."""
+    config, run_dir = plan.config, plan.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(dataclasses.replace(config, resume=False), run_dir / CONFIG_FILE)
+    if resumed:
+        truncate_metrics(run_dir / METRICS, step)
+    elif (run_dir / METRICS).exists():
+        (run_dir / METRICS).unlink()
+    return RunLogger(run_dir, config.tensorboard)
+
+
+def _throughput_meter(plan: RunPlan, model: GPT) -> Throughput:
+    """Tokens/s and MFU of the updates alone (not validation or saving)."""
+    config, par = plan.config, plan.par
     fpt = model.flops_per_token(config.seq_len)
     # tokens_per_step is the global batch, so the meter reads global tokens/s; MFU divides by all devices' peak.
-    peak = peak_flops(device, precision, config.peak_flops) if par.is_main else None
-    meter = Throughput(fpt, peak * par.world_size if peak else None)
-    last_ckpt: Path | None = resumed_from
-    final_val: float | None = None
-    stopped_by: str | None = None
+    peak = peak_flops(plan.device, plan.precision, config.peak_flops) if par.is_main else None
+    return Throughput(fpt, peak * par.world_size if peak else None)
 
-    def save(at: int) -> Path:
-        state = {
-            "step": at,
-            "total_steps": total_steps,
-            "tokens": at * tokens_per_step,
-            "sampler": sampler.state_dict(),
-        }
-        path = ckpt.save_checkpoint(
-            ckpt_dir / ckpt.step_dir_name(at),
-            model,
-            tokenizer,
-            kind="lm",
-            meta={"step": at, "tokens": at * tokens_per_step, "stage": "pretrain", "seq_len": config.seq_len},
-            extra=lambda d: ckpt.write_training_state(d, optimizer, state, scaler=trainer.scaler),
-        )
-        ckpt.prune_checkpoints(ckpt_dir, config.keep_last)
-        return path
 
-    def validate(at: int) -> float | None:
-        if val_arrays is None:
-            return None
-        ev = evaluate_lm(
-            unwrap(model), val_arrays, config.seq_len, micro, device=device, precision=precision,
-            max_batches=config.eval_batches, rank=par.rank, world_size=par.world_size,
-        )
-        loss, tokens = ev.loss, ev.tokens
-        if par.world_size > 1:  # each rank scored every world_size-th batch: combine them token-weighted
-            tokens = round(par.mean(float(ev.tokens)) * par.world_size)
-            nll = par.mean(ev.loss * ev.tokens if ev.tokens else 0.0) * par.world_size
-            loss = nll / tokens if tokens else float("nan")
-        rec = {"kind": "eval", "step": at, "split": val_name, "loss": loss,
-               "perplexity": math.exp(min(loss, 700)), "tokens": tokens}
-        if logger is not None:
-            logger.log(rec)
-            report.note(f"validation at update {at}: loss {loss:.4f}, perplexity {rec['perplexity']:.2f}")
-        if on_log is not None:
-            on_log(rec)
-        return loss
+# --- the loop ------------------------------------------------------------------------------------------------------
 
-    t_start = time.perf_counter()
-    steps_at_start = step
-    report.stage("pretrain", total_steps, unit="updates", done=step)
-    shown = step
-    try:
-        with GracefulStop(escalate=par.world_size == 1) as stop:
-            while step < total_steps:
-                meter.start()
-                batch = sampler.next_batch()
-                if device.type == "cuda":
-                    batch = batch.pin_memory().to(device, non_blocking=True)
-                result = trainer.step(step, split_micro_batches(batch, micro))
-                meter.stop(tokens_per_step)
-                if not math.isfinite(result.loss):
-                    where = f"the last good checkpoint is {last_ckpt}" if last_ckpt else "no checkpoint was saved yet"
-                    raise NonFiniteLossError(
-                        f"loss became {result.loss} at update {step + 1}; stopping ({where}; "
-                        f"resume with --resume, perhaps with a lower --lr or --precision fp32)"
-                    )
-                step += 1
-                if every(step, config.log_every) or step == total_steps:
-                    loss = par.mean(result.loss)
-                    tps, mfu = meter.report()
-                    elapsed = time.perf_counter() - t_start
-                    rate = (step - steps_at_start) / elapsed if elapsed > 0 else 0.0
-                    eta = (total_steps - step) / rate if rate > 0 else float("inf")
-                    rec = {"kind": "train", "step": step, "loss": loss, "lr": result.lr, "grad_norm": result.grad_norm,
-                           "tokens": step * tokens_per_step, "tokens_per_s": tps, "mfu": mfu,
-                           "elapsed_s": round(elapsed, 3)}
-                    if logger is not None:
-                        logger.log(rec)
-                        report.advance(step - shown, loss=loss, lr=result.lr, **{"tok/s": round(tps)},
-                                       MFU="n/a" if mfu is None else f"{100 * mfu:.1f}%", ETA=format_duration(eta))
-                        shown = step
-                    if on_log is not None:
-                        on_log(rec)
-                if every(step, config.eval_every) and step < total_steps:
-                    validate(step)
-                if par.any(stop.requested is not None):
-                    stopped_by = stop.name or "signal"
-                    break
-                if every(step, config.save_every) and step < total_steps:
-                    if par.is_main:
-                        last_ckpt = save(step)
-                    par.barrier()
-            if stopped_by is None:
-                final_val = validate(step)
-            if par.is_main and (last_ckpt is None or last_ckpt.name != ckpt.step_dir_name(step)):
-                last_ckpt = save(step)
+
+def _train(run: TrainingRun, stop: GracefulStop, report: Progress) -> str | None:
+    """Update until the planned step, logging, validating and saving on their cadences. Returns the name of the
+    signal that stopped the run early (checked on every rank between updates), or None when it ran to the end."""
+    config, par = run.plan.config, run.plan.par
+    total = run.plan.total_steps
+    while run.step < total:
+        result = _update(run)
+        if every(run.step, config.log_every) or run.step == total:
+            _log_update(run, result, report)
+        if every(run.step, config.eval_every) and run.step < total:
+            _validate(run, report)
+        if par.any(stop.requested is not None):
+            return stop.name or "signal"
+        if every(run.step, config.save_every) and run.step < total:
+            if par.is_main:
+                run.last_ckpt = _save(run)
             par.barrier()
-    finally:
-        report.end()
-    if logger is not None:
-        logger.close()
-    return PretrainResult(run_dir, step, total_steps, final_val, stopped_by, last_ckpt)
+    return None
+
+
+def _update(run: TrainingRun) -> StepResult:
+    """One optimizer update on this rank's share of the next global batch; a non-finite loss stops the run
+    before the update is applied."""
+    plan = run.plan
+    run.meter.start()
+    batch = plan.sampler.next_batch()
+    if plan.device.type == "cuda":
+        batch = batch.pin_memory().to(plan.device, non_blocking=True)
+    result = run.trainer.step(run.step, split_micro_batches(batch, plan.micro))
+    run.meter.stop(plan.tokens_per_step)
+    if not math.isfinite(result.loss):
+        where = f"the last good checkpoint is {run.last_ckpt}" if run.last_ckpt else "no checkpoint was saved yet"
+        raise NonFiniteLossError(
+            f"loss became {result.loss} at update {run.step + 1}; stopping ({where}; "
+            f"resume with --resume, perhaps with a lower --lr or --precision fp32)"
+        )
+    run.step += 1
+    return result
+
+
+def _log_update(run: TrainingRun, result: StepResult, report: Progress) -> None:
+    """A ``train`` line in metrics.jsonl and an ``advance`` (see :func:`pretrain`). Every rank calls it: the
+    logged loss is averaged over ranks."""
+    loss = run.plan.par.mean(result.loss)
+    tps, mfu = run.meter.report()
+    elapsed = time.perf_counter() - run.started
+    rate = (run.step - run.first_step) / elapsed if elapsed > 0 else 0.0
+    eta = (run.plan.total_steps - run.step) / rate if rate > 0 else float("inf")
+    rec = {"kind": "train", "step": run.step, "loss": loss, "lr": result.lr, "grad_norm": result.grad_norm,
+           "tokens": run.step * run.plan.tokens_per_step, "tokens_per_s": tps, "mfu": mfu,
+           "elapsed_s": round(elapsed, 3)}
+    if run.logger is not None:
+        run.logger.log(rec)
+    report.advance(run.step - run.shown, loss=loss, lr=result.lr, grad_norm=result.grad_norm,
+                   **{"tok/s": round(tps)}, MFU="n/a" if mfu is None else f"{100 * mfu:.1f}%",
+                   ETA=format_duration(eta))
+    run.shown = run.step
+
+
+def _validate(run: TrainingRun, report: Progress) -> float | None:
+    """Validation loss at the current step (None without a validation split), logged as an ``eval`` line and a
+    ``note``. Every rank calls it: each scores its share of the batches."""
+    plan = run.plan
+    if plan.val_arrays is None:
+        return None
+    loss, tokens = _validation_loss(run)
+    perplexity = math.exp(min(loss, 700))
+    rec = {"kind": "eval", "step": run.step, "split": plan.val_name, "loss": loss, "perplexity": perplexity,
+           "tokens": tokens}
+    if run.logger is not None:
+        run.logger.log(rec)
+    report.note(f"validation at update {run.step}: loss {loss:.4f}, perplexity {perplexity:.2f}")
+    return loss
+
+
+def _validation_loss(run: TrainingRun) -> tuple[float, int]:
+    """(mean loss per token, tokens scored) over the validation split, combined over ranks."""
+    plan, par = run.plan, run.plan.par
+    ev = evaluate_lm(
+        unwrap(run.model), plan.val_arrays, plan.config.seq_len, plan.micro, device=plan.device,
+        precision=plan.precision, max_batches=plan.config.eval_batches, rank=par.rank, world_size=par.world_size,
+    )
+    if par.world_size == 1:
+        return ev.loss, ev.tokens
+    # Each rank scored every world_size-th batch: combine them token-weighted.
+    tokens = round(par.mean(float(ev.tokens)) * par.world_size)
+    nll = par.mean(ev.loss * ev.tokens if ev.tokens else 0.0) * par.world_size
+    return (nll / tokens if tokens else float("nan")), tokens
+
+
+# --- checkpoints ---------------------------------------------------------------------------------------------------
+
+
+def _save(run: TrainingRun) -> Path:
+    """(Rank 0) checkpoint the current step with its training state; prune to ``keep_last``."""
+    plan, at = run.plan, run.step
+    tokens = at * plan.tokens_per_step
+    state = {"step": at, "total_steps": plan.total_steps, "tokens": tokens, "sampler": plan.sampler.state_dict()}
+    path = ckpt.save_checkpoint(
+        plan.ckpt_dir / ckpt.step_dir_name(at),
+        run.model,
+        plan.corpus.tokenizer,
+        kind="lm",
+        meta={"step": at, "tokens": tokens, "stage": "pretrain", "seq_len": plan.config.seq_len},
+        extra=lambda d: ckpt.write_training_state(d, run.optimizer, state, scaler=run.trainer.scaler),
+    )
+    ckpt.prune_checkpoints(plan.ckpt_dir, plan.config.keep_last)
+    return path
+
+
+def _save_final(run: TrainingRun) -> None:
+    """Checkpoint where the run stopped unless the last periodic save already holds that step."""
+    par = run.plan.par
+    if par.is_main and (run.last_ckpt is None or run.last_ckpt.name != ckpt.step_dir_name(run.step)):
+        run.last_ckpt = _save(run)
+    par.barrier()
 
 
 def seed_rank_rng(seed: int, rank: int, step: int) -> None:
@@ -378,22 +529,20 @@ def seed_rank_rng(seed: int, rank: int, step: int) -> None:
         torch.manual_seed((seed * 1_000_003 + rank * 7_919 + step) % (2**63 - 1))
 
 
-def _restore(path: Path, model: GPT, optimizer: torch.optim.Optimizer, sampler: WindowSampler, device) -> int:
-    """Load weights, optimizer, sampler and RNG state from a checkpoint; returns its step."""
-    from safetensors.torch import load_file
-
+def _restore(
+    path: Path, model: GPT, optimizer: torch.optim.Optimizer, sampler: WindowSampler, device: torch.device
+) -> dict[str, Any]:
+    """Load weights, optimizer, sampler and RNG state from a checkpoint; returns its training state (step, ...)."""
+    saved = ckpt.load_checkpoint(path, map_location=device, load_tokenizer=False)
     try:
-        tensors = load_file(str(path / ckpt.WEIGHTS), device=str(device))
-    except Exception as e:
-        raise GPT1Error(f"{path / ckpt.WEIGHTS}: unreadable weights ({e})") from None
-    try:
-        model.load_state_dict({k: v for k, v in tensors.items() if not k.startswith(ckpt.HEAD_PREFIX)}, strict=True)
+        model.load_state_dict(saved.model.state_dict(), strict=True)
     except RuntimeError as e:
         raise GPT1Error(
             f"{path}: checkpoint does not match the configured model ({str(e).splitlines()[0]}); "
             "resume with the run's own config.toml"
         ) from None
+    del saved
     doc, state_tensors = ckpt.read_training_state(path)
     ckpt.restore_training_state(doc, state_tensors, optimizer)
     sampler.load_state_dict(doc["sampler"])
-    return int(doc["step"])
+    return doc

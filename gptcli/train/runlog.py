@@ -1,8 +1,9 @@
-"""Run logging: ``metrics.jsonl`` (always), TensorBoard (optional) and a Rich live display.
+"""Run logging: ``metrics.jsonl`` (always), TensorBoard (optional), and the throughput figures both carry.
 
 ``metrics.jsonl`` has one JSON object per line: ``{"kind": "train", "step", "loss", "lr", "grad_norm",
 "tokens", "tokens_per_s", "mfu", "elapsed_s"}`` per logged update and ``{"kind": "eval", "step", "split",
 "loss", "perplexity", "tokens"}`` per validation. Only the writing rank (rank 0 under DDP) creates a logger.
+Nothing is drawn here: the training loop reports through :mod:`gptcli.progress` and the command layer renders it.
 """
 
 from __future__ import annotations
@@ -13,11 +14,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gptcli.errors import GPT1Error
+from gptcli.fsutil import write_text_atomic
+
 METRICS = "metrics.jsonl"
 
 
 def truncate_metrics(path: Path, after_step: int) -> None:
-    """Drop records past ``after_step`` (written by a run that died after its last checkpoint) before resuming."""
+    """Drop records past ``after_step`` (written by a run that died after its last checkpoint) before resuming.
+    The file is replaced atomically: a crash here leaves the old records, never a cut file."""
     if not path.is_file():
         return
     keep = []
@@ -28,7 +33,7 @@ def truncate_metrics(path: Path, after_step: int) -> None:
             continue  # a line cut by a crash
         if rec.get("step", 0) <= after_step:
             keep.append(line)
-    path.write_text("".join(k + "\n" for k in keep), encoding="utf-8")
+    write_text_atomic(path, "".join(k + "\n" for k in keep))
 
 
 def _clean(v: Any) -> Any:
@@ -49,8 +54,6 @@ class RunLogger:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                from gptcli.errors import GPT1Error
-
                 raise GPT1Error("--tensorboard needs the tensorboard package (pip install tensorboard)") from None
             self.tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
 

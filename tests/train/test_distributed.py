@@ -70,7 +70,7 @@ def _cli_args(data: Path, out: Path, *extra: str) -> list[str]:
             "--batch-size", str(BATCH), "--micro-batch-size", str(MICRO), "--seed", str(SEED), "--lr", "1e-2",
             "--warmup-steps", "2", "--eval-every", "0", "--eval-batches", "2", "--log-every", "1",
             "--device", "cpu", "--precision", "fp32", "--peak-flops", "1e11", "--quiet"]
-    # --schedule has no CLI flag: it comes from a config file.
+    # --schedule comes from a config file here, so the launched workers also exercise --config below typed options.
     cfg = out.parent / f"{out.name}.toml"
     cfg.write_text('schedule = "constant"\n', encoding="utf-8")
     return [*args, "--config", str(cfg), *extra]

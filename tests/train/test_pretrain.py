@@ -16,6 +16,7 @@ import gptcli.train.pretrain as pretrain_mod
 from corpus_helpers import random_corpus, text_corpus
 from gptcli.checkpoint import load_checkpoint
 from gptcli.errors import GPT1Error
+from gptcli.progress import Progress, RecordingProgress
 from gptcli.train.pretrain import PretrainConfig, pretrain
 
 TESTS = Path(__file__).resolve().parents[1] / "helpers"
@@ -56,18 +57,51 @@ def test_tiny_run_on_books_learns(shared_data, tmp_path):
     assert ck.meta["step"] == 60 and ck.tokenizer is not None and ck.tokenizer.kind == "test-bytes"
 
 
+class SignalAt(Progress):
+    """Sends this process SIGINT when the logged update ``at`` is reported (the stage's position: its ``done``
+    plus every ``advance``)."""
+
+    def __init__(self, at: int) -> None:
+        self.at, self.position = at, 0
+
+    def stage(self, name, total=None, *, unit="", done=0):
+        self.position = done
+
+    def advance(self, n=0, **status):
+        self.position += n
+        if self.position == self.at:
+            os.kill(os.getpid(), signal.SIGINT)  # handled between updates: checkpoint at `at`, then stop
+
+
+def test_pretrain_reports_through_progress(corpus, tmp_path):
+    rec = RecordingProgress()
+    res = pretrain(_cfg(corpus, tmp_path / "run", max_steps=4, log_every=2, eval_every=2), progress=rec)
+    kinds = [k for k, _ in rec.events]
+    assert kinds[0] == "stage" and kinds[-1] == "end" and kinds.count("stage") == kinds.count("end") == 1
+    assert rec.of("stage")[0] == {"name": "pretrain", "total": 4, "unit": "updates", "done": 0}
+    advances = rec.of("advance")
+    assert [a["n"] for a in advances] == [2, 2]  # one per logged update; positions 2 and 4
+    logged = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+              if r["kind"] == "train"]
+    for a, r in zip(advances, logged):
+        assert (a["loss"], a["lr"], a["grad_norm"]) == (r["loss"], r["lr"], r["grad_norm"])
+        assert a["tok/s"] == round(r["tokens_per_s"]) and {"MFU", "ETA"} <= set(a)
+    notes = [n["message"] for n in rec.of("note")]
+    assert notes[0].startswith("validation at update 2: loss ") and notes[-1].startswith("validation at update 4:")
+    assert f"loss {res.final_val_loss:.4f}" in notes[-1]
+    # A resumed run's stage starts where the checkpoint left off.
+    rec = RecordingProgress()
+    pretrain(_cfg(corpus, tmp_path / "run", max_steps=6, log_every=2, resume=True), progress=rec)
+    assert rec.of("stage")[0]["done"] == 4 and [a["n"] for a in rec.of("advance")] == [2]
+
+
 def test_resume_after_sigint_is_bitwise_identical(corpus, tmp_path):
     full = tmp_path / "full"
     pretrain(_cfg(corpus, full, eval_every=3))
     reference = _train_losses(full)
 
     run = tmp_path / "interrupted"
-
-    def interrupt(rec):
-        if rec["kind"] == "train" and rec["step"] == 5:
-            os.kill(os.getpid(), signal.SIGINT)  # handled between updates: checkpoint at 5, then stop
-
-    res = pretrain(_cfg(corpus, run, eval_every=3), on_log=interrupt)
+    res = pretrain(_cfg(corpus, run, eval_every=3), progress=SignalAt(5))
     assert res.stopped_by == "SIGINT" and res.step == 5 and res.last_checkpoint.name == "step-0000005"
     with pytest.raises(GPT1Error, match="--resume"):
         pretrain(_cfg(corpus, run, eval_every=3))
