@@ -1,8 +1,8 @@
 """The `gpt1` command line: parse options, call the library, render with Rich.
 
-Each subcommand is one function in ``gptcli/commands/<name>.py`` (named ``command``) registered here, so this
-file stays a table of contents. Heavy imports (torch, spaCy) happen inside the command bodies, which keeps
-``gpt1 --help`` instant.
+Each subcommand is one function in ``gptcli/commands/<name>.py`` (named ``command``), listed in ``COMMANDS`` here,
+so this file stays a table of contents. A command's module is imported only when that command runs or shows its
+own ``--help``, which keeps ``gpt1 --help`` instant although the commands' config dataclasses pull in torch.
 
 User errors (:class:`gptcli.errors.GPT1Error`) print as one red line and exit 1; ``--debug`` or
 ``GPT1_DEBUG=1`` shows the traceback instead.
@@ -11,11 +11,11 @@ User errors (:class:`gptcli.errors.GPT1Error`) print as one red line and exit 1;
 from __future__ import annotations
 
 import errno
+import functools
 import importlib
-import importlib.util
 import os
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -28,27 +28,68 @@ from rich.console import Console
 from gptcli import __version__
 from gptcli.errors import GPT1Error
 
+# (subcommand, module in gptcli.commands, one-line summary for `gpt1 --help`), in the order of the paper's pipeline.
+# A module is imported only when its subcommand runs or shows its own --help: torch and spaCy load in seconds,
+# and `gpt1 --help` should not wait for them.
+COMMANDS: list[tuple[str, str, str]] = [
+    ("quickstart", "quickstart", "Run the whole pipeline at toy scale in minutes, offline: prepare → pretrain → "
+                                 "fine-tune → eval → zero-shot."),
+    ("prepare", "prepare", "Clean text, learn a BPE vocabulary and encode it into token shards (GPT-1's pipeline)."),
+    ("inspect", "inspect", "Summarise a prepared corpus and verify every shard's checksum."),
+    ("pretrain", "pretrain", "Pretrain a GPT-1 language model on a prepared corpus (paper §4.1 defaults)."),
+    ("finetune", "finetune", "Fine-tune a pretrained checkpoint on one of the paper's tasks (paper §3.2, §4.1 defaults)."),
+    ("eval", "evaluate", "Evaluate checkpoints: perplexity on a prepared corpus (--data) or the paper's metric on a "
+                         "task (--task)."),
+    ("zeroshot", "zeroshot", "Zero-shot heuristics of the paper (SST-2, CoLA, RACE, DPRD, WSC, Story Cloze) and their "
+                             "curve over pretraining."),
+    ("convert", "convert", "Convert weights: OpenAI's released GPT-1 and Hugging Face checkpoints in and out."),
+    ("generate", "generate", "Generate text from a checkpoint (KV cache; greedy, temperature, top-k, top-p)."),
+]
+
+
+class _LazyCommands(typer.core.TyperGroup):
+    """The subcommands of COMMANDS, each imported on first use; the overview lists them from the table."""
+
+    _overview = False
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [name for name, _, _ in COMMANDS]
+
+    def get_command(self, ctx: Any, name: str) -> Any:
+        entry = next((e for e in COMMANDS if e[0] == name), None)
+        if entry is None:
+            return None
+        if self._overview:  # `gpt1 --help` needs the name and summary only
+            return typer.core.TyperCommand(name, short_help=entry[2])
+        return _load(*entry)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self._overview = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._overview = False
+
+
+@functools.lru_cache(maxsize=None)
+def _load(name: str, module: str, summary: str) -> Any:
+    mod = importlib.import_module(f"gptcli.commands.{module}")
+    single = typer.Typer(rich_markup_mode="rich", pretty_exceptions_enable=False, add_completion=False)
+    single.command(name, short_help=summary, **getattr(mod, "COMMAND_SETTINGS", {}))(mod.command)
+    command = typer.main.get_command(single)
+    command.name = name
+    return command
+
+
 app = typer.Typer(
     name="gpt1",
+    cls=_LazyCommands,
     help="GPT-1 end to end: prepare text, pretrain, fine-tune on the paper's 12 tasks, evaluate, zero-shot.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
-
-# (subcommand name, module in gptcli.commands) in the order of the paper's pipeline.
-COMMANDS: list[tuple[str, str]] = [
-    ("quickstart", "quickstart"),
-    ("prepare", "prepare"),
-    ("inspect", "inspect"),
-    ("pretrain", "pretrain"),
-    ("finetune", "finetune"),
-    ("eval", "evaluate"),
-    ("zeroshot", "zeroshot"),
-    ("convert", "convert"),
-    ("generate", "generate"),
-]
 
 _state = {"debug": False}
 
@@ -89,16 +130,6 @@ def _root(
     _state["debug"] = debug or _state["debug"]
 
 
-def _register() -> None:
-    for name, module in COMMANDS:
-        qualified = f"gptcli.commands.{module}"
-        if importlib.util.find_spec(qualified) is None:
-            continue
-        mod = importlib.import_module(qualified)
-        app.command(name, **getattr(mod, "COMMAND_SETTINGS", {}))(mod.command)
-
-
-_register()
 
 
 def _record_for_launcher(e: BaseException) -> None:

@@ -43,3 +43,25 @@ def test_usage_errors_exit_2(capsys) -> None:
     with pytest.raises(SystemExit) as e:
         cli.main(["pretrain", "--no-such-option"])
     assert e.value.code == 2
+
+
+def test_the_overview_lists_every_command_without_importing_them(capsys) -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from gptcli import cli\n"
+            "try:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules, [m for m in sys.modules if m.startswith('gptcli.commands.')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"COLUMNS": "200",
+                         "PATH": "/usr/bin:/bin"}, check=True).stdout
+    for name, _, _ in cli.COMMANDS:
+        assert name in out
+    assert out.strip().splitlines()[-1] == "False []"
+
+
+def test_each_listed_command_loads_and_shows_its_help(capsys) -> None:
+    for name, _, _ in cli.COMMANDS:
+        with pytest.raises(SystemExit) as e:
+            cli.main([name, "--help"])
+        assert e.value.code == 0, name
+        assert f"gpt1 {name}" in capsys.readouterr().out
