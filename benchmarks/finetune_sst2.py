@@ -59,6 +59,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from gptcli.commands.render import RichProgress
     from gptcli.train.finetune import FinetuneConfig, finetune
     from gptcli.data.prepare import PrepareConfig, prepare
     from gptcli.train.pretrain import PretrainConfig, pretrain
@@ -113,7 +114,7 @@ def main() -> None:
             out=str(work / name.replace(" ", "-")), data_dir=str(sst2), max_train_examples=args.train_examples,
             epochs=args.epochs, lr=args.lr, lm_weight=args.lm_weight, precision=args.precision, select="last",
             overwrite=True,
-        ), console=console)
+        ), progress=RichProgress(console))
         ev = evaluate_task("sst2", work / name.replace(" ", "-"), "dev", data_dir=sst2, out=work / f"eval-{name[:3]}",
                            precision=args.precision)
         out[name] = {"dev_acc": round(ev["scores"]["accuracy"], 2), "finetune_s": round(time.perf_counter() - t, 1)}

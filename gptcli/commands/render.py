@@ -3,31 +3,20 @@
 ``RichProgress`` renders the library's one progress protocol (:mod:`gptcli.progress`) as nested Rich progress bars.
 Result tables put the paper's numbers beside ours.
 
-``results_table(results)`` takes the dicts ``evaluate_task`` returns (or ``results.json`` files) for any number
-of runs and tasks and lays them out as the paper's Tables 2–4: one column per task (headline metric ×100), a
-first row with GPT-1's published numbers, then one row per run. ``details_table`` lists every metric of every
+``results_table(results)`` takes the dicts ``evaluate_task`` returns (or ``results.json`` files, read with
+``gptcli.eval.tasks.load_results``) for any number of runs and tasks and lays them out as the paper's Tables 2–4:
+one column per task (headline metric ×100), a first row with GPT-1's published numbers, then one row per run. ``details_table`` lists every metric of every
 result (F1 *and* accuracy, Pearson *and* Spearman, RACE per level) with the paper's headline beside it.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from gptcli.progress import Level, Progress
 
 METRIC_SHORT = {"accuracy": "acc", "f1": "F1", "mcc": "MCC", "pearson": "Pearson", "spearman": "Spearman"}
-
-
-def load_results(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
-    """Read ``results.json`` files (or the directories holding them)."""
-    out = []
-    for p in paths:
-        p = Path(p)
-        out.append(json.loads((p / "results.json" if p.is_dir() else p).read_text(encoding="utf-8")))
-    return out
 
 
 def _fmt(v: Any) -> str:

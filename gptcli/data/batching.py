@@ -8,6 +8,9 @@ Bucketing keeps the randomness an epoch needs: the shuffled examples are cut int
 each pool is sorted by length and cut into batches, and the batch order is shuffled again. Evaluation sorts all
 examples by length and the caller restores the original order through ``Batch.index``.
 
+Quick runs see a seeded subset of a split (:func:`subsample`): the same subset for the same seed, in the split's
+own order, so a run's dev score and a later ``gpt1 eval --max-examples`` with the same seed score the same examples.
+
 Padding sits on the right and is causally invisible: no real token attends to a later position, so pad tokens
 change neither the extract state nor the LM loss of the real tokens (they are masked out of the loss).
 """
@@ -16,11 +19,13 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator, Sequence, TypeVar
 
 import torch
 
 from gptcli.data.transforms import Encoded
+
+T = TypeVar("T")
 
 PAD_ID = 0
 """Any valid id works (padding is masked and causally after every real token); 0 is ``<unk>`` in the original vocab."""
@@ -122,3 +127,11 @@ def num_batches(n: int, batch_size: int, pool: int = 50) -> int:
     span = max(1, pool) * batch_size
     full, rest = divmod(n, span)
     return full * pool + -(-rest // batch_size)
+
+
+def subsample(items: list[T], n: int | None, seed: int) -> list[T]:
+    """A random subset of ``n`` items in their original order (all of them when ``n`` is None or larger)."""
+    if n is None or n >= len(items):
+        return items
+    keep = sorted(random.Random(seed).sample(range(len(items)), n))
+    return [items[i] for i in keep]

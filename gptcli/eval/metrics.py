@@ -5,11 +5,15 @@ them x100. Degenerate inputs follow scikit-learn's conventions where it has one 
 rather than nan, so ``results.json`` stays valid JSON: F1 with no true and no predicted positives is 0 (as
 sklearn's default), MCC with a zero denominator (one class only) is 0 (as sklearn), and Pearson/Spearman with a
 constant input is 0 (scipy returns nan: no linear relation can be measured).
+
+:func:`score_predictions` applies a task's metrics to its predictions (×100, as the tables show them); fine-tuning
+(dev score per epoch) and ``gpt1 eval`` both score through it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -104,3 +108,17 @@ def compute(names: Sequence[str], preds: ArrayLike, labels: ArrayLike) -> dict[s
             raise KeyError(f"unknown metric {name!r} (known: {', '.join(METRICS)})")
         out[name] = METRICS[name](preds, labels)
     return out
+
+
+def score_predictions(task: Any, preds: Sequence[Any], examples: Sequence[Any]) -> dict[str, float]:
+    """The task's metrics ×100 (headline first), plus per-level accuracy for RACE-style ``extra["level"]``."""
+    labels = [e.label for e in examples]
+    names = list(dict.fromkeys((task.metric, *getattr(task, "extra_metrics", ()))))
+    scores = {k: 100.0 * v for k, v in compute(names, list(preds), labels).items()}
+    levels = sorted({e.extra.get("level") for e in examples if e.extra.get("level")})
+    if len(levels) > 1:
+        for lv in levels:
+            idx = [i for i, e in enumerate(examples) if e.extra.get("level") == lv]
+            sub = compute([task.metric], [preds[i] for i in idx], [labels[i] for i in idx])
+            scores[f"{task.metric}_{lv}"] = 100.0 * sub[task.metric]
+    return scores

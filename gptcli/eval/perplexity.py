@@ -5,20 +5,27 @@ Every token of the split except the first of each shard is predicted exactly onc
 ``seq_len`` the targets), and the tail shorter than a window is covered by one last window aligned to the shard's
 end whose already-scored targets are masked out. Perplexity is ``exp`` of the mean token negative log-likelihood
 (token-level, over the corpus's own BPE tokens — the paper's 18.4 is of that kind, on BooksCorpus).
+
+:func:`evaluate_lm` scores one model (pretraining validates with it); :func:`corpus_perplexity` opens a prepared
+corpus and scores checkpoints on one of its splits (``gpt1 eval --data``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 
+from gptcli.checkpoint import load_checkpoint
+from gptcli.data.shards import open_corpus
+from gptcli.errors import GPT1Error
 from gptcli.model.losses import IGNORE, next_token_nll
-from gptcli.runtime import Precision, autocast
-
+from gptcli.progress import SILENT, Progress, staged
+from gptcli.runtime import Precision, autocast, resolve_device, resolve_precision
 
 
 @dataclass
@@ -74,43 +81,112 @@ def evaluate_lm(
     model.eval()
     total = torch.zeros((), dtype=torch.float64, device=device)
     count = 0
-    batches = 0
-    pending: list[tuple[np.ndarray, int]] = []
-
-    def run(items: list[tuple[np.ndarray, int]]) -> None:
-        nonlocal total, count
-        x = torch.stack([torch.from_numpy(w[:-1]) for w, _ in items]).to(device)
-        y = torch.stack([torch.from_numpy(w[1:]) for w, _ in items]).clone()
-        for row, (_, skip) in enumerate(items):
-            y[row, :skip] = IGNORE
-        y = y.to(device)
-        with autocast(device, precision):
-            logits = model.lm_logits(model(x))
-        nll = next_token_nll(logits, y, reduction="sum")
-        total += nll.double()
-        count += int((y != IGNORE).sum())
-
-    def flush(items: list[tuple[np.ndarray, int]]) -> None:
-        nonlocal batches
-        if batches % world_size == rank:
-            run(items)
-        batches += 1
-
-    for w, skip in eval_windows(arrays, seq_len):
-        # Windows of unequal length (a short shard) are run on their own.
-        if pending and len(w) != len(pending[0][0]):
-            flush(pending)
-            pending = []
-        pending.append((w, skip))
-        if len(pending) == batch_size:
-            flush(pending)
-            pending = []
-        if max_batches is not None and batches >= max_batches:
-            pending = []
-            break
-    if pending:
-        flush(pending)
+    for i, items in enumerate(eval_batches(arrays, seq_len, batch_size, max_batches)):
+        if i % world_size == rank:
+            nll, n = _batch_nll(model, items, device, precision)
+            total += nll
+            count += n
     model.train(was_training)
     if count == 0:
         return LMEval(float("nan"), 0)
     return LMEval(float(total.item() / count), count)
+
+
+def eval_batches(
+    arrays: Sequence[np.ndarray], seq_len: int, batch_size: int, max_batches: int | None = None
+) -> Iterator[list[tuple[np.ndarray, int]]]:
+    """:func:`eval_windows` in batches of up to ``batch_size`` (the first ``max_batches`` of them)."""
+    pending: list[tuple[np.ndarray, int]] = []
+    made = 0
+    for w, skip in eval_windows(arrays, seq_len):
+        # Windows of unequal length (a short shard) are run on their own.
+        if pending and len(w) != len(pending[0][0]):
+            yield pending
+            made, pending = made + 1, []
+        pending.append((w, skip))
+        if len(pending) == batch_size:
+            yield pending
+            made, pending = made + 1, []
+        if max_batches is not None and made >= max_batches:
+            return
+    if pending:
+        yield pending
+
+
+def _batch_nll(model: torch.nn.Module, items: list[tuple[np.ndarray, int]], device: torch.device,
+               precision: Precision) -> tuple[torch.Tensor, int]:
+    """Summed next-token NLL (float64, on ``device``) of one batch of windows, and the number of targets scored."""
+    x = torch.stack([torch.from_numpy(w[:-1]) for w, _ in items]).to(device)
+    y = torch.stack([torch.from_numpy(w[1:]) for w, _ in items]).clone()
+    for row, (_, skip) in enumerate(items):
+        y[row, :skip] = IGNORE
+    y = y.to(device)
+    with autocast(device, precision):
+        logits = model.lm_logits(model(x))
+    nll = next_token_nll(logits, y, reduction="sum")
+    return nll.double(), int((y != IGNORE).sum())
+
+
+@dataclass
+class CheckpointPerplexity:
+    """One checkpoint's score on a corpus split."""
+
+    checkpoint: Path
+    step: int | None
+    """The pretraining update the checkpoint was saved at (None when its header does not say)."""
+    loss: float
+    """Mean next-token negative log-likelihood (nats)."""
+    perplexity: float
+    tokens: int
+    """Number of predicted tokens."""
+
+
+def corpus_perplexity(
+    checkpoints: Sequence[str | Path],
+    data: str | Path,
+    split: str = "val",
+    *,
+    batch_size: int = 8,
+    seq_len: int | None = None,
+    device: str = "auto",
+    precision: str = "fp32",
+    max_batches: int | None = None,
+    verify: bool = True,
+    progress: Progress | None = None,
+) -> list[CheckpointPerplexity]:
+    """Loss and perplexity of each checkpoint on ``split`` of the prepared corpus ``data`` (windows of
+    ``seq_len``, default and at most each model's context). ``verify`` checks the shard checksums first."""
+    report = progress or SILENT
+    corpus = open_corpus(data)
+    if verify:
+        problems = corpus.verify()
+        if problems:
+            raise GPT1Error(problems[0])
+    arrays = corpus.arrays(split)
+    dev = resolve_device(device)
+    prec = resolve_precision(precision, dev)
+    vocab = _corpus_vocab(corpus)
+    rows = []
+    with staged(report, f"perplexity on {split}", len(checkpoints), unit="checkpoints"):
+        for path in checkpoints:
+            ck = load_checkpoint(path, map_location=dev, load_tokenizer=False)
+            if vocab is not None and vocab > ck.config.total_vocab:
+                raise GPT1Error(
+                    f"{ck.path}: model vocabulary ({ck.config.total_vocab}) is smaller than the corpus's ({vocab}); "
+                    "was the corpus prepared with another tokenizer?"
+                )
+            n = min(seq_len or ck.config.n_ctx, ck.config.n_ctx)
+            res = evaluate_lm(ck.model, arrays, n, batch_size, device=dev, precision=prec, max_batches=max_batches)
+            step = ck.meta.get("step")
+            rows.append(CheckpointPerplexity(ck.path, None if step is None else int(step), res.loss, res.perplexity,
+                                             res.tokens))
+            report.advance(1, loss=res.loss)
+    return rows
+
+
+def _corpus_vocab(corpus: Any) -> int | None:
+    """The corpus's vocabulary size (manifest, else its tokenizer), to catch a model from another tokenizer."""
+    vocab = corpus.manifest.get("vocab_size")
+    if vocab is None and (corpus.dir / "tokenizer").is_dir():
+        vocab = corpus.tokenizer.vocab_size
+    return vocab

@@ -5,47 +5,74 @@ encodes the split with the same transformation and context the run was trained w
 
 - ``results.json``: the task's metrics ×100 (the paper's headline metric first, e.g. ``f1`` then ``accuracy``
   for MRPC/QQP, ``pearson`` and ``spearman`` for STS-B; RACE adds ``accuracy_middle``/``accuracy_high`` when a
-  split holds both levels), with the paper's number for comparison;
+  split holds both levels), with the paper's number for comparison (:func:`load_results` reads it back);
 - ``predictions.jsonl``: one line per example (``uid``, predicted label string or score, gold label, head outputs);
 - for an unlabeled split (GLUE test files), ``<GLUE name>.tsv`` with ``index\\tprediction`` and GLUE's label
   strings (``SST-2.tsv``, ``MNLI-m.tsv``, ``STS-B.tsv`` ...), ready for the GLUE server.
 
 A checkpoint fine-tuned on one task may be scored on another of the same kind and labels (``mnli`` → ``mnli-mm``,
-``race`` → ``race-m``/``race-h``).
+``race`` → ``race-m``/``race-h``). :func:`evaluate_tasks` scores several checkpoints on several tasks as
+configured by an :class:`EvalConfig` (the settings of ``gpt1 eval``; its ``data`` mode, perplexity on a
+prepared corpus, is :func:`gptcli.eval.perplexity.corpus_perplexity`).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
+from gptcli.checkpoint import Checkpoint, load_checkpoint, read_header, resolve_checkpoint
+from gptcli.data.batching import iterate, subsample
+from gptcli.data.transforms import encode_examples
 from gptcli.errors import GPT1Error
+from gptcli.eval.metrics import score_predictions
+from gptcli.fsutil import write_text_atomic
+from gptcli.model.classifier import FinetuneModel, predict
+from gptcli.model.heads import HeadConfig, TaskHead
+from gptcli.progress import SILENT, Progress, staged
+from gptcli.runtime import resolve_device, resolve_precision
+from gptcli.tasks import ReadOptions, get_task
 
 RESULTS = "results.json"
 PREDICTIONS = "predictions.jsonl"
 
 
-def score_predictions(task: Any, preds: Sequence[Any], examples: Sequence[Any]) -> dict[str, float]:
-    """The task's metrics ×100 (headline first), plus per-level accuracy for RACE-style ``extra["level"]``."""
-    from gptcli.eval.metrics import compute
+@dataclass
+class EvalConfig:
+    """Settings of ``gpt1 eval``: checkpoints, and either a prepared corpus (perplexity) or tasks (their metric)."""
 
-    labels = [e.label for e in examples]
-    names = list(dict.fromkeys((task.metric, *getattr(task, "extra_metrics", ()))))
-    scores = {k: 100.0 * v for k, v in compute(names, list(preds), labels).items()}
-    levels = sorted({e.extra.get("level") for e in examples if e.extra.get("level")})
-    if len(levels) > 1:
-        for lv in levels:
-            idx = [i for i, e in enumerate(examples) if e.extra.get("level") == lv]
-            sub = compute([task.metric], [preds[i] for i in idx], [labels[i] for i in idx])
-            scores[f"{task.metric}_{lv}"] = 100.0 * sub[task.metric]
-    return scores
-
-
-def _label_string(task: Any, pred: Any) -> str:
-    if task.kind == "regression":
-        return f"{float(pred):.3f}"
-    return str(task.labels[pred]) if task.labels else str(pred)
+    checkpoint: list[str] = field(default_factory=list)
+    """Checkpoint directory or run directory (newest checkpoint); repeat for several."""
+    data: str | None = None
+    """Prepared corpus directory: report token-level perplexity on ``split``."""
+    task: list[str] = field(default_factory=list)
+    """Task(s) to score fine-tuned checkpoints on (comma list or repeat; default: each checkpoint's own task). See
+    ``gpt1 finetune --list-tasks``."""
+    split: str | None = None
+    """Split to evaluate: corpus split (default val) or task split dev|test|train (default dev; an unlabeled test
+    split writes a GLUE submission file)."""
+    data_dir: str | None = None
+    """The task's official data folder (default: ``$GPT1_DATA/<folder>``)."""
+    out: str | None = None
+    """Where task results, predictions and submission files go (default: ``RUN/eval/<task>-<split>/``)."""
+    skip_bad_rows: bool = False
+    """Skip and count malformed task rows instead of stopping at the first."""
+    max_examples: int | None = None
+    """Score a random subset (seed 0) of this many task examples (quick checks)."""
+    batch_size: int = 8
+    """Sequences per forward pass (a task example with several sequences counts once)."""
+    seq_len: int | None = None
+    """Perplexity window length (default: the model's context)."""
+    device: str = "auto"
+    """auto, cpu or cuda[:N]."""
+    precision: str = "fp32"
+    """auto, fp32, bf16 or fp16 (autocast; weights stay fp32)."""
+    max_batches: int | None = None
+    """Perplexity on only the first N batches."""
+    verify: bool = True
+    """Check the corpus's shard checksums before computing perplexity."""
 
 
 def submission_name(task: Any) -> str:
@@ -87,12 +114,21 @@ def model_label(meta: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def load_finetuned(checkpoint: str | Path, device: Any = "cpu") -> tuple[Any, Any, Any]:
-    """(checkpoint, FinetuneModel on ``device`` in eval mode, tokenizer) of a fine-tuned checkpoint."""
-    from gptcli.checkpoint import load_checkpoint
-    from gptcli.train.finetune import FinetuneModel
-    from gptcli.model.heads import HeadConfig, TaskHead
+def is_finetuned(path: str | Path) -> bool:
+    """Whether ``path`` (a checkpoint or run directory) holds a fine-tuned checkpoint (reads only its header)."""
+    return read_header(path).kind == "finetuned"
 
+
+def trained_task(checkpoint: str | Path) -> str:
+    """The task a fine-tuned checkpoint was trained on (from its header)."""
+    header = read_header(checkpoint)
+    if not header.meta.get("task"):
+        raise GPT1Error(f"{header.path}: not a fine-tuned checkpoint; pass --task to say what to evaluate")
+    return str(header.meta["task"])
+
+
+def load_finetuned(checkpoint: str | Path, device: Any = "cpu") -> tuple[Checkpoint, FinetuneModel, Any]:
+    """(checkpoint, FinetuneModel on ``device`` in eval mode, tokenizer) of a fine-tuned checkpoint."""
     ck = load_checkpoint(checkpoint)
     if ck.kind != "finetuned" or "head" not in ck.meta:
         raise GPT1Error(f"{ck.path}: not a fine-tuned checkpoint (kind {ck.kind!r}); run `gpt1 finetune --task ...` first")
@@ -105,6 +141,18 @@ def load_finetuned(checkpoint: str | Path, device: Any = "cpu") -> tuple[Any, An
         raise GPT1Error(f"{ck.path}: head weights do not match the head config ({str(e).splitlines()[0]})") from None
     model = FinetuneModel(ck.model, head).to(device).eval()
     return ck, model, ck.tokenizer
+
+
+def load_results(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
+    """Read ``results.json`` files (or the directories holding them), as written by fine-tuning or evaluation."""
+    out = []
+    for p in paths:
+        p = Path(p)
+        out.append(json.loads((p / RESULTS if p.is_dir() else p).read_text(encoding="utf-8")))
+    return out
+
+
+# --------------------------------------------------------------------------------------------- one task, one checkpoint
 
 
 def evaluate_task(
@@ -120,16 +168,60 @@ def evaluate_task(
     skip_bad_rows: bool = False,
     max_examples: int | None = None,
     seed: int = 0,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Score ``checkpoint`` on ``split`` of a task (default: the task it was fine-tuned on); returns results.json."""
-    from gptcli.train.finetune import predict, subsample
-    from gptcli.runtime import resolve_device, resolve_precision
-    from gptcli.tasks import ReadOptions, get_task
-    from gptcli.data.transforms import encode_examples
-
+    """Score ``checkpoint`` on ``split`` of a task (default: the task it was fine-tuned on); returns results.json
+    (plus ``out_dir``). ``progress`` sees one stage sized in examples."""
+    report = progress or SILENT
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
     ck, model, tok = load_finetuned(checkpoint, dev)
+    task = _scorable_task(task_name, ck)
+    opts = ReadOptions(skip_bad_rows=skip_bad_rows)
+    examples = subsample(task.read(split, data_dir, opts), max_examples, seed)
+    _check_labels(task, split, examples)
+    n_ctx = int(ck.meta.get("n_ctx") or ck.config.n_ctx)
+    enc = encode_examples(task, examples, tok, n_ctx)
+    with staged(report, f"evaluate {run_label(ck.path)} on {task.name} ({split})", len(enc), unit="examples"):
+        batches = iterate(enc, batch_size, shuffle=False, regression=task.kind == "regression")
+        preds, outs = predict(model, batches, dev, prec, progress=report)
+    out_dir = Path(out) if out is not None else default_out_dir(ck.path, task.name, split)
+    results = write_outputs(out_dir, ck, task, split, examples, preds, outs, skipped=opts.skipped, n_ctx=n_ctx)
+    results["out_dir"] = str(out_dir)
+    return results
+
+
+def write_outputs(out_dir: Path, ck: Checkpoint, task: Any, split: str, examples: Sequence[Any],
+                  preds: Sequence[Any], outs: Sequence[list[float]], *, skipped: list[str], n_ctx: int) -> dict[str, Any]:
+    """predictions.jsonl, the submission file of an unlabeled split, and results.json (returned)."""
+    labeled = all(e.label is not None for e in examples)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_predictions(out_dir / PREDICTIONS, task, examples, preds, outs, labeled)
+    submission = None if labeled else write_submission(out_dir / submission_name(task), task, examples, preds)
+    results = {
+        "task": task.name,
+        "title": task.title,
+        "split": split,
+        "labeled": labeled,
+        "metric": task.metric,
+        "paper_score": task.paper_score,
+        "scores": score_predictions(task, preds, examples) if labeled else {},
+        "n": len(examples),
+        "checkpoint": str(ck.path),
+        "run": run_label(ck.path),
+        "model": model_label(ck.meta),
+        "trained_on": ck.meta.get("task", ""),
+        "predictions": str(out_dir / PREDICTIONS),
+        "submission": str(submission) if submission else None,
+        "skipped_rows": skipped,
+        "n_ctx": n_ctx,
+    }
+    write_text_atomic(out_dir / RESULTS, json.dumps(results, indent=2))
+    return results
+
+
+def _scorable_task(task_name: str | None, ck: Checkpoint) -> Any:
+    """The task to score (default: the one the checkpoint was fine-tuned on), if its head fits the checkpoint's."""
     trained_on = ck.meta.get("task", "")
     task = get_task(task_name or trained_on)
     if task.kind != ck.meta.get("kind") or list(task.labels) != list(ck.meta.get("labels", [])):
@@ -137,21 +229,27 @@ def evaluate_task(
             f"{ck.path}: fine-tuned on {trained_on!r} ({ck.meta.get('kind')}, labels {ck.meta.get('labels')}); "
             f"cannot score task {task.name!r} ({task.kind}, labels {list(task.labels)})"
         )
-    opts = ReadOptions(skip_bad_rows=skip_bad_rows)
-    examples = subsample(task.read(split, data_dir, opts), max_examples, seed)
+    return task
+
+
+def _check_labels(task: Any, split: str, examples: Sequence[Any]) -> None:
+    """A split is labeled or unlabeled (a GLUE test file) throughout; a mix, or no examples, is an error."""
     if not examples:
         raise GPT1Error(f"{task.name}: split {split!r} has no examples")
     n_unlabeled = sum(e.label is None for e in examples)
     if 0 < n_unlabeled < len(examples):
         raise GPT1Error(f"{task.name}: split {split!r} mixes labeled and unlabeled rows ({n_unlabeled} unlabeled)")
-    labeled = n_unlabeled == 0
-    n_ctx = int(ck.meta.get("n_ctx") or ck.config.n_ctx)
-    enc = encode_examples(task, examples, tok, n_ctx)
-    preds, outs = predict(model, enc, batch_size, dev, prec, task.kind == "regression")
 
-    out_dir = Path(out) if out is not None else default_out_dir(ck.path, task.name, split)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    scores = score_predictions(task, preds, examples) if labeled else {}
+
+def _label_string(task: Any, pred: Any) -> str:
+    if task.kind == "regression":
+        return f"{float(pred):.3f}"
+    return str(task.labels[pred]) if task.labels else str(pred)
+
+
+def write_predictions(path: Path, task: Any, examples: Sequence[Any], preds: Sequence[Any],
+                      outs: Sequence[list[float]], labeled: bool) -> Path:
+    """``predictions.jsonl``: index, uid, predicted label string (and index), gold label, head outputs."""
     lines = []
     for i, (ex, p, o) in enumerate(zip(examples, preds, outs)):
         rec: dict[str, Any] = {"index": i, "uid": ex.uid, "prediction": _label_string(task, p)}
@@ -163,36 +261,60 @@ def evaluate_task(
                 rec["correct"] = p == ex.label
         rec["outputs"] = o
         lines.append(json.dumps(rec, ensure_ascii=False))
-    _atomic_write(out_dir / PREDICTIONS, "".join(line + "\n" for line in lines))
-    submission = None
-    if not labeled:
-        submission = out_dir / submission_name(task)
-        rows = ["index\tprediction"] + [f"{ex.uid}\t{_label_string(task, p)}" for ex, p in zip(examples, preds)]
-        _atomic_write(submission, "\n".join(rows) + "\n")
-    results = {
-        "task": task.name,
-        "title": task.title,
-        "split": split,
-        "labeled": labeled,
-        "metric": task.metric,
-        "paper_score": task.paper_score,
-        "scores": scores,
-        "n": len(examples),
-        "checkpoint": str(ck.path),
-        "run": run_label(ck.path),
-        "model": model_label(ck.meta),
-        "trained_on": trained_on,
-        "predictions": str(out_dir / PREDICTIONS),
-        "submission": str(submission) if submission else None,
-        "skipped_rows": opts.skipped,
-        "n_ctx": n_ctx,
-    }
-    _atomic_write(out_dir / RESULTS, json.dumps(results, indent=2))
-    results["out_dir"] = str(out_dir)
+    return write_text_atomic(path, "".join(line + "\n" for line in lines))
+
+
+def write_submission(path: Path, task: Any, examples: Sequence[Any], preds: Sequence[Any]) -> Path:
+    """A GLUE submission file: ``index\\tprediction`` with the row ids and GLUE's label strings."""
+    rows = ["index\tprediction"] + [f"{ex.uid}\t{_label_string(task, p)}" for ex, p in zip(examples, preds)]
+    return write_text_atomic(path, "\n".join(rows) + "\n")
+
+
+# --------------------------------------------------------------------------------------------- checkpoints × tasks
+
+
+def parse_tasks(task: str | Sequence[str] | None) -> list[str | None]:
+    """``"mnli,mnli-mm"`` or a list → task names; None or empty → ``[None]`` (each checkpoint's own task)."""
+    if task is None:
+        return [None]
+    items = [task] if isinstance(task, str) else list(task)
+    names = [t.strip() for item in items for t in str(item).split(",") if t.strip()]
+    return names or [None]
+
+
+def evaluate_tasks(config: EvalConfig, progress: Progress | None = None) -> list[dict[str, Any]]:
+    """Every checkpoint on every task's split (default: each checkpoint's own task, split ``dev``); returns the
+    results dicts, each with ``run``: the checkpoint's label, unique in the list.
+
+    With ``out``, checkpoint ``run`` writes to ``OUT/<run>/<task>-<split>/``; otherwise to ``RUN/eval/<task>-<split>/``.
+    ``data_dir`` is one task's folder, so it needs a single task (several tasks read ``$GPT1_DATA``).
+    """
+    if not config.checkpoint:
+        raise GPT1Error("no checkpoint to evaluate: give --checkpoint RUN_DIR (repeatable)")
+    tasks = parse_tasks(config.task)
+    if config.data_dir is not None and len(tasks) > 1:
+        raise GPT1Error("--data-dir names one task's folder; with several tasks set GPT1_DATA instead")
+    split = config.split or "dev"
+    results = []
+    for path, label in _labelled_checkpoints(config.checkpoint):
+        for t in tasks:
+            name = t or trained_task(path)
+            target = Path(config.out) / label / f"{name}-{split}" if config.out is not None else None
+            r = evaluate_task(name, path, split, data_dir=config.data_dir, out=target, batch_size=config.batch_size,
+                              device=config.device, precision=config.precision, skip_bad_rows=config.skip_bad_rows,
+                              max_examples=config.max_examples, progress=progress)
+            r["run"] = label
+            results.append(r)
     return results
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+def _labelled_checkpoints(checkpoints: Sequence[str | Path]) -> list[tuple[Path, str]]:
+    """(checkpoint, label) pairs; two runs with the same directory name stay apart in tables and on disk."""
+    seen: dict[str, int] = {}
+    out = []
+    for ck in checkpoints:
+        path = resolve_checkpoint(ck)
+        label = run_label(path)
+        seen[label] = seen.get(label, 0) + 1
+        out.append((path, label if seen[label] == 1 else f"{label}#{seen[label]}"))
+    return out

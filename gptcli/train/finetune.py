@@ -6,8 +6,16 @@ N(0, 0.02) embeddings, builds the task head, and trains with the paper's setting
 the dev split with the task's metric; the final checkpoint (``RUN/checkpoints/final``) holds the best (or last)
 epoch's body + head, the tokenizer and the head config, and ``RUN/results.json`` its dev scores.
 
+A run is a sequence of named stages, top to bottom in :func:`finetune`: read the task data, build the body,
+encode and build the model + optimizer (:func:`build_run`), train epoch by epoch with a dev score after each,
+keep the best (or last) epoch's weights, write the checkpoint and ``results.json``. Progress goes through
+:mod:`gptcli.progress`: one stage per run sized in updates, ``advance(1, epoch=, loss=, lr=)`` per update and a
+note with the dev scores after every epoch.
+
 The update itself (autocast, clipping, schedule, non-finite guard) is the shared :class:`gptcli.train.trainer.Trainer`;
-this module only supplies the data (bucketed, dynamically padded batches) and the loss.
+this module only supplies the data (bucketed, dynamically padded batches) and the loss. The model (body + head as
+one module) and batched prediction are :mod:`gptcli.model.classifier`; scoring is
+:func:`gptcli.eval.metrics.score_predictions`, the same function ``gpt1 eval`` uses.
 
 Ablations (paper Table 5, Figure 2 left): ``init="none"`` (no pretraining: a randomly initialised model of the
 same shape), ``lm_weight=0`` (no auxiliary LM; its forward cost is skipped too), ``transfer_layers=K`` (keep
@@ -22,15 +30,33 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn as nn
 
+from gptcli.checkpoint import is_checkpoint, load_checkpoint, read_header, save_checkpoint
+from gptcli.config import save_config, to_dict
+from gptcli.data.batching import Batch, bucketed_batches, collate, iterate, num_batches, subsample
+from gptcli.data.transforms import Encoded, encode_examples
 from gptcli.errors import GPT1Error
+from gptcli.eval.metrics import score_predictions
+from gptcli.fsutil import write_text_atomic
+from gptcli.model.classifier import FinetuneModel, predict
+from gptcli.model.gpt import GPT, ModelConfig, preset
+from gptcli.model.heads import HeadConfig, TaskHead
+from gptcli.model.losses import lm_loss_per_sequence
+from gptcli.progress import SILENT, Progress
+from gptcli.runtime import configure_backends, resolve_device, resolve_precision
+from gptcli.tasks import ReadOptions, get_task
+from gptcli.tokenizers import load_tokenizer
+from gptcli.train.optim import lr_at, make_optimizer
+from gptcli.train.runlog import METRICS, RunLogger
+from gptcli.train.trainer import StepResult, Trainer
 
 RESULTS = "results.json"
 FINAL = "final"
+CONFIG_FILE = "config.toml"
 
 
 @dataclass
@@ -99,24 +125,111 @@ class FinetuneConfig:
     """Write a training record to metrics.jsonl every this many updates."""
     overwrite: bool = False
     """Replace an existing run in ``out``."""
-    progress: bool = True
-    """Show a Rich progress bar."""
 
 
-# --------------------------------------------------------------------------------------------- model pieces
+@dataclass
+class FinetuneResult:
+    """What :func:`finetune` returns."""
+
+    run_dir: Path
+    """The run directory (``config.out``)."""
+    checkpoint: Path
+    """``RUN/checkpoints/final``: body + head + tokenizer of the kept epoch."""
+    results: dict[str, Any]
+    """The contents of ``RUN/results.json``."""
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """One evaluation record per epoch (as in metrics.jsonl)."""
 
 
-class FinetuneModel(nn.Module):
-    """The GPT body and its task head as one module (one optimizer, one state dict)."""
+def finetune(config: FinetuneConfig, progress: Progress | None = None) -> FinetuneResult:
+    """Run one fine-tuning job as configured; returns where the checkpoint and results went."""
+    report = progress or SILENT
+    check_config(config)
+    task = get_task(config.task)
+    out = Path(config.out)
+    if (out / "checkpoints" / FINAL).exists() and not config.overwrite:
+        raise GPT1Error(f"{out}: already holds a fine-tuned checkpoint (pass --overwrite to replace it)")
+    device = resolve_device(config.device)
+    precision = resolve_precision(config.precision, device)
+    configure_backends(device)
+    # Data first: a missing or malformed file should fail before any weights are loaded.
+    data = read_task_data(task, config)
+    _seed_everything(config.seed)
+    gpt, tok, source = build_body(config)
+    run = build_run(config, task, data, gpt, tok, source, device, precision)
+    run.logger = _start_run_dir(out, config)
+    scored = f"{len(data.dev)} {config.eval_split} examples" if config.eval_split else "no evaluation split"
+    report.note(f"{task.name}: {len(data.train)} training examples, {scored}; {run.total} updates")
+    train_epochs(run, report)
+    chosen_epoch = keep_selected_weights(run)
+    return write_outputs(run, out, chosen_epoch)
 
-    def __init__(self, gpt: nn.Module, head: nn.Module) -> None:
-        super().__init__()
-        self.gpt = gpt
-        self.head = head
 
-    def forward(self, ids: torch.Tensor, n_seqs: int) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden = self.gpt(ids)
-        return self.head(hidden, ids, n_seqs), hidden
+def check_config(c: FinetuneConfig) -> None:
+    """Refuse settings that cannot work, before anything is read or loaded."""
+    if not c.task:
+        raise GPT1Error("no task given (--task NAME; see --list-tasks)")
+    if c.micro_batch_size is not None and c.micro_batch_size <= 0:
+        raise GPT1Error(f"micro_batch_size must be positive, got {c.micro_batch_size}")
+    for name in ("lr", "batch_size", "epochs"):
+        if getattr(c, name) <= 0:
+            raise GPT1Error(f"{name} must be positive, got {getattr(c, name)}")
+    if not 0 <= c.warmup < 1:
+        raise GPT1Error(f"warmup is a fraction of the updates in [0, 1), got {c.warmup}")
+    if c.lm_weight < 0:
+        raise GPT1Error(f"lm_weight must be ≥ 0, got {c.lm_weight}")
+    if not 0 <= c.clf_pdrop < 1:
+        raise GPT1Error(f"clf_pdrop must be in [0, 1), got {c.clf_pdrop}")
+    if c.init.lower() == "none" and not c.tokenizer:
+        raise GPT1Error("--init none needs --tokenizer DIR (a tokenizer directory or a checkpoint) to encode the task")
+    if c.transfer_layers is not None and c.init.lower() == "none":
+        raise GPT1Error("--transfer-layers needs a pretrained --init checkpoint (with --init none nothing is transferred)")
+
+
+# --------------------------------------------------------------------------------------------- the task's data
+
+
+@dataclass
+class TaskData:
+    """The examples a run trains and scores on, and what reading them left out."""
+
+    train: list[Any]
+    dev: list[Any]
+    skipped: list[str]
+    """Malformed rows skipped with ``skip_bad_rows`` (``path:line: reason``)."""
+    excluded: int
+    """Rows the dataset's own rule leaves out (SNLI/MNLI ``gold_label == "-"``)."""
+
+
+def read_split(task: Any, split: str, config: FinetuneConfig) -> tuple[list[Any], list[str], int]:
+    """Examples of one split, the skipped bad rows (``path:line: reason``) and the count of rows the dataset's
+    own rule leaves out (SNLI/MNLI ``gold_label == "-"``)."""
+    opts = ReadOptions(skip_bad_rows=config.skip_bad_rows)
+    examples = task.read(split, config.data_dir, opts)
+    return examples, opts.skipped, len(getattr(opts, "excluded", []))
+
+
+def read_task_data(task: Any, config: FinetuneConfig) -> TaskData:
+    """The labeled training split and (unless ``eval_split`` is empty) the labeled dev split, subsampled."""
+    train, skipped, excluded = read_split(task, config.train_split, config)
+    unlabeled = sum(e.label is None for e in train)
+    if unlabeled:
+        raise GPT1Error(f"{task.name}: split {config.train_split!r} has {unlabeled} unlabeled rows; cannot train on it")
+    dev: list[Any] = []
+    if config.eval_split:
+        dev, dev_skipped, dev_excluded = read_split(task, config.eval_split, config)
+        skipped += dev_skipped
+        excluded += dev_excluded
+        if any(e.label is None for e in dev):
+            raise GPT1Error(f"{task.name}: split {config.eval_split!r} is unlabeled; choose a labeled --eval-split")
+    train = subsample(train, config.max_train_examples, config.seed)
+    dev = subsample(dev, config.max_eval_examples, config.seed + 1)
+    if not train:
+        raise GPT1Error(f"{task.name}: no training examples in split {config.train_split!r}")
+    return TaskData(train, dev, skipped, excluded)
+
+
+# --------------------------------------------------------------------------------------------- the body
 
 
 def reinit_after(gpt: nn.Module, keep_layers: int) -> None:
@@ -132,32 +245,26 @@ def reinit_after(gpt: nn.Module, keep_layers: int) -> None:
         block.apply(gpt._init_weights)
 
 
-def _load_tokenizer_from(path: str) -> tuple[Any, Any | None]:
+def _load_tokenizer_from(path: str) -> tuple[Any, ModelConfig | None]:
     """A tokenizer: from a tokenizer directory or a prepared corpus (shape unknown: None), or from a checkpoint
     or run directory together with its model config (so a random model can have the pretrained one's shape)."""
-    from gptcli.checkpoint import CONFIG, is_checkpoint, resolve_checkpoint
-    from gptcli.model.gpt import ModelConfig
-    from gptcli.tokenizers import load_tokenizer
-
     p = Path(path)
     if (p / "tokenizer.json").is_file():
         return load_tokenizer(p), None
     if is_checkpoint(p) or (p / "checkpoints").is_dir():
-        ck = resolve_checkpoint(p)
-        if not (ck / "tokenizer").is_dir():
-            raise GPT1Error(f"{ck}: checkpoint has no tokenizer/")
-        mcfg = ModelConfig(**json.loads((ck / CONFIG).read_text(encoding="utf-8"))["model"])
+        header = read_header(p)
+        if not (header.path / "tokenizer").is_dir():
+            raise GPT1Error(f"{header.path}: checkpoint has no tokenizer/")
+        mcfg = ModelConfig(**header.model)
         mcfg.n_special = 0
-        return load_tokenizer(ck / "tokenizer"), mcfg
+        return load_tokenizer(header.path / "tokenizer"), mcfg
     if (p / "tokenizer" / "tokenizer.json").is_file():  # a prepared corpus directory
         return load_tokenizer(p / "tokenizer"), None
     raise GPT1Error(f"{p}: not a tokenizer directory, prepared corpus, checkpoint or run directory")
 
 
-def build_body(config: FinetuneConfig) -> tuple[nn.Module, Any, dict[str, Any]]:
+def build_body(config: FinetuneConfig) -> tuple[GPT, Any, dict[str, Any]]:
     """The GPT body with its three special tokens, the tokenizer, and a description of where it came from."""
-    from gptcli.model.gpt import GPT, preset
-
     n_sp = 3
     if config.init.lower() == "none":
         if not config.tokenizer:
@@ -167,10 +274,8 @@ def build_body(config: FinetuneConfig) -> tuple[nn.Module, Any, dict[str, Any]]:
             mcfg = preset(config.model, vocab_size=tok.vocab_size)
         mcfg.vocab_size = tok.vocab_size
         gpt = GPT(mcfg)
-        source = {"init": "none", "tokenizer": str(config.tokenizer)}
+        source: dict[str, Any] = {"init": "none", "tokenizer": str(config.tokenizer)}
     else:
-        from gptcli.checkpoint import load_checkpoint
-
         if not config.init:
             raise GPT1Error("no checkpoint to fine-tune: pass --init CHECKPOINT (or --init none for no pretraining)")
         ck = load_checkpoint(config.init)
@@ -194,69 +299,90 @@ def build_body(config: FinetuneConfig) -> tuple[nn.Module, Any, dict[str, Any]]:
     return gpt, tok, source
 
 
-# --------------------------------------------------------------------------------------------- data
+# --------------------------------------------------------------------------------------------- model, loss, run state
 
 
-def read_split(task: Any, split: str, config: FinetuneConfig) -> tuple[list[Any], list[str], int]:
-    """Examples of one split, the skipped bad rows (``path:line: reason``) and the count of rows the dataset's
-    own rule leaves out (SNLI/MNLI ``gold_label == "-"``)."""
-    from gptcli.tasks import ReadOptions
+class TaskLoss:
+    """L3 = L2 + λ·L1 (paper eq. 5) of one micro-batch; keeps each term per micro-batch of the current update
+    so the log can show them apart. With λ = 0 the LM head's forward is skipped altogether."""
 
-    opts = ReadOptions(skip_bad_rows=config.skip_bad_rows)
-    examples = task.read(split, config.data_dir, opts)
-    return examples, opts.skipped, len(getattr(opts, "excluded", []))
+    def __init__(self, lm_weight: float) -> None:
+        self.lm_weight = lm_weight
+        self.parts: dict[str, list[float]] = {"clf_loss": [], "lm_loss": []}
 
+    def __call__(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        out, hidden = model(batch.ids, batch.n_seqs)
+        clf = model.head.loss(out, batch.labels)
+        self.parts["clf_loss"].append(float(clf.detach()))
+        if self.lm_weight == 0:
+            return clf
+        lm = lm_loss_per_sequence(hidden, batch.ids, batch.mask, model.gpt.lm_logits).mean()
+        self.parts["lm_loss"].append(float(lm.detach()))
+        return clf + self.lm_weight * lm
 
-def subsample(items: list[Any], n: int | None, seed: int) -> list[Any]:
-    """A random subset of ``n`` items in their original order (all of them when ``n`` is None or larger)."""
-    if n is None or n >= len(items):
-        return items
-    keep = sorted(random.Random(seed).sample(range(len(items)), n))
-    return [items[i] for i in keep]
+    def start_update(self) -> None:
+        for v in self.parts.values():
+            v.clear()
 
-
-# --------------------------------------------------------------------------------------------- prediction
-
-
-@torch.no_grad()
-def predict(
-    model: FinetuneModel,
-    encoded: list[Any],
-    batch_size: int,
-    device: torch.device,
-    precision: str = "fp32",
-    regression: bool = False,
-) -> tuple[list[Any], list[list[float]]]:
-    """Predictions (class/answer index or score) and raw head outputs, in the order of ``encoded``."""
-    from gptcli.data.batching import iterate
-    from gptcli.runtime import autocast
-
-    model.eval()
-    preds: list[Any] = [None] * len(encoded)
-    outs: list[list[float]] = [[] for _ in encoded]
-    pos = {e.index: i for i, e in enumerate(encoded)}
-    for batch in iterate(encoded, batch_size, shuffle=False, regression=regression):
-        b = batch.to(device)
-        with autocast(device, precision):  # type: ignore[arg-type]
-            out, _ = model(b.ids, b.n_seqs)
-        p = model.head.predict(out).cpu().tolist()
-        o = out.float().cpu()
-        o = o.unsqueeze(-1) if o.dim() == 1 else o
-        for k, idx in enumerate(batch.index.tolist()):
-            preds[pos[idx]] = p[k]
-            outs[pos[idx]] = [round(v, 6) for v in o[k].tolist()]
-    return preds, outs
-
-
-# --------------------------------------------------------------------------------------------- training
+    def means(self) -> dict[str, float]:
+        """Mean of each term over the current update's micro-batches (terms that were not computed are left out)."""
+        return {k: sum(v) / len(v) for k, v in self.parts.items() if v}
 
 
 @dataclass
-class FinetuneResult:
-    run_dir: Path
-    checkpoint: Path
-    results: dict[str, Any]
+class Run:
+    """What the stages of one run share: the inputs, the model and its trainer, and the running state."""
+
+    config: FinetuneConfig
+    task: Any
+    device: torch.device
+    precision: str
+    data: TaskData
+    tokenizer: Any
+    n_ctx: int
+    train_enc: list[Encoded]
+    dev_enc: list[Encoded]
+    head_config: HeadConfig
+    model: FinetuneModel
+    loss: TaskLoss
+    trainer: Trainer
+    total: int
+    """Updates in the whole run."""
+    source: dict[str, Any]
+    """Where the body came from (init checkpoint, its kind and meta, transfer_layers): checkpoint meta."""
+    logger: RunLogger | None = None
+    step: int = 0
+    tokens: int = 0
+    window_tokens: int = 0
+    """Tokens since the last training record (for tokens_per_s)."""
+    t0: float = 0.0
+    t_log: float = 0.0
     history: list[dict[str, Any]] = field(default_factory=list)
+    best: tuple[float, int, dict[str, torch.Tensor]] | None = None
+    """(dev score, epoch, weights) of the best epoch so far; weights empty for the last epoch (still in the model)."""
+
+    def log(self, record: dict[str, Any]) -> None:
+        assert self.logger is not None, "the run directory is started before training"
+        self.logger.log(record)
+
+
+def build_run(config: FinetuneConfig, task: Any, data: TaskData, gpt: GPT, tok: Any, source: dict[str, Any],
+              device: torch.device, precision: str) -> Run:
+    """Encode the examples, put the head on the body and set up the optimizer, schedule and trainer."""
+    n_ctx = min(config.n_ctx or gpt.config.n_ctx, gpt.config.n_ctx)
+    train_enc = encode_examples(task, data.train, tok, n_ctx)
+    dev_enc = encode_examples(task, data.dev, tok, n_ctx) if data.dev else []
+    head_cfg = HeadConfig(kind=task.kind, n_embd=gpt.config.n_embd, n_labels=max(1, len(task.labels)),
+                          extract_id=tok.extract_id, pdrop=config.clf_pdrop, init_std=gpt.config.init_std)
+    model = FinetuneModel(gpt, TaskHead(head_cfg)).to(device)
+    total = num_batches(len(train_enc), config.batch_size) * config.epochs
+    warmup_steps = math.ceil(config.warmup * total) if config.warmup > 0 else 0
+    optimizer = make_optimizer(model, config.lr, config.weight_decay, decay=config.decay)
+    loss = TaskLoss(config.lm_weight)
+    trainer = Trainer(model, optimizer, loss, lambda s: lr_at(s, total, config.lr, warmup_steps, config.schedule),
+                      device=device, precision=precision, grad_clip=config.grad_clip or None)
+    return Run(config, task, device, precision, data, tok, n_ctx, train_enc, dev_enc, head_cfg, model, loss,
+               trainer, total, source)
 
 
 def _seed_everything(seed: int) -> None:
@@ -267,239 +393,163 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def finetune(config: FinetuneConfig, console: Any | None = None, on_epoch: Callable[[dict], None] | None = None) -> FinetuneResult:
-    """Run one fine-tuning job as configured; returns where the checkpoint and results went."""
-    from gptcli.data.batching import bucketed_batches, collate, num_batches
-    from gptcli.model.losses import lm_loss_per_sequence
-    from gptcli.checkpoint import save_checkpoint
-    from gptcli.config import save_config, to_dict
-    from gptcli.model.heads import HeadConfig, TaskHead
-    from gptcli.train.optim import lr_at, make_optimizer
-    from gptcli.train.runlog import METRICS, RunLogger
-    from gptcli.runtime import configure_backends, resolve_device, resolve_precision
-    from gptcli.eval.tasks import score_predictions
-    from gptcli.tasks import get_task
-    from gptcli.train.trainer import Trainer
-    from gptcli.data.transforms import encode_examples
-
-    _check_config(config)
-    task = get_task(config.task)
-    out = Path(config.out)
-    final_dir = out / "checkpoints" / FINAL
-    if final_dir.exists() and not config.overwrite:
-        raise GPT1Error(f"{out}: already holds a fine-tuned checkpoint (pass --overwrite to replace it)")
-    device = resolve_device(config.device)
-    precision = resolve_precision(config.precision, device)
-    configure_backends(device)
-
-    # Data first: a missing or malformed file should fail before any weights are loaded.
-    train_ex, skipped, excluded = read_split(task, config.train_split, config)
-    unlabeled = sum(e.label is None for e in train_ex)
-    if unlabeled:
-        raise GPT1Error(f"{task.name}: split {config.train_split!r} has {unlabeled} unlabeled rows; cannot train on it")
-    dev_ex: list[Any] = []
-    if config.eval_split:
-        dev_ex, dev_skipped, dev_excluded = read_split(task, config.eval_split, config)
-        skipped += dev_skipped
-        excluded += dev_excluded
-        if any(e.label is None for e in dev_ex):
-            raise GPT1Error(f"{task.name}: split {config.eval_split!r} is unlabeled; choose a labeled --eval-split")
-    train_ex = subsample(train_ex, config.max_train_examples, config.seed)
-    dev_ex = subsample(dev_ex, config.max_eval_examples, config.seed + 1)
-    if not train_ex:
-        raise GPT1Error(f"{task.name}: no training examples in split {config.train_split!r}")
-
-    _seed_everything(config.seed)
-    gpt, tok, source = build_body(config)
-    n_ctx = min(config.n_ctx or gpt.config.n_ctx, gpt.config.n_ctx)
-    train_enc = encode_examples(task, train_ex, tok, n_ctx)
-    dev_enc = encode_examples(task, dev_ex, tok, n_ctx) if dev_ex else []
-
-    head_cfg = HeadConfig(kind=task.kind, n_embd=gpt.config.n_embd, n_labels=max(1, len(task.labels)),
-                          extract_id=tok.extract_id, pdrop=config.clf_pdrop, init_std=gpt.config.init_std)
-    head = TaskHead(head_cfg)
-    model = FinetuneModel(gpt, head).to(device)
-    regression = task.kind == "regression"
-
-    steps_per_epoch = num_batches(len(train_enc), config.batch_size)
-    total = steps_per_epoch * config.epochs
-    warmup_steps = math.ceil(config.warmup * total) if config.warmup > 0 else 0
-    optimizer = make_optimizer(model, config.lr, config.weight_decay, decay=config.decay)
-    parts: dict[str, list[float]] = {"clf_loss": [], "lm_loss": []}  # per micro-batch, reset every update
-    lm_weight = config.lm_weight
-
-    def loss_fn(m: nn.Module, batch: Any) -> torch.Tensor:
-        out_, hidden = m(batch.ids, batch.n_seqs)
-        clf = m.head.loss(out_, batch.labels)
-        parts["clf_loss"].append(float(clf.detach()))
-        if lm_weight == 0:
-            return clf
-        lm = lm_loss_per_sequence(hidden, batch.ids, batch.mask, m.gpt.lm_logits).mean()
-        parts["lm_loss"].append(float(lm.detach()))
-        return clf + lm_weight * lm
-
-    trainer = Trainer(model, optimizer, loss_fn, lambda s: lr_at(s, total, config.lr, warmup_steps, config.schedule),
-                      device=device, precision=precision, grad_clip=config.grad_clip or None)
-
+def _start_run_dir(out: Path, config: FinetuneConfig) -> RunLogger:
+    """Create the run directory with the resolved config; an overwritten run starts a fresh metrics.jsonl."""
     out.mkdir(parents=True, exist_ok=True)
     if config.overwrite and (out / METRICS).exists():
         (out / METRICS).unlink()
-    save_config(config, out / "config.toml")
-    logger = RunLogger(out)
-    metric = task.metric
-    history: list[dict[str, Any]] = []
-    best: tuple[float, int, dict[str, torch.Tensor]] | None = None
-    rng = random.Random(config.seed)
-    step = 0
-    tokens, window_tokens = 0, 0
-    t0 = t_log = time.perf_counter()
-    eval_bs = config.eval_batch_size or 2 * config.batch_size
-    micro = config.micro_batch_size or config.batch_size
-    progress = _progress(console, config.progress and console is not None)
+    save_config(config, out / CONFIG_FILE)
+    return RunLogger(out)
+
+
+# --------------------------------------------------------------------------------------------- training
+
+
+def train_epochs(run: Run, report: Progress) -> None:
+    """Every epoch: one pass over the shuffled, length-bucketed training batches, then a dev score."""
+    rng = random.Random(run.config.seed)
+    run.t0 = run.t_log = time.perf_counter()
+    report.stage(f"finetune {run.task.name}", run.total, unit="updates")
     try:
-        with progress:
-            bar = progress.add_task(f"{task.name}", total=total, info="")
-            for epoch in range(1, config.epochs + 1):
-                run_loss, run_n = 0.0, 0
-                lengths = [e.length for e in train_enc]
-                for idx in bucketed_batches(lengths, config.batch_size, shuffle=True, rng=rng):
-                    mbs = [collate([train_enc[i] for i in idx[j : j + micro]], regression).to(device)
-                           for j in range(0, len(idx), micro)]
-                    for v in parts.values():
-                        v.clear()
-                    res = trainer.step(step, mbs)
-                    comp = {k: sum(v) / len(v) for k, v in parts.items() if v}
-                    if not math.isfinite(res.loss):
-                        raise GPT1Error(f"{task.name}: the loss became {res.loss} at update {step + 1}; "
-                                        "lower --lr or use --precision fp32")
-                    step += 1
-                    n_tok = sum(mb.tokens for mb in mbs)
-                    tokens += n_tok
-                    window_tokens += n_tok
-                    run_loss += res.loss
-                    run_n += 1
-                    if step % config.log_every == 0 or step == total:
-                        now = time.perf_counter()
-                        logger.log({"kind": "train", "step": step, "epoch": epoch, "loss": run_loss / run_n,
-                                    **comp, "lr": res.lr, "grad_norm": res.grad_norm, "tokens": tokens,
-                                    "tokens_per_s": round(window_tokens / max(now - t_log, 1e-9), 1),
-                                    "elapsed_s": round(now - t0, 3)})
-                        run_loss, run_n, window_tokens, t_log = 0.0, 0, 0, now
-                    progress.update(bar, advance=1, info=f"epoch {epoch}/{config.epochs} loss {res.loss:.4f} lr {res.lr:.2e}")
-                record: dict[str, Any] = {"kind": "eval", "step": step, "epoch": epoch, "split": config.eval_split}
-                if dev_enc:
-                    preds, _ = predict(model, dev_enc, eval_bs, device, precision, regression)
-                    scores = score_predictions(task, preds, dev_ex)
-                    record.update(scores)
-                    value = scores[metric]
-                    # Strictly better only: on ties the earlier epoch stays (as the released code's `>`).
-                    if config.select == "best" and (best is None or value > best[0]):
-                        best = (value, epoch, _cpu_state(model) if epoch < config.epochs else {})
-                    progress.update(bar, info=f"epoch {epoch}/{config.epochs} dev {metric} {value:.2f}")
-                logger.log(record)
-                history.append(record)
-                t_log, window_tokens = time.perf_counter(), 0  # evaluation time is not training throughput
-                if on_epoch:
-                    on_epoch(record)
+        for epoch in range(1, run.config.epochs + 1):
+            train_one_epoch(run, epoch, rng, report)
+            record = evaluate_epoch(run, epoch)
+            report.note(_epoch_line(record))
     finally:
-        logger.close()
-
-    chosen_epoch = config.epochs
-    if config.select == "best" and best is not None and best[1] != config.epochs:
-        model.load_state_dict(best[2])
-        chosen_epoch = best[1]
-    chosen = next((h for h in history if h["epoch"] == chosen_epoch), {})
-    dev_scores = {k: v for k, v in chosen.items() if k not in ("kind", "step", "epoch", "split")}
-    meta = {
-        "task": task.name,
-        "kind": task.kind,
-        "labels": list(task.labels),
-        "head": head_cfg.to_dict(),
-        "n_ctx": n_ctx,
-        "epoch": chosen_epoch,
-        "step": chosen.get("step", step),
-        "select": config.select,
-        "dev_split": config.eval_split,
-        "dev_scores": dev_scores,
-        "finetune_config": to_dict(config),
-        **source,
-    }
-    model.cpu()
-    ckpt = save_checkpoint(final_dir, model.gpt, tok, kind="finetuned", meta=meta, head_state=model.head.state_dict())
-    results = {
-        "task": task.name,
-        "title": task.title,
-        "split": config.eval_split,
-        "metric": metric,
-        "paper_score": task.paper_score,
-        "scores": dev_scores,
-        "epoch": chosen_epoch,
-        "select": config.select,
-        "checkpoint": str(ckpt),
-        "n_train": len(train_ex),
-        "n_eval": len(dev_ex),
-        "skipped_rows": skipped,
-        "excluded_rows": excluded,
-        "history": history,
-        "steps": step,
-        "elapsed_s": round(time.perf_counter() - t0, 3),
-        "config": to_dict(config),
-    }
-    _write_json(out / RESULTS, results)
-    return FinetuneResult(out, ckpt, results, history)
+        if run.logger is not None:
+            run.logger.close()
+        report.end()
 
 
-def _check_config(c: FinetuneConfig) -> None:
-    if not c.task:
-        raise GPT1Error("no task given (--task NAME; see --list-tasks)")
-    if c.micro_batch_size is not None and c.micro_batch_size <= 0:
-        raise GPT1Error(f"micro_batch_size must be positive, got {c.micro_batch_size}")
-    for name in ("lr", "batch_size", "epochs"):
-        if getattr(c, name) <= 0:
-            raise GPT1Error(f"{name} must be positive, got {getattr(c, name)}")
-    if not 0 <= c.warmup < 1:
-        raise GPT1Error(f"warmup is a fraction of the updates in [0, 1), got {c.warmup}")
-    if c.lm_weight < 0:
-        raise GPT1Error(f"lm_weight must be ≥ 0, got {c.lm_weight}")
-    if not 0 <= c.clf_pdrop < 1:
-        raise GPT1Error(f"clf_pdrop must be in [0, 1), got {c.clf_pdrop}")
-    if c.init.lower() == "none" and not c.tokenizer:
-        raise GPT1Error("--init none needs --tokenizer DIR (a tokenizer directory or a checkpoint) to encode the task")
-    if c.transfer_layers is not None and c.init.lower() == "none":
-        raise GPT1Error("--transfer-layers needs a pretrained --init checkpoint (with --init none nothing is transferred)")
+def train_one_epoch(run: Run, epoch: int, rng: random.Random, report: Progress) -> None:
+    """One pass over the training split: an update per batch (micro-batches accumulate), a record every log_every."""
+    c = run.config
+    micro = c.micro_batch_size or c.batch_size
+    regression = run.task.kind == "regression"
+    run_loss, run_n = 0.0, 0  # the mean loss since the last training record
+    lengths = [e.length for e in run.train_enc]
+    for idx in bucketed_batches(lengths, c.batch_size, shuffle=True, rng=rng):
+        mbs = [collate([run.train_enc[i] for i in idx[j : j + micro]], regression).to(run.device)
+               for j in range(0, len(idx), micro)]
+        run.loss.start_update()
+        res = run.trainer.step(run.step, mbs)
+        if not math.isfinite(res.loss):
+            raise GPT1Error(f"{run.task.name}: the loss became {res.loss} at update {run.step + 1}; "
+                            "lower --lr or use --precision fp32")
+        run.step += 1
+        n_tok = sum(mb.tokens for mb in mbs)
+        run.tokens += n_tok
+        run.window_tokens += n_tok
+        run_loss += res.loss
+        run_n += 1
+        if run.step % c.log_every == 0 or run.step == run.total:
+            _log_train(run, epoch, run_loss / run_n, res)
+            run_loss, run_n = 0.0, 0
+        report.advance(1, epoch=f"{epoch}/{c.epochs}", loss=res.loss, lr=res.lr)
+
+
+def _log_train(run: Run, epoch: int, loss: float, res: StepResult) -> None:
+    now = time.perf_counter()
+    run.log({"kind": "train", "step": run.step, "epoch": epoch, "loss": loss, **run.loss.means(),
+                    "lr": res.lr, "grad_norm": res.grad_norm, "tokens": run.tokens,
+                    "tokens_per_s": round(run.window_tokens / max(now - run.t_log, 1e-9), 1),
+                    "elapsed_s": round(now - run.t0, 3)})
+    run.window_tokens, run.t_log = 0, now
+
+
+def evaluate_epoch(run: Run, epoch: int) -> dict[str, Any]:
+    """Score the dev split (when there is one), remember the best epoch's weights, log the record."""
+    c = run.config
+    record: dict[str, Any] = {"kind": "eval", "step": run.step, "epoch": epoch, "split": c.eval_split}
+    if run.dev_enc:
+        batches = iterate(run.dev_enc, c.eval_batch_size or 2 * c.batch_size, shuffle=False,
+                          regression=run.task.kind == "regression")
+        preds, _ = predict(run.model, batches, run.device, run.precision)
+        scores = score_predictions(run.task, preds, run.data.dev)
+        record.update(scores)
+        value = scores[run.task.metric]
+        # Strictly better only: on ties the earlier epoch stays (as the released code's `>`). The last epoch's
+        # weights are still in the model, so they need no copy.
+        if c.select == "best" and (run.best is None or value > run.best[0]):
+            run.best = (value, epoch, _cpu_state(run.model) if epoch < c.epochs else {})
+    run.log(record)
+    run.history.append(record)
+    run.t_log, run.window_tokens = time.perf_counter(), 0  # evaluation time is not training throughput
+    return record
+
+
+def _epoch_line(record: dict[str, Any]) -> str:
+    """``epoch 2 (update 6): dev accuracy 55.00``."""
+    scores = ", ".join(f"{k} {v:.2f}" for k, v in record.items() if k not in ("kind", "step", "epoch", "split"))
+    return f"epoch {record['epoch']} (update {record['step']}): {record.get('split') or 'no eval'} {scores}".rstrip()
 
 
 def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str), encoding="utf-8")
-    tmp.replace(path)
+# --------------------------------------------------------------------------------------------- outputs
 
 
-class _NoProgress:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def add_task(self, *a, **k):
-        return 0
-
-    def update(self, *a, **k):
-        pass
+def keep_selected_weights(run: Run) -> int:
+    """Load the best epoch's weights back when ``select = "best"`` chose an earlier epoch; returns the kept epoch."""
+    c = run.config
+    if c.select == "best" and run.best is not None and run.best[1] != c.epochs:
+        run.model.load_state_dict(run.best[2])
+        return run.best[1]
+    return c.epochs
 
 
-def _progress(console: Any, enabled: bool):
-    if not enabled:
-        return _NoProgress()
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+def write_outputs(run: Run, out: Path, chosen_epoch: int) -> FinetuneResult:
+    """``RUN/checkpoints/final`` (body + head + tokenizer + head config) and ``RUN/results.json``."""
+    chosen = next((h for h in run.history if h["epoch"] == chosen_epoch), {})
+    dev_scores = {k: v for k, v in chosen.items() if k not in ("kind", "step", "epoch", "split")}
+    run.model.cpu()
+    ckpt = save_checkpoint(out / "checkpoints" / FINAL, run.model.gpt, run.tokenizer, kind="finetuned",
+                           meta=_checkpoint_meta(run, chosen_epoch, chosen, dev_scores),
+                           head_state=run.model.head.state_dict())
+    results = _results(run, chosen_epoch, dev_scores, ckpt)
+    write_text_atomic(out / RESULTS, json.dumps(results, indent=2, default=str))
+    return FinetuneResult(out, ckpt, results, run.history)
 
-    return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console, transient=False,
-    )
 
+def _checkpoint_meta(run: Run, epoch: int, chosen: dict[str, Any], dev_scores: dict[str, Any]) -> dict[str, Any]:
+    """What the fine-tuned checkpoint says about itself (``gpt1 eval`` reads the task, head and context here)."""
+    c, task = run.config, run.task
+    return {
+        "task": task.name,
+        "kind": task.kind,
+        "labels": list(task.labels),
+        "head": run.head_config.to_dict(),
+        "n_ctx": run.n_ctx,
+        "epoch": epoch,
+        "step": chosen.get("step", run.step),
+        "select": c.select,
+        "dev_split": c.eval_split,
+        "dev_scores": dev_scores,
+        "finetune_config": to_dict(c),
+        **run.source,
+    }
+
+
+def _results(run: Run, epoch: int, dev_scores: dict[str, Any], ckpt: Path) -> dict[str, Any]:
+    c, task = run.config, run.task
+    return {
+        "task": task.name,
+        "title": task.title,
+        "split": c.eval_split,
+        "metric": task.metric,
+        "paper_score": task.paper_score,
+        "scores": dev_scores,
+        "epoch": epoch,
+        "select": c.select,
+        "checkpoint": str(ckpt),
+        "n_train": len(run.data.train),
+        "n_eval": len(run.data.dev),
+        "skipped_rows": run.data.skipped,
+        "excluded_rows": run.data.excluded,
+        "history": run.history,
+        "steps": run.step,
+        "elapsed_s": round(time.perf_counter() - run.t0, 3),
+        "config": to_dict(c),
+    }

@@ -91,3 +91,20 @@ def test_compute_by_name():
     assert set(metrics.METRICS) == {"accuracy", "f1", "mcc", "pearson", "spearman"}
     with pytest.raises(KeyError, match="unknown metric 'bleu'"):
         metrics.compute(("bleu",), [1], [1])
+
+
+def test_score_predictions_headline_first_and_per_level():
+    """A task's metrics ×100, headline first; RACE-style examples with two levels add per-level accuracy."""
+    from types import SimpleNamespace as NS
+
+    mrpc = NS(metric="f1", extra_metrics=("accuracy",))
+    ex = [NS(label=y, extra={}) for y in (1, 0, 1, 1)]
+    scores = metrics.score_predictions(mrpc, [1, 0, 0, 1], ex)
+    assert list(scores) == ["f1", "accuracy"]
+    assert scores["accuracy"] == pytest.approx(75.0) and scores["f1"] == pytest.approx(100 * 0.8)
+    race = NS(metric="accuracy", extra_metrics=())
+    ex = [NS(label=0, extra={"level": lv}) for lv in ("middle", "middle", "high", "high", "high")]
+    scores = metrics.score_predictions(race, [0, 1, 0, 0, 1], ex)
+    assert scores == pytest.approx({"accuracy": 60.0, "accuracy_high": 100 * 2 / 3, "accuracy_middle": 50.0})
+    one_level = [NS(label=0, extra={"level": "high"})] * 2
+    assert set(metrics.score_predictions(race, [0, 1], one_level)) == {"accuracy"}

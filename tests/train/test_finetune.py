@@ -1,4 +1,6 @@
-"""Fine-tuning end to end on CPU with a tiny model, evaluation read-back, ablation switches, CLI."""
+"""Fine-tuning end to end on CPU with a tiny model, evaluation read-back, ablation switches, progress reports.
+
+The command-line tests of `gpt1 finetune` and `gpt1 eval` are in tests/commands/."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from gptcli.checkpoint import load_checkpoint, save_checkpoint
 from gptcli.errors import GPT1Error
 from gptcli.train.finetune import FinetuneConfig, build_body, finetune
 from gptcli.model.gpt import GPT, ModelConfig
-from gptcli.eval.tasks import evaluate_task
+from gptcli.eval.tasks import evaluate_task, load_results
+from gptcli.progress import RecordingProgress
 from toy_tokenizer import ToyTokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +35,7 @@ def pretrained(tmp_path_factory) -> Path:
 def _cfg(task: str, init, out: Path, data_dir, **kw) -> FinetuneConfig:
     base = dict(task=task, init=str(init), out=str(out), data_dir=str(data_dir), max_train_examples=24,
                 max_eval_examples=16, batch_size=8, epochs=2, lr=1e-3, device="cpu", precision="fp32",
-                log_every=1, progress=False)
+                log_every=1)
     base.update(kw)
     return FinetuneConfig(**base)
 
@@ -73,6 +76,8 @@ def test_finetune_each_kind_end_to_end(task, folder, kind, metric, pretrained, s
     preds = [json.loads(x) for x in (tmp_path / "ev" / "predictions.jsonl").read_text().splitlines()]
     assert len(preds) == 16 and all("prediction" in p and "label" in p for p in preds)
     assert json.loads((tmp_path / "ev" / "results.json").read_text())["scores"] == ev["scores"]
+    assert load_results([tmp_path / "ev", run / "results.json"]) == [
+        json.loads((tmp_path / "ev" / "results.json").read_text()), results]
 
 
 def test_race_fixture_multiple_choice_and_levels(pretrained, tmp_path):
@@ -186,10 +191,9 @@ def test_lm_weight_zero_disables_the_lm_term(pretrained, shared_data, tmp_path):
 @pytest.mark.parametrize("select,epoch", [("best", 2), ("last", 3)])
 def test_select_best_or_last(select, epoch, pretrained, shared_data, tmp_path, monkeypatch):
     import gptcli.train.finetune as ft
-    import gptcli.eval.tasks as te
 
     scores = iter([60.0, 80.0, 70.0])
-    monkeypatch.setattr(te, "score_predictions", lambda task, preds, ex: {"accuracy": next(scores)})
+    monkeypatch.setattr(ft, "score_predictions", lambda task, preds, ex: {"accuracy": next(scores)})
     snaps = []
     real = ft._cpu_state
     monkeypatch.setattr(ft, "_cpu_state", lambda m: snaps.append(real(m)) or snaps[-1])
@@ -229,53 +233,6 @@ def test_existing_run_needs_overwrite(pretrained, shared_data, tmp_path):
     assert len(_records(tmp_path / "r", "eval")) == 1  # metrics.jsonl restarted
 
 
-# --------------------------------------------------------------------------------------------- CLI
-
-
-def test_cli_finetune_and_list_tasks(pretrained, shared_data, tmp_path):
-    from typer.testing import CliRunner
-
-    from gptcli.cli import app
-
-    runner = CliRunner()
-    r = runner.invoke(app, ["finetune", "--list-tasks"], env={"COLUMNS": "200"})
-    assert r.exit_code == 0, r.output
-    for name in ("sst2", "mnli-mm", "race-h", "storycloze", "stsb"):
-        assert name in r.output
-    assert "<s> premise $ hypothesis <e>" in r.output
-    cfg = tmp_path / "ft.toml"
-    cfg.write_text('lr = 0.001\nbatch_size = 8\nepochs = 1\ndevice = "cpu"\nprecision = "fp32"\n')
-    r = runner.invoke(app, ["finetune", "--task", "rte", "--init", str(pretrained), "--out", str(tmp_path / "run"),
-                            "--data-dir", str(shared_data / "glue" / "RTE"), "--config", str(cfg),
-                            "--max-train-examples", "16", "--max-eval-examples", "8", "--lm-weight", "0", "-q"])
-    assert r.exit_code == 0, r.output
-    saved = (tmp_path / "run" / "config.toml").read_text()
-    assert "lm_weight = 0.0" in saved and "lr = 0.001" in saved and "batch_size = 8" in saved
-    from gptcli.config import from_dict, load_file
-
-    again = from_dict(FinetuneConfig, load_file(tmp_path / "run" / "config.toml"))  # repeatable with --config
-    assert again.lm_weight == 0.0 and again.task == "rte" and again.max_train_examples == 16
-    r = runner.invoke(app, ["finetune", "--task", "rte", "--out", str(tmp_path / "x")])
-    assert isinstance(r.exception, GPT1Error) and "--init is required" in str(r.exception)
-
-
-def test_task_eval_command_combined_table(pretrained, shared_data, tmp_path):
-    from rich.console import Console
-
-    from gptcli.commands.eval_tasks import task_eval_command
-
-    finetune(_cfg("rte", pretrained, tmp_path / "rte", shared_data / "glue" / "RTE", epochs=1))
-    finetune(_cfg("rte", pretrained, tmp_path / "rte-nolm", shared_data / "glue" / "RTE", epochs=1, lm_weight=0.0))
-    console = Console(record=True, width=200)
-    results = task_eval_command("rte", [tmp_path / "rte", tmp_path / "rte-nolm"], "dev",
-                                shared_data / "glue" / "RTE", tmp_path / "evals", device="cpu", max_examples=8,
-                                console=console)
-    text = console.export_text()
-    assert "GPT-1 (paper)" in text and "56.0" in text and "no aux LM" in text
-    assert [r["run"] for r in results] == ["rte", "rte-nolm"]
-    assert (tmp_path / "evals" / "rte-nolm" / "rte-dev" / "results.json").is_file()
-
-
 def test_bad_rows_stop_the_run_or_are_skipped(pretrained, shared_data, tmp_path):
     from gptcli.errors import DataError
 
@@ -298,22 +255,42 @@ def test_snli_fixture_leaves_out_no_consensus_rows(pretrained, tmp_path):
     assert res.results["excluded_rows"] > 0 and res.results["n_train"] > 0
 
 
-def test_cli_eval_dispatches_to_tasks(pretrained, shared_data, tmp_path):
-    """`gpt1 eval` scores a fine-tuned run on its own task without --task, refuses ambiguity, and writes results."""
-    from typer.testing import CliRunner
+def test_finetune_reports_through_the_progress_protocol(pretrained, shared_data, tmp_path):
+    """One stage sized in updates, one advance per update with epoch/loss/lr, a dev-score note per epoch, one end."""
+    rec = RecordingProgress()
+    res = finetune(_cfg("rte", pretrained, tmp_path / "run", shared_data / "glue" / "RTE"), progress=rec)
+    stages = rec.of("stage")
+    assert stages == [{"name": "finetune rte", "total": 6, "unit": "updates", "done": 0}]
+    assert [k for k, _ in rec.events].count("end") == 1 and rec.events[-1][0] == "end"
+    advances = rec.of("advance")
+    assert len(advances) == 6 and all(a["n"] == 1 for a in advances)
+    assert [a["epoch"] for a in advances] == ["1/2"] * 3 + ["2/2"] * 3
+    train = _records(tmp_path / "run", "train")
+    assert [a["lr"] for a in advances] == [r["lr"] for r in train]  # log_every=1: one record per update
+    assert all(isinstance(a["loss"], float) for a in advances)
+    notes = [n["message"] for n in rec.of("note")]
+    acc = [h["accuracy"] for h in res.history]
+    assert notes[0].startswith("rte: 24 training examples, 16 dev examples; 6 updates")
+    assert notes[1:] == [f"epoch 1 (update 3): dev accuracy {acc[0]:.2f}", f"epoch 2 (update 6): dev accuracy {acc[1]:.2f}"]
 
-    from gptcli.cli import app
 
-    finetune(_cfg("rte", pretrained, tmp_path / "rte", shared_data / "glue" / "RTE", epochs=1))
-    runner = CliRunner()
-    rte = str(shared_data / "glue" / "RTE")
-    r = runner.invoke(app, ["eval", "--checkpoint", str(tmp_path / "rte"), "--data-dir", rte, "--max-examples", "8",
-                            "--device", "cpu"], env={"COLUMNS": "200"})
-    assert r.exit_code == 0, r.output
-    res = json.loads((tmp_path / "rte" / "eval" / "rte-dev" / "results.json").read_text())
-    assert res["task"] == "rte" and res["n"] == 8
-    # A pretrained (not fine-tuned) checkpoint with neither --data nor --task is a user error.
-    r = runner.invoke(app, ["eval", "--checkpoint", str(pretrained)])
-    assert isinstance(r.exception, GPT1Error) and "nothing to evaluate" in str(r.exception)
-    r = runner.invoke(app, ["eval", "--checkpoint", str(tmp_path / "rte"), "--task", "rte", "--data", str(tmp_path)])
-    assert isinstance(r.exception, GPT1Error) and "not both" in str(r.exception)
+def test_finetune_ends_its_stage_when_training_fails(pretrained, shared_data, tmp_path, monkeypatch):
+    import gptcli.train.finetune as ft
+
+    def boom(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ft, "score_predictions", boom)
+    rec = RecordingProgress()
+    with pytest.raises(RuntimeError, match="boom"):
+        finetune(_cfg("rte", pretrained, tmp_path / "run", shared_data / "glue" / "RTE"), progress=rec)
+    assert len(rec.of("stage")) == len(rec.of("end")) == 1
+
+
+def test_evaluate_task_reports_one_stage_in_examples(pretrained, shared_data, tmp_path):
+    finetune(_cfg("rte", pretrained, tmp_path / "run", shared_data / "glue" / "RTE", epochs=1))
+    rec = RecordingProgress()
+    evaluate_task("rte", tmp_path / "run", "dev", data_dir=shared_data / "glue" / "RTE", out=tmp_path / "ev",
+                  device="cpu", max_examples=10, batch_size=4, progress=rec)
+    assert rec.of("stage") == [{"name": "evaluate run on rte (dev)", "total": 10, "unit": "examples", "done": 0}]
+    assert [a["n"] for a in rec.of("advance")] == [4, 4, 2] and len(rec.of("end")) == 1

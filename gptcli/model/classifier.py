@@ -1,0 +1,71 @@
+"""A fine-tuned model: the GPT body and its task head as one module, and batched inference with it (paper §3.2).
+
+Training and evaluation share this module: ``gptcli.train.finetune`` optimises a :class:`FinetuneModel` (one
+optimizer, one state dict for body + head) and scores the dev split after every epoch with :func:`predict`;
+``gptcli.eval.tasks`` rebuilds the same module from a fine-tuned checkpoint and predicts with the same function,
+so a run's dev score and a later ``gpt1 eval`` of it agree exactly.
+
+:func:`predict` takes ready batches (``gptcli.data.batching.iterate``) rather than examples, so the model room
+needs nothing from the data room.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+import torch.nn as nn
+
+from gptcli.progress import SILENT, Progress
+from gptcli.runtime import autocast
+
+
+class FinetuneModel(nn.Module):
+    """The GPT body and its task head as one module (one optimizer, one state dict)."""
+
+    def __init__(self, gpt: nn.Module, head: nn.Module) -> None:
+        super().__init__()
+        self.gpt = gpt
+        self.head = head
+
+    def forward(self, ids: torch.Tensor, n_seqs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(head outputs, final hidden states): the states also feed the auxiliary LM loss while training."""
+        hidden = self.gpt(ids)
+        return self.head(hidden, ids, n_seqs), hidden
+
+
+@torch.no_grad()
+def predict(
+    model: FinetuneModel,
+    batches: Iterable[Any],
+    device: torch.device,
+    precision: str = "fp32",
+    progress: Progress | None = None,
+) -> tuple[list[Any], list[list[float]]]:
+    """Predictions (class/answer index, or score) and raw head outputs, ordered by the examples' ``index``.
+
+    ``batches`` yields :class:`gptcli.data.batching.Batch`-like objects (``ids``, ``n_seqs``, ``index``, ``to``),
+    usually ``iterate(encoded, batch_size, shuffle=False)``, which sorts by length: the ``index`` of each example
+    (its position in the encoded list) puts the answers back in order. ``progress`` is advanced by the number of
+    examples of every batch (the caller opens the stage).
+    """
+    report = progress or SILENT
+    model.eval()
+    preds: dict[int, Any] = {}
+    outs: dict[int, list[float]] = {}
+    for batch in batches:
+        b = batch.to(device)
+        with autocast(device, precision):  # type: ignore[arg-type]
+            out, _ = model(b.ids, b.n_seqs)
+        p = model.head.predict(out).cpu().tolist()
+        o = out.float().cpu()
+        o = o.unsqueeze(-1) if o.dim() == 1 else o
+        for k, idx in enumerate(batch.index.tolist()):
+            preds[idx] = p[k]
+            outs[idx] = [round(v, 6) for v in o[k].tolist()]
+        report.advance(len(p))
+    order = sorted(preds)
+    return [preds[i] for i in order], [outs[i] for i in order]
+
+
+__all__ = ["FinetuneModel", "predict"]

@@ -1,0 +1,146 @@
+"""`gpt1 finetune`: options generated from FinetuneConfig (panels, defaults, old spellings, --config precedence),
+--list-tasks, and a real run through the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from gptcli.checkpoint import save_checkpoint
+from gptcli.cli import app
+from gptcli.errors import GPT1Error
+from gptcli.model.gpt import GPT, ModelConfig
+from gptcli.train.finetune import FinetuneConfig
+from toy_tokenizer import ToyTokenizer
+
+TINY = ModelConfig(vocab_size=97, n_ctx=64, n_embd=32, n_layer=2, n_head=2, n_inner=64)
+WIDE = {"COLUMNS": "200"}
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> Path:
+    """A 'pretrained' tiny LM checkpoint (random weights) carrying the toy tokenizer."""
+    torch.manual_seed(0)
+    d = tmp_path_factory.mktemp("pre") / "checkpoints" / "step-0000010"
+    save_checkpoint(d, GPT(TINY), ToyTokenizer(97), meta={"step": 10})
+    return d
+
+
+class Captured(Exception):
+    def __init__(self, config: FinetuneConfig, progress) -> None:
+        self.config, self.progress = config, progress
+
+
+@pytest.fixture
+def capture(monkeypatch):
+    """Replace the library's finetune with one that stops with the config the command built."""
+    import gptcli.train.finetune as ft
+
+    def fake(config, progress=None):
+        raise Captured(config, progress)
+
+    monkeypatch.setattr(ft, "finetune", fake)
+
+    def run(*args: str) -> Captured:
+        r = CliRunner().invoke(app, ["finetune", *args])
+        assert isinstance(r.exception, Captured), r.output
+        return r.exception
+
+    return run
+
+
+def test_help_groups_options_in_panels_with_defaults():
+    r = CliRunner().invoke(app, ["finetune", "--help"], env=WIDE)
+    assert r.exit_code == 0, r.output
+    text = r.output
+    for panel in ("Input", "Model", "Data", "Optimisation", "Schedule", "Evaluation", "Checkpointing", "Runtime", "Output"):
+        assert f"─ {panel} " in text, panel
+    # Panels appear in PANELS order.
+    assert text.index("─ Input ") < text.index("─ Optimisation ") < text.index("─ Evaluation ") < text.index("─ Output ")
+    for default in ("[default: 6.25e-05]", "[default: 32]", "[default: 0.002]", "[default: linear]", "[default: 0.1]",
+                    "[default: 0.5]", "[default: best]", "[default: 42]", "[default: dev]"):
+        assert default in text, default
+    for flag in ("--clf-dropout", "--list-tasks", "--init", "--data-dir", "--skip-bad-rows", "--no-skip-bad-rows",
+                 "--quiet", "--overwrite", "--transfer-layers", "--micro-batch-size", "--config"):
+        assert flag in text, flag
+    assert "Show a Rich progress bar" not in text  # a display choice is no longer a config field
+
+
+def test_old_spellings_parse(capture):
+    c = capture("--task", "rte", "--init", "pre", "--out", "o", "--clf-dropout", "0.2", "--data-dir", "d",
+                "--skip-bad-rows", "--lm-weight", "0", "--transfer-layers", "1", "--schedule", "cosine",
+                "--eval-split", "", "-q")
+    cfg = c.config
+    assert (cfg.task, cfg.init, cfg.out, cfg.data_dir) == ("rte", "pre", "o", "d")
+    assert cfg.clf_pdrop == 0.2 and cfg.skip_bad_rows and cfg.lm_weight == 0.0 and cfg.transfer_layers == 1
+    assert cfg.schedule == "cosine" and cfg.eval_split == ""
+    assert c.progress is None  # --quiet: nothing rendered
+    c = capture("--task", "rte", "--init", "pre", "--out", "o", "--clf-pdrop", "0.3", "--no-skip-bad-rows")
+    assert c.config.clf_pdrop == 0.3 and not c.config.skip_bad_rows
+    assert type(c.progress).__name__ == "RichProgress"
+
+
+def test_config_file_precedence(capture, tmp_path):
+    """dataclass defaults < --config FILE < options typed on the command line (even when equal to the default)."""
+    f = tmp_path / "ft.toml"
+    f.write_text('task = "sst2"\ninit = "pre"\nout = "o"\nlr = 0.001\nbatch_size = 8\nepochs = 5\n')
+    cfg = capture("--config", str(f), "--lr", "0.002", "--epochs", "3").config
+    assert cfg.task == "sst2" and cfg.batch_size == 8  # from the file
+    assert cfg.lr == 0.002 and cfg.epochs == 3  # typed: wins, also at the default value
+    assert cfg.warmup == FinetuneConfig.warmup  # neither: the default
+
+
+def test_config_saved_by_an_older_version_still_loads(capture, tmp_path):
+    """Runs saved before `progress` left FinetuneConfig have `progress = true|false` in their config.toml."""
+    f = tmp_path / "old.toml"
+    f.write_text('task = "rte"\ninit = "pre"\nout = "o"\nprogress = false\n')
+    c = capture("--config", str(f))
+    assert c.config.task == "rte" and c.progress is None
+    f.write_text('task = "rte"\ninit = "pre"\nout = "o"\nprogress = true\n')
+    assert capture("--config", str(f)).progress is not None
+
+
+def test_required_settings_are_one_line_errors(tmp_path):
+    runner = CliRunner()
+    r = runner.invoke(app, ["finetune", "--init", "pre", "--out", str(tmp_path / "x")])
+    assert isinstance(r.exception, GPT1Error) and "--task is required" in str(r.exception)
+    r = runner.invoke(app, ["finetune", "--task", "rte", "--out", str(tmp_path / "x")])
+    assert isinstance(r.exception, GPT1Error) and "--init is required" in str(r.exception)
+    r = runner.invoke(app, ["finetune", "--task", "rte", "--init", "pre"])
+    assert isinstance(r.exception, GPT1Error) and "--out is required" in str(r.exception)
+
+
+def test_cli_finetune_and_list_tasks(pretrained, shared_data, tmp_path):
+    from gptcli.config import from_dict, load_file
+
+    runner = CliRunner()
+    r = runner.invoke(app, ["finetune", "--list-tasks"], env=WIDE)
+    assert r.exit_code == 0, r.output
+    for name in ("sst2", "mnli-mm", "race-h", "storycloze", "stsb"):
+        assert name in r.output
+    assert "<s> premise $ hypothesis <e>" in r.output
+    cfg = tmp_path / "ft.toml"
+    cfg.write_text('lr = 0.001\nbatch_size = 8\nepochs = 1\ndevice = "cpu"\nprecision = "fp32"\n')
+    r = runner.invoke(app, ["finetune", "--task", "rte", "--init", str(pretrained), "--out", str(tmp_path / "run"),
+                            "--data-dir", str(shared_data / "glue" / "RTE"), "--config", str(cfg),
+                            "--max-train-examples", "16", "--max-eval-examples", "8", "--lm-weight", "0", "-q"])
+    assert r.exit_code == 0, r.output
+    saved = (tmp_path / "run" / "config.toml").read_text()
+    assert "lm_weight = 0.0" in saved and "lr = 0.001" in saved and "batch_size = 8" in saved
+    again = from_dict(FinetuneConfig, load_file(tmp_path / "run" / "config.toml"))  # repeatable with --config
+    assert again.lm_weight == 0.0 and again.task == "rte" and again.max_train_examples == 16
+    assert "dev scores of the kept epoch" in r.output and "done" in r.output
+    r = runner.invoke(app, ["finetune", "--task", "rte", "--out", str(tmp_path / "x")])
+    assert isinstance(r.exception, GPT1Error) and "--init is required" in str(r.exception)
+
+
+def test_cli_shows_progress_and_epoch_scores(pretrained, shared_data, tmp_path):
+    r = CliRunner().invoke(app, ["finetune", "--task", "rte", "--init", str(pretrained), "--out", str(tmp_path / "run"),
+                                 "--data-dir", str(shared_data / "glue" / "RTE"), "--max-train-examples", "16",
+                                 "--max-eval-examples", "8", "--batch-size", "8", "--epochs", "2", "--lr", "1e-3",
+                                 "--device", "cpu", "--precision", "fp32"], env=WIDE)
+    assert r.exit_code == 0, r.output
+    assert "epoch 1 (update 2): dev accuracy" in r.output and "epoch 2 (update 4): dev accuracy" in r.output
