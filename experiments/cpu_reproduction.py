@@ -362,7 +362,7 @@ def _finetune_one(cfg: ReproConfig, run_dir: Path, task: str, seed: int, init: s
                         batch_size=cfg.finetune_batch_size, epochs=cfg.finetune_epochs, warmup=0.05, seed=seed,
                         lm_weight=lm_weight, transfer_layers=transfer, select="last", n_ctx=cfg.model.get("n_ctx"),
                         max_train_examples=n_train, max_eval_examples=cfg.max_eval_examples, device=cfg.device,
-                        precision="fp32", progress=False, overwrite=True)
+                        precision="fp32", overwrite=True)
     return finetune(fc).results
 
 
