@@ -358,8 +358,9 @@ def prepare_corpus(run: _Run, text: TaskText) -> tuple[Path, str]:
 
     cfg = run.cfg
     corpus_dir = run.out / "corpus"
-    prep = prepare(PrepareConfig(inputs=[str(text.corpus_file)], out=corpus_dir, vocab_size=cfg.vocab_size,
-                                 val_fraction=0.05, seed=cfg.seed, workers=cfg.workers))  # INTEGRATE: pass progress=run.progress
+    pc = PrepareConfig(inputs=[str(text.corpus_file)], out=corpus_dir, vocab_size=cfg.vocab_size, val_fraction=0.05,
+                       seed=cfg.seed, workers=cfg.workers)
+    prep = prepare(pc)  # INTEGRATE: pass progress=run.progress
     st = prep.manifest["splits"]
     run.numbers.update(train_tokens=st["train"]["tokens"], val_tokens=st["val"]["tokens"], vocab_size=cfg.vocab_size)
     run.paths["corpus"] = str(corpus_dir)
