@@ -12,7 +12,9 @@ from gptcli.commands.options import Options, Parsed
 from gptcli.commands.render import RichProgress, stderr_console
 from gptcli.model.generate import GenerateConfig
 
-COMMAND_SETTINGS = {"help": "Generate text from a prompt (greedy, temperature, top-k, top-p), streaming it as it is produced."}
+COMMAND_SETTINGS = {
+    "help": "Generate text from a prompt (greedy, temperature, top-k, top-p), streaming it as it is produced."
+}
 
 OPTIONS = Options(
     GenerateConfig,
