@@ -175,10 +175,10 @@ def read_json(path: Path) -> Any:
 
 def write_json(path: Path, obj: Any) -> None:
     """Atomic write (a crash never leaves a half-written file that a rerun would take as done)."""
+    from gptcli.fsutil import write_text_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
 def mean_std(xs: list[float]) -> tuple[float, float]:
@@ -253,47 +253,29 @@ def _pretrain_config(cfg: ReproConfig, out: Path, corpus: Path, steps: int):
                           resume=True)
 
 
-def _time_update(mcfg, cfg: ReproConfig) -> float:
-    """Median seconds per pretraining update of this model here (3 timed after one warm-up)."""
-    import torch
-
-    from gptcli.model.gpt import GPT
-    from gptcli.train.optim import make_optimizer
-    from gptcli.train.pretrain import lm_loss
-    from gptcli.train.trainer import Trainer
-
-    model = GPT(mcfg)
-    trainer = Trainer(model, make_optimizer(model, 1e-4, 0.01), lm_loss, lambda s: 1e-4, device=torch.device("cpu"),
-                      precision="fp32", grad_clip=1.0)
-    batch = torch.randint(0, mcfg.vocab_size, (cfg.batch_size, cfg.seq_len + 1), generator=torch.Generator().manual_seed(0))
-    times = []
-    for i in range(4):
-        t = time.perf_counter()
-        trainer.step(i, [batch])
-        times.append(time.perf_counter() - t)
-    return sorted(times[1:])[1]
-
-
 def stage_plan(cfg: ReproConfig, out: Path, corpus: Path) -> dict[str, Any]:
     """Number of pretraining updates and subsample sizes, fixed on first run (plan.json) and reused after."""
     path = out / "plan.json"
     if path.is_file():
         return read_json(path)
-    from gptcli.model.gpt import GPT
-    from gptcli.train.pretrain import build_model_config
+    import torch
+
     from gptcli.data.shards import open_corpus
+    from gptcli.model.gpt import GPT
+    from gptcli.pipelines import budget
+    from gptcli.train.pretrain import build_model_config
 
     oc = open_corpus(corpus)
     mcfg = build_model_config(_pretrain_config(cfg, out, corpus, 1), oc.tokenizer.vocab_size)
-    step_s = _time_update(mcfg, cfg)
+    step_s = budget.time_update(mcfg, cfg.seq_len, cfg.batch_size, torch.device("cpu"), "fp32")
     # A timed update is ≈ 10 % faster than one inside the run (data loading, logging: 267 vs 294 ms measured), and
     # each validation costs about a third of an update per batch (forward only).
     share_s = 60 * cfg.budget_minutes * cfg.pretrain_share - cfg.val_points * cfg.eval_batches * step_s / 3
-    steps = cfg.pretrain_steps or max(50, int(share_s / (1.1 * step_s)))
+    steps = cfg.pretrain_steps or budget.updates_that_fit(share_s, step_s, minimum=50, slowdown=1.1)
     scale = cfg.budget_minutes / 60.0 if cfg.pretrain_steps is None else 1.0
-    plan = {"pretrain_steps": steps, "update_ms": round(1000 * step_s, 1),
-            "train_tokens": oc.manifest["splits"]["train"]["tokens"],
-            "epochs": round(steps * cfg.batch_size * cfg.seq_len / max(1, oc.manifest["splits"]["train"]["tokens"]), 2),
+    train_tokens = oc.manifest["splits"]["train"]["tokens"]
+    plan = {"pretrain_steps": steps, "update_ms": round(1000 * step_s, 1), "train_tokens": train_tokens,
+            "epochs": round(budget.epochs(steps, cfg.batch_size, cfg.seq_len, train_tokens), 2),
             "params": sum(p.numel() for p in GPT(mcfg).parameters()),
             "train_examples": {t: max(8, int(n * scale)) for t, n in cfg.train_examples.items()}}
     write_json(path, plan)
@@ -305,7 +287,7 @@ def stage_plan(cfg: ReproConfig, out: Path, corpus: Path) -> dict[str, Any]:
 def stage_pretrain(cfg: ReproConfig, out: Path, corpus: Path, plan: dict[str, Any]) -> Path:
     import torch
 
-    from gptcli.checkpoint import save_checkpoint
+    from gptcli.checkpoint import is_checkpoint, save_checkpoint
     from gptcli.eval.perplexity import evaluate_lm
     from gptcli.model.gpt import GPT
     from gptcli.train.pretrain import build_model_config, pretrain
@@ -315,7 +297,7 @@ def stage_pretrain(cfg: ReproConfig, out: Path, corpus: Path, plan: dict[str, An
     done = out / "pretrain-done.json"
     init = out / "pretrain-init"
     pc = _pretrain_config(cfg, out, corpus, plan["pretrain_steps"])
-    if not (init / "config.json").is_file():
+    if not is_checkpoint(init):
         oc = open_corpus(corpus)
         torch.manual_seed(pc.seed)  # the same initial weights pretrain() draws
         model = GPT(build_model_config(pc, oc.tokenizer.vocab_size))
@@ -570,10 +552,12 @@ def markdown_tables(recs: list[dict[str, Any]], agg: dict, meta: dict[str, Any])
 
 def val_curve(out: Path) -> list[tuple[int, float]]:
     """(step, validation loss) from step 0 (the saved initial model) and the run's metrics.jsonl."""
+    from gptcli.checkpoint import is_checkpoint, read_header
+
     pts: list[tuple[int, float]] = []
-    init = out / "pretrain-init" / "config.json"
-    if init.is_file():
-        meta = read_json(init).get("meta", {})
+    init = out / "pretrain-init"
+    if is_checkpoint(init):
+        meta = read_header(init).meta
         if isinstance(meta.get("val_loss"), (int, float)):
             pts.append((0, float(meta["val_loss"])))
     metrics = out / "pretrain" / "metrics.jsonl"
@@ -671,6 +655,8 @@ def plots(out: Path, recs: list[dict[str, Any]], baselines: dict[str, float | No
 
 
 def stage_report(cfg: ReproConfig, out: Path) -> dict[str, Any]:
+    from gptcli.fsutil import write_text_atomic
+
     recs = collect_runs(out)
     agg = aggregate(recs)
     plan = read_json(out / "plan.json") if (out / "plan.json").is_file() else {}
@@ -686,7 +672,7 @@ def stage_report(cfg: ReproConfig, out: Path) -> dict[str, Any]:
               "val_curve": [{"step": s, "loss": l, "perplexity": math.exp(min(l, 700))} for s, l in val_curve(out)],
               "zeroshot": zs, "plots": made}
     write_json(out / "results.json", json.loads(json.dumps(result, default=str).replace("NaN", "null")))
-    (out / "tables.md").write_text(markdown_tables(recs, agg, meta), encoding="utf-8")
+    write_text_atomic(out / "tables.md", markdown_tables(recs, agg, meta))
     log(f"report: {len(recs)} runs → {out / 'results.json'}, {out / 'tables.md'}, {', '.join(made)}")
     return result
 

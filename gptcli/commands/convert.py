@@ -1,63 +1,59 @@
-"""`gpt1 convert`: import Hugging Face or original OpenAI GPT-1 weights, or export a checkpoint to Hugging Face."""
+"""`gpt1 convert`: import Hugging Face or original OpenAI GPT-1 weights, or export a checkpoint to Hugging Face.
+
+Options are derived from ConvertConfig (gptcli/interop/convert.py); the conversion itself is ``convert(cfg)``.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Optional
+from typing import Any
 
-import typer
+from gptcli.commands.options import Options, Parsed
+from gptcli.commands.render import stderr_console
+from gptcli.interop.convert import ConvertConfig, ConvertResult
 
-FORMATS_IN = ("hf", "openai")
-FORMATS_OUT = ("hf",)
+OPTIONS = Options(
+    ConvertConfig,
+    panels={
+        "Input": ("from_format", "to_format", "tokenizer"),
+        "Model": ("n_head",),
+        "Output": ("out", "overwrite"),
+    },
+    flags={"from_format": ("--from",), "to_format": ("--to",), "out": ("--out", "-o"), "overwrite": ("--overwrite",)},
+    arguments=("src",),
+    # A conversion is one action on named files, all on the command line; there is nothing to keep in a file.
+    config_option=False,
+)
 
 
-def command(
-    src: str = typer.Argument(..., help="What to convert: a Hugging Face directory or hub id (--from hf), an original "
-                              "release directory (--from openai), or a gpt1 checkpoint (--to hf)."),
-    from_: Optional[str] = typer.Option(None, "--from", help="Import from: 'hf' (openai-gpt checkpoint: config.json + "
-                                        "model.safetensors/pytorch_model.bin + vocab.json + merges.txt) or 'openai' "
-                                        "(params_*.npy + params_shapes.json + the two BPE files)."),
-    to: Optional[str] = typer.Option(None, "--to", help="Export to: 'hf' (a directory transformers can load)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Directory to write: a gpt1 checkpoint (--from) or a Hugging Face "
-                             "directory (--to)."),
-    n_head: int = typer.Option(12, "--n-head", help="Attention heads (--from openai only; the release does not record "
-                               "it; GPT-1 has 12)."),
-    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="Directory with the BPE files if they are not next "
-                                             "to the weights (--from openai only)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it already exists."),
-) -> None:
+def run(p: Parsed) -> None:
     """Convert GPT-1 weights: [bold]--from hf|openai SRC --out CKPT[/] or [bold]--to hf CKPT --out DIR[/]."""
-    from rich.console import Console
+    from gptcli.interop.convert import convert
+
+    cfg = p.resolve(ConvertConfig)
+    console = stderr_console()
+    cfg.check()  # before the spinner: a usage error is one line, not a spinner and a line
+    with console.status(f"reading {cfg.src} …"):
+        result = convert(cfg)
+    render(console, result)
+
+
+command = OPTIONS.command(run)
+
+
+def render(console: Any, result: ConvertResult) -> None:
+    """Warnings first, then what was written."""
     from rich.markup import escape
 
-    from gptcli.errors import GPT1Error
-
-    console = Console(stderr=True)
-    if (from_ is None) == (to is None):
-        raise GPT1Error("give exactly one of --from (hf, openai) or --to (hf)")
-    if from_ is not None and from_ not in FORMATS_IN:
-        raise GPT1Error(f"--from {from_!r}: expected one of {', '.join(FORMATS_IN)}")
-    if to is not None and to not in FORMATS_OUT:
-        raise GPT1Error(f"--to {to!r}: expected one of {', '.join(FORMATS_OUT)}")
-    if out.exists() and not overwrite:
-        raise GPT1Error(f"{out}: already exists (pass --overwrite to replace it)")
-
-    from gptcli.interop import convert as conv
-
-    if to == "hf":
-        path, warnings = conv.to_hf(src, out)
-        for w in warnings:
-            console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
-        console.print(f"wrote Hugging Face openai-gpt directory [bold]{escape(str(path))}[/]", highlight=False, soft_wrap=True)
-        return
-    with console.status(f"reading {src} …"):
-        converted = conv.from_hf(src) if from_ == "hf" else conv.from_openai(src, n_head=n_head, tokenizer_dir=tokenizer)
-    for w in converted.warnings:
+    for w in result.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
-    path = conv.convert_to_checkpoint(converted, out)
-    c = converted.model.config
+    if result.format == "hf":
+        console.print(f"wrote Hugging Face openai-gpt directory [bold]{escape(str(result.path))}[/]", highlight=False,
+                      soft_wrap=True)
+        return
+    c = result.config
+    assert c is not None  # an import always reports its model
     console.print(
-        f"wrote gpt1 checkpoint [bold]{escape(str(path))}[/] ({converted.model.num_params():,} parameters, {c.n_layer} layers, "
+        f"wrote gpt1 checkpoint [bold]{escape(str(result.path))}[/] ({result.params:,} parameters, {c.n_layer} layers, "
         f"d={c.n_embd}, vocab {c.vocab_size}+{c.n_special}, context {c.n_ctx})",
         highlight=False, soft_wrap=True,
     )

@@ -5,6 +5,7 @@
 - :func:`to_hf` writes a directory that ``transformers.OpenAIGPTLMHeadModel.from_pretrained`` and
   ``OpenAIGPTTokenizer.from_pretrained`` load.
 - :func:`convert_to_checkpoint` saves a converted model as an ordinary gpt1 checkpoint directory.
+- :func:`convert` does one whole conversion as a :class:`ConvertConfig` describes it (what ``gpt1 convert`` runs).
 
 Nothing here imports ``transformers``; pickled PyTorch files are read with ``weights_only=True`` only.
 
@@ -28,8 +29,11 @@ import torch
 
 from gptcli.checkpoint import atomic_directory, load_checkpoint, save_checkpoint
 from gptcli.errors import DataError, GPT1Error
-from gptcli.interop.hf import config_from_hf, config_to_hf, state_dict_from_hf, state_dict_to_hf
+from gptcli.interop.hf import config_from_hf, read_hf_config, state_dict_from_hf, state_dict_to_hf, write_hf_config
 from gptcli.model.gpt import GPT, ModelConfig
+
+FORMATS_IN = ("hf", "openai")
+FORMATS_OUT = ("hf",)
 
 HUB_FILES_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 _BLOCK_PARAMS = (  # the released per-block order, as Hugging Face names (Conv1D [in, out] weights)
@@ -38,6 +42,58 @@ _BLOCK_PARAMS = (  # the released per-block order, as Hugging Face names (Conv1D
     "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias",
     "ln_2.weight", "ln_2.bias",
 )
+
+
+@dataclass
+class ConvertConfig:
+    """One conversion: import Hugging Face or original OpenAI weights as a gpt1 checkpoint (``from_format``), or
+    export a gpt1 checkpoint as a Hugging Face directory (``to_format``); exactly one of the two."""
+
+    src: str | None = None
+    """What to convert: a Hugging Face directory or hub id (--from hf), an original release directory (--from
+    openai), or a gpt1 checkpoint (--to hf)."""
+    from_format: str | None = None
+    """Import from: 'hf' (openai-gpt checkpoint: config.json + model.safetensors/pytorch_model.bin + vocab.json +
+    merges.txt) or 'openai' (params_*.npy + params_shapes.json + the two BPE files)."""
+    to_format: str | None = None
+    """Export to: 'hf' (a directory transformers can load)."""
+    out: Path | None = None
+    """Directory to write: a gpt1 checkpoint (--from) or a Hugging Face directory (--to)."""
+    n_head: int = 12
+    """Attention heads (--from openai only; the release does not record it; GPT-1 has 12)."""
+    tokenizer: Path | None = None
+    """Directory with the BPE files if they are not next to the weights (--from openai only)."""
+    overwrite: bool = False
+    """Replace --out if it already exists."""
+
+    def check(self) -> None:
+        """One-line errors for a conversion that cannot start (nothing is read or written before this)."""
+        if self.src is None:
+            raise GPT1Error("SRC is required: what to convert (a directory, hub id or checkpoint)")
+        if (self.from_format is None) == (self.to_format is None):
+            raise GPT1Error("give exactly one of --from (hf, openai) or --to (hf)")
+        if self.from_format is not None and self.from_format not in FORMATS_IN:
+            raise GPT1Error(f"--from {self.from_format!r}: expected one of {', '.join(FORMATS_IN)}")
+        if self.to_format is not None and self.to_format not in FORMATS_OUT:
+            raise GPT1Error(f"--to {self.to_format!r}: expected one of {', '.join(FORMATS_OUT)}")
+        if self.out is None:
+            raise GPT1Error("--out is required (the directory to write)")
+        if Path(self.out).exists() and not self.overwrite:
+            raise GPT1Error(f"{self.out}: already exists (pass --overwrite to replace it)")
+
+
+@dataclass
+class ConvertResult:
+    """What :func:`convert` wrote."""
+
+    path: Path
+    format: str
+    """"gpt1" (a checkpoint, after an import) or "hf" (a Hugging Face directory, after an export)."""
+    warnings: list[str]
+    config: ModelConfig | None = None
+    """The imported model's shape (imports only)."""
+    params: int | None = None
+    """The imported model's parameter count (imports only)."""
 
 
 @dataclass
@@ -132,42 +188,42 @@ def read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
 
 def from_hf(src: str | Path) -> Converted:
     """A Hugging Face ``openai-gpt`` checkpoint (directory or hub id) as our model + original tokenizer."""
-    d = Path(src)
-    source = str(src)
-    if not d.is_dir():
-        if d.exists() or not _looks_like_hub_id(str(src)):
-            raise GPT1Error(f"{src}: not a directory (expected a Hugging Face checkpoint directory or hub id)")
-        d = fetch_from_hub(str(src))
-    cfg_path = d / "config.json"
-    if not cfg_path.is_file():
-        raise GPT1Error(f"{d}: no config.json (not a Hugging Face checkpoint directory)")
-    try:
-        hf_cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise DataError(cfg_path, f"invalid JSON ({e.msg})", e.lineno) from None
-    if hf_cfg.get("model_type") != "openai-gpt":
-        raise DataError(cfg_path, f"model_type is {hf_cfg.get('model_type')!r}, expected 'openai-gpt'")
-    if hf_cfg.get("afn", "gelu") != "gelu":
-        raise DataError(cfg_path, f"activation {hf_cfg.get('afn')!r} is not supported (GPT-1 uses gelu)")
+    d = _hf_directory(src)
+    hf_cfg = read_hf_config(d)
     warnings: list[str] = []
     tok = _tokenizer_from(d)
     if tok is None:
         warnings.append(f"{d}: no vocab.json + merges.txt; the checkpoint is written without a tokenizer")
-    config = config_from_hf(hf_cfg)
-    if tok is not None and config.vocab_size > tok.vocab_size:
-        # Rows past the BPE vocabulary are fine-tuning special tokens (e.g. a model we exported after finetune).
-        config.n_special = config.vocab_size - tok.vocab_size
-        config.vocab_size = tok.vocab_size
-    elif tok is not None and config.vocab_size < tok.vocab_size:
-        raise GPT1Error(f"{cfg_path}: vocab_size {config.vocab_size} is smaller than the tokenizer's {tok.vocab_size}")
+    config = _split_special_rows(config_from_hf(hf_cfg), tok, d / "config.json")
     sd = read_hf_weights(d)
     if "lm_head.weight" in sd:
         emb = sd.get("transformer.tokens_embed.weight", sd.get("tokens_embed.weight"))
         if emb is not None and not torch.equal(sd["lm_head.weight"], emb):
             raise GPT1Error(f"{d}: lm_head.weight is not tied to the token embedding (GPT-1 ties them)")
     model = _build(config, sd, d)
-    meta = {"source": {"format": "hf", "path": source, "resolved": str(d)}}
+    meta = {"source": {"format": "hf", "path": str(src), "resolved": str(d)}}
     return Converted(model, tok, meta, warnings)
+
+
+def _hf_directory(src: str | Path) -> Path:
+    """``src`` as a local directory: itself, or the hub files fetched for a hub id."""
+    d = Path(src)
+    if d.is_dir():
+        return d
+    if d.exists() or not _looks_like_hub_id(str(src)):
+        raise GPT1Error(f"{src}: not a directory (expected a Hugging Face checkpoint directory or hub id)")
+    return fetch_from_hub(str(src))
+
+
+def _split_special_rows(config: ModelConfig, tok: Any | None, where: Path) -> ModelConfig:
+    """Hugging Face counts fine-tuning special rows as vocabulary; ours keeps them apart (``n_special``)."""
+    if tok is not None and config.vocab_size > tok.vocab_size:
+        # Rows past the BPE vocabulary are fine-tuning special tokens (e.g. a model we exported after finetune).
+        config.n_special = config.vocab_size - tok.vocab_size
+        config.vocab_size = tok.vocab_size
+    elif tok is not None and config.vocab_size < tok.vocab_size:
+        raise GPT1Error(f"{where}: vocab_size {config.vocab_size} is smaller than the tokenizer's {tok.vocab_size}")
+    return config
 
 
 # --------------------------------------------------------------------------------------- original release
@@ -218,45 +274,65 @@ def from_openai(src: str | Path, *, n_head: int = 12, tokenizer_dir: str | Path 
         raise GPT1Error(f"{d}: not a directory")
     tok_dir = Path(tokenizer_dir) if tokenizer_dir is not None else d
     tok = _tokenizer_from(tok_dir)
-    params = read_openai_params(d)
     where = d / "params_shapes.json"
-    if len(params) >= 2 and params[0].dim() == 2 and params[1].dim() == 2 and (len(params) - 2) % 12 == 0:
-        pos, tokens = params[0], params[1]  # the pretrained release: positions first, then tokens
-        blocks = params[2:]
-        specials = tokens.new_zeros(0, tokens.size(1))
-        layout = "separate"
-    elif len(params) >= 1 and params[0].dim() == 2 and (len(params) - 1) % 12 == 0:
-        if tok is None:
-            raise GPT1Error(f"{tok_dir}: a stacked embedding matrix needs the BPE files to know where tokens end")
-        we = params[0]
-        n_vocab = tok.vocab_size
-        if we.size(0) <= n_vocab + n_special:
-            raise DataError(where, f"first matrix has {we.size(0)} rows, too few for {n_vocab} tokens + {n_special} specials + positions")
-        tokens, specials, pos = we[:n_vocab], we[n_vocab : n_vocab + n_special], we[n_vocab + n_special :]
-        blocks = params[1:]
-        layout = "stacked"
-    else:
-        raise DataError(where, f"{len(params)} arrays do not match the GPT-1 layout (2 embeddings + 12 per block)")
-    n_layer = len(blocks) // 12
-    n_embd = tokens.size(1)
+    parts = _release_parts(read_openai_params(d), tok, tok_dir, n_special, where)
+    n_layer = len(parts.blocks) // 12
+    n_embd = parts.tokens.size(1)
     if tok is None:
         warnings = [f"{tok_dir}: no BPE files (encoder_bpe_40000.json + vocab_40000.bpe or vocab.json + merges.txt);"
                     " the checkpoint is written without a tokenizer"]
     else:
         warnings = []
-        if tok.vocab_size != tokens.size(0):
-            raise GPT1Error(f"{tok_dir}: tokenizer has {tok.vocab_size} ids but the token embedding has {tokens.size(0)} rows")
-    inner = blocks[6].shape[-1] if n_layer else 4 * n_embd
-    config = ModelConfig(vocab_size=tokens.size(0), n_special=specials.size(0), n_ctx=pos.size(0), n_embd=n_embd,
-                         n_layer=n_layer, n_head=n_head, n_inner=int(inner))
-    hf_state = {"tokens_embed.weight": torch.cat([tokens, specials], 0), "positions_embed.weight": pos}
-    for i in range(n_layer):
-        for j, name in enumerate(_BLOCK_PARAMS):
-            t = blocks[12 * i + j]
-            hf_state[f"h.{i}.{name}"] = t.reshape(t.shape[-2:]) if t.dim() == 3 else t  # drop the conv width 1
-    model = _build(config, hf_state, where)
-    meta = {"source": {"format": "openai", "path": str(d), "layout": layout, "shards": len(list(d.glob("params_*.npy")))}}
+        if tok.vocab_size != parts.tokens.size(0):
+            raise GPT1Error(f"{tok_dir}: tokenizer has {tok.vocab_size} ids but the token embedding has "
+                            f"{parts.tokens.size(0)} rows")
+    inner = parts.blocks[6].shape[-1] if n_layer else 4 * n_embd
+    config = ModelConfig(vocab_size=parts.tokens.size(0), n_special=parts.specials.size(0), n_ctx=parts.pos.size(0),
+                         n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_inner=int(inner))
+    model = _build(config, parts.hf_state(), where)
+    meta = {"source": {"format": "openai", "path": str(d), "layout": parts.layout,
+                       "shards": len(list(d.glob("params_*.npy")))}}
     return Converted(model, tok, meta, warnings)
+
+
+@dataclass
+class _ReleaseParts:
+    """The release's arrays by role: embeddings, then 12 arrays per block in the released order."""
+
+    tokens: torch.Tensor
+    specials: torch.Tensor
+    pos: torch.Tensor
+    blocks: list[torch.Tensor]
+    layout: str
+    """"separate" (the pretrained release) or "stacked" (a params file of the fine-tuning graph)."""
+
+    def hf_state(self) -> dict[str, torch.Tensor]:
+        """The same weights under Hugging Face's names (Conv1D weights as [in, out])."""
+        state = {"tokens_embed.weight": torch.cat([self.tokens, self.specials], 0), "positions_embed.weight": self.pos}
+        for i in range(len(self.blocks) // 12):
+            for j, name in enumerate(_BLOCK_PARAMS):
+                t = self.blocks[12 * i + j]
+                state[f"h.{i}.{name}"] = t.reshape(t.shape[-2:]) if t.dim() == 3 else t  # drop the conv width 1
+        return state
+
+
+def _release_parts(params: list[torch.Tensor], tok: Any | None, tok_dir: Path, n_special: int,
+                   where: Path) -> _ReleaseParts:
+    """Tell the two layouts apart by their first arrays and cut the embeddings out."""
+    if len(params) >= 2 and params[0].dim() == 2 and params[1].dim() == 2 and (len(params) - 2) % 12 == 0:
+        pos, tokens = params[0], params[1]  # the pretrained release: positions first, then tokens
+        return _ReleaseParts(tokens, tokens.new_zeros(0, tokens.size(1)), pos, params[2:], "separate")
+    if len(params) >= 1 and params[0].dim() == 2 and (len(params) - 1) % 12 == 0:
+        if tok is None:
+            raise GPT1Error(f"{tok_dir}: a stacked embedding matrix needs the BPE files to know where tokens end")
+        we = params[0]
+        n_vocab = tok.vocab_size
+        if we.size(0) <= n_vocab + n_special:
+            raise DataError(where, f"first matrix has {we.size(0)} rows, too few for {n_vocab} tokens + {n_special} "
+                                   "specials + positions")
+        return _ReleaseParts(we[:n_vocab], we[n_vocab : n_vocab + n_special], we[n_vocab + n_special :], params[1:],
+                             "stacked")
+    raise DataError(where, f"{len(params)} arrays do not match the GPT-1 layout (2 embeddings + 12 per block)")
 
 
 # ------------------------------------------------------------------------------------------------- output
@@ -280,31 +356,52 @@ def to_hf(ckpt: str | Path, out: str | Path) -> tuple[Path, list[str]]:
     cfg = c.config
     if cfg.n_inner != 4 * cfg.n_embd:
         raise GPT1Error(f"{c.path}: n_inner={cfg.n_inner} ≠ 4·n_embd; Hugging Face openai-gpt cannot represent it")
-    warnings: list[str] = []
-    hf_cfg = config_to_hf(cfg)
     sd = state_dict_to_hf(c.model.state_dict(), cfg.n_layer)
     # Tied: transformers re-ties lm_head to the embedding on load, and safetensors refuses shared storage.
     sd.pop("lm_head.weight")
     sd = {k: v.detach().float().contiguous().clone() for k, v in sd.items()}
     tok = c.tokenizer
+    with_tokenizer = tok is not None and getattr(tok, "kind", None) == "openai"
+
+    def write(tmp: Path) -> None:
+        save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        write_hf_config(tmp, cfg, tokenizer=with_tokenizer)
+        if with_tokenizer:
+            tok.save_bpe_files(tmp)
+
+    warnings = _export_warnings(c)
+    path = atomic_directory(Path(out), write)
+    return path, warnings
+
+
+def _export_warnings(c: Any) -> list[str]:
+    """What a Hugging Face export of checkpoint ``c`` leaves out or cannot name."""
+    cfg, tok = c.config, c.tokenizer
+    warnings: list[str] = []
     if c.kind != "lm" or c.head_state:
         warnings.append(f"{c.path}: kind {c.kind!r}; only the language model is exported, not the task head")
     if cfg.n_special:
         warnings.append(f"{cfg.n_special} special-token rows are exported as ids {cfg.vocab_size}…"
                         f"{cfg.total_vocab - 1} (vocab_size {cfg.total_vocab}); the tokenizer files do not name them")
-
-    def write(tmp: Path) -> None:
-        save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n", encoding="utf-8")
-        if tok is not None and getattr(tok, "kind", None) == "openai":
-            tok.save_bpe_files(tmp)
-            tok_cfg = {"tokenizer_class": "OpenAIGPTTokenizer", "unk_token": "<unk>", "model_max_length": cfg.n_ctx}
-            (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n", encoding="utf-8")
-
     if tok is None:
         warnings.append(f"{c.path}: the checkpoint has no tokenizer; none is exported")
     elif getattr(tok, "kind", None) != "openai":
         warnings.append(f"tokenizer kind {tok.kind!r} is not exported (Hugging Face openai-gpt only knows the original "
                         f"BPE); keep using {c.path}/tokenizer with gpt1")
-    path = atomic_directory(Path(out), write)
-    return path, warnings
+    return warnings
+
+
+# ------------------------------------------------------------------------------------------------- the command
+def convert(cfg: ConvertConfig) -> ConvertResult:
+    """Run one conversion as ``cfg`` describes it (checked first: :meth:`ConvertConfig.check`)."""
+    cfg.check()
+    assert cfg.src is not None and cfg.out is not None  # checked above
+    if cfg.to_format == "hf":
+        path, warnings = to_hf(cfg.src, cfg.out)
+        return ConvertResult(path, "hf", warnings)
+    if cfg.from_format == "hf":
+        converted = from_hf(cfg.src)
+    else:
+        converted = from_openai(cfg.src, n_head=cfg.n_head, tokenizer_dir=cfg.tokenizer)
+    path = convert_to_checkpoint(converted, cfg.out)
+    return ConvertResult(path, "gpt1", converted.warnings, converted.model.config, converted.model.num_params())

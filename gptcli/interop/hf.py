@@ -1,15 +1,26 @@
-"""Weight mapping between our GPT and Hugging Face's ``OpenAIGPTLMHeadModel`` (state dicts only).
+"""Hugging Face's ``openai-gpt`` format: its ``config.json`` and the weight mapping to ``OpenAIGPTLMHeadModel``.
 
 Hugging Face stores attention and MLP weights as "Conv1D" matrices of shape [in, out] (x·W), like the released
 TensorFlow code; we use ``nn.Linear`` ([out, in]), so those matrices are transposed on the way in and out.
-This module works on plain state dicts and needs no ``transformers`` install.
+A Hugging Face directory's ``config.json`` is Hugging Face's own format (``n_positions``, ``afn``, ...), not a gpt1
+checkpoint's (that one is read only by :mod:`gptcli.checkpoint`); this module is where it is read and written.
+It works on plain dicts and state dicts and needs no ``transformers`` install.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import torch
 
+from gptcli.errors import DataError, GPT1Error
 from gptcli.model.gpt import ModelConfig
+
+HF_CONFIG = "config.json"
+"""A Hugging Face model directory's configuration file."""
+HF_TOKENIZER_CONFIG = "tokenizer_config.json"
 
 # (our suffix, HF suffix, transpose?) inside each block.
 _BLOCK_MAP = [
@@ -90,3 +101,29 @@ def state_dict_to_hf(sd: dict[str, torch.Tensor], n_layer: int) -> dict[str, tor
             out[f"transformer.h.{i}.{theirs}"] = t.t().contiguous() if transpose else t.contiguous()
     out["lm_head.weight"] = sd["tok_emb.weight"]
     return out
+
+
+def read_hf_config(directory: Path) -> dict[str, Any]:
+    """The ``config.json`` of a Hugging Face ``openai-gpt`` directory, checked to be one GPT-1 can load."""
+    path = directory / HF_CONFIG
+    if not path.is_file():
+        raise GPT1Error(f"{directory}: no config.json (not a Hugging Face checkpoint directory)")
+    try:
+        hf_cfg = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(path, f"invalid JSON ({e.msg})", e.lineno) from None
+    if hf_cfg.get("model_type") != "openai-gpt":
+        raise DataError(path, f"model_type is {hf_cfg.get('model_type')!r}, expected 'openai-gpt'")
+    if hf_cfg.get("afn", "gelu") != "gelu":
+        raise DataError(path, f"activation {hf_cfg.get('afn')!r} is not supported (GPT-1 uses gelu)")
+    return hf_cfg
+
+
+def write_hf_config(directory: Path, cfg: ModelConfig, *, tokenizer: bool) -> None:
+    """``config.json`` for ``cfg`` and, with ``tokenizer`` (the original BPE files are written beside it),
+    ``tokenizer_config.json`` naming ``OpenAIGPTTokenizer``. ``directory`` is a fresh temporary directory that is
+    renamed into place whole, so plain writes suffice."""
+    (directory / HF_CONFIG).write_text(json.dumps(config_to_hf(cfg), indent=2) + "\n", encoding="utf-8")
+    if tokenizer:
+        tok_cfg = {"tokenizer_class": "OpenAIGPTTokenizer", "unk_token": "<unk>", "model_max_length": cfg.n_ctx}
+        (directory / HF_TOKENIZER_CONFIG).write_text(json.dumps(tok_cfg, indent=2) + "\n", encoding="utf-8")

@@ -5,16 +5,21 @@ new token costs one position. Only real vocabulary ids can be emitted: the logit
 (start/delimiter/extract, appended for fine-tuning) and anything past the tokenizer's vocabulary are masked out —
 the released code's tied output matrix even spans the position rows, and sampling those would be meaningless.
 GPT-1 has no end-of-text token, so generation stops after ``max_new_tokens`` or when the context is full.
+
+:func:`iter_generate` yields the ids one at a time (streaming); :func:`generate` collects them. What ``gpt1
+generate`` runs around them (a checkpoint, a text prompt, streamed text) is :mod:`gptcli.pipelines.generate`,
+configured by :class:`GenerateConfig`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
 
 import torch
 
-from gptcli.model.gpt import GPT, KVCache
+from gptcli.model.gpt import GPT, KVCache, ModelConfig
 
 
 @dataclass
@@ -47,6 +52,20 @@ class SamplingConfig:
             raise ValueError("top_p must be in (0, 1]")
 
 
+@dataclass
+class GenerateConfig(SamplingConfig):
+    """A ``gpt1 generate`` run: the sampling settings above plus which model continues which text, where.
+
+    A ``--config`` file of sampling settings alone (a SamplingConfig) is a valid GenerateConfig file."""
+
+    checkpoint: Path | None = None
+    """Checkpoint directory (or run directory: its newest checkpoint), e.g. one written by `gpt1 convert`."""
+    prompt: str | None = None
+    """Text to continue (cleaned and tokenized like training text)."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N or auto (cuda when available)."""
+
+
 def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """Apply temperature, then top-k, then top-p to ``logits`` (…, V); removed entries become ``-inf``."""
     logits = logits / temperature
@@ -72,7 +91,6 @@ def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Gener
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-@torch.no_grad()
 def generate(
     model: GPT,
     prompt_ids: Sequence[int],
@@ -86,17 +104,31 @@ def generate(
     ``vocab_limit``: ids ≥ this are never emitted (default: the model's BPE vocabulary, i.e. no special rows);
     pass the tokenizer's ``vocab_size``. ``on_token(id)`` is called as soon as each id is chosen (streaming).
     """
+    out: list[int] = []
+    for token in iter_generate(model, prompt_ids, cfg, vocab_limit=vocab_limit):
+        out.append(token)
+        if on_token is not None:
+            on_token(token)
+    return out
+
+
+@torch.no_grad()
+def iter_generate(
+    model: GPT,
+    prompt_ids: Sequence[int],
+    cfg: SamplingConfig | None = None,
+    *,
+    vocab_limit: int | None = None,
+) -> Iterator[int]:
+    """Continue ``prompt_ids``, yielding each new id as soon as it is chosen (see :func:`generate`).
+
+    The prompt is checked before the first id is produced: a ``ValueError`` says what is wrong with it."""
     cfg = cfg or SamplingConfig()
     cfg.validate()
     c = model.config
     limit = min(vocab_limit or c.vocab_size, c.vocab_size)
     prompt = list(prompt_ids)
-    if not prompt:
-        raise ValueError("the prompt is empty: GPT-1 has no start-of-text token to generate from")
-    if len(prompt) > c.n_ctx:
-        raise ValueError(f"the prompt has {len(prompt)} tokens but the context holds {c.n_ctx}")
-    if any(not 0 <= i < c.total_vocab for i in prompt):
-        raise ValueError(f"prompt ids must lie in 0…{c.total_vocab - 1}")
+    _check_prompt(prompt, c)
     device = model.tok_emb.weight.device
     generator = None
     if not cfg.greedy and cfg.seed is not None:
@@ -107,18 +139,23 @@ def generate(
     steps = min(cfg.max_new_tokens, c.n_ctx - len(prompt))  # stop at the context limit
     seq = torch.tensor([prompt], dtype=torch.long, device=device)
     cache = KVCache(c, 1, device=device, dtype=model.tok_emb.weight.dtype) if cfg.use_cache else None
-    out: list[int] = []
     inp = seq
     try:
         for _ in range(steps):
             h = model(inp if cache is not None else seq, cache=cache)
             logits = model.lm_logits(h[:, -1])[:, :limit]  # never special rows or ids past the vocabulary
             tok = next_token(logits, cfg, generator)
-            out.append(int(tok))
-            if on_token is not None:
-                on_token(out[-1])
+            yield int(tok)
             inp = tok.view(1, 1)
             seq = torch.cat([seq, inp], dim=1)
     finally:
         model.train(was_training)
-    return out
+
+
+def _check_prompt(prompt: list[int], c: ModelConfig) -> None:
+    if not prompt:
+        raise ValueError("the prompt is empty: GPT-1 has no start-of-text token to generate from")
+    if len(prompt) > c.n_ctx:
+        raise ValueError(f"the prompt has {len(prompt)} tokens but the context holds {c.n_ctx}")
+    if any(not 0 <= i < c.total_vocab for i in prompt):
+        raise ValueError(f"prompt ids must lie in 0…{c.total_vocab - 1}")

@@ -1,22 +1,30 @@
 """The whole GPT-1 pipeline at toy scale, offline, in a few minutes: ``quickstart(QuickstartConfig())``.
 
-Stages (each one is the real library function the full-scale commands use):
+The paper's recipe (Radford et al. 2018, §3): generative pre-training of a Transformer language model on
+unlabeled text, then discriminative fine-tuning on a labeled task with an auxiliary LM loss (§3.2), and its
+zero-shot heuristics (§5, Figure 2 right). Each stage below is one function, run in this order, and each calls the
+real library function the full-scale commands use:
 
-1. **text** — the English text that ships with every Python installation: the docstrings of the standard library
-   (module, class and function docstrings read with :mod:`ast`, one document per module, in path order; nothing
-   is downloaded and nothing is copied into the repository). A seeded share of the modules is held out: their
-   prose sentences become the toy task, the rest is the pretraining corpus.
-2. **prepare** — :func:`gptcli.data.prepare.prepare` with a small learned BPE vocabulary.
-3. **pretrain** — :func:`gptcli.train.pretrain.pretrain` of the ``tiny`` preset shrunk further, for as many updates as
-   fit the time budget (the update time is measured first), with the paper's warmup + cosine schedule.
-4. **finetune** — :func:`gptcli.train.finetune.finetune` on "original vs word-shuffled sentence"
+1. :func:`collect_text` — the English text that ships with every Python installation: the docstrings of the
+   standard library (module, class and function docstrings read with :mod:`ast`, one document per module, in path
+   order; nothing is downloaded and nothing is copied into the repository). A seeded share of the modules is held
+   out: their prose sentences become the toy task, the rest is the pretraining corpus.
+2. :func:`prepare_corpus` — :func:`gptcli.data.prepare.prepare` with a small learned BPE vocabulary.
+3. :func:`pretrain_model` — :func:`gptcli.train.pretrain.pretrain` of the ``tiny`` preset shrunk further, for as
+   many updates as fit the time budget (the update time is measured first: :mod:`gptcli.pipelines.budget`), with
+   the paper's warmup + cosine schedule.
+4. :func:`finetune_model` — :func:`gptcli.train.finetune.finetune` on "original vs word-shuffled sentence"
    (:mod:`gptcli.tasks.shuffled`, CoLA's format and metric), auxiliary LM loss included.
-5. **eval** — :func:`gptcli.eval.tasks.evaluate_task` on the held-out test split, against the majority class.
-6. **zeroshot** — the paper's CoLA heuristic (:func:`gptcli.eval.zeroshot.cola`): average token log-probability,
-   thresholded on the train split, scored on the test split, for the model before and after pretraining.
+5. :func:`evaluate_model` — :func:`gptcli.eval.tasks.evaluate_task` on the held-out test split, against the
+   majority class.
+6. :func:`zeroshot_models` — the paper's CoLA heuristic (:func:`gptcli.eval.zeroshot.cola`): average token
+   log-probability, thresholded on the train split, scored on the test split, for the model before and after
+   pretraining.
 
-Everything goes under ``config.out``; ``summary.json`` holds the final numbers. Budget: ``minutes`` is the target
-for the whole run; pretraining gets what is left after preparing minus an estimate of the later stages.
+Then :func:`write_summary` writes ``summary.json`` with the final numbers. Everything goes under ``config.out``.
+Budget: ``minutes`` is the target for the whole run; pretraining gets what is left after preparing minus an
+estimate of the later stages. Progress is reported through :mod:`gptcli.progress`: each numbered stage is one
+``stage(title)`` … ``end(summary)``, and the library functions it calls report inside it.
 """
 
 from __future__ import annotations
@@ -30,9 +38,12 @@ import sysconfig
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from gptcli.errors import GPT1Error
+from gptcli.fsutil import write_text_atomic
+from gptcli.pipelines import budget
+from gptcli.progress import SILENT, Progress
 
 # What quickstart writes under its output directory (``overwrite`` removes exactly these).
 OUTPUTS = ("text", "task", "corpus", "pretrain", "finetune", "eval", "zeroshot", "summary.json", "config.toml")
@@ -47,6 +58,9 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("eval", "Evaluate the fine-tuned model on the held-out test split"),
     ("zeroshot", "Zero-shot: the paper's CoLA heuristic, before and after pretraining"),
 )
+"""``(key, title)`` of each stage, in order; the progress stage of the i-th is named ``"i/6 title"``."""
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -117,28 +131,6 @@ class QuickstartResult:
     paths: dict[str, str]
 
 
-class Hooks:
-    """Progress hooks; the library calls them, the command renders them (this base class does nothing)."""
-
-    console: Any = None
-    """A Rich console for the stages' own progress displays (pretrain, fine-tune); None = no display."""
-    progress: Any = None
-    """A :class:`gptcli.progress.Progress` for the stages that report through it (pretrain)."""
-
-    def prepare_reporter(self) -> Any:
-        """A :class:`gptcli.data.prepare.Reporter` for the prepare stage (None = silent)."""
-        return None
-
-    def stage(self, key: str, title: str) -> None:
-        """A stage starts."""
-
-    def note(self, message: str) -> None:
-        """Something worth a line (budget decisions, sizes)."""
-
-    def done(self, key: str, summary: str, seconds: float) -> None:
-        """A stage finished."""
-
-
 # --------------------------------------------------------------------------------------------------- text
 
 
@@ -202,10 +194,12 @@ def hold_out(docs: list[tuple[str, str]], fraction: float, seed: int) -> tuple[l
     return [d for i, d in enumerate(docs) if i not in held], [d for i, d in enumerate(docs) if i in held]
 
 
-# --------------------------------------------------------------------------------------------------- helpers
+# --------------------------------------------------------------------------------------------------- output
 
 
 def _prepare_out(cfg: QuickstartConfig) -> Path:
+    """``cfg.out``, empty and ready: an earlier quickstart's outputs there are removed with ``overwrite``;
+    anything else there is refused, never deleted."""
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise GPT1Error(f"{out}: exists and is not a directory")
@@ -217,50 +211,310 @@ def _prepare_out(cfg: QuickstartConfig) -> Path:
         if foreign:
             raise GPT1Error(f"{out}: holds files quickstart did not write ({', '.join(foreign[:5])}); "
                             "refusing to overwrite it — choose another --out")
-        for name in OUTPUTS:
-            p = out / name
-            if p.is_dir():
-                shutil.rmtree(p)
-            elif p.exists():
-                p.unlink()
-        for p in out.glob(".*"):  # leftovers of an interrupted prepare (.corpus.partial-PID)
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
+        _remove_outputs(out)
     out.mkdir(parents=True, exist_ok=True)
     return out
 
 
-def _time_update(mcfg, seq_len: int, batch_size: int, device, precision, steps: int = 3) -> float:
-    """Seconds per pretraining update of this model on this machine (median of ``steps`` after a warm-up)."""
+def _remove_outputs(out: Path) -> None:
+    for name in OUTPUTS:
+        p = out / name
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+    for p in out.glob(".*"):  # leftovers of an interrupted prepare (.corpus.partial-PID)
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
+
+
+# --------------------------------------------------------------------------------------------------- the run
+
+
+@dataclass
+class _Run:
+    """What the stages share: the settings, where everything goes, and the figures collected so far."""
+
+    cfg: QuickstartConfig
+    out: Path
+    progress: Progress
+    t_start: float
+    """``time.perf_counter()`` when the run began (the budget counts from here)."""
+    numbers: dict[str, Any]
+    seconds: dict[str, float] = field(default_factory=dict)
+    paths: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class TaskText:
+    """Stage 1's output: the pretraining text and the toy task made from the held-out modules."""
+
+    corpus_file: Path
+    task_dir: Path
+    splits: dict[str, list[Any]]
+    """``shuffled.Row``s per split (train, dev, test)."""
+
+
+@dataclass
+class Pretrained:
+    """Stage 3's output: the pretrained checkpoint and the untrained model it started from (for zero-shot)."""
+
+    checkpoint: Path
+    init_model: Any
+    tokenizer: Any
+    device: Any
+    precision: str
+
+
+def quickstart(config: QuickstartConfig, progress: Progress | None = None) -> QuickstartResult:
+    """Run every stage as configured; returns the numbers of the final table. Raises GPT1Error on user errors."""
+    from gptcli.config import save_config
+    from gptcli.tasks import shuffled
+
+    cfg = config
+    _check(cfg)
+    t_start = time.perf_counter()
+    out = _prepare_out(cfg)
+    save_config(cfg, out / "config.toml")
+    run = _Run(cfg, out, progress or SILENT, t_start, {"minutes_budget": cfg.minutes, "seed": cfg.seed})
+    text = _stage(run, "text", collect_text, run)
+    corpus_dir = _stage(run, "prepare", prepare_corpus, run, text)
+    pre = _stage(run, "pretrain", pretrain_model, run, text, corpus_dir)
+    with shuffled.registered():  # the toy task is a task like the paper's only for these three stages
+        checkpoint = _stage(run, "finetune", finetune_model, run, text, pre)
+        _stage(run, "eval", evaluate_model, run, text, checkpoint)
+        _stage(run, "zeroshot", zeroshot_models, run, text, pre)
+    return write_summary(run)
+
+
+def _check(cfg: QuickstartConfig) -> None:
+    if cfg.minutes <= 0:
+        raise GPT1Error(f"--minutes must be positive, got {cfg.minutes}")
+    if not 0.05 <= cfg.task_fraction <= 0.8:
+        raise GPT1Error(f"task_fraction must be in [0.05, 0.8], got {cfg.task_fraction}")
+
+
+def _stage(run: _Run, key: str, body: Callable[..., tuple[T, str]], *args: Any) -> T:
+    """Run one numbered stage: ``body(*args)`` returns (what the next stages need, a one-line summary)."""
+    keys = [k for k, _ in STAGES]
+    run.progress.stage(f"{keys.index(key) + 1}/{len(STAGES)} {dict(STAGES)[key]}")
+    t0 = time.perf_counter()
+    try:
+        value, summary = body(*args)
+    except BaseException:
+        run.progress.end()
+        raise
+    run.seconds[key] = round(time.perf_counter() - t0, 2)
+    run.progress.end(summary)
+    return value
+
+
+def collect_text(run: _Run) -> tuple[TaskText, str]:
+    """Stage 1: standard-library docstrings → the pretraining text (JSONL) and the toy task's files."""
+    from gptcli.tasks import shuffled
+
+    cfg = run.cfg
+    docs = stdlib_documents(cfg.stdlib, cfg.max_modules)
+    train_docs, held_docs = hold_out(docs, cfg.task_fraction, cfg.seed)
+    text_dir = run.out / "text"
+    text_dir.mkdir()
+    corpus_file = text_dir / "stdlib-docstrings.jsonl"
+    with open(corpus_file, "w", encoding="utf-8") as f:
+        for module, text in train_docs:
+            f.write(json.dumps({"module": module, "text": text}, ensure_ascii=False) + "\n")
+    n_sentences, splits = task_splits(train_docs, held_docs, cfg)
+    task_dir = shuffled.write_task_files(splits, run.out / "task")
+    n_chars = sum(len(t) for _, t in train_docs)
+    run.numbers.update(modules=len(docs), pretrain_modules=len(train_docs), task_modules=len(held_docs),
+                       pretrain_chars=n_chars, **{f"task_{k}": len(v) for k, v in splits.items()})
+    run.paths.update(text=str(corpus_file), task=str(task_dir))
+    return TaskText(corpus_file, task_dir, splits), (
+        f"{len(train_docs)} modules ({n_chars / 1e6:.2f} M characters) for pretraining; "
+        f"{len(held_docs)} held out → {n_sentences:,} task sentences, as written and shuffled: "
+        f"{len(splits['train'])}/{len(splits['dev'])}/{len(splits['test'])} train/dev/test examples")
+
+
+def task_splits(train_docs: list[tuple[str, str]], held_docs: list[tuple[str, str]],
+                cfg: QuickstartConfig) -> tuple[int, dict[str, list[Any]]]:
+    """The toy task's rows per split from the held-out modules' prose, and how many sentences they came from."""
+    from gptcli.tasks import shuffled
+
+    # Docstrings repeat across modules (e.g. decimal and _pydecimal): a sentence that also occurs anywhere in the
+    # pretraining text is not held out, so it is left out of the task.
+    seen_text = " ".join(" ".join(t.split()) for _, t in train_docs).lower()
+    sentences = [(m, s) for m, text in held_docs for s in shuffled.prose_sentences(text) if s.lower() not in seen_text]
+    groups = shuffled.make_rows(sentences, cfg.seed)
+    splits = shuffled.split_rows(groups)
+    if cfg.max_train_examples is not None:
+        splits["train"] = splits["train"][: cfg.max_train_examples]
+    if min(len(v) for v in splits.values()) < 4:
+        raise GPT1Error(f"only {len(groups)} prose sentences in the held-out modules: too few for the task "
+                        "(use more modules or a larger task_fraction)")
+    return len(groups), splits
+
+
+def prepare_corpus(run: _Run, text: TaskText) -> tuple[Path, str]:
+    """Stage 2: the pretraining text → a corpus of token shards with a learned BPE vocabulary."""
+    from gptcli.data.prepare import PrepareConfig, prepare
+
+    cfg = run.cfg
+    corpus_dir = run.out / "corpus"
+    pc = PrepareConfig(inputs=[str(text.corpus_file)], out=corpus_dir, vocab_size=cfg.vocab_size, val_fraction=0.05,
+                       seed=cfg.seed, workers=cfg.workers)
+    prep = prepare(pc, progress=run.progress)
+    st = prep.manifest["splits"]
+    run.numbers.update(train_tokens=st["train"]["tokens"], val_tokens=st["val"]["tokens"], vocab_size=cfg.vocab_size)
+    run.paths["corpus"] = str(corpus_dir)
+    return corpus_dir, (f"{st['train']['tokens']:,} training and {st['val']['tokens']:,} validation tokens, "
+                        f"vocabulary {cfg.vocab_size:,}")
+
+
+def pretrain_model(run: _Run, text: TaskText, corpus_dir: Path) -> tuple[Pretrained, str]:
+    """Stage 3: validation perplexity of the untrained model, the budget's number of updates, pretraining."""
     import torch
 
+    from gptcli.data.shards import open_corpus
+    from gptcli.eval.perplexity import evaluate_lm
     from gptcli.model.gpt import GPT
-    from gptcli.train.optim import make_optimizer
-    from gptcli.train.pretrain import lm_loss
-    from gptcli.train.trainer import Trainer
+    from gptcli.runtime import resolve_device, resolve_precision
+    from gptcli.train.pretrain import build_model_config, pretrain
 
-    g = torch.Generator().manual_seed(0)
-    model = GPT(mcfg).to(device)
-    opt = make_optimizer(model, 1e-4, 0.01)
-    trainer = Trainer(model, opt, lm_loss, lambda s: 1e-4, device=device, precision=precision, grad_clip=1.0)
-    batch = torch.randint(0, mcfg.vocab_size, (batch_size, seq_len + 1), generator=g).to(device)
-    times = []
-    for i in range(steps + 1):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        trainer.step(i, [batch])
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return sorted(times[1:])[len(times[1:]) // 2]
+    cfg = run.cfg
+    device = resolve_device(cfg.device)
+    precision = resolve_precision(cfg.precision, device)
+    pc = _pretrain_config(cfg, corpus_dir, run.out / "pretrain")
+    corpus = open_corpus(corpus_dir)
+    mcfg = build_model_config(pc, corpus.tokenizer.vocab_size)
+    val_arrays = corpus.arrays("val")
+    torch.manual_seed(cfg.seed)  # the same initial weights pretrain() draws
+    init_model = GPT(mcfg).to(device)
+    before = evaluate_lm(init_model, val_arrays, cfg.seq_len, cfg.batch_size, device=device, precision=precision,
+                         max_batches=cfg.eval_batches)
+    step_s = _plan_updates(run, text, pc, mcfg, device, precision, before.perplexity)
+    res = pretrain(pc, progress=run.progress)
+    if res.final_val_loss is None or res.last_checkpoint is None:
+        raise GPT1Error(f"{pc.out}: pretraining stopped early ({res.stopped_by or 'no validation split'})")
+    after_ppl = math.exp(min(res.final_val_loss, 700))
+    run.numbers.update(pretrain_steps=res.step, update_ms=round(1000 * step_s, 1),
+                       pretrain_tokens=res.step * cfg.batch_size * cfg.seq_len, val_ppl_before=before.perplexity,
+                       val_ppl_after=after_ppl, params=sum(p.numel() for p in init_model.parameters()))
+    run.paths["pretrain"] = str(res.last_checkpoint)
+    pre = Pretrained(res.last_checkpoint, init_model, corpus.tokenizer, device, precision)
+    return pre, f"{res.step} updates; validation perplexity {before.perplexity:,.1f} → {after_ppl:,.1f}"
 
 
-def _pretrain_steps(cfg: QuickstartConfig, step_s: float, seconds_left: float, later_s: float, train_tokens: int) -> int:
+def _pretrain_config(cfg: QuickstartConfig, corpus_dir: Path, run_dir: Path) -> Any:
+    from gptcli.train.pretrain import PretrainConfig
+
+    return PretrainConfig(data=corpus_dir, out=run_dir, preset="tiny", model=dict(cfg.model), seq_len=cfg.seq_len,
+                          batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, device=cfg.device,
+                          precision=cfg.precision, eval_every=0, eval_batches=cfg.eval_batches, save_every=0,
+                          keep_last=1)
+
+
+def _plan_updates(run: _Run, text: TaskText, pc: Any, mcfg: Any, device: Any, precision: str,
+                  ppl_before: float) -> float:
+    """Time one update here, size pretraining to the budget (or ``pretrain_steps``), set ``pc``'s schedule;
+    returns the seconds per update."""
+    cfg = run.cfg
+    train_tokens = run.numbers["train_tokens"]
+    step_s = budget.time_update(mcfg, cfg.seq_len, cfg.batch_size, device, precision)
     if cfg.pretrain_steps is not None:
-        return max(1, cfg.pretrain_steps)
-    per_epoch = max(1, train_tokens // (cfg.batch_size * cfg.seq_len))
-    by_time = int((seconds_left - later_s) / step_s)
-    return max(20, min(by_time, int(cfg.max_epochs * per_epoch)))
+        steps = max(1, cfg.pretrain_steps)
+    else:
+        seconds_left = 60.0 * cfg.minutes - (time.perf_counter() - run.t_start)
+        cap = int(cfg.max_epochs * budget.updates_per_epoch(train_tokens, cfg.batch_size, cfg.seq_len))
+        steps = budget.updates_that_fit(seconds_left - _later_stages_seconds(cfg, text.splits, step_s), step_s,
+                                        minimum=20, maximum=cap)
+    pc.max_steps = steps
+    pc.warmup_steps = max(1, steps // 20)
+    pc.log_every = max(1, steps // 20)
+    run.progress.note(
+        f"one update of {cfg.batch_size}×{cfg.seq_len} tokens takes {step_s * 1000:.0f} ms here → {steps} updates "
+        f"(~{steps * step_s:.0f} s, {budget.epochs(steps, cfg.batch_size, cfg.seq_len, train_tokens):.1f} epochs); "
+        f"validation perplexity before pretraining {ppl_before:,.1f}")
+    return step_s
+
+
+def _later_stages_seconds(cfg: QuickstartConfig, splits: dict[str, list[Any]], step_s: float) -> float:
+    """What fine-tuning, evaluation and zero-shot scoring will cost, in seconds of pretraining updates."""
+    # About this many training tokens' worth of updates (fine-tuning ~1.5× per token for its short padded batches;
+    # evaluation and zero-shot scoring forward-only, ~⅓), plus a few fixed seconds.
+    n_task_tokens = sum(len(r.sentence.split()) * 1.4 + 2 for r in splits["train"])
+    avg = n_task_tokens / max(1, len(splits["train"]))
+    later_tokens = (1.5 * cfg.finetune_epochs * n_task_tokens
+                    + 0.35 * avg * (cfg.finetune_epochs * len(splits["dev"]) + 2 * len(splits["test"])
+                                    + 2 * (min(len(splits["train"]), cfg.zeroshot_fit_examples) + len(splits["test"]))))
+    return budget.seconds_for_tokens(later_tokens, step_s, cfg.batch_size, cfg.seq_len) + 8.0
+
+
+def finetune_model(run: _Run, text: TaskText, pre: Pretrained) -> tuple[Path, str]:
+    """Stage 4: fine-tune the pretrained model on the toy task (best dev epoch kept)."""
+    from gptcli.tasks import shuffled
+    from gptcli.train.finetune import FinetuneConfig, finetune
+
+    cfg = run.cfg
+    fc = FinetuneConfig(task=shuffled.NAME, init=str(pre.checkpoint), out=str(run.out / "finetune"),
+                        data_dir=str(text.task_dir), lr=cfg.finetune_lr, batch_size=cfg.finetune_batch_size,
+                        epochs=cfg.finetune_epochs, warmup=0.05, seed=cfg.seed, n_ctx=cfg.model.get("n_ctx"),
+                        device=cfg.device, precision=cfg.precision, overwrite=True)
+    ft = finetune(fc, progress=run.progress)
+    dev = ft.results["scores"]
+    run.paths["finetune"] = str(ft.checkpoint)
+    return ft.checkpoint, (f"{ft.results['steps']} updates; best dev MCC {dev.get('mcc', float('nan')):.1f}, "
+                           f"accuracy {dev.get('accuracy', float('nan')):.1f}% (epoch {ft.results['epoch']})")
+
+
+def evaluate_model(run: _Run, text: TaskText, checkpoint: Path) -> tuple[None, str]:
+    """Stage 5: the fine-tuned model on the held-out test split, beside always answering the majority class."""
+    from gptcli.eval.tasks import evaluate_task
+    from gptcli.tasks import shuffled
+
+    cfg = run.cfg
+    ev = evaluate_task(shuffled.NAME, checkpoint, "test", data_dir=text.task_dir, out=run.out / "eval",
+                       device=cfg.device, precision=cfg.precision)
+    test_labels = [r.label for r in text.splits["test"]]
+    maj_label, maj_acc = _majority(test_labels)
+    run.numbers.update(finetuned_accuracy=ev["scores"]["accuracy"], finetuned_mcc=ev["scores"]["mcc"],
+                       majority_accuracy=maj_acc, majority_label=maj_label, test_examples=len(test_labels))
+    run.paths["eval"] = str(run.out / "eval")
+    return None, (f"test accuracy {ev['scores']['accuracy']:.1f}% (majority class {maj_acc:.1f}%), "
+                  f"MCC {ev['scores']['mcc']:.1f}")
+
+
+def zeroshot_models(run: _Run, text: TaskText, pre: Pretrained) -> tuple[None, str]:
+    """Stage 6: the paper's zero-shot CoLA heuristic on the test split, before and after pretraining."""
+    from gptcli.checkpoint import load_checkpoint
+    from gptcli.eval.zeroshot import cola as zeroshot_cola, write_results
+    from gptcli.tasks import shuffled
+
+    train_ex = shuffled.SHUFFLED.read("train", text.task_dir)[: run.cfg.zeroshot_fit_examples]
+    test_ex = shuffled.SHUFFLED.read("test", text.task_dir)
+    after = load_checkpoint(pre.checkpoint).model.to(pre.device).eval()
+    pre.init_model.eval()
+    zs: dict[str, Any] = {}
+    for name, model in (("before", pre.init_model), ("after", after)):
+        r = zeroshot_cola(model, pre.tokenizer, test_ex, train_examples=train_ex, batch_size=64,
+                          precision=pre.precision)  # INTEGRATE: pass progress=run.progress
+        r.task, r.split = f"{shuffled.NAME}-{name}-pretraining", "test"
+        zs[name] = r
+        run.numbers[f"zeroshot_mcc_{name}"] = r.score
+        run.numbers[f"zeroshot_accuracy_{name}"] = _accuracy(r.predictions)
+    write_results(run.out / "zeroshot", {r.task: r for r in zs.values()},
+                  {"checkpoint": str(pre.checkpoint), "heuristic": "cola (average token log-probability, "
+                   "threshold fitted on the train split)"})
+    run.paths["zeroshot"] = str(run.out / "zeroshot")
+    return None, f"MCC {zs['before'].score:.1f} before pretraining → {zs['after'].score:.1f} after"
+
+
+def write_summary(run: _Run) -> QuickstartResult:
+    """``summary.json``: the numbers (non-finite ones as null), seconds per stage, paths and the settings."""
+    from gptcli.config import to_dict
+
+    run.numbers["seconds_total"] = round(time.perf_counter() - run.t_start, 1)
+    summary = {"numbers": {k: (_finite(v) if isinstance(v, float) else v) for k, v in run.numbers.items()},
+               "seconds": run.seconds, "paths": run.paths, "config": to_dict(run.cfg)}
+    write_text_atomic(run.out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
+    return QuickstartResult(run.out, run.numbers, run.seconds, run.paths)
 
 
 def _majority(labels: list[int]) -> tuple[int, float]:
@@ -275,188 +529,6 @@ def _accuracy(preds: list[dict[str, Any]]) -> float:
 
 def _finite(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
-
-
-# --------------------------------------------------------------------------------------------------- the run
-
-
-def quickstart(config: QuickstartConfig, hooks: Hooks | None = None) -> QuickstartResult:
-    """Run every stage as configured; returns the numbers of the final table. Raises GPT1Error on user errors."""
-    import torch
-
-    from gptcli.config import save_config, to_dict
-    from gptcli.eval.perplexity import evaluate_lm
-    from gptcli.train.finetune import FinetuneConfig, finetune
-    from gptcli.model.gpt import GPT
-    from gptcli.data.prepare import PrepareConfig, prepare
-    from gptcli.train.pretrain import PretrainConfig, build_model_config, pretrain
-    from gptcli.runtime import resolve_device, resolve_precision
-    from gptcli.data.shards import open_corpus
-    from gptcli.eval.tasks import evaluate_task
-    from gptcli.tasks import shuffled
-    from gptcli.eval.zeroshot import cola as zeroshot_cola, write_results
-
-    cfg = config
-    if cfg.minutes <= 0:
-        raise GPT1Error(f"--minutes must be positive, got {cfg.minutes}")
-    if not 0.05 <= cfg.task_fraction <= 0.8:
-        raise GPT1Error(f"task_fraction must be in [0.05, 0.8], got {cfg.task_fraction}")
-    h = hooks or Hooks()
-    t_start = time.perf_counter()
-    budget_s = 60.0 * cfg.minutes
-    out = _prepare_out(cfg)
-    save_config(cfg, out / "config.toml")
-    seconds: dict[str, float] = {}
-    numbers: dict[str, Any] = {"minutes_budget": cfg.minutes, "seed": cfg.seed}
-    paths: dict[str, str] = {}
-    titles = dict(STAGES)
-
-    def begin(key: str) -> float:
-        h.stage(key, titles[key])
-        return time.perf_counter()
-
-    def end(key: str, t0: float, summary: str) -> None:
-        seconds[key] = round(time.perf_counter() - t0, 2)
-        h.done(key, summary, seconds[key])
-
-    # 1. text ---------------------------------------------------------------------------------------------------
-    t0 = begin("text")
-    docs = stdlib_documents(cfg.stdlib, cfg.max_modules)
-    train_docs, held_docs = hold_out(docs, cfg.task_fraction, cfg.seed)
-    text_dir = out / "text"
-    text_dir.mkdir()
-    corpus_file = text_dir / "stdlib-docstrings.jsonl"
-    with open(corpus_file, "w", encoding="utf-8") as f:
-        for module, text in train_docs:
-            f.write(json.dumps({"module": module, "text": text}, ensure_ascii=False) + "\n")
-    # Docstrings repeat across modules (e.g. decimal and _pydecimal): a sentence that also occurs anywhere in the
-    # pretraining text is not held out, so it is left out of the task.
-    seen_text = " ".join(" ".join(t.split()) for _, t in train_docs).lower()
-    sentences = [(m, s) for m, text in held_docs for s in shuffled.prose_sentences(text) if s.lower() not in seen_text]
-    groups = shuffled.make_rows(sentences, cfg.seed)
-    splits = shuffled.split_rows(groups)
-    if cfg.max_train_examples is not None:
-        splits["train"] = splits["train"][: cfg.max_train_examples]
-    if min(len(v) for v in splits.values()) < 4:
-        raise GPT1Error(f"only {len(groups)} prose sentences in the held-out modules: too few for the task "
-                        "(use more modules or a larger task_fraction)")
-    task_dir = shuffled.write_task_files(splits, out / "task")
-    n_chars = sum(len(t) for _, t in train_docs)
-    numbers.update(modules=len(docs), pretrain_modules=len(train_docs), task_modules=len(held_docs),
-                   pretrain_chars=n_chars, **{f"task_{k}": len(v) for k, v in splits.items()})
-    paths.update(text=str(corpus_file), task=str(task_dir))
-    end("text", t0, f"{len(train_docs)} modules ({n_chars / 1e6:.2f} M characters) for pretraining; "
-                    f"{len(held_docs)} held out → {len(groups):,} task sentences, as written and shuffled: "
-                    f"{len(splits['train'])}/{len(splits['dev'])}/{len(splits['test'])} train/dev/test examples")
-
-    # 2. prepare ------------------------------------------------------------------------------------------------
-    t0 = begin("prepare")
-    corpus_dir = out / "corpus"
-    prep = prepare(PrepareConfig(inputs=[str(corpus_file)], out=corpus_dir, vocab_size=cfg.vocab_size,
-                                 val_fraction=0.05, seed=cfg.seed, workers=cfg.workers), h.prepare_reporter())
-    st = prep.manifest["splits"]
-    numbers.update(train_tokens=st["train"]["tokens"], val_tokens=st["val"]["tokens"], vocab_size=cfg.vocab_size)
-    paths["corpus"] = str(corpus_dir)
-    end("prepare", t0, f"{st['train']['tokens']:,} training and {st['val']['tokens']:,} validation tokens, "
-                       f"vocabulary {cfg.vocab_size:,}")
-
-    # 3. pretrain -----------------------------------------------------------------------------------------------
-    t0 = begin("pretrain")
-    device = resolve_device(cfg.device)
-    precision = resolve_precision(cfg.precision, device)
-    run_dir = out / "pretrain"
-    pc = PretrainConfig(data=corpus_dir, out=run_dir, preset="tiny", model=dict(cfg.model), seq_len=cfg.seq_len,
-                        batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, device=cfg.device,
-                        precision=cfg.precision, eval_every=0, eval_batches=cfg.eval_batches, save_every=0,
-                        keep_last=1)
-    corpus = open_corpus(corpus_dir)
-    tok = corpus.tokenizer
-    mcfg = build_model_config(pc, tok.vocab_size)
-    val_arrays = corpus.arrays("val")
-    torch.manual_seed(cfg.seed)  # the same initial weights pretrain() draws
-    init_model = GPT(mcfg).to(device)
-    before = evaluate_lm(init_model, val_arrays, cfg.seq_len, cfg.batch_size, device=device, precision=precision,
-                         max_batches=cfg.eval_batches)
-    step_s = _time_update(mcfg, cfg.seq_len, cfg.batch_size, device, precision)
-    # The later stages cost about this many training tokens' worth of updates (fine-tuning ~1.5× per token for
-    # its short padded batches; evaluation and zero-shot scoring forward-only, ~⅓), plus a few fixed seconds.
-    n_task_tokens = sum(len(r.sentence.split()) * 1.4 + 2 for r in splits["train"])
-    avg = n_task_tokens / max(1, len(splits["train"]))
-    later_tokens = (1.5 * cfg.finetune_epochs * n_task_tokens
-                    + 0.35 * avg * (cfg.finetune_epochs * len(splits["dev"]) + 2 * len(splits["test"])
-                                    + 2 * (min(len(splits["train"]), cfg.zeroshot_fit_examples) + len(splits["test"]))))
-    later_s = later_tokens * step_s / (cfg.batch_size * cfg.seq_len) + 8.0
-    seconds_left = budget_s - (time.perf_counter() - t_start)
-    steps = _pretrain_steps(cfg, step_s, seconds_left, later_s, st["train"]["tokens"])
-    pc.max_steps = steps
-    pc.warmup_steps = max(1, steps // 20)
-    pc.log_every = max(1, steps // 20)
-    h.note(f"one update of {cfg.batch_size}×{cfg.seq_len} tokens takes {step_s * 1000:.0f} ms here → {steps} updates "
-           f"(~{steps * step_s:.0f} s, {steps * cfg.batch_size * cfg.seq_len / max(1, st['train']['tokens']):.1f} "
-           f"epochs); validation perplexity before pretraining {before.perplexity:,.1f}")
-    res = pretrain(pc, progress=h.progress)
-    if res.final_val_loss is None or res.last_checkpoint is None:
-        raise GPT1Error(f"{run_dir}: pretraining stopped early ({res.stopped_by or 'no validation split'})")
-    after_ppl = math.exp(min(res.final_val_loss, 700))
-    numbers.update(pretrain_steps=res.step, update_ms=round(1000 * step_s, 1),
-                   pretrain_tokens=res.step * cfg.batch_size * cfg.seq_len,
-                   val_ppl_before=before.perplexity, val_ppl_after=after_ppl, params=sum(
-                       p.numel() for p in init_model.parameters()))
-    paths["pretrain"] = str(res.last_checkpoint)
-    end("pretrain", t0, f"{res.step} updates; validation perplexity {before.perplexity:,.1f} → {after_ppl:,.1f}")
-
-    with shuffled.registered():
-        # 4. finetune -------------------------------------------------------------------------------------------
-        t0 = begin("finetune")
-        fc = FinetuneConfig(task=shuffled.NAME, init=str(res.last_checkpoint), out=str(out / "finetune"),
-                            data_dir=str(task_dir), lr=cfg.finetune_lr, batch_size=cfg.finetune_batch_size,
-                            epochs=cfg.finetune_epochs, warmup=0.05, seed=cfg.seed, n_ctx=cfg.model.get("n_ctx"),
-                            device=cfg.device, precision=cfg.precision, progress=h.console is not None,
-                            overwrite=True)
-        ft = finetune(fc, console=h.console)
-        dev = ft.results["scores"]
-        paths["finetune"] = str(ft.checkpoint)
-        end("finetune", t0, f"{ft.results['steps']} updates; best dev MCC {dev.get('mcc', float('nan')):.1f}, "
-                            f"accuracy {dev.get('accuracy', float('nan')):.1f}% (epoch {ft.results['epoch']})")
-
-        # 5. eval -----------------------------------------------------------------------------------------------
-        t0 = begin("eval")
-        ev = evaluate_task(shuffled.NAME, ft.checkpoint, "test", data_dir=task_dir, out=out / "eval",
-                           device=cfg.device, precision=cfg.precision)
-        test_labels = [r.label for r in splits["test"]]
-        maj_label, maj_acc = _majority(test_labels)
-        numbers.update(finetuned_accuracy=ev["scores"]["accuracy"], finetuned_mcc=ev["scores"]["mcc"],
-                       majority_accuracy=maj_acc, majority_label=maj_label, test_examples=len(test_labels))
-        paths["eval"] = str(out / "eval")
-        end("eval", t0, f"test accuracy {ev['scores']['accuracy']:.1f}% (majority class {maj_acc:.1f}%), "
-                        f"MCC {ev['scores']['mcc']:.1f}")
-
-        # 6. zeroshot -------------------------------------------------------------------------------------------
-        t0 = begin("zeroshot")
-        train_ex = shuffled.SHUFFLED.read("train", task_dir)[: cfg.zeroshot_fit_examples]
-        test_ex = shuffled.SHUFFLED.read("test", task_dir)
-        from gptcli.checkpoint import load_checkpoint
-
-        pre = load_checkpoint(res.last_checkpoint).model.to(device).eval()
-        init_model.eval()
-        zs: dict[str, Any] = {}
-        for name, model in (("before", init_model), ("after", pre)):
-            r = zeroshot_cola(model, tok, test_ex, train_examples=train_ex, batch_size=64, precision=precision)
-            r.task, r.split = f"{shuffled.NAME}-{name}-pretraining", "test"
-            zs[name] = r
-            numbers[f"zeroshot_mcc_{name}"] = r.score
-            numbers[f"zeroshot_accuracy_{name}"] = _accuracy(r.predictions)
-        write_results(out / "zeroshot", {r.task: r for r in zs.values()},
-                      {"checkpoint": str(res.last_checkpoint), "heuristic": "cola (average token log-probability, "
-                       "threshold fitted on the train split)"})
-        paths["zeroshot"] = str(out / "zeroshot")
-        end("zeroshot", t0, f"MCC {zs['before'].score:.1f} before pretraining → {zs['after'].score:.1f} after")
-
-    numbers["seconds_total"] = round(time.perf_counter() - t_start, 1)
-    summary = {"numbers": {k: (_finite(v) if isinstance(v, float) else v) for k, v in numbers.items()},
-               "seconds": seconds, "paths": paths, "config": to_dict(cfg)}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
-    return QuickstartResult(out, numbers, seconds, paths)
 
 
 def summary_rows(numbers: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -492,5 +564,5 @@ WHAT_NEXT: tuple[tuple[str, str], ...] = (
 """The real commands, printed at the end of the quickstart."""
 
 
-__all__ = ["Hooks", "QuickstartConfig", "QuickstartResult", "STAGES", "WHAT_NEXT", "hold_out", "quickstart",
+__all__ = ["QuickstartConfig", "QuickstartResult", "STAGES", "WHAT_NEXT", "hold_out", "quickstart",
            "stdlib_documents", "summary_rows"]

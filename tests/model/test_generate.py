@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gptcli.checkpoint import save_checkpoint
-from gptcli.model.generate import SamplingConfig, filter_logits, generate
+from gptcli.model.generate import SamplingConfig, filter_logits, generate, iter_generate
 from gptcli.model.gpt import GPT, ModelConfig
 from gptcli.tokenizers.openai import OpenAIBPETokenizer
 
@@ -134,6 +134,18 @@ def test_streaming_callback_sees_every_token_in_order() -> None:
     seen: list[int] = []
     out = generate(m, PROMPT, SamplingConfig(max_new_tokens=8, seed=5), on_token=seen.append)
     assert seen == out and len(out) == 8
+
+
+def test_iter_generate_yields_what_generate_returns_one_at_a_time() -> None:
+    m = tiny_model()
+    cfg = SamplingConfig(max_new_tokens=8, top_k=5, seed=3)
+    it = iter_generate(m, PROMPT, cfg)
+    first = next(it)  # a generator: the first id comes before the rest are computed
+    assert [first, *it] == generate(m, PROMPT, cfg)
+    bad = iter_generate(m, [], cfg)  # checked when the first id is asked for
+    with pytest.raises(ValueError, match="empty"):
+        next(bad)
+    assert not m.training
 
 
 def test_cli_generate_streams(tmp_path: Path, capsys) -> None:

@@ -127,26 +127,51 @@ def test_stdlib_documents_are_deterministic_docstrings(tmp_path):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """One quickstart through the CLI (`gpt1 quickstart --config tiny.toml --out DIR`); returns (dir, output)."""
+    """One quickstart through the CLI (`gpt1 quickstart --config tiny.toml --out DIR`); returns (dir, stdout,
+    stderr, progress events). The command's RichProgress is wrapped so that every call it receives is also kept
+    (RecordingProgress): the rendering and the events of the same run."""
     import io
     from contextlib import redirect_stderr, redirect_stdout
 
+    import gptcli.commands.quickstart as command
     from gptcli.cli import main
     from gptcli.config import save_config
+    from gptcli.progress import RecordingProgress
+
+    recorder = RecordingProgress()
+
+    class Tee(command.RichProgress):
+        def stage(self, name, total=None, *, unit="", done=0):
+            recorder.stage(name, total, unit=unit, done=done)
+            super().stage(name, total, unit=unit, done=done)
+
+        def advance(self, n=0, **status):
+            recorder.advance(n, **status)
+            super().advance(n, **status)
+
+        def note(self, message, *, level="info"):
+            recorder.note(message, level=level)
+            super().note(message, level=level)
+
+        def end(self, summary=""):
+            recorder.end(summary)
+            super().end(summary)
 
     root = tmp_path_factory.mktemp("qs")
     cfg_file = root / "tiny.toml"
     save_config(QuickstartConfig(**TINY), cfg_file)
     out = root / "out"
     buf_out, buf_err = io.StringIO(), io.StringIO()
-    with redirect_stdout(buf_out), redirect_stderr(buf_err), pytest.raises(SystemExit) as exit_info:
-        main(["quickstart", "--config", str(cfg_file), "--out", str(out), "--seed", "3"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(command, "RichProgress", Tee)
+        with redirect_stdout(buf_out), redirect_stderr(buf_err), pytest.raises(SystemExit) as exit_info:
+            main(["quickstart", "--config", str(cfg_file), "--out", str(out), "--seed", "3"])
     assert exit_info.value.code == 0, buf_err.getvalue()[-3000:]
-    return out, buf_out.getvalue(), buf_err.getvalue()
+    return out, buf_out.getvalue(), buf_err.getvalue(), recorder
 
 
 def test_run_writes_every_stage_and_finite_numbers(run):
-    out, stdout, stderr = run
+    out, stdout, stderr, _ = run
     for rel in ("text/stdlib-docstrings.jsonl", "task/train.tsv", "task/dev.tsv", "task/test.tsv",
                 "corpus/manifest.json", "corpus/tokenizer/tokenizer.json", "pretrain/metrics.jsonl",
                 "pretrain/checkpoints/step-0000012", "finetune/results.json", "finetune/checkpoints/final",
@@ -177,6 +202,38 @@ def test_run_writes_every_stage_and_finite_numbers(run):
     assert "gpt1 finetune --task rte" in stdout and "gpt1 zeroshot --task sst2" in stdout
     assert "4/6" in stderr  # stage headers on stderr
     assert "shuffled" not in {t.name for t in all_tasks()}  # the toy task left the registry again
+
+
+def test_run_reports_each_stage_through_progress(run):
+    """Six numbered stages, each closed by one end with its summary; the library calls report inside them."""
+    from gptcli.pipelines.quickstart import STAGES
+
+    out, _, stderr, progress = run
+    depth, top, inside = 0, [], {}
+    for kind, payload in progress.events:
+        if kind == "stage" and depth == 0:
+            top.append({"name": payload["name"], "summary": None})
+        elif depth >= 1:
+            inside.setdefault(len(top), []).append((kind, payload))
+        depth += {"stage": 1, "end": -1}.get(kind, 0)
+        assert depth >= 0, "an end without its stage"
+        if kind == "end" and depth == 0:
+            top[-1]["summary"] = payload["summary"]
+    assert depth == 0, "a stage was never ended"
+    assert [s["name"] for s in top] == [f"{i}/6 {title}" for i, (_, title) in enumerate(STAGES, 1)]
+    assert all(s["summary"] for s in top)
+    assert top[2]["summary"].startswith("12 updates; validation perplexity")
+    for s in top:  # each summary is printed with a ✓ and its seconds
+        assert f"✓ {s['summary'].split(';')[0]}" in " ".join(stderr.split())
+    # Stage 3: the budget decision as a note, then pretrain()'s own stage nested inside, with its updates.
+    pretraining = inside[3]
+    notes = [p["message"] for k, p in pretraining if k == "note"]
+    assert any("→ 12 updates" in m and "validation perplexity before pretraining" in m for m in notes)
+    nested = [p for k, p in pretraining if k == "stage"]
+    assert nested and nested[0]["name"] == "pretrain" and nested[0]["total"] == 12 and nested[0]["unit"] == "updates"
+    assert sum(p["n"] for k, p in pretraining if k == "advance") == 12
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["seconds"]) == [key for key, _ in STAGES]
 
 
 def test_run_refuses_to_clobber(run, tmp_path):

@@ -1,0 +1,69 @@
+"""Time budgets: how many pretraining updates fit into the minutes a pipeline was given.
+
+The quickstart (``--minutes``) and ``experiments/cpu_reproduction.py`` (``--budget-minutes``) both size their
+pretraining run the same way: time one update of the model on this machine, then divide the seconds left for
+pretraining by it. Both measure rather than guess because an update's cost varies by an order of magnitude between
+a laptop CPU and a GPU, and a fixed number of updates would either waste the budget or overrun it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+
+def time_update(model_config: Any, seq_len: int, batch_size: int, device: torch.device, precision: str,
+                steps: int = 3) -> float:
+    """Seconds per pretraining update of a ``model_config`` model here: the median of ``steps`` timed updates
+    after one warm-up (the first update pays for allocations and kernel selection). Random weights and tokens:
+    the cost of an update does not depend on their values."""
+    from gptcli.model.gpt import GPT
+    from gptcli.train.optim import make_optimizer
+    from gptcli.train.pretrain import lm_loss
+    from gptcli.train.trainer import Trainer
+
+    g = torch.Generator().manual_seed(0)
+    model = GPT(model_config).to(device)
+    opt = make_optimizer(model, 1e-4, 0.01)
+    trainer = Trainer(model, opt, lm_loss, lambda s: 1e-4, device=device, precision=precision, grad_clip=1.0)
+    batch = torch.randint(0, model_config.vocab_size, (batch_size, seq_len + 1), generator=g).to(device)
+    times = []
+    for i in range(steps + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        trainer.step(i, [batch])
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    timed = sorted(times[1:])
+    return timed[len(timed) // 2]
+
+
+def updates_that_fit(seconds: float, step_s: float, *, minimum: int, maximum: int | None = None,
+                     slowdown: float = 1.0) -> int:
+    """Updates of ``step_s`` seconds that fit into ``seconds``, at least ``minimum`` (a run too short to leave the
+    warmup teaches nothing) and at most ``maximum``. ``slowdown``: how much slower an update inside the run is than
+    the timed one (data loading, logging)."""
+    n = int(seconds / (slowdown * step_s))
+    return max(minimum, n if maximum is None else min(n, maximum))
+
+
+def updates_per_epoch(train_tokens: int, batch_size: int, seq_len: int) -> int:
+    """Updates in one pass over ``train_tokens`` tokens (at least 1)."""
+    return max(1, train_tokens // (batch_size * seq_len))
+
+
+def epochs(updates: int, batch_size: int, seq_len: int, train_tokens: int) -> float:
+    """Passes over the training tokens that ``updates`` updates of ``batch_size`` × ``seq_len`` tokens make."""
+    return updates * batch_size * seq_len / max(1, train_tokens)
+
+
+def seconds_for_tokens(tokens: float, step_s: float, batch_size: int, seq_len: int) -> float:
+    """Seconds that ``tokens`` training tokens' worth of updates cost at ``step_s`` seconds per update."""
+    return tokens * step_s / (batch_size * seq_len)
+
+
+__all__ = ["epochs", "seconds_for_tokens", "time_update", "updates_per_epoch", "updates_that_fit"]

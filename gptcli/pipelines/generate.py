@@ -1,0 +1,93 @@
+"""``gpt1 generate`` as a library call: a checkpoint continues a text prompt, streamed as text.
+
+:func:`start_generation` loads the checkpoint and turns the prompt into ids (cleaned and tokenized like training
+text, trimmed to fit the context); :meth:`Generation.stream` then yields the continuation as pieces of text as
+each token is chosen (:func:`gptcli.model.generate.iter_generate`, KV-cached). The caller decides where the text
+goes::
+
+    gen = start_generation(GenerateConfig(checkpoint=Path("run"), prompt="The ship", max_new_tokens=20))
+    print(gen.prompt_text + "".join(gen.stream()))
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from gptcli.errors import GPT1Error
+from gptcli.model.generate import GenerateConfig, iter_generate
+from gptcli.progress import SILENT, Progress
+
+
+@dataclass
+class Generation:
+    """A prompt ready to be continued, and (after :meth:`stream`) what was generated."""
+
+    config: GenerateConfig
+    model: Any
+    tokenizer: Any
+    device: Any
+    ids: list[int]
+    """The prompt's ids as the model sees them (the last ``n_ctx - 1`` if it was longer)."""
+    generated: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+    """Wall-clock seconds :meth:`stream` took (decoding and the caller's handling of each piece included)."""
+
+    @property
+    def prompt_text(self) -> str:
+        """The prompt as the model sees it: cleaned, lowercased, trimmed."""
+        return self.tokenizer.decode(self.ids)
+
+    def stream(self) -> Iterator[str]:
+        """The continuation, one new piece of text per generated token.
+
+        The whole sequence is decoded each time and the new suffix yielded, which keeps spacing right for any
+        tokenizer (a BPE token's leading space depends on its neighbours)."""
+        shown = len(self.prompt_text)
+        t0 = time.perf_counter()
+        try:
+            for token in iter_generate(self.model, self.ids, self.config, vocab_limit=self.tokenizer.vocab_size):
+                self.generated.append(token)
+                text = self.tokenizer.decode(self.ids + self.generated)
+                yield text[shown:]
+                shown = len(text)
+        except ValueError as e:
+            raise GPT1Error(str(e)) from None
+        finally:
+            self.seconds = time.perf_counter() - t0
+
+
+def start_generation(cfg: GenerateConfig, progress: Progress | None = None) -> Generation:
+    """Check the settings, load the checkpoint on its device and encode the prompt. A prompt longer than the
+    context keeps its last ``n_ctx - 1`` tokens (one position is left to generate into) and says so as a warning
+    note."""
+    from gptcli.checkpoint import load_checkpoint
+    from gptcli.runtime import resolve_device
+
+    report = progress or SILENT
+    if cfg.checkpoint is None:
+        raise GPT1Error("--checkpoint is required (a checkpoint or run directory)")
+    if cfg.prompt is None:
+        raise GPT1Error("--prompt is required (the text to continue)")
+    try:
+        cfg.validate()
+    except ValueError as e:
+        raise GPT1Error(str(e)) from None
+    device = resolve_device(cfg.device)
+    ckpt = load_checkpoint(cfg.checkpoint, map_location=device)
+    tok = ckpt.tokenizer
+    if tok is None:
+        raise GPT1Error(f"{ckpt.path}: the checkpoint has no tokenizer/ directory; cannot turn the prompt into ids")
+    ids = tok.encode(cfg.prompt)
+    if not ids:
+        raise GPT1Error("the prompt is empty after cleaning; GPT-1 needs at least one token to continue")
+    n_ctx = ckpt.config.n_ctx
+    if len(ids) >= n_ctx:
+        report.note(f"prompt has {len(ids)} tokens; keeping the last {n_ctx - 1} of the {n_ctx}-token context",
+                    level="warn")
+        ids = ids[-(n_ctx - 1):]
+    return Generation(cfg, ckpt.model, tok, device, ids)
+
+
+__all__ = ["Generation", "start_generation"]

@@ -1,0 +1,59 @@
+"""gptcli/pipelines/generate.py: a checkpoint continues a text prompt, streamed as text pieces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from toy_tokenizer import ToyTokenizer
+
+from gptcli.checkpoint import save_checkpoint
+from gptcli.errors import GPT1Error
+from gptcli.model.generate import GenerateConfig, SamplingConfig, generate
+from gptcli.model.gpt import GPT, ModelConfig
+from gptcli.pipelines.generate import start_generation
+from gptcli.progress import RecordingProgress
+
+V = 97
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    torch.manual_seed(4)
+    model = GPT(ModelConfig(vocab_size=V, n_ctx=8, n_embd=16, n_layer=1, n_head=2, n_inner=32))
+    return save_checkpoint(tmp_path / "ck", model, ToyTokenizer(V)), model.eval()
+
+
+def test_stream_is_the_decoded_continuation(checkpoint):
+    path, model = checkpoint
+    cfg = GenerateConfig(checkpoint=path, prompt="a b c", max_new_tokens=4, greedy=True, device="cpu")
+    progress = RecordingProgress()
+    gen = start_generation(cfg, progress)
+    tok = ToyTokenizer(V)
+    assert gen.ids == tok.encode("a b c") and gen.prompt_text == tok.decode(gen.ids)
+    pieces = list(gen.stream())
+    expected = generate(model, gen.ids, SamplingConfig(max_new_tokens=4, greedy=True), vocab_limit=V)
+    assert gen.generated == expected and len(pieces) == 4
+    assert gen.prompt_text + "".join(pieces) == tok.decode(gen.ids + expected)
+    assert gen.seconds > 0 and not progress.events  # nothing worth reporting
+
+
+def test_long_prompt_keeps_its_end_and_warns(checkpoint):
+    path, _ = checkpoint
+    progress = RecordingProgress()
+    gen = start_generation(GenerateConfig(checkpoint=path, prompt="a b c d e f g h i j", device="cpu"), progress)
+    assert gen.ids == ToyTokenizer(V).encode("d e f g h i j")  # the last n_ctx - 1 = 7
+    assert progress.of("note") == [{"message": "prompt has 10 tokens; keeping the last 7 of the 8-token context",
+                                    "level": "warn"}]
+    assert len(list(gen.stream())) == 1  # 7 + 1 fills the context
+
+
+def test_user_errors(checkpoint, tmp_path):
+    path, _ = checkpoint
+    with pytest.raises(GPT1Error, match="--checkpoint is required"):
+        start_generation(GenerateConfig(prompt="a"))
+    with pytest.raises(GPT1Error, match="--prompt is required"):
+        start_generation(GenerateConfig(checkpoint=path))
+    with pytest.raises(GPT1Error, match="temperature"):
+        start_generation(GenerateConfig(checkpoint=path, prompt="a", temperature=0))
+    with pytest.raises(GPT1Error, match="empty after cleaning"):
+        start_generation(GenerateConfig(checkpoint=path, prompt="   ", device="cpu"))
