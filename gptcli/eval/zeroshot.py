@@ -460,7 +460,7 @@ def open_model(checkpoint: str | Path, device: str = "auto"):
 
 
 def _summary(r: TaskResult) -> str:
-    return f"{r.task} ({r.split}): {r.metric} {r.score:.1f} on {r.n} examples ({r.examples_per_s:.1f}/s)"
+    return f"{r.task} ({r.split}): {r.metric} {r.score:.1f} on {r.n} examples, {r.examples_per_s:.1f} examples/s"
 
 
 def evaluate(model, tokenizer, config: ZeroShotConfig, progress: Progress | None = None, *,

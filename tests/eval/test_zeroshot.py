@@ -395,7 +395,7 @@ def test_evaluate_reports_stages_scoring_passes_and_skips(tmp_path):
     assert sum(a["n"] for a in rec.of("advance")) == 2  # both candidates of the one schema
     ends = [e["summary"] for e in rec.of("end")]
     assert ends[0] == ""  # the skipped task's stage ends without a result
-    assert ends[-1] == f"wsc (test): accuracy {results['wsc'].score:.1f} on 1 examples ({results['wsc'].examples_per_s:.1f}/s)"
+    assert ends[-1] == f"wsc (test): accuracy {results['wsc'].score:.1f} on 1 examples, {results['wsc'].examples_per_s:.1f} examples/s"
 
 
 def test_curve_reports_one_stage_per_checkpoint_and_skips_once(tiny_run, shared_data):
