@@ -1,26 +1,89 @@
 """`gpt1 zeroshot`: the paper's zero-shot heuristics on a pretrained language model, and their learning curve.
 
-Parses options into a :class:`gptcli.eval.zeroshot.ZeroShotConfig`, calls :func:`gptcli.eval.zeroshot.zeroshot` (one
-checkpoint) or :func:`gptcli.eval.curve.run_curve` (``--task all`` over a run directory, or several
-``--checkpoint``), and renders Rich tables.
+Options come from :class:`gptcli.eval.zeroshot.ZeroShotConfig`; the command calls
+:func:`gptcli.eval.zeroshot.zeroshot` (one checkpoint) or :func:`gptcli.eval.curve.run_curve` (``--task all`` over a
+run directory, or several ``--checkpoint``), shows progress on stderr and the result tables on stdout.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
-import typer
+from gptcli.commands.options import CliOnly, Options, Parsed
+from gptcli.commands.render import RichProgress, stderr_console, stdout_console
+from gptcli.errors import GPT1Error
+from gptcli.eval.zeroshot import ZeroShotConfig
 
 COMMAND_SETTINGS = {"help": "Zero-shot heuristics of the paper (SST-2, CoLA, RACE, DPRD, WSC, Story Cloze) and their curve over pretraining."}
 
-TASK_HELP = "sst2 | cola | race | race-m | race-h | dprd | wsc | storycloze | all (comma-separated lists work too)."
+OPTIONS = Options(
+    ZeroShotConfig,
+    panels={
+        "Input": ("task", "data_dir"),
+        "Evaluation": ("threshold", "limit"),
+        "Runtime": ("batch_size", "precision", "device"),
+        "Output": ("out",),
+    },
+    # Both are repeatable on the command line (CliOnly below); the config file keeps their plain fields.
+    hidden=("checkpoint", "split"),
+    cli_only=[
+        CliOnly("checkpoint", List[Path], [], ("--checkpoint",),
+                "Checkpoint directory or run directory; repeat for several (a curve). With --task all a run directory "
+                "means every checkpoint in it. [default: checkpoint from --config]",
+                why="repeatable: several checkpoints make the curve, while ZeroShotConfig.checkpoint is the one "
+                    "checkpoint of a single run (a --config file may set it)", panel="Input"),
+        CliOnly("split", List[str], [], ("--split",),
+                "Split to score: SPLIT for every task, or TASK=SPLIT (repeatable). Defaults: dev; dprd test (train "
+                "when only train.c.txt exists); wsc test (its only file); storycloze val.",
+                why="one repeatable option fills two fields: SPLIT sets ZeroShotConfig.split, TASK=SPLIT adds to "
+                    "ZeroShotConfig.splits", panel="Input"),
+        CliOnly("curve", Optional[bool], None, ("--curve/--no-curve",),
+                "Force or prevent the curve over checkpoints (default: on for --task all over a run directory, or "
+                "several --checkpoint).",
+                why="chooses between two library calls (zeroshot or run_curve); not a setting of the scoring",
+                panel="Evaluation"),
+        CliOnly("sota", List[str], [], ("--sota",),
+                "Curve normalisation: TASK=SCORE replaces the state-of-the-art value (percent; CoLA MCC x100).",
+                why="an argument of run_curve (the plot's normalisation), not of the scoring", panel="Evaluation"),
+    ],
+)
+
+
+def run(p: Parsed) -> None:
+    """Score a pretrained (not fine-tuned) language model with the paper's zero-shot heuristics (§5)."""
+    from gptcli.eval.curve import wants_curve
+
+    cfg, checkpoints = resolve(p)
+    progress = RichProgress(stderr_console())
+    if wants_curve(cfg.task, checkpoints, p.cli["curve"]):
+        _run_curve(cfg, checkpoints, _sota_values(p.cli["sota"]), progress)
+    else:
+        _run_one(cfg, progress)
+
+
+command = OPTIONS.command(run)
+
+
+def resolve(p: Parsed) -> tuple[ZeroShotConfig, list[str]]:
+    """The config (defaults < --config < options typed) and the checkpoints to score."""
+    plain, pairs = _parse_pairs(p.cli["split"], "split")
+    if plain is not None:
+        p.given["split"] = plain
+    if pairs:
+        p.given["splits"] = pairs  # merged over the --config file's table by Parsed.resolve
+    checkpoints = [str(c) for c in p.cli["checkpoint"]]
+    if checkpoints:
+        p.given["checkpoint"] = checkpoints[0]
+    base = p.base()
+    if not p.has("checkpoint", base):
+        raise GPT1Error("--checkpoint is required (a checkpoint directory, or a run directory for its newest one)")
+    cfg = p.resolve(ZeroShotConfig, base)
+    return cfg, checkpoints or [cfg.checkpoint]
 
 
 def _parse_pairs(values: list[str], what: str) -> tuple[Optional[str], dict[str, str]]:
     """``["dev", "dprd=train"]`` → (``"dev"``, ``{"dprd": "train"}``)."""
-    from gptcli.errors import GPT1Error
-
     plain, pairs = None, {}
     for v in values:
         if "=" in v:
@@ -33,113 +96,49 @@ def _parse_pairs(values: list[str], what: str) -> tuple[Optional[str], dict[str,
     return plain, pairs
 
 
-def command(
-    task: Optional[str] = typer.Option(None, "--task", help=TASK_HELP + " Default: sst2."),
-    checkpoint: List[Path] = typer.Option(..., "--checkpoint", help="Checkpoint directory or run directory; repeat for several (a curve). With --task all a run directory means every checkpoint in it."),
-    split: List[str] = typer.Option([], "--split", help="Split to score: SPLIT for every task, or TASK=SPLIT (repeatable). Defaults: dev; dprd test; wsc test (its only file); storycloze val."),
-    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Task folder (one task) or the folder holding every task folder (several tasks). Default: $GPT1_DATA."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write results.json and predictions-<task>.jsonl here (and curve.json/curve.png for a curve)."),
-    threshold: Optional[float] = typer.Option(None, "--threshold", help="CoLA: average log-probability threshold (default: fitted on the train split to maximise MCC)."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Rows per forward pass (default 32)."),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Score only the first N examples of each split (quick checks)."),
-    precision: Optional[str] = typer.Option(None, "--precision", help="auto | fp32 | bf16 | fp16 (default auto: bf16 autocast on CUDA and on CPUs with native bf16)."),
-    device: Optional[str] = typer.Option(None, "--device", help="auto | cpu | cuda | cuda:N (default auto)."),
-    curve: Optional[bool] = typer.Option(None, "--curve/--no-curve", help="Force or prevent the curve over checkpoints (default: on for --task all over a run directory, or several --checkpoint)."),
-    sota: List[str] = typer.Option([], "--sota", help="Curve normalisation: TASK=SCORE replaces the state-of-the-art value (percent; CoLA MCC x100)."),
-    config: Optional[Path] = typer.Option(None, "--config", help="TOML/JSON file with ZeroShotConfig fields; command-line options override it."),
-) -> None:
-    """Score a pretrained (not fine-tuned) language model with the paper's zero-shot heuristics (§5)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from gptcli.config import from_dict, load_file, replace
-    from gptcli.errors import GPT1Error
-    from gptcli.eval.zeroshot import TASKS, ZeroShotConfig, task_list
-
-    console = Console()
-    base = from_dict(ZeroShotConfig, load_file(config)) if config else ZeroShotConfig()
-    plain_split, split_pairs = _parse_pairs(split, "split")
-    cfg = replace(
-        base, task=task.lower() if task else None, checkpoint=str(checkpoint[0]), split=plain_split,
-        data_dir=str(data_dir) if data_dir else None, out=str(out) if out else None, threshold=threshold,
-        batch_size=batch_size, limit=limit, precision=precision, device=device,
-    )
-    cfg.splits = {**cfg.splits, **split_pairs}
-    cfg.task = cfg.task.lower()
-    for k in cfg.splits:
-        if k not in TASKS:
-            raise GPT1Error(f"--split {k}=…: unknown task {k!r} (known: {', '.join(TASKS)})")
-    task_list(cfg.task)  # validate early
-    sota_values: dict[str, float] = {}
-    for k, v in _parse_pairs(sota, "sota")[1].items():
+def _sota_values(values: list[str]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for k, v in _parse_pairs(values, "sota")[1].items():
         try:
-            sota_values[k] = float(v)
+            out[k] = float(v)
         except ValueError:
             raise GPT1Error(f"--sota {k}={v}: not a number") from None
+    return out
 
-    from gptcli.eval.curve import is_run_dir
 
-    use_curve = curve if curve is not None else (len(checkpoint) > 1 or (cfg.task == "all" and is_run_dir(checkpoint[0])))
-
-    def skip(t: str, why: str) -> None:
-        console.print(f"[yellow]skipped {t}:[/] {why}", highlight=False)
-
-    if use_curve:
-        _render_curve(console, cfg, checkpoint, sota_values, skip)
-        return
+def _run_one(cfg: ZeroShotConfig, progress: RichProgress) -> None:
+    from rich.table import Table
 
     from gptcli.eval.zeroshot import zeroshot
 
-    with _progress(console) as progress:
-        results, skipped, meta = zeroshot(cfg, on_skip=skip, progress=progress)
-    table = Table(title=f"zero-shot · {meta['checkpoint']}" + (f" · step {meta['step']}" if meta.get("step") is not None else ""))
+    results, _, meta = zeroshot(cfg, progress=progress)
+    step = f" · step {meta['step']}" if meta.get("step") is not None else ""
+    table = Table(title=f"zero-shot · {meta['checkpoint']}{step}")
     for h in ("task", "split", "metric", "score", "n", "examples/s", "notes"):
         table.add_column(h, justify="right" if h in ("score", "n", "examples/s") else "left")
     for name, r in results.items():
         table.add_row(name, r.split, r.metric, f"{r.score:.1f}", str(r.n), f"{r.examples_per_s:.1f}", "; ".join(r.notes))
+    console = stdout_console()
     console.print(table)
     if cfg.out:
         console.print(f"wrote {Path(cfg.out) / 'results.json'}")
 
 
-class _progress:
-    """A Rich progress bar fed by ``progress(what, done, total)`` callbacks (one bar per scoring pass)."""
+def _run_curve(cfg: ZeroShotConfig, checkpoints: list[str], sota: dict[str, float], progress: RichProgress) -> None:
+    from gptcli.eval.curve import run_curve
 
-    def __init__(self, console) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=console, transient=True)
-        self.current = None
-        self.what = None
-
-    def __enter__(self):
-        self.bar.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.bar.__exit__(*exc)
-
-    def __call__(self, what: str, done: int, total: int) -> None:
-        if what != self.what or self.current is None or done == 0:
-            if self.current is not None:
-                self.bar.remove_task(self.current)
-            self.current = self.bar.add_task(f"scoring {what}", total=total)
-            self.what = what
-        self.bar.update(self.current, completed=done)
+    curve = run_curve(cfg, checkpoints, sota=sota, progress=progress)
+    console = stdout_console()
+    console.print(_curve_table(curve))
+    for line in _curve_notes(curve, sota):
+        console.print(line, highlight=False)
+    if cfg.out:
+        console.print(f"wrote {Path(cfg.out) / 'curve.json'} and {Path(cfg.out) / 'curve.png'}")
 
 
-def _render_curve(console, cfg, checkpoints, sota_values, on_skip) -> None:
+def _curve_table(curve: Any) -> Any:
     from rich.table import Table
 
-    from gptcli.eval.curve import RANDOM, SOTA, run_curve
-
-    def point(p) -> None:
-        scores = ", ".join(f"{t} {v:.1f}" for t, v in p.scores.items())
-        console.print(f"step {p.step if p.step is not None else '?'}: {scores}", highlight=False)
-
-    with _progress(console) as progress:
-        curve = run_curve(cfg, checkpoints, sota=sota_values, on_point=point, on_skip=on_skip, progress=progress)
     table = Table(title="zero-shot curve: score (normalised: 0 = random, 1 = SOTA)")
     table.add_column("step", justify="right")
     table.add_column("checkpoint")
@@ -148,11 +147,14 @@ def _render_curve(console, cfg, checkpoints, sota_values, on_skip) -> None:
     for p in curve.points:
         cells = [f"{p.scores[t]:.1f} ({p.normalized[t]:+.2f})" if t in p.scores else "—" for t in curve.tasks]
         table.add_row("" if p.step is None else str(p.step), Path(p.checkpoint).name, *cells)
-    console.print(table)
-    table_sota = {**SOTA, **sota_values}
-    notes = sorted({n for p in curve.points for t, ns in p.notes.items() for n in ns if n.startswith("multi-token words")})
-    for n in notes:
-        console.print(f"note (sst2): {n}", highlight=False)
-    console.print("normalisation: " + "; ".join(f"{t}: random {RANDOM[t]:g}, SOTA {table_sota[t]:g}" for t in curve.tasks), highlight=False)
-    if cfg.out:
-        console.print(f"wrote {Path(cfg.out) / 'curve.json'} and {Path(cfg.out) / 'curve.png'}")
+    return table
+
+
+def _curve_notes(curve: Any, sota: dict[str, float]) -> list[str]:
+    """The SST-2 multi-token note (once for the whole curve) and the normalisation constants used."""
+    from gptcli.eval.curve import RANDOM, SOTA
+
+    table_sota = {**SOTA, **sota}
+    notes = sorted({n for p in curve.points for ns in p.notes.values() for n in ns if n.startswith("multi-token words")})
+    return [f"note (sst2): {n}" for n in notes] + [
+        "normalisation: " + "; ".join(f"{t}: random {RANDOM[t]:g}, SOTA {table_sota[t]:g}" for t in curve.tasks)]

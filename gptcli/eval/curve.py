@@ -21,7 +21,8 @@ The DPRD and WSC values are our choice and can be replaced (``sota={...}``, ``--
 
 Outputs: ``curve.json`` (raw and normalised scores per checkpoint and task, the constants used, skipped tasks),
 ``curve.png`` (matplotlib, an optional dependency) and one ``results.json`` + predictions per checkpoint under
-``<out>/<checkpoint name>/``.
+``<out>/<checkpoint name>/``. Progress: one stage over the checkpoints, holding one stage per checkpoint (its
+summary line gives the raw scores) with :func:`gptcli.eval.zeroshot.evaluate`'s stages inside.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from gptcli.errors import GPT1Error
-from gptcli.eval.zeroshot import ZeroShotConfig, json_safe, evaluate, open_model, write_results
+from gptcli.eval.zeroshot import TaskResult, ZeroShotConfig, check_config, evaluate, json_safe, open_model, write_results
+from gptcli.fsutil import write_text_atomic
+from gptcli.progress import SILENT, Progress, staged
 
 RANDOM: dict[str, float] = {"sst2": 50.0, "cola": 0.0, "race": 25.0, "race-m": 25.0, "race-h": 25.0, "storycloze": 50.0, "dprd": 50.0, "wsc": 50.0}
 SOTA: dict[str, float] = {"sst2": 93.2, "cola": 35.0, "race": 53.3, "race-m": 60.2, "race-h": 50.3, "storycloze": 77.6, "dprd": 76.4, "wsc": 63.7}
@@ -61,31 +64,12 @@ def normalize(task: str, score: float, sota: dict[str, float] | None = None) -> 
     return (score - lo) / (top - lo)
 
 
-def _step_of(path: Path) -> int:
-    try:
-        return int(json.loads((path / "config.json").read_text(encoding="utf-8")).get("meta", {}).get("step", -1))
-    except (OSError, json.JSONDecodeError, TypeError, ValueError):
-        return -1
-
-
 def list_checkpoints(paths: Sequence[str | Path]) -> list[Path]:
     """Checkpoint directories named by ``paths``: a checkpoint itself, or every complete checkpoint of a run
     directory (``RUN/checkpoints/*``) in order of training step."""
-    from gptcli.checkpoint import is_checkpoint
+    from gptcli.checkpoint import list_checkpoints as of_path
 
-    out: list[Path] = []
-    for raw in paths:
-        p = Path(raw)
-        if not p.exists():
-            raise GPT1Error(f"{p}: checkpoint not found")
-        if is_checkpoint(p):
-            out.append(p)
-            continue
-        found = [c for c in (p / "checkpoints").glob("*") if c.is_dir() and not c.name.startswith(".") and is_checkpoint(c)]
-        if not found:
-            raise GPT1Error(f"{p}: neither a checkpoint (config.json + model.safetensors) nor a run directory with checkpoints/")
-        out.extend(sorted(found, key=lambda c: (_step_of(c), c.name)))
-    return out
+    return [c for raw in paths for c in of_path(raw)]
 
 
 def is_run_dir(path: str | Path) -> bool:
@@ -93,6 +77,14 @@ def is_run_dir(path: str | Path) -> bool:
 
     p = Path(path)
     return p.is_dir() and not is_checkpoint(p) and (p / "checkpoints").is_dir()
+
+
+def wants_curve(task: str, checkpoints: Sequence[str | Path], curve: bool | None = None) -> bool:
+    """Whether ``gpt1 zeroshot`` draws the curve: as ``curve`` says when given (``--curve/--no-curve``), else for
+    several checkpoints, or for ``--task all`` over a run directory (every checkpoint in it)."""
+    if curve is not None:
+        return curve
+    return len(checkpoints) > 1 or (task.strip().lower() == "all" and is_run_dir(checkpoints[0]))
 
 
 @dataclass
@@ -122,66 +114,87 @@ class Curve:
         }
 
 
+@dataclass
+class _Run:
+    """What the curve has gathered so far, passed from checkpoint to checkpoint."""
+
+    config: ZeroShotConfig
+    sota: dict[str, float]
+    tasks: list[str] = field(default_factory=list)
+    points: list[CurvePoint] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    names: set[str] = field(default_factory=set)
+    """Output folder names already used (two runs may both have a ``step-0001000``)."""
+
+
 def run_curve(config: ZeroShotConfig, checkpoints: Sequence[str | Path], *, sota: dict[str, float] | None = None,
-              on_point: Callable[[CurvePoint], None] | None = None, on_skip: Callable[[str, str], None] | None = None,
-              progress=None) -> Curve:
+              progress: Progress | None = None) -> Curve:
     """Score ``config.task`` (usually ``all``) at every checkpoint; write per-checkpoint results and the curve
     files into ``config.out`` when set. Tasks whose data is missing are skipped for the whole curve."""
+    check_config(config)
     paths = list_checkpoints(checkpoints)
     if config.out:
         _pyplot()  # fail before hours of scoring, not after
-    table = {**SOTA, **(sota or {})}
-    points: list[CurvePoint] = []
-    skipped: dict[str, str] = {}
-    tasks: list[str] = []
-    names_seen: set[str] = set()
-    for path in paths:
-        model, tokenizer, ck = open_model(path, config.device)
-        results, skip = evaluate(model, tokenizer, config, on_skip if not skipped else None, progress)
-        skipped.update(skip)
-        # Later checkpoints need not retry a task whose data is missing.
-        if skip and config.task == "all":
-            from dataclasses import replace
-
-            config = replace(config, task=",".join(results))
-        for t in results:
-            if t not in tasks:
-                tasks.append(t)
-        step = ck.meta.get("step")
-        pt = CurvePoint(str(ck.path), step if isinstance(step, int) else None)
-        for t, r in results.items():
-            pt.scores[t] = r.score
-            pt.normalized[t] = normalize(t, r.score, table)
-            pt.n[t] = r.n
-            pt.examples_per_s[t] = r.examples_per_s
-            pt.notes[t] = list(r.notes)
-        points.append(pt)
-        if config.out:
-            name = ck.path.name if ck.path.name not in names_seen else f"{ck.path.parent.parent.name}-{ck.path.name}"
-            names_seen.add(name)
-            write_results(Path(config.out) / name, results, {"checkpoint": str(ck.path), "step": pt.step}, skip)
-        if on_point:
-            on_point(pt)
-        del model
-    curve = Curve(tasks, points, skipped, table)
+    run = _Run(config, {**SOTA, **(sota or {})})
+    report = progress or SILENT
+    with staged(report, "zero-shot curve", total=len(paths), unit="checkpoints"):
+        for path in paths:
+            _score_checkpoint(run, path, report)
+            report.advance(1)
+    curve = Curve(run.tasks, run.points, run.skipped, run.sota)
     if config.out:
         write_curve(config.out, curve)
     return curve
 
 
+def _score_checkpoint(run: _Run, path: Path, report: Progress) -> None:
+    """Every task at one checkpoint: a point of the curve, and its results written under ``<out>/<name>/``."""
+    model, tokenizer, ck = open_model(path, run.config.device)
+    report.stage(f"checkpoint {ck.path.name}")
+    summary = ""
+    try:
+        # Later checkpoints need not retry a task whose data is missing.
+        results, skip = evaluate(model, tokenizer, run.config, report, exclude=run.skipped)
+        _absorb(run, results, skip)
+        step = ck.meta.get("step")
+        point = _point(str(ck.path), step if isinstance(step, int) else None, results, run.sota)
+        run.points.append(point)
+        if run.config.out:
+            name = ck.path.name if ck.path.name not in run.names else f"{ck.path.parent.parent.name}-{ck.path.name}"
+            run.names.add(name)
+            write_results(Path(run.config.out) / name, results, {"checkpoint": str(ck.path), "step": point.step}, skip)
+        summary = f"step {point.step if point.step is not None else '?'}: " + ", ".join(f"{t} {v:.1f}" for t, v in point.scores.items())
+    finally:
+        report.end(summary)
+
+
+def _absorb(run: _Run, results: dict[str, TaskResult], skip: dict[str, str]) -> None:
+    run.skipped.update(skip)
+    run.tasks += [t for t in results if t not in run.tasks]
+
+
+def _point(checkpoint: str, step: int | None, results: dict[str, TaskResult], sota: dict[str, float]) -> CurvePoint:
+    pt = CurvePoint(checkpoint, step)
+    for t, r in results.items():
+        pt.scores[t] = r.score
+        pt.normalized[t] = normalize(t, r.score, sota)
+        pt.n[t] = r.n
+        pt.examples_per_s[t] = r.examples_per_s
+        pt.notes[t] = list(r.notes)
+    return pt
+
+
 def write_curve(out: str | Path, curve: Curve) -> tuple[Path, Path]:
-    """``curve.json`` and ``curve.png`` in ``out`` (the plot needs matplotlib; checked before anything is written)."""
+    """``curve.json`` and ``curve.png`` in ``out`` (the plot needs matplotlib; checked before anything is written).
+    Each appears whole: the PNG is drawn to a hidden temporary file and renamed, the JSON written atomically."""
     plt = _pyplot()
     d = Path(out)
     d.mkdir(parents=True, exist_ok=True)
     png = d / "curve.png"
-    tmp_png = d / ".curve.png.tmp.png"
+    tmp_png = d / ".curve.png.tmp.png"  # matplotlib picks the format from the suffix
     plot(curve, tmp_png, plt)
-    js = d / "curve.json"
-    tmp_js = d / ".curve.json.tmp"
-    tmp_js.write_text(json.dumps(json_safe(curve.to_dict()), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    js = write_text_atomic(d / "curve.json", json.dumps(json_safe(curve.to_dict()), indent=2, allow_nan=False) + "\n")
     tmp_png.replace(png)
-    tmp_js.replace(js)
     return js, png
 
 

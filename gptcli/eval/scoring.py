@@ -32,6 +32,8 @@ from typing import Literal, Sequence
 import torch
 import torch.nn.functional as F
 
+from gptcli.progress import SILENT, Progress, staged
+
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
 
@@ -149,38 +151,71 @@ def score(
     max_tokens: int | None = None,
     precision: Precision = "auto",
     cache_min_context: int = 64,
-    progress=None,
+    progress: Progress | None = None,
+    stage: str = "scoring",
 ) -> list[Score]:
     """Score every request; results come back in the order of ``requests``.
 
     ``model`` is a :class:`gptcli.model.gpt.GPT` (or anything with ``config.n_ctx``, ``forward(idx, cache)`` and
     ``lm_logits(h)``). ``batch_size`` caps rows per forward pass and ``max_tokens`` (default ``batch_size × 128``)
     caps padded tokens per pass. Groups of requests sharing a context of at least ``cache_min_context`` tokens run
-    it once into a KV cache. ``progress(n)`` is called with the number of requests finished after each pass.
+    it once into a KV cache. ``progress`` sees one stage named ``stage`` with ``len(requests)`` as its total,
+    advanced by the requests each forward pass finishes (requests with nothing to score count at the end).
     """
     if not requests:
         return []
     was_training = model.training
     model.eval()
     try:
-        return _score(model, requests, batch_size, max_tokens or batch_size * 128, precision, cache_min_context, progress)
+        with staged(progress or SILENT, stage, total=len(requests)):
+            return _score(model, requests, batch_size, max_tokens or batch_size * 128, precision, cache_min_context,
+                          progress or SILENT)
     finally:
         model.train(was_training)
 
 
-def _score(model, requests, batch_size, max_tokens, precision, cache_min_context, progress) -> list[Score]:
-    n_ctx = model.config.n_ctx
-    device = next(model.parameters()).device
-    rows, cached, truncated = _plan(requests, n_ctx, cache_min_context)
-    sums = torch.zeros(len(requests), dtype=torch.float64)
-    counts = torch.zeros(len(requests), dtype=torch.long)
+class _Totals:
+    """Running sum and count of log-probabilities per request, reporting finished requests to the progress stage."""
 
-    def add(idx: list[int], lp: torch.Tensor) -> None:
+    def __init__(self, n: int, report: Progress) -> None:
+        self.sums = torch.zeros(n, dtype=torch.float64)
+        self.counts = torch.zeros(n, dtype=torch.long)
+        self.report = report
+        self.reported = 0
+
+    def add(self, idx: list[int], lp: torch.Tensor) -> None:
         ix = torch.tensor(idx, dtype=torch.long)
-        sums.index_add_(0, ix, lp.double().cpu())
-        counts.index_add_(0, ix, torch.ones_like(ix))
+        self.sums.index_add_(0, ix, lp.double().cpu())
+        self.counts.index_add_(0, ix, torch.ones_like(ix))
 
-    # Plain rows: longest first, so the first batch shows the worst-case memory at once.
+    def finished(self, n: int) -> None:
+        self.reported += n
+        self.report.advance(n)
+
+
+def _score(model, requests, batch_size, max_tokens, precision, cache_min_context, report: Progress) -> list[Score]:
+    rows, cached, truncated = _plan(requests, model.config.n_ctx, cache_min_context)
+    totals = _Totals(len(requests), report)
+    _score_rows(model, rows, batch_size, max_tokens, precision, totals)
+    _score_cached(model, cached, batch_size, precision, totals)
+    if totals.reported < len(requests):
+        totals.finished(len(requests) - totals.reported)  # requests with no token to score are done too
+    return [Score(float(s), int(c), t) for s, c, t in zip(totals.sums.tolist(), totals.counts.tolist(), truncated)]
+
+
+def _read_at(model, h: torch.Tensor, reads: list[tuple[int, int, int, int]], totals: _Totals) -> None:
+    """Add the log-probabilities read from ``h`` (batch, time, d) at ``(row, position, target, request)``."""
+    if not reads:  # a row of contexts whose continuations are all empty
+        return
+    device = h.device
+    rows, pos, tgt, req = (list(x) for x in zip(*reads))
+    lp = _read(model, h[torch.tensor(rows, device=device), torch.tensor(pos, device=device)], torch.tensor(tgt, device=device))
+    totals.add(req, lp)
+
+
+def _score_rows(model, rows: list[_Row], batch_size: int, max_tokens: int, precision: str, totals: _Totals) -> None:
+    """Plain rows, longest first (the first batch shows the worst-case memory at once), padded per batch."""
+    device = next(model.parameters()).device
     rows.sort(key=lambda r: len(r.ids), reverse=True)
     start = 0
     while start < len(rows):
@@ -189,22 +224,19 @@ def _score(model, requests, batch_size, max_tokens, precision, cache_min_context
         batch = rows[start : start + take]
         start += take
         x = torch.zeros(len(batch), longest, dtype=torch.long)
-        bi, pos, tgt, req = [], [], [], []
         for b, r in enumerate(batch):
             x[b, : len(r.ids)] = torch.tensor(r.ids, dtype=torch.long)
-            for p, t, i in r.reads:
-                bi.append(b), pos.append(p), tgt.append(t), req.append(i)
-        x = x.to(device)
         with _autocast(device, precision):
-            h = model(x)
-        lp = _read(model, h[torch.tensor(bi, device=device), torch.tensor(pos, device=device)], torch.tensor(tgt, device=device))
-        add(req, lp)
-        if progress:
-            progress(len({i for r in batch for _, _, i in r.reads}))
+            h = model(x.to(device))
+        _read_at(model, h, [(b, p, t, i) for b, r in enumerate(batch) for p, t, i in r.reads], totals)
+        totals.finished(len({i for r in batch for _, _, i in r.reads}))
 
-    # Shared long contexts: run once into a cache, then every candidate continues from a copy of it.
+
+def _score_cached(model, cached, batch_size: int, precision: str, totals: _Totals) -> None:
+    """Shared long contexts: run each once into a KV cache, then every candidate continues from a copy of it."""
     from gptcli.model.gpt import KVCache
 
+    device = next(model.parameters()).device
     for ctx, members in cached:
         members = [(i, c) for i, c in members if c]
         for s in range(0, len(members), batch_size):
@@ -213,28 +245,30 @@ def _score(model, requests, batch_size, max_tokens, precision, cache_min_context
                 cache = KVCache(model.config, 1, device=device, dtype=_cache_dtype(model, device, precision))
                 h_ctx = model(torch.tensor([list(ctx)], dtype=torch.long, device=device), cache)[0, -1]
             first = _read(model, h_ctx.expand(len(chunk), -1), torch.tensor([c[0] for _, c in chunk], device=device))
-            add([i for i, _ in chunk], first)
-            rest = max(len(c) for _, c in chunk) - 1
-            if rest > 0:
-                with _autocast(device, precision):
-                    big = KVCache(model.config, len(chunk), device=device, dtype=cache.k[0].dtype)
-                    for layer in range(len(big.k)):
-                        big.k[layer][:, :, : len(ctx)] = cache.k[layer][:, :, : len(ctx)]
-                        big.v[layer][:, :, : len(ctx)] = cache.v[layer][:, :, : len(ctx)]
-                    big.pos = len(ctx)
-                    x = torch.zeros(len(chunk), rest, dtype=torch.long)
-                    bi, pos, tgt, req = [], [], [], []
-                    for b, (i, c) in enumerate(chunk):
-                        x[b, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
-                        for j in range(1, len(c)):
-                            bi.append(b), pos.append(j - 1), tgt.append(c[j]), req.append(i)
-                    h = model(x.to(device), big)
-                lp = _read(model, h[torch.tensor(bi, device=device), torch.tensor(pos, device=device)], torch.tensor(tgt, device=device))
-                add(req, lp)
-            if progress:
-                progress(len(chunk))
+            totals.add([i for i, _ in chunk], first)
+            if max(len(c) for _, c in chunk) > 1:
+                _continue_from_cache(model, cache, len(ctx), chunk, precision, totals)
+            totals.finished(len(chunk))
 
-    return [Score(float(s), int(c), t) for s, c, t in zip(sums.tolist(), counts.tolist(), truncated)]
+
+def _continue_from_cache(model, cache, n_ctx: int, chunk: list[tuple[int, tuple[int, ...]]], precision: str,
+                         totals: _Totals) -> None:
+    """Tokens 2… of every continuation in ``chunk``, run together on copies of the context's cache."""
+    from gptcli.model.gpt import KVCache
+
+    device = next(model.parameters()).device
+    rest = max(len(c) for _, c in chunk) - 1
+    with _autocast(device, precision):
+        big = KVCache(model.config, len(chunk), device=device, dtype=cache.k[0].dtype)
+        for layer in range(len(big.k)):
+            big.k[layer][:, :, :n_ctx] = cache.k[layer][:, :, :n_ctx]
+            big.v[layer][:, :, :n_ctx] = cache.v[layer][:, :, :n_ctx]
+        big.pos = n_ctx
+        x = torch.zeros(len(chunk), rest, dtype=torch.long)
+        for b, (_, c) in enumerate(chunk):
+            x[b, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
+        h = model(x.to(device), big)
+    _read_at(model, h, [(b, j - 1, c[j], i) for b, (i, c) in enumerate(chunk) for j in range(1, len(c))], totals)
 
 
 def _cache_dtype(model, device: torch.device, precision: str) -> torch.dtype:

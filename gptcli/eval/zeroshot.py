@@ -16,41 +16,30 @@ live there. Ties (equal scores) go to the first choice (SST-2: negative; CoLA: u
 The library entry point is :func:`zeroshot` over a :class:`ZeroShotConfig`; the per-task functions
 (:func:`sst2`, :func:`cola`, :func:`multiple_choice`, :func:`winograd`) take a model, a tokenizer and examples,
 so they can be run on anything (the tests use a stub model with known log-probabilities).
+
+Every task's data comes from the task registry (:mod:`gptcli.tasks`: folder, files per split, the ``$GPT1_DATA``
+lookup; DPRD and WSC273 are registered there as zero-shot-only tasks). What is zero-shot's own stays here, in
+:data:`TASKS`: which heuristic scores each registry task and which split it scores by default. Those are facts of
+the paper's §5 protocol, not of the data sets, and the heuristics are code of this room, which the task room below
+it cannot name. Progress is reported through :class:`gptcli.progress.Progress`: one stage per task, holding one
+stage per scoring pass (advanced by the requests it finishes); skipped tasks are warning notes.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from gptcli.errors import DataError, GPT1Error
+from gptcli.fsutil import write_text_atomic
+from gptcli.progress import SILENT, Progress
+from gptcli.tasks.base import Example, Task
 
-# Zero-shot task name -> (registry task or winograd reader, metric, default split).
-TASKS: dict[str, tuple[str, str, str]] = {
-    "sst2": ("sst2", "accuracy", "dev"),
-    "cola": ("cola", "mcc", "dev"),
-    "race": ("race", "accuracy", "dev"),
-    "race-m": ("race-m", "accuracy", "dev"),
-    "race-h": ("race-h", "accuracy", "dev"),
-    "dprd": ("dprd", "accuracy", "test"),
-    "wsc": ("wsc", "accuracy", "test"),
-    "storycloze": ("storycloze", "accuracy", "val"),
-}
-# `--task all`: the paper's four Figure 2 tasks, then WSC273 and the bonus Story Cloze.
-ALL_TASKS: tuple[str, ...] = ("sst2", "cola", "race", "dprd", "wsc", "storycloze")
-# Winograd files, per split, under the task folder ($GPT1_DATA/dprd, $GPT1_DATA/wsc).
-WINOGRAD_FILES: dict[str, dict[str, str]] = {
-    "dprd": {"train": "train.c.txt", "test": "test.c.txt"},
-    "wsc": {"test": "WSCollection.xml"},
-}
 SST2_CUE, SST2_WORDS = "very", ("negative", "positive")  # label 0, label 1
-Progress = Callable[[str, int, int], None]
-"""``progress(what, done, total)``: called as scoring requests complete (``what`` names the task and split)."""
 
 
 @dataclass
@@ -58,7 +47,8 @@ class ZeroShotConfig:
     """Settings of ``gpt1 zeroshot`` (one checkpoint; the curve over many is in :mod:`gptcli.eval.curve`)."""
 
     task: str = "sst2"
-    """A task of :data:`TASKS`, or ``all``."""
+    """sst2, cola, race, race-m, race-h, dprd, wsc or storycloze; a comma-separated list; or ``all`` (sst2, cola,
+    race, dprd, wsc, storycloze)."""
     checkpoint: str = ""
     """Checkpoint directory, or a run directory (its newest checkpoint)."""
     split: str | None = None
@@ -68,9 +58,11 @@ class ZeroShotConfig:
     data_dir: str | None = None
     """Task folder (one task) or the root holding every task folder (``all``); default ``$GPT1_DATA``."""
     out: str | None = None
-    """Directory for ``results.json`` and ``predictions-<task>.jsonl``; nothing is written when unset."""
+    """Directory for ``results.json`` and ``predictions-<task>.jsonl`` (a curve adds ``curve.json``, ``curve.png``
+    and one such folder per checkpoint); nothing is written when unset."""
     threshold: float | None = None
-    """CoLA: fixed average log-probability threshold instead of fitting it on the train split."""
+    """CoLA: fixed average log-probability threshold instead of fitting it on the train split (default: fitted to
+    maximise MCC on the train split)."""
     batch_size: int = 32
     """Rows per forward pass."""
     limit: int | None = None
@@ -116,19 +108,8 @@ def _encode(tokenizer, texts: Sequence[str]) -> list[list[int]]:
 def _score(model, requests, batch_size: int, precision: str, progress: Progress | None = None, what: str = ""):
     from gptcli.eval.scoring import score
 
-    cb = None
-    if progress is not None:
-        done, total = [0], len(requests)
-        progress(what, 0, total)
-
-        def cb(n: int) -> None:
-            done[0] += n
-            progress(what, done[0], total)
-
-    out = score(model, requests, batch_size=batch_size, precision=precision, progress=cb)  # type: ignore[arg-type]
-    if progress is not None:
-        progress(what, len(requests), len(requests))  # requests with nothing to score never report
-    return out
+    return score(model, requests, batch_size=batch_size, precision=precision, progress=progress,  # type: ignore[arg-type]
+                 stage=f"scoring {what}" if what else "scoring")
 
 
 def _metric(name: str, preds: Sequence[int], labels: Sequence[int]) -> float:
@@ -292,123 +273,183 @@ def winograd(model, tokenizer, name: str, schemas, *, batch_size: int = 32, prec
     return TaskResult(name, "", "accuracy", _metric("accuracy", preds, [s.label for s in schemas]), len(schemas), out, notes)
 
 
-# --- data --------------------------------------------------------------------------------------------------------
+# --- zero-shot tasks: the registry's data, scored by one heuristic each --------------------------------------------
 
 
-def task_dir(task: str, data_dir: str | None, root: bool) -> str | None:
-    """The folder to read ``task`` from: ``data_dir`` itself for one task; with several tasks ``data_dir`` is a
-    root like ``$GPT1_DATA`` (``<root>/<folder>``, then ``<root>/<parent>/<folder>`` as the registry looks)."""
-    if data_dir is None or not root:
-        return data_dir
-    if task in WINOGRAD_FILES:
-        return str(Path(data_dir) / task)
+@dataclass
+class _Job:
+    """One task to score: its registry entry, the examples read, and what the heuristic runs with."""
+
+    name: str
+    task: Task
+    examples: list[Example]
+    model: Any
+    tokenizer: Any
+    config: ZeroShotConfig
+    data_dir: Path | None
+    progress: Progress | None
+    started: float = field(default_factory=time.perf_counter)
+    """When scoring began: ``TaskResult.seconds`` times the scoring, not the reading of files."""
+
+    @property
+    def kw(self) -> dict[str, Any]:
+        return {"batch_size": self.config.batch_size, "precision": self.config.precision, "progress": self.progress}
+
+
+def _run_sst2(job: _Job) -> TaskResult:
+    return sst2(job.model, job.tokenizer, job.examples, **job.kw)
+
+
+def _run_cola(job: _Job) -> TaskResult:
+    train = None
+    if job.config.threshold is None:
+        try:
+            train = read_labeled(job.task, "train", job.data_dir, job.config.limit)
+        except DataError:
+            raise
+        except GPT1Error as e:
+            raise GPT1Error(f"{e} — the CoLA threshold is fitted on the train split; give --threshold to skip it") from None
+        job.started = time.perf_counter()
+    return cola(job.model, job.tokenizer, job.examples, train_examples=train, threshold=job.config.threshold, **job.kw)
+
+
+def _run_multiple_choice(job: _Job) -> TaskResult:
+    exs = job.examples
+    return multiple_choice(job.model, job.tokenizer, job.name, [tuple(ex.texts) for ex in exs], [ex.choices for ex in exs],
+                           [ex.label for ex in exs], [ex.uid for ex in exs], **job.kw)
+
+
+def _run_winograd(job: _Job) -> TaskResult:
+    from gptcli.tasks.winograd import Schema
+
+    return winograd(job.model, job.tokenizer, job.name, [Schema.of(ex) for ex in job.examples], **job.kw)
+
+
+@dataclass(frozen=True)
+class ZeroShotTask:
+    """How ``gpt1 zeroshot`` scores one registry task."""
+
+    heuristic: Callable[[_Job], TaskResult]
+    split: str
+    """The split scored when none is given."""
+    fallback: bool = False
+    """When the default split's files are absent, score another split whose files exist (DPRD: many copies of the
+    data set hold only ``train.c.txt``; zero-shot trains on nothing, so it is an equally unseen evaluation set)."""
+
+
+TASKS: dict[str, ZeroShotTask] = {
+    "sst2": ZeroShotTask(_run_sst2, "dev"),
+    "cola": ZeroShotTask(_run_cola, "dev"),
+    "race": ZeroShotTask(_run_multiple_choice, "dev"),
+    "race-m": ZeroShotTask(_run_multiple_choice, "dev"),
+    "race-h": ZeroShotTask(_run_multiple_choice, "dev"),
+    "dprd": ZeroShotTask(_run_winograd, "test", fallback=True),
+    "wsc": ZeroShotTask(_run_winograd, "test"),
+    "storycloze": ZeroShotTask(_run_multiple_choice, "val"),
+}
+"""Zero-shot task (its registry name) → heuristic and default split."""
+# `--task all`: the paper's four Figure 2 tasks, then WSC273 and the bonus Story Cloze.
+ALL_TASKS: tuple[str, ...] = ("sst2", "cola", "race", "dprd", "wsc", "storycloze")
+
+
+def task_list(task: str) -> list[str]:
+    """The zero-shot tasks named by ``task`` (``all``, one name or a comma-separated list; any case)."""
+    if task.strip().lower() == "all":
+        return list(ALL_TASKS)
+    names = [t.strip().lower() for t in task.split(",") if t.strip()]
+    for n in names:
+        if n not in TASKS:
+            raise GPT1Error(f"unknown zero-shot task {n!r} (known: {', '.join(TASKS)}, all)")
+    return names
+
+
+def check_config(config: ZeroShotConfig) -> None:
+    """One-line errors for settings that cannot work, before any checkpoint is opened."""
+    task_list(config.task)
+    for k in config.splits:
+        if k not in TASKS:
+            raise GPT1Error(f"--split {k}=…: unknown task {k!r} (known: {', '.join(TASKS)})")
+    if config.batch_size < 1:
+        raise GPT1Error(f"batch_size must be at least 1, got {config.batch_size}")
+    if config.limit is not None and config.limit < 1:
+        raise GPT1Error(f"limit must be at least 1, got {config.limit}")
+
+
+# --- data: everything through the task registry ------------------------------------------------------------------
+
+
+def registry_task(name: str) -> Task:
+    """The registry entry of zero-shot task ``name`` (DPRD and WSC273 included)."""
     from gptcli.tasks import get_task
 
-    t = get_task(TASKS[task][0])
-    candidates = [Path(data_dir) / t.folder] + [Path(data_dir) / p / t.folder for p in t.parent_folders]
-    return str(next((c for c in candidates if c.is_dir()), candidates[0]))
+    return get_task(name, zero_shot=True)
 
 
-def winograd_dir(task: str, data_dir: str | None) -> Path:
-    """``data_dir`` or ``$GPT1_DATA/<task>`` for DPRD/WSC273."""
-    if data_dir is not None:
+def task_dir(task: Task, data_dir: str | Path | None, root: bool) -> Path | None:
+    """The folder to read ``task`` from: ``data_dir`` itself for one task; with several tasks ``data_dir`` is a root
+    like ``$GPT1_DATA`` and the registry finds the task's folder under it. ``None``: the registry's own lookup."""
+    if data_dir is None:
+        return None
+    if not root:
         return Path(data_dir)
-    if os.environ.get("GPT1_DATA"):
-        return Path(os.environ["GPT1_DATA"]) / task
-    files = WINOGRAD_FILES[task]
-    raise GPT1Error(f"no data location for task {task!r}: pass --data-dir or set GPT1_DATA so that $GPT1_DATA/{task}/ holds {', '.join(files.values())}")
+    return task.data_dir(root=data_dir)
 
 
-def default_winograd_split(task: str, data_dir: str | None) -> tuple[str, str | None]:
-    """The default split of a Winograd task, falling back to another split whose file exists.
+def _has_files(task: Task, split: str, data_dir: Path) -> bool:
+    return all((data_dir / f).exists() for f in task.splits[split].files)
 
-    Zero-shot scoring trains on nothing, so when DPRD's test file is absent (only ``train.c.txt`` is at hand, as in
-    many copies of the data set) its train split is an equally unseen evaluation set; the returned note says so.
-    """
-    default = TASKS[task][2]
-    files = WINOGRAD_FILES[task]
+
+def default_split(name: str, task: Task, data_dir: Path | None) -> tuple[str, str | None]:
+    """The default split of zero-shot task ``name`` and, when it had to fall back to another split whose files
+    exist (:attr:`ZeroShotTask.fallback`), a note saying so."""
+    spec = TASKS[name]
+    if not spec.fallback:
+        return spec.split, None
     try:
-        d = winograd_dir(task, data_dir)
+        d = task.data_dir(data_dir)
     except GPT1Error:
-        return default, None
-    if (d / files[default]).is_file():
-        return default, None
-    for split, name in files.items():
-        if (d / name).is_file():
-            return split, f"{files[default]} not found: scored the {split} split ({name}) instead"
-    return default, None
+        return spec.split, None  # reading the default split will say what is missing
+    if _has_files(task, spec.split, d):
+        return spec.split, None
+    for split, sp in task.splits.items():
+        if _has_files(task, split, d):
+            missing = ", ".join(task.splits[spec.split].files)
+            return split, f"{missing} not found: scored the {split} split ({', '.join(sp.files)}) instead"
+    return spec.split, None
 
 
-def read_winograd(task: str, split: str, data_dir: str | None):
-    """DPRD / WSC273 schemas, found like the registry's tasks (``data_dir`` or ``$GPT1_DATA/<task>``)."""
-    from gptcli.tasks.winograd import read_dprd, read_wsc
-
-    files = WINOGRAD_FILES[task]
-    if split not in files:
-        raise GPT1Error(f"task {task!r} has no split {split!r} (splits: {', '.join(files)})")
-    d = winograd_dir(task, data_dir)
-    path = d / files[split]
-    if not path.is_file():
-        raise GPT1Error(f"{path}: missing {split} file for task {task!r} (expected {files[split]} in {d})")
-    return read_dprd(path) if task == "dprd" else read_wsc(path)
+def read_labeled(task: Task, split: str, data_dir: Path | None, limit: int | None) -> list[Example]:
+    """The labeled examples of one split (the first ``limit`` of them)."""
+    examples = [ex for ex in task.read(split, data_dir) if ex.label is not None][:limit]
+    if not examples:
+        raise GPT1Error(f"task {task.name!r}: no labeled examples in split {split!r}")
+    return examples
 
 
-def split_for(task: str, config: ZeroShotConfig) -> str:
-    return config.splits.get(task) or config.split or TASKS[task][2]
-
-
-def run_task(task: str, model, tokenizer, config: ZeroShotConfig, *, root: bool = False, progress: Progress | None = None) -> TaskResult:
-    """Read ``task``'s split (and CoLA's train split), run its heuristic, time it."""
+def run_task(task: str, model, tokenizer, config: ZeroShotConfig, *, root: bool = False,
+             progress: Progress | None = None) -> TaskResult:
+    """Read ``task``'s split (and CoLA's train split) through the registry, run its heuristic, time it."""
     if task not in TASKS:
         raise GPT1Error(f"unknown zero-shot task {task!r} (known: {', '.join(TASKS)}, all)")
-    split = split_for(task, config)
-    ddir = task_dir(task, config.data_dir, root)
-    lim = config.limit
-    kw = dict(batch_size=config.batch_size, precision=config.precision, progress=progress)
-    t0 = time.perf_counter()
-    if task in WINOGRAD_FILES:
-        fallback_note = None
-        if not (config.splits.get(task) or config.split):
-            split, fallback_note = default_winograd_split(task, ddir)
-        schemas = read_winograd(task, split, ddir)[:lim]
-        t0 = time.perf_counter()
-        res = winograd(model, tokenizer, task, schemas, **kw)
-        if fallback_note:
-            res.notes.insert(0, fallback_note)
-    else:
-        from gptcli.tasks import get_task
-
-        t = get_task(TASKS[task][0])
-        examples = [ex for ex in t.read(split, ddir) if ex.label is not None][:lim]
-        if not examples:
-            raise GPT1Error(f"task {task!r}: no labeled examples in split {split!r}")
-        if task == "sst2":
-            t0 = time.perf_counter()
-            res = sst2(model, tokenizer, examples, **kw)
-        elif task == "cola":
-            train = None
-            if config.threshold is None:
-                try:
-                    train = [ex for ex in t.read("train", ddir) if ex.label is not None][:lim]
-                except DataError:
-                    raise
-                except GPT1Error as e:
-                    raise GPT1Error(f"{e} — the CoLA threshold is fitted on the train split; give --threshold to skip it") from None
-            t0 = time.perf_counter()
-            res = cola(model, tokenizer, examples, train_examples=train, threshold=config.threshold, **kw)
-        else:  # RACE, Story Cloze: multiple choice
-            t0 = time.perf_counter()
-            contexts = [tuple(ex.texts) for ex in examples]
-            res = multiple_choice(model, tokenizer, task, contexts, [ex.choices for ex in examples], [ex.label for ex in examples], [ex.uid for ex in examples], **kw)
-    res.seconds = time.perf_counter() - t0
+    t = registry_task(task)
+    ddir = task_dir(t, config.data_dir, root)
+    given = config.splits.get(task) or config.split  # a per-task override, then the split for every task
+    split, note = (given, None) if given else default_split(task, t, ddir)
+    job = _Job(task, t, read_labeled(t, split, ddir, config.limit), model, tokenizer, config, ddir, progress)
+    res = TASKS[task].heuristic(job)
+    res.seconds = time.perf_counter() - job.started
     res.task, res.split = task, split
+    if note:
+        res.notes.insert(0, note)
     return res
+
+
+# --- one checkpoint, every task ----------------------------------------------------------------------------------
 
 
 def open_model(checkpoint: str | Path, device: str = "auto"):
     """``(model, tokenizer, checkpoint)`` ready for scoring on ``device``."""
     from gptcli.checkpoint import load_checkpoint
-
     from gptcli.runtime import resolve_device
 
     ck = load_checkpoint(checkpoint)
@@ -418,40 +459,42 @@ def open_model(checkpoint: str | Path, device: str = "auto"):
     return model, ck.tokenizer, ck
 
 
-def task_list(task: str) -> list[str]:
-    if task == "all":
-        return list(ALL_TASKS)
-    names = [t.strip().lower() for t in task.split(",") if t.strip()]
-    for n in names:
-        if n not in TASKS:
-            raise GPT1Error(f"unknown zero-shot task {n!r} (known: {', '.join(TASKS)}, all)")
-    return names
+def _summary(r: TaskResult) -> str:
+    return f"{r.task} ({r.split}): {r.metric} {r.score:.1f} on {r.n} examples, {r.examples_per_s:.1f} examples/s"
 
 
-def evaluate(model, tokenizer, config: ZeroShotConfig, on_skip: Callable[[str, str], None] | None = None, progress: Progress | None = None) -> tuple[dict[str, TaskResult], dict[str, str]]:
-    """Run every task of ``config.task`` on an open model. With several tasks, a task whose data is missing is
-    skipped (its reason returned) instead of stopping the others; with one task it raises."""
+def evaluate(model, tokenizer, config: ZeroShotConfig, progress: Progress | None = None, *,
+             exclude: Sequence[str] = ()) -> tuple[dict[str, TaskResult], dict[str, str]]:
+    """Run every task of ``config.task`` (but those in ``exclude``) on an open model, one progress stage each. With
+    several tasks, a task whose data is missing is skipped (a warning note; its reason returned) instead of stopping
+    the others, and ``data_dir`` is the root holding every task folder; with one task it raises."""
+    report = progress or SILENT
     tasks = task_list(config.task)
     several = len(tasks) > 1
-    results, skipped = {}, {}
-    for t in tasks:
+    results: dict[str, TaskResult] = {}
+    skipped: dict[str, str] = {}
+    for t in (t for t in tasks if t not in exclude):
+        report.stage(f"zero-shot {t}")
+        summary = ""
         try:
-            results[t] = run_task(t, model, tokenizer, config, root=several, progress=progress)
+            results[t] = run_task(t, model, tokenizer, config, root=several, progress=report)
+            summary = _summary(results[t])
         except DataError:
             raise  # a malformed file is an error to fix, not a task to skip
         except GPT1Error as e:
             if not several:
                 raise
             skipped[t] = str(e)
-            if on_skip:
-                on_skip(t, str(e))
+            report.note(f"skipped {t}: {e}", level="warn")
+        finally:
+            report.end(summary)
     if not results:
         raise GPT1Error("no task could be scored: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
     return results, skipped
 
 
 def write_results(out: str | Path, results: dict[str, TaskResult], meta: dict[str, Any], skipped: dict[str, str] | None = None) -> Path:
-    """``results.json`` and ``predictions-<task>.jsonl`` in ``out``, each written to a temporary name first."""
+    """``results.json`` and ``predictions-<task>.jsonl`` in ``out``, each written atomically once all are ready."""
     d = Path(out)
     d.mkdir(parents=True, exist_ok=True)
     files: dict[Path, str] = {}
@@ -460,9 +503,7 @@ def write_results(out: str | Path, results: dict[str, TaskResult], meta: dict[st
     body = {**meta, "tasks": {k: r.summary() for k, r in results.items()}, "skipped": skipped or {}}
     files[d / "results.json"] = json.dumps(json_safe(body), indent=2, default=_json_default, allow_nan=False) + "\n"
     for path, text in files.items():
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        write_text_atomic(path, text)
     return d / "results.json"
 
 
@@ -483,17 +524,18 @@ def json_safe(o):
     return o
 
 
-def zeroshot(config: ZeroShotConfig, on_skip: Callable[[str, str], None] | None = None, progress: Progress | None = None) -> tuple[dict[str, TaskResult], dict[str, str], dict[str, Any]]:
+def zeroshot(config: ZeroShotConfig, progress: Progress | None = None) -> tuple[dict[str, TaskResult], dict[str, str], dict[str, Any]]:
     """Library entry point: open ``config.checkpoint``, run its task(s), write ``config.out`` if set.
 
     Returns ``(results, skipped, meta)`` with meta = checkpoint path, step and settings.
     """
-    if not config.checkpoint:
-        raise GPT1Error("no checkpoint given")
-    model, tokenizer, ck = open_model(config.checkpoint, config.device)
-    results, skipped = evaluate(model, tokenizer, config, on_skip, progress)
     from gptcli.config import to_dict
 
+    check_config(config)
+    if not config.checkpoint:
+        raise GPT1Error("no checkpoint given (--checkpoint DIR: a checkpoint or a run directory)")
+    model, tokenizer, ck = open_model(config.checkpoint, config.device)
+    results, skipped = evaluate(model, tokenizer, config, progress)
     meta = {"checkpoint": str(ck.path), "step": ck.meta.get("step"), "config": to_dict(config)}
     if config.out:
         write_results(config.out, results, meta, skipped)

@@ -13,7 +13,7 @@ from typing import Callable, Literal
 
 from gptcli.errors import GPT1Error
 
-Kind = Literal["classification", "entailment", "similarity", "multiple_choice", "regression"]
+Kind = Literal["classification", "entailment", "similarity", "multiple_choice", "regression", "pronoun_resolution"]
 
 TRANSFORMATIONS: dict[str, str] = {
     "classification": "<s> text <e>",
@@ -22,7 +22,9 @@ TRANSFORMATIONS: dict[str, str] = {
     "regression": "<s> a $ b <e> + <s> b $ a <e> (final states summed), linear output",
     "multiple_choice": "<s> context question $ answer <e> per answer, softmax over answers",
 }
-"""The paper's input transformations (reference §4) by task kind, as shown by ``--list-tasks``."""
+"""The paper's input transformations (reference §4) by task kind, as shown by ``--list-tasks``. A kind without one
+(``pronoun_resolution``: DPRD, WSC273) is scored zero-shot only (paper §5); the paper never fine-tunes on it."""
+ZERO_SHOT_ONLY = "none: zero-shot only (each candidate substituted for the pronoun, paper §5)"
 
 
 @dataclass
@@ -31,7 +33,8 @@ class Example:
 
     ``texts`` holds the input fields in the order the transformation uses them: ``(sentence,)`` for
     classification, ``(premise, hypothesis)`` for entailment, ``(a, b)`` for similarity/regression and
-    ``(context,)`` or ``(context, question)`` for multiple choice, whose answers are in ``choices``.
+    ``(context,)`` or ``(context, question)`` for multiple choice, whose answers are in ``choices``, and
+    ``(before, pronoun, after)`` for pronoun resolution, whose candidate referents are in ``choices``.
     ``label`` is a class index, a choice index or a float target; ``None`` for unlabeled test rows.
     """
 
@@ -101,7 +104,13 @@ class Task:
     @property
     def transformation(self) -> str:
         """The input transformation of the paper (reference §4) this task's kind uses, in words."""
-        return TRANSFORMATIONS[self.kind]
+        return TRANSFORMATIONS.get(self.kind, ZERO_SHOT_ONLY)
+
+    @property
+    def finetunable(self) -> bool:
+        """Whether the task can be fine-tuned: its kind has an input transformation (reference §4). DPRD and
+        WSC273 are read by the same registry but scored zero-shot only (paper §5)."""
+        return self.kind in TRANSFORMATIONS
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -123,16 +132,18 @@ class Task:
         """Index of an official label string in :attr:`labels` (``ValueError`` if unknown)."""
         return self.labels.index(label)
 
-    def candidate_dirs(self) -> list[Path]:
-        """Where the task folder is looked for under ``$GPT1_DATA`` (empty when the variable is unset)."""
-        root = os.environ.get("GPT1_DATA")
+    def candidate_dirs(self, root: str | Path | None = None) -> list[Path]:
+        """Where the task folder is looked for under ``root`` (default ``$GPT1_DATA``; empty when neither is set):
+        ``<root>/<folder>``, then ``<root>/<parent>/<folder>`` for each of :attr:`parent_folders`."""
+        root = root if root is not None else os.environ.get("GPT1_DATA")
         if not root:
             return []
         return [Path(root) / self.folder] + [Path(root) / p / self.folder for p in self.parent_folders]
 
-    def data_dir(self, data_dir: str | Path | None = None) -> Path:
-        """``data_dir`` if given, else ``$GPT1_DATA/<folder>`` (or under a :attr:`parent_folders` entry);
-        raises :class:`GPT1Error` naming the expected files and the official source when missing."""
+    def data_dir(self, data_dir: str | Path | None = None, *, root: str | Path | None = None) -> Path:
+        """``data_dir`` if given, else ``<root>/<folder>`` (or under a :attr:`parent_folders` entry) with ``root``
+        defaulting to ``$GPT1_DATA``; raises :class:`GPT1Error` naming the expected files and the official source
+        when missing. ``root`` serves callers that read several tasks from one folder (``gpt1 zeroshot --task all``)."""
         where = f"official distribution: {self.source_url}" if self.source_url else "see docs/datasets.md"
         expected = ", ".join(self.files)
         if data_dir is not None:
@@ -141,7 +152,7 @@ class Task:
                 raise GPT1Error(f"{d}: data directory for task {self.name!r} not found (expected a folder "
                                 f"{self.folder}/ holding {expected}; {where})")
             return d
-        candidates = self.candidate_dirs()
+        candidates = self.candidate_dirs(root)
         if not candidates:
             raise GPT1Error(
                 f"no data location for task {self.name!r}: pass --data-dir or set GPT1_DATA so that "

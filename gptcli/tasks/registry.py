@@ -2,6 +2,11 @@
 
 ``get_task("rte")`` returns a :class:`Task`; ``all_tasks()`` lists them. Each family module registers its tasks
 when imported; the registry imports them on first use.
+
+Two tasks are registered for zero-shot scoring only: DPRD and WSC273 (paper §5, Figure 2), which the paper never
+fine-tunes on (their kind, ``pronoun_resolution``, has no input transformation: ``Task.finetunable`` is False).
+Lookups serve fine-tuning unless asked otherwise, so ``gpt1 finetune --task dprd``, ``--list-tasks`` and
+``gpt1 eval`` behave as before these tasks existed; ``gpt1 zeroshot`` asks with ``zero_shot=True``.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from gptcli.tasks.base import Example, ReadOptions, Split, Task
 
 _REGISTRY: dict[str, Task] = {}
 # Family modules in gptcli/tasks/, imported lazily on first lookup.
-FAMILIES: tuple[str, ...] = ("glue", "snli", "scitail", "race", "storycloze")
+FAMILIES: tuple[str, ...] = ("glue", "snli", "scitail", "race", "storycloze", "winograd")
 _loaded = False
 
 
@@ -37,10 +42,11 @@ def _load_families() -> None:
             importlib.import_module(f"gptcli.tasks.{fam}")
 
 
-def all_tasks() -> list[Task]:
-    """Every registered task, in the paper's table order (then any others by name)."""
+def all_tasks(*, zero_shot: bool = False) -> list[Task]:
+    """Every task that can be fine-tuned, in the paper's table order (then any others by name); with
+    ``zero_shot=True`` also the tasks scored zero-shot only (DPRD, WSC273), after them."""
     _load_families()
-    return sorted(_REGISTRY.values(), key=_order)
+    return sorted((t for t in _REGISTRY.values() if zero_shot or t.finetunable), key=_order)
 
 
 # The paper's table order (Tables 2-4), used by ``all_tasks`` and ``--list-tasks``.
@@ -48,6 +54,7 @@ PAPER_ORDER: tuple[str, ...] = (
     "mnli", "mnli-mm", "snli", "scitail", "qnli", "rte", "wnli",
     "storycloze", "race-m", "race-h", "race",
     "cola", "sst2", "mrpc", "stsb", "qqp",
+    "dprd", "wsc",
 )
 
 
@@ -80,12 +87,19 @@ def task_rows() -> list[dict]:
     return rows
 
 
-def get_task(name: str) -> Task:
+def get_task(name: str, *, zero_shot: bool = False) -> Task:
+    """The task called ``name`` (any case). A task scored zero-shot only (DPRD, WSC273) is found only with
+    ``zero_shot=True``; otherwise its name is an error that points to ``gpt1 zeroshot``."""
     _load_families()
     key = name.lower()
-    if key not in _REGISTRY:
-        raise GPT1Error(f"unknown task {name!r} (known: {', '.join(sorted(_REGISTRY))}; see `gpt1 finetune --list-tasks`)")
-    return _REGISTRY[key]
+    task = _REGISTRY.get(key)
+    if task is not None and (zero_shot or task.finetunable):
+        return task
+    if task is not None:
+        raise GPT1Error(f"task {name!r} is scored zero-shot only: the paper gives {task.title} no fine-tuning "
+                        f"transformation (use `gpt1 zeroshot --task {key}`)")
+    known = sorted(n for n, t in _REGISTRY.items() if zero_shot or t.finetunable)
+    raise GPT1Error(f"unknown task {name!r} (known: {', '.join(known)}; see `gpt1 finetune --list-tasks`)")
 
 
 __all__ = ["FAMILIES", "PAPER_ORDER", "Example", "ReadOptions", "Split", "Task", "all_tasks", "get_task", "register", "task_rows", "unregister"]

@@ -15,6 +15,14 @@ Possessive pronouns (his, its, their, whose; ``her`` when a noun follows it) are
 ``'s`` ("… looked at his groceries" → "… looked at Nick's groceries"), as Trinh & Le (2018) do; object ``her``
 ("took her to the hospital") is replaced by the bare candidate. Candidate capitalisation is kept as written: every
 tokenizer here lowercases.
+
+This module is also the registry family of the two data sets: tasks ``dprd`` (splits ``train``/``test``:
+``train.c.txt``/``test.c.txt`` under ``$GPT1_DATA/dprd``) and ``wsc`` (split ``test``: ``WSCollection.xml`` under
+``$GPT1_DATA/wsc``). Their kind, ``pronoun_resolution``, has no fine-tuning transformation: the paper scores them
+zero-shot only (§5, Figure 2). Through the registry a schema is an :class:`~gptcli.tasks.base.Example` with
+``texts = (before, pronoun, after)``, ``choices`` = the two candidates and ``label`` = the correct one's index;
+:meth:`Schema.of` turns it back. A malformed block always stops with its ``path:line:`` (no skipping: each schema
+is one half of a twin pair).
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptcli.errors import DataError
+from gptcli.tasks.base import Example, ReadOptions, Split, Task
+from gptcli.tasks.registry import register
 
 POSSESSIVE = {"his", "its", "their", "whose", "hers", "theirs"}
 # Words after "her" that show it is an object ("took her to …", "gave her a present"), not a determiner.
@@ -48,6 +58,13 @@ class Schema:
     """Index of the correct candidate in ``candidates``."""
     source: str = ""
     """``path:line`` of the schema."""
+
+    @classmethod
+    def of(cls, example: Example) -> "Schema":
+        """The schema an :class:`Example` of task ``dprd``/``wsc`` holds (see :func:`as_example`)."""
+        before, pronoun, after = example.texts
+        first, second = example.choices
+        return cls(before, pronoun, after, (first, second), int(example.label), example.source)  # type: ignore[arg-type]
 
     @property
     def sentence(self) -> str:
@@ -177,3 +194,45 @@ def read_wsc(path: str | Path) -> list[Schema]:
     if not out:
         raise DataError(p, "no <schema> elements found")
     return out
+
+
+# --- the registry family -------------------------------------------------------------------------------------------
+
+
+def as_example(schema: Schema, index: int) -> Example:
+    """A schema as a registry :class:`Example`: ``texts = (before, pronoun, after)``, the candidates as choices."""
+    return Example(texts=(schema.before, schema.pronoun, schema.after), label=schema.label,
+                   choices=schema.candidates, uid=str(index), source=schema.source)
+
+
+def read_dprd_examples(path: Path, opts: ReadOptions) -> list[Example]:
+    return [as_example(s, k) for k, s in enumerate(read_dprd(path))]
+
+
+def read_wsc_examples(path: Path, opts: ReadOptions) -> list[Example]:
+    return [as_example(s, k) for k, s in enumerate(read_wsc(path))]
+
+
+DPRD_FILES = {"train": "train.c.txt", "test": "test.c.txt"}
+WSC_FILE = "WSCollection.xml"
+
+register(Task(
+    name="dprd", title="Definite Pronoun Resolution (Rahman & Ng 2012)", kind="pronoun_resolution",
+    labels=("A", "B"), metric="accuracy", folder="dprd",
+    splits={split: Split((name,), read_dprd_examples) for split, name in DPRD_FILES.items()},
+    source_url="http://www.hlt.utdallas.edu/~vince/data/emnlp12/ (train.c.txt, test.c.txt)",
+    n_choices=2,
+    notes="Zero-shot only (paper §5, Figure 2). 1,322 train / 564 test sentences in twin pairs; label A/B = the "
+          "first/second candidate. Zero-shot trains on nothing, so the train file is an unseen evaluation set "
+          "too (scored when test.c.txt is absent).",
+))
+
+register(Task(
+    name="wsc", title="Winograd Schema Challenge (WSC273)", kind="pronoun_resolution",
+    labels=("A", "B"), metric="accuracy", folder="wsc",
+    splits={"test": Split((WSC_FILE,), read_wsc_examples)},
+    source_url="https://cs.nyu.edu/~davise/papers/WinogradSchemas/WS.html (WSCollection.xml)",
+    n_choices=2,
+    notes="Zero-shot only (paper §5, Figure 2). The 273-schema collection; the XML marks the pronoun, and "
+          "<correctAnswer> A/B is the label.",
+))

@@ -10,9 +10,8 @@ import torch
 
 from gptcli.model.gpt import GPT, ModelConfig
 from gptcli.eval.scoring import Request, next_token_logprobs, score
+from gptcli.progress import RecordingProgress
 from zs_toy_tokenizer import BagLM
-
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -130,6 +129,20 @@ def test_bf16_close_to_fp32():
     b = score(model, reqs, precision="bf16")
     for x, y in zip(a, b):
         assert x.logprob == pytest.approx(y.logprob, abs=0.05)
+
+
+@pytest.mark.parametrize("cache_min_context", [1, 10_000])
+def test_progress_is_one_stage_advanced_to_its_total(cache_min_context):
+    model = _bag()
+    reqs = _requests(10) + [Request.of([], [4])]  # the last has no token to score: counted at the end
+    rec = RecordingProgress()
+    got = score(model, reqs, batch_size=3, precision="fp32", cache_min_context=cache_min_context, progress=rec,
+                stage="scoring x")
+    assert rec.events[0] == ("stage", {"name": "scoring x", "total": len(reqs), "unit": "", "done": 0})
+    assert len(rec.of("stage")) == 1 and rec.events[-1] == ("end", {"summary": ""})
+    assert all(kind == "advance" for kind, _ in rec.events[1:-1]) and sum(a["n"] for a in rec.of("advance")) == len(reqs)
+    assert [(s.logprob, s.count) for s in got] == [(s.logprob, s.count) for s in score(model, reqs, batch_size=3, precision="fp32", cache_min_context=cache_min_context)]
+    assert score(model, [], progress=rec) == [] and len(rec.of("stage")) == 1  # nothing to score: no stage
 
 
 def test_next_token_logprobs_matches_score():

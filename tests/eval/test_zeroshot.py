@@ -11,12 +11,11 @@ import pytest
 import torch
 
 from gptcli.errors import GPT1Error
+from gptcli.progress import RecordingProgress
 from gptcli.tasks.base import Example
 from gptcli.tasks.winograd import read_dprd
 from gptcli.eval.zeroshot import ZeroShotConfig, cola, fit_threshold, multiple_choice, run_task, sst2, winograd
 from zs_toy_tokenizer import BagLM, ToyTokenizer
-
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -44,10 +43,12 @@ def test_sst2_exact():
     model = BagLM(w, n_ctx)
     exs = [Example(("a good movie",), 1, uid="0"), Example(("a bad film",), 0, uid="1"), Example(("a good film",), 0, uid="2"),
            Example(("good and bad",), 1, uid="3")]
-    seen = []
-    r = sst2(model, tok, exs, precision="fp32", progress=lambda what, done, total: seen.append((what, done, total)))
+    seen = RecordingProgress()
+    r = sst2(model, tok, exs, precision="fp32", progress=seen)
     assert [p["prediction"] for p in r.predictions] == [1, 0, 1, 0]  # the last is a tie: negative
-    assert seen[0] == ("sst2", 0, 8) and seen[-1] == ("sst2", 8, 8)
+    # One stage for the scoring pass (8 requests: 2 words × 4 examples), advanced to its total, then ended.
+    assert seen.events[0] == ("stage", {"name": "scoring sst2", "total": 8, "unit": "", "done": 0})
+    assert sum(a["n"] for a in seen.of("advance")) == 8 and seen.events[-1][0] == "end"
     assert r.score == pytest.approx(50.0) and r.n == 4 and r.notes == []
     V = tok.vocab_size
     # log p(positive | "a good movie very") = 5 - log(e^5 + V - 1), exactly.
@@ -354,3 +355,68 @@ def test_dprd_falls_back_to_the_split_that_exists(tiny_run, shared_data, tmp_pat
     t = json.loads((out / "results.json").read_text())["tasks"]["dprd"]
     assert t["split"] == "train" and t["n"] == 6
     assert any("test.c.txt not found" in n for n in t["notes"])
+
+
+# --- progress: the one protocol ------------------------------------------------------------------------------------
+
+
+def _stages(rec: RecordingProgress) -> list[tuple[int, str, object]]:
+    """(depth, name, total) of every stage, checking that each one is ended exactly once and that every advance
+    lands in an open stage."""
+    depth, out = 0, []
+    for kind, payload in rec.events:
+        if kind == "stage":
+            out.append((depth, payload["name"], payload["total"]))
+            depth += 1
+        elif kind == "end":
+            depth -= 1
+            assert depth >= 0, "end without a stage"
+        elif kind == "advance":
+            assert depth > 0, "advance outside any stage"
+    assert depth == 0, "a stage was never ended"
+    return out
+
+
+def test_evaluate_reports_stages_scoring_passes_and_skips(tmp_path):
+    from gptcli.eval.zeroshot import evaluate
+
+    tok, w, n_ctx = _setup()
+    model = BagLM(w, n_ctx)
+    (tmp_path / "wsc").mkdir()
+    (tmp_path / "wsc" / "WSCollection.xml").write_text(
+        "<collection><schema><text><txt1>The ball hit the film because</txt1><pron>it</pron><txt2>was red.</txt2></text>"
+        "<answers><answer>the ball</answer><answer>the film</answer></answers><correctAnswer>A</correctAnswer></schema></collection>",
+        encoding="latin-1")
+    rec = RecordingProgress()
+    results, skipped = evaluate(model, tok, ZeroShotConfig(task="sst2,wsc", data_dir=str(tmp_path), precision="fp32"), rec)
+    assert _stages(rec) == [(0, "zero-shot sst2", None), (0, "zero-shot wsc", None), (1, "scoring wsc", 2)]
+    (note,) = rec.of("note")
+    assert note["level"] == "warn" and note["message"] == f"skipped sst2: {skipped['sst2']}"
+    assert sum(a["n"] for a in rec.of("advance")) == 2  # both candidates of the one schema
+    ends = [e["summary"] for e in rec.of("end")]
+    assert ends[0] == ""  # the skipped task's stage ends without a result
+    assert ends[-1] == f"wsc (test): accuracy {results['wsc'].score:.1f} on 1 examples, {results['wsc'].examples_per_s:.1f} examples/s"
+
+
+def test_curve_reports_one_stage_per_checkpoint_and_skips_once(tiny_run, shared_data):
+    from gptcli.eval.curve import run_curve
+
+    rec = RecordingProgress()
+    cfg = ZeroShotConfig(task="wsc,race", data_dir=str(shared_data), limit=3, precision="fp32")
+    curve = run_curve(cfg, [tiny_run], progress=rec)
+    stages = _stages(rec)
+    assert stages[0] == (0, "zero-shot curve", 3) and rec.events[0][1]["unit"] == "checkpoints"
+    assert [s[1] for s in stages if s[0] == 1] == ["checkpoint step-0000000", "checkpoint step-0000100", "checkpoint step-0000200"]
+    # RACE has no files here: skipped (one warning) at the first checkpoint, not retried at the others.
+    assert [n["message"].split(":")[0] for n in rec.of("note")] == ["skipped race"]
+    assert [s[1] for s in stages if s[0] == 2] == ["zero-shot wsc", "zero-shot race", "zero-shot wsc", "zero-shot wsc"]
+    assert list(curve.skipped) == ["race"] and curve.tasks == ["wsc"]
+    # The curve stage advances once per checkpoint; each checkpoint's stage ends with its scores.
+    depth, top = 0, []
+    for kind, payload in rec.events:
+        depth += {"stage": 1, "end": -1}.get(kind, 0)
+        if kind == "advance" and depth == 1:
+            top.append(payload["n"])
+    assert top == [1, 1, 1]
+    summaries = [e["summary"] for e in rec.of("end") if e["summary"].startswith("step ")]
+    assert summaries == [f"step {p.step}: wsc {p.scores['wsc']:.1f}" for p in curve.points]

@@ -23,7 +23,7 @@ NAMES = {"sst2", "cola", "mrpc", "qqp", "stsb", "mnli", "mnli-mm", "qnli", "rte"
 
 def test_registry_has_every_task_of_the_paper_plus_wnli():
     assert {t.name for t in all_tasks()} == NAMES
-    assert FAMILIES == ("glue", "snli", "scitail", "race", "storycloze")
+    assert FAMILIES == ("glue", "snli", "scitail", "race", "storycloze", "winograd")
     assert get_task("RTE") is get_task("rte")
     with pytest.raises(GPT1Error, match="unknown task 'nope'"):
         get_task("nope")
@@ -69,6 +69,57 @@ def test_task_rows_are_plain_data_for_list_tasks():
     assert rte["location"] == "$GPT1_DATA/RTE" and rte["files"] == "train.tsv, dev.tsv, test.tsv"
     assert next(r for r in rows if r["name"] == "stsb")["metric"] == "pearson / spearman"
     json.dumps(rows)  # nothing but plain values
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Zero-shot-only tasks (DPRD, WSC273): in the registry, out of fine-tuning's way
+
+
+def test_zero_shot_only_tasks_are_found_only_when_asked_for():
+    assert [t.name for t in all_tasks(zero_shot=True)] == [t.name for t in all_tasks()] + ["dprd", "wsc"]
+    assert all(t.finetunable for t in all_tasks())
+    assert "dprd" not in {r["name"] for r in task_rows()} and "wsc" not in {r["name"] for r in task_rows()}
+    for name in ("dprd", "wsc", "DPRD"):
+        with pytest.raises(GPT1Error, match=rf"task '{name}' is scored zero-shot only: .* \(use `gpt1 zeroshot --task {name.lower()}`\)"):
+            get_task(name)
+    with pytest.raises(GPT1Error) as e:
+        get_task("nope")
+    assert "dprd" not in str(e.value)  # fine-tuning's list of known tasks
+    dprd, wsc = get_task("dprd", zero_shot=True), get_task("WSC", zero_shot=True)
+    for t in (dprd, wsc):
+        assert (t.kind, t.metric, t.n_choices, t.labels, t.paper_score) == ("pronoun_resolution", "accuracy", 2, ("A", "B"), None)
+        assert not t.finetunable and t.transformation.startswith("none: zero-shot only")
+        assert t.source_url and t.notes and "Zero-shot only" in t.notes
+    assert (dprd.folder, dict((k, v.files) for k, v in dprd.splits.items())) == ("dprd", {"train": ("train.c.txt",), "test": ("test.c.txt",)})
+    assert (wsc.folder, dict((k, v.files) for k, v in wsc.splits.items())) == ("wsc", {"test": ("WSCollection.xml",)})
+    assert get_task("rte", zero_shot=True) is get_task("rte")
+
+
+def test_real_winograd_files_through_the_registry(shared_data, monkeypatch):
+    from gptcli.tasks.winograd import Schema, read_dprd, read_wsc
+
+    dprd = get_task("dprd", zero_shot=True)
+    train = dprd.read("train", shared_data / "dprd")
+    assert len(train) == 1322 and sum(e.label for e in train) == 661
+    assert [Schema.of(e) for e in train] == read_dprd(shared_data / "dprd" / "train.c.txt")
+    assert train[0].texts[1] in ("it", "he", "she", "they", "him", "his", "her", "them", "its") and len(train[0].choices) == 2
+    with pytest.raises(GPT1Error, match=r"test\.c\.txt: missing test file for task 'dprd'"):
+        dprd.read("test", shared_data / "dprd")  # only the train file ships here
+    monkeypatch.setenv("GPT1_DATA", str(shared_data))  # $GPT1_DATA/wsc/WSCollection.xml, found by the registry
+    wsc = get_task("wsc", zero_shot=True).read("test")
+    assert len(wsc) == 273 and sum(e.label for e in wsc) == 136
+    assert [Schema.of(e) for e in wsc] == read_wsc(shared_data / "wsc" / "WSCollection.xml")
+    assert wsc[0].source == f"{shared_data / 'wsc' / 'WSCollection.xml'}:7" and wsc[0].uid == "0"
+    with pytest.raises(GPT1Error, match="has no split 'train'"):
+        get_task("wsc", zero_shot=True).read("train")
+
+
+def test_data_dir_under_a_given_root(shared_data, tmp_path, monkeypatch):
+    monkeypatch.delenv("GPT1_DATA", raising=False)
+    assert get_task("sst2").data_dir(root=shared_data) == shared_data / "glue" / "SST-2"  # a GLUE parent folder
+    assert get_task("wsc", zero_shot=True).data_dir(root=shared_data) == shared_data / "wsc"
+    with pytest.raises(GPT1Error, match=r"data directory for task 'race' not found \(looked in"):
+        get_task("race").data_dir(root=tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -130,3 +130,15 @@ def test_real_files(shared_data):
     w = read_wsc(shared_data / "wsc" / "WSCollection.xml")
     assert len(w) == 273 and sum(x.label for x in w) == 136
     assert w[0].sentence == "The city councilmen refused the demonstrators a permit because they feared violence."
+
+
+def test_schema_as_registry_example_and_back(tmp_path):
+    from gptcli.tasks.winograd import Schema, as_example
+
+    p = tmp_path / "train.c.txt"
+    p.write_text(DPRD, encoding="utf-8")
+    for k, s in enumerate(read_dprd(p)):
+        ex = as_example(s, k)
+        assert ex.texts == (s.before, s.pronoun, s.after) and ex.choices == s.candidates and ex.label == s.label
+        assert (ex.uid, ex.source) == (str(k), s.source)
+        assert Schema.of(ex) == s and Schema.of(ex).substitute(1) == s.substitute(1)
