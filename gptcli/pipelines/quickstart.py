@@ -494,7 +494,7 @@ def zeroshot_models(run: _Run, text: TaskText, pre: Pretrained) -> tuple[None, s
     zs: dict[str, Any] = {}
     for name, model in (("before", pre.init_model), ("after", after)):
         r = zeroshot_cola(model, pre.tokenizer, test_ex, train_examples=train_ex, batch_size=64,
-                          precision=pre.precision)  # INTEGRATE: pass progress=run.progress
+                          precision=pre.precision, progress=run.progress)
         r.task, r.split = f"{shuffled.NAME}-{name}-pretraining", "test"
         zs[name] = r
         run.numbers[f"zeroshot_mcc_{name}"] = r.score
