@@ -215,7 +215,9 @@ def _make_amount_column() -> Any:
 
         def render(self, task: Any) -> Text:
             unit = task.fields.get("unit", "")
-            return Text(f"{_amount(task.completed, unit)}/{_amount(task.total, unit)}")
+            if unit == "B":
+                return Text(f"{_amount(task.completed, unit)}/{_amount(task.total, unit)}")
+            return Text(f"{_amount(task.completed, '')}/{_amount(task.total, unit)}")
 
     return AmountColumn
 
