@@ -138,7 +138,7 @@ class RichProgress(Progress):
         elif total is None:
             self._print_heading(name, depth=len(self._stack))
         else:
-            self._plain(f"{name}: {_amount(done, unit)} of {_amount(total, unit)}")
+            self._plain(f"{name}: {_of(done, total, unit, ' of ')}")
         self._stack.append(entry)
 
     def advance(self, n: float = 0, **status: Any) -> None:
@@ -150,7 +150,7 @@ class RichProgress(Progress):
         if top["task"] is not None:
             self._bars.update(top["task"], advance=n, **({"status": text} if status else {}))
         elif status and time.perf_counter() - self._last_line >= self.log_interval:
-            where = f"{_amount(top['completed'], top['unit'])}/{_amount(top['total'], top['unit'])}" if top["total"] else ""
+            where = _of(top["completed"], top["total"], top["unit"]) if top["total"] else ""
             self._plain(f"{top['name']} {where}  {text}".replace("[bold]", "").replace("[/]", ""))
 
     def note(self, message: str, *, level: Level = "info") -> None:
@@ -206,6 +206,13 @@ def _amount(x: float | None, unit: str) -> str:
     return f"{int(x):,}" + (f" {unit}" if unit else "")
 
 
+def _of(done: float, total: float | None, unit: str, sep: str = "/") -> str:
+    """``1.0 MB/2.0 MB`` for bytes, ``40/100 updates`` for counts (the unit said once)."""
+    if unit == "B":
+        return f"{_amount(done, unit)}{sep}{_amount(total, unit)}"
+    return f"{_amount(done, '')}{sep}{_amount(total, unit)}"
+
+
 def _make_amount_column() -> Any:
     from rich.progress import ProgressColumn
     from rich.text import Text
@@ -214,10 +221,7 @@ def _make_amount_column() -> Any:
         """``12.3 MB/40.0 MB`` for bytes, ``120/1,000 updates`` otherwise."""
 
         def render(self, task: Any) -> Text:
-            unit = task.fields.get("unit", "")
-            if unit == "B":
-                return Text(f"{_amount(task.completed, unit)}/{_amount(task.total, unit)}")
-            return Text(f"{_amount(task.completed, '')}/{_amount(task.total, unit)}")
+            return Text(_of(task.completed, task.total, task.fields.get("unit", "")))
 
     return AmountColumn
 
