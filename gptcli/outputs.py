@@ -33,6 +33,7 @@ KINDS = {
     "openai-export": "an export in OpenAI's released format",
     "quickstart": "a quickstart output",
     "zeroshot": "zero-shot results",
+    "eval": "evaluation results",
 }
 
 
@@ -69,6 +70,10 @@ def _legacy_kind(d: Path) -> str | None:
         return "finetune-run" if "task" in _toml_keys(d / "config.toml") else "pretrain-run"
     if (d / "summary.json").is_file() and (d / "corpus").is_dir():
         return "quickstart"
+    if (d / "results.json").is_file() and (d / "predictions.jsonl").is_file():
+        return "eval"
+    if (d / "curve.json").is_file() or ((d / "results.json").is_file() and any(d.glob("predictions-*.jsonl"))):
+        return "zeroshot"
     return None
 
 

@@ -4,7 +4,8 @@ GPT-1 (§4.1 "Setup") cleans BooksCorpus with ftfy, standardizes punctuation and
 spaCy and learns a 40,000-merge BPE; this module does the same for any text, streaming. :func:`prepare` reads
 top to bottom as its stages (memory is bounded by a few work chunks, one document, the BPE sample and one shard):
 
-1. **plan**: check the settings, expand the inputs, load a reused tokenizer.
+1. **plan**: check the settings, expand the inputs, check ``out`` (:func:`gptcli.outputs.check_output`: only
+   a corpus gpt1 prepared may be replaced, never one holding or inside an input), load a reused tokenizer.
 2. **scan** every input: size, sha256, usable documents; bad files are reported (skipped, or fatal with
    ``strict``). Document-level validation membership is drawn here from the seed.
 3. **words**: each document is cut at line breaks into ~``chunk_bytes`` pieces that a pool of warm worker
@@ -14,8 +15,9 @@ top to bottom as its stages (memory is bounded by a few work chunks, one documen
 4. **learn** the sentencepiece BPE on the reservoir (unless a tokenizer is given).
 5. **encode** the words file in order, again in chunks over the pool (workers hand back compact numpy
    arrays), and write the shards of each split.
-6. **manifest**, then **move into place**: the output is built in a hidden sibling directory and renamed into
-   place at the very end, so a failed or interrupted run never leaves a directory that looks complete.
+6. **manifest**, then **move into place**: the output is built in a hidden sibling directory, marked as a corpus
+   and renamed into place at the very end, so a failed or interrupted run never leaves a directory that looks
+   complete, and an old corpus it replaces survives until then.
 
 For the same inputs and settings the shards are byte-identical whatever the number of workers. Progress goes
 through :class:`gptcli.progress.Progress`: one stage per pass with its size in bytes, per-file problems as
@@ -42,6 +44,7 @@ from gptcli import __version__
 from gptcli.config import to_dict
 from gptcli.errors import DataError, GPT1Error
 from gptcli.fsutil import move_into_place
+from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress, staged
 from gptcli.data.shards import FORMAT_VERSION, ShardWriter, sha256_file, token_dtype, write_manifest
 
@@ -57,7 +60,7 @@ class PrepareConfig:
     """Text files (.txt: one document each; .jsonl / .parquet: one per record / row), directories (searched
     recursively) or glob patterns."""
     out: Optional[Path] = None
-    """Output corpus directory (must not exist unless ``overwrite``)."""
+    """Output corpus directory (must not exist unless ``overwrite``; never one of the inputs, nor around them)."""
     vocab_size: int = 40478
     """BPE ids learned, newline included, specials excluded (GPT-1: 40,478)."""
     tokenizer: Optional[Path] = None
@@ -85,7 +88,7 @@ class PrepareConfig:
     strict: bool = False
     """Turn per-file warnings (empty, binary, non-UTF-8, bad lines…) into errors."""
     overwrite: bool = False
-    """Replace an existing output directory."""
+    """Replace an existing corpus in ``out`` (only a corpus gpt1 prepared; any other directory is refused)."""
 
 
 @dataclass
@@ -548,14 +551,17 @@ def _check(cfg: PrepareConfig) -> Path:
         raise GPT1Error(f"--vocab-size must be at least 16, got {cfg.vocab_size}")
     if cfg.sample_lines < 1 or cfg.shard_tokens < 1 or cfg.chunk_bytes < 1:
         raise GPT1Error("sample_lines, shard_tokens and chunk_bytes must be positive")
-    out = Path(cfg.out)
-    if out.exists() and not cfg.overwrite:
-        raise GPT1Error(
-            f"{out}: output directory already exists; pass --overwrite to replace it or choose another --out"
-        )
-    if out.exists() and not out.is_dir():
-        raise GPT1Error(f"{out}: exists and is not a directory")
-    return out
+    return Path(cfg.out)
+
+
+def _input_paths(cfg: PrepareConfig, files: list[Path]) -> list[Path]:
+    """Every path the run reads: the inputs as given (directories, glob matches), their files and a reused
+    tokenizer — the output may neither contain nor lie inside any of them."""
+    given: list[Path] = []
+    for spec in map(str, cfg.inputs):
+        pattern = os.path.expanduser(spec)
+        given += map(Path, glob.glob(pattern, recursive=True)) if any(c in spec for c in "*?[") else [Path(pattern)]
+    return given + files + ([Path(cfg.tokenizer)] if cfg.tokenizer is not None else [])
 
 
 def _tokenizer_dir(path: Path) -> Path:
@@ -571,6 +577,7 @@ def _plan(cfg: PrepareConfig) -> _Plan:
     """Check the settings, expand the inputs and load a reused tokenizer: every error found before any work."""
     out = _check(cfg)
     files = resolve_inputs(cfg.inputs)
+    check_output(out, "corpus", overwrite=cfg.overwrite, inputs=_input_paths(cfg, files))
     plan = _Plan(cfg, out, files, workers=cfg.workers or os.cpu_count() or 1, cased=cfg.cased)
     if cfg.tokenizer is not None:
         from gptcli.tokenizers import load_tokenizer
@@ -784,6 +791,8 @@ def _manifest(plan: _Plan, scan: _Scan, tok: Any, sample_info: Optional[dict[str
 
 
 def _move_into_place(tmp: Path, plan: _Plan) -> None:
-    if plan.out.exists() and not plan.cfg.overwrite:
-        raise GPT1Error(f"{plan.out}: appeared while preparing; pass --overwrite to replace it")
+    """Mark the finished corpus as gpt1's and rename it into place; ``out`` is checked again, as it may have
+    appeared (or changed) while preparing."""
+    check_output(plan.out, "corpus", overwrite=plan.cfg.overwrite)
+    mark(tmp, "corpus")
     move_into_place(tmp, plan.out)

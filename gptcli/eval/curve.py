@@ -21,8 +21,9 @@ The DPRD and WSC values are our choice and can be replaced (``sota={...}``, ``--
 
 Outputs: ``curve.json`` (raw and normalised scores per checkpoint and task, the constants used, skipped tasks),
 ``curve.png`` (matplotlib, an optional dependency) and one ``results.json`` + predictions per checkpoint under
-``<out>/<checkpoint name>/``. Progress: one stage over the checkpoints, holding one stage per checkpoint (its
-summary line gives the raw scores) with :func:`gptcli.eval.zeroshot.evaluate`'s stages inside.
+``<out>/<checkpoint name>/``, built in a temporary folder that replaces ``<out>`` whole once the curve is complete
+(only earlier zero-shot results are ever replaced). Progress: one stage over the checkpoints, holding one stage per
+checkpoint (its summary line gives the raw scores) with :func:`gptcli.eval.zeroshot.evaluate`'s stages inside.
 """
 
 from __future__ import annotations
@@ -34,8 +35,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gptcli.errors import GPT1Error
-from gptcli.eval.zeroshot import TaskResult, ZeroShotConfig, check_config, evaluate, json_safe, open_model, write_results
+from gptcli.checkpoint import atomic_directory
+from gptcli.eval.zeroshot import (TaskResult, ZeroShotConfig, check_config, check_out, evaluate, json_safe, open_model,
+                                  write_results)
 from gptcli.fsutil import write_text_atomic
+from gptcli.outputs import mark
 from gptcli.progress import SILENT, Progress, staged
 
 RANDOM: dict[str, float] = {"sst2": 50.0, "cola": 0.0, "race": 25.0, "race-m": 25.0, "race-h": 25.0, "storycloze": 50.0, "dprd": 50.0, "wsc": 50.0}
@@ -125,6 +129,8 @@ class _Run:
     skipped: dict[str, str] = field(default_factory=dict)
     names: set[str] = field(default_factory=set)
     """Output folder names already used (two runs may both have a ``step-0001000``)."""
+    out: Path | None = None
+    """The folder being written (the temporary one that becomes ``config.out``), or None to write nothing."""
 
 
 def run_curve(config: ZeroShotConfig, checkpoints: Sequence[str | Path], *, sota: dict[str, float] | None = None,
@@ -135,15 +141,30 @@ def run_curve(config: ZeroShotConfig, checkpoints: Sequence[str | Path], *, sota
     paths = list_checkpoints(checkpoints)
     if config.out:
         _pyplot()  # fail before hours of scoring, not after
+        check_out(config, paths)
     run = _Run(config, {**SOTA, **(sota or {})})
     report = progress or SILENT
+    if not config.out:
+        return _score_all(run, paths, report)
+    # Built in a temporary folder that replaces ``out`` whole at the end: an earlier curve there survives a
+    # failed or interrupted one.
+    curves: list[Curve] = []
+    atomic_directory(Path(config.out), lambda tmp: curves.append(_score_all(run, paths, report, tmp)))
+    return curves[0]
+
+
+def _score_all(run: _Run, paths: Sequence[Path], report: Progress, out: Path | None = None) -> Curve:
+    """Every checkpoint in turn; with ``out``, its results under ``out/<name>/`` and the curve files in ``out``."""
+    run.out = out
+    if out is not None:
+        mark(out, "zeroshot")
     with staged(report, "zero-shot curve", total=len(paths), unit="checkpoints"):
         for path in paths:
             _score_checkpoint(run, path, report)
             report.advance(1)
     curve = Curve(run.tasks, run.points, run.skipped, run.sota)
-    if config.out:
-        write_curve(config.out, curve)
+    if out is not None:
+        write_curve(out, curve)
     return curve
 
 
@@ -159,10 +180,10 @@ def _score_checkpoint(run: _Run, path: Path, report: Progress) -> None:
         step = ck.meta.get("step")
         point = _point(str(ck.path), step if isinstance(step, int) else None, results, run.sota)
         run.points.append(point)
-        if run.config.out:
+        if run.out is not None:
             name = ck.path.name if ck.path.name not in run.names else f"{ck.path.parent.parent.name}-{ck.path.name}"
             run.names.add(name)
-            write_results(Path(run.config.out) / name, results, {"checkpoint": str(ck.path), "step": point.step}, skip)
+            write_results(run.out / name, results, {"checkpoint": str(ck.path), "step": point.step}, skip)
         summary = f"step {point.step if point.step is not None else '?'}: " + ", ".join(f"{t} {v:.1f}" for t, v in point.scores.items())
     finally:
         report.end(summary)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from gptcli.checkpoint import Checkpoint, load_checkpoint, read_header, resolve_checkpoint
+from gptcli.checkpoint import Checkpoint, atomic_directory, load_checkpoint, read_header, resolve_checkpoint
 from gptcli.data.batching import iterate, subsample
 from gptcli.data.transforms import encode_examples
 from gptcli.errors import GPT1Error
@@ -31,6 +31,7 @@ from gptcli.eval.metrics import score_predictions
 from gptcli.fsutil import write_text_atomic
 from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.heads import HeadConfig, TaskHead
+from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress, staged
 from gptcli.runtime import resolve_device, resolve_precision
 from gptcli.tasks import ReadOptions, get_task
@@ -56,7 +57,8 @@ class EvalConfig:
     data_dir: str | None = None
     """The task's official data folder (default: ``$GPT1_DATA/<folder>``)."""
     out: str | None = None
-    """Where task results, predictions and submission files go (default: ``RUN/eval/<task>-<split>/``)."""
+    """Where task results, predictions and submission files go (default: ``RUN/eval/<task>-<split>/``); each
+    ``<task>-<split>`` folder is replaced whole, and only when it holds earlier evaluation results."""
     skip_bad_rows: bool = False
     """Skip and count malformed task rows instead of stopping at the first."""
     max_examples: int | None = None
@@ -180,24 +182,35 @@ def evaluate_task(
     opts = ReadOptions(skip_bad_rows=skip_bad_rows)
     examples = subsample(task.read(split, data_dir, opts), max_examples, seed)
     _check_labels(task, split, examples)
+    out_dir = Path(out) if out is not None else default_out_dir(ck.path, task.name, split)
+    check_out_dir(out_dir, ck.path, task, data_dir)
     n_ctx = int(ck.meta.get("n_ctx") or ck.config.n_ctx)
     enc = encode_examples(task, examples, tok, n_ctx)
     with staged(report, f"evaluate {run_label(ck.path)} on {task.name} ({split})", len(enc), unit="examples"):
         batches = iterate(enc, batch_size, shuffle=False, regression=task.kind == "regression")
         preds, outs = predict(model, batches, dev, prec, progress=report)
-    out_dir = Path(out) if out is not None else default_out_dir(ck.path, task.name, split)
     results = write_outputs(out_dir, ck, task, split, examples, preds, outs, skipped=opts.skipped, n_ctx=n_ctx)
     results["out_dir"] = str(out_dir)
     return results
 
 
+def check_out_dir(out_dir: Path, checkpoint: Path, task: Any, data_dir: str | Path | None) -> None:
+    """Refuse, before any scoring, an output folder that is not earlier evaluation results (a re-run replaces
+    those whole) or that holds or lies inside what is evaluated: the checkpoint and the task's data."""
+    inputs = [Path(checkpoint)]
+    try:
+        inputs.append(task.data_dir(data_dir))
+    except GPT1Error:
+        pass  # missing data is reported when it is read
+    check_output(out_dir, "eval", overwrite=True, inputs=inputs)
+
+
 def write_outputs(out_dir: Path, ck: Checkpoint, task: Any, split: str, examples: Sequence[Any],
                   preds: Sequence[Any], outs: Sequence[list[float]], *, skipped: list[str], n_ctx: int) -> dict[str, Any]:
-    """predictions.jsonl, the submission file of an unlabeled split, and results.json (returned)."""
+    """predictions.jsonl, the submission file of an unlabeled split, and results.json (returned), written in a
+    temporary folder that replaces ``out_dir`` whole once complete (earlier results survive a failed run)."""
     labeled = all(e.label is not None for e in examples)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_predictions(out_dir / PREDICTIONS, task, examples, preds, outs, labeled)
-    submission = None if labeled else write_submission(out_dir / submission_name(task), task, examples, preds)
+    submission = None if labeled else out_dir / submission_name(task)
     results = {
         "task": task.name,
         "title": task.title,
@@ -216,7 +229,15 @@ def write_outputs(out_dir: Path, ck: Checkpoint, task: Any, split: str, examples
         "skipped_rows": skipped,
         "n_ctx": n_ctx,
     }
-    write_text_atomic(out_dir / RESULTS, json.dumps(results, indent=2))
+
+    def write(tmp: Path) -> None:
+        mark(tmp, "eval")
+        write_predictions(tmp / PREDICTIONS, task, examples, preds, outs, labeled)
+        if submission is not None:
+            write_submission(tmp / submission.name, task, examples, preds)
+        write_text_atomic(tmp / RESULTS, json.dumps(results, indent=2))
+
+    atomic_directory(out_dir, write)
     return results
 
 
@@ -295,16 +316,19 @@ def evaluate_tasks(config: EvalConfig, progress: Progress | None = None) -> list
     if config.data_dir is not None and len(tasks) > 1:
         raise GPT1Error("--data-dir names one task's folder; with several tasks set GPT1_DATA instead")
     split = config.split or "dev"
+    jobs = [(path, label, t or trained_task(path)) for path, label in _labelled_checkpoints(config.checkpoint)
+            for t in tasks]
+    targets = [Path(config.out) / label / f"{name}-{split}" if config.out is not None else None
+               for _, label, name in jobs]
+    for (path, _, name), target in zip(jobs, targets):  # every output folder checked before any scoring
+        check_out_dir(target or default_out_dir(path, name, split), path, get_task(name), config.data_dir)
     results = []
-    for path, label in _labelled_checkpoints(config.checkpoint):
-        for t in tasks:
-            name = t or trained_task(path)
-            target = Path(config.out) / label / f"{name}-{split}" if config.out is not None else None
-            r = evaluate_task(name, path, split, data_dir=config.data_dir, out=target, batch_size=config.batch_size,
-                              device=config.device, precision=config.precision, skip_bad_rows=config.skip_bad_rows,
-                              max_examples=config.max_examples, progress=progress)
-            r["run"] = label
-            results.append(r)
+    for (path, label, name), target in zip(jobs, targets):
+        r = evaluate_task(name, path, split, data_dir=config.data_dir, out=target, batch_size=config.batch_size,
+                          device=config.device, precision=config.precision, skip_bad_rows=config.skip_bad_rows,
+                          max_examples=config.max_examples, progress=progress)
+        r["run"] = label
+        results.append(r)
     return results
 
 

@@ -34,8 +34,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from gptcli.checkpoint import atomic_directory
 from gptcli.errors import DataError, GPT1Error
 from gptcli.fsutil import write_text_atomic
+from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress
 from gptcli.tasks.base import Example, Task
 
@@ -59,7 +61,8 @@ class ZeroShotConfig:
     """Task folder (one task) or the root holding every task folder (``all``); default ``$GPT1_DATA``."""
     out: str | None = None
     """Directory for ``results.json`` and ``predictions-<task>.jsonl`` (a curve adds ``curve.json``, ``curve.png``
-    and one such folder per checkpoint); nothing is written when unset."""
+    and one such folder per checkpoint); nothing is written when unset. Replaced whole, and only when it holds
+    earlier zero-shot results."""
     threshold: float | None = None
     """CoLA: fixed average log-probability threshold instead of fitting it on the train split (default: fitted to
     maximise MCC on the train split)."""
@@ -493,17 +496,45 @@ def evaluate(model, tokenizer, config: ZeroShotConfig, progress: Progress | None
     return results, skipped
 
 
+def input_paths(config: ZeroShotConfig, checkpoints: Sequence[str | Path]) -> list[Path]:
+    """What a zero-shot run reads: the checkpoints and the task data (``--out`` may hold or lie inside neither)."""
+    from gptcli.checkpoint import resolve_checkpoint
+
+    paths = [resolve_checkpoint(c) for c in checkpoints]
+    if config.data_dir:
+        return paths + [Path(config.data_dir)]
+    for name in task_list(config.task):
+        try:
+            paths.append(registry_task(name).data_dir())
+        except GPT1Error:
+            pass  # a task without data is reported (or skipped) when it is read
+    return paths
+
+
+def check_out(config: ZeroShotConfig, checkpoints: Sequence[str | Path]) -> None:
+    """Refuse ``config.out`` before any scoring unless it is new, empty or earlier zero-shot results (which a re-run
+    replaces whole), and outside every input."""
+    if config.out:
+        check_output(Path(config.out), "zeroshot", overwrite=True, inputs=input_paths(config, checkpoints))
+
+
 def write_results(out: str | Path, results: dict[str, TaskResult], meta: dict[str, Any], skipped: dict[str, str] | None = None) -> Path:
-    """``results.json`` and ``predictions-<task>.jsonl`` in ``out``, each written atomically once all are ready."""
+    """``results.json`` and ``predictions-<task>.jsonl`` in ``out``, written in a temporary folder that replaces
+    ``out`` whole once complete (only earlier zero-shot results are ever replaced)."""
     d = Path(out)
-    d.mkdir(parents=True, exist_ok=True)
-    files: dict[Path, str] = {}
+    check_output(d, "zeroshot", overwrite=True)  # callers check with their inputs first; this guards the rest
+    files: dict[str, str] = {}
     for name, r in results.items():
-        files[d / f"predictions-{name}.jsonl"] = "".join(json.dumps(json_safe(p), default=_json_default, allow_nan=False) + "\n" for p in r.predictions)
+        files[f"predictions-{name}.jsonl"] = "".join(json.dumps(json_safe(p), default=_json_default, allow_nan=False) + "\n" for p in r.predictions)
     body = {**meta, "tasks": {k: r.summary() for k, r in results.items()}, "skipped": skipped or {}}
-    files[d / "results.json"] = json.dumps(json_safe(body), indent=2, default=_json_default, allow_nan=False) + "\n"
-    for path, text in files.items():
-        write_text_atomic(path, text)
+    files["results.json"] = json.dumps(json_safe(body), indent=2, default=_json_default, allow_nan=False) + "\n"
+
+    def write(tmp: Path) -> None:
+        mark(tmp, "zeroshot")
+        for name, text in files.items():
+            write_text_atomic(tmp / name, text)
+
+    atomic_directory(d, write)
     return d / "results.json"
 
 
@@ -534,6 +565,7 @@ def zeroshot(config: ZeroShotConfig, progress: Progress | None = None) -> tuple[
     check_config(config)
     if not config.checkpoint:
         raise GPT1Error("no checkpoint given (--checkpoint DIR: a checkpoint or a run directory)")
+    check_out(config, [config.checkpoint])
     model, tokenizer, ck = open_model(config.checkpoint, config.device)
     results, skipped = evaluate(model, tokenizer, config, progress)
     meta = {"checkpoint": str(ck.path), "step": ck.meta.get("step"), "config": to_dict(config)}

@@ -31,6 +31,7 @@ from gptcli.checkpoint import atomic_directory, load_checkpoint, save_checkpoint
 from gptcli.errors import DataError, GPT1Error
 from gptcli.interop.hf import config_from_hf, read_hf_config, state_dict_from_hf, state_dict_to_hf, write_hf_config
 from gptcli.model.gpt import GPT, ModelConfig
+from gptcli.outputs import check_output, mark
 
 FORMATS_IN = ("hf", "openai")
 FORMATS_OUT = ("hf",)
@@ -64,7 +65,7 @@ class ConvertConfig:
     tokenizer: Path | None = None
     """Directory with the BPE files if they are not next to the weights (--from openai only)."""
     overwrite: bool = False
-    """Replace --out if it already exists."""
+    """Replace --out if it holds an earlier conversion's output of the same kind (anything else is refused)."""
 
     def check(self) -> None:
         """One-line errors for a conversion that cannot start (nothing is read or written before this)."""
@@ -78,8 +79,18 @@ class ConvertConfig:
             raise GPT1Error(f"--to {self.to_format!r}: expected one of {', '.join(FORMATS_OUT)}")
         if self.out is None:
             raise GPT1Error("--out is required (the directory to write)")
-        if Path(self.out).exists() and not self.overwrite:
-            raise GPT1Error(f"{self.out}: already exists (pass --overwrite to replace it)")
+        if self.n_head < 1:
+            raise GPT1Error(f"--n-head must be at least 1, got {self.n_head}")
+        check_output(Path(self.out), self.out_kind, overwrite=self.overwrite, inputs=self.inputs())
+
+    @property
+    def out_kind(self) -> str:
+        """What ``out`` holds afterwards (and may already hold to be replaced with ``overwrite``)."""
+        return "hf-export" if self.to_format == "hf" else "checkpoint"
+
+    def inputs(self) -> list[Path]:
+        """The paths the conversion reads (a hub id is no path): ``out`` may neither contain nor lie inside them."""
+        return [Path(p) for p in (self.src, self.tokenizer) if p is not None and Path(p).exists()]
 
 
 @dataclass
@@ -194,7 +205,11 @@ def from_hf(src: str | Path) -> Converted:
     tok = _tokenizer_from(d)
     if tok is None:
         warnings.append(f"{d}: no vocab.json + merges.txt; the checkpoint is written without a tokenizer")
-    config = _split_special_rows(config_from_hf(hf_cfg), tok, d / "config.json")
+    try:
+        shape = config_from_hf(hf_cfg)
+    except (TypeError, ValueError) as e:  # e.g. n_head not dividing n_embd, or a size that is not a number
+        raise DataError(d / "config.json", f"not a model GPT-1 can build ({e})") from None
+    config = _split_special_rows(shape, tok, d / "config.json")
     sd = read_hf_weights(d)
     if "lm_head.weight" in sd:
         emb = sd.get("transformer.tokens_embed.weight", sd.get("tokens_embed.weight"))
@@ -286,6 +301,7 @@ def from_openai(src: str | Path, *, n_head: int = 12, tokenizer_dir: str | Path 
         if tok.vocab_size != parts.tokens.size(0):
             raise GPT1Error(f"{tok_dir}: tokenizer has {tok.vocab_size} ids but the token embedding has "
                             f"{parts.tokens.size(0)} rows")
+    _check_heads(n_embd, n_head, where)
     inner = parts.blocks[6].shape[-1] if n_layer else 4 * n_embd
     config = ModelConfig(vocab_size=parts.tokens.size(0), n_special=parts.specials.size(0), n_ctx=parts.pos.size(0),
                          n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_inner=int(inner))
@@ -293,6 +309,17 @@ def from_openai(src: str | Path, *, n_head: int = 12, tokenizer_dir: str | Path 
     meta = {"source": {"format": "openai", "path": str(d), "layout": parts.layout,
                        "shards": len(list(d.glob("params_*.npy")))}}
     return Converted(model, tok, meta, warnings)
+
+
+def _check_heads(n_embd: int, n_head: int, where: Path) -> None:
+    """The release does not record the head count; one that does not divide the width cannot be right."""
+    if n_embd % n_head == 0:
+        return
+    fits = [h for h in range(1, n_embd + 1) if n_embd % h == 0]
+    # GPT-1's heads are 64 wide: suggest that count when it fits, else the divisor nearest the one given.
+    guess = n_embd // 64 if n_embd % 64 == 0 else min(fits, key=lambda h: (abs(h - n_head), h))
+    raise GPT1Error(f"{where}: the model is {n_embd} wide, which --n-head {n_head} does not divide "
+                    f"(pass --n-head with a divisor of {n_embd}, e.g. --n-head {guess})")
 
 
 @dataclass
@@ -340,7 +367,11 @@ def convert_to_checkpoint(converted: Converted, out: str | Path) -> Path:
     """Save a converted model as an ordinary gpt1 checkpoint (kind ``lm``)."""
     meta = dict(converted.meta)
     meta["converted_by"] = "gpt1 convert"
-    return save_checkpoint(out, converted.model, converted.tokenizer, kind="lm", meta=meta)
+    source = Path(str(meta.get("source", {}).get("resolved") or meta.get("source", {}).get("path") or ""))
+    # The CLI checked already (with its --overwrite); this guards library callers: never replace a foreign folder.
+    check_output(Path(out), "checkpoint", overwrite=True, inputs=[source] if source.parts else [])
+    return save_checkpoint(out, converted.model, converted.tokenizer, kind="lm", meta=meta,
+                           extra=lambda tmp: mark(tmp, "checkpoint"))
 
 
 def to_hf(ckpt: str | Path, out: str | Path) -> tuple[Path, list[str]]:
@@ -352,6 +383,7 @@ def to_hf(ckpt: str | Path, out: str | Path) -> tuple[Path, list[str]]:
     """
     from safetensors.torch import save_file
 
+    check_output(Path(out), "hf-export", overwrite=True, inputs=[Path(ckpt)])  # library callers too
     c = load_checkpoint(ckpt)
     cfg = c.config
     if cfg.n_inner != 4 * cfg.n_embd:
@@ -364,6 +396,7 @@ def to_hf(ckpt: str | Path, out: str | Path) -> tuple[Path, list[str]]:
     with_tokenizer = tok is not None and getattr(tok, "kind", None) == "openai"
 
     def write(tmp: Path) -> None:
+        mark(tmp, "hf-export")  # inside the temporary directory: a marked export is always a whole one
         save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         write_hf_config(tmp, cfg, tokenizer=with_tokenizer)
         if with_tokenizer:

@@ -21,7 +21,9 @@ real library function the full-scale commands use:
    log-probability, thresholded on the train split, scored on the test split, for the model before and after
    pretraining.
 
-Then :func:`write_summary` writes ``summary.json`` with the final numbers. Everything goes under ``config.out``.
+Then :func:`write_summary` writes ``summary.json`` with the final numbers. Everything goes under ``config.out``,
+marked as a quickstart (:mod:`gptcli.outputs`); an earlier quickstart there is replaced only with ``overwrite``,
+and kept aside until this run has finished (:func:`check_out`, :func:`_replacing`).
 Budget: ``minutes`` is the target for the whole run; pretraining gets what is left after preparing minus an
 estimate of the later stages. Progress is reported through :mod:`gptcli.progress`: each numbered stage is one
 ``stage(title)`` … ``end(summary)``, and the library functions it calls report inside it.
@@ -30,23 +32,28 @@ estimate of the later stages. Progress is reported through :mod:`gptcli.progress
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import math
 import random
 import shutil
 import sysconfig
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from gptcli.errors import GPT1Error
 from gptcli.fsutil import write_text_atomic
+from gptcli.outputs import MARKER, check_output, mark
 from gptcli.pipelines import budget
 from gptcli.progress import SILENT, Progress
 
-# What quickstart writes under its output directory (``overwrite`` removes exactly these).
+# What quickstart writes under its output directory (``overwrite`` replaces exactly these).
 OUTPUTS = ("text", "task", "corpus", "pretrain", "finetune", "eval", "zeroshot", "summary.json", "config.toml")
+# The hidden folder an earlier quickstart waits in while a new one runs over it.
+OLD_PREFIX = ".quickstart-old-"
 # Standard-library folders that are not documentation prose (tests, the IDLE test suite, installed packages).
 SKIP_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"})
 
@@ -74,7 +81,8 @@ class QuickstartConfig:
     seed: int = 0
     """Seeds the held-out modules, the task, the BPE sample, initialisation and data order."""
     overwrite: bool = False
-    """Replace the outputs of an earlier quickstart in ``out`` (anything else there is refused, never deleted)."""
+    """Replace the outputs of an earlier quickstart in ``out``, kept until the new run has finished (anything else
+    there is refused, never deleted)."""
     device: str = "auto"
     """auto | cpu | cuda."""
     precision: str = "auto"
@@ -197,34 +205,63 @@ def hold_out(docs: list[tuple[str, str]], fraction: float, seed: int) -> tuple[l
 # --------------------------------------------------------------------------------------------------- output
 
 
-def _prepare_out(cfg: QuickstartConfig) -> Path:
-    """``cfg.out``, empty and ready: an earlier quickstart's outputs there are removed with ``overwrite``;
-    anything else there is refused, never deleted."""
+def _ours(name: str) -> bool:
+    """Whether an entry of ``out`` is quickstart's: an output, the marker, or a leftover of an interrupted stage
+    (``.corpus.partial-PID``, ``.summary.json.tmp-…``) or of an interrupted replacement."""
+    if name in OUTPUTS or name == MARKER or name.startswith(OLD_PREFIX):
+        return True
+    return name.startswith(".") and any(name.startswith(f".{o}.") for o in OUTPUTS)
+
+
+def check_out(cfg: QuickstartConfig) -> Path:
+    """``cfg.out`` if quickstart may write there: new, empty, or an earlier quickstart (with ``overwrite``).
+    A folder holding anything quickstart did not write, or another kind of gpt1 output, is refused."""
     out = Path(cfg.out)
-    if out.exists() and not out.is_dir():
-        raise GPT1Error(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()):
-        if not cfg.overwrite:
-            raise GPT1Error(f"{out}: directory is not empty; pass --overwrite to replace an earlier quickstart "
-                            "there or choose another --out")
-        foreign = sorted(p.name for p in out.iterdir() if p.name not in OUTPUTS and not p.name.startswith("."))
+    if out.is_dir():
+        foreign = sorted(p.name for p in out.iterdir() if not _ours(p.name))
         if foreign:
             raise GPT1Error(f"{out}: holds files quickstart did not write ({', '.join(foreign[:5])}); "
-                            "refusing to overwrite it — choose another --out")
-        _remove_outputs(out)
-    out.mkdir(parents=True, exist_ok=True)
+                            "refusing to overwrite it (choose another --out)")
+    stdlib = Path(cfg.stdlib) if cfg.stdlib is not None else Path(sysconfig.get_paths()["stdlib"])
+    check_output(out, "quickstart", overwrite=True, inputs=[stdlib])
+    if out.is_dir() and any(out.iterdir()) and not cfg.overwrite:
+        raise GPT1Error(f"{out}: directory is not empty; pass --overwrite to replace an earlier quickstart there "
+                        "or choose another --out")
     return out
 
 
-def _remove_outputs(out: Path) -> None:
-    for name in OUTPUTS:
-        p = out / name
-        if p.is_dir():
+@contextlib.contextmanager
+def _replacing(out: Path) -> Iterator[Path]:
+    """``out``, marked as a quickstart and empty for this run. An earlier quickstart there is moved into a hidden
+    folder inside it first and deleted once this run has finished; if this run fails or is interrupted, what it
+    wrote is removed and the earlier one put back, so it is never lost to a run that did not finish."""
+    old = None
+    if out.is_dir() and any(out.iterdir()):
+        old = out / f"{OLD_PREFIX}{uuid.uuid4().hex[:8]}"
+        old.mkdir()
+        for p in list(out.iterdir()):
+            if p != old and not p.name.startswith(OLD_PREFIX):
+                p.rename(old / p.name)
+    out.mkdir(parents=True, exist_ok=True)
+    mark(out, "quickstart")
+    try:
+        yield out
+    except BaseException:
+        if old is not None:
+            _remove(p for p in out.iterdir() if p != old and not p.name.startswith(OLD_PREFIX))
+            for p in list(old.iterdir()):
+                p.rename(out / p.name)
+            old.rmdir()
+        raise
+    _remove(p for p in out.iterdir() if p.name.startswith(OLD_PREFIX))
+
+
+def _remove(paths: Iterable[Path]) -> None:
+    for p in list(paths):
+        if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
-        elif p.exists():
+        else:
             p.unlink()
-    for p in out.glob(".*"):  # leftovers of an interrupted prepare (.corpus.partial-PID)
-        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink()
 
 
 # --------------------------------------------------------------------------------------------------- the run
@@ -273,17 +310,17 @@ def quickstart(config: QuickstartConfig, progress: Progress | None = None) -> Qu
     cfg = config
     _check(cfg)
     t_start = time.perf_counter()
-    out = _prepare_out(cfg)
-    save_config(cfg, out / "config.toml")
-    run = _Run(cfg, out, progress or SILENT, t_start, {"minutes_budget": cfg.minutes, "seed": cfg.seed})
-    text = _stage(run, "text", collect_text, run)
-    corpus_dir = _stage(run, "prepare", prepare_corpus, run, text)
-    pre = _stage(run, "pretrain", pretrain_model, run, text, corpus_dir)
-    with shuffled.registered():  # the toy task is a task like the paper's only for these three stages
-        checkpoint = _stage(run, "finetune", finetune_model, run, text, pre)
-        _stage(run, "eval", evaluate_model, run, text, checkpoint)
-        _stage(run, "zeroshot", zeroshot_models, run, text, pre)
-    return write_summary(run)
+    with _replacing(check_out(cfg)) as out:
+        save_config(cfg, out / "config.toml")
+        run = _Run(cfg, out, progress or SILENT, t_start, {"minutes_budget": cfg.minutes, "seed": cfg.seed})
+        text = _stage(run, "text", collect_text, run)
+        corpus_dir = _stage(run, "prepare", prepare_corpus, run, text)
+        pre = _stage(run, "pretrain", pretrain_model, run, text, corpus_dir)
+        with shuffled.registered():  # the toy task is a task like the paper's only for these three stages
+            checkpoint = _stage(run, "finetune", finetune_model, run, text, pre)
+            _stage(run, "eval", evaluate_model, run, text, checkpoint)
+            _stage(run, "zeroshot", zeroshot_models, run, text, pre)
+        return write_summary(run)
 
 
 def _check(cfg: QuickstartConfig) -> None:

@@ -8,7 +8,9 @@ epoch's body + head, the tokenizer and the head config, and ``RUN/results.json``
 
 A run is a sequence of named stages, top to bottom in :func:`finetune`: read the task data, build the body,
 encode and build the model + optimizer (:func:`build_run`), train epoch by epoch with a dev score after each,
-keep the best (or last) epoch's weights, write the checkpoint and ``results.json``. Progress goes through
+keep the best (or last) epoch's weights, write the checkpoint and ``results.json``. The run directory is checked
+before anything is read (:func:`check_run_dir`: never an input, never another kind of directory) and written through
+:func:`run_directory` (an earlier run it replaces stays whole until the new one is complete). Progress goes through
 :mod:`gptcli.progress`: one stage per run sized in updates, ``advance(1, epoch=, loss=, lr=)`` per update and a
 note with the dev scores after every epoch.
 
@@ -24,13 +26,16 @@ the embeddings and the first K blocks, re-initialise the others with the model's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import random
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterator, Literal
 
 import torch
 import torch.nn as nn
@@ -41,17 +46,18 @@ from gptcli.data.batching import Batch, bucketed_batches, collate, iterate, num_
 from gptcli.data.transforms import Encoded, encode_examples
 from gptcli.errors import GPT1Error
 from gptcli.eval.metrics import score_predictions
-from gptcli.fsutil import write_text_atomic
+from gptcli.fsutil import move_into_place, write_text_atomic
 from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.gpt import GPT, ModelConfig, preset
 from gptcli.model.heads import HeadConfig, TaskHead
 from gptcli.model.losses import lm_loss_per_sequence
+from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress
 from gptcli.runtime import configure_backends, resolve_device, resolve_precision
 from gptcli.tasks import ReadOptions, get_task
 from gptcli.tokenizers import load_tokenizer
 from gptcli.train.optim import lr_at, make_optimizer
-from gptcli.train.runlog import METRICS, RunLogger
+from gptcli.train.runlog import RunLogger
 from gptcli.train.trainer import StepResult, Trainer
 
 RESULTS = "results.json"
@@ -68,7 +74,7 @@ class FinetuneConfig:
     init: str = ""
     """Pretrained checkpoint (or run directory) to start from, or ``none`` for a randomly initialised model."""
     out: str = "runs/finetune"
-    """Run directory: metrics.jsonl, config.toml, results.json, checkpoints/final."""
+    """Run directory: metrics.jsonl, config.toml, results.json, checkpoints/final (never the --init run itself)."""
     tokenizer: str | None = None
     """With ``init = "none"``: a tokenizer directory, or a checkpoint whose tokenizer *and* shape are used."""
     model: str = "gpt1"
@@ -124,7 +130,8 @@ class FinetuneConfig:
     log_every: int = 10
     """Write a training record to metrics.jsonl every this many updates."""
     overwrite: bool = False
-    """Replace an existing run in ``out``."""
+    """Replace a finished fine-tuning run in ``out`` (kept whole until the new one is complete; any other kind of
+    directory is refused)."""
 
 
 @dataclass
@@ -146,9 +153,7 @@ def finetune(config: FinetuneConfig, progress: Progress | None = None) -> Finetu
     report = progress or SILENT
     check_config(config)
     task = get_task(config.task)
-    out = Path(config.out)
-    if (out / "checkpoints" / FINAL).exists() and not config.overwrite:
-        raise GPT1Error(f"{out}: already holds a fine-tuned checkpoint (pass --overwrite to replace it)")
+    out = check_run_dir(config, task)
     device = resolve_device(config.device)
     precision = resolve_precision(config.precision, device)
     configure_backends(device)
@@ -157,12 +162,13 @@ def finetune(config: FinetuneConfig, progress: Progress | None = None) -> Finetu
     _seed_everything(config.seed)
     gpt, tok, source = build_body(config)
     run = build_run(config, task, data, gpt, tok, source, device, precision)
-    run.logger = _start_run_dir(out, config)
-    scored = f"{len(data.dev)} {config.eval_split} examples" if config.eval_split else "no evaluation split"
-    report.note(f"{task.name}: {len(data.train)} training examples, {scored}; {run.total} updates")
-    train_epochs(run, report)
-    chosen_epoch = keep_selected_weights(run)
-    return write_outputs(run, out, chosen_epoch)
+    with run_directory(out) as work:
+        run.logger = _start_run_dir(work, config)
+        scored = f"{len(data.dev)} {config.eval_split} examples" if config.eval_split else "no evaluation split"
+        report.note(f"{task.name}: {len(data.train)} training examples, {scored}; {run.total} updates")
+        train_epochs(run, report)
+        chosen_epoch = keep_selected_weights(run)
+        return write_outputs(run, out, chosen_epoch, work)
 
 
 def check_config(c: FinetuneConfig) -> None:
@@ -184,6 +190,43 @@ def check_config(c: FinetuneConfig) -> None:
         raise GPT1Error("--init none needs --tokenizer DIR (a tokenizer directory or a checkpoint) to encode the task")
     if c.transfer_layers is not None and c.init.lower() == "none":
         raise GPT1Error("--transfer-layers needs a pretrained --init checkpoint (with --init none nothing is transferred)")
+
+
+def check_run_dir(config: FinetuneConfig, task: Any) -> Path:
+    """``config.out``, if this run may write there: never an input (the --init checkpoint or run, the tokenizer,
+    the task's data), never another kind of directory (a pretraining run, a folder of notes); a finished
+    fine-tuning run only with ``overwrite``. Checked before anything is read or written."""
+    out = Path(config.out)
+    inputs = [Path(p) for p in (config.init, config.tokenizer) if p and p.lower() != "none"]
+    try:
+        inputs.append(task.data_dir(config.data_dir))
+    except GPT1Error:
+        pass  # missing data is reported when it is read, with the task's own advice
+    check_output(out, "finetune-run", overwrite=True, inputs=inputs)
+    if (out / "checkpoints" / FINAL).exists() and not config.overwrite:
+        raise GPT1Error(f"{out}: already holds a fine-tuned checkpoint (pass --overwrite to replace it)")
+    return out
+
+
+@contextlib.contextmanager
+def run_directory(out: Path) -> Iterator[Path]:
+    """Where a run writes. A new run writes in ``out`` itself, marked as a fine-tuning run at once (so even an
+    interrupted one is recognised as gpt1's); a run replacing an earlier one writes in a hidden sibling that is
+    moved into place only when complete, so the earlier run survives a failed or interrupted one whole."""
+    if not (out.is_dir() and any(out.iterdir())):
+        out.mkdir(parents=True, exist_ok=True)
+        mark(out, "finetune-run")
+        yield out
+        return
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        mark(tmp, "finetune-run")
+        yield tmp
+        move_into_place(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # a no-op after a successful move
 
 
 # --------------------------------------------------------------------------------------------- the task's data
@@ -393,13 +436,10 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _start_run_dir(out: Path, config: FinetuneConfig) -> RunLogger:
-    """Create the run directory with the resolved config; an overwritten run starts a fresh metrics.jsonl."""
-    out.mkdir(parents=True, exist_ok=True)
-    if config.overwrite and (out / METRICS).exists():
-        (out / METRICS).unlink()
-    save_config(config, out / CONFIG_FILE)
-    return RunLogger(out)
+def _start_run_dir(work: Path, config: FinetuneConfig) -> RunLogger:
+    """The resolved config and a fresh metrics.jsonl in the (new, or new hidden) run directory."""
+    save_config(config, work / CONFIG_FILE)
+    return RunLogger(work)
 
 
 # --------------------------------------------------------------------------------------------- training
@@ -500,16 +540,19 @@ def keep_selected_weights(run: Run) -> int:
     return c.epochs
 
 
-def write_outputs(run: Run, out: Path, chosen_epoch: int) -> FinetuneResult:
-    """``RUN/checkpoints/final`` (body + head + tokenizer + head config) and ``RUN/results.json``."""
+def write_outputs(run: Run, out: Path, chosen_epoch: int, work: Path | None = None) -> FinetuneResult:
+    """``RUN/checkpoints/final`` (body + head + tokenizer + head config) and ``RUN/results.json``, written in
+    ``work`` (``out``, or the hidden directory that becomes ``out``); paths recorded are those under ``out``."""
+    work = work or out
     chosen = next((h for h in run.history if h["epoch"] == chosen_epoch), {})
     dev_scores = {k: v for k, v in chosen.items() if k not in ("kind", "step", "epoch", "split")}
     run.model.cpu()
-    ckpt = save_checkpoint(out / "checkpoints" / FINAL, run.model.gpt, run.tokenizer, kind="finetuned",
-                           meta=_checkpoint_meta(run, chosen_epoch, chosen, dev_scores),
-                           head_state=run.model.head.state_dict())
+    ckpt = out / "checkpoints" / FINAL
+    save_checkpoint(work / "checkpoints" / FINAL, run.model.gpt, run.tokenizer, kind="finetuned",
+                    meta=_checkpoint_meta(run, chosen_epoch, chosen, dev_scores),
+                    head_state=run.model.head.state_dict())
     results = _results(run, chosen_epoch, dev_scores, ckpt)
-    write_text_atomic(out / RESULTS, json.dumps(results, indent=2, default=str))
+    write_text_atomic(work / RESULTS, json.dumps(results, indent=2, default=str))
     return FinetuneResult(out, ckpt, results, run.history)
 
 

@@ -42,7 +42,7 @@ def _shard_hashes(manifest):
 def test_output_layout_and_manifest(serial, books):
     out, m = serial.out, serial.manifest
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["manifest.json", "tokenizer", "train-00000.arrow", "val-00000.arrow"]
+    assert names == [".gpt1-output", "manifest.json", "tokenizer", "train-00000.arrow", "val-00000.arrow"]
     assert not list(out.parent.glob(".corpus.*"))  # no temporary leftovers
     assert m["tool"]["name"] == "gpt1" and m["tool"]["version"]
     assert m["settings"]["vocab_size"] == 600 and m["settings"]["strip_gutenberg"] is True
@@ -158,11 +158,13 @@ def test_jsonl_and_parquet_inputs(tmp_path, books):
 
     text = strip_gutenberg(books[0].read_text(encoding="utf-8-sig"))[0]
     paras = [p for p in text.split("\n\n") if p.strip()][:60]
-    with open(tmp_path / "a.jsonl", "w") as f:
+    src = tmp_path / "in"
+    src.mkdir()
+    with open(src / "a.jsonl", "w") as f:
         for p in paras[:30]:
             f.write(json.dumps({"body": p, "id": 1}) + "\n")
-    pq.write_table(pa.table({"body": paras[30:]}), tmp_path / "b.parquet")
-    r = prepare(_cfg([tmp_path], tmp_path / "out", text_field="body", vocab_size=300, strip_gutenberg=False))
+    pq.write_table(pa.table({"body": paras[30:]}), src / "b.parquet")
+    r = prepare(_cfg([src], tmp_path / "out", text_field="body", vocab_size=300, strip_gutenberg=False))
     assert [i["documents"] for i in r.manifest["inputs"]] == [30, len(paras) - 30]
     assert sum(s["documents"] for s in r.manifest["splits"].values()) == len(paras)
     assert r.manifest["warnings"] == []
@@ -235,11 +237,17 @@ def test_existing_output_and_overwrite(bad_dir, tmp_path):
     out.mkdir()
     (out / "keep.txt").write_text("x")
     goods = [bad_dir / "good1.txt", bad_dir / "good2.txt"]
-    with pytest.raises(GPT1Error, match="already exists; pass --overwrite"):
+    for overwrite in (False, True):  # a folder gpt1 did not write is never replaced
+        with pytest.raises(GPT1Error, match="not something gpt1 wrote"):
+            prepare(_cfg(goods, out, vocab_size=40, overwrite=overwrite))
+    assert (out / "keep.txt").read_text() == "x"
+    (out / "keep.txt").unlink()
+    prepare(_cfg(goods, out, vocab_size=40))  # an empty folder is fine
+    with pytest.raises(GPT1Error, match="already holds a prepared corpus .*--overwrite"):
         prepare(_cfg(goods, out, vocab_size=40))
-    assert (out / "keep.txt").exists()
-    prepare(_cfg(goods, out, vocab_size=40, overwrite=True))
-    assert (out / "manifest.json").exists() and not (out / "keep.txt").exists()
+    first = (out / "manifest.json").read_text()
+    prepare(_cfg(goods, out, vocab_size=40, seed=1, overwrite=True))
+    assert (out / "manifest.json").read_text() != first
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
@@ -264,7 +272,7 @@ def test_cli_prepare_inspect_and_checksum_mismatch(bad_dir, tmp_path, capsys):
     assert "prepared" in capsys.readouterr().out
     with pytest.raises(SystemExit) as e:
         main(args)
-    assert e.value.code == 1 and "already exists" in capsys.readouterr().err
+    assert e.value.code == 1 and "already holds a prepared corpus" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(["inspect", str(out)])
     text = capsys.readouterr().out

@@ -122,7 +122,7 @@ def test_to_hf_without_tokenizer_says_so(tmp_path: Path, capsys) -> None:
     save_checkpoint(tmp_path / "ck", model, None)
     assert run_cli("convert", "--to", "hf", str(tmp_path / "ck"), "--out", str(tmp_path / "hf")) == 0
     assert "no tokenizer" in capsys.readouterr().err
-    assert {p.name for p in (tmp_path / "hf").iterdir()} == {"config.json", "model.safetensors"}
+    assert {p.name for p in (tmp_path / "hf").iterdir()} == {"config.json", "model.safetensors", ".gpt1-output"}
     OpenAIGPTLMHeadModel.from_pretrained(tmp_path / "hf")
 
 
@@ -192,10 +192,12 @@ def test_cli_errors(tmp_path: Path, capsys) -> None:
         return capsys.readouterr().err
 
     out = str(tmp_path / "out")
-    assert "exactly one of --from" in err("convert", str(tmp_path), "--out", out)
-    assert "expected one of" in err("convert", "--from", "onnx", str(tmp_path), "--out", out)
-    assert "no config.json" in err("convert", "--from", "hf", str(tmp_path), "--out", out)
-    assert "no params_shapes.json" in err("convert", "--from", "openai", str(tmp_path), "--out", out)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "exactly one of --from" in err("convert", str(empty), "--out", out)
+    assert "expected one of" in err("convert", "--from", "onnx", str(empty), "--out", out)
+    assert "no config.json" in err("convert", "--from", "hf", str(empty), "--out", out)
+    assert "no params_shapes.json" in err("convert", "--from", "openai", str(empty), "--out", out)
     assert "not a directory" in err("convert", "--from", "hf", str(tmp_path / "missing" / "x.bin"), "--out", out)
     assert "checkpoint not found" in err("convert", "--to", "hf", str(tmp_path / "nope"), "--out", out)
     # A release with a shard missing.
@@ -206,8 +208,10 @@ def test_cli_errors(tmp_path: Path, capsys) -> None:
     # An HF directory without weights; and --out is never clobbered silently.
     hf_model(tok.vocab_size).config.save_pretrained(tmp_path / "hf")
     assert "no model.safetensors or pytorch_model.bin" in err("convert", "--from", "hf", str(tmp_path / "hf"), "--out", out)
-    assert "already exists" in err("convert", "--from", "hf", str(tmp_path / "hf"), "--out", str(tmp_path))
-    assert not (tmp_path / "out").exists()
+    hf = str(tmp_path / "hf")
+    assert "contains the input" in err("convert", "--from", "hf", hf, "--out", str(tmp_path), "--overwrite")
+    assert "not something gpt1 wrote" in err("convert", "--from", "hf", hf, "--out", str(tmp_path / "rel"), "--overwrite")
+    assert not (tmp_path / "out").exists() and (tmp_path / "rel" / "params_0.npy").exists()
 
 
 def test_hub_id_offline_message(tmp_path: Path, monkeypatch, capsys) -> None:

@@ -237,26 +237,58 @@ def test_run_reports_each_stage_through_progress(run):
 
 
 def test_run_refuses_to_clobber(run, tmp_path):
-    from gptcli.pipelines.quickstart import _prepare_out
+    from gptcli.outputs import mark
+    from gptcli.pipelines.quickstart import _replacing, check_out
 
     out = run[0]
+    assert (out / ".gpt1-output").is_file()  # marked as a quickstart
     with pytest.raises(GPT1Error, match="not empty; pass --overwrite"):
-        _prepare_out(QuickstartConfig(out=out))
+        check_out(QuickstartConfig(out=out))
+    assert check_out(QuickstartConfig(out=out, overwrite=True)) == out
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
     (foreign / "summary.json").write_text("{}")
+    (foreign / ".git").mkdir()  # hidden entries are the user's too
     with pytest.raises(GPT1Error, match="did not write"):
-        _prepare_out(QuickstartConfig(out=foreign, overwrite=True))
-    assert (foreign / "notes.txt").read_text() == "keep me" and (foreign / "summary.json").exists()
+        check_out(QuickstartConfig(out=foreign, overwrite=True))
+    (foreign / "notes.txt").unlink()
+    with pytest.raises(GPT1Error, match=r"did not write \(\.git\)"):
+        check_out(QuickstartConfig(out=foreign, overwrite=True))
+    assert (foreign / "summary.json").exists() and (foreign / ".git").is_dir()
+    # Only quickstart's names but no marker (and not a complete quickstart): not recognisably gpt1's.
     own = tmp_path / "own"
     own.mkdir()
     for name in OUTPUTS[:3]:
         (own / name).mkdir()
         (own / name / "x").write_text("old")
     (own / ".corpus.partial-1").mkdir()
-    _prepare_out(QuickstartConfig(out=own, overwrite=True))
-    assert list(own.iterdir()) == []
+    with pytest.raises(GPT1Error, match="not something gpt1 wrote"):
+        check_out(QuickstartConfig(out=own, overwrite=True))
+    mark(own, "quickstart")  # an interrupted quickstart: marked when it started
+    check_out(QuickstartConfig(out=own, overwrite=True))
+    with _replacing(own):
+        assert sorted(p.name for p in own.iterdir() if not p.name.startswith(".quickstart-old-")) == [".gpt1-output"]
+    assert [p.name for p in own.iterdir()] == [".gpt1-output"]
+
+
+def test_a_failed_run_puts_the_earlier_quickstart_back(tmp_path):
+    from gptcli.outputs import kind_of, mark
+    from gptcli.pipelines.quickstart import _replacing
+
+    own = tmp_path / "own"
+    own.mkdir()
+    mark(own, "quickstart")
+    (own / "summary.json").write_text("old summary")
+    (own / "corpus").mkdir()
+    (own / "corpus" / "manifest.json").write_text("old manifest")
+    with pytest.raises(KeyboardInterrupt), _replacing(own):
+        (own / "text").mkdir()
+        (own / "summary.json").write_text("new, half-written")
+        raise KeyboardInterrupt
+    assert sorted(p.name for p in own.iterdir()) == [".gpt1-output", "corpus", "summary.json"]
+    assert (own / "summary.json").read_text() == "old summary"
+    assert (own / "corpus" / "manifest.json").read_text() == "old manifest" and kind_of(own) == "quickstart"
 
 
 def test_bad_budget_is_a_user_error(tmp_path):
