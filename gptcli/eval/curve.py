@@ -149,7 +149,7 @@ def run_curve(config: ZeroShotConfig, checkpoints: Sequence[str | Path], *, sota
 
 def _score_checkpoint(run: _Run, path: Path, report: Progress) -> None:
     """Every task at one checkpoint: a point of the curve, and its results written under ``<out>/<name>/``."""
-    model, tokenizer, ck = open_model(path, run.config.device)
+    model, tokenizer, ck = open_model(path, run.config.device, run.config.verify)
     report.stage(f"checkpoint {ck.path.name}")
     summary = ""
     try:
