@@ -15,7 +15,7 @@ COMMAND_SETTINGS = {"help": "Fine-tune a pretrained checkpoint on one of the pap
 OPTIONS = Options(
     FinetuneConfig,
     panels={
-        "Input": ("task", "init", "tokenizer", "model"),
+        "Input": ("task", "init", "verify", "tokenizer", "model"),
         "Model": ("n_ctx", "clf_pdrop", "transfer_layers"),
         "Data": ("data_dir", "train_split", "max_train_examples", "skip_bad_rows"),
         "Optimisation": ("lr", "batch_size", "micro_batch_size", "lm_weight", "weight_decay", "decay", "grad_clip",

@@ -20,7 +20,7 @@ OPTIONS = Options(
     GenerateConfig,
     # "Sampling" is this command's own panel (not in options.PANELS, so it is listed after the shared ones).
     panels={
-        "Input": ("checkpoint", "prompt"),
+        "Input": ("checkpoint", "prompt", "verify"),
         "Sampling": ("max_new_tokens", "greedy", "temperature", "top_k", "top_p", "seed"),
         "Runtime": ("device", "use_cache"),
     },

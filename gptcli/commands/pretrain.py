@@ -14,6 +14,8 @@ from gptcli.commands.render import RichProgress, stderr_console
 from gptcli.config import save_config
 from gptcli.errors import GPT1Error
 from gptcli.model.gpt import ModelConfig
+from gptcli.outputs import check_output
+from gptcli.progress import Progress
 from gptcli.train.distributed import LaunchConfig, LaunchSpec
 from gptcli.train.pretrain import CONFIG_FILE, PretrainConfig
 
@@ -54,6 +56,10 @@ def run(p: Parsed) -> None:
 
     resume = p.given.get("resume", False)
     out = p.given.get("out")
+    if resume and out is not None:
+        # Before its config.toml is read as this run's settings: it may be a fine-tuning run's, or not gpt1's.
+        data = [Path(p.given["data"])] if "data" in p.given else []
+        check_output(Path(out), "pretrain-run", overwrite=True, inputs=data)
     base = p.base(out / CONFIG_FILE if resume and out is not None else None)
     if p.cli["dropout"] is not None:
         d = p.cli["dropout"]
@@ -71,7 +77,7 @@ def run(p: Parsed) -> None:
         return
     # A plain process, or one worker of a job (ours, torchrun's or SLURM's): join it, train, leave.
     parallel = join(cfg.device)
-    progress = RichProgress(console) if not p.cli["quiet"] and parallel.is_main else None
+    progress = (WarningsOnly(console) if p.cli["quiet"] else RichProgress(console)) if parallel.is_main else None
     result = pretrain(cfg, parallel=parallel, progress=progress)
     if not parallel.is_main:
         leave(parallel, 130 if result.stopped_by else 0)
@@ -90,18 +96,37 @@ def run(p: Parsed) -> None:
 command = OPTIONS.command(run)
 
 
+class WarningsOnly(Progress):
+    """--quiet: no display, but a warning (a damaged checkpoint skipped on resume) is still printed."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+
+    def note(self, message: str, *, level: str = "info") -> None:
+        if level == "warn":
+            self.console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+
+
 def _launch(cfg: PretrainConfig, spec: LaunchSpec, quiet: bool, console: Any) -> None:
     """Start the workers of a --gpus/--procs run here; each re-runs `gpt1 pretrain` on the resolved config."""
-    from gptcli.checkpoint import resolve_checkpoint
+    from gptcli.checkpoint import newest_intact, resolve_checkpoint
     from gptcli.train.distributed import launch
-    from gptcli.train.pretrain import check_launch, open_training_corpus
+    from gptcli.train.pretrain import check_launch, check_settings, has_checkpoints, open_training_corpus
 
     world = spec.nproc_per_node * spec.nnodes
+    check_settings(cfg)
     check_launch(cfg, world)
+    check_output(Path(cfg.out), "pretrain-run", overwrite=True, inputs=[Path(cfg.data)])
     # Check the shards once here rather than in every worker (they would all read the whole corpus).
+    damaged = False
     if cfg.verify_data:
         open_training_corpus(cfg)
-    worker_cfg = dataclasses.replace(cfg, device="cuda" if spec.use_cuda else "cpu", verify_data=False, resume=False)
+        if cfg.resume and has_checkpoints(cfg.out):
+            damaged = bool(newest_intact(cfg.out)[1])
+    # Unverifying workers would resume from the newest checkpoint: when it is damaged they verify again (shards
+    # included) so that each skips it, with the warning, and continues from the same intact one.
+    worker_cfg = dataclasses.replace(cfg, device="cuda" if spec.use_cuda else "cpu", verify_data=damaged,
+                                     resume=False)
     with tempfile.TemporaryDirectory(prefix="gpt1-launch-") as tmp:
         path = Path(tmp) / "pretrain.toml"
         save_config(worker_cfg, path)

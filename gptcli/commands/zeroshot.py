@@ -20,7 +20,7 @@ COMMAND_SETTINGS = {"help": "Zero-shot heuristics of the paper (SST-2, CoLA, RAC
 OPTIONS = Options(
     ZeroShotConfig,
     panels={
-        "Input": ("task", "data_dir"),
+        "Input": ("task", "data_dir", "verify"),
         "Evaluation": ("threshold", "limit"),
         "Runtime": ("batch_size", "precision", "device"),
         "Output": ("out",),

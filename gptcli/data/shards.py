@@ -202,6 +202,36 @@ class Corpus:
         """What the manifest says about this corpus (splits, tokenizer, inputs), for display."""
         return summarize(self.manifest)
 
+    def tokenizer_fingerprint(self) -> str | None:
+        """What identifies this corpus's tokenizer (see :func:`tokenizer_fingerprint`)."""
+        return tokenizer_fingerprint(self.dir / "tokenizer")
+
+    def fingerprint(self) -> str:
+        """sha256 over the manifest's shard list (split, file, checksum) in order: two corpora with the same
+        fingerprint hold the same token ids in the same shards, wherever they are."""
+        rows = [[e.get("split"), e.get("file"), e.get("sha256")] for e in self.manifest["shards"]]
+        return hashlib.sha256(json.dumps(rows).encode("utf-8")).hexdigest()
+
+    def max_token_ids(self, split: str) -> list[tuple[Path, int]]:
+        """(shard, its largest id; -1 when empty) for every shard of ``split``: one vectorised max per
+        memory-mapped shard (a read of the split, far cheaper than its sha256), computed once per corpus."""
+        cache = self.__dict__.setdefault("_max_ids", {})
+        if split not in cache:
+            cache[split] = [(s.path, int(s.tokens.max()) if len(s.tokens) else -1) for s in self.shards(split)]
+        return cache[split]
+
+    def check_token_ids(self, split: str, limit: int) -> None:
+        """Raise a one-line GPT1Error if a shard of ``split`` holds an id ≥ ``limit`` (the model's vocabulary): a
+        damaged shard loaded with --no-verify, or one written with another tokenizer, would otherwise surface as
+        an IndexError deep inside the model."""
+        for path, top in self.max_token_ids(split):
+            if top >= limit:
+                raise GPT1Error(
+                    f"{path}: holds token id {top}, outside the vocabulary of {limit} ids "
+                    "(the shard is damaged or was written with another tokenizer: check it with `gpt1 inspect`, "
+                    "or prepare the corpus again)"
+                )
+
     def verify(self) -> list[str]:
         """Check every shard's sha256 against the manifest; returns the problems found (empty = all good)."""
         problems = []
@@ -272,6 +302,33 @@ def summarize(manifest: dict[str, Any]) -> CorpusSummary:
         workers=settings.get("workers", "?"),
         warnings=len(manifest.get("warnings", [])),
     )
+
+
+# tokenizer.json keys that describe a tokenizer in words and do not change a single id.
+_DESCRIPTIVE_KEYS = ("pipeline",)
+
+
+def tokenizer_fingerprint(directory: str | Path) -> str | None:
+    """sha256 identifying a saved tokenizer by what it does: the settings in its ``tokenizer.json`` (less the
+    free-text description) and the content of its other files (for a learned tokenizer, the manifest's
+    ``model_sha256`` file). Two tokenizers of the same vocabulary size but learned from different text differ
+    here. None when ``directory`` holds no tokenizer.
+
+    Tokenizers are written by their ``save`` alone, so a corpus's tokenizer and the copy inside every checkpoint
+    trained on it have the same fingerprint."""
+    d = Path(directory)
+    meta_path = d / "tokenizer.json"
+    if not meta_path.is_file():
+        return None
+    try:
+        meta: Any = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        meta = sha256_file(meta_path)  # unreadable here, and load_tokenizer will say so: compare the bytes
+    if isinstance(meta, dict):
+        meta = {k: v for k, v in meta.items() if k not in _DESCRIPTIVE_KEYS}
+    files = {p.relative_to(d).as_posix(): sha256_file(p) for p in sorted(d.rglob("*"))
+             if p.is_file() and p != meta_path}
+    return hashlib.sha256(json.dumps({"meta": meta, "files": files}, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 def open_corpus(directory: str | Path) -> Corpus:

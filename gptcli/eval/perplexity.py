@@ -20,8 +20,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch
 
-from gptcli.checkpoint import load_checkpoint
-from gptcli.data.shards import open_corpus
+from gptcli.checkpoint import TOKENIZER, load_checkpoint, read_header, resolve_checkpoint, verify_checkpoint
+from gptcli.data.shards import open_corpus, tokenizer_fingerprint
 from gptcli.errors import GPT1Error
 from gptcli.model.losses import IGNORE, next_token_nll
 from gptcli.progress import SILENT, Progress, staged
@@ -155,7 +155,9 @@ def corpus_perplexity(
     progress: Progress | None = None,
 ) -> list[CheckpointPerplexity]:
     """Loss and perplexity of each checkpoint on ``split`` of the prepared corpus ``data`` (windows of
-    ``seq_len``, default and at most each model's context). ``verify`` checks the shard checksums first."""
+    ``seq_len``, default and at most each model's context). ``verify`` checks the shard checksums and each
+    checkpoint's file checksums first. A checkpoint trained with another tokenizer than the corpus's is refused:
+    its perplexity on these ids would mean nothing."""
     report = progress or SILENT
     corpus = open_corpus(data)
     if verify:
@@ -166,15 +168,19 @@ def corpus_perplexity(
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
     vocab = _corpus_vocab(corpus)
+    paths = [resolve_checkpoint(c) for c in checkpoints]
+    for path in paths:  # every checkpoint before any is scored: a refusal comes first, and alone
+        _check_checkpoint(path, corpus, verify)
     rows = []
-    with staged(report, f"perplexity on {split}", len(checkpoints), unit="checkpoints"):
-        for path in checkpoints:
-            ck = load_checkpoint(path, map_location=dev, load_tokenizer=False)
+    with staged(report, f"perplexity on {split}", len(paths), unit="checkpoints"):
+        for path in paths:
+            ck = load_checkpoint(path, map_location=dev, load_tokenizer=False, verify=False)  # verified above
             if vocab is not None and vocab > ck.config.total_vocab:
                 raise GPT1Error(
                     f"{ck.path}: model vocabulary ({ck.config.total_vocab}) is smaller than the corpus's ({vocab}); "
                     "was the corpus prepared with another tokenizer?"
                 )
+            corpus.check_token_ids(split, ck.config.total_vocab)
             n = min(seq_len or ck.config.n_ctx, ck.config.n_ctx)
             res = evaluate_lm(ck.model, arrays, n, batch_size, device=dev, precision=prec, max_batches=max_batches)
             step = ck.meta.get("step")
@@ -182,6 +188,21 @@ def corpus_perplexity(
                                              res.tokens))
             report.advance(1, loss=res.loss)
     return rows
+
+
+def _check_checkpoint(checkpoint: Path, corpus: Any, verify: bool) -> None:
+    """Refuse a checkpoint with an unreadable header, one whose tokenizer is not the corpus's (when both have one
+    to compare), and (``verify``) one whose files do not match their checksums."""
+    read_header(checkpoint)
+    mine, theirs = tokenizer_fingerprint(checkpoint / TOKENIZER), corpus.tokenizer_fingerprint()
+    if mine is not None and theirs is not None and mine != theirs:
+        raise GPT1Error(
+            f"{checkpoint} was trained with another tokenizer than the corpus {corpus.dir} "
+            f"({checkpoint / TOKENIZER} differs from {corpus.dir / 'tokenizer'}; a perplexity over another "
+            f"tokenizer's ids means nothing: evaluate on a corpus prepared with --tokenizer {checkpoint / TOKENIZER})")
+    problems = verify_checkpoint(checkpoint) if verify else []
+    if problems:
+        raise GPT1Error(f"{problems[0]} (use another checkpoint, or pass --no-verify to load it anyway)")
 
 
 def _corpus_vocab(corpus: Any) -> int | None:

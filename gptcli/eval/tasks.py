@@ -74,7 +74,7 @@ class EvalConfig:
     max_batches: int | None = None
     """Perplexity on only the first N batches."""
     verify: bool = True
-    """Check the corpus's shard checksums before computing perplexity."""
+    """Check each checkpoint's files (and with --data the corpus's shards) against their checksums first."""
 
 
 def submission_name(task: Any) -> str:
@@ -129,9 +129,11 @@ def trained_task(checkpoint: str | Path) -> str:
     return str(header.meta["task"])
 
 
-def load_finetuned(checkpoint: str | Path, device: Any = "cpu") -> tuple[Checkpoint, FinetuneModel, Any]:
-    """(checkpoint, FinetuneModel on ``device`` in eval mode, tokenizer) of a fine-tuned checkpoint."""
-    ck = load_checkpoint(checkpoint)
+def load_finetuned(checkpoint: str | Path, device: Any = "cpu", *, verify: bool = True
+                   ) -> tuple[Checkpoint, FinetuneModel, Any]:
+    """(checkpoint, FinetuneModel on ``device`` in eval mode, tokenizer) of a fine-tuned checkpoint; ``verify``
+    checks its files against their checksums first."""
+    ck = load_checkpoint(checkpoint, verify=verify)
     if ck.kind != "finetuned" or "head" not in ck.meta:
         raise GPT1Error(f"{ck.path}: not a fine-tuned checkpoint (kind {ck.kind!r}); run `gpt1 finetune --task ...` first")
     if ck.tokenizer is None:
@@ -170,14 +172,16 @@ def evaluate_task(
     skip_bad_rows: bool = False,
     max_examples: int | None = None,
     seed: int = 0,
+    verify: bool = True,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Score ``checkpoint`` on ``split`` of a task (default: the task it was fine-tuned on); returns results.json
-    (plus ``out_dir``). ``progress`` sees one stage sized in examples."""
+    (plus ``out_dir``). ``verify`` checks the checkpoint's files first. ``progress`` sees one stage sized in
+    examples."""
     report = progress or SILENT
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
-    ck, model, tok = load_finetuned(checkpoint, dev)
+    ck, model, tok = load_finetuned(checkpoint, dev, verify=verify)
     task = _scorable_task(task_name, ck)
     opts = ReadOptions(skip_bad_rows=skip_bad_rows)
     examples = subsample(task.read(split, data_dir, opts), max_examples, seed)
@@ -326,7 +330,8 @@ def evaluate_tasks(config: EvalConfig, progress: Progress | None = None) -> list
     for (path, label, name), target in zip(jobs, targets):
         r = evaluate_task(name, path, split, data_dir=config.data_dir, out=target, batch_size=config.batch_size,
                           device=config.device, precision=config.precision, skip_bad_rows=config.skip_bad_rows,
-                          max_examples=config.max_examples, progress=progress)
+                          max_examples=config.max_examples, verify=config.verify,
+                          progress=progress)
         r["run"] = label
         results.append(r)
     return results

@@ -74,6 +74,8 @@ class ZeroShotConfig:
     """``auto`` (bf16 autocast on CUDA and on CPUs with native bf16, else fp32), ``fp32``, ``bf16`` or ``fp16``."""
     device: str = "auto"
     """``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1``…"""
+    verify: bool = True
+    """Check each checkpoint's files against their checksums before scoring (--no-verify skips it)."""
 
 
 @dataclass
@@ -450,12 +452,13 @@ def run_task(task: str, model, tokenizer, config: ZeroShotConfig, *, root: bool 
 # --- one checkpoint, every task ----------------------------------------------------------------------------------
 
 
-def open_model(checkpoint: str | Path, device: str = "auto"):
-    """``(model, tokenizer, checkpoint)`` ready for scoring on ``device``."""
+def open_model(checkpoint: str | Path, device: str = "auto", verify: bool = True):
+    """``(model, tokenizer, checkpoint)`` ready for scoring on ``device``; ``verify`` checks the checkpoint's files
+    against their checksums first."""
     from gptcli.checkpoint import load_checkpoint
     from gptcli.runtime import resolve_device
 
-    ck = load_checkpoint(checkpoint)
+    ck = load_checkpoint(checkpoint, verify=verify)
     if ck.tokenizer is None:
         raise GPT1Error(f"{ck.path}: checkpoint has no tokenizer/ directory; zero-shot scoring needs the tokenizer it was trained with")
     model = ck.model.to(resolve_device(device)).eval()
@@ -566,7 +569,7 @@ def zeroshot(config: ZeroShotConfig, progress: Progress | None = None) -> tuple[
     if not config.checkpoint:
         raise GPT1Error("no checkpoint given (--checkpoint DIR: a checkpoint or a run directory)")
     check_out(config, [config.checkpoint])
-    model, tokenizer, ck = open_model(config.checkpoint, config.device)
+    model, tokenizer, ck = open_model(config.checkpoint, config.device, config.verify)
     results, skipped = evaluate(model, tokenizer, config, progress)
     meta = {"checkpoint": str(ck.path), "step": ck.meta.get("step"), "config": to_dict(config)}
     if config.out:

@@ -64,6 +64,8 @@ class GenerateConfig(SamplingConfig):
     """Text to continue (cleaned and tokenized like training text)."""
     device: str = "auto"
     """cpu, cuda, cuda:N or auto (cuda when available)."""
+    verify: bool = True
+    """Check the checkpoint's files against their checksums before loading it (--no-verify skips it)."""
 
 
 def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:

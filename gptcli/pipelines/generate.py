@@ -75,7 +75,7 @@ def start_generation(cfg: GenerateConfig, progress: Progress | None = None) -> G
     except ValueError as e:
         raise GPT1Error(str(e)) from None
     device = resolve_device(cfg.device)
-    ckpt = load_checkpoint(cfg.checkpoint, map_location=device)
+    ckpt = load_checkpoint(cfg.checkpoint, map_location=device, verify=cfg.verify)
     tok = ckpt.tokenizer
     if tok is None:
         raise GPT1Error(f"{ckpt.path}: the checkpoint has no tokenizer/ directory; cannot turn the prompt into ids")

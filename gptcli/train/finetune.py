@@ -73,6 +73,8 @@ class FinetuneConfig:
     """Registry name of the task (``gpt1 finetune --list-tasks``)."""
     init: str = ""
     """Pretrained checkpoint (or run directory) to start from, or ``none`` for a randomly initialised model."""
+    verify: bool = True
+    """Check the ``init`` checkpoint's files against their checksums before loading it (--no-verify skips it)."""
     out: str = "runs/finetune"
     """Run directory: metrics.jsonl, config.toml, results.json, checkpoints/final (never the --init run itself)."""
     tokenizer: str | None = None
@@ -321,7 +323,7 @@ def build_body(config: FinetuneConfig) -> tuple[GPT, Any, dict[str, Any]]:
     else:
         if not config.init:
             raise GPT1Error("no checkpoint to fine-tune: pass --init CHECKPOINT (or --init none for no pretraining)")
-        ck = load_checkpoint(config.init)
+        ck = load_checkpoint(config.init, verify=config.verify)
         gpt = ck.model
         tok = ck.tokenizer
         if config.tokenizer:

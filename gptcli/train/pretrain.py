@@ -28,13 +28,14 @@ import numpy as np
 import torch
 
 from gptcli import checkpoint as ckpt
-from gptcli.config import from_dict, load_file, save_config
-from gptcli.data.shards import Corpus, open_corpus
+from gptcli.config import from_dict, load_file, save_config, to_dict
+from gptcli.data.shards import Corpus, open_corpus, tokenizer_fingerprint
 from gptcli.data.windows import WindowSampler
 from gptcli.errors import GPT1Error
 from gptcli.eval.perplexity import evaluate_lm
 from gptcli.model.gpt import GPT, ModelConfig, preset
 from gptcli.model.losses import next_token_nll
+from gptcli.outputs import MARKER, check_output, mark
 from gptcli.progress import SILENT, Progress
 from gptcli.runtime import Precision, configure_backends, peak_flops, resolve_device, resolve_precision
 from gptcli.train.optim import lr_at, make_optimizer
@@ -51,6 +52,22 @@ from gptcli.train.trainer import (
 )
 
 CONFIG_FILE = "config.toml"
+
+# What --resume compares (see check_resume). A resumed run keeps the settings that define what its updates, steps and
+# tokens are: the corpus and its tokenizer and the model's shape (compared by content, not by path or preset name),
+# and these. weight_decay, beta1, beta2 and eps also live in the saved optimizer state, which would silently win
+# over a new value. A resume that changes one of them is refused, naming each.
+RUN_DEFINING = ("seq_len", "batch_size", "seed", "decay", "weight_decay", "beta1", "beta2", "eps")
+# ModelConfig fields a resume may change: dropout is regularisation, not shape.
+ADJUSTABLE_MODEL = ("embd_pdrop", "attn_pdrop", "resid_pdrop")
+# Settings a resume may change, each noted when it does: the run's length (train longer, or stop sooner; the
+# schedule is recomputed over the new total), the learning-rate recipe and clipping (lower --lr after a loss spike),
+# the micro-batch (gradient accumulation sums the same mean gradient in another order: last-bit differences only;
+# changing the number of processes does the same), and what validation reads. Every other setting — the cadences
+# (log/eval/save_every, keep_last), tensorboard, device, precision, compile, peak_flops, verify_data — changes how
+# the run is computed or watched, not what it computes, and is taken silently.
+ADJUSTABLE = ("epochs", "max_steps", "max_tokens", "lr", "warmup_steps", "schedule", "grad_clip", "micro_batch_size",
+              "val_split", "eval_batches")
 
 
 @dataclass
@@ -75,7 +92,7 @@ class PretrainConfig:
     epochs: float = 100.0
     """Passes over the training windows (paper: 100). The run stops at the first of epochs/max_steps/max_tokens."""
     max_steps: int | None = None
-    """Cap on optimizer updates (unset: no cap)."""
+    """Cap on optimizer updates, at least 1 (unset: no cap)."""
     max_tokens: int | None = None
     """Cap on training tokens, counted as updates × batch_size × seq_len (unset: no cap)."""
     lr: float = 2.5e-4
@@ -119,9 +136,12 @@ class PretrainConfig:
     tensorboard: bool = False
     """Also write TensorBoard events to RUN/tensorboard (needs the tensorboard package)."""
     resume: bool = False
-    """Continue from the newest complete checkpoint in RUN/checkpoints (fresh start if there is none)."""
+    """Continue from the newest intact checkpoint in RUN/checkpoints (fresh start if there is none). The data,
+    the model's shape, seq_len, batch_size, seed and the optimizer's decay/β/ε must stay as they were; the run's
+    length, the learning-rate recipe and how it is watched may change."""
     verify_data: bool = True
-    """Check every shard's sha256 against the manifest before training."""
+    """Check every shard's sha256 against the manifest, and a resumed checkpoint's files against its own
+    checksums (skipping damaged newer checkpoints), before training."""
     peak_flops: float | None = None
     """Peak FLOP/s for MFU; default: a table for known GPUs, a quick measured matmul peak on CPU."""
 
@@ -153,6 +173,37 @@ class PretrainResult:
     """Signal name when the run was interrupted (it saved a checkpoint and can be resumed)."""
     last_checkpoint: Path | None = None
     """The newest checkpoint this process knows of (on ranks > 0: the one it resumed from, if any)."""
+
+
+def check_settings(config: PretrainConfig) -> None:
+    """Refuse impossible numbers with a one-line error, before anything is read or written. ``max_steps = 0`` is
+    refused, not run as one update (or none): a run of no updates has nothing to save."""
+    checks = [
+        ("lr", config.lr > 0, "a positive number"),
+        ("warmup_steps", config.warmup_steps >= 0, "0 or more"),
+        ("micro_batch_size", config.micro_batch_size is None or config.micro_batch_size >= 1,
+         "at least 1 (leave it unset for the whole batch at once)"),
+        ("epochs", config.epochs > 0, "a positive number"),
+        ("max_steps", config.max_steps is None or config.max_steps >= 1, "at least 1 (leave it unset for no cap)"),
+        ("max_tokens", config.max_tokens is None or config.max_tokens >= 1, "at least 1 (leave it unset for no cap)"),
+        ("weight_decay", config.weight_decay >= 0, "0 or more"),
+        ("beta1", 0 <= config.beta1 < 1, "in [0, 1)"),
+        ("beta2", 0 <= config.beta2 < 1, "in [0, 1)"),
+        ("eps", config.eps > 0, "a positive number"),
+        ("grad_clip", config.grad_clip >= 0, "0 (off) or more"),
+        ("seed", config.seed >= 0, "0 or more"),
+        ("eval_batches", config.eval_batches is None or config.eval_batches >= 1, "at least 1 (unset: all)"),
+        ("peak_flops", config.peak_flops is None or config.peak_flops > 0, "a positive number (unset: measured)"),
+    ]
+    checks += [(k, getattr(config, k) >= 0, "0 or more") for k in ("eval_every", "save_every", "keep_last", "log_every")]
+    for key in ADJUSTABLE_MODEL:
+        if key in config.model and isinstance(config.model[key], (int, float)):
+            checks.append((key, 0 <= config.model[key] < 1, "a probability in [0, 1)"))
+    for key, ok, want in checks:
+        value = getattr(config, key, config.model.get(key))
+        # NaN fails every comparison above; infinities are caught here.
+        if not ok or (isinstance(value, float) and not math.isfinite(value)):
+            raise GPT1Error(f"--{key.replace('_', '-')} {value} is impossible (it must be {want})")
 
 
 def plan_steps(config: PretrainConfig, steps_per_epoch: int) -> int:
@@ -201,17 +252,25 @@ def build_model_config(config: PretrainConfig, vocab_size: int) -> ModelConfig:
         raise GPT1Error(str(e)) from None
     if config.seq_len > mcfg.n_ctx:
         raise GPT1Error(f"--seq-len {config.seq_len} exceeds the model context n_ctx={mcfg.n_ctx}")
+    for key in ("n_ctx", "n_embd", "n_layer", "n_head", "n_inner"):
+        if getattr(mcfg, key) < 1:
+            raise GPT1Error(f"--{key.replace('_', '-')} {getattr(mcfg, key)} is impossible (it must be at least 1)")
     return mcfg
 
 
 def open_training_corpus(config: PretrainConfig) -> Corpus:
     """The prepared corpus, with every shard checked against its manifest checksum unless ``verify_data`` is off."""
     corpus = open_corpus(config.data)
+    verify_corpus(corpus, config)
+    return corpus
+
+
+def verify_corpus(corpus: Corpus, config: PretrainConfig) -> None:
+    """Every shard against its manifest checksum (unless ``verify_data`` is off)."""
     if config.verify_data:
         problems = corpus.verify()
         if problems:
             raise GPT1Error(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
-    return corpus
 
 
 def pretrain(
@@ -232,7 +291,7 @@ def pretrain(
     """
     par = parallel or Parallel()
     report = (progress or SILENT) if par.is_main else SILENT
-    run = _start(_plan(config, par))
+    run = _start(_plan(config, par, report))
     report.stage("pretrain", run.plan.total_steps, unit="updates", done=run.step)
     try:
         with GracefulStop(escalate=par.world_size == 1) as stop:
@@ -265,8 +324,8 @@ class RunPlan:
     """The validation split actually used (``val_split``, else a common name); None = no validation."""
     val_arrays: list[np.ndarray] | None
     total_steps: int
-    has_checkpoints: bool
-    """RUN/checkpoints holds a complete checkpoint (continued with ``resume``, refused without it)."""
+    resume_from: Path | None
+    """The checkpoint a resumed run continues from (the newest intact one; None: a fresh start)."""
 
     @property
     def run_dir(self) -> Path:
@@ -309,26 +368,106 @@ class TrainingRun:
     """The step of the last ``advance`` reported."""
 
 
-def _plan(config: PretrainConfig, par: Parallel) -> RunPlan:
-    """Check the settings, pick device and precision, open the corpus and count the updates."""
+def _plan(config: PretrainConfig, par: Parallel, report: Progress) -> RunPlan:
+    """Check the settings and the run directory, pick device and precision, open the corpus, choose the checkpoint
+    to resume from, and count the updates. Nothing is written yet: every refusal leaves the run as it was."""
+    check_settings(config)
     check_launch(config, par.world_size)
+    # A run directory belongs to one pretraining run: never a fine-tuning run, a corpus or a folder of notes.
+    check_output(Path(config.out), "pretrain-run", overwrite=True, inputs=[Path(config.data)])
     device = resolve_device(config.device)
     precision = resolve_precision(config.precision, device)
     configure_backends(device)
 
-    corpus = open_training_corpus(config)
+    corpus = open_corpus(config.data)
     mcfg = build_model_config(config, corpus.tokenizer.vocab_size)
+    # Before the shards are hashed: a resume onto another corpus is refused at once.
+    resume_from = _resume_point(config, corpus, mcfg, report) if has_checkpoints(config.out) else None
+    verify_corpus(corpus, config)
     train_arrays = corpus.arrays("train")
     val_name = next((s for s in (config.val_split, "val", "validation", "valid") if s in corpus.splits), None)
+    for split in ("train", val_name) if val_name is not None else ("train",):
+        corpus.check_token_ids(split, mcfg.total_vocab)
     val_arrays = corpus.arrays(val_name) if val_name is not None else None  # no split: no validation
     sampler = WindowSampler(train_arrays, config.seq_len, config.batch_size, config.seed, par.rank, par.world_size)
     total_steps = plan_steps(config, sampler.steps_per_epoch)
+    par.barrier()  # every rank has checked the run directory before rank 0 writes to it
+    return RunPlan(config, par, device, precision, corpus, mcfg, sampler, val_name, val_arrays, total_steps,
+                   resume_from)
 
-    ckpt_dir = Path(config.out) / "checkpoints"
-    existing = ckpt_dir.is_dir() and any(c.is_dir() and ckpt.is_checkpoint(c) for c in ckpt_dir.glob("step-*"))
-    if existing and not config.resume:
-        raise GPT1Error(f"{config.out}: already holds checkpoints; pass --resume to continue it or choose another --out")
-    return RunPlan(config, par, device, precision, corpus, mcfg, sampler, val_name, val_arrays, total_steps, existing)
+
+def has_checkpoints(out: str | Path) -> bool:
+    """Whether RUN/checkpoints holds a checkpoint (continued with ``resume``, refused without it)."""
+    ckpt_dir = Path(out) / "checkpoints"
+    return ckpt_dir.is_dir() and any(c.is_dir() and ckpt.is_checkpoint(c) for c in ckpt_dir.glob("step-*"))
+
+
+def _resume_point(config: PretrainConfig, corpus: Corpus, mcfg: ModelConfig, report: Progress) -> Path:
+    """The checkpoint to continue from: the newest whose files verify (each newer damaged one skipped with a warning
+    naming it and why), or with ``verify_data`` off simply the newest; refused when the run's settings changed."""
+    run_dir = Path(config.out)
+    if not config.resume:
+        raise GPT1Error(f"{run_dir}: already holds checkpoints (pass --resume to continue it or choose another --out)")
+    if not config.verify_data:
+        path = ckpt.resolve_checkpoint(run_dir)
+    else:
+        try:
+            path, skipped = ckpt.newest_intact(run_dir)
+        except GPT1Error as e:
+            raise GPT1Error(f"{e} (restore a checkpoint, or pass --no-verify to resume from the newest anyway)") from None
+        for bad, why in skipped:
+            report.note(f"skipping checkpoint {bad.name}: {why}; resuming from {path.name}", level="warn")
+    for note in check_resume(config, corpus, mcfg, path):
+        report.note(note)
+    return path
+
+
+def _saved_settings(header: ckpt.Header, run_dir: Path) -> dict[str, Any]:
+    """The settings the checkpoint was trained with: its own record, else (checkpoints written before they kept one)
+    the run's config.toml, else nothing."""
+    if isinstance(header.meta.get("pretrain_config"), dict):
+        return header.meta["pretrain_config"]
+    try:
+        return load_file(run_dir / CONFIG_FILE)
+    except GPT1Error:
+        return {}
+
+
+def check_resume(config: PretrainConfig, corpus: Corpus, mcfg: ModelConfig, path: Path) -> list[str]:
+    """Refuse a resume from checkpoint ``path`` that would change what the run is (another tokenizer or corpus,
+    another model shape, a changed :data:`RUN_DEFINING` setting), naming every change with its old and new value;
+    returns a note for each :data:`ADJUSTABLE` setting that changed."""
+    header = ckpt.read_header(path)
+    mine, theirs = corpus.tokenizer_fingerprint(), tokenizer_fingerprint(path / ckpt.TOKENIZER)
+    if mine is not None and theirs is not None and mine != theirs:
+        raise GPT1Error(
+            f"--data {config.data} was prepared with another tokenizer than the run {config.out} "
+            f"({corpus.dir / 'tokenizer'} differs from {path / ckpt.TOKENIZER}; resume on the run's own corpus, or "
+            f"start a new run with another --out)")
+    old = _saved_settings(header, Path(config.out))
+    changed, adjusted = [], []
+    saved_corpus = header.meta.get("corpus_sha256")
+    if saved_corpus is not None and saved_corpus != corpus.fingerprint():
+        same_place = "data" in old and Path(old["data"]).resolve() == Path(config.data).resolve()
+        changed.append(f"data {config.data} (its shards changed since the run started)" if same_place
+                       else f"data {old.get('data', '?')} → {config.data} (another corpus)")
+    elif saved_corpus is None and "data" in old and Path(old["data"]).resolve() != Path(config.data).resolve():
+        changed.append(f"data {old['data']} → {config.data}")
+    for key, was in header.model.items():
+        now = getattr(mcfg, key, was)
+        if now != was:
+            (adjusted if key in ADJUSTABLE_MODEL else changed).append(f"{key} {was} → {now}")
+    defaults = {f.name: f.default for f in dataclasses.fields(PretrainConfig)}
+    for key in RUN_DEFINING + ADJUSTABLE:
+        # A key missing from the saved settings was None (TOML has no null) or did not exist yet: its default.
+        was, now = old.get(key, defaults[key]), getattr(config, key)
+        if was != now:
+            (adjusted if key in ADJUSTABLE else changed).append(f"{key} {was} → {now}")
+    if changed:
+        raise GPT1Error(
+            f"{config.out}: cannot resume with changed settings: {', '.join(changed)} (these define the run: resume "
+            f"without changing them, or start a new run with another --out)")
+    return [f"resuming with changed settings: {', '.join(adjusted)}"] if adjusted else []
 
 
 def _start(plan: RunPlan) -> TrainingRun:
@@ -342,9 +481,8 @@ def _start(plan: RunPlan) -> TrainingRun:
     optimizer = make_optimizer(
         model, config.lr, config.weight_decay, (config.beta1, config.beta2), config.eps, config.decay
     )
-    step, resumed_from, state = 0, None, {}
-    if config.resume and plan.has_checkpoints:
-        resumed_from = ckpt.resolve_checkpoint(plan.run_dir)
+    step, resumed_from, state = 0, plan.resume_from, {}
+    if resumed_from is not None:
         state = _restore(resumed_from, model, optimizer, plan.sampler, plan.device)
         step = int(state["step"])
     trainer = _make_trainer(plan, model, optimizer, step)
@@ -377,6 +515,8 @@ def _open_run_dir(plan: RunPlan, step: int, resumed: bool) -> RunLogger:
     """(Rank 0) write config.toml, drop metrics past the resumed step (or a fresh run's old ones), open the log."""
     config, run_dir = plan.config, plan.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
+    if not (run_dir / MARKER).is_file():
+        mark(run_dir, "pretrain-run")
     save_config(dataclasses.replace(config, resume=False), run_dir / CONFIG_FILE)
     if resumed:
         truncate_metrics(run_dir / METRICS, step)
@@ -411,6 +551,7 @@ def _train(run: TrainingRun, stop: GracefulStop, report: Progress) -> str | None
         if par.any(stop.requested is not None):
             return stop.name or "signal"
         if every(run.step, config.save_every) and run.step < total:
+            _check_weights(run)
             if par.is_main:
                 run.last_ckpt = _save(run)
             par.barrier()
@@ -428,13 +569,49 @@ def _update(run: TrainingRun) -> StepResult:
     result = run.trainer.step(run.step, split_micro_batches(batch, plan.micro))
     run.meter.stop(plan.tokens_per_step)
     if not math.isfinite(result.loss):
-        where = f"the last good checkpoint is {run.last_ckpt}" if run.last_ckpt else "no checkpoint was saved yet"
-        raise NonFiniteLossError(
-            f"loss became {result.loss} at update {run.step + 1}; stopping ({where}; "
-            f"resume with --resume, perhaps with a lower --lr or --precision fp32)"
-        )
+        raise _diverged(run, f"loss became {result.loss} at update {run.step + 1}")
     run.step += 1
     return result
+
+
+def _diverged(run: TrainingRun, what: str) -> NonFiniteLossError:
+    """The error that stops a diverged run, naming the newest checkpoint saved before the divergence.
+
+    ``what`` happened at update ``run.step + 1`` (a loss) or to the weights after update ``run.step``: either way
+    those weights are suspect, and so is a checkpoint saved from them (step ``run.step``; resuming from it replays
+    the same batch on the same weights). The checkpoints of earlier steps gave finite losses; the newest of them is
+    named, with the later ones to move away first (``--resume`` takes the newest)."""
+    good, later = None, []
+    for c in ckpt.list_checkpoints(run.plan.run_dir) if has_checkpoints(run.plan.run_dir) else []:
+        if _step_of(c) < run.step:
+            good = c
+        else:
+            later.append(c.name)
+    advice = "perhaps with a lower --lr or --precision fp32"
+    if good is None:
+        where = f"no checkpoint was saved before the divergence; start a new run with another --out, {advice}"
+    else:
+        first = f"move away the later {', '.join(later)}, then " if later else ""
+        where = f"the newest checkpoint from before the divergence is {good}; to continue from it, {first}" \
+                f"resume with --resume, {advice}"
+    return NonFiniteLossError(f"{what}; stopping ({where})")
+
+
+def _step_of(c: Path) -> int:
+    """A checkpoint's step: its header's, or its directory name's when the header is unreadable."""
+    try:
+        return ckpt.read_header(c).step
+    except GPT1Error:
+        digits = c.name.rsplit("-", 1)[-1]
+        return int(digits) if digits.isdigit() else -1
+
+
+def _check_weights(run: TrainingRun) -> None:
+    """Stop before saving non-finite weights: such a checkpoint would be the one ``--resume`` picks, and saving it
+    would prune a good one. Every rank checks (their weights are the same) so that all of them stop together."""
+    finite = torch.stack([torch.isfinite(p).all() for p in run.model.parameters()]).all()
+    if not bool(finite):
+        raise _diverged(run, f"the weights became non-finite at update {run.step}")
 
 
 def _log_update(run: TrainingRun, result: StepResult, report: Progress) -> None:
@@ -500,7 +677,10 @@ def _save(run: TrainingRun) -> Path:
         run.model,
         plan.corpus.tokenizer,
         kind="lm",
-        meta={"step": at, "tokens": tokens, "stage": "pretrain", "seq_len": plan.config.seq_len},
+        meta={"step": at, "tokens": tokens, "stage": "pretrain", "seq_len": plan.config.seq_len,
+              # What check_resume compares a later --resume against.
+              "pretrain_config": to_dict(dataclasses.replace(plan.config, resume=False)),
+              "corpus_sha256": plan.corpus.fingerprint()},
         extra=lambda d: ckpt.write_training_state(d, run.optimizer, state, scaler=run.trainer.scaler),
     )
     ckpt.prune_checkpoints(plan.ckpt_dir, plan.config.keep_last)
@@ -510,6 +690,8 @@ def _save(run: TrainingRun) -> Path:
 def _save_final(run: TrainingRun) -> None:
     """Checkpoint where the run stopped unless the last periodic save already holds that step."""
     par = run.plan.par
+    if run.last_ckpt is None or run.last_ckpt.name != ckpt.step_dir_name(run.step):
+        _check_weights(run)
     if par.is_main and (run.last_ckpt is None or run.last_ckpt.name != ckpt.step_dir_name(run.step)):
         run.last_ckpt = _save(run)
     par.barrier()
@@ -532,8 +714,9 @@ def seed_rank_rng(seed: int, rank: int, step: int) -> None:
 def _restore(
     path: Path, model: GPT, optimizer: torch.optim.Optimizer, sampler: WindowSampler, device: torch.device
 ) -> dict[str, Any]:
-    """Load weights, optimizer, sampler and RNG state from a checkpoint; returns its training state (step, ...)."""
-    saved = ckpt.load_checkpoint(path, map_location=device, load_tokenizer=False)
+    """Load weights, optimizer, sampler and RNG state from a checkpoint; returns its training state (step, ...).
+    The files were verified when the checkpoint was chosen (:func:`_resume_point`), or --no-verify said not to."""
+    saved = ckpt.load_checkpoint(path, map_location=device, load_tokenizer=False, verify=False)
     try:
         model.load_state_dict(saved.model.state_dict(), strict=True)
     except RuntimeError as e:
@@ -542,7 +725,7 @@ def _restore(
             "resume with the run's own config.toml"
         ) from None
     del saved
-    doc, state_tensors = ckpt.read_training_state(path)
+    doc, state_tensors = ckpt.read_training_state(path, verify=False)
     ckpt.restore_training_state(doc, state_tensors, optimizer)
     sampler.load_state_dict(doc["sampler"])
     return doc

@@ -28,7 +28,8 @@ from gptcli.runtime import Precision, autocast
 
 
 class NonFiniteLossError(GPT1Error):
-    """The loss became NaN or infinite; the message names the last good checkpoint."""
+    """The loss (or the weights) became NaN or infinite; the message names the newest checkpoint saved before the
+    divergence, or says there is none."""
 
 
 @dataclass

@@ -126,3 +126,36 @@ def test_summarize_reads_the_manifest_for_the_commands(tmp_path):
     assert (s.tool_version, s.seed, s.workers, s.warnings, s.dtype) == ("9.9", 3, 2, 1, "uint16")
     old = summarize({"shards": manifest["shards"]})  # a bare manifest: what it lacks shows as unknown
     assert old.splits[0].text_bytes is None and old.tool_version == "?" and old.warnings == 0
+
+
+def test_tokenizer_fingerprint_is_what_the_tokenizer_does(tmp_path):
+    from gptcli.data.shards import tokenizer_fingerprint
+
+    def saved(name, model: bytes, **meta):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "sentencepiece.model").write_bytes(model)
+        (d / "tokenizer.json").write_text(json.dumps({"kind": "sentencepiece", "vocab_size": 60, **meta}))
+        return d
+
+    a = tokenizer_fingerprint(saved("a", b"merges-a", pipeline="v1 words"))
+    assert a == tokenizer_fingerprint(saved("a2", b"merges-a", pipeline="v2 wording"))  # the description is free
+    assert a != tokenizer_fingerprint(saved("b", b"merges-b", pipeline="v1 words"))  # same size, other merges
+    assert a != tokenizer_fingerprint(saved("c", b"merges-a", pipeline="v1 words", cased=True))
+    assert tokenizer_fingerprint(tmp_path / "none") is None
+
+
+def test_corpus_fingerprint_and_largest_ids(tmp_path):
+    from corpus_helpers import write_corpus
+
+    from gptcli.data.shards import open_corpus
+
+    docs = {"train": [[np.array([1, 2, 300])], [np.array([5])]], "val": [[np.array([7, 8])]]}
+    a, b = open_corpus(write_corpus(tmp_path / "a", docs)), open_corpus(write_corpus(tmp_path / "b", docs))
+    assert a.fingerprint() == b.fingerprint()  # the same shards in another place
+    other = open_corpus(write_corpus(tmp_path / "c", {**docs, "val": [[np.array([7, 9])]]}))
+    assert other.fingerprint() != a.fingerprint()
+    assert [m for _, m in a.max_token_ids("train")] == [300, 5]
+    a.check_token_ids("train", 301)
+    with pytest.raises(GPT1Error, match=r"train-00000.arrow: holds token id 300, outside the vocabulary of 300 ids"):
+        a.check_token_ids("train", 300)

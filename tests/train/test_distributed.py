@@ -76,8 +76,8 @@ def _cli_args(data: Path, out: Path, *extra: str) -> list[str]:
     return [*args, "--config", str(cfg), *extra]
 
 
-def _gpt1(args: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GPT1_DIST_TIMEOUT": "60"}
+def _gpt1(args: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GPT1_DIST_TIMEOUT": "60", **(extra_env or {})}
     return subprocess.Popen([sys.executable, "-m", "gptcli", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -260,19 +260,33 @@ def test_two_processes_match_one_stop_on_sigterm_and_resume_with_one(corpus, tmp
     assert evals[0]["loss"] == pytest.approx(evals[1]["loss"], rel=1e-5)
 
 
-def test_a_failing_rank_fails_the_whole_job_with_its_message(tmp_path):
-    # Find a window rank 1 of 2 draws at update 2 and corrupt one token in its middle: a real data error on one
-    # rank while the other waits for it in the gradient all-reduce.
-    clean = _corpus(tmp_path / "clean")
-    s1 = WindowSampler(open_corpus(clean).arrays("train"), SEQ, BATCH, SEED, rank=1, world_size=2)
-    s1.next_indices()
-    idx, offset = s1.next_indices()
-    shard, start = s1.window_starts(idx[:1], offset)[0]
-    bad = _corpus(tmp_path / "bad", poison=(shard, start + SEQ // 2))
-    proc = _gpt1(_cli_args(bad, tmp_path / "run", "--procs", "2", "--max-steps", "50"))
+FAIL_ON_RANK_1 = """
+import os
+if os.environ.get("RANK") == "1":
+    from gptcli.data import windows
+    real, calls = windows.WindowSampler.next_batch, [0]
+
+    def failing(self):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise IndexError("index 1000 is out of range for the embedding (injected on rank 1 at update 2)")
+        return real(self)
+
+    windows.WindowSampler.next_batch = failing
+"""
+
+
+def test_a_failing_rank_fails_the_whole_job_with_its_message(corpus, tmp_path):
+    # Rank 1 fails at its second update while rank 0 waits for it in the gradient all-reduce. (Out-of-range ids,
+    # the real error this stood for, are now refused by every rank before training: pretrain checks the ids.)
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(FAIL_ON_RANK_1, encoding="utf-8")
+    env = {"PYTHONPATH": os.pathsep.join([str(hook), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = _gpt1(_cli_args(corpus, tmp_path / "run", "--procs", "2", "--max-steps", "50"), env)
     out, err = proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == 1, err[-3000:]
-    assert "worker rank 1 failed" in err and "index out of range" in err, err[-3000:]
+    assert "worker rank 1 failed" in err and "index 1000 is out of range" in err, err[-3000:]
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
