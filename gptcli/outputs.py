@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterable
 
 from gptcli.errors import GPT1Error
+from gptcli.fsutil import write_text_atomic
 
 MARKER = ".gpt1-output"
 
@@ -41,7 +42,8 @@ def mark(directory: Path, kind: str) -> None:
     """Label ``directory`` (usually the temporary one, before it is moved into place) as gpt1's ``kind``."""
     if kind not in KINDS:
         raise ValueError(f"unknown output kind {kind!r}")
-    (Path(directory) / MARKER).write_text(json.dumps({"kind": kind}) + "\n", encoding="utf-8")
+    # Atomic: a run directory is marked while other ranks may already be checking it.
+    write_text_atomic(Path(directory) / MARKER, json.dumps({"kind": kind}) + "\n")
 
 
 def kind_of(directory: Path) -> str | None:
