@@ -42,3 +42,11 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> Path:
+    """A 'pretrained' tiny LM checkpoint (random weights) carrying the toy tokenizer (tests/helpers/toy_model.py)."""
+    from toy_model import save_tiny_pretrained
+
+    return save_tiny_pretrained(tmp_path_factory.mktemp("pre"))

@@ -3,30 +3,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
-from gptcli.checkpoint import save_checkpoint
 from gptcli.cli import app
 from gptcli.errors import GPT1Error
-from gptcli.model.gpt import GPT, ModelConfig
 from gptcli.train.finetune import FinetuneConfig
-from toy_tokenizer import ToyTokenizer
 
-TINY = ModelConfig(vocab_size=97, n_ctx=64, n_embd=32, n_layer=2, n_head=2, n_inner=64)
 WIDE = {"COLUMNS": "200"}
 
-
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory) -> Path:
-    """A 'pretrained' tiny LM checkpoint (random weights) carrying the toy tokenizer."""
-    torch.manual_seed(0)
-    d = tmp_path_factory.mktemp("pre") / "checkpoints" / "step-0000010"
-    save_checkpoint(d, GPT(TINY), ToyTokenizer(97), meta={"step": 10})
-    return d
 
 
 class Captured(Exception):

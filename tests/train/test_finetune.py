@@ -13,23 +13,15 @@ import torch
 from gptcli.checkpoint import load_checkpoint, save_checkpoint
 from gptcli.errors import GPT1Error
 from gptcli.train.finetune import FinetuneConfig, build_body, finetune
-from gptcli.model.gpt import GPT, ModelConfig
+from gptcli.model.gpt import GPT
 from gptcli.eval.tasks import evaluate_task, load_results
 from gptcli.progress import RecordingProgress
+from toy_model import TINY
 from toy_tokenizer import ToyTokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "tasks" / "fixtures"
-TINY = ModelConfig(vocab_size=97, n_ctx=64, n_embd=32, n_layer=2, n_head=2, n_inner=64)
 
-
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory) -> Path:
-    """A 'pretrained' tiny LM checkpoint (random weights) carrying the toy tokenizer."""
-    torch.manual_seed(0)
-    d = tmp_path_factory.mktemp("pre") / "checkpoints" / "step-0000010"
-    save_checkpoint(d, GPT(TINY), ToyTokenizer(97), meta={"step": 10})
-    return d
 
 
 def _cfg(task: str, init, out: Path, data_dir, **kw) -> FinetuneConfig:
