@@ -8,9 +8,11 @@ Layout of a checkpoint directory::
     tokenizer/           the tokenizer the weights were trained with
     (training state files, for resumable pretraining runs — see ``trainer``/``pretrain``)
 
-``config.json`` is written last, with the sha256 of every other file in the directory, and loading verifies them
-(``verify=False`` skips it): a flipped byte is a one-line error naming the file, never a silently different
-model. Checkpoints written before checksums existed have no ``files`` table and load unverified.
+``config.json`` is written last, with the sha256 of every other file in the directory and one of its own content
+(``config_sha256``, over the rest of the document), and loading verifies them (``verify=False`` skips it): a
+flipped byte is a one-line error naming the file, never a silently different model — also a flip inside
+``config.json``, which would otherwise turn a checksum into a false accusation of an intact file, or rename the
+``files`` table away. Checkpoints written before checksums existed have no ``files`` table and load unverified.
 
 Nothing here unpickles: weights are safetensors, everything else JSON, so opening an untrusted checkpoint never
 runs code. A checkpoint is written under a temporary name in the same parent and renamed into place, so a crash
@@ -37,6 +39,9 @@ from gptcli.model.gpt import GPT, ModelConfig
 
 FORMAT = 1
 CONFIG = "config.json"
+CONFIG_DIGEST = "config_sha256"
+# Every top-level key config.json has; another one can only be a damaged key (e.g. a flipped CONFIG_DIGEST).
+CONFIG_KEYS = frozenset({"format", "kind", "model", "meta", "files", CONFIG_DIGEST})
 WEIGHTS = "model.safetensors"
 TOKENIZER = "tokenizer"
 HEAD_PREFIX = "head."
@@ -95,6 +100,7 @@ def write_checkpoint_files(
         extra(directory)
     config = {"format": FORMAT, "kind": kind, "model": dataclasses.asdict(model.config), "meta": meta or {},
               "files": _checksums(directory)}
+    config[CONFIG_DIGEST] = _config_digest(config)
     (directory / CONFIG).write_text(json.dumps(config, indent=2), encoding="utf-8")
 
 
@@ -104,6 +110,21 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def _config_digest(config: dict[str, Any]) -> str:
+    """sha256 of config.json's content without its own digest (canonical JSON, so it survives reformatting)."""
+    body = {k: v for k, v in config.items() if k != CONFIG_DIGEST}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
+def _config_damage(p: Path) -> str | None:
+    """Why config.json cannot be trusted (its digest does not match, or a key is not one it ever has), or None."""
+    config = json.loads((p / CONFIG).read_text(encoding="utf-8"))  # parses: _read_header just read it
+    digest = config.get(CONFIG_DIGEST)
+    if set(config) - CONFIG_KEYS or (digest is not None and digest != _config_digest(config)):
+        return f"{p / CONFIG}: checksum mismatch (the file is damaged)"
+    return None
 
 
 def _checksums(directory: Path) -> dict[str, str]:
@@ -219,6 +240,9 @@ def verify_checkpoint(path: str | Path) -> list[str]:
         header = _read_header(p)
     except GPT1Error as e:
         return [str(e)]
+    damaged = _config_damage(p)
+    if damaged:
+        return [damaged]  # the checksums it records cannot be trusted either
     problems = []
     for rel, expected in header.files.items():
         f = p / rel
