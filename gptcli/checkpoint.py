@@ -445,6 +445,10 @@ def prune_checkpoints(checkpoints: Path, keep: int) -> list[Path]:
     if keep > 0:
         done = sorted(c for c in checkpoints.glob("step-*") if c.is_dir() and is_checkpoint(c))
         for old in done[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            # Hide it first (an atomic rename), then delete: a crash mid-delete leaves a stale temporary that the
+            # next prune removes, never a half-deleted step-* directory that looks like a damaged checkpoint.
+            trash = old.parent / f".{old.name}.tmp-pruned-{uuid.uuid4().hex[:8]}"
+            old.rename(trash)
+            shutil.rmtree(trash, ignore_errors=True)
             removed.append(old)
     return removed
