@@ -24,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import re
 import shutil
 import uuid
 from dataclasses import dataclass, field
@@ -93,7 +95,7 @@ def write_checkpoint_files(
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     for k, v in (head_state or {}).items():
         tensors[HEAD_PREFIX + k] = v.detach().to("cpu").contiguous()
-    save_file(tensors, str(directory / WEIGHTS), metadata={"format": str(FORMAT)})
+    save_tensors(tensors, directory / WEIGHTS, metadata={"format": str(FORMAT)})
     if tokenizer is not None:
         tokenizer.save(directory / TOKENIZER)
     if extra is not None:
@@ -102,6 +104,19 @@ def write_checkpoint_files(
               "files": _checksums(directory)}
     config[CONFIG_DIGEST] = _config_digest(config)
     (directory / CONFIG).write_text(json.dumps(config, indent=2), encoding="utf-8")
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' ``save_file``, with a failed write raised as the OSError it is (safetensors reports a full
+    disk as ``SafetensorError(... (os error 28))``, which the CLI would show as a traceback)."""
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except Exception as e:
+        code = re.search(r"\(os error (\d+)\)", str(e))
+        if code is None:
+            raise
+        n = int(code.group(1))
+        raise OSError(n, os.strerror(n), str(path)) from None
 
 
 def _sha256(path: Path) -> str:
@@ -370,7 +385,7 @@ def write_training_state(
             tensors[f"state.{idx}.{name}"] = t.detach().to("cpu").contiguous()
     rng_js, rng_t = rng_state()
     tensors.update(rng_t)
-    save_file(tensors, str(Path(directory) / OPTIMIZER), metadata={"format": str(FORMAT)})
+    save_tensors(tensors, Path(directory) / OPTIMIZER, metadata={"format": str(FORMAT)})
     groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in sd["param_groups"]]
     doc = {"format": FORMAT, **state, "optimizer_param_groups": groups, "rng": rng_js}
     if scaler is not None and scaler.is_enabled():
