@@ -2,8 +2,8 @@
 and read what a user would see, and the checks every fault case makes (exit code, one ``error:`` line, no
 traceback, nothing left behind).
 
-The corpus uses a real (sentencepiece) tokenizer kind, so the same files also work in the subprocesses of the
-kill -9 and DDP tests, which cannot import the test-only tokenizers.
+The corpus is a real `gpt1 prepare` output (real manifest, learned sentencepiece tokenizer), so the same files also
+work in the subprocesses of the kill -9 and DDP tests, which cannot import the test-only tokenizers.
 """
 
 from __future__ import annotations
@@ -15,10 +15,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
-
-from corpus_helpers import write_corpus
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = 64
@@ -32,27 +29,28 @@ TINY_ARGS = ["--preset", "tiny", "--n-layer", "1", "--n-embd", "32", "--n-head",
              "--peak-flops", "1e11", "--quiet"]
 
 
-def tiny_tokenizer():
-    from gptcli.tokenizers.learned import LearnedBPETokenizer
-
-    lines = ["the quick brown fox jumps over the lazy dog and runs far away from home"] * 50
-    return LearnedBPETokenizer.train(lines + ["a b c d e f g h i j k l m n o p q r s t u v w x y z"] * 20, VOCAB)
-
-
-def tiny_corpus(directory: Path, seed: int = 0, poison: int | None = None) -> Path:
-    """Random ids of the 64-id tokenizer: two train shards of one document each and a validation shard.
-    ``poison``: the token at this position of the first train shard becomes 64, outside the vocabulary."""
-    rng = np.random.default_rng(seed)
-    train = [[rng.integers(0, VOCAB, n)] for n in (700, 500)]
-    if poison is not None:
-        train[0][0][poison] = VOCAB
-    return write_corpus(directory, {"train": train, "val": [[rng.integers(0, VOCAB, 200)]]}, tiny_tokenizer())
+WORDS = ("the quick brown fox jumps over a lazy dog and runs far away from home while small birds sing in tall "
+         "green trees near old river where children play with red ball every sunny morning before school starts "
+         "but nobody knows why clever cat sleeps under warm blanket during cold winter nights").split()
 
 
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> Path:
-    """A prepared corpus; tests that damage it copy it first (:func:`copy_of`)."""
-    return tiny_corpus(tmp_path_factory.mktemp("faults") / "corpus")
+    """A corpus made by `gpt1 prepare` (so its manifest is the real one) from four seeded random texts: a 64-id
+    BPE, one train shard of ~7,700 tokens, one validation shard of ~2,500. Tests that damage it copy it first."""
+    import random
+
+    from gptcli.data.prepare import PrepareConfig, prepare
+
+    root = tmp_path_factory.mktemp("faults")
+    texts = root / "texts"
+    texts.mkdir()
+    rng = random.Random(0)
+    for i in range(4):
+        lines = [" ".join(rng.choice(WORDS) for _ in range(12)) + "." for _ in range(60)]
+        (texts / f"doc{i}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return prepare(PrepareConfig(inputs=[str(texts)], out=root / "corpus", vocab_size=VOCAB, workers=1,
+                                 val_fraction=0.25)).out
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """Damaged checkpoints, as every command that opens one meets them: `pretrain --resume`, `eval`, `generate`,
-`zeroshot`, `convert --to hf` (a load and a write).
+`zeroshot`, `convert --to hf` and `finetune --init` (loads that write an output).
 
 Each case truncates or flips one byte of one file of the newest checkpoint (for resume: of every checkpoint, so
 there is no intact one to fall back to) and expects exit 1, one ``error:`` line naming the file, no traceback and
@@ -55,10 +55,14 @@ def _commands(run: Path, corpus: Path, tmp: Path) -> dict[str, list]:
         "zeroshot": ["zeroshot", "--checkpoint", run, "--task", "dprd", "--data-dir", tmp / "tasks" / "dprd",
                      "--device", "cpu", "--precision", "fp32"],
         "convert": ["convert", run, "--to", "hf", "--out", tmp / "hf"],
+        "finetune": ["finetune", "--task", "scitail", "--init", run, "--out", tmp / "ft", "--data-dir", SCITAIL,
+                     "--max-train-examples", "8", "--max-eval-examples", "4", "--batch-size", "4", "--epochs", "1",
+                     "--device", "cpu", "--precision", "fp32", "-q"],
     }
 
 
-COMMANDS = ("resume", "eval", "generate", "zeroshot", "convert")
+SCITAIL = Path(__file__).resolve().parents[1] / "tasks" / "fixtures" / "SciTailV1.1"
+COMMANDS = ("resume", "eval", "generate", "zeroshot", "convert", "finetune")
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -128,7 +132,7 @@ def test_run_directory_whose_newest_config_is_unreadable(run, corpus, tmp_path, 
     """Issue #17 item 10: `eval`/`generate`/`zeroshot` given the run directory, its newest config.json cut."""
     mine = copy_of(run, tmp_path)
     (ckpt.list_checkpoints(mine)[-1] / "config.json").write_text('{"format": 1, "kind": "lm", "mo', encoding="utf-8")
-    for command in ("eval", "generate", "zeroshot", "convert"):
+    for command in ("eval", "generate", "zeroshot", "convert", "finetune"):
         res = gpt1(_commands(mine, corpus, tmp_path)[command], capsys)
         assert_one_line_error(res, "config.json", "unreadable checkpoint config")
 
@@ -207,3 +211,73 @@ def test_the_payload_does_run_when_unpickled(tmp_path):
     path = malicious_pickle(tmp_path / "x.pkl", marker)
     pickle.loads(path.read_bytes())
     assert marker.exists()
+
+
+# --- downloaded weights: Hugging Face and OpenAI's release ----------------------------------------------------------
+
+
+def _hf_export(run: Path, tmp: Path, capsys) -> Path:
+    res = gpt1(["convert", run, "--to", "hf", "--out", tmp / "hf"], capsys)
+    assert res.code == 0, res.err[-3000:]
+    return tmp / "hf"
+
+
+def test_hf_pytorch_model_bin_with_code_is_refused(run, tmp_path, capsys):
+    """`convert --from hf` reads pytorch_model.bin with torch.load(weights_only=True): tensors, never code."""
+    import torch
+    from safetensors.torch import load_file
+
+    hf = _hf_export(run, tmp_path, capsys)
+    weights = load_file(str(hf / "model.safetensors"))
+    (hf / "model.safetensors").unlink()
+    torch.save(weights, hf / "pytorch_model.bin")  # the control: a plain state dict in a .bin converts
+    assert gpt1(["convert", hf, "--from", "hf", "--out", tmp_path / "back"], capsys).code == 0
+    marker = tmp_path / "pwned"
+    malicious_pickle(hf / "pytorch_model.bin", marker)
+    before = tree(tmp_path)
+    res = gpt1(["convert", hf, "--from", "hf", "--out", tmp_path / "evil"], capsys)
+    assert not marker.exists()
+    assert_one_line_error(res, "pytorch_model.bin", "weights_only")
+    assert_nothing_new(tmp_path, before)
+
+
+def test_openai_release_npy_with_code_is_refused(tmp_path, capsys):
+    """`convert --from openai` reads params_*.npy with allow_pickle=False: an object array is refused unread."""
+    import json
+
+    import numpy as np
+
+    release = tmp_path / "release"
+    release.mkdir()
+    (release / "params_shapes.json").write_text(json.dumps([[2, 2]]))
+    marker = tmp_path / "pwned"
+    from tests.faults.conftest import Payload
+
+    np.save(release / "params_0.npy", np.array([Payload(marker), 1], dtype=object), allow_pickle=True)
+    before = tree(tmp_path)
+    res = gpt1(["convert", release, "--from", "openai", "--out", tmp_path / "out"], capsys)
+    assert not marker.exists()
+    assert_one_line_error(res, "params_0.npy")
+    assert_nothing_new(tmp_path, before)
+    np.load(release / "params_0.npy", allow_pickle=True)  # the control: unpickling it does run the payload
+    assert marker.exists()
+
+
+@pytest.mark.xfail(strict=True, reason="a corpus whose tokenizer/tokenizer.json is binary (here a pickle) raises "
+                   "UnicodeDecodeError (a traceback) from tokenizers/base.py load_tokenizer, which catches "
+                   "JSONDecodeError only; no code runs (JSON is never unpickled)")
+@pytest.mark.parametrize("command", ("inspect", "pretrain"))
+def test_pickle_as_a_corpus_tokenizer_is_a_one_line_error(command, corpus, tmp_path, capsys):
+    from tests.faults.conftest import TINY_ARGS
+
+    data = copy_of(corpus, tmp_path)
+    marker = tmp_path / "pwned"
+    (data / "tokenizer" / "tokenizer.json").unlink()
+    malicious_pickle(data / "tokenizer" / "tokenizer.json", marker)
+    cmd = {"inspect": ["inspect", data],
+           "pretrain": ["pretrain", "--data", data, "--out", tmp_path / "r", "--max-steps", "1", *TINY_ARGS]}[command]
+    before = tree(tmp_path)
+    res = gpt1(cmd, capsys)
+    assert not marker.exists()
+    assert_one_line_error(res, "tokenizer.json")
+    assert_nothing_new(tmp_path, before)

@@ -129,6 +129,7 @@ def test_kill_at_random_points_then_resume_is_bitwise_identical(corpus, referenc
         kills.append((when, round(delay, 3), max(_steps(run), default=0)))
         if run.is_dir() and any(p.name.startswith(".step-") for p in (run / "checkpoints").glob(".*")):
             mid_write += 1  # died while a checkpoint was being written (its temporary directory is left)
+    print(f"kills (when, delay s, newest checkpoint after): {kills}; {mid_write} during a checkpoint write")
     assert len(kills) >= 10, kills
     assert max(k[2] for k in kills) < STEPS  # every kill landed before the end
     _finish(_start(corpus, run))
