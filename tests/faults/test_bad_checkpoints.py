@@ -261,23 +261,3 @@ def test_openai_release_npy_with_code_is_refused(tmp_path, capsys):
     assert_nothing_new(tmp_path, before)
     np.load(release / "params_0.npy", allow_pickle=True)  # the control: unpickling it does run the payload
     assert marker.exists()
-
-
-@pytest.mark.xfail(strict=True, reason="a corpus whose tokenizer/tokenizer.json is binary (here a pickle) raises "
-                   "UnicodeDecodeError (a traceback) from tokenizers/base.py load_tokenizer, which catches "
-                   "JSONDecodeError only; no code runs (JSON is never unpickled)")
-@pytest.mark.parametrize("command", ("inspect", "pretrain"))
-def test_pickle_as_a_corpus_tokenizer_is_a_one_line_error(command, corpus, tmp_path, capsys):
-    from tests.faults.conftest import TINY_ARGS
-
-    data = copy_of(corpus, tmp_path)
-    marker = tmp_path / "pwned"
-    (data / "tokenizer" / "tokenizer.json").unlink()
-    malicious_pickle(data / "tokenizer" / "tokenizer.json", marker)
-    cmd = {"inspect": ["inspect", data],
-           "pretrain": ["pretrain", "--data", data, "--out", tmp_path / "r", "--max-steps", "1", *TINY_ARGS]}[command]
-    before = tree(tmp_path)
-    res = gpt1(cmd, capsys)
-    assert not marker.exists()
-    assert_one_line_error(res, "tokenizer.json")
-    assert_nothing_new(tmp_path, before)

@@ -3,7 +3,8 @@
 Each case truncates or flips bytes of one file of a prepared corpus — a shard, the manifest, the tokenizer — and
 expects exit 1, one ``error:`` line naming the file, no traceback and no run directory or temporary left behind.
 A flipped shard byte must be caught by the manifest's checksums (the bytes may still parse); with ``--no-verify``
-(which skips them) a damaged shard must still be a one-line error, never training on garbage ids.
+(which skips them) a damaged shard must still be a one-line error, never training on garbage ids. A pickle in place
+of the tokenizer description is never unpickled.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tests.faults.conftest import (
     copy_of,
     flip,
     gpt1,
+    malicious_pickle,
     tree,
     truncate,
 )
@@ -232,3 +234,21 @@ def test_no_flip_in_the_manifest_goes_unnoticed(corpus, tmp_path):
         if not same:
             silent.append((i, chr(original[i]), chr(damaged[i])))
     assert crashed == [] and silent == [], (crashed[:5], silent[:5], len(crashed), len(silent))
+
+
+@pytest.mark.xfail(strict=True, reason="a corpus whose tokenizer/tokenizer.json is binary (here a pickle) raises "
+                   "UnicodeDecodeError (a traceback) from tokenizers/base.py load_tokenizer, which catches "
+                   "JSONDecodeError only; no code runs (JSON is never unpickled)")
+@pytest.mark.parametrize("command", ("inspect", "pretrain"))
+def test_pickle_as_a_corpus_tokenizer_is_a_one_line_error(command, corpus, tmp_path, capsys):
+    data = copy_of(corpus, tmp_path)
+    marker = tmp_path / "pwned"
+    (data / "tokenizer" / "tokenizer.json").unlink()
+    malicious_pickle(data / "tokenizer" / "tokenizer.json", marker)
+    cmd = {"inspect": ["inspect", data],
+           "pretrain": ["pretrain", "--data", data, "--out", tmp_path / "r", "--max-steps", "1", *TINY_ARGS]}[command]
+    before = tree(tmp_path)
+    res = gpt1(cmd, capsys)
+    assert not marker.exists()
+    assert_one_line_error(res, "tokenizer.json")
+    assert_nothing_new(tmp_path, before)
