@@ -30,8 +30,7 @@ from tests.faults.conftest import REPO, TINY_ARGS
 pytestmark = pytest.mark.slow
 
 STEPS = 200
-ARGS = ["--max-steps", str(STEPS), "--save-every", "1", "--keep-last", "2", "--eval-batches", "4",
-        *[a for a in TINY_ARGS if a != "--quiet"], "--quiet"]
+ARGS = ["--max-steps", str(STEPS), "--save-every", "1", "--keep-last", "2", *TINY_ARGS]
 TIMEOUT = 120  # a guard against hangs only
 
 
