@@ -8,9 +8,11 @@ Layout of a checkpoint directory::
     tokenizer/           the tokenizer the weights were trained with
     (training state files, for resumable pretraining runs — see ``trainer``/``pretrain``)
 
-``config.json`` is written last, with the sha256 of every other file in the directory, and loading verifies them
-(``verify=False`` skips it): a flipped byte is a one-line error naming the file, never a silently different
-model. Checkpoints written before checksums existed have no ``files`` table and load unverified.
+``config.json`` is written last, with the sha256 of every other file in the directory and one of its own content
+(``config_sha256``, over the rest of the document), and loading verifies them (``verify=False`` skips it): a
+flipped byte is a one-line error naming the file, never a silently different model — also a flip inside
+``config.json``, which would otherwise turn a checksum into a false accusation of an intact file, or rename the
+``files`` table away. Checkpoints written before checksums existed have no ``files`` table and load unverified.
 
 Nothing here unpickles: weights are safetensors, everything else JSON, so opening an untrusted checkpoint never
 runs code. A checkpoint is written under a temporary name in the same parent and renamed into place, so a crash
@@ -22,6 +24,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import re
 import shutil
 import uuid
 from dataclasses import dataclass, field
@@ -37,6 +41,9 @@ from gptcli.model.gpt import GPT, ModelConfig
 
 FORMAT = 1
 CONFIG = "config.json"
+CONFIG_DIGEST = "config_sha256"
+# Every top-level key config.json has; another one can only be a damaged key (e.g. a flipped CONFIG_DIGEST).
+CONFIG_KEYS = frozenset({"format", "kind", "model", "meta", "files", CONFIG_DIGEST})
 WEIGHTS = "model.safetensors"
 TOKENIZER = "tokenizer"
 HEAD_PREFIX = "head."
@@ -88,14 +95,28 @@ def write_checkpoint_files(
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     for k, v in (head_state or {}).items():
         tensors[HEAD_PREFIX + k] = v.detach().to("cpu").contiguous()
-    save_file(tensors, str(directory / WEIGHTS), metadata={"format": str(FORMAT)})
+    save_tensors(tensors, directory / WEIGHTS, metadata={"format": str(FORMAT)})
     if tokenizer is not None:
         tokenizer.save(directory / TOKENIZER)
     if extra is not None:
         extra(directory)
     config = {"format": FORMAT, "kind": kind, "model": dataclasses.asdict(model.config), "meta": meta or {},
               "files": _checksums(directory)}
+    config[CONFIG_DIGEST] = _config_digest(config)
     (directory / CONFIG).write_text(json.dumps(config, indent=2), encoding="utf-8")
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' ``save_file``, with a failed write raised as the OSError it is (safetensors reports a full
+    disk as ``SafetensorError(... (os error 28))``, which the CLI would show as a traceback)."""
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except Exception as e:
+        code = re.search(r"\(os error (\d+)\)", str(e))
+        if code is None:
+            raise
+        n = int(code.group(1))
+        raise OSError(n, os.strerror(n), str(path)) from None
 
 
 def _sha256(path: Path) -> str:
@@ -104,6 +125,21 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def _config_digest(config: dict[str, Any]) -> str:
+    """sha256 of config.json's content without its own digest (canonical JSON, so it survives reformatting)."""
+    body = {k: v for k, v in config.items() if k != CONFIG_DIGEST}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
+def _config_damage(p: Path) -> str | None:
+    """Why config.json cannot be trusted (its digest does not match, or a key is not one it ever has), or None."""
+    config = json.loads((p / CONFIG).read_text(encoding="utf-8"))  # parses: _read_header just read it
+    digest = config.get(CONFIG_DIGEST)
+    if set(config) - CONFIG_KEYS or (digest is not None and digest != _config_digest(config)):
+        return f"{p / CONFIG}: checksum mismatch (the file is damaged)"
+    return None
 
 
 def _checksums(directory: Path) -> dict[str, str]:
@@ -219,6 +255,9 @@ def verify_checkpoint(path: str | Path) -> list[str]:
         header = _read_header(p)
     except GPT1Error as e:
         return [str(e)]
+    damaged = _config_damage(p)
+    if damaged:
+        return [damaged]  # the checksums it records cannot be trusted either
     problems = []
     for rel, expected in header.files.items():
         f = p / rel
@@ -346,7 +385,7 @@ def write_training_state(
             tensors[f"state.{idx}.{name}"] = t.detach().to("cpu").contiguous()
     rng_js, rng_t = rng_state()
     tensors.update(rng_t)
-    save_file(tensors, str(Path(directory) / OPTIMIZER), metadata={"format": str(FORMAT)})
+    save_tensors(tensors, Path(directory) / OPTIMIZER, metadata={"format": str(FORMAT)})
     groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in sd["param_groups"]]
     doc = {"format": FORMAT, **state, "optimizer_param_groups": groups, "rng": rng_js}
     if scaler is not None and scaler.is_enabled():
@@ -421,6 +460,10 @@ def prune_checkpoints(checkpoints: Path, keep: int) -> list[Path]:
     if keep > 0:
         done = sorted(c for c in checkpoints.glob("step-*") if c.is_dir() and is_checkpoint(c))
         for old in done[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            # Hide it first (an atomic rename), then delete: a crash mid-delete leaves a stale temporary that the
+            # next prune removes, never a half-deleted step-* directory that looks like a damaged checkpoint.
+            trash = old.parent / f".{old.name}.tmp-pruned-{uuid.uuid4().hex[:8]}"
+            old.rename(trash)
+            shutil.rmtree(trash, ignore_errors=True)
             removed.append(old)
     return removed

@@ -5,7 +5,8 @@ so this file stays a table of contents. A command's module is imported only when
 own ``--help``, which keeps ``gpt1 --help`` instant although the commands' config dataclasses pull in torch.
 
 User errors (:class:`gptcli.errors.GPT1Error`) print as one red line and exit 1; ``--debug`` or
-``GPT1_DEBUG=1`` shows the traceback instead.
+``GPT1_DEBUG=1`` shows the traceback instead. Usage errors exit 2, Ctrl-C 130 and SIGTERM 143 (128 + the signal),
+after the ``finally`` blocks of the interrupted command removed its temporaries.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import errno
 import functools
 import importlib
 import os
+import signal
 import sys
+import threading
 from typing import Any, Optional
 
 import typer
@@ -24,6 +27,7 @@ try:  # typer >= 0.16 vendors click as typer._click; older versions use click it
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exc
 from rich.console import Console
+from rich.markup import escape
 
 from gptcli import __version__
 from gptcli.errors import GPT1Error
@@ -156,17 +160,39 @@ def os_error_line(e: OSError) -> str:
     return f"{where}{what} ({hint})"
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt: Python's default would end the process
+    on the spot and leave the command's hidden temporaries (a half-written corpus) behind."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:  # noqa: ARG001
+    raise Terminated()
+
+
+def _catch_sigterm() -> Any:
+    """Install :func:`_on_sigterm`; returns the handler it replaced (None where signals cannot be caught)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _error_line(text: str) -> None:
+    # The message is text, not Rich markup: a path like "data/[abc].txt" or a gloo error "[/__w/…]" must print as is.
+    err_console.print(f"[bold red]error:[/] {escape(text)}", highlight=False, soft_wrap=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point with one-line user errors and meaningful exit codes."""
     _state["debug"] = os.environ.get("GPT1_DEBUG", "") not in ("", "0")
     command = typer.main.get_command(app)
+    previous = _catch_sigterm()
     try:
         rv = command.main(args=argv, prog_name="gpt1", standalone_mode=False)
     except GPT1Error as e:
         _record_for_launcher(e)
         if _state["debug"]:
             raise
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        _error_line(str(e))
         sys.exit(e.exit_code)
     except typer.Abort:
         err_console.print("[bold red]aborted[/]")
@@ -179,13 +205,19 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         err_console.print("[bold red]interrupted[/]")
         sys.exit(130)
+    except Terminated:
+        err_console.print("[bold red]terminated[/]")
+        sys.exit(143)
     except OSError as e:  # read-only or full disks, an --out that is a file: the user can act on these
         _record_for_launcher(e)
         if _state["debug"]:
             raise
-        err_console.print(f"[bold red]error:[/] {os_error_line(e)}", highlight=False, soft_wrap=True)
+        _error_line(os_error_line(e))
         sys.exit(1)
     except BaseException as e:
         _record_for_launcher(e)
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     sys.exit(rv if isinstance(rv, int) else 0)

@@ -14,13 +14,25 @@ trains. That process calls :func:`join`, which reads the environment the launche
 with a timeout so a dead peer turns into an error instead of a hang) and returns a :class:`DDPParallel` for the
 training loop — or the single-process :class:`~gptcli.train.trainer.Parallel` outside any job. A worker that finished
 calls :func:`leave`.
+
+A worker that stops responding without dying (SIGSTOP, a frozen machine, a debugger) would make every other rank
+wait out the collective timeout and then fail naming *itself*. So the workers :func:`launch` starts each keep a
+heartbeat file fresh from a background thread, and a watchdog in the launcher kills a worker whose heartbeat stood
+still for half the timeout (``GPT1_DIST_TIMEOUT``): the others see the connection close at once, and the job ends
+within the timeout with an error naming the rank that stopped responding. (Under torchrun or SLURM there is no such
+launcher; there the collective timeout alone applies.)
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import shutil
+import signal
 import sys
+import tempfile
+import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
@@ -37,6 +49,20 @@ WORKER_ENV = "GPT1_DIST_WORKER"
 # by hand under torchrun/SLURM). Generous because a rank may be writing a checkpoint while the others wait.
 TIMEOUT_ENV = "GPT1_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 600
+# A directory where each worker started by :func:`launch` keeps a heartbeat file, ``rank-<R>`` (its pid inside).
+HEARTBEAT_ENV = "GPT1_DIST_HEARTBEAT"
+
+
+def timeout_from_env() -> int:
+    """``GPT1_DIST_TIMEOUT`` in seconds (default 600), with a one-line error for anything but a positive integer."""
+    raw = os.environ.get(TIMEOUT_ENV, str(DEFAULT_TIMEOUT_S))
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise GPT1Error(f"{TIMEOUT_ENV}={raw!r}: expected a positive number of seconds (default {DEFAULT_TIMEOUT_S})")
+    return value
 
 
 @dataclass(frozen=True)
@@ -70,7 +96,8 @@ class LaunchSpec:
     rdzv_id: str | None = None
     use_cuda: bool = False
     timeout_s: int = DEFAULT_TIMEOUT_S
-    """Collective timeout inside the workers (a dead or stuck peer becomes an error after this long)."""
+    """Collective timeout inside the workers (a dead or stuck peer becomes an error after this long); a worker whose
+    heartbeat stands still for half of it is killed by the launcher's watchdog and named."""
     shutdown_timeout_s: int = 60
     """After a signal or a failed rank, how long workers get to checkpoint/exit before they are killed."""
 
@@ -176,27 +203,128 @@ def launch(spec: LaunchSpec, argv: Sequence[str]) -> str | None:
         start_method="spawn",
         shutdown_timeout=spec.shutdown_timeout_s,
     )
-    env = {WORKER_ENV: "1", TIMEOUT_ENV: str(spec.timeout_s)}
+    beats = tempfile.mkdtemp(prefix="gpt1-heartbeat-")
+    env = {WORKER_ENV: "1", TIMEOUT_ENV: str(spec.timeout_s), HEARTBEAT_ENV: beats}
     if not spec.use_cuda and "OMP_NUM_THREADS" not in os.environ:
         # CPU workers share the cores; without this each would start one thread per core and oversubscribe.
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.nproc_per_node))
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # spawned workers inherit the launcher's environment
+    watchdog = Watchdog(beats, spec.timeout_s / 2)
+    watchdog.start()
     try:
         elastic_launch(config, sys.executable)("-m", "gptcli", *argv)
     except ChildFailedError as e:
+        if watchdog.stalled:
+            rank, silent = watchdog.stalled[0]
+            raise GPT1Error(
+                f"worker rank {rank} stopped responding (no heartbeat for {silent:.0f} s: stopped, frozen or "
+                f"swapping); the launcher killed it and ended the job (resume with --resume; the limit is half of "
+                f"{TIMEOUT_ENV}={spec.timeout_s} s)"
+            ) from None
         rank, failure = e.get_first_failure()
         message = _failure_message(failure)
         raise GPT1Error(f"worker rank {rank} failed: {message}") from None
     except SignalException as e:
         return e.sigval.name
     finally:
+        watchdog.stop()
+        shutil.rmtree(beats, ignore_errors=True)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
     return None
+
+
+class Watchdog(threading.Thread):
+    """In the launcher: kill (SIGKILL, which also ends a stopped process) any local worker whose heartbeat file has
+    not changed for ``limit_s`` seconds, and remember it in ``stalled`` as ``(rank, seconds silent)``.
+
+    Silence is measured on this thread's monotonic clock, from the last time it *saw* the file change, so a
+    launcher that was itself suspended (a laptop lid) does not mistake everyone for dead when it wakes up."""
+
+    def __init__(self, directory: str, limit_s: float) -> None:
+        super().__init__(name="gpt1-watchdog", daemon=True)
+        self.directory = directory
+        self.limit_s = limit_s
+        self.stalled: list[tuple[int, float]] = []
+        self._seen: dict[str, tuple[int, float]] = {}  # file → (mtime_ns, when it changed, on our clock)
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(min(1.0, self.limit_s / 10)):
+            now = time.monotonic()
+            for name in os.listdir(self.directory):
+                self._check(name, now)
+
+    def _check(self, name: str, now: float) -> None:
+        path = os.path.join(self.directory, name)
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except OSError:
+            return
+        last = self._seen.get(name)
+        if last is None or last[0] != mtime:
+            self._seen[name] = (mtime, now)
+            return
+        silent = now - last[1]
+        rank = int(name.split("-")[1])
+        if silent > self.limit_s and all(r != rank for r, _ in self.stalled):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    pid = int(f.read().strip())
+            except (OSError, ValueError):
+                return  # removed by a worker that finished
+            if _is_child(pid):
+                self.stalled.append((rank, silent))
+                os.kill(pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        self._done.set()
+
+
+def _is_child(pid: int) -> bool:
+    """Whether ``pid`` is still one of this launcher's worker processes (never kill a recycled pid). Where /proc
+    does not exist, whether any process has that pid."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid()  # the field after the state: ppid
+    except FileNotFoundError:
+        if os.path.isdir("/proc"):
+            return False  # no such process
+    except (OSError, ValueError, IndexError):
+        return False
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+_beating: list[str] = []  # this worker's heartbeat file, removed by leave()
+
+
+def heartbeat(directory: str, rank: int, interval_s: float) -> threading.Thread:
+    """In a launched worker: touch ``directory/rank-<rank>`` every ``interval_s`` seconds from a daemon thread (it
+    stops with the process, and stands still while the process is stopped)."""
+    path = os.path.join(directory, f"rank-{rank}")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(str(os.getpid()))
+    _beating.append(path)
+
+    def beat() -> None:
+        while True:
+            time.sleep(interval_s)
+            try:
+                os.utime(path)
+            except OSError:
+                return  # the launcher cleaned up: the job is over
+
+    thread = threading.Thread(target=beat, name="gpt1-heartbeat", daemon=True)
+    thread.start()
+    return thread
 
 
 def _failure_message(failure) -> str:
@@ -296,8 +424,11 @@ def join(device: str = "auto") -> Parallel:
     import torch
 
     device_type = worker_device_type(device)
-    timeout = int(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+    timeout = timeout_from_env()
     info = init_process_group(device_type, timeout)
+    if os.environ.get(HEARTBEAT_ENV):
+        # Several beats per watchdog limit (half the timeout), so one late beat is never taken for silence.
+        heartbeat(os.environ[HEARTBEAT_ENV], info.rank, min(1.0, timeout / 20))
     dev = torch.device("cuda", info.local_rank) if device_type == "cuda" else torch.device("cpu")
     return DDPParallel(info, dev)
 
@@ -313,6 +444,11 @@ def leave(parallel: Parallel, exit_code: int = 0) -> None:
     """
     if not isinstance(parallel, DDPParallel):
         return
+    for path in _beating:  # finished, not silent: the watchdog must not take the quiet file for a stopped worker
+        try:
+            os.remove(path)
+        except OSError:
+            pass
     destroy_process_group()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -384,7 +520,7 @@ def plan_launch(launch: LaunchConfig | None = None) -> LaunchSpec | None:
         master_port=master_port,
         rdzv_endpoint=rdzv_endpoint,
         use_cuda=gpus is not None,
-        timeout_s=int(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)),
+        timeout_s=timeout_from_env(),
     )
     rendezvous(spec)  # inconsistent node options fail here, before any process starts
     return spec

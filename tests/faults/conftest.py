@@ -1,0 +1,166 @@
+"""The fault suite's shared pieces: a tiny corpus and pretraining run to damage, a way to run `gpt1` in this process
+and read what a user would see, and the checks every fault case makes (exit code, one ``error:`` line, no
+traceback, nothing left behind).
+
+The corpus is a real `gpt1 prepare` output (real manifest, learned sentencepiece tokenizer), so the same files also
+work in the subprocesses of the kill -9 and DDP tests, which cannot import the test-only tokenizers.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+VOCAB = 64
+# The smallest model that still has every part (embeddings, one block, tied head) and that Hugging Face can
+# represent (n_inner = 4·n_embd, for `convert --to hf`); no dropout, so runs with any number of processes agree.
+MODEL = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 128, "n_ctx": 16,
+         "embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
+TINY_ARGS = ["--preset", "tiny", "--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--n-inner", "128",
+             "--n-ctx", "16", "--dropout", "0", "--seq-len", "16", "--batch-size", "4", "--warmup-steps", "1",
+             "--eval-every", "0", "--eval-batches", "1", "--log-every", "1", "--device", "cpu", "--precision", "fp32",
+             "--peak-flops", "1e11", "--quiet"]
+
+
+WORDS = ("the quick brown fox jumps over a lazy dog and runs far away from home while small birds sing in tall "
+         "green trees near old river where children play with red ball every sunny morning before school starts "
+         "but nobody knows why clever cat sleeps under warm blanket during cold winter nights").split()
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Path:
+    """A corpus made by `gpt1 prepare` (so its manifest is the real one) from four seeded random texts: a 64-id
+    BPE, one train shard of ~7,700 tokens, one validation shard of ~2,500. Tests that damage it copy it first."""
+    import random
+
+    from gptcli.data.prepare import PrepareConfig, prepare
+
+    root = tmp_path_factory.mktemp("faults")
+    texts = root / "texts"
+    texts.mkdir()
+    rng = random.Random(0)
+    for i in range(4):
+        lines = [" ".join(rng.choice(WORDS) for _ in range(12)) + "." for _ in range(60)]
+        (texts / f"doc{i}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return prepare(PrepareConfig(inputs=[str(texts)], out=root / "corpus", vocab_size=VOCAB, workers=1,
+                                 val_fraction=0.25)).out
+
+
+@pytest.fixture(scope="session")
+def run(corpus, tmp_path_factory) -> Path:
+    """A pretraining run of 4 updates with checkpoints at 2 and 4 (training state included)."""
+    from gptcli.train.pretrain import PretrainConfig, pretrain
+
+    out = tmp_path_factory.mktemp("faults-run") / "run"
+    pretrain(PretrainConfig(data=corpus, out=out, preset="tiny", model=dict(MODEL), seq_len=16, batch_size=4,
+                            max_steps=4, warmup_steps=1, eval_every=0, eval_batches=1, save_every=2, keep_last=0,
+                            log_every=1, device="cpu", precision="fp32", peak_flops=1e11))
+    return out
+
+
+def copy_of(src: Path, where: Path) -> Path:
+    """A private copy of a session fixture under ``where`` (the test's tmp_path), to damage freely."""
+    dst = where / src.name
+    shutil.copytree(src, dst)
+    return dst
+
+
+# --- running gpt1 ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    code: int | None
+    """The exit status; None when an exception escaped ``main`` (a traceback for the user)."""
+    out: str
+    err: str
+
+
+def gpt1(args: list[str], capsys) -> Outcome:
+    """``gpt1 ARGS`` in this process (as the console script runs it), with stdout and stderr."""
+    from gptcli.cli import main
+
+    code: int | None
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # what would reach the user as a traceback
+        code = None
+        print(traceback.format_exc(), file=sys.stderr)
+    cap = capsys.readouterr()
+    return Outcome(code, cap.out, cap.err)
+
+
+def assert_one_line_error(res: Outcome, *fragments: str, code: int = 1) -> str:
+    """The command failed with ``code``, its stderr ends in exactly one ``error: …`` line containing every
+    fragment, and no traceback reached the user. Returns the error line."""
+    assert "Traceback" not in res.err, res.err[-3000:]
+    assert res.code == code, (res.code, res.err[-3000:])
+    lines = [x for x in res.err.splitlines() if x.strip()]
+    errors = [x for x in lines if x.startswith("error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], res.err[-3000:]
+    for f in fragments:
+        assert f in errors[0], (f, errors[0])
+    return errors[0]
+
+
+def tree(root: Path) -> set[str]:
+    """Every path under ``root`` (files and directories, hidden ones included), relative to it."""
+    return {p.relative_to(root).as_posix() for p in Path(root).rglob("*")}
+
+
+def assert_nothing_new(root: Path, before: set[str], allowed: tuple[str, ...] = ()) -> None:
+    """Nothing appeared under ``root`` since ``before`` was taken (no partial output, no hidden temporary),
+    except paths starting with one of ``allowed``."""
+    new = sorted(p for p in tree(root) - before if not p.startswith(allowed))
+    assert new == [], new
+
+
+# --- damaging files -------------------------------------------------------------------------------------------------
+
+
+def truncate(path: Path, keep: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def flip(path: Path, at: float | int = 0.5, mask: int = 0x01) -> None:
+    """Flip bits of one byte: at a fraction of the file (float) or an offset (int, negative from the end)."""
+    data = bytearray(path.read_bytes())
+    i = int(len(data) * at) if isinstance(at, float) else at % len(data)
+    data[i] ^= mask
+    path.write_bytes(bytes(data))
+
+
+class Payload:
+    """A pickle whose unpickling creates ``marker``: if the file ever appears, gpt1 ran code from a data file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def malicious_pickle(path: Path, marker: Path) -> Path:
+    """Write a pickle at ``path`` that would create ``marker`` when loaded (plain pickle and torch.save formats
+    both: torch.save wraps the same pickle in a zip archive)."""
+    import pickle
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix in (".bin", ".pt", ".pth"):
+        import torch
+
+        torch.save({"weight": Payload(marker)}, path)
+    else:
+        path.write_bytes(pickle.dumps(Payload(marker)))
+    return path

@@ -1,0 +1,102 @@
+"""How a failure reaches the user: one ``error: <what> (<what to do>)`` line printed verbatim (even with brackets,
+which Rich would take for markup), exit status 2 for usage, 1 for user errors, 130 for Ctrl-C and 143 for SIGTERM —
+after the interrupted command removed its temporaries — and the traceback only with --debug."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.faults.conftest import REPO, TINY_ARGS, assert_nothing_new, assert_one_line_error, gpt1, tree
+
+TEXT = "The quick brown fox jumps over the lazy dog, again and again, until the dog wakes up.\n"
+
+
+@pytest.mark.parametrize("name", ["[abc]", "[/y]", "[bold red]x[/]", "a [link=http://x]b"])
+def test_error_messages_print_verbatim(name, tmp_path, capsys):
+    """A path with brackets: "[abc]" used to vanish from the message, "[/y]" to crash Rich with a MarkupError."""
+    missing = tmp_path / name / "corpus"
+    res = gpt1(["inspect", missing], capsys)
+    assert_one_line_error(res, str(missing), "corpus directory not found")
+
+
+def test_os_error_messages_print_verbatim(tmp_path, capsys):
+    target = tmp_path / "[/x] notes.txt"  # a file "x] notes.txt" in a directory "["
+    target.parent.mkdir()
+    target.write_text("mine\n")
+    res = gpt1(["prepare", target, "--out", target / "corpus"], capsys)
+    assert_one_line_error(res, str(target))
+
+
+def test_usage_errors_exit_2(capsys):
+    for args in (["pretrain", "--no-such-option"], ["pretrain", "--lr", "fast"], ["no-such-command"]):
+        res = gpt1(args, capsys)
+        assert res.code == 2 and "Traceback" not in res.err, (args, res.err)
+
+
+def test_debug_shows_the_traceback(tmp_path, capsys):
+    res = gpt1(["--debug", "inspect", tmp_path / "missing"], capsys)
+    assert res.code is None and "Traceback" in res.err and "GPT1Error" in res.err
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
+def _interrupt(cmd: list[str], ready, sig: int, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``gpt1 CMD``, send ``sig`` once ``ready()`` holds, and return how it ended."""
+    proc = subprocess.Popen([sys.executable, "-m", "gptcli", *map(str, cmd)], cwd=REPO, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+# Ctrl-C ends quietly: Typer turns KeyboardInterrupt into exit 130 itself (the terminal already shows the ^C).
+@pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, None), (signal.SIGTERM, 143, "terminated")])
+def test_an_interrupted_prepare_leaves_nothing(sig, code, word, tmp_path):
+    """SIGTERM used to end `prepare` on the spot, leaving its hidden ``.corpus.partial-PID`` (as big as the corpus)
+    for good; now both signals unwind like Ctrl-C."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for i in range(3):
+        (inputs / f"t{i}.txt").write_text(TEXT * 8000 + f"document {i}\n")
+    before = tree(tmp_path)
+    started = lambda: any(p.name.startswith(".corpus.partial-") for p in tmp_path.iterdir())  # noqa: E731
+    done = _interrupt(["prepare", inputs, "--out", tmp_path / "corpus", "--vocab-size", "40", "--workers", "1"],
+                      started, sig)
+    assert done.returncode == code, done.stderr[-3000:]
+    if word is not None:
+        assert done.stderr.strip().splitlines()[-1] == word, done.stderr and "Traceback" not in done.stderr
+    assert_nothing_new(tmp_path, before)
+
+
+def test_sigterm_to_pretrain_checkpoints_and_resumes(corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    args = ["pretrain", "--data", corpus, "--out", run, "--max-steps", "100000", "--save-every", "0", *TINY_ARGS]
+    logged = lambda: (run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").stat().st_size > 0  # noqa: E731
+    done = _interrupt(args, logged, signal.SIGTERM)
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "stopped by SIGTERM" in done.stderr and "--resume" in done.stderr and "Traceback" not in done.stderr
+    (ckpt,) = (run / "checkpoints").iterdir()
+    step = int(ckpt.name.split("-")[1])
+    res = gpt1(["pretrain", "--out", run, "--resume", "--max-steps", str(step + 1), "--quiet"], capsys)
+    assert res.code == 0, res.err[-3000:]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir())[-1] == f"step-{step + 1:07d}"
+
+
+def test_sigterm_handler_is_restored_after_an_in_process_call(tmp_path, capsys):
+    before = signal.getsignal(signal.SIGTERM)
+    gpt1(["inspect", Path(tmp_path) / "missing"], capsys)
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -1,0 +1,212 @@
+"""kill -9 anywhere in a CPU pretraining run, then `--resume` to the end: the same final weights (sha256 of every
+checkpoint file) and the same metrics.jsonl, bitwise, as a run never interrupted.
+
+Two tests. One kills `python -m gptcli pretrain` (the real command) with SIGKILL at 12 seeded random moments —
+two during start-up, ten a random time after the process saved its first new checkpoint, where with
+``--save-every 1`` most of the time goes to writing checkpoints. The other kills a run deterministically inside
+each step of a checkpoint write (a half-written model.safetensors, a half-written optimizer.safetensors, a complete
+checkpoint not yet renamed into place, an old checkpoint half pruned): the previous checkpoint survives intact and
+the run resumes from it.
+
+Fine-tuning cannot resume yet (issue #13), so only pretraining is tested here (see docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.faults.conftest import REPO, TINY_ARGS
+
+pytestmark = pytest.mark.slow
+
+STEPS = 200
+ARGS = ["--max-steps", str(STEPS), "--save-every", "1", "--keep-last", "2", *TINY_ARGS]
+TIMEOUT = 120  # a guard against hangs only
+
+
+def _env() -> dict[str, str]:
+    # One thread everywhere: the reference and every resumed piece must do the same float arithmetic.
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
+def _start(data: Path, out: Path) -> subprocess.Popen:
+    # --resume from the very first start: with no checkpoint yet it starts fresh, so every start is the same line.
+    cmd = [sys.executable, "-m", "gptcli", "pretrain", "--data", str(data), "--out", str(out), *ARGS, "--resume"]
+    return subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc: subprocess.Popen) -> None:
+    out, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err
+
+
+def _steps(run: Path) -> list[int]:
+    d = run / "checkpoints"
+    return sorted(int(p.name[5:]) for p in d.iterdir() if p.name.startswith("step-")) if d.is_dir() else []
+
+
+def _final(run: Path) -> tuple[dict, list, list]:
+    """(the final checkpoint: sha256 of each file but training_state.json, which is compared parsed; train records'
+    (step, loss, lr, grad_norm); eval records' (step, loss))."""
+    from gptcli.checkpoint import list_checkpoints, verify_checkpoint
+
+    newest = list_checkpoints(run)[-1]
+    assert verify_checkpoint(newest) == []
+    files: dict = {p.relative_to(newest).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                   for p in newest.rglob("*") if p.is_file() and p.name not in ("config.json", "training_state.json")}
+    state = json.loads((newest / "training_state.json").read_text())
+    # Python's and numpy's global RNGs are recorded but never seeded or used by pretraining, so their state differs
+    # between any two runs (interrupted or not); torch's, which dropout uses, is in optimizer.safetensors above.
+    del state["rng"]["python"], state["rng"]["numpy"]
+    files["training_state.json"] = state
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [(r["step"], r["loss"], r["lr"], r["grad_norm"]) for r in recs if r["kind"] == "train"]
+    evals = [(r["step"], r["loss"]) for r in recs if r["kind"] == "eval"]
+    return files, train, evals
+
+
+@pytest.fixture(scope="module")
+def reference(corpus, tmp_path_factory) -> tuple[dict[str, str], list, list]:
+    run = tmp_path_factory.mktemp("reference") / "run"
+    _finish(_start(corpus, run))
+    files, train, evals = _final(run)
+    assert [s for s, *_ in train] == list(range(1, STEPS + 1)) and len(evals) == 1
+    return files, train, evals
+
+
+def _assert_clean(run: Path) -> None:
+    """Only the last two complete checkpoints remain: no temporary, no half-pruned directory."""
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == [f"step-{STEPS - 1:07d}", f"step-{STEPS:07d}"], names
+    assert not [p.name for p in run.iterdir() if p.name.startswith(".")]
+
+
+def _wait_for(predicate, proc: subprocess.Popen, what: str) -> bool:
+    """Poll until ``predicate()``; False when the process ended first."""
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.002)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_kill_at_random_points_then_resume_is_bitwise_identical(corpus, reference, tmp_path):
+    rng = random.Random(17)
+    # (when, delay): "start" = seconds after launch (importing, opening the corpus, building the model, resuming);
+    # "train" = seconds after the process saved its first new checkpoint (updates, checkpoint writes, pruning).
+    schedule = [("start", rng.uniform(0.3, 2.0)) for _ in range(2)] + [("train", rng.uniform(0.0, 0.12))
+                                                                        for _ in range(10)]
+    rng.shuffle(schedule)
+    run = tmp_path / "run"
+    kills, mid_write = [], 0
+    for when, delay in schedule:
+        resumed_from = max(_steps(run), default=0)
+        proc = _start(corpus, run)
+        if when == "train" and not _wait_for(lambda: max(_steps(run), default=0) > resumed_from, proc,
+                                             "a first checkpoint"):
+            break  # finished before the kill: the run is over
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=TIMEOUT)
+        if proc.returncode != -signal.SIGKILL:
+            break
+        kills.append((when, round(delay, 3), max(_steps(run), default=0)))
+        if run.is_dir() and any(p.name.startswith(".step-") for p in (run / "checkpoints").glob(".*")):
+            mid_write += 1  # died while a checkpoint was being written (its temporary directory is left)
+    print(f"kills (when, delay s, newest checkpoint after): {kills}; {mid_write} during a checkpoint write")
+    assert len(kills) >= 10, kills
+    assert max(k[2] for k in kills) < STEPS  # every kill landed before the end
+    _finish(_start(corpus, run))
+    assert _final(run) == reference, (kills, mid_write)
+    _assert_clean(run)
+
+
+# --- deterministic kills inside a checkpoint write ------------------------------------------------------------------
+
+SCRIPT = r"""
+import os, signal, sys
+from pathlib import Path
+import gptcli.checkpoint as ckpt
+from gptcli.cli import main
+
+what, at = os.environ["KILL_IN"].split(":")
+at = int(at)
+real_save = ckpt.save_file
+
+
+def die():
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def save_file(tensors, filename, metadata=None):
+    # Write the file whole, then cut it to half and die: what the disk holds when power goes mid-write.
+    real_save(tensors, filename, metadata=metadata)
+    name, step = Path(filename).name, Path(filename).parent.name
+    if name == what and f"step-{at:07d}" in step:
+        data = Path(filename).read_bytes()
+        Path(filename).write_bytes(data[: len(data) // 2])
+        die()
+
+
+real_move = ckpt.move_into_place
+
+
+def move_into_place(tmp, target):
+    if what == "rename" and target.name == f"step-{at:07d}":
+        die()  # every file written and flushed, not yet renamed
+    real_move(tmp, target)
+
+
+real_rmtree = ckpt.shutil.rmtree
+
+
+def rmtree(path, *a, **k):
+    p = Path(path)
+    if what == "prune" and f"step-{at - 2:07d}" in p.name:  # the pruned checkpoint, under whatever name
+        (p / "model.safetensors").unlink()  # the first file gone, the rest still there
+        die()
+    real_rmtree(path, *a, **k)
+
+
+ckpt.save_file = save_file
+ckpt.move_into_place = move_into_place
+ckpt.shutil.rmtree = rmtree
+main(sys.argv[1:])
+"""
+
+KILLS = [("model.safetensors", 5), ("optimizer.safetensors", 9), ("rename", 14), ("prune", 20)]
+
+
+def test_kill_inside_each_step_of_a_checkpoint_write(corpus, reference, tmp_path):
+    run = tmp_path / "run"
+    args = ["pretrain", "--data", str(corpus), "--out", str(run), *ARGS, "--resume"]
+    for what, at in KILLS:
+        proc = subprocess.run([sys.executable, "-c", SCRIPT, *args], cwd=REPO, env={**_env(), "KILL_IN": f"{what}:{at}"},
+                              capture_output=True, text=True, timeout=TIMEOUT)
+        assert proc.returncode == -signal.SIGKILL, (what, proc.stderr[-3000:])
+        from gptcli.checkpoint import list_checkpoints, verify_checkpoint
+
+        newest = list_checkpoints(run)[-1]
+        # The step being written is not visible as a checkpoint; the one before it is whole. (Killed while
+        # pruning, the new checkpoint was already in place.)
+        assert newest.name == f"step-{at if what == 'prune' else at - 1:07d}", (what, newest)
+        assert verify_checkpoint(newest) == []
+    _finish(_start(corpus, run))
+    assert _final(run) == reference
+    _assert_clean(run)
