@@ -191,18 +191,19 @@ def corpus_perplexity(
 
 
 def _check_checkpoint(checkpoint: Path, corpus: Any, verify: bool) -> None:
-    """Refuse a checkpoint with an unreadable header, one whose tokenizer is not the corpus's (when both have one
-    to compare), and (``verify``) one whose files do not match their checksums."""
+    """Refuse a checkpoint with an unreadable header, (``verify``) one whose files do not match their checksums, and
+    one whose tokenizer is not the corpus's (when both have one to compare). Damage is checked first: a damaged
+    tokenizer file is named as damaged, not as another tokenizer."""
     read_header(checkpoint)
+    problems = verify_checkpoint(checkpoint) if verify else []
+    if problems:
+        raise GPT1Error(f"{problems[0]} (use another checkpoint, or pass --no-verify to load it anyway)")
     mine, theirs = tokenizer_fingerprint(checkpoint / TOKENIZER), corpus.tokenizer_fingerprint()
     if mine is not None and theirs is not None and mine != theirs:
         raise GPT1Error(
             f"{checkpoint} was trained with another tokenizer than the corpus {corpus.dir} "
             f"({checkpoint / TOKENIZER} differs from {corpus.dir / 'tokenizer'}; a perplexity over another "
             f"tokenizer's ids means nothing: evaluate on a corpus prepared with --tokenizer {checkpoint / TOKENIZER})")
-    problems = verify_checkpoint(checkpoint) if verify else []
-    if problems:
-        raise GPT1Error(f"{problems[0]} (use another checkpoint, or pass --no-verify to load it anyway)")
 
 
 def _corpus_vocab(corpus: Any) -> int | None:

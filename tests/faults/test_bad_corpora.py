@@ -134,8 +134,6 @@ def _out_of_range(data: Path) -> None:
     shard.write_bytes(bytes(raw))
 
 
-@pytest.mark.xfail(strict=True, reason="pretrain --no-verify trains on an out-of-range id: IndexError traceback and "
-                   "a run directory left behind (issue #17 item 11; fix in train/pretrain.py or data/windows.py)")
 def test_out_of_range_token_id_without_verification_is_a_one_line_error(corpus, tmp_path, capsys):
     data = copy_of(corpus, tmp_path)
     _out_of_range(data)

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from gptcli.outputs import MARKER
+
 from tests.faults.conftest import REPO, TINY_ARGS
 
 pytestmark = pytest.mark.slow
@@ -90,7 +92,7 @@ def _assert_clean(run: Path) -> None:
     """Only the last two complete checkpoints remain: no temporary, no half-pruned directory."""
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert names == [f"step-{STEPS - 1:07d}", f"step-{STEPS:07d}"], names
-    assert not [p.name for p in run.iterdir() if p.name.startswith(".")]
+    assert [p.name for p in run.iterdir() if p.name.startswith(".")] == [MARKER]  # gpt1's marker, no temporaries
 
 
 def _wait_for(predicate, proc: subprocess.Popen, what: str) -> bool:
