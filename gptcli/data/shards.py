@@ -45,10 +45,42 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+MANIFEST_DIGEST = "manifest_sha256"
+# Every top-level key a manifest has; another one can only be damage (a flipped byte in a key such as the digest's).
+MANIFEST_KEYS = frozenset({"dtype", "format_version", "inputs", "settings", "shards", "splits", "tokenizer", "tool",
+                           "warnings", "vocab_size", MANIFEST_DIGEST})
+
+
+def _manifest_digest(manifest: dict[str, Any]) -> str:
+    body = {k: v for k, v in manifest.items() if k != MANIFEST_DIGEST}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
 def write_manifest(directory: str | Path, manifest: dict[str, Any]) -> Path:
-    """Write ``manifest.json`` (sorted keys, stable formatting) atomically: readers see all of it or none."""
+    """Write ``manifest.json`` (sorted keys, stable formatting) atomically: readers see all of it or none. It carries
+    the sha256 of its own content (``manifest_sha256``), so a changed count or setting is caught like a changed
+    shard."""
+    manifest = {**manifest, MANIFEST_DIGEST: _manifest_digest(manifest)}
     text = json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     return write_text_atomic(Path(directory) / MANIFEST, text)
+
+
+def _manifest_damage(manifest: Any) -> str | None:
+    """Why a parsed manifest cannot be trusted, or None (manifests written before the digest are only shape-checked)."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
+        return "manifest lists no shards"
+    # Manifests gpt1 prepared (they name their tool and format) hold known keys only; a renamed key is damage that
+    # could otherwise hide the digest itself. Hand-made minimal manifests are not held to that.
+    prepared = any(k in manifest for k in ("tool", "format_version", MANIFEST_DIGEST))
+    unknown = sorted(set(manifest) - MANIFEST_KEYS) if prepared else []
+    if unknown:
+        return f"unexpected key {unknown[0]!r} (the file is damaged)"
+    digest = manifest.get(MANIFEST_DIGEST)
+    if digest is not None and digest != _manifest_digest(manifest):
+        return "checksum mismatch (the manifest changed since `gpt1 prepare` wrote it)"
+    if not all(isinstance(s, dict) and {"file", "split", "sha256"} <= set(s) for s in manifest["shards"]):
+        return "malformed shard entry"
+    return None
 
 
 class ShardWriter:
@@ -151,10 +183,11 @@ class Corpus:
             raise GPT1Error(f"{self.dir}: not a prepared corpus (no {MANIFEST}; create one with `gpt1 prepare`)")
         try:
             self.manifest: dict[str, Any] = json.loads(mpath.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise GPT1Error(f"{mpath}: corrupt manifest ({e})") from None
-        if "shards" not in self.manifest:
-            raise GPT1Error(f"{mpath}: manifest lists no shards")
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise GPT1Error(f"{mpath}: corrupt manifest ({e}; prepare the corpus again)") from None
+        damage = _manifest_damage(self.manifest)
+        if damage is not None:
+            raise GPT1Error(f"{mpath}: {damage} (prepare the corpus again)")
 
     @cached_property
     def tokenizer(self):
@@ -233,8 +266,14 @@ class Corpus:
                 )
 
     def verify(self) -> list[str]:
-        """Check every shard's sha256 against the manifest; returns the problems found (empty = all good)."""
+        """Check every shard's sha256, and the tokenizer model's, against the manifest; returns the problems found
+        (empty = all good). A flipped byte in the tokenizer model can still parse as another vocabulary."""
         problems = []
+        tok = self.manifest.get("tokenizer", {})
+        model = self.dir / str(tok.get("dir", "tokenizer")) / "sentencepiece.model"
+        if tok.get("model_sha256") and model.is_file() and sha256_file(model) != tok["model_sha256"]:
+            problems.append(f"{model}: checksum mismatch; the tokenizer changed since `gpt1 prepare` wrote it: "
+                            "re-run prepare")
         for e in self.manifest["shards"]:
             path = self.dir / e["file"]
             if not path.is_file():

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from gptcli.checkpoint import atomic_directory, load_checkpoint, save_checkpoint
+from gptcli.checkpoint import atomic_directory, load_checkpoint, save_checkpoint, save_tensors
 from gptcli.errors import DataError, GPT1Error
 from gptcli.interop.hf import config_from_hf, read_hf_config, state_dict_from_hf, state_dict_to_hf, write_hf_config
 from gptcli.model.gpt import GPT, ModelConfig
@@ -381,7 +381,6 @@ def to_hf(ckpt: str | Path, out: str | Path) -> tuple[Path, list[str]]:
     sentencepiece vocabulary has no ``OpenAIGPTTokenizer`` equivalent, so it is not exported — a warning says so).
     Task heads of fine-tuned checkpoints are not exported either.
     """
-    from safetensors.torch import save_file
 
     check_output(Path(out), "hf-export", overwrite=True, inputs=[Path(ckpt)])  # library callers too
     c = load_checkpoint(ckpt)
@@ -397,7 +396,7 @@ def to_hf(ckpt: str | Path, out: str | Path) -> tuple[Path, list[str]]:
 
     def write(tmp: Path) -> None:
         mark(tmp, "hf-export")  # inside the temporary directory: a marked export is always a whole one
-        save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_tensors(sd, tmp / "model.safetensors", metadata={"format": "pt"})  # a full disk is an OSError
         write_hf_config(tmp, cfg, tokenizer=with_tokenizer)
         if with_tokenizer:
             tok.save_bpe_files(tmp)

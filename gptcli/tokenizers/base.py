@@ -96,8 +96,10 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         kind = meta["kind"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise GPT1Error(f"{meta_path}: unreadable tokenizer description (expected JSON with a 'kind')") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+        # Binary junk (a pickle, a truncated write) is as unreadable as bad JSON; it is never unpickled.
+        raise GPT1Error(f"{meta_path}: unreadable tokenizer description (expected JSON with a 'kind'; "
+                        f"restore the tokenizer directory)") from None
     if kind not in _KINDS:
         raise GPT1Error(f"{meta_path}: unknown tokenizer kind {kind!r} (known: {', '.join(_KINDS)})")
     module, cls_name = _KINDS[kind].split(":")

@@ -257,9 +257,13 @@ class LearnedBPETokenizer(Tokenizer):
         try:
             meta = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
             proto = (d / meta.get("model_file", MODEL_FILE)).read_bytes()
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
             raise GPT1Error(f"{d}: unreadable sentencepiece tokenizer ({e})") from None
-        tok = cls(proto, cased=bool(meta.get("cased", False)))
+        try:
+            tok = cls(proto, cased=bool(meta.get("cased", False)))
+        except RuntimeError as e:  # sentencepiece's parser rejects a truncated or damaged model file
+            raise GPT1Error(f"{d / meta.get('model_file', MODEL_FILE)}: damaged sentencepiece model "
+                            f"({str(e).splitlines()[0] if str(e) else 'does not parse'}; restore the tokenizer directory)") from None
         if "vocab_size" in meta and meta["vocab_size"] != tok.vocab_size:
             raise GPT1Error(f"{d}: tokenizer.json says vocab_size {meta['vocab_size']}, model has {tok.vocab_size}")
         return tok

@@ -71,7 +71,8 @@ def test_corpus_and_verify(tmp_path):
     v.add(np.arange(7))
     manifest = {"shards": w.close() + v.close()}
     write_manifest(tmp_path, manifest)
-    assert json.loads((tmp_path / "manifest.json").read_text()) == manifest
+    written = json.loads((tmp_path / "manifest.json").read_text())
+    assert written.pop("manifest_sha256") and written == manifest  # the content, plus its own digest
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".arrow")) == ["manifest.json"]
     corpus = open_corpus(tmp_path)
     assert corpus.splits == ["train", "val"]
@@ -159,3 +160,20 @@ def test_corpus_fingerprint_and_largest_ids(tmp_path):
     a.check_token_ids("train", 301)
     with pytest.raises(GPT1Error, match=r"train-00000.arrow: holds token id 300, outside the vocabulary of 300 ids"):
         a.check_token_ids("train", 300)
+
+
+def test_a_changed_manifest_is_caught_by_its_digest(tmp_path):
+    w = ShardWriter(tmp_path, "train", np.uint16)
+    w.add(np.arange(9))
+    write_manifest(tmp_path, {"format_version": 1, "tool": {"name": "gpt1"}, "shards": w.close()})
+    open_corpus(tmp_path)
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    m["shards"][0]["tokens"] = 10  # a count edited, the shard untouched
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(GPT1Error, match="checksum mismatch"):
+        open_corpus(tmp_path)
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    m["manifest_sha257"] = m.pop("manifest_sha256")  # the digest's own key damaged
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(GPT1Error, match="unexpected key 'manifest_sha257'"):
+        open_corpus(tmp_path)

@@ -72,15 +72,6 @@ def _token_offset(shard: Path) -> int:
     return shard.read_bytes().index(head)
 
 
-SENTENCEPIECE = {
-    "truncate": pytest.mark.xfail(strict=True, reason="a truncated tokenizer/sentencepiece.model raises sentencepiece's "
-                                  "RuntimeError (a traceback); fix in tokenizers/learned.py (LearnedBPETokenizer.load)"),
-    "flip": pytest.mark.xfail(strict=True, reason="a flipped byte in tokenizer/sentencepiece.model still parses: inspect "
-                              "passes and pretrain trains with another tokenizer, unnoticed, although the manifest "
-                              "records its sha256 (tokenizer.model_sha256); fix in data/shards.py (Corpus.verify)"),
-}
-
-
 def _cases():
     """(command, file, damage): each command with the files it reads. `eval --data` reads only the validation
     shards (it scores with the checkpoint's own tokenizer, not the corpus's)."""
@@ -88,8 +79,7 @@ def _cases():
     for command, files in reads.items():
         for rel in files:
             for how in ("truncate", "flip"):
-                marks = [SENTENCEPIECE[how]] if rel == "tokenizer/sentencepiece.model" else []
-                yield pytest.param(command, rel, how, marks=marks, id=f"{command}-{rel}-{how}")
+                yield pytest.param(command, rel, how, id=f"{command}-{rel}-{how}")
 
 
 @pytest.mark.parametrize("command,rel,how", list(_cases()))
@@ -157,9 +147,7 @@ def test_out_of_range_token_id_is_caught_by_the_checksum(corpus, tmp_path, capsy
     ("", "corrupt manifest"),
     ('{"format": 1}', "lists no shards"),
     ("[1, 2]", "lists no shards"),
-    pytest.param("\x00\xff\xfe binary", "manifest", marks=pytest.mark.xfail(
-        strict=True, reason="a manifest that is not UTF-8 raises UnicodeDecodeError (a traceback); fix in "
-        "data/shards.py (Corpus.__init__ catches JSONDecodeError only)")),
+    ("\x00\xff\xfe binary", "corrupt manifest"),
 ])
 @pytest.mark.parametrize("command", COMMANDS)
 def test_manifest_that_is_not_one(command, text, message, corpus, run, tmp_path, capsys):
@@ -195,11 +183,6 @@ def test_missing_tokenizer(command, corpus, run, tmp_path, capsys):
     assert_nothing_new(tmp_path, before)
 
 
-@pytest.mark.xfail(strict=True, reason="manifest.json has no checksum of its own and its reader does not check its "
-                   "structure: of the ~2,300 one-bit flips of this corpus's manifest about 1,200 change what it says "
-                   "unnoticed (a count, a setting, a key renamed) and about 60 end in a KeyError traceback; fix in "
-                   "data/shards.py (a manifest digest like checkpoint config.json's, one-line errors for malformed "
-                   "entries)")
 def test_no_flip_in_the_manifest_goes_unnoticed(corpus, tmp_path):
     """Every byte of manifest.json, flipped: opening and verifying the corpus either reports a problem (a one-line
     GPT1Error or a verify() finding) or the manifest still says the same thing."""
@@ -234,9 +217,6 @@ def test_no_flip_in_the_manifest_goes_unnoticed(corpus, tmp_path):
     assert crashed == [] and silent == [], (crashed[:5], silent[:5], len(crashed), len(silent))
 
 
-@pytest.mark.xfail(strict=True, reason="a corpus whose tokenizer/tokenizer.json is binary (here a pickle) raises "
-                   "UnicodeDecodeError (a traceback) from tokenizers/base.py load_tokenizer, which catches "
-                   "JSONDecodeError only; no code runs (JSON is never unpickled)")
 @pytest.mark.parametrize("command", ("inspect", "pretrain"))
 def test_pickle_as_a_corpus_tokenizer_is_a_one_line_error(command, corpus, tmp_path, capsys):
     data = copy_of(corpus, tmp_path)

@@ -98,8 +98,6 @@ def test_full_disk_while_writing_the_optimizer_state(corpus, tmp_path, capsys, m
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0000001"]
 
 
-@pytest.mark.xfail(strict=True, reason="convert --to hf writes model.safetensors with safetensors' save_file directly: "
-                   "a full disk is a SafetensorError traceback; fix in interop/convert.py (use checkpoint.save_tensors)")
 def test_full_disk_while_exporting(run, tmp_path, capsys, monkeypatch):
     import safetensors.torch
 
