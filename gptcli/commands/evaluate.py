@@ -17,9 +17,6 @@ from gptcli.commands.render import RichProgress, details_table, results_table, s
 from gptcli.errors import GPT1Error
 from gptcli.eval.tasks import EvalConfig
 
-COMMAND_SETTINGS = {
-    "help": "Evaluate checkpoints: perplexity on a prepared corpus (--data) or the paper's metric on a task (--task)."
-}
 
 OPTIONS = Options(
     EvalConfig,

@@ -12,13 +12,9 @@ from gptcli.commands.options import Options, Parsed
 from gptcli.commands.render import RichProgress, stderr_console
 from gptcli.model.generate import GenerateConfig
 
-COMMAND_SETTINGS = {
-    "help": "Generate text from a prompt (greedy, temperature, top-k, top-p), streaming it as it is produced."
-}
 
 OPTIONS = Options(
     GenerateConfig,
-    # "Sampling" is this command's own panel (not in options.PANELS, so it is listed after the shared ones).
     panels={
         "Input": ("checkpoint", "prompt", "verify"),
         "Sampling": ("max_new_tokens", "greedy", "temperature", "top_k", "top_p", "seed"),

@@ -36,7 +36,7 @@ from rich.markup import escape
 from gptcli.config import from_dict, load_file, to_dict
 
 # --help panels, in the order they are shown; a command uses those it needs.
-PANELS = ("Input", "Model", "Data", "Optimisation", "Schedule", "Evaluation", "Checkpointing", "Distributed",
+PANELS = ("Input", "Model", "Sampling", "Data", "Optimisation", "Schedule", "Evaluation", "Checkpointing", "Distributed",
           "Runtime", "Output")
 
 

@@ -19,7 +19,6 @@ from gptcli.progress import Progress
 from gptcli.train.distributed import LaunchConfig, LaunchSpec
 from gptcli.train.pretrain import CONFIG_FILE, PretrainConfig
 
-COMMAND_SETTINGS = {"help": "Pretrain a GPT-1 language model on a prepared corpus (paper §4.1 defaults)."}
 
 OPTIONS = Options(
     PretrainConfig,

@@ -12,9 +12,6 @@ from gptcli.commands.options import Options, Parsed
 from gptcli.commands.render import RichProgress, stderr_console, stdout_console
 from gptcli.pipelines.quickstart import QuickstartConfig, QuickstartResult
 
-COMMAND_SETTINGS = {
-    "help": "Run the whole pipeline at toy scale in minutes, offline: prepare → pretrain → fine-tune → eval → zero-shot."
-}
 
 OPTIONS = Options(
     QuickstartConfig,

@@ -15,7 +15,6 @@ from gptcli.commands.render import RichProgress, stderr_console, stdout_console
 from gptcli.errors import GPT1Error
 from gptcli.eval.zeroshot import ZeroShotConfig
 
-COMMAND_SETTINGS = {"help": "Zero-shot heuristics of the paper (SST-2, CoLA, RACE, DPRD, WSC, Story Cloze) and their curve over pretraining."}
 
 OPTIONS = Options(
     ZeroShotConfig,
