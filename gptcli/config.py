@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gptcli.errors import GPT1Error
+from gptcli.fsutil import write_text_atomic
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -179,4 +180,4 @@ def dumps_toml(data: dict[str, Any]) -> str:
 
 def save_config(cfg: Any, path: str | Path) -> None:
     """Write a (resolved) dataclass config as TOML so a run can be repeated with ``--config``."""
-    Path(path).write_text(dumps_toml(to_dict(cfg)), encoding="utf-8")
+    write_text_atomic(Path(path), dumps_toml(to_dict(cfg)))  # a run's config.toml is never seen half-written
