@@ -1,1 +1,2 @@
-"""pipelines"""
+"""Several stages in a row: the quickstart (the whole paper at toy scale), the time-budget helpers it shares with
+``experiments/``, and text generation from a checkpoint on disk."""
