@@ -14,7 +14,7 @@ OPTIONS = Options(
     PrepareConfig,
     arguments=("inputs",),
     panels={
-        "Input": ("text_field", "strip_gutenberg", "strict"),
+        "Input": ("split_by", "text_field", "strip_gutenberg", "strict"),
         "Data": ("vocab_size", "tokenizer", "cased", "sample_lines", "character_coverage", "val_fraction", "seed"),
         "Output": ("out", "shard_tokens", "overwrite"),
         "Runtime": ("workers", "chunk_bytes"),

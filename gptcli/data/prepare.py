@@ -7,7 +7,8 @@ top to bottom as its stages (memory is bounded by a few work chunks, one documen
 1. **plan**: check the settings, expand the inputs, check ``out`` (:func:`gptcli.outputs.check_output`: only
    a corpus gpt1 prepared may be replaced, never one holding or inside an input), load a reused tokenizer.
 2. **scan** every input: size, sha256, usable documents; bad files are reported (skipped, or fatal with
-   ``strict``). Document-level validation membership is drawn here from the seed.
+   ``strict``). Document-level validation membership is drawn here from the seed; a corpus of a single
+   document is instead cut in two at a line break (:func:`tail_cut`): its training head and its validation tail.
 3. **words**: each document is cut at line breaks into ~``chunk_bytes`` pieces that a pool of warm worker
    processes turns into pipeline lines (ftfy + standardization → spaCy → lowercase). Results come back in
    order and go to a temporary words file; a seeded reservoir of training lines is kept on the side. Cutting
@@ -32,11 +33,12 @@ import json
 import multiprocessing as mp
 import os
 import random
+import re
 import shutil
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Literal, Optional
 
 import numpy as np
 
@@ -49,6 +51,11 @@ from gptcli.progress import SILENT, Progress, staged
 from gptcli.data.shards import FORMAT_VERSION, ShardWriter, sha256_file, token_dtype, write_manifest
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
+# Plain text under other names, read like .txt when named directly or matched by a glob (a directory search keeps to
+# SUFFIXES, so that it never picks up files a user did not mean): WikiText's wiki.*.raw and wiki.*.tokens.
+TEXT_SUFFIXES = (".txt", ".raw", ".tokens")
+NAMED_SUFFIXES = SUFFIXES + TEXT_SUFFIXES[1:]
+SplitBy = Literal["file", "paragraph", "line", "wikitext"]
 WORDS_FILE = "words.tmp"
 
 
@@ -57,8 +64,9 @@ class PrepareConfig:
     """Settings of ``gpt1 prepare`` (defaults follow the paper where it says something)."""
 
     inputs: list[str] = field(default_factory=list)
-    """Text files (.txt: one document each; .jsonl / .parquet: one per record / row), directories (searched
-    recursively) or glob patterns."""
+    """Text files (.txt: one document each, or as --split-by cuts it; .jsonl / .parquet: one per record / row;
+    .raw / .tokens named directly: text, as WikiText's files), directories (searched recursively for .txt, .jsonl
+    and .parquet) or glob patterns."""
     out: Optional[Path] = None
     """Output corpus directory (must not exist unless ``overwrite``; never one of the inputs, nor around them)."""
     vocab_size: int = 40478
@@ -71,8 +79,13 @@ class PrepareConfig:
     """Field of a .jsonl record / column of a .parquet file holding the document text."""
     strip_gutenberg: bool = False
     """Remove Project Gutenberg headers and licence footers from every document."""
+    split_by: SplitBy = "file"
+    """How a text file becomes documents: file = the whole file is one (a book); paragraph = each run of lines
+    between blank lines; line = each non-blank line; wikitext = each WikiText article (a ' = Title = ' line and
+    what follows it up to the next; ' = = Section = = ' lines stay inside). .jsonl / .parquet are not cut."""
     val_fraction: float = 0.01
-    """Fraction of documents held out for validation (at least one document)."""
+    """Fraction of documents held out for validation (at least one document). A corpus of a single document
+    holds out its last ~val_fraction of characters instead, cut at a paragraph break (else a line break)."""
     seed: int = 0
     """Seeds the validation draw and the BPE training sample."""
     workers: int = 0
@@ -131,7 +144,7 @@ def _glob_inputs(pattern: str) -> list[Path]:
     for m in map(Path, matches):
         if m.is_dir():
             files += _dir_inputs(m)
-        elif m.suffix.lower() in SUFFIXES:
+        elif m.suffix.lower() in NAMED_SUFFIXES:
             files.append(m)
     if not files:
         raise GPT1Error(f"{pattern}: matches no .txt, .jsonl or .parquet file")
@@ -145,8 +158,9 @@ def _path_inputs(p: Path) -> list[Path]:
             raise GPT1Error(f"{p}: directory holds no .txt, .jsonl or .parquet file")
         return files
     if p.is_file() or p.is_symlink():
-        if p.suffix.lower() not in SUFFIXES:
-            raise GPT1Error(f"{p}: unsupported file type {p.suffix or '(none)'!r}; expected .txt, .jsonl or .parquet")
+        if p.suffix.lower() not in NAMED_SUFFIXES:
+            raise GPT1Error(f"{p}: unsupported file type {p.suffix or '(none)'!r}; expected .txt, .jsonl or .parquet "
+                            "(or WikiText's .raw / .tokens)")
         return [p]
     raise GPT1Error(f"{p}: no such file or directory")
 
@@ -191,7 +205,7 @@ def iter_documents(path: Path, cfg: PrepareConfig, problem: Problem) -> Iterator
     suffix = path.suffix.lower()
     if not _looks_usable(path, suffix, problem):
         return
-    if suffix == ".txt":
+    if suffix in TEXT_SUFFIXES:
         yield from _txt_documents(path, cfg, problem)
     elif suffix == ".jsonl":
         yield from _jsonl_documents(path, cfg, problem)
@@ -230,7 +244,8 @@ def _finish(text: str, cfg: PrepareConfig, no_header: Optional[Callable[[], None
 
 
 def _txt_documents(path: Path, cfg: PrepareConfig, problem: Problem) -> Iterator[str]:
-    """A .txt file is one document (one book per file, as in BooksCorpus)."""
+    """A .txt file is one document (one book per file, as in BooksCorpus), or the pieces ``split_by`` cuts it in
+    (after the Gutenberg boilerplate is removed from the whole file)."""
     try:
         data = path.read_bytes()
     except OSError as e:
@@ -246,7 +261,61 @@ def _txt_documents(path: Path, cfg: PrepareConfig, problem: Problem) -> Iterator
         after = " after removing the Gutenberg header" if cfg.strip_gutenberg else ""
         problem(path, f"no text in this file{after}")
         return
-    yield doc
+    yield from split_text(doc, cfg.split_by)
+
+
+_BLANK_LINE = re.compile(r"\n(?:[ \t\r\f\v]*\n)+")  # a line break and the blank lines after it
+_LINE_BREAK = re.compile(r"\n")
+# A WikiText article's title line: " = Title = ". Section headings (" = = Section = = ", deeper ones with more
+# "= ") start with "= =" and stay inside their article.
+_WIKI_TITLE = re.compile(r"[ \t]*= (?!=).*(?<!=) =[ \t\r]*")
+
+
+def split_text(text: str, split_by: str) -> Iterator[str]:
+    """The documents of one text as ``split_by`` cuts it (see :attr:`PrepareConfig.split_by`); pieces holding no
+    text are dropped. Every cut is at a line break, where the text pipeline's output does not depend on it."""
+    if split_by == "file":
+        pieces: Iterable[str] = [text]
+    elif split_by == "paragraph":
+        pieces = _BLANK_LINE.split(text)
+    elif split_by == "line":
+        pieces = text.split("\n")
+    elif split_by == "wikitext":
+        pieces = _wikitext_articles(text)
+    else:
+        raise GPT1Error(f"--split-by {split_by!r} is unknown (choose file, paragraph, line or wikitext)")
+    for piece in pieces:
+        if piece.strip():
+            yield piece
+
+
+def _wikitext_articles(text: str) -> Iterator[str]:
+    """WikiText articles: each title line with the lines up to the next title (text before the first title, if
+    any, is a document of its own)."""
+    lines = text.split("\n")
+    start = 0
+    for i, line in enumerate(lines):
+        if i > start and _WIKI_TITLE.fullmatch(line):
+            yield "\n".join(lines[start:i])
+            start = i
+    yield "\n".join(lines[start:])
+
+
+def tail_cut(text: str, fraction: float) -> Optional[int]:
+    """Where a single document's validation tail starts: the paragraph break nearest to the point that leaves
+    ``fraction`` of its characters to the tail, if one lies within half the tail's length of it, else the nearest
+    line break; None when no break leaves text on both sides. The tail is then contiguous and disjoint from the
+    training text, and cut where the text pipeline's output does not depend on the cut."""
+    want = max(1, round(fraction * len(text)))
+    target = len(text) - want
+    first = len(text) - len(text.lstrip())  # a cut must leave text (not only spaces) on both sides
+    last = len(text.rstrip())
+    for pattern, slack in ((_BLANK_LINE, want / 2), (_LINE_BREAK, float("inf"))):
+        cuts = [m.end() for m in pattern.finditer(text) if first < m.end() < last]
+        cuts = [at for at in cuts if abs(at - target) <= slack]
+        if cuts:
+            return min(cuts, key=lambda at: (abs(at - target), at))
+    return None
 
 
 def _jsonl_record(raw: bytes, lineno: int, text_field: str) -> tuple[Optional[str], Optional[str]]:
@@ -475,7 +544,10 @@ class _Scan:
     inputs: list[dict[str, Any]]
     total_bytes: int
     n_docs: int
+    """Documents as stored: a single input document counts twice, as its training head and validation tail."""
     val: set[int]
+    tail_at: Optional[int] = None
+    """With a single input document: the character where its validation tail starts (:func:`tail_cut`)."""
 
 
 @dataclass
@@ -616,7 +688,7 @@ def _file_size(f: Path) -> int:
 
 def _scan(plan: _Plan, problems: _Problems, report: Progress) -> _Scan:
     """Read every input once: its size, checksum and usable documents (problems reported here, once); then draw
-    the validation documents."""
+    the validation documents (or, for a single document, find where its validation tail starts)."""
     sizes = [_file_size(f) for f in plan.files]
     inputs = []
     n_docs = 0
@@ -630,32 +702,52 @@ def _scan(plan: _Plan, problems: _Problems, report: Progress) -> _Scan:
             inputs.append({"path": str(f), "bytes": size, "sha256": digest, "documents": n})
             n_docs += n
             report.advance(size, docs=n_docs)
-    _check_document_count(n_docs, len(plan.files), bool(problems.messages))
+    if n_docs == 0:
+        raise GPT1Error(
+            f"no usable documents in {len(plan.files)} input file{'s' if len(plan.files) != 1 else ''}"
+            + (" (see the warnings above)" if problems.messages else "")
+        )
+    if n_docs == 1:
+        return _Scan(inputs, sum(sizes), 2, {1}, tail_at=_single_document_cut(plan))
     n_val = max(1, round(plan.cfg.val_fraction * n_docs))
     val = set(random.Random(plan.cfg.seed).sample(range(n_docs), n_val))
     return _Scan(inputs, sum(sizes), n_docs, val)
 
 
-def _check_document_count(n_docs: int, n_files: int, warned: bool) -> None:
-    if n_docs == 0:
-        raise GPT1Error(
-            f"no usable documents in {n_files} input file{'s' if n_files != 1 else ''}"
-            + (" (see the warnings above)" if warned else "")
-        )
-    if n_docs < 2:
-        raise GPT1Error(
-            "only one usable document: a validation split needs at least two (split the text into several "
-            "files or .jsonl records)"
-        )
-
-
-def _word_tasks(plan: _Plan) -> Iterator[tuple[tuple[bool, int], tuple[str, bool, bool]]]:
-    """Every document's pieces as ``((last piece?, its bytes), (piece, cased, html seen))`` work units."""
-    quiet = _Problems(False, SILENT)  # second read: problems were reported by the scan already
+def _documents(plan: _Plan) -> Iterator[str]:
+    """Every document of the inputs, in order, read again (problems were reported by the scan already)."""
+    quiet = _Problems(False, SILENT)
     for f in plan.files:
-        for doc in iter_documents(f, plan.cfg, quiet):
-            for piece, seen, last in text_chunks(doc, plan.cfg.chunk_bytes):
-                yield (last, len(piece.encode("utf-8"))), (piece, plan.cased, seen)
+        yield from iter_documents(f, plan.cfg, quiet)
+
+
+def _single_document_cut(plan: _Plan) -> int:
+    """Where the one document's validation tail starts; a one-line document cannot be cut and is refused."""
+    doc = next(_documents(plan))
+    at = tail_cut(doc, plan.cfg.val_fraction)
+    if at is None:
+        raise GPT1Error(
+            "only one usable document, on a single line: no line break to cut a validation tail at (give the text "
+            "line breaks, more documents, or --split-by line/paragraph)"
+        )
+    return at
+
+
+def _split_documents(plan: _Plan, scan: _Scan) -> Iterator[str]:
+    """The documents as stored: the inputs' own, or a single one's training head and validation tail."""
+    for doc in _documents(plan):
+        if scan.tail_at is None:
+            yield doc
+        else:
+            yield doc[: scan.tail_at]
+            yield doc[scan.tail_at :]
+
+
+def _word_tasks(plan: _Plan, scan: _Scan) -> Iterator[tuple[tuple[bool, int], tuple[str, bool, bool]]]:
+    """Every document's pieces as ``((last piece?, its bytes), (piece, cased, html seen))`` work units."""
+    for doc in _split_documents(plan, scan):
+        for piece, seen, last in text_chunks(doc, plan.cfg.chunk_bytes):
+            yield (last, len(piece.encode("utf-8"))), (piece, plan.cased, seen)
 
 
 def _whole_documents(results: Iterable[tuple[tuple[bool, int], str]]) -> Iterator[tuple[str, int]]:
@@ -675,7 +767,7 @@ def _split_words(plan: _Plan, scan: _Scan, executor: "_Executor", path: Path, re
     words = _Words(path)
     if plan.reused is None:
         words.sample = _Reservoir(plan.cfg.sample_lines, plan.cfg.seed + 1)
-    results = executor.map(_words_task, _word_tasks(plan), size=lambda a: len(a[0]))
+    results = executor.map(_words_task, _word_tasks(plan, scan), size=lambda a: len(a[0]))
     with staged(report, "words", scan.total_bytes, unit="B"), open(path, "wb") as wf:
         for text, nbytes in _whole_documents(results):
             doc_i = len(words.spans)
@@ -767,6 +859,8 @@ def _manifest(plan: _Plan, scan: _Scan, tok: Any, sample_info: Optional[dict[str
     settings = to_dict(plan.cfg)
     settings["cased"] = plan.cased
     settings["workers"] = plan.workers
+    # How validation was carved: whole documents drawn with the seed, or a single document's contiguous tail.
+    settings["validation"] = "documents" if scan.tail_at is None else "tail"
     return {
         "format_version": FORMAT_VERSION,
         "tool": {"name": "gpt1", "version": __version__},
