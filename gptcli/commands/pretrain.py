@@ -34,7 +34,7 @@ OPTIONS = Options(
         "Output": ("log_every", "tensorboard"),
     },
     flags={"verify_data": ("--verify/--no-verify", "--verify-data/--no-verify-data")},
-    nested={"model": Nested(ModelConfig, ("n_layer", "n_embd", "n_head", "n_inner", "n_ctx"))},
+    nested={"model": Nested(ModelConfig, ("n_layer", "n_embd", "n_head", "n_inner", "n_ctx", "init_std"))},
     sections={"launch": (LaunchConfig, "Distributed")},
     cli_only=[
         CliOnly("dropout", float | None, None, ("--dropout",),

@@ -98,7 +98,9 @@ class PretrainConfig:
     lr: float = 2.5e-4
     """Peak learning rate (paper: 2.5e-4)."""
     warmup_steps: int = 2000
-    """Linear warmup from 0 over this many updates (paper: 2000)."""
+    """Linear warmup from 0 over this many updates (paper: 2000, kept for short runs too: a run with fewer
+    updates than its warmup never reaches --lr and is warned about at start; for such a run pass about a tenth of
+    its updates)."""
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     """Decay after warmup (paper: cosine annealing to 0 at the last update)."""
     weight_decay: float = 0.01
@@ -293,6 +295,9 @@ def pretrain(
     report = (progress or SILENT) if par.is_main else SILENT
     run = _start(_plan(config, par, report))
     report.stage("pretrain", run.plan.total_steps, unit="updates", done=run.step)
+    warning = warmup_warning(run.plan.total_steps, config.warmup_steps, config.lr)
+    if warning is not None:
+        report.note(warning, level="warn")
     try:
         with GracefulStop(escalate=par.world_size == 1) as stop:
             stopped_by = _train(run, stop, report)
@@ -326,6 +331,8 @@ class RunPlan:
     total_steps: int
     resume_from: Path | None
     """The checkpoint a resumed run continues from (the newest intact one; None: a fresh start)."""
+    unigram_loss: float | None = None
+    """(Rank 0) the validation split's loss under the training split's token frequencies (:func:`unigram_loss`)."""
 
     @property
     def run_dir(self) -> Path:
@@ -366,6 +373,8 @@ class TrainingRun:
     started: float = field(default_factory=time.perf_counter)
     shown: int = 0
     """The step of the last ``advance`` reported."""
+    hinted: bool = False
+    """Whether the unigram-plateau hint was given (once per run)."""
 
 
 def _plan(config: PretrainConfig, par: Parallel, report: Progress) -> RunPlan:
@@ -391,9 +400,10 @@ def _plan(config: PretrainConfig, par: Parallel, report: Progress) -> RunPlan:
     val_arrays = corpus.arrays(val_name) if val_name is not None else None  # no split: no validation
     sampler = WindowSampler(train_arrays, config.seq_len, config.batch_size, config.seed, par.rank, par.world_size)
     total_steps = plan_steps(config, sampler.steps_per_epoch)
+    unigram = unigram_loss(train_arrays, val_arrays, mcfg.total_vocab) if par.is_main and val_arrays else None
     par.barrier()  # every rank has checked the run directory before rank 0 writes to it
     return RunPlan(config, par, device, precision, corpus, mcfg, sampler, val_name, val_arrays, total_steps,
-                   resume_from)
+                   resume_from, unigram)
 
 
 def has_checkpoints(out: str | Path) -> bool:
@@ -642,10 +652,14 @@ def _validate(run: TrainingRun, report: Progress) -> float | None:
     loss, tokens = _validation_loss(run)
     perplexity = math.exp(min(loss, 700))
     rec = {"kind": "eval", "step": run.step, "split": plan.val_name, "loss": loss, "perplexity": perplexity,
-           "tokens": tokens}
+           "tokens": tokens, "unigram_loss": plan.unigram_loss}
     if run.logger is not None:
         run.logger.log(rec)
     report.note(f"validation at update {run.step}: loss {loss:.4f}, perplexity {perplexity:.2f}")
+    hint = None if run.hinted else plateau_hint(run.step, loss, plan.unigram_loss)
+    if hint is not None:
+        report.note(hint, level="warn")
+        run.hinted = True
     return loss
 
 
@@ -662,6 +676,63 @@ def _validation_loss(run: TrainingRun) -> tuple[float, int]:
     tokens = round(par.mean(float(ev.tokens)) * par.world_size)
     nll = par.mean(ev.loss * ev.tokens if ev.tokens else 0.0) * par.world_size
     return (nll / tokens if tokens else float("nan")), tokens
+
+
+# --- hints: settings that do not fit the run, and a run that learned nothing ---------------------------------------
+
+# A run "learned nothing" when, after PLATEAU_MIN_UPDATES updates, its validation loss is not PLATEAU_MARGIN nats
+# below the unigram loss (or is above it). Why these numbers: a model reaches the unigram loss within a few dozen
+# updates (token frequencies are the easiest thing to learn) and a healthy small run leaves it soon after — the tiny
+# preset on two books was 0.5 nats below it by update 300 at lr 2.5e-4 — while a stalled one sits within 0.01-0.02
+# of it for hundreds of updates (6.50 → 6.49 over 300 at lr 1e-3; the quickstart's 3 × 192 model at init 0.02 for
+# 1,300). 0.1 nats separates the two by a wide margin either way; 250 updates leaves time to get there.
+PLATEAU_MARGIN = 0.1
+PLATEAU_MIN_UPDATES = 250
+_COUNT_CHUNK = 1 << 22  # tokens per bincount: bounded memory (np.bincount works on int64 copies)
+
+
+def warmup_warning(total_steps: int, warmup_steps: int, lr: float) -> str | None:
+    """One line when the run ends before its warmup does, so that the learning rate never reaches ``lr`` (and the
+    schedule never decays); None when the schedule fits the run."""
+    if warmup_steps <= total_steps:
+        return None
+    reached = lr * total_steps / warmup_steps
+    return (f"the run has {total_steps:,} updates but --warmup-steps {warmup_steps:,}: the learning rate only "
+            f"reaches {reached:.3g} ({100 * total_steps / warmup_steps:.0f}% of --lr {lr:g}) and never decays "
+            f"(pass --warmup-steps {max(1, total_steps // 10):,}, about a tenth of the run, or train longer)")
+
+
+def token_counts(arrays: list[np.ndarray], vocab: int) -> np.ndarray:
+    """How often each of ``vocab`` ids occurs in ``arrays`` (memory-mapped shards, read in bounded chunks)."""
+    counts = np.zeros(vocab, dtype=np.int64)
+    for a in arrays:
+        for start in range(0, len(a), _COUNT_CHUNK):
+            counts += np.bincount(a[start:start + _COUNT_CHUNK], minlength=vocab)[:vocab]
+    return counts
+
+
+def unigram_loss(train: list[np.ndarray], val: list[np.ndarray], vocab: int) -> float | None:
+    """Cross-entropy in nats per token of the validation tokens under the training tokens' frequencies, add-one
+    smoothed over the ``vocab`` ids (an id never seen in training still gets a probability): the loss of a model
+    that learned which tokens are common and nothing about context. None without validation tokens."""
+    seen, held = token_counts(train, vocab), token_counts(val, vocab)
+    if held.sum() == 0:
+        return None
+    log_p = np.log(seen + 1.0) - np.log(seen.sum() + float(vocab))
+    return float(-(held * log_p).sum() / held.sum())
+
+
+def plateau_hint(step: int, val_loss: float, unigram: float | None) -> str | None:
+    """One line when the validation loss after a meaningful number of updates is still at the unigram loss
+    (within :data:`PLATEAU_MARGIN`, or above it): what it means and what to try. None otherwise."""
+    if unigram is None or step < PLATEAU_MIN_UPDATES or not math.isfinite(val_loss):
+        return None
+    if val_loss < unigram - PLATEAU_MARGIN:
+        return None
+    return (f"hint: after {step:,} updates the validation loss {val_loss:.2f} is still at the unigram loss "
+            f"{unigram:.2f} (predicting each token by its frequency alone): the model has not learned to use "
+            f"context yet (try another --lr: small models can stall at 1e-3 and learn at 2.5e-4, or the other way; "
+            f"more updates; or a wider init, --init-std 0.06 as the quickstart's small model uses)")
 
 
 # --- checkpoints ---------------------------------------------------------------------------------------------------
