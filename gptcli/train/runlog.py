@@ -3,7 +3,8 @@
 ``metrics.jsonl`` has one JSON object per line: ``{"kind": "train", "step", "loss", "lr", "grad_norm",
 "tokens", "tokens_per_s", "mfu", "elapsed_s"}`` per logged update and ``{"kind": "eval", "step", "split",
 "loss", "perplexity", "tokens"}`` per validation (pretraining adds ``"unigram_loss"``). Only the writing rank
-(rank 0 under DDP) creates a logger. Nothing is drawn here: the training loop reports through :mod:`gptcli.progress` and the command layer renders it.
+(rank 0 under DDP) creates a logger. Nothing is drawn here: the training loop reports through
+:mod:`gptcli.progress` and the command layer renders it.
 """
 
 from __future__ import annotations
