@@ -438,27 +438,22 @@ def majority_baselines() -> dict[str, float | None]:
     The floor every fine-tuned score is read against: a run can be well above chance accuracy and still only say
     "majority class" (MRPC's F1 of always answering "paraphrase" is ≈ 81). STS-B has none (a constant prediction
     has no Pearson correlation): None. Files are found under ``$GPT1_DATA`` (main() sets it, as fine-tuning reads
-    them there too); a task whose files are missing is left out.
+    them there too); a task whose files are missing is left out. The levels are :mod:`gptcli.eval.baselines`'s, the
+    same ``gpt1 finetune`` and ``gpt1 eval`` put beside every score.
     """
-    from collections import Counter
-
     from gptcli.errors import GPT1Error
-    from gptcli.eval.metrics import compute
+    from gptcli.eval.baselines import baseline_of
     from gptcli.tasks import get_task
 
     out: dict[str, float | None] = {}
     for name in TASKS:
-        if name == "stsb":
-            out[name] = None
-            continue
         task = get_task(name)
         try:
             train, dev = task.read("train"), task.read("dev")
         except GPT1Error:  # missing files only drop this baseline cell
             continue
-        top = Counter(int(ex.label) for ex in train if ex.label is not None).most_common(1)[0][0]
-        labels = [int(ex.label) for ex in dev if ex.label is not None]
-        out[name] = 100.0 * compute([METRIC[name]], [top] * len(labels), labels)[METRIC[name]]
+        base = baseline_of(task, train, dev) or {}
+        out[name] = (base.get("majority") or {}).get(METRIC[name])
     return out
 
 

@@ -4,7 +4,7 @@ task (``--task``, or fine-tuned checkpoints, which know their task).
 Options come from :class:`gptcli.eval.tasks.EvalConfig`. The command only dispatches and renders: perplexity is
 :func:`gptcli.eval.perplexity.corpus_perplexity`, task evaluation :func:`gptcli.eval.tasks.evaluate_tasks`. With
 several checkpoints and/or tasks the task summary is one combined table like the paper's Tables 2–4, with GPT-1's
-numbers in the first row.
+numbers in the first row and what a trivial predictor scores (majority class / chance) in the second.
 """
 
 from __future__ import annotations
@@ -78,9 +78,9 @@ def show_task_results(results: Sequence[dict[str, Any]], console: Any, details: 
         if r.get("skipped_rows"):
             console.print(f"[yellow]{escape(r['run'])} · {r['task']}: skipped {len(r['skipped_rows'])} bad rows[/] "
                           f"(first: {escape(r['skipped_rows'][0])})")
-    console.print(results_table(results))
+    console.print(results_table(results))  # its caption says which runs answered one label throughout
     if details:
-        console.print(details_table(results))
+        console.print(details_table(results, notes=False))
     for r in results:
         where = r.get("submission") or r.get("out_dir")
         console.print(f"{r['run']} · {r['task']} ({r['split']}): {where}", highlight=False, markup=False)

@@ -5,8 +5,11 @@ Result tables put the paper's numbers beside ours.
 
 ``results_table(results)`` takes the dicts ``evaluate_task`` returns (or ``results.json`` files, read with
 ``gptcli.eval.tasks.load_results``) for any number of runs and tasks and lays them out as the paper's Tables 2–4:
-one column per task (headline metric ×100), a first row with GPT-1's published numbers, then one row per run. ``details_table`` lists every metric of every
-result (F1 *and* accuracy, Pearson *and* Spearman, RACE per level) with the paper's headline beside it.
+one column per task (headline metric ×100), a first row with GPT-1's published numbers, a second with what a trivial
+predictor scores there (majority class / chance, :mod:`gptcli.eval.baselines`), then one row per run. ``details_table``
+lists every metric of every result (F1 *and* accuracy, Pearson *and* Spearman, RACE per level) with that level and
+the paper's headline beside it. Both mark a score no better than the trivial level ("≈ majority") and say in words
+when a run's predictions are all one label: every command that shows results draws them through these two.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
+from gptcli.eval.baselines import MARGIN, constant_sentence, level, verdict
 from gptcli.progress import Level, Progress
 
 METRIC_SHORT = {"accuracy": "acc", "f1": "F1", "mcc": "MCC", "pearson": "Pearson", "spearman": "Spearman"}
@@ -33,8 +37,87 @@ def _column_title(r: dict[str, Any]) -> str:
     return f"{name}\n{METRIC_SHORT.get(r['metric'], r['metric'])}" + ("" if split == "dev" else f"\n({split})")
 
 
-def results_table(results: Sequence[dict[str, Any]], title: str | None = None) -> Any:
-    """Runs × tasks, headline metric ×100; the first row is GPT-1's published score (reference §6).
+def _level_name(results: Sequence[dict[str, Any]], headline_only: bool = False) -> str:
+    """``majority``, ``chance`` or ``majority / chance``: which trivial levels these results are read against (for
+    every score shown, or only the headline metric's)."""
+    names = {level(r["baseline"], k)[0] for r in results if r.get("baseline")
+             for k in ([r["metric"]] if headline_only else r.get("scores") or {})}
+    return " / ".join(n for n in ("majority", "chance") if n in names) or "majority"
+
+
+def _level_cell(r: dict[str, Any], key: str, mixed: bool) -> str:
+    """``52.7`` (``52.7 chance`` beside majority levels), ``n/a`` (no level: STS-B), ``50.9†`` (majority of the
+    evaluated labels: the checkpoint recorded no training labels), ``–`` (unlabeled: nothing to score)."""
+    base = r.get("baseline")
+    if not base:
+        return "–"
+    name, value = level(base, key)
+    if value is None:
+        return "n/a"
+    return _fmt(value) + (" chance" if mixed and name == "chance" else "") + ("†" if base.get("source") == "eval" else "")
+
+
+def _ours_cell(r: dict[str, Any], key: str) -> str:
+    """Our score, followed by ``≈ majority`` / ``< majority`` (or chance) when it is no better than that level."""
+    value = (r.get("scores") or {}).get(key)
+    mark = verdict(value, r.get("baseline"), key)
+    return _fmt(value) + (f" {mark}" if mark else "")
+
+
+def _legend(results: Sequence[dict[str, Any]]) -> list[str]:
+    """What the level cells and marks of these results mean (only the kinds they show)."""
+    bases = [(r["baseline"], k) for r in results if r.get("baseline") for k in r.get("scores") or {}]
+    if not bases:
+        return []
+    names = {level(b, k)[0] if level(b, k)[1] is not None else "n/a" for b, k in bases}
+    legend = ["majority: always answering the most frequent training label, scored on the same examples"]
+    if "chance" in names:
+        legend.append("chance: one of the answers at random")
+    legend.append(f"≈ / <: ours within {MARGIN:g} point of that level / further below it")
+    if "n/a" in names:
+        legend.append("n/a: a constant prediction has no correlation")
+    lines = ["; ".join(legend) + "."]
+    if any(b.get("source") == "eval" for b, _ in bases):
+        lines.append("†: majority of the evaluated split's own labels (the checkpoint records no training labels).")
+    return lines
+
+
+def _constant_lines(results: Sequence[dict[str, Any]]) -> list[str]:
+    """One sentence per result whose predictions are all one label (or one score)."""
+    lines = []
+    for r in results:
+        said = constant_sentence(r)
+        if said:
+            lines.append(f"{r.get('run', '')} · {r['task']} ({r.get('split', '')}): {said}.".lstrip(" ·"))
+    return lines
+
+
+def trivial_notes(results: Sequence[dict[str, Any]]) -> str:
+    """The words every results table ends with: the legend of the majority / chance level and its marks, then one
+    line per result whose predictions are all one label."""
+    return "\n".join(_legend(results) + _constant_lines(results))
+
+
+def _with_notes(table: Any, results: Sequence[dict[str, Any]], notes: bool) -> Any:
+    """The table with :func:`trivial_notes` under it (the legend dim, the one-label sentences in yellow), at the
+    console's width rather than the table's."""
+    legend, constant = (_legend(results), _constant_lines(results)) if notes else ([], [])
+    if not legend and not constant:
+        return table
+    from rich.console import Group
+    from rich.text import Text
+
+    text = Text("\n".join(legend), style="dim")
+    if constant:
+        text.append(("\n" if legend else "") + "\n".join(constant), style="yellow")
+    return Group(table, text)
+
+
+def results_table(results: Sequence[dict[str, Any]], title: str | None = None, *, notes: bool = True) -> Any:
+    """Runs × tasks, headline metric ×100; the first row is GPT-1's published score (reference §6), the second what
+    a trivial predictor scores on the same split (majority class of the training labels, or chance); a score no
+    better than that is marked, and (``notes``) the legend and the runs whose predictions are all one label are said
+    in words under the table (:func:`trivial_notes`).
 
     The paper's numbers are test-set scores; ours are on the split named under each column (usually dev), so
     compare with that in mind.
@@ -59,38 +142,50 @@ def results_table(results: Sequence[dict[str, Any]], title: str | None = None) -
     for r in columns.values():
         table.add_column(_column_title(r), justify="right")
     table.add_row("GPT-1 (paper)", *[_fmt(r.get("paper_score")) for r in columns.values()], style="dim")
-    for name, by_col in runs.items():
+    shown = [r for by_col in runs.values() for r in by_col.values()]
+    name = _level_name(shown, headline_only=True)
+    levels = []
+    for key, col in columns.items():  # results of one column may differ in level (other subsets): all are shown
+        cells = [_level_cell(by_col[key], col["metric"], "/" in name) for by_col in runs.values() if key in by_col]
+        levels.append(" / ".join(dict.fromkeys(cells)))
+    table.add_row(name, *levels, style="dim")
+    for row, by_col in runs.items():
         cells = []
         for key, col in columns.items():
             r = by_col.get(key)
-            cells.append("–" if r is None or not r.get("scores") else _fmt(r["scores"].get(col["metric"])))
-        table.add_row(name, *cells)
-    return table
+            cells.append("–" if r is None or not r.get("scores") else _ours_cell(r, col["metric"]))
+        table.add_row(row, *cells)
+    return _with_notes(table, results, notes)
 
 
-def details_table(results: Sequence[dict[str, Any]], title: str | None = None) -> Any:
-    """One row per (run, task, metric) with every metric reported, the paper's headline and the difference."""
+def details_table(results: Sequence[dict[str, Any]], title: str | None = None, *, notes: bool = True) -> Any:
+    """One row per (run, task, metric) with every metric reported, ours marked when no better than a trivial
+    predictor, that level beside it (column ``majority``, ``chance`` or both), the paper's headline and the
+    difference; ``notes``: :func:`trivial_notes` under it (off where a results table above already says them)."""
     from rich.table import Table
 
     table = Table(title=title or "Task metrics (×100)")
+    level_name = _level_name(results)
     for name, just in (("run", "left"), ("task", "left"), ("split", "left"), ("metric", "left"), ("ours", "right"),
-                       ("paper", "right"), ("Δ", "right"), ("n", "right")):
+                       (level_name, "right"), ("paper", "right"), ("Δ", "right"), ("n", "right")):
         table.add_column(name, justify=just)
     for r in results:
         scores = r.get("scores") or {}
         if not scores:
             what = "unlabeled: submission file" if r.get("submission") else "unlabeled"
-            table.add_row(r.get("run", ""), r["task"], r.get("split", ""), what, "–", _fmt(r.get("paper_score")),
-                          "", str(r.get("n", "")))
+            table.add_row(r.get("run", ""), r["task"], r.get("split", ""), what, "–", "–",
+                          _fmt(r.get("paper_score")), "", str(r.get("n", "")))
             continue
         for i, (metric, value) in enumerate(scores.items()):
             headline = metric == r["metric"]
             paper = r.get("paper_score") if headline else None
             delta = "" if paper is None else f"{value - paper:+.1f}"
-            table.add_row(r.get("run", "") if i == 0 else "", r["task"] if i == 0 else "", r.get("split", "") if i == 0 else "",
-                          metric + (" *" if headline else ""), _fmt(value), _fmt(paper) if headline else "", delta,
-                          str(r.get("n", "")) if i == 0 else "")
-    return table
+            first = i == 0
+            table.add_row(r.get("run", "") if first else "", r["task"] if first else "",
+                          r.get("split", "") if first else "", metric + (" *" if headline else ""),
+                          _ours_cell(r, metric), _level_cell(r, metric, "/" in level_name),
+                          _fmt(paper) if headline else "", delta, str(r.get("n", "")) if first else "")
+    return _with_notes(table, results, notes)
 
 
 # --------------------------------------------------------------------------------------------------- progress

@@ -5,7 +5,10 @@ encodes the split with the same transformation and context the run was trained w
 
 - ``results.json``: the task's metrics ×100 (the paper's headline metric first, e.g. ``f1`` then ``accuracy``
   for MRPC/QQP, ``pearson`` and ``spearman`` for STS-B; RACE adds ``accuracy_middle``/``accuracy_high`` when a
-  split holds both levels), with the paper's number for comparison (:func:`load_results` reads it back);
+  split holds both levels), with the paper's number for comparison (:func:`load_results` reads it back), the
+  trivial predictor's level on the same examples (``baseline``: majority class of the training labels recorded in
+  the checkpoint, or of the evaluated split when it records none; chance for multiple choice; see
+  :mod:`gptcli.eval.baselines`) and the prediction distribution (``prediction_counts``, ``constant_prediction``);
 - ``predictions.jsonl``: one line per example (``uid``, predicted label string or score, gold label, head outputs);
 - for an unlabeled split (GLUE test files), ``<GLUE name>.tsv`` with ``index\\tprediction`` and GLUE's label
   strings (``SST-2.tsv``, ``MNLI-m.tsv``, ``STS-B.tsv`` ...), ready for the GLUE server.
@@ -27,6 +30,7 @@ from gptcli.checkpoint import Checkpoint, atomic_directory, load_checkpoint, rea
 from gptcli.data.batching import iterate, subsample
 from gptcli.data.transforms import encode_examples
 from gptcli.errors import GPT1Error
+from gptcli.eval.baselines import prediction_summary, trivial_level
 from gptcli.eval.metrics import score_predictions
 from gptcli.fsutil import write_text_atomic
 from gptcli.model.classifier import FinetuneModel, predict
@@ -223,6 +227,10 @@ def write_outputs(out_dir: Path, ck: Checkpoint, task: Any, split: str, examples
         "metric": task.metric,
         "paper_score": task.paper_score,
         "scores": score_predictions(task, preds, examples) if labeled else {},
+        # What always answering the training split's most frequent label (or chance) scores here, and what the
+        # model answered: a score is read against both (gptcli/eval/baselines.py).
+        "baseline": trivial_level(task, examples, ck.meta.get("train_label_counts")) if labeled else None,
+        **prediction_summary(task, preds),
         "n": len(examples),
         "checkpoint": str(ck.path),
         "run": run_label(ck.path),

@@ -456,7 +456,7 @@ def train_epochs(run: Run, report: Progress) -> None:
         for epoch in range(1, run.config.epochs + 1):
             train_one_epoch(run, epoch, rng, report)
             record = evaluate_epoch(run, epoch)
-            report.note(_epoch_line(record))
+            report.note(_epoch_line(record, run))
     finally:
         if run.logger is not None:
             run.logger.close()
@@ -520,10 +520,17 @@ def evaluate_epoch(run: Run, epoch: int) -> dict[str, Any]:
     return record
 
 
-def _epoch_line(record: dict[str, Any]) -> str:
-    """``epoch 2 (update 6): dev accuracy 55.00``."""
-    scores = ", ".join(f"{k} {v:.2f}" for k, v in record.items() if k not in ("kind", "step", "epoch", "split"))
-    return f"epoch {record['epoch']} (update {record['step']}): {record.get('split') or 'no eval'} {scores}".rstrip()
+def _epoch_line(record: dict[str, Any], run: Run | None = None) -> str:
+    """``epoch 2 (update 6): dev accuracy 55.00 (majority 52.71)``: with ``run``, the level of always answering the
+    most frequent training label (or chance) beside the headline, marked "≈ majority" when the score is that."""
+    from gptcli.eval.baselines import baseline_of, level_note
+
+    scores = {k: v for k, v in record.items() if k not in ("kind", "step", "epoch", "split")}
+    text = ", ".join(f"{k} {v:.2f}" for k, v in scores.items())
+    base = baseline_of(run.task, run.data.train, run.data.dev) if run is not None and scores else None
+    note = level_note(scores, base, run.task.metric) if base else ""
+    line = f"epoch {record['epoch']} (update {record['step']}): {record.get('split') or 'no eval'} {text}".rstrip()
+    return line + (f" ({note})" if note else "")
 
 
 def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -560,6 +567,8 @@ def write_outputs(run: Run, out: Path, chosen_epoch: int, work: Path | None = No
 
 def _checkpoint_meta(run: Run, epoch: int, chosen: dict[str, Any], dev_scores: dict[str, Any]) -> dict[str, Any]:
     """What the fine-tuned checkpoint says about itself (``gpt1 eval`` reads the task, head and context here)."""
+    from gptcli.eval.baselines import label_counts
+
     c, task = run.config, run.task
     return {
         "task": task.name,
@@ -572,12 +581,15 @@ def _checkpoint_meta(run: Run, epoch: int, chosen: dict[str, Any], dev_scores: d
         "select": c.select,
         "dev_split": c.eval_split,
         "dev_scores": dev_scores,
+        "train_label_counts": label_counts(task, run.data.train),  # gpt1 eval's majority level comes from these
         "finetune_config": to_dict(c),
         **run.source,
     }
 
 
 def _results(run: Run, epoch: int, dev_scores: dict[str, Any], ckpt: Path) -> dict[str, Any]:
+    from gptcli.eval.baselines import baseline_of
+
     c, task = run.config, run.task
     return {
         "task": task.name,
@@ -586,6 +598,7 @@ def _results(run: Run, epoch: int, dev_scores: dict[str, Any], ckpt: Path) -> di
         "metric": task.metric,
         "paper_score": task.paper_score,
         "scores": dev_scores,
+        "baseline": baseline_of(task, run.data.train, run.data.dev),  # what a trivial predictor scores here
         "epoch": epoch,
         "select": c.select,
         "checkpoint": str(ckpt),

@@ -119,6 +119,19 @@ def test_combined_table_of_several_runs(pretrained, shared_data, tmp_path):
     assert "GPT-1 (paper)" in text and "56.0" in text and "no aux LM" in text
     assert [r["run"] for r in results] == ["rte", "rte-nolm"]
     assert (tmp_path / "evals" / "rte-nolm" / "rte-dev" / "results.json").is_file()
+    # Beside ours, what always answering the training subset's majority label scores on the same 8 examples: the
+    # row under the paper's and the column of the details table, both from results.json.
+    for r in results:
+        base = r["baseline"]
+        assert base["source"] == "train" and sum(base["label_counts"].values()) == 24  # --max-train-examples
+        lines = [json.loads(x) for x in Path(r["predictions"]).read_text().splitlines()]
+        share = 100 * sum(x["label"] == base["majority_label"] for x in lines) / len(lines)
+        assert base["majority"] == {"accuracy": share}
+        assert r["prediction_counts"] == {lab: sum(x["prediction"] == lab for x in lines)
+                                          for lab in ("entailment", "not_entailment")}
+    level_rows = [line for line in text.splitlines() if line.startswith("│ majority ")]
+    assert len(level_rows) == 1 and f"{results[0]['baseline']['majority']['accuracy']:.1f}" in level_rows[0]
+    assert "┃ majority ┃" in text  # the details table's column
 
 
 def test_same_run_names_stay_apart_and_data_dir_needs_one_task(pretrained, shared_data, tmp_path):

@@ -263,7 +263,10 @@ def test_finetune_reports_through_the_progress_protocol(pretrained, shared_data,
     notes = [n["message"] for n in rec.of("note")]
     acc = [h["accuracy"] for h in res.history]
     assert notes[0].startswith("rte: 24 training examples, 16 dev examples; 6 updates")
-    assert notes[1:] == [f"epoch 1 (update 3): dev accuracy {acc[0]:.2f}", f"epoch 2 (update 6): dev accuracy {acc[1]:.2f}"]
+    level = res.results["baseline"]["majority"]["accuracy"]  # the trivial level beside each (eval/baselines.py)
+    assert [n.rsplit(" (", 1)[0] for n in notes[1:]] == [f"epoch 1 (update 3): dev accuracy {acc[0]:.2f}",
+                                                         f"epoch 2 (update 6): dev accuracy {acc[1]:.2f}"]
+    assert all(n.endswith(f"majority {level:.2f})") for n in notes[1:])
 
 
 def test_finetune_ends_its_stage_when_training_fails(pretrained, shared_data, tmp_path, monkeypatch):
