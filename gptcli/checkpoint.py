@@ -119,6 +119,14 @@ def save_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[st
         raise OSError(n, os.strerror(n), str(path)) from None
 
 
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors (on the CPU), with a one-line error when it does not parse."""
+    try:
+        return load_file(str(path))
+    except Exception as e:  # safetensors raises its own error types for truncated/corrupt files
+        raise GPT1Error(f"{path}: unreadable tensors ({e})") from None
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -454,16 +462,32 @@ def prune_checkpoints(checkpoints: Path, keep: int) -> list[Path]:
     if not checkpoints.is_dir():
         return []
     removed = []
-    for stale in checkpoints.glob(".step-*.tmp-*"):
+    # .tmp-: a checkpoint write or a prune cut short; .old-: a checkpoint replaced (fine-tuning saves the same step
+    # again after an interrupted epoch's dev score) whose swap was cut short.
+    for stale in [*checkpoints.glob(".step-*.tmp-*"), *checkpoints.glob(".step-*.old-*")]:
         shutil.rmtree(stale, ignore_errors=True)
         removed.append(stale)
     if keep > 0:
         done = sorted(c for c in checkpoints.glob("step-*") if c.is_dir() and is_checkpoint(c))
         for old in done[:-keep]:
-            # Hide it first (an atomic rename), then delete: a crash mid-delete leaves a stale temporary that the
-            # next prune removes, never a half-deleted step-* directory that looks like a damaged checkpoint.
-            trash = old.parent / f".{old.name}.tmp-pruned-{uuid.uuid4().hex[:8]}"
-            old.rename(trash)
-            shutil.rmtree(trash, ignore_errors=True)
+            _discard(old)
             removed.append(old)
     return removed
+
+
+def remove_step_checkpoints(checkpoints: Path) -> None:
+    """Delete every ``step-*`` checkpoint, oldest first (so an interrupted removal leaves the newest), and every stale
+    temporary (a write, a swap or a prune cut short): a finished fine-tuning run keeps only ``final``."""
+    d = Path(checkpoints)
+    for stale in [*d.glob(".*.tmp-*"), *d.glob(".*.old-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
+    for old in sorted(c for c in d.glob("step-*") if c.is_dir()):
+        _discard(old)
+
+
+def _discard(old: Path) -> None:
+    # Hide it first (an atomic rename), then delete: a crash mid-delete leaves a stale temporary that the next
+    # prune removes, never a half-deleted step-* directory that looks like a damaged checkpoint.
+    trash = old.parent / f".{old.name}.tmp-pruned-{uuid.uuid4().hex[:8]}"
+    old.rename(trash)
+    shutil.rmtree(trash, ignore_errors=True)

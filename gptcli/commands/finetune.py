@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
+
+import typer
 
 from gptcli.commands.options import CliOnly, Options, Parsed
 from gptcli.commands.render import RichProgress, details_table, stderr_console, stdout_console
 from gptcli.errors import GPT1Error
-from gptcli.train.finetune import RESULTS, FinetuneConfig, FinetuneResult
+from gptcli.outputs import check_output
+from gptcli.train.finetune import CONFIG_FILE, RESULTS, FinetuneConfig, FinetuneResult
 
 COMMAND_SETTINGS = {"help": "Fine-tune a pretrained checkpoint on one of the paper's tasks (paper §3.2, §4.1 defaults)."}
 
@@ -22,7 +26,7 @@ OPTIONS = Options(
                          "seed"),
         "Schedule": ("epochs", "warmup", "schedule"),
         "Evaluation": ("eval_split", "max_eval_examples", "eval_batch_size", "select"),
-        "Checkpointing": ("out", "overwrite"),
+        "Checkpointing": ("out", "save_every", "keep_last", "resume", "overwrite"),
         "Runtime": ("device", "precision"),
         "Output": ("log_every",),
     },
@@ -40,16 +44,23 @@ OPTIONS = Options(
 
 def run(p: Parsed) -> None:
     """Fine-tune on a task: input transformation, linear head on the extract token, task loss + λ·LM loss,
-    dev score after every epoch, final checkpoint and results.json in --out. Paper defaults throughout."""
+    dev score after every epoch, final checkpoint and results.json in --out. Paper defaults throughout.
+    Interrupt with Ctrl-C to checkpoint and stop; continue with `gpt1 finetune --out RUN --resume`."""
+    from gptcli.commands.pretrain import WarningsOnly
     from gptcli.train.finetune import finetune
 
     if p.cli["list_tasks"]:
         list_tasks(stdout_console())
         return
-    base = p.base()
+    resume = p.given.get("resume", False)
+    out = p.given.get("out")
+    if resume and out is not None:
+        # Before its config.toml is read as this run's settings: it may be a pretraining run's, or not gpt1's.
+        check_output(Path(out), "finetune-run", overwrite=True)
+    base = p.base(Path(out) / CONFIG_FILE if resume and out is not None else None)
     # Runs saved before the progress display left the config had `progress = true|false` in config.toml.
     quiet = p.cli["quiet"] or base.pop("progress", True) is False
-    cfg = p.resolve(FinetuneConfig, base)
+    cfg = p.resolve(FinetuneConfig, {**base, "resume": resume})
     if not cfg.task:
         raise GPT1Error("--task is required (see `gpt1 finetune --list-tasks`)")
     if not cfg.init:
@@ -57,7 +68,12 @@ def run(p: Parsed) -> None:
     if not p.has("out", base):
         raise GPT1Error("--out is required (the run directory)")
     console = stderr_console()
-    result = finetune(cfg, progress=None if quiet else RichProgress(console))
+    result = finetune(cfg, progress=WarningsOnly(console) if quiet else RichProgress(console))
+    if result.stopped_by:
+        console.print(f"[yellow]stopped by {result.stopped_by}[/] at update {result.step}/{result.total}; "
+                      f"checkpoint {result.checkpoint}. Continue with: gpt1 finetune --out {result.run_dir} --resume",
+                      highlight=False, soft_wrap=True)
+        raise typer.Exit(130)
     show_outcome(result, console)
 
 

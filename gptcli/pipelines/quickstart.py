@@ -495,6 +495,8 @@ def finetune_model(run: _Run, text: TaskText, pre: Pretrained) -> tuple[Path, st
                         epochs=cfg.finetune_epochs, warmup=0.05, seed=cfg.seed, n_ctx=cfg.model.get("n_ctx"),
                         device=cfg.device, precision=cfg.precision, overwrite=True)
     ft = finetune(fc, progress=run.progress)
+    if ft.stopped_by:  # a signal: fine-tuning checkpointed and stopped, but a quickstart is all or nothing
+        raise GPT1Error(f"{fc.out}: fine-tuning stopped early ({ft.stopped_by})")
     dev = ft.results["scores"]
     run.paths["finetune"] = str(ft.checkpoint)
     return ft.checkpoint, (f"{ft.results['steps']} updates; best dev MCC {dev.get('mcc', float('nan')):.1f}, "

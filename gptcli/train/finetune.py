@@ -9,10 +9,18 @@ epoch's body + head, the tokenizer and the head config, and ``RUN/results.json``
 A run is a sequence of named stages, top to bottom in :func:`finetune`: read the task data, build the body,
 encode and build the model + optimizer (:func:`build_run`), train epoch by epoch with a dev score after each,
 keep the best (or last) epoch's weights, write the checkpoint and ``results.json``. The run directory is checked
-before anything is read (:func:`check_run_dir`: never an input, never another kind of directory) and written through
-:func:`run_directory` (an earlier run it replaces stays whole until the new one is complete). Progress goes through
+before anything is read (:func:`check_run_dir`: never an input, never another kind of directory; :func:`plan_run_dir`:
+start, resume or replace) and written through :func:`run_directory` (an earlier run it replaces stays whole until
+the new one is complete). Progress goes through
 :mod:`gptcli.progress`: one stage per run sized in updates, ``advance(1, epoch=, loss=, lr=)`` per update and a
 note with the dev scores after every epoch.
+
+A run is resumable (:func:`plan_run_dir`, :func:`check_resume`, :func:`save_step`, :func:`restore_run`): it
+checkpoints to ``RUN/checkpoints/step-NNNNNNN`` every ``save_every`` updates, after every epoch's dev score and on
+SIGINT/SIGTERM, with everything the rest of the run depends on — optimizer, every RNG, the epoch, the position
+inside it and the shuffling RNG state that orders its batches, the best epoch's score and weights, and how many
+records metrics.jsonl had — so that ``resume=True`` continues bit for bit on CPU (tested). The step checkpoints are
+deleted once ``checkpoints/final`` and ``results.json`` are written.
 
 The update itself (autocast, clipping, schedule, non-finite guard) is the shared :class:`gptcli.train.trainer.Trainer`;
 this module only supplies the data (bucketed, dynamically padded batches) and the loss. The model (body + head as
@@ -27,12 +35,15 @@ the embeddings and the first K blocks, re-initialise the others with the model's
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import json
 import math
 import os
 import random
 import shutil
 import time
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Literal
@@ -40,29 +51,52 @@ from typing import Any, Iterator, Literal
 import torch
 import torch.nn as nn
 
+from gptcli import checkpoint as ckpt
 from gptcli.checkpoint import is_checkpoint, load_checkpoint, read_header, save_checkpoint
-from gptcli.config import save_config, to_dict
+from gptcli.config import dumps_toml, to_dict
 from gptcli.data.batching import Batch, bucketed_batches, collate, iterate, num_batches, subsample
 from gptcli.data.transforms import Encoded, encode_examples
 from gptcli.errors import GPT1Error
+from gptcli.eval.baselines import prediction_summary
 from gptcli.eval.metrics import score_predictions
 from gptcli.fsutil import move_into_place, write_text_atomic
 from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.gpt import GPT, ModelConfig, preset
 from gptcli.model.heads import HeadConfig, TaskHead
 from gptcli.model.losses import lm_loss_per_sequence
-from gptcli.outputs import check_output, mark
+from gptcli.outputs import MARKER, check_output, kind_of, mark
 from gptcli.progress import SILENT, Progress
 from gptcli.runtime import configure_backends, resolve_device, resolve_precision
 from gptcli.tasks import ReadOptions, get_task
 from gptcli.tokenizers import load_tokenizer
 from gptcli.train.optim import lr_at, make_optimizer
-from gptcli.train.runlog import RunLogger
-from gptcli.train.trainer import StepResult, Trainer
+from gptcli.train.runlog import METRICS, RunLogger
+from gptcli.train.trainer import GracefulStop, StepResult, Trainer, every
 
 RESULTS = "results.json"
 FINAL = "final"
 CONFIG_FILE = "config.toml"
+BEST = "best.safetensors"
+"""In a step checkpoint: the best epoch's weights so far (``select = "best"``), when they are no longer the model's."""
+
+# What --resume compares (see check_resume). These settings define what the run's updates and dev scores are; a
+# resume that changes one of them is refused, naming each. Unlike pretraining, whose long runs need steering, the
+# learning-rate recipe and the number of epochs are fixed too: a fine-tuning run is short, and its results.json
+# records one config, which a recipe changed half-way would misreport. The inputs are compared by content, not by
+# path: the init checkpoint's weights, the data files read, the encoded examples (the tokenizer) and the model's
+# shape (see ``Run.identity``).
+RUN_DEFINING = ("task", "train_split", "eval_split", "skip_bad_rows", "lr", "batch_size", "epochs", "warmup",
+                "schedule", "clf_pdrop", "grad_clip", "weight_decay", "decay", "lm_weight", "transfer_layers",
+                "select", "seed", "n_ctx", "max_train_examples", "max_eval_examples")
+# Settings a resume may change, each noted when it does: how the same updates and dev scores are computed. The
+# micro-batch is memory (a resume on a smaller device must be able to lower it); it, the device and the precision
+# change the arithmetic (and the micro-batch the order of the dropout draws), so the continuation is no longer
+# bitwise the uninterrupted run; the evaluation batch may change a dev score's last bits.
+ADJUSTABLE = ("micro_batch_size", "eval_batch_size", "device", "precision")
+# Taken silently: where things are (compared by content instead), how the run is watched and kept, and the two
+# switches that say what to do with --out.
+UNCOMPARED = ("init", "tokenizer", "model", "data_dir", "out", "verify", "log_every", "save_every", "keep_last",
+              "overwrite", "resume")
 
 
 @dataclass
@@ -74,7 +108,8 @@ class FinetuneConfig:
     init: str = ""
     """Pretrained checkpoint (or run directory) to start from, or ``none`` for a randomly initialised model."""
     verify: bool = True
-    """Check the ``init`` checkpoint's files against their checksums before loading it (--no-verify skips it)."""
+    """Check the ``init`` checkpoint's files against their checksums before loading it, and on --resume the run's
+    own checkpoints (a damaged newer one is skipped with a warning); --no-verify skips both."""
     out: str = "runs/finetune"
     """Run directory: metrics.jsonl, config.toml, results.json, checkpoints/final (never the --init run itself)."""
     tokenizer: str | None = None
@@ -131,9 +166,18 @@ class FinetuneConfig:
     """auto, fp32, bf16 or fp16 (autocast; weights stay fp32)."""
     log_every: int = 10
     """Write a training record to metrics.jsonl every this many updates."""
+    save_every: int = 1000
+    """Checkpoint every this many updates to RUN/checkpoints/step-N (also after every epoch's dev score and on
+    SIGINT/SIGTERM); 0 = only those. Step checkpoints are deleted when the run finishes."""
+    keep_last: int = 2
+    """Step checkpoints kept while the run trains (older ones deleted); 0 = keep all."""
+    resume: bool = False
+    """Continue the unfinished run in ``out`` from its newest intact checkpoint (a fresh start if it has none). The
+    task, data, init checkpoint, seed, batch size and recipe must stay as they were; progress, logging and
+    checkpoint cadence may change."""
     overwrite: bool = False
-    """Replace a finished fine-tuning run in ``out`` (kept whole until the new one is complete; any other kind of
-    directory is refused)."""
+    """Replace a finished fine-tuning run in ``out``, or start an unfinished one over (kept whole until the new one
+    is complete; any other kind of directory is refused)."""
 
 
 @dataclass
@@ -148,14 +192,24 @@ class FinetuneResult:
     """The contents of ``RUN/results.json``."""
     history: list[dict[str, Any]] = field(default_factory=list)
     """One evaluation record per epoch (as in metrics.jsonl)."""
+    stopped_by: str | None = None
+    """The signal that stopped the run early (``checkpoint`` is then the step checkpoint to resume from, and
+    ``results`` is empty)."""
+    step: int = 0
+    """Updates done (the resumed ones included)."""
+    total: int = 0
+    """Updates planned."""
 
 
 def finetune(config: FinetuneConfig, progress: Progress | None = None) -> FinetuneResult:
-    """Run one fine-tuning job as configured; returns where the checkpoint and results went."""
+    """Run (or, with ``resume``, continue) one fine-tuning job as configured; returns where the checkpoint and
+    results went, or, when a signal stopped it, the checkpoint to resume from."""
     report = progress or SILENT
     check_config(config)
     task = get_task(config.task)
-    out = check_run_dir(config, task)
+    plan = plan_run_dir(config, task, report)
+    if plan.mode == "done":
+        return finished_run(config, plan.out, report)
     device = resolve_device(config.device)
     precision = resolve_precision(config.precision, device)
     configure_backends(device)
@@ -164,13 +218,27 @@ def finetune(config: FinetuneConfig, progress: Progress | None = None) -> Finetu
     _seed_everything(config.seed)
     gpt, tok, source = build_body(config)
     run = build_run(config, task, data, gpt, tok, source, device, precision)
-    with run_directory(out) as work:
-        run.logger = _start_run_dir(work, config)
+    run.resumable = plan.mode != "replace"
+    if run.resumable:
+        run.identity = run_identity(run)
+    if plan.resume_from is not None:
+        for note in check_resume(run, plan.resume_from):
+            report.note(note)
+    with run_directory(plan.out, plan.mode == "replace") as work:
+        run.work = work
+        run.logger = _start_run_dir(run, plan, report)
         scored = f"{len(data.dev)} {config.eval_split} examples" if config.eval_split else "no evaluation split"
         report.note(f"{task.name}: {len(data.train)} training examples, {scored}; {run.total} updates")
-        train_epochs(run, report)
+        if plan.resume_from is not None:
+            report.note(f"resuming from {plan.resume_from.name}: update {run.step} of {run.total}, epoch {run.epoch}")
+        stopped_by = train_epochs(run, report)
+        if stopped_by is not None:
+            return FinetuneResult(plan.out, run.last_ckpt or plan.out, {}, run.history, stopped_by, run.step, run.total)
         chosen_epoch = keep_selected_weights(run)
-        return write_outputs(run, out, chosen_epoch, work)
+        result = write_outputs(run, plan.out, chosen_epoch, work)
+        # The run is complete: its step checkpoints were there only to resume it (up to 1.9 GB each for GPT-1).
+        ckpt.remove_step_checkpoints(work / "checkpoints")
+        return result
 
 
 def check_config(c: FinetuneConfig) -> None:
@@ -182,6 +250,11 @@ def check_config(c: FinetuneConfig) -> None:
     for name in ("lr", "batch_size", "epochs"):
         if getattr(c, name) <= 0:
             raise GPT1Error(f"{name} must be positive, got {getattr(c, name)}")
+    for name in ("save_every", "keep_last"):
+        if getattr(c, name) < 0:
+            raise GPT1Error(f"{name} must be 0 or more, got {getattr(c, name)}")
+    if c.log_every < 1:
+        raise GPT1Error(f"log_every must be at least 1, got {c.log_every}")
     if not 0 <= c.warmup < 1:
         raise GPT1Error(f"warmup is a fraction of the updates in [0, 1), got {c.warmup}")
     if c.lm_weight < 0:
@@ -192,12 +265,28 @@ def check_config(c: FinetuneConfig) -> None:
         raise GPT1Error("--init none needs --tokenizer DIR (a tokenizer directory or a checkpoint) to encode the task")
     if c.transfer_layers is not None and c.init.lower() == "none":
         raise GPT1Error("--transfer-layers needs a pretrained --init checkpoint (with --init none nothing is transferred)")
+    if c.resume and c.overwrite:
+        raise GPT1Error("--resume continues the run in --out and --overwrite starts it over (pass one of them)")
+
+
+@dataclass
+class RunDirPlan:
+    """What a run does with ``out``, decided before anything is read or written (:func:`plan_run_dir`)."""
+
+    out: Path
+    mode: Literal["fresh", "resume", "replace", "done"]
+    """``fresh``: a new run written in ``out`` itself (empty, missing, or an unfinished run with no checkpoint);
+    ``resume``: continue the unfinished run in ``out``; ``replace``: build a new run in a hidden sibling and swap it
+    in when complete (``overwrite`` of a finished run or of an unfinished one's checkpoints); ``done``: ``resume``
+    of a finished run, which has nothing left to do."""
+    resume_from: Path | None = None
+    """The step checkpoint a resumed run continues from."""
 
 
 def check_run_dir(config: FinetuneConfig, task: Any) -> Path:
     """``config.out``, if this run may write there: never an input (the --init checkpoint or run, the tokenizer,
-    the task's data), never another kind of directory (a pretraining run, a folder of notes); a finished
-    fine-tuning run only with ``overwrite``. Checked before anything is read or written."""
+    the task's data), never another kind of directory (a pretraining run, a folder of notes). Checked before
+    anything is read or written."""
     out = Path(config.out)
     inputs = [Path(p) for p in (config.init, config.tokenizer) if p and p.lower() != "none"]
     try:
@@ -205,19 +294,91 @@ def check_run_dir(config: FinetuneConfig, task: Any) -> Path:
     except GPT1Error:
         pass  # missing data is reported when it is read, with the task's own advice
     check_output(out, "finetune-run", overwrite=True, inputs=inputs)
-    if (out / "checkpoints" / FINAL).exists() and not config.overwrite:
-        raise GPT1Error(f"{out}: already holds a fine-tuned checkpoint (pass --overwrite to replace it)")
     return out
 
 
+def plan_run_dir(config: FinetuneConfig, task: Any, report: Progress) -> RunDirPlan:
+    """Decide what to do with ``out`` (see :class:`RunDirPlan`). A finished run is replaced only with ``overwrite``;
+    an unfinished one with checkpoints is continued with ``resume``, started over with ``overwrite``, and refused
+    otherwise (its checkpoints are hours of work); one without checkpoints is simply run again."""
+    out = check_run_dir(config, task)
+    steps = step_checkpoints(out)
+    finished = (out / "checkpoints" / FINAL).exists()
+    if config.resume and steps:
+        return RunDirPlan(out, "resume", _resume_point(out, steps, config.verify, report))
+    if config.overwrite and (finished or steps):
+        return RunDirPlan(out, "replace")
+    if finished and config.resume and (out / RESULTS).is_file():
+        return RunDirPlan(out, "done")
+    if finished:
+        raise GPT1Error(f"{out}: already holds a fine-tuned checkpoint (pass --overwrite to replace it)")
+    if steps:
+        raise GPT1Error(f"{out}: holds an unfinished fine-tuning run with checkpoints (pass --resume to continue it, "
+                        "or --overwrite to start it over)")
+    if config.resume:
+        report.note(f"{out}: no checkpoint to resume from; starting the run")
+    return RunDirPlan(out, "fresh")
+
+
+def step_checkpoints(out: Path) -> list[Path]:
+    """The run's step checkpoints (complete ones, damaged or not), oldest first."""
+    d = out / "checkpoints"
+    if not d.is_dir():
+        return []
+    return sorted(c for c in d.glob("step-*") if c.is_dir() and is_checkpoint(c))
+
+
+def _resume_point(out: Path, steps: list[Path], verify: bool, report: Progress) -> Path:
+    """The newest step checkpoint whose files verify, each newer damaged one skipped with a warning (with
+    ``verify`` off: simply the newest)."""
+    if not verify:
+        return steps[-1]
+    skipped = []
+    for c in reversed(steps):
+        problems = ckpt.verify_checkpoint(c)
+        if not problems:
+            for bad, why in skipped:
+                report.note(f"skipping checkpoint {bad.name}: {why}; resuming from {c.name}", level="warn")
+            return c
+        skipped.append((c, problems[0]))
+    detail = "; ".join(f"{c.name}: {why}" for c, why in skipped)
+    raise GPT1Error(f"{out}: no intact checkpoint to resume from ({detail}) (restore a checkpoint, pass --no-verify "
+                    "to resume from the newest anyway, or --overwrite to start the run over)")
+
+
+def finished_run(config: FinetuneConfig, out: Path, report: Progress) -> FinetuneResult:
+    """``resume`` of a finished run: nothing to train, so the result it has (a resume is idempotent, e.g. for a job
+    that is requeued after it ended) — unless a setting that defines the run changed, which is refused as any resume
+    would be. Stale temporaries a kill in the run's last moments left in checkpoints/ are removed."""
+    try:
+        results = json.loads((out / RESULTS).read_text(encoding="utf-8"))
+        old = dict(results["config"])
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise GPT1Error(f"{out / RESULTS}: unreadable results of a finished run ({e}) (pass --overwrite to run it "
+                        "again)") from None
+    defaults = {f.name: f.default for f in dataclasses.fields(FinetuneConfig)}
+    changed = [f"{k} {old.get(k, defaults[k])} → {getattr(config, k)}" for k in RUN_DEFINING
+               if old.get(k, defaults[k]) != getattr(config, k)]
+    if changed:
+        raise GPT1Error(f"{out}: the run is finished with other settings: {', '.join(changed)} (pass --overwrite to "
+                        "run it again with these, or choose another --out)")
+    ckpt.remove_step_checkpoints(out / "checkpoints")
+    report.note(f"{out}: the run is already finished; nothing to resume")
+    steps = int(results.get("steps", 0))
+    return FinetuneResult(out, out / "checkpoints" / FINAL, results, list(results.get("history", [])), None, steps,
+                          steps)
+
+
 @contextlib.contextmanager
-def run_directory(out: Path) -> Iterator[Path]:
-    """Where a run writes. A new run writes in ``out`` itself, marked as a fine-tuning run at once (so even an
-    interrupted one is recognised as gpt1's); a run replacing an earlier one writes in a hidden sibling that is
-    moved into place only when complete, so the earlier run survives a failed or interrupted one whole."""
-    if not (out.is_dir() and any(out.iterdir())):
+def run_directory(out: Path, replace: bool) -> Iterator[Path]:
+    """Where a run writes. A new or resumed run writes in ``out`` itself, marked as a fine-tuning run at once (so
+    even an interrupted one is recognised as gpt1's, and its checkpoints are where ``--resume`` looks); a run
+    replacing an earlier one writes in a hidden sibling that is moved into place only when complete, so the
+    earlier run survives a failed or interrupted one whole."""
+    if not replace:
         out.mkdir(parents=True, exist_ok=True)
-        mark(out, "finetune-run")
+        if kind_of(out) != "finetune-run" or not (out / MARKER).is_file():
+            mark(out, "finetune-run")
         yield out
         return
     tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
@@ -331,7 +492,9 @@ def build_body(config: FinetuneConfig) -> tuple[GPT, Any, dict[str, Any]]:
         if tok is None:
             raise GPT1Error(f"{ck.path}: checkpoint has no tokenizer/ (pass --tokenizer DIR)")
         n_sp = max(0, 3 - gpt.config.n_special)
-        source = {"init": str(ck.path), "init_kind": ck.kind, "init_meta": ck.meta}
+        # What a resume compares the init checkpoint by (its recorded checksum; computed for older checkpoints).
+        weights_sha = read_header(ck.path).files.get(ckpt.WEIGHTS) or _file_sha256(ck.path / ckpt.WEIGHTS)
+        source = {"init": str(ck.path), "init_kind": ck.kind, "init_meta": ck.meta, "init_sha256": weights_sha}
     if tok.vocab_size != gpt.config.vocab_size:
         raise GPT1Error(
             f"tokenizer has {tok.vocab_size} ids but the model's vocabulary has {gpt.config.vocab_size}: "
@@ -376,7 +539,8 @@ class TaskLoss:
 
 @dataclass
 class Run:
-    """What the stages of one run share: the inputs, the model and its trainer, and the running state."""
+    """What the stages of one run share: the inputs, the model and its trainer, and the running state. Everything
+    from ``step`` to ``records`` is saved in a step checkpoint (:func:`save_step`) and restored on resume."""
 
     config: FinetuneConfig
     task: Any
@@ -396,8 +560,30 @@ class Run:
     source: dict[str, Any]
     """Where the body came from (init checkpoint, its kind and meta, transfer_layers): checkpoint meta."""
     logger: RunLogger | None = None
+    work: Path | None = None
+    """The directory the run writes in (``out``, or the hidden one that becomes ``out``)."""
+    resumable: bool = True
+    """Whether the run saves step checkpoints and stops cleanly on a signal (not when it replaces a finished run:
+    it builds in a hidden directory that an interruption removes)."""
+    identity: dict[str, Any] = field(default_factory=dict)
+    """What the run was made from, by content (:func:`run_identity`), for :func:`check_resume`."""
     step: int = 0
+    epoch: int = 1
+    """The epoch in progress (1-based)."""
+    done_in_epoch: int = 0
+    """Batches of the current epoch already trained on."""
+    evaluated: bool = False
+    """Whether the current epoch is complete: trained and scored on the dev split."""
+    shuffle: random.Random = field(default_factory=random.Random)
+    """Orders every epoch's batches (seeded with ``config.seed``; one stream through the whole run)."""
+    epoch_rng: Any = None
+    """``shuffle``'s state at the start of the current epoch: the current epoch's batch order is rebuilt from it."""
     tokens: int = 0
+    window_loss: float = 0.0
+    window_n: int = 0
+    """Sum and count of the update losses since the last training record (the record logs their mean)."""
+    records: int = 0
+    """Records written to metrics.jsonl (a resume keeps this many)."""
     window_tokens: int = 0
     """Tokens since the last training record (for tokens_per_s)."""
     t0: float = 0.0
@@ -405,10 +591,14 @@ class Run:
     history: list[dict[str, Any]] = field(default_factory=list)
     best: tuple[float, int, dict[str, torch.Tensor]] | None = None
     """(dev score, epoch, weights) of the best epoch so far; weights empty for the last epoch (still in the model)."""
+    last_ckpt: Path | None = None
+    saved: tuple[int, bool] | None = None
+    """(step, evaluated) of the newest step checkpoint this process wrote: a stop right after it saves nothing new."""
 
     def log(self, record: dict[str, Any]) -> None:
         assert self.logger is not None, "the run directory is started before training"
         self.logger.log(record)
+        self.records += 1
 
 
 def build_run(config: FinetuneConfig, task: Any, data: TaskData, gpt: GPT, tok: Any, source: dict[str, Any],
@@ -426,8 +616,10 @@ def build_run(config: FinetuneConfig, task: Any, data: TaskData, gpt: GPT, tok: 
     loss = TaskLoss(config.lm_weight)
     trainer = Trainer(model, optimizer, loss, lambda s: lr_at(s, total, config.lr, warmup_steps, config.schedule),
                       device=device, precision=precision, grad_clip=config.grad_clip or None)
-    return Run(config, task, device, precision, data, tok, n_ctx, train_enc, dev_enc, head_cfg, model, loss,
-               trainer, total, source)
+    run = Run(config, task, device, precision, data, tok, n_ctx, train_enc, dev_enc, head_cfg, model, loss,
+              trainer, total, source, shuffle=random.Random(config.seed))
+    run.epoch_rng = run.shuffle.getstate()
+    return run
 
 
 def _seed_everything(seed: int) -> None:
@@ -438,39 +630,114 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _start_run_dir(work: Path, config: FinetuneConfig) -> RunLogger:
-    """The resolved config and a fresh metrics.jsonl in the (new, or new hidden) run directory."""
-    save_config(config, work / CONFIG_FILE)
-    return RunLogger(work)
+def recorded(config: FinetuneConfig) -> FinetuneConfig:
+    """The settings a run records (config.toml, checkpoints, results.json): ``resume`` and ``overwrite`` say what to
+    do with ``out`` this time, not what the run is, and would make ``--resume`` of the saved config.toml refuse."""
+    return dataclasses.replace(config, resume=False, overwrite=False)
+
+
+def _start_run_dir(run: Run, plan: RunDirPlan, report: Progress) -> RunLogger:
+    """The resolved config and metrics.jsonl: a resumed run restores its state and keeps the records its checkpoint
+    had seen (dropping those a killed process wrote after it); a new one starts the file afresh."""
+    assert run.work is not None
+    for stale in run.work.glob(".*.tmp-*"):  # a file write (config, metrics, results) cut short by a kill
+        if stale.is_file():
+            stale.unlink()
+    # Atomically: a config.toml cut short would be read back by `--resume` as a run with other settings.
+    write_text_atomic(run.work / CONFIG_FILE, dumps_toml(to_dict(recorded(run.config))))
+    metrics = run.work / METRICS
+    if plan.resume_from is not None:
+        restore_run(run, plan.resume_from)
+        _keep_records(metrics, run.records, report)
+    elif metrics.exists():
+        metrics.unlink()  # an unfinished run without checkpoints started over
+    return RunLogger(run.work)
+
+
+def _keep_records(path: Path, n: int, report: Progress) -> None:
+    """Keep the first ``n`` records of metrics.jsonl, replaced atomically (a crash here leaves the old file). By
+    count, not by step: an epoch's eval record has the step of its last update, and a checkpoint saved before that
+    evaluation must not keep it."""
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    keep = []
+    for line in lines:
+        if len(keep) == n:
+            break
+        try:
+            json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a crash
+        keep.append(line)
+    if len(keep) < n:
+        report.note(f"{path}: {n - len(keep)} of the {n} records the checkpoint had seen are missing", level="warn")
+    write_text_atomic(path, "".join(k + "\n" for k in keep))
 
 
 # --------------------------------------------------------------------------------------------- training
 
 
-def train_epochs(run: Run, report: Progress) -> None:
-    """Every epoch: one pass over the shuffled, length-bucketed training batches, then a dev score."""
-    rng = random.Random(run.config.seed)
+def train_epochs(run: Run, report: Progress) -> str | None:
+    """Every epoch from where the run stands: its remaining updates on the shuffled, length-bucketed training
+    batches, a dev score, a checkpoint. Returns the name of the signal that stopped the run (after saving a step
+    checkpoint), or None when every epoch is done. A run that is not resumable leaves signals as they are."""
     run.t0 = run.t_log = time.perf_counter()
-    report.stage(f"finetune {run.task.name}", run.total, unit="updates")
+    report.stage(f"finetune {run.task.name}", run.total, unit="updates", done=run.step)
     try:
-        for epoch in range(1, run.config.epochs + 1):
-            train_one_epoch(run, epoch, rng, report)
-            record = evaluate_epoch(run, epoch)
-            report.note(_epoch_line(record, run))
+        with GracefulStop() if run.resumable else GracefulStop(signals=()) as stop:
+            while run.epoch <= run.config.epochs:
+                stopped = run_epoch(run, report, stop)
+                if stopped is not None:
+                    return stopped
+            return None
     finally:
         if run.logger is not None:
             run.logger.close()
         report.end()
 
 
-def train_one_epoch(run: Run, epoch: int, rng: random.Random, report: Progress) -> None:
-    """One pass over the training split: an update per batch (micro-batches accumulate), a record every log_every."""
+def epoch_batches(run: Run) -> list[list[int]]:
+    """The current epoch's batches (index lists), rebuilt from the shuffling RNG's state at the epoch's start; the
+    RNG is left where the uninterrupted run leaves it, ready for the next epoch."""
+    run.shuffle.setstate(run.epoch_rng)
+    return bucketed_batches([e.length for e in run.train_enc], run.config.batch_size, shuffle=True, rng=run.shuffle)
+
+
+def run_epoch(run: Run, report: Progress, stop: GracefulStop) -> str | None:
+    """The rest of the current epoch: updates, the dev score, the epoch-end checkpoint (so a resume never scores an
+    epoch twice); then move on to the next epoch. Returns the stopping signal's name, or None."""
+    batches = epoch_batches(run)
+    if not run.evaluated:
+        stopped = train_one_epoch(run, batches, report, stop)
+        if stopped is not None:
+            return stopped
+        record = evaluate_epoch(run, run.epoch, stop)
+        if record is None:  # a signal came during the evaluation: it is redone on resume
+            return _stop(run, stop)
+        report.note(_epoch_line(record, run))
+        run.evaluated = True
+        save_step(run)
+        if stop.requested is not None:
+            return _stop(run, stop)
+    run.epoch, run.done_in_epoch, run.evaluated = run.epoch + 1, 0, False
+    run.epoch_rng = run.shuffle.getstate()
+    return None
+
+
+def _stop(run: Run, stop: GracefulStop) -> str:
+    """Checkpoint where the run stands (unless the newest step checkpoint already holds it) for a signal."""
+    if run.saved != (run.step, run.evaluated):
+        save_step(run)
+    return stop.name or "signal"
+
+
+def train_one_epoch(run: Run, batches: list[list[int]], report: Progress, stop: GracefulStop) -> str | None:
+    """The current epoch's remaining batches: an update per batch (micro-batches accumulate), a record every
+    log_every, a step checkpoint every save_every (the epoch's last update is saved after its dev score instead).
+    Returns the name of a signal that arrived, after checkpointing, or None at the end of the epoch."""
     c = run.config
     micro = c.micro_batch_size or c.batch_size
     regression = run.task.kind == "regression"
-    run_loss, run_n = 0.0, 0  # the mean loss since the last training record
-    lengths = [e.length for e in run.train_enc]
-    for idx in bucketed_batches(lengths, c.batch_size, shuffle=True, rng=rng):
+    for idx in batches[run.done_in_epoch :]:
         mbs = [collate([run.train_enc[i] for i in idx[j : j + micro]], regression).to(run.device)
                for j in range(0, len(idx), micro)]
         run.loss.start_update()
@@ -479,15 +746,21 @@ def train_one_epoch(run: Run, epoch: int, rng: random.Random, report: Progress) 
             raise GPT1Error(f"{run.task.name}: the loss became {res.loss} at update {run.step + 1}; "
                             "lower --lr or use --precision fp32")
         run.step += 1
+        run.done_in_epoch += 1
         n_tok = sum(mb.tokens for mb in mbs)
         run.tokens += n_tok
         run.window_tokens += n_tok
-        run_loss += res.loss
-        run_n += 1
+        run.window_loss += res.loss
+        run.window_n += 1
         if run.step % c.log_every == 0 or run.step == run.total:
-            _log_train(run, epoch, run_loss / run_n, res)
-            run_loss, run_n = 0.0, 0
-        report.advance(1, epoch=f"{epoch}/{c.epochs}", loss=res.loss, lr=res.lr)
+            _log_train(run, run.epoch, run.window_loss / run.window_n, res)
+            run.window_loss, run.window_n = 0.0, 0
+        report.advance(1, epoch=f"{run.epoch}/{c.epochs}", loss=res.loss, lr=res.lr)
+        if every(run.step, c.save_every) and run.done_in_epoch < len(batches):
+            save_step(run)
+        if stop.requested is not None:
+            return _stop(run, stop)
+    return None
 
 
 def _log_train(run: Run, epoch: int, loss: float, res: StepResult) -> None:
@@ -499,16 +772,37 @@ def _log_train(run: Run, epoch: int, loss: float, res: StepResult) -> None:
     run.window_tokens, run.t_log = 0, now
 
 
-def evaluate_epoch(run: Run, epoch: int) -> dict[str, Any]:
-    """Score the dev split (when there is one), remember the best epoch's weights, log the record."""
+class _Abandoned(Exception):
+    """A signal arrived during a dev evaluation: it is left unfinished and redone on resume."""
+
+
+def _until_stopped(batches: Iterator[Batch], stop: GracefulStop) -> Iterator[Batch]:
+    for batch in batches:
+        if stop.requested is not None:
+            raise _Abandoned
+        yield batch
+
+
+# Keys of an epoch's eval record that are not scores (the prediction distribution rides along for the report).
+NOT_SCORES = ("kind", "step", "epoch", "split", "prediction_counts", "prediction_stats", "constant_prediction")
+
+
+def evaluate_epoch(run: Run, epoch: int, stop: GracefulStop | None = None) -> dict[str, Any] | None:
+    """Score the dev split (when there is one), remember the best epoch's weights, log the record. None when a
+    signal cut the evaluation short (nothing was changed: the model and every RNG are as before it)."""
     c = run.config
     record: dict[str, Any] = {"kind": "eval", "step": run.step, "epoch": epoch, "split": c.eval_split}
     if run.dev_enc:
         batches = iterate(run.dev_enc, c.eval_batch_size or 2 * c.batch_size, shuffle=False,
                           regression=run.task.kind == "regression")
-        preds, _ = predict(run.model, batches, run.device, run.precision)
+        try:
+            preds, _ = predict(run.model, batches if stop is None else _until_stopped(batches, stop), run.device,
+                               run.precision)
+        except _Abandoned:
+            return None
         scores = score_predictions(run.task, preds, run.data.dev)
         record.update(scores)
+        record.update(prediction_summary(run.task, preds))  # a one-class model is named as such, not just scored
         value = scores[run.task.metric]
         # Strictly better only: on ties the earlier epoch stays (as the released code's `>`). The last epoch's
         # weights are still in the model, so they need no copy.
@@ -523,18 +817,155 @@ def evaluate_epoch(run: Run, epoch: int) -> dict[str, Any]:
 def _epoch_line(record: dict[str, Any], run: Run | None = None) -> str:
     """``epoch 2 (update 6): dev accuracy 55.00 (majority 52.71)``: with ``run``, the level of always answering the
     most frequent training label (or chance) beside the headline, marked "≈ majority" when the score is that."""
-    from gptcli.eval.baselines import baseline_of, level_note
+    from gptcli.eval.baselines import baseline_of, constant_sentence, level_note
 
-    scores = {k: v for k, v in record.items() if k not in ("kind", "step", "epoch", "split")}
+    scores = {k: v for k, v in record.items() if k not in NOT_SCORES}
     text = ", ".join(f"{k} {v:.2f}" for k, v in scores.items())
     base = baseline_of(run.task, run.data.train, run.data.dev) if run is not None and scores else None
     note = level_note(scores, base, run.task.metric) if base else ""
     line = f"epoch {record['epoch']} (update {record['step']}): {record.get('split') or 'no eval'} {text}".rstrip()
-    return line + (f" ({note})" if note else "")
+    constant = constant_sentence({**record, "n": len(run.data.dev)}) if run is not None else None
+    return line + (f" ({note})" if note else "") + (f"; {constant}" if constant else "")
 
 
 def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+
+# --------------------------------------------------------------------------------------------- resuming
+
+
+def save_step(run: Run) -> None:
+    """Checkpoint where the run stands to ``checkpoints/step-N`` (body + head + tokenizer, loadable by ``gpt1
+    eval``) with its training state and, when they are no longer the model's, the best epoch's weights; prune to
+    ``keep_last``. A run that is not resumable saves nothing."""
+    if not run.resumable:
+        return
+    assert run.work is not None
+    finite = torch.stack([torch.isfinite(p).all() for p in run.model.parameters()]).all()
+    if not bool(finite):  # such a checkpoint would be the one --resume picks, and saving it would prune a good one
+        raise GPT1Error(f"{run.task.name}: the weights became non-finite at update {run.step}; "
+                        "lower --lr or use --precision fp32")
+    best = run.best[2] if run.best is not None else {}
+
+    def extra(d: Path) -> None:
+        ckpt.write_training_state(d, run.trainer.optimizer, {"step": run.step, "finetune": _position(run)},
+                                  scaler=run.trainer.scaler)
+        if best:
+            ckpt.save_tensors(best, d / BEST)
+
+    meta = {**_checkpoint_meta(run, run.epoch, {}, {}), "stage": "finetune", "resume_identity": run.identity}
+    where = run.work / "checkpoints"
+    run.last_ckpt = save_checkpoint(where / ckpt.step_dir_name(run.step), run.model.gpt, run.tokenizer,
+                                    kind="finetuned", meta=meta, head_state=run.model.head.state_dict(), extra=extra)
+    run.saved = (run.step, run.evaluated)
+    ckpt.prune_checkpoints(where, run.config.keep_last)
+
+
+def _position(run: Run) -> dict[str, Any]:
+    """Where the run stands, as JSON (floats round-trip exactly): :class:`Run` from ``step`` to ``records``."""
+    version, state, gauss = run.epoch_rng
+    return {"epoch": run.epoch, "done_in_epoch": run.done_in_epoch, "evaluated": run.evaluated,
+            "epoch_rng": [version, list(state), gauss], "tokens": run.tokens, "window_loss": run.window_loss,
+            "window_n": run.window_n, "records": run.records, "history": run.history,
+            "best": None if run.best is None else [run.best[0], run.best[1]], "total": run.total}
+
+
+def restore_run(run: Run, path: Path) -> None:
+    """Load a step checkpoint into the freshly built run: weights, optimizer (and loss scaler), every RNG, the
+    position and the best-epoch bookkeeping. Its files were verified when it was chosen (or --no-verify said not to)."""
+    saved = load_checkpoint(path, load_tokenizer=False, verify=False)
+    try:
+        run.model.gpt.load_state_dict(saved.model.state_dict(), strict=True)
+        run.model.head.load_state_dict(saved.head_state, strict=True)
+    except RuntimeError as e:
+        raise GPT1Error(f"{path}: checkpoint does not match the configured model ({str(e).splitlines()[0]}); "
+                        "resume with the run's own settings") from None
+    doc, tensors = ckpt.read_training_state(path, verify=False)
+    ckpt.restore_training_state(doc, tensors, run.trainer.optimizer, scaler=run.trainer.scaler)
+    pos = doc["finetune"]
+    run.step = int(doc["step"])
+    run.epoch, run.done_in_epoch, run.evaluated = pos["epoch"], pos["done_in_epoch"], pos["evaluated"]
+    version, state, gauss = pos["epoch_rng"]
+    run.epoch_rng = (version, tuple(state), gauss)
+    run.tokens, run.window_loss, run.window_n = pos["tokens"], pos["window_loss"], pos["window_n"]
+    run.records, run.history = pos["records"], pos["history"]
+    if pos["best"] is not None:
+        weights = ckpt.load_tensors(path / BEST) if (path / BEST).is_file() else {}
+        run.best = (pos["best"][0], pos["best"][1], weights)
+    run.last_ckpt, run.saved = path, (run.step, run.evaluated)
+
+
+def run_identity(run: Run) -> dict[str, Any]:
+    """What the run is made of, by content, recorded in every step checkpoint: the data files read (sha256 each,
+    by path inside the task folder), the init checkpoint's weights, and the encoded examples (which the tokenizer,
+    the truncation and the subsets decide)."""
+    c = run.config
+    folder = run.task.data_dir(c.data_dir)
+    files: dict[str, str] = {}
+    for split in dict.fromkeys(s for s in (c.train_split, c.eval_split) if s):
+        for name in run.task.splits[split].files:
+            top = folder / name
+            for f in sorted(top.rglob("*")) if top.is_dir() else [top]:
+                if f.is_file():
+                    files[f.relative_to(folder).as_posix()] = _file_sha256(f)
+    h = hashlib.sha256()
+    for e in [*run.train_enc, None, *run.dev_enc]:  # about 1 s for MNLI's 393k pairs
+        if e is None:
+            h.update(b"|dev|")
+            continue
+        for seq in e.seqs:  # length-prefixed, so the boundaries are part of what is hashed
+            h.update(len(seq).to_bytes(4, "little") + array("q", seq).tobytes())
+        h.update(repr(e.label).encode() + b";")
+    return {"data_dir": str(folder.resolve()), "data_files": files, "init_sha256": run.source.get("init_sha256"),
+            "examples_sha256": h.hexdigest()}
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_resume(run: Run, path: Path) -> list[str]:
+    """Refuse a resume from ``path`` that would change what the run is — a :data:`RUN_DEFINING` setting, the model's
+    shape, the init weights, a data file or the encoded examples — naming each change with its old and new value;
+    returns a note for the :data:`ADJUSTABLE` settings that changed."""
+    header = read_header(path)
+    old, ident, c = header.meta.get("finetune_config", {}), header.meta.get("resume_identity", {}), run.config
+    defaults = {f.name: f.default for f in dataclasses.fields(FinetuneConfig)}
+    changed, adjusted = [], []
+    for key in RUN_DEFINING + ADJUSTABLE:
+        was, now = old.get(key, defaults[key]), getattr(c, key)
+        if was != now:
+            (adjusted if key in ADJUSTABLE else changed).append(f"{key} {was} → {now}")
+    shape = dataclasses.asdict(run.model.gpt.config)
+    changed += [f"model {k} {v} → {shape[k]}" for k, v in header.model.items() if k in shape and shape[k] != v]
+    if ident.get("init_sha256") != run.identity.get("init_sha256"):
+        was = old.get("init", "?")
+        changed.append(f"init {c.init} (its weights changed since the run started)" if was == c.init
+                       else f"init {was} → {c.init} (other weights)")
+    changed += _changed_data(ident, run.identity, c)
+    if not changed and ident.get("examples_sha256") != run.identity.get("examples_sha256"):
+        changed.append(f"tokenizer {old.get('tokenizer') or 'of the init checkpoint'} → "
+                       f"{c.tokenizer or 'of the init checkpoint'} (it encodes the examples differently)")
+    if changed:
+        raise GPT1Error(f"{c.out}: cannot resume with changed settings: {', '.join(changed)} (these define the run: "
+                        "resume without changing them, or start a new run with another --out)")
+    return [f"resuming with changed settings: {', '.join(adjusted)}"] if adjusted else []
+
+
+def _changed_data(old: dict[str, Any], new: dict[str, Any], c: FinetuneConfig) -> list[str]:
+    """Each data file whose content differs from the one the run started with (the folder may have moved)."""
+    was, now = old.get("data_files", {}), new.get("data_files", {})
+    differ = [f for f in sorted(set(was) | set(now)) if was.get(f) != now.get(f)]
+    if not differ:
+        return []
+    if old.get("data_dir") != new.get("data_dir"):
+        return [f"data {old.get('data_dir', '?')} → {new['data_dir']} (other files: {', '.join(differ)})"]
+    return [f"data file {f} ({'changed since the run started' if f in now else 'no longer read'})" for f in differ]
 
 
 # --------------------------------------------------------------------------------------------- outputs
@@ -554,7 +985,7 @@ def write_outputs(run: Run, out: Path, chosen_epoch: int, work: Path | None = No
     ``work`` (``out``, or the hidden directory that becomes ``out``); paths recorded are those under ``out``."""
     work = work or out
     chosen = next((h for h in run.history if h["epoch"] == chosen_epoch), {})
-    dev_scores = {k: v for k, v in chosen.items() if k not in ("kind", "step", "epoch", "split")}
+    dev_scores = {k: v for k, v in chosen.items() if k not in NOT_SCORES}
     run.model.cpu()
     ckpt = out / "checkpoints" / FINAL
     save_checkpoint(work / "checkpoints" / FINAL, run.model.gpt, run.tokenizer, kind="finetuned",
@@ -582,7 +1013,7 @@ def _checkpoint_meta(run: Run, epoch: int, chosen: dict[str, Any], dev_scores: d
         "dev_split": c.eval_split,
         "dev_scores": dev_scores,
         "train_label_counts": label_counts(task, run.data.train),  # gpt1 eval's majority level comes from these
-        "finetune_config": to_dict(c),
+        "finetune_config": to_dict(recorded(c)),
         **run.source,
     }
 
@@ -599,6 +1030,7 @@ def _results(run: Run, epoch: int, dev_scores: dict[str, Any], ckpt: Path) -> di
         "paper_score": task.paper_score,
         "scores": dev_scores,
         "baseline": baseline_of(task, run.data.train, run.data.dev),  # what a trivial predictor scores here
+        **{k: v for h in run.history if h["epoch"] == epoch for k, v in h.items() if k in NOT_SCORES[4:]},
         "epoch": epoch,
         "select": c.select,
         "checkpoint": str(ckpt),
@@ -609,5 +1041,5 @@ def _results(run: Run, epoch: int, dev_scores: dict[str, Any], ckpt: Path) -> di
         "history": run.history,
         "steps": run.step,
         "elapsed_s": round(time.perf_counter() - run.t0, 3),
-        "config": to_dict(c),
+        "config": to_dict(recorded(c)),
     }

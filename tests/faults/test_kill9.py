@@ -8,7 +8,7 @@ each step of a checkpoint write (a half-written model.safetensors, a half-writte
 checkpoint not yet renamed into place, an old checkpoint half pruned): the previous checkpoint survives intact and
 the run resumes from it.
 
-Fine-tuning cannot resume yet (issue #13), so only pretraining is tested here (see docs/reliability.md).
+The same for fine-tuning is tests/faults/test_kill9_finetune.py.
 """
 
 from __future__ import annotations

@@ -129,8 +129,12 @@ def test_the_old_run_survives_a_failed_or_interrupted_replacement(made, tmp_path
     shutil.copytree(made / "rte", run)
     before = snapshot(run)
 
-    def late_failure(*a, **k):  # training done and the new checkpoint saved; results.json is not written
-        raise fault
+    real = ft.write_text_atomic
+
+    def late_failure(path, text):  # training done and the new checkpoint saved; results.json is not written
+        if Path(path).name == "results.json":
+            raise fault
+        return real(path, text)
 
     monkeypatch.setattr(ft, "write_text_atomic", late_failure)
     code, text = gpt1(capsys, "finetune", "--init", made / "pre", "--out", run, "--data-dir", made / "RTE", *FT,

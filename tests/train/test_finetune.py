@@ -289,3 +289,14 @@ def test_evaluate_task_reports_one_stage_in_examples(pretrained, shared_data, tm
                   device="cpu", max_examples=10, batch_size=4, progress=rec)
     assert rec.of("stage") == [{"name": "evaluate run on rte (dev)", "total": 10, "unit": "examples", "done": 0}]
     assert [a["n"] for a in rec.of("advance")] == [4, 4, 2] and len(rec.of("end")) == 1
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"log_every": 0}, "log_every must be at least 1, got 0"),  # was a ZeroDivisionError traceback
+    ({"save_every": -1}, "save_every must be 0 or more, got -1"),
+    ({"keep_last": -2}, "keep_last must be 0 or more, got -2"),
+])
+def test_impossible_cadences_are_one_line_errors(setting, message, pretrained, tmp_path):
+    with pytest.raises(GPT1Error, match=message):
+        finetune(FinetuneConfig(task="rte", init=str(pretrained), out=str(tmp_path / "run"), **setting))
+    assert not (tmp_path / "run").exists()

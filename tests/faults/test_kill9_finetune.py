@@ -1,0 +1,249 @@
+"""kill -9 anywhere in a CPU fine-tuning run, then `gpt1 finetune --resume` to the end: the same final weights
+(sha256 of the final checkpoint's files), the same results.json scores and history, and the same metrics.jsonl
+records (timing fields aside), bitwise, as a run never interrupted. The fine-tuning half of tests/faults/test_kill9.py.
+
+Two tests on one small run (`python -m gptcli finetune`, the real command: a 1-block model with dropout on, a
+64-id BPE, 96 SST-2-format sentences in batches of 4 for 2 epochs = 48 updates, ``--save-every 1``). One kills it
+with SIGKILL at four seeded random moments — one during start-up, three in training at a random update of each third
+of the run, a random few milliseconds after its checkpoint appeared, where most of the time goes to writing the
+next checkpoint. The other kills it deterministically inside each step of a checkpoint write — a half-written
+model.safetensors, optimizer.safetensors and best.safetensors (the best epoch's weights), a complete checkpoint not
+yet renamed into place, an old checkpoint half pruned, a half-written final checkpoint, and the removal of the step
+checkpoints once the run is complete: each time the previous checkpoint survives intact and the run resumes from it.
+Eleven kills in all; every process start costs 2-3 s of imports, so the two tests take about 40 s on 2 CPU cores
+(60 s when other jobs share them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gptcli.outputs import MARKER
+
+from tests.faults.conftest import REPO, WORDS
+
+pytestmark = pytest.mark.slow
+
+EPOCHS, N_TRAIN, BATCH = 2, 96, 4
+STEPS = EPOCHS * N_TRAIN // BATCH  # 48
+TIMEOUT = 120  # a guard against hangs only
+TIMING = ("tokens_per_s", "elapsed_s")
+
+
+def _env() -> dict[str, str]:
+    # One thread everywhere: the reference and every resumed piece must do the same float arithmetic.
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.fixture(scope="module")
+def inputs(corpus, tmp_path_factory) -> tuple[Path, Path]:
+    """(a "pretrained" checkpoint with the corpus's real tokenizer, so a subprocess can load it; an SST-2 folder)."""
+    import torch
+
+    from gptcli.checkpoint import save_checkpoint
+    from gptcli.data.shards import open_corpus
+    from gptcli.model.gpt import GPT, ModelConfig
+
+    root = tmp_path_factory.mktemp("kill9-ft")
+    tok = open_corpus(corpus).tokenizer
+    torch.manual_seed(0)
+    # Dropout stays on (the default 0.1): a resume must restore the torch RNG state to draw the same masks.
+    gpt = GPT(ModelConfig(vocab_size=tok.vocab_size, n_ctx=32, n_embd=32, n_layer=1, n_head=2, n_inner=128))
+    pre = save_checkpoint(root / "pre", gpt, tok, meta={"step": 1})
+    data = root / "SST-2"
+    data.mkdir()
+    rng = random.Random(1)
+    for name, n in (("train.tsv", N_TRAIN), ("dev.tsv", 16)):
+        rows = ["sentence\tlabel"] + [f"{' '.join(rng.choice(WORDS) for _ in range(rng.randint(3, 14)))}\t"
+                                      f"{rng.randint(0, 1)}" for _ in range(n)]
+        (data / name).write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return pre, data
+
+
+def _args(inputs: tuple[Path, Path], out: Path) -> list[str]:
+    pre, data = inputs
+    # --resume from the very first start: with no checkpoint yet it starts fresh, so every start is the same line.
+    return ["finetune", "--task", "sst2", "--init", str(pre), "--data-dir", str(data), "--out", str(out),
+            "--batch-size", str(BATCH), "--epochs", str(EPOCHS), "--lr", "1e-3", "--log-every", "1",
+            "--save-every", "1", "--keep-last", "2", "--device", "cpu", "--precision", "fp32", "--quiet", "--resume"]
+
+
+def _start(inputs, out: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "gptcli", *_args(inputs, out)], cwd=REPO, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc: subprocess.Popen) -> None:
+    out, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err
+
+
+def _steps(run: Path) -> list[int]:
+    d = run / "checkpoints"
+    return sorted(int(p.name[5:]) for p in d.iterdir() if p.name.startswith("step-")) if d.is_dir() else []
+
+
+def _final(run: Path) -> tuple[dict, dict, list]:
+    """(sha256 of each file of the final checkpoint but config.json, which names the run's own paths; results.json's
+    scores, history, kept epoch and updates; the metrics records without their timing fields)."""
+    from gptcli.checkpoint import verify_checkpoint
+
+    final = run / "checkpoints" / "final"
+    assert verify_checkpoint(final) == []
+    files = {p.relative_to(final).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in final.rglob("*") if p.is_file() and p.name != "config.json"}
+    r = json.loads((run / "results.json").read_text())
+    results = {k: r[k] for k in ("scores", "history", "epoch", "steps")}
+    records = [{k: v for k, v in json.loads(x).items() if k not in TIMING}
+               for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return files, results, records
+
+
+@pytest.fixture(scope="module")
+def reference(inputs, tmp_path_factory) -> tuple[dict, dict, list]:
+    run = tmp_path_factory.mktemp("reference") / "run"
+    _finish(_start(inputs, run))
+    files, results, records = _final(run)
+    assert results["steps"] == STEPS and len(results["history"]) == EPOCHS
+    assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, STEPS + 1))
+    return files, results, records
+
+
+def _assert_clean(run: Path) -> None:
+    """Only the final checkpoint remains: no step checkpoint, no temporary, no half-pruned directory."""
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["final"]
+    assert [p.name for p in run.iterdir() if p.name.startswith(".")] == [MARKER]  # gpt1's marker, no temporaries
+
+
+def _wait_for(predicate, proc: subprocess.Popen) -> bool:
+    """Poll until ``predicate()``; False when the process ended first."""
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.001)
+    pytest.fail("timed out waiting for a checkpoint")
+
+
+def test_kill_at_random_points_then_resume_is_bitwise_identical(inputs, reference, tmp_path):
+    rng = random.Random(13)
+    # First a kill a random time after launch (importing, reading and encoding the task, building the model). Then
+    # three in training: once the newest checkpoint reaches a random update in each third of the run (so the kills
+    # land where they should however fast this machine is), a random 0-40 ms later — in an update, a dev score
+    # (update 24 ends epoch 1), or, most of the time with --save-every 1, writing or pruning a checkpoint.
+    schedule = [("start", 0, rng.uniform(0.3, 1.5))] + [("train", rng.randint(lo, lo + 9), rng.uniform(0.0, 0.04))
+                                                         for lo in (3, 18, 33)]
+    run = tmp_path / "run"
+    kills, mid_write = [], 0
+    for when, target, delay in schedule:
+        proc = _start(inputs, run)
+        if when == "train" and not _wait_for(lambda: max(_steps(run), default=0) >= target, proc):
+            break  # finished before the kill: the run is over
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=TIMEOUT)
+        if proc.returncode != -signal.SIGKILL:
+            break
+        kills.append((when, target, round(delay, 3), max(_steps(run), default=0)))
+        if run.is_dir() and any(p.name.startswith(".step-") for p in (run / "checkpoints").glob(".*")):
+            mid_write += 1  # died while a checkpoint was being written (its temporary directory is left)
+    print(f"kills (when, target update, delay s, newest checkpoint after): {kills}; {mid_write} during a checkpoint "
+          "write")
+    assert len(kills) == len(schedule), kills
+    assert all(0 <= k[3] < STEPS for k in kills) and kills[-1][3] > 0  # every kill landed in training
+    _finish(_start(inputs, run))
+    assert _final(run) == reference, (kills, mid_write)
+    _assert_clean(run)
+
+
+# --- deterministic kills inside a checkpoint write ------------------------------------------------------------------
+
+SCRIPT = r"""
+import os, signal, sys
+from pathlib import Path
+import gptcli.checkpoint as ckpt
+from gptcli.cli import main
+
+what, at = os.environ["KILL_IN"].split(":")
+real_save = ckpt.save_file
+
+
+def die():
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def save_file(tensors, filename, metadata=None):
+    # Write the file whole, then cut it to half and die: what the disk holds when power goes mid-write.
+    real_save(tensors, filename, metadata=metadata)
+    name, parent = Path(filename).name, Path(filename).parent.name
+    if name == what and parent.startswith(f".{at}.tmp-"):
+        data = Path(filename).read_bytes()
+        Path(filename).write_bytes(data[: len(data) // 2])
+        die()
+
+
+real_move = ckpt.move_into_place
+
+
+def move_into_place(tmp, target):
+    if what == "rename" and target.name == at:
+        die()  # every file written and flushed, not yet renamed
+    real_move(tmp, target)
+
+
+real_rmtree = ckpt.shutil.rmtree
+
+
+def rmtree(path, *a, **k):
+    if what == "prune" and Path(path).name.startswith(f".{at}.tmp-pruned-"):  # the pruned checkpoint, hidden
+        (Path(path) / "model.safetensors").unlink()  # the first file gone, the rest still there
+        die()
+    real_rmtree(path, *a, **k)
+
+
+ckpt.save_file = save_file
+ckpt.move_into_place = move_into_place
+ckpt.shutil.rmtree = rmtree
+main(sys.argv[1:])
+"""
+
+# (what, in which checkpoint, the newest step checkpoint that must be left intact). Epoch 1 ends at update 24, so
+# from update 25 on every checkpoint also holds epoch 1's weights (best.safetensors) unless epoch 2 beat it.
+# step-0000021 is pruned while step-0000023 is saved (--keep-last 2); "final" is written after update 48, and the
+# step checkpoints are removed (47 first) once results.json is written.
+KILLS = [("model.safetensors", "step-0000005", 4), ("optimizer.safetensors", "step-0000009", 8),
+         ("rename", "step-0000014", 13), ("prune", "step-0000021", 23), ("best.safetensors", "step-0000030", 29),
+         ("model.safetensors", "final", 48), ("prune", "step-0000047", 48)]
+
+
+def test_kill_inside_each_step_of_a_checkpoint_write(inputs, reference, tmp_path):
+    from gptcli.checkpoint import verify_checkpoint
+
+    run = tmp_path / "run"
+    for what, at, newest in KILLS:
+        proc = subprocess.run([sys.executable, "-c", SCRIPT, *_args(inputs, run)], cwd=REPO,
+                              env={**_env(), "KILL_IN": f"{what}:{at}"}, capture_output=True, text=True,
+                              timeout=TIMEOUT)
+        assert proc.returncode == -signal.SIGKILL, (what, at, proc.stderr[-3000:])
+        # The checkpoint being written is not visible; the one before it is whole and is where --resume goes.
+        assert max(_steps(run)) == newest, (what, at, _steps(run))
+        assert verify_checkpoint(run / "checkpoints" / f"step-{newest:07d}") == []
+    assert json.loads((run / "results.json").read_text())["steps"] == STEPS  # the last kill came after results.json
+    _finish(_start(inputs, run))
+    assert _final(run) == reference
+    _assert_clean(run)
