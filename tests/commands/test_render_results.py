@@ -117,6 +117,13 @@ def test_the_per_epoch_line_shows_the_level():
     sts_record = {"kind": "eval", "step": 6, "epoch": 2, "split": "dev", "pearson": 0.0, "spearman": 0.0}
     assert _epoch_line(sts_record, stsb).endswith("pearson 0.00, spearman 0.00 (majority n/a)")
     assert _epoch_line({"kind": "eval", "step": 3, "epoch": 1, "split": ""}, run) == "epoch 1 (update 3): no eval"
+    one_class = {**record, "prediction_counts": {"entailment": 5, "not_entailment": 0},
+                 "constant_prediction": "entailment"}
+    assert _epoch_line(one_class, run) == ("epoch 2 (update 6): dev accuracy 60.00 (≈ majority 60.00); all 5 "
+                                           'predictions are "entailment": a constant predictor, whatever its scores '
+                                           "look like")
+    mixed = {**record, "prediction_counts": {"entailment": 3, "not_entailment": 2}, "constant_prediction": None}
+    assert _epoch_line(mixed, run) == "epoch 2 (update 6): dev accuracy 60.00 (≈ majority 60.00)"
 
 
 def test_gpt1_finetune_shows_the_level_per_epoch_and_in_its_table(pretrained, shared_data, tmp_path):
@@ -134,6 +141,8 @@ def test_gpt1_finetune_shows_the_level_per_epoch_and_in_its_table(pretrained, sh
     from gptcli.checkpoint import read_header
 
     assert read_header(tmp_path / "run").meta["train_label_counts"] == base["label_counts"]
+    assert sum(res["prediction_counts"].values()) == 8 and "constant_prediction" in res  # the chosen epoch's
+    assert set(res["scores"]) == {"accuracy"}  # the distribution is not a score
 
 
 def test_label_counts_lists_every_label_in_order():
