@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from gptcli.commands.options import CliOnly, Options, Parsed
-from gptcli.commands.render import RichProgress, details_table, stderr_console, stdout_console
+from gptcli.commands.render import RichProgress, WarningsOnly, details_table, stderr_console, stdout_console
 from gptcli.errors import GPT1Error
 from gptcli.outputs import check_output
 from gptcli.train.finetune import CONFIG_FILE, RESULTS, FinetuneConfig, FinetuneResult
@@ -46,7 +46,6 @@ def run(p: Parsed) -> None:
     """Fine-tune on a task: input transformation, linear head on the extract token, task loss + λ·LM loss,
     dev score after every epoch, final checkpoint and results.json in --out. Paper defaults throughout.
     Interrupt with Ctrl-C to checkpoint and stop; continue with `gpt1 finetune --out RUN --resume`."""
-    from gptcli.commands.pretrain import WarningsOnly
     from gptcli.train.finetune import finetune
 
     if p.cli["list_tasks"]:

@@ -10,12 +10,11 @@ from typing import Any
 import typer
 
 from gptcli.commands.options import CliOnly, Nested, Options, Parsed
-from gptcli.commands.render import RichProgress, stderr_console
+from gptcli.commands.render import RichProgress, WarningsOnly, stderr_console
 from gptcli.config import save_config
 from gptcli.errors import GPT1Error
 from gptcli.model.gpt import ModelConfig
 from gptcli.outputs import check_output
-from gptcli.progress import Progress
 from gptcli.train.distributed import LaunchConfig, LaunchSpec
 from gptcli.train.pretrain import CONFIG_FILE, PretrainConfig
 
@@ -93,17 +92,6 @@ def run(p: Parsed) -> None:
 
 
 command = OPTIONS.command(run)
-
-
-class WarningsOnly(Progress):
-    """--quiet: no display, but a warning (a damaged checkpoint skipped on resume) is still printed."""
-
-    def __init__(self, console: Any) -> None:
-        self.console = console
-
-    def note(self, message: str, *, level: str = "info") -> None:
-        if level == "warn":
-            self.console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
 
 
 def _launch(cfg: PretrainConfig, spec: LaunchSpec, quiet: bool, console: Any) -> None:

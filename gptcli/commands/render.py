@@ -191,6 +191,17 @@ def details_table(results: Sequence[dict[str, Any]], title: str | None = None, *
 # --------------------------------------------------------------------------------------------------- progress
 
 
+class WarningsOnly(Progress):
+    """What --quiet renders: no display, but a warning (a damaged checkpoint skipped on resume) is still printed."""
+
+    def __init__(self, console: Any) -> None:
+        self.console = console
+
+    def note(self, message: str, *, level: str = "info") -> None:
+        if level == "warn":
+            self.console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+
+
 def _status_text(status: dict[str, Any]) -> str:
     """``loss 3.2145  lr 2.500e-04  docs 1,204``: numbers formatted by kind, strings as the library gave them."""
     parts = []
