@@ -50,3 +50,10 @@ def pretrained(tmp_path_factory) -> Path:
     from toy_model import save_tiny_pretrained
 
     return save_tiny_pretrained(tmp_path_factory.mktemp("pre"))
+
+
+@pytest.fixture(autouse=True)
+def _encoding_cache(tmp_path_factory, monkeypatch):
+    """Fine-tuning caches encoded examples under $GPT1_CACHE (default ~/.cache/gpt1/encoded): every test gets its
+    own empty folder, so no test writes to the real home or sees another test's entries."""
+    monkeypatch.setenv("GPT1_CACHE", str(tmp_path_factory.mktemp("gpt1-cache")))

@@ -30,6 +30,8 @@ A task may override the rule with an attribute ``truncation`` (``"pair"``, ``"re
 
 from __future__ import annotations
 
+import os
+from array import array
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -198,8 +200,69 @@ def truncation_rule(task: Any) -> str:
     return getattr(task, "truncation", None) or "auto"
 
 
-def encode_examples(task: Any, examples: Sequence[Any], tokenizer: Any, n_ctx: int) -> list[Encoded]:
-    """Tokenize every field of ``examples`` (deduplicated, through ``encode_batch``) and lay them out."""
+# --------------------------------------------------------------------------------------------- parallel tokenization
+
+PARALLEL_MIN_TEXTS = 2000
+"""Below this many distinct texts one process encodes them: starting workers would cost more than it saves."""
+_WORK: tuple[Any, Sequence[str]] | None = None
+"""(tokenizer, texts) of the encode in progress, inherited by forked workers (nothing is pickled to them)."""
+
+
+def resolve_workers(workers: int) -> int:
+    """``workers`` processes, 0 meaning every core this process may run on."""
+    if workers < 0:
+        raise GPT1Error(f"--workers must be 0 (all cores) or more, got {workers}")
+    if workers:
+        return workers
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _encode_range(bounds: tuple[int, int]) -> tuple[array, array]:
+    """In a worker: texts[lo:hi] → (their ids concatenated, each one's length) — two flat arrays pickle far faster
+    back to the parent than a list of lists."""
+    assert _WORK is not None
+    tokenizer, texts = _WORK
+    flat, lengths = array("q"), array("q")
+    for ids in tokenizer.encode_batch(texts[bounds[0]:bounds[1]]):
+        flat.extend(ids)
+        lengths.append(len(ids))
+    return flat, lengths
+
+
+def encode_texts(tokenizer: Any, texts: Sequence[str], workers: int = 1) -> list[list[int]]:
+    """``tokenizer.encode_batch(texts)`` over ``workers`` processes (0 = all cores), in order: the same ids as one
+    process, since every text is encoded on its own. Workers are forked (they inherit the tokenizer, whatever its
+    kind); where fork is unavailable, or the input is small, one process encodes."""
+    import multiprocessing as mp
+
+    n = min(resolve_workers(workers), max(1, len(texts) // 64))
+    if n <= 1 or len(texts) < PARALLEL_MIN_TEXTS or "fork" not in mp.get_all_start_methods():
+        return tokenizer.encode_batch(texts) if texts else []
+    global _WORK
+    # Several chunks per worker so an unlucky chunk of long texts does not leave the others idle at the end.
+    step = -(-len(texts) // (n * 8))
+    bounds = [(lo, min(lo + step, len(texts))) for lo in range(0, len(texts), step)]
+    _WORK = (tokenizer, texts)
+    try:
+        with mp.get_context("fork").Pool(n) as pool:
+            parts = pool.map(_encode_range, bounds, chunksize=1)
+    finally:
+        _WORK = None
+    out: list[list[int]] = []
+    for flat, lengths in parts:
+        ids, pos = flat.tolist(), 0
+        for k in lengths:
+            out.append(ids[pos:pos + k])
+            pos += k
+    return out
+
+
+def encode_examples(task: Any, examples: Sequence[Any], tokenizer: Any, n_ctx: int, workers: int = 1) -> list[Encoded]:
+    """Tokenize every field of ``examples`` (deduplicated, through ``encode_batch`` over ``workers`` processes, 0 =
+    all cores) and lay them out."""
     if n_ctx < 8:
         raise GPT1Error(f"context of {n_ctx} tokens is too short for the task transformations")
     kind = task.kind
@@ -213,7 +276,7 @@ def encode_examples(task: Any, examples: Sequence[Any], tokenizer: Any, n_ctx: i
         for t in (*ex.texts, *ex.choices):
             texts.setdefault(t, len(texts))
     uniq = list(texts)
-    ids = tokenizer.encode_batch(uniq) if uniq else []
+    ids = encode_texts(tokenizer, uniq, workers)
     lookup = dict(zip(uniq, ids))
     sp = SpecialIds.of(tokenizer)
     rule = truncation_rule(task)

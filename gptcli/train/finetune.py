@@ -55,7 +55,8 @@ from gptcli import checkpoint as ckpt
 from gptcli.checkpoint import is_checkpoint, load_checkpoint, read_header, save_checkpoint
 from gptcli.config import dumps_toml, to_dict
 from gptcli.data.batching import Batch, bucketed_batches, collate, iterate, num_batches, subsample
-from gptcli.data.transforms import Encoded, encode_examples
+from gptcli.data.cache import encode_cached
+from gptcli.data.transforms import Encoded
 from gptcli.errors import GPT1Error
 from gptcli.eval.baselines import prediction_summary
 from gptcli.eval.metrics import score_predictions
@@ -96,7 +97,7 @@ ADJUSTABLE = ("micro_batch_size", "eval_batch_size", "device", "precision")
 # Taken silently: where things are (compared by content instead), how the run is watched and kept, and the two
 # switches that say what to do with --out.
 UNCOMPARED = ("init", "tokenizer", "model", "data_dir", "out", "verify", "log_every", "save_every", "keep_last",
-              "overwrite", "resume")
+              "overwrite", "resume", "cache", "workers")
 
 
 @dataclass
@@ -118,6 +119,11 @@ class FinetuneConfig:
     """With ``init = "none"`` and a bare tokenizer: the model preset (``gpt1``, ``tiny``)."""
     data_dir: str | None = None
     """The task's official folder; default ``$GPT1_DATA/<folder>``."""
+    cache: bool = True
+    """Keep the encoded examples in ``$GPT1_CACHE`` (default ``~/.cache/gpt1/encoded``) and reuse them when the
+    data, tokenizer, task and n_ctx are the same; --no-cache encodes afresh and writes nothing there."""
+    workers: int = 0
+    """Processes that tokenize the examples (0 = all cores); the ids are the same for any number."""
     skip_bad_rows: bool = False
     """Skip and count malformed rows instead of stopping at the first."""
     train_split: str = "train"
@@ -217,7 +223,7 @@ def finetune(config: FinetuneConfig, progress: Progress | None = None) -> Finetu
     data = read_task_data(task, config)
     _seed_everything(config.seed)
     gpt, tok, source = build_body(config)
-    run = build_run(config, task, data, gpt, tok, source, device, precision)
+    run = build_run(config, task, data, gpt, tok, source, device, precision, report)
     run.resumable = plan.mode != "replace"
     if run.resumable:
         run.identity = run_identity(run)
@@ -247,6 +253,8 @@ def check_config(c: FinetuneConfig) -> None:
         raise GPT1Error("no task given (--task NAME; see --list-tasks)")
     if c.micro_batch_size is not None and c.micro_batch_size <= 0:
         raise GPT1Error(f"micro_batch_size must be positive, got {c.micro_batch_size}")
+    if c.workers < 0:
+        raise GPT1Error(f"--workers must be 0 (all cores) or more, got {c.workers}")
     for name in ("lr", "batch_size", "epochs"):
         if getattr(c, name) <= 0:
             raise GPT1Error(f"{name} must be positive, got {getattr(c, name)}")
@@ -602,11 +610,10 @@ class Run:
 
 
 def build_run(config: FinetuneConfig, task: Any, data: TaskData, gpt: GPT, tok: Any, source: dict[str, Any],
-              device: torch.device, precision: str) -> Run:
+              device: torch.device, precision: str, progress: Progress | None = None) -> Run:
     """Encode the examples, put the head on the body and set up the optimizer, schedule and trainer."""
     n_ctx = min(config.n_ctx or gpt.config.n_ctx, gpt.config.n_ctx)
-    train_enc = encode_examples(task, data.train, tok, n_ctx)
-    dev_enc = encode_examples(task, data.dev, tok, n_ctx) if data.dev else []
+    train_enc, dev_enc = encode_task_data(config, task, data, tok, n_ctx, progress)
     head_cfg = HeadConfig(kind=task.kind, n_embd=gpt.config.n_embd, n_labels=max(1, len(task.labels)),
                           extract_id=tok.extract_id, pdrop=config.clf_pdrop, init_std=gpt.config.init_std)
     model = FinetuneModel(gpt, TaskHead(head_cfg)).to(device)
@@ -620,6 +627,16 @@ def build_run(config: FinetuneConfig, task: Any, data: TaskData, gpt: GPT, tok: 
               trainer, total, source, shuffle=random.Random(config.seed))
     run.epoch_rng = run.shuffle.getstate()
     return run
+
+
+def encode_task_data(config: FinetuneConfig, task: Any, data: TaskData, tok: Any, n_ctx: int,
+                     progress: Progress | None = None) -> tuple[list[Encoded], list[Encoded]]:
+    """The training and dev examples encoded (through the encoding cache unless ``cache`` is off, over ``workers``
+    processes): the same ids whichever way they were obtained, so the run is the same."""
+    opts = dict(cache=config.cache, workers=config.workers, progress=progress)
+    train_enc = encode_cached(task, data.train, tok, n_ctx, what=f"{task.name} {config.train_split}", **opts)
+    dev_enc = encode_cached(task, data.dev, tok, n_ctx, what=f"{task.name} {config.eval_split}", **opts) if data.dev else []
+    return train_enc, dev_enc
 
 
 def _seed_everything(seed: int) -> None:

@@ -1,0 +1,220 @@
+"""The encoded-example cache: a task's examples, once tokenized and laid out, kept for the next run.
+
+Tokenizing is the slow part of starting a fine-tuning run on a big task (the ``openai`` tokenizer — ftfy, spaCy, BPE —
+runs at about 0.3 MB/s on one core: minutes for MNLI). :func:`encode_cached` encodes a split once and keeps its
+token ids; a later run with the same inputs memory-maps them instead.
+
+**Where.** ``$GPT1_CACHE`` if set, else ``~/.cache/gpt1/encoded``. Entries are never evicted: delete the folder to
+reclaim the space (a run rebuilds what it needs). ``cache = False`` (``--no-cache``) neither reads nor writes it.
+
+**The key** — everything that decides the ids, so a changed input is a miss, never a stale hit:
+
+- the examples' texts and answers, in order (sha256): this stands for the data files' content and for every setting
+  that chooses what is encoded — the split, ``skip_bad_rows``, a random subset — since they all act through it;
+- the task's name, kind, answer count and truncation rule, and ``n_ctx``;
+- the tokenizer's fingerprint (:func:`gptcli.data.shards.tokenizer_fingerprint` of what its ``save`` writes);
+- the versions of ftfy, spaCy and sentencepiece, and the source of the modules that tokenize and lay out
+  (``tokenizers/text.py``, ``openai.py``, ``learned.py``, ``data/transforms.py``): a gpt1 or library upgrade that
+  could change the ids starts a new entry.
+
+**Format.** ``<key>.arrow``: one Arrow IPC file with a single column ``seqs`` (``list<list<int32>>``: an example's
+sequences), read memory-mapped; ``<key>.json`` beside it: the key's parts, the counts and the ``.arrow`` file's
+sha256. Labels, uids and extras are not stored: they come from the examples just read, so only ids can be stale.
+
+**Safety.** The ``.arrow`` file is written under a temporary name and renamed into place, then the sidecar (also
+atomically): a reader sees a whole entry or none. On open the file's sha256 is checked against the sidecar (about
+0.1 s per 100 MB); a truncated, flipped or half-written entry is reported with a one-line warning through the
+progress protocol and rebuilt, never used. A cache that cannot be written (read-only, full disk) is a warning too:
+the run goes on with the ids it just encoded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import uuid
+import weakref
+from itertools import chain
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from gptcli.data.shards import tokenizer_fingerprint
+from gptcli.data.transforms import Encoded, encode_examples, truncation_rule
+from gptcli.fsutil import write_text_atomic
+from gptcli.progress import SILENT, Progress
+
+FORMAT = 1
+ENV = "GPT1_CACHE"
+_SOURCES = ("tokenizers/text.py", "tokenizers/openai.py", "tokenizers/learned.py", "data/transforms.py")
+_LIBRARIES = ("ftfy", "spacy", "sentencepiece")
+_fingerprints: "weakref.WeakKeyDictionary[Any, str | None]" = weakref.WeakKeyDictionary()
+
+
+def default_root() -> Path:
+    """``$GPT1_CACHE``, else ``~/.cache/gpt1/encoded``."""
+    env = os.environ.get(ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "gpt1" / "encoded"
+
+
+def tokenizer_id(tokenizer: Any) -> str | None:
+    """The tokenizer's fingerprint, from what its ``save`` writes (so an in-memory tokenizer and its saved copy
+    agree); None when it cannot be saved (then nothing is cached). Computed once per tokenizer object."""
+    try:
+        return _fingerprints[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    try:
+        with tempfile.TemporaryDirectory(prefix="gpt1-tok-") as d:
+            tokenizer.save(d)
+            fp = tokenizer_fingerprint(d)
+    except (AttributeError, NotImplementedError, OSError):
+        fp = None
+    try:
+        _fingerprints[tokenizer] = fp
+    except TypeError:  # not weak-referenceable: recomputed next time
+        pass
+    return fp
+
+
+def _code_and_libraries() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    pkg = Path(__file__).resolve().parents[1]
+    out = {name: hashlib.sha256((pkg / name).read_bytes()).hexdigest()[:16] for name in _SOURCES if (pkg / name).is_file()}
+    for lib in _LIBRARIES:
+        try:
+            out[lib] = version(lib)
+        except PackageNotFoundError:
+            out[lib] = "-"
+    return out
+
+
+def examples_sha256(examples: Sequence[Any]) -> str:
+    """sha256 of every example's texts and answers, in order, each length-prefixed (boundaries are hashed too)."""
+    h = hashlib.sha256()
+    for ex in examples:
+        h.update(len(ex.texts).to_bytes(4, "little") + len(ex.choices).to_bytes(4, "little"))
+        for t in (*ex.texts, *ex.choices):
+            b = t.encode("utf-8", "surrogatepass")
+            h.update(len(b).to_bytes(8, "little") + b)
+    return h.hexdigest()
+
+
+def cache_key(task: Any, examples: Sequence[Any], tokenizer: Any, n_ctx: int) -> tuple[str, dict[str, Any]] | None:
+    """(entry name, what it was made from), or None when the tokenizer has no fingerprint."""
+    fp = tokenizer_id(tokenizer)
+    if fp is None:
+        return None
+    parts = {"format": FORMAT, "task": task.name, "kind": task.kind, "n_choices": getattr(task, "n_choices", 0),
+             "truncation": truncation_rule(task), "n_ctx": n_ctx, "tokenizer": fp,
+             "examples": examples_sha256(examples), "n_examples": len(examples), "code": _code_and_libraries()}
+    name = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:40]
+    return name, parts
+
+
+# --------------------------------------------------------------------------------------------- the entry files
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_entry(root: Path, name: str, parts: dict[str, Any], seqs: Sequence[list[list[int]]]) -> Path:
+    """Write ``<name>.arrow`` (atomically) then its sidecar ``<name>.json`` with the file's sha256."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    root.mkdir(parents=True, exist_ok=True)
+    inner_len = np.fromiter((len(s) for ex in seqs for s in ex), dtype=np.int64)
+    outer = np.zeros(len(seqs) + 1, dtype=np.int32)
+    np.cumsum([len(ex) for ex in seqs], out=outer[1:])
+    inner = np.zeros(len(inner_len) + 1, dtype=np.int64)
+    np.cumsum(inner_len, out=inner[1:])
+    flat = np.fromiter(chain.from_iterable(chain.from_iterable(seqs)), dtype=np.int32, count=int(inner[-1]))
+    values = pa.LargeListArray.from_arrays(pa.array(inner), pa.array(flat))
+    column = pa.ListArray.from_arrays(pa.array(outer), values)
+    table = pa.table({"seqs": column})
+    path = root / f"{name}.arrow"
+    tmp = root / f".{name}.arrow.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    meta = {**parts, "sha256": _sha256_file(path), "n_seqs": len(inner_len), "n_tokens": int(inner[-1])}
+    write_text_atomic(root / f"{name}.json", json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def read_entry(root: Path, name: str, n_examples: int) -> list[list[list[int]]] | None | str:
+    """The cached sequences of every example; None when there is no entry; a reason (str) when the entry exists
+    but cannot be trusted (its sidecar is missing or unreadable, its checksum or shape does not match)."""
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    path, side = root / f"{name}.arrow", root / f"{name}.json"
+    if not path.exists() and not side.exists():
+        return None
+    try:
+        meta = json.loads(side.read_text(encoding="utf-8"))
+        expected = meta["sha256"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+        return "its checksum file is missing or unreadable"
+    try:
+        if _sha256_file(path) != expected:
+            return "checksum mismatch"
+        with pa.memory_map(str(path), "r") as source:
+            column = ipc.open_file(source).read_all().column("seqs").combine_chunks()
+            outer = column.offsets.to_numpy()
+            values = column.values
+            inner = values.offsets.to_numpy()
+            flat = values.values.to_numpy().tolist()
+    except (OSError, pa.ArrowException, KeyError) as e:
+        return f"unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+    if len(outer) != n_examples + 1 or meta.get("n_tokens") != len(flat):
+        return "it holds another number of examples or tokens than its checksum file says"
+    bounds = inner.tolist()
+    seqs = [flat[bounds[j]:bounds[j + 1]] for j in range(len(bounds) - 1)]
+    starts = outer.tolist()
+    return [seqs[starts[i]:starts[i + 1]] for i in range(n_examples)]
+
+
+# --------------------------------------------------------------------------------------------- the entry point
+
+
+def encode_cached(task: Any, examples: Sequence[Any], tokenizer: Any, n_ctx: int, *, cache: bool = True,
+                  workers: int = 0, root: str | Path | None = None, progress: Progress | None = None,
+                  what: str = "examples") -> list[Encoded]:
+    """:func:`gptcli.data.transforms.encode_examples` through the cache (see the module docstring): the same
+    :class:`Encoded` list, ids byte-identical, read from the cache when an intact entry for exactly these inputs
+    exists, else encoded over ``workers`` processes (0 = all cores) and stored. ``what`` names the examples in
+    warnings (``"rte train"``)."""
+    report = progress or SILENT
+    key = cache_key(task, examples, tokenizer, n_ctx) if cache and examples else None
+    if key is None:
+        return encode_examples(task, examples, tokenizer, n_ctx, workers)
+    base = Path(root) if root is not None else default_root()
+    name, parts = key
+    found = read_entry(base, name, len(examples))
+    if isinstance(found, list):
+        return [Encoded(s, ex.label, i, ex.uid, dict(ex.extra)) for i, (s, ex) in enumerate(zip(found, examples))]
+    if isinstance(found, str):
+        report.note(f"encoding cache entry {base / name}.arrow for {what} is damaged ({found}): encoding again",
+                    level="warn")
+    enc = encode_examples(task, examples, tokenizer, n_ctx, workers)
+    try:
+        write_entry(base, name, parts, [e.seqs for e in enc])
+    except OSError as e:
+        report.note(f"cannot write the encoding cache in {base} ({e.strerror or e}): set {ENV} to a writable "
+                    "folder, or pass --no-cache", level="warn")
+    return enc
