@@ -186,3 +186,26 @@ def test_workers_zero_means_all_cores_and_negative_is_refused():
     assert transforms.resolve_workers(0) == len(os.sched_getaffinity(0))
     with pytest.raises(GPT1Error, match="--workers"):
         transforms.resolve_workers(-1)
+
+
+# --------------------------------------------------------------------------------------------- through finetune
+
+
+def test_finetune_fills_the_cache_reuses_it_and_no_cache_bypasses_it(pretrained, shared_data, tmp_path, monkeypatch):
+    from gptcli.train.finetune import FinetuneConfig, finetune
+
+    root = tmp_path / "cache"
+    monkeypatch.setenv("GPT1_CACHE", str(root))
+    base = dict(task="rte", init=str(pretrained), data_dir=str(shared_data / "glue/RTE"), max_train_examples=16,
+                max_eval_examples=8, batch_size=8, epochs=1, lr=1e-3, device="cpu", precision="fp32")
+    first = finetune(FinetuneConfig(out=str(tmp_path / "a"), **base))
+    assert len(list(root.glob("*.arrow"))) == 2  # train and dev
+    monkeypatch.setattr(cache_mod, "encode_examples", lambda *a, **k: pytest.fail("encoded again"))
+    second = finetune(FinetuneConfig(out=str(tmp_path / "b"), workers=2, **base))
+    assert second.results["scores"] == first.results["scores"]
+    monkeypatch.undo()
+    root2 = tmp_path / "cache2"
+    monkeypatch.setenv("GPT1_CACHE", str(root2))
+    third = finetune(FinetuneConfig(out=str(tmp_path / "c"), cache=False, **base))
+    assert not root2.exists()
+    assert third.results["scores"] == first.results["scores"]
