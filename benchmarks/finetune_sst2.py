@@ -113,7 +113,7 @@ def main() -> None:
             task="sst2", init=init, tokenizer=str(work / "pre") if init == "none" else None,
             out=str(work / name.replace(" ", "-")), data_dir=str(sst2), max_train_examples=args.train_examples,
             epochs=args.epochs, lr=args.lr, lm_weight=args.lm_weight, precision=args.precision, select="last",
-            overwrite=True,
+            overwrite=True, batching="length", schedule="linear",  # what docs/finetune.md's figures were run with
         ), progress=RichProgress(console))
         ev = evaluate_task("sst2", work / name.replace(" ", "-"), "dev", data_dir=sst2, out=work / f"eval-{name[:3]}",
                            precision=args.precision)

@@ -342,6 +342,9 @@ def _finetune_one(cfg: ReproConfig, run_dir: Path, task: str, seed: int, init: s
         return read_json(results)
     fc = FinetuneConfig(task=task, init=init, tokenizer=tokenizer, out=str(run_dir), lr=cfg.finetune_lr,
                         batch_size=cfg.finetune_batch_size, epochs=cfg.finetune_epochs, warmup=0.05, seed=seed,
+                        # What the recorded results were measured with (before the defaults became the released
+                        # code's random batches and warmup_linear): kept so that they stay reproducible.
+                        batching="length", schedule="linear",
                         lm_weight=lm_weight, transfer_layers=transfer, select="last", n_ctx=cfg.model.get("n_ctx"),
                         max_train_examples=n_train, max_eval_examples=cfg.max_eval_examples, device=cfg.device,
                         precision="fp32", overwrite=True)

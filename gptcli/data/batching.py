@@ -1,8 +1,11 @@
-"""Encoded examples → padded tensors, with dynamic padding and length-bucketed batches.
+"""Encoded examples → padded tensors, with dynamic padding; random or length-bucketed training batches.
 
-Padding is dynamic: a batch is padded to its own longest sequence, never to the model's 512, and batches are
-drawn from length buckets so that sequences of similar length travel together. Short tasks (SST-2 sentences,
-~25 tokens) therefore pay for ~25 positions, not 512.
+Padding is dynamic: a batch is padded to its own longest sequence, never to the model's 512. Training batches are
+either i.i.d. shuffled minibatches (``"random"``, the paper's and the released code's: each epoch a fresh
+permutation cut into consecutive batches) or drawn from length buckets so that sequences of similar length travel
+together (``"length"``, the fast option: less padding, but a batch holds examples of similar length, which on some
+tasks correlates with the label). Short tasks (SST-2 sentences, ~25 tokens) pay for their own longest sequence,
+not 512, either way.
 
 Bucketing keeps the randomness an epoch needs: the shuffled examples are cut into pools of ``pool`` batches,
 each pool is sorted by length and cut into batches, and the batch order is shuffled again. Evaluation sorts all
@@ -109,6 +112,28 @@ def bucketed_batches(
     return batches
 
 
+BATCHINGS = ("random", "length")
+"""Training batch orders: i.i.d. shuffled (the paper's and the released code's) or length-bucketed (fast)."""
+
+
+def random_batches(n: int, batch_size: int, rng: random.Random) -> list[list[int]]:
+    """Index lists of i.i.d. shuffled minibatches: one permutation of the ``n`` examples cut into consecutive
+    batches of ``batch_size`` (the last one smaller when ``batch_size`` does not divide ``n``; the released code
+    dropped that remainder instead)."""
+    order = list(range(n))
+    rng.shuffle(order)
+    return [order[i : i + batch_size] for i in range(0, n, batch_size)]
+
+
+def train_batches(lengths: Sequence[int], batch_size: int, batching: str, rng: random.Random) -> list[list[int]]:
+    """One epoch's training batches (index lists) in the order ``batching`` ("random" or "length") draws them."""
+    if batching == "random":
+        return random_batches(len(lengths), batch_size, rng)
+    if batching == "length":
+        return bucketed_batches(lengths, batch_size, shuffle=True, rng=rng)
+    raise ValueError(f"unknown batching {batching!r} (one of {', '.join(BATCHINGS)})")
+
+
 def iterate(
     encoded: Sequence[Encoded],
     batch_size: int,
@@ -122,8 +147,11 @@ def iterate(
         yield collate([encoded[i] for i in idx], regression)
 
 
-def num_batches(n: int, batch_size: int, pool: int = 50) -> int:
-    """How many batches :func:`bucketed_batches` makes from ``n`` examples when shuffling."""
+def num_batches(n: int, batch_size: int, pool: int = 50, batching: str = "length") -> int:
+    """How many training batches ``batching`` makes from ``n`` examples per epoch (:func:`random_batches`, or
+    :func:`bucketed_batches` when shuffling, whose pools may each end in a smaller batch)."""
+    if batching == "random":
+        return -(-n // batch_size)
     span = max(1, pool) * batch_size
     full, rest = divmod(n, span)
     return full * pool + -(-rest // batch_size)

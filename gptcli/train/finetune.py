@@ -46,7 +46,7 @@ import time
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal
 
 import torch
 import torch.nn as nn
@@ -54,7 +54,7 @@ import torch.nn as nn
 from gptcli import checkpoint as ckpt
 from gptcli.checkpoint import is_checkpoint, load_checkpoint, read_header, save_checkpoint
 from gptcli.config import dumps_toml, to_dict
-from gptcli.data.batching import Batch, bucketed_batches, collate, iterate, num_batches, subsample
+from gptcli.data.batching import Batch, collate, iterate, num_batches, subsample, train_batches
 from gptcli.data.cache import encode_cached
 from gptcli.data.transforms import Encoded
 from gptcli.errors import GPT1Error
@@ -70,7 +70,7 @@ from gptcli.progress import SILENT, Progress
 from gptcli.runtime import configure_backends, resolve_device, resolve_precision
 from gptcli.tasks import ReadOptions, get_task
 from gptcli.tokenizers import load_tokenizer
-from gptcli.train.optim import lr_at, make_optimizer
+from gptcli.train.optim import lr_at, make_optimizer, released_lr
 from gptcli.train.runlog import METRICS, RunLogger
 from gptcli.train.trainer import GracefulStop, StepResult, Trainer, every
 
@@ -87,8 +87,11 @@ BEST = "best.safetensors"
 # path: the init checkpoint's weights, the data files read, the encoded examples (the tokenizer) and the model's
 # shape (see ``Run.identity``).
 RUN_DEFINING = ("task", "train_split", "eval_split", "skip_bad_rows", "lr", "batch_size", "epochs", "warmup",
-                "schedule", "clf_pdrop", "grad_clip", "weight_decay", "decay", "lm_weight", "transfer_layers",
+                "schedule", "batching", "clf_pdrop", "grad_clip", "weight_decay", "decay", "lm_weight", "transfer_layers",
                 "select", "seed", "n_ctx", "max_train_examples", "max_eval_examples")
+# What a run recorded before a setting existed did: runs recorded before `batching` were length-bucketed, so resuming
+# one with today's default ("random") is refused by name instead of silently changing its batch order.
+RECORDED_BEFORE = {"batching": "length"}
 # Settings a resume may change, each noted when it does: how the same updates and dev scores are computed. The
 # micro-batch is memory (a resume on a smaller device must be able to lower it); it, the device and the precision
 # change the arithmetic (and the micro-batch the order of the dropout draws), so the continuation is no longer
@@ -140,8 +143,17 @@ class FinetuneConfig:
     """Passes over the training split."""
     warmup: float = 0.002
     """Linear warm-up as a fraction of all updates (0.2%), then ``schedule`` decay to 0."""
-    schedule: Literal["linear", "cosine", "constant"] = "linear"
-    """Decay after warm-up (paper: linear)."""
+    schedule: Literal["warmup_linear", "linear", "cosine", "constant"] = "warmup_linear"
+    """``warmup_linear``: the released code's function exactly, lr·(1 − t/T) with the warm-up ramp t/(warmup·T)
+    multiplied in while t ≤ warmup·T (the first update runs at lr 0); ``linear``/``cosine``/``constant``: gpt1's
+    earlier schedule, a warm-up over ceil(warmup·T) updates (at least 1, the first at lr/W) and then the decay from
+    the end of the warm-up."""
+    batching: Literal["random", "length"] = "random"
+    """Training batch order. ``random``: i.i.d. shuffled minibatches, as the paper and the released code.
+    ``length``: length-bucketed batches (shuffled pools of 50 batches sorted by length), the fast option: on RTE
+    (batch 32, n_ctx 512) 32× fewer pad tokens (4.7% of the positions instead of 61%) and, with the tiny model on
+    CPU, ~1.3× the updates per second at lm_weight 0 (none measurable at 0.5, where the 40k-vocabulary LM
+    projection dominates); but a batch then holds examples of similar length (see docs/finetune.md)."""
     clf_pdrop: float = 0.1
     """Classifier dropout before the head."""
     grad_clip: float = 1.0
@@ -364,7 +376,7 @@ def finished_run(config: FinetuneConfig, out: Path, report: Progress) -> Finetun
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise GPT1Error(f"{out / RESULTS}: unreadable results of a finished run ({e}) (pass --overwrite to run it "
                         "again)") from None
-    defaults = {f.name: f.default for f in dataclasses.fields(FinetuneConfig)}
+    defaults = {f.name: f.default for f in dataclasses.fields(FinetuneConfig)} | RECORDED_BEFORE
     changed = [f"{k} {old.get(k, defaults[k])} → {getattr(config, k)}" for k in RUN_DEFINING
                if old.get(k, defaults[k]) != getattr(config, k)]
     if changed:
@@ -617,11 +629,10 @@ def build_run(config: FinetuneConfig, task: Any, data: TaskData, gpt: GPT, tok: 
     head_cfg = HeadConfig(kind=task.kind, n_embd=gpt.config.n_embd, n_labels=max(1, len(task.labels)),
                           extract_id=tok.extract_id, pdrop=config.clf_pdrop, init_std=gpt.config.init_std)
     model = FinetuneModel(gpt, TaskHead(head_cfg)).to(device)
-    total = num_batches(len(train_enc), config.batch_size) * config.epochs
-    warmup_steps = math.ceil(config.warmup * total) if config.warmup > 0 else 0
+    total = num_batches(len(train_enc), config.batch_size, batching=config.batching) * config.epochs
     optimizer = make_optimizer(model, config.lr, config.weight_decay, decay=config.decay)
     loss = TaskLoss(config.lm_weight)
-    trainer = Trainer(model, optimizer, loss, lambda s: lr_at(s, total, config.lr, warmup_steps, config.schedule),
+    trainer = Trainer(model, optimizer, loss, lr_schedule(config, total),
                       device=device, precision=precision, grad_clip=config.grad_clip or None)
     run = Run(config, task, device, precision, data, tok, n_ctx, train_enc, dev_enc, head_cfg, model, loss,
               trainer, total, source, shuffle=random.Random(config.seed))
@@ -712,11 +723,20 @@ def train_epochs(run: Run, report: Progress) -> str | None:
         report.end()
 
 
+def lr_schedule(config: FinetuneConfig, total: int) -> Callable[[int], float]:
+    """The learning rate of update ``s`` (0-based) of ``total``: the released ``warmup_linear`` or gpt1's earlier
+    warm-up over ``ceil(warmup·total)`` updates followed by ``schedule`` decay."""
+    if config.schedule == "warmup_linear":
+        return lambda s: released_lr(s, total, config.lr, config.warmup)
+    warmup_steps = math.ceil(config.warmup * total) if config.warmup > 0 else 0
+    return lambda s: lr_at(s, total, config.lr, warmup_steps, config.schedule)
+
+
 def epoch_batches(run: Run) -> list[list[int]]:
-    """The current epoch's batches (index lists), rebuilt from the shuffling RNG's state at the epoch's start; the
-    RNG is left where the uninterrupted run leaves it, ready for the next epoch."""
+    """The current epoch's batches (index lists) in ``batching`` order, rebuilt from the shuffling RNG's state at the
+    epoch's start; the RNG is left where the uninterrupted run leaves it, ready for the next epoch."""
     run.shuffle.setstate(run.epoch_rng)
-    return bucketed_batches([e.length for e in run.train_enc], run.config.batch_size, shuffle=True, rng=run.shuffle)
+    return train_batches([e.length for e in run.train_enc], run.config.batch_size, run.config.batching, run.shuffle)
 
 
 def run_epoch(run: Run, report: Progress, stop: GracefulStop) -> str | None:
@@ -952,7 +972,7 @@ def check_resume(run: Run, path: Path) -> list[str]:
     returns a note for the :data:`ADJUSTABLE` settings that changed."""
     header = read_header(path)
     old, ident, c = header.meta.get("finetune_config", {}), header.meta.get("resume_identity", {}), run.config
-    defaults = {f.name: f.default for f in dataclasses.fields(FinetuneConfig)}
+    defaults = {f.name: f.default for f in dataclasses.fields(FinetuneConfig)} | RECORDED_BEFORE
     changed, adjusted = [], []
     for key in RUN_DEFINING + ADJUSTABLE:
         was, now = old.get(key, defaults[key]), getattr(c, key)

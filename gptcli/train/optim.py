@@ -81,6 +81,28 @@ def lr_at(
     return max_lr * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def warmup_linear(x: float, warmup: float = 0.002) -> float:
+    """The released code's fine-tuning schedule (openai/finetune-transformer-lm ``opt.py``), transcribed: the
+    learning-rate multiplier at ``x = t / t_total``, where ``t`` counts the updates already done (the first update
+    has ``x = 0`` and so runs at learning rate 0)::
+
+        s = tf.cast(x <= warmup, tf.float32)
+        return (s*(x/warmup) + (1-s))*(1-x)
+
+    Warm-up and decay overlap: the ramp ``x / warmup`` is itself multiplied by ``1 - x``, and the decay runs over the
+    whole run, not from the end of the warm-up. (The BERT port's ``x/warmup if x < warmup else 1 - x`` differs by
+    that factor and at ``x = warmup``.) ``warmup = 0``, which the released code divides by, means no warm-up."""
+    if warmup > 0 and x <= warmup:
+        return (x / warmup) * (1.0 - x)
+    return 1.0 - x
+
+
+def released_lr(step: int, total_steps: int, max_lr: float, warmup: float) -> float:
+    """Learning rate for update ``step`` (0-based) under the released ``warmup_linear`` with ``warmup`` a fraction of
+    ``total_steps`` (the released code's ``lr * schedule(t / n_updates_total)``)."""
+    return max_lr * warmup_linear(step / max(1, total_steps), warmup)
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for g in optimizer.param_groups:
         g["lr"] = lr

@@ -46,11 +46,12 @@ def test_help_groups_options_in_panels_with_defaults():
         assert f"─ {panel} " in text, panel
     # Panels appear in PANELS order.
     assert text.index("─ Input ") < text.index("─ Optimisation ") < text.index("─ Evaluation ") < text.index("─ Output ")
-    for default in ("[default: 6.25e-05]", "[default: 32]", "[default: 0.002]", "[default: linear]", "[default: 0.1]",
-                    "[default: 0.5]", "[default: best]", "[default: 42]", "[default: dev]"):
+    for default in ("[default: 6.25e-05]", "[default: 32]", "[default: 0.002]", "[default: warmup_linear]",
+                    "[default: random]", "[default: 0.1]", "[default: 0.5]", "[default: best]", "[default: 42]",
+                    "[default: dev]"):
         assert default in text, default
     for flag in ("--clf-dropout", "--list-tasks", "--init", "--data-dir", "--skip-bad-rows", "--no-skip-bad-rows",
-                 "--quiet", "--overwrite", "--transfer-layers", "--micro-batch-size", "--config"):
+                 "--quiet", "--overwrite", "--transfer-layers", "--micro-batch-size", "--config", "--batching"):
         assert flag in text, flag
     assert "Show a Rich progress bar" not in text  # a display choice is no longer a config field
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptcli.data.batching import PAD_ID, bucketed_batches, collate, iterate, num_batches
+from gptcli.data.batching import PAD_ID, bucketed_batches, collate, iterate, num_batches, random_batches, train_batches
 from gptcli.model.losses import lm_loss_per_sequence
 from gptcli.model.heads import HeadConfig, TaskHead, first_extract_positions
 from gptcli.model.gpt import GPT, ModelConfig
@@ -185,3 +185,66 @@ def test_subsample_is_seeded_and_keeps_the_order():
     assert a != subsample(items, 10, seed=4)
     assert subsample(items, None, 0) is items and subsample(items, 100, 0) is items and subsample(items, 500, 0) is items
     assert subsample(items, 0, 0) == []
+
+
+# --------------------------------------------------------------------------------------------- random vs length
+
+
+def _label_tied_to_length(n: int = 2000, seed: int = 0) -> tuple[list[int], list[int]]:
+    """A split where a third of the examples are positive and positives are longer (as on tasks where the label
+    shows in the length): length-bucketed batches then carry skewed label mixes, i.i.d. batches do not."""
+    rng = random.Random(seed)
+    labels = [int(rng.random() < 1 / 3) for _ in range(n)]
+    lengths = [rng.randint(20, 60) + 40 * y for y in labels]
+    return labels, lengths
+
+
+def _label_mix(batches: list[list[int]], labels: list[int]) -> tuple[float, float]:
+    """Mean of the per-batch positive proportions, and their variance relative to drawing each batch at random
+    without replacement from the split (hypergeometric: p(1 − p)/B · (N − B)/(N − 1)); ≈ 1 for i.i.d. batches."""
+    n, p = len(labels), sum(labels) / len(labels)
+    full = [b for b in batches if len(b) == len(batches[0])]
+    props = [sum(labels[i] for i in b) / len(b) for b in full]
+    mean = sum(props) / len(props)
+    var = sum((q - mean) ** 2 for q in props) / (len(props) - 1)
+    B = len(full[0])
+    return mean, var / (p * (1 - p) / B * (n - B) / (n - 1))
+
+
+def test_random_batches_carry_the_training_splits_label_mix_and_are_not_sorted():
+    labels, lengths = _label_tied_to_length()
+    p = sum(labels) / len(labels)
+    for epoch in range(3):
+        batches = train_batches(lengths, 32, "random", random.Random(epoch))
+        assert sorted(i for b in batches for i in b) == list(range(len(labels)))
+        assert len(batches) == num_batches(len(labels), 32, batching="random") == 63
+        mean, spread = _label_mix(batches, labels)
+        assert abs(mean - p) < 0.02 and 0.6 < spread < 1.6, (mean, spread)
+        # Not sorted by length: within a batch, or along the epoch.
+        assert sum(b == sorted(b, key=lambda i: lengths[i]) for b in batches) == 0
+        firsts = [sum(lengths[i] for i in b) / len(b) for b in batches]
+        assert firsts != sorted(firsts) and firsts != sorted(firsts, reverse=True)
+        # A batch's lengths span the split's: mean within-batch range close to the whole split's.
+        ranges = [max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches]
+        assert sum(ranges) / len(ranges) > 0.8 * (max(lengths) - min(lengths))
+    # The same check tells length-bucketed batches apart (it can fail): their label mix is far from i.i.d.
+    _, spread = _label_mix(train_batches(lengths, 32, "length", random.Random(0)), labels)
+    assert spread > 5
+
+
+def test_random_batches_are_a_fresh_permutation_per_rng_state_and_the_same_for_the_same_state():
+    a = random_batches(100, 8, random.Random(3))
+    assert a == random_batches(100, 8, random.Random(3)) and a != random_batches(100, 8, random.Random(4))
+    assert [len(b) for b in a] == [8] * 12 + [4]  # the remainder is kept, not dropped
+    with pytest.raises(ValueError, match="unknown batching 'sorted'"):
+        train_batches([1, 2], 1, "sorted", random.Random(0))
+
+
+def test_length_batching_pads_less_than_random():
+    _, lengths = _label_tied_to_length()
+
+    def pads(bs):
+        return sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in bs)
+
+    assert pads(train_batches(lengths, 32, "length", random.Random(0))) < 0.2 * pads(
+        train_batches(lengths, 32, "random", random.Random(0)))

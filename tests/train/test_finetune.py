@@ -57,7 +57,8 @@ def test_finetune_each_kind_end_to_end(task, folder, kind, metric, pretrained, s
     train = _records(run, "train")
     assert [r["step"] for r in train] == list(range(1, 7))  # 24 examples / batch 8 × 2 epochs
     assert all("lm_loss" in r and "clf_loss" in r for r in train)
-    assert train[0]["lr"] > 0 and train[-1]["lr"] == pytest.approx(1e-3 * (1 - 4 / 5), rel=1e-6)  # 1 warmup update, then linear decay
+    # The released warmup_linear over T = 6 updates: update t runs at lr·(1 − t/T), the first (t = 0) at 0.
+    assert train[0]["lr"] == 0 and train[-1]["lr"] == pytest.approx(1e-3 * (1 - 5 / 6), rel=1e-6)
     ck = load_checkpoint(run)
     assert ck.kind == "finetuned" and ck.config.n_special == 3 and ck.meta["kind"] == kind
     assert ck.meta["head"]["extract_id"] == 99 and set(ck.head_state) == {"linear.weight", "linear.bias"}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gptcli.model.gpt import GPT, ModelConfig
-from gptcli.train.optim import lr_at, make_optimizer, param_groups
+from gptcli.train.optim import lr_at, make_optimizer, param_groups, released_lr, warmup_linear
 from gptcli.train.pretrain import PretrainConfig, plan_steps
 
 TINY = ModelConfig(vocab_size=100, n_ctx=16, n_embd=32, n_layer=2, n_head=2, n_inner=64)
@@ -60,3 +60,30 @@ def test_paper_defaults_and_step_planning():
     assert plan_steps(PretrainConfig(max_steps=70), 50) == 70
     assert plan_steps(PretrainConfig(max_tokens=64 * 512 * 10 + 1), 50) == 11
     assert plan_steps(PretrainConfig(epochs=0.5), 50) == 25
+
+
+def _released_warmup_linear(x, warmup=0.002):
+    """openai/finetune-transformer-lm opt.py, transcribed with tf.cast → float:
+    s = tf.cast(x <= warmup, tf.float32); return (s*(x/warmup) + (1-s))*(1-x)"""
+    s = float(x <= warmup)
+    return (s * (x / warmup) + (1 - s)) * (1 - x)
+
+
+@pytest.mark.parametrize("total", [6, 78, 501, 1000, 3000])
+def test_released_schedule_is_the_released_function(total):
+    """The released adam: ``lrt = lr * ... * schedule(t/t_total)`` with ``t`` the updates done before this one."""
+    peak = 6.25e-5
+    curve = [released_lr(t, total, peak, 0.002) for t in range(total)]
+    assert curve == [peak * _released_warmup_linear(t / total) for t in range(total)]
+    assert curve[0] == 0.0  # the first update runs at lr 0
+    assert curve[-1] == pytest.approx(peak / total)  # and the last at lr/T, never 0
+
+
+def test_released_schedule_shape():
+    total, peak = 1000, 1.0
+    # Warm-up over t ≤ 2 (x ≤ 0.002, the boundary included), its ramp multiplied by 1 − x; then 1 − x from there.
+    assert [released_lr(t, total, peak, 0.002) for t in range(4)] == pytest.approx(
+        [0.0, 0.5 * 0.999, 1.0 * 0.998, 0.997])
+    assert released_lr(500, total, peak, 0.002) == pytest.approx(0.5)  # decay over the whole run, not from warm-up
+    assert released_lr(5, total, peak, 0.0) == pytest.approx(0.995)  # no warm-up (the released code divides by 0)
+    assert warmup_linear(0.001) == pytest.approx(0.5 * 0.999)
