@@ -1,0 +1,211 @@
+"""Fine-tuning throughput: our fine-tuning update vs ``transformers.OpenAIGPTDoubleHeadsModel``, same process.
+
+One timed "update" is what ``gpt1 finetune`` does per batch: forward, task loss + λ·LM loss (λ = 0.5, paper §3.2),
+backward, global-norm clipping at 1.0 and a fused-AdamW step, in train mode with the paper's dropouts. Ours runs
+through the fine-tuner's own pieces (``FinetuneModel``, ``TaskLoss``, ``make_optimizer``, ``Trainer``); Hugging
+Face's ``OpenAIGPTDoubleHeadsModel`` gets the same weights and the same ``Trainer`` with a loss function that
+calls it the way its documentation does (``mc_loss + λ·loss``, LM labels -100 on padding).
+
+Two shapes, built from real data in ``$GPT1_SHARED/data`` with the original BPE (no pretrained weights needed:
+speed does not depend on the values):
+
+- RTE (entailment): one sequence per example ``<s> premise $ hypothesis <e>``, 2 classes. HF's double-heads model
+  has a 1-output multiple-choice head; for this shape its summary layer is swapped for a 2-output ``W_y`` and each
+  example is one "choice" holding 2 logits, so both models compute the same thing.
+- Story Cloze (multiple choice): two sequences per example, one per ending; softmax over the 2 endings.
+
+Batches are the fine-tuner's own (``iterate``: dynamic padding, length-bucketed, shuffled with a fixed seed); every
+variant runs the same batches, round-robin batch by batch (ours fp32, HF fp32, ours bf16, HF bf16) so that noise on
+a shared machine hits all alike; each batch is timed ``--repeats`` times. Reported: examples/s from each batch's
+best time (the least disturbed by other processes) and from its median, and the ratio ours/HF at each precision. ``--profile`` prints a torch.profiler table of one update each.
+
+    python benchmarks/finetune_throughput.py                          # tiny body (4×256), both shapes
+    python benchmarks/finetune_throughput.py --size gpt1 --batches 3 --repeats 3   # the paper's 12×768
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TUNABLES = "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=68719476736"
+LM_WEIGHT = 0.5
+SHAPES = {"rte": ("rte", "glue/RTE", "dev"), "storycloze": ("storycloze", "storycloze", "val")}
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, subprocess.CalledProcessError, StopIteration):
+        return "unknown CPU"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="tiny", help="model preset: tiny (4×256, default) or gpt1 (the paper's 12×768)")
+    ap.add_argument("--shapes", default="rte,storycloze", help="comma-separated: rte, storycloze")
+    ap.add_argument("--batch", type=int, default=8, help="examples per update (paper: 8 for most tasks)")
+    ap.add_argument("--batches", type=int, default=4, help="timed updates per variant per repeat")
+    ap.add_argument("--repeats", type=int, default=3, help="passes over the batches; the median is reported")
+    ap.add_argument("--n-ctx", type=int, default=512, help="context length (longer inputs are truncated)")
+    ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16 (CPU autocast)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
+    ap.add_argument("--profile", action="store_true", help="also print a torch.profiler table of one update each")
+    ap.add_argument("--default-malloc", action="store_true", help="do not set GLIBC_TUNABLES")
+    ap.add_argument("--json", help="also write the results to this JSON file")
+    args = ap.parse_args()
+
+    if not args.default_malloc and os.environ.get("GLIBC_TUNABLES") != TUNABLES:
+        os.environ["GLIBC_TUNABLES"] = TUNABLES
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+
+    import torch
+
+    from gptcli.runtime import measure_cpu_peak
+
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    print(f"{cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(default)')}, load average {os.getloadavg()[0]:.2f}")
+    peak = {p: measure_cpu_peak(p, n=2048, seconds=2.0) for p in ("fp32", "bf16")}
+    print(f"measured matmul peak: fp32 {peak['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.0f} GFLOP/s")
+    results = [r for shape in args.shapes.split(",") for r in bench_shape(shape, args)]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cpu": cpu_model(), "peak": peak, "threads": torch.get_num_threads(), "args": vars(args),
+                       "results": results}, f, indent=1)
+
+
+def real_batches(shape: str, args: argparse.Namespace, tok) -> tuple[object, list]:
+    """The task and ``args.batches`` training batches of it, as the fine-tuner draws them (fixed seed)."""
+    from gptcli.data.batching import iterate
+    from gptcli.data.transforms import encode_examples
+    from gptcli.tasks.registry import get_task
+
+    name, sub, split = SHAPES[shape]
+    shared = Path(os.environ.get("GPT1_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+    task = get_task(name)
+    examples = task.read(split, shared / "data" / sub)
+    enc = encode_examples(task, examples, tok, args.n_ctx)
+    batches = list(iterate(enc, args.batch, shuffle=True, rng=random.Random(0)))
+    batches = [b for b in batches if b.size == args.batch][: args.batches]
+    return task, batches
+
+
+def build_models(task, args: argparse.Namespace, tok):
+    """Our FinetuneModel and HF's double-heads model with the same body, head and LM weights."""
+    import torch
+    import transformers
+
+    from gptcli.interop.hf import config_to_hf, state_dict_to_hf
+    from gptcli.model.classifier import FinetuneModel
+    from gptcli.model.gpt import GPT, preset
+    from gptcli.model.heads import HeadConfig, TaskHead
+
+    cfg = preset(args.size, vocab_size=tok.vocab_size, n_special=3)
+    torch.manual_seed(0)
+    head_cfg = HeadConfig(kind=task.kind, n_embd=cfg.n_embd, n_labels=max(1, len(task.labels)),
+                          extract_id=tok.extract_id)
+    ours = FinetuneModel(GPT(cfg), TaskHead(head_cfg))
+    hf_cfg = transformers.OpenAIGPTConfig(
+        **{k: v for k, v in config_to_hf(cfg).items() if k not in ("architectures", "model_type")},
+        summary_first_dropout=head_cfg.pdrop)
+    hf = transformers.OpenAIGPTDoubleHeadsModel(hf_cfg)
+    sd = state_dict_to_hf(ours.gpt.state_dict(), cfg.n_layer)
+    if head_cfg.n_out != 1:  # entailment: each example is one "choice" scored by an n-class W_y
+        hf.multiple_choice_head.summary = torch.nn.Linear(cfg.n_embd, head_cfg.n_out)
+    sd["multiple_choice_head.summary.weight"] = ours.head.linear.weight
+    sd["multiple_choice_head.summary.bias"] = ours.head.linear.bias
+    missing, unexpected = hf.load_state_dict({k: v.detach().clone() for k, v in sd.items()}, strict=False)
+    assert not unexpected and all(k == "lm_head.weight" for k in missing), (missing, unexpected)
+    return ours, hf
+
+
+def hf_loss(model, batch):
+    """HF's fine-tuning loss as documented for the double-heads model: ``mc_loss + λ·lm_loss``."""
+    import torch
+
+    n = batch.ids.size(0) // batch.n_seqs
+    ids = batch.ids.view(n, batch.n_seqs, -1)
+    labels = ids.masked_fill(batch.mask.view_as(ids) == 0, -100)
+    extract = (ids == model.config.extract_id).to(torch.int8).argmax(-1)
+    out = model(input_ids=ids, mc_token_ids=extract, labels=labels, mc_labels=batch.labels)
+    return out.mc_loss + LM_WEIGHT * out.loss
+
+
+def bench_shape(shape: str, args: argparse.Namespace) -> list[dict]:
+    """Time every (implementation, precision) variant on one task shape, round-robin; print and return the rows."""
+    import torch
+
+    from gptcli.tokenizers.openai import OpenAIBPETokenizer
+    from gptcli.train.finetune import TaskLoss
+    from gptcli.train.optim import make_optimizer
+    from gptcli.train.trainer import Trainer
+
+    shared = Path(os.environ.get("GPT1_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+    tok = OpenAIBPETokenizer.from_dir(shared / "data" / "openai-gpt-bpe")
+    task, batches = real_batches(shape, args, tok)
+    ours, hf = build_models(task, args, tok)
+    hf.config.extract_id = tok.extract_id
+    cpu = torch.device("cpu")
+    precisions = args.precisions.split(",")
+    trainers = {}
+    for name, m, loss in (("ours", ours, TaskLoss(LM_WEIGHT)), ("hf", hf, hf_loss)):
+        opt = make_optimizer(m, lr=6.25e-5)
+        for prec in precisions:  # one trainer per precision, sharing the model and optimizer
+            trainers[(name, prec)] = Trainer(m, opt, loss, lambda s: 6.25e-5, device=cpu, precision=prec,
+                                             grad_clip=1.0)
+    for key, tr in trainers.items():  # warm-up
+        tr.step(0, [batches[0]])
+    # times[key][i]: seconds of batch i in each repeat. Under contention from other processes a batch's best time
+    # is the least disturbed one, so "best" (sum over batches of each batch's minimum) is the headline figure;
+    # the median is printed beside it.
+    times: dict[tuple[str, str], list[list[float]]] = {k: [[] for _ in batches] for k in trainers}
+    for _ in range(args.repeats):
+        for i, b in enumerate(batches):
+            for key, tr in trainers.items():
+                t0 = time.perf_counter()
+                tr.step(1, [b])
+                times[key][i].append(time.perf_counter() - t0)
+    n_ex = len(batches) * args.batch
+    rate = {k: {"best": n_ex / sum(min(t) for t in ts), "median": n_ex / sum(statistics.median(t) for t in ts)}
+            for k, ts in times.items()}
+    seqs = sum(b.ids.size(0) for b in batches)
+    tokens = sum(b.ids.numel() for b in batches)
+    real = sum(b.tokens for b in batches)
+    print(f"\n{shape} ({task.kind}, {batches[0].n_seqs} sequence(s)/example), {args.size} "
+          f"{ours.gpt.num_params() / 1e6:.1f}M params: {len(batches)} batches × {args.batch} examples, "
+          f"{seqs} sequences, padded length {tokens // seqs} (real tokens {100 * real / tokens:.0f}%), "
+          f"{args.repeats} repeats")
+    results = []
+    for prec in precisions:
+        o, h = rate[("ours", prec)], rate[("hf", prec)]
+        print(f"  {prec}: ours {o['best']:7.2f} ex/s   HF {h['best']:7.2f} ex/s   ours/HF {o['best'] / h['best']:.2f}×"
+              f"   (medians: {o['median']:.2f} vs {h['median']:.2f}, {o['median'] / h['median']:.2f}×)")
+        results.append({"shape": shape, "precision": prec, "ours_ex_per_s": o, "hf_ex_per_s": h,
+                        "ratio_best": o["best"] / h["best"], "ratio_median": o["median"] / h["median"],
+                        "ours_times": times[("ours", prec)], "hf_times": times[("hf", prec)]})
+    if args.profile:
+        profile(trainers, batches[0])
+    return results
+
+
+def profile(trainers: dict, batch) -> None:
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    for key, tr in trainers.items():
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            tr.step(1, [batch])
+        print(f"\n--- profile: {key[0]} {key[1]} ---")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+
+
+if __name__ == "__main__":
+    main()
