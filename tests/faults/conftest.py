@@ -164,3 +164,21 @@ def malicious_pickle(path: Path, marker: Path) -> Path:
     else:
         path.write_bytes(pickle.dumps(Payload(marker)))
     return path
+
+
+# --- for the --overwrite cases (tests/faults/test_overwrite_*.py): exit code and text, and every file's bytes
+
+
+def cli_text(capsys, *args) -> tuple[int, str]:
+    """Run the real CLI in-process: (exit code, stdout + stderr)."""
+    from gptcli.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main([str(a) for a in args])
+    cap = capsys.readouterr()
+    return int(e.value.code or 0), cap.out + cap.err
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` with its bytes (hidden ones too)."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}

@@ -14,23 +14,12 @@ import pytest
 
 from gptcli.cli import main
 from gptcli.outputs import MARKER, kind_of
+from tests.faults.conftest import cli_text as gpt1
+from tests.faults.conftest import snapshot
 
 TINY = ["--preset", "tiny", "--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--n-inner", "128", "--n-ctx", "32",
         "--seq-len", "32", "--batch-size", "4", "--warmup-steps", "1", "--eval-batches", "1", "--device", "cpu",
         "--precision", "fp32", "--quiet"]
-
-
-def gpt1(capsys, *args) -> tuple[int, str]:
-    """Run the real CLI in-process: (exit code, stdout + stderr)."""
-    with pytest.raises(SystemExit) as e:
-        main([str(a) for a in args])
-    cap = capsys.readouterr()
-    return int(e.value.code or 0), cap.out + cap.err
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    """Every file under ``root`` with its bytes (hidden ones too)."""
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")

@@ -11,21 +11,10 @@ import pytest
 
 from gptcli.cli import main
 from gptcli.outputs import kind_of
+from tests.faults.conftest import cli_text as gpt1
+from tests.faults.conftest import snapshot
 
 PREP = ["--vocab-size", "120", "--workers", "1"]
-
-
-def gpt1(capsys, *args) -> tuple[int, str]:
-    """Run the real CLI in-process: (exit code, stdout + stderr)."""
-    with pytest.raises(SystemExit) as e:
-        main([str(a) for a in args])
-    cap = capsys.readouterr()
-    return int(e.value.code or 0), cap.out + cap.err
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    """Every file under ``root`` with its bytes (hidden ones too)."""
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def write_books(d: Path, data: Path) -> Path:

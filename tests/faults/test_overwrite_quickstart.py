@@ -13,6 +13,8 @@ from gptcli.cli import main
 from gptcli.config import save_config
 from gptcli.outputs import kind_of
 from gptcli.pipelines.quickstart import QuickstartConfig
+from tests.faults.conftest import cli_text as gpt1
+from tests.faults.conftest import snapshot
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -21,19 +23,6 @@ TINY = {"minutes": 1.0, "max_modules": 80, "vocab_size": 400,
         "model": {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 64, "n_ctx": 48}, "seq_len": 48,
         "batch_size": 8, "pretrain_steps": 4, "eval_batches": 2, "finetune_epochs": 1, "max_train_examples": 48,
         "zeroshot_fit_examples": 32, "workers": 1, "device": "cpu", "precision": "fp32"}
-
-
-def gpt1(capsys, *args) -> tuple[int, str]:
-    """Run the real CLI in-process: (exit code, stdout + stderr)."""
-    with pytest.raises(SystemExit) as e:
-        main([str(a) for a in args])
-    cap = capsys.readouterr()
-    return int(e.value.code or 0), cap.out + cap.err
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    """Every file under ``root`` with its bytes (hidden ones too)."""
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
