@@ -36,7 +36,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import fsync_dir, move_into_place
+from gptcli.fsutil import fsync_dir, move_into_place, sha256_file
 from gptcli.model.gpt import GPT, ModelConfig
 
 FORMAT = 1
@@ -127,14 +127,6 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
         raise GPT1Error(f"{path}: unreadable tensors ({e})") from None
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _config_digest(config: dict[str, Any]) -> str:
     """sha256 of config.json's content without its own digest (canonical JSON, so it survives reformatting)."""
     body = {k: v for k, v in config.items() if k != CONFIG_DIGEST}
@@ -153,7 +145,7 @@ def _config_damage(p: Path) -> str | None:
 def _checksums(directory: Path) -> dict[str, str]:
     """sha256 of every file under ``directory`` except config.json, by POSIX relative path."""
     return {
-        p.relative_to(directory).as_posix(): _sha256(p)
+        p.relative_to(directory).as_posix(): sha256_file(p)
         for p in sorted(directory.rglob("*"))
         if p.is_file() and p.relative_to(directory).as_posix() != CONFIG
     }
@@ -271,7 +263,7 @@ def verify_checkpoint(path: str | Path) -> list[str]:
         f = p / rel
         if not f.is_file():
             problems.append(f"{f}: missing")
-        elif _sha256(f) != expected:
+        elif sha256_file(f) != expected:
             problems.append(f"{f}: checksum mismatch (the file is damaged)")
     return problems
 

@@ -1,7 +1,8 @@
-"""Filesystem helpers for outputs that must appear whole or not at all."""
+"""Filesystem helpers: outputs that appear whole or not at all, and the one file checksum every format uses."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import uuid
@@ -49,3 +50,12 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
         raise
     fsync_dir(path.parent)
     return path
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    """sha256 of a file's bytes, read in chunks (shards, checkpoint files, cache entries, task data files)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

@@ -44,7 +44,7 @@ import numpy as np
 
 from gptcli.data.shards import tokenizer_fingerprint
 from gptcli.data.transforms import Encoded, encode_examples, truncation_rule
-from gptcli.fsutil import write_text_atomic
+from gptcli.fsutil import sha256_file, write_text_atomic
 from gptcli.progress import SILENT, Progress
 
 FORMAT = 1
@@ -119,14 +119,6 @@ def cache_key(task: Any, examples: Sequence[Any], tokenizer: Any, n_ctx: int) ->
 # --------------------------------------------------------------------------------------------- the entry files
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def write_entry(root: Path, name: str, parts: dict[str, Any], seqs: Sequence[list[list[int]]]) -> Path:
     """Write ``<name>.arrow`` (atomically) then its sidecar ``<name>.json`` with the file's sha256."""
     import pyarrow as pa
@@ -151,7 +143,7 @@ def write_entry(root: Path, name: str, parts: dict[str, Any], seqs: Sequence[lis
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    meta = {**parts, "sha256": _sha256_file(path), "n_seqs": len(inner_len), "n_tokens": int(inner[-1])}
+    meta = {**parts, "sha256": sha256_file(path), "n_seqs": len(inner_len), "n_tokens": int(inner[-1])}
     write_text_atomic(root / f"{name}.json", json.dumps(meta, indent=1, sort_keys=True) + "\n")
     return path
 
@@ -171,7 +163,7 @@ def read_entry(root: Path, name: str, n_examples: int) -> list[list[list[int]]] 
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
         return "its checksum file is missing or unreadable"
     try:
-        if _sha256_file(path) != expected:
+        if sha256_file(path) != expected:
             return "checksum mismatch"
         with pa.memory_map(str(path), "r") as source:
             column = ipc.open_file(source).read_all().column("seqs").combine_chunks()

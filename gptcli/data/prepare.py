@@ -44,11 +44,11 @@ import numpy as np
 
 from gptcli import __version__
 from gptcli.config import to_dict
+from gptcli.data.shards import FORMAT_VERSION, ShardWriter, token_dtype, write_manifest
 from gptcli.errors import DataError, GPT1Error
-from gptcli.fsutil import move_into_place
+from gptcli.fsutil import move_into_place, sha256_file
 from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress, staged
-from gptcli.data.shards import FORMAT_VERSION, ShardWriter, sha256_file, token_dtype, write_manifest
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 # Plain text under other names, read like .txt when named directly or matched by a glob (a directory search keeps to

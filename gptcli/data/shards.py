@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import write_text_atomic
+from gptcli.fsutil import sha256_file, write_text_atomic
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -35,14 +35,6 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def shard_name(split: str, index: int) -> str:
     return f"{split}-{index:05d}.arrow"
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 MANIFEST_DIGEST = "manifest_sha256"

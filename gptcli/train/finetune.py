@@ -60,7 +60,7 @@ from gptcli.data.transforms import Encoded
 from gptcli.errors import GPT1Error
 from gptcli.eval.baselines import prediction_summary
 from gptcli.eval.metrics import score_predictions
-from gptcli.fsutil import move_into_place, write_text_atomic
+from gptcli.fsutil import move_into_place, sha256_file, write_text_atomic
 from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.gpt import GPT, ModelConfig, preset
 from gptcli.model.heads import HeadConfig, TaskHead
@@ -513,7 +513,7 @@ def build_body(config: FinetuneConfig) -> tuple[GPT, Any, dict[str, Any]]:
             raise GPT1Error(f"{ck.path}: checkpoint has no tokenizer/ (pass --tokenizer DIR)")
         n_sp = max(0, 3 - gpt.config.n_special)
         # What a resume compares the init checkpoint by (its recorded checksum; computed for older checkpoints).
-        weights_sha = read_header(ck.path).files.get(ckpt.WEIGHTS) or _file_sha256(ck.path / ckpt.WEIGHTS)
+        weights_sha = read_header(ck.path).files.get(ckpt.WEIGHTS) or sha256_file(ck.path / ckpt.WEIGHTS)
         source = {"init": str(ck.path), "init_kind": ck.kind, "init_meta": ck.meta, "init_sha256": weights_sha}
     if tok.vocab_size != gpt.config.vocab_size:
         raise GPT1Error(
@@ -945,7 +945,7 @@ def run_identity(run: Run) -> dict[str, Any]:
             top = folder / name
             for f in sorted(top.rglob("*")) if top.is_dir() else [top]:
                 if f.is_file():
-                    files[f.relative_to(folder).as_posix()] = _file_sha256(f)
+                    files[f.relative_to(folder).as_posix()] = sha256_file(f)
     h = hashlib.sha256()
     for e in [*run.train_enc, None, *run.dev_enc]:  # about 1 s for MNLI's 393k pairs
         if e is None:
@@ -957,13 +957,6 @@ def run_identity(run: Run) -> dict[str, Any]:
     return {"data_dir": str(folder.resolve()), "data_files": files, "init_sha256": run.source.get("init_sha256"),
             "examples_sha256": h.hexdigest()}
 
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def check_resume(run: Run, path: Path) -> list[str]:

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from gptcli.cli import main
-from gptcli.errors import DataError, GPT1Error
 from gptcli.data.prepare import PrepareConfig, prepare, resolve_inputs, text_chunks
-from gptcli.data.shards import open_corpus, sha256_file
+from gptcli.data.shards import open_corpus
+from gptcli.errors import DataError, GPT1Error
+from gptcli.fsutil import sha256_file
 from gptcli.progress import RecordingProgress
 from gptcli.tokenizers.text import strip_gutenberg, word_lines
 
