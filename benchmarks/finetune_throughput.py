@@ -30,22 +30,14 @@ import json
 import os
 import random
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-TUNABLES = "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=68719476736"
+from _machine import cpu_model, use_large_allocator_thresholds  # benchmarks/_machine.py (run as `python benchmarks/finetune_throughput.py`)
+
 LM_WEIGHT = 0.5
 SHAPES = {"rte": ("rte", "glue/RTE", "dev"), "storycloze": ("storycloze", "storycloze", "val")}
 
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return "unknown CPU"
 
 
 def main() -> None:
@@ -63,9 +55,7 @@ def main() -> None:
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args()
 
-    if not args.default_malloc and os.environ.get("GLIBC_TUNABLES") != TUNABLES:
-        os.environ["GLIBC_TUNABLES"] = TUNABLES
-        os.execv(sys.executable, [sys.executable, *sys.argv])
+    use_large_allocator_thresholds(args.default_malloc)
 
     import torch
 

@@ -20,10 +20,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
-TUNABLES = "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=68719476736"
+from _machine import use_large_allocator_thresholds  # benchmarks/_machine.py (run as `python benchmarks/train_throughput.py`)
+
 
 
 def main() -> None:
@@ -39,9 +39,7 @@ def main() -> None:
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args()
 
-    if not args.default_malloc and os.environ.get("GLIBC_TUNABLES") != TUNABLES:
-        os.environ["GLIBC_TUNABLES"] = TUNABLES
-        os.execv(sys.executable, [sys.executable, *sys.argv])
+    use_large_allocator_thresholds(args.default_malloc)
 
     import torch
 

@@ -1,0 +1,29 @@
+"""What every throughput benchmark sets up and prints first: the allocator setting and the machine.
+
+``use_large_allocator_thresholds`` re-executes the script once with glibc's mmap/trim thresholds raised, so that
+the large activation buffers are reused instead of being mapped and unmapped every step (measured in
+docs/performance.md); ``cpu_model`` names the processor the figures belong to.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+TUNABLES = "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=68719476736"
+
+
+def use_large_allocator_thresholds(default_malloc: bool) -> None:
+    """Re-run this process with ``GLIBC_TUNABLES`` set (unless ``default_malloc`` or it is set already)."""
+    if not default_malloc and os.environ.get("GLIBC_TUNABLES") != TUNABLES:
+        os.environ["GLIBC_TUNABLES"] = TUNABLES
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+
+
+def cpu_model() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
+    except (OSError, subprocess.CalledProcessError, StopIteration):
+        return "unknown CPU"
