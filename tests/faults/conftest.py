@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,3 +184,39 @@ def cli_text(capsys, *args) -> tuple[int, str]:
 def snapshot(root: Path) -> dict[str, bytes]:
     """Every file under ``root`` with its bytes (hidden ones too)."""
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# --- for the kill -9 cases (tests/faults/test_kill9*.py): subprocesses that compute the same floats as the reference
+
+KILL_TIMEOUT = 120  # a guard against hangs only
+
+
+def one_thread_env() -> dict[str, str]:
+    """One thread everywhere: the reference and every resumed piece must do the same float arithmetic."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
+def finish(proc: subprocess.Popen) -> None:
+    """Wait for a run to end and require that it ended well, without a traceback."""
+    _, err = proc.communicate(timeout=KILL_TIMEOUT)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err
+
+
+def step_numbers(run: Path) -> list[int]:
+    """The updates of the complete step checkpoints in ``run``, oldest first."""
+    d = run / "checkpoints"
+    return sorted(int(p.name[5:]) for p in d.iterdir() if p.name.startswith("step-")) if d.is_dir() else []
+
+
+def wait_for(predicate, proc: subprocess.Popen, what: str, poll: float = 0.002) -> bool:
+    """Poll until ``predicate()``; False when the process ended first."""
+    deadline = time.monotonic() + KILL_TIMEOUT
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(poll)
+    pytest.fail(f"timed out waiting for {what}")

@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import REPO, TINY_ARGS, assert_nothing_new, assert_one_line_error, gpt1, tree
+from tests.faults.conftest import (
+    REPO,
+    TINY_ARGS,
+    assert_nothing_new,
+    assert_one_line_error,
+    gpt1,
+    tree,
+)
 
 TEXT = "The quick brown fox jumps over the lazy dog, again and again, until the dog wakes up.\n"
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import signal
 import subprocess
@@ -26,37 +25,29 @@ from pathlib import Path
 import pytest
 
 from gptcli.outputs import MARKER
-
-from tests.faults.conftest import REPO, TINY_ARGS
+from tests.faults.conftest import (
+    KILL_TIMEOUT,
+    REPO,
+    TINY_ARGS,
+    finish,
+    one_thread_env,
+    step_numbers,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
 STEPS = 200
 ARGS = ["--max-steps", str(STEPS), "--save-every", "1", "--keep-last", "2", *TINY_ARGS]
-TIMEOUT = 120  # a guard against hangs only
 
-
-def _env() -> dict[str, str]:
-    # One thread everywhere: the reference and every resumed piece must do the same float arithmetic.
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
 def _start(data: Path, out: Path) -> subprocess.Popen:
     # --resume from the very first start: with no checkpoint yet it starts fresh, so every start is the same line.
     cmd = [sys.executable, "-m", "gptcli", "pretrain", "--data", str(data), "--out", str(out), *ARGS, "--resume"]
-    return subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(cmd, cwd=REPO, env=one_thread_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _finish(proc: subprocess.Popen) -> None:
-    out, err = proc.communicate(timeout=TIMEOUT)
-    assert proc.returncode == 0, err[-3000:]
-    assert "Traceback" not in err
-
-
-def _steps(run: Path) -> list[int]:
-    d = run / "checkpoints"
-    return sorted(int(p.name[5:]) for p in d.iterdir() if p.name.startswith("step-")) if d.is_dir() else []
 
 
 def _final(run: Path) -> tuple[dict, list, list]:
@@ -82,7 +73,7 @@ def _final(run: Path) -> tuple[dict, list, list]:
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory) -> tuple[dict[str, str], list, list]:
     run = tmp_path_factory.mktemp("reference") / "run"
-    _finish(_start(corpus, run))
+    finish(_start(corpus, run))
     files, train, evals = _final(run)
     assert [s for s, *_ in train] == list(range(1, STEPS + 1)) and len(evals) == 1
     return files, train, evals
@@ -95,17 +86,6 @@ def _assert_clean(run: Path) -> None:
     assert [p.name for p in run.iterdir() if p.name.startswith(".")] == [MARKER]  # gpt1's marker, no temporaries
 
 
-def _wait_for(predicate, proc: subprocess.Popen, what: str) -> bool:
-    """Poll until ``predicate()``; False when the process ended first."""
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        if proc.poll() is not None:
-            return False
-        time.sleep(0.002)
-    pytest.fail(f"timed out waiting for {what}")
-
 
 def test_kill_at_random_points_then_resume_is_bitwise_identical(corpus, reference, tmp_path):
     rng = random.Random(17)
@@ -117,23 +97,23 @@ def test_kill_at_random_points_then_resume_is_bitwise_identical(corpus, referenc
     run = tmp_path / "run"
     kills, mid_write = [], 0
     for when, delay in schedule:
-        resumed_from = max(_steps(run), default=0)
+        resumed_from = max(step_numbers(run), default=0)
         proc = _start(corpus, run)
-        if when == "train" and not _wait_for(lambda: max(_steps(run), default=0) > resumed_from, proc,
+        if when == "train" and not wait_for(lambda: max(step_numbers(run), default=0) > resumed_from, proc,
                                              "a first checkpoint"):
             break  # finished before the kill: the run is over
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=TIMEOUT)
+        proc.communicate(timeout=KILL_TIMEOUT)
         if proc.returncode != -signal.SIGKILL:
             break
-        kills.append((when, round(delay, 3), max(_steps(run), default=0)))
+        kills.append((when, round(delay, 3), max(step_numbers(run), default=0)))
         if run.is_dir() and any(p.name.startswith(".step-") for p in (run / "checkpoints").glob(".*")):
             mid_write += 1  # died while a checkpoint was being written (its temporary directory is left)
     print(f"kills (when, delay s, newest checkpoint after): {kills}; {mid_write} during a checkpoint write")
     assert len(kills) >= 10, kills
     assert max(k[2] for k in kills) < STEPS  # every kill landed before the end
-    _finish(_start(corpus, run))
+    finish(_start(corpus, run))
     assert _final(run) == reference, (kills, mid_write)
     _assert_clean(run)
 
@@ -199,8 +179,8 @@ def test_kill_inside_each_step_of_a_checkpoint_write(corpus, reference, tmp_path
     run = tmp_path / "run"
     args = ["pretrain", "--data", str(corpus), "--out", str(run), *ARGS, "--resume"]
     for what, at in KILLS:
-        proc = subprocess.run([sys.executable, "-c", SCRIPT, *args], cwd=REPO, env={**_env(), "KILL_IN": f"{what}:{at}"},
-                              capture_output=True, text=True, timeout=TIMEOUT)
+        proc = subprocess.run([sys.executable, "-c", SCRIPT, *args], cwd=REPO, env={**one_thread_env(), "KILL_IN": f"{what}:{at}"},
+                              capture_output=True, text=True, timeout=KILL_TIMEOUT)
         assert proc.returncode == -signal.SIGKILL, (what, proc.stderr[-3000:])
         from gptcli.checkpoint import list_checkpoints, verify_checkpoint
 
@@ -209,6 +189,6 @@ def test_kill_inside_each_step_of_a_checkpoint_write(corpus, reference, tmp_path
         # pruning, the new checkpoint was already in place.)
         assert newest.name == f"step-{at if what == 'prune' else at - 1:07d}", (what, newest)
         assert verify_checkpoint(newest) == []
-    _finish(_start(corpus, run))
+    finish(_start(corpus, run))
     assert _final(run) == reference
     _assert_clean(run)

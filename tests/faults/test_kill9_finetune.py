@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import signal
 import subprocess
@@ -29,21 +28,22 @@ from pathlib import Path
 import pytest
 
 from gptcli.outputs import MARKER
-
-from tests.faults.conftest import REPO, WORDS
+from tests.faults.conftest import (
+    KILL_TIMEOUT,
+    REPO,
+    WORDS,
+    finish,
+    one_thread_env,
+    step_numbers,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
 EPOCHS, N_TRAIN, BATCH = 2, 96, 4
 STEPS = EPOCHS * N_TRAIN // BATCH  # 48
-TIMEOUT = 120  # a guard against hangs only
 TIMING = ("tokens_per_s", "elapsed_s")
 
-
-def _env() -> dict[str, str]:
-    # One thread everywhere: the reference and every resumed piece must do the same float arithmetic.
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
 @pytest.fixture(scope="module")
@@ -80,19 +80,10 @@ def _args(inputs: tuple[Path, Path], out: Path) -> list[str]:
 
 
 def _start(inputs, out: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "gptcli", *_args(inputs, out)], cwd=REPO, env=_env(),
+    return subprocess.Popen([sys.executable, "-m", "gptcli", *_args(inputs, out)], cwd=REPO, env=one_thread_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _finish(proc: subprocess.Popen) -> None:
-    out, err = proc.communicate(timeout=TIMEOUT)
-    assert proc.returncode == 0, err[-3000:]
-    assert "Traceback" not in err
-
-
-def _steps(run: Path) -> list[int]:
-    d = run / "checkpoints"
-    return sorted(int(p.name[5:]) for p in d.iterdir() if p.name.startswith("step-")) if d.is_dir() else []
 
 
 def _final(run: Path) -> tuple[dict, dict, list]:
@@ -114,7 +105,7 @@ def _final(run: Path) -> tuple[dict, dict, list]:
 @pytest.fixture(scope="module")
 def reference(inputs, tmp_path_factory) -> tuple[dict, dict, list]:
     run = tmp_path_factory.mktemp("reference") / "run"
-    _finish(_start(inputs, run))
+    finish(_start(inputs, run))
     files, results, records = _final(run)
     assert results["steps"] == STEPS and len(results["history"]) == EPOCHS
     assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, STEPS + 1))
@@ -126,17 +117,6 @@ def _assert_clean(run: Path) -> None:
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["final"]
     assert [p.name for p in run.iterdir() if p.name.startswith(".")] == [MARKER]  # gpt1's marker, no temporaries
 
-
-def _wait_for(predicate, proc: subprocess.Popen) -> bool:
-    """Poll until ``predicate()``; False when the process ended first."""
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        if proc.poll() is not None:
-            return False
-        time.sleep(0.001)
-    pytest.fail("timed out waiting for a checkpoint")
 
 
 def test_kill_at_random_points_then_resume_is_bitwise_identical(inputs, reference, tmp_path):
@@ -151,21 +131,22 @@ def test_kill_at_random_points_then_resume_is_bitwise_identical(inputs, referenc
     kills, mid_write = [], 0
     for when, target, delay in schedule:
         proc = _start(inputs, run)
-        if when == "train" and not _wait_for(lambda: max(_steps(run), default=0) >= target, proc):
+        if when == "train" and not wait_for(lambda: max(step_numbers(run), default=0) >= target, proc, "a checkpoint",
+                                            poll=0.001):
             break  # finished before the kill: the run is over
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=TIMEOUT)
+        proc.communicate(timeout=KILL_TIMEOUT)
         if proc.returncode != -signal.SIGKILL:
             break
-        kills.append((when, target, round(delay, 3), max(_steps(run), default=0)))
+        kills.append((when, target, round(delay, 3), max(step_numbers(run), default=0)))
         if run.is_dir() and any(p.name.startswith(".step-") for p in (run / "checkpoints").glob(".*")):
             mid_write += 1  # died while a checkpoint was being written (its temporary directory is left)
     print(f"kills (when, target update, delay s, newest checkpoint after): {kills}; {mid_write} during a checkpoint "
           "write")
     assert len(kills) == len(schedule), kills
     assert all(0 <= k[3] < STEPS for k in kills) and kills[-1][3] > 0  # every kill landed in training
-    _finish(_start(inputs, run))
+    finish(_start(inputs, run))
     assert _final(run) == reference, (kills, mid_write)
     _assert_clean(run)
 
@@ -237,13 +218,13 @@ def test_kill_inside_each_step_of_a_checkpoint_write(inputs, reference, tmp_path
     run = tmp_path / "run"
     for what, at, newest in KILLS:
         proc = subprocess.run([sys.executable, "-c", SCRIPT, *_args(inputs, run)], cwd=REPO,
-                              env={**_env(), "KILL_IN": f"{what}:{at}"}, capture_output=True, text=True,
-                              timeout=TIMEOUT)
+                              env={**one_thread_env(), "KILL_IN": f"{what}:{at}"}, capture_output=True, text=True,
+                              timeout=KILL_TIMEOUT)
         assert proc.returncode == -signal.SIGKILL, (what, at, proc.stderr[-3000:])
         # The checkpoint being written is not visible; the one before it is whole and is where --resume goes.
-        assert max(_steps(run)) == newest, (what, at, _steps(run))
+        assert max(step_numbers(run)) == newest, (what, at, step_numbers(run))
         assert verify_checkpoint(run / "checkpoints" / f"step-{newest:07d}") == []
     assert json.loads((run / "results.json").read_text())["steps"] == STEPS  # the last kill came after results.json
-    _finish(_start(inputs, run))
+    finish(_start(inputs, run))
     assert _final(run) == reference
     _assert_clean(run)

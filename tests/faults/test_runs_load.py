@@ -8,10 +8,17 @@ import json
 import shutil
 
 import pytest
-
 from corpus_helpers import random_corpus
+from run_helpers import (
+    cli,
+    flip_byte,
+    one_line_error,
+    snapshot,
+    sst2_folder,
+    tiny_config,
+)
+
 from gptcli.train.pretrain import pretrain
-from run_helpers import cli, flip_byte, one_line_error, snapshot, sst2_folder, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from corpus_helpers import random_corpus
 
 import gptcli.train.pretrain as pretrain_mod
-from corpus_helpers import random_corpus
 from gptcli.checkpoint import load_checkpoint
 from gptcli.train.pretrain import PretrainConfig, pretrain
 from gptcli.train.trainer import Trainer

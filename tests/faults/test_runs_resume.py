@@ -9,14 +9,22 @@ import json
 import shutil
 
 import pytest
-
 from corpus_helpers import random_corpus
+from run_helpers import (
+    TINY_ARGS,
+    cli,
+    flip_byte,
+    learned_corpus,
+    one_line_error,
+    snapshot,
+    tiny_config,
+)
+
 from gptcli.checkpoint import load_checkpoint, read_header, verify_checkpoint
 from gptcli.errors import GPT1Error
 from gptcli.outputs import kind_of
 from gptcli.progress import RecordingProgress
 from gptcli.train.pretrain import pretrain
-from run_helpers import TINY_ARGS, cli, flip_byte, learned_corpus, one_line_error, snapshot, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -8,12 +8,12 @@ import json
 
 import numpy as np
 import pytest
-
 from corpus_helpers import random_corpus, write_corpus
+from run_helpers import TINY_ARGS, cli, flip_byte, one_line_error, tiny_config
+
 from gptcli.errors import GPT1Error
 from gptcli.eval.perplexity import corpus_perplexity
 from gptcli.train.pretrain import check_settings, pretrain
-from run_helpers import TINY_ARGS, cli, flip_byte, one_line_error, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
