@@ -30,7 +30,7 @@ import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -268,10 +268,13 @@ def verify_checkpoint(path: str | Path) -> list[str]:
     return problems
 
 
-def newest_intact(path: str | Path) -> tuple[Path, list[tuple[Path, str]]]:
-    """The newest checkpoint of a run whose files verify, and the newer ones skipped with the reason for each."""
+def newest_intact(
+    path: str | Path, candidates: Sequence[Path] | None = None
+) -> tuple[Path, list[tuple[Path, str]]]:
+    """The newest checkpoint of a run whose files verify, and the newer ones skipped with the reason for each.
+    ``candidates`` (oldest first) narrows the search, e.g. to the step checkpoints that hold training state."""
     skipped: list[tuple[Path, str]] = []
-    for c in reversed(list_checkpoints(path)):
+    for c in reversed(list(candidates) if candidates is not None else list_checkpoints(path)):
         problems = verify_checkpoint(c)
         if not problems:
             return c, skipped

@@ -353,17 +353,14 @@ def _resume_point(out: Path, steps: list[Path], verify: bool, report: Progress) 
     ``verify`` off: simply the newest)."""
     if not verify:
         return steps[-1]
-    skipped = []
-    for c in reversed(steps):
-        problems = ckpt.verify_checkpoint(c)
-        if not problems:
-            for bad, why in skipped:
-                report.note(f"skipping checkpoint {bad.name}: {why}; resuming from {c.name}", level="warn")
-            return c
-        skipped.append((c, problems[0]))
-    detail = "; ".join(f"{c.name}: {why}" for c, why in skipped)
-    raise GPT1Error(f"{out}: no intact checkpoint to resume from ({detail}) (restore a checkpoint, pass --no-verify "
-                    "to resume from the newest anyway, or --overwrite to start the run over)")
+    try:
+        path, skipped = ckpt.newest_intact(out, candidates=steps)
+    except GPT1Error as e:
+        raise GPT1Error(f"{e} (restore a checkpoint, pass --no-verify to resume from the newest anyway, or "
+                        "--overwrite to start the run over)") from None
+    for bad, why in skipped:
+        report.note(f"skipping checkpoint {bad.name}: {why}; resuming from {path.name}", level="warn")
+    return path
 
 
 def finished_run(config: FinetuneConfig, out: Path, report: Progress) -> FinetuneResult:
