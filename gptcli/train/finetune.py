@@ -71,7 +71,7 @@ from gptcli.runtime import configure_backends, resolve_device, resolve_precision
 from gptcli.tasks import ReadOptions, get_task
 from gptcli.tokenizers import load_tokenizer
 from gptcli.train.optim import lr_at, make_optimizer, released_lr
-from gptcli.train.runlog import METRICS, RunLogger
+from gptcli.train.runlog import METRICS, RunLogger, keep_first_records
 from gptcli.train.trainer import GracefulStop, StepResult, Trainer, every
 
 RESULTS = "results.json"
@@ -680,22 +680,10 @@ def _start_run_dir(run: Run, plan: RunDirPlan, report: Progress) -> RunLogger:
 
 
 def _keep_records(path: Path, n: int, report: Progress) -> None:
-    """Keep the first ``n`` records of metrics.jsonl, replaced atomically (a crash here leaves the old file). By
-    count, not by step: an epoch's eval record has the step of its last update, and a checkpoint saved before that
-    evaluation must not keep it."""
-    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
-    keep = []
-    for line in lines:
-        if len(keep) == n:
-            break
-        try:
-            json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by a crash
-        keep.append(line)
-    if len(keep) < n:
-        report.note(f"{path}: {n - len(keep)} of the {n} records the checkpoint had seen are missing", level="warn")
-    write_text_atomic(path, "".join(k + "\n" for k in keep))
+    """Keep the first ``n`` records of metrics.jsonl, saying so when fewer than that survived."""
+    kept = keep_first_records(path, n)
+    if kept < n:
+        report.note(f"{path}: {n - kept} of the {n} records the checkpoint had seen are missing", level="warn")
 
 
 # --------------------------------------------------------------------------------------------- training

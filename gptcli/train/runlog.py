@@ -21,20 +21,34 @@ from gptcli.fsutil import write_text_atomic
 METRICS = "metrics.jsonl"
 
 
+def _records(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(line, record) of every whole line of metrics.jsonl; a line cut by a crash is skipped."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append((line, json.loads(line)))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
 def truncate_metrics(path: Path, after_step: int) -> None:
     """Drop records past ``after_step`` (written by a run that died after its last checkpoint) before resuming.
     The file is replaced atomically: a crash here leaves the old records, never a cut file."""
-    if not path.is_file():
-        return
-    keep = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by a crash
-        if rec.get("step", 0) <= after_step:
-            keep.append(line)
+    if path.is_file():
+        keep = [line for line, rec in _records(path) if rec.get("step", 0) <= after_step]
+        write_text_atomic(path, "".join(k + "\n" for k in keep))
+
+
+def keep_first_records(path: Path, n: int) -> int:
+    """Keep the first ``n`` whole records (fine-tuning resumes by count: an epoch's eval record carries the step of
+    its last update, so a step rule would keep a score its checkpoint never saw). Atomic like
+    :func:`truncate_metrics`; returns how many were kept."""
+    keep = [line for line, _ in _records(path)][:n]
     write_text_atomic(path, "".join(k + "\n" for k in keep))
+    return len(keep)
 
 
 def _clean(v: Any) -> Any:
