@@ -17,6 +17,11 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
+from rich.console import Console, Group
+from rich.progress import BarColumn, Progress as Bars, ProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+from rich.text import Text
+
 from gptcli.eval.baselines import MARGIN, constant_sentence, level, verdict
 from gptcli.progress import Level, Progress
 
@@ -104,8 +109,6 @@ def _with_notes(table: Any, results: Sequence[dict[str, Any]], notes: bool) -> A
     legend, constant = (_legend(results), _constant_lines(results)) if notes else ([], [])
     if not legend and not constant:
         return table
-    from rich.console import Group
-    from rich.text import Text
 
     text = Text("\n".join(legend), style="dim")
     if constant:
@@ -122,8 +125,6 @@ def results_table(results: Sequence[dict[str, Any]], title: str | None = None, *
     The paper's numbers are test-set scores; ours are on the split named under each column (usually dev), so
     compare with that in mind.
     """
-    from rich.table import Table
-
     columns: dict[tuple[str, str], dict[str, Any]] = {}
     runs: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
     for r in results:
@@ -162,8 +163,6 @@ def details_table(results: Sequence[dict[str, Any]], title: str | None = None, *
     """One row per (run, task, metric) with every metric reported, ours marked when no better than a trivial
     predictor, that level beside it (column ``majority``, ``chance`` or both), the paper's headline and the
     difference; ``notes``: :func:`trivial_notes` under it (off where a results table above already says them)."""
-    from rich.table import Table
-
     table = Table(title=title or "Task metrics (×100)")
     level_name = _level_name(results)
     for name, just in (("run", "left"), ("task", "left"), ("split", "left"), ("metric", "left"), ("ours", "right"),
@@ -281,9 +280,6 @@ class RichProgress(Progress):
     # -- helpers
     def _ensure_bars(self) -> Any:
         if self._bars is None:
-            from rich.progress import BarColumn, Progress as Bars, TextColumn, TimeElapsedColumn
-            from rich.progress import TimeRemainingColumn
-
             self._bars = Bars(
                 TextColumn("[bold]{task.description}"), BarColumn(bar_width=20), _AmountColumn(),
                 TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
@@ -319,32 +315,18 @@ def _of(done: float, total: float | None, unit: str, sep: str = "/") -> str:
     return f"{_amount(done, '')}{sep}{_amount(total, unit)}"
 
 
-def _make_amount_column() -> Any:
-    from rich.progress import ProgressColumn
-    from rich.text import Text
+class _AmountColumn(ProgressColumn):
+    """``12.3 MB/40.0 MB`` for bytes, ``120/1,000 updates`` otherwise."""
 
-    class AmountColumn(ProgressColumn):
-        """``12.3 MB/40.0 MB`` for bytes, ``120/1,000 updates`` otherwise."""
-
-        def render(self, task: Any) -> Text:
-            return Text(_of(task.completed, task.total, task.fields.get("unit", "")))
-
-    return AmountColumn
-
-
-def _AmountColumn() -> Any:  # noqa: N802 - a column factory that reads like the class it builds
-    return _make_amount_column()()
+    def render(self, task: Any) -> Text:
+        return Text(_of(task.completed, task.total, task.fields.get("unit", "")))
 
 
 def stderr_console() -> Any:
     """The console progress, notes and warnings go to (stdout stays for results a user may pipe)."""
-    from rich.console import Console
-
     return Console(stderr=True)
 
 
 def stdout_console() -> Any:
     """The console results go to."""
-    from rich.console import Console
-
     return Console()
