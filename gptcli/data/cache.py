@@ -30,6 +30,7 @@ the run goes on with the ids it just encoded.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -80,6 +81,7 @@ def tokenizer_id(tokenizer: Any) -> str | None:
     return fp
 
 
+@functools.lru_cache(maxsize=1)  # the same for the whole process: read the sources once
 def _code_and_libraries() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -111,7 +113,7 @@ def cache_key(task: Any, examples: Sequence[Any], tokenizer: Any, n_ctx: int) ->
         return None
     parts = {"format": FORMAT, "task": task.name, "kind": task.kind, "n_choices": getattr(task, "n_choices", 0),
              "truncation": truncation_rule(task), "n_ctx": n_ctx, "tokenizer": fp,
-             "examples": examples_sha256(examples), "n_examples": len(examples), "code": _code_and_libraries()}
+             "examples": examples_sha256(examples), "n_examples": len(examples), "code": dict(_code_and_libraries())}
     name = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:40]
     return name, parts
 
