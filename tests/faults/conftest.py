@@ -171,14 +171,10 @@ def malicious_pickle(path: Path, marker: Path) -> Path:
 # --- for the --overwrite cases (tests/faults/test_overwrite_*.py): exit code and text, and every file's bytes
 
 
-def cli_text(capsys, *args) -> tuple[int, str]:
-    """Run the real CLI in-process: (exit code, stdout + stderr)."""
-    from gptcli.cli import main
-
-    with pytest.raises(SystemExit) as e:
-        main([str(a) for a in args])
-    cap = capsys.readouterr()
-    return int(e.value.code or 0), cap.out + cap.err
+def cli_text(capsys, *args) -> tuple[int | None, str]:
+    """:func:`gpt1` as (exit code, stdout + stderr)."""
+    res = gpt1(list(args), capsys)
+    return res.code, res.out + res.err
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
