@@ -12,6 +12,7 @@ from gptcli.commands.options import CliOnly, Options, Parsed
 from gptcli.commands.render import RichProgress, WarningsOnly, details_table, stderr_console, stdout_console
 from gptcli.errors import GPT1Error
 from gptcli.outputs import check_output
+from gptcli.train.distributed import LaunchConfig, LaunchSpec
 from gptcli.train.finetune import CONFIG_FILE, RESULTS, FinetuneConfig, FinetuneResult
 
 COMMAND_SETTINGS = {"help": "Fine-tune a pretrained checkpoint on one of the paper's tasks (paper §3.2, §4.1 defaults)."}
@@ -32,6 +33,7 @@ OPTIONS = Options(
     },
     # --clf-dropout is the spelling the command always had; --clf-pdrop matches the config key.
     flags={"clf_pdrop": ("--clf-dropout", "--clf-pdrop")},
+    sections={"launch": (LaunchConfig, "Distributed")},
     cli_only=[
         CliOnly("list_tasks", bool, False, ("--list-tasks",),
                 "Print the task registry (transformation, labels, metric, expected data) and exit.",
@@ -45,7 +47,9 @@ OPTIONS = Options(
 def run(p: Parsed) -> None:
     """Fine-tune on a task: input transformation, linear head on the extract token, task loss + λ·LM loss,
     dev score after every epoch, final checkpoint and results.json in --out. Paper defaults throughout.
-    Interrupt with Ctrl-C to checkpoint and stop; continue with `gpt1 finetune --out RUN --resume`."""
+    Interrupt with Ctrl-C to checkpoint and stop; continue with `gpt1 finetune --out RUN --resume`.
+    --gpus N / --procs N train data-parallel (the same global batch); torchrun and SLURM launches work too."""
+    from gptcli.train.distributed import join, leave, plan_launch
     from gptcli.train.finetune import finetune
 
     if p.cli["list_tasks"]:
@@ -67,16 +71,51 @@ def run(p: Parsed) -> None:
     if not p.has("out", base):
         raise GPT1Error("--out is required (the run directory)")
     console = stderr_console()
-    result = finetune(cfg, progress=WarningsOnly(console) if quiet else RichProgress(console))
+    spec = plan_launch(p.sections["launch"])
+    if spec is not None:
+        _launch(cfg, spec, quiet, console)
+        return
+    # A plain process, or one worker of a job (ours, torchrun's or SLURM's): join it, train, leave.
+    parallel = join(cfg.device)
+    progress = (WarningsOnly(console) if quiet else RichProgress(console)) if parallel.is_main else None
+    result = finetune(cfg, progress=progress, parallel=parallel)
+    if not parallel.is_main:
+        leave(parallel, 130 if result.stopped_by else 0)
     if result.stopped_by:
         console.print(f"[yellow]stopped by {result.stopped_by}[/] at update {result.step}/{result.total}; "
                       f"checkpoint {result.checkpoint}. Continue with: gpt1 finetune --out {result.run_dir} --resume",
                       highlight=False, soft_wrap=True)
+        leave(parallel, 130)
         raise typer.Exit(130)
     show_outcome(result, console)
+    leave(parallel, 0)
 
 
 command = OPTIONS.command(run)
+
+
+def _launch(cfg: FinetuneConfig, spec: LaunchSpec, quiet: bool, console: Any) -> None:
+    """Start the workers of a --gpus/--procs run here; each re-runs `gpt1 finetune` on the resolved config. The
+    settings and the run directory are checked once, before any worker starts; resuming a finished run needs none."""
+    import dataclasses
+
+    from gptcli.train.distributed import describe_launch, launch_command
+    from gptcli.train.finetune import finetune, plan_launch_run, step_checkpoints
+
+    plan = plan_launch_run(cfg, spec.nproc_per_node * spec.nnodes)
+    if plan.mode == "done":
+        show_outcome(finetune(cfg, progress=WarningsOnly(console)), console)
+        return
+    worker_cfg = dataclasses.replace(cfg, device="cuda" if spec.use_cuda else "cpu", resume=False)
+    console.print(describe_launch(spec, cfg.batch_size), highlight=False)
+    stopped = launch_command(spec, "finetune", worker_cfg, [*(["--resume"] if cfg.resume else []),
+                                                            *(["--quiet"] if quiet else [])])
+    if stopped:
+        steps = step_checkpoints(plan.out)
+        saved = f"checkpoint {steps[-1]}" if steps else "no checkpoint yet"
+        console.print(f"[yellow]stopped by {stopped}[/]; {saved}. Continue with: gpt1 finetune --out {cfg.out} "
+                      "--resume (with any number of processes)", highlight=False, soft_wrap=True)
+        raise typer.Exit(130)
 
 
 def show_outcome(result: FinetuneResult, console: Any) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,6 @@ import typer
 
 from gptcli.commands.options import CliOnly, Nested, Options, Parsed
 from gptcli.commands.render import RichProgress, WarningsOnly, stderr_console
-from gptcli.config import save_config
 from gptcli.errors import GPT1Error
 from gptcli.model.gpt import ModelConfig
 from gptcli.outputs import check_output
@@ -97,7 +95,7 @@ command = OPTIONS.command(run)
 def _launch(cfg: PretrainConfig, spec: LaunchSpec, quiet: bool, console: Any) -> None:
     """Start the workers of a --gpus/--procs run here; each re-runs `gpt1 pretrain` on the resolved config."""
     from gptcli.checkpoint import newest_intact, resolve_checkpoint
-    from gptcli.train.distributed import launch
+    from gptcli.train.distributed import describe_launch, launch_command
     from gptcli.train.pretrain import check_launch, check_settings, has_checkpoints, open_training_corpus
 
     world = spec.nproc_per_node * spec.nnodes
@@ -114,15 +112,9 @@ def _launch(cfg: PretrainConfig, spec: LaunchSpec, quiet: bool, console: Any) ->
     # included) so that each skips it, with the warning, and continues from the same intact one.
     worker_cfg = dataclasses.replace(cfg, device="cuda" if spec.use_cuda else "cpu", verify_data=damaged,
                                      resume=False)
-    with tempfile.TemporaryDirectory(prefix="gpt1-launch-") as tmp:
-        path = Path(tmp) / "pretrain.toml"
-        save_config(worker_cfg, path)
-        argv = ["pretrain", "--config", str(path), *(["--resume"] if cfg.resume else []), *(["--quiet"] if quiet else [])]
-        where = f"{spec.nproc_per_node} {'GPU' if spec.use_cuda else 'CPU'} worker(s)"
-        if spec.nnodes > 1:
-            where += f" on one of {spec.nnodes} nodes" if spec.rdzv_endpoint else f" on node {spec.node_rank} of {spec.nnodes}"
-        console.print(f"launching {where}: global batch {cfg.batch_size} = {world} × {cfg.batch_size // world}", highlight=False)
-        stopped = launch(spec, argv)
+    console.print(describe_launch(spec, cfg.batch_size), highlight=False)
+    stopped = launch_command(spec, "pretrain", worker_cfg, [*(["--resume"] if cfg.resume else []),
+                                                            *(["--quiet"] if quiet else [])])
     if stopped:
         try:
             saved = f"checkpoint {resolve_checkpoint(cfg.out)}"

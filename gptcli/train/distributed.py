@@ -35,7 +35,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from gptcli.errors import GPT1Error
 from gptcli.train.trainer import Parallel
@@ -238,6 +238,33 @@ def launch(spec: LaunchSpec, argv: Sequence[str]) -> str | None:
     return None
 
 
+def launch_command(spec: LaunchSpec, command: str, config: Any, flags: Sequence[str] = ()) -> str | None:
+    """Start the workers of a ``--gpus``/``--procs`` run of ``gpt1 <command>``: ``config`` (the resolved settings of
+    the run, a config dataclass) goes to a temporary TOML that every worker reads with ``--config``, followed by
+    ``flags`` (``--resume``, ``--quiet``: what is not a setting of the run). What :func:`launch` returns.
+
+    The one launcher path of every command that trains data-parallel (``pretrain``, ``finetune``); each decides
+    beforehand what it checks once here instead of in every worker, and what its workers' config says."""
+    from gptcli.config import save_config
+
+    with tempfile.TemporaryDirectory(prefix="gpt1-launch-") as tmp:
+        path = os.path.join(tmp, f"{command}.toml")
+        save_config(config, path)
+        return launch(spec, [command, "--config", path, *flags])
+
+
+def describe_launch(spec: LaunchSpec, batch_size: int) -> str:
+    """``launching 2 CPU worker(s): global batch 32 = 2 × 16``: the line a launcher prints before it starts. A
+    global batch that the processes cannot split evenly shows the two share sizes (``33 = 2 × 16-17``)."""
+    world = spec.nproc_per_node * spec.nnodes
+    where = f"{spec.nproc_per_node} {'GPU' if spec.use_cuda else 'CPU'} worker(s)"
+    if spec.nnodes > 1:
+        where += f" on one of {spec.nnodes} nodes" if spec.rdzv_endpoint else f" on node {spec.node_rank} of {spec.nnodes}"
+    low, high = batch_size // world, -(-batch_size // world)
+    share = str(low) if low == high else f"{low}-{high}"
+    return f"launching {where}: global batch {batch_size} = {world} × {share}"
+
+
 class Watchdog(threading.Thread):
     """In the launcher: kill (SIGKILL, which also ends a stopped process) any local worker whose heartbeat file has
     not changed for ``limit_s`` seconds, and remember it in ``stalled`` as ``(rank, seconds silent)``.
@@ -394,6 +421,16 @@ class DDPParallel(Parallel):
 
     def any(self, flag: bool) -> bool:
         return self._all_reduce([1.0 if flag else 0.0], "max")[0] > 0
+
+    def sum(self, values: Sequence[float]) -> list[float]:
+        return self._all_reduce([float(v) for v in values], "sum")
+
+    def gather(self, obj: Any) -> list[Any]:
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)  # pickled: small, trusted objects of this job's own ranks only
+        return out
 
     def barrier(self) -> None:
         import torch.distributed as dist

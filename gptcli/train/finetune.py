@@ -46,7 +46,7 @@ import time
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal, Sequence, TypeVar
 
 import torch
 import torch.nn as nn
@@ -72,7 +72,9 @@ from gptcli.tasks import ReadOptions, get_task
 from gptcli.tokenizers import load_tokenizer
 from gptcli.train.optim import lr_at, make_optimizer, released_lr
 from gptcli.train.runlog import METRICS, RunLogger, keep_first_records
-from gptcli.train.trainer import GracefulStop, StepResult, Trainer, every
+from gptcli.train.trainer import GracefulStop, Parallel, StepResult, Trainer, every, unwrap
+
+T = TypeVar("T")
 
 RESULTS = "results.json"
 FINAL = "final"
@@ -219,15 +221,23 @@ class FinetuneResult:
     """Updates planned."""
 
 
-def finetune(config: FinetuneConfig, progress: Progress | None = None) -> FinetuneResult:
+def finetune(config: FinetuneConfig, progress: Progress | None = None,
+             parallel: Parallel | None = None) -> FinetuneResult:
     """Run (or, with ``resume``, continue) one fine-tuning job as configured; returns where the checkpoint and
-    results went, or, when a signal stopped it, the checkpoint to resume from."""
-    report = progress or SILENT
+    results went, or, when a signal stopped it, the checkpoint to resume from.
+
+    ``parallel`` (from :func:`gptcli.train.distributed.join`) makes this one rank of a data-parallel job: every rank
+    calls it alike; each trains on its share of every global batch and scores its share of the dev split, and rank
+    0 alone writes (see :func:`rank_share`, :func:`eval_shard`). Progress is reported on rank 0 only."""
+    par = parallel or Parallel()
+    report = (progress or SILENT) if par.is_main else SILENT
     check_config(config)
+    check_world(config, par.world_size)
     task = get_task(config.task)
     plan = plan_run_dir(config, task, report)
+    par.barrier()  # every rank has looked at the run directory before rank 0 writes in it
     if plan.mode == "done":
-        return finished_run(config, plan.out, report)
+        return finished_run(config, plan.out, report, tidy=par.is_main)
     device = resolve_device(config.device)
     precision = resolve_precision(config.precision, device)
     configure_backends(device)
@@ -235,16 +245,16 @@ def finetune(config: FinetuneConfig, progress: Progress | None = None) -> Finetu
     data = read_task_data(task, config)
     _seed_everything(config.seed)
     gpt, tok, source = build_body(config)
-    run = build_run(config, task, data, gpt, tok, source, device, precision, report)
+    run = build_run(config, task, data, gpt, tok, source, device, precision, report, parallel=par)
     run.resumable = plan.mode != "replace"
     if run.resumable:
         run.identity = run_identity(run)
     if plan.resume_from is not None:
         for note in check_resume(run, plan.resume_from):
             report.note(note)
-    with run_directory(plan.out, plan.mode == "replace") as work:
+    with _rank_directory(par, plan) as work:
         run.work = work
-        run.logger = _start_run_dir(run, plan, report)
+        run.logger = _start_rank(run, plan, report)
         scored = f"{len(data.dev)} {config.eval_split} examples" if config.eval_split else "no evaluation split"
         report.note(f"{task.name}: {len(data.train)} training examples, {scored}; {run.total} updates")
         if plan.resume_from is not None:
@@ -252,11 +262,22 @@ def finetune(config: FinetuneConfig, progress: Progress | None = None) -> Finetu
         stopped_by = train_epochs(run, report)
         if stopped_by is not None:
             return FinetuneResult(plan.out, run.last_ckpt or plan.out, {}, run.history, stopped_by, run.step, run.total)
-        chosen_epoch = keep_selected_weights(run)
-        result = write_outputs(run, plan.out, chosen_epoch, work)
-        # The run is complete: its step checkpoints were there only to resume it (up to 1.9 GB each for GPT-1).
-        ckpt.remove_step_checkpoints(work / "checkpoints")
-        return result
+        return _finish(run, plan.out)
+
+
+def _finish(run: Run, out: Path) -> FinetuneResult:
+    """Keep the selected epoch's weights and write ``checkpoints/final`` and results.json (rank 0; the other ranks
+    return the run's history only)."""
+    if not run.par.is_main:
+        run.par.barrier()
+        return FinetuneResult(out, out / "checkpoints" / FINAL, {}, run.history, None, run.step, run.total)
+    assert run.work is not None
+    chosen_epoch = keep_selected_weights(run)
+    result = write_outputs(run, out, chosen_epoch, run.work)
+    # The run is complete: its step checkpoints were there only to resume it (up to 1.9 GB each for GPT-1).
+    ckpt.remove_step_checkpoints(run.work / "checkpoints")
+    run.par.barrier()
+    return result
 
 
 def check_config(c: FinetuneConfig) -> None:
@@ -287,6 +308,25 @@ def check_config(c: FinetuneConfig) -> None:
         raise GPT1Error("--transfer-layers needs a pretrained --init checkpoint (with --init none nothing is transferred)")
     if c.resume and c.overwrite:
         raise GPT1Error("--resume continues the run in --out and --overwrite starts it over (pass one of them)")
+
+
+def check_world(c: FinetuneConfig, world_size: int) -> None:
+    """Refuse a global batch that ``world_size`` processes cannot share (checked by the launcher before any worker
+    starts, and by every worker). A batch the processes do not divide evenly is handled exactly (shares differ by
+    one example and the loss is weighted by example counts); one smaller than the processes would leave some of
+    them without examples in every update."""
+    if world_size > 1 and c.batch_size < world_size:
+        raise GPT1Error(f"--batch-size {c.batch_size} is smaller than the {world_size} processes: every update would "
+                        f"leave a process without examples (use a batch of at least {world_size}, or fewer processes)")
+
+
+def plan_launch_run(config: FinetuneConfig, world_size: int) -> "RunDirPlan":
+    """What a launcher checks once before it starts ``world_size`` workers: the settings, the batch against the
+    processes, and what the run does with ``out`` (without hashing checkpoints: each worker verifies the one it
+    resumes from). A refusal here is the workers' own one-line error, before any process starts."""
+    check_config(config)
+    check_world(config, world_size)
+    return plan_run_dir(dataclasses.replace(config, verify=False), get_task(config.task), SILENT)
 
 
 @dataclass
@@ -363,7 +403,7 @@ def _resume_point(out: Path, steps: list[Path], verify: bool, report: Progress) 
     return path
 
 
-def finished_run(config: FinetuneConfig, out: Path, report: Progress) -> FinetuneResult:
+def finished_run(config: FinetuneConfig, out: Path, report: Progress, tidy: bool = True) -> FinetuneResult:
     """``resume`` of a finished run: nothing to train, so the result it has (a resume is idempotent, e.g. for a job
     that is requeued after it ended) — unless a setting that defines the run changed, which is refused as any resume
     would be. Stale temporaries a kill in the run's last moments left in checkpoints/ are removed."""
@@ -379,7 +419,8 @@ def finished_run(config: FinetuneConfig, out: Path, report: Progress) -> Finetun
     if changed:
         raise GPT1Error(f"{out}: the run is finished with other settings: {', '.join(changed)} (pass --overwrite to "
                         "run it again with these, or choose another --out)")
-    ckpt.remove_step_checkpoints(out / "checkpoints")
+    if tidy:  # rank 0 of a data-parallel job alone
+        ckpt.remove_step_checkpoints(out / "checkpoints")
     report.note(f"{out}: the run is already finished; nothing to resume")
     steps = int(results.get("steps", 0))
     return FinetuneResult(out, out / "checkpoints" / FINAL, results, list(results.get("history", [])), None, steps,
@@ -407,6 +448,13 @@ def run_directory(out: Path, replace: bool) -> Iterator[Path]:
         move_into_place(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # a no-op after a successful move
+
+
+def _rank_directory(par: Parallel, plan: RunDirPlan) -> contextlib.AbstractContextManager[Path | None]:
+    """Where this rank writes: rank 0 in :func:`run_directory`; the other ranks of a data-parallel job nowhere."""
+    if par.is_main:
+        return run_directory(plan.out, plan.mode == "replace")
+    return contextlib.nullcontext(None)
 
 
 # --------------------------------------------------------------------------------------------- the task's data
@@ -529,28 +577,47 @@ def build_body(config: FinetuneConfig) -> tuple[GPT, Any, dict[str, Any]]:
 
 class TaskLoss:
     """L3 = L2 + λ·L1 (paper eq. 5) of one micro-batch; keeps each term per micro-batch of the current update
-    so the log can show them apart. With λ = 0 the LM head's forward is skipped altogether."""
+    so the log can show them apart. With λ = 0 the LM head's forward is skipped altogether.
+
+    The update's loss is the mean over its whole (global) batch, whatever the micro-batches and processes it is
+    split into: :meth:`start_update` gives each micro-batch its ``(factor, share)`` (see :func:`micro_batches`),
+    the loss returned is scaled by ``factor`` (1 when the micro-batches are equal in one process) and each term is
+    logged as its ``share``-weighted sum."""
 
     def __init__(self, lm_weight: float) -> None:
         self.lm_weight = lm_weight
         self.parts: dict[str, list[float]] = {"clf_loss": [], "lm_loss": []}
+        self.weights: list[tuple[float, float]] = []
+        self.reduced: dict[str, float] | None = None
+        """The terms over the global batch, when the ranks' shares were added up (:func:`_global_figures`)."""
 
     def __call__(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        bare = unwrap(model)  # the forward goes through ``model`` (a DDP wrapper sees it); attributes from the bare one
+        factor = self.weights[len(self.parts["clf_loss"])][0] if self.weights else 1.0
         out, hidden = model(batch.ids, batch.n_seqs)
-        clf = model.head.loss(out, batch.labels)
+        clf = bare.head.loss(out, batch.labels)
         self.parts["clf_loss"].append(float(clf.detach()))
         if self.lm_weight == 0:
-            return clf
-        lm = lm_loss_per_sequence(hidden, batch.ids, batch.mask, model.gpt.lm_logits).mean()
+            return clf if factor == 1.0 else clf * factor
+        lm = lm_loss_per_sequence(hidden, batch.ids, batch.mask, bare.gpt.lm_logits).mean()
         self.parts["lm_loss"].append(float(lm.detach()))
-        return clf + self.lm_weight * lm
+        loss = clf + self.lm_weight * lm
+        return loss if factor == 1.0 else loss * factor
 
-    def start_update(self) -> None:
+    def start_update(self, weights: Sequence[tuple[float, float]] = ()) -> None:
         for v in self.parts.values():
             v.clear()
+        self.weights = list(weights)
+        self.reduced = None
 
     def means(self) -> dict[str, float]:
-        """Mean of each term over the current update's micro-batches (terms that were not computed are left out)."""
+        """Each term over the current update (terms that were not computed are left out): the global batch's once
+        the ranks' figures were added up, else this process's micro-batches weighted by their share of the global
+        batch (a plain mean of the micro-batches when no shares were given)."""
+        if self.reduced is not None:
+            return dict(self.reduced)
+        if self.weights:
+            return {k: sum(x * w[1] for x, w in zip(v, self.weights)) for k, v in self.parts.items() if v}
         return {k: sum(v) / len(v) for k, v in self.parts.items() if v}
 
 
@@ -576,6 +643,8 @@ class Run:
     """Updates in the whole run."""
     source: dict[str, Any]
     """Where the body came from (init checkpoint, its kind and meta, transfer_layers): checkpoint meta."""
+    par: Parallel = field(default_factory=Parallel)
+    """This process's place in a data-parallel job (one process by default); rank 0 alone writes."""
     logger: RunLogger | None = None
     work: Path | None = None
     """The directory the run writes in (``out``, or the hidden one that becomes ``out``)."""
@@ -613,26 +682,31 @@ class Run:
     """(step, evaluated) of the newest step checkpoint this process wrote: a stop right after it saves nothing new."""
 
     def log(self, record: dict[str, Any]) -> None:
-        assert self.logger is not None, "the run directory is started before training"
-        self.logger.log(record)
+        assert self.logger is not None or not self.par.is_main, "the run directory is started before training"
+        if self.logger is not None:  # rank 0 writes; the other ranks only count, as rank 0 does
+            self.logger.log(record)
         self.records += 1
 
 
 def build_run(config: FinetuneConfig, task: Any, data: TaskData, gpt: GPT, tok: Any, source: dict[str, Any],
-              device: torch.device, precision: str, progress: Progress | None = None) -> Run:
-    """Encode the examples, put the head on the body and set up the optimizer, schedule and trainer."""
+              device: torch.device, precision: str, progress: Progress | None = None,
+              parallel: Parallel | None = None) -> Run:
+    """Encode the examples, put the head on the body and set up the optimizer, schedule and trainer (the model
+    wrapped for ``parallel``'s ranks)."""
+    par = parallel or Parallel()
     n_ctx = min(config.n_ctx or gpt.config.n_ctx, gpt.config.n_ctx)
-    train_enc, dev_enc = encode_task_data(config, task, data, tok, n_ctx, progress)
+    train_enc, dev_enc = _main_first(par, config.cache,
+                                     lambda: encode_task_data(config, task, data, tok, n_ctx, progress))
     head_cfg = HeadConfig(kind=task.kind, n_embd=gpt.config.n_embd, n_labels=max(1, len(task.labels)),
                           extract_id=tok.extract_id, pdrop=config.clf_pdrop, init_std=gpt.config.init_std)
     model = FinetuneModel(gpt, TaskHead(head_cfg)).to(device)
     total = num_batches(len(train_enc), config.batch_size, batching=config.batching) * config.epochs
     optimizer = make_optimizer(model, config.lr, config.weight_decay, decay=config.decay)
     loss = TaskLoss(config.lm_weight)
-    trainer = Trainer(model, optimizer, loss, lr_schedule(config, total),
+    trainer = Trainer(par.wrap(model), optimizer, loss, lr_schedule(config, total),
                       device=device, precision=precision, grad_clip=config.grad_clip or None)
     run = Run(config, task, device, precision, data, tok, n_ctx, train_enc, dev_enc, head_cfg, model, loss,
-              trainer, total, source, shuffle=random.Random(config.seed))
+              trainer, total, source, par=par, shuffle=random.Random(config.seed))
     run.epoch_rng = run.shuffle.getstate()
     return run
 
@@ -645,6 +719,19 @@ def encode_task_data(config: FinetuneConfig, task: Any, data: TaskData, tok: Any
     train_enc = encode_cached(task, data.train, tok, n_ctx, what=f"{task.name} {config.train_split}", **opts)
     dev_enc = encode_cached(task, data.dev, tok, n_ctx, what=f"{task.name} {config.eval_split}", **opts) if data.dev else []
     return train_enc, dev_enc
+
+
+def _main_first(par: Parallel, cache: bool, work: Callable[[], T]) -> T:
+    """``work()`` (encoding through the cache) on rank 0 first and then on the other ranks, which read what rank 0
+    stored instead of racing it to write the same entries. Without the cache every rank encodes for itself."""
+    if par.world_size == 1 or not cache:
+        return work()
+    if par.is_main:
+        done = work()
+        par.barrier()
+        return done
+    par.barrier()  # waits out rank 0's encoding: a cold MNLI can take minutes (GPT1_DIST_TIMEOUT bounds the wait)
+    return work()
 
 
 def _seed_everything(seed: int) -> None:
@@ -679,6 +766,21 @@ def _start_run_dir(run: Run, plan: RunDirPlan, report: Progress) -> RunLogger:
     return RunLogger(run.work)
 
 
+def _start_rank(run: Run, plan: RunDirPlan, report: Progress) -> RunLogger | None:
+    """Rank 0 starts the run directory (:func:`_start_run_dir`); every other rank only restores a resumed run's
+    state. Then each rank but 0 gets its own dropout stream (:func:`gptcli.train.pretrain.seed_rank_rng`)."""
+    from gptcli.train.pretrain import seed_rank_rng
+
+    if run.par.is_main:
+        logger: RunLogger | None = _start_run_dir(run, plan, report)
+    else:
+        logger = None
+        if plan.resume_from is not None:
+            restore_run(run, plan.resume_from)
+    seed_rank_rng(run.config.seed, run.par.rank, run.step)
+    return logger
+
+
 def _keep_records(path: Path, n: int, report: Progress) -> None:
     """Keep the first ``n`` records of metrics.jsonl, saying so when fewer than that survived."""
     kept = keep_first_records(path, n)
@@ -695,8 +797,10 @@ def train_epochs(run: Run, report: Progress) -> str | None:
     checkpoint), or None when every epoch is done. A run that is not resumable leaves signals as they are."""
     run.t0 = run.t_log = time.perf_counter()
     report.stage(f"finetune {run.task.name}", run.total, unit="updates", done=run.step)
+    # A worker of a job hears one Ctrl-C twice (terminal and launcher) and must still checkpoint once.
+    escalate = run.par.world_size == 1
     try:
-        with GracefulStop() if run.resumable else GracefulStop(signals=()) as stop:
+        with GracefulStop(escalate=escalate) if run.resumable else GracefulStop(signals=()) as stop:
             while run.epoch <= run.config.epochs:
                 stopped = run_epoch(run, report, stop)
                 if stopped is not None:
@@ -732,17 +836,24 @@ def run_epoch(run: Run, report: Progress, stop: GracefulStop) -> str | None:
         stopped = train_one_epoch(run, batches, report, stop)
         if stopped is not None:
             return stopped
-        record = evaluate_epoch(run, run.epoch, stop)
+        # Data-parallel ranks finish the evaluation they share out and agree on a stop afterwards.
+        record = evaluate_epoch(run, run.epoch, stop if run.par.world_size == 1 else None)
         if record is None:  # a signal came during the evaluation: it is redone on resume
             return _stop(run, stop)
         report.note(_epoch_line(record, run))
         run.evaluated = True
         save_step(run)
-        if stop.requested is not None:
+        if _stopping(run, stop):
             return _stop(run, stop)
     run.epoch, run.done_in_epoch, run.evaluated = run.epoch + 1, 0, False
     run.epoch_rng = run.shuffle.getstate()
     return None
+
+
+def _stopping(run: Run, stop: GracefulStop) -> bool:
+    """Whether a signal stops the run here: seen by any rank, so that every rank stops after the same update (a
+    signal reaches the workers of a job one by one)."""
+    return run.par.any(stop.requested is not None)
 
 
 def _stop(run: Run, stop: GracefulStop) -> str:
@@ -753,36 +864,74 @@ def _stop(run: Run, stop: GracefulStop) -> str:
 
 
 def train_one_epoch(run: Run, batches: list[list[int]], report: Progress, stop: GracefulStop) -> str | None:
-    """The current epoch's remaining batches: an update per batch (micro-batches accumulate), a record every
-    log_every, a step checkpoint every save_every (the epoch's last update is saved after its dev score instead).
-    Returns the name of a signal that arrived, after checkpointing, or None at the end of the epoch."""
+    """The current epoch's remaining batches: an update per batch (micro-batches accumulate; under data
+    parallelism each rank takes its share of the batch), a record every log_every, a step checkpoint every
+    save_every (the epoch's last update is saved after its dev score instead). Returns the name of a signal that
+    arrived, after checkpointing, or None at the end of the epoch."""
     c = run.config
-    micro = c.micro_batch_size or c.batch_size
     regression = run.task.kind == "regression"
     for idx in batches[run.done_in_epoch :]:
-        mbs = [collate([run.train_enc[i] for i in idx[j : j + micro]], regression).to(run.device)
-               for j in range(0, len(idx), micro)]
-        run.loss.start_update()
+        parts = micro_batches(idx, run.par.rank, run.par.world_size, c.micro_batch_size)
+        mbs = [collate([run.train_enc[i] for i in chunk], regression).to(run.device) for chunk, _, _ in parts]
+        run.loss.start_update([(factor, share) for _, factor, share in parts])
         res = run.trainer.step(run.step, mbs)
-        if not math.isfinite(res.loss):
-            raise GPT1Error(f"{run.task.name}: the loss became {res.loss} at update {run.step + 1}; "
+        loss, n_tok = _global_figures(run, res, sum(mb.tokens for mb, p in zip(mbs, parts) if p[2] > 0))
+        if not math.isfinite(loss):
+            raise GPT1Error(f"{run.task.name}: the loss became {loss} at update {run.step + 1}; "
                             "lower --lr or use --precision fp32")
         run.step += 1
         run.done_in_epoch += 1
-        n_tok = sum(mb.tokens for mb in mbs)
         run.tokens += n_tok
         run.window_tokens += n_tok
-        run.window_loss += res.loss
+        run.window_loss += loss
         run.window_n += 1
         if run.step % c.log_every == 0 or run.step == run.total:
             _log_train(run, run.epoch, run.window_loss / run.window_n, res)
             run.window_loss, run.window_n = 0.0, 0
-        report.advance(1, epoch=f"{run.epoch}/{c.epochs}", loss=res.loss, lr=res.lr)
+        report.advance(1, epoch=f"{run.epoch}/{c.epochs}", loss=loss, lr=res.lr)
         if every(run.step, c.save_every) and run.done_in_epoch < len(batches):
             save_step(run)
-        if stop.requested is not None:
+        if _stopping(run, stop):
             return _stop(run, stop)
     return None
+
+
+def rank_share(idx: Sequence[int], rank: int, world_size: int) -> list[int]:
+    """Rank ``rank``'s part of the global batch ``idx`` (the same seeded order on every rank): contiguous, and the
+    parts differ by at most one example (an epoch's last batch may be short; the batch need not divide evenly)."""
+    n = len(idx)
+    return list(idx[rank * n // world_size : (rank + 1) * n // world_size])
+
+
+def micro_batches(idx: Sequence[int], rank: int, world_size: int,
+                  micro: int | None) -> list[tuple[list[int], float, float]]:
+    """This rank's micro-batches of the global batch ``idx``, each as (examples, loss factor, share of the batch).
+
+    The update must follow the mean loss over the whole global batch. The trainer divides each micro-batch's loss by
+    their number ``n`` on this rank and DDP averages the ``W`` ranks' gradients, so a micro-batch of ``b`` of the
+    batch's ``B`` examples is scaled by ``n·W·b/B``: exactly 1 for equal micro-batches in one process, and example
+    counts (not a plain mean of means) weigh uneven ones. A rank left without examples (a short last batch) still
+    runs one example, with factor 0: every rank must join the gradient all-reduce."""
+    mine = rank_share(idx, rank, world_size)
+    size = micro or len(mine) or 1
+    chunks = [mine[j : j + size] for j in range(0, len(mine), size)]
+    if not chunks:
+        return [(list(idx[:1]), 0.0, 0.0)]
+    n, total = len(chunks), len(idx)
+    return [(chunk, n * world_size * len(chunk) / total, len(chunk) / total) for chunk in chunks]
+
+
+def _global_figures(run: Run, res: StepResult, n_tok: int) -> tuple[float, int]:
+    """This update's loss over the global batch and its real tokens: this process's figures, added up over the
+    ranks in one collective (the loss terms too, kept in ``run.loss`` for the log)."""
+    par = run.par
+    if par.world_size == 1:
+        return res.loss, n_tok
+    terms = run.loss.means()  # this rank's share-weighted sums
+    sums = par.sum([res.loss, n_tok, *terms.values()])
+    run.loss.reduced = dict(zip(terms, sums[2:]))
+    # Each rank's loss is W times its share of the global mean (see micro_batches).
+    return sums[0] / par.world_size, round(sums[1])
 
 
 def _log_train(run: Run, epoch: int, loss: float, res: StepResult) -> None:
@@ -815,11 +964,8 @@ def evaluate_epoch(run: Run, epoch: int, stop: GracefulStop | None = None) -> di
     c = run.config
     record: dict[str, Any] = {"kind": "eval", "step": run.step, "epoch": epoch, "split": c.eval_split}
     if run.dev_enc:
-        batches = iterate(run.dev_enc, c.eval_batch_size or 2 * c.batch_size, shuffle=False,
-                          regression=run.task.kind == "regression")
         try:
-            preds, _ = predict(run.model, batches if stop is None else _until_stopped(batches, stop), run.device,
-                               run.precision)
+            preds = predict_dev(run, stop)
         except _Abandoned:
             return None
         scores = score_predictions(run.task, preds, run.data.dev)
@@ -829,11 +975,40 @@ def evaluate_epoch(run: Run, epoch: int, stop: GracefulStop | None = None) -> di
         # Strictly better only: on ties the earlier epoch stays (as the released code's `>`). The last epoch's
         # weights are still in the model, so they need no copy.
         if c.select == "best" and (run.best is None or value > run.best[0]):
-            run.best = (value, epoch, _cpu_state(run.model) if epoch < c.epochs else {})
+            # Every rank keeps the bookkeeping; rank 0 alone, which writes the final checkpoint, the weights.
+            keep = epoch < c.epochs and run.par.is_main
+            run.best = (value, epoch, _cpu_state(run.model) if keep else {})
     run.log(record)
     run.history.append(record)
     run.t_log, run.window_tokens = time.perf_counter(), 0  # evaluation time is not training throughput
     return record
+
+
+def predict_dev(run: Run, stop: GracefulStop | None = None) -> list[Any]:
+    """The model's prediction for every dev example, in the split's order. Under data parallelism each rank scores
+    its share (:func:`eval_shard`) and the shares are gathered on every rank: MCC, F1 and correlations need all
+    the predictions, not a mean of per-rank scores. ``stop`` (one process only) abandons the evaluation."""
+    c, par = run.config, run.par
+    size, regression = c.eval_batch_size or 2 * c.batch_size, run.task.kind == "regression"
+    if par.world_size == 1:
+        batches = iterate(run.dev_enc, size, shuffle=False, regression=regression)
+        preds, _ = predict(run.model, batches if stop is None else _until_stopped(batches, stop), run.device,
+                           run.precision)
+        return preds
+    mine = [run.dev_enc[i] for i in eval_shard([e.length for e in run.dev_enc], par.rank, par.world_size)]
+    preds, _ = predict(run.model, iterate(mine, size, shuffle=False, regression=regression), run.device,
+                       run.precision)
+    merged: dict[int, Any] = {}
+    for shard in par.gather(list(zip(sorted(e.index for e in mine), preds))):  # predict orders by index
+        merged.update(shard)
+    return [merged[i] for i in sorted(merged)]
+
+
+def eval_shard(lengths: Sequence[int], rank: int, world_size: int) -> list[int]:
+    """The dev examples rank ``rank`` scores: every ``world_size``-th of them by length, longest first, so that the
+    ranks get about the same number of tokens to read."""
+    by_length = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return by_length[rank::world_size]
 
 
 def _epoch_line(record: dict[str, Any], run: Run | None = None) -> str:
@@ -860,8 +1035,8 @@ def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
 def save_step(run: Run) -> None:
     """Checkpoint where the run stands to ``checkpoints/step-N`` (body + head + tokenizer, loadable by ``gpt1
     eval``) with its training state and, when they are no longer the model's, the best epoch's weights; prune to
-    ``keep_last``. A run that is not resumable saves nothing."""
-    if not run.resumable:
+    ``keep_last``. A run that is not resumable saves nothing, nor does any rank of a data-parallel job but 0."""
+    if not run.resumable or not run.par.is_main:  # rank 0 alone writes
         return
     assert run.work is not None
     finite = torch.stack([torch.isfinite(p).all() for p in run.model.parameters()]).all()
@@ -913,7 +1088,8 @@ def restore_run(run: Run, path: Path) -> None:
     run.tokens, run.window_loss, run.window_n = pos["tokens"], pos["window_loss"], pos["window_n"]
     run.records, run.history = pos["records"], pos["history"]
     if pos["best"] is not None:
-        weights = ckpt.load_tensors(path / BEST) if (path / BEST).is_file() else {}
+        # Only rank 0 writes the final checkpoint, so only it needs the best epoch's weights.
+        weights = ckpt.load_tensors(path / BEST) if (path / BEST).is_file() and run.par.is_main else {}
         run.best = (pos["best"][0], pos["best"][1], weights)
     run.last_ckpt, run.saved = path, (run.step, run.evaluated)
 

@@ -167,6 +167,14 @@ class Parallel:
         """True on every rank if ``flag`` is true on any rank (e.g. a stop signal seen by one rank)."""
         return flag
 
+    def sum(self, values: Sequence[float]) -> list[float]:
+        """Element-wise sums of ``values`` over ranks, several figures in one collective (one process: as given)."""
+        return list(values)
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` in rank order, on every rank (e.g. each rank's share of the dev predictions)."""
+        return [obj]
+
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The bare model inside DDP / torch.compile wrappers."""

@@ -25,7 +25,7 @@ def capture(monkeypatch):
     """Replace the library's finetune with one that stops with the config the command built."""
     import gptcli.train.finetune as ft
 
-    def fake(config, progress=None):
+    def fake(config, progress=None, parallel=None):
         raise Captured(config, progress)
 
     monkeypatch.setattr(ft, "finetune", fake)
