@@ -797,8 +797,9 @@ def train_epochs(run: Run, report: Progress) -> str | None:
     checkpoint), or None when every epoch is done. A run that is not resumable leaves signals as they are."""
     run.t0 = run.t_log = time.perf_counter()
     report.stage(f"finetune {run.task.name}", run.total, unit="updates", done=run.step)
-    # A worker of a job hears one Ctrl-C twice (terminal and launcher) and must still checkpoint once.
-    escalate = run.par.world_size == 1
+    # A worker of a job (even of one process) hears one Ctrl-C twice, from the terminal and from the launcher, and
+    # must still checkpoint: only a plain process takes a second signal as "stop at once".
+    escalate = type(run.par) is Parallel
     try:
         with GracefulStop(escalate=escalate) if run.resumable else GracefulStop(signals=()) as stop:
             while run.epoch <= run.config.epochs:
