@@ -355,18 +355,17 @@ def nested_task(task: str, n: int, seed: int | str) -> Iterator[str]:
     ``read("train")`` returns the subsample. Everything else (files, dev split, transformation, metric) is the task's.
     """
     from gptcli.tasks import get_task, registry
-    from gptcli.tasks.base import Task
 
     base = get_task(task)
 
     @dataclass
-    class NestedTrain(Task):
+    class NestedTrain(type(base)):  # type: ignore[misc]  (the task's own class: every attribute carries over)
         def read(self, split, data_dir=None, options=None):  # noqa: ANN001 (Task.read's signature)
             rows = super().read(split, data_dir, options)
             return nested_subsample(rows, n, seed) if split == "train" else rows
 
     name = nested_name(task, n)
-    registry.register(NestedTrain(**{**{f.name: getattr(base, f.name) for f in fields(Task)}, "name": name}))
+    registry.register(NestedTrain(**{**{f.name: getattr(base, f.name) for f in fields(base) if f.init}, "name": name}))
     try:
         yield name
     finally:
