@@ -17,8 +17,18 @@ What it runs (docs/reproduction.md explains each stage and how to read the outpu
    dev split (Story Cloze: the released code's 374-story dev split of the 2016 validation file), always the
    last epoch's (``select = last``: picking the best epoch on the split we report would flatter every variant).
 5. **layers** — the layers-transferred curve (Figure 2 left) on ``layers_task``: ``transfer_layers = 0..L``.
-6. **report** — ``results.json``, ``tables.md`` (mean ± std over seeds, every run listed, the paper's numbers
+6. **labeled** — the labeled-data curve: ``labeled_sizes`` (SST-2 250 … 8,000, Story Cloze 250 … all 1,497)
+   fine-tuned from the final checkpoint (``full``) and from random weights (``no-pretraining``), ``labeled_seeds``
+   seeds each, on NESTED subsamples: one seeded permutation per task, a size takes its first n rows, so the
+   250-row sample is inside the 500-row one and sizes differ only in added data (:func:`nested_subsample`).
+7. **budget** — the pretraining-budget curve: the ``full`` fine-tuning at one size per task (``budget_examples``)
+   from every kept pretraining checkpoint (step 0 … final), beside the validation perplexity of each checkpoint.
+   The final checkpoint's point is the labeled curve's run at that size (the same run; not trained twice).
+8. **report** — ``results.json``, ``tables.md`` (mean ± std over seeds, every run listed, the paper's numbers
    alongside) and ``plots/*.png``. Always rebuilt from what is on disk.
+
+Both curves fine-tune from "a pretrained model" looked up by name (:data:`PRETRAINED`, ``curve_models``): today
+only ``gpt``, the model of the pretrain stage; another architecture pretrained the same way is one more entry.
 
 Every stage skips work whose outputs exist (a fine-tuning run with its ``results.json``, the zero-shot curve
 with its ``curve.json``...), and pretraining resumes from its newest checkpoint, so an interrupted run continues
@@ -40,12 +50,14 @@ import argparse
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 # Probes run to choose the model (see the module docstring), as measured.
 # Each: 4 × 192 post-LN (4 heads, 768 inner, no dropout), 250 updates of 16 × 128 tokens, 50 warm-up updates then a
@@ -139,6 +151,29 @@ class ReproConfig:
     tell a trend from seed noise)."""
     zeroshot_limit: int | None = None
     """Examples per zero-shot split (None = all; the CoLA threshold fit uses the same cap)."""
+    labeled_sizes: dict[str, list[int]] = field(default_factory=lambda: {
+        "sst2": [250, 500, 1000, 2000, 4000, 8000], "storycloze": [250, 500, 1497]})
+    """Labeled-data curve: training examples per run, per task (nested subsamples; a size at or above the split's
+    size is the whole split). Story Cloze's training split has 1,497 stories. Not scaled by ``budget_minutes``.
+    Estimated cost at the defaults (2 idle cores; from the Table 5 runs, SST-2 ≈ 4 s + 6.7 ms per row and Story Cloze
+    ≈ 5 s + 53 ms per story for 3 epochs with dev scoring): SST-2 ≈ 130 s and Story Cloze ≈ 135 s per variant and
+    seed → ≈ 26 min for 2 variants × 3 seeds (SST-2 8,000 alone ≈ 6 min of it)."""
+    full_sizes: bool = False
+    """Add each labeled task's whole training split to its sizes (SST-2: 67,349 rows, ≈ 7.5 min per run → ≈ 45 min
+    more for 2 variants × 3 seeds; Story Cloze's 1,497 is in the defaults already)."""
+    labeled_seeds: int = 3
+    """Fine-tuning seeds per (task, variant, size) of the labeled-data curve (every seed sees the same subsample)."""
+    labeled_data_seed: int = 0
+    """Seeds the one permutation per task whose first n rows are the n-row subsample (so subsamples are nested)."""
+    budget_examples: dict[str, int] = field(default_factory=lambda: {"sst2": 1000, "storycloze": 500})
+    """Pretraining-budget curve: the one subsample size per task (the labeled curve's nested subsample of that size;
+    sizes in ``labeled_sizes`` share the final checkpoint's runs with it). Estimated cost at the defaults: (8
+    checkpoints besides the final) × 3 seeds × (SST-2 ≈ 11 s + Story Cloze ≈ 31 s) ≈ 17 min, plus ≈ 30 s of
+    validation-perplexity evaluations. With the labeled curve ≈ 43 min for both stages."""
+    budget_seeds: int = 3
+    """Fine-tuning seeds per (task, checkpoint) of the pretraining-budget curve."""
+    curve_models: list[str] = field(default_factory=lambda: ["gpt"])
+    """Pretrained models the two curves fine-tune from (keys of :data:`PRETRAINED`; issue #15 adds an LSTM)."""
     device: str = "cpu"
     threads: int = 2
     """torch threads (this machine: 2 cores)."""
@@ -159,6 +194,10 @@ def smoke(cfg: ReproConfig) -> ReproConfig:
     cfg.max_eval_examples = 24
     cfg.zeroshot_limit = 24
     cfg.layers_seeds = 1
+    cfg.labeled_sizes = {"sst2": [8, 16], "storycloze": [8, 16]}
+    cfg.labeled_seeds = 1  # each curve run costs the smoke test ≈ 0.3 s on 2 idle cores (it runs in CI)
+    cfg.budget_examples = {"sst2": 16, "storycloze": 16}
+    cfg.budget_seeds = 1
     return cfg
 
 
@@ -214,6 +253,123 @@ def fmt(m: float, s: float | None = None, n: int | None = None) -> str:
     if s is not None and n and n > 1:
         text += f" ± {s:.1f}"
     return text
+
+
+# ------------------------------------------------------------------------------------------------- pretrained models
+
+
+@dataclass(frozen=True)
+class PretrainedModel:
+    """A pretrained model the curves fine-tune from: where its untrained (step 0) weights and its run are.
+
+    The one place the curves learn where a model's checkpoints are, so that another architecture pretrained the same
+    way (issue #15: an LSTM) is one more entry of :data:`PRETRAINED`, fine-tuned by the same stages.
+    """
+
+    name: str
+    init: Path
+    """The model before any update (step 0), saved as a checkpoint."""
+    run: Path
+    """The pretraining run directory (``checkpoints/step-N``, all kept)."""
+    done: Path
+    """Written when pretraining finished (the curves wait for it)."""
+    corpus: Path
+    """The prepared corpus it was pretrained on (its validation split gives each checkpoint's perplexity)."""
+
+    def ready(self) -> bool:
+        return self.done.is_file()
+
+    def final(self) -> Path:
+        """The run's newest (= final) checkpoint."""
+        from gptcli.checkpoint import resolve_checkpoint
+
+        return resolve_checkpoint(self.run)
+
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """(pretraining updates, checkpoint) from step 0 to the final one, in order."""
+        from gptcli.checkpoint import list_checkpoints, read_header
+
+        kept = [(int(read_header(p).meta.get("step", -1)), p) for p in list_checkpoints(self.run)]
+        return [(0, self.init)] + sorted(kept)
+
+
+PRETRAINED: dict[str, Callable[[Path], PretrainedModel]] = {
+    # The post-LN GPT of the pretrain stage. Its variants keep Table 5's names (full, no-pretraining).
+    "gpt": lambda out: PretrainedModel("gpt", out / "pretrain-init", out / "pretrain", out / "pretrain-done.json",
+                                       out / "corpus"),
+}
+
+
+def pretrained_model(out: Path, name: str) -> PretrainedModel:
+    if name not in PRETRAINED:
+        sys.exit(f"curve_models: unknown pretrained model {name!r} (known: {', '.join(PRETRAINED)})")
+    return PRETRAINED[name](out)
+
+
+def curve_variants(model: str) -> tuple[str, str]:
+    """(fine-tuned from the pretrained model, same shape from random weights): the variant names of the curves."""
+    return ("full", "no-pretraining") if model == "gpt" else (f"{model}-full", f"{model}-no-pretraining")
+
+
+def model_of_variant(variant: str) -> str:
+    for suffix in ("-full", "-no-pretraining"):
+        if variant.endswith(suffix):
+            return variant[: -len(suffix)]
+    return "gpt"
+
+
+# ------------------------------------------------------------------------------------------------- nested subsamples
+
+T = TypeVar("T")
+
+
+def nested_subsample(items: Sequence[T], n: int, seed: int | str) -> list[T]:
+    """The first ``n`` items of one seeded permutation, kept in their original order (all of them if ``n`` ≥ len).
+
+    For one ``seed``, the subsample of n rows is inside the subsample of every larger size: sizes differ only in
+    the rows added. (``gptcli.data.batching.subsample`` draws each size afresh; ``random.sample`` even switches
+    algorithm with the size, so its draws are not nested.)
+    """
+    if n >= len(items):
+        return list(items)
+    order = list(range(len(items)))
+    random.Random(seed).shuffle(order)
+    return [items[i] for i in sorted(order[:n])]
+
+
+def data_seed(cfg: ReproConfig, task: str) -> str:
+    """The seed of a task's permutation: once per task, the same for every size, fine-tuning seed and variant."""
+    return f"{task}/{cfg.labeled_data_seed}"
+
+
+def nested_name(task: str, n: int) -> str:
+    return f"{task}-n{n}"
+
+
+@contextmanager
+def nested_task(task: str, n: int, seed: int | str) -> Iterator[str]:
+    """Inside the block, task ``<task>-n<n>`` is ``task`` with its training split cut to its nested n-row subsample.
+
+    ``gpt1 finetune``'s own ``max_train_examples`` draws a fresh subsample per size and per fine-tuning seed; the
+    curves need nested ones, so they fine-tune a task registered for the run (as the quickstart's toy task is) whose
+    ``read("train")`` returns the subsample. Everything else (files, dev split, transformation, metric) is the task's.
+    """
+    from gptcli.tasks import get_task, registry
+
+    base = get_task(task)
+
+    @dataclass
+    class NestedTrain(type(base)):  # type: ignore[misc]  (the task's own class: every attribute carries over)
+        def read(self, split, data_dir=None, options=None):  # noqa: ANN001 (Task.read's signature)
+            rows = super().read(split, data_dir, options)
+            return nested_subsample(rows, n, seed) if split == "train" else rows
+
+    name = nested_name(task, n)
+    registry.register(NestedTrain(**{**{f.name: getattr(base, f.name) for f in fields(base) if f.init}, "name": name}))
+    try:
+        yield name
+    finally:
+        registry.unregister(name)
 
 
 # ------------------------------------------------------------------------------------------------- stages
@@ -334,7 +490,7 @@ def stage_zeroshot(cfg: ReproConfig, out: Path, run: Path) -> None:
 
 
 def _finetune_one(cfg: ReproConfig, run_dir: Path, task: str, seed: int, init: str, tokenizer: str | None,
-                  lm_weight: float, n_train: int, transfer: int | None = None) -> dict[str, Any]:
+                  lm_weight: float, n_train: int | None, transfer: int | None = None) -> dict[str, Any]:
     from gptcli.train.finetune import FinetuneConfig, finetune
 
     results = run_dir / "results.json"
@@ -383,6 +539,124 @@ def stage_layers(cfg: ReproConfig, out: Path, run: Path, plan: dict[str, Any]) -
             r = _finetune_one(cfg, d, task, seed, final, None, cfg.lm_weight, plan["train_examples"][task], k)
             log(f"layers {task} transfer {k} seed {seed}: {METRIC[task]} "
                 f"{r['scores'].get(METRIC[task], float('nan')):.1f} ({time.perf_counter() - t0:.0f} s)")
+
+
+def _finetune_nested(cfg: ReproConfig, run_dir: Path, task: str, n: int, seed: int, init: str,
+                     tokenizer: str | None) -> dict[str, Any]:
+    """One curve run: ``task``'s nested n-row subsample, λ = ``lm_weight``, otherwise as the finetune stage."""
+    if (run_dir / "results.json").is_file():
+        return read_json(run_dir / "results.json")
+    with nested_task(task, n, data_seed(cfg, task)) as name:
+        return _finetune_one(cfg, run_dir, name, seed, init, tokenizer, cfg.lm_weight, None)
+
+
+_TRAIN_SIZES: dict[str, int] = {}
+
+
+def train_size(task: str) -> int:
+    """Rows in a task's training split (read once per process)."""
+    if task not in _TRAIN_SIZES:
+        from gptcli.tasks import get_task
+
+        _TRAIN_SIZES[task] = len(get_task(task).read("train"))
+    return _TRAIN_SIZES[task]
+
+
+def labeled_sizes(cfg: ReproConfig, task: str) -> list[int]:
+    """The task's sizes, each capped at its training split's size (the cap = the whole split), plus the whole split
+    with ``full_sizes``; ascending, without repeats."""
+    sizes = [min(int(n), train_size(task)) for n in cfg.labeled_sizes.get(task, [])]
+    return sorted(set(sizes + ([train_size(task)] if cfg.full_sizes else [])))
+
+
+def labeled_dir(out: Path, task: str, variant: str, n: int, seed: int) -> Path:
+    return out / "labeled" / task / variant / f"n-{n}" / f"seed-{seed}"
+
+
+def budget_dir(out: Path, task: str, model: str, n: int, step: int, seed: int) -> Path:
+    return out / "budget" / task / model / f"n-{n}" / f"step-{step}" / f"seed-{seed}"
+
+
+def _log_run(what: str, task: str, r: dict[str, Any], t0: float) -> None:
+    log(f"{what}: {METRIC[task]} {r['scores'].get(METRIC[task], float('nan')):.1f} (n_train {r['n_train']}, "
+        f"{time.perf_counter() - t0:.0f} s)")
+
+
+def stage_labeled(cfg: ReproConfig, out: Path) -> None:
+    """The labeled-data curve. Seeds outermost: an interrupted run already has whole curves with fewer seeds."""
+    for model in cfg.curve_models:
+        pm = pretrained_model(out, model)
+        if not pm.ready():
+            log(f"labeled: {model} is not pretrained yet ({pm.done} missing), skipped")
+            continue
+        final, (pre, rnd) = str(pm.final()), curve_variants(model)
+        for seed in range(cfg.labeled_seeds):
+            for task in cfg.labeled_sizes:
+                for n in labeled_sizes(cfg, task):
+                    for variant, init, tok in ((pre, final, None), (rnd, "none", final)):
+                        d = labeled_dir(out, task, variant, n, seed)
+                        if (d / "results.json").is_file():
+                            continue
+                        t0 = time.perf_counter()
+                        r = _finetune_nested(cfg, d, task, n, seed, init, tok)
+                        _log_run(f"labeled {task} {variant} n {n} seed {seed}", task, r, t0)
+
+
+def budget_size(cfg: ReproConfig, task: str) -> int:
+    return min(int(cfg.budget_examples[task]), train_size(task))
+
+
+def stage_budget(cfg: ReproConfig, out: Path) -> None:
+    """The pretraining-budget curve: ``full`` fine-tuning from every kept checkpoint; the final checkpoint's runs
+    are the labeled curve's at the same size (run there if that stage has not made them)."""
+    for model in cfg.curve_models:
+        pm = pretrained_model(out, model)
+        if not pm.ready():
+            log(f"budget: {model} is not pretrained yet ({pm.done} missing), skipped")
+            continue
+        points = pm.checkpoints()
+        checkpoint_val_losses(cfg, out, pm, points)
+        pre = curve_variants(model)[0]
+        for seed in range(cfg.budget_seeds):
+            for task in cfg.budget_examples:
+                n = budget_size(cfg, task)
+                for i, (step, path) in enumerate(points):
+                    # The final checkpoint's run at a labeled size is the labeled curve's own run (identical).
+                    shared = i == len(points) - 1 and n in labeled_sizes(cfg, task)
+                    d = labeled_dir(out, task, pre, n, seed) if shared else budget_dir(out, task, model, n, step, seed)
+                    if (d / "results.json").is_file():
+                        continue
+                    t0 = time.perf_counter()
+                    r = _finetune_nested(cfg, d, task, n, seed, str(path), None)
+                    _log_run(f"budget {task} {model} step {step} n {n} seed {seed}", task, r, t0)
+
+
+def val_loss_path(out: Path, model: str) -> Path:
+    return out / "budget" / f"val-loss-{model}.json"
+
+
+def checkpoint_val_losses(cfg: ReproConfig, out: Path, pm: PretrainedModel,
+                          points: list[tuple[int, Path]]) -> list[dict[str, Any]]:
+    """Validation loss of every checkpoint of the budget curve (the same batches as pretraining's validations),
+    kept in ``budget/val-loss-<model>.json``; a checkpoint already there is not scored again."""
+    path = val_loss_path(out, pm.name)
+    have = {int(p["step"]): p for p in read_json(path)} if path.is_file() else {}
+    if all(step in have for step, _ in points):
+        return [have[step] for step, _ in points]
+    from gptcli.checkpoint import load_checkpoint
+    from gptcli.data.shards import open_corpus
+    from gptcli.eval.perplexity import evaluate_lm
+
+    val = open_corpus(pm.corpus).arrays("val")
+    for step, ckpt in points:
+        if step not in have:
+            model = load_checkpoint(ckpt, load_tokenizer=False).model
+            ev = evaluate_lm(model, val, cfg.seq_len, cfg.batch_size, device=cfg.device, precision="fp32",
+                             max_batches=cfg.eval_batches)
+            have[step] = {"step": step, "checkpoint": ckpt.name, "val_loss": ev.loss, "tokens": ev.tokens}
+            write_json(path, sorted(have.values(), key=lambda p: p["step"]))
+    log(f"budget: validation loss of {len(points)} {pm.name} checkpoints → {path}")
+    return [have[step] for step, _ in points]
 
 
 # ------------------------------------------------------------------------------------------------- report
@@ -435,6 +709,97 @@ def layers_curve(recs: list[dict[str, Any]]) -> dict[int, tuple[float, float, in
     return {k: (*mean_std(v), len(v)) for k, v in sorted(by_k.items())}
 
 
+def score_cell(scores: list[float | None]) -> dict[str, Any]:
+    """``{scores, failed, mean, std, n}`` of one point's runs (a run without a score counts as failed)."""
+    kept = [x for x in scores if x is not None]
+    m, sd = mean_std(kept)
+    return {"scores": kept, "failed": len(scores) - len(kept), "mean": m, "std": sd, "n": len(kept)}
+
+
+def _curve_record(res: Path, task: str, variant: str, seed: int, size: int) -> dict[str, Any]:
+    rec = _record(read_json(res), task, variant, seed, None)
+    del rec["transfer_layers"]
+    return {**rec, "model": model_of_variant(variant), "size": size}
+
+
+def collect_labeled(out: Path) -> list[dict[str, Any]]:
+    """One record per finished run of the labeled-data curve (``labeled/<task>/<variant>/n-<N>/seed-<s>``)."""
+    recs = []
+    for res in sorted((out / "labeled").glob("*/*/n-*/seed-*/results.json")):
+        seed_dir, n_dir = res.parent, res.parent.parent
+        recs.append(_curve_record(res, n_dir.parent.parent.name, n_dir.parent.name, int(seed_dir.name[5:]),
+                                  int(n_dir.name[2:])))
+    return sorted(recs, key=lambda r: (r["task"], r["variant"], r["size"], r["seed"]))
+
+
+def labeled_curves(recs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The labeled-data curves (one per task and variant: a point per size) and, per task, model and size where
+    both sides have runs, the gap mean(pretrained) − mean(random init) with Welch's t."""
+    groups: dict[tuple[str, str], dict[int, list[float | None]]] = {}
+    for r in recs:
+        groups.setdefault((r["task"], r["variant"]), {}).setdefault(r["size"], []).append(r["score"])
+    curves = [{"task": t, "variant": v, "model": model_of_variant(v),
+               "points": [{"size": n, **score_cell(sc)} for n, sc in sorted(by_n.items())]}
+              for (t, v), by_n in sorted(groups.items())]
+    gaps = []
+    for (t, v), by_n in sorted(groups.items()):
+        model = model_of_variant(v)
+        pre, rnd = curve_variants(model)
+        if v != pre or (t, rnd) not in groups:
+            continue
+        for n in sorted(set(by_n) & set(groups[(t, rnd)])):
+            a, b = score_cell(by_n[n]), score_cell(groups[(t, rnd)][n])
+            if a["n"] and b["n"]:
+                gaps.append({"task": t, "model": model, "size": n, "pretrained": pre, "random": rnd,
+                             "gap": a["mean"] - b["mean"], "t": welch_t(a["scores"], b["scores"]),
+                             "n_pretrained": a["n"], "n_random": b["n"]})
+    return {"curves": curves, "gaps": gaps}
+
+
+def collect_budget(out: Path) -> list[dict[str, Any]]:
+    """One record per finished run of the pretraining-budget curve (``budget/<task>/<model>/n-<N>/step-<K>/seed-<s>``),
+    plus, for the final checkpoint (the last step of ``budget/val-loss-<model>.json``), the labeled curve's runs of
+    the same size and model, which the budget stage shares rather than trains twice (those of the seeds the budget
+    curve has: every point then averages the same seeds)."""
+    recs: list[dict[str, Any]] = []
+    groups: set[tuple[str, str, int]] = set()
+    for res in sorted((out / "budget").glob("*/*/n-*/step-*/seed-*/results.json")):
+        seed_dir, step_dir = res.parent, res.parent.parent
+        n_dir = step_dir.parent
+        task, model = n_dir.parent.parent.name, n_dir.parent.name
+        rec = _curve_record(res, task, curve_variants(model)[0], int(seed_dir.name[5:]), int(n_dir.name[2:]))
+        recs.append({**rec, "model": model, "step": int(step_dir.name[5:]), "dir": str(seed_dir.relative_to(out))})
+        groups.add((task, model, rec["size"]))
+    for task, model, n in sorted(groups):
+        vals = read_json(val_loss_path(out, model)) if val_loss_path(out, model).is_file() else []
+        if not vals:
+            continue
+        final, pre = max(int(v["step"]) for v in vals), curve_variants(model)[0]
+        group = [r for r in recs if (r["task"], r["model"], r["size"]) == (task, model, n)]
+        seeds, have = {r["seed"] for r in group}, {r["seed"] for r in group if r["step"] == final}
+        for res in sorted((out / "labeled" / task / pre / f"n-{n}").glob("seed-*/results.json")):
+            seed = int(res.parent.name[5:])
+            if seed in seeds and seed not in have:
+                rec = _curve_record(res, task, pre, seed, n)
+                recs.append({**rec, "model": model, "step": final, "dir": str(res.parent.relative_to(out))})
+    return sorted(recs, key=lambda r: (r["task"], r["model"], r["size"], r["step"], r["seed"]))
+
+
+def budget_curves(out: Path, recs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per (task, model, size): fine-tuned score per pretraining step; per model: each checkpoint's validation
+    loss and perplexity."""
+    groups: dict[tuple[str, str, int], dict[int, list[float | None]]] = {}
+    for r in recs:
+        groups.setdefault((r["task"], r["model"], r["size"]), {}).setdefault(r["step"], []).append(r["score"])
+    curves = [{"task": t, "model": m, "size": n, "points": [{"step": k, **score_cell(sc)} for k, sc in sorted(pts.items())]}
+              for (t, m, n), pts in sorted(groups.items())]
+    val = {}
+    for path in sorted((out / "budget").glob("val-loss-*.json")):
+        val[path.stem[len("val-loss-"):]] = [{**v, "perplexity": math.exp(min(float(v["val_loss"]), 700))}
+                                              for v in read_json(path)]
+    return {"curves": curves, "val": val}
+
+
 def majority_baselines() -> dict[str, float | None]:
     """Dev score of always predicting the most frequent training label (Story Cloze: the most frequent right ending).
 
@@ -483,8 +848,9 @@ def sst2_margin_auc(zs_dir: Path) -> dict[int, float]:
     return out
 
 
-def markdown_tables(recs: list[dict[str, Any]], agg: dict, meta: dict[str, Any]) -> str:
-    """The Markdown report: Table 5 at small scale (ours, mean ± std, then the paper's), differences, every run."""
+def markdown_tables(recs: list[dict[str, Any]], agg: dict, meta: dict[str, Any], curves: list[str] | None = None) -> str:
+    """The Markdown report: Table 5 at small scale (ours, mean ± std, then the paper's), differences, then
+    ``curves`` (the labeled-data and pretraining-budget sections, :func:`curves_markdown`), every run."""
     lines: list[str] = []
     cols = list(TASKS)
     head = "| variant | " + " | ".join(f"{t} ({METRIC[t]})" for t in cols) + " | GLUE-5 avg |"
@@ -539,6 +905,7 @@ def markdown_tables(recs: list[dict[str, Any]], agg: dict, meta: dict[str, Any])
         task = next(r["task"] for r in recs if r["variant"] == "layers")
         lines += ["", f"## Layers transferred ({task}, {METRIC[task]})", "", "| layers | score | seeds |", "|---|---|---|"]
         lines += [f"| {k} | {fmt(m, s, n)} | {n} |" for k, (m, s, n) in curve.items()]
+    lines += curves or []
     lines += ["", "## Every run", "", "| task | variant | layers | seed | metric | score | train ex. | dev ex. | "
               "updates | seconds |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(recs, key=lambda r: (r["variant"] == "layers", r["task"], r["variant"], r["transfer_layers"] or 0, r["seed"])):
@@ -546,6 +913,92 @@ def markdown_tables(recs: list[dict[str, Any]], agg: dict, meta: dict[str, Any])
                      f"{r['seed']} | {r['metric']} | {fmt(r['score']) if r['score'] is not None else 'failed'} | "
                      f"{r['n_train']} | {r['n_eval']} | {r['steps']} | {r['seconds']} |")
     return "\n".join(lines) + "\n"
+
+
+def _cell_text(c: dict[str, Any] | None) -> str:
+    return fmt(c["mean"], c["std"], c["n"]) if c and c["n"] else "–"
+
+
+def _t_note(n: int) -> list[str]:
+    if n < 2:
+        return []
+    hi, lo = t_critical(n - 1), t_critical(2 * n - 2, conservative=False)
+    return ["", f"t: Welch's t of the two groups of {n} seeds ({n - 1}-{2 * n - 2} degrees of freedom): |t| > {hi:.2f} "
+            f"is significant at the 5 % level (two-sided) whatever the variances, |t| < {lo:.2f} is not."]
+
+
+def labeled_markdown(lab: dict[str, Any], meta: dict[str, Any]) -> list[str]:
+    """Per task: score per size for every variant, then per model the gap pretrained − random init and Welch's t."""
+    lines: list[str] = []
+    base = meta.get("baselines") or {}
+    for task in dict.fromkeys(c["task"] for c in lab["curves"]):
+        curves = [c for c in lab["curves"] if c["task"] == task]
+        gaps = [g for g in lab["gaps"] if g["task"] == task]
+        models = list(dict.fromkeys(g["model"] for g in gaps))
+        sizes = sorted({p["size"] for c in curves for p in c["points"]})
+        at = {(c["variant"], p["size"]): p for c in curves for p in c["points"]}
+        gap_at = {(g["model"], g["size"]): g for g in gaps}
+        cols = [c["variant"] for c in curves]
+        lines += ["", f"## Labeled-data curve: {task} ({METRIC[task]}, dev; mean ± std over seeds; nested subsamples)",
+                  "", "| labeled examples | " + " | ".join(cols)
+                  + "".join(f" | {' − '.join(curve_variants(m))} (t)" for m in models) + " |",
+                  "|---|" + "---|" * (len(cols) + len(models))]
+        for n in sizes:
+            row = [_cell_text(at.get((v, n))) for v in cols]
+            for m in models:
+                g = gap_at.get((m, n))
+                row.append("–" if g is None else f"{g['gap']:+.1f}" + ("" if g["t"] is None else f" (t = {g['t']:+.1f})"))
+            lines.append(f"| {n:,} | " + " | ".join(row) + " |")
+        if base.get(task) is not None:
+            lines += ["", f"Majority class ({task} dev): {base[task]:.1f}."]
+    if lab["curves"]:
+        lines += _t_note(int(meta.get("labeled_seeds") or 0))
+    return lines
+
+
+def budget_markdown(bud: dict[str, Any], lab: dict[str, Any], meta: dict[str, Any]) -> list[str]:
+    """Per model: one row per checkpoint (updates, validation perplexity, the fine-tuned score on each task), with
+    the same fine-tuning from random weights and the majority class as reference rows."""
+    lines: list[str] = []
+    base = meta.get("baselines") or {}
+    for model in dict.fromkeys(c["model"] for c in bud["curves"]):
+        curves = [c for c in bud["curves"] if c["model"] == model]
+        val = {int(v["step"]): v for v in bud["val"].get(model, [])}
+        steps = sorted({p["step"] for c in curves for p in c["points"]} | set(val))
+        at = {(i, p["step"]): p for i, c in enumerate(curves) for p in c["points"]}
+        lines += ["", f"## Pretraining-budget curve ({model}: {curve_variants(model)[0]} fine-tuning from every kept "
+                  "checkpoint; dev; mean ± std over seeds)", "",
+                  "| pretraining updates | validation perplexity | "
+                  + " | ".join(f"{c['task']} {METRIC[c['task']]} ({c['size']:,} ex.)" for c in curves) + " |",
+                  "|---|---|" + "---|" * len(curves)]
+        for k in steps:
+            ppl = f"{math.exp(min(float(val[k]['val_loss']), 700)):,.1f}" if k in val else "–"
+            lines.append(f"| {k:,} | {ppl} | " + " | ".join(_cell_text(at.get((i, k))) for i in range(len(curves))) + " |")
+        rnd = curve_variants(model)[1]
+        ref = {(c["task"], p["size"]): p for c in lab["curves"] if c["variant"] == rnd for p in c["points"]}
+        lines.append(f"| {rnd} (random init, same size) | – | "
+                     + " | ".join(_cell_text(ref.get((c["task"], c["size"]))) for c in curves) + " |")
+        lines.append("| majority class | – | " + " | ".join(fmt(base[c["task"]]) if base.get(c["task"]) is not None
+                                                         else "–" for c in curves) + " |")
+    return lines
+
+
+def curve_runs_markdown(lrecs: list[dict[str, Any]], brecs: list[dict[str, Any]]) -> list[str]:
+    """Every run of the two curves, one row each (failed runs included)."""
+    lines: list[str] = []
+    row = lambda r: (f"{fmt(r['score']) if r['score'] is not None else 'failed'} | {r['n_train']} | {r['n_eval']} | "  # noqa: E731
+                     f"{r['steps']} | {r['seconds']} |")
+    if lrecs:
+        lines += ["", "## Every run of the labeled-data curve", "",
+                  "| task | variant | labeled ex. | seed | score | train ex. | dev ex. | updates | seconds |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['task']} | {r['variant']} | {r['size']} | {r['seed']} | " + row(r) for r in lrecs]
+    if brecs:
+        lines += ["", "## Every run of the pretraining-budget curve", "",
+                  "| task | model | labeled ex. | pretraining updates | seed | score | train ex. | dev ex. | updates | "
+                  "seconds |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['task']} | {r['model']} | {r['size']} | {r['step']} | {r['seed']} | " + row(r) for r in brecs]
+    return lines
 
 
 def val_curve(out: Path) -> list[tuple[int, float]]:
@@ -652,6 +1105,91 @@ def plots(out: Path, recs: list[dict[str, Any]], baselines: dict[str, float | No
     return made
 
 
+def _curve_line(ax, xs: list[float], points: list[dict[str, Any]], label: str, color: str, dashed: bool) -> None:
+    """Mean ± std over seeds as a line with error bars, every seed a dot."""
+    ok = [(x, p) for x, p in zip(xs, points) if p["n"]]
+    if not ok:
+        return
+    ax.errorbar([x for x, _ in ok], [p["mean"] for _, p in ok], yerr=[p["std"] for _, p in ok], marker="o",
+                markersize=4, capsize=3, color=color, linestyle="--" if dashed else "-", label=label)
+    dots = [(x, v) for x, p in ok for v in p["scores"]]
+    ax.scatter([x for x, _ in dots], [v for _, v in dots], s=9, color=color, alpha=0.45, zorder=3)
+
+
+def _color(variant: str, i: int) -> str:
+    return {"full": "tab:blue", "no-pretraining": "tab:red"}.get(variant, f"C{i + 2}")
+
+
+def plot_curves(out: Path, lab: dict[str, Any], bud: dict[str, Any], baselines: dict[str, float | None]) -> list[str]:
+    """``plots/labeled.png`` (score against labeled examples, log axis) and ``plots/budget.png`` (validation
+    perplexity of the checkpoints, then the fine-tuned score from each, against pretraining updates)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
+
+    made: list[str] = []
+    d = out / "plots"
+    d.mkdir(parents=True, exist_ok=True)
+    tasks = list(dict.fromkeys(c["task"] for c in lab["curves"]))
+    if tasks:
+        fig, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 4.0), dpi=120, squeeze=False)
+        for ax, task in zip(axes[0], tasks):
+            for i, c in enumerate(c for c in lab["curves"] if c["task"] == task):
+                _curve_line(ax, [p["size"] for p in c["points"]], c["points"], c["variant"], _color(c["variant"], i),
+                            c["variant"].endswith("no-pretraining"))
+            if baselines.get(task) is not None:
+                ax.axhline(baselines[task], color="black", linestyle=":", linewidth=1, label="majority class")
+            sizes = sorted({p["size"] for c in lab["curves"] if c["task"] == task for p in c["points"]})
+            ax.set_xscale("log")
+            ax.set_xticks(sizes, [f"{n:,}" for n in sizes], fontsize=8)
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.set_xlabel("labeled training examples (nested subsamples)")
+            ax.set_ylabel(f"{task} dev {METRIC[task]}")
+            ax.set_title(task, fontsize=10)
+            ax.legend(fontsize=8)
+        fig.suptitle("Labeled-data curve: pretrained vs random init (mean ± std over seeds; dots: seeds)", fontsize=10)
+        fig.tight_layout()
+        fig.savefig(d / "labeled.png")
+        plt.close(fig)
+        made.append("plots/labeled.png")
+    btasks = list(dict.fromkeys(c["task"] for c in bud["curves"]))
+    if btasks:
+        fig, axes = plt.subplots(1, 1 + len(btasks), figsize=(4.6 * (1 + len(btasks)), 4.0), dpi=120, squeeze=False)
+        ax = axes[0][0]
+        for i, (model, vals) in enumerate(bud["val"].items()):
+            ax.plot([v["step"] for v in vals], [v["perplexity"] for v in vals], marker="o", color=f"C{i}", label=model)
+        ax.set_yscale("log")
+        ax.set_xlabel("pretraining updates")
+        ax.set_ylabel("validation perplexity (held-out books)")
+        ax.set_title("the checkpoints", fontsize=10)
+        ax.legend(fontsize=8)
+        for ax, task in zip(axes[0][1:], btasks):
+            for i, c in enumerate(c for c in bud["curves"] if c["task"] == task):
+                _curve_line(ax, [p["step"] for p in c["points"]], c["points"],
+                            f"{curve_variants(c['model'])[0]}, {c['size']:,} ex.", f"C{i}", False)
+                rnd = curve_variants(c["model"])[1]
+                ref = [p for r in lab["curves"] if r["task"] == task and r["variant"] == rnd for p in r["points"]
+                       if p["size"] == c["size"] and p["n"]]
+                if ref:
+                    ax.axhline(ref[0]["mean"], color="tab:red", linestyle="--", linewidth=1,
+                               label=f"{rnd} (mean, same size)")
+            if baselines.get(task) is not None:
+                ax.axhline(baselines[task], color="black", linestyle=":", linewidth=1, label="majority class")
+            ax.set_xlabel("pretraining updates of the checkpoint fine-tuned")
+            ax.set_ylabel(f"{task} dev {METRIC[task]}")
+            ax.set_title(task, fontsize=10)
+            ax.legend(fontsize=8)
+        fig.suptitle("Pretraining-budget curve: fine-tuned score from each checkpoint (mean ± std; dots: seeds)",
+                     fontsize=10)
+        fig.tight_layout()
+        fig.savefig(d / "budget.png")
+        plt.close(fig)
+        made.append("plots/budget.png")
+    return made
+
+
 def stage_report(cfg: ReproConfig, out: Path) -> dict[str, Any]:
     from gptcli.fsutil import write_text_atomic
 
@@ -662,20 +1200,27 @@ def stage_report(cfg: ReproConfig, out: Path) -> dict[str, Any]:
     meta = {"seeds": cfg.seeds, "budget_minutes": cfg.budget_minutes, "config": asdict(cfg), "plan": plan,
             "pretrain": read_json(out / "pretrain-done.json") if (out / "pretrain-done.json").is_file() else None,
             "seconds": read_json(out / "seconds.json") if (out / "seconds.json").is_file() else {},
-            "baselines": majority_baselines(), "sst2_margin_auc": sst2_margin_auc(out / "zeroshot")}
-    made = plots(out, recs, meta["baselines"])
+            "baselines": majority_baselines(), "sst2_margin_auc": sst2_margin_auc(out / "zeroshot"),
+            "labeled_seeds": cfg.labeled_seeds, "budget_seeds": cfg.budget_seeds}
+    lrecs, brecs = collect_labeled(out), collect_budget(out)
+    lab, bud = labeled_curves(lrecs), budget_curves(out, brecs)
+    made = plots(out, recs, meta["baselines"]) + plot_curves(out, lab, bud, meta["baselines"])
     result = {"meta": meta, "runs": recs, "table5": {v: {t: {k: c[k] for k in ("mean", "std", "n", "scores", "failed")}
                                                         for t, c in ts.items()} for v, ts in agg.items()},
               "paper": PAPER, "layers": {str(k): {"mean": m, "std": s, "n": n} for k, (m, s, n) in layers_curve(recs).items()},
               "val_curve": [{"step": s, "loss": l, "perplexity": math.exp(min(l, 700))} for s, l in val_curve(out)],
-              "zeroshot": zs, "plots": made}
+              "zeroshot": zs, "labeled": {**lab, "runs": lrecs}, "budget": {**bud, "runs": brecs}, "plots": made}
     write_json(out / "results.json", json.loads(json.dumps(result, default=str).replace("NaN", "null")))
-    write_text_atomic(out / "tables.md", markdown_tables(recs, agg, meta))
-    log(f"report: {len(recs)} runs → {out / 'results.json'}, {out / 'tables.md'}, {', '.join(made)}")
+    md = markdown_tables(recs, agg, meta, labeled_markdown(lab, meta) + budget_markdown(bud, lab, meta))
+    write_text_atomic(out / "tables.md", md + "\n".join(curve_runs_markdown(lrecs, brecs) + [""]))
+    log(f"report: {len(recs)} + {len(lrecs)} + {len(brecs)} runs → {out / 'results.json'}, {out / 'tables.md'}, "
+        f"{', '.join(made)}")
     return result
 
 
 # ------------------------------------------------------------------------------------------------- main
+
+STAGES: tuple[str, ...] = ("prepare", "pretrain", "zeroshot", "finetune", "layers", "labeled", "budget", "report")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -686,13 +1231,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="wall-clock target for the whole run on 2 cores (pretraining gets 45%%)")
     ap.add_argument("--seeds", type=int, default=ReproConfig.seeds, help="fine-tuning seeds per task and variant")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: checks the pipeline in about a minute")
-    ap.add_argument("--stages", default="prepare,pretrain,zeroshot,finetune,layers,report",
+    ap.add_argument("--stages", default=",".join(STAGES),
                     help="comma-separated stages to run (each skips work already done)")
+    ap.add_argument("--full-sizes", action="store_true",
+                    help="labeled-data curve: add each task's whole training split (SST-2 67,349 rows: ≈ 45 min more)")
     a = ap.parse_args(argv)
-    cfg = ReproConfig(out=a.out, data=a.data, budget_minutes=a.budget_minutes, seeds=a.seeds)
+    cfg = ReproConfig(out=a.out, data=a.data, budget_minutes=a.budget_minutes, seeds=a.seeds, full_sizes=a.full_sizes)
     if a.smoke:
         smoke(cfg)
     stages = {s.strip() for s in a.stages.split(",") if s.strip()}
+    if stages - set(STAGES):
+        ap.error(f"--stages: unknown {', '.join(sorted(stages - set(STAGES)))} (known: {', '.join(STAGES)})")
     import torch
 
     torch.set_num_threads(cfg.threads)
@@ -723,6 +1272,11 @@ def main(argv: list[str] | None = None) -> int:
         timed("finetune", stage_finetune, cfg, out, run, plan)
     if "layers" in stages and ready:
         timed("layers", stage_layers, cfg, out, run, plan)
+    # The curves check each of their pretrained models themselves (curve_models).
+    if "labeled" in stages:
+        timed("labeled", stage_labeled, cfg, out)
+    if "budget" in stages:
+        timed("budget", stage_budget, cfg, out)
     if "report" in stages:
         timed("report", stage_report, cfg, out)
     return 0

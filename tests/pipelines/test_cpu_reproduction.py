@@ -61,6 +61,85 @@ def test_aggregation_and_tables_on_synthetic_runs(repro, tmp_path):
     assert sum(1 for line in md.splitlines() if line.startswith("| sst2 | ") and "| accuracy |" in line) == 12
 
 
+def test_nested_subsamples_are_nested(repro):
+    items = list(range(1000))
+    subs = {n: repro.nested_subsample(items, n, "sst2/0") for n in (10, 50, 250, 999)}
+    for small, big in ((10, 50), (50, 250), (250, 999)):
+        assert set(subs[small]) < set(subs[big])  # a size only adds rows to the smaller one
+    assert all(s == sorted(s) and len(s) == n for n, s in subs.items())  # the original order, n rows
+    assert repro.nested_subsample(items, 10, "sst2/0") == subs[10]  # seeded: the same rows every time
+    assert repro.nested_subsample(items, 10, "sst2/1") != subs[10]
+    assert repro.nested_subsample(items, 5000, "sst2/0") == items
+
+
+def test_nested_task_cuts_only_the_training_split(repro, shared_data, monkeypatch):
+    from gptcli.errors import GPT1Error
+    from gptcli.tasks import get_task
+
+    monkeypatch.setenv("GPT1_DATA", str(shared_data))
+    rows = {}
+    for n in (100, 300):
+        with repro.nested_task("storycloze", n, "storycloze/0") as name:
+            assert name == f"storycloze-n{n}"
+            task = get_task(name)
+            rows[n] = [e.texts for e in task.read("train")]
+            assert len(task.read("dev")) == 374 and task.metric == "accuracy" and task.kind == "multiple_choice"
+        with pytest.raises(GPT1Error):  # registered for the block only
+            get_task(name)
+    assert len(rows[100]) == 100 and len(rows[300]) == 300 and set(rows[100]) < set(rows[300])
+
+
+def test_labeled_curve_gap_and_welch_t_per_size(repro, tmp_path):
+    scores = {("full", 250): [60.0, 62.0, 64.0], ("no-pretraining", 250): [50.0, 51.0, 52.0],
+              ("full", 500): [70.0, 71.0, 72.0], ("no-pretraining", 500): [69.0, 70.0, 71.0],
+              ("full", 1000): [80.0]}  # no random-init side: a point, but no gap
+    for (variant, n), vals in scores.items():
+        for seed, v in enumerate(vals):
+            _write_run(tmp_path, f"labeled/sst2/{variant}/n-{n}/seed-{seed}", "sst2", "accuracy", v, n_train=n)
+    _write_run(tmp_path, "labeled/sst2/no-pretraining/n-500/seed-3", "sst2", "accuracy", None, n_train=500)
+
+    recs = repro.collect_labeled(tmp_path)
+    assert len(recs) == 14 and {r["model"] for r in recs} == {"gpt"}
+    lab = repro.labeled_curves(recs)
+    full = next(c for c in lab["curves"] if c["variant"] == "full")
+    assert [p["size"] for p in full["points"]] == [250, 500, 1000]
+    rnd500 = next(c for c in lab["curves"] if c["variant"] == "no-pretraining")["points"][1]
+    assert rnd500["n"] == 3 and rnd500["failed"] == 1
+    gaps = {g["size"]: g for g in lab["gaps"]}
+    assert set(gaps) == {250, 500}
+    # means 62 vs 51, variances 4 and 1 over 3 seeds each → t = 11 / sqrt(4/3 + 1/3)
+    assert gaps[250]["gap"] == pytest.approx(11.0) and gaps[250]["t"] == pytest.approx(11 / math.sqrt(5 / 3))
+    assert gaps[500]["gap"] == pytest.approx(1.0) and gaps[500]["t"] == pytest.approx(1 / math.sqrt(2 / 3))
+
+    md = "\n".join(repro.labeled_markdown(lab, {"labeled_seeds": 3, "baselines": {"sst2": 50.9}}))
+    assert "| labeled examples | full | no-pretraining | full − no-pretraining (t) |" in md
+    assert "| 250 | 62.0 ± 2.0 | 51.0 ± 1.0 | +11.0 (t = +8.5) |" in md
+    assert "| 500 | 71.0 ± 1.0 | 70.0 ± 1.0 | +1.0 (t = +1.2) |" in md
+    assert "| 1,000 | 80.0 | – | – |" in md and "Majority class (sst2 dev): 50.9." in md
+
+
+def test_budget_curve_shares_the_final_checkpoints_labeled_runs(repro, tmp_path):
+    for step in (0, 10):
+        for seed in (0, 1):
+            _write_run(tmp_path, f"budget/sst2/gpt/n-500/step-{step}/seed-{seed}", "sst2", "accuracy",
+                       55.0 + step + seed, n_train=500)
+    for seed in (0, 1, 2):  # the final checkpoint's runs: the labeled curve's (seed 2 is not on the budget curve)
+        _write_run(tmp_path, f"labeled/sst2/full/n-500/seed-{seed}", "sst2", "accuracy", 70.0 + seed, n_train=500)
+    (tmp_path / "budget" / "val-loss-gpt.json").write_text(json.dumps(
+        [{"step": k, "checkpoint": f"step-{k}", "val_loss": loss} for k, loss in ((0, 8.0), (10, 5.0), (20, 4.0))]))
+
+    recs = repro.collect_budget(tmp_path)
+    assert [(r["step"], r["seed"]) for r in recs] == [(0, 0), (0, 1), (10, 0), (10, 1), (20, 0), (20, 1)]
+    assert recs[-1]["dir"] == "labeled/sst2/full/n-500/seed-1"
+    bud = repro.budget_curves(tmp_path, recs)
+    (curve,) = bud["curves"]
+    assert (curve["task"], curve["model"], curve["size"]) == ("sst2", "gpt", 500)
+    assert [(p["step"], p["mean"]) for p in curve["points"]] == [(0, 55.5), (10, 65.5), (20, 70.5)]
+    assert bud["val"]["gpt"][2]["perplexity"] == pytest.approx(math.exp(4.0))
+    md = "\n".join(repro.budget_markdown(bud, {"curves": [], "gaps": []}, {"baselines": {"sst2": 50.9}}))
+    assert "| 20 | 54.6 | 70.5 ± 0.7 |" in md and "| majority class | – | 50.9 |" in md
+
+
 def test_mean_std_and_format(repro):
     m, s = repro.mean_std([1.0, 2.0, 3.0])
     assert (m, s) == (2.0, 1.0)
@@ -122,8 +201,23 @@ def test_smoke_end_to_end(repro, shared_data, tmp_path, monkeypatch):
     assert "| full (ours) |" in md and "| no-pretraining (paper) |" in md
     assert "| majority class (ours) |" in md and "## Zero-shot SST-2" in md
     assert res["meta"]["baselines"]["mrpc"] > 80 and set(res["meta"]["sst2_margin_auc"]) == {"0", "10", "20", "30"}
+    # the labeled-data curve: 2 tasks × 2 sizes × 2 variants × 1 seed, and a gap per task and size
+    lab = res["labeled"]
+    assert len(lab["runs"]) == 8 and all(r["score"] is not None for r in lab["runs"])
+    assert [r["n_train"] for r in lab["runs"] if r["task"] == "sst2" and r["variant"] == "full"] == [8, 16]
+    assert {(g["task"], g["size"]) for g in lab["gaps"]} == {(t, n) for t in ("sst2", "storycloze") for n in (8, 16)}
+    # the budget curve: steps 0, 10, 20, 30 per task, the last one being the labeled curve's run
+    bud = res["budget"]
+    assert {c["task"]: [p["step"] for p in c["points"]] for c in bud["curves"]} == {"sst2": [0, 10, 20, 30],
+                                                                                   "storycloze": [0, 10, 20, 30]}
+    assert [v["step"] for v in bud["val"]["gpt"]] == [0, 10, 20, 30]
+    assert sum(r["dir"].startswith("labeled/") for r in bud["runs"]) == 2
+    for png in ("labeled.png", "budget.png"):
+        assert (out / "plots" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "## Labeled-data curve: storycloze" in md and "## Pretraining-budget curve (gpt" in md
+    assert "## Every run of the pretraining-budget curve" in md
 
     # resumable: a rerun finds every stage's outputs and trains nothing
-    before = {p: p.stat().st_mtime_ns for p in out.rglob("results.json") if "finetune" in p.parts or "layers" in p.parts}
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("results.json") if {"finetune", "layers", "labeled", "budget"} & set(p.parts)}
     assert repro.main(["--smoke", "--seeds", "2", "--out", str(out), "--data", str(shared_data)]) == 0
     assert {p: p.stat().st_mtime_ns for p in before} == before
