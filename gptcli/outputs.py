@@ -35,6 +35,7 @@ KINDS = {
     "quickstart": "a quickstart output",
     "zeroshot": "zero-shot results",
     "eval": "evaluation results",
+    "task-data": "a task's data fetched by `gpt1 fetch`",
 }
 
 
