@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gptcli.errors import GPT1Error
+from gptcli.outputs import next_free
 
 
 def model(spec: str | os.PathLike[str] | None, console: Any, flag: str = "--checkpoint") -> str:
@@ -33,16 +34,6 @@ def model(spec: str | os.PathLike[str] | None, console: Any, flag: str = "--chec
     return path
 
 
-def next_free(base: Path) -> Path:
-    """``base`` if nothing is there, else the first of ``base-2``, ``base-3``, … that does not exist."""
-    if not base.exists():
-        return base
-    n = 2
-    while base.with_name(f"{base.name}-{n}").exists():
-        n += 1
-    return base.with_name(f"{base.name}-{n}")
-
-
 def run_dir(base: str | Path, console: Any, flag: str = "--out") -> Path:
     """A fresh run directory for a run started without ``flag`` (see the module docstring); printed."""
     from gptcli.train.distributed import env_world
@@ -57,4 +48,4 @@ def run_dir(base: str | Path, console: Any, flag: str = "--out") -> Path:
     return out
 
 
-__all__ = ["model", "next_free", "run_dir"]
+__all__ = ["model", "run_dir"]

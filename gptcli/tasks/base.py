@@ -175,10 +175,10 @@ class Task:
         for d in candidates:
             if d.is_dir():
                 return d
-        unset = "" if root is not None or os.environ.get(DATA_ENV) else "; GPT1_DATA is not set"
+        unset = "" if root is not None or os.environ.get(DATA_ENV) else ", the default data root: GPT1_DATA is not set"
         raise GPT1Error(
-            f"{candidates[0]}: data for task {self.name!r} not found (expected {expected}{unset}; "
-            f"{self.how_to_get()})"
+            f"{candidates[0]}: data directory for task {self.name!r} not found (looked in "
+            f"{', '.join(str(c) for c in candidates)}{unset}; expected {expected}; {self.how_to_get()})"
         )
 
     def read(self, split: str, data_dir: str | Path | None = None, options: ReadOptions | None = None) -> list[Example]:
