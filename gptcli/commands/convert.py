@@ -35,8 +35,7 @@ def run(p: Parsed) -> None:
     console = stderr_console()
     cfg.check()  # before the spinner: a usage error is one line, not a spinner and a line
     hub = hub_id_of(cfg.src) if cfg.from_format == "hf" and cfg.src else None
-    if hub is not None:  # a local path of the same spelling would have won
-        console.print(f"downloading {hub} from the Hugging Face Hub (or its cache) …", highlight=False, markup=False)
+    if hub is not None:  # a local path of the same spelling would have won; huggingface_hub shows the download
         result = convert_from_hub(cfg, hub)
     else:
         with console.status(f"reading {cfg.src} …"):

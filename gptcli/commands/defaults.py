@@ -34,6 +34,14 @@ def model(spec: str | os.PathLike[str] | None, console: Any, flag: str = "--chec
     return path
 
 
+def from_hub(spec: str | os.PathLike[str] | None) -> bool:
+    """Whether :func:`model` would look ``spec`` up on the Hub (an empty one means the paper's model): commands
+    check their data first then, so that missing data is one line before a 480 MB download, not after it."""
+    from gptcli.interop.hub import DEFAULT_MODEL, hub_id_of
+
+    return hub_id_of(os.fspath(spec) if spec else DEFAULT_MODEL) is not None
+
+
 def run_dir(base: str | Path, console: Any, flag: str = "--out") -> Path:
     """A fresh run directory for a run started without ``flag`` (see the module docstring); printed."""
     from gptcli.train.distributed import env_world
@@ -48,4 +56,4 @@ def run_dir(base: str | Path, console: Any, flag: str = "--out") -> Path:
     return out
 
 
-__all__ = ["model", "run_dir"]
+__all__ = ["from_hub", "model", "run_dir"]

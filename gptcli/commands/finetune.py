@@ -84,13 +84,15 @@ def _fill_defaults(cfg: FinetuneConfig, console: Any) -> None:
     from gptcli.commands import defaults
     from gptcli.tasks import get_task
 
-    get_task(cfg.task)  # an unknown task is an error before any download
-    if not cfg.out:
-        cfg.out = str(defaults.run_dir(Path("runs") / f"finetune-{cfg.task.lower()}", console))
+    task = get_task(cfg.task)  # an unknown task, or missing data, is one line before any model is downloaded
+    if cfg.init.lower() != "none" and defaults.from_hub(cfg.init):
+        task.data_dir(cfg.data_dir)
     if cfg.init.lower() != "none":
         cfg.init = defaults.model(cfg.init, console, "--init")
     if cfg.tokenizer:
         cfg.tokenizer = defaults.model(cfg.tokenizer, console, "--tokenizer")
+    if not cfg.out:
+        cfg.out = str(defaults.run_dir(Path("runs") / f"finetune-{task.name}", console))
 
 
 def show_outcome(result: FinetuneResult, console: Any) -> None:

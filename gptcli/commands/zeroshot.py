@@ -73,16 +73,20 @@ def resolve(p: Parsed) -> tuple[ZeroShotConfig, list[str]]:
     if pairs:
         p.given["splits"] = pairs  # merged over the --config file's table by Parsed.resolve
     from gptcli.commands import defaults
-    from gptcli.eval.zeroshot import check_config
+    from gptcli.eval.zeroshot import check_config, registry_task, task_list
 
     checkpoints = [str(c) for c in p.cli["checkpoint"]]
     if checkpoints:
         p.given["checkpoint"] = checkpoints[0]
     cfg = p.resolve(ZeroShotConfig, p.base())
-    check_config(cfg)  # a mistyped setting is one line before any model is downloaded
+    check_config(cfg)  # a mistyped setting, or missing data, is one line before any model is downloaded
+    names = task_list(cfg.task)
+    specs = checkpoints or [cfg.checkpoint]
+    if len(names) == 1 and any(defaults.from_hub(c) for c in specs):
+        registry_task(names[0]).data_dir(cfg.data_dir)
     # No checkpoint anywhere: the paper's model (OpenAI's released GPT-1); Hub ids become converted checkpoints.
     console = stderr_console()
-    checkpoints = [defaults.model(c, console) for c in (checkpoints or [cfg.checkpoint])]
+    checkpoints = [defaults.model(c, console) for c in specs]
     cfg.checkpoint = checkpoints[0]
     return cfg, checkpoints
 

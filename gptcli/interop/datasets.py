@@ -68,9 +68,11 @@ class Fetched:
 
 def folders_for(names: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
     """The fetchable task folders ``names`` ask for, in order without repeats, and ``(folder, how to get it)``
-    for those that cannot be fetched. Unknown names are a one-line error (from the registry)."""
+    for the others ``all`` covers. A task named on its own that cannot be fetched (Story Cloze, DPRD, WSC273) is a
+    one-line error saying where to get it, as is an unknown name (from the registry)."""
     wanted: list[str] = []
     manual: list[tuple[str, str]] = []
+    refused: list[str] = []
     for name in names:
         key = name.strip().lower()
         if key == "all":
@@ -82,8 +84,12 @@ def folders_for(names: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
         for t in tasks:
             if t.folder in SOURCES:
                 wanted.append(t.folder)
-            else:
+            elif key == "all":
                 manual.append((t.folder, t.how_to_get()))
+            else:
+                refused.append(f"{t.name} cannot be fetched: {t.how_to_get()}")
+    if refused:
+        raise GPT1Error("; ".join(dict.fromkeys(refused)))
     return list(dict.fromkeys(wanted)), list(dict.fromkeys(manual))
 
 

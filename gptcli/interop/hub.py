@@ -79,10 +79,10 @@ class HubModel:
 
 def parse_hub_id(spec: str) -> HubId | None:
     """``spec`` as a Hub id (short names expanded), or None when it cannot be one."""
-    name, _, rev = spec.partition("@")
+    name, at, rev = spec.partition("@")
     if name in SHORT_NAMES:
         name = SHORT_NAMES[name]
-    m = _ID.fullmatch(name + (f"@{rev}" if rev else ""))
+    m = _ID.fullmatch(name + (f"@{rev}" if at else ""))
     if m is None or "--" in m["repo"] or ".." in m["repo"]:
         return None
     return HubId(m["repo"], m["rev"])
