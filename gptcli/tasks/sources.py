@@ -270,6 +270,7 @@ def _write_race(spec: OfficialFile, rows: list[dict[str, Any]], out: Path) -> Wr
     if spec.passages:
         check_count(source, spec, len(passages), "passages", spec.passages)
     level = out.name
+    out.mkdir(parents=True, exist_ok=True)
     for pid, obj in passages.items():
         name = pid[len(level):] if pid.startswith(level) else pid
         if not name.endswith(".txt"):

@@ -85,3 +85,33 @@ def table(rows: list[dict]):
     columns = {name: [r[name] for r in rows] for name in rows[0]}
     types = {"label": pa.int64(), "idx": pa.int32()}
     return pa.table({n: pa.array(v, type=types.get(n, pa.string())) for n, v in columns.items()})
+
+
+RTE_LABELS = ("entailment", "not_entailment")  # the Hub's class ids for RTE
+PAIR = {"sentence1": "sentence1", "sentence2": "sentence2"}
+
+
+def _test_split(rows: list[dict], n: int, texts: tuple[str, ...]) -> list[dict]:
+    """An unlabeled test split of ``n`` rows made of ``rows``' texts (label -1, as the Hub stores test labels)."""
+    return [{**{t: rows[i % len(rows)][t] for t in texts}, "label": -1, "idx": i} for i in range(n)]
+
+
+def glue_tables(glue: Path, rte_dev_rows: int | None = None, sst2: bool = True) -> dict[str, object]:
+    """``nyu-mll/glue``'s RTE (and SST-2) parquet files made from the real GLUE files in ``glue``; the test splits,
+    which ../shared lacks, are unlabeled stand-ins of the official size. ``rte_dev_rows`` cuts RTE's dev short."""
+    rte_train = glue_rows(glue / "RTE" / "train.tsv", PAIR, RTE_LABELS)
+    rte_dev = glue_rows(glue / "RTE" / "dev.tsv", PAIR, RTE_LABELS)[:rte_dev_rows]
+    tables = {
+        "rte/train-00000-of-00001.parquet": table(rte_train),
+        "rte/validation-00000-of-00001.parquet": table(rte_dev),
+        "rte/test-00000-of-00001.parquet": table(_test_split(rte_train, 3000, ("sentence1", "sentence2"))),
+    }
+    if sst2:
+        sst_train = glue_rows(glue / "SST-2" / "train.tsv", {"sentence": "sentence"}, ("0", "1"))
+        sst_dev = glue_rows(glue / "SST-2" / "dev.tsv", {"sentence": "sentence"}, ("0", "1"))
+        tables.update({
+            "sst2/train-00000-of-00001.parquet": table(sst_train),
+            "sst2/validation-00000-of-00001.parquet": table(sst_dev),
+            "sst2/test-00000-of-00001.parquet": table(_test_split(sst_train, 1821, ("sentence",))),
+        })
+    return tables
