@@ -7,7 +7,8 @@
   pretraining), or the next free ``-2``, ``-3``, … when that exists: a default never lands in an earlier run. The
   choice is printed. Under torchrun or SLURM every process must name the same directory, so ``--out`` is required.
 - **The data.** Task folders are looked for under ``$GPT1_DATA``, else ``~/.cache/gpt1/data``
-  (:func:`gptcli.tasks.base.data_root`), where ``gpt1 fetch`` puts them.
+  (:func:`gptcli.tasks.base.data_root`), where ``gpt1 fetch`` puts them. A fetchable task missing from that default
+  root is fetched on first use (:func:`task_data`), like the model; a folder the user chose is never written to.
 """
 
 from __future__ import annotations
@@ -34,9 +35,32 @@ def model(spec: str | os.PathLike[str] | None, console: Any, flag: str = "--chec
     return path
 
 
+def task_data(task: Any, data_dir: str | os.PathLike[str] | None, console: Any, *, check: bool = True) -> None:
+    """``task``'s data, before anything else happens. Missing from the default data root (``GPT1_DATA`` unset, no
+    ``--data-dir``) and fetchable: fetched now, said, into ``~/.cache/gpt1/data`` (:mod:`gptcli.interop.datasets`:
+    the official layout, counts checked) — the same as ``gpt1 fetch TASK``. A folder the user chose is never
+    written to: with ``check`` (a model is about to be downloaded) its absence is the usual one-line error now,
+    naming ``gpt1 fetch``, rather than after the download; without, the library reports it when it reads."""
+    from gptcli.tasks.base import DATA_ENV, data_root
+    from gptcli.tasks.sources import SOURCES
+
+    user_chosen = data_dir is not None or bool(os.environ.get(DATA_ENV))
+    if user_chosen or task.folder not in SOURCES or any(d.is_dir() for d in task.candidate_dirs()):
+        if check:
+            task.data_dir(data_dir)  # there, or the line saying what is missing and how to get it
+        return
+    from gptcli.commands.render import RichProgress
+    from gptcli.interop.datasets import fetch_folder
+
+    source = SOURCES[task.folder]
+    console.print(f"data: {task.folder} is not in {data_root()} (the default data root; GPT1_DATA is not set): "
+                  f"fetching it from the Hugging Face Hub ({source.repo}), once", highlight=False, markup=False,
+                  soft_wrap=True)
+    fetch_folder(source, data_root(), progress=RichProgress(console))
+
+
 def from_hub(spec: str | os.PathLike[str] | None) -> bool:
-    """Whether :func:`model` would look ``spec`` up on the Hub (an empty one means the paper's model): commands
-    check their data first then, so that missing data is one line before a 480 MB download, not after it."""
+    """Whether :func:`model` would look ``spec`` up on the Hub (an empty one means the paper's model)."""
     from gptcli.interop.hub import DEFAULT_MODEL, hub_id_of
 
     return hub_id_of(os.fspath(spec) if spec else DEFAULT_MODEL) is not None
@@ -56,4 +80,4 @@ def run_dir(base: str | Path, console: Any, flag: str = "--out") -> Path:
     return out
 
 
-__all__ = ["from_hub", "model", "run_dir"]
+__all__ = ["from_hub", "model", "run_dir", "task_data"]

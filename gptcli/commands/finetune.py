@@ -85,8 +85,7 @@ def _fill_defaults(cfg: FinetuneConfig, console: Any) -> None:
     from gptcli.tasks import get_task
 
     task = get_task(cfg.task)  # an unknown task, or missing data, is one line before any model is downloaded
-    if cfg.init.lower() != "none" and defaults.from_hub(cfg.init):
-        task.data_dir(cfg.data_dir)
+    defaults.task_data(task, cfg.data_dir, console, check=cfg.init.lower() != "none" and defaults.from_hub(cfg.init))
     if cfg.init.lower() != "none":
         cfg.init = defaults.model(cfg.init, console, "--init")
     if cfg.tokenizer:

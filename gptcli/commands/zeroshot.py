@@ -54,10 +54,11 @@ def run(p: Parsed) -> None:
     """Score a pretrained (not fine-tuned) language model with the paper's zero-shot heuristics (§5)."""
     from gptcli.eval.curve import wants_curve
 
+    sota = _sota_values(p.cli["sota"])  # every setting is checked before data or a model is fetched
     cfg, checkpoints = resolve(p)
     progress = RichProgress(stderr_console())
     if wants_curve(cfg.task, checkpoints, p.cli["curve"]):
-        _run_curve(cfg, checkpoints, _sota_values(p.cli["sota"]), progress)
+        _run_curve(cfg, checkpoints, sota, progress)
     else:
         _run_one(cfg, progress)
 
@@ -81,11 +82,12 @@ def resolve(p: Parsed) -> tuple[ZeroShotConfig, list[str]]:
     cfg = p.resolve(ZeroShotConfig, p.base())
     check_config(cfg)  # a mistyped setting, or missing data, is one line before any model is downloaded
     names = task_list(cfg.task)
-    specs = checkpoints or [cfg.checkpoint]
-    if len(names) == 1 and any(defaults.from_hub(c) for c in specs):
-        registry_task(names[0]).data_dir(cfg.data_dir)
-    # No checkpoint anywhere: the paper's model (OpenAI's released GPT-1); Hub ids become converted checkpoints.
     console = stderr_console()
+    specs = checkpoints or [cfg.checkpoint]
+    if len(names) == 1:  # one task: its data first (fetched into the default data root when missing there)
+        defaults.task_data(registry_task(names[0]), cfg.data_dir, console,
+                           check=any(defaults.from_hub(c) for c in specs))
+    # No checkpoint anywhere: the paper's model (OpenAI's released GPT-1); Hub ids become converted checkpoints.
     checkpoints = [defaults.model(c, console) for c in specs]
     cfg.checkpoint = checkpoints[0]
     return cfg, checkpoints

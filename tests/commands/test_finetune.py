@@ -29,6 +29,8 @@ def capture(monkeypatch):
         raise Captured(config, progress)
 
     monkeypatch.setattr(ft, "finetune", fake)
+    # Nor is data looked for or fetched (the names here are made up; tests/interop/test_hub.py runs the real thing).
+    monkeypatch.setattr("gptcli.commands.defaults.task_data", lambda *a, **k: None)
 
     def run(*args: str) -> Captured:
         r = CliRunner().invoke(app, ["finetune", *args])

@@ -9,13 +9,14 @@ The Hub is a local stand-in (tests/helpers/hub_standin.py): a small random ``Ope
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import traceback
 from pathlib import Path
 
 import pytest
 
-from hub_standin import MODEL_COMMIT, use_cache, write_gpt1_repo
+from hub_standin import MODEL_COMMIT, glue_tables, use_cache, write_dataset_repo, write_gpt1_repo
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 pytest.importorskip("huggingface_hub")
@@ -217,3 +218,29 @@ def test_hub_ids_wherever_a_checkpoint_is_taken(hub, conversions, tmp_path, caps
     code, _, err = gpt1(capsys, "generate", "--checkpoint", "openai-community/openai-gpt", "--prompt", "a", "-n", "1",
                         "--device", "cpu")
     assert code == 0 and "model:" not in err, err
+
+
+def test_missing_task_data_is_fetched_into_the_default_root_only(hub_cache, shared_data, tmp_path, capsys, monkeypatch):
+    """`gpt1 finetune --task rte` on a fresh machine: the model and RTE both come from the Hub (its stand-in here),
+    RTE into ~/.cache/gpt1/data; a data root the user chose (GPT1_DATA) is never written to."""
+    cache = tmp_path / "hf"
+    shutil.copytree(hub_cache / "models--openai-community--openai-gpt", cache / "models--openai-community--openai-gpt")
+    write_dataset_repo(cache, "nyu-mll/glue", glue_tables(shared_data / "glue", sst2=False))
+    use_cache(monkeypatch, cache)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("GPT1_DATA", raising=False)
+    monkeypatch.chdir(tmp_path)
+    args = ["finetune", "--task", "rte", "--epochs", "1", "--batch-size", "4", "--max-train-examples", "4",
+            "--max-eval-examples", "4", "-q", *CPU]
+    code, _, err = gpt1(capsys, *args)
+    root = tmp_path / "home" / ".cache" / "gpt1" / "data"
+    assert code == 0, err
+    assert f"data: RTE is not in {root} (the default data root; GPT1_DATA is not set): fetching it from the Hugging " \
+           "Face Hub (nyu-mll/glue), once" in err
+    assert err.index("data: RTE") < err.index("model: openai-gpt")  # the data first
+    assert (root / "RTE" / "dev.tsv").read_bytes() == (shared_data / "glue" / "RTE" / "dev.tsv").read_bytes()
+    assert _scores(tmp_path / "runs" / "finetune-rte")["n_eval"] == 4
+    monkeypatch.setenv("GPT1_DATA", str(tmp_path / "mine"))
+    code, _, err = gpt1(capsys, *args)
+    assert code == 1 and "data directory for task 'rte' not found" in err and "`gpt1 fetch rte`" in err
+    assert not (tmp_path / "mine").exists()
