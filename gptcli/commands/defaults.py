@@ -44,8 +44,12 @@ def task_data(task: Any, data_dir: str | os.PathLike[str] | None, console: Any, 
     from gptcli.tasks.base import DATA_ENV, data_root
     from gptcli.tasks.sources import SOURCES
 
+    from gptcli.train.distributed import env_world
+
     user_chosen = data_dir is not None or bool(os.environ.get(DATA_ENV))
-    if user_chosen or task.folder not in SOURCES or any(d.is_dir() for d in task.candidate_dirs()):
+    # One process of a torchrun/SLURM job does not download for the others: `gpt1 fetch` first.
+    if user_chosen or env_world() is not None or task.folder not in SOURCES or any(
+            d.is_dir() for d in task.candidate_dirs()):
         if check:
             task.data_dir(data_dir)  # there, or the line saying what is missing and how to get it
         return

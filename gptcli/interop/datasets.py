@@ -112,10 +112,10 @@ def fetch_folder(source: Source, root: Path, *, revision: str | None = None, ove
     """Download ``source`` and write its official folder ``root/<folder>`` whole (or leave one that is there)."""
     report = progress or SILENT
     target = root / source.folder
-    if target.is_dir() and any(target.iterdir()):
+    if _present(target):
         if not overwrite:
             return Fetched(source.folder, target, "present", "already there (--overwrite fetches it again)")
-        check_output(target, "task-data", overwrite=True, flag="task folder")
+        check_output(target, "task-data", overwrite=True, flag="task folder")  # before any download
     snapshot = hub_snapshot(source.repo, sorted({f.hub_pattern for f in source.files}), revision=revision,
                             repo_type="dataset")
     root.mkdir(parents=True, exist_ok=True)
@@ -125,11 +125,18 @@ def fetch_folder(source: Source, root: Path, *, revision: str | None = None, ove
         rows = _write_all(source, snapshot, tmp, report)
         mark(tmp, "task-data")
         _provenance(tmp, source, snapshot, rows)
+        if _present(target) and not overwrite:  # another fetch finished first: keep its folder, readers may use it
+            shutil.rmtree(tmp, ignore_errors=True)
+            return Fetched(source.folder, target, "present", "fetched meanwhile by another process")
         move_into_place(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return Fetched(source.folder, target, "fetched", f"{source.repo}@{snapshot.name[:8]}", rows, snapshot.name)
+
+
+def _present(target: Path) -> bool:
+    return target.is_dir() and any(target.iterdir())
 
 
 def _write_all(source: Source, snapshot: Path, tmp: Path, report: Progress) -> dict[str, int]:

@@ -111,14 +111,14 @@ class FinetuneConfig:
     """Registry name of the task (``gpt1 finetune --list-tasks``)."""
     init: str = ""
     """Pretrained checkpoint (or run directory) to start from, a Hugging Face Hub id (``openai-gpt``,
-    ``owner/name[@revision]``: converted once), or ``none`` for a randomly initialised model. Empty: `gpt1 finetune`
-    uses ``openai-gpt``, OpenAI's released GPT-1 (the library itself needs a path)."""
+    ``owner/name[@revision]``: converted once), or ``none`` for a randomly initialised model. Not given: ``openai-gpt``,
+    OpenAI's released GPT-1 (`gpt1 finetune` resolves ids and the default; the library itself takes a path)."""
     verify: bool = True
     """Check the ``init`` checkpoint's files against their checksums before loading it, and on --resume the run's
     own checkpoints (a damaged newer one is skipped with a warning); --no-verify skips both."""
     out: str | None = None
     """Run directory: metrics.jsonl, config.toml, results.json, checkpoints/final (never the --init run itself).
-    None: ``runs/finetune-<task>``, or the next free ``-2``, ``-3``, … (a default never reuses a run)."""
+    Not given (None): ``runs/finetune-<task>``, or the next free ``-2``, ``-3``, … (a default never reuses a run)."""
     tokenizer: str | None = None
     """With ``init = "none"``: a tokenizer directory, or a checkpoint whose tokenizer *and* shape are used."""
     model: str = "gpt1"
