@@ -60,3 +60,18 @@ def test_prepare_then_pretrain_chain_through_corpus(tmp_path, capsys, monkeypatc
         assert e.value.code == 0, err
         assert "corpus: ./corpus (no --data given)" in err and f"run directory: {expected}" in err
         assert seen[-1].data == Path("corpus") and Path(seen[-1].out) == Path(expected)
+
+
+def test_no_task_data_is_fetched_inside_a_torchrun_job(tmp_path, monkeypatch):
+    """Every process of a job would download and swap the same folder: a worker asks for `gpt1 fetch` instead."""
+    from gptcli.commands.defaults import task_data
+    from gptcli.tasks import get_task
+
+    monkeypatch.delenv("GPT1_DATA", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr("gptcli.interop.datasets.fetch_folder", lambda *a, **k: pytest.fail("fetched in a worker"))
+    with pytest.raises(GPT1Error, match=r"data directory for task 'rte' not found .*`gpt1 fetch rte`"):
+        task_data(get_task("rte"), None, Quiet())
+    task_data(get_task("rte"), None, Quiet(), check=False)  # the library will say it when it reads
