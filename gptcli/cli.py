@@ -41,6 +41,8 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("prepare", "prepare", "Clean text, learn a BPE vocabulary and encode it into token shards (GPT-1's pipeline)."),
     ("inspect", "inspect", "Summarise a prepared corpus and verify every shard's checksum."),
     ("pretrain", "pretrain", "Pretrain a GPT-1 language model on a prepared corpus (paper §4.1 defaults)."),
+    ("fetch", "fetch", "Download task data (GLUE, SNLI, SciTail, RACE) from the Hugging Face Hub into its official "
+                       "layout under the data root."),
     ("finetune", "finetune", "Fine-tune a pretrained checkpoint on one of the paper's tasks (paper §3.2, §4.1 defaults)."),
     ("eval", "evaluate", "Evaluate checkpoints: perplexity on a prepared corpus (--data) or the paper's metric on a "
                          "task (--task)."),

@@ -35,7 +35,20 @@ KINDS = {
     "quickstart": "a quickstart output",
     "zeroshot": "zero-shot results",
     "eval": "evaluation results",
+    "task-data": "a task's data fetched by `gpt1 fetch`",
 }
+
+
+def next_free(base: Path) -> Path:
+    """``base`` when nothing is there, else the first of ``base-2``, ``base-3``, … that does not exist: where a
+    run goes when no ``--out`` was given (a default never lands in an earlier run)."""
+    base = Path(base)
+    if not base.exists():
+        return base
+    n = 2
+    while base.with_name(f"{base.name}-{n}").exists():
+        n += 1
+    return base.with_name(f"{base.name}-{n}")
 
 
 def mark(directory: Path, kind: str) -> None:

@@ -7,6 +7,11 @@ from pathlib import Path
 
 import pytest
 
+# No test downloads anything: a Hugging Face Hub id resolves from the Hugging Face cache or fails with the offline
+# line (the Hub stand-ins of tests/interop/test_hub.py and tests/interop/test_datasets.py point the cache at their own
+# folders). Set before any test imports huggingface_hub, which reads it once.
+os.environ["HF_HUB_OFFLINE"] = "1"
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("GPT1_SHARED", REPO.parent / "shared"))
 DATA = SHARED / "data"
@@ -57,3 +62,15 @@ def _encoding_cache(tmp_path_factory, monkeypatch):
     """Fine-tuning caches encoded examples under $GPT1_CACHE (default ~/.cache/gpt1/encoded): every test gets its
     own empty folder, so no test writes to the real home or sees another test's entries."""
     monkeypatch.setenv("GPT1_CACHE", str(tmp_path_factory.mktemp("gpt1-cache")))
+
+
+@pytest.fixture(autouse=True)
+def _hub_offline(tmp_path_factory, monkeypatch):
+    """Hub models are converted into $GPT1_MODELS (default ~/.cache/gpt1/models): every test gets its own empty
+    folder; and huggingface_hub stays offline even if something imported it before this file set HF_HUB_OFFLINE."""
+    import sys
+
+    monkeypatch.setenv("GPT1_MODELS", str(tmp_path_factory.mktemp("gpt1-models")))
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is not None:
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)

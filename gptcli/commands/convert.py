@@ -29,11 +29,17 @@ def run(p: Parsed) -> None:
     """Convert GPT-1 weights: [bold]--from hf|openai SRC --out CKPT[/] or [bold]--to hf CKPT --out DIR[/]."""
     from gptcli.interop.convert import convert
 
+    from gptcli.interop.hub import convert_from_hub, hub_id_of
+
     cfg = p.resolve(ConvertConfig)
     console = stderr_console()
     cfg.check()  # before the spinner: a usage error is one line, not a spinner and a line
-    with console.status(f"reading {cfg.src} …"):
-        result = convert(cfg)
+    hub = hub_id_of(cfg.src) if cfg.from_format == "hf" and cfg.src else None
+    if hub is not None:  # a local path of the same spelling would have won; huggingface_hub shows the download
+        result = convert_from_hub(cfg, hub)
+    else:
+        with console.status(f"reading {cfg.src} …"):
+            result = convert(cfg)
     render(console, result)
 
 

@@ -36,12 +36,19 @@ def run(p: Parsed) -> None:
     from gptcli.eval.perplexity import corpus_perplexity
     from gptcli.eval.tasks import evaluate_tasks, is_finetuned
 
+    from gptcli.commands import defaults
+
     cfg: EvalConfig = p.resolve(EvalConfig, p.base())
     if not cfg.checkpoint:
-        raise GPT1Error("no checkpoint to evaluate: give --checkpoint RUN_DIR (repeatable)")
+        # No default model here: evaluating means evaluating *your* run (the released GPT-1 is a language model,
+        # not fine-tuned on any task); `gpt1 eval --checkpoint openai-gpt --data CORPUS` names it explicitly.
+        raise GPT1Error("no checkpoint to evaluate: give --checkpoint RUN_DIR (repeatable; a Hugging Face Hub id "
+                        "such as openai-gpt works too)")
     if cfg.data is not None and cfg.task:
         raise GPT1Error("give either --data (perplexity) or --task (task metric), not both")
-    progress = RichProgress(stderr_console())
+    console = stderr_console()
+    cfg.checkpoint = [defaults.model(c, console) for c in cfg.checkpoint]
+    progress = RichProgress(console)
     if cfg.data is None:
         if not cfg.task and not all(is_finetuned(c) for c in cfg.checkpoint):
             raise GPT1Error("nothing to evaluate: give --data CORPUS_DIR for perplexity, or --task T for a task metric")

@@ -66,11 +66,10 @@ def run(p: Parsed) -> None:
     cfg = p.resolve(FinetuneConfig, {**base, "resume": resume})
     if not cfg.task:
         raise GPT1Error("--task is required (see `gpt1 finetune --list-tasks`)")
-    if not cfg.init:
-        raise GPT1Error("--init is required: a pretrained checkpoint, or `none` for random initialisation")
-    if not p.has("out", base):
-        raise GPT1Error("--out is required (the run directory)")
+    if resume and not cfg.out:
+        raise GPT1Error("--resume needs --out RUN (the run to continue)")
     console = stderr_console()
+    _fill_defaults(cfg, console)
     spec = plan_launch(p.sections["launch"])
     if spec is not None:
         _launch(cfg, spec, quiet, console)
@@ -118,6 +117,22 @@ def _launch(cfg: FinetuneConfig, spec: LaunchSpec, quiet: bool, console: Any) ->
         raise typer.Exit(130)
 
 
+def _fill_defaults(cfg: FinetuneConfig, console: Any) -> None:
+    """The short form `gpt1 finetune --task rte`: the paper's released model, a fresh run directory, each said
+    (gptcli/commands/defaults.py); a Hub id given to --init or --tokenizer becomes its converted checkpoint."""
+    from gptcli.commands import defaults
+    from gptcli.tasks import get_task
+
+    task = get_task(cfg.task)  # an unknown task, or missing data, is one line before any model is downloaded
+    defaults.task_data(task, cfg.data_dir, console, check=cfg.init.lower() != "none" and defaults.from_hub(cfg.init))
+    if cfg.init.lower() != "none":
+        cfg.init = defaults.model(cfg.init, console, "--init")
+    if cfg.tokenizer:
+        cfg.tokenizer = defaults.model(cfg.tokenizer, console, "--tokenizer")
+    if not cfg.out:
+        cfg.out = str(defaults.run_dir(Path("runs") / f"finetune-{task.name}", console))
+
+
 def show_outcome(result: FinetuneResult, console: Any) -> None:
     """The kept epoch's dev scores beside the paper's, skipped rows, and where everything went."""
     from rich.markup import escape
@@ -139,6 +154,9 @@ def list_tasks(console: Any) -> None:
 
     from gptcli.tasks import all_tasks
 
+    from gptcli.tasks.base import data_root
+    from gptcli.tasks.sources import SOURCES
+
     root = os.environ.get("GPT1_DATA")
     sources: dict[str, list[str]] = {}  # official source -> folders it provides
     table = Table(title="Tasks (`gpt1 finetune --task NAME`)", show_lines=True)
@@ -150,6 +168,8 @@ def list_tasks(console: Any) -> None:
     table.add_column("expected data", ratio=4, overflow="fold")
     for t in all_tasks():
         where = f"{'$GPT1_DATA' if not root else root}/{t.folder}/: " + ", ".join(t.files)
+        if t.folder in SOURCES:
+            where += f" (`gpt1 fetch {t.name}`)"
         if t.source_url:
             sources.setdefault(t.source_url, [])
             if t.folder not in sources[t.source_url]:
@@ -165,4 +185,6 @@ def list_tasks(console: Any) -> None:
     for url, folders in sources.items():
         console.print(f"  {', '.join(f + '/' for f in folders)}: {url}", highlight=False, soft_wrap=True)
     if not root:
-        console.print("GPT1_DATA is not set: pass --data-dir (the task's folder) or set GPT1_DATA to the parent of these folders.")
+        console.print(f"GPT1_DATA is not set: task folders are looked for in {data_root()} (where `gpt1 fetch` "
+                      "puts them); set GPT1_DATA to the parent of your own copies, or pass --data-dir (the task's "
+                      "folder).", highlight=False, soft_wrap=True)

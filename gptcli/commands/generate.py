@@ -7,6 +7,7 @@ text goes to stdout as it is produced; warnings and the closing statistics go to
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from gptcli.commands.options import Options, Parsed
 from gptcli.commands.render import RichProgress, stderr_console
@@ -35,8 +36,12 @@ def run(p: Parsed) -> None:
     """Generate text from a prompt (greedy, temperature, top-k, top-p), streaming it as it is produced."""
     from gptcli.pipelines.generate import start_generation
 
+    from gptcli.commands import defaults
+
     cfg = p.resolve(GenerateConfig, p.base())
     err = stderr_console()
+    if cfg.prompt:  # (no prompt: the library's one-line error, before any model is downloaded)
+        cfg.checkpoint = Path(defaults.model(cfg.checkpoint, err))
     gen = start_generation(cfg, RichProgress(err))
     # What the model sees (cleaned, lowercased), then each new piece of text as it is chosen.
     out = sys.stdout

@@ -60,13 +60,10 @@ def run(p: Parsed) -> None:
     if p.cli["dropout"] is not None:
         d = p.cli["dropout"]
         p.given.setdefault("model", {}).update(embd_pdrop=d, attn_pdrop=d, resid_pdrop=d)
-    if not p.has("data", base):
-        raise GPT1Error("--data is required (a corpus directory from `gpt1 prepare`)")
-    if not p.has("out", base):
-        raise GPT1Error("--out is required (the run directory)")
+    console = stderr_console()
+    _fill_defaults(p, base, resume, console)
     cfg = p.resolve(PretrainConfig, {**base, "resume": resume})
 
-    console = stderr_console()
     spec = plan_launch(p.sections["launch"])
     if spec is not None:
         _launch(cfg, spec, p.cli["quiet"], console)
@@ -90,6 +87,24 @@ def run(p: Parsed) -> None:
 
 
 command = OPTIONS.command(run)
+
+
+def _fill_defaults(p: Parsed, base: dict[str, Any], resume: bool, console: Any) -> None:
+    """The short form `gpt1 prepare books/ && gpt1 pretrain`: --data ./corpus (what prepare writes by default) when
+    it is there, and a fresh run directory (runs/pretrain, else -2, -3, …), each said (commands/defaults.py)."""
+    from gptcli.commands import defaults
+
+    default_data = PretrainConfig.data
+    if not p.has("data", base):
+        if not default_data.is_dir():
+            raise GPT1Error(f"--data is required: there is no ./{default_data} here (`gpt1 prepare TEXT...` writes one "
+                            "there; or pass --data CORPUS_DIR)")
+        console.print(f"corpus: ./{default_data} (no --data given)", highlight=False, markup=False)
+        p.given["data"] = default_data
+    if not p.has("out", base):
+        if resume:
+            raise GPT1Error("--resume needs --out RUN (the run to continue)")
+        p.given["out"] = defaults.run_dir(PretrainConfig.out, console)
 
 
 def _launch(cfg: PretrainConfig, spec: LaunchSpec, quiet: bool, console: Any) -> None:

@@ -28,8 +28,9 @@ OPTIONS = Options(
     hidden=("checkpoint", "split"),
     cli_only=[
         CliOnly("checkpoint", List[Path], [], ("--checkpoint",),
-                "Checkpoint directory or run directory; repeat for several (a curve). With --task all a run directory "
-                "means every checkpoint in it. [default: checkpoint from --config]",
+                "Checkpoint directory, run directory or Hugging Face Hub id (openai-gpt, owner/name[@revision]: "
+                "converted once); repeat for several (a curve). With --task all a run directory means every "
+                "checkpoint in it. [default: the --config file's, else openai-gpt, OpenAI's released GPT-1]",
                 why="repeatable: several checkpoints make the curve, while ZeroShotConfig.checkpoint is the one "
                     "checkpoint of a single run (a --config file may set it)", panel="Input"),
         CliOnly("split", List[str], [], ("--split",),
@@ -53,10 +54,11 @@ def run(p: Parsed) -> None:
     """Score a pretrained (not fine-tuned) language model with the paper's zero-shot heuristics (§5)."""
     from gptcli.eval.curve import wants_curve
 
+    sota = _sota_values(p.cli["sota"])  # every setting is checked before data or a model is fetched
     cfg, checkpoints = resolve(p)
     progress = RichProgress(stderr_console())
     if wants_curve(cfg.task, checkpoints, p.cli["curve"]):
-        _run_curve(cfg, checkpoints, _sota_values(p.cli["sota"]), progress)
+        _run_curve(cfg, checkpoints, sota, progress)
     else:
         _run_one(cfg, progress)
 
@@ -71,14 +73,24 @@ def resolve(p: Parsed) -> tuple[ZeroShotConfig, list[str]]:
         p.given["split"] = plain
     if pairs:
         p.given["splits"] = pairs  # merged over the --config file's table by Parsed.resolve
+    from gptcli.commands import defaults
+    from gptcli.eval.zeroshot import check_config, registry_task, task_list
+
     checkpoints = [str(c) for c in p.cli["checkpoint"]]
     if checkpoints:
         p.given["checkpoint"] = checkpoints[0]
-    base = p.base()
-    if not p.has("checkpoint", base):
-        raise GPT1Error("--checkpoint is required (a checkpoint directory, or a run directory for its newest one)")
-    cfg = p.resolve(ZeroShotConfig, base)
-    return cfg, checkpoints or [cfg.checkpoint]
+    cfg = p.resolve(ZeroShotConfig, p.base())
+    check_config(cfg)  # a mistyped setting, or missing data, is one line before any model is downloaded
+    names = task_list(cfg.task)
+    console = stderr_console()
+    specs = checkpoints or [cfg.checkpoint]
+    if len(names) == 1:  # one task: its data first (fetched into the default data root when missing there)
+        defaults.task_data(registry_task(names[0]), cfg.data_dir, console,
+                           check=any(defaults.from_hub(c) for c in specs))
+    # No checkpoint anywhere: the paper's model (OpenAI's released GPT-1); Hub ids become converted checkpoints.
+    checkpoints = [defaults.model(c, console) for c in specs]
+    cfg.checkpoint = checkpoints[0]
+    return cfg, checkpoints
 
 
 def _parse_pairs(values: list[str], what: str) -> tuple[Optional[str], dict[str, str]]:

@@ -67,8 +67,9 @@ class PrepareConfig:
     """Text files (.txt: one document each, or as --split-by cuts it; .jsonl / .parquet: one per record / row;
     .raw / .tokens named directly: text, as WikiText's files), directories (searched recursively for .txt, .jsonl
     and .parquet) or glob patterns."""
-    out: Optional[Path] = None
-    """Output corpus directory (must not exist unless ``overwrite``; never one of the inputs, nor around them)."""
+    out: Optional[Path] = Path("corpus")
+    """Output corpus directory (must not exist unless ``overwrite``; never one of the inputs, nor around them).
+    The default, ``./corpus``, is where `gpt1 pretrain` looks when given no --data."""
     vocab_size: int = 40478
     """BPE ids learned, newline included, specials excluded (GPT-1: 40,478)."""
     tokenizer: Optional[Path] = None

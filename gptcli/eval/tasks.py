@@ -49,7 +49,8 @@ class EvalConfig:
     """Settings of ``gpt1 eval``: checkpoints, and either a prepared corpus (perplexity) or tasks (their metric)."""
 
     checkpoint: list[str] = field(default_factory=list)
-    """Checkpoint directory or run directory (newest checkpoint); repeat for several."""
+    """Checkpoint directory or run directory (newest checkpoint); repeat for several. `gpt1 eval` also takes a
+    Hugging Face Hub id (``openai-gpt``, ``owner/name[@revision]``: converted once)."""
     data: str | None = None
     """Prepared corpus directory: report token-level perplexity on ``split``."""
     task: list[str] = field(default_factory=list)

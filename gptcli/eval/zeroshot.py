@@ -52,7 +52,8 @@ class ZeroShotConfig:
     """sst2, cola, race, race-m, race-h, dprd, wsc or storycloze; a comma-separated list; or ``all`` (sst2, cola,
     race, dprd, wsc, storycloze)."""
     checkpoint: str = ""
-    """Checkpoint directory, or a run directory (its newest checkpoint)."""
+    """Checkpoint directory, or a run directory (its newest checkpoint). `gpt1 zeroshot` also takes a Hugging Face
+    Hub id (converted once) and, when empty, uses ``openai-gpt`` (OpenAI's released GPT-1)."""
     split: str | None = None
     """Split to score (default per task: dev; DPRD test; WSC273 its only file; Story Cloze the whole 2016 val file)."""
     splits: dict[str, str] = field(default_factory=dict)

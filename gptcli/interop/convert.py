@@ -1,6 +1,6 @@
 """Weights in and out: Hugging Face ``openai-gpt`` checkpoints and OpenAI's original ``.npy`` release.
 
-- :func:`from_hf` reads a Hugging Face directory (or fetches a hub id) → model + tokenizer.
+- :func:`from_hf` reads a Hugging Face directory → model + tokenizer (Hub ids: :mod:`gptcli.interop.hub`).
 - :func:`from_openai` reads the original release (``params_0.npy`` … ``params_9.npy`` + ``params_shapes.json``).
 - :func:`to_hf` writes a directory that ``transformers.OpenAIGPTLMHeadModel.from_pretrained`` and
   ``OpenAIGPTTokenizer.from_pretrained`` load.
@@ -20,7 +20,6 @@ from that graph therefore starts with a single [n_vocab + n_special + n_ctx, d] 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,6 @@ from gptcli.outputs import check_output, mark
 FORMATS_IN = ("hf", "openai")
 FORMATS_OUT = ("hf",)
 
-HUB_FILES_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 _BLOCK_PARAMS = (  # the released per-block order, as Hugging Face names (Conv1D [in, out] weights)
     "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
     "ln_1.weight", "ln_1.bias",
@@ -51,8 +49,9 @@ class ConvertConfig:
     export a gpt1 checkpoint as a Hugging Face directory (``to_format``); exactly one of the two."""
 
     src: str | None = None
-    """What to convert: a Hugging Face directory or hub id (--from hf), an original release directory (--from
-    openai), or a gpt1 checkpoint (--to hf)."""
+    """What to convert: a Hugging Face directory or Hub id (--from hf: ``openai-gpt``, ``owner/name[@revision]``,
+    downloaded through huggingface_hub), an original release directory (--from openai), or a gpt1 checkpoint
+    (--to hf)."""
     from_format: str | None = None
     """Import from: 'hf' (openai-gpt checkpoint: config.json + model.safetensors/pytorch_model.bin + vocab.json +
     merges.txt) or 'openai' (params_*.npy + params_shapes.json + the two BPE files)."""
@@ -139,45 +138,6 @@ def _tokenizer_from(directory: Path):
 
 
 # ---------------------------------------------------------------------------------------------- Hugging Face
-def _looks_like_hub_id(src: str) -> bool:
-    return bool(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", src)) and not src.startswith((".", "/"))
-
-
-def fetch_from_hub(repo_id: str) -> Path:
-    """Download the files a conversion needs from the Hugging Face hub (needs ``huggingface_hub`` and a network)."""
-    try:
-        from huggingface_hub import hf_hub_download
-    except ImportError:
-        raise GPT1Error(
-            f"{repo_id}: no such local directory, and fetching from the Hugging Face hub needs the optional "
-            "package huggingface_hub (pip install huggingface_hub); or download the files and pass the directory"
-        ) from None
-    try:
-        config = Path(hf_hub_download(repo_id, "config.json"))
-        for name in HUB_FILES_WEIGHTS:
-            try:
-                hf_hub_download(repo_id, name)
-                break
-            except Exception as e:  # a missing file raises EntryNotFoundError; try the next format
-                if "404" not in str(e) and "EntryNotFound" not in type(e).__name__:
-                    raise
-        for name in ("vocab.json", "merges.txt"):
-            try:
-                hf_hub_download(repo_id, name)
-            except Exception as e:
-                if "404" not in str(e) and "EntryNotFound" not in type(e).__name__:
-                    raise
-    except GPT1Error:
-        raise
-    except Exception as e:
-        raise GPT1Error(
-            f"{repo_id}: no such local directory, and it could not fetch from the Hugging Face hub "
-            f"({type(e).__name__}: {(str(e).splitlines() or [''])[0]}); offline? Download config.json, "
-            "model.safetensors (or pytorch_model.bin), vocab.json and merges.txt and pass that directory instead"
-        ) from None
-    return config.parent
-
-
 def read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
     """``model.safetensors`` or, failing that, ``pytorch_model.bin`` loaded without unpickling code."""
     st = directory / "model.safetensors"
@@ -198,7 +158,7 @@ def read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def from_hf(src: str | Path) -> Converted:
-    """A Hugging Face ``openai-gpt`` checkpoint (directory or hub id) as our model + original tokenizer."""
+    """A Hugging Face ``openai-gpt`` checkpoint directory as our model + original tokenizer."""
     d = _hf_directory(src)
     hf_cfg = read_hf_config(d)
     warnings: list[str] = []
@@ -221,13 +181,13 @@ def from_hf(src: str | Path) -> Converted:
 
 
 def _hf_directory(src: str | Path) -> Path:
-    """``src`` as a local directory: itself, or the hub files fetched for a hub id."""
+    """``src`` as a local directory. A Hub id is resolved before this (``gpt1 convert --from hf ID``, or
+    :func:`gptcli.interop.hub.download`), so the library only reads files."""
     d = Path(src)
-    if d.is_dir():
-        return d
-    if d.exists() or not _looks_like_hub_id(str(src)):
-        raise GPT1Error(f"{src}: not a directory (expected a Hugging Face checkpoint directory or hub id)")
-    return fetch_from_hub(str(src))
+    if not d.is_dir():
+        raise GPT1Error(f"{src}: not a directory (expected a Hugging Face checkpoint directory; for a Hub id use "
+                        "`gpt1 convert --from hf OWNER/NAME` or gptcli.interop.hub)")
+    return d
 
 
 def _split_special_rows(config: ModelConfig, tok: Any | None, where: Path) -> ModelConfig:

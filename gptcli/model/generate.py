@@ -59,7 +59,9 @@ class GenerateConfig(SamplingConfig):
     A ``--config`` file of sampling settings alone (a SamplingConfig) is a valid GenerateConfig file."""
 
     checkpoint: Path | None = None
-    """Checkpoint directory (or run directory: its newest checkpoint), e.g. one written by `gpt1 convert`."""
+    """Checkpoint directory (or run directory: its newest checkpoint), e.g. one written by `gpt1 convert`.
+    `gpt1 generate` also takes a Hugging Face Hub id (converted once) and, when none is given, uses ``openai-gpt``
+    (OpenAI's released GPT-1)."""
     prompt: str | None = None
     """Text to continue (cleaned and tokenized like training text)."""
     device: str = "auto"

@@ -12,6 +12,17 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from gptcli.errors import GPT1Error
+from gptcli.tasks.sources import MANUAL, SOURCES
+
+DATA_ENV = "GPT1_DATA"
+
+
+def data_root() -> Path:
+    """Where task folders are looked for (and ``gpt1 fetch`` writes them): ``$GPT1_DATA``, else
+    ``~/.cache/gpt1/data`` (beside the converted models and the encoded-example cache)."""
+    env = os.environ.get(DATA_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "gpt1" / "data"
+
 
 Kind = Literal["classification", "entailment", "similarity", "multiple_choice", "regression", "pronoun_resolution"]
 
@@ -83,7 +94,7 @@ class Task:
     metric: str
     """Headline metric: ``accuracy``, ``f1``, ``mcc`` or ``pearson``."""
     folder: str
-    """The official folder name looked up under ``$GPT1_DATA``."""
+    """The official folder name looked up under the data root (``$GPT1_DATA``, else ``~/.cache/gpt1/data``)."""
     splits: dict[str, Split]
     source_url: str = ""
     """Where the official distribution comes from (shown when data is missing)."""
@@ -133,37 +144,41 @@ class Task:
         return self.labels.index(label)
 
     def candidate_dirs(self, root: str | Path | None = None) -> list[Path]:
-        """Where the task folder is looked for under ``root`` (default ``$GPT1_DATA``; empty when neither is set):
-        ``<root>/<folder>``, then ``<root>/<parent>/<folder>`` for each of :attr:`parent_folders`."""
-        root = root if root is not None else os.environ.get("GPT1_DATA")
-        if not root:
-            return []
-        return [Path(root) / self.folder] + [Path(root) / p / self.folder for p in self.parent_folders]
+        """Where the task folder is looked for under ``root`` (default :func:`data_root`: ``$GPT1_DATA``, else
+        ``~/.cache/gpt1/data``): ``<root>/<folder>``, then ``<root>/<parent>/<folder>`` for each of
+        :attr:`parent_folders`."""
+        base = Path(root) if root is not None and str(root) else data_root()
+        return [base / self.folder] + [base / p / self.folder for p in self.parent_folders]
+
+    def how_to_get(self) -> str:
+        """What to do when the data is missing: the command that downloads it, or where a person gets it."""
+        if self.folder in SOURCES:
+            return (f"fetch it with `gpt1 fetch {self.name}`, or get the official distribution: "
+                    f"{self.source_url or 'see docs/datasets.md'}")
+        if self.folder in MANUAL:
+            return MANUAL[self.folder]
+        return f"official distribution: {self.source_url}" if self.source_url else "see docs/datasets.md"
 
     def data_dir(self, data_dir: str | Path | None = None, *, root: str | Path | None = None) -> Path:
         """``data_dir`` if given, else ``<root>/<folder>`` (or under a :attr:`parent_folders` entry) with ``root``
-        defaulting to ``$GPT1_DATA``; raises :class:`GPT1Error` naming the expected files and the official source
+        defaulting to :func:`data_root`; raises :class:`GPT1Error` naming the expected files and how to get them
         when missing. ``root`` serves callers that read several tasks from one folder (``gpt1 zeroshot --task all``)."""
-        where = f"official distribution: {self.source_url}" if self.source_url else "see docs/datasets.md"
         expected = ", ".join(self.files)
         if data_dir is not None:
             d = Path(data_dir)
             if not d.is_dir():
+                where = f"official distribution: {self.source_url}" if self.source_url else "see docs/datasets.md"
                 raise GPT1Error(f"{d}: data directory for task {self.name!r} not found (expected a folder "
                                 f"{self.folder}/ holding {expected}; {where})")
             return d
         candidates = self.candidate_dirs(root)
-        if not candidates:
-            raise GPT1Error(
-                f"no data location for task {self.name!r}: pass --data-dir or set GPT1_DATA so that "
-                f"$GPT1_DATA/{self.folder}/ holds {expected} ({where})"
-            )
         for d in candidates:
             if d.is_dir():
                 return d
+        unset = "" if root is not None or os.environ.get(DATA_ENV) else ", the default data root: GPT1_DATA is not set"
         raise GPT1Error(
             f"{candidates[0]}: data directory for task {self.name!r} not found (looked in "
-            f"{', '.join(str(c) for c in candidates)}; expected {expected}; {where})"
+            f"{', '.join(str(c) for c in candidates)}{unset}; expected {expected}; {self.how_to_get()})"
         )
 
     def read(self, split: str, data_dir: str | Path | None = None, options: ReadOptions | None = None) -> list[Example]:
@@ -183,8 +198,8 @@ class Task:
             path = d / f
             if not path.exists():  # a file, or a folder of files for RACE
                 raise GPT1Error(
-                    f"{path}: missing {split} file for task {self.name!r} (expected {', '.join(sp.files)} in {d})"
-                    + (f"; official distribution: {self.source_url}" if self.source_url else "")
+                    f"{path}: missing {split} file for task {self.name!r} (expected {', '.join(sp.files)} in {d}; "
+                    f"{self.how_to_get()})"
                 )
             out.extend(sp.reader(path, opts))
         return out

@@ -65,7 +65,7 @@ from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.gpt import GPT, ModelConfig, preset
 from gptcli.model.heads import HeadConfig, TaskHead
 from gptcli.model.losses import lm_loss_per_sequence
-from gptcli.outputs import MARKER, check_output, kind_of, mark
+from gptcli.outputs import MARKER, check_output, kind_of, mark, next_free
 from gptcli.progress import SILENT, Progress
 from gptcli.runtime import configure_backends, resolve_device, resolve_precision
 from gptcli.tasks import ReadOptions, get_task
@@ -112,12 +112,15 @@ class FinetuneConfig:
     task: str = ""
     """Registry name of the task (``gpt1 finetune --list-tasks``)."""
     init: str = ""
-    """Pretrained checkpoint (or run directory) to start from, or ``none`` for a randomly initialised model."""
+    """Pretrained checkpoint (or run directory) to start from, a Hugging Face Hub id (``openai-gpt``,
+    ``owner/name[@revision]``: converted once), or ``none`` for a randomly initialised model. Not given: ``openai-gpt``,
+    OpenAI's released GPT-1 (`gpt1 finetune` resolves ids and the default; the library itself takes a path)."""
     verify: bool = True
     """Check the ``init`` checkpoint's files against their checksums before loading it, and on --resume the run's
     own checkpoints (a damaged newer one is skipped with a warning); --no-verify skips both."""
-    out: str = "runs/finetune"
-    """Run directory: metrics.jsonl, config.toml, results.json, checkpoints/final (never the --init run itself)."""
+    out: str | None = None
+    """Run directory: metrics.jsonl, config.toml, results.json, checkpoints/final (never the --init run itself).
+    Not given (None): ``runs/finetune-<task>``, or the next free ``-2``, ``-3``, … (a default never reuses a run)."""
     tokenizer: str | None = None
     """With ``init = "none"``: a tokenizer directory, or a checkpoint whose tokenizer *and* shape are used."""
     model: str = "gpt1"
@@ -234,6 +237,9 @@ def finetune(config: FinetuneConfig, progress: Progress | None = None,
     check_config(config)
     check_world(config, par.world_size)
     task = get_task(config.task)
+    if not config.out:  # what `gpt1 finetune` chooses too (it says so before calling here)
+        config = dataclasses.replace(config, out=str(next_free(Path("runs") / f"finetune-{task.name}")))
+        report.note(f"run directory: {config.out}")
     plan = plan_run_dir(config, task, report)
     par.barrier()  # every rank has looked at the run directory before rank 0 writes in it
     if plan.mode == "done":

@@ -75,9 +75,11 @@ class PretrainConfig:
     """Everything a pretraining run depends on. Defaults are the paper's (reference §3) unless noted."""
 
     data: Path = Path("corpus")
-    """Prepared corpus directory (``gpt1 prepare``): manifest.json, tokenizer/, shards."""
+    """Prepared corpus directory (``gpt1 prepare``): manifest.json, tokenizer/, shards. `gpt1 pretrain` uses
+    ./corpus (where `gpt1 prepare` writes by default) only when it exists."""
     out: Path = Path("runs/pretrain")
-    """Run directory: config.toml, metrics.jsonl, checkpoints/."""
+    """Run directory: config.toml, metrics.jsonl, checkpoints/. `gpt1 pretrain` without --out takes the next free
+    one of runs/pretrain, runs/pretrain-2, … (a default never reuses a run)."""
     preset: str = "gpt1"
     """Model preset (gpt1: 12×768×12, 512 context; tiny: 4×256×4)."""
     model: dict[str, Any] = field(default_factory=dict)

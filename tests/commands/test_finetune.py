@@ -29,6 +29,8 @@ def capture(monkeypatch):
         raise Captured(config, progress)
 
     monkeypatch.setattr(ft, "finetune", fake)
+    # Nor is data looked for or fetched (the names here are made up; tests/interop/test_hub.py runs the real thing).
+    monkeypatch.setattr("gptcli.commands.defaults.task_data", lambda *a, **k: None)
 
     def run(*args: str) -> Captured:
         r = CliRunner().invoke(app, ["finetune", *args])
@@ -91,13 +93,15 @@ def test_config_saved_by_an_older_version_still_loads(capture, tmp_path):
 
 
 def test_required_settings_are_one_line_errors(tmp_path):
+    """--init and --out have defaults (the released GPT-1, a fresh run directory: tests/interop/test_hub.py);
+    the task has none, and a resume must name its run."""
     runner = CliRunner()
     r = runner.invoke(app, ["finetune", "--init", "pre", "--out", str(tmp_path / "x")])
     assert isinstance(r.exception, GPT1Error) and "--task is required" in str(r.exception)
-    r = runner.invoke(app, ["finetune", "--task", "rte", "--out", str(tmp_path / "x")])
-    assert isinstance(r.exception, GPT1Error) and "--init is required" in str(r.exception)
-    r = runner.invoke(app, ["finetune", "--task", "rte", "--init", "pre"])
-    assert isinstance(r.exception, GPT1Error) and "--out is required" in str(r.exception)
+    r = runner.invoke(app, ["finetune", "--task", "rte", "--init", "pre", "--resume"])
+    assert isinstance(r.exception, GPT1Error) and "--resume needs --out RUN" in str(r.exception)
+    r = runner.invoke(app, ["finetune", "--task", "bogus", "--out", str(tmp_path / "x")])
+    assert isinstance(r.exception, GPT1Error) and "unknown task 'bogus'" in str(r.exception)  # before any download
 
 
 def test_cli_finetune_and_list_tasks(pretrained, shared_data, tmp_path):
@@ -120,8 +124,6 @@ def test_cli_finetune_and_list_tasks(pretrained, shared_data, tmp_path):
     again = from_dict(FinetuneConfig, load_file(tmp_path / "run" / "config.toml"))  # repeatable with --config
     assert again.lm_weight == 0.0 and again.task == "rte" and again.max_train_examples == 16
     assert "dev scores of the kept epoch" in r.output and "done" in r.output
-    r = runner.invoke(app, ["finetune", "--task", "rte", "--out", str(tmp_path / "x")])
-    assert isinstance(r.exception, GPT1Error) and "--init is required" in str(r.exception)
 
 
 def test_cli_shows_progress_and_epoch_scores(pretrained, shared_data, tmp_path):

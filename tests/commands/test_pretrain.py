@@ -178,8 +178,12 @@ def test_launcher_verifies_shards_before_starting_workers(corpus, tmp_path, caps
     assert not (tmp_path / "r").exists()  # refused before any worker started
 
 
-def test_missing_data_and_out_are_one_line_errors(tmp_path, capsys):
+def test_missing_data_and_out_are_one_line_errors(tmp_path, capsys, monkeypatch):
+    """No --data: ./corpus (what `gpt1 prepare` writes) when it is there, else one line; a resume names its run.
+    (The defaults themselves: tests/commands/test_defaults.py.)"""
+    monkeypatch.chdir(tmp_path)
     code, _, err = _cli(["pretrain", "--out", str(tmp_path / "r")], capsys)
-    assert code == 1 and "--data is required" in err
-    code, _, err = _cli(["pretrain", "--data", str(tmp_path)], capsys)
-    assert code == 1 and "--out is required" in err
+    assert code == 1 and "--data is required: there is no ./corpus here" in err and "gpt1 prepare" in err
+    code, _, err = _cli(["pretrain", "--data", str(tmp_path), "--resume"], capsys)
+    assert code == 1 and "--resume needs --out RUN" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing was made

@@ -334,11 +334,18 @@ def test_race_fixture_levels_order_and_fields():
 
 def test_missing_data_messages(tmp_path, monkeypatch):
     monkeypatch.delenv("GPT1_DATA", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the default data root: ~/.cache/gpt1/data
     with pytest.raises(GPT1Error) as e:
         get_task("rte").read("dev")
     msg = str(e.value)
-    assert "--data-dir" in msg and "$GPT1_DATA/RTE/" in msg and "train.tsv, dev.tsv, test.tsv" in msg
-    assert "gluebenchmark.com" in msg
+    default = tmp_path / "home" / ".cache" / "gpt1" / "data"
+    assert msg.startswith(f"{default / 'RTE'}: data directory for task 'rte' not found"), msg
+    assert "GPT1_DATA is not set" in msg and "train.tsv, dev.tsv, test.tsv" in msg
+    assert "`gpt1 fetch rte`" in msg and "gluebenchmark.com" in msg
+    with pytest.raises(GPT1Error) as e:
+        get_task("storycloze").read("val")
+    assert "request form" in str(e.value) and "https://cs.rochester.edu/nlp/rocstories/" in str(e.value)
+    assert "gpt1 fetch" not in str(e.value)
     monkeypatch.setenv("GPT1_DATA", str(tmp_path))
     with pytest.raises(GPT1Error) as e:
         get_task("snli").read("train")
