@@ -39,6 +39,7 @@ from gptcli.outputs import MARKER, check_output, mark
 from gptcli.progress import SILENT, Progress
 from gptcli.runtime import Precision, configure_backends, peak_flops, resolve_device, resolve_precision
 from gptcli.train.optim import lr_at, make_optimizer
+from gptcli.train.recipes import recipe_note
 from gptcli.train.runlog import METRICS, RunLogger, Throughput, format_duration, truncate_metrics
 from gptcli.train.trainer import (
     GracefulStop,
@@ -81,7 +82,10 @@ class PretrainConfig:
     """Run directory: config.toml, metrics.jsonl, checkpoints/. `gpt1 pretrain` without --out takes the next free
     one of runs/pretrain, runs/pretrain-2, … (a default never reuses a run)."""
     preset: str = "gpt1"
-    """Model preset (gpt1: 12×768×12, 512 context; tiny: 4×256×4)."""
+    """Model preset: gpt1 = the paper's 12×768, 12 heads, 512 context, init 0.02 (train it with these defaults);
+    tiny = 4×256, 4 heads, init 0.06, for a laptop: pretrain with --lr 1e-3 --batch-size 16 --seq-len 128 and
+    --warmup-steps 30 (at least; ≈ 10% of a longer run), fine-tune with --lr 5e-4 --batch-size 32 --epochs 3 (measured:
+    docs/presets.md)."""
     model: dict[str, Any] = field(default_factory=dict)
     """ModelConfig field overrides, e.g. {n_layer = 2}. vocab_size always comes from the corpus tokenizer."""
     seq_len: int = 512
@@ -300,6 +304,9 @@ def pretrain(
     warning = warmup_warning(run.plan.total_steps, config.warmup_steps, config.lr)
     if warning is not None:
         report.note(warning, level="warn")
+    note = recipe_note(config.preset, config.lr, config.batch_size, config.seq_len)
+    if note is not None and run.step == 0:
+        report.note(note)
     try:
         with GracefulStop(escalate=par.world_size == 1) as stop:
             stopped_by = _train(run, stop, report)
@@ -733,8 +740,9 @@ def plateau_hint(step: int, val_loss: float, unigram: float | None) -> str | Non
         return None
     return (f"hint: after {step:,} updates the validation loss {val_loss:.2f} is still at the unigram loss "
             f"{unigram:.2f} (predicting each token by its frequency alone): the model has not learned to use "
-            f"context yet (try another --lr: small models can stall at 1e-3 and learn at 2.5e-4, or the other way; "
-            f"more updates; or a wider init, --init-std 0.06 as the quickstart's small model uses)")
+            f"context yet (small post-LN models stall at a high --lr, a short warm-up or a narrow init: try "
+            f"--warmup-steps 30 or more, a lower --lr, --init-std 0.06 (the tiny preset's), or more updates; "
+            f"docs/presets.md)")
 
 
 # --- checkpoints ---------------------------------------------------------------------------------------------------
