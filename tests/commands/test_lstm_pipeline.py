@@ -49,6 +49,15 @@ def test_pretrain_records_the_architecture(lstm_run):
     assert isinstance(load_checkpoint(lstm_run).model, LSTMLM)
 
 
+def test_help_offers_the_lstm_settings(capsys, monkeypatch):
+    from help_panels import help_panels, option_row
+
+    model = help_panels(capsys, monkeypatch, "pretrain")["Model"]
+    assert "LSTM units per layer" in option_row(model, "--n-hidden")
+    assert "lstm-tiny" in option_row(model, "--preset") or "lstm-tiny" in model
+    assert "an LSTM's embedding and output dropout" in model.replace("\n", " ")
+
+
 def test_settings_of_the_other_architecture_and_resumes_onto_it_are_refused(lstm_run, tmp_path, capsys):
     corpus = lstm_run.parent / "corpus"
     capsys.readouterr()
@@ -92,6 +101,11 @@ def test_finetune_without_pretraining_builds_an_lstm(lstm_run, shared_data, tmp_
                    *common) == 0
     a = read_header(tmp_path / "a" / "checkpoints" / "final")
     assert a.arch == "lstm" and a.model["n_hidden"] == 24
+    tokenizer = lstm_run.parent / "corpus" / "tokenizer"
+    assert run_cli("finetune", "--init", "none", "--model", "lstm-tiny", "--tokenizer", str(tokenizer), "--out",
+                   str(tmp_path / "p"), *common) == 0
+    p = read_header(tmp_path / "p" / "checkpoints" / "final")
+    assert p.arch == "lstm" and p.model["n_hidden"] == 768 and p.model["vocab_size"] == 256
     assert run_cli("finetune", "--init", str(lstm_run), "--transfer-layers", "0", "--out", str(tmp_path / "b"),
                    *common) == 0
     assert run_cli("finetune", "--init", str(lstm_run), "--transfer-layers", "2", "--out", str(tmp_path / "c"),
