@@ -2,9 +2,10 @@
 
 Layout of a checkpoint directory::
 
-    config.json          {"format": 1, "kind": "lm" | "finetuned", "model": ModelConfig fields, "meta": {...},
+    config.json          {"format": 1, "kind": "lm" | "finetuned", "arch": "transformer" | "lstm",
+                          "model": the arch's config fields, "meta": {...},
                           "files": {relative path: sha256} of every other file}
-    model.safetensors    the GPT weights (plus task-head tensors under ``head.``)
+    model.safetensors    the model's weights (plus task-head tensors under ``head.``)
     tokenizer/           the tokenizer the weights were trained with
     (training state files, for resumable pretraining runs — see ``trainer``/``pretrain``)
 
@@ -13,6 +14,9 @@ Layout of a checkpoint directory::
 flipped byte is a one-line error naming the file, never a silently different model — also a flip inside
 ``config.json``, which would otherwise turn a checksum into a false accusation of an intact file, or rename the
 ``files`` table away. Checkpoints written before checksums existed have no ``files`` table and load unverified.
+
+``arch`` names the architecture (:mod:`gptcli.model.build`): the GPT-1 Transformer or the LSTM baseline of the
+paper's Table 5. Checkpoints written before it existed have none and are Transformers.
 
 Nothing here unpickles: weights are safetensors, everything else JSON, so opening an untrusted checkpoint never
 runs code. A checkpoint is written under a temporary name in the same parent and renamed into place, so a crash
@@ -37,13 +41,13 @@ from safetensors.torch import load_file, save_file
 
 from gptcli.errors import GPT1Error
 from gptcli.fsutil import fsync_dir, move_into_place, sha256_file
-from gptcli.model.gpt import GPT, ModelConfig
+from gptcli.model.build import TRANSFORMER, AnyConfig, LanguageModel, arch_of, build_model, config_from_dict
 
 FORMAT = 1
 CONFIG = "config.json"
 CONFIG_DIGEST = "config_sha256"
 # Every top-level key config.json has; another one can only be a damaged key (e.g. a flipped CONFIG_DIGEST).
-CONFIG_KEYS = frozenset({"format", "kind", "model", "meta", "files", CONFIG_DIGEST})
+CONFIG_KEYS = frozenset({"format", "kind", "arch", "model", "meta", "files", CONFIG_DIGEST})
 WEIGHTS = "model.safetensors"
 TOKENIZER = "tokenizer"
 HEAD_PREFIX = "head."
@@ -54,8 +58,8 @@ class Checkpoint:
     """What :func:`load_checkpoint` returns."""
 
     path: Path
-    model: GPT
-    config: ModelConfig
+    model: LanguageModel
+    config: AnyConfig
     tokenizer: Any | None
     kind: str = "lm"
     meta: dict[str, Any] = field(default_factory=dict)
@@ -83,7 +87,7 @@ def atomic_directory(target: Path, write: Callable[[Path], None]) -> Path:
 
 def write_checkpoint_files(
     directory: Path,
-    model: GPT,
+    model: LanguageModel,
     tokenizer: Any | None = None,
     *,
     kind: str = "lm",
@@ -100,8 +104,8 @@ def write_checkpoint_files(
         tokenizer.save(directory / TOKENIZER)
     if extra is not None:
         extra(directory)
-    config = {"format": FORMAT, "kind": kind, "model": dataclasses.asdict(model.config), "meta": meta or {},
-              "files": _checksums(directory)}
+    config = {"format": FORMAT, "kind": kind, "arch": arch_of(model.config), "model": dataclasses.asdict(model.config),
+              "meta": meta or {}, "files": _checksums(directory)}
     config[CONFIG_DIGEST] = _config_digest(config)
     (directory / CONFIG).write_text(json.dumps(config, indent=2), encoding="utf-8")
 
@@ -153,7 +157,7 @@ def _checksums(directory: Path) -> dict[str, str]:
 
 def save_checkpoint(
     directory: str | Path,
-    model: GPT,
+    model: LanguageModel,
     tokenizer: Any | None = None,
     *,
     kind: str = "lm",
@@ -182,10 +186,12 @@ class Header:
     kind: str
     """"lm" (pretrained or converted) or "finetuned" (a task model: meta["task"] names the task)."""
     model: dict[str, Any]
-    """ModelConfig fields."""
+    """The config fields of the architecture ``arch`` (ModelConfig's for a Transformer)."""
     meta: dict[str, Any]
     files: dict[str, str] = field(default_factory=dict)
     """sha256 of every other file of the checkpoint (empty for checkpoints written before checksums)."""
+    arch: str = TRANSFORMER
+    """"transformer" (GPT-1; also every checkpoint written before the field existed) or "lstm"."""
 
     @property
     def step(self) -> int:
@@ -202,7 +208,7 @@ def _read_header(p: Path) -> Header:
     try:
         config = json.loads((p / CONFIG).read_text(encoding="utf-8"))
         return Header(p, str(config.get("kind", "lm")), dict(config["model"]), dict(config.get("meta", {})),
-                      dict(config.get("files", {})))
+                      dict(config.get("files", {})), str(config.get("arch", TRANSFORMER)))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as e:
         raise GPT1Error(f"{p / CONFIG}: unreadable checkpoint config ({e}) (restore the file or use another checkpoint)") from None
 
@@ -300,8 +306,8 @@ def load_checkpoint(
     if verify:
         _check(p)
     try:
-        mcfg = ModelConfig(**header.model)
-    except TypeError as e:
+        mcfg = config_from_dict(header.arch, header.model)
+    except (TypeError, ValueError) as e:
         raise GPT1Error(f"{p / CONFIG}: unreadable checkpoint config ({e})") from None
     try:
         tensors = load_file(str(p / WEIGHTS), device=str(map_location))
@@ -310,7 +316,7 @@ def load_checkpoint(
     head = {k[len(HEAD_PREFIX) :]: v for k, v in tensors.items() if k.startswith(HEAD_PREFIX)}
     body = {k: v for k, v in tensors.items() if not k.startswith(HEAD_PREFIX)}
     with torch.device("meta"):
-        model = GPT(mcfg)
+        model = build_model(mcfg)
     try:
         model.load_state_dict(body, strict=True, assign=True)
     except RuntimeError as e:

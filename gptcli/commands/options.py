@@ -77,9 +77,10 @@ class CliOnly:
 @dataclass(frozen=True)
 class Nested:
     """Options for some fields of another dataclass, stored as a dict field of the config: ``--n-layer`` for
-    ``PretrainConfig.model["n_layer"]`` (help text from ``ModelConfig``)."""
+    ``PretrainConfig.model["n_layer"]`` (help text from ``ModelConfig``). ``cls`` may be several dataclasses (the
+    configs of several model architectures): each field's type and help come from the first that has it."""
 
-    cls: type
+    cls: type | tuple[type, ...]
     fields: tuple[str, ...]
     panel: str = "Model"
     default_note: str = "from the preset"
@@ -216,10 +217,12 @@ class Options:
         return [params[0], *sorted(params[1:], key=_panel_rank)]  # --help shows panels in PANELS order
 
     def _nested_params(self, name: str, spec: Nested) -> list[inspect.Parameter]:
-        hints, docs, out = typing.get_type_hints(spec.cls), field_docs(spec.cls), []
+        classes = spec.cls if isinstance(spec.cls, tuple) else (spec.cls,)
+        out = []
         for sub in spec.fields:
-            tp, _ = _option_type(hints[sub])
-            help_ = f"{docs.get(sub, '')} [default: {spec.default_note}]"
+            cls = next(c for c in classes if sub in {f.name for f in dataclasses.fields(c)})
+            tp, _ = _option_type(typing.get_type_hints(cls)[sub])
+            help_ = f"{field_docs(cls).get(sub, '')} [default: {spec.default_note}]"
             out.append(self._raw(sub, typing.Optional[tp] if typing.get_origin(tp) is not typing.Union else tp,
                                  None, self._spellings(sub), help_, spec.panel))
             self._dest[sub] = (name, sub)

@@ -11,7 +11,9 @@ import typer
 from gptcli.commands.options import CliOnly, Nested, Options, Parsed
 from gptcli.commands.render import RichProgress, WarningsOnly, stderr_console
 from gptcli.errors import GPT1Error
+from gptcli.model.build import dropout_fields
 from gptcli.model.gpt import ModelConfig
+from gptcli.model.lstm import LSTMConfig
 from gptcli.outputs import check_output
 from gptcli.train.distributed import LaunchConfig, LaunchSpec
 from gptcli.train.pretrain import CONFIG_FILE, PretrainConfig
@@ -31,12 +33,16 @@ OPTIONS = Options(
         "Output": ("log_every", "tensorboard"),
     },
     flags={"verify_data": ("--verify/--no-verify", "--verify-data/--no-verify-data")},
-    nested={"model": Nested(ModelConfig, ("n_layer", "n_embd", "n_head", "n_inner", "n_ctx", "init_std"))},
+    # The Transformer's fields, then the LSTM's own (--n-hidden); a preset of the other architecture refuses them.
+    nested={"model": Nested((ModelConfig, LSTMConfig),
+                            ("n_layer", "n_embd", "n_head", "n_inner", "n_hidden", "n_ctx", "init_std"))},
     sections={"launch": (LaunchConfig, "Distributed")},
     cli_only=[
         CliOnly("dropout", float | None, None, ("--dropout",),
-                "Set the embedding, attention and residual dropout together (paper: 0.1).",
-                why="a shorthand for three ModelConfig fields (embd_pdrop, attn_pdrop, resid_pdrop)", panel="Model"),
+                "Set every dropout of the model together (paper: 0.1): a Transformer's embedding, attention and "
+                "residual dropout; an LSTM's embedding and output dropout.",
+                why="a shorthand for the preset's dropout fields (embd_pdrop, attn_pdrop, resid_pdrop; an LSTM's "
+                    "embd_pdrop, out_pdrop)", panel="Model"),
         CliOnly("quiet", bool, False, ("--quiet", "-q"), "No live display; only the final summary.",
                 why="a display choice; the run is the same"),
     ],
@@ -59,7 +65,8 @@ def run(p: Parsed) -> None:
     base = p.base(out / CONFIG_FILE if resume and out is not None else None)
     if p.cli["dropout"] is not None:
         d = p.cli["dropout"]
-        p.given.setdefault("model", {}).update(embd_pdrop=d, attn_pdrop=d, resid_pdrop=d)
+        preset = p.given.get("preset", base.get("preset", PretrainConfig.preset))
+        p.given.setdefault("model", {}).update(dict.fromkeys(dropout_fields(str(preset)), d))
     console = stderr_console()
     _fill_defaults(p, base, resume, console)
     cfg = p.resolve(PretrainConfig, {**base, "resume": resume})

@@ -19,8 +19,8 @@ Rules (documented in ``docs/zeroshot.md``):
   attends to); logits are computed only at the positions that are read, never over the whole sequence × vocabulary.
   Requests with the same context share one forward pass of it: when every continuation is a single token the
   context row alone gives all their log-probabilities (SST-2's ``positive``/``negative`` after ``very``); when
-  they are longer and the shared context is long, the context runs once into a KV cache that all candidates
-  continue from (RACE's four answers after one document). ``precision`` follows :func:`gptcli.runtime.resolve_precision`
+  they are longer and the shared context is long, the context runs once into a KV cache (an LSTM: its recurrent
+  state) that all candidates continue from (RACE's four answers after one document). ``precision`` follows :func:`gptcli.runtime.resolve_precision`
   (``auto``: bf16 autocast on CUDA and on CPUs with native bf16, fp32 otherwise); log-softmax is always fp32.
 """
 
@@ -156,8 +156,8 @@ def score(
 ) -> list[Score]:
     """Score every request; results come back in the order of ``requests``.
 
-    ``model`` is a :class:`gptcli.model.gpt.GPT` (or anything with ``config.n_ctx``, ``forward(idx, cache)`` and
-    ``lm_logits(h)``). ``batch_size`` caps rows per forward pass and ``max_tokens`` (default ``batch_size × 128``)
+    ``model`` is a :class:`gptcli.model.gpt.GPT` or :class:`gptcli.model.lstm.LSTMLM` (anything with ``config.n_ctx``,
+    ``forward(idx, cache)`` and ``lm_logits(h)`` whose cache :mod:`gptcli.model.build` makes). ``batch_size`` caps rows per forward pass and ``max_tokens`` (default ``batch_size × 128``)
     caps padded tokens per pass. Groups of requests sharing a context of at least ``cache_min_context`` tokens run
     it once into a KV cache. ``progress`` sees one stage named ``stage`` with ``len(requests)`` as its total,
     advanced by the requests each forward pass finishes (requests with nothing to score count at the end).
@@ -234,7 +234,7 @@ def _score_rows(model, rows: list[_Row], batch_size: int, max_tokens: int, preci
 
 def _score_cached(model, cached, batch_size: int, precision: str, totals: _Totals) -> None:
     """Shared long contexts: run each once into a KV cache, then every candidate continues from a copy of it."""
-    from gptcli.model.gpt import KVCache
+    from gptcli.model.build import new_cache
 
     device = next(model.parameters()).device
     for ctx, members in cached:
@@ -242,28 +242,24 @@ def _score_cached(model, cached, batch_size: int, precision: str, totals: _Total
         for s in range(0, len(members), batch_size):
             chunk = members[s : s + batch_size]
             with _autocast(device, precision):
-                cache = KVCache(model.config, 1, device=device, dtype=_cache_dtype(model, device, precision))
+                cache = new_cache(model, 1, device=device, dtype=_cache_dtype(model, device, precision))
                 h_ctx = model(torch.tensor([list(ctx)], dtype=torch.long, device=device), cache)[0, -1]
             first = _read(model, h_ctx.expand(len(chunk), -1), torch.tensor([c[0] for _, c in chunk], device=device))
             totals.add([i for i, _ in chunk], first)
             if max(len(c) for _, c in chunk) > 1:
-                _continue_from_cache(model, cache, len(ctx), chunk, precision, totals)
+                _continue_from_cache(model, cache, chunk, precision, totals)
             totals.finished(len(chunk))
 
 
-def _continue_from_cache(model, cache, n_ctx: int, chunk: list[tuple[int, tuple[int, ...]]], precision: str,
+def _continue_from_cache(model, cache, chunk: list[tuple[int, tuple[int, ...]]], precision: str,
                          totals: _Totals) -> None:
     """Tokens 2… of every continuation in ``chunk``, run together on copies of the context's cache."""
-    from gptcli.model.gpt import KVCache
+    from gptcli.model.build import repeat_cache
 
     device = next(model.parameters()).device
     rest = max(len(c) for _, c in chunk) - 1
     with _autocast(device, precision):
-        big = KVCache(model.config, len(chunk), device=device, dtype=cache.k[0].dtype)
-        for layer in range(len(big.k)):
-            big.k[layer][:, :, :n_ctx] = cache.k[layer][:, :, :n_ctx]
-            big.v[layer][:, :, :n_ctx] = cache.v[layer][:, :, :n_ctx]
-        big.pos = n_ctx
+        big = repeat_cache(model, cache, len(chunk))
         x = torch.zeros(len(chunk), rest, dtype=torch.long)
         for b, (_, c) in enumerate(chunk):
             x[b, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from gptcli.checkpoint import atomic_directory, load_checkpoint, save_checkpoint, save_tensors
+from gptcli.checkpoint import atomic_directory, load_checkpoint, read_header, save_checkpoint, save_tensors
 from gptcli.errors import DataError, GPT1Error
 from gptcli.interop.hf import config_from_hf, read_hf_config, state_dict_from_hf, state_dict_to_hf, write_hf_config
 from gptcli.model.gpt import GPT, ModelConfig
@@ -343,6 +343,10 @@ def to_hf(ckpt: str | Path, out: str | Path) -> tuple[Path, list[str]]:
     """
 
     check_output(Path(out), "hf-export", overwrite=True, inputs=[Path(ckpt)])  # library callers too
+    header = read_header(ckpt)
+    if header.arch != "transformer":
+        raise GPT1Error(f"{header.path}: an {header.arch} checkpoint cannot be exported (Hugging Face openai-gpt is "
+                        "the GPT-1 Transformer; only Transformer checkpoints convert)")
     c = load_checkpoint(ckpt)
     cfg = c.config
     if cfg.n_inner != 4 * cfg.n_embd:

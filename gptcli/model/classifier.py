@@ -1,4 +1,4 @@
-"""A fine-tuned model: the GPT body and its task head as one module, and batched inference with it (paper §3.2).
+"""A fine-tuned model: the language-model body (GPT-1, or the LSTM baseline) and its task head as one module, and batched inference with it (paper §3.2).
 
 Training and evaluation share this module: ``gptcli.train.finetune`` optimises a :class:`FinetuneModel` (one
 optimizer, one state dict for body + head) and scores the dev split after every epoch with :func:`predict`;
@@ -21,7 +21,9 @@ from gptcli.runtime import autocast
 
 
 class FinetuneModel(nn.Module):
-    """The GPT body and its task head as one module (one optimizer, one state dict)."""
+    """The body (anything with ``forward(ids) → hidden`` and ``lm_logits``: GPT or LSTMLM) and its task head as one
+    module (one optimizer, one state dict). The body is ``.gpt`` whatever its architecture: the name is part of the
+    fine-tuning code's vocabulary (``run.model.gpt``) and of the best epoch's saved weights."""
 
     def __init__(self, gpt: nn.Module, head: nn.Module) -> None:
         super().__init__()

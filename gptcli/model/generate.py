@@ -1,7 +1,8 @@
 """Text generation from a GPT-1 language model: greedy, temperature, top-k and nucleus (top-p) sampling.
 
-Decoding runs incrementally with the model's :class:`~gptcli.model.gpt.KVCache`: the prompt is encoded once, then each
-new token costs one position. Only real vocabulary ids can be emitted: the logits of the special token rows
+Decoding runs incrementally with the model's decoding state (:func:`gptcli.model.build.new_cache`: the Transformer's
+:class:`~gptcli.model.gpt.KVCache`, the LSTM's recurrent :class:`~gptcli.model.lstm.LSTMState`): the prompt is encoded
+once, then each new token costs one position. Only real vocabulary ids can be emitted: the logits of the special token rows
 (start/delimiter/extract, appended for fine-tuning) and anything past the tokenizer's vocabulary are masked out —
 the released code's tied output matrix even spans the position rows, and sampling those would be meaningless.
 GPT-1 has no end-of-text token, so generation stops after ``max_new_tokens`` or when the context is full.
@@ -19,7 +20,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from gptcli.model.gpt import GPT, KVCache, ModelConfig
+from gptcli.model.build import AnyConfig, LanguageModel, new_cache
 
 
 @dataclass
@@ -39,7 +40,8 @@ class SamplingConfig:
     seed: int | None = None
     """Seed of the sampling RNG; the same seed, prompt and model give the same text."""
     use_cache: bool = True
-    """Decode with the KV cache (one position per step) instead of re-running the whole sequence."""
+    """Decode with the KV cache (an LSTM: its carried state), one position per step, instead of re-running the whole
+    sequence."""
 
     def validate(self) -> None:
         if self.max_new_tokens < 0:
@@ -96,7 +98,7 @@ def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Gener
 
 
 def generate(
-    model: GPT,
+    model: LanguageModel,
     prompt_ids: Sequence[int],
     cfg: SamplingConfig | None = None,
     *,
@@ -118,7 +120,7 @@ def generate(
 
 @torch.no_grad()
 def iter_generate(
-    model: GPT,
+    model: LanguageModel,
     prompt_ids: Sequence[int],
     cfg: SamplingConfig | None = None,
     *,
@@ -142,7 +144,7 @@ def iter_generate(
     model.eval()
     steps = min(cfg.max_new_tokens, c.n_ctx - len(prompt))  # stop at the context limit
     seq = torch.tensor([prompt], dtype=torch.long, device=device)
-    cache = KVCache(c, 1, device=device, dtype=model.tok_emb.weight.dtype) if cfg.use_cache else None
+    cache = new_cache(model, 1, device=device, dtype=model.tok_emb.weight.dtype) if cfg.use_cache else None
     inp = seq
     try:
         for _ in range(steps):
@@ -156,7 +158,7 @@ def iter_generate(
         model.train(was_training)
 
 
-def _check_prompt(prompt: list[int], c: ModelConfig) -> None:
+def _check_prompt(prompt: list[int], c: AnyConfig) -> None:
     if not prompt:
         raise ValueError("the prompt is empty: GPT-1 has no start-of-text token to generate from")
     if len(prompt) > c.n_ctx:

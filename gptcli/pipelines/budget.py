@@ -19,13 +19,13 @@ def time_update(model_config: Any, seq_len: int, batch_size: int, device: torch.
     """Seconds per pretraining update of a ``model_config`` model here: the median of ``steps`` timed updates
     after one warm-up (the first update pays for allocations and kernel selection). Random weights and tokens:
     the cost of an update does not depend on their values."""
-    from gptcli.model.gpt import GPT
+    from gptcli.model.build import build_model
     from gptcli.train.optim import make_optimizer
     from gptcli.train.pretrain import lm_loss
     from gptcli.train.trainer import Trainer
 
     g = torch.Generator().manual_seed(0)
-    model = GPT(model_config).to(device)
+    model = build_model(model_config).to(device)  # either architecture (gptcli.model.build)
     opt = make_optimizer(model, 1e-4, 0.01)
     trainer = Trainer(model, opt, lm_loss, lambda s: 1e-4, device=device, precision=precision, grad_clip=1.0)
     batch = torch.randint(0, model_config.vocab_size, (batch_size, seq_len + 1), generator=g).to(device)

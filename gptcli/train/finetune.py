@@ -62,7 +62,8 @@ from gptcli.eval.baselines import prediction_summary
 from gptcli.eval.metrics import score_predictions
 from gptcli.fsutil import move_into_place, sha256_file, write_text_atomic
 from gptcli.model.classifier import FinetuneModel, predict
-from gptcli.model.gpt import GPT, ModelConfig, preset
+from gptcli.model.build import AnyConfig, LanguageModel, arch_of, build_model, config_from_dict, preset
+from gptcli.model.gpt import GPT
 from gptcli.model.heads import HeadConfig, TaskHead
 from gptcli.model.losses import lm_loss_per_sequence
 from gptcli.outputs import MARKER, check_output, kind_of, mark, next_free
@@ -124,7 +125,8 @@ class FinetuneConfig:
     tokenizer: str | None = None
     """With ``init = "none"``: a tokenizer directory, or a checkpoint whose tokenizer *and* shape are used."""
     model: str = "gpt1"
-    """With ``init = "none"`` and a bare tokenizer: the model preset (``gpt1``, ``tiny``)."""
+    """With ``init = "none"`` and a bare tokenizer: the model preset, which picks the architecture too (``gpt1``,
+    ``tiny``; the LSTM baseline ``lstm``, ``lstm-tiny``)."""
     data_dir: str | None = None
     """The task's official folder; default ``$GPT1_DATA/<folder>``."""
     cache: bool = True
@@ -170,7 +172,7 @@ class FinetuneConfig:
     lm_weight: float = 0.5
     """λ of the auxiliary LM loss (L3 = L2 + λ·L1); 0 disables it (ablation)."""
     transfer_layers: int | None = None
-    """Keep the embeddings and only the first K blocks of the checkpoint (ablation); None = all."""
+    """Keep the embeddings and only the first K blocks (an LSTM: layers) of the checkpoint (ablation); None = all."""
     select: Literal["best", "last"] = "best"
     """Which epoch's weights the final checkpoint keeps: best dev score or the last epoch."""
     seed: int = 42
@@ -513,16 +515,20 @@ def reinit_after(gpt: nn.Module, keep_layers: int) -> None:
     """Re-initialise blocks ``keep_layers…`` with the model's own init (``transfer_layers`` ablation).
 
     The embeddings (token, position) and blocks ``0 … keep_layers-1`` keep their pretrained values, as the
-    released code's ``n_transfer`` does.
+    released code's ``n_transfer`` does. An LSTM keeps its embedding and LSTM layers ``0 … keep_layers-1``
+    (:meth:`gptcli.model.lstm.LSTMLM.reinit_layers`; the paper's has one layer: 0 keeps the embedding only).
     """
-    n = len(gpt.blocks)
+    n = gpt.config.n_layer
     if not 0 <= keep_layers <= n:
         raise GPT1Error(f"--transfer-layers must be between 0 and {n} (the model's layers), got {keep_layers}")
+    if hasattr(gpt, "reinit_layers"):  # the LSTM: one module holds every layer
+        gpt.reinit_layers(keep_layers)
+        return
     for block in list(gpt.blocks)[keep_layers:]:
         block.apply(gpt._init_weights)
 
 
-def _load_tokenizer_from(path: str) -> tuple[Any, ModelConfig | None]:
+def _load_tokenizer_from(path: str) -> tuple[Any, AnyConfig | None]:
     """A tokenizer: from a tokenizer directory or a prepared corpus (shape unknown: None), or from a checkpoint
     or run directory together with its model config (so a random model can have the pretrained one's shape)."""
     p = Path(path)
@@ -532,7 +538,7 @@ def _load_tokenizer_from(path: str) -> tuple[Any, ModelConfig | None]:
         header = read_header(p)
         if not (header.path / "tokenizer").is_dir():
             raise GPT1Error(f"{header.path}: checkpoint has no tokenizer/")
-        mcfg = ModelConfig(**header.model)
+        mcfg = config_from_dict(header.arch, header.model)
         mcfg.n_special = 0
         return load_tokenizer(header.path / "tokenizer"), mcfg
     if (p / "tokenizer" / "tokenizer.json").is_file():  # a prepared corpus directory
@@ -540,7 +546,7 @@ def _load_tokenizer_from(path: str) -> tuple[Any, ModelConfig | None]:
     raise GPT1Error(f"{p}: not a tokenizer directory, prepared corpus, checkpoint or run directory")
 
 
-def build_body(config: FinetuneConfig) -> tuple[GPT, Any, dict[str, Any]]:
+def build_body(config: FinetuneConfig) -> tuple[LanguageModel, Any, dict[str, Any]]:
     """The GPT body with its three special tokens, the tokenizer, and a description of where it came from."""
     n_sp = 3
     if config.init.lower() == "none":
@@ -548,9 +554,12 @@ def build_body(config: FinetuneConfig) -> tuple[GPT, Any, dict[str, Any]]:
             raise GPT1Error("--init none needs --tokenizer DIR (a tokenizer directory or a checkpoint) to encode the task")
         tok, mcfg = _load_tokenizer_from(config.tokenizer)
         if mcfg is None:
-            mcfg = preset(config.model, vocab_size=tok.vocab_size)
+            try:
+                mcfg = preset(config.model, vocab_size=tok.vocab_size)
+            except KeyError as e:
+                raise GPT1Error(f"--model: {e.args[0]}") from None
         mcfg.vocab_size = tok.vocab_size
-        gpt = GPT(mcfg)
+        gpt = build_model(mcfg)
         source: dict[str, Any] = {"init": "none", "tokenizer": str(config.tokenizer)}
     else:
         if not config.init:
@@ -1140,6 +1149,8 @@ def check_resume(run: Run, path: Path) -> list[str]:
         if was != now:
             (adjusted if key in ADJUSTABLE else changed).append(f"{key} {was} → {now}")
     shape = dataclasses.asdict(run.model.gpt.config)
+    if header.arch != arch_of(run.model.gpt.config):  # the shared shape fields alone cannot tell an LSTM apart
+        changed.append(f"architecture {header.arch} → {arch_of(run.model.gpt.config)}")
     changed += [f"model {k} {v} → {shape[k]}" for k, v in header.model.items() if k in shape and shape[k] != v]
     if ident.get("init_sha256") != run.identity.get("init_sha256"):
         was = old.get("init", "?")

@@ -33,7 +33,7 @@ from gptcli.data.shards import Corpus, open_corpus, tokenizer_fingerprint
 from gptcli.data.windows import WindowSampler
 from gptcli.errors import GPT1Error
 from gptcli.eval.perplexity import evaluate_lm
-from gptcli.model.gpt import GPT, ModelConfig, preset
+from gptcli.model.build import AnyConfig, LanguageModel, arch_of, build_model, preset, preset_class
 from gptcli.model.losses import next_token_nll
 from gptcli.outputs import MARKER, check_output, mark
 from gptcli.progress import SILENT, Progress
@@ -59,8 +59,8 @@ CONFIG_FILE = "config.toml"
 # and these. weight_decay, beta1, beta2 and eps also live in the saved optimizer state, which would silently win
 # over a new value. A resume that changes one of them is refused, naming each.
 RUN_DEFINING = ("seq_len", "batch_size", "seed", "decay", "weight_decay", "beta1", "beta2", "eps")
-# ModelConfig fields a resume may change: dropout is regularisation, not shape.
-ADJUSTABLE_MODEL = ("embd_pdrop", "attn_pdrop", "resid_pdrop")
+# Model config fields a resume may change: dropout is regularisation, not shape (out_pdrop: the LSTM's).
+ADJUSTABLE_MODEL = ("embd_pdrop", "attn_pdrop", "resid_pdrop", "out_pdrop")
 # Settings a resume may change, each noted when it does: the run's length (train longer, or stop sooner; the
 # schedule is recomputed over the new total), the learning-rate recipe and clipping (lower --lr after a loss spike),
 # the micro-batch (gradient accumulation sums the same mean gradient in another order: last-bit differences only;
@@ -82,12 +82,14 @@ class PretrainConfig:
     """Run directory: config.toml, metrics.jsonl, checkpoints/. `gpt1 pretrain` without --out takes the next free
     one of runs/pretrain, runs/pretrain-2, … (a default never reuses a run)."""
     preset: str = "gpt1"
-    """Model preset: gpt1 = the paper's 12×768, 12 heads, 512 context, init 0.02 (train it with these defaults);
-    tiny = 4×256, 4 heads, init 0.06, for a laptop: pretrain with --lr 1e-3 --batch-size 16 --seq-len 128 and
-    --warmup-steps 30 (at least; ≈ 10% of a longer run), fine-tune with --lr 5e-4 --batch-size 32 --epochs 3 (measured:
-    docs/presets.md)."""
+    """Model preset, which also picks the architecture. Transformers: gpt1 = the paper's 12×768, 12 heads, 512
+    context, init 0.02 (train it with these defaults); tiny = 4×256, 4 heads, init 0.06, for a laptop: pretrain with
+    --lr 1e-3 --batch-size 16 --seq-len 128 and --warmup-steps 30 (at least; ≈ 10% of a longer run), fine-tune with
+    --lr 5e-4 --batch-size 32 --epochs 3 (measured: docs/presets.md). LSTMs, the paper's Table 5 baseline: lstm =
+    1×2048 units, 768-wide embedding; lstm-tiny = 1×768 units, 256-wide embedding (docs/pretrain.md)."""
     model: dict[str, Any] = field(default_factory=dict)
-    """ModelConfig field overrides, e.g. {n_layer = 2}. vocab_size always comes from the corpus tokenizer."""
+    """Model config field overrides of the preset, e.g. {n_layer = 2} (an LSTM preset takes LSTMConfig's, e.g.
+    {n_hidden = 560}). vocab_size always comes from the corpus tokenizer."""
     seq_len: int = 512
     """Tokens per training sequence (paper: 512)."""
     batch_size: int = 64
@@ -245,11 +247,17 @@ def lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
     return next_token_nll(logits, batch[:, 1:])
 
 
-def build_model_config(config: PretrainConfig, vocab_size: int) -> ModelConfig:
+def build_model_config(config: PretrainConfig, vocab_size: int) -> AnyConfig:
     """The preset with the ``[model]`` overrides and the corpus's vocabulary; GPT1Error for impossible settings."""
-    unknown = set(config.model) - {f.name for f in dataclasses.fields(ModelConfig)}
+    try:
+        cls = preset_class(config.preset)
+    except KeyError as e:
+        raise GPT1Error(str(e.args[0])) from None
+    known = [f.name for f in dataclasses.fields(cls) if f.name not in ("vocab_size", "n_special")]
+    unknown = set(config.model) - {*known, "vocab_size", "n_special"}
     if unknown:
-        raise GPT1Error(f"unknown model setting(s) {', '.join(sorted(unknown))} in [model]")
+        raise GPT1Error(f"unknown model setting(s) {', '.join(sorted(unknown))} in [model] (preset {config.preset}, "
+                        f"a {arch_of(cls())}, takes {', '.join(known)})")
     if "vocab_size" in config.model and config.model["vocab_size"] != vocab_size:
         raise GPT1Error(f"[model] vocab_size {config.model['vocab_size']} differs from the corpus tokenizer's {vocab_size}")
     try:
@@ -260,8 +268,8 @@ def build_model_config(config: PretrainConfig, vocab_size: int) -> ModelConfig:
         raise GPT1Error(str(e)) from None
     if config.seq_len > mcfg.n_ctx:
         raise GPT1Error(f"--seq-len {config.seq_len} exceeds the model context n_ctx={mcfg.n_ctx}")
-    for key in ("n_ctx", "n_embd", "n_layer", "n_head", "n_inner"):
-        if getattr(mcfg, key) < 1:
+    for key in ("n_ctx", "n_embd", "n_layer", "n_head", "n_inner", "n_hidden"):
+        if getattr(mcfg, key, 1) < 1:
             raise GPT1Error(f"--{key.replace('_', '-')} {getattr(mcfg, key)} is impossible (it must be at least 1)")
     return mcfg
 
@@ -331,7 +339,7 @@ class RunPlan:
     device: torch.device
     precision: Precision
     corpus: Corpus
-    model_config: ModelConfig
+    model_config: AnyConfig
     sampler: WindowSampler
     """This rank's share of every global batch of training windows."""
     val_name: str | None
@@ -367,7 +375,7 @@ class TrainingRun:
     """The live state the training stages share: the plan, the model and its optimizer, and where the run is."""
 
     plan: RunPlan
-    model: GPT
+    model: LanguageModel
     """The bare model (``trainer.model`` is the same model, DDP-wrapped under data parallelism)."""
     optimizer: torch.optim.Optimizer
     trainer: Trainer
@@ -421,7 +429,7 @@ def has_checkpoints(out: str | Path) -> bool:
     return ckpt_dir.is_dir() and any(c.is_dir() and ckpt.is_checkpoint(c) for c in ckpt_dir.glob("step-*"))
 
 
-def _resume_point(config: PretrainConfig, corpus: Corpus, mcfg: ModelConfig, report: Progress) -> Path:
+def _resume_point(config: PretrainConfig, corpus: Corpus, mcfg: AnyConfig, report: Progress) -> Path:
     """The checkpoint to continue from: the newest whose files verify (each newer damaged one skipped with a warning
     naming it and why), or with ``verify_data`` off simply the newest; refused when the run's settings changed."""
     run_dir = Path(config.out)
@@ -452,7 +460,7 @@ def _saved_settings(header: ckpt.Header, run_dir: Path) -> dict[str, Any]:
         return {}
 
 
-def check_resume(config: PretrainConfig, corpus: Corpus, mcfg: ModelConfig, path: Path) -> list[str]:
+def check_resume(config: PretrainConfig, corpus: Corpus, mcfg: AnyConfig, path: Path) -> list[str]:
     """Refuse a resume from checkpoint ``path`` that would change what the run is (another tokenizer or corpus,
     another model shape, a changed :data:`RUN_DEFINING` setting), naming every change with its old and new value;
     returns a note for each :data:`ADJUSTABLE` setting that changed."""
@@ -472,6 +480,8 @@ def check_resume(config: PretrainConfig, corpus: Corpus, mcfg: ModelConfig, path
                        else f"data {old.get('data', '?')} → {config.data} (another corpus)")
     elif saved_corpus is None and "data" in old and Path(old["data"]).resolve() != Path(config.data).resolve():
         changed.append(f"data {old['data']} → {config.data}")
+    if header.arch != arch_of(mcfg):
+        changed.append(f"architecture {header.arch} → {arch_of(mcfg)}")
     for key, was in header.model.items():
         now = getattr(mcfg, key, was)
         if now != was:
@@ -496,7 +506,7 @@ def _start(plan: RunPlan) -> TrainingRun:
     """
     config = plan.config
     torch.manual_seed(config.seed)
-    model = GPT(plan.model_config).to(plan.device)
+    model = build_model(plan.model_config).to(plan.device)
     optimizer = make_optimizer(
         model, config.lr, config.weight_decay, (config.beta1, config.beta2), config.eps, config.decay
     )
@@ -512,7 +522,7 @@ def _start(plan: RunPlan) -> TrainingRun:
     return TrainingRun(plan, model, optimizer, trainer, logger, meter, step, resumed_from, first_step=step, shown=step)
 
 
-def _make_trainer(plan: RunPlan, model: GPT, optimizer: torch.optim.Optimizer, step: int) -> Trainer:
+def _make_trainer(plan: RunPlan, model: LanguageModel, optimizer: torch.optim.Optimizer, step: int) -> Trainer:
     """Wrap the model for the ranks, give ranks > 0 their own dropout stream, and set the schedule."""
     config, par = plan.config, plan.par
     wrapped = par.wrap(model)
@@ -544,7 +554,7 @@ def _open_run_dir(plan: RunPlan, step: int, resumed: bool) -> RunLogger:
     return RunLogger(run_dir, config.tensorboard)
 
 
-def _throughput_meter(plan: RunPlan, model: GPT) -> Throughput:
+def _throughput_meter(plan: RunPlan, model: LanguageModel) -> Throughput:
     """Tokens/s and MFU of the updates alone (not validation or saving)."""
     config, par = plan.config, plan.par
     fpt = model.flops_per_token(config.seq_len)
@@ -793,7 +803,7 @@ def seed_rank_rng(seed: int, rank: int, step: int) -> None:
 
 
 def _restore(
-    path: Path, model: GPT, optimizer: torch.optim.Optimizer, sampler: WindowSampler, device: torch.device
+    path: Path, model: LanguageModel, optimizer: torch.optim.Optimizer, sampler: WindowSampler, device: torch.device
 ) -> dict[str, Any]:
     """Load weights, optimizer, sampler and RNG state from a checkpoint; returns its training state (step, ...).
     The files were verified when the checkpoint was chosen (:func:`_resume_point`), or --no-verify said not to."""

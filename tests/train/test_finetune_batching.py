@@ -86,3 +86,17 @@ def test_a_run_recorded_before_batching_existed_counts_as_length_bucketed(tmp_pa
         ft.finished_run(FinetuneConfig(task="sst2", resume=True), tmp_path, Progress())
     res = ft.finished_run(FinetuneConfig(task="sst2", batching="length"), tmp_path, Progress())
     assert res.step == 3
+
+
+def test_a_resume_onto_the_other_architecture_is_refused_by_name(pretrained, data, tmp_path):
+    """Fine-tuning from random init: a run started as a Transformer (--model tiny) and resumed as an LSTM
+    (--model lstm-tiny) shares no weights; the shape fields both configs have cannot tell them apart, the
+    architecture does (the bug: it was not compared)."""
+    tok = str(next(pretrained.rglob("tokenizer")))  # a bare tokenizer directory: the preset gives the shape
+    run = tmp_path / "run"
+    res = finetune(_cfg(pretrained, data, run, init="none", tokenizer=tok, model="tiny", save_every=1),
+                   progress=SignalAt(2, signum=signal.SIGINT))
+    assert res.stopped_by == "SIGINT"
+    with pytest.raises(GPT1Error, match="architecture transformer → lstm"):
+        finetune(_cfg(pretrained, data, run, init="none", tokenizer=tok, model="lstm-tiny", save_every=1,
+                      resume=True))

@@ -1,0 +1,112 @@
+"""One factory for every architecture: which class a config builds, the presets of all of them, decoding states.
+
+gpt1 has two language-model architectures with one interface (``forward(idx, cache) → hidden``, ``lm_logits``,
+``add_special_tokens``, ``config``): the GPT-1 Transformer (``gpt.py``, arch ``"transformer"``) and the LSTM
+baseline of the paper's Table 5 (``lstm.py``, arch ``"lstm"``). A preset names an architecture *and* its shape —
+``gpt1``/``tiny`` are Transformers, ``lstm``/``lstm-tiny`` LSTMs — so one option (``--preset`` when pretraining,
+``--model`` when fine-tuning without pretraining) selects both, and a checkpoint records its ``arch`` so that every
+later command (finetune, eval, zeroshot, generate) builds the right class without being told.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Union
+
+import torch
+
+from gptcli.model import gpt, lstm
+from gptcli.model.gpt import GPT, KVCache, ModelConfig
+from gptcli.model.lstm import LSTMLM, LSTMConfig, LSTMState
+
+TRANSFORMER = "transformer"
+"""The ``arch`` of GPT-1 itself; a checkpoint that records none is one."""
+ARCHS: dict[str, tuple[type, type]] = {TRANSFORMER: (ModelConfig, GPT), lstm.ARCH: (LSTMConfig, LSTMLM)}
+"""arch name → (config class, model class)."""
+
+AnyConfig = Union[ModelConfig, LSTMConfig]
+LanguageModel = Union[GPT, LSTMLM]
+DecodeState = Union[KVCache, LSTMState]
+
+PRESETS: dict[str, AnyConfig] = {**gpt.PRESETS, **lstm.PRESETS}
+"""Every named model: the Transformer's (gpt1, tiny) and the LSTM's (lstm, lstm-tiny)."""
+
+
+def arch_of(config: Any) -> str:
+    """The architecture name of a config (or of a model, by its ``config``)."""
+    config = getattr(config, "config", config)
+    for name, (cls, _) in ARCHS.items():
+        if isinstance(config, cls):
+            return name
+    raise TypeError(f"not a model config: {type(config).__name__}")
+
+
+def config_class(arch: str) -> type:
+    """The config dataclass of ``arch``; ValueError naming the known ones."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown model architecture {arch!r} (known: {', '.join(ARCHS)})")
+    return ARCHS[arch][0]
+
+
+def config_from_dict(arch: str, fields: dict[str, Any]) -> AnyConfig:
+    """A config of ``arch`` from its fields (a checkpoint's ``model`` table); ValueError for an unknown ``arch``,
+    TypeError for fields it does not have."""
+    return config_class(arch)(**fields)
+
+
+def preset_class(name: str) -> type:
+    """The config class behind preset ``name`` (which fields it takes); KeyError naming the known presets."""
+    if name not in PRESETS:
+        raise KeyError(f"unknown model preset {name!r} (known: {', '.join(PRESETS)})")
+    return type(PRESETS[name])
+
+
+def preset(name: str, **overrides: Any) -> AnyConfig:
+    """Preset ``name`` with fields overridden (``None`` overrides are ignored). KeyError for an unknown preset,
+    ValueError naming fields the preset's architecture does not have or values it cannot take."""
+    cls = preset_class(name)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    unknown = set(given) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:
+        raise ValueError(f"unknown model setting(s) {', '.join(sorted(unknown))} for the {arch_of(PRESETS[name])} "
+                         f"preset {name!r}")
+    return dataclasses.replace(PRESETS[name], **given)
+
+
+def dropout_fields(preset_name: str) -> tuple[str, ...]:
+    """The dropout probabilities of a preset's architecture (what ``--dropout`` sets together)."""
+    cls = PRESETS[preset_name].__class__ if preset_name in PRESETS else ModelConfig
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name.endswith("_pdrop"))
+
+
+def build_model(config: AnyConfig) -> LanguageModel:
+    """A freshly initialised model of the config's architecture (on the default device)."""
+    return ARCHS[arch_of(config)][1](config)
+
+
+def new_cache(model: LanguageModel, batch_size: int = 1, *, device: Any = None,
+              dtype: torch.dtype | None = None) -> DecodeState:
+    """An empty incremental-decoding state: the Transformer's KV cache (preallocated to ``n_ctx`` in ``dtype`` on
+    ``device``) or the LSTM's recurrent state (created by its first call, in the dtype the LSTM computes in)."""
+    if isinstance(model, LSTMLM):
+        return model.new_cache(batch_size)
+    return KVCache(model.config, batch_size, device=device, dtype=dtype)
+
+
+def repeat_cache(model: LanguageModel, cache: DecodeState, n: int) -> DecodeState:
+    """A state for ``n`` rows, each continuing the single-row ``cache`` (scoring several continuations of one
+    shared context)."""
+    if isinstance(cache, LSTMState):
+        return cache.repeat(n)
+    big = KVCache(model.config, n, device=cache.k[0].device, dtype=cache.k[0].dtype)
+    end = cache.pos
+    for layer in range(len(big.k)):
+        big.k[layer][:, :, :end] = cache.k[layer][:, :, :end]
+        big.v[layer][:, :, :end] = cache.v[layer][:, :, :end]
+    big.pos = end
+    return big
+
+
+__all__ = ["ARCHS", "PRESETS", "TRANSFORMER", "AnyConfig", "DecodeState", "LanguageModel", "arch_of", "build_model",
+           "config_class", "config_from_dict", "dropout_fields", "new_cache", "preset", "preset_class",
+           "repeat_cache"]

@@ -1,0 +1,215 @@
+"""The LSTM baseline of the paper's Table 5 ("LSTM w/ aux LM"): a single-layer, 2048-unit LSTM language model.
+
+Radford et al. (2018, §5 "Ablation studies") replace the Transformer with "a single layer 2048 unit LSTM" trained in
+the same framework — same data and objective, same fine-tuning transformations and auxiliary LM loss — and lose 5.6
+points on average. The paper says nothing more about the network; this module fills the gaps as follows (every one
+a :class:`LSTMConfig` field):
+
+- **Shape**: token embedding (``n_embd``) → dropout → ``nn.LSTM`` (``n_layer`` × ``n_hidden`` units) → dropout →
+  linear projection to ``n_embd`` (only when ``n_hidden ≠ n_embd``) → output layer tied to the token embedding,
+  ``logits = h · Weᵀ``. The projection is the LSTMP design big LSTM language models of the time used
+  (Sak et al. 2014; Jozefowicz et al. 2016, "LSTM-2048-512"): it lets the embedding, the tied softmax and the
+  fine-tuning head keep the Transformer's width while the recurrent layer has 2048 units.
+- **Embedding size** of the paper preset: 768, the Transformer's. The two models then read and write the same
+  768-wide vectors (same embedding table and softmax cost, same head width, same special-token rows); only what sits
+  between embedding and softmax differs, which is what Table 5 compares. That LSTM has 55.7 M parameters (GPT-1:
+  116.5 M). ``n_embd = 2048`` (no projection) gives 116.5 M instead, a parameter-matched alternative.
+- **Dropout**: on the embedded tokens (``embd_pdrop``) and on the LSTM's outputs (``out_pdrop``; also between layers
+  when ``n_layer > 1``), never on the recurrent state — the "non-recurrent connections only" placement of
+  Zaremba et al. (2014), which is also the only one cuDNN's fused kernel runs. 0.1 each, the Transformer's rate.
+- **Initialisation**: embedding and projection N(0, ``init_std``) as GPT-1's; recurrent and input matrices
+  U(±1/√n_hidden) (PyTorch's default for ``nn.LSTM``); biases 0 except the forget gate's, 1 (Gers et al. 2000;
+  Jozefowicz et al. 2015), so that the cell remembers by default at the start of training.
+- **Context**: every window starts from a zero state (no truncated backpropagation carried across windows, as the
+  Transformer sees each window afresh). ``n_ctx`` has no position table behind it; it is the longest sequence gpt1
+  runs the model on, so fine-tuning truncation, scoring windows and generation behave as for the Transformer.
+- **Extract representation**: :meth:`LSTMLM.forward` returns the per-position output after the projection; a task
+  head reads it at the extract token, exactly as it reads the Transformer's final block. With an LSTM that vector
+  summarises everything up to and including the extract token.
+
+The class exposes the :class:`~gptcli.model.gpt.GPT` interface (``forward(idx, cache) → hidden``, ``lm_logits``,
+``lm_loss``, ``add_special_tokens``, ``num_params``, ``flops_per_token``, ``config``), so heads, the auxiliary LM
+loss, scoring, zero-shot and generation use it unchanged. Incremental decoding carries an :class:`LSTMState`, the
+LSTM's counterpart of the Transformer's KV cache (same ``pos`` bookkeeping). ``nn.LSTM`` runs cuDNN's fused kernel
+on CUDA and oneDNN's on CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gptcli.model.losses import next_token_nll
+
+ARCH = "lstm"
+"""The ``arch`` a checkpoint of this model records (see ``gptcli/checkpoint.py``)."""
+
+
+@dataclass
+class LSTMConfig:
+    """Shape and regularisation of the LSTM language model. Defaults are the paper preset (2048 units)."""
+
+    vocab_size: int = 40478
+    """BPE vocabulary size (the original: 40,478)."""
+    n_special: int = 0
+    """Extra token rows after the vocabulary: 0 when pretraining, 3 (start, delimiter, extract) when fine-tuning."""
+    n_ctx: int = 512
+    """Longest sequence the model is run on (no position table: the pretraining window, as the Transformer's)."""
+    n_embd: int = 768
+    """Width of the token embedding, of the tied output layer and of the hidden states heads read (not in the
+    paper; 768 as GPT-1's)."""
+    n_hidden: int = 2048
+    """LSTM units per layer (paper: 2048); projected to n_embd when they differ."""
+    n_layer: int = 1
+    """Stacked LSTM layers (paper: 1)."""
+    embd_pdrop: float = 0.1
+    """Dropout on the embedded tokens entering the LSTM (not in the paper; the Transformer's rate)."""
+    out_pdrop: float = 0.1
+    """Dropout on the LSTM's outputs, before the projection (and between stacked layers); never on the recurrent
+    state (not in the paper; the Transformer's rate)."""
+    init_std: float = 0.02
+    """Standard deviation of the N(0, σ) initialisation of the embedding and the projection."""
+
+    @property
+    def total_vocab(self) -> int:
+        """Rows of the token embedding (and columns of the LM logits): vocabulary plus special tokens."""
+        return self.vocab_size + self.n_special
+
+    @property
+    def projected(self) -> bool:
+        """Whether a linear layer maps the LSTM's ``n_hidden`` outputs to ``n_embd``."""
+        return self.n_hidden != self.n_embd
+
+
+PRESETS: dict[str, LSTMConfig] = {
+    # The paper's baseline: one layer of 2048 units; 768-wide embedding and softmax as GPT-1's (55.7 M parameters).
+    "lstm": LSTMConfig(),
+    # The size of the `tiny` Transformer preset (8192 ids: 5.45 M parameters against tiny's 5.39 M).
+    "lstm-tiny": LSTMConfig(vocab_size=8192, n_embd=256, n_hidden=768),
+}
+
+
+class LSTMState:
+    """The recurrent state ``(h, c)`` carried between calls when decoding incrementally: the LSTM's KV cache.
+
+    ``h`` and ``c`` are ``(n_layer, batch, n_hidden)``, or None before the first call (a zero state); ``pos`` counts
+    the positions already consumed, as :class:`~gptcli.model.gpt.KVCache` does.
+    """
+
+    def __init__(self, batch_size: int = 1) -> None:
+        self.batch_size = batch_size
+        self.h: torch.Tensor | None = None
+        self.c: torch.Tensor | None = None
+        self.pos = 0
+
+    def repeat(self, n: int) -> "LSTMState":
+        """A state for ``n`` rows that all continue this single-row state (scoring several continuations)."""
+        out = LSTMState(n)
+        if self.h is not None and self.c is not None:
+            out.h = self.h.expand(-1, n, -1).contiguous()
+            out.c = self.c.expand(-1, n, -1).contiguous()
+        out.pos = self.pos
+        return out
+
+
+class LSTMLM(nn.Module):
+    """Token embedding, ``n_layer`` LSTM layers, optional projection, output layer tied to the embedding.
+
+    ``forward`` returns the hidden states (B, T, n_embd) and ``lm_logits`` maps them to vocabulary logits, the
+    interface of :class:`~gptcli.model.gpt.GPT`.
+    """
+
+    def __init__(self, config: LSTMConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.total_vocab, config.n_embd)
+        self.drop_in = nn.Dropout(config.embd_pdrop)
+        self.lstm = nn.LSTM(config.n_embd, config.n_hidden, num_layers=config.n_layer, batch_first=True,
+                            dropout=config.out_pdrop if config.n_layer > 1 else 0.0)
+        self.drop_out = nn.Dropout(config.out_pdrop)
+        self.proj = nn.Linear(config.n_hidden, config.n_embd) if config.projected else None
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Initialise every weight as the module docstring says."""
+        nn.init.normal_(self.tok_emb.weight, 0.0, self.config.init_std)
+        self.reinit_layers(0)
+
+    @torch.no_grad()
+    def reinit_layers(self, keep_layers: int) -> None:
+        """Re-initialise LSTM layers ``keep_layers…`` and, unless every layer is kept, the projection (it reads the
+        last layer's output); the embedding always keeps its values (the ``transfer_layers`` ablation: 0 keeps the
+        embeddings only, as the released code's ``n_transfer``)."""
+        c = self.config
+        bound = c.n_hidden ** -0.5
+        for name, p in self.lstm.named_parameters():
+            if int(name.rsplit("_l", 1)[1]) < keep_layers:
+                continue
+            if name.startswith("weight"):
+                nn.init.uniform_(p, -bound, bound)
+            else:
+                nn.init.zeros_(p)
+                if name.startswith("bias_ih"):  # gates are ordered input, forget, cell, output
+                    p[c.n_hidden : 2 * c.n_hidden] = 1.0
+        if self.proj is not None and keep_layers < c.n_layer:
+            nn.init.normal_(self.proj.weight, 0.0, c.init_std)
+            nn.init.zeros_(self.proj.bias)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.tok_emb.weight.numel()
+        return n
+
+    def forward(self, idx: torch.Tensor, cache: LSTMState | None = None) -> torch.Tensor:
+        """Hidden states (B, T, n_embd) for token ids ``idx`` (B, T), from a zero state or from ``cache``'s (which
+        is then advanced past ``idx``)."""
+        B, T = idx.shape
+        start = cache.pos if cache is not None else 0
+        if start + T > self.config.n_ctx:
+            raise ValueError(f"sequence of {start + T} tokens exceeds the context of {self.config.n_ctx}")
+        x = self.drop_in(self.tok_emb(idx))
+        state = None
+        if cache is not None and cache.h is not None and cache.c is not None:
+            state = (cache.h, cache.c)
+        if idx.is_cuda:
+            self.lstm.flatten_parameters()  # weights loaded with assign=True are separate tensors; cuDNN wants one
+        y, (h, c) = self.lstm(x, state)
+        if cache is not None:
+            cache.h, cache.c, cache.pos = h, c, start + T
+        y = self.drop_out(y)
+        return self.proj(y) if self.proj is not None else y
+
+    def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Tied output layer: logits over vocabulary + special tokens, ``h · Weᵀ``."""
+        return F.linear(h, self.tok_emb.weight)
+
+    def lm_loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy of ``targets`` (already shifted; -100 = ignored) given ``idx``."""
+        return next_token_nll(self.lm_logits(self(idx)), targets)
+
+    @torch.no_grad()
+    def add_special_tokens(self, n: int) -> None:
+        """Append ``n`` token rows drawn from N(0, init_std) (fine-tuning's start/delimiter/extract tokens)."""
+        if n <= 0:
+            return
+        old = self.tok_emb.weight
+        new = torch.empty(n, old.size(1), device=old.device, dtype=old.dtype).normal_(0.0, self.config.init_std)
+        emb = nn.Embedding(old.size(0) + n, old.size(1), device=old.device, dtype=old.dtype)
+        emb.weight.copy_(torch.cat([old, new], dim=0))
+        self.tok_emb = emb
+        self.config.n_special += n
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs per token, ``6N`` (N = non-embedding parameters plus the tied output matrix, as
+        :meth:`GPT.flops_per_token` counts it). An LSTM has no attention term: its cost per token does not grow with
+        the position, so ``seq_len`` does not enter."""
+        return 6.0 * (self.num_params(non_embedding=True) + self.tok_emb.weight.numel())
+
+    def new_cache(self, batch_size: int = 1) -> LSTMState:
+        """An empty (zero) recurrent state for incremental decoding of ``batch_size`` rows."""
+        return LSTMState(batch_size)
