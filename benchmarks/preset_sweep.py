@@ -115,6 +115,8 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--eval-batches", type=int, default=8)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("SWEEP_THREADS", "2")))
+    ap.add_argument("--report-only", action="store_true",
+                    help="train nothing: summarise and plot every finished run in OUT/runs (grids of several calls)")
     ap.add_argument("--margin", type=float, default=0.1, help="nats below the unigram loss that count as learning")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -123,14 +125,19 @@ def main() -> None:
     grid = [(p, float(lr), float(i), int(s)) for p in a.presets.split(",") for lr in a.lrs.split(",")
             for i in a.inits.split(",") for s in a.seeds.split(",")]
     results = []
+    if a.report_only:
+        grid = []
+        results = [json.loads(p.read_text()) for p in sorted((a.out / "runs").glob("*/sweep-result.json"))]
+        results.sort(key=lambda r: (r["preset"], r["init_std"], r["lr"], r["seed"]))
     for preset, lr, init, seed in grid:
         r = run_one(a.corpus, a.out, preset, lr, init, seed, a)
         print(f"{r['name']}: val {r['val_curve'][0][1]:.3f} → {r['val_curve'][-1][1]:.3f} "
               f"(unigram {unigram:.3f}; {r['seconds']} s)", flush=True)
         results.append(r)
     summary = summarise(results, unigram, a.margin)
+    settings = {k: v for k, v in vars(a).items() if k not in ("corpus", "out", "report_only", "lrs", "inits", "seeds")}
     report = {"cpu": cpu_model(), "threads": a.threads, "torch": torch.__version__, "unigram_loss": unigram,
-              "settings": {k: v for k, v in vars(a).items() if k not in ("corpus", "out")},
+              "settings": settings,
               "corpus": str(a.corpus), "summary": summary, "runs": results}
     (a.out / "sweep.json").write_text(json.dumps(report, indent=1))
     plot(results, unigram, a.out / "sweep.png")
