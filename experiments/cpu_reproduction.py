@@ -208,6 +208,11 @@ class ReproConfig:
     device: str = "cpu"
     threads: int = 2
     """torch threads (this machine: 2 cores)."""
+    lstm_threads: int | None = None
+    """torch threads while the LSTM's stages run (None = ``threads``). An LSTM step is a chain of small per-time-step
+    kernels, each ending in a barrier of all threads: on a machine other processes also use, a thread preempted at
+    a barrier stalls the step (measured on this machine under load, smoke-size LSTM: 6 ms per update with 1 thread,
+    0.02-2.8 s with 2). 1 avoids that on a shared machine."""
 
 
 def smoke(cfg: ReproConfig) -> ReproConfig:
@@ -230,6 +235,7 @@ def smoke(cfg: ReproConfig) -> ReproConfig:
     cfg.labeled_seeds = 1  # each curve run costs the smoke test ≈ 0.3 s on 2 idle cores (it runs in CI)
     cfg.budget_examples = {"sst2": 16, "storycloze": 16}
     cfg.budget_seeds = 1
+    cfg.lstm_threads = 1  # a tiny LSTM gains nothing from 2 threads and stalls on a busy CI runner (lstm_threads)
     return cfg
 
 
@@ -1385,6 +1391,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default=",".join(TABLE5),
                     help="Table 5 rows to fine-tune; lstm-full (\"LSTM w/ aux LM\") also pretrains the LSTM and scores "
                          "it zero-shot (stages pretrain-lstm, zeroshot-lstm, finetune-lstm)")
+    ap.add_argument("--lstm-threads", type=int, default=None,
+                    help="torch threads for the LSTM's stages (default: as the others; 1 on a busy machine)")
     ap.add_argument("--full-sizes", action="store_true",
                     help="labeled-data curve: add each task's whole training split (SST-2 67,349 rows: ≈ 45 min more)")
     a = ap.parse_args(argv)
@@ -1395,6 +1403,8 @@ def main(argv: list[str] | None = None) -> int:
                       variants=variants)
     if a.smoke:
         smoke(cfg)
+    if a.lstm_threads is not None:
+        cfg.lstm_threads = a.lstm_threads
     stages = {s.strip() for s in a.stages.split(",") if s.strip()}
     if stages - set(STAGES):
         ap.error(f"--stages: unknown {', '.join(sorted(stages - set(STAGES)))} (known: {', '.join(STAGES)})")
@@ -1409,7 +1419,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def timed(name: str, fn, *args):
         t0 = time.perf_counter()
+        threads = cfg.lstm_threads if name.endswith("-lstm") and cfg.lstm_threads else cfg.threads
+        torch.set_num_threads(threads)
         r = fn(*args)
+        torch.set_num_threads(cfg.threads)
         seconds[name] = round(seconds.get(name, 0.0) + time.perf_counter() - t0, 1)
         write_json(out / "seconds.json", seconds)
         return r
