@@ -39,6 +39,10 @@ of its own, run right after their Transformer counterparts:
 - **finetune-lstm** — Table 5's fourth row, "LSTM w/ aux LM" (variant ``lstm-full``): the ``full`` fine-tuning
   (λ = 0.5) from the LSTM's final checkpoint, same tasks, subsample sizes and seeds as the Transformer's ``full``.
 
+A run directory without them gains them with ``--stages pretrain-lstm,zeroshot-lstm,finetune-lstm,report`` (the
+Transformer's files are neither redone nor renamed). On a machine other processes use, ``--lstm-threads 1``
+(``ReproConfig.lstm_threads`` says why).
+
 Both curves fine-tune from "a pretrained model" looked up by name (:data:`PRETRAINED`, ``curve_models``): ``gpt``,
 the model of the pretrain stage, and ``lstm``, that of pretrain-lstm (not in ``curve_models`` by default: its curves
 would double those stages' cost); the LSTM stages find the LSTM's files through the same table.

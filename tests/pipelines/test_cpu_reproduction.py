@@ -232,10 +232,21 @@ def test_sst2_margin_auc_is_threshold_free(repro, tmp_path):
 
 
 def test_smoke_end_to_end(repro, shared_data, tmp_path, monkeypatch):
-    """The whole pipeline at tiny size on the real books and task files; then a rerun skips every stage."""
+    """The whole pipeline at tiny size on the real books and task files: first without the LSTM (a run directory as
+    the script made them before it had one), then with it (the LSTM's stages only, nothing else redone); then a
+    rerun skips every stage."""
     monkeypatch.setenv("GPT1_DATA", str(shared_data))  # main() sets it; restored after the test
     out = tmp_path / "repro"
-    assert repro.main(["--smoke", "--seeds", "2", "--out", str(out), "--data", str(shared_data)]) == 0
+    args = ["--smoke", "--seeds", "2", "--out", str(out), "--data", str(shared_data)]
+    assert repro.main(args + ["--variants", "full,no-pretraining,no-aux-lm"]) == 0
+    assert not any(p.name.startswith(("pretrain-lstm", "zeroshot-lstm")) for p in out.iterdir())
+    assert "lstm-full" not in json.loads((out / "results.json").read_text())["table5"]
+    transformer = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != "seconds.json"
+                   and not {"plots", "results.json", "tables.md", "config.json"} & {p.name, *p.relative_to(out).parts}}
+    assert any("pretrain" in p.parts for p in transformer) and any("labeled" in p.parts for p in transformer)
+
+    assert repro.main(args) == 0  # the default variants add the LSTM to that directory
+    assert {p: p.stat().st_mtime_ns for p in transformer} == transformer  # the Transformer's files untouched
     res = json.loads((out / "results.json").read_text())
     runs = res["runs"]
     # 6 tasks × 4 variants (the LSTM's lstm-full included) × 2 seeds, and the layers curve 0..2 on one task
@@ -289,5 +300,5 @@ def test_smoke_end_to_end(repro, shared_data, tmp_path, monkeypatch):
     assert any("lstm-full" in p.parts for p in before)
     before.update({p: p.stat().st_mtime_ns for p in (out / "pretrain-lstm").rglob("*") if p.is_file()})
     before.update({p: p.stat().st_mtime_ns for p in (out / "pretrain-lstm-done.json", out / "zeroshot-lstm" / "curve.json")})
-    assert repro.main(["--smoke", "--seeds", "2", "--out", str(out), "--data", str(shared_data)]) == 0
+    assert repro.main(args) == 0
     assert {p: p.stat().st_mtime_ns for p in before} == before
