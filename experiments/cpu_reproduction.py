@@ -131,7 +131,9 @@ class ReproConfig:
     data: Path = Path("../shared/data")
     """Root of the real data: books/, glue/, storycloze/, dprd/ (MANIFEST.md)."""
     budget_minutes: float = 60.0
-    """Wall-clock target for the whole run on 2 CPU cores; pretraining gets ``pretrain_share`` of it."""
+    """Wall-clock target for the whole run on 2 CPU cores; pretraining gets ``pretrain_share`` of it. The LSTM's
+    stages come on top: its pretraining takes the Transformer's updates (≈ the same share again), its zero-shot
+    curve and fine-tuning ≈ 12 min at 3 seeds (estimated, docs/reproduction.md)."""
     seeds: int = 3
     """Fine-tuning seeds per (task, variant)."""
     pretrain_share: float = 0.45
