@@ -27,8 +27,25 @@ What it runs (docs/reproduction.md explains each stage and how to read the outpu
 8. **report** — ``results.json``, ``tables.md`` (mean ± std over seeds, every run listed, the paper's numbers
    alongside) and ``plots/*.png``. Always rebuilt from what is on disk.
 
-Both curves fine-tune from "a pretrained model" looked up by name (:data:`PRETRAINED`, ``curve_models``): today
-only ``gpt``, the model of the pretrain stage; another architecture pretrained the same way is one more entry.
+The LSTM of Table 5 (issue #15; on by default, ``--variants`` without ``lstm-full`` turns it off) has three stages
+of its own, run right after their Transformer counterparts:
+
+- **pretrain-lstm** — a single-layer LSTM (``lstm-tiny`` preset, 560 units, 192-wide embedding; 2,583,104
+  parameters against the Transformer's 2,590,464) pretrained on the same corpus for the same updates (plan.json's
+  ``pretrain_steps``) of the same 16 × 128-token batches, same optimiser, schedule and seed; its step-0 model and
+  every checkpoint kept as for the Transformer (``pretrain-lstm-init``, ``pretrain-lstm``).
+- **zeroshot-lstm** — the same zero-shot heuristics at each of its checkpoints (Figure 2 right's "LSTM" curves:
+  dashed in ``plots/zeroshot.png``); ``zeroshot-lstm/curve.json``.
+- **finetune-lstm** — Table 5's fourth row, "LSTM w/ aux LM" (variant ``lstm-full``): the ``full`` fine-tuning
+  (λ = 0.5) from the LSTM's final checkpoint, same tasks, subsample sizes and seeds as the Transformer's ``full``.
+
+A run directory without them gains them with ``--stages pretrain-lstm,zeroshot-lstm,finetune-lstm,report`` (the
+Transformer's files are neither redone nor renamed). On a machine other processes use, ``--lstm-threads 1``
+(``ReproConfig.lstm_threads`` says why).
+
+Both curves fine-tune from "a pretrained model" looked up by name (:data:`PRETRAINED`, ``curve_models``): ``gpt``,
+the model of the pretrain stage, and ``lstm``, that of pretrain-lstm (not in ``curve_models`` by default: its curves
+would double those stages' cost); the LSTM stages find the LSTM's files through the same table.
 
 Every stage skips work whose outputs exist (a fine-tuning run with its ``results.json``, the zero-shot curve
 with its ``curve.json``...), and pretraining resumes from its newest checkpoint, so an interrupted run continues
@@ -78,6 +95,13 @@ TASKS: tuple[str, ...] = ("sst2", "cola", "rte", "mrpc", "stsb", "storycloze")
 GLUE_TASKS: tuple[str, ...] = ("sst2", "cola", "rte", "mrpc", "stsb")
 ZEROSHOT_TASKS: tuple[str, ...] = ("sst2", "cola", "dprd", "storycloze")
 VARIANTS: tuple[str, ...] = ("full", "no-pretraining", "no-aux-lm")
+"""The Transformer's Table 5 variants (the finetune stage)."""
+LSTM_VARIANT = "lstm-full"
+"""Table 5's "LSTM w/ aux LM": the ``full`` fine-tuning from the LSTM (the finetune-lstm stage)."""
+TABLE5: tuple[str, ...] = VARIANTS + (LSTM_VARIANT,)
+"""Every row of Table 5, in the paper's order."""
+LABELS: dict[str, str] = {LSTM_VARIANT: "LSTM w/ aux LM"}
+"""Row names in the report where a variant's directory name is not the paper's."""
 METRIC: dict[str, str] = {"sst2": "accuracy", "cola": "mcc", "rte": "accuracy", "mrpc": "f1", "stsb": "pearson",
                           "storycloze": "accuracy"}
 # Training examples per fine-tuning run at a 60-minute budget (scaled linearly with the budget, capped by the
@@ -94,6 +118,7 @@ PAPER: dict[str, dict[str, float | None]] = {
     "full": {"cola": 45.4, "sst2": 91.3, "mrpc": 82.3, "stsb": 82.0, "rte": 56.0, "storycloze": 86.5},
     "no-pretraining": {"cola": 18.9, "sst2": 84.0, "mrpc": 79.4, "stsb": 30.9, "rte": 53.8, "storycloze": None},
     "no-aux-lm": {"cola": 47.9, "sst2": 92.0, "mrpc": 84.9, "stsb": 83.2, "rte": 54.4, "storycloze": None},
+    LSTM_VARIANT: {"cola": 30.3, "sst2": 90.5, "mrpc": 83.2, "stsb": 71.8, "rte": 54.6, "storycloze": None},
 }
 
 
@@ -106,7 +131,9 @@ class ReproConfig:
     data: Path = Path("../shared/data")
     """Root of the real data: books/, glue/, storycloze/, dprd/ (MANIFEST.md)."""
     budget_minutes: float = 60.0
-    """Wall-clock target for the whole run on 2 CPU cores; pretraining gets ``pretrain_share`` of it."""
+    """Wall-clock target for the whole run on 2 CPU cores; pretraining gets ``pretrain_share`` of it. The LSTM's
+    stages come on top: its pretraining takes the Transformer's updates (≈ the same share again), its zero-shot
+    curve and fine-tuning ≈ 12 min at 3 seeds (estimated, docs/reproduction.md)."""
     seeds: int = 3
     """Fine-tuning seeds per (task, variant)."""
     pretrain_share: float = 0.45
@@ -122,6 +149,16 @@ class ReproConfig:
         "n_layer": 4, "n_embd": 192, "n_head": 4, "n_inner": 768, "n_ctx": 128,
         "embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0, "init_std": 0.06})
     """Overrides of the ``tiny`` preset; chosen by the probes in PROBES."""
+    lstm_model: dict[str, Any] = field(default_factory=lambda: {
+        "n_embd": 192, "n_hidden": 560, "n_ctx": 128, "embd_pdrop": 0.0, "out_pdrop": 0.0, "init_std": 0.06})
+    """Overrides of the ``lstm-tiny`` preset for the LSTM of Table 5 (pretrain-lstm): one layer of 560 units and the
+    Transformer's 192-wide embedding (tied output layer, 560 → 192 projection) = 2,583,104 parameters over 4,096 ids,
+    matched to the Transformer's 2,590,464 (tests/model/test_lstm.py). No dropout and N(0, 0.06) as the Transformer
+    (the paper gives neither for its LSTM). Everything else (corpus, batches, updates, learning rate, schedule, seed)
+    is the Transformer's."""
+    variants: list[str] = field(default_factory=lambda: list(TABLE5))
+    """Table 5 rows to fine-tune (``TABLE5``). Without ``lstm-full`` the LSTM is neither pretrained nor scored
+    (unless ``curve_models`` names it)."""
     seq_len: int = 128
     batch_size: int = 16
     lr: float = 1e-3
@@ -177,6 +214,11 @@ class ReproConfig:
     device: str = "cpu"
     threads: int = 2
     """torch threads (this machine: 2 cores)."""
+    lstm_threads: int | None = None
+    """torch threads while the LSTM's stages run (None = ``threads``). An LSTM step is a chain of small per-time-step
+    kernels, each ending in a barrier of all threads: on a machine other processes also use, a thread preempted at
+    a barrier stalls the step (measured on this machine under load, smoke-size LSTM: 6 ms per update with 1 thread,
+    0.02-2.8 s with 2). 1 avoids that on a shared machine."""
 
 
 def smoke(cfg: ReproConfig) -> ReproConfig:
@@ -184,6 +226,7 @@ def smoke(cfg: ReproConfig) -> ReproConfig:
     cfg.books = 2
     cfg.vocab_size = 400
     cfg.model = {**cfg.model, "n_layer": 2, "n_embd": 32, "n_head": 2, "n_inner": 64, "n_ctx": 64}
+    cfg.lstm_model = {**cfg.lstm_model, "n_embd": 32, "n_hidden": 64, "n_ctx": 64}  # the same context as the above
     cfg.seq_len = 64
     cfg.pretrain_steps = 30
     cfg.checkpoints = 3
@@ -198,6 +241,7 @@ def smoke(cfg: ReproConfig) -> ReproConfig:
     cfg.labeled_seeds = 1  # each curve run costs the smoke test ≈ 0.3 s on 2 idle cores (it runs in CI)
     cfg.budget_examples = {"sst2": 16, "storycloze": 16}
     cfg.budget_seeds = 1
+    cfg.lstm_threads = 1  # a tiny LSTM gains nothing from 2 threads and stalls on a busy CI runner (lstm_threads)
     return cfg
 
 
@@ -275,6 +319,8 @@ class PretrainedModel:
     """Written when pretraining finished (the curves wait for it)."""
     corpus: Path
     """The prepared corpus it was pretrained on (its validation split gives each checkpoint's perplexity)."""
+    zeroshot: Path
+    """Its zero-shot curve (``curve.json``, one point per checkpoint, step 0 included)."""
 
     def ready(self) -> bool:
         return self.done.is_file()
@@ -296,8 +342,21 @@ class PretrainedModel:
 PRETRAINED: dict[str, Callable[[Path], PretrainedModel]] = {
     # The post-LN GPT of the pretrain stage. Its variants keep Table 5's names (full, no-pretraining).
     "gpt": lambda out: PretrainedModel("gpt", out / "pretrain-init", out / "pretrain", out / "pretrain-done.json",
-                                       out / "corpus"),
+                                       out / "corpus", out / "zeroshot"),
+    # The LSTM of Table 5's fourth row (stages pretrain-lstm, zeroshot-lstm, finetune-lstm): the same names with
+    # "-lstm" after the Transformer's.
+    "lstm": lambda out: PretrainedModel("lstm", out / "pretrain-lstm-init", out / "pretrain-lstm",
+                                        out / "pretrain-lstm-done.json", out / "corpus", out / "zeroshot-lstm"),
 }
+MODEL_LABELS: dict[str, str] = {"gpt": "Transformer", "lstm": "LSTM"}
+"""How the report names each pretrained model."""
+
+
+def pretrained_models(cfg: ReproConfig) -> list[str]:
+    """The models this configuration pretrains: the Transformer always, the LSTM when Table 5's LSTM row or a
+    curve wants it."""
+    extra = {model_of_variant(v) for v in cfg.variants} | set(cfg.curve_models)
+    return ["gpt"] + [m for m in PRETRAINED if m != "gpt" and m in extra]
 
 
 def pretrained_model(out: Path, name: str) -> PretrainedModel:
@@ -397,11 +456,13 @@ def stage_prepare(cfg: ReproConfig, out: Path) -> Path:
     return corpus
 
 
-def _pretrain_config(cfg: ReproConfig, out: Path, corpus: Path, steps: int):
+def _pretrain_config(cfg: ReproConfig, out: Path, corpus: Path, steps: int, model: str = "gpt"):
+    """The pretraining run of ``model``: the LSTM's differs from the Transformer's in its preset and shape only."""
     from gptcli.train.pretrain import PretrainConfig
 
+    preset, shape = ("tiny", cfg.model) if model == "gpt" else ("lstm-tiny", cfg.lstm_model)
     # Intervals rounded up: ``checkpoints`` saves in all with the final one, not an extra one a few updates before it.
-    return PretrainConfig(data=corpus, out=out / "pretrain", preset="tiny", model=dict(cfg.model),
+    return PretrainConfig(data=corpus, out=pretrained_model(out, model).run, preset=preset, model=dict(shape),
                           seq_len=cfg.seq_len, batch_size=cfg.batch_size, lr=cfg.lr, seed=0, device=cfg.device,
                           precision="fp32", max_steps=steps, epochs=1000.0, warmup_steps=max(1, steps // 20),
                           eval_every=-(-steps // cfg.val_points), eval_batches=cfg.eval_batches,
@@ -440,57 +501,72 @@ def stage_plan(cfg: ReproConfig, out: Path, corpus: Path) -> dict[str, Any]:
     return plan
 
 
-def stage_pretrain(cfg: ReproConfig, out: Path, corpus: Path, plan: dict[str, Any]) -> Path:
+def stage_pretrain(cfg: ReproConfig, out: Path, corpus: Path, plan: dict[str, Any], model: str = "gpt") -> Path:
+    """Pretrain ``model`` for plan.json's updates (the LSTM: the Transformer's number, so both see the same tokens)."""
     import torch
 
     from gptcli.checkpoint import is_checkpoint, save_checkpoint
     from gptcli.eval.perplexity import evaluate_lm
-    from gptcli.model.gpt import GPT
+    from gptcli.model.build import build_model
     from gptcli.train.pretrain import build_model_config, pretrain
     from gptcli.data.shards import open_corpus
 
-    run = out / "pretrain"
-    done = out / "pretrain-done.json"
-    init = out / "pretrain-init"
-    pc = _pretrain_config(cfg, out, corpus, plan["pretrain_steps"])
+    pm, stage = pretrained_model(out, model), "pretrain" if model == "gpt" else f"pretrain-{model}"
+    run, done, init = pm.run, pm.done, pm.init
+    pc = _pretrain_config(cfg, out, corpus, plan["pretrain_steps"], model)
     if not is_checkpoint(init):
         oc = open_corpus(corpus)
         torch.manual_seed(pc.seed)  # the same initial weights pretrain() draws
-        model = GPT(build_model_config(pc, oc.tokenizer.vocab_size))
-        ev = evaluate_lm(model, oc.arrays("val"), cfg.seq_len, cfg.batch_size, device="cpu", precision="fp32",
+        net = build_model(build_model_config(pc, oc.tokenizer.vocab_size))
+        ev = evaluate_lm(net, oc.arrays("val"), cfg.seq_len, cfg.batch_size, device="cpu", precision="fp32",
                          max_batches=cfg.eval_batches)
-        save_checkpoint(init, model, oc.tokenizer, meta={"step": 0, "val_loss": ev.loss})
+        save_checkpoint(init, net, oc.tokenizer, meta={"step": 0, "val_loss": ev.loss})
     if done.is_file():
-        log("pretrain: done already, skipped")
+        log(f"{stage}: done already, skipped")
         return run
     t0 = time.perf_counter()
     res = pretrain(pc)
     if res.stopped_by or res.final_val_loss is None:
         sys.exit(f"{run}: pretraining stopped ({res.stopped_by or 'no validation split'}); rerun to resume")
-    write_json(done, {"step": res.step, "final_val_loss": res.final_val_loss, "seconds": round(time.perf_counter() - t0, 1)})
-    log(f"pretrain: {res.step} updates, validation perplexity {math.exp(res.final_val_loss):.1f}")
+    record = {"step": res.step, "final_val_loss": res.final_val_loss, "seconds": round(time.perf_counter() - t0, 1)}
+    if model != "gpt":  # the Transformer's count is in plan.json (kept as it was)
+        from gptcli.checkpoint import read_header
+
+        record["params"] = _param_count(read_header(init))
+    write_json(done, record)
+    log(f"{stage}: {res.step} updates, validation perplexity {math.exp(res.final_val_loss):.1f}")
     return run
 
 
-def stage_zeroshot(cfg: ReproConfig, out: Path, run: Path) -> None:
+def _param_count(header: Any) -> int:
+    """Parameters of the model a checkpoint header describes (built afresh: these models are small)."""
+    from gptcli.model.build import build_model, config_from_dict
+
+    return build_model(config_from_dict(header.arch, header.model)).num_params()
+
+
+def stage_zeroshot(cfg: ReproConfig, out: Path, model: str = "gpt") -> None:
+    """The zero-shot curve of ``model``: every checkpoint of its run, step 0 included."""
     from gptcli.eval.zeroshot import ZeroShotConfig
     from gptcli.eval.curve import run_curve
 
-    zs = out / "zeroshot"
+    pm = pretrained_model(out, model)
+    zs, stage = pm.zeroshot, "zeroshot" if model == "gpt" else f"zeroshot-{model}"
     if (zs / "curve.json").is_file():
-        log("zeroshot: done already, skipped")
+        log(f"{stage}: done already, skipped")
         return
     t0 = time.perf_counter()
     zc = ZeroShotConfig(task=",".join(ZEROSHOT_TASKS), data_dir=str(cfg.data), out=str(zs), splits={"dprd": "train"},
                         limit=cfg.zeroshot_limit, precision="fp32", device=cfg.device, batch_size=64)
-    curve = run_curve(zc, [out / "pretrain-init", run])
+    curve = run_curve(zc, [pm.init, pm.run])
     if curve.skipped:
-        log(f"zeroshot: skipped tasks {curve.skipped}")
-    log(f"zeroshot: {len(curve.points)} checkpoints × {len(curve.tasks)} tasks ({time.perf_counter() - t0:.0f} s)")
+        log(f"{stage}: skipped tasks {curve.skipped}")
+    log(f"{stage}: {len(curve.points)} checkpoints × {len(curve.tasks)} tasks ({time.perf_counter() - t0:.0f} s)")
 
 
 def _finetune_one(cfg: ReproConfig, run_dir: Path, task: str, seed: int, init: str, tokenizer: str | None,
-                  lm_weight: float, n_train: int | None, transfer: int | None = None) -> dict[str, Any]:
+                  lm_weight: float, n_train: int | None, transfer: int | None = None,
+                  n_ctx: int | None = None) -> dict[str, Any]:
     from gptcli.train.finetune import FinetuneConfig, finetune
 
     results = run_dir / "results.json"
@@ -501,7 +577,8 @@ def _finetune_one(cfg: ReproConfig, run_dir: Path, task: str, seed: int, init: s
                         # What the recorded results were measured with (before the defaults became the released
                         # code's random batches and warmup_linear): kept so that they stay reproducible.
                         batching="length", schedule="linear",
-                        lm_weight=lm_weight, transfer_layers=transfer, select="last", n_ctx=cfg.model.get("n_ctx"),
+                        lm_weight=lm_weight, transfer_layers=transfer, select="last",
+                        n_ctx=n_ctx or cfg.model.get("n_ctx"),
                         max_train_examples=n_train, max_eval_examples=cfg.max_eval_examples, device=cfg.device,
                         precision="fp32", overwrite=True)
     return finetune(fc).results
@@ -512,7 +589,7 @@ def stage_finetune(cfg: ReproConfig, out: Path, run: Path, plan: dict[str, Any])
 
     final = str(resolve_checkpoint(run))  # the run's newest (= final) checkpoint
     for task in TASKS:
-        for variant in VARIANTS:
+        for variant in (v for v in VARIANTS if v in cfg.variants):
             for seed in range(cfg.seeds):
                 d = out / "finetune" / task / variant / f"seed-{seed}"
                 if (d / "results.json").is_file():
@@ -524,6 +601,22 @@ def stage_finetune(cfg: ReproConfig, out: Path, run: Path, plan: dict[str, Any])
                 log(f"finetune {task:10s} {variant:14s} seed {seed}: {METRIC[task]} "
                     f"{r['scores'].get(METRIC[task], float('nan')):.1f} (n_train {r['n_train']}, "
                     f"{time.perf_counter() - t0:.0f} s)")
+
+
+def stage_finetune_model(cfg: ReproConfig, out: Path, plan: dict[str, Any], model: str) -> None:
+    """Table 5's row for another pretrained model (the LSTM: "LSTM w/ aux LM"): the ``full`` fine-tuning from its
+    final checkpoint — the same tasks, subsample sizes, seeds and λ as the Transformer's ``full``."""
+    pm, variant = pretrained_model(out, model), curve_variants(model)[0]
+    final = str(pm.final())
+    n_ctx = (cfg.lstm_model if model == "lstm" else cfg.model).get("n_ctx")
+    for task in TASKS:
+        for seed in range(cfg.seeds):
+            d = out / "finetune" / task / variant / f"seed-{seed}"
+            if (d / "results.json").is_file():
+                continue
+            t0 = time.perf_counter()
+            r = _finetune_one(cfg, d, task, seed, final, None, cfg.lm_weight, plan["train_examples"][task], None, n_ctx)
+            _log_run(f"finetune {task:10s} {variant:14s} seed {seed}", task, r, t0)
 
 
 def stage_layers(cfg: ReproConfig, out: Path, run: Path, plan: dict[str, Any]) -> None:
@@ -684,10 +777,10 @@ def _record(r: dict[str, Any], task: str, variant: str, seed: int, transfer: int
 
 
 def aggregate(recs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
-    """``{variant: {task: {mean, std, n, scores}}}`` over seeds, for the Table 5 variants."""
+    """``{variant: {task: {mean, std, n, scores}}}`` over seeds, for the Table 5 variants (the LSTM's included)."""
     agg: dict[str, dict[str, dict[str, Any]]] = {}
     for r in recs:
-        if r["variant"] not in VARIANTS:
+        if r["variant"] not in TABLE5:
             continue
         cell = agg.setdefault(r["variant"], {}).setdefault(r["task"], {"scores": [], "failed": 0})
         if r["score"] is None:
@@ -856,31 +949,39 @@ def markdown_tables(recs: list[dict[str, Any]], agg: dict, meta: dict[str, Any],
     head = "| variant | " + " | ".join(f"{t} ({METRIC[t]})" for t in cols) + " | GLUE-5 avg |"
     sep = "|---|" + "---|" * (len(cols) + 1)
     lines += ["## Table 5 at CPU scale (dev splits; mean ± sample std over seeds)", "", head, sep]
-    for v in VARIANTS:
+    # The LSTM's row once it has runs (a Transformer-only report reads as before).
+    ours = [v for v in TABLE5 if v in VARIANTS or v in agg]
+    for v in ours:
         cells = agg.get(v, {})
         row = [fmt(cells[t]["mean"], cells[t]["std"], cells[t]["n"]) if t in cells and cells[t]["n"] else "–" for t in cols]
         glue = [cells[t]["mean"] for t in GLUE_TASKS if t in cells and cells[t]["n"]]
         avg = fmt(statistics.fmean(glue)) if len(glue) == len(GLUE_TASKS) else "–"
-        lines.append(f"| {v} (ours) | " + " | ".join(row) + f" | {avg} |")
+        lines.append(f"| {LABELS.get(v, v)} (ours) | " + " | ".join(row) + f" | {avg} |")
     base = meta.get("baselines") or {}
     if base:
         row = [fmt(base[t]) if base.get(t) is not None else "–" for t in cols]
         lines.append("| majority class (ours) | " + " | ".join(row) + " | – |")
-    for v in VARIANTS:
+    for v in TABLE5:
         p = PAPER[v]
         glue = [p[t] for t in GLUE_TASKS]
         avg = fmt(statistics.fmean(glue)) if all(x is not None for x in glue) else "–"
-        lines.append(f"| {v} (paper) | " + " | ".join(fmt(p[t]) if p[t] is not None else "–" for t in cols) + f" | {avg} |")
-    uneven = [f"{v}/{t}: {agg[v][t]['n']}" for v in VARIANTS for t in cols
+        lines.append(f"| {LABELS.get(v, v)} (paper) | " + " | ".join(fmt(p[t]) if p[t] is not None else "–" for t in cols)
+                     + f" | {avg} |")
+    uneven = [f"{v}/{t}: {agg[v][t]['n']}" for v in TABLE5 for t in cols
               if t in agg.get(v, {}) and agg[v][t]["n"] != meta.get("seeds")]
     if uneven:  # an unfinished run, or a run that produced no score
         lines += ["", f"Cells with other than {meta.get('seeds')} scored seeds: " + ", ".join(uneven) + "."]
     lines += ["", "Paper: reference §6 (Table 5; Story Cloze from the main results, no ablation reported). "
               "GLUE-5 avg = mean over SST-2, CoLA, RTE, MRPC, STS-B (the paper's Avg also has QQP, MNLI, QNLI). "
               "Majority class: the dev score of always predicting the most frequent training label (STS-B: none, a "
-              "constant has no correlation).", ""]
+              "constant has no correlation)."
+              + (" LSTM w/ aux LM: the `full` fine-tuning from a single-layer LSTM pretrained like the Transformer "
+                 "(same parameter count, corpus, updates and tokens; the paper: 2048 units)." if LSTM_VARIANT in agg
+                 else ""), ""]
+    others = [v for v in ours if v != "full"]
     lines += ["## Differences of means (ours), with Welch's t", "",
-              "| task | full − no-pretraining | full − no-aux-lm |", "|---|---|---|"]
+              "| task | " + " | ".join(f"full − {LABELS.get(v, v)}" for v in others) + " |",
+              "|---|" + "---|" * len(others)]
     for t in cols:
         def diff(a: str, b: str) -> str:
             ca, cb = agg.get(a, {}).get(t), agg.get(b, {}).get(t)
@@ -888,18 +989,30 @@ def markdown_tables(recs: list[dict[str, Any]], agg: dict, meta: dict[str, Any],
                 return "–"
             tval = welch_t(ca["scores"], cb["scores"])
             return f"{ca['mean'] - cb['mean']:+.1f}" + ("" if tval is None else f" (t = {tval:+.1f})")
-        lines.append(f"| {t} | {diff('full', 'no-pretraining')} | {diff('full', 'no-aux-lm')} |")
+        lines.append(f"| {t} | " + " | ".join(diff("full", v) for v in others) + " |")
     n = int(meta.get("seeds") or 0)
     if n >= 2:
         hi, lo = t_critical(n - 1), t_critical(2 * n - 2, conservative=False)
         lines += ["", f"t: Welch's t statistic of the two groups of seeds. With {n} seeds a side its degrees of freedom "
                   f"are {n - 1}-{2 * n - 2}, so |t| > {hi:.2f} is significant at the 5 % level (two-sided) whatever the "
                   f"variances, and |t| < {lo:.2f} is not."]
+    pre = meta.get("pretrained") or {}
+    if pre:
+        lines += ["", "## Pretrained models (same corpus, batches, updates, optimiser, schedule and seed)", "",
+                  "| model | parameters | updates | final validation perplexity | minutes |", "|---|---|---|---|---|"]
+        for m, d in pre.items():
+            ppl = f"{math.exp(min(float(d['final_val_loss']), 700)):,.1f}" if d.get("final_val_loss") is not None else "–"
+            mins = f"{d['seconds'] / 60:.1f}" if isinstance(d.get("seconds"), (int, float)) else "–"
+            params = f"{d['params']:,}" if isinstance(d.get("params"), int) else "–"
+            lines.append(f"| {MODEL_LABELS.get(m, m)} | {params} | {d.get('step', '–')} | {ppl} | {mins} |")
     auc = meta.get("sst2_margin_auc") or {}
+    more = {m: a for m, a in (meta.get("sst2_margin_auc_models") or {}).items() if a}  # the LSTM's, by model
     if auc:
         lines += ["", "## Zero-shot SST-2: does the margin carry signal? (ROC AUC of log p(positive) − log p(negative))",
-                  "", "| step | AUC |", "|---|---|"]
-        lines += [f"| {k} | {v:.3f} |" for k, v in sorted(auc.items())]
+                  "", "| step | AUC |" + "".join(f" AUC ({MODEL_LABELS.get(m, m)}) |" for m in more),
+                  "|---|---|" + "---|" * len(more)]
+        lines += [f"| {k} | {v:.3f} |" + "".join(f" {a[k]:.3f} |" if k in a else " – |" for a in more.values())
+                  for k, v in sorted(auc.items())]
     curve = layers_curve(recs)
     if curve:
         task = next(r["task"] for r in recs if r["variant"] == "layers")
@@ -1001,23 +1114,58 @@ def curve_runs_markdown(lrecs: list[dict[str, Any]], brecs: list[dict[str, Any]]
     return lines
 
 
-def val_curve(out: Path) -> list[tuple[int, float]]:
-    """(step, validation loss) from step 0 (the saved initial model) and the run's metrics.jsonl."""
+def val_curve(out: Path, model: str = "gpt") -> list[tuple[int, float]]:
+    """(step, validation loss) of ``model`` from step 0 (the saved initial model) and its run's metrics.jsonl."""
     from gptcli.checkpoint import is_checkpoint, read_header
 
     pts: list[tuple[int, float]] = []
-    init = out / "pretrain-init"
+    pm = pretrained_model(out, model)
+    init = pm.init
     if is_checkpoint(init):
         meta = read_header(init).meta
         if isinstance(meta.get("val_loss"), (int, float)):
             pts.append((0, float(meta["val_loss"])))
-    metrics = out / "pretrain" / "metrics.jsonl"
+    metrics = pm.run / "metrics.jsonl"
     if metrics.is_file():
         for line in metrics.read_text(encoding="utf-8").splitlines():
             rec = json.loads(line) if line.strip() else {}
             if rec.get("kind") == "eval" and isinstance(rec.get("loss"), (int, float)):
                 pts.append((int(rec["step"]), float(rec["loss"])))
     return sorted(dict(pts).items())
+
+
+def zeroshot_curves(out: Path) -> dict[str, dict[str, Any]]:
+    """Each pretrained model's zero-shot curve (its ``curve.json``), for the models that have one."""
+    found = {m: pretrained_model(out, m).zeroshot / "curve.json" for m in PRETRAINED}
+    return {m: read_json(p) for m, p in found.items() if p.is_file()}
+
+
+def plot_zeroshot(curves: dict[str, dict[str, Any]], path: Path, plt: Any) -> None:
+    """Figure 2 (right): normalised zero-shot score per task over pretraining updates, the Transformer solid and
+    the LSTM dashed in the same colour per task (as ``gptcli.eval.curve.plot`` draws one model)."""
+    from gptcli.eval.curve import LABELS as TASK_LABELS
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
+    tasks = list(dict.fromkeys(t for c in curves.values() for t in c["tasks"]))
+    for model, c in curves.items():
+        for i, t in enumerate(tasks):
+            pts = [(p["step"], p["normalized"].get(t)) for p in c["points"] if p.get("step") is not None]
+            pts = [(x, y) for x, y in pts if isinstance(y, (int, float)) and not math.isnan(y)]
+            if not pts:
+                continue
+            label = TASK_LABELS.get(t, t) + ("" if len(curves) == 1 else f" ({MODEL_LABELS.get(model, model)})")
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", markersize=4 if model != "gpt" else 6,
+                    color=f"C{i}", linestyle="-" if model == "gpt" else "--", label=label)
+    ax.axhline(0.0, color="grey", lw=0.8, ls="--")
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("pretraining updates")
+    ax.set_ylabel("normalized zero-shot performance")
+    title = "Zero-shot heuristics over pretraining (0 = random, 1 = SOTA)"
+    ax.set_title(title if len(curves) == 1 else title + "\nsolid: Transformer, dashed: LSTM", fontsize=10)
+    ax.legend(fontsize=7, ncol=2 if len(curves) > 1 else 1)
+    fig.tight_layout()
+    fig.savefig(str(path), format="png")
+    plt.close(fig)
 
 
 def plots(out: Path, recs: list[dict[str, Any]], baselines: dict[str, float | None] | None = None) -> list[str]:
@@ -1029,10 +1177,15 @@ def plots(out: Path, recs: list[dict[str, Any]], baselines: dict[str, float | No
     made: list[str] = []
     d = out / "plots"
     d.mkdir(parents=True, exist_ok=True)
-    vc = val_curve(out)
-    if vc:
+    vcs = {m: val_curve(out, m) for m in PRETRAINED}
+    vcs = {m: vc for m, vc in vcs.items() if vc}
+    if vcs:
         fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
-        ax.plot([s for s, _ in vc], [math.exp(min(l, 50)) for _, l in vc], marker="o")
+        for i, (m, vc) in enumerate(vcs.items()):
+            ax.plot([s for s, _ in vc], [math.exp(min(l, 50)) for _, l in vc], marker="o", color=f"C{i}",
+                    label=MODEL_LABELS.get(m, m))
+        if len(vcs) > 1:
+            ax.legend(fontsize=8)
         ax.set_yscale("log")
         ax.set_xlabel("pretraining updates")
         ax.set_ylabel("validation perplexity (held-out books)")
@@ -1041,37 +1194,30 @@ def plots(out: Path, recs: list[dict[str, Any]], baselines: dict[str, float | No
         fig.savefig(d / "val_perplexity.png")
         plt.close(fig)
         made.append("plots/val_perplexity.png")
-    cj = out / "zeroshot" / "curve.json"
-    if cj.is_file():
-        from gptcli.eval.curve import Curve, CurvePoint, plot
-
-        c = read_json(cj)
-        curve = Curve(c["tasks"], [CurvePoint(**p) for p in c["points"]], c.get("skipped", {}),
-                      {t: v["sota"] for t, v in c["normalization"].items()})
-        for p in curve.points:  # JSON null → NaN for the plot
-            p.normalized = {t: (float("nan") if v is None else v) for t, v in p.normalized.items()}
-        plot(curve, d / "zeroshot.png", plt)
+    zcs = zeroshot_curves(out)
+    if zcs:
+        plot_zeroshot(zcs, d / "zeroshot.png", plt)
         made.append("plots/zeroshot.png")
     agg = aggregate(recs)
     if agg:
         # Table 5 as bars: one panel per task (metrics differ in scale), one bar per variant, every seed a dot.
-        tasks = [t for t in TASKS if any(t in agg.get(v, {}) for v in VARIANTS)]
+        tasks = [t for t in TASKS if any(t in agg.get(v, {}) for v in TABLE5)]
         fig, axes = plt.subplots(1, len(tasks), figsize=(2.1 * len(tasks), 3.6), dpi=120, squeeze=False)
-        colors = {"full": "tab:blue", "no-pretraining": "tab:red", "no-aux-lm": "tab:green"}
+        colors = {"full": "tab:blue", "no-pretraining": "tab:red", "no-aux-lm": "tab:green", LSTM_VARIANT: "tab:purple"}
         for ax, t in zip(axes[0], tasks):
-            for i, v in enumerate(VARIANTS):
+            for i, v in enumerate(TABLE5):
                 cell = agg.get(v, {}).get(t)
                 if not cell or not cell["n"]:
                     continue
                 ax.bar(i, cell["mean"], yerr=cell["std"] if cell["n"] > 1 else None, color=colors[v], alpha=0.75,
-                       capsize=3, label=v)
+                       capsize=3, label=LABELS.get(v, v))
                 ax.scatter([i] * cell["n"], cell["scores"], s=9, color="black", zorder=3)
             if baselines and baselines.get(t) is not None:
                 ax.axhline(baselines[t], color="black", linestyle=":", linewidth=1, label="majority class")
             ax.set_title(f"{t} ({METRIC[t]})", fontsize=9)
             ax.set_xticks([])
         handles, labels = axes[0][0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+        fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8, frameon=False)
         fig.suptitle("Table 5 at CPU scale: dev scores per variant (bars: mean ± std; dots: seeds)", fontsize=10)
         fig.tight_layout(rect=(0, 0.07, 1, 1))
         fig.savefig(d / "table5.png")
@@ -1197,10 +1343,16 @@ def stage_report(cfg: ReproConfig, out: Path) -> dict[str, Any]:
     agg = aggregate(recs)
     plan = read_json(out / "plan.json") if (out / "plan.json").is_file() else {}
     zs = read_json(out / "zeroshot" / "curve.json") if (out / "zeroshot" / "curve.json").is_file() else None
+    done = {m: read_json(pretrained_model(out, m).done) for m in PRETRAINED if pretrained_model(out, m).ready()}
+    if "gpt" in done and "params" in plan:
+        done["gpt"] = {**done["gpt"], "params": plan["params"]}
     meta = {"seeds": cfg.seeds, "budget_minutes": cfg.budget_minutes, "config": asdict(cfg), "plan": plan,
             "pretrain": read_json(out / "pretrain-done.json") if (out / "pretrain-done.json").is_file() else None,
+            "pretrained": done,
             "seconds": read_json(out / "seconds.json") if (out / "seconds.json").is_file() else {},
             "baselines": majority_baselines(), "sst2_margin_auc": sst2_margin_auc(out / "zeroshot"),
+            "sst2_margin_auc_models": {m: sst2_margin_auc(pretrained_model(out, m).zeroshot)
+                                       for m in PRETRAINED if m != "gpt"},
             "labeled_seeds": cfg.labeled_seeds, "budget_seeds": cfg.budget_seeds}
     lrecs, brecs = collect_labeled(out), collect_budget(out)
     lab, bud = labeled_curves(lrecs), budget_curves(out, brecs)
@@ -1209,7 +1361,13 @@ def stage_report(cfg: ReproConfig, out: Path) -> dict[str, Any]:
                                                         for t, c in ts.items()} for v, ts in agg.items()},
               "paper": PAPER, "layers": {str(k): {"mean": m, "std": s, "n": n} for k, (m, s, n) in layers_curve(recs).items()},
               "val_curve": [{"step": s, "loss": l, "perplexity": math.exp(min(l, 700))} for s, l in val_curve(out)],
-              "zeroshot": zs, "labeled": {**lab, "runs": lrecs}, "budget": {**bud, "runs": brecs}, "plots": made}
+              "zeroshot": zs, "labeled": {**lab, "runs": lrecs}, "budget": {**bud, "runs": brecs}, "plots": made,
+              # Every pretrained model side by side (the Transformer's entries repeat val_curve and zeroshot above).
+              "models": {m: {"pretrain": done.get(m),
+                             "val_curve": [{"step": s, "loss": l, "perplexity": math.exp(min(l, 700))}
+                                           for s, l in val_curve(out, m)],
+                             "zeroshot": zeroshot_curves(out).get(m)} for m in PRETRAINED
+                         if m == "gpt" or pretrained_model(out, m).init.exists()}}
     write_json(out / "results.json", json.loads(json.dumps(result, default=str).replace("NaN", "null")))
     md = markdown_tables(recs, agg, meta, labeled_markdown(lab, meta) + budget_markdown(bud, lab, meta))
     write_text_atomic(out / "tables.md", md + "\n".join(curve_runs_markdown(lrecs, brecs) + [""]))
@@ -1220,7 +1378,10 @@ def stage_report(cfg: ReproConfig, out: Path) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------- main
 
-STAGES: tuple[str, ...] = ("prepare", "pretrain", "zeroshot", "finetune", "layers", "labeled", "budget", "report")
+STAGES: tuple[str, ...] = ("prepare", "pretrain", "pretrain-lstm", "zeroshot", "zeroshot-lstm", "finetune",
+                           "finetune-lstm", "layers", "labeled", "budget", "report")
+"""In the order they run. The ``-lstm`` stages do nothing unless the configuration wants the LSTM
+(:func:`pretrained_models`)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1233,12 +1394,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: checks the pipeline in about a minute")
     ap.add_argument("--stages", default=",".join(STAGES),
                     help="comma-separated stages to run (each skips work already done)")
+    ap.add_argument("--variants", default=",".join(TABLE5),
+                    help="Table 5 rows to fine-tune; lstm-full (\"LSTM w/ aux LM\") also pretrains the LSTM and scores "
+                         "it zero-shot (stages pretrain-lstm, zeroshot-lstm, finetune-lstm)")
+    ap.add_argument("--lstm-threads", type=int, default=None,
+                    help="torch threads for the LSTM's stages (default: as the others; 1 on a busy machine)")
     ap.add_argument("--full-sizes", action="store_true",
                     help="labeled-data curve: add each task's whole training split (SST-2 67,349 rows: ≈ 45 min more)")
     a = ap.parse_args(argv)
-    cfg = ReproConfig(out=a.out, data=a.data, budget_minutes=a.budget_minutes, seeds=a.seeds, full_sizes=a.full_sizes)
+    variants = [v.strip() for v in a.variants.split(",") if v.strip()]
+    if set(variants) - set(TABLE5):
+        ap.error(f"--variants: unknown {', '.join(sorted(set(variants) - set(TABLE5)))} (known: {', '.join(TABLE5)})")
+    cfg = ReproConfig(out=a.out, data=a.data, budget_minutes=a.budget_minutes, seeds=a.seeds, full_sizes=a.full_sizes,
+                      variants=variants)
     if a.smoke:
         smoke(cfg)
+    if a.lstm_threads is not None:
+        cfg.lstm_threads = a.lstm_threads
     stages = {s.strip() for s in a.stages.split(",") if s.strip()}
     if stages - set(STAGES):
         ap.error(f"--stages: unknown {', '.join(sorted(stages - set(STAGES)))} (known: {', '.join(STAGES)})")
@@ -1253,7 +1425,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def timed(name: str, fn, *args):
         t0 = time.perf_counter()
+        threads = cfg.lstm_threads if name.endswith("-lstm") and cfg.lstm_threads else cfg.threads
+        torch.set_num_threads(threads)
         r = fn(*args)
+        torch.set_num_threads(cfg.threads)
         seconds[name] = round(seconds.get(name, 0.0) + time.perf_counter() - t0, 1)
         write_json(out / "seconds.json", seconds)
         return r
@@ -1263,13 +1438,22 @@ def main(argv: list[str] | None = None) -> int:
         corpus = timed("prepare", stage_prepare, cfg, out)
     plan = timed("plan", stage_plan, cfg, out, corpus) if (corpus / "manifest.json").is_file() else None
     run = out / "pretrain"
-    if "pretrain" in stages and plan:
-        run = timed("pretrain", stage_pretrain, cfg, out, corpus, plan)
+    models = pretrained_models(cfg)
+    for model in models:  # the Transformer, then the LSTM (same corpus, same plan)
+        name = "pretrain" if model == "gpt" else f"pretrain-{model}"
+        if name in stages and plan:
+            timed(name, stage_pretrain, cfg, out, corpus, plan, model)
     ready = (out / "pretrain-done.json").is_file()
-    if "zeroshot" in stages and ready:
-        timed("zeroshot", stage_zeroshot, cfg, out, run)
+    for model in models:
+        name = "zeroshot" if model == "gpt" else f"zeroshot-{model}"
+        if name in stages and pretrained_model(out, model).ready():
+            timed(name, stage_zeroshot, cfg, out, model)
     if "finetune" in stages and ready:
         timed("finetune", stage_finetune, cfg, out, run, plan)
+    for model in models[1:]:
+        name = f"finetune-{model}"
+        if name in stages and curve_variants(model)[0] in cfg.variants and pretrained_model(out, model).ready():
+            timed(name, stage_finetune_model, cfg, out, plan, model)
     if "layers" in stages and ready:
         timed("layers", stage_layers, cfg, out, run, plan)
     # The curves check each of their pretrained models themselves (curve_models).

@@ -61,6 +61,58 @@ def test_aggregation_and_tables_on_synthetic_runs(repro, tmp_path):
     assert sum(1 for line in md.splitlines() if line.startswith("| sst2 | ") and "| accuracy |" in line) == 12
 
 
+def test_lstm_row_aggregate_and_welch_t_against_full(repro, tmp_path):
+    """Table 5's fourth row: the LSTM's ``full`` runs aggregate as the other variants, with Welch's t against full."""
+    scores = {"full": [80.0, 82.0, 84.0], "no-pretraining": [60.0, 61.0, 62.0], "no-aux-lm": [79.0, 81.0, 83.0],
+              "lstm-full": [70.0, 71.0, 72.0]}
+    for variant, vals in scores.items():
+        for seed, v in enumerate(vals):
+            _write_run(tmp_path, f"finetune/sst2/{variant}/seed-{seed}", "sst2", "accuracy", v)
+    _write_run(tmp_path, "finetune/cola/lstm-full/seed-0", "cola", "mcc", None)  # a failed run counts as failed
+
+    recs = repro.collect_runs(tmp_path)
+    agg = repro.aggregate(recs)
+    lstm = agg["lstm-full"]["sst2"]
+    assert lstm["n"] == 3 and lstm["mean"] == pytest.approx(71.0) and lstm["std"] == pytest.approx(1.0)
+    assert agg["lstm-full"]["cola"] == {"scores": [], "failed": 1, "mean": pytest.approx(math.nan, nan_ok=True),
+                                        "std": pytest.approx(math.nan, nan_ok=True), "n": 0}
+
+    md = repro.markdown_tables(recs, agg, {"seeds": 3})
+    assert "| LSTM w/ aux LM (ours) | 71.0 ± 1.0 | – |" in md
+    # the paper's row (reference §6, Table 5), GLUE-5 average over SST-2, CoLA, RTE, MRPC, STS-B
+    assert "| LSTM w/ aux LM (paper) | 90.5 | 30.3 | 54.6 | 83.2 | 71.8 | – | 66.1 |" in md
+    assert "| task | full − no-pretraining | full − no-aux-lm | full − LSTM w/ aux LM |" in md
+    # means 82 vs 71, variances 4 and 1 over 3 seeds each → t = 11 / sqrt(5/3) = 8.5
+    assert repro.welch_t(scores["full"], scores["lstm-full"]) == pytest.approx(11 / math.sqrt(5 / 3))
+    assert "| sst2 | +21.0 (t = +16.3) | +1.0 (t = +0.6) | +11.0 (t = +8.5) |" in md
+    assert "lstm-full/cola: 0" in md  # its failed cell is flagged as the others'
+
+    # without LSTM runs the report keeps the Transformer-only layout (no empty "ours" row, no extra column)
+    recs = [r for r in recs if r["variant"] != "lstm-full"]
+    md = repro.markdown_tables(recs, repro.aggregate(recs), {"seeds": 3})
+    assert "LSTM w/ aux LM (ours)" not in md and "| LSTM w/ aux LM (paper) |" in md
+    assert "| task | full − no-pretraining | full − no-aux-lm |\n" in md
+
+
+def test_variants_select_the_models_pretrained(repro):
+    cfg = repro.ReproConfig()
+    assert cfg.variants == ["full", "no-pretraining", "no-aux-lm", "lstm-full"]
+    assert repro.pretrained_models(cfg) == ["gpt", "lstm"]
+    cfg.variants = ["full", "no-pretraining", "no-aux-lm"]
+    assert repro.pretrained_models(cfg) == ["gpt"]
+    cfg.curve_models = ["gpt", "lstm"]  # a curve from the LSTM needs it pretrained too
+    assert repro.pretrained_models(cfg) == ["gpt", "lstm"]
+    pm = repro.pretrained_model(Path("/r"), "lstm")
+    assert (pm.init, pm.run, pm.done, pm.zeroshot) == (Path("/r/pretrain-lstm-init"), Path("/r/pretrain-lstm"),
+                                                       Path("/r/pretrain-lstm-done.json"), Path("/r/zeroshot-lstm"))
+    # the LSTM is pretrained like the Transformer but for its preset and shape
+    gpt_pc = repro._pretrain_config(cfg, Path("/r"), Path("/r/corpus"), 5127)
+    lstm_pc = repro._pretrain_config(cfg, Path("/r"), Path("/r/corpus"), 5127, "lstm")
+    assert (lstm_pc.preset, lstm_pc.out, lstm_pc.model["n_hidden"]) == ("lstm-tiny", Path("/r/pretrain-lstm"), 560)
+    same = lambda pc: {k: v for k, v in vars(pc).items() if k not in ("preset", "out", "model")}  # noqa: E731
+    assert same(lstm_pc) == same(gpt_pc) and gpt_pc.out == Path("/r/pretrain") and gpt_pc.preset == "tiny"
+
+
 def test_nested_subsamples_are_nested(repro):
     items = list(range(1000))
     subs = {n: repro.nested_subsample(items, n, "sst2/0") for n in (10, 50, 250, 999)}
@@ -180,18 +232,42 @@ def test_sst2_margin_auc_is_threshold_free(repro, tmp_path):
 
 
 def test_smoke_end_to_end(repro, shared_data, tmp_path, monkeypatch):
-    """The whole pipeline at tiny size on the real books and task files; then a rerun skips every stage."""
+    """The whole pipeline at tiny size on the real books and task files: first without the LSTM (a run directory as
+    the script made them before it had one), then with it (the LSTM's stages only, nothing else redone); then a
+    rerun skips every stage."""
     monkeypatch.setenv("GPT1_DATA", str(shared_data))  # main() sets it; restored after the test
     out = tmp_path / "repro"
-    assert repro.main(["--smoke", "--seeds", "2", "--out", str(out), "--data", str(shared_data)]) == 0
+    args = ["--smoke", "--seeds", "2", "--out", str(out), "--data", str(shared_data)]
+    assert repro.main(args + ["--variants", "full,no-pretraining,no-aux-lm"]) == 0
+    assert not any(p.name.startswith(("pretrain-lstm", "zeroshot-lstm")) for p in out.iterdir())
+    assert "lstm-full" not in json.loads((out / "results.json").read_text())["table5"]
+    transformer = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != "seconds.json"
+                   and not {"plots", "results.json", "tables.md", "config.json"} & {p.name, *p.relative_to(out).parts}}
+    assert any("pretrain" in p.parts for p in transformer) and any("labeled" in p.parts for p in transformer)
+
+    assert repro.main(args) == 0  # the default variants add the LSTM to that directory
+    assert {p: p.stat().st_mtime_ns for p in transformer} == transformer  # the Transformer's files untouched
     res = json.loads((out / "results.json").read_text())
     runs = res["runs"]
-    # 6 tasks × 3 variants × 2 seeds, and the layers curve 0..2 on one task
-    assert len([r for r in runs if r["variant"] != "layers"]) == 6 * 3 * 2
+    # 6 tasks × 4 variants (the LSTM's lstm-full included) × 2 seeds, and the layers curve 0..2 on one task
+    assert len([r for r in runs if r["variant"] != "layers"]) == 6 * 4 * 2
     assert sorted(r["transfer_layers"] for r in runs if r["variant"] == "layers") == [0, 1, 2]
     assert all(r["score"] is not None and r["n_train"] == 24 for r in runs)
     assert {t for t in res["table5"]["full"]} == set(repro.TASKS)
     assert res["table5"]["full"]["sst2"]["n"] == 2
+    # Table 5's LSTM row: pretrained for the same updates, fine-tuned on the same tasks, sizes and seeds
+    assert set(res["table5"]["lstm-full"]) == set(repro.TASKS) and res["table5"]["lstm-full"]["sst2"]["n"] == 2
+    full_n = {(r["task"], r["seed"]): r["n_train"] for r in runs if r["variant"] == "full"}
+    assert {(r["task"], r["seed"]): r["n_train"] for r in runs if r["variant"] == "lstm-full"} == full_n
+    lstm = res["models"]["lstm"]
+    assert lstm["pretrain"]["step"] == 30 and lstm["pretrain"]["params"] > 0
+    assert [p["step"] for p in lstm["val_curve"]][0] == 0 and lstm["val_curve"][-1]["step"] == 30
+    # its zero-shot curve: the same tasks at step 0 and every checkpoint, read from LSTM checkpoints
+    zs = lstm["zeroshot"]
+    assert set(zs["tasks"]) == set(repro.ZEROSHOT_TASKS) and [p["step"] for p in zs["points"]] == [0, 10, 20, 30]
+    assert all("pretrain-lstm" in p["checkpoint"] for p in zs["points"])
+    assert all(set(p["scores"]) == set(repro.ZEROSHOT_TASKS) for p in zs["points"])
+    assert json.loads((out / "pretrain-lstm" / "checkpoints" / "step-0000030" / "config.json").read_text())["arch"] == "lstm"
     assert [p["step"] for p in res["val_curve"]][0] == 0 and res["val_curve"][-1]["step"] == 30
     assert set(res["zeroshot"]["tasks"]) == set(repro.ZEROSHOT_TASKS)
     assert len(res["zeroshot"]["points"]) == 1 + 3  # step 0 + three checkpoints
@@ -200,6 +276,8 @@ def test_smoke_end_to_end(repro, shared_data, tmp_path, monkeypatch):
     md = (out / "tables.md").read_text()
     assert "| full (ours) |" in md and "| no-pretraining (paper) |" in md
     assert "| majority class (ours) |" in md and "## Zero-shot SST-2" in md
+    assert "| LSTM w/ aux LM (ours) |" in md and "| LSTM w/ aux LM (paper) |" in md and "full − LSTM w/ aux LM" in md
+    assert "| step | AUC | AUC (LSTM) |" in md and "| LSTM | " in md
     assert res["meta"]["baselines"]["mrpc"] > 80 and set(res["meta"]["sst2_margin_auc"]) == {"0", "10", "20", "30"}
     # the labeled-data curve: 2 tasks × 2 sizes × 2 variants × 1 seed, and a gap per task and size
     lab = res["labeled"]
@@ -217,7 +295,10 @@ def test_smoke_end_to_end(repro, shared_data, tmp_path, monkeypatch):
     assert "## Labeled-data curve: storycloze" in md and "## Pretraining-budget curve (gpt" in md
     assert "## Every run of the pretraining-budget curve" in md
 
-    # resumable: a rerun finds every stage's outputs and trains nothing
+    # resumable: a rerun finds every stage's outputs and trains nothing (the LSTM's stages included)
     before = {p: p.stat().st_mtime_ns for p in out.rglob("results.json") if {"finetune", "layers", "labeled", "budget"} & set(p.parts)}
-    assert repro.main(["--smoke", "--seeds", "2", "--out", str(out), "--data", str(shared_data)]) == 0
+    assert any("lstm-full" in p.parts for p in before)
+    before.update({p: p.stat().st_mtime_ns for p in (out / "pretrain-lstm").rglob("*") if p.is_file()})
+    before.update({p: p.stat().st_mtime_ns for p in (out / "pretrain-lstm-done.json", out / "zeroshot-lstm" / "curve.json")})
+    assert repro.main(args) == 0
     assert {p: p.stat().st_mtime_ns for p in before} == before
