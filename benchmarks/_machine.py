@@ -27,3 +27,15 @@ def cpu_model() -> str:
         return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
     except (OSError, subprocess.CalledProcessError, StopIteration):
         return "unknown CPU"
+
+
+def round_robin(step, variants: list, steps: int) -> dict:
+    """Seconds of ``step(*variant)`` per variant: one warm-up each, then ``steps`` rounds that time every variant in
+    turn, so that a change in the machine's load falls on all of them alike (the ratios are what is compared)."""
+    times: dict = {v: [] for v in variants}
+    for v in variants:  # warm-up
+        step(*v)
+    for _ in range(steps):
+        for v in variants:
+            times[v].append(step(*v))
+    return times

@@ -27,7 +27,7 @@ import os
 import statistics
 import time
 
-from _machine import cpu_model, use_large_allocator_thresholds  # benchmarks/_machine.py
+from _machine import cpu_model, round_robin, use_large_allocator_thresholds  # benchmarks/_machine.py
 
 # pair -> (Transformer preset + overrides, LSTM preset + overrides, batch, seq_len)
 PAIRS = {
@@ -92,12 +92,7 @@ def bench_pair(pair: str, args: argparse.Namespace) -> list[dict]:
         return time.perf_counter() - t0
 
     variants = [(a, p) for p in args.precisions.split(",") for a in models]
-    times: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
-    for v in variants:  # warm-up
-        step(*v)
-    for _ in range(args.steps):
-        for v in variants:
-            times[v].append(step(*v))
+    times: dict[tuple[str, str], list[float]] = round_robin(step, variants, args.steps)
     return _report(pair, models, times, batch_size, seq_len)
 
 

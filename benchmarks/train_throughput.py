@@ -22,7 +22,7 @@ import os
 import statistics
 import time
 
-from _machine import use_large_allocator_thresholds  # benchmarks/_machine.py (run as `python benchmarks/train_throughput.py`)
+from _machine import round_robin, use_large_allocator_thresholds  # benchmarks/_machine.py (run as `python benchmarks/train_throughput.py`)
 
 
 
@@ -92,12 +92,7 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
         return time.perf_counter() - t0
 
     variants = [(n, p) for p in args.precisions.split(",") for n in models]
-    times: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
-    for v in variants:  # warm-up
-        step(*v)
-    for _ in range(args.steps):
-        for v in variants:
-            times[v].append(step(*v))
+    times: dict[tuple[str, str], list[float]] = round_robin(step, variants, args.steps)
     tokens = args.batch * args.seq_len
     fpt = ours.flops_per_token(args.seq_len)
     base = statistics.median(times[("hf", "fp32")]) if ("hf", "fp32") in times else None

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptcli.model.losses import next_token_nll
+from gptcli.model.tied import TiedEmbeddingLM
 
 
 @dataclass
@@ -163,7 +163,7 @@ class Block(nn.Module):
         return self.ln_2(n + self.mlp(n))
 
 
-class GPT(nn.Module):
+class GPT(TiedEmbeddingLM):
     """GPT-1: token + learned position embeddings, ``n_layer`` post-LN blocks, tied LM output layer.
 
     ``forward`` returns the final block's hidden states (B, T, d); ``lm_logits`` maps them to vocabulary logits.
@@ -209,26 +209,6 @@ class GPT(nn.Module):
         if cache is not None:
             cache.pos += T
         return h
-
-    def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Tied output layer: logits over vocabulary + special tokens, ``h · Weᵀ``."""
-        return F.linear(h, self.tok_emb.weight)
-
-    def lm_loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean next-token cross-entropy of ``targets`` (already shifted; -100 = ignored) given ``idx``."""
-        return next_token_nll(self.lm_logits(self(idx)), targets)
-
-    @torch.no_grad()
-    def add_special_tokens(self, n: int) -> None:
-        """Append ``n`` token rows drawn from N(0, init_std) (fine-tuning's start/delimiter/extract tokens)."""
-        if n <= 0:
-            return
-        old = self.tok_emb.weight
-        new = torch.empty(n, old.size(1), device=old.device, dtype=old.dtype).normal_(0.0, self.config.init_std)
-        emb = nn.Embedding(old.size(0) + n, old.size(1), device=old.device, dtype=old.dtype)
-        emb.weight.copy_(torch.cat([old, new], dim=0))
-        self.tok_emb = emb
-        self.config.n_special += n
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token, ``6N + 12·L·d·T`` (N = non-embedding parameters; PaLM appendix B).

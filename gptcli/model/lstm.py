@@ -40,9 +40,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from gptcli.model.losses import next_token_nll
+from gptcli.model.tied import TiedEmbeddingLM
 
 ARCH = "lstm"
 """The ``arch`` a checkpoint of this model records (see ``gptcli/checkpoint.py``)."""
@@ -115,7 +114,7 @@ class LSTMState:
         return out
 
 
-class LSTMLM(nn.Module):
+class LSTMLM(TiedEmbeddingLM):
     """Token embedding, ``n_layer`` LSTM layers, optional projection, output layer tied to the embedding.
 
     ``forward`` returns the hidden states (B, T, n_embd) and ``lm_logits`` maps them to vocabulary logits, the
@@ -183,26 +182,6 @@ class LSTMLM(nn.Module):
             cache.h, cache.c, cache.pos = h, c, start + T
         y = self.drop_out(y)
         return self.proj(y) if self.proj is not None else y
-
-    def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Tied output layer: logits over vocabulary + special tokens, ``h · Weᵀ``."""
-        return F.linear(h, self.tok_emb.weight)
-
-    def lm_loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean next-token cross-entropy of ``targets`` (already shifted; -100 = ignored) given ``idx``."""
-        return next_token_nll(self.lm_logits(self(idx)), targets)
-
-    @torch.no_grad()
-    def add_special_tokens(self, n: int) -> None:
-        """Append ``n`` token rows drawn from N(0, init_std) (fine-tuning's start/delimiter/extract tokens)."""
-        if n <= 0:
-            return
-        old = self.tok_emb.weight
-        new = torch.empty(n, old.size(1), device=old.device, dtype=old.dtype).normal_(0.0, self.config.init_std)
-        emb = nn.Embedding(old.size(0) + n, old.size(1), device=old.device, dtype=old.dtype)
-        emb.weight.copy_(torch.cat([old, new], dim=0))
-        self.tok_emb = emb
-        self.config.n_special += n
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token, ``6N`` (N = non-embedding parameters plus the tied output matrix, as

@@ -1,0 +1,42 @@
+"""What every gpt1 language model shares: an output layer tied to the token embedding, and the special-token rows
+fine-tuning appends to it.
+
+Both architectures (the Transformer of ``gpt.py`` and the LSTM baseline of ``lstm.py``) are mixed with
+:class:`TiedEmbeddingLM`, so the tied softmax, the LM loss and the special tokens are written once. A subclass
+has ``self.tok_emb`` (an ``nn.Embedding``), ``self.config`` with ``init_std`` and ``n_special``, and a ``forward``
+that returns hidden states of the embedding's width.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gptcli.model.losses import next_token_nll
+
+
+class TiedEmbeddingLM(nn.Module):
+    """The output side of a language model whose softmax weights are its token embedding (paper §3.1: ``W_e``)."""
+
+    tok_emb: nn.Embedding
+
+    def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Tied output layer: logits over vocabulary + special tokens, ``h · Weᵀ``."""
+        return F.linear(h, self.tok_emb.weight)
+
+    def lm_loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy of ``targets`` (already shifted; -100 = ignored) given ``idx``."""
+        return next_token_nll(self.lm_logits(self(idx)), targets)
+
+    @torch.no_grad()
+    def add_special_tokens(self, n: int) -> None:
+        """Append ``n`` token rows drawn from N(0, init_std) (fine-tuning's start/delimiter/extract tokens)."""
+        if n <= 0:
+            return
+        old = self.tok_emb.weight
+        new = torch.empty(n, old.size(1), device=old.device, dtype=old.dtype).normal_(0.0, self.config.init_std)
+        emb = nn.Embedding(old.size(0) + n, old.size(1), device=old.device, dtype=old.dtype)
+        emb.weight.copy_(torch.cat([old, new], dim=0))
+        self.tok_emb = emb
+        self.config.n_special += n
