@@ -209,3 +209,23 @@ def test_finetune_fills_the_cache_reuses_it_and_no_cache_bypasses_it(pretrained,
     third = finetune(FinetuneConfig(out=str(tmp_path / "c"), cache=False, **base))
     assert not root2.exists()
     assert third.results["scores"] == first.results["scores"]
+
+
+def test_the_gc_pause_of_a_warm_start_restores_the_collectors_state():
+    """The cache hit pauses the cyclic GC while it builds its objects (and freezes them): whatever the state was
+    before, it is the state after, an exception included."""
+    import gc
+
+    from gptcli.data.cache import _gc_paused
+
+    for before in (True, False):
+        (gc.enable if before else gc.disable)()
+        try:
+            with _gc_paused():
+                assert not gc.isenabled()
+            assert gc.isenabled() is before
+            with pytest.raises(RuntimeError), _gc_paused():
+                raise RuntimeError("boom")
+            assert gc.isenabled() is before
+        finally:
+            gc.enable()
