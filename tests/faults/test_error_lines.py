@@ -5,6 +5,7 @@ after the interrupted command removed its temporaries — and the traceback only
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -81,8 +82,15 @@ def test_an_interrupted_prepare_leaves_nothing(sig, code, word, tmp_path):
         (inputs / f"t{i}.txt").write_text(TEXT * 8000 + f"document {i}\n")
     before = tree(tmp_path)
     started = lambda: any(p.name.startswith(".corpus.partial-") for p in tmp_path.iterdir())  # noqa: E731
-    done = _interrupt(["prepare", inputs, "--out", tmp_path / "corpus", "--vocab-size", "40", "--workers", "1"],
-                      started, sig)
+    for _ in range(3):
+        done = _interrupt(["prepare", inputs, "--out", tmp_path / "corpus", "--vocab-size", "40", "--workers", "1"],
+                          started, sig)
+        if done.returncode != 0:
+            break
+        # The signal landed as the run was ending (seen once in CI on an idle machine): a complete corpus is a
+        # correct outcome, but it tests nothing here — remove it and interrupt again.
+        assert (tmp_path / "corpus" / "manifest.json").is_file(), done.stderr[-3000:]
+        shutil.rmtree(tmp_path / "corpus")
     assert done.returncode == code, done.stderr[-3000:]
     if word is not None:
         assert done.stderr.strip().splitlines()[-1] == word, done.stderr and "Traceback" not in done.stderr
