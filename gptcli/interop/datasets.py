@@ -112,10 +112,10 @@ def fetch_folder(source: Source, root: Path, *, revision: str | None = None, ove
     """Download ``source`` and write its official folder ``root/<folder>`` whole (or leave one that is there)."""
     report = progress or SILENT
     target = root / source.folder
-    if _present(target):
-        if not overwrite:
-            return Fetched(source.folder, target, "present", "already there (--overwrite fetches it again)")
-        check_output(target, "task-data", overwrite=True, flag="task folder")  # before any download
+    if _present(target) and not overwrite:
+        return Fetched(source.folder, target, "present", "already there (--overwrite fetches it again)")
+    if target.exists():  # ours to replace (an earlier fetch's folder, an empty one), or refused before any download
+        check_output(target, "task-data", overwrite=True, flag="task folder")
     snapshot = hub_snapshot(source.repo, sorted({f.hub_pattern for f in source.files}), revision=revision,
                             repo_type="dataset")
     root.mkdir(parents=True, exist_ok=True)

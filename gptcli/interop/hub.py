@@ -106,9 +106,14 @@ def models_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "gpt1" / "models"
 
 
+def _repo_dir(hub: HubId) -> Path:
+    """Everything converted from one Hub repository: a folder per commit, and ``refs/`` (revision → commit)."""
+    return models_root() / hub.repo_id.replace("/", "--")
+
+
 def model_dir(hub: HubId, commit: str) -> Path:
     """The converted checkpoint of ``hub`` at ``commit``."""
-    return models_root() / hub.repo_id.replace("/", "--") / commit
+    return _repo_dir(hub) / commit
 
 
 def resolve_checkpoint(spec: str | os.PathLike[str], *, progress: Progress | None = None) -> tuple[str, HubModel | None]:
@@ -156,7 +161,7 @@ def _is_converted(path: Path) -> bool:
 
 
 def _remembered(hub: HubId, rev: str) -> str | None:
-    ref = models_root() / hub.repo_id.replace("/", "--") / "refs" / rev
+    ref = _repo_dir(hub) / "refs" / rev
     try:
         commit = ref.read_text(encoding="utf-8").strip()
     except OSError:
@@ -165,7 +170,7 @@ def _remembered(hub: HubId, rev: str) -> str | None:
 
 
 def _remember(hub: HubId, rev: str, commit: str) -> None:
-    ref = models_root() / hub.repo_id.replace("/", "--") / "refs" / rev
+    ref = _repo_dir(hub) / "refs" / rev
     try:
         ref.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(ref, commit)

@@ -144,3 +144,17 @@ def test_which_folders_a_name_means():
         folders_for(["rte", "storycloze"])
     with pytest.raises(GPT1Error, match="unknown task 'nope'"):
         folders_for(["nope"])
+
+
+def test_a_file_where_the_task_folder_goes_is_refused_not_moved(hub, tmp_path):
+    """A file named like the task folder was renamed aside (to a hidden ``.RTE.old-…``) by the swap into place;
+    now it is refused before any download, and stays where it was."""
+    from gptcli.errors import GPT1Error
+    from gptcli.interop.datasets import FetchConfig, fetch
+
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "RTE").write_text("mine")
+    with pytest.raises(GPT1Error, match="is a file, not a directory"):
+        fetch(FetchConfig(tasks=["rte"], root=root))
+    assert sorted(p.name for p in root.iterdir()) == ["RTE"] and (root / "RTE").read_text() == "mine"
