@@ -96,8 +96,6 @@ command = OPTIONS.command(run)
 def _launch(cfg: FinetuneConfig, spec: LaunchSpec, quiet: bool, console: Any) -> None:
     """Start the workers of a --gpus/--procs run here; each re-runs `gpt1 finetune` on the resolved config. The
     settings and the run directory are checked once, before any worker starts; resuming a finished run needs none."""
-    import dataclasses
-
     from gptcli.train.distributed import describe_launch, launch_command
     from gptcli.train.finetune import finetune, plan_launch_run, step_checkpoints
 
@@ -105,10 +103,8 @@ def _launch(cfg: FinetuneConfig, spec: LaunchSpec, quiet: bool, console: Any) ->
     if plan.mode == "done":
         show_outcome(finetune(cfg, progress=WarningsOnly(console)), console)
         return
-    worker_cfg = dataclasses.replace(cfg, device="cuda" if spec.use_cuda else "cpu", resume=False)
     console.print(describe_launch(spec, cfg.batch_size), highlight=False)
-    stopped = launch_command(spec, "finetune", worker_cfg, [*(["--resume"] if cfg.resume else []),
-                                                            *(["--quiet"] if quiet else [])])
+    stopped = launch_command(spec, "finetune", cfg, resume=cfg.resume, quiet=quiet)
     if stopped:
         steps = step_checkpoints(plan.out)
         saved = f"checkpoint {steps[-1]}" if steps else "no checkpoint yet"

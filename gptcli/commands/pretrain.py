@@ -132,11 +132,9 @@ def _launch(cfg: PretrainConfig, spec: LaunchSpec, quiet: bool, console: Any) ->
             damaged = bool(newest_intact(cfg.out)[1])
     # Unverifying workers would resume from the newest checkpoint: when it is damaged they verify again (shards
     # included) so that each skips it, with the warning, and continues from the same intact one.
-    worker_cfg = dataclasses.replace(cfg, device="cuda" if spec.use_cuda else "cpu", verify_data=damaged,
-                                     resume=False)
     console.print(describe_launch(spec, cfg.batch_size), highlight=False)
-    stopped = launch_command(spec, "pretrain", worker_cfg, [*(["--resume"] if cfg.resume else []),
-                                                            *(["--quiet"] if quiet else [])])
+    stopped = launch_command(spec, "pretrain", dataclasses.replace(cfg, verify_data=damaged), resume=cfg.resume,
+                             quiet=quiet)
     if stopped:
         try:
             saved = f"checkpoint {resolve_checkpoint(cfg.out)}"

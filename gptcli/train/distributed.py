@@ -238,18 +238,23 @@ def launch(spec: LaunchSpec, argv: Sequence[str]) -> str | None:
     return None
 
 
-def launch_command(spec: LaunchSpec, command: str, config: Any, flags: Sequence[str] = ()) -> str | None:
+def launch_command(spec: LaunchSpec, command: str, config: Any, *, resume: bool, quiet: bool) -> str | None:
     """Start the workers of a ``--gpus``/``--procs`` run of ``gpt1 <command>``: ``config`` (the resolved settings of
-    the run, a config dataclass) goes to a temporary TOML that every worker reads with ``--config``, followed by
-    ``flags`` (``--resume``, ``--quiet``: what is not a setting of the run). What :func:`launch` returns.
+    the run, a config dataclass with ``device`` and ``resume`` fields) goes to a temporary TOML that every worker
+    reads with ``--config``, with the device the launch uses; ``resume`` and ``quiet`` travel as flags (a worker's
+    ``--resume`` is checked against the run's saved settings, not read from them). What :func:`launch` returns.
 
     The one launcher path of every command that trains data-parallel (``pretrain``, ``finetune``); each decides
-    beforehand what it checks once here instead of in every worker, and what its workers' config says."""
+    beforehand what it checks once here instead of in every worker, and what else its workers' config says."""
+    import dataclasses
+
     from gptcli.config import save_config
 
+    worker = dataclasses.replace(config, device="cuda" if spec.use_cuda else "cpu", resume=False)
+    flags = [*(["--resume"] if resume else []), *(["--quiet"] if quiet else [])]
     with tempfile.TemporaryDirectory(prefix="gpt1-launch-") as tmp:
         path = os.path.join(tmp, f"{command}.toml")
-        save_config(config, path)
+        save_config(worker, path)
         return launch(spec, [command, "--config", path, *flags])
 
 
