@@ -13,7 +13,7 @@ from gptcli.commands.render import RichProgress, WarningsOnly, details_table, st
 from gptcli.errors import GPT1Error
 from gptcli.outputs import check_output
 from gptcli.train.distributed import LaunchConfig, LaunchSpec
-from gptcli.train.finetune import CONFIG_FILE, RESULTS, FinetuneConfig, FinetuneResult
+from gptcli.train.finetune import CONFIG_FILE, RESULTS, FinetuneConfig, FinetuneResult, default_run_dir
 
 COMMAND_SETTINGS = {"help": "Fine-tune a pretrained checkpoint on one of the paper's tasks (paper §3.2, §4.1 defaults)."}
 
@@ -126,7 +126,7 @@ def _fill_defaults(cfg: FinetuneConfig, console: Any) -> None:
     if cfg.tokenizer:
         cfg.tokenizer = defaults.model(cfg.tokenizer, console, "--tokenizer")
     if not cfg.out:
-        cfg.out = str(defaults.run_dir(Path("runs") / f"finetune-{task.name}", console))
+        cfg.out = str(defaults.run_dir(default_run_dir(task.name), console))
 
 
 def show_outcome(result: FinetuneResult, console: Any) -> None:

@@ -226,6 +226,11 @@ class FinetuneResult:
     """Updates planned."""
 
 
+def default_run_dir(task: str) -> Path:
+    """Where a run started without ``out`` goes (or the next free ``-2``, ``-3``, … beside it)."""
+    return Path("runs") / f"finetune-{task}"
+
+
 def finetune(config: FinetuneConfig, progress: Progress | None = None,
              parallel: Parallel | None = None) -> FinetuneResult:
     """Run (or, with ``resume``, continue) one fine-tuning job as configured; returns where the checkpoint and
@@ -240,7 +245,7 @@ def finetune(config: FinetuneConfig, progress: Progress | None = None,
     check_world(config, par.world_size)
     task = get_task(config.task)
     if not config.out:  # what `gpt1 finetune` chooses too (it says so before calling here)
-        config = dataclasses.replace(config, out=str(next_free(Path("runs") / f"finetune-{task.name}")))
+        config = dataclasses.replace(config, out=str(next_free(default_run_dir(task.name))))
         report.note(f"run directory: {config.out}")
     plan = plan_run_dir(config, task, report)
     par.barrier()  # every rank has looked at the run directory before rank 0 writes in it
