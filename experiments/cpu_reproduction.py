@@ -1397,6 +1397,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default=",".join(TABLE5),
                     help="Table 5 rows to fine-tune; lstm-full (\"LSTM w/ aux LM\") also pretrains the LSTM and scores "
                          "it zero-shot (stages pretrain-lstm, zeroshot-lstm, finetune-lstm)")
+    ap.add_argument("--threads", type=int, default=ReproConfig.threads,
+                    help="torch threads (default: 2, this machine's cores; 1 beside another run, e.g. the LSTM's stages)")
     ap.add_argument("--lstm-threads", type=int, default=None,
                     help="torch threads for the LSTM's stages (default: as the others; 1 on a busy machine)")
     ap.add_argument("--full-sizes", action="store_true",
@@ -1406,7 +1408,7 @@ def main(argv: list[str] | None = None) -> int:
     if set(variants) - set(TABLE5):
         ap.error(f"--variants: unknown {', '.join(sorted(set(variants) - set(TABLE5)))} (known: {', '.join(TABLE5)})")
     cfg = ReproConfig(out=a.out, data=a.data, budget_minutes=a.budget_minutes, seeds=a.seeds, full_sizes=a.full_sizes,
-                      variants=variants)
+                      variants=variants, threads=a.threads)
     if a.smoke:
         smoke(cfg)
     if a.lstm_threads is not None:
@@ -1421,7 +1423,6 @@ def main(argv: list[str] | None = None) -> int:
     out = cfg.out
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "config.json", asdict(cfg))
-    seconds = read_json(out / "seconds.json") if (out / "seconds.json").is_file() else {}
 
     def timed(name: str, fn, *args):
         t0 = time.perf_counter()
@@ -1429,6 +1430,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)
         r = fn(*args)
         torch.set_num_threads(cfg.threads)
+        # Read afresh: two invocations may run side by side on one directory (the LSTM's stages beside the
+        # Transformer's), and each must add its stages to the file without dropping the other's.
+        seconds = read_json(out / "seconds.json") if (out / "seconds.json").is_file() else {}
         seconds[name] = round(seconds.get(name, 0.0) + time.perf_counter() - t0, 1)
         write_json(out / "seconds.json", seconds)
         return r

@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gptcli.model.attention import causal_attention
 from gptcli.model.tied import TiedEmbeddingLM
 
 
@@ -123,8 +124,8 @@ class CausalSelfAttention(nn.Module):
             k, v = cache.update(layer, k, v)
         dropout = self.attn_pdrop if self.training else 0.0
         if past == 0:
-            # Plain causal attention: SDPA picks flash / memory-efficient kernels on CUDA.
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+            # Plain causal attention, by the fastest path for the device, precision and dropout (attention.py).
+            y = causal_attention(q, k, v, dropout)
         elif T == 1:
             # One new token attends to everything cached: no mask needed.
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)

@@ -1,0 +1,109 @@
+"""Causal self-attention alone, forward + backward: every path the model can take, per precision and dropout.
+
+The measurements behind ``gptcli/model/attention.py``'s dispatch table. One GPT-1 attention (B × 12 heads × T ×
+64 by default: the paper's layer at the benchmark's 4 × 512) is run through
+
+- ``sdpa``: ``F.scaled_dot_product_attention(is_causal=True, dropout_p=p)``;
+- ``plain``: the paths the model writes out itself — scores = q·kᵀ/√d, causal mask, softmax, dropout, · v —
+  in the variants the model's dispatch can pick (``gptcli.model.attention.PATHS``);
+
+for fp32 and bf16 autocast (as training runs them: q, k, v come out of an autocast ``Linear`` in bf16), with
+dropout 0 and the paper's 0.1. Variants run round-robin (``_machine.round_robin``); the table gives median
+milliseconds and each path's time over SDPA's. Outputs are checked against SDPA without dropout.
+
+    python benchmarks/attention_paths.py                     # B=4, T=512, 12 heads of 64, 2 threads
+    python benchmarks/attention_paths.py --steps 20 --json attention.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+from _machine import cpu_model, round_robin, use_large_allocator_thresholds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=10, help="timed rounds (after one warm-up)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
+    ap.add_argument("--default-malloc", action="store_true", help="do not set GLIBC_TUNABLES")
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+    use_large_allocator_thresholds(args.default_malloc)
+
+    import torch
+
+    from gptcli.model.attention import PATHS, attention_path, causal_attention
+    from gptcli.runtime import measure_cpu_peak
+
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    peak = {p: measure_cpu_peak(p, n=2048, seconds=2.0) / 1e9 for p in ("fp32", "bf16")}
+    print(f"{cpu_model()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+          f"matmul peak fp32 {peak['fp32']:.0f} / bf16 {peak['bf16']:.0f} GFLOP/s, "
+          f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(default)')}")
+    g = torch.Generator().manual_seed(0)
+    shape = (args.batch, args.heads, args.seq_len, args.head_dim)
+    base = [torch.randn(shape, generator=g) for _ in range(3)]
+    inputs = {dt: [t.to(dt).requires_grad_() for t in base] for dt in (torch.float32, torch.bfloat16)}
+    grad = torch.randn(shape, generator=g)
+
+    def step(path: str, dtype: torch.dtype, p: float, mode: str) -> float:
+        q, k, v = inputs[dtype]
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            if mode == "eval":  # forward only, as zero-shot scoring and evaluation run it (no dropout there)
+                with torch.no_grad():
+                    causal_attention(q, k, v, p, path=path)
+                return time.perf_counter() - t0
+            y = causal_attention(q, k, v, p, path=path)
+        y.backward(grad.to(y.dtype))
+        for t in (q, k, v):
+            t.grad = None
+        return time.perf_counter() - t0
+
+    check(inputs, causal_attention, PATHS)
+    cases = [(dt, p, "train") for dt in (torch.float32, torch.bfloat16) for p in (0.0, 0.1)]
+    cases += [(dt, 0.0, "eval") for dt in (torch.float32, torch.bfloat16)]
+    times = round_robin(step, [(path, *case) for case in cases for path in PATHS], args.steps)
+    rows = []
+    print(f"\nB={args.batch} heads={args.heads} T={args.seq_len} d={args.head_dim}, median of {args.steps}; train = "
+          f"forward+backward, eval = forward under no_grad; '← model' = the path gptcli.model.attention picks")
+    for dt, p, mode in cases:
+        ref = statistics.median(times[("sdpa", dt, p, mode)])
+        chosen = attention_path("cpu", dt, p)
+        for path in PATHS:
+            ms = 1000 * statistics.median(times[(path, dt, p, mode)])
+            rows.append({"mode": mode, "dtype": str(dt).split(".")[1], "dropout": p, "path": path, "ms": ms,
+                         "vs_sdpa": ms / (1000 * ref), "chosen": path == chosen})
+            print(f"  {mode:5s} {rows[-1]['dtype']:8s} p={p:.1f} {path:18s} {ms:8.1f} ms  "
+                  f"{ms / (1000 * ref):5.2f}× SDPA{'   ← model' if path == chosen else ''}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cpu": cpu_model(), "threads": torch.get_num_threads(), "peak_gflops": peak,
+                       "shape": list(shape), "rows": rows}, f, indent=1)
+
+
+def check(inputs, causal_attention, paths) -> None:
+    """Every path computes SDPA's attention (no dropout): same output within the precision's tolerance."""
+    import torch
+
+    for dt, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+        q, k, v = (t.detach() for t in inputs[dt])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dt == torch.bfloat16):
+            ref = causal_attention(q, k, v, 0.0, path="sdpa").float()
+            for path in paths:
+                err = (causal_attention(q, k, v, 0.0, path=path).float() - ref).abs().max().item()
+                if err > tol:
+                    print(f"WARNING: {path} differs from SDPA by {err:.2e} in {dt} (tolerance {tol})")
+
+
+if __name__ == "__main__":
+    main()

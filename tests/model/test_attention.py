@@ -1,0 +1,82 @@
+"""The attention paths compute one function; the dispatch picks the measured one (gptcli/model/attention.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gptcli.model.attention as attention
+from gptcli.model.attention import PATHS, attention_path, causal_attention
+from gptcli.model.gpt import GPT, ModelConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _qkv(t: int, dtype: torch.dtype = torch.float32, d: int = 8, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(2, 3, t, d, generator=g).to(dtype).requires_grad_() for _ in range(3)]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("t", [1, 3, 5, 37])
+def test_every_path_is_sdpa_without_dropout_fp32(path: str, t: int) -> None:
+    """Outputs and gradients, including lengths shorter than the chunk count (empty blocks skipped)."""
+    q, k, v = _qkv(t)
+    ref = causal_attention(q, k, v, 0.0, path="sdpa")
+    grads_ref = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    out = causal_attention(q, k, v, 0.0, path=path)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_every_path_is_sdpa_without_dropout_bf16(path: str) -> None:
+    q, k, v = _qkv(64, torch.bfloat16, d=16)
+    ref = causal_attention(q, k, v, 0.0, path="sdpa").float()
+    torch.testing.assert_close(causal_attention(q, k, v, 0.0, path=path).float(), ref, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_dropout_acts_on_the_probabilities(path: str) -> None:
+    """With v the identity (d = T), the output IS the dropped-out probability matrix: nothing above the diagonal,
+    a share p of the visible entries zeroed, the rest the softmax scaled by 1/(1 - p) — the paper's attention dropout,
+    on every path."""
+    t, p = 64, 0.25
+    q, k, _ = _qkv(t, d=t)
+    v = torch.eye(t).expand(2, 3, t, t)
+    with torch.no_grad():
+        probs = causal_attention(q, k, v, 0.0, path="sdpa")
+        torch.manual_seed(0)
+        out = causal_attention(q, k, v, p, path=path)
+    visible = torch.ones(t, t, dtype=torch.bool).tril().expand_as(out)
+    assert not out[~visible].any()
+    kept = out[visible] != 0
+    assert abs(1 - kept.float().mean().item() - p) < 0.02  # 12,480 visible entries: the std of the share is 0.004
+    torch.testing.assert_close(out[visible][kept], probs[visible][kept] / (1 - p))
+
+
+def test_dispatch_table() -> None:
+    assert attention_path("cuda", torch.bfloat16, 0.1) == "sdpa"  # flash kernels fuse the dropout
+    assert attention_path("cuda", torch.float32, 0.0) == "sdpa"
+    assert attention_path("cpu", torch.float16, 0.1) == "sdpa"  # not measured: the library's default
+    for (dtype, dropout), path in attention.CPU_PATHS.items():
+        assert path in PATHS
+        assert attention_path("cpu", dtype, 0.1 if dropout else 0.0) == path
+    with pytest.raises(ValueError, match="unknown attention path"):
+        causal_attention(*_qkv(4), 0.0, path="nope")
+
+
+def test_the_model_takes_the_dispatched_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPT's training forward goes through the dispatch (what the benchmark measured is what runs)."""
+    seen: list[tuple[str, torch.dtype, float]] = []
+
+    def spy(device_type: str, dtype: torch.dtype, dropout: float) -> str:
+        seen.append((device_type, dtype, dropout))
+        return "chunked"
+
+    monkeypatch.setattr(attention, "attention_path", spy)
+    model = GPT(ModelConfig(vocab_size=50, n_ctx=16, n_embd=16, n_layer=2, n_head=2, n_inner=32)).train()
+    model(torch.randint(0, 50, (2, 16)))
+    assert seen == [("cpu", torch.float32, 0.1)] * 2
