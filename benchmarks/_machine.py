@@ -39,3 +39,36 @@ def round_robin(step, variants: list, steps: int) -> dict:
         for v in variants:
             times[v].append(step(*v))
     return times
+
+
+def machine_header(peak_seconds: float = 2.0, peak_n: int = 2048) -> tuple[dict, str]:
+    """What the figures belong to, as a dict (for ``--json``) and one printable line: the CPU model, the core and
+    torch thread counts, the fp32 and bf16 matmul peaks measured now (``gptcli.runtime.measure_cpu_peak`` with the
+    current thread count), the load average and the allocator setting. Call it after ``torch.set_num_threads``."""
+    import torch
+
+    from gptcli.runtime import measure_cpu_peak
+
+    peak = {p: measure_cpu_peak(p, n=peak_n, seconds=peak_seconds) for p in ("fp32", "bf16")}
+    info = {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "peak_flops": peak,
+        "load_average": os.getloadavg()[0],
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
+    }
+    line = (f"{info['cpu']}; {info['cores']} cores, {info['threads']} torch threads, torch {info['torch']}; "
+            f"measured matmul peak fp32 {peak['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.0f} GFLOP/s; "
+            f"load average {info['load_average']:.2f}; GLIBC_TUNABLES={info['glibc_tunables'] or '(default)'}")
+    return info, line
+
+
+def write_json(path: str | None, header: dict, **results) -> None:
+    """``--json PATH``: the machine header and the results in one file (nothing when ``path`` is empty)."""
+    if path:
+        import json
+
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"machine": header, **results}, f, indent=1, default=str)
