@@ -1,7 +1,8 @@
 """Causal self-attention alone, forward + backward: every path the model can take, per precision and dropout.
 
 The measurements behind ``gptcli/model/attention.py``'s dispatch table. One GPT-1 attention (B × 12 heads × T ×
-64 by default: the paper's layer at the benchmark's 4 × 512) is run through
+64 with B·T = 2,048 tokens by default: the paper's layer at the training benchmark's 4 × 512, and the shorter
+sequences of fine-tuning) is run through
 
 - ``sdpa``: ``F.scaled_dot_product_attention(is_causal=True, dropout_p=p)``;
 - ``plain``: the paths the model writes out itself — scores = q·kᵀ/√d, causal mask, softmax, dropout, · v —
@@ -11,7 +12,7 @@ for fp32 and bf16 autocast (as training runs them: q, k, v come out of an autoca
 dropout 0 and the paper's 0.1. Variants run round-robin (``_machine.round_robin``); the table gives median
 milliseconds and each path's time over SDPA's. Outputs are checked against SDPA without dropout.
 
-    python benchmarks/attention_paths.py                     # B=4, T=512, 12 heads of 64, 2 threads
+    python benchmarks/attention_paths.py                     # 2,048 tokens at T = 64 … 512, 12 heads of 64
     python benchmarks/attention_paths.py --steps 20 --json attention.json
 """
 
@@ -28,9 +29,9 @@ from _machine import cpu_model, round_robin, use_large_allocator_thresholds
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=2048, help="batch × sequence length (the batch follows the length)")
     ap.add_argument("--heads", type=int, default=12)
-    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--seq-lens", default="64,128,256,512", help="comma-separated sequence lengths")
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--steps", type=int, default=10, help="timed rounds (after one warm-up)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
@@ -49,10 +50,21 @@ def main() -> None:
     print(f"{cpu_model()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
           f"matmul peak fp32 {peak['fp32']:.0f} / bf16 {peak['bf16']:.0f} GFLOP/s, "
           f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(default)')}")
+    rows = []
+    for t in (int(x) for x in args.seq_lens.split(",")):
+        rows += bench_length(args, t, torch, PATHS, attention_path, causal_attention)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cpu": cpu_model(), "threads": torch.get_num_threads(), "peak_gflops": peak,
+                       "args": vars(args), "rows": rows}, f, indent=1)
+
+
+def bench_length(args, t: int, torch, PATHS, attention_path, causal_attention) -> list[dict]:
+    """Every (path, precision, dropout, mode) at sequence length ``t``, round-robin; prints and returns the rows."""
     g = torch.Generator().manual_seed(0)
-    shape = (args.batch, args.heads, args.seq_len, args.head_dim)
+    shape = (max(1, args.tokens // t), args.heads, t, args.head_dim)
     base = [torch.randn(shape, generator=g) for _ in range(3)]
-    inputs = {dt: [t.to(dt).requires_grad_() for t in base] for dt in (torch.float32, torch.bfloat16)}
+    inputs = {dt: [x.to(dt).requires_grad_() for x in base] for dt in (torch.float32, torch.bfloat16)}
     grad = torch.randn(shape, generator=g)
 
     def step(path: str, dtype: torch.dtype, p: float, mode: str) -> float:
@@ -65,8 +77,8 @@ def main() -> None:
                 return time.perf_counter() - t0
             y = causal_attention(q, k, v, p, path=path)
         y.backward(grad.to(y.dtype))
-        for t in (q, k, v):
-            t.grad = None
+        for x in (q, k, v):
+            x.grad = None
         return time.perf_counter() - t0
 
     check(inputs, causal_attention, PATHS)
@@ -74,21 +86,18 @@ def main() -> None:
     cases += [(dt, 0.0, "eval") for dt in (torch.float32, torch.bfloat16)]
     times = round_robin(step, [(path, *case) for case in cases for path in PATHS], args.steps)
     rows = []
-    print(f"\nB={args.batch} heads={args.heads} T={args.seq_len} d={args.head_dim}, median of {args.steps}; train = "
+    print(f"\nB={shape[0]} heads={args.heads} T={t} d={args.head_dim}, median of {args.steps}; train = "
           f"forward+backward, eval = forward under no_grad; '← model' = the path gptcli.model.attention picks")
     for dt, p, mode in cases:
         ref = statistics.median(times[("sdpa", dt, p, mode)])
-        chosen = attention_path("cpu", dt, p)
+        chosen = attention_path("cpu", dt, p, t)
         for path in PATHS:
             ms = 1000 * statistics.median(times[(path, dt, p, mode)])
-            rows.append({"mode": mode, "dtype": str(dt).split(".")[1], "dropout": p, "path": path, "ms": ms,
-                         "vs_sdpa": ms / (1000 * ref), "chosen": path == chosen})
+            rows.append({"seq_len": t, "batch": shape[0], "mode": mode, "dtype": str(dt).split(".")[1],
+                         "dropout": p, "path": path, "ms": ms, "vs_sdpa": ms / (1000 * ref), "chosen": path == chosen})
             print(f"  {mode:5s} {rows[-1]['dtype']:8s} p={p:.1f} {path:18s} {ms:8.1f} ms  "
                   f"{ms / (1000 * ref):5.2f}× SDPA{'   ← model' if path == chosen else ''}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"cpu": cpu_model(), "threads": torch.get_num_threads(), "peak_gflops": peak,
-                       "shape": list(shape), "rows": rows}, f, indent=1)
+    return rows
 
 
 def check(inputs, causal_attention, paths) -> None:

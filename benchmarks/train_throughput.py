@@ -2,9 +2,11 @@
 
 For each model size (``gpt1`` at batch 4×512 and ``tiny``) both implementations get the same weights, the same
 batch and the same optimizer (fused AdamW), in train mode with the paper's dropouts; one timed "step" is
-forward + backward + optimizer step. Variants run round-robin (ours fp32, HF fp32, ours bf16, HF bf16) so machine
-noise hits all alike; the report gives medians and ratios against HF fp32 measured in the same run, and MFU
-against the fp32 matmul peak measured by this script (FLOPs per token = 6N + 12·L·d·T, ``GPT.flops_per_token``).
+forward + backward + optimizer step. Variants run round-robin (ours, ours with SDPA attention everywhere — the path
+before ``gptcli/model/attention.py`` chose per precision and dropout —, HF; each in fp32 and bf16) so machine noise
+hits all alike; the report gives medians, ratios against HF fp32 and HF in the same precision measured in the same
+run, and MFU against the matmul peak of the step's precision measured by this script (FLOPs per token = 6N +
+12·L·d·T, ``GPT.flops_per_token``).
 
 glibc's malloc returns freed memory to the OS every step here and re-faults it (docs/performance.md); unless
 ``--default-malloc`` is given, the script re-executes itself with ``GLIBC_TUNABLES`` raising the mmap and trim
@@ -22,8 +24,7 @@ import os
 import statistics
 import time
 
-from _machine import round_robin, use_large_allocator_thresholds  # benchmarks/_machine.py (run as `python benchmarks/train_throughput.py`)
-
+from _machine import machine_header, round_robin, use_large_allocator_thresholds  # benchmarks/_machine.py (run as `python benchmarks/train_throughput.py`)
 
 
 def main() -> None:
@@ -35,6 +36,7 @@ def main() -> None:
     ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
     ap.add_argument("--no-hf", action="store_true", help="only our model")
+    ap.add_argument("--no-sdpa-variant", action="store_true", help="skip 'ours with SDPA everywhere'")
     ap.add_argument("--default-malloc", action="store_true", help="do not set GLIBC_TUNABLES")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args()
@@ -43,16 +45,14 @@ def main() -> None:
 
     import torch
 
-    from gptcli.runtime import measure_cpu_peak
-
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(default)')}")
-    peak = {p: measure_cpu_peak(p, n=2048, seconds=2.0) for p in ("fp32", "bf16")}
-    print(f"measured matmul peak: fp32 {peak['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.0f} GFLOP/s")
+    info, line = machine_header()
+    print(line)
+    peak = info["peak_flops"]
     results = [r for size in args.sizes.split(",") for r in bench_size(size, args, peak)]
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"peak": peak, "threads": torch.get_num_threads(), "results": results}, f, indent=1)
+            json.dump({**info, "peak": peak, "results": results, "args": vars(args)}, f, indent=1)
 
 
 def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> list[dict]:
@@ -60,12 +60,15 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
     import torch
 
     from gptcli.interop.hf import config_to_hf, state_dict_to_hf
+    from gptcli.model import attention
     from gptcli.model.gpt import GPT, preset
 
     cfg = preset(size)
     torch.manual_seed(0)
     ours = GPT(cfg).train()
     models = {"ours": ours}
+    if not args.no_sdpa_variant:
+        models["ours-sdpa"] = ours  # the same model and optimizer state; only the attention path differs
     if not args.no_hf:
         import transformers
 
@@ -76,6 +79,7 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
         hf.load_state_dict(state_dict_to_hf(ours.state_dict(), cfg.n_layer), strict=False)
         models["hf"] = hf
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-5, weight_decay=0.01, fused=True) for k, m in models.items()}
+    sdpa_everywhere = {key: "sdpa" for key in attention.CPU_PATHS}
     g = torch.Generator().manual_seed(1)
     batch = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), generator=g)
     x, y = batch[:, :-1], batch[:, 1:]
@@ -83,13 +87,18 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
     def step(name: str, prec: str) -> float:
         m, opt = models[name], opts[name]
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if prec == "bf16" else torch.autocast("cpu", enabled=False)
+        paths = attention.CPU_PATHS
+        if name == "ours-sdpa":
+            attention.CPU_PATHS = sdpa_everywhere
         t0 = time.perf_counter()
         with ctx:
-            loss = m.lm_loss(x, y) if name == "ours" else m(input_ids=x, labels=x).loss
+            loss = m(input_ids=x, labels=x).loss if name == "hf" else m.lm_loss(x, y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        attention.CPU_PATHS = paths
+        return seconds
 
     variants = [(n, p) for p in args.precisions.split(",") for n in models]
     times: dict[tuple[str, str], list[float]] = round_robin(step, variants, args.steps)
@@ -102,12 +111,13 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
     for (name, prec), ts in times.items():
         med = statistics.median(ts)
         tps = tokens / med
-        mfu = tps * fpt / peak["fp32"]
+        mfu = tps * fpt / peak[prec]
         ratio = base / med if base else float("nan")
-        results.append({"size": size, "impl": name, "precision": prec, "median_s": med, "tokens_per_s": tps,
-                        "mfu_vs_fp32_peak": mfu, "vs_hf_fp32": ratio})
-        print(f"  {name:4s} {prec}: {med:7.3f} s/step  {tps:8.1f} tok/s  MFU {100 * mfu:5.1f}% of fp32 peak  "
-              f"{ratio:.2f}× HF fp32")
+        same = statistics.median(times[("hf", prec)]) / med if ("hf", prec) in times else float("nan")
+        results.append({"size": size, "impl": name, "precision": prec, "median_s": med, "steps_s": ts,
+                        "tokens_per_s": tps, "mfu": mfu, "vs_hf_fp32": ratio, "vs_hf_same_precision": same})
+        print(f"  {name:9s} {prec}: {med:7.3f} s/step  {tps:8.1f} tok/s  MFU {100 * mfu:5.1f}% of the {prec} peak  "
+              f"{ratio:.2f}× HF fp32  {same:.2f}× HF {prec}")
     return results
 
 

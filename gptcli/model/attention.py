@@ -42,11 +42,18 @@ CPU_PATHS: dict[tuple[torch.dtype, bool], str] = {
 """The CPU's path per (dtype, dropout on?), from benchmarks/attention_paths.py (docs/performance.md has the run)."""
 
 
-def attention_path(device_type: str, dtype: torch.dtype, dropout: float) -> str:
-    """The path :func:`causal_attention` takes for inputs of ``dtype`` on ``device_type`` (module docstring)."""
+CHUNK_MIN_LEN = 256
+"""Shorter sequences are not chunked (``chunked`` → ``plain``): blocks of a few dozen queries cost more in per-op
+overhead than the skipped triangle saves (benchmarks/attention_paths.py at T = 64 and 128)."""
+
+
+def attention_path(device_type: str, dtype: torch.dtype, dropout: float, seq_len: int) -> str:
+    """The path :func:`causal_attention` takes for ``seq_len`` queries of ``dtype`` on ``device_type`` (module
+    docstring)."""
     if device_type != "cpu":
         return "sdpa"
-    return CPU_PATHS.get((dtype, dropout > 0.0), "sdpa")
+    path = CPU_PATHS.get((dtype, dropout > 0.0), "sdpa")
+    return "plain" if path == "chunked" and seq_len < CHUNK_MIN_LEN else path
 
 
 _MASKS: dict[tuple[int, torch.device], torch.Tensor] = {}
@@ -65,7 +72,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout:
     """Causal attention of ``q``, ``k``, ``v`` (B, H, T, d) with dropout ``dropout`` on the probabilities.
 
     ``dropout`` is applied as given (the caller passes 0 outside training)."""
-    path = path or attention_path(q.device.type, q.dtype, dropout)
+    path = path or attention_path(q.device.type, q.dtype, dropout, q.size(-2))
     if path == "sdpa":
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
     if path not in PATHS:

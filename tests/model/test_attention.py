@@ -58,25 +58,27 @@ def test_dropout_acts_on_the_probabilities(path: str) -> None:
 
 
 def test_dispatch_table() -> None:
-    assert attention_path("cuda", torch.bfloat16, 0.1) == "sdpa"  # flash kernels fuse the dropout
-    assert attention_path("cuda", torch.float32, 0.0) == "sdpa"
-    assert attention_path("cpu", torch.float16, 0.1) == "sdpa"  # not measured: the library's default
+    assert attention_path("cuda", torch.bfloat16, 0.1, 512) == "sdpa"  # flash kernels fuse the dropout
+    assert attention_path("cuda", torch.float32, 0.0, 512) == "sdpa"
+    assert attention_path("cpu", torch.float16, 0.1, 512) == "sdpa"  # not measured: the library's default
+    long, short = attention.CHUNK_MIN_LEN, attention.CHUNK_MIN_LEN - 1
     for (dtype, dropout), path in attention.CPU_PATHS.items():
         assert path in PATHS
-        assert attention_path("cpu", dtype, 0.1 if dropout else 0.0) == path
+        assert attention_path("cpu", dtype, 0.1 if dropout else 0.0, long) == path
+        assert attention_path("cpu", dtype, 0.1 if dropout else 0.0, short) == ("plain" if path == "chunked" else path)
     with pytest.raises(ValueError, match="unknown attention path"):
         causal_attention(*_qkv(4), 0.0, path="nope")
 
 
 def test_the_model_takes_the_dispatched_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPT's training forward goes through the dispatch (what the benchmark measured is what runs)."""
-    seen: list[tuple[str, torch.dtype, float]] = []
+    seen: list[tuple[str, torch.dtype, float, int]] = []
 
-    def spy(device_type: str, dtype: torch.dtype, dropout: float) -> str:
-        seen.append((device_type, dtype, dropout))
+    def spy(device_type: str, dtype: torch.dtype, dropout: float, seq_len: int) -> str:
+        seen.append((device_type, dtype, dropout, seq_len))
         return "chunked"
 
     monkeypatch.setattr(attention, "attention_path", spy)
     model = GPT(ModelConfig(vocab_size=50, n_ctx=16, n_embd=16, n_layer=2, n_head=2, n_inner=32)).train()
     model(torch.randint(0, 50, (2, 16)))
-    assert seen == [("cpu", torch.float32, 0.1)] * 2
+    assert seen == [("cpu", torch.float32, 0.1, 16)] * 2
