@@ -39,3 +39,19 @@ def round_robin(step, variants: list, steps: int) -> dict:
         for v in variants:
             times[v].append(step(*v))
     return times
+
+
+def describe_machine(peak_n: int = 2048, peak_seconds: float = 2.0) -> dict:
+    """Print (and return) what the figures belong to: CPU model, torch version, thread count and the measured fp32
+    and bf16 matmul peaks (``gptcli.runtime.measure_cpu_peak``, square ``peak_n`` matmuls) with those threads."""
+    import torch
+
+    from gptcli.runtime import measure_cpu_peak
+
+    info = {"cpu": cpu_model(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", "(default)"),
+            "peak_flops": {p: measure_cpu_peak(p, n=peak_n, seconds=peak_seconds) for p in ("fp32", "bf16")}}
+    peak = info["peak_flops"]
+    print(f"{info['cpu']}, torch {info['torch']}, {info['threads']} threads, GLIBC_TUNABLES={info['glibc_tunables']}")
+    print(f"measured matmul peak: fp32 {peak['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.0f} GFLOP/s")
+    return info
