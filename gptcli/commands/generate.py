@@ -1,7 +1,8 @@
 """`gpt1 generate`: continue a prompt with a checkpoint's language model, streaming tokens to the terminal.
 
 Options are derived from GenerateConfig (gptcli/model/generate.py); the run is gptcli/pipelines/generate.py. The
-text goes to stdout as it is produced; warnings and the closing statistics go to stderr.
+text goes to stdout as it is produced (``--samples N`` > 1: each sample under a header once the batch is done);
+warnings and the closing statistics go to stderr.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ OPTIONS = Options(
     GenerateConfig,
     panels={
         "Input": ("checkpoint", "prompt", "verify"),
-        "Sampling": ("max_new_tokens", "greedy", "temperature", "top_k", "top_p", "seed"),
+        "Sampling": ("max_new_tokens", "greedy", "temperature", "top_k", "top_p", "seed", "samples"),
         "Runtime": ("device", "use_cache"),
     },
     flags={
@@ -42,8 +43,22 @@ def run(p: Parsed) -> None:
     err = stderr_console()
     if cfg.prompt:  # (no prompt: the library's one-line error, before any model is downloaded)
         cfg.checkpoint = Path(defaults.model(cfg.checkpoint, err))
-    gen = start_generation(cfg, RichProgress(err))
-    # What the model sees (cleaned, lowercased), then each new piece of text as it is chosen.
+    progress = RichProgress(err)
+    gen = start_generation(cfg, progress)
+    if cfg.samples > 1:
+        n = _print_samples(gen, progress)
+    else:
+        n = _stream(gen)
+    dt = gen.seconds
+    rate = n / dt if dt > 0 else float("inf")
+    mode = "greedy" if cfg.greedy else f"T={cfg.temperature} top-k={cfg.top_k} top-p={cfg.top_p}"
+    batch = f", {cfg.samples} samples as one batch" if cfg.samples > 1 else ""
+    err.print(f"[dim]{n} tokens in {dt:.2f} s ({rate:.1f} tokens/s, {mode}{batch}, "
+              f"{'KV cache' if cfg.use_cache else 'no cache'}, {gen.device})[/]", highlight=False, soft_wrap=True)
+
+
+def _stream(gen) -> int:
+    """What the model sees (cleaned, lowercased), then each new piece of text as it is chosen; the tokens made."""
     out = sys.stdout
     out.write(gen.prompt_text)
     out.flush()
@@ -52,11 +67,17 @@ def run(p: Parsed) -> None:
         out.flush()
     out.write("\n")
     out.flush()
-    n, dt = len(gen.generated), gen.seconds
-    rate = n / dt if dt > 0 else float("inf")
-    mode = "greedy" if cfg.greedy else f"T={cfg.temperature} top-k={cfg.top_k} top-p={cfg.top_p}"
-    err.print(f"[dim]{n} tokens in {dt:.2f} s ({rate:.1f} tokens/s, {mode}, "
-              f"{'KV cache' if cfg.use_cache else 'no cache'}, {gen.device})[/]", highlight=False, soft_wrap=True)
+    return len(gen.generated)
+
+
+def _print_samples(gen, progress: RichProgress) -> int:
+    """Every sample, prompt included, under a ``--- sample i/N ---`` header; the tokens made over all samples."""
+    texts = gen.sample_texts(progress)
+    out = sys.stdout
+    for i, text in enumerate(texts, 1):
+        out.write(f"--- sample {i}/{len(texts)} ---\n{gen.prompt_text}{text}\n")
+    out.flush()
+    return sum(len(row) for row in gen.rows)
 
 
 command = OPTIONS.command(run)

@@ -85,12 +85,13 @@ def build_model(config: AnyConfig) -> LanguageModel:
 
 
 def new_cache(model: LanguageModel, batch_size: int = 1, *, device: Any = None,
-              dtype: torch.dtype | None = None) -> DecodeState:
-    """An empty incremental-decoding state: the Transformer's KV cache (preallocated to ``n_ctx`` in ``dtype`` on
-    ``device``) or the LSTM's recurrent state (created by its first call, in the dtype the LSTM computes in)."""
+              dtype: torch.dtype | None = None, length: int | None = None) -> DecodeState:
+    """An empty incremental-decoding state: the Transformer's KV cache (preallocated to ``length`` positions,
+    default ``n_ctx``, in ``dtype`` on ``device``) or the LSTM's recurrent state (created by its first call, in the
+    dtype the LSTM computes in; it has no length)."""
     if isinstance(model, LSTMLM):
         return model.new_cache(batch_size)
-    return KVCache(model.config, batch_size, device=device, dtype=dtype)
+    return KVCache(model.config, batch_size, device=device, dtype=dtype, length=length)
 
 
 def repeat_cache(model: LanguageModel, cache: DecodeState, n: int) -> DecodeState:
@@ -98,7 +99,7 @@ def repeat_cache(model: LanguageModel, cache: DecodeState, n: int) -> DecodeStat
     shared context)."""
     if isinstance(cache, LSTMState):
         return cache.repeat(n)
-    big = KVCache(model.config, n, device=cache.k[0].device, dtype=cache.k[0].dtype)
+    big = KVCache(model.config, n, device=cache.k[0].device, dtype=cache.k[0].dtype, length=cache.k[0].size(2))
     end = cache.pos
     for layer in range(len(big.k)):
         big.k[layer][:, :, :end] = cache.k[layer][:, :, :end]

@@ -7,7 +7,9 @@ once, then each new token costs one position. Only real vocabulary ids can be em
 the released code's tied output matrix even spans the position rows, and sampling those would be meaningless.
 GPT-1 has no end-of-text token, so generation stops after ``max_new_tokens`` or when the context is full.
 
-:func:`iter_generate` yields the ids one at a time (streaming); :func:`generate` collects them. What ``gpt1
+:func:`iter_generate` yields the ids one at a time (streaming); :func:`generate` collects them.
+:func:`generate_batch` / :func:`iter_generate_batch` decode several continuations of one prompt as one batch: the
+prompt runs once, its state is copied to every row, and each step is one model call for all rows. What ``gpt1
 generate`` runs around them (a checkpoint, a text prompt, streamed text) is :mod:`gptcli.pipelines.generate`,
 configured by :class:`GenerateConfig`.
 """
@@ -20,7 +22,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from gptcli.model.build import AnyConfig, LanguageModel, new_cache
+from gptcli.model.build import AnyConfig, DecodeState, LanguageModel, new_cache, repeat_cache
 
 
 @dataclass
@@ -70,22 +72,58 @@ class GenerateConfig(SamplingConfig):
     """cpu, cuda, cuda:N or auto (cuda when available)."""
     verify: bool = True
     """Check the checkpoint's files against their checksums before loading it (--no-verify skips it)."""
+    samples: int = 1
+    """Continuations of the prompt to draw, decoded together as one batch (one model call per step for all of them).
+    1 streams the text as it is produced; more print each sample, with a header, when all are done. Greedy samples
+    are all the same."""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.samples < 1:
+            raise ValueError("samples must be >= 1")
 
 
 def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
-    """Apply temperature, then top-k, then top-p to ``logits`` (…, V); removed entries become ``-inf``."""
-    logits = logits / temperature
+    """Apply temperature, then top-k, then top-p to ``logits`` (…, V); removed entries become ``-inf``.
+
+    Top-k keeps every token tied with the k-th (as Hugging Face's warper does). When top-p follows top-k, the nucleus
+    is computed from the k survivors ``topk`` already sorted instead of sorting the whole vocabulary — the same sorted
+    row, so the same result — unless ties make the two orders differ (then the whole row is sorted, as before)."""
+    if temperature != 1.0:  # x / 1.0 == x exactly: skip a full-vocabulary pass per step
+        logits = logits / temperature
+    survivors = None
     if top_k and top_k < logits.size(-1):
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        survivors = torch.topk(logits, top_k, dim=-1)
+        logits = logits.masked_fill(logits < survivors.values[..., -1:], float("-inf"))
     if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # Keep a token if the mass *before* it is still below top_p: the most probable token always survives.
-        drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
+        logits = logits.masked_fill(_nucleus_drop(logits, survivors, top_p), float("-inf"))
     return logits
+
+
+def _nucleus_drop(logits: torch.Tensor, survivors: torch.return_types.topk | None, top_p: float) -> torch.Tensor:
+    """Where top-p removes a token: keep it while the mass *before* it is still below ``top_p`` (so the most probable
+    token always survives). ``survivors``: the ``torch.topk`` result that masked ``logits``, or None."""
+    k = survivors.values.size(-1) if survivors is not None else 0
+    if survivors is not None and _sorted_prefix_is_exact(logits, survivors.values):
+        # The full descending sort would give exactly these k values followed by -inf: build that row directly.
+        sorted_logits = torch.full_like(logits, float("-inf"))
+        sorted_logits[..., :k] = survivors.values
+        probs = torch.softmax(sorted_logits, dim=-1)
+        drop_sorted = (probs.cumsum(dim=-1) - probs)[..., :k] >= top_p
+        return torch.zeros_like(logits, dtype=torch.bool).scatter(-1, survivors.indices, drop_sorted)
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
+    return drop_sorted.scatter(-1, order, drop_sorted)
+
+
+def _sorted_prefix_is_exact(logits: torch.Tensor, values: torch.Tensor) -> bool:
+    """Whether exactly ``k`` entries of each row survived top-k and no two of them are equal: then the sorted
+    survivors pair with their indices exactly as a full sort would (ties could swap which index is dropped)."""
+    k = values.size(-1)
+    no_extra = (torch.isfinite(logits).sum(dim=-1) == k).all()
+    distinct = (values[..., 1:] != values[..., :-1]).all()
+    return bool(no_extra & distinct)
 
 
 def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
@@ -95,6 +133,25 @@ def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Gener
     filtered = filter_logits(logits.float(), cfg.temperature, cfg.top_k, cfg.top_p)
     probs = torch.softmax(filtered, dim=-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def next_token_top_k(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> torch.Tensor:
+    """:func:`next_token` for top-k sampling that draws among the k candidates only: the same distribution, but k
+    random numbers per row instead of one per vocabulary entry (``torch.multinomial`` draws an exponential for every
+    column), and no full-vocabulary softmax. Used for batches (``samples > 1``); ties at the k-th logit, which top-k
+    keeps too, fall back to :func:`next_token`."""
+    logits = logits.float()
+    if cfg.greedy or not 0 < cfg.top_k < logits.size(-1):
+        return next_token(logits, cfg, generator)
+    top = torch.topk(logits, cfg.top_k, dim=-1)
+    if bool((logits >= top.values[..., -1:]).sum(dim=-1).gt(cfg.top_k).any()):
+        return next_token(logits, cfg, generator)
+    values = top.values / cfg.temperature if cfg.temperature != 1.0 else top.values
+    if cfg.top_p < 1.0:  # the candidates are sorted already: the nucleus is a cumulative sum away
+        probs = torch.softmax(values, dim=-1)
+        values = values.masked_fill((probs.cumsum(dim=-1) - probs) >= cfg.top_p, float("-inf"))
+    choice = torch.multinomial(torch.softmax(values, dim=-1), 1, generator=generator)
+    return top.indices.gather(-1, choice).squeeze(-1)
 
 
 def generate(
@@ -118,7 +175,6 @@ def generate(
     return out
 
 
-@torch.no_grad()
 def iter_generate(
     model: LanguageModel,
     prompt_ids: Sequence[int],
@@ -129,6 +185,52 @@ def iter_generate(
     """Continue ``prompt_ids``, yielding each new id as soon as it is chosen (see :func:`generate`).
 
     The prompt is checked before the first id is produced: a ``ValueError`` says what is wrong with it."""
+    for tokens in _decode(model, prompt_ids, cfg, 1, vocab_limit):
+        yield int(tokens)
+
+
+def generate_batch(
+    model: LanguageModel,
+    prompt_ids: Sequence[int],
+    cfg: SamplingConfig | None = None,
+    *,
+    samples: int,
+    vocab_limit: int | None = None,
+) -> list[list[int]]:
+    """``samples`` continuations of ``prompt_ids`` decoded together as one batch: the new ids of each, one list per
+    sample. See :func:`iter_generate_batch`."""
+    rows: list[list[int]] = [[] for _ in range(samples)]
+    for step in iter_generate_batch(model, prompt_ids, cfg, samples=samples, vocab_limit=vocab_limit):
+        for row, token in zip(rows, step):
+            row.append(token)
+    return rows
+
+
+def iter_generate_batch(
+    model: LanguageModel,
+    prompt_ids: Sequence[int],
+    cfg: SamplingConfig | None = None,
+    *,
+    samples: int,
+    vocab_limit: int | None = None,
+) -> Iterator[list[int]]:
+    """Continue ``prompt_ids`` in ``samples`` rows at once, yielding one new id per row at each step.
+
+    The prompt runs once (batch 1) and its decoding state is copied to every row; then each step is one model call
+    for all rows, each row sampled independently from the one seeded generator (greedy rows are all equal). With
+    top-k the rows draw among the k candidates only (:func:`next_token_top_k`), so row 0 need not repeat what a
+    single-sample run with the same seed draws; greedy row 0 is the single-sample greedy continuation."""
+    if samples < 1:
+        raise ValueError("samples must be >= 1")
+    for tokens in _decode(model, prompt_ids, cfg, samples, vocab_limit):
+        yield tokens.tolist()
+
+
+@torch.no_grad()
+def _decode(
+    model: LanguageModel, prompt_ids: Sequence[int], cfg: SamplingConfig | None, samples: int, vocab_limit: int | None
+) -> Iterator[torch.Tensor]:
+    """The decoding loop behind every entry point: yields the ``(samples,)`` ids chosen at each step."""
     cfg = cfg or SamplingConfig()
     cfg.validate()
     c = model.config
@@ -140,22 +242,39 @@ def iter_generate(
     if not cfg.greedy and cfg.seed is not None:
         generator = torch.Generator(device=device)
         generator.manual_seed(cfg.seed)
-    was_training = model.training
-    model.eval()
+    # One row keeps today's sampler (and so today's text for a seed); a batch draws among the top-k candidates.
+    choose = next_token if samples == 1 else next_token_top_k
     steps = min(cfg.max_new_tokens, c.n_ctx - len(prompt))  # stop at the context limit
     seq = torch.tensor([prompt], dtype=torch.long, device=device)
-    cache = new_cache(model, 1, device=device, dtype=model.tok_emb.weight.dtype) if cfg.use_cache else None
-    inp = seq
+    cache = _new_state(model, len(prompt) + steps) if cfg.use_cache else None
+    was_training = model.training
+    model.eval()
     try:
-        for _ in range(steps):
+        inp = seq
+        for step in range(steps):
             h = model(inp if cache is not None else seq, cache=cache)
             logits = model.lm_logits(h[:, -1])[:, :limit]  # never special rows or ids past the vocabulary
-            tok = next_token(logits, cfg, generator)
-            yield int(tok)
-            inp = tok.view(1, 1)
-            seq = torch.cat([seq, inp], dim=1)
+            if step == 0 and samples > 1:  # the prompt ran once; every row continues its state
+                logits, seq = logits.expand(samples, -1), seq.expand(samples, -1)
+                cache = repeat_cache(model, cache, samples) if cache is not None else None
+            tok = choose(logits, cfg, generator)
+            yield tok
+            inp = tok.view(-1, 1)
+            if cache is None:  # only the uncached reference re-reads the whole sequence
+                seq = torch.cat([seq, inp], dim=1)
     finally:
         model.train(was_training)
+
+
+def _new_state(model: LanguageModel, length: int) -> DecodeState:
+    """A batch-1 decoding state for ``length`` positions. Keys and values are kept in the dtype they are computed
+    in: the autocast dtype when autocast is on (storing bf16 values in an fp32 cache only to cast them back costs
+    twice the memory traffic and changes nothing), else the weights'."""
+    weight = model.tok_emb.weight
+    dtype = weight.dtype
+    if torch.is_autocast_enabled(weight.device.type):
+        dtype = torch.get_autocast_dtype(weight.device.type)
+    return new_cache(model, 1, device=weight.device, dtype=dtype, length=length)
 
 
 def _check_prompt(prompt: list[int], c: AnyConfig) -> None:

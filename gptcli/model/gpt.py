@@ -84,11 +84,13 @@ def preset(name: str, **overrides) -> ModelConfig:
 
 
 class KVCache:
-    """Keys and values of every layer for incremental decoding, preallocated to the context length."""
+    """Keys and values of every layer for incremental decoding, preallocated to ``length`` positions (default: the
+    context length; generation passes prompt + new tokens, so a short run does not allocate and zero the whole
+    context for every row)."""
 
-    def __init__(self, config: ModelConfig, batch_size: int, device=None, dtype=None) -> None:
+    def __init__(self, config: ModelConfig, batch_size: int, device=None, dtype=None, length: int | None = None) -> None:
         hd = config.n_embd // config.n_head
-        shape = (batch_size, config.n_head, config.n_ctx, hd)
+        shape = (batch_size, config.n_head, length or config.n_ctx, hd)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
         self.pos = 0  # number of positions already cached

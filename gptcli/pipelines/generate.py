@@ -2,11 +2,15 @@
 
 :func:`start_generation` loads the checkpoint and turns the prompt into ids (cleaned and tokenized like training
 text, trimmed to fit the context); :meth:`Generation.stream` then yields the continuation as pieces of text as
-each token is chosen (:func:`gptcli.model.generate.iter_generate`, KV-cached). The caller decides where the text
-goes::
+each token is chosen (:func:`gptcli.model.generate.iter_generate`, KV-cached), and :meth:`Generation.sample_texts`
+returns ``samples`` continuations decoded together as one batch. The caller decides where the text goes::
 
     gen = start_generation(GenerateConfig(checkpoint=Path("run"), prompt="The ship", max_new_tokens=20))
     print(gen.prompt_text + "".join(gen.stream()))
+
+    gen = start_generation(GenerateConfig(checkpoint=Path("run"), prompt="The ship", samples=4, seed=1))
+    for text in gen.sample_texts():
+        print(gen.prompt_text + text)
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from gptcli.errors import GPT1Error
-from gptcli.model.generate import GenerateConfig, iter_generate
-from gptcli.progress import SILENT, Progress
+from gptcli.model.generate import GenerateConfig, iter_generate, iter_generate_batch
+from gptcli.progress import SILENT, Progress, staged
 
 
 @dataclass
@@ -31,8 +35,12 @@ class Generation:
     ids: list[int]
     """The prompt's ids as the model sees them (the last ``n_ctx - 1`` if it was longer)."""
     generated: list[int] = field(default_factory=list)
+    """The new ids, after :meth:`stream`."""
+    rows: list[list[int]] = field(default_factory=list)
+    """The new ids of every sample, after :meth:`sample_texts`."""
     seconds: float = 0.0
-    """Wall-clock seconds :meth:`stream` took (decoding and the caller's handling of each piece included)."""
+    """Wall-clock seconds :meth:`stream` (decoding and the caller's handling of each piece included) or
+    :meth:`sample_texts` took."""
 
     @property
     def prompt_text(self) -> str:
@@ -56,6 +64,27 @@ class Generation:
             raise GPT1Error(str(e)) from None
         finally:
             self.seconds = time.perf_counter() - t0
+
+    def sample_texts(self, progress: Progress | None = None) -> list[str]:
+        """``config.samples`` continuations decoded together as one batch, each as the text it adds after the prompt
+        (:func:`gptcli.model.generate.iter_generate_batch`); ``progress`` sees one step per token position."""
+        cfg, report = self.config, progress or SILENT
+        steps = min(cfg.max_new_tokens, self.model.config.n_ctx - len(self.ids))
+        self.rows = [[] for _ in range(cfg.samples)]
+        t0 = time.perf_counter()
+        try:
+            with staged(report, f"sampling {cfg.samples} continuations", steps):
+                for step in iter_generate_batch(self.model, self.ids, cfg, samples=cfg.samples,
+                                                vocab_limit=self.tokenizer.vocab_size):
+                    for row, token in zip(self.rows, step):
+                        row.append(token)
+                    report.advance(1)
+        except ValueError as e:
+            raise GPT1Error(str(e)) from None
+        finally:
+            self.seconds = time.perf_counter() - t0
+        shown = len(self.prompt_text)
+        return [self.tokenizer.decode(self.ids + row)[shown:] for row in self.rows]
 
 
 def start_generation(cfg: GenerateConfig, progress: Progress | None = None) -> Generation:

@@ -77,3 +77,49 @@ def test_config_file_under_the_command_line(seen, tmp_path):
     assert cfg.max_new_tokens == 3 and cfg.checkpoint == Path("from-file")  # from the file
     assert cfg.top_k == 0 and cfg.greedy is False  # typed: win over the file, also at their defaults
     assert cfg.temperature == 1.0  # neither: the default
+
+
+def test_samples_option_prints_each_sample_under_a_header(monkeypatch, capsys, tmp_path):
+    import gptcli.pipelines.generate as pipeline
+
+    assert "[default: 1]" in option_row(help_panels(capsys, monkeypatch, "generate")["Sampling"], "--samples")
+
+    class FakeBatch(FakeGeneration):
+        rows = [[1, 2], [3, 4], [5, 6]]
+
+        def sample_texts(self, progress=None):
+            return [" one", " two", " three"]
+
+    configs: list[GenerateConfig] = []
+    monkeypatch.setattr(pipeline, "start_generation", lambda cfg, progress=None: configs.append(cfg) or FakeBatch())
+    assert run_cli("generate", "-c", "ck", "-p", "x", "--samples", "3", "--seed", "1") == 0
+    assert configs[-1].samples == 3
+    cap = capsys.readouterr()
+    assert cap.out == ("--- sample 1/3 ---\nthe prompt one\n--- sample 2/3 ---\nthe prompt two\n"
+                       "--- sample 3/3 ---\nthe prompt three\n")
+    assert "6 tokens in 0.50 s" in cap.err and "3 samples as one batch" in cap.err
+    (tmp_path / "s.toml").write_text("samples = 2\n")
+    assert run_cli("generate", "-c", "ck", "-p", "x", "--config", str(tmp_path / "s.toml")) == 0
+    assert configs[-1].samples == 2
+
+
+def test_samples_end_to_end(tmp_path, capsys):
+    """A real tiny checkpoint: greedy samples all equal the single streamed continuation; --samples 0 is refused."""
+    import torch
+    from toy_tokenizer import ToyTokenizer
+
+    from gptcli.checkpoint import save_checkpoint
+    from gptcli.model.gpt import GPT, ModelConfig
+
+    torch.manual_seed(4)
+    model = GPT(ModelConfig(vocab_size=97, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32))
+    save_checkpoint(tmp_path / "ck", model, ToyTokenizer(97))
+    common = ("-c", str(tmp_path / "ck"), "-p", "a b c", "-n", "4", "--greedy", "--device", "cpu")
+    assert run_cli("generate", *common) == 0
+    single = capsys.readouterr().out
+    assert run_cli("generate", *common, "--samples", "2") == 0
+    cap = capsys.readouterr()
+    assert cap.out == f"--- sample 1/2 ---\n{single}--- sample 2/2 ---\n{single}"
+    assert "8 tokens in" in cap.err
+    assert run_cli("generate", *common, "--samples", "0") == 1
+    assert "samples must be >= 1" in capsys.readouterr().err

@@ -57,3 +57,22 @@ def test_user_errors(checkpoint, tmp_path):
         start_generation(GenerateConfig(checkpoint=path, prompt="a", temperature=0))
     with pytest.raises(GPT1Error, match="empty after cleaning"):
         start_generation(GenerateConfig(checkpoint=path, prompt="   ", device="cpu"))
+
+
+def test_sample_texts_decodes_every_sample_as_one_batch(checkpoint):
+    from gptcli.model.generate import generate_batch
+
+    path, model = checkpoint
+    cfg = GenerateConfig(checkpoint=path, prompt="a b c", max_new_tokens=3, samples=4, top_k=10, seed=5,
+                         device="cpu")
+    progress = RecordingProgress()
+    gen = start_generation(cfg, progress)
+    texts = gen.sample_texts(progress)
+    assert gen.rows == generate_batch(model, gen.ids, cfg, samples=4, vocab_limit=V)
+    assert len(texts) == 4 and all(len(r) == 3 for r in gen.rows)
+    tok = ToyTokenizer(V)
+    assert [gen.prompt_text + t for t in texts] == [tok.decode(gen.ids + r) for r in gen.rows]
+    assert progress.of("stage")[0]["name"] == "sampling 4 continuations" and len(progress.of("advance")) == 3
+    assert gen.seconds > 0
+    with pytest.raises(GPT1Error, match="samples"):
+        start_generation(GenerateConfig(checkpoint=path, prompt="a", samples=0))
