@@ -33,6 +33,9 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--seq-lens", default="64,128,256,512", help="comma-separated sequence lengths")
     ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--chunks", default="",
+                    help="also time the chunked path at these block counts (comma-separated, e.g. 2,8; the model's "
+                         "is gptcli.model.attention.CHUNKS)")
     ap.add_argument("--steps", type=int, default=10, help="timed rounds (after one warm-up)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
     ap.add_argument("--default-malloc", action="store_true", help="do not set GLIBC_TUNABLES")
@@ -42,7 +45,20 @@ def main() -> None:
 
     import torch
 
-    from gptcli.model.attention import PATHS, attention_path, causal_attention
+    from gptcli.model import attention
+    from gptcli.model.attention import PATHS, attention_path
+
+    def causal_attention(q, k, v, p, path):
+        """The model's function; ``chunked/N`` runs the chunked path with N blocks."""
+        if not path.startswith("chunked/"):
+            return attention.causal_attention(q, k, v, p, path=path)
+        default, attention.CHUNKS = attention.CHUNKS, int(path.split("/")[1])
+        try:
+            return attention.causal_attention(q, k, v, p, path="chunked")
+        finally:
+            attention.CHUNKS = default
+
+    paths = list(PATHS) + [f"chunked/{n}" for n in args.chunks.split(",") if n.strip()]
     from gptcli.runtime import measure_cpu_peak
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
@@ -52,14 +68,14 @@ def main() -> None:
           f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(default)')}")
     rows = []
     for t in (int(x) for x in args.seq_lens.split(",")):
-        rows += bench_length(args, t, torch, PATHS, attention_path, causal_attention)
+        rows += bench_length(args, t, torch, paths, attention_path, causal_attention)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpu": cpu_model(), "threads": torch.get_num_threads(), "peak_gflops": peak,
                        "args": vars(args), "rows": rows}, f, indent=1)
 
 
-def bench_length(args, t: int, torch, PATHS, attention_path, causal_attention) -> list[dict]:
+def bench_length(args, t: int, torch, paths, attention_path, causal_attention) -> list[dict]:
     """Every (path, precision, dropout, mode) at sequence length ``t``, round-robin; prints and returns the rows."""
     g = torch.Generator().manual_seed(0)
     shape = (max(1, args.tokens // t), args.heads, t, args.head_dim)
@@ -81,17 +97,17 @@ def bench_length(args, t: int, torch, PATHS, attention_path, causal_attention) -
             x.grad = None
         return time.perf_counter() - t0
 
-    check(inputs, causal_attention, PATHS)
+    check(inputs, causal_attention, paths)
     cases = [(dt, p, "train") for dt in (torch.float32, torch.bfloat16) for p in (0.0, 0.1)]
     cases += [(dt, 0.0, "eval") for dt in (torch.float32, torch.bfloat16)]
-    times = round_robin(step, [(path, *case) for case in cases for path in PATHS], args.steps)
+    times = round_robin(step, [(path, *case) for case in cases for path in paths], args.steps)
     rows = []
     print(f"\nB={shape[0]} heads={args.heads} T={t} d={args.head_dim}, median of {args.steps}; train = "
           f"forward+backward, eval = forward under no_grad; '← model' = the path gptcli.model.attention picks")
     for dt, p, mode in cases:
         ref = statistics.median(times[("sdpa", dt, p, mode)])
         chosen = attention_path("cpu", dt, p, t)
-        for path in PATHS:
+        for path in paths:
             ms = 1000 * statistics.median(times[(path, dt, p, mode)])
             rows.append({"seq_len": t, "batch": shape[0], "mode": mode, "dtype": str(dt).split(".")[1],
                          "dropout": p, "path": path, "ms": ms, "vs_sdpa": ms / (1000 * ref), "chosen": path == chosen})
