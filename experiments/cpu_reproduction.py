@@ -136,6 +136,10 @@ class ReproConfig:
     curve and fine-tuning ≈ 12 min at 3 seeds (estimated, docs/reproduction.md)."""
     seeds: int = 3
     """Fine-tuning seeds per (task, variant)."""
+    tasks: list[str] = field(default_factory=lambda: list(TASKS))
+    """Tasks the finetune and finetune-lstm stages fine-tune (``TASKS``; the report reads whatever is on disk). Two
+    invocations on disjoint tasks can share a run directory (each skips runs whose results exist, but a run one of
+    them has started and not finished looks missing to the other: never give two invocations the same task)."""
     pretrain_share: float = 0.45
     """Share of the budget spent pretraining. The rest, measured at the default sizes: prepare ≈ 0.5 min, zero-shot
     ≈ 23 s per checkpoint (9 → 3.4 min), fine-tuning ≈ 3 min per variant and seed (9 → ≈ 25 min), layers ≈ 2 min."""
@@ -588,7 +592,7 @@ def stage_finetune(cfg: ReproConfig, out: Path, run: Path, plan: dict[str, Any])
     from gptcli.checkpoint import resolve_checkpoint
 
     final = str(resolve_checkpoint(run))  # the run's newest (= final) checkpoint
-    for task in TASKS:
+    for task in cfg.tasks:
         for variant in (v for v in VARIANTS if v in cfg.variants):
             for seed in range(cfg.seeds):
                 d = out / "finetune" / task / variant / f"seed-{seed}"
@@ -609,7 +613,7 @@ def stage_finetune_model(cfg: ReproConfig, out: Path, plan: dict[str, Any], mode
     pm, variant = pretrained_model(out, model), curve_variants(model)[0]
     final = str(pm.final())
     n_ctx = (cfg.lstm_model if model == "lstm" else cfg.model).get("n_ctx")
-    for task in TASKS:
+    for task in cfg.tasks:
         for seed in range(cfg.seeds):
             d = out / "finetune" / task / variant / f"seed-{seed}"
             if (d / "results.json").is_file():
@@ -1397,6 +1401,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default=",".join(TABLE5),
                     help="Table 5 rows to fine-tune; lstm-full (\"LSTM w/ aux LM\") also pretrains the LSTM and scores "
                          "it zero-shot (stages pretrain-lstm, zeroshot-lstm, finetune-lstm)")
+    ap.add_argument("--tasks", default=",".join(TASKS),
+                    help="tasks of the finetune and finetune-lstm stages (default: all six); never give two invocations "
+                         "on one directory the same task")
     ap.add_argument("--threads", type=int, default=ReproConfig.threads,
                     help="torch threads (default: 2, this machine's cores; 1 beside another run, e.g. the LSTM's stages)")
     ap.add_argument("--lstm-threads", type=int, default=None,
@@ -1407,8 +1414,11 @@ def main(argv: list[str] | None = None) -> int:
     variants = [v.strip() for v in a.variants.split(",") if v.strip()]
     if set(variants) - set(TABLE5):
         ap.error(f"--variants: unknown {', '.join(sorted(set(variants) - set(TABLE5)))} (known: {', '.join(TABLE5)})")
+    tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
+    if set(tasks) - set(TASKS):
+        ap.error(f"--tasks: unknown {', '.join(sorted(set(tasks) - set(TASKS)))} (known: {', '.join(TASKS)})")
     cfg = ReproConfig(out=a.out, data=a.data, budget_minutes=a.budget_minutes, seeds=a.seeds, full_sizes=a.full_sizes,
-                      variants=variants, threads=a.threads)
+                      variants=variants, threads=a.threads, tasks=tasks)
     if a.smoke:
         smoke(cfg)
     if a.lstm_threads is not None:
