@@ -585,7 +585,10 @@ def _finetune_one(cfg: ReproConfig, run_dir: Path, task: str, seed: int, init: s
                         n_ctx=n_ctx or cfg.model.get("n_ctx"),
                         max_train_examples=n_train, max_eval_examples=cfg.max_eval_examples, device=cfg.device,
                         precision="fp32", overwrite=True)
-    return finetune(fc).results
+    res = finetune(fc)
+    if res.stopped_by:  # a signal: no scores to record; the run restarts from scratch when the command is rerun
+        sys.exit(f"{run_dir}: fine-tuning stopped by {res.stopped_by}; rerun the same command to continue")
+    return res.results
 
 
 def stage_finetune(cfg: ReproConfig, out: Path, run: Path, plan: dict[str, Any]) -> None:

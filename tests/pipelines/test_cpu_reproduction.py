@@ -302,3 +302,31 @@ def test_smoke_end_to_end(repro, shared_data, tmp_path, monkeypatch):
     before.update({p: p.stat().st_mtime_ns for p in (out / "pretrain-lstm-done.json", out / "zeroshot-lstm" / "curve.json")})
     assert repro.main(args) == 0
     assert {p: p.stat().st_mtime_ns for p in before} == before
+
+
+def test_a_signalled_finetune_run_stops_the_script_with_a_message(repro, tmp_path, monkeypatch):
+    """A fine-tuning run stopped by a signal has no scores: the script used to crash on them (KeyError: 'scores')
+    when a run was killed; it exits with a line that says to rerun, and nothing is recorded as done."""
+    import gptcli.train.finetune as ft
+
+    def stopped(fc):
+        return ft.FinetuneResult(Path(fc.out), Path(fc.out), {}, [], "SIGTERM", 3, 10)
+
+    monkeypatch.setattr(ft, "finetune", stopped)
+    cfg = repro.ReproConfig(out=tmp_path)
+    with pytest.raises(SystemExit, match="stopped by SIGTERM; rerun the same command"):
+        repro._finetune_one(cfg, tmp_path / "run", "sst2", 0, "none", None, 0.5, 8)
+    assert not (tmp_path / "run" / "results.json").exists()
+
+
+def test_tasks_option_limits_the_finetune_stage(repro, tmp_path, monkeypatch):
+    """--tasks: an invocation fine-tunes only its tasks (two on disjoint tasks share a directory)."""
+    seen = []
+    monkeypatch.setattr(repro, "_finetune_one", lambda cfg, d, task, *a, **k: seen.append(task) or
+                        {"scores": {"accuracy": 50.0}, "n_train": 8})
+    import gptcli.checkpoint as ckpt
+
+    monkeypatch.setattr(ckpt, "resolve_checkpoint", lambda run: run)
+    cfg = repro.ReproConfig(out=tmp_path, seeds=1, tasks=["rte"], variants=["full"])
+    repro.stage_finetune(cfg, tmp_path, tmp_path / "pretrain", {"train_examples": {t: 8 for t in repro.TASKS}})
+    assert seen == ["rte"]
