@@ -5,14 +5,15 @@ computed by PyTorch's fused ``F.scaled_dot_product_attention`` (SDPA) or written
 (tests/model/test_attention.py) but not at the same speed, and which is faster depends on where it runs:
 
 - CUDA: SDPA's flash / memory-efficient kernels fuse the mask, the softmax *and the dropout*: always SDPA.
-- CPU without dropout (evaluation, or ``attn_pdrop = 0``): SDPA's fused CPU kernel skips the masked half and
-  never materialises the T × T probabilities: SDPA.
-- CPU with dropout: there is no fused CPU kernel with dropout, so SDPA falls back to its composite "math" path.
-  In fp32 that path is about as fast as ours; under bf16 autocast it is about twice as slow (it computes the
-  softmax and dropout on upcast copies), and that was most of the gap between our bf16 training step and Hugging
-  Face's, which writes attention out (benchmarks/attention_paths.py; figures in docs/performance.md). There the
-  written-out path wins.
+- CPU, fp32, no dropout (evaluation, or ``attn_pdrop = 0``), long sequences: SDPA's fused CPU kernel is fastest.
+- CPU with dropout: there is no fused CPU kernel with dropout, so SDPA falls back to its composite "math" path over
+  the whole T × T, and under bf16 autocast SDPA is slow even without dropout. Written out over blocks of queries
+  (``chunked``), each block against only the keys it can see, the masked upper triangle is neither computed nor
+  dropped out: 0.68× SDPA's time in fp32 and 0.54× in bf16 for a training step's attention at T = 512. That was
+  most of the gap between our bf16 training step and Hugging Face's, which writes attention out.
+- CPU, sequences under ``CHUNK_MIN_LEN`` (fine-tuning, scoring): written out in one block (``plain``).
 
+Measured by benchmarks/attention_paths.py; the run is in docs/performance.md.
 :func:`attention_path` is that table; :func:`causal_attention` applies it. ``path=`` forces one (benchmarks, tests).
 The dropout is the same Bernoulli(1 − p) mask scaled by 1/(1 − p) on every path, so the choice changes speed and
 floating-point rounding, never the model.
@@ -39,12 +40,14 @@ CPU_PATHS: dict[tuple[torch.dtype, bool], str] = {
     (torch.bfloat16, False): "chunked",
     (torch.bfloat16, True): "chunked",
 }
-"""The CPU's path per (dtype, dropout on?), from benchmarks/attention_paths.py (docs/performance.md has the run)."""
+"""The CPU's path per (dtype, dropout on?) from ``CHUNK_MIN_LEN`` tokens on, from benchmarks/attention_paths.py
+(docs/performance.md has the run)."""
 
 
 CHUNK_MIN_LEN = 256
-"""Shorter sequences are not chunked (``chunked`` → ``plain``): blocks of a few dozen queries cost more in per-op
-overhead than the skipped triangle saves (benchmarks/attention_paths.py at T = 64 and 128)."""
+"""On CPU, shorter sequences take ``plain`` whatever the table says: blocks of a few dozen queries cost more in per-op
+overhead than the skipped triangle saves, and at these lengths the written-out attention matched or beat SDPA in
+every precision, dropout and mode measured (benchmarks/attention_paths.py at T = 64 and 128)."""
 
 
 def attention_path(device_type: str, dtype: torch.dtype, dropout: float, seq_len: int) -> str:
@@ -52,8 +55,9 @@ def attention_path(device_type: str, dtype: torch.dtype, dropout: float, seq_len
     docstring)."""
     if device_type != "cpu":
         return "sdpa"
-    path = CPU_PATHS.get((dtype, dropout > 0.0), "sdpa")
-    return "plain" if path == "chunked" and seq_len < CHUNK_MIN_LEN else path
+    if seq_len < CHUNK_MIN_LEN and dtype in (torch.float32, torch.bfloat16):
+        return "plain"
+    return CPU_PATHS.get((dtype, dropout > 0.0), "sdpa")
 
 
 _MASKS: dict[tuple[int, torch.device], torch.Tensor] = {}
