@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 import sys
 
 TUNABLES = "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=68719476736"
@@ -39,6 +40,19 @@ def round_robin(step, variants: list, steps: int) -> dict:
         for v in variants:
             times[v].append(step(*v))
     return times
+
+
+def best_of(run, variants: list, repeats: int) -> tuple[dict, dict]:
+    """``repeats`` round-robin passes of ``run(*variant)`` over ``variants``: each variant's best time (the pass the
+    machine disturbed least) and its last result (predictions, to check agreement)."""
+    best = {v: float("inf") for v in variants}
+    results: dict = {}
+    for _ in range(repeats):
+        for v in variants:
+            t0 = time.perf_counter()
+            results[v] = run(*v)
+            best[v] = min(best[v], time.perf_counter() - t0)
+    return best, results
 
 
 def machine_header(peak_seconds: float = 2.0, peak_n: int = 2048) -> tuple[dict, str]:

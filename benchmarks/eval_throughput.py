@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from _machine import machine_header, write_json  # benchmarks/_machine.py (run as `python benchmarks/...`)
+from _machine import best_of, machine_header, write_json  # benchmarks/_machine.py (run as `python benchmarks/...`)
 
 SHARED = Path(os.environ.get("GPT1_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "data"
 SPLITS = {"sst2": "dev", "rte": "dev"}
@@ -151,13 +151,7 @@ def bench(size: str, task_name: str, tok, args: argparse.Namespace) -> dict:
             ours_predict(ours, enc[: 2 * args.batch_size], args.batch_size, prec, regression)
         else:
             hf_predict(hf, plain[:2], prec, lean=impl == "hf-lean")
-    best = {v: float("inf") for v in variants}
-    preds: dict = {}
-    for _ in range(args.repeats):
-        for v in variants:
-            t0 = time.perf_counter()
-            preds[v] = run(*v)
-            best[v] = min(best[v], time.perf_counter() - t0)
+    best, preds = best_of(run, variants, args.repeats)
     return report(size, task_name, enc, encode_s, ours, best, preds, impls, args)
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from _machine import machine_header, write_json  # benchmarks/_machine.py (run as `python benchmarks/...`)
+from _machine import best_of, machine_header, write_json  # benchmarks/_machine.py (run as `python benchmarks/...`)
 from gptcli.eval.scoring import Request
 from gptcli.eval.zeroshot import SST2_CUE, SST2_WORDS, sst2
 from gptcli.model.gpt import GPT, preset
@@ -147,13 +147,7 @@ def bench_preset(name: str, exs: list, args: argparse.Namespace) -> dict:
     tok.encode_batch(sentences)  # warm the tokenizer's word cache (and load spaCy) for both
     for v in variants:  # warm-up: torch's kernels
         run(*v, n=2 * args.batch_size)
-    best: dict = {v: float("inf") for v in variants}
-    preds: dict = {}
-    for _ in range(args.repeats):
-        for v in variants:
-            t0 = time.perf_counter()
-            preds[v] = run(*v)
-            best[v] = min(best[v], time.perf_counter() - t0)
+    best, preds = best_of(run, variants, args.repeats)
     cue, words = tok.encode(SST2_CUE), [tok.encode(w) for w in SST2_WORDS]
     ref_reqs = [Request.of(c + cue, w) for c in tok.encode_batch(sentences[:args.ref_limit]) for w in words]
     ref_rate = args.ref_limit / reference(model, ref_reqs) if args.ref_limit else float("nan")
