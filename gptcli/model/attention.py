@@ -60,15 +60,17 @@ def attention_path(device_type: str, dtype: torch.dtype, dropout: float, seq_len
     return CPU_PATHS.get((dtype, dropout > 0.0), "sdpa")
 
 
-_MASKS: dict[tuple[int, torch.device], torch.Tensor] = {}
+_MASKS: dict[torch.device, torch.Tensor] = {}
 
 
 def _future(t: int, device: torch.device) -> torch.Tensor:
-    """(t, t) bool mask of the positions a query must not see (above the diagonal); built once per length."""
-    key = (t, device)
-    if key not in _MASKS:
-        _MASKS[key] = torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
-    return _MASKS[key]
+    """(t, t) bool mask of the positions a query must not see (above the diagonal). One mask per device, as long as
+    the longest sequence seen, sliced for shorter ones (the upper triangle of a square's top-left corner is the
+    corner's own upper triangle), so fine-tuning's many lengths cost one mask, not one each."""
+    mask = _MASKS.get(device)
+    if mask is None or mask.size(0) < t:
+        mask = _MASKS[device] = torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
+    return mask[:t, :t]
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float = 0.0,

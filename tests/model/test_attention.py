@@ -82,3 +82,12 @@ def test_the_model_takes_the_dispatched_path(monkeypatch: pytest.MonkeyPatch) ->
     model = GPT(ModelConfig(vocab_size=50, n_ctx=16, n_embd=16, n_layer=2, n_head=2, n_inner=32)).train()
     model(torch.randint(0, 50, (2, 16)))
     assert seen == [("cpu", torch.float32, 0.1, 16)] * 2
+
+
+def test_one_mask_serves_every_length() -> None:
+    """Masks are slices of one per-device mask as long as the longest sequence (not one per length)."""
+    attention._MASKS.clear()
+    for t in (5, 300, 17, 300, 2):
+        causal_attention(*_qkv(t), 0.0, path="plain")
+    assert [m.size(0) for m in attention._MASKS.values()] == [300]
+    torch.testing.assert_close(attention._future(17, torch.device("cpu")), torch.ones(17, 17, dtype=torch.bool).triu(1))
