@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--chunks", default="",
                     help="also time the chunked path at these block counts (comma-separated, e.g. 2,8; the model's "
-                         "is gptcli.model.attention.CHUNKS)")
+                         "takes T / gptcli.model.attention.CHUNK_ROWS)")
     ap.add_argument("--steps", type=int, default=10, help="timed rounds (after one warm-up)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
     ap.add_argument("--default-malloc", action="store_true", help="do not set GLIBC_TUNABLES")
@@ -52,11 +52,11 @@ def main() -> None:
         """The model's function; ``chunked/N`` runs the chunked path with N blocks."""
         if not path.startswith("chunked/"):
             return attention.causal_attention(q, k, v, p, path=path)
-        default, attention.CHUNKS = attention.CHUNKS, int(path.split("/")[1])
+        default, attention.CHUNK_ROWS = attention.CHUNK_ROWS, max(1, q.size(-2) // int(path.split("/")[1]))
         try:
             return attention.causal_attention(q, k, v, p, path="chunked")
         finally:
-            attention.CHUNKS = default
+            attention.CHUNK_ROWS = default
 
     paths = list(PATHS) + [f"chunked/{n}" for n in args.chunks.split(",") if n.strip()]
     from gptcli.runtime import measure_cpu_peak

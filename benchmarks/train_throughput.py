@@ -2,9 +2,11 @@
 
 For each model size (``gpt1`` at batch 4×512 and ``tiny``) both implementations get the same weights, the same
 batch and the same optimizer (fused AdamW), in train mode with the paper's dropouts; one timed "step" is
-forward + backward + optimizer step. Variants run round-robin (ours, ours with SDPA attention everywhere — the path
-before ``gptcli/model/attention.py`` chose per precision and dropout —, HF; each in fp32 and bf16) so machine noise
-hits all alike; the report gives medians, ratios against HF fp32 and HF in the same precision measured in the same
+forward + backward + optimizer step. Variants run round-robin so machine noise hits all alike: ours; two
+ablations of ours — ``ours-sdpa``, attention forced to SDPA everywhere (before ``gptcli/model/attention.py`` chose
+a path per device, precision and dropout), and ``ours-torch``, PyTorch's own ``F.dropout`` and
+``F.cross_entropy(logits.float())`` in place of ``gptcli/model/dropout.py`` and the chunked loss of
+``gptcli/model/losses.py``; and HF — each in fp32 and bf16; the report gives medians, ratios against HF fp32 and HF in the same precision measured in the same
 run, and MFU against the matmul peak of the step's precision measured by this script (FLOPs per token = 6N +
 12·L·d·T, ``GPT.flops_per_token``).
 
@@ -19,6 +21,7 @@ thresholds, which applies to both implementations alike.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -36,7 +39,7 @@ def main() -> None:
     ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
     ap.add_argument("--no-hf", action="store_true", help="only our model")
-    ap.add_argument("--no-sdpa-variant", action="store_true", help="skip 'ours with SDPA everywhere'")
+    ap.add_argument("--no-ablations", action="store_true", help="skip the ablations ours-sdpa and ours-torch")
     ap.add_argument("--default-malloc", action="store_true", help="do not set GLIBC_TUNABLES")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args()
@@ -60,15 +63,19 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
     import torch
 
     from gptcli.interop.hf import config_to_hf, state_dict_to_hf
-    from gptcli.model import attention
+    import torch.nn.functional as F
+
+    from gptcli.model import attention, dropout, tied
     from gptcli.model.gpt import GPT, preset
 
     cfg = preset(size)
     torch.manual_seed(0)
     ours = GPT(cfg).train()
     models = {"ours": ours}
-    if not args.no_sdpa_variant:
-        models["ours-sdpa"] = ours  # the same model and optimizer state; only the attention path differs
+    if not args.no_ablations:
+        # The same model and optimizer state; only the attention path, or the dropout and loss, differ.
+        models["ours-sdpa"] = ours
+        models["ours-torch"] = ours
     if not args.no_hf:
         import transformers
 
@@ -80,6 +87,13 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
         models["hf"] = hf
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-5, weight_decay=0.01, fused=True) for k, m in models.items()}
     sdpa_everywhere = {key: "sdpa" for key in attention.CPU_PATHS}
+
+    def torch_dropout(t: torch.Tensor, p: float, training: bool = True, *, scale: bool = True) -> torch.Tensor:
+        out = F.dropout(t, p, training)
+        return out if scale else out * (1.0 - p)
+
+    def torch_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-100)
     g = torch.Generator().manual_seed(1)
     batch = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), generator=g)
     x, y = batch[:, :-1], batch[:, 1:]
@@ -87,18 +101,27 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
     def step(name: str, prec: str) -> float:
         m, opt = models[name], opts[name]
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if prec == "bf16" else torch.autocast("cpu", enabled=False)
-        paths = attention.CPU_PATHS
+        with ablation(name):
+            t0 = time.perf_counter()
+            with ctx:
+                loss = m(input_ids=x, labels=x).loss if name == "hf" else m.lm_loss(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return time.perf_counter() - t0
+
+    @contextlib.contextmanager
+    def ablation(name: str):
+        saved = attention.CPU_PATHS, dropout.dropout, attention.drop, tied.next_token_nll
         if name == "ours-sdpa":
             attention.CPU_PATHS = sdpa_everywhere
-        t0 = time.perf_counter()
-        with ctx:
-            loss = m(input_ids=x, labels=x).loss if name == "hf" else m.lm_loss(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        seconds = time.perf_counter() - t0
-        attention.CPU_PATHS = paths
-        return seconds
+        if name == "ours-torch":
+            dropout.dropout = attention.drop = torch_dropout
+            tied.next_token_nll = torch_nll
+        try:
+            yield
+        finally:
+            attention.CPU_PATHS, dropout.dropout, attention.drop, tied.next_token_nll = saved
 
     variants = [(n, p) for p in args.precisions.split(",") for n in models]
     times: dict[tuple[str, str], list[float]] = round_robin(step, variants, args.steps)
@@ -116,7 +139,7 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
         same = statistics.median(times[("hf", prec)]) / med if ("hf", prec) in times else float("nan")
         results.append({"size": size, "impl": name, "precision": prec, "median_s": med, "steps_s": ts,
                         "tokens_per_s": tps, "mfu": mfu, "vs_hf_fp32": ratio, "vs_hf_same_precision": same})
-        print(f"  {name:9s} {prec}: {med:7.3f} s/step  {tps:8.1f} tok/s  MFU {100 * mfu:5.1f}% of the {prec} peak  "
+        print(f"  {name:10s} {prec}: {med:7.3f} s/step  {tps:8.1f} tok/s  MFU {100 * mfu:5.1f}% of the {prec} peak  "
               f"{ratio:.2f}× HF fp32  {same:.2f}× HF {prec}")
     return results
 

@@ -5,18 +5,20 @@ computed by PyTorch's fused ``F.scaled_dot_product_attention`` (SDPA) or written
 (tests/model/test_attention.py) but not at the same speed, and which is faster depends on where it runs:
 
 - CUDA: SDPA's flash / memory-efficient kernels fuse the mask, the softmax *and the dropout*: always SDPA.
-- CPU, fp32, no dropout (evaluation, or ``attn_pdrop = 0``), long sequences: SDPA's fused CPU kernel is fastest.
-- CPU with dropout: there is no fused CPU kernel with dropout, so SDPA falls back to its composite "math" path over
-  the whole T × T, and under bf16 autocast SDPA is slow even without dropout. Written out over blocks of queries
+- CPU: there is no fused CPU kernel with dropout, so with dropout SDPA falls back to its composite "math" path over
+  the whole T × T, and under bf16 autocast SDPA is slow even without. Written out over blocks of queries
   (``chunked``), each block against only the keys it can see, the masked upper triangle is neither computed nor
-  dropped out: 0.68× SDPA's time in fp32 and 0.54× in bf16 for a training step's attention at T = 512. That was
-  most of the gap between our bf16 training step and Hugging Face's, which writes attention out.
+  dropped out, and the mask and 1/√d ride on the score matmul (``baddbmm``): at T = 512 a training step's attention
+  takes 0.51× SDPA's time in fp32 and 0.36× in bf16, and even fp32 without dropout (evaluation) beats SDPA's fused
+  kernel (0.73× training, 0.80× evaluation). That was most of the gap between our bf16 training step and Hugging
+  Face's, which writes attention out over the whole square.
 - CPU, sequences under ``CHUNK_MIN_LEN`` (fine-tuning, scoring): written out in one block (``plain``).
 
 Measured by benchmarks/attention_paths.py; the run is in docs/performance.md.
 :func:`attention_path` is that table; :func:`causal_attention` applies it. ``path=`` forces one (benchmarks, tests).
-The dropout is the same Bernoulli(1 − p) mask scaled by 1/(1 − p) on every path, so the choice changes speed and
-floating-point rounding, never the model.
+The dropout is a Bernoulli(1 − p) mask scaled by 1/(1 − p) on every path (SDPA draws it itself; the written-out
+paths draw it by gptcli/model/dropout.py), so the choice changes speed, floating-point rounding and which units a
+seed drops, never the model.
 """
 
 from __future__ import annotations
@@ -26,22 +28,27 @@ import math
 import torch
 import torch.nn.functional as F
 
+from gptcli.model.dropout import dropout as drop
+
 PATHS: tuple[str, ...] = ("sdpa", "plain", "chunked")
 """``sdpa``: F.scaled_dot_product_attention. ``plain``: scores, mask, softmax, dropout and the product with v as
-separate ops in the inputs' dtype (what Hugging Face's port does). ``chunked``: ``plain`` over ``CHUNKS`` blocks of queries, each against only the keys it can see, so the masked
-upper triangle is (mostly) neither computed nor dropped out: 5/8 of the scores at 4 blocks."""
+separate ops in the inputs' dtype (what Hugging Face's port does). ``chunked``: ``plain`` over blocks of
+``CHUNK_ROWS`` queries, each against only the keys it can see, so the masked upper triangle is (mostly) neither
+computed nor dropped out: 5/8 of the scores at T = 512."""
 
-CHUNKS = 4
+CHUNK_ROWS = 128
+"""Queries per block of the ``chunked`` path (T = 512: 4 blocks). At T = 256 and 512, blocks of 128 were the
+fastest or within noise of it in every precision, dropout and mode (benchmarks/attention_paths.py ``--chunks``)."""
 
 
 CPU_PATHS: dict[tuple[torch.dtype, bool], str] = {
-    (torch.float32, False): "sdpa",
+    (torch.float32, False): "chunked",
     (torch.float32, True): "chunked",
     (torch.bfloat16, False): "chunked",
     (torch.bfloat16, True): "chunked",
 }
 """The CPU's path per (dtype, dropout on?) from ``CHUNK_MIN_LEN`` tokens on, from benchmarks/attention_paths.py
-(docs/performance.md has the run)."""
+(docs/performance.md has the run). Other dtypes (fp16 on CPU: not measured) take SDPA."""
 
 
 CHUNK_MIN_LEN = 256
@@ -60,17 +67,17 @@ def attention_path(device_type: str, dtype: torch.dtype, dropout: float, seq_len
     return CPU_PATHS.get((dtype, dropout > 0.0), "sdpa")
 
 
-_MASKS: dict[torch.device, torch.Tensor] = {}
+_BIASES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
-def _future(t: int, device: torch.device) -> torch.Tensor:
-    """(t, t) bool mask of the positions a query must not see (above the diagonal). One mask per device, as long as
-    the longest sequence seen, sliced for shorter ones (the upper triangle of a square's top-left corner is the
-    corner's own upper triangle), so fine-tuning's many lengths cost one mask, not one each."""
-    mask = _MASKS.get(device)
-    if mask is None or mask.size(0) < t:
-        mask = _MASKS[device] = torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
-    return mask[:t, :t]
+def _future_bias(t: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(t, t) additive causal mask: 0 where a query may look, −inf above the diagonal. One per device and dtype, as
+    long as the longest sequence seen, sliced for shorter ones (the upper triangle of a square's top-left corner is
+    the corner's own upper triangle), so fine-tuning's many lengths cost one mask, not one each."""
+    bias = _BIASES.get((device, dtype))
+    if bias is None or bias.size(0) < t:
+        bias = _BIASES[(device, dtype)] = torch.full((t, t), float("-inf"), device=device, dtype=dtype).triu(1)
+    return bias[:t, :t]
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float = 0.0,
@@ -83,21 +90,30 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
     if path not in PATHS:
         raise ValueError(f"unknown attention path {path!r} (known: {', '.join(PATHS)})")
-    t = q.size(-2)
-    future = _future(t, q.device)
-    if path != "chunked":
-        return _written_out(q, k, v, future, dropout)
-    bounds = [t * i // CHUNKS for i in range(CHUNKS + 1)]
-    return torch.cat([_written_out(q[:, :, a:b], k[:, :, :b], v[:, :, :b], future[a:b, :b], dropout)
-                      for a, b in zip(bounds, bounds[1:]) if b > a], dim=-2)
+    B, H, t, d = q.shape
+    # One (B·H, T, d) copy of each (q, k, v are strided views of the fused projection): every block's batched
+    # matmuls then read contiguous slices instead of copying their own.
+    q, k, v = (x.reshape(B * H, t, d) for x in (q, k, v))
+    device = q.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
+    bias = _future_bias(t, q.device, dtype)
+    blocks = max(1, t // CHUNK_ROWS) if path == "chunked" else 1
+    bounds = [t * i // blocks for i in range(blocks + 1)]
+    parts = [_written_out(q[:, a:b], k[:, :b], v[:, :b], bias[a:b, :b], dropout)
+             for a, b in zip(bounds, bounds[1:]) if b > a]
+    return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).view(B, H, t, d)
 
 
-def _written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, future: torch.Tensor, dropout: float) -> torch.Tensor:
-    """Attention of queries ``q`` over keys ``k`` with ``future`` (queries × keys) masked out, op by op."""
-    # Scaling q (T·d products) rather than the scores (T·T) is the cheaper place for 1/√d.
-    scores = (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-2, -1)
-    scores = scores.masked_fill(future, float("-inf"))
+def _written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, dropout: float) -> torch.Tensor:
+    """Attention of queries ``q`` (N, Tq, d) over keys ``k`` (N, Tk, d) with the additive mask ``bias`` (Tq, Tk)."""
+    # The mask enters as the product's additive input and 1/√d as its alpha: the matmul applies both as it writes
+    # the scores, where a masked_fill and a scaling would each be another pass (0.85–0.89× the attention's time).
+    scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=1.0 / math.sqrt(q.size(-1)))
     # In the scores' dtype, as Hugging Face's port under autocast: bf16 probabilities in a bf16 run (a fp32 softmax
     # measured slower, and the product with v is taken in bf16 either way).
-    probs = F.dropout(torch.softmax(scores, dim=-1), p=dropout, training=dropout > 0.0)
-    return probs @ v
+    probs = torch.softmax(scores, dim=-1)
+    if dropout == 0.0:
+        return torch.bmm(probs, v)
+    # Dropout's 1/(1 − p) is applied to the output (queries × d) rather than the probabilities (queries × keys):
+    # the same product, one pass over a tensor T/d times smaller.
+    return torch.bmm(drop(probs, dropout, scale=False), v) * (1.0 / (1.0 - dropout))

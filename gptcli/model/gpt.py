@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptcli.model.attention import causal_attention
+from gptcli.model.dropout import Dropout
 from gptcli.model.tied import TiedEmbeddingLM
 
 
@@ -111,7 +112,7 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v in that order (as the released code)
         self.proj = nn.Linear(config.n_embd, config.n_embd)
         self.attn_pdrop = config.attn_pdrop
-        self.resid_drop = nn.Dropout(config.resid_pdrop)
+        self.resid_drop = Dropout(config.resid_pdrop)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         B, T, C = x.shape
@@ -144,7 +145,7 @@ class MLP(nn.Module):
         super().__init__()
         self.fc = nn.Linear(config.n_embd, config.n_inner)
         self.proj = nn.Linear(config.n_inner, config.n_embd)
-        self.drop = nn.Dropout(config.resid_pdrop)
+        self.drop = Dropout(config.resid_pdrop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The released code's gelu is the tanh approximation; exact erf-GELU misses parity by ~1e-3.
@@ -179,7 +180,7 @@ class GPT(TiedEmbeddingLM):
         self.config = config
         self.tok_emb = nn.Embedding(config.total_vocab, config.n_embd)
         self.pos_emb = nn.Embedding(config.n_ctx, config.n_embd)
-        self.drop = nn.Dropout(config.embd_pdrop)
+        self.drop = Dropout(config.embd_pdrop)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.apply(self._init_weights)
 

@@ -22,6 +22,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gptcli.model.dropout import dropout, keep_mask
+
 
 @dataclass
 class HeadConfig:
@@ -89,10 +91,10 @@ class TaskHead(nn.Module):
         elif kind == "multiple_choice":
             h = h.view(B, n_seqs, -1)
             if self.training and self.drop_p > 0:
-                keep = torch.empty(B, 1, h.size(-1), device=h.device, dtype=h.dtype).bernoulli_(1 - self.drop_p)
-                h = h * keep / (1 - self.drop_p)
+                # One mask per example, shared by its choices (as the released code's dropout noise_shape).
+                h = h * keep_mask((B, 1, h.size(-1)), self.drop_p, h.device) / (1 - self.drop_p)
             return self.linear(h).squeeze(-1)  # (B, S)
-        h = F.dropout(h, self.drop_p, self.training)
+        h = dropout(h, self.drop_p, self.training)
         out = self.linear(h)
         return out.squeeze(-1) if kind == "regression" else out
 

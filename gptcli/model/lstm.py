@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from gptcli.model.dropout import Dropout
 from gptcli.model.tied import TiedEmbeddingLM
 
 ARCH = "lstm"
@@ -125,10 +126,10 @@ class LSTMLM(TiedEmbeddingLM):
         super().__init__()
         self.config = config
         self.tok_emb = nn.Embedding(config.total_vocab, config.n_embd)
-        self.drop_in = nn.Dropout(config.embd_pdrop)
+        self.drop_in = Dropout(config.embd_pdrop)
         self.lstm = nn.LSTM(config.n_embd, config.n_hidden, num_layers=config.n_layer, batch_first=True,
                             dropout=config.out_pdrop if config.n_layer > 1 else 0.0)
-        self.drop_out = nn.Dropout(config.out_pdrop)
+        self.drop_out = Dropout(config.out_pdrop)
         self.proj = nn.Linear(config.n_hidden, config.n_embd) if config.projected else None
         self.reset_parameters()
 

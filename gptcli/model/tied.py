@@ -16,14 +16,37 @@ import torch.nn.functional as F
 from gptcli.model.losses import next_token_nll
 
 
+PAD_ROWS_TO = 64
+"""Vocabulary rows are padded to a multiple of this for the output product (:meth:`TiedEmbeddingLM.lm_logits`)."""
+
+PAD_MIN_POSITIONS = 1024
+"""Positions from which the padded product pays for its copy of the embedding (a 4 × 512 training batch is 2,048)."""
+
+
+def _pad_pays(h: torch.Tensor, w: torch.Tensor) -> bool:
+    return (w.device.type == "cpu" and w.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+            and w.size(0) % PAD_ROWS_TO != 0 and h.numel() >= PAD_MIN_POSITIONS * h.size(-1))
+
+
 class TiedEmbeddingLM(nn.Module):
     """The output side of a language model whose softmax weights are its token embedding (paper §3.1: ``W_e``)."""
 
     tok_emb: nn.Embedding
 
     def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Tied output layer: logits over vocabulary + special tokens, ``h · Weᵀ``."""
-        return F.linear(h, self.tok_emb.weight)
+        """Tied output layer: logits over vocabulary + special tokens, ``h · Weᵀ``.
+
+        For a large fp32 batch on CPU the product is taken against the embedding padded with zero rows to a multiple
+        of ``PAD_ROWS_TO`` and the padding's columns are sliced off: the same logits, as a view whose rows are
+        ``PAD_ROWS_TO``-aligned. The BLAS runs a 40,478-wide product at 0.7× the speed of a 40,480-wide one (2,048
+        rows, 2-core Zen 4: 1.01 vs 0.71 s), which is worth one copy of the embedding per forward: a GPT-1 fp32
+        training step took 0.97× the time. Under bf16 autocast it measured no different, and for a few rows (decoding)
+        the copy would cost more than the product, so those keep the plain product."""
+        w = self.tok_emb.weight
+        if _pad_pays(h, w):
+            v = w.size(0)
+            return F.linear(h, F.pad(w, (0, 0, 0, -v % PAD_ROWS_TO)))[..., :v]
+        return F.linear(h, w)
 
     def lm_loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of ``targets`` (already shifted; -100 = ignored) given ``idx``."""

@@ -12,6 +12,12 @@ from gptcli.model.gpt import GPT, ModelConfig
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks of 8 queries: the chunked path runs several, ragged ones at these test lengths (37 → 9, 9, 9, 10)."""
+    monkeypatch.setattr(attention, "CHUNK_ROWS", 8)
+
+
 def _qkv(t: int, dtype: torch.dtype = torch.float32, d: int = 8, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(2, 3, t, d, generator=g).to(dtype).requires_grad_() for _ in range(3)]
@@ -20,7 +26,7 @@ def _qkv(t: int, dtype: torch.dtype = torch.float32, d: int = 8, seed: int = 0) 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("t", [1, 3, 5, 37])
 def test_every_path_is_sdpa_without_dropout_fp32(path: str, t: int) -> None:
-    """Outputs and gradients, including lengths shorter than the chunk count (empty blocks skipped)."""
+    """Outputs and gradients, including lengths shorter than one block."""
     q, k, v = _qkv(t)
     ref = causal_attention(q, k, v, 0.0, path="sdpa")
     grads_ref = torch.autograd.grad(ref.square().sum(), (q, k, v))
@@ -85,9 +91,19 @@ def test_the_model_takes_the_dispatched_path(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_one_mask_serves_every_length() -> None:
-    """Masks are slices of one per-device mask as long as the longest sequence (not one per length)."""
-    attention._MASKS.clear()
+    """Masks are slices of one per-device, per-dtype mask as long as the longest sequence (not one per length)."""
+    attention._BIASES.clear()
     for t in (5, 300, 17, 300, 2):
         causal_attention(*_qkv(t), 0.0, path="plain")
-    assert [m.size(0) for m in attention._MASKS.values()] == [300]
-    torch.testing.assert_close(attention._future(17, torch.device("cpu")), torch.ones(17, 17, dtype=torch.bool).triu(1))
+    assert [m.size(0) for m in attention._BIASES.values()] == [300]
+    want = torch.zeros(17, 17).masked_fill(torch.ones(17, 17, dtype=torch.bool).triu(1), float("-inf"))
+    torch.testing.assert_close(attention._future_bias(17, torch.device("cpu"), torch.float32), want)
+
+
+def test_bf16_autocast_uses_a_bf16_mask() -> None:
+    attention._BIASES.clear()
+    q, k, v = _qkv(8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = causal_attention(q, k, v, 0.0, path="chunked")
+    assert out.dtype == torch.bfloat16
+    assert [key[1] for key in attention._BIASES] == [torch.bfloat16]

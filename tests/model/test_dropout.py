@@ -1,0 +1,100 @@
+"""The CPU dropout of gptcli/model/dropout.py has ``F.dropout``'s law: keep rate, scaling, gradient, modes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gptcli.model.dropout import Dropout, dropout, keep_mask
+from gptcli.model.gpt import GPT, preset
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_keep_rate_is_one_minus_p(p):
+    torch.manual_seed(0)
+    n = 1_000_001  # odd: the last 64-bit draw is half used
+    kept = keep_mask((n,), p).sum().item()
+    sd = math.sqrt(n * p * (1 - p))
+    assert abs(kept - n * (1 - p)) < 5 * sd
+
+
+def test_units_are_independent_and_the_halves_of_a_draw_too():
+    torch.manual_seed(1)
+    m = keep_mask((500_000, 2), 0.5).float()  # column 0 and 1 are the low and high halves of one 64-bit draw
+    both = (m[:, 0] * m[:, 1]).mean().item()
+    assert abs(both - 0.25) < 5 * math.sqrt(0.25 * 0.75 / 500_000)
+    assert not torch.equal(keep_mask((1000,), 0.5), keep_mask((1000,), 0.5))
+
+
+def test_reproducible_under_manual_seed():
+    torch.manual_seed(3)
+    a = keep_mask((4, 5, 6), 0.1)
+    torch.manual_seed(3)
+    assert torch.equal(a, keep_mask((4, 5, 6), 0.1))
+    assert a.shape == (4, 5, 6) and a.dtype == torch.bool
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_values_are_dropped_or_scaled_and_the_gradient_follows(dtype):
+    torch.manual_seed(0)
+    x = torch.randn(64, 33).to(dtype).requires_grad_()
+    y = dropout(x, 0.25)
+    kept = y != 0
+    assert 0.6 < kept.float().mean().item() < 0.9
+    torch.testing.assert_close(y[kept], (x[kept] / 0.75).to(dtype))
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, kept.to(dtype) / 0.75)
+    unscaled = dropout(x, 0.25, scale=False)
+    torch.testing.assert_close(unscaled[unscaled != 0], x[unscaled != 0])
+
+
+def test_identity_when_off_and_f_dropout_edge_cases():
+    x = torch.randn(10, 10)
+    assert dropout(x, 0.1, training=False) is x
+    assert dropout(x, 0.0) is x
+    assert torch.equal(dropout(x, 1.0), torch.zeros_like(x))
+    with pytest.raises(ValueError):
+        dropout(x, 1.5)
+
+
+def test_module_is_an_nn_dropout_with_its_modes():
+    d = Dropout(0.1)
+    assert isinstance(d, nn.Dropout) and repr(d) == repr(nn.Dropout(0.1))
+    x = torch.randn(1000)
+    assert torch.equal(d.eval()(x), x)
+    assert (d.train()(x) == 0).any()
+    torch.manual_seed(0)
+    inplace = Dropout(0.5, inplace=True)(x.clone())
+    torch.manual_seed(0)
+    torch.testing.assert_close(inplace, F.dropout(x.clone(), 0.5, True, True))
+
+
+def test_model_uses_it_and_still_matches_its_expectation():
+    """GPT's dropouts are this module's, and a training-mode forward averages to the eval forward's scale."""
+    model = GPT(preset("tiny", n_layer=1, vocab_size=64, n_ctx=16))
+    assert all(type(m) is Dropout for m in model.modules() if isinstance(m, nn.Dropout))
+    torch.manual_seed(0)
+    x = torch.randn(200_000)
+    assert abs(dropout(x, 0.1).mean().item() - x.mean().item()) < 0.01
+
+
+def test_large_masks_do_not_depend_on_the_thread_count(monkeypatch):
+    """Blocks and their seeds come from the default generator, whatever the number of threads filling them."""
+    from gptcli.model import dropout as mod
+
+    monkeypatch.setattr(mod, "BLOCK", 1000)
+    n = 10 * 1000 + 17
+    masks = []
+    for threads in (1, 3):
+        monkeypatch.setattr(torch, "get_num_threads", lambda t=threads: t)
+        torch.manual_seed(5)
+        masks.append(keep_mask((2 * n,), 0.5))
+    assert torch.equal(masks[0], masks[1])
+    assert abs(masks[0].float().mean().item() - 0.5) < 0.02
+    # Blocks are not copies of one another.
+    words = mod.random_words(3000, torch.device("cpu"))
+    assert not torch.equal(words[:1000], words[1000:2000])
