@@ -30,14 +30,21 @@ def cpu_model() -> str:
         return "unknown CPU"
 
 
-def round_robin(step, variants: list, steps: int) -> dict:
+def round_robin(step, variants: list, steps: int, settle: int = 0) -> dict:
     """Seconds of ``step(*variant)`` per variant: one warm-up each, then ``steps`` rounds that time every variant in
-    turn, so that a change in the machine's load falls on all of them alike (the ratios are what is compared)."""
+    turn, so that a change in the machine's load falls on all of them alike (the ratios are what is compared).
+
+    ``settle`` untimed steps of the same variant precede each timed one. A training run repeats one model's step;
+    alternating models instead makes each step re-fault the memory the other models' steps freed and reshaped (a
+    GPT-1 bf16 step: 5.3 s right after another model's, 5.0 s after its own), so the first step after a switch
+    measures the allocator rather than the model."""
     times: dict = {v: [] for v in variants}
     for v in variants:  # warm-up
         step(*v)
     for _ in range(steps):
         for v in variants:
+            for _ in range(settle):
+                step(*v)
             times[v].append(step(*v))
     return times
 

@@ -6,7 +6,8 @@ forward + backward + optimizer step. Variants run round-robin so machine noise h
 ablations of ours — ``ours-sdpa``, attention forced to SDPA everywhere (before ``gptcli/model/attention.py`` chose
 a path per device, precision and dropout), and ``ours-torch``, PyTorch's own ``F.dropout`` and
 ``F.cross_entropy(logits.float())`` in place of ``gptcli/model/dropout.py`` and the chunked loss of
-``gptcli/model/losses.py``; and HF — each in fp32 and bf16; the report gives medians, ratios against HF fp32 and HF in the same precision measured in the same
+``gptcli/model/losses.py``; and HF — each in fp32 and bf16. Each timed step follows ``--settle`` (default 1)
+untimed steps of the same variant, as steps follow one another in a training run (``_machine.round_robin``); the report gives medians, ratios against HF fp32 and HF in the same precision measured in the same
 run, and MFU against the matmul peak of the step's precision measured by this script (FLOPs per token = 6N +
 12·L·d·T, ``GPT.flops_per_token``).
 
@@ -34,6 +35,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="gpt1,tiny", help="comma-separated presets (gpt1, tiny)")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per variant (after one warm-up step)")
+    ap.add_argument("--settle", type=int, default=1,
+                    help="untimed steps of the same variant before each timed one (_machine.round_robin)")
     ap.add_argument("--batch", type=int, default=4, help="sequences per step")
     ap.add_argument("--seq-len", type=int, default=512, help="tokens per sequence")
     ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16")
@@ -124,7 +127,7 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
             attention.CPU_PATHS, dropout.dropout, attention.drop, tied.next_token_nll = saved
 
     variants = [(n, p) for p in args.precisions.split(",") for n in models]
-    times: dict[tuple[str, str], list[float]] = round_robin(step, variants, args.steps)
+    times: dict[tuple[str, str], list[float]] = round_robin(step, variants, args.steps, args.settle)
     tokens = args.batch * args.seq_len
     fpt = ours.flops_per_token(args.seq_len)
     base = statistics.median(times[("hf", "fp32")]) if ("hf", "fp32") in times else None
