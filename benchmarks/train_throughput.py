@@ -7,8 +7,9 @@ ablations of ours — ``ours-sdpa``, attention forced to SDPA everywhere (before
 a path per device, precision and dropout), and ``ours-torch``, PyTorch's own ``F.dropout`` and
 ``F.cross_entropy(logits.float())`` in place of ``gptcli/model/dropout.py`` and the chunked loss of
 ``gptcli/model/losses.py``; and HF — each in fp32 and bf16. Each timed step follows ``--settle`` (default 1)
-untimed steps of the same variant, as steps follow one another in a training run (``_machine.round_robin``); the report gives medians, ratios against HF fp32 and HF in the same precision measured in the same
-run, and MFU against the matmul peak of the step's precision measured by this script (FLOPs per token = 6N +
+untimed steps of the same variant, as steps follow one another in a training run (``_machine.round_robin``), and
+each precision's variants form their own round-robin, fp32's first. The report gives medians, ratios against HF in
+the same precision (same round-robin) and against HF fp32 (same process, minutes earlier), and MFU against the matmul peak of the step's precision measured by this script (FLOPs per token = 6N +
 12·L·d·T, ``GPT.flops_per_token``).
 
 glibc's malloc returns freed memory to the OS every step here and re-faults it (docs/performance.md); unless
@@ -126,8 +127,11 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
         finally:
             attention.CPU_PATHS, dropout.dropout, attention.drop, tied.next_token_nll = saved
 
-    variants = [(n, p) for p in args.precisions.split(",") for n in models]
-    times: dict[tuple[str, str], list[float]] = round_robin(step, variants, args.steps, args.settle)
+    # Each precision is its own round-robin: the variants compared directly (same precision) alternate, and a bf16
+    # step never follows a fp32 one, whose twice-as-large buffers leave the heap reshaped for it.
+    times: dict[tuple[str, str], list[float]] = {}
+    for prec in args.precisions.split(","):
+        times.update(round_robin(step, [(n, prec) for n in models], args.steps, args.settle))
     tokens = args.batch * args.seq_len
     fpt = ours.flops_per_token(args.seq_len)
     base = statistics.median(times[("hf", "fp32")]) if ("hf", "fp32") in times else None
