@@ -4,9 +4,8 @@ For each model size (``gpt1`` at batch 4×512 and ``tiny``) both implementations
 batch and the same optimizer (fused AdamW), in train mode with the paper's dropouts; one timed "step" is
 forward + backward + optimizer step. Variants run round-robin so machine noise hits all alike: ours; two
 ablations of ours — ``ours-sdpa``, attention forced to SDPA everywhere (before ``gptcli/model/attention.py`` chose
-a path per device, precision and dropout), and ``ours-torch``, PyTorch's own ``F.dropout`` and
-``F.cross_entropy(logits.float())`` in place of ``gptcli/model/dropout.py`` and the chunked loss of
-``gptcli/model/losses.py``; and HF — each in fp32 and bf16. Each timed step follows ``--settle`` (default 1)
+a path per device, precision and dropout), and ``ours-torch``, PyTorch's own ``F.dropout`` in place of
+``gptcli/model/dropout.py``; and HF — each in fp32 and bf16. Each timed step follows ``--settle`` (default 1)
 untimed steps of the same variant, as steps follow one another in a training run (``_machine.round_robin``), and
 each precision's variants form their own round-robin, fp32's first. The report gives medians, ratios against HF in
 the same precision (same round-robin) and against HF fp32 (same process, minutes earlier), and MFU against the matmul peak of the step's precision measured by this script (FLOPs per token = 6N +
@@ -69,7 +68,7 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
     from gptcli.interop.hf import config_to_hf, state_dict_to_hf
     import torch.nn.functional as F
 
-    from gptcli.model import attention, dropout, tied
+    from gptcli.model import attention, dropout
     from gptcli.model.gpt import GPT, preset
 
     cfg = preset(size)
@@ -77,7 +76,7 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
     ours = GPT(cfg).train()
     models = {"ours": ours}
     if not args.no_ablations:
-        # The same model and optimizer state; only the attention path, or the dropout and loss, differ.
+        # The same model and optimizer state; only the attention path, or the dropout, differ.
         models["ours-sdpa"] = ours
         models["ours-torch"] = ours
     if not args.no_hf:
@@ -95,9 +94,6 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
     def torch_dropout(t: torch.Tensor, p: float, training: bool = True, *, scale: bool = True) -> torch.Tensor:
         out = F.dropout(t, p, training)
         return out if scale else out * (1.0 - p)
-
-    def torch_nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-100)
     g = torch.Generator().manual_seed(1)
     batch = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), generator=g)
     x, y = batch[:, :-1], batch[:, 1:]
@@ -116,16 +112,15 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
 
     @contextlib.contextmanager
     def ablation(name: str):
-        saved = attention.CPU_PATHS, dropout.dropout, attention.drop, tied.next_token_nll
+        saved = attention.CPU_PATHS, dropout.dropout, attention.drop
         if name == "ours-sdpa":
             attention.CPU_PATHS = sdpa_everywhere
         if name == "ours-torch":
             dropout.dropout = attention.drop = torch_dropout
-            tied.next_token_nll = torch_nll
         try:
             yield
         finally:
-            attention.CPU_PATHS, dropout.dropout, attention.drop, tied.next_token_nll = saved
+            attention.CPU_PATHS, dropout.dropout, attention.drop = saved
 
     # Each precision is its own round-robin: the variants compared directly (same precision) alternate, and a bf16
     # step never follows a fp32 one, whose twice-as-large buffers leave the heap reshaped for it.

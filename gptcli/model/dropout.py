@@ -12,20 +12,11 @@ against a threshold: unit ``i`` is kept when ``bits[i] ≥ -2³¹ + round(p·2³
 paper's; only which units a given seed drops differs from ``F.dropout``'s choice. The mask is a ``bool`` tensor
 (one byte per unit, where ``F.dropout`` keeps a mask in the activation's dtype for the backward pass).
 
-PyTorch's CPU generator is one stream drawn by one thread, so on a many-core CPU the masks would cost more than the
-matmuls. Masks of more than ``BLOCK`` draws are cut into blocks of ``BLOCK``, each from its own generator seeded by
-a draw of the default one, and the blocks are filled by ``torch.get_num_threads()`` threads. The blocks and seeds
-depend only on the mask's size and the default generator's state, never on the thread count, so
-``torch.manual_seed`` reproduces a run on any machine.
-
-Other devices keep ``F.dropout``: CUDA's is a fused kernel, and attention dropout there happens inside SDPA.
-Measured by benchmarks/train_throughput.py (docs/performance.md).
+The draws still come from PyTorch's one CPU stream, on one thread: filling blocks of the mask from separately seeded
+generators on all threads was tried and gained nothing inside a training step on 2 cores (docs/performance.md).
 """
 
 from __future__ import annotations
-
-import os
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn as nn
@@ -39,46 +30,11 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.devic
     n = 1
     for s in shape:
         n *= s
-    # Viewed as int32, each 64-bit draw gives two independent uniform 32-bit integers.
-    bits = random_words((n + 1) // 2, torch.device(device))
+    # random_(-2**63, None) draws the full 64-bit range (plain random_() leaves the sign bit 0); viewed as int32 each
+    # draw gives two independent uniform 32-bit integers.
+    bits = torch.empty((n + 1) // 2, dtype=torch.int64, device=device).random_(-(2**63), None)
     threshold = -(2**31) + round(p * 2**32)
     return (bits.view(torch.int32)[:n] >= threshold).view(shape)
-
-
-BLOCK = 1 << 16
-"""64-bit draws per independently seeded block (512 KiB): 1.6–1.9× the single stream's speed on 2 cores for a
-GPT-1 attention mask (benchmarks measured in docs/performance.md); smaller blocks cost more in per-block overhead."""
-
-_POOL: dict[tuple[int, int], ThreadPoolExecutor] = {}
-
-
-def random_words(n: int, device: torch.device) -> torch.Tensor:
-    """``n`` uniform 64-bit integers (the full range: ``random_()`` without bounds leaves the sign bit 0)."""
-    out = torch.empty(n, dtype=torch.int64, device=device)
-    if n <= BLOCK or device.type != "cpu" or torch.compiler.is_compiling():
-        return out.random_(-(2**63), None)
-    starts = range(0, n, BLOCK)
-    seeds = torch.randint(0, 2**62, (len(starts),)).tolist()
-
-    def fill(i: int) -> None:
-        gen = torch.Generator().manual_seed(seeds[i])
-        out[starts[i] : starts[i] + BLOCK].random_(-(2**63), None, generator=gen)
-
-    workers = min(torch.get_num_threads(), len(starts))
-    if workers < 2:
-        for i in range(len(starts)):
-            fill(i)
-    else:
-        list(_pool(workers).map(fill, range(len(starts))))
-    return out
-
-
-def _pool(workers: int) -> ThreadPoolExecutor:
-    # Keyed by process id too: a forked child inherits the executor but not its threads.
-    key = (os.getpid(), workers)
-    if key not in _POOL:
-        _POOL[key] = ThreadPoolExecutor(workers, thread_name_prefix="gpt1-dropout")
-    return _POOL[key]
 
 
 def dropout(x: torch.Tensor, p: float, training: bool = True, *, scale: bool = True) -> torch.Tensor:

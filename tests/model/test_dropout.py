@@ -80,21 +80,3 @@ def test_model_uses_it_and_still_matches_its_expectation():
     torch.manual_seed(0)
     x = torch.randn(200_000)
     assert abs(dropout(x, 0.1).mean().item() - x.mean().item()) < 0.01
-
-
-def test_large_masks_do_not_depend_on_the_thread_count(monkeypatch):
-    """Blocks and their seeds come from the default generator, whatever the number of threads filling them."""
-    from gptcli.model import dropout as mod
-
-    monkeypatch.setattr(mod, "BLOCK", 1000)
-    n = 10 * 1000 + 17
-    masks = []
-    for threads in (1, 3):
-        monkeypatch.setattr(torch, "get_num_threads", lambda t=threads: t)
-        torch.manual_seed(5)
-        masks.append(keep_mask((2 * n,), 0.5))
-    assert torch.equal(masks[0], masks[1])
-    assert abs(masks[0].float().mean().item() - 0.5) < 0.02
-    # Blocks are not copies of one another.
-    words = mod.random_words(3000, torch.device("cpu"))
-    assert not torch.equal(words[:1000], words[1000:2000])

@@ -1,0 +1,115 @@
+"""The parts of a training step gpt1 computes its own way on CPU, each against PyTorch's stock op, same run.
+
+At GPT-1's training shapes (4 × 512 tokens, 12 heads, 40,478-token vocabulary), forward + backward:
+
+- ``dropout``: ``gptcli.model.dropout.dropout`` vs ``F.dropout`` on one layer's attention probabilities (the 5/8
+  of 4 × 12 × 512² the chunked attention computes) and on a residual branch (4 × 512 × 768);
+- ``mask``: the dropout mask alone — ``keep_mask`` vs ``bernoulli_`` (what ``F.dropout`` draws);
+- ``head``: the tied output product with the padded embedding (what ``TiedEmbeddingLM.lm_logits`` does for a large
+  fp32 batch) vs the plain one; forced in bf16 too (the model pads only in fp32: in whole bf16 training steps the
+  padded product measured no faster).
+
+fp32 and bf16 (autocast for the head; bf16 tensors for the rest, as autocast produces them). Variants run
+round-robin (``_machine.round_robin``); the report gives median milliseconds and ours / stock.
+
+    python benchmarks/step_parts.py --steps 7 --json parts.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from _machine import machine_header, round_robin, use_large_allocator_thresholds, write_json
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=7, help="timed rounds (after one warm-up)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
+    ap.add_argument("--default-malloc", action="store_true", help="do not set GLIBC_TUNABLES")
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+    use_large_allocator_thresholds(args.default_malloc)
+
+    import torch
+
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    info, line = machine_header()
+    print(line)
+    cases = _cases()
+    variants = [(part, prec, impl) for part, prec in cases for impl in cases[(part, prec)]]
+    times = round_robin(lambda part, prec, impl: _timed(cases[(part, prec)][impl]), variants, args.steps)
+    rows = []
+    for (part, prec), impls in cases.items():
+        stock = statistics.median(times[(part, prec, "stock")]) * 1e3
+        for impl in impls:
+            ms = statistics.median(times[(part, prec, impl)]) * 1e3
+            rows.append({"part": part, "precision": prec, "impl": impl, "ms": ms, "vs_stock": ms / stock})
+            print(f"  {part:15s} {prec}  {impl:14s} {ms:8.1f} ms  {ms / stock:5.2f}× stock")
+    write_json(args.json, info, rows=rows, args=vars(args))
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _cases() -> dict:
+    """{(part, precision): {impl: zero-argument callable}}; ``stock`` is PyTorch's own op."""
+    import torch
+    import torch.nn.functional as F
+
+    from gptcli.model import dropout as gd
+    from gptcli.model.gpt import GPT, preset
+
+    g = torch.Generator().manual_seed(0)
+    probs_n, resid_shape = 4 * 12 * 512 * 512 * 5 // 8, (4, 512, 768)
+    model = GPT(preset("gpt1"))
+    h = torch.randn(2048, 768, generator=g)
+    cases: dict = {}
+
+    def fwd_bwd(fn, x):
+        def run():
+            x.grad = None
+            fn(x).float().sum().backward()
+        return run
+
+    for prec, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        for part, shape in (("dropout probs", (probs_n,)), ("dropout resid", resid_shape)):
+            x = torch.randn(shape, generator=g).to(dtype).requires_grad_()
+            cases[(part, prec)] = {"stock": fwd_bwd(lambda t: F.dropout(t, 0.1, True), x),
+                                   "ours": fwd_bwd(lambda t: gd.dropout(t, 0.1), x)}
+        cases[("head", prec)] = {"stock": _head(model, h, prec, padded=False), "ours": _head(model, h, prec, padded=True)}
+    cases[("mask", "-")] = {"stock": lambda: torch.empty(probs_n).bernoulli_(0.9),
+                            "ours": lambda: gd.keep_mask((probs_n,), 0.1)}
+    return cases
+
+
+def _head(model, h, prec: str, padded: bool):
+    """Forward + backward of the tied output layer at 2,048 positions, padded product forced on or off."""
+    import torch
+
+    from gptcli.model import tied
+
+    x = h.clone().requires_grad_()
+
+    def run():
+        saved = tied._pad_pays
+        tied._pad_pays = lambda h, w: padded  # forced either way, bf16 included (where the model does not pad)
+        try:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=prec == "bf16"):
+                logits = model.lm_logits(x)
+            logits.float().sum().backward()
+        finally:
+            tied._pad_pays = saved
+            model.zero_grad(set_to_none=True)
+            x.grad = None
+    return run
+
+
+if __name__ == "__main__":
+    main()
