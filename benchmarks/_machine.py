@@ -2,15 +2,17 @@
 
 ``use_large_allocator_thresholds`` re-executes the script once with glibc's mmap/trim thresholds raised, so that
 the large activation buffers are reused instead of being mapped and unmapped every step (measured in
-docs/performance.md); ``cpu_model`` names the processor the figures belong to.
+docs/performance.md); ``add_machine_args`` and ``start`` give every benchmark the same ``--threads``,
+``--default-malloc`` and ``--json`` and apply them; ``cpu_model`` names the processor the figures belong to.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
-import time
 import sys
+import time
 
 TUNABLES = "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=68719476736"
 
@@ -20,6 +22,21 @@ def use_large_allocator_thresholds(default_malloc: bool) -> None:
     if not default_malloc and os.environ.get("GLIBC_TUNABLES") != TUNABLES:
         os.environ["GLIBC_TUNABLES"] = TUNABLES
         os.execv(sys.executable, [sys.executable, *sys.argv])
+
+
+def add_machine_args(ap: argparse.ArgumentParser) -> None:
+    """The options every CPU benchmark takes: ``--threads``, ``--default-malloc`` and ``--json`` (see :func:`start`)."""
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
+    ap.add_argument("--default-malloc", action="store_true", help="do not set GLIBC_TUNABLES")
+    ap.add_argument("--json", help="also write the results to this JSON file")
+
+
+def start(args: argparse.Namespace) -> None:
+    """Apply :func:`add_machine_args`' options: the allocator setting (may re-execute the script), then the threads."""
+    use_large_allocator_thresholds(args.default_malloc)
+    import torch
+
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
 
 
 def cpu_model() -> str:

@@ -24,7 +24,7 @@ import os
 import statistics
 import time
 
-from _machine import cpu_model, round_robin, use_large_allocator_thresholds
+from _machine import add_machine_args, cpu_model, round_robin, start
 
 
 def main() -> None:
@@ -37,11 +37,9 @@ def main() -> None:
                     help="also time the chunked path at these block counts (comma-separated, e.g. 2,8; the model's "
                          "takes T / gptcli.model.attention.CHUNK_ROWS)")
     ap.add_argument("--steps", type=int, default=10, help="timed rounds (after one warm-up)")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
-    ap.add_argument("--default-malloc", action="store_true", help="do not set GLIBC_TUNABLES")
-    ap.add_argument("--json", help="also write the results here")
+    add_machine_args(ap)
     args = ap.parse_args()
-    use_large_allocator_thresholds(args.default_malloc)
+    start(args)
 
     import torch
 
@@ -61,7 +59,6 @@ def main() -> None:
     paths = list(PATHS) + [f"chunked/{n}" for n in args.chunks.split(",") if n.strip()]
     from gptcli.runtime import measure_cpu_peak
 
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
     peak = {p: measure_cpu_peak(p, n=2048, seconds=2.0) / 1e9 for p in ("fp32", "bf16")}
     print(f"{cpu_model()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
           f"matmul peak fp32 {peak['fp32']:.0f} / bf16 {peak['bf16']:.0f} GFLOP/s, "

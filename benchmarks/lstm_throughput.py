@@ -27,7 +27,7 @@ import os
 import statistics
 import time
 
-from _machine import cpu_model, round_robin, use_large_allocator_thresholds  # benchmarks/_machine.py
+from _machine import add_machine_args, cpu_model, round_robin, start  # benchmarks/_machine.py
 
 # pair -> (Transformer preset + overrides, LSTM preset + overrides, batch, seq_len)
 PAIRS = {
@@ -43,16 +43,12 @@ def main() -> None:
     ap.add_argument("--pairs", default="cpu,tiny", help=f"comma-separated: {', '.join(PAIRS)}")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per variant (after one warm-up step)")
     ap.add_argument("--precisions", default="fp32", help="comma-separated: fp32, bf16")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
-    ap.add_argument("--default-malloc", action="store_true", help="do not set GLIBC_TUNABLES")
-    ap.add_argument("--json", help="also write the results to this JSON file")
+    add_machine_args(ap)
     args = ap.parse_args()
-
-    use_large_allocator_thresholds(args.default_malloc)
+    start(args)
 
     import torch
 
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
     load = os.getloadavg()
     print(f"{cpu_model()}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")

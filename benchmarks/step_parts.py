@@ -18,25 +18,20 @@ round-robin (``_machine.round_robin``); the report gives median milliseconds and
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
-from _machine import machine_header, round_robin, use_large_allocator_thresholds, write_json
+from _machine import add_machine_args, machine_header, round_robin, start, write_json
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=7, help="timed rounds (after one warm-up)")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
-    ap.add_argument("--default-malloc", action="store_true", help="do not set GLIBC_TUNABLES")
-    ap.add_argument("--json", help="also write the results here")
+    add_machine_args(ap)
     args = ap.parse_args()
-    use_large_allocator_thresholds(args.default_malloc)
+    start(args)
 
-    import torch
 
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
     info, line = machine_header()
     print(line)
     cases = _cases()

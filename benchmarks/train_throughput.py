@@ -24,11 +24,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
 import time
 
-from _machine import machine_header, round_robin, use_large_allocator_thresholds  # benchmarks/_machine.py (run as `python benchmarks/train_throughput.py`)
+from _machine import add_machine_args, machine_header, round_robin, start  # benchmarks/_machine.py (run as `python benchmarks/train_throughput.py`)
 
 
 def main() -> None:
@@ -40,18 +39,13 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4, help="sequences per step")
     ap.add_argument("--seq-len", type=int, default=512, help="tokens per sequence")
     ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
     ap.add_argument("--no-hf", action="store_true", help="only our model")
     ap.add_argument("--no-ablations", action="store_true", help="skip the ablations ours-sdpa and ours-torch")
-    ap.add_argument("--default-malloc", action="store_true", help="do not set GLIBC_TUNABLES")
-    ap.add_argument("--json", help="also write the results to this JSON file")
+    add_machine_args(ap)
     args = ap.parse_args()
+    start(args)
 
-    use_large_allocator_thresholds(args.default_malloc)
 
-    import torch
-
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
     info, line = machine_header()
     print(line)
     peak = info["peak_flops"]
@@ -65,9 +59,9 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
     """Time every (implementation, precision) variant of one preset, round-robin; print and return the rows."""
     import torch
 
-    from gptcli.interop.hf import config_to_hf, state_dict_to_hf
     import torch.nn.functional as F
 
+    from gptcli.interop.hf import config_to_hf, state_dict_to_hf
     from gptcli.model import attention, dropout
     from gptcli.model.gpt import GPT, preset
 

@@ -99,8 +99,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout:
     bias = _future_bias(t, q.device, dtype)
     blocks = max(1, t // CHUNK_ROWS) if path == "chunked" else 1
     bounds = [t * i // blocks for i in range(blocks + 1)]
-    parts = [_written_out(q[:, a:b], k[:, :b], v[:, :b], bias[a:b, :b], dropout)
-             for a, b in zip(bounds, bounds[1:]) if b > a]
+    parts = [_written_out(q[:, a:b], k[:, :b], v[:, :b], bias[a:b, :b], dropout) for a, b in zip(bounds, bounds[1:])]
     return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).view(B, H, t, d)
 
 
