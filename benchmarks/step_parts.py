@@ -5,6 +5,8 @@ At GPT-1's training shapes (4 × 512 tokens, 12 heads, 40,478-token vocabulary),
 - ``dropout``: ``gptcli.model.dropout.dropout`` vs ``F.dropout`` on one layer's attention probabilities (the 5/8
   of 4 × 12 × 512² the chunked attention computes) and on a residual branch (4 × 512 × 768);
 - ``mask``: the dropout mask alone — ``keep_mask`` vs ``bernoulli_`` (what ``F.dropout`` draws);
+- ``loss``: the next-token loss on 2,048 × 40,478 logits — ``gptcli.model.losses.next_token_nll`` (row blocks,
+  hand-written backward) vs ``F.cross_entropy`` of the fp32 logits (what it replaced, and what HF computes);
 - ``head``: the tied output product with the padded embedding (what ``TiedEmbeddingLM.lm_logits`` does for a large
   fp32 batch) vs the plain one; forced in bf16 too (the model pads only in fp32: in whole bf16 training steps the
   padded product measured no faster).
@@ -60,6 +62,7 @@ def _cases() -> dict:
 
     from gptcli.model import dropout as gd
     from gptcli.model.gpt import GPT, preset
+    from gptcli.model.losses import next_token_nll
 
     g = torch.Generator().manual_seed(0)
     probs_n, resid_shape = 4 * 12 * 512 * 512 * 5 // 8, (4, 512, 768)
@@ -78,6 +81,10 @@ def _cases() -> dict:
             x = torch.randn(shape, generator=g).to(dtype).requires_grad_()
             cases[(part, prec)] = {"stock": fwd_bwd(lambda t: F.dropout(t, 0.1, True), x),
                                    "ours": fwd_bwd(lambda t: gd.dropout(t, 0.1), x)}
+        logits = torch.randn(2048, model.config.total_vocab, generator=g).to(dtype).requires_grad_()
+        targets = torch.randint(0, model.config.total_vocab, (2048,), generator=g)
+        cases[("loss", prec)] = {"stock": fwd_bwd(lambda t, y=targets: F.cross_entropy(t.float(), y), logits),
+                                 "ours": fwd_bwd(lambda t, y=targets: next_token_nll(t, y), logits)}
         cases[("head", prec)] = {"stock": _head(model, h, prec, padded=False), "ours": _head(model, h, prec, padded=True)}
     cases[("mask", "-")] = {"stock": lambda: torch.empty(probs_n).bernoulli_(0.9),
                             "ours": lambda: gd.keep_mask((probs_n,), 0.1)}

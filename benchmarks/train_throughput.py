@@ -5,7 +5,7 @@ batch and the same optimizer (fused AdamW), in train mode with the paper's dropo
 forward + backward + optimizer step. Variants run round-robin so machine noise hits all alike: ours; two
 ablations of ours — ``ours-sdpa``, attention forced to SDPA everywhere (before ``gptcli/model/attention.py`` chose
 a path per device, precision and dropout), and ``ours-torch``, PyTorch's own ``F.dropout`` in place of
-``gptcli/model/dropout.py``; and HF — each in fp32 and bf16. Each timed step follows ``--settle`` (default 1)
+``gptcli/model/dropout.py`` (and its ``bernoulli_`` mask in the attention); and HF — each in fp32 and bf16. Each timed step follows ``--settle`` (default 1)
 untimed steps of the same variant, as steps follow one another in a training run (``_machine.round_robin``), and
 each precision's variants form their own round-robin, fp32's first. The report gives medians, ratios against HF in
 the same precision (same round-robin) and against HF fp32 (same process, minutes earlier), and MFU against the matmul peak of the step's precision measured by this script (FLOPs per token = 6N +
@@ -85,9 +85,12 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-5, weight_decay=0.01, fused=True) for k, m in models.items()}
     sdpa_everywhere = {key: "sdpa" for key in attention.CPU_PATHS}
 
-    def torch_dropout(t: torch.Tensor, p: float, training: bool = True, *, scale: bool = True) -> torch.Tensor:
-        out = F.dropout(t, p, training)
-        return out if scale else out * (1.0 - p)
+    def torch_dropout(t: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+        return F.dropout(t, p, training)
+
+    def torch_mask(shape, p: float, device="cpu", dtype=torch.bool) -> torch.Tensor:
+        """The attention's mask as ``F.dropout`` draws it (a Bernoulli per unit from a double uniform)."""
+        return torch.empty(shape, device=device, dtype=dtype).bernoulli_(1.0 - p)
     g = torch.Generator().manual_seed(1)
     batch = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), generator=g)
     x, y = batch[:, :-1], batch[:, 1:]
@@ -106,15 +109,15 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
 
     @contextlib.contextmanager
     def ablation(name: str):
-        saved = attention.CPU_PATHS, dropout.dropout, attention.drop
+        saved = attention.CPU_PATHS, dropout.dropout, attention.keep_mask
         if name == "ours-sdpa":
             attention.CPU_PATHS = sdpa_everywhere
         if name == "ours-torch":
-            dropout.dropout = attention.drop = torch_dropout
+            dropout.dropout, attention.keep_mask = torch_dropout, torch_mask
         try:
             yield
         finally:
-            attention.CPU_PATHS, dropout.dropout, attention.drop = saved
+            attention.CPU_PATHS, dropout.dropout, attention.keep_mask = saved
 
     # Each precision is its own round-robin: the variants compared directly (same precision) alternate, and a bf16
     # step never follows a fp32 one, whose twice-as-large buffers leave the heap reshaped for it.

@@ -28,7 +28,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from gptcli.model.dropout import dropout as drop
+from torch.autograd.function import once_differentiable
+
+from gptcli.model.dropout import keep_mask
 
 PATHS: tuple[str, ...] = ("sdpa", "plain", "chunked")
 """``sdpa``: F.scaled_dot_product_attention. ``plain``: scores, mask, softmax, dropout and the product with v as
@@ -91,28 +93,73 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout:
     if path not in PATHS:
         raise ValueError(f"unknown attention path {path!r} (known: {', '.join(PATHS)})")
     B, H, t, d = q.shape
+    device = q.device.type
+    # Under autocast the written-out products run in the autocast dtype (as they would op by op); the function
+    # itself then runs with autocast off, on inputs already in that dtype.
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
     # One (B·H, T, d) copy of each (q, k, v are strided views of the fused projection): every block's batched
     # matmuls then read contiguous slices instead of copying their own.
-    q, k, v = (x.reshape(B * H, t, d) for x in (q, k, v))
-    device = q.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
-    bias = _future_bias(t, q.device, dtype)
+    q, k, v = (x.to(dtype).reshape(B * H, t, d) for x in (q, k, v))
     blocks = max(1, t // CHUNK_ROWS) if path == "chunked" else 1
-    bounds = [t * i // blocks for i in range(blocks + 1)]
-    parts = [_written_out(q[:, a:b], k[:, :b], v[:, :b], bias[a:b, :b], dropout) for a, b in zip(bounds, bounds[1:])]
-    return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).view(B, H, t, d)
+    bounds = tuple(t * i // blocks for i in range(blocks + 1))
+    with torch.autocast(device, enabled=False):
+        out = _WrittenOut.apply(q, k, v, _future_bias(t, q.device, dtype), dropout, bounds)
+    return out.view(B, H, t, d)
 
 
-def _written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, dropout: float) -> torch.Tensor:
-    """Attention of queries ``q`` (N, Tq, d) over keys ``k`` (N, Tk, d) with the additive mask ``bias`` (Tq, Tk)."""
-    # The mask enters as the product's additive input and 1/√d as its alpha: the matmul applies both as it writes
-    # the scores, where a masked_fill and a scaling would each be another pass (0.85–0.89× the attention's time).
-    scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=1.0 / math.sqrt(q.size(-1)))
-    # In the scores' dtype, as Hugging Face's port under autocast: bf16 probabilities in a bf16 run (a fp32 softmax
-    # measured slower, and the product with v is taken in bf16 either way).
-    probs = torch.softmax(scores, dim=-1)
-    if dropout == 0.0:
-        return torch.bmm(probs, v)
-    # Dropout's 1/(1 − p) is applied to the output (queries × d) rather than the probabilities (queries × keys):
-    # the same product, one pass over a tensor T/d times smaller.
-    return torch.bmm(drop(probs, dropout, scale=False), v) * (1.0 / (1.0 - dropout))
+class _WrittenOut(torch.autograd.Function):
+    """Attention of ``q``, ``k``, ``v`` (N, T, d) over query blocks ``bounds``, each block against only the keys it
+    can see, with a hand-written backward.
+
+    Autograd over the same ops cost a T × T pass more per op than needed: each block's slice of k and v sent back
+    a zero-filled full-size gradient to be summed (``SliceBackward``), the bool dropout mask was converted to the
+    activation dtype on every use, and the transposed keys were copied per block. Here k is transposed once, the
+    mask is drawn in the activation's dtype, and each block's key and value gradients accumulate in place into their slice."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, dropout: float, bounds: tuple[int, ...]):
+        alpha = 1.0 / math.sqrt(q.size(-1))
+        kt = k.transpose(1, 2).contiguous()  # (N, d, T): every block's keys are a row-major slice of it
+        out = torch.empty_like(q)
+        probs, masks = [], []
+        for a, b in zip(bounds, bounds[1:]):
+            # The mask enters as the product's additive input and 1/√d as its alpha: the matmul applies both as
+            # it writes the scores, where a masked_fill and a scaling would each be another pass. The softmax is
+            # in the scores' dtype, as Hugging Face's port under autocast (a fp32 softmax measured slower, and the
+            # product with v is taken in bf16 either way).
+            p = torch.softmax(torch.baddbmm(bias[a:b, :b], q[:, a:b], kt[:, :, :b], alpha=alpha), dim=-1)
+            probs.append(p)
+            if dropout > 0.0:
+                masks.append(keep_mask(p.shape, dropout, p.device, p.dtype))
+                p = p * masks[-1]
+            torch.bmm(p, v[:, :b], out=out[:, a:b])
+        if dropout > 0.0:
+            # Dropout's 1/(1 − p) is applied to the output (queries × d) rather than the probabilities (queries ×
+            # keys): the same product, one pass over a tensor T/d times smaller.
+            out.mul_(1.0 / (1.0 - dropout))
+        ctx.save_for_backward(q, k, v, *probs, *masks)
+        ctx.alpha, ctx.dropout, ctx.bounds = alpha, dropout, bounds
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        q, k, v, *saved = ctx.saved_tensors
+        n = len(ctx.bounds) - 1
+        probs, masks = saved[:n], saved[n:]
+        if ctx.dropout > 0.0:
+            grad = grad * (1.0 / (1.0 - ctx.dropout))
+        grad = grad.to(q.dtype).contiguous()
+        vt = v.transpose(1, 2).contiguous()  # (N, d, T), as kt in the forward pass
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for i, (a, b) in enumerate(zip(ctx.bounds, ctx.bounds[1:])):
+            p, g = probs[i], grad[:, a:b]
+            dropped = p * masks[i] if masks else p
+            dv[:, :b].baddbmm_(dropped.transpose(1, 2), g)
+            dp = torch.bmm(g, vt[:, :, :b])
+            if masks:
+                dp.mul_(masks[i])
+            ds = torch._softmax_backward_data(dp, p, -1, p.dtype)
+            dq[:, a:b].baddbmm_(ds, k[:, :b], alpha=ctx.alpha)
+            dk[:, :b].baddbmm_(ds.transpose(1, 2), q[:, a:b], alpha=ctx.alpha)
+        return dq, dk, dv, None, None, None

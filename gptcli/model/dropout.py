@@ -5,12 +5,13 @@ p = 0.1, and the attention probabilities alone are B·H·T²/2 values per layer.
 Bernoulli from a double-precision uniform, one at a time on one core (PyTorch's fast MKL path is taken only on
 Intel CPUs): it was 13% of a bf16 GPT-1 training step on a 2-core AMD Zen 4, more than every op but the matmuls.
 
-Here the mask comes from 32-bit random integers instead, two per 64-bit draw of the same generator, compared
-against a threshold: unit ``i`` is kept when ``bits[i] ≥ -2³¹ + round(p·2³²)``, i.e. with probability
-``1 − p`` to within 2⁻³³ (CUDA's own dropout compares a 24-bit uniform float), and kept values are scaled by
-``1/(1 − p)`` as ``F.dropout`` does. So the model, the expected activations and the regularisation are the
-paper's; only which units a given seed drops differs from ``F.dropout``'s choice. The mask is a ``bool`` tensor
-(one byte per unit, where ``F.dropout`` keeps a mask in the activation's dtype for the backward pass).
+Here the mask comes from random bytes instead, eight per 64-bit draw of the same generator. Unit ``i`` is kept when
+its 32-bit uniform ``U = byte·2²⁴ + low`` is ``≥ round(p·2³²)``; the byte alone decides unless it equals the
+threshold's top byte (one unit in 256), and only those units draw their 24 low bits. So a unit is dropped with
+probability ``round(p·2³²)/2³²``, ``p`` to within 2⁻³³ (CUDA's own dropout compares a 24-bit uniform float), at an
+eighth of the generator's work per unit (its Mersenne Twister was the mask's main cost), and kept values are scaled
+by ``1/(1 − p)`` as ``F.dropout`` does. So the model, the expected activations and the regularisation are the
+paper's; only which units a given seed drops differs from ``F.dropout``'s choice.
 
 The draws still come from PyTorch's one CPU stream, on one thread: filling blocks of the mask from separately seeded
 generators on all threads was tried and gained nothing inside a training step on 2 cores (docs/performance.md).
@@ -23,18 +24,24 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu") -> torch.Tensor:
-    """A ``bool`` tensor of ``shape``, each entry independently True with probability ``1 − p`` (module docstring).
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu",
+              dtype: torch.dtype = torch.bool) -> torch.Tensor:
+    """A tensor of ``shape``, each entry independently 1 (True) with probability ``1 − p`` and 0 otherwise (module
+    docstring), in ``dtype``: a float mask multiplies an activation of its dtype in one vectorised pass, where a
+    ``bool`` one is converted element by element on every use (6× slower in bf16 on the dev machine).
 
     Draws from the default generator of ``device``, so ``torch.manual_seed`` makes it reproducible."""
     n = 1
     for s in shape:
         n *= s
-    # random_(-2**63, None) draws the full 64-bit range (plain random_() leaves the sign bit 0); viewed as int32 each
-    # draw gives two independent uniform 32-bit integers.
-    bits = torch.empty((n + 1) // 2, dtype=torch.int64, device=device).random_(-(2**63), None)
-    threshold = -(2**31) + round(p * 2**32)
-    return (bits.view(torch.int32)[:n] >= threshold).view(shape)
+    # random_(-2**63, None) draws the full 64-bit range (plain random_() leaves the sign bit 0): eight uniform bytes.
+    byte = torch.empty((n + 7) // 8, dtype=torch.int64, device=device).random_(-(2**63), None).view(torch.uint8)[:n]
+    top, low = divmod(round(p * 2**32), 2**24)
+    mask = torch.gt(byte, top, out=torch.empty(n, dtype=dtype, device=device))
+    tie = (byte == top).nonzero().squeeze(1)
+    if tie.numel():  # these units' byte equals the threshold's: their next 24 bits decide
+        mask[tie] = (torch.empty(tie.numel(), dtype=torch.int32, device=device).random_(0, 2**24) >= low).to(dtype)
+    return mask.view(shape)
 
 
 def dropout(x: torch.Tensor, p: float, training: bool = True, *, scale: bool = True) -> torch.Tensor:
@@ -47,9 +54,8 @@ def dropout(x: torch.Tensor, p: float, training: bool = True, *, scale: bool = T
     if x.device.type != "cpu" or p >= 1.0 or p < 0.0:
         out = F.dropout(x, p, True)  # also raises F.dropout's error for p outside [0, 1]
         return out if scale else out * (1.0 - p)
-    # A bool factor: autograd saves only the mask for the backward pass (grad · mask).
-    kept = x * keep_mask(x.shape, p, x.device)
-    return kept * (1.0 / (1.0 - p)) if scale else kept
+    kept = x * keep_mask(x.shape, p, x.device, x.dtype)
+    return kept.mul_(1.0 / (1.0 - p)) if scale else kept
 
 
 class Dropout(nn.Dropout):

@@ -12,18 +12,64 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 IGNORE = -100
 """Target id that contributes nothing (a window's overlap with the previous one, padding)."""
 
 
+CHUNK_ELEMENTS = 2**20
+"""Logits per block of :class:`_RowBlockNLL` (2,048 × 40,478 logits: 82 blocks of 25 rows, 4 MB each in fp32; 2¹⁹–2²⁰ measured fastest)."""
+
+
 def next_token_nll(logits: torch.Tensor, targets: torch.Tensor, *, reduction: str = "mean") -> torch.Tensor:
-    """Cross-entropy of ``targets`` (already shifted; ``IGNORE`` skipped) under ``logits`` of shape ``(..., V)``."""
-    # PyTorch's fused log-softmax over the fp32 copy: a row-chunked loss that never materialises the fp32 logits
-    # was tried and measured slower once the allocator reuses the copy's memory step after step
-    # (docs/performance.md, "tried").
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1),
-                           ignore_index=IGNORE, reduction=reduction)
+    """Cross-entropy of ``targets`` (already shifted; ``IGNORE`` skipped) under ``logits`` of shape ``(..., V)``:
+    ``F.cross_entropy`` of the fp32 logits, with ``reduction`` "mean", "sum" or "none" (0 for ignored targets)."""
+    logits, targets = logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
+    if logits.device.type != "cpu" or reduction not in ("mean", "sum", "none"):
+        return F.cross_entropy(logits.float(), targets, ignore_index=IGNORE, reduction=reduction)
+    with torch.autocast("cpu", enabled=False):
+        nll = _RowBlockNLL.apply(logits, targets)
+    if reduction == "none":
+        return nll
+    total = nll.sum()
+    return total if reduction == "sum" else total / (targets != IGNORE).sum()
+
+
+class _RowBlockNLL(torch.autograd.Function):
+    """Per-row ``-log softmax(logits)[target]`` in fp32 (0 where the target is ``IGNORE``), over blocks of rows.
+
+    On CPU, ``F.cross_entropy(logits.float())`` writes four vocabulary-wide fp32 tensors per step (the fp32 copy,
+    its log-softmax, the loss's one-hot gradient and the softmax's gradient: 1.3 GB for a 4 × 512 GPT-1 batch) and
+    reads them back, and a step that has to fault fresh pages in for one of them loses ≈ 0.4 s. Here each block of
+    rows is converted and normalised while it is in cache; the backward pass recomputes the block's softmax and
+    writes the gradient, ``softmax − one_hot(target)`` times the row's weight, straight into the logits' dtype.
+    The values are ``F.cross_entropy``'s (tests/model/test_losses.py)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        valid = targets != IGNORE
+        safe = targets.masked_fill(~valid, 0).unsqueeze(1)
+        nll = torch.empty(logits.size(0), device=logits.device)
+        rows = max(1, CHUNK_ELEMENTS // max(1, logits.size(1)))
+        for a in range(0, logits.size(0), rows):
+            logp = torch.log_softmax(logits[a : a + rows].float(), dim=-1)
+            nll[a : a + rows] = logp.gather(1, safe[a : a + rows]).squeeze(1).neg_()
+        ctx.save_for_backward(logits, safe, valid)
+        return nll.masked_fill_(~valid, 0.0)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        logits, safe, valid = ctx.saved_tensors
+        weight = (grad.float() * valid).unsqueeze(1)
+        out = torch.empty(logits.shape, device=logits.device, dtype=logits.dtype)
+        rows = max(1, CHUNK_ELEMENTS // max(1, logits.size(1)))
+        for a in range(0, logits.size(0), rows):
+            p = torch.softmax(logits[a : a + rows].float(), dim=-1)
+            p.scatter_add_(1, safe[a : a + rows], torch.full_like(safe[a : a + rows], -1, dtype=p.dtype))
+            out[a : a + rows] = p.mul_(weight[a : a + rows])
+        return out, None
 
 
 def lm_loss_per_sequence(

@@ -16,18 +16,37 @@ from gptcli.model.gpt import GPT, preset
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 def test_keep_rate_is_one_minus_p(p):
     torch.manual_seed(0)
-    n = 1_000_001  # odd: the last 64-bit draw is half used
+    n = 1_000_003  # not a multiple of 8: the last 64-bit draw is partly used
     kept = keep_mask((n,), p).sum().item()
     sd = math.sqrt(n * p * (1 - p))
     assert abs(kept - n * (1 - p)) < 5 * sd
 
 
-def test_units_are_independent_and_the_halves_of_a_draw_too():
+def test_units_are_independent_and_the_bytes_of_a_draw_too():
     torch.manual_seed(1)
-    m = keep_mask((500_000, 2), 0.5).float()  # column 0 and 1 are the low and high halves of one 64-bit draw
-    both = (m[:, 0] * m[:, 1]).mean().item()
-    assert abs(both - 0.25) < 5 * math.sqrt(0.25 * 0.75 / 500_000)
+    m = keep_mask((250_000, 8), 0.5).float()  # each row: the eight bytes of one 64-bit draw
+    for i in range(7):
+        both = (m[:, i] * m[:, i + 1]).mean().item()
+        assert abs(both - 0.25) < 5 * math.sqrt(0.25 * 0.75 / 250_000)
     assert not torch.equal(keep_mask((1000,), 0.5), keep_mask((1000,), 0.5))
+
+
+def test_units_whose_byte_ties_the_threshold_are_decided_by_more_bits():
+    """p = 0.5 + 2⁻⁹ puts the threshold halfway through byte 128: the keep rate is exactly 1 − p only if the units
+    whose byte is 128 (1 in 256) draw further bits; decided by the byte alone it would be 0.5 or 0.49609."""
+    torch.manual_seed(2)
+    n, p = 4_000_000, 0.5 + 2**-9
+    rate = keep_mask((n,), p).float().mean().item()
+    assert abs(rate - (1 - p)) < 5 * math.sqrt(p * (1 - p) / n)  # 5 sd = 0.0013, half the byte-only error
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_float_mask_is_the_bool_mask(dtype):
+    torch.manual_seed(4)
+    a = keep_mask((3, 1000), 0.1)
+    torch.manual_seed(4)
+    b = keep_mask((3, 1000), 0.1, dtype=dtype)
+    assert b.dtype == dtype and torch.equal(b, a.to(dtype))
 
 
 def test_reproducible_under_manual_seed():

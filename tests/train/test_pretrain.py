@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import gptcli.train.pretrain as pretrain_mod
 from corpus_helpers import random_corpus, text_corpus
@@ -114,7 +115,7 @@ KILL_SCRIPT = """
 import os, signal, sys
 sys.path.insert(0, {tests!r})
 import torch
-torch.set_num_threads(1)
+torch.set_num_threads({threads})  # the reference run's: LayerNorm's weight gradients are summed in per-thread parts
 from pathlib import Path
 import corpus_helpers  # registers the test tokenizer
 import gptcli.checkpoint as ckpt
@@ -138,7 +139,7 @@ def test_resume_after_kill_mid_save(corpus, tmp_path):
     kw = dict(data=str(corpus), out=str(run), preset="tiny", model=MODEL, seq_len=32, batch_size=8,
               micro_batch_size=4, max_steps=9, warmup_steps=2, eval_every=0, save_every=3, log_every=1,
               device="cpu", precision="fp32", peak_flops=1e11)
-    script = KILL_SCRIPT.format(tests=str(TESTS), cfg=f"{kw!r}")
+    script = KILL_SCRIPT.format(tests=str(TESTS), cfg=f"{kw!r}", threads=torch.get_num_threads())
     proc = subprocess.run([sys.executable, "-c", script], cwd=TESTS.parent, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
