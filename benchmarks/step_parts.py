@@ -7,9 +7,8 @@ At GPT-1's training shapes (4 × 512 tokens, 12 heads, 40,478-token vocabulary),
 - ``mask``: the dropout mask alone — ``keep_mask`` vs ``bernoulli_`` (what ``F.dropout`` draws);
 - ``loss``: the next-token loss on 2,048 × 40,478 logits — ``gptcli.model.losses.next_token_nll`` (row blocks,
   hand-written backward) vs ``F.cross_entropy`` of the fp32 logits (what it replaced, and what HF computes);
-- ``head``: the tied output product with the padded embedding (what ``TiedEmbeddingLM.lm_logits`` does for a large
-  fp32 batch) vs the plain one; forced in bf16 too (the model pads only in fp32: in whole bf16 training steps the
-  padded product measured no faster).
+- ``head``: the tied output product and the loss as training takes them (``TiedEmbeddingLM.lm_nll``), with the
+  embedding padded to a multiple of 64 rows vs the plain product.
 
 fp32 and bf16 (autocast for the head; bf16 tensors for the rest, as autocast produces them). Variants run
 round-robin (``_machine.round_robin``); the report gives median milliseconds and ours / stock.
@@ -92,20 +91,21 @@ def _cases() -> dict:
 
 
 def _head(model, h, prec: str, padded: bool):
-    """Forward + backward of the tied output layer at 2,048 positions, padded product forced on or off."""
+    """Forward + backward of the tied output layer and the loss at 2,048 positions, padded product forced on or off."""
     import torch
 
     from gptcli.model import tied
 
     x = h.clone().requires_grad_()
+    targets = torch.randint(0, model.config.total_vocab, (h.size(0),), generator=torch.Generator().manual_seed(2))
 
     def run():
         saved = tied._pad_pays
-        tied._pad_pays = lambda h, w: padded  # forced either way, bf16 included (where the model does not pad)
+        tied._pad_pays = lambda h, w, training=False: padded
         try:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=prec == "bf16"):
-                logits = model.lm_logits(x)
-            logits.float().sum().backward()
+                loss = model.lm_nll(x, targets)
+            loss.backward()
         finally:
             tied._pad_pays = saved
             model.zero_grad(set_to_none=True)

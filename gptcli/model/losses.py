@@ -22,14 +22,18 @@ CHUNK_ELEMENTS = 2**20
 """Logits per block of :class:`_RowBlockNLL` (2,048 × 40,478 logits: 82 blocks of 25 rows, 4 MB each in fp32; 2¹⁹–2²⁰ measured fastest)."""
 
 
-def next_token_nll(logits: torch.Tensor, targets: torch.Tensor, *, reduction: str = "mean") -> torch.Tensor:
+def next_token_nll(logits: torch.Tensor, targets: torch.Tensor, *, reduction: str = "mean",
+                   classes: int | None = None) -> torch.Tensor:
     """Cross-entropy of ``targets`` (already shifted; ``IGNORE`` skipped) under ``logits`` of shape ``(..., V)``:
-    ``F.cross_entropy`` of the fp32 logits, with ``reduction`` "mean", "sum" or "none" (0 for ignored targets)."""
+    ``F.cross_entropy`` of the fp32 logits, with ``reduction`` "mean", "sum" or "none" (0 for ignored targets).
+
+    ``classes``: only the first ``classes`` columns are logits, the rest padding (a product padded for speed,
+    ``TiedEmbeddingLM.lm_nll``); the padding gets a zero gradient."""
     logits, targets = logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
     if logits.device.type != "cpu" or reduction not in ("mean", "sum", "none"):
-        return F.cross_entropy(logits.float(), targets, ignore_index=IGNORE, reduction=reduction)
+        return F.cross_entropy(logits[:, :classes].float(), targets, ignore_index=IGNORE, reduction=reduction)
     with torch.autocast("cpu", enabled=False):
-        nll = _RowBlockNLL.apply(logits, targets)
+        nll = _RowBlockNLL.apply(logits, targets, classes or logits.size(1))
     if reduction == "none":
         return nll
     total = nll.sum()
@@ -47,29 +51,32 @@ class _RowBlockNLL(torch.autograd.Function):
     The values are ``F.cross_entropy``'s (tests/model/test_losses.py)."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, classes: int) -> torch.Tensor:
         valid = targets != IGNORE
         safe = targets.masked_fill(~valid, 0).unsqueeze(1)
         nll = torch.empty(logits.size(0), device=logits.device)
-        rows = max(1, CHUNK_ELEMENTS // max(1, logits.size(1)))
+        rows = max(1, CHUNK_ELEMENTS // max(1, classes))
         for a in range(0, logits.size(0), rows):
-            logp = torch.log_softmax(logits[a : a + rows].float(), dim=-1)
+            logp = torch.log_softmax(logits[a : a + rows, :classes].float(), dim=-1)
             nll[a : a + rows] = logp.gather(1, safe[a : a + rows]).squeeze(1).neg_()
         ctx.save_for_backward(logits, safe, valid)
+        ctx.classes = classes
         return nll.masked_fill_(~valid, 0.0)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
         logits, safe, valid = ctx.saved_tensors
+        classes = ctx.classes
         weight = (grad.float() * valid).unsqueeze(1)
         out = torch.empty(logits.shape, device=logits.device, dtype=logits.dtype)
-        rows = max(1, CHUNK_ELEMENTS // max(1, logits.size(1)))
+        out[:, classes:] = 0.0
+        rows = max(1, CHUNK_ELEMENTS // max(1, classes))
         for a in range(0, logits.size(0), rows):
-            p = torch.softmax(logits[a : a + rows].float(), dim=-1)
+            p = torch.softmax(logits[a : a + rows, :classes].float(), dim=-1)
             p.scatter_add_(1, safe[a : a + rows], torch.full_like(safe[a : a + rows], -1, dtype=p.dtype))
-            out[a : a + rows] = p.mul_(weight[a : a + rows])
-        return out, None
+            out[a : a + rows, :classes] = p.mul_(weight[a : a + rows])
+        return out, None, None
 
 
 def lm_loss_per_sequence(

@@ -23,9 +23,14 @@ PAD_MIN_POSITIONS = 1024
 """Positions from which the padded product pays for its copy of the embedding (a 4 × 512 training batch is 2,048)."""
 
 
-def _pad_pays(h: torch.Tensor, w: torch.Tensor) -> bool:
-    return (w.device.type == "cpu" and w.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
-            and w.size(0) % PAD_ROWS_TO != 0 and h.numel() >= PAD_MIN_POSITIONS * h.size(-1))
+def _pad_pays(h: torch.Tensor, w: torch.Tensor, training: bool = False) -> bool:
+    """Whether the product against the padded embedding is the faster one: a large fp32 CPU batch, or in training
+    (:meth:`TiedEmbeddingLM.lm_nll`) also a bf16-autocast one (there the gain is in the weight gradient's product)."""
+    if w.device.type != "cpu" or w.size(0) % PAD_ROWS_TO == 0 or h.numel() < PAD_MIN_POSITIONS * h.size(-1):
+        return False
+    if torch.is_autocast_enabled("cpu"):
+        return training and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    return w.dtype == torch.float32
 
 
 class TiedEmbeddingLM(nn.Module):
@@ -48,9 +53,26 @@ class TiedEmbeddingLM(nn.Module):
             return F.linear(h, F.pad(w, (0, 0, 0, -v % PAD_ROWS_TO)))[..., :v]
         return F.linear(h, w)
 
+    def lm_nll(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy of ``targets`` (already shifted; -100 = ignored) given hidden states ``h``:
+        ``next_token_nll(self.lm_logits(h), targets)``, the training loss.
+
+        Here the padded product also pays under bf16 autocast: the loss takes the padded logits whole (the padding's
+        columns get a zero gradient, ``next_token_nll(classes=…)``), so no slice has to be scattered back, and the
+        weight gradient's product, 40,478 rows long, is the one the BLAS runs slowly (bf16, 2-core Zen 4: 392 vs
+        325 ms at 40,480). Alternating steady-state bf16 GPT-1 steps: 4.90 vs 5.02 s (median of 12, 9 of 12 pairs
+        faster)."""
+        w = self.tok_emb.weight
+        if not _pad_pays(h, w, training=True):
+            return next_token_nll(self.lm_logits(h), targets)
+        v = w.size(0)
+        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else w.dtype
+        # Cast before padding: the pad then copies the bf16 embedding, not the fp32 one.
+        return next_token_nll(F.linear(h, F.pad(w.to(dtype), (0, 0, 0, -v % PAD_ROWS_TO))), targets, classes=v)
+
     def lm_loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of ``targets`` (already shifted; -100 = ignored) given ``idx``."""
-        return next_token_nll(self.lm_logits(self(idx)), targets)
+        return self.lm_nll(self(idx), targets)
 
     @torch.no_grad()
     def add_special_tokens(self, n: int) -> None:

@@ -34,7 +34,6 @@ from gptcli.data.windows import WindowSampler
 from gptcli.errors import GPT1Error
 from gptcli.eval.perplexity import evaluate_lm
 from gptcli.model.build import AnyConfig, LanguageModel, arch_of, build_model, preset, preset_class
-from gptcli.model.losses import next_token_nll
 from gptcli.outputs import MARKER, check_output, mark
 from gptcli.progress import SILENT, Progress
 from gptcli.runtime import Precision, configure_backends, peak_flops, resolve_device, resolve_precision
@@ -242,9 +241,7 @@ def check_launch(config: PretrainConfig, world_size: int) -> None:
 
 def lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
     """Next-token loss of a ``(b, T+1)`` window batch. Calls ``model(x)`` so a DDP wrapper sees the forward."""
-    h = model(batch[:, :-1])
-    logits = unwrap(model).lm_logits(h)
-    return next_token_nll(logits, batch[:, 1:])
+    return unwrap(model).lm_nll(model(batch[:, :-1]), batch[:, 1:])
 
 
 def build_model_config(config: PretrainConfig, vocab_size: int) -> AnyConfig:

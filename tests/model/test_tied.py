@@ -30,3 +30,34 @@ def test_padded_output_product_gives_the_same_logits_and_gradients(monkeypatch):
     torch.testing.assert_close(g_padded, g_plain)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert model.lm_logits(h).is_contiguous()  # bf16: measured no gain, not padded
+
+
+def test_training_loss_through_the_padded_product_is_the_plain_one(monkeypatch):
+    """``lm_nll`` pads the product in fp32 and under bf16 autocast and hands the padded logits to the loss whole:
+    the same loss and embedding gradient as the plain product and loss."""
+    from gptcli.model import tied
+    from gptcli.model.gpt import GPT, ModelConfig
+
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32)).eval()
+    ids = torch.randint(0, 101, (4, 16))
+    seen = []
+    real = tied.next_token_nll
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("classes"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tied, "next_token_nll", spy)
+    for autocast in (False, True):
+        results = []
+        for min_positions in (10**9, 8):  # plain, then padded
+            monkeypatch.setattr(tied, "PAD_MIN_POSITIONS", min_positions)
+            model.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = model.lm_nll(model(ids[:, :-1]), ids[:, 1:])
+            loss.backward()
+            results.append((loss.detach(), model.tok_emb.weight.grad.clone()))
+        torch.testing.assert_close(results[1][0], results[0][0])
+        torch.testing.assert_close(results[1][1], results[0][1])
+    assert seen == [None, 101, None, 101]  # the padded product really ran, in both precisions
