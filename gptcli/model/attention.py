@@ -9,8 +9,8 @@ computed by PyTorch's fused ``F.scaled_dot_product_attention`` (SDPA) or written
   the whole T × T, and under bf16 autocast SDPA is slow even without. Written out over blocks of queries
   (``chunked``), each block against only the keys it can see, the masked upper triangle is neither computed nor
   dropped out, and the mask and 1/√d ride on the score matmul (``baddbmm``): at T = 512 a training step's attention
-  takes 0.51× SDPA's time in fp32 and 0.36× in bf16, and even fp32 without dropout (evaluation) beats SDPA's fused
-  kernel (0.73× training, 0.80× evaluation). That was most of the gap between our bf16 training step and Hugging
+  takes 0.41× SDPA's time in fp32 and 0.22× in bf16, and even fp32 without dropout (evaluation) beats SDPA's fused
+  kernel (0.75× training, 0.93× evaluation). That was most of the gap between our bf16 training step and Hugging
   Face's, which writes attention out over the whole square.
 - CPU, sequences under ``CHUNK_MIN_LEN`` (fine-tuning, scoring): written out in one block (``plain``).
 
