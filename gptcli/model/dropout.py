@@ -51,18 +51,13 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.devic
     return mask[:n].view(shape)
 
 
-def dropout(x: torch.Tensor, p: float, training: bool = True, *, scale: bool = True) -> torch.Tensor:
-    """``F.dropout(x, p, training)``, drawn by :func:`keep_mask` on CPU.
-
-    ``scale=False`` leaves the kept values unscaled, for a caller that applies ``1/(1 − p)`` later on a smaller
-    tensor (attention scales its output rather than its T×T probabilities)."""
+def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+    """``F.dropout(x, p, training)``, drawn by :func:`keep_mask` on CPU."""
     if not training or p == 0.0:
         return x
     if x.device.type != "cpu" or p >= 1.0 or p < 0.0:
-        out = F.dropout(x, p, True)  # also raises F.dropout's error for p outside [0, 1]
-        return out if scale else out * (1.0 - p)
-    kept = x * keep_mask(x.shape, p, x.device, x.dtype)
-    return kept.mul_(1.0 / (1.0 - p)) if scale else kept
+        return F.dropout(x, p, True)  # also raises F.dropout's error for p outside [0, 1]
+    return (x * keep_mask(x.shape, p, x.device, x.dtype)).mul_(1.0 / (1.0 - p))
 
 
 class Dropout(nn.Dropout):
