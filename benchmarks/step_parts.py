@@ -32,7 +32,6 @@ def main() -> None:
     args = ap.parse_args()
     start(args)
 
-
     info, line = machine_header()
     print(line)
     cases = _cases()

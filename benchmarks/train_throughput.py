@@ -5,11 +5,12 @@ batch and the same optimizer (fused AdamW), in train mode with the paper's dropo
 forward + backward + optimizer step. Variants run round-robin so machine noise hits all alike: ours; two
 ablations of ours — ``ours-sdpa``, attention forced to SDPA everywhere (before ``gptcli/model/attention.py`` chose
 a path per device, precision and dropout), and ``ours-torch``, PyTorch's own ``F.dropout`` in place of
-``gptcli/model/dropout.py`` (and its ``bernoulli_`` mask in the attention); and HF — each in fp32 and bf16. Each timed step follows ``--settle`` (default 1)
-untimed steps of the same variant, as steps follow one another in a training run (``_machine.round_robin``), and
-each precision's variants form their own round-robin, fp32's first. The report gives medians, ratios against HF in
-the same precision (same round-robin) and against HF fp32 (same process, minutes earlier), and MFU against the matmul peak of the step's precision measured by this script (FLOPs per token = 6N +
-12·L·d·T, ``GPT.flops_per_token``).
+``gptcli/model/dropout.py`` (and its ``bernoulli_`` mask in the attention); and HF — each in fp32 and bf16. Each
+timed step follows ``--settle`` (default 1) untimed steps of the same variant, as steps follow one another in a
+training run (``_machine.round_robin``), and each precision's variants form their own round-robin, fp32's first.
+The report gives medians, ratios against HF in the same precision (same round-robin) and against HF fp32 (same
+process, minutes earlier), and MFU against the matmul peak of the step's precision measured by this script (FLOPs
+per token = 6N + 12·L·d·T, ``GPT.flops_per_token``).
 
 glibc's malloc returns freed memory to the OS every step here and re-faults it (docs/performance.md); unless
 ``--default-malloc`` is given, the script re-executes itself with ``GLIBC_TUNABLES`` raising the mmap and trim
@@ -45,7 +46,6 @@ def main() -> None:
     args = ap.parse_args()
     start(args)
 
-
     info, line = machine_header()
     print(line)
     peak = info["peak_flops"]
@@ -58,7 +58,6 @@ def main() -> None:
 def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> list[dict]:
     """Time every (implementation, precision) variant of one preset, round-robin; print and return the rows."""
     import torch
-
     import torch.nn.functional as F
 
     from gptcli.interop.hf import config_to_hf, state_dict_to_hf
@@ -85,12 +84,10 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-5, weight_decay=0.01, fused=True) for k, m in models.items()}
     sdpa_everywhere = {key: "sdpa" for key in attention.CPU_PATHS}
 
-    def torch_dropout(t: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
-        return F.dropout(t, p, training)
-
     def torch_mask(shape, p: float, device="cpu", dtype=torch.bool) -> torch.Tensor:
         """The attention's mask as ``F.dropout`` draws it (a Bernoulli per unit from a double uniform)."""
         return torch.empty(shape, device=device, dtype=dtype).bernoulli_(1.0 - p)
+
     g = torch.Generator().manual_seed(1)
     batch = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), generator=g)
     x, y = batch[:, :-1], batch[:, 1:]
@@ -113,7 +110,7 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
         if name == "ours-sdpa":
             attention.CPU_PATHS = sdpa_everywhere
         if name == "ours-torch":
-            dropout.dropout, attention.keep_mask = torch_dropout, torch_mask
+            dropout.dropout, attention.keep_mask = F.dropout, torch_mask
         try:
             yield
         finally:

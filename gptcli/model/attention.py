@@ -27,7 +27,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-
 from torch.autograd.function import once_differentiable
 
 from gptcli.model.dropout import keep_mask
@@ -158,7 +157,7 @@ class _WrittenOut(torch.autograd.Function):
         probs, masks = saved[:n], saved[n:]
         if ctx.dropout > 0.0:
             grad = grad * (1.0 / (1.0 - ctx.dropout))
-        grad = grad.to(q.dtype).contiguous()
+        grad = grad.contiguous()
         vt = _transposed(v, n)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for i, (a, b) in enumerate(zip(ctx.bounds, ctx.bounds[1:])):

@@ -41,6 +41,10 @@ def next_token_nll(logits: torch.Tensor, targets: torch.Tensor, *, reduction: st
     return total if reduction == "sum" else total / (targets != IGNORE).sum()
 
 
+def _block_rows(classes: int) -> int:
+    return max(1, CHUNK_ELEMENTS // max(1, classes))
+
+
 class _RowBlockNLL(torch.autograd.Function):
     """Per-row ``-log softmax(logits)[target]`` in fp32 (0 where the target is ``IGNORE``), over blocks of rows.
 
@@ -56,7 +60,7 @@ class _RowBlockNLL(torch.autograd.Function):
         valid = targets != IGNORE
         safe = targets.masked_fill(~valid, 0).unsqueeze(1)
         nll = torch.empty(logits.size(0), device=logits.device)
-        rows = max(1, CHUNK_ELEMENTS // max(1, classes))
+        rows = _block_rows(classes)
         for a in range(0, logits.size(0), rows):
             logp = torch.log_softmax(logits[a : a + rows, :classes].float(), dim=-1)
             nll[a : a + rows] = logp.gather(1, safe[a : a + rows]).squeeze(1).neg_()
@@ -72,7 +76,7 @@ class _RowBlockNLL(torch.autograd.Function):
         weight = (grad.float() * valid).unsqueeze(1)
         out = torch.empty(logits.shape, device=logits.device, dtype=logits.dtype)
         out[:, classes:] = 0.0
-        rows = max(1, CHUNK_ELEMENTS // max(1, classes))
+        rows = _block_rows(classes)
         for a in range(0, logits.size(0), rows):
             p = torch.softmax(logits[a : a + rows, :classes].float(), dim=-1)
             p.scatter_add_(1, safe[a : a + rows], torch.full_like(safe[a : a + rows], -1, dtype=p.dtype))

@@ -33,6 +33,11 @@ def _pad_pays(h: torch.Tensor, w: torch.Tensor, training: bool = False) -> bool:
     return w.dtype == torch.float32
 
 
+def _padded(w: torch.Tensor) -> torch.Tensor:
+    """``w`` with zero rows appended up to a multiple of ``PAD_ROWS_TO``."""
+    return F.pad(w, (0, 0, 0, -w.size(0) % PAD_ROWS_TO))
+
+
 class TiedEmbeddingLM(nn.Module):
     """The output side of a language model whose softmax weights are its token embedding (paper §3.1: ``W_e``)."""
 
@@ -50,8 +55,7 @@ class TiedEmbeddingLM(nn.Module):
         would cost more than the product, so those keep the plain product."""
         w = self.tok_emb.weight
         if _pad_pays(h, w):
-            v = w.size(0)
-            return F.linear(h, F.pad(w, (0, 0, 0, -v % PAD_ROWS_TO)))[..., :v]
+            return F.linear(h, _padded(w))[..., : w.size(0)]
         return F.linear(h, w)
 
     def lm_nll(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -66,10 +70,9 @@ class TiedEmbeddingLM(nn.Module):
         w = self.tok_emb.weight
         if not _pad_pays(h, w, training=True):
             return next_token_nll(self.lm_logits(h), targets)
-        v = w.size(0)
         dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else w.dtype
         # Cast before padding: the pad then copies the bf16 embedding, not the fp32 one.
-        return next_token_nll(F.linear(h, F.pad(w.to(dtype), (0, 0, 0, -v % PAD_ROWS_TO))), targets, classes=v)
+        return next_token_nll(F.linear(h, _padded(w.to(dtype))), targets, classes=w.size(0))
 
     def lm_loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of ``targets`` (already shifted; -100 = ignored) given ``idx``."""
