@@ -24,22 +24,47 @@ from gptcli.errors import GPT1Error
 
 Precision = Literal["fp32", "bf16", "fp16"]
 
-# Dense peak FLOP/s per device (no 2:4 sparsity), as published by NVIDIA. Keys are matched as substrings of
-# ``torch.cuda.get_device_name()``, most specific first. fp32 figures are TF32 tensor-core peaks, which is what
-# fp32 matmuls use once TF32 is enabled (we enable it).
-GPU_PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
-    ("H200", {"bf16": 989e12, "fp16": 989e12, "fp32": 494.5e12}),
-    ("H100 PCIe", {"bf16": 756e12, "fp16": 756e12, "fp32": 378e12}),
-    ("H100", {"bf16": 989e12, "fp16": 989e12, "fp32": 494.5e12}),  # SXM
-    ("GH200", {"bf16": 989e12, "fp16": 989e12, "fp32": 494.5e12}),
-    ("A100", {"bf16": 312e12, "fp16": 312e12, "fp32": 156e12}),
-    ("A10G", {"bf16": 70e12, "fp16": 70e12, "fp32": 35e12}),
-    ("L40S", {"bf16": 362e12, "fp16": 362e12, "fp32": 183e12}),
-    ("L4", {"bf16": 121e12, "fp16": 121e12, "fp32": 60e12}),
-    ("V100", {"bf16": 0.0, "fp16": 125e12, "fp32": 15.7e12}),
-    ("RTX 4090", {"bf16": 165e12, "fp16": 165e12, "fp32": 82.6e12}),
-    ("RTX 3090", {"bf16": 71e12, "fp16": 71e12, "fp32": 35.6e12}),
-]
+def _peaks(bf16: float, fp32: float, fp16: float | None = None) -> dict[str, float]:
+    """A device's dense peaks in TFLOP/s → FLOP/s (fp16 as bf16 unless given; 0: no such tensor cores)."""
+    return {"bf16": bf16 * 1e12, "fp16": (bf16 if fp16 is None else fp16) * 1e12, "fp32": fp32 * 1e12}
+
+
+# Dense peak FLOP/s (no 2:4 sparsity) as NVIDIA publishes them, keyed by the exact ``torch.cuda.get_device_name()``
+# string: a substring match gave an "H100 NVL" the SXM's peak and an "L40" the L4's. fp32 figures are TF32
+# tensor-core peaks, which fp32 matmuls use once TF32 is enabled (we enable it). A GPU not listed shows no MFU
+# (``--peak-flops`` gives one), rather than a made-up one.
+_HOPPER_SXM = _peaks(989.4, 494.7)
+_A100 = _peaks(312, 156)
+GPU_PEAK_FLOPS: dict[str, dict[str, float]] = {
+    "NVIDIA H100 80GB HBM3": _HOPPER_SXM,
+    "NVIDIA H100": _HOPPER_SXM,
+    "NVIDIA H100 PCIe": _peaks(756, 378),
+    "NVIDIA H100 NVL": _peaks(835.5, 417.5),
+    "NVIDIA H800": _HOPPER_SXM,
+    "NVIDIA H200": _HOPPER_SXM,
+    "NVIDIA H200 NVL": _peaks(835.5, 417.5),
+    "NVIDIA GH200 480GB": _HOPPER_SXM,
+    "NVIDIA GH200 144G HBM3e": _HOPPER_SXM,
+    "NVIDIA B200": _peaks(2250, 1100),
+    "NVIDIA A100-SXM4-40GB": _A100,
+    "NVIDIA A100-SXM4-80GB": _A100,
+    "NVIDIA A100-PCIE-40GB": _A100,
+    "NVIDIA A100 80GB PCIe": _A100,
+    "NVIDIA A800-SXM4-80GB": _A100,
+    "NVIDIA A10G": _peaks(70, 35),
+    "NVIDIA A10": _peaks(125, 62.5),
+    "NVIDIA L40S": _peaks(362, 183),
+    "NVIDIA L40": _peaks(181, 90.5),
+    "NVIDIA L4": _peaks(121, 60),
+    "NVIDIA RTX A6000": _peaks(154.8, 77.4),
+    "NVIDIA GeForce RTX 4090": _peaks(165.2, 82.6),
+    "NVIDIA GeForce RTX 3090": _peaks(71, 35.6),
+    "Tesla V100-SXM2-16GB": _peaks(0, 15.7, fp16=125),
+    "Tesla V100-SXM2-32GB": _peaks(0, 15.7, fp16=125),
+    "Tesla V100-PCIE-16GB": _peaks(0, 14, fp16=112),
+    "Tesla V100-PCIE-32GB": _peaks(0, 14, fp16=112),
+    "Tesla T4": _peaks(0, 8.1, fp16=65),
+}
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -72,13 +97,23 @@ def resolve_precision(name: str, device: torch.device) -> Precision:
         raise GPT1Error(f"--precision: expected auto, fp32, bf16 or fp16, got {name!r}")
     if device.type == "cuda":
         if name == "auto":
-            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+            return "bf16" if cuda_has_bf16(device) else "fp16"
         return name  # type: ignore[return-value]
     if name == "fp16":
         raise GPT1Error("--precision fp16 needs a CUDA device (use bf16 or fp32 on CPU)")
     if name == "auto":
         return "bf16" if cpu_has_bf16() else "fp32"
     return name  # type: ignore[return-value]
+
+
+def cuda_has_bf16(device: torch.device | None = None) -> bool:
+    """Whether the GPU computes bf16 natively (Ampere and newer). ``torch.cuda.is_bf16_supported()`` alone also
+    says yes where bf16 is only emulated (V100, T4), many times slower than their fp16 tensor cores."""
+    with torch.cuda.device(device) if device is not None and device.index is not None else contextlib.nullcontext():
+        try:
+            return torch.cuda.is_bf16_supported(including_emulation=False)
+        except TypeError:  # torch < 2.4: no emulation flag; native bf16 is compute capability 8.0 and newer
+            return torch.cuda.get_device_capability()[0] >= 8
 
 
 def autocast(device: torch.device, precision: Precision):
@@ -98,11 +133,14 @@ def configure_backends(device: torch.device) -> None:
 
 
 def gpu_peak_flops(device: torch.device, precision: Precision) -> float | None:
-    name = torch.cuda.get_device_name(device)
-    for key, table in GPU_PEAK_FLOPS:
-        if key in name:
-            return table.get(precision) or None
-    return None
+    """The GPU's dense peak for ``precision`` from :data:`GPU_PEAK_FLOPS`; None for a GPU not listed (or a
+    precision it has no tensor cores for): MFU is then not shown."""
+    return peak_for_gpu_name(torch.cuda.get_device_name(device), precision)
+
+
+def peak_for_gpu_name(name: str, precision: Precision) -> float | None:
+    """:data:`GPU_PEAK_FLOPS` by the exact device name (surrounding spaces ignored)."""
+    return GPU_PEAK_FLOPS.get(name.strip(), {}).get(precision) or None
 
 
 @functools.lru_cache(maxsize=4)

@@ -50,14 +50,14 @@ class Batch:
     """S: sequences per example (1, 2 for both orders, or the number of answers)."""
 
     def to(self, device: torch.device | str) -> "Batch":
+        # To a GPU from pinned memory and without waiting: the host goes on preparing the next batch meanwhile.
         nb = device != "cpu" and torch.device(device).type == "cuda"
-        return Batch(
-            self.ids.to(device, non_blocking=nb),
-            self.mask.to(device, non_blocking=nb),
-            None if self.labels is None else self.labels.to(device, non_blocking=nb),
-            self.index,
-            self.n_seqs,
-        )
+
+        def send(t: torch.Tensor) -> torch.Tensor:
+            return t.pin_memory().to(device, non_blocking=True) if nb else t.to(device)
+
+        return Batch(send(self.ids), send(self.mask), None if self.labels is None else send(self.labels),
+                     self.index, self.n_seqs)
 
     @property
     def size(self) -> int:
@@ -65,7 +65,7 @@ class Batch:
 
     @property
     def tokens(self) -> int:
-        """Real (non-pad) tokens in the batch."""
+        """Real (non-pad) tokens in the batch (read from the mask: count on the host copy, a device copy waits)."""
         return int(self.mask.sum().item())
 
 

@@ -92,6 +92,35 @@ PRESETS: dict[str, LSTMConfig] = {
 }
 
 
+def recurrent_dtype(device_type: str, autocast_dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype the recurrent layer computes in under autocast to ``autocast_dtype`` (None: no autocast).
+
+    CUDA's autocast runs cuDNN's LSTM in fp16 whatever dtype it was asked for (aten/src/ATen/cudnn/AutocastRNN.cpp
+    casts to ``kHalf``): a bf16 run would train its LSTM in fp16 without the loss scaler fp16 needs. There, for a
+    bf16 run, the layer runs outside autocast in fp32 (TF32 matmuls); an fp16 run gets the fp16 it asked for (with
+    its GradScaler). The CPU's autocast runs oneDNN's LSTM in the dtype asked for."""
+    if autocast_dtype is None:
+        return torch.float32
+    if device_type == "cuda" and autocast_dtype != torch.float16:
+        return torch.float32
+    return autocast_dtype
+
+
+def precision_note(device_type: str, precision: str) -> str | None:
+    """The line a run prints when its LSTM computes in another precision than the run's (None when it does not)."""
+    asked = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    actual = recurrent_dtype(device_type, asked)
+    if asked is None or actual == asked:
+        return None
+    return (f"the LSTM layer computes in {str(actual).removeprefix('torch.')} on {device_type} in this {precision} run "
+            f"(CUDA's autocast would run it in float16 without a loss scaler); the rest of the model runs in {precision}")
+
+
+def _reflatten(module: "LSTMLM", incompatible_keys) -> None:  # noqa: ARG001 (the load_state_dict hook signature)
+    if next(module.lstm.parameters()).is_cuda:
+        module.lstm.flatten_parameters()
+
+
 class LSTMState:
     """The recurrent state ``(h, c)`` carried between calls when decoding incrementally: the LSTM's KV cache.
 
@@ -132,6 +161,10 @@ class LSTMLM(TiedEmbeddingLM):
         self.drop_out = Dropout(config.out_pdrop)
         self.proj = nn.Linear(config.n_hidden, config.n_embd) if config.projected else None
         self.reset_parameters()
+        # cuDNN wants the LSTM's weights in one buffer. ``.to()`` re-flattens them (nn.RNNBase._apply); weights
+        # loaded with ``assign=True`` arrive as separate tensors, so flatten once after a load, not on every forward
+        # (nor on every generated token).
+        self.register_load_state_dict_post_hook(_reflatten)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -176,13 +209,21 @@ class LSTMLM(TiedEmbeddingLM):
         state = None
         if cache is not None and cache.h is not None and cache.c is not None:
             state = (cache.h, cache.c)
-        if idx.is_cuda:
-            self.lstm.flatten_parameters()  # weights loaded with assign=True are separate tensors; cuDNN wants one
-        y, (h, c) = self.lstm(x, state)
+        y, (h, c) = self._recurrent(x, state)
         if cache is not None:
             cache.h, cache.c, cache.pos = h, c, start + T
         y = self.drop_out(y)
         return self.proj(y) if self.proj is not None else y
+
+    def _recurrent(self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None):
+        """``self.lstm(x, state)`` in :func:`recurrent_dtype`: outside autocast, in fp32, where autocast would
+        run it in another precision than the run asked for."""
+        device = x.device.type
+        if torch.is_autocast_enabled(device) and recurrent_dtype(device, torch.get_autocast_dtype(device)) == torch.float32:
+            with torch.autocast(device, enabled=False):
+                state = None if state is None else (state[0].float(), state[1].float())
+                return self.lstm(x.float(), state)
+        return self.lstm(x, state)
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token, ``6N`` (N = non-embedding parameters plus the tied output matrix, as

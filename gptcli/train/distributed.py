@@ -73,6 +73,8 @@ class DistInfo:
     world_size: int = 1
     local_rank: int = 0
     backend: str | None = None
+    cuda_index: int | None = None
+    """The CUDA device this process computes on, as this process numbers its visible devices (:func:`pick_cuda_device`)."""
 
     @property
     def is_main(self) -> bool:
@@ -129,20 +131,37 @@ def init_process_group(device_type: str, timeout_s: int = 600) -> DistInfo:
             "or export them in your SLURM script (see docs/distributed.md)"
         )
     backend = "nccl" if device_type == "cuda" else "gloo"
+    index = None
     if device_type == "cuda":
-        if local_rank >= torch.cuda.device_count():
-            raise GPT1Error(
-                f"local rank {local_rank} has no GPU: only {torch.cuda.device_count()} CUDA device(s) are visible "
-                "on this node (start at most that many processes per node)"
-            )
-        torch.cuda.set_device(local_rank)
+        index = pick_cuda_device(local_rank, torch.cuda.device_count())
+        torch.cuda.set_device(index)
     dist.init_process_group(
         backend=backend,
         rank=rank,
         world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
-    return DistInfo(rank, world_size, local_rank, backend)
+    return DistInfo(rank, world_size, local_rank, backend, index)
+
+
+def pick_cuda_device(local_rank: int, visible: int) -> int:
+    """The CUDA device of the worker with ``local_rank`` that sees ``visible`` devices, as torchrun users expect.
+
+    Every worker seeing all of the node's GPUs (torchrun, ``gpt1 pretrain --gpus N``) takes device ``LOCAL_RANK``.
+    A worker that sees exactly one — SLURM's ``--gpus-per-task=1``/``--gpu-bind``, or a cluster setting
+    ``CUDA_VISIBLE_DEVICES`` per rank — takes that one (device 0), whatever its local rank. Anything else is
+    ambiguous (two ranks would share a GPU, or the rank's GPU is hidden) and refused."""
+    if local_rank < visible:
+        return local_rank
+    if visible == 1:
+        return 0
+    if visible == 0:
+        raise GPT1Error(f"local rank {local_rank} sees no CUDA device (check CUDA_VISIBLE_DEVICES and the job's GPU "
+                        "allocation, or train on CPU with --procs)")
+    raise GPT1Error(
+        f"local rank {local_rank} sees {visible} CUDA devices and none is its own (LOCAL_RANK must be below the "
+        f"number of visible devices, or each process must see exactly one: start at most {visible} processes per "
+        f"node, or give each rank one GPU through CUDA_VISIBLE_DEVICES / --gpus-per-task=1)")
 
 
 def destroy_process_group() -> None:
@@ -205,9 +224,8 @@ def launch(spec: LaunchSpec, argv: Sequence[str]) -> str | None:
     )
     beats = tempfile.mkdtemp(prefix="gpt1-heartbeat-")
     env = {WORKER_ENV: "1", TIMEOUT_ENV: str(spec.timeout_s), HEARTBEAT_ENV: beats}
-    if not spec.use_cuda and "OMP_NUM_THREADS" not in os.environ:
-        # CPU workers share the cores; without this each would start one thread per core and oversubscribe.
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // spec.nproc_per_node))
+    if "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(worker_threads(spec.nproc_per_node))
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # spawned workers inherit the launcher's environment
     watchdog = Watchdog(beats, spec.timeout_s / 2)
@@ -236,6 +254,13 @@ def launch(spec: LaunchSpec, argv: Sequence[str]) -> str | None:
             else:
                 os.environ[k] = v
     return None
+
+
+def worker_threads(nproc_per_node: int, cores: int | None = None) -> int:
+    """Intra-op threads per local worker: an equal share of the node's cores. Without it every worker starts one
+    thread per core — CPU workers then oversubscribe the cores N times over, and GPU workers (whose host side
+    reads batches, tokenizes and launches kernels) fight over them; torchrun sets 1 for the same reason."""
+    return max(1, (cores or os.cpu_count() or 1) // max(1, nproc_per_node))
 
 
 def launch_command(spec: LaunchSpec, command: str, config: Any, *, resume: bool, quiet: bool) -> str | None:
@@ -410,8 +435,7 @@ class DDPParallel(Parallel):
 
         # DDP broadcasts rank 0's parameters and buffers here, so all ranks start from the same weights even if
         # their initialisation differed; afterwards it averages gradients in the backward of a synced micro-batch.
-        device_ids = [self.device.index if self.device.index is not None else self.info.local_rank]
-        return DistributedDataParallel(model, device_ids=device_ids if self.device.type == "cuda" else None)
+        return DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
     def _all_reduce(self, values: list[float], op: str) -> list[float]:
         import torch
@@ -430,6 +454,9 @@ class DDPParallel(Parallel):
     def sum(self, values: Sequence[float]) -> list[float]:
         return self._all_reduce([float(v) for v in values], "sum")
 
+    def max(self, values: Sequence[float]) -> list[float]:
+        return self._all_reduce([float(v) for v in values], "max")
+
     def gather(self, obj: Any) -> list[Any]:
         import torch.distributed as dist
 
@@ -441,7 +468,7 @@ class DDPParallel(Parallel):
         import torch.distributed as dist
 
         if self.device.type == "cuda":
-            dist.barrier(device_ids=[self.device.index if self.device.index is not None else self.info.local_rank])
+            dist.barrier(device_ids=[self.device.index])
         else:
             dist.barrier()
 
@@ -471,7 +498,7 @@ def join(device: str = "auto") -> Parallel:
     if os.environ.get(HEARTBEAT_ENV):
         # Several beats per watchdog limit (half the timeout), so one late beat is never taken for silence.
         heartbeat(os.environ[HEARTBEAT_ENV], info.rank, min(1.0, timeout / 20))
-    dev = torch.device("cuda", info.local_rank) if device_type == "cuda" else torch.device("cpu")
+    dev = torch.device("cuda", info.cuda_index) if device_type == "cuda" else torch.device("cpu")
     return DDPParallel(info, dev)
 
 

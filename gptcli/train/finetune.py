@@ -65,6 +65,7 @@ from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.build import AnyConfig, LanguageModel, arch_of, build_model, config_from_dict, preset
 from gptcli.model.gpt import GPT
 from gptcli.model.heads import HeadConfig, TaskHead
+from gptcli.model.lstm import precision_note
 from gptcli.model.losses import lm_loss_per_sequence
 from gptcli.outputs import MARKER, check_output, kind_of, mark, next_free
 from gptcli.progress import SILENT, Progress
@@ -251,7 +252,8 @@ def finetune(config: FinetuneConfig, progress: Progress | None = None,
     par.barrier()  # every rank has looked at the run directory before rank 0 writes in it
     if plan.mode == "done":
         return finished_run(config, plan.out, report, tidy=par.is_main)
-    device = resolve_device(config.device)
+    # A worker of a job computes on its own device (cuda:LOCAL_RANK), which a bare "cuda" would not name.
+    device = par.device if par.device is not None else resolve_device(config.device)
     precision = resolve_precision(config.precision, device)
     configure_backends(device)
     # Data first: a missing or malformed file should fail before any weights are loaded.
@@ -259,6 +261,9 @@ def finetune(config: FinetuneConfig, progress: Progress | None = None,
     _seed_everything(config.seed)
     gpt, tok, source = build_body(config)
     run = build_run(config, task, data, gpt, tok, source, device, precision, report, parallel=par)
+    lstm_note = precision_note(device.type, precision) if arch_of(gpt.config) == "lstm" else None
+    if lstm_note is not None:
+        report.note(lstm_note)
     run.resumable = plan.mode != "replace"
     if run.resumable:
         run.identity = run_identity(run)
@@ -606,7 +611,8 @@ class TaskLoss:
 
     def __init__(self, lm_weight: float) -> None:
         self.lm_weight = lm_weight
-        self.parts: dict[str, list[float]] = {"clf_loss": [], "lm_loss": []}
+        self.parts: dict[str, list[torch.Tensor]] = {"clf_loss": [], "lm_loss": []}
+        """Each term per micro-batch of the current update, on the device: read only when the update is logged."""
         self.weights: list[tuple[float, float]] = []
         self.reduced: dict[str, float] | None = None
         """The terms over the global batch, when the ranks' shares were added up (:func:`_global_figures`)."""
@@ -616,29 +622,47 @@ class TaskLoss:
         factor = self.weights[len(self.parts["clf_loss"])][0] if self.weights else 1.0
         out, hidden = model(batch.ids, batch.n_seqs)
         clf = bare.head.loss(out, batch.labels)
-        self.parts["clf_loss"].append(float(clf.detach()))
+        self.parts["clf_loss"].append(clf.detach().float())
         if self.lm_weight == 0:
             return clf if factor == 1.0 else clf * factor
         lm = lm_loss_per_sequence(hidden, batch.ids, batch.mask, bare.gpt.lm_logits).mean()
-        self.parts["lm_loss"].append(float(lm.detach()))
+        self.parts["lm_loss"].append(lm.detach().float())
         loss = clf + self.lm_weight * lm
         return loss if factor == 1.0 else loss * factor
 
     def start_update(self, weights: Sequence[tuple[float, float]] = ()) -> None:
-        for v in self.parts.values():
-            v.clear()
+        self.parts = {k: [] for k in self.parts}
         self.weights = list(weights)
         self.reduced = None
 
+    def snapshot(self) -> tuple[dict[str, list[torch.Tensor]], list[tuple[float, float]]]:
+        """The current update's terms (device tensors, per micro-batch) and weights, to read at the next sync."""
+        return {k: v for k, v in self.parts.items() if v}, self.weights
+
     def means(self) -> dict[str, float]:
-        """Each term over the current update (terms that were not computed are left out): the global batch's once
-        the ranks' figures were added up, else this process's micro-batches weighted by their share of the global
-        batch (a plain mean of the micro-batches when no shares were given)."""
-        if self.reduced is not None:
-            return dict(self.reduced)
-        if self.weights:
-            return {k: sum(x * w[1] for x, w in zip(v, self.weights)) for k, v in self.parts.items() if v}
-        return {k: sum(v) / len(v) for k, v in self.parts.items() if v}
+        """Each term of the last update read (:func:`_settle`) over the global batch."""
+        return dict(self.reduced or {})
+
+
+def combine_terms(parts: dict[str, list[float]], weights: Sequence[tuple[float, float]]) -> dict[str, float]:
+    """Each term over one update: this process's micro-batches weighted by their share of the global batch (a
+    plain mean of the micro-batches when no shares were given)."""
+    if weights:
+        return {k: sum(x * w[1] for x, w in zip(v, weights)) for k, v in parts.items()}
+    return {k: sum(v) / len(v) for k, v in parts.items()}
+
+
+@dataclass
+class PendingUpdate:
+    """An update whose figures are still on the device (read at the next sync point, :func:`_settle`)."""
+
+    step: int
+    """Its 1-based number."""
+    result: StepResult
+    terms: dict[str, list[torch.Tensor]]
+    weights: list[tuple[float, float]]
+    tokens: int
+    """This rank's real tokens in it (counted on the host)."""
 
 
 @dataclass
@@ -700,6 +724,14 @@ class Run:
     last_ckpt: Path | None = None
     saved: tuple[int, bool] | None = None
     """(step, evaluated) of the newest step checkpoint this process wrote: a stop right after it saves nothing new."""
+    pending: list[PendingUpdate] = field(default_factory=list)
+    """Updates since the last sync point, their figures not read from the device yet."""
+    grad_norm: float = float("nan")
+    """The gradient norm of the last update read."""
+    last_loss: float = float("nan")
+    """The global loss of the last update read."""
+    pending_lr: float = 0.0
+    """The learning rate of the last update read."""
 
     def log(self, record: dict[str, Any]) -> None:
         assert self.logger is not None or not self.par.is_main, "the run directory is started before training"
@@ -721,7 +753,7 @@ def build_run(config: FinetuneConfig, task: Any, data: TaskData, gpt: GPT, tok: 
                           extract_id=tok.extract_id, pdrop=config.clf_pdrop, init_std=gpt.config.init_std)
     model = FinetuneModel(gpt, TaskHead(head_cfg)).to(device)
     total = num_batches(len(train_enc), config.batch_size, batching=config.batching) * config.epochs
-    optimizer = make_optimizer(model, config.lr, config.weight_decay, decay=config.decay)
+    optimizer = make_optimizer(model, config.lr, config.weight_decay, decay=config.decay, report=progress or SILENT)
     loss = TaskLoss(config.lm_weight)
     trainer = Trainer(par.wrap(model), optimizer, loss, lr_schedule(config, total),
                       device=device, precision=precision, grad_clip=config.grad_clip or None)
@@ -888,33 +920,74 @@ def train_one_epoch(run: Run, batches: list[list[int]], report: Progress, stop: 
     """The current epoch's remaining batches: an update per batch (micro-batches accumulate; under data
     parallelism each rank takes its share of the batch), a record every log_every, a step checkpoint every
     save_every (the epoch's last update is saved after its dev score instead). Returns the name of a signal that
-    arrived, after checkpointing, or None at the end of the epoch."""
+    arrived, after checkpointing, or None at the end of the epoch.
+
+    Updates are queued on the device without waiting for them. Their figures are read at *sync points* only — a
+    logged or saved update and the epoch's last — where a non-finite loss stops the run, naming its update; a job
+    of several processes also agrees there on whether a signal came (a single process checks after every update)."""
     c = run.config
-    regression = run.task.kind == "regression"
     for idx in batches[run.done_in_epoch :]:
-        parts = micro_batches(idx, run.par.rank, run.par.world_size, c.micro_batch_size)
-        mbs = [collate([run.train_enc[i] for i in chunk], regression).to(run.device) for chunk, _, _ in parts]
-        run.loss.start_update([(factor, share) for _, factor, share in parts])
-        res = run.trainer.step(run.step, mbs)
-        loss, n_tok = _global_figures(run, res, sum(mb.tokens for mb, p in zip(mbs, parts) if p[2] > 0))
-        if not math.isfinite(loss):
-            raise GPT1Error(f"{run.task.name}: the loss became {loss} at update {run.step + 1}; "
-                            "lower --lr or use --precision fp32")
-        run.step += 1
-        run.done_in_epoch += 1
-        run.tokens += n_tok
-        run.window_tokens += n_tok
-        run.window_loss += loss
-        run.window_n += 1
-        if run.step % c.log_every == 0 or run.step == run.total:
-            _log_train(run, run.epoch, run.window_loss / run.window_n, res)
+        _queue_update(run, idx)
+        logging = run.step % c.log_every == 0 or run.step == run.total
+        saving = every(run.step, c.save_every) and run.done_in_epoch < len(batches)
+        synced = logging or saving or run.done_in_epoch == len(batches)
+        if synced:
+            _settle(run)
+        if logging:
+            _log_train(run, run.epoch, run.window_loss / run.window_n)
+            report.advance(1, epoch=f"{run.epoch}/{c.epochs}", loss=run.last_loss, lr=run.pending_lr)
             run.window_loss, run.window_n = 0.0, 0
-        report.advance(1, epoch=f"{run.epoch}/{c.epochs}", loss=loss, lr=res.lr)
-        if every(run.step, c.save_every) and run.done_in_epoch < len(batches):
+        else:
+            report.advance(1)
+        if saving:
             save_step(run)
-        if _stopping(run, stop):
+        if (synced or run.par.world_size == 1) and _stopping(run, stop):
+            _settle(run)  # never checkpoint past a divergence
             return _stop(run, stop)
     return None
+
+
+def _queue_update(run: Run, idx: Sequence[int]) -> None:
+    """Queue the update of global batch ``idx`` on the device; its figures wait in ``run.pending``."""
+    parts = micro_batches(idx, run.par.rank, run.par.world_size, run.config.micro_batch_size)
+    regression = run.task.kind == "regression"
+    host = [collate([run.train_enc[i] for i in chunk], regression) for chunk, _, _ in parts]
+    # Real tokens, from the encoded lengths (what the mask sums to): no tensor is read.
+    tokens = sum(len(s) for chunk, _, share in parts if share > 0 for i in chunk for s in run.train_enc[i].seqs)
+    run.loss.start_update([(factor, share) for _, factor, share in parts])
+    res = run.trainer.step(run.step, [mb.to(run.device) for mb in host])
+    run.step += 1
+    run.done_in_epoch += 1
+    run.pending.append(PendingUpdate(run.step, res, *run.loss.snapshot(), tokens))
+
+
+def _settle(run: Run) -> None:
+    """Read the pending updates' figures from the device (one transfer, and one collective over the ranks), stop on
+    the first non-finite loss, and add them to the run's counts as if each had been read when it ran."""
+    if not run.pending:
+        return
+    pending, run.pending = run.pending, []
+    values = torch.cat([torch.stack([p.result.loss, p.result.grad_norm, *(t for v in p.terms.values() for t in v)])
+                        for p in pending]).tolist()
+    local, norms, at = [], [], 0
+    for p in pending:
+        loss, norm, *flat = values[at : at + 2 + sum(len(v) for v in p.terms.values())]
+        at += 2 + len(flat)
+        parts, k = {}, 0
+        for name, v in p.terms.items():
+            parts[name], k = flat[k : k + len(v)], k + len(v)
+        local.append((loss, p.tokens, combine_terms(parts, p.weights)))
+        norms.append(norm)
+    for p, (loss, tokens, terms), norm in zip(pending, _global_figures(run, local), norms):
+        if not math.isfinite(loss):
+            raise GPT1Error(f"{run.task.name}: the loss became {loss} at update {p.step}; "
+                            "lower --lr or use --precision fp32")
+        run.tokens += tokens
+        run.window_tokens += tokens
+        run.window_loss += loss
+        run.window_n += 1
+        run.loss.reduced, run.grad_norm, run.last_loss = terms, norm, loss
+    run.pending_lr = pending[-1].result.lr
 
 
 def rank_share(idx: Sequence[int], rank: int, world_size: int) -> list[int]:
@@ -942,23 +1015,27 @@ def micro_batches(idx: Sequence[int], rank: int, world_size: int,
     return [(chunk, n * world_size * len(chunk) / total, len(chunk) / total) for chunk in chunks]
 
 
-def _global_figures(run: Run, res: StepResult, n_tok: int) -> tuple[float, int]:
-    """This update's loss over the global batch and its real tokens: this process's figures, added up over the
-    ranks in one collective (the loss terms too, kept in ``run.loss`` for the log)."""
+def _global_figures(run: Run, updates: list[tuple[float, int, dict[str, float]]]
+                    ) -> list[tuple[float, int, dict[str, float]]]:
+    """Each update's (loss, real tokens, loss terms) over the global batch from this process's figures, added up
+    over the ranks in one collective for all of them."""
     par = run.par
     if par.world_size == 1:
-        return res.loss, n_tok
-    terms = run.loss.means()  # this rank's share-weighted sums
-    sums = par.sum([res.loss, n_tok, *terms.values()])
-    run.loss.reduced = dict(zip(terms, sums[2:]))
-    # Each rank's loss is W times its share of the global mean (see micro_batches).
-    return sums[0] / par.world_size, round(sums[1])
+        return updates
+    sums = par.sum([x for loss, n_tok, terms in updates for x in (loss, n_tok, *terms.values())])
+    out, at = [], 0
+    for _, _, terms in updates:
+        mine = sums[at : at + 2 + len(terms)]
+        at += len(mine)
+        # Each rank's loss is W times its share of the global mean (see micro_batches).
+        out.append((mine[0] / par.world_size, round(mine[1]), dict(zip(terms, mine[2:]))))
+    return out
 
 
-def _log_train(run: Run, epoch: int, loss: float, res: StepResult) -> None:
+def _log_train(run: Run, epoch: int, loss: float) -> None:
     now = time.perf_counter()
     run.log({"kind": "train", "step": run.step, "epoch": epoch, "loss": loss, **run.loss.means(),
-                    "lr": res.lr, "grad_norm": res.grad_norm, "tokens": run.tokens,
+                    "lr": run.pending_lr, "grad_norm": run.grad_norm, "tokens": run.tokens,
                     "tokens_per_s": round(run.window_tokens / max(now - run.t_log, 1e-9), 1),
                     "elapsed_s": round(now - run.t0, 3)})
     run.window_tokens, run.t_log = 0, now

@@ -34,6 +34,7 @@ from gptcli.data.windows import WindowSampler
 from gptcli.errors import GPT1Error
 from gptcli.eval.perplexity import evaluate_lm
 from gptcli.model.build import AnyConfig, LanguageModel, arch_of, build_model, preset, preset_class
+from gptcli.model.lstm import precision_note
 from gptcli.outputs import MARKER, check_output, mark
 from gptcli.progress import SILENT, Progress
 from gptcli.runtime import Precision, configure_backends, peak_flops, resolve_device, resolve_precision
@@ -43,6 +44,7 @@ from gptcli.train.runlog import METRICS, RunLogger, Throughput, format_duration,
 from gptcli.train.trainer import (
     GracefulStop,
     NonFiniteLossError,
+    NonFiniteWatch,
     Parallel,
     StepResult,
     Trainer,
@@ -304,11 +306,14 @@ def pretrain(
     """
     par = parallel or Parallel()
     report = (progress or SILENT) if par.is_main else SILENT
-    run = _start(_plan(config, par, report))
+    run = _start(_plan(config, par, report), report)
     report.stage("pretrain", run.plan.total_steps, unit="updates", done=run.step)
     warning = warmup_warning(run.plan.total_steps, config.warmup_steps, config.lr)
     if warning is not None:
         report.note(warning, level="warn")
+    lstm_note = precision_note(run.plan.device.type, run.plan.precision) if arch_of(run.plan.model_config) == "lstm" else None
+    if lstm_note is not None:
+        report.note(lstm_note)
     note = recipe_note(config.preset, config.lr, config.batch_size, config.seq_len)
     if note is not None and run.step == 0:
         report.note(note)
@@ -362,6 +367,12 @@ class RunPlan:
         return self.config.micro_batch_size or self.config.batch_size
 
     @property
+    def val_micro(self) -> int:
+        """Rows per validation forward on each rank: the micro-batch, else the rank's share of the global batch
+        (never the global batch itself, which on every GPU of a job would be world-size times the memory)."""
+        return self.config.micro_batch_size or max(1, self.config.batch_size // self.par.world_size)
+
+    @property
     def tokens_per_step(self) -> int:
         """Training tokens per update over all ranks (the global batch)."""
         return self.config.batch_size * self.config.seq_len
@@ -389,6 +400,10 @@ class TrainingRun:
     """The step of the last ``advance`` reported."""
     hinted: bool = False
     """Whether the unigram-plateau hint was given (once per run)."""
+    feed: "BatchFeed | None" = None
+    """The training batches, one ahead on the device (set by :func:`_start`)."""
+    watch: NonFiniteWatch | None = None
+    """The first non-finite loss since the start, kept on the device (set by :func:`_start`)."""
 
 
 def _plan(config: PretrainConfig, par: Parallel, report: Progress) -> RunPlan:
@@ -398,7 +413,8 @@ def _plan(config: PretrainConfig, par: Parallel, report: Progress) -> RunPlan:
     check_launch(config, par.world_size)
     # A run directory belongs to one pretraining run: never a fine-tuning run, a corpus or a folder of notes.
     check_output(Path(config.out), "pretrain-run", overwrite=True, inputs=[Path(config.data)])
-    device = resolve_device(config.device)
+    # A worker of a job computes on its own device (cuda:LOCAL_RANK), which a bare "cuda" would not name.
+    device = par.device if par.device is not None else resolve_device(config.device)
     precision = resolve_precision(config.precision, device)
     configure_backends(device)
 
@@ -496,7 +512,7 @@ def check_resume(config: PretrainConfig, corpus: Corpus, mcfg: AnyConfig, path: 
     return [f"resuming with changed settings: {', '.join(adjusted)}"] if adjusted else []
 
 
-def _start(plan: RunPlan) -> TrainingRun:
+def _start(plan: RunPlan, report: Progress) -> TrainingRun:
     """Build the model (the same weights on every rank), restore a resumed run, and open the run directory.
 
     The order is the order of RNG use: seed → initialise → restore the saved RNG → reseed ranks > 0.
@@ -505,18 +521,19 @@ def _start(plan: RunPlan) -> TrainingRun:
     torch.manual_seed(config.seed)
     model = build_model(plan.model_config).to(plan.device)
     optimizer = make_optimizer(
-        model, config.lr, config.weight_decay, (config.beta1, config.beta2), config.eps, config.decay
+        model, config.lr, config.weight_decay, (config.beta1, config.beta2), config.eps, config.decay, report=report
     )
     step, resumed_from, state = 0, plan.resume_from, {}
     if resumed_from is not None:
-        state = _restore(resumed_from, model, optimizer, plan.sampler, plan.device)
+        state = _restore(resumed_from, model, optimizer, plan.sampler)
         step = int(state["step"])
     trainer = _make_trainer(plan, model, optimizer, step)
     if "grad_scaler" in state:
         trainer.scaler.load_state_dict(state["grad_scaler"])
     logger = _open_run_dir(plan, step, resumed=resumed_from is not None) if plan.par.is_main else None
-    meter = _throughput_meter(plan, model)
-    return TrainingRun(plan, model, optimizer, trainer, logger, meter, step, resumed_from, first_step=step, shown=step)
+    meter = _throughput_meter(plan, model, report)
+    return TrainingRun(plan, model, optimizer, trainer, logger, meter, step, resumed_from, first_step=step, shown=step,
+                       feed=BatchFeed(plan.sampler, plan.device), watch=NonFiniteWatch(plan.device))
 
 
 def _make_trainer(plan: RunPlan, model: LanguageModel, optimizer: torch.optim.Optimizer, step: int) -> Trainer:
@@ -551,12 +568,15 @@ def _open_run_dir(plan: RunPlan, step: int, resumed: bool) -> RunLogger:
     return RunLogger(run_dir, config.tensorboard)
 
 
-def _throughput_meter(plan: RunPlan, model: LanguageModel) -> Throughput:
+def _throughput_meter(plan: RunPlan, model: LanguageModel, report: Progress) -> Throughput:
     """Tokens/s and MFU of the updates alone (not validation or saving)."""
     config, par = plan.config, plan.par
     fpt = model.flops_per_token(config.seq_len)
     # tokens_per_step is the global batch, so the meter reads global tokens/s; MFU divides by all devices' peak.
     peak = peak_flops(plan.device, plan.precision, config.peak_flops) if par.is_main else None
+    if par.is_main and peak is None:
+        report.note(f"unknown GPU {torch.cuda.get_device_name(plan.device)!r} for {plan.precision}: MFU not shown "
+                    "(pass --peak-flops with its dense peak FLOP/s)", level="warn")
     return Throughput(fpt, peak * par.world_size if peak else None)
 
 
@@ -565,18 +585,31 @@ def _throughput_meter(plan: RunPlan, model: LanguageModel) -> Throughput:
 
 def _train(run: TrainingRun, stop: GracefulStop, report: Progress) -> str | None:
     """Update until the planned step, logging, validating and saving on their cadences. Returns the name of the
-    signal that stopped the run early (checked on every rank between updates), or None when it ran to the end."""
+    signal that stopped the run early, or None when it ran to the end.
+
+    The loop reads tensors back from the device only at a *sync point*: an update that is logged, validated,
+    saved or the last one. There it reads the update's figures and the non-finite watch, and, in a job of several
+    processes, asks the ranks whether a signal came (one collective; every rank asks at the same updates, so all
+    stop after the same one). A single process has no one to ask and checks its signal flag after every update."""
     config, par = run.plan.config, run.plan.par
     total = run.plan.total_steps
     while run.step < total:
         result = _update(run)
-        if every(run.step, config.log_every) or run.step == total:
-            _log_update(run, result, report)
-        if every(run.step, config.eval_every) and run.step < total:
+        logging = every(run.step, config.log_every) or run.step == total
+        evaluating = every(run.step, config.eval_every) and run.step < total
+        saving = every(run.step, config.save_every) and run.step < total
+        synced = logging or evaluating or saving
+        figures = _settle(run, result) if synced else None
+        run.meter.stop(run.plan.tokens_per_step)  # after the read: the window's time includes the device's work
+        if logging:
+            _log_update(run, result.lr, *figures, report)
+        if evaluating:
             _validate(run, report)
-        if par.any(stop.requested is not None):
+        if (synced or par.world_size == 1) and par.any(stop.requested is not None):
+            if not synced:
+                _settle(run, result)  # never checkpoint past a divergence
             return stop.name or "signal"
-        if every(run.step, config.save_every) and run.step < total:
+        if saving:
             _check_weights(run)
             if par.is_main:
                 run.last_ckpt = _save(run)
@@ -585,19 +618,31 @@ def _train(run: TrainingRun, stop: GracefulStop, report: Progress) -> str | None
 
 
 def _update(run: TrainingRun) -> StepResult:
-    """One optimizer update on this rank's share of the next global batch; a non-finite loss stops the run
-    before the update is applied."""
+    """One optimizer update on this rank's share of the next global batch, queued on the device without waiting
+    for it; the batch after it is read and sent to the device while this one computes."""
     plan = run.plan
     run.meter.start()
-    batch = plan.sampler.next_batch()
-    if plan.device.type == "cuda":
-        batch = batch.pin_memory().to(plan.device, non_blocking=True)
+    batch = run.feed.next()
     result = run.trainer.step(run.step, split_micro_batches(batch, plan.micro))
-    run.meter.stop(plan.tokens_per_step)
-    if not math.isfinite(result.loss):
-        raise _diverged(run, f"loss became {result.loss} at update {run.step + 1}")
+    run.watch.observe(run.step + 1, result.loss)
+    run.feed.prefetch()
     run.step += 1
     return result
+
+
+def _settle(run: TrainingRun, result: StepResult) -> tuple[float, float]:
+    """Wait for the device: (loss, grad norm) of ``result``'s update, after stopping the run if any update since
+    the last sync point had a non-finite loss (on any rank)."""
+    par = run.plan.par
+    bad = run.watch.first()
+    # The smallest bad update over the ranks, as a max of its negation (0: none anywhere).
+    worst = -par.max([-float(bad[0]) if bad else -math.inf])[0] if par.world_size > 1 else (bad[0] if bad else math.inf)
+    if math.isfinite(worst):
+        update = int(worst)
+        loss = bad[1] if bad and bad[0] == update else float("nan")
+        run.step = update - 1  # the weights before that update produced it: the ones to distrust
+        raise _diverged(run, f"loss became {loss} at update {update}")
+    return result.read()
 
 
 def _diverged(run: TrainingRun, what: str) -> NonFiniteLossError:
@@ -640,20 +685,20 @@ def _check_weights(run: TrainingRun) -> None:
         raise _diverged(run, f"the weights became non-finite at update {run.step}")
 
 
-def _log_update(run: TrainingRun, result: StepResult, report: Progress) -> None:
-    """A ``train`` line in metrics.jsonl and an ``advance`` (see :func:`pretrain`). Every rank calls it: the
-    logged loss is averaged over ranks."""
-    loss = run.plan.par.mean(result.loss)
+def _log_update(run: TrainingRun, lr: float, loss: float, grad_norm: float, report: Progress) -> None:
+    """A ``train`` line in metrics.jsonl and an ``advance`` (see :func:`pretrain`) for the update just done, from
+    its figures read at this sync point. Every rank calls it: the logged loss is averaged over ranks."""
+    loss = run.plan.par.mean(loss)
     tps, mfu = run.meter.report()
     elapsed = time.perf_counter() - run.started
     rate = (run.step - run.first_step) / elapsed if elapsed > 0 else 0.0
     eta = (run.plan.total_steps - run.step) / rate if rate > 0 else float("inf")
-    rec = {"kind": "train", "step": run.step, "loss": loss, "lr": result.lr, "grad_norm": result.grad_norm,
+    rec = {"kind": "train", "step": run.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
            "tokens": run.step * run.plan.tokens_per_step, "tokens_per_s": tps, "mfu": mfu,
            "elapsed_s": round(elapsed, 3)}
     if run.logger is not None:
         run.logger.log(rec)
-    report.advance(run.step - run.shown, loss=loss, lr=result.lr, grad_norm=result.grad_norm,
+    report.advance(run.step - run.shown, loss=loss, lr=lr, grad_norm=grad_norm,
                    **{"tok/s": round(tps)}, MFU="n/a" if mfu is None else f"{100 * mfu:.1f}%",
                    ETA=format_duration(eta))
     run.shown = run.step
@@ -683,7 +728,7 @@ def _validation_loss(run: TrainingRun) -> tuple[float, int]:
     """(mean loss per token, tokens scored) over the validation split, combined over ranks."""
     plan, par = run.plan, run.plan.par
     ev = evaluate_lm(
-        unwrap(run.model), plan.val_arrays, plan.config.seq_len, plan.micro, device=plan.device,
+        unwrap(run.model), plan.val_arrays, plan.config.seq_len, plan.val_micro, device=plan.device,
         precision=plan.precision, max_batches=plan.config.eval_batches, rank=par.rank, world_size=par.world_size,
     )
     if par.world_size == 1:
@@ -692,6 +737,36 @@ def _validation_loss(run: TrainingRun) -> tuple[float, int]:
     tokens = round(par.mean(float(ev.tokens)) * par.world_size)
     nll = par.mean(ev.loss * ev.tokens if ev.tokens else 0.0) * par.world_size
     return (nll / tokens if tokens else float("nan")), tokens
+
+
+class BatchFeed:
+    """The sampler's batches on the training device, the next one read and sent while the current update computes.
+
+    On CUDA the host copy is pinned and sent without waiting, so at a sync point the next batch is already on its
+    way when the loop waits for the device. :meth:`state_dict` is the sampler's state after the batches handed out,
+    not after the one read ahead: a checkpoint resumes at the next batch to train on."""
+
+    def __init__(self, sampler: WindowSampler, device: torch.device) -> None:
+        self.sampler = sampler
+        self.device = device
+        self._ahead: tuple[torch.Tensor, dict[str, int]] | None = None
+
+    def prefetch(self) -> None:
+        if self._ahead is None:
+            state = self.sampler.state_dict()
+            batch = self.sampler.next_batch()
+            if self.device.type == "cuda":
+                batch = batch.pin_memory().to(self.device, non_blocking=True)
+            self._ahead = (batch, state)
+
+    def next(self) -> torch.Tensor:
+        self.prefetch()
+        assert self._ahead is not None
+        batch, self._ahead = self._ahead[0], None
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        return self._ahead[1] if self._ahead is not None else self.sampler.state_dict()
 
 
 # --- hints: settings that do not fit the run, and a run that learned nothing ---------------------------------------
@@ -759,7 +834,7 @@ def _save(run: TrainingRun) -> Path:
     """(Rank 0) checkpoint the current step with its training state; prune to ``keep_last``."""
     plan, at = run.plan, run.step
     tokens = at * plan.tokens_per_step
-    state = {"step": at, "total_steps": plan.total_steps, "tokens": tokens, "sampler": plan.sampler.state_dict()}
+    state = {"step": at, "total_steps": plan.total_steps, "tokens": tokens, "sampler": run.feed.state_dict()}
     path = ckpt.save_checkpoint(
         plan.ckpt_dir / ckpt.step_dir_name(at),
         run.model,
@@ -799,12 +874,13 @@ def seed_rank_rng(seed: int, rank: int, step: int) -> None:
         torch.manual_seed((seed * 1_000_003 + rank * 7_919 + step) % (2**63 - 1))
 
 
-def _restore(
-    path: Path, model: LanguageModel, optimizer: torch.optim.Optimizer, sampler: WindowSampler, device: torch.device
-) -> dict[str, Any]:
+def _restore(path: Path, model: LanguageModel, optimizer: torch.optim.Optimizer, sampler: WindowSampler) -> dict[str, Any]:
     """Load weights, optimizer, sampler and RNG state from a checkpoint; returns its training state (step, ...).
-    The files were verified when the checkpoint was chosen (:func:`_resume_point`), or --no-verify said not to."""
-    saved = ckpt.load_checkpoint(path, map_location=device, load_tokenizer=False, verify=False)
+    The files were verified when the checkpoint was chosen (:func:`_resume_point`), or --no-verify said not to.
+
+    The weights are read onto the CPU and copied into the model where it lives: loading onto "cuda" would put
+    every rank's copy on GPU 0 (the default device), where eight of them do not fit."""
+    saved = ckpt.load_checkpoint(path, map_location="cpu", load_tokenizer=False, verify=False)
     try:
         model.load_state_dict(saved.model.state_dict(), strict=True)
     except RuntimeError as e:

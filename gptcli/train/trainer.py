@@ -13,7 +13,6 @@ the caller decides which rank writes (``is_main``).
 from __future__ import annotations
 
 import contextlib
-import math
 import signal
 import threading
 from dataclasses import dataclass
@@ -34,11 +33,19 @@ class NonFiniteLossError(GPT1Error):
 
 @dataclass
 class StepResult:
-    loss: float
+    """What one update leaves behind, as 0-dim fp32 tensors on the training device: reading them waits for the
+    device, so the loop reads them only on the updates it logs (:meth:`read`), never on every update."""
+
+    loss: torch.Tensor
     """Mean loss over the micro-batches of this update (this rank's)."""
-    grad_norm: float
-    """Global gradient norm before clipping (inf/NaN when an fp16 step was skipped)."""
+    grad_norm: torch.Tensor
+    """Global gradient norm before clipping (inf/NaN when the loss or the gradients were not finite)."""
     lr: float
+
+    def read(self) -> tuple[float, float]:
+        """(loss, grad_norm) as Python floats, in one transfer from the device."""
+        loss, norm = torch.stack([self.loss, self.grad_norm]).tolist()
+        return loss, norm
 
 
 class Trainer:
@@ -81,10 +88,10 @@ class Trainer:
                     loss = self.loss_fn(self.model, mb)
                 self.scaler.scale(loss / n).backward()
             total += loss.detach().float()
-        mean_loss = (total / n).item()
-        if not math.isfinite(mean_loss):
-            self.optimizer.zero_grad(set_to_none=True)
-            return StepResult(mean_loss, float("nan"), lr)
+        # Nothing here reads a tensor back to the host: on a GPU an update of the paper's model takes about as long
+        # as launching its kernels, so a wait per update would idle the device. A non-finite loss is not skipped
+        # here (that needs its value on the host); the loop watches for it on the device and stops at its next
+        # read (:class:`NonFiniteWatch`), before any checkpoint is written from the weights that followed.
         self.scaler.unscale_(self.optimizer)
         if self.grad_clip and self.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
@@ -93,7 +100,31 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(mean_loss, float(norm), lr)
+        return StepResult(total / n, norm.detach().float(), lr)
+
+
+class NonFiniteWatch:
+    """The first update whose loss was not finite, tracked on the device between two reads.
+
+    :meth:`observe` costs two small device ops and no wait; :meth:`first` reads the record back (one transfer)
+    and is called on logging updates and before anything is saved, so a divergence is caught at the next such
+    update at the latest and never written into a checkpoint."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.update = torch.full((), -1, dtype=torch.int64, device=device)
+        """1-based number of the first non-finite update, or -1."""
+        self.loss = torch.zeros((), device=device)
+        """That update's loss."""
+
+    def observe(self, update: int, loss: torch.Tensor) -> None:
+        new = ~torch.isfinite(loss) & (self.update < 0)
+        self.update = torch.where(new, update, self.update)
+        self.loss = torch.where(new, loss, self.loss)
+
+    def first(self) -> tuple[int, float] | None:
+        """(update, loss) of the first non-finite loss seen, or None."""
+        update, loss = torch.stack([self.update.double(), self.loss.double()]).tolist()
+        return (int(update), loss) if update >= 0 else None
 
 
 def split_micro_batches(batch: torch.Tensor, micro_batch_size: int) -> list[torch.Tensor]:
@@ -147,6 +178,8 @@ class Parallel:
 
     rank: int = 0
     world_size: int = 1
+    device: torch.device | None = None
+    """The device this process of a job computes on (``cuda:LOCAL_RANK``); None outside a job: the run's own."""
 
     @property
     def is_main(self) -> bool:
@@ -166,6 +199,10 @@ class Parallel:
     def any(self, flag: bool) -> bool:
         """True on every rank if ``flag`` is true on any rank (e.g. a stop signal seen by one rank)."""
         return flag
+
+    def max(self, values: Sequence[float]) -> list[float]:
+        """Element-wise maxima of ``values`` over ranks (one process: as given)."""
+        return list(values)
 
     def sum(self, values: Sequence[float]) -> list[float]:
         """Element-wise sums of ``values`` over ranks, several figures in one collective (one process: as given)."""
