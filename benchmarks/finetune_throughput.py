@@ -14,9 +14,12 @@ speed does not depend on the values):
   example is one "choice" holding 2 logits, so both models compute the same thing.
 - Story Cloze (multiple choice): two sequences per example, one per ending; softmax over the 2 endings.
 
-Batches are the fine-tuner's own (``iterate``: dynamic padding, length-bucketed, shuffled with a fixed seed); every
-variant runs the same batches, round-robin batch by batch (ours fp32, HF fp32, ours bf16, HF bf16) so that noise on
-a shared machine hits all alike; each batch is timed ``--repeats`` times. Reported: examples/s from each batch's
+Batches are the fine-tuner's own: ``--batching random`` (the default, the paper's i.i.d. batches) or ``length``
+(length-bucketed), shuffled with a fixed seed, ``--batch`` examples (default 32, the paper's). Three variants run the
+same examples: ours **packed** (the default layout: every micro-batch's sequences end to end, no padding computed,
+``gptcli/model/packed.py``), ours **padded** (the reference layout) and HF (padded, as its API takes them), each at
+every precision, round-robin batch by batch so that noise on a shared machine hits all alike; each batch is timed
+``--repeats`` times. The fraction of positions each side computes that are padding is printed with the shape. Reported: examples/s from each batch's
 best time (the least disturbed by other processes) and from its median, and the ratio ours/HF at each precision. ``--profile`` prints a torch.profiler table of one update each.
 
     python benchmarks/finetune_throughput.py                          # tiny body (4×256), both shapes
@@ -44,7 +47,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="tiny", help="model preset: tiny (4×256, default) or gpt1 (the paper's 12×768)")
     ap.add_argument("--shapes", default="rte,storycloze", help="comma-separated: rte, storycloze")
-    ap.add_argument("--batch", type=int, default=8, help="examples per update (paper: 8 for most tasks)")
+    ap.add_argument("--batch", type=int, default=32, help="examples per update (paper: 32)")
+    ap.add_argument("--batching", default="random", choices=("random", "length"),
+                    help="random (the paper's, default) or length-bucketed batches")
     ap.add_argument("--batches", type=int, default=4, help="timed updates per variant per repeat")
     ap.add_argument("--repeats", type=int, default=3, help="passes over the batches; the median is reported")
     ap.add_argument("--n-ctx", type=int, default=512, help="context length (longer inputs are truncated)")
@@ -73,9 +78,10 @@ def main() -> None:
                        "results": results}, f, indent=1)
 
 
-def real_batches(shape: str, args: argparse.Namespace, tok) -> tuple[object, list]:
-    """The task and ``args.batches`` training batches of it, as the fine-tuner draws them (fixed seed)."""
-    from gptcli.data.batching import iterate
+def real_batches(shape: str, args: argparse.Namespace, tok) -> tuple[object, list, list]:
+    """The task and ``args.batches`` training batches of it as the fine-tuner draws them (fixed seed): padded and
+    packed layouts of the same examples."""
+    from gptcli.data.batching import collate, collate_packed, train_batches
     from gptcli.data.transforms import encode_examples
     from gptcli.tasks.registry import get_task
 
@@ -84,9 +90,11 @@ def real_batches(shape: str, args: argparse.Namespace, tok) -> tuple[object, lis
     task = get_task(name)
     examples = task.read(split, shared / "data" / sub)
     enc = encode_examples(task, examples, tok, args.n_ctx)
-    batches = list(iterate(enc, args.batch, shuffle=True, rng=random.Random(0)))
-    batches = [b for b in batches if b.size == args.batch][: args.batches]
-    return task, batches
+    order = train_batches([e.length for e in enc], args.batch, args.batching, random.Random(0))
+    order = [idx for idx in order if len(idx) == args.batch][: args.batches]
+    padded = [collate([enc[i] for i in idx]) for idx in order]
+    packed = [collate_packed([enc[i] for i in idx], tok.extract_id) for idx in order]
+    return task, padded, packed
 
 
 def build_models(task, args: argparse.Namespace, tok):
@@ -141,28 +149,29 @@ def bench_shape(shape: str, args: argparse.Namespace) -> list[dict]:
 
     shared = Path(os.environ.get("GPT1_SHARED", Path(__file__).resolve().parents[2] / "shared"))
     tok = OpenAIBPETokenizer.from_dir(shared / "data" / "openai-gpt-bpe")
-    task, batches = real_batches(shape, args, tok)
+    task, batches, packed = real_batches(shape, args, tok)
     ours, hf = build_models(task, args, tok)
     hf.config.extract_id = tok.extract_id
     cpu = torch.device("cpu")
     precisions = args.precisions.split(",")
-    trainers = {}
-    for name, m, loss in (("ours", ours, TaskLoss(LM_WEIGHT)), ("hf", hf, hf_loss)):
+    trainers, inputs = {}, {"ours": packed, "ours-padded": batches, "hf": batches}
+    for name, m, loss in (("ours", ours, TaskLoss(LM_WEIGHT)), ("ours-padded", ours, TaskLoss(LM_WEIGHT)),
+                          ("hf", hf, hf_loss)):
         opt = make_optimizer(m, lr=6.25e-5)
         for prec in precisions:  # one trainer per precision, sharing the model and optimizer
             trainers[(name, prec)] = Trainer(m, opt, loss, lambda s: 6.25e-5, device=cpu, precision=prec,
                                              grad_clip=1.0)
     for key, tr in trainers.items():  # warm-up
-        tr.step(0, [batches[0]])
+        tr.step(0, [inputs[key[0]][0]])
     # times[key][i]: seconds of batch i in each repeat. Under contention from other processes a batch's best time
     # is the least disturbed one, so "best" (sum over batches of each batch's minimum) is the headline figure;
     # the median is printed beside it.
     times: dict[tuple[str, str], list[list[float]]] = {k: [[] for _ in batches] for k in trainers}
     for _ in range(args.repeats):
-        for i, b in enumerate(batches):
+        for i in range(len(batches)):
             for key, tr in trainers.items():
                 t0 = time.perf_counter()
-                tr.step(1, [b])
+                tr.step(1, [inputs[key[0]][i]]).read()  # the read: the update is done when the clock stops
                 times[key][i].append(time.perf_counter() - t0)
     n_ex = len(batches) * args.batch
     rate = {k: {"best": n_ex / sum(min(t) for t in ts), "median": n_ex / sum(statistics.median(t) for t in ts)}
@@ -170,29 +179,33 @@ def bench_shape(shape: str, args: argparse.Namespace) -> list[dict]:
     seqs = sum(b.ids.size(0) for b in batches)
     tokens = sum(b.ids.numel() for b in batches)
     real = sum(b.tokens for b in batches)
+    pads = 100 * (1 - real / tokens)
     print(f"\n{shape} ({task.kind}, {batches[0].n_seqs} sequence(s)/example), {args.size} "
-          f"{ours.gpt.num_params() / 1e6:.1f}M params: {len(batches)} batches × {args.batch} examples, "
-          f"{seqs} sequences, padded length {tokens // seqs} (real tokens {100 * real / tokens:.0f}%), "
-          f"{args.repeats} repeats")
+          f"{ours.gpt.num_params() / 1e6:.1f}M params: {len(batches)} {args.batching} batches × {args.batch} examples, "
+          f"{seqs} sequences, padded length {tokens // seqs}; pad positions computed: HF and ours-padded {pads:.0f}%, "
+          f"ours (packed) 0%; {args.repeats} repeats")
     results = []
     for prec in precisions:
-        o, h = rate[("ours", prec)], rate[("hf", prec)]
-        print(f"  {prec}: ours {o['best']:7.2f} ex/s   HF {h['best']:7.2f} ex/s   ours/HF {o['best'] / h['best']:.2f}×"
-              f"   (medians: {o['median']:.2f} vs {h['median']:.2f}, {o['median'] / h['median']:.2f}×)")
-        results.append({"shape": shape, "precision": prec, "ours_ex_per_s": o, "hf_ex_per_s": h,
-                        "ratio_best": o["best"] / h["best"], "ratio_median": o["median"] / h["median"],
+        o, p, h = rate[("ours", prec)], rate[("ours-padded", prec)], rate[("hf", prec)]
+        print(f"  {prec}: ours {o['best']:7.2f} ex/s   ours-padded {p['best']:7.2f}   HF {h['best']:7.2f}   "
+              f"ours/HF {o['best'] / h['best']:.2f}×  padded/HF {p['best'] / h['best']:.2f}×"
+              f"   (medians: ours/HF {o['median'] / h['median']:.2f}×)")
+        results.append({"shape": shape, "precision": prec, "batching": args.batching, "pad_fraction_hf": pads / 100,
+                        "pad_fraction_ours": 0.0, "ours_ex_per_s": o, "ours_padded_ex_per_s": p, "hf_ex_per_s": h,
+                        "ratio_best": o["best"] / h["best"], "ratio_padded_best": p["best"] / h["best"],
+                        "ratio_median": o["median"] / h["median"],
                         "ours_times": times[("ours", prec)], "hf_times": times[("hf", prec)]})
     if args.profile:
-        profile(trainers, batches[0])
+        profile(trainers, {k: v[0] for k, v in inputs.items()})
     return results
 
 
-def profile(trainers: dict, batch) -> None:
+def profile(trainers: dict, first: dict) -> None:
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     for key, tr in trainers.items():
         with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-            tr.step(1, [batch])
+            tr.step(1, [first[key[0]]])
         print(f"\n--- profile: {key[0]} {key[1]} ---")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 

@@ -27,6 +27,7 @@ from typing import Iterator, Sequence, TypeVar
 import torch
 
 from gptcli.data.transforms import Encoded
+from gptcli.model.packed import Packing
 
 T = TypeVar("T")
 
@@ -48,6 +49,9 @@ class Batch:
     """(B,) position of each example in the encoded list (restores order after length sorting)."""
     n_seqs: int
     """S: sequences per example (1, 2 for both orders, or the number of answers)."""
+    packing: Packing | None = None
+    """Set for a packed batch (:func:`collate_packed`): ``ids`` and ``mask`` are then one row (1, N) of the
+    sequences end to end, and this says where each one starts and ends."""
 
     def to(self, device: torch.device | str) -> "Batch":
         # To a GPU from pinned memory and without waiting: the host goes on preparing the next batch meanwhile.
@@ -57,7 +61,7 @@ class Batch:
             return t.pin_memory().to(device, non_blocking=True) if nb else t.to(device)
 
         return Batch(send(self.ids), send(self.mask), None if self.labels is None else send(self.labels),
-                     self.index, self.n_seqs)
+                     self.index, self.n_seqs, None if self.packing is None else self.packing.to(device))
 
     @property
     def size(self) -> int:
@@ -86,6 +90,21 @@ def collate(items: Sequence[Encoded], regression: bool = False) -> Batch:
         labels = torch.tensor([it.label for it in items], dtype=torch.float32 if regression else torch.long)
     index = torch.tensor([it.index for it in items], dtype=torch.long)
     return Batch(ids, mask, labels, index, n_seqs)
+
+
+def collate_packed(items: Sequence[Encoded], extract_id: int, regression: bool = False) -> Batch:
+    """The examples' sequences end to end in one row, with no padding (``gptcli.model.packed``): the same
+    sequences, labels and order as :func:`collate`, laid out so that no layer computes on a pad."""
+    n_seqs = len(items[0].seqs)
+    if any(len(it.seqs) != n_seqs for it in items):
+        raise ValueError("examples in one batch must have the same number of sequences")
+    rows = [s for it in items for s in it.seqs]
+    ids = torch.tensor([t for s in rows for t in s], dtype=torch.long).unsqueeze(0)
+    labels = None
+    if all(it.label is not None for it in items):
+        labels = torch.tensor([it.label for it in items], dtype=torch.float32 if regression else torch.long)
+    index = torch.tensor([it.index for it in items], dtype=torch.long)
+    return Batch(ids, torch.ones_like(ids, dtype=torch.float32), labels, index, n_seqs, Packing.of(rows, extract_id))
 
 
 def bucketed_batches(
@@ -141,10 +160,13 @@ def iterate(
     shuffle: bool,
     rng: random.Random | None = None,
     regression: bool = False,
+    packed_extract: int | None = None,
 ) -> Iterator[Batch]:
-    """Batches over ``encoded`` (see :func:`bucketed_batches`)."""
+    """Batches over ``encoded`` (see :func:`bucketed_batches`); packed (:func:`collate_packed`, reading the extract
+    token ``packed_extract``) when that is given, padded otherwise."""
     for idx in bucketed_batches([e.length for e in encoded], batch_size, shuffle=shuffle, rng=rng):
-        yield collate([encoded[i] for i in idx], regression)
+        items = [encoded[i] for i in idx]
+        yield collate(items, regression) if packed_extract is None else collate_packed(items, packed_extract, regression)
 
 
 def num_batches(n: int, batch_size: int, pool: int = 50, batching: str = "length") -> int:

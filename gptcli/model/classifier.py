@@ -16,6 +16,7 @@ from typing import Any, Iterable
 import torch
 import torch.nn as nn
 
+from gptcli.model.packed import Packing
 from gptcli.progress import SILENT, Progress
 from gptcli.runtime import autocast
 
@@ -30,10 +31,11 @@ class FinetuneModel(nn.Module):
         self.gpt = gpt
         self.head = head
 
-    def forward(self, ids: torch.Tensor, n_seqs: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(head outputs, final hidden states): the states also feed the auxiliary LM loss while training."""
-        hidden = self.gpt(ids)
-        return self.head(hidden, ids, n_seqs), hidden
+    def forward(self, ids: torch.Tensor, n_seqs: int, packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(head outputs, final hidden states): the states also feed the auxiliary LM loss while training. With
+        ``packing``, ``ids`` is one row of the batch's sequences end to end (``gptcli.model.packed``)."""
+        hidden = self.gpt(ids) if packing is None else self.gpt(ids, packing=packing)
+        return self.head(hidden, ids, n_seqs, packing), hidden
 
 
 @torch.no_grad()
@@ -58,7 +60,7 @@ def predict(
     for batch in batches:
         b = batch.to(device)
         with autocast(device, precision):  # type: ignore[arg-type]
-            out, _ = model(b.ids, b.n_seqs)
+            out, _ = model(b.ids, b.n_seqs, b.packing)
         p = model.head.predict(out).cpu().tolist()
         o = out.float().cpu()
         o = o.unsqueeze(-1) if o.dim() == 1 else o

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from gptcli.model.attention import causal_attention
 from gptcli.model.dropout import Dropout
+from gptcli.model.packed import Packing, segment_attention
 from gptcli.model.tied import TiedEmbeddingLM
 
 
@@ -114,7 +115,8 @@ class CausalSelfAttention(nn.Module):
         self.attn_pdrop = config.attn_pdrop
         self.resid_drop = Dropout(config.resid_pdrop)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
+                packing: Packing | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(self.n_embd, dim=2)
         hd = C // self.n_head
@@ -126,7 +128,10 @@ class CausalSelfAttention(nn.Module):
             past = cache.pos
             k, v = cache.update(layer, k, v)
         dropout = self.attn_pdrop if self.training else 0.0
-        if past == 0:
+        if packing is not None:
+            # Several sequences end to end in one row: each attends causally to itself only (packed.py).
+            y = segment_attention(q, k, v, dropout, packing.lengths)
+        elif past == 0:
             # Plain causal attention, by the fastest path for the device, precision and dropout (attention.py).
             y = causal_attention(q, k, v, dropout)
         elif T == 1:
@@ -162,8 +167,9 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
-        n = self.ln_1(x + self.attn(x, cache, layer))
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
+                packing: Packing | None = None) -> torch.Tensor:
+        n = self.ln_1(x + self.attn(x, cache, layer, packing))
         return self.ln_2(n + self.mlp(n))
 
 
@@ -200,16 +206,24 @@ class GPT(TiedEmbeddingLM):
             n -= self.tok_emb.weight.numel() + self.pos_emb.weight.numel()
         return n
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """Hidden states of the last block for token ids ``idx`` (B, T)."""
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, packing: Packing | None = None) -> torch.Tensor:
+        """Hidden states of the last block for token ids ``idx`` (B, T). With ``packing``, ``idx`` is one row of
+        sequences end to end (1, N), each with its own positions and attending to itself only."""
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
-        if start + T > self.config.n_ctx:
-            raise ValueError(f"sequence of {start + T} tokens exceeds the context of {self.config.n_ctx}")
-        pos = torch.arange(start, start + T, device=idx.device)
+        if packing is not None:
+            if cache is not None or B != 1 or packing.tokens != T:
+                raise ValueError(f"a packed row is (1, {packing.tokens}) ids without a cache, got {tuple(idx.shape)}")
+            if max(packing.lengths, default=0) > self.config.n_ctx:
+                raise ValueError(f"sequence of {max(packing.lengths)} tokens exceeds the context of {self.config.n_ctx}")
+            pos = packing.positions
+        else:
+            if start + T > self.config.n_ctx:
+                raise ValueError(f"sequence of {start + T} tokens exceeds the context of {self.config.n_ctx}")
+            pos = torch.arange(start, start + T, device=idx.device)
         h = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
         for i, block in enumerate(self.blocks):
-            h = block(h, cache, i)
+            h = block(h, cache, i, packing)
         if cache is not None:
             cache.pos += T
         return h

@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptcli.model.dropout import dropout, keep_mask
+from gptcli.model.packed import Packing
 
 
 @dataclass
@@ -80,14 +81,17 @@ class TaskHead(nn.Module):
         nn.init.normal_(self.linear.weight, 0.0, config.init_std)
         nn.init.zeros_(self.linear.bias)
 
-    def pooled(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """(N, d) final states at the first extract token of each sequence."""
+    def pooled(self, hidden: torch.Tensor, ids: torch.Tensor, packing: Packing | None = None) -> torch.Tensor:
+        """(N, d) final states at the first extract token of each sequence (of a packed row: where ``packing``
+        located them on the host)."""
+        if packing is not None:
+            return hidden[0].index_select(0, packing.extract)
         pos = first_extract_positions(ids, self.config.extract_id)
         return hidden[torch.arange(hidden.size(0), device=hidden.device), pos]
 
-    def forward(self, hidden: torch.Tensor, ids: torch.Tensor, n_seqs: int) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, ids: torch.Tensor, n_seqs: int, packing: Packing | None = None) -> torch.Tensor:
         """Logits (B, n_labels), answer scores (B, n_choices) or regression outputs (B,) in [0, 1] units."""
-        h = self.pooled(hidden, ids)  # (B·S, d)
+        h = self.pooled(hidden, ids, packing)  # (B·S, d)
         B = h.size(0) // n_seqs
         kind = self.config.kind
         if kind in ("similarity", "regression"):

@@ -8,11 +8,14 @@ fp32 loss of its bf16 logits.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
+
+if TYPE_CHECKING:
+    from gptcli.model.packed import Packing
 
 IGNORE = -100
 """Target id that contributes nothing (a window's overlap with the previous one, padding)."""
@@ -82,6 +85,18 @@ class _RowBlockNLL(torch.autograd.Function):
             p.scatter_add_(1, safe[a : a + rows], torch.full_like(safe[a : a + rows], -1, dtype=p.dtype))
             out[a : a + rows, :classes] = p.mul_(weight[a : a + rows])
         return out, None, None
+
+
+def lm_loss_per_sequence_packed(
+    hidden: torch.Tensor, ids: torch.Tensor, packing: "Packing", lm_logits: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """:func:`lm_loss_per_sequence` of a packed row (``gptcli.model.packed``): the same targets — every token after
+    each sequence's first — and the same per-sequence means, read through the packing's host-built indices (no
+    mask to count on the device)."""
+    h = hidden[0].index_select(0, packing.lm_inputs)
+    nll = next_token_nll(lm_logits(h), ids[0].index_select(0, packing.lm_inputs + 1), reduction="none")
+    total = torch.zeros(len(packing.lengths), device=ids.device, dtype=nll.dtype).index_add_(0, packing.lm_rows, nll)
+    return total / packing.lm_counts.to(nll.dtype)
 
 
 def lm_loss_per_sequence(

@@ -1,0 +1,86 @@
+"""Several sequences packed end to end into one row, so that no layer computes on padding.
+
+A fine-tuning batch pads every sequence to its longest: on RTE with the paper's random batches 61% of the positions
+are padding, and every linear layer, the LM head and the loss would multiply them. Packed, the batch is one row of
+its ``N`` real tokens; each sequence keeps its own positions (restarting at 0) and attends causally within itself
+only, so every real token's hidden state is the one the padded batch computes (tests/model/test_packed.py: equal
+logits, losses and gradients). Dropout still draws one mask entry per position, now per real position only.
+
+:class:`Packing` describes the row — built once on the host by the batching code, moved to the device with the
+ids — and :func:`segment_attention` is the attention over it: causal attention per sequence, each by the path
+:func:`gptcli.model.attention.causal_attention` picks for its length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from gptcli.model.attention import causal_attention
+
+
+@dataclass
+class Packing:
+    """Where each sequence of a packed row starts and ends, and the index tensors the model and losses read."""
+
+    lengths: list[int]
+    """Tokens of each sequence, in row order (host ints: splitting by them needs no device read)."""
+    positions: torch.Tensor
+    """(N,) each token's position within its own sequence."""
+    extract: torch.Tensor
+    """(S,) row index of each sequence's first extract token (what a task head reads)."""
+    lm_inputs: torch.Tensor
+    """(M,) row indices of the tokens that have a next token in their own sequence (all but each sequence's last)."""
+    lm_rows: torch.Tensor
+    """(M,) the sequence each of those tokens belongs to."""
+    lm_counts: torch.Tensor
+    """(S,) next-token targets per sequence (its length − 1, at least 1 for the mean)."""
+
+    @staticmethod
+    def of(seqs: Sequence[Sequence[int]], extract_id: int | None = None) -> "Packing":
+        """The packing of ``seqs`` end to end (host tensors); ``extract_id`` locates each sequence's first extract
+        token (0 where a sequence has none: only evaluation without a head reads without one)."""
+        lengths = [len(s) for s in seqs]
+        starts = [0]
+        for n in lengths[:-1]:
+            starts.append(starts[-1] + n)
+        positions = torch.cat([torch.arange(n) for n in lengths]) if lengths else torch.zeros(0, dtype=torch.long)
+        first = [list(s).index(extract_id) if extract_id is not None and extract_id in s else 0 for s in seqs]
+        inputs = [start + j for start, n in zip(starts, lengths) for j in range(n - 1)]
+        rows = [r for r, n in enumerate(lengths) for _ in range(n - 1)]
+        return Packing(
+            lengths=lengths,
+            positions=positions,
+            extract=torch.tensor([s + f for s, f in zip(starts, first)], dtype=torch.long),
+            lm_inputs=torch.tensor(inputs, dtype=torch.long),
+            lm_rows=torch.tensor(rows, dtype=torch.long),
+            lm_counts=torch.tensor([max(1, n - 1) for n in lengths], dtype=torch.float32),
+        )
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.lengths)
+
+    def to(self, device: torch.device | str) -> "Packing":
+        # From pinned memory and without waiting on a GPU, as the batch's ids (gptcli.data.batching.Batch.to).
+        cuda = torch.device(device).type == "cuda"
+
+        def send(t: torch.Tensor) -> torch.Tensor:
+            return t.pin_memory().to(device, non_blocking=True) if cuda else t.to(device)
+
+        return Packing(self.lengths, send(self.positions), send(self.extract), send(self.lm_inputs),
+                       send(self.lm_rows), send(self.lm_counts))
+
+
+def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float,
+                      lengths: Sequence[int]) -> torch.Tensor:
+    """Causal attention of a packed row, ``(1, H, N, hd)`` each: every sequence of ``lengths`` attends to itself
+    only. One :func:`causal_attention` per sequence, over views of the row; the outputs are joined in row order
+    (their gradients split back by ``torch.cat``'s backward, with no zero-filled full-size copies)."""
+    qs, ks, vs = (t.split(list(lengths), dim=2) for t in (q, k, v))
+    return torch.cat([causal_attention(a, b, c, dropout) for a, b, c in zip(qs, ks, vs)], dim=2)
+
+
+__all__ = ["Packing", "segment_attention"]

@@ -1,0 +1,106 @@
+"""Packed fine-tuning batches compute what padded ones do, on the real tokens only (gptcli/model/packed.py).
+
+Real task files encoded as fine-tuning encodes them: RTE, SST-2, STS-B (both orders) and Story Cloze (one sequence
+per answer), a batch of one very long and many short examples, and a batch whose examples are all cut to n_ctx.
+Head outputs, per-sequence LM losses, every real position's hidden state and every gradient agree in fp32 to 1e-5.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from gptcli.data.batching import collate, collate_packed
+from gptcli.model.classifier import FinetuneModel
+from gptcli.model.heads import HeadConfig, TaskHead
+from gptcli.model.losses import lm_loss_per_sequence, lm_loss_per_sequence_packed
+from gptcli.model.packed import Packing
+from gptcli.tasks import get_task
+from gptcli.train.finetune import FinetuneConfig, build_body, encode_task_data, read_task_data
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+TOL = dict(rtol=1e-5, atol=1e-5)
+TASKS = {"rte": "glue/RTE", "sst2": "glue/SST-2", "stsb": "glue/STS-B", "storycloze": "storycloze"}
+
+
+def _encoded(task_name, pretrained, shared_data, n_ctx=None, n=24):
+    cfg = FinetuneConfig(task=task_name, init=str(pretrained), data_dir=str(shared_data / TASKS[task_name]),
+                         max_train_examples=n, eval_split="", cache=False, workers=1, seed=3)
+    task = get_task(task_name)
+    gpt, tok, _ = build_body(cfg)
+    data = read_task_data(task, cfg)
+    train, _ = encode_task_data(cfg, task, data, tok, n_ctx or gpt.config.n_ctx)
+    head = TaskHead(HeadConfig(kind=task.kind, n_embd=gpt.config.n_embd, n_labels=max(1, len(task.labels)),
+                               extract_id=tok.extract_id, pdrop=0.0, init_std=0.02))
+    for m in gpt.modules():  # no dropout: the two layouts draw different masks
+        for name in ("p", "attn_pdrop"):
+            if hasattr(m, name) and isinstance(getattr(m, name), float):
+                setattr(m, name, 0.0)
+    torch.manual_seed(0)
+    return FinetuneModel(gpt, head).train(), train, tok.extract_id, task.kind == "regression"
+
+
+def _run(model, batch, packed: bool):
+    """(head output, per-sequence LM losses, real positions' hidden states, gradients) of one forward/backward."""
+    model.zero_grad(set_to_none=True)
+    out, hidden = model(batch.ids, batch.n_seqs, batch.packing)
+    if packed:
+        lm = lm_loss_per_sequence_packed(hidden, batch.ids, batch.packing, model.gpt.lm_logits)
+        real = hidden[0]
+    else:
+        lm = lm_loss_per_sequence(hidden, batch.ids, batch.mask, model.gpt.lm_logits)
+        real = hidden[batch.mask > 0]
+    loss = (model.head.loss(out, batch.labels) + 0.5 * lm.mean()) if batch.labels is not None else lm.mean()
+    loss.backward()
+    grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+    return out.detach(), lm.detach(), real.detach(), grads
+
+
+def _assert_same(model, items, extract_id, regression):
+    padded = _run(model, collate(items, regression), packed=False)
+    packed = _run(model, collate_packed(items, extract_id, regression), packed=True)
+    for a, b in zip(padded[:3], packed[:3]):
+        torch.testing.assert_close(b, a, **TOL)
+    assert padded[3].keys() == packed[3].keys()
+    for k in padded[3]:
+        torch.testing.assert_close(packed[3][k], padded[3][k], **TOL, msg=k)
+
+
+@pytest.mark.parametrize("task_name", sorted(TASKS))
+def test_a_packed_batch_of_real_examples_equals_the_padded_one(task_name, pretrained, shared_data):
+    model, enc, extract_id, regression = _encoded(task_name, pretrained, shared_data)
+    assert len({len(s) for e in enc[:8] for s in e.seqs}) > 1  # ragged: there is padding to skip
+    _assert_same(model, enc[:8], extract_id, regression)
+
+
+def test_one_long_and_many_short_examples(pretrained, shared_data):
+    model, enc, extract_id, regression = _encoded("rte", pretrained, shared_data, n=60)
+    by_length = sorted(enc, key=lambda e: e.length)
+    items = [by_length[-1], *by_length[:7]]
+    assert items[0].length > 3 * items[1].length
+    _assert_same(model, items, extract_id, regression)
+
+
+def test_examples_all_cut_to_n_ctx(pretrained, shared_data):
+    model, enc, extract_id, regression = _encoded("rte", pretrained, shared_data, n_ctx=16)
+    cut = [e for e in enc if all(len(s) == 16 for s in e.seqs)][:6]
+    assert len(cut) == 6  # RTE premises are long: nearly every example is cut
+    _assert_same(model, cut, extract_id, regression)
+
+
+def test_packing_indices():
+    p = Packing.of([[5, 1, 9], [7, 9], [2, 3, 4, 9]], extract_id=9)
+    assert p.lengths == [3, 2, 4] and p.positions.tolist() == [0, 1, 2, 0, 1, 0, 1, 2, 3]
+    assert p.extract.tolist() == [2, 4, 8]
+    assert p.lm_inputs.tolist() == [0, 1, 3, 5, 6, 7] and p.lm_rows.tolist() == [0, 0, 1, 2, 2, 2]
+    assert p.lm_counts.tolist() == [2.0, 1.0, 3.0]
+
+
+def test_a_packed_row_refuses_what_it_cannot_hold(pretrained, shared_data):
+    model, enc, extract_id, regression = _encoded("sst2", pretrained, shared_data)
+    b = collate_packed(enc[:3], extract_id, regression)
+    wrong = dataclasses.replace(b.packing, lengths=[*b.packing.lengths[:-1], b.packing.lengths[-1] + 1])
+    with pytest.raises(ValueError, match="packed row"):
+        model.gpt(b.ids, packing=wrong)
