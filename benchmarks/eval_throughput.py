@@ -1,10 +1,13 @@
-"""Throughput of `gpt1 eval --task`: examples/s of a fine-tuned classifier on SST-2 dev and RTE dev, ours vs a
-plain Hugging Face loop, same process, same weights, same encoded examples.
+"""Throughput of `gpt1 eval --task`: examples/s of a fine-tuned classifier on SST-2 dev, RTE dev and Story Cloze
+val, ours vs a plain Hugging Face loop, same process, same weights, same encoded examples.
 
 - **ours**: the code ``gptcli.eval.tasks.evaluate_task`` runs between loading the checkpoint and writing the
-  results: ``iterate(encoded, batch_size, shuffle=False)`` (length-sorted batches, dynamic padding) into
+  results: ``iterate(encoded, batch_size, shuffle=False, shared_extract=...)`` (length-sorted batches, packed with
+  no padding and a multiple-choice example's shared context run once: ``--layout packed``, the default) into
   ``gptcli.model.classifier.predict`` (autocast at the chosen precision) on a ``FinetuneModel`` built as
   ``gpt1 finetune`` builds it (``HeadConfig(kind=task.kind, ...)``; random weights: speed does not depend on them).
+- **ours-padded**: the same with ``--layout padded`` (dynamic padding, every answer with its own copy of the
+  context): what ``gpt1 eval`` did before packing, the reference.
 - **HF**: ``transformers.OpenAIGPTDoubleHeadsModel`` with the same body and head weights (the correspondence
   tests/model/test_classifier_parity.py pins: for these one-sequence tasks the multiple-choice summary layer is
   swapped for the 2-output ``W_y``, each example one "choice"), driven as a user would write it: the encoded
@@ -37,7 +40,7 @@ import torch
 from _machine import best_of, machine_header, write_json  # benchmarks/_machine.py (run as `python benchmarks/...`)
 
 SHARED = Path(os.environ.get("GPT1_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "data"
-SPLITS = {"sst2": "dev", "rte": "dev"}
+SPLITS = {"sst2": "dev", "rte": "dev", "storycloze": "val"}
 
 
 def build_models(task, size: str, tok):
@@ -67,12 +70,13 @@ def build_models(task, size: str, tok):
     return ours, hf.eval()
 
 
-def ours_predict(model, enc, batch_size: int, precision: str, regression: bool) -> list:
+def ours_predict(model, enc, batch_size: int, precision: str, regression: bool, packed: bool = True) -> list:
     """``gpt1 eval``'s scoring: length-sorted batches into ``predict`` (predictions back in example order)."""
     from gptcli.model.classifier import predict
     from gptcli.data.batching import iterate
 
-    batches = iterate(enc, batch_size, shuffle=False, regression=regression)
+    shared = model.head.config.extract_id if packed else None
+    batches = iterate(enc, batch_size, shuffle=False, regression=regression, shared_extract=shared)
     preds, _ = predict(model, batches, torch.device("cpu"), precision)
     return preds
 
@@ -123,7 +127,8 @@ def bench(size: str, task_name: str, tok, args: argparse.Namespace) -> dict:
     from gptcli.tasks import get_task
 
     task = get_task(task_name)
-    examples = task.read(SPLITS[task_name], SHARED / "glue" / task.folder)[: args.limit]
+    folder = SHARED / "glue" / task.folder if (SHARED / "glue" / task.folder).is_dir() else SHARED / task.folder
+    examples = task.read(SPLITS[task_name], folder)[: args.limit]
     ours, hf = build_models(task, size, tok)
     n_ctx = ours.gpt.config.n_ctx
     t0 = time.perf_counter()
@@ -134,8 +139,8 @@ def bench(size: str, task_name: str, tok, args: argparse.Namespace) -> dict:
     regression = task.kind == "regression"
 
     def run(impl: str, prec: str) -> list:
-        if impl == "ours":
-            return ours_predict(ours, enc, args.batch_size, prec, regression)
+        if impl in ("ours", "ours-padded"):
+            return ours_predict(ours, enc, args.batch_size, prec, regression, packed=impl == "ours")
         if impl == "hf":
             return hf_predict(hf, plain, prec)
         by_position = hf_predict(hf, sorted_groups, prec, lean=True)
@@ -144,11 +149,11 @@ def bench(size: str, task_name: str, tok, args: argparse.Namespace) -> dict:
             out[i] = by_position[pos]
         return out
 
-    impls = ["ours", "hf"] + ([] if args.no_hf_lean else ["hf-lean"])
+    impls = ["ours", "ours-padded", "hf"] + ([] if args.no_hf_lean else ["hf-lean"])
     variants = [(i, p) for p in args.precisions.split(",") for i in impls]
     for impl, prec in variants:  # warm-up on two batches
-        if impl == "ours":
-            ours_predict(ours, enc[: 2 * args.batch_size], args.batch_size, prec, regression)
+        if impl in ("ours", "ours-padded"):
+            ours_predict(ours, enc[: 2 * args.batch_size], args.batch_size, prec, regression, packed=impl == "ours")
         else:
             hf_predict(hf, plain[:2], prec, lean=impl == "hf-lean")
     best, preds = best_of(run, variants, args.repeats)
@@ -160,17 +165,19 @@ def report(size, task_name, enc, encode_s, ours, best, preds, impls, args) -> di
     tokens = sum(len(s) for e in enc for s in e.seqs)
     print(f"\n{size} ({ours.gpt.num_params() / 1e6:.1f}M params) on {task_name} {SPLITS[task_name]}: {n} examples, "
           f"{tokens / n:.0f} tokens/example, batch {args.batch_size}; encoding (shared, not compared) {n / encode_s:.0f} ex/s")
-    print(f"  {'precision':<10}{'ours ex/s':>11}{'HF ex/s':>10}{'ours/HF':>9}{'HF lean ex/s':>14}{'agree':>9}"
-          f"{'ours vs fp32':>14}")
+    print(f"  {'precision':<10}{'ours ex/s':>11}{'padded':>8}{'HF ex/s':>10}{'ours/HF':>9}{'HF lean ex/s':>14}"
+          f"{'agree':>9}{'ours vs fp32':>14}{'= padded':>10}")
     rows = []
     for prec in args.precisions.split(","):
-        o, h = n / best[("ours", prec)], n / best[("hf", prec)]
+        o, h, p = n / best[("ours", prec)], n / best[("hf", prec)], n / best[("ours-padded", prec)]
+        same = _agreement(preds[("ours", prec)], preds[("ours-padded", prec)])
         hs = n / best[("hf-lean", prec)] if "hf-lean" in impls else float("nan")
         agree = _agreement(preds[("ours", prec)], preds[("hf", prec)])
         o32 = _agreement(preds[("ours", prec)], preds.get(("ours", "fp32"), preds[("ours", prec)]))
-        print(f"  {prec:<10}{o:>11.1f}{h:>10.1f}{o / h:>8.2f}×{hs:>14.1f}{100 * agree:>8.1f}%{100 * o32:>13.1f}%",
-              flush=True)
+        print(f"  {prec:<10}{o:>11.1f}{p:>8.1f}{h:>10.1f}{o / h:>8.2f}×{hs:>14.1f}{100 * agree:>8.1f}%{100 * o32:>13.1f}%"
+              f"{100 * same:>9.1f}%", flush=True)
         rows.append({"preset": size, "task": task_name, "precision": prec, "examples": n, "ours_ex_per_s": o,
+                     "ours_padded_ex_per_s": p, "ours_over_padded": o / p, "agreement_packed_padded": same,
                      "hf_ex_per_s": h, "ours_over_hf": o / h, "hf_lean_ex_per_s": hs,
                      "agreement_ours_hf": agree, "agreement_ours_vs_ours_fp32": o32, "encode_ex_per_s": n / encode_s})
     return {"preset": size, "task": task_name, "rows": rows}
@@ -183,7 +190,8 @@ def _agreement(a: list, b: list) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="tiny,gpt1", help="model presets: tiny (4×256), gpt1 (the paper's 12×768)")
-    ap.add_argument("--tasks", default="sst2,rte", help="comma-separated: sst2, rte (their dev splits)")
+    ap.add_argument("--tasks", default="sst2,rte,storycloze",
+                    help="comma-separated: sst2, rte (their dev splits), storycloze (val)")
     ap.add_argument("--limit", type=int, default=None, help="only the first N examples of each split")
     ap.add_argument("--batch-size", type=int, default=8, help="examples per forward pass (gpt1 eval's default: 8)")
     ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16 (CPU autocast)")

@@ -107,6 +107,33 @@ def collate_packed(items: Sequence[Encoded], extract_id: int, regression: bool =
     return Batch(ids, torch.ones_like(ids, dtype=torch.float32), labels, index, n_seqs, Packing.of(rows, extract_id))
 
 
+def collate_shared(items: Sequence[Encoded], extract_id: int, regression: bool = False) -> Batch:
+    """For evaluation: :func:`collate_packed` with each example's common prefix packed once (``Packing.shared``) —
+    a multiple-choice example's context ahead of every answer, which causal attention reads the same for each. An
+    example of one sequence is one prefix with one answer (its last token), which is plain packing."""
+    prefixes, answers = [], []
+    for it in items:
+        cut = _common_prefix(it.seqs)
+        prefixes.append(it.seqs[0][:cut])
+        answers.append([s[cut:] for s in it.seqs])
+    ids, packing = Packing.shared(prefixes, answers, extract_id)
+    row = torch.tensor(ids, dtype=torch.long).unsqueeze(0)
+    labels = None
+    if all(it.label is not None for it in items):
+        labels = torch.tensor([it.label for it in items], dtype=torch.float32 if regression else torch.long)
+    index = torch.tensor([it.index for it in items], dtype=torch.long)
+    return Batch(row, torch.ones_like(row, dtype=torch.float32), labels, index, len(items[0].seqs), packing)
+
+
+def _common_prefix(seqs: Sequence[Sequence[int]]) -> int:
+    """Length of the longest prefix all ``seqs`` share, leaving each at least one token of its own."""
+    limit = min(len(s) for s in seqs) - 1
+    n = 0
+    while n < limit and all(s[n] == seqs[0][n] for s in seqs):
+        n += 1
+    return n
+
+
 def bucketed_batches(
     lengths: Sequence[int], batch_size: int, *, shuffle: bool, rng: random.Random | None = None, pool: int = 50
 ) -> list[list[int]]:
@@ -160,13 +187,13 @@ def iterate(
     shuffle: bool,
     rng: random.Random | None = None,
     regression: bool = False,
-    packed_extract: int | None = None,
+    shared_extract: int | None = None,
 ) -> Iterator[Batch]:
-    """Batches over ``encoded`` (see :func:`bucketed_batches`); packed (:func:`collate_packed`, reading the extract
-    token ``packed_extract``) when that is given, padded otherwise."""
+    """Batches over ``encoded`` (see :func:`bucketed_batches`): padded, or for evaluation packed with shared
+    prefixes (:func:`collate_shared`, reading the extract token ``shared_extract``) when that is given."""
     for idx in bucketed_batches([e.length for e in encoded], batch_size, shuffle=shuffle, rng=rng):
         items = [encoded[i] for i in idx]
-        yield collate(items, regression) if packed_extract is None else collate_packed(items, packed_extract, regression)
+        yield collate(items, regression) if shared_extract is None else collate_shared(items, shared_extract, regression)
 
 
 def num_batches(n: int, batch_size: int, pool: int = 50, batching: str = "length") -> int:

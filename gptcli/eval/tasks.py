@@ -34,6 +34,7 @@ from gptcli.eval.baselines import prediction_summary, trivial_level
 from gptcli.eval.metrics import score_predictions
 from gptcli.fsutil import write_text_atomic
 from gptcli.model.classifier import FinetuneModel, predict
+from gptcli.model.gpt import GPT
 from gptcli.model.heads import HeadConfig, TaskHead
 from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress, staged
@@ -80,6 +81,10 @@ class EvalConfig:
     """Perplexity on only the first N batches."""
     verify: bool = True
     """Check each checkpoint's files (and with --data the corpus's shards) against their checksums first."""
+    layout: str = "packed"
+    """How task batches are laid out: ``packed`` (each batch's sequences end to end with no padding, and a
+    multiple-choice example's shared context run once for all its answers) or ``padded`` (the reference). Same
+    predictions; an LSTM is always padded. (gptcli/model/packed.py)"""
 
 
 def submission_name(task: Any) -> str:
@@ -178,11 +183,14 @@ def evaluate_task(
     max_examples: int | None = None,
     seed: int = 0,
     verify: bool = True,
+    layout: str = "packed",
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Score ``checkpoint`` on ``split`` of a task (default: the task it was fine-tuned on); returns results.json
-    (plus ``out_dir``). ``verify`` checks the checkpoint's files first. ``progress`` sees one stage sized in
-    examples."""
+    (plus ``out_dir``). ``verify`` checks the checkpoint's files first; ``layout`` is :attr:`EvalConfig.layout`.
+    ``progress`` sees one stage sized in examples."""
+    if layout not in ("packed", "padded"):
+        raise GPT1Error(f"--layout: expected packed or padded, got {layout!r}")
     report = progress or SILENT
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
@@ -196,7 +204,8 @@ def evaluate_task(
     n_ctx = int(ck.meta.get("n_ctx") or ck.config.n_ctx)
     enc = encode_examples(task, examples, tok, n_ctx)
     with staged(report, f"evaluate {run_label(ck.path)} on {task.name} ({split})", len(enc), unit="examples"):
-        batches = iterate(enc, batch_size, shuffle=False, regression=task.kind == "regression")
+        shared = tok.extract_id if layout == "packed" and isinstance(model.gpt, GPT) else None
+        batches = iterate(enc, batch_size, shuffle=False, regression=task.kind == "regression", shared_extract=shared)
         preds, outs = predict(model, batches, dev, prec, progress=report)
     results = write_outputs(out_dir, ck, task, split, examples, preds, outs, skipped=opts.skipped, n_ctx=n_ctx)
     results["out_dir"] = str(out_dir)
@@ -339,7 +348,7 @@ def evaluate_tasks(config: EvalConfig, progress: Progress | None = None) -> list
     for (path, label, name), target in zip(jobs, targets):
         r = evaluate_task(name, path, split, data_dir=config.data_dir, out=target, batch_size=config.batch_size,
                           device=config.device, precision=config.precision, skip_bad_rows=config.skip_bad_rows,
-                          max_examples=config.max_examples, verify=config.verify,
+                          max_examples=config.max_examples, verify=config.verify, layout=config.layout,
                           progress=progress)
         r["run"] = label
         results.append(r)

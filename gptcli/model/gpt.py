@@ -130,7 +130,7 @@ class CausalSelfAttention(nn.Module):
         dropout = self.attn_pdrop if self.training else 0.0
         if packing is not None:
             # Several sequences end to end in one row: each attends causally to itself only (packed.py).
-            y = segment_attention(q, k, v, dropout, packing.lengths)
+            y = segment_attention(q, k, v, dropout, packing)
         elif past == 0:
             # Plain causal attention, by the fastest path for the device, precision and dropout (attention.py).
             y = causal_attention(q, k, v, dropout)
@@ -214,8 +214,8 @@ class GPT(TiedEmbeddingLM):
         if packing is not None:
             if cache is not None or B != 1 or packing.tokens != T:
                 raise ValueError(f"a packed row is (1, {packing.tokens}) ids without a cache, got {tuple(idx.shape)}")
-            if max(packing.lengths, default=0) > self.config.n_ctx:
-                raise ValueError(f"sequence of {max(packing.lengths)} tokens exceeds the context of {self.config.n_ctx}")
+            if packing.span > self.config.n_ctx:
+                raise ValueError(f"sequence of {packing.span} tokens exceeds the context of {self.config.n_ctx}")
             pos = packing.positions
         else:
             if start + T > self.config.n_ctx:

@@ -9,6 +9,12 @@ logits, losses and gradients). Dropout still draws one mask entry per position, 
 :class:`Packing` describes the row — built once on the host by the batching code, moved to the device with the
 ids — and :func:`segment_attention` is the attention over it: causal attention per sequence, each by the path
 :func:`gptcli.model.attention.causal_attention` picks for its length.
+
+At evaluation, a multiple-choice example's answers share their context: ``<s> story $`` is the same for every
+ending, and with causal attention so are its hidden states. :meth:`Packing.shared` packs that prefix once and each
+answer after it as a segment that attends to the prefix and causally to itself, at the positions it has in the full
+sequence: the answers' hidden states are the full sequences' (tests/model/test_packed.py), for a fraction of the
+work (Story Cloze: about 60% of the tokens; RACE: about a third).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from gptcli.model.attention import causal_attention
 
@@ -37,6 +44,9 @@ class Packing:
     """(M,) the sequence each of those tokens belongs to."""
     lm_counts: torch.Tensor
     """(S,) next-token targets per sequence (its length − 1, at least 1 for the mean)."""
+    parents: list[int] | None = None
+    """For a shared-prefix row (:meth:`shared`): the segment each segment continues (-1: none). None: every segment
+    stands alone."""
 
     @staticmethod
     def of(seqs: Sequence[Sequence[int]], extract_id: int | None = None) -> "Packing":
@@ -59,9 +69,41 @@ class Packing:
             lm_counts=torch.tensor([max(1, n - 1) for n in lengths], dtype=torch.float32),
         )
 
+    @staticmethod
+    def shared(prefixes: Sequence[Sequence[int]], answers: Sequence[Sequence[Sequence[int]]],
+               extract_id: int) -> tuple[list[int], "Packing"]:
+        """(row ids, packing) of examples whose sequences are ``prefix + answer`` for each of their answers: every
+        prefix once, followed by its answers, each answer attending to its prefix (evaluation only: no LM targets).
+        ``extract`` lists the answers' extract tokens, example by example, as the padded batch's rows."""
+        ids: list[int] = []
+        lengths, parents, positions, extract = [], [], [], []
+        for prefix, group in zip(prefixes, answers):
+            parent = len(lengths)
+            lengths.append(len(prefix))
+            parents.append(-1)
+            positions.extend(range(len(prefix)))
+            ids.extend(prefix)
+            for answer in group:
+                row = len(ids)
+                lengths.append(len(answer))
+                parents.append(parent)
+                positions.extend(range(len(prefix), len(prefix) + len(answer)))
+                extract.append(row + (list(answer).index(extract_id) if extract_id in answer else 0))
+                ids.extend(answer)
+        empty = torch.zeros(0, dtype=torch.long)
+        return ids, Packing(lengths, torch.tensor(positions, dtype=torch.long), torch.tensor(extract, dtype=torch.long),
+                            empty, empty, torch.zeros(0), parents)
+
     @property
     def tokens(self) -> int:
         return sum(self.lengths)
+
+    @property
+    def span(self) -> int:
+        """The longest sequence the row holds, its shared prefixes included (what the position table must cover)."""
+        if self.parents is None:
+            return max(self.lengths, default=0)
+        return max((n + (self.lengths[p] if p >= 0 else 0) for n, p in zip(self.lengths, self.parents)), default=0)
 
     def to(self, device: torch.device | str) -> "Packing":
         # From pinned memory and without waiting on a GPU, as the batch's ids (gptcli.data.batching.Batch.to).
@@ -71,16 +113,40 @@ class Packing:
             return t.pin_memory().to(device, non_blocking=True) if cuda else t.to(device)
 
         return Packing(self.lengths, send(self.positions), send(self.extract), send(self.lm_inputs),
-                       send(self.lm_rows), send(self.lm_counts))
+                       send(self.lm_rows), send(self.lm_counts), self.parents)
+
+
+_CAUSAL: dict[torch.device, torch.Tensor] = {}
+
+
+def _causal(t: int, device: torch.device) -> torch.Tensor:
+    """A (≥ t, ≥ t) lower-triangular bool mask, one per device as long as the longest asked for (sliced after)."""
+    mask = _CAUSAL.get(device)
+    if mask is None or mask.size(0) < t:
+        mask = _CAUSAL[device] = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    return mask[:t, :t]
 
 
 def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float,
-                      lengths: Sequence[int]) -> torch.Tensor:
-    """Causal attention of a packed row, ``(1, H, N, hd)`` each: every sequence of ``lengths`` attends to itself
-    only. One :func:`causal_attention` per sequence, over views of the row; the outputs are joined in row order
-    (their gradients split back by ``torch.cat``'s backward, with no zero-filled full-size copies)."""
-    qs, ks, vs = (t.split(list(lengths), dim=2) for t in (q, k, v))
-    return torch.cat([causal_attention(a, b, c, dropout) for a, b, c in zip(qs, ks, vs)], dim=2)
+                      packing: Packing) -> torch.Tensor:
+    """Causal attention of a packed row, ``(1, H, N, hd)`` each: every sequence attends to itself only (and, in a
+    shared-prefix row, to its prefix first). One attention per sequence, over views of the row; the outputs are
+    joined in row order (their gradients split back by ``torch.cat``'s backward, with no zero-filled copies)."""
+    qs, ks, vs = (t.split(packing.lengths, dim=2) for t in (q, k, v))
+    if packing.parents is None:
+        return torch.cat([causal_attention(a, b, c, dropout) for a, b, c in zip(qs, ks, vs)], dim=2)
+    out = []
+    for s, parent in enumerate(packing.parents):
+        if parent < 0:
+            out.append(causal_attention(qs[s], ks[s], vs[s], dropout))
+            continue
+        past, n = packing.lengths[parent], packing.lengths[s]
+        # The answer's queries see the whole prefix and, causally, themselves: the KV-cache continuation's mask,
+        # rows past … past+n of one causal square.
+        mask = _causal(past + n, q.device)[past:, : past + n]
+        out.append(F.scaled_dot_product_attention(qs[s], torch.cat([ks[parent], ks[s]], 2),
+                                                  torch.cat([vs[parent], vs[s]], 2), attn_mask=mask, dropout_p=dropout))
+    return torch.cat(out, dim=2)
 
 
 __all__ = ["Packing", "segment_attention"]

@@ -94,8 +94,9 @@ RUN_DEFINING = ("task", "train_split", "eval_split", "skip_bad_rows", "lr", "bat
                 "schedule", "batching", "clf_pdrop", "grad_clip", "weight_decay", "decay", "lm_weight", "transfer_layers",
                 "select", "seed", "n_ctx", "max_train_examples", "max_eval_examples")
 # What a run recorded before a setting existed did: runs recorded before `batching` were length-bucketed, so resuming
-# one with today's default ("random") is refused by name instead of silently changing its batch order.
-RECORDED_BEFORE = {"batching": "length"}
+# one with today's default ("random") is refused by name instead of silently changing its batch order; runs recorded
+# before `layout` trained padded, so resuming one packed is noted.
+RECORDED_BEFORE = {"batching": "length", "layout": "padded"}
 # Settings a resume may change, each noted when it does: how the same updates and dev scores are computed. The
 # micro-batch is memory (a resume on a smaller device must be able to lower it); it, the device and the precision
 # change the arithmetic (and the micro-batch the order of the dropout draws), so the continuation is no longer
@@ -165,9 +166,9 @@ class FinetuneConfig:
     layout: Literal["packed", "padded"] = "packed"
     """How a training micro-batch is laid out. ``packed``: its sequences end to end in one row, each attending to
     itself only, so no layer computes on padding (61% of RTE's positions with random batches): the same examples,
-    order and losses, with dropout masks drawn over the real positions only. ``padded``: every sequence padded to
-    the batch's longest, the reference it is tested against. The LSTM baseline always trains padded; evaluation
-    is padded either way."""
+    order and losses, with dropout masks drawn over the real positions only; the dev scoring packs too, with a
+    multiple-choice example's shared context run once for all its answers. ``padded``: every sequence padded to
+    the batch's longest, the reference it is tested against. The LSTM baseline is always padded."""
     clf_pdrop: float = 0.1
     """Classifier dropout before the head."""
     grad_clip: float = 1.0
@@ -1102,17 +1103,24 @@ def predict_dev(run: Run, stop: GracefulStop | None = None) -> list[Any]:
     c, par = run.config, run.par
     size, regression = c.eval_batch_size or 2 * c.batch_size, run.task.kind == "regression"
     if par.world_size == 1:
-        batches = iterate(run.dev_enc, size, shuffle=False, regression=regression)
+        batches = iterate(run.dev_enc, size, shuffle=False, regression=regression, shared_extract=_shared_extract(run))
         preds, _ = predict(run.model, batches if stop is None else _until_stopped(batches, stop), run.device,
                            run.precision)
         return preds
     mine = [run.dev_enc[i] for i in eval_shard([e.length for e in run.dev_enc], par.rank, par.world_size)]
-    preds, _ = predict(run.model, iterate(mine, size, shuffle=False, regression=regression), run.device,
+    preds, _ = predict(run.model, iterate(mine, size, shuffle=False, regression=regression,
+                                          shared_extract=_shared_extract(run)), run.device,
                        run.precision)
     merged: dict[int, Any] = {}
     for shard in par.gather(list(zip(sorted(e.index for e in mine), preds))):  # predict orders by index
         merged.update(shard)
     return [merged[i] for i in sorted(merged)]
+
+
+def _shared_extract(run: Run) -> int | None:
+    """The extract id that packs dev batches (``layout`` packed, a Transformer body), or None for padded ones."""
+    packed = run.config.layout == "packed" and isinstance(run.model.gpt, GPT)
+    return run.model.head.config.extract_id if packed else None
 
 
 def eval_shard(lengths: Sequence[int], rank: int, world_size: int) -> list[int]:

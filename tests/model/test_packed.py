@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from gptcli.data.batching import collate, collate_packed
+from gptcli.data.batching import collate, collate_packed, collate_shared
 from gptcli.model.classifier import FinetuneModel
 from gptcli.model.heads import HeadConfig, TaskHead
 from gptcli.model.losses import lm_loss_per_sequence, lm_loss_per_sequence_packed
@@ -104,3 +104,19 @@ def test_a_packed_row_refuses_what_it_cannot_hold(pretrained, shared_data):
     wrong = dataclasses.replace(b.packing, lengths=[*b.packing.lengths[:-1], b.packing.lengths[-1] + 1])
     with pytest.raises(ValueError, match="packed row"):
         model.gpt(b.ids, packing=wrong)
+
+
+@pytest.mark.parametrize("task_name", sorted(TASKS))
+def test_shared_prefixes_score_what_full_sequences_do(task_name, pretrained, shared_data):
+    # Evaluation: each example's common prefix (Story Cloze: the story before the endings) runs once.
+    model, enc, extract_id, regression = _encoded(task_name, pretrained, shared_data)
+    model.eval()
+    with torch.no_grad():
+        padded = collate(enc[:8], regression)
+        want, _ = model(padded.ids, padded.n_seqs)
+        shared = collate_shared(enc[:8], extract_id, regression)
+        got, _ = model(shared.ids, shared.n_seqs, shared.packing)
+    torch.testing.assert_close(got, want, **TOL)
+    assert torch.equal(model.head.predict(got), model.head.predict(want))
+    if task_name == "storycloze":  # the story is read once, not once per ending
+        assert shared.packing.tokens < 0.75 * padded.mask.sum()
