@@ -103,16 +103,23 @@ class Sizes:
     the compiled code path."""
     n_layer: int | None
     """Transformer blocks of the in-process models (None: the preset's)."""
+    compile_layers: int
+    """Blocks of the compile_loss check's model (the throughput checks compile the whole preset)."""
+    resume_layers: int
+    """Blocks of the resume check's runs: checkpoints of the full model (1.4 GB with AdamW's moments) take seconds
+    each to write and hash, and the state being checked (RNG, optimizer step) is the same at any depth."""
 
 
 REAL = Sizes(preset="gpt1", lstm_preset="lstm", vocab=PAPER_VOCAB, seq=512, batch=8, updates=4,
-             throughput=((8, 512), (32, 512)), warm_steps=3, timed_steps=15, modules=300, text_root=None, corpus_vocab=4000,
+             throughput=((8, 512), (32, 512)), warm_steps=3, timed_steps=30, modules=150, text_root=None, corpus_vocab=4000,
              pt_preset="gpt1", pt_seq=256, pt_batch=8, compile_backend="inductor",
-             throughput_backend="inductor", n_layer=None)
+             throughput_backend="inductor", n_layer=None,
+             compile_layers=2, resume_layers=2)
 DRY = Sizes(preset="tiny", lstm_preset="lstm-tiny", vocab=512, seq=64, batch=2, updates=2,
             throughput=((2, 64), (4, 64)), warm_steps=1, timed_steps=2, modules=40, text_root="email", corpus_vocab=400,
             pt_preset="tiny", pt_seq=32, pt_batch=4, compile_backend="aot_eager",
-            throughput_backend="eager", n_layer=1)
+            throughput_backend="eager", n_layer=1,
+            compile_layers=1, resume_layers=1)
 
 
 # --- what a check sees ---------------------------------------------------------------------------------------------
@@ -383,7 +390,7 @@ def check_env(ctx: Ctx) -> str:
         info.update(
             gpu_count=torch.cuda.device_count(), gpu=name, capability=".".join(map(str, torch.cuda.get_device_capability(0))),
             gpu_memory_gib=round(props.total_memory / 2**30, 1), bf16_supported=torch.cuda.is_bf16_supported(),
-            nccl=".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else None,
+            nccl=nccl_version(),
             driver=nvidia_smi_driver(), peak_table_key=row[0] if row else None, peak_flops=row[1] if row else None,
             sdpa_backends={b: getattr(torch.backends.cuda, f"{b}_sdp_enabled")()
                            for b in ("flash", "mem_efficient", "math", "cudnn")
@@ -394,6 +401,16 @@ def check_env(ctx: Ctx) -> str:
     if not ctx.cuda:
         return f"torch {torch.__version__}, no CUDA (dry run), {os.cpu_count()} CPUs"
     return f"{info['gpu']} (table row {info['peak_table_key']!r}), torch {torch.__version__}, CUDA {torch.version.cuda}"
+
+
+def nccl_version() -> str | None:
+    try:
+        import torch.cuda.nccl as nccl
+
+        v = nccl.version()
+    except Exception:  # noqa: BLE001 - a build without NCCL
+        return None
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
 def git_commit() -> str | None:
@@ -775,7 +792,8 @@ def check_resume(ctx: Ctx) -> str:
     total, stop = 6, 3
     # Dropout on (the CUDA RNG must be restored for the masks to repeat); a constant schedule after warm-up, so that
     # a run of 3 updates and one of 6 share their first learning rates.
-    common = ("--precision", "fp32", "--schedule", "constant", "--warmup-steps", "2")
+    common = ("--precision", "fp32", "--schedule", "constant", "--warmup-steps", "2",
+              "--n-layer", str(ctx.sizes.resume_layers))
     whole, parts = ctx.work / "resume-whole", ctx.work / "resume-parts"
     ctx.cli(*pretrain_args(ctx, corpus, whole, total, *common), timeout=120)
     ctx.cli(*pretrain_args(ctx, corpus, parts, stop, *common), timeout=120)
@@ -888,11 +906,15 @@ def check_compile_loss(ctx: Ctx) -> str:
 
     b, t = ctx.sizes.batch, ctx.sizes.seq
     data = batches(ctx, ctx.sizes.updates, b, t)
+    # The preset's widths with fewer blocks: every block is the same code, so breaks and recompiles show in two as
+    # in twelve, at a sixth of the compile time (the throughput checks compile all twelve, and count again).
+    layers = {"n_layer": ctx.sizes.compile_layers}
     # The training configuration (dropout 0.1) through explain: graph count and every break with its reason.
-    model = build(ctx).train()
+    model = build(ctx, **layers).train()
     with autocast(ctx.device, ctx.precision):  # type: ignore[arg-type]
         ex = torch._dynamo.explain(lm_loss)(model, data[0])
-    ctx.record(explain={"graphs": ex.graph_count, "graph_breaks": ex.graph_break_count,
+    ctx.record(n_layer=ctx.sizes.compile_layers, batch=b, seq=t,
+               explain={"graphs": ex.graph_count, "graph_breaks": ex.graph_break_count,
                         "break_reasons": [str(r.reason).splitlines()[0][:200] for r in ex.break_reasons]})
     torch._dynamo.reset()
     from torch._dynamo.utils import counters
@@ -900,8 +922,9 @@ def check_compile_loss(ctx: Ctx) -> str:
     counters.clear()  # what follows counts the compiled training updates alone
     del model
     # Equality needs the same function on both sides: no dropout (compiled dropout draws other masks).
-    eager, compiled = (trainer(ctx, build(ctx, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0),
-                               loss_fn=fn) for fn in (lm_loss, torch.compile(lm_loss, backend=ctx.sizes.compile_backend)))
+    no_dropout = {**layers, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
+    eager, compiled = (trainer(ctx, build(ctx, **no_dropout), loss_fn=fn)
+                       for fn in (lm_loss, torch.compile(lm_loss, backend=ctx.sizes.compile_backend)))
     rows, counts = [], []
     for i, d in enumerate(data):
         e = eager.step(i, [d])
@@ -912,19 +935,22 @@ def check_compile_loss(ctx: Ctx) -> str:
                      "grad_norm_compiled": float(c.grad_norm), "compiled_step_s": round(time.perf_counter() - t0, 2)})
         counts.append(dynamo_counts())
         ctx.record(updates=rows, dynamo=counts[-1])
+    # The first update starts from the same weights: loss and gradient norm must agree to the tolerance. Later
+    # ones drift apart as the two sides' rounding differences enter the weights: a figure, within 5× the tolerance.
     tol = {"fp32": 1e-4, "bf16": 1e-2}[ctx.precision]
-    worst = max(max(rel(r["loss_compiled"], r["loss_eager"]), rel(r["grad_norm_compiled"], r["grad_norm_eager"]))
-                for r in rows)
+    first = max(rel(rows[0]["loss_compiled"], rows[0]["loss_eager"]),
+                rel(rows[0]["grad_norm_compiled"], rows[0]["grad_norm_eager"]))
+    later = max(rel(r["loss_compiled"], r["loss_eager"]) for r in rows)
     recompiles = counts[-1]["unique_graphs"] - counts[0]["unique_graphs"]
-    ctx.record(backend=ctx.sizes.compile_backend, precision=ctx.precision, max_rel_diff=worst, tolerance=tol,
-               recompiles_after_first_update=recompiles)
+    ctx.record(backend=ctx.sizes.compile_backend, precision=ctx.precision, first_update_rel_diff=first,
+               max_rel_loss_diff=later, tolerance=tol, recompiles_after_first_update=recompiles)
     breaks = max(ex.graph_break_count, counts[-1]["graph_breaks"])
-    if worst > tol:
-        raise Failed(f"compiled vs eager differ by {worst:.2e} (tolerance {tol:g})")
+    if first > tol or later > 5 * tol:
+        raise Failed(f"compiled vs eager differ: first update {first:.2e}, losses {later:.2e} (tolerance {tol:g})")
     # On CPU gptcli's own dropout (model/dropout.py, keep_mask: random_ and nonzero) is what breaks the graph; the
     # GPU takes F.dropout, so only there do breaks and recompiles say something about `--compile` in training.
     ctx.need_cuda(f"compiled with {ctx.sizes.compile_backend} on CPU, where gptcli's CPU dropout breaks the graph "
-                  f"{breaks} times; the GPU takes F.dropout and inductor (compiled and eager agreed to {worst:.1e})")
+                  f"{breaks} times; the GPU takes F.dropout and inductor (compiled and eager agreed to {first:.1e})")
     problems = []
     if breaks:
         problems.append(f"{breaks} graph break(s): {ctx.figures['explain']['break_reasons'][:3]}")
@@ -932,7 +958,7 @@ def check_compile_loss(ctx: Ctx) -> str:
         problems.append(f"{recompiles} recompile(s) after the first update")
     if problems:
         raise Failed("; ".join(problems))
-    return f"{ex.graph_count} graph, no breaks, no recompiles; compiled vs eager {worst:.1e} (tolerance {tol:g}); " \
+    return f"{ex.graph_count} graph, no breaks, no recompiles; compiled vs eager {first:.1e} (tolerance {tol:g}); " \
            f"first update {rows[0]['compiled_step_s']} s"
 
 
@@ -1166,18 +1192,29 @@ def forkserver():
     so it starts at once with a CUDA context of its own."""
     import multiprocessing as mp
 
+    # Checks end with os._exit (nothing may hang in teardown), so semaphores some library made are never
+    # unregistered and the resource tracker would warn of "leaked semaphore objects" at the end. It inherits -W.
+    sys.warnoptions.append("ignore::UserWarning:multiprocessing.resource_tracker")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx
 
 
+NEEDS_CORPUS = {"launched_vs_inprocess", "resume", "finetune_eval_zeroshot"}
+
+
 def select(only: str | None) -> list[Check]:
+    """The checks to run, in their order: all, or those named, with ``env`` always (the record starts with it) and
+    ``corpus`` when a check reads its real-text corpus."""
     if not only:
         return list(CHECKS)
-    names = [n.strip() for n in only.split(",") if n.strip()]
-    unknown = [n for n in names if n not in {c.name for c in CHECKS}]
+    names = {n.strip() for n in only.split(",") if n.strip()}
+    unknown = sorted(names - {c.name for c in CHECKS})
     if unknown:
         sys.exit(f"gpu_check: unknown check(s) {', '.join(unknown)} (--list shows them)")
+    names.add("env")
+    if names & NEEDS_CORPUS:
+        names.add("corpus")
     return [c for c in CHECKS if c.name in names]
 
 
