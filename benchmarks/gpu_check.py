@@ -1084,22 +1084,28 @@ def kill_tree(pid: int) -> None:
             pass
 
 
+class Interrupted(Exception):
+    """SIGTERM or SIGINT reached the runner: record the check that was running, stop its tree, stop."""
+
+
 class Runner:
     """Starts each check in its own process, enforces the timeouts, and keeps the JSON record current."""
 
-    def __init__(self, args: argparse.Namespace, work: Path, out: Path) -> None:
+    def __init__(self, args: argparse.Namespace, work: Path, out: Path, logs: Path | None = None) -> None:
         self.args = args
         self.work = work
         self.out = out
-        self.logs = work / "logs"
+        self.logs = logs or work / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.t0 = time.monotonic()
         self.deadline = self.t0 + args.deadline
         self.mp = None if args.fresh_processes else forkserver()
+        self.current: int | None = None
+        """The pid of the running check's process."""
         self.record: dict[str, Any] = {
             "tool": "benchmarks/gpu_check.py", "format": 1, "mode": "dry-run" if args.dry_run else "gpu",
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "deadline_s": args.deadline,
-            "sizes": asdict(DRY if args.dry_run else REAL), "env": None, "checks": [],
+            "sizes": asdict(DRY if args.dry_run else REAL), "logs": str(self.logs), "env": None, "checks": [],
             "not_testable_here": NOT_TESTABLE, "summary": {}, "finished": False, "total_s": 0.0,
         }
         self.save()
@@ -1110,40 +1116,54 @@ class Runner:
         write_json_atomic(self.out, self.record)
 
     def run(self, chk: Check) -> dict[str, Any]:
+        """Run one check and record it, whatever happens to it (an interruption is recorded, then re-raised)."""
         left = self.deadline - time.monotonic()
+        t0 = time.monotonic()
+        stop = None
         if left < 5:
-            res: dict[str, Any] = {"status": "skipped", "reason": f"the global deadline ({self.args.deadline} s) "
-                                   "was reached before this check could start", "figures": {}, "seconds": 0.0}
+            res: dict[str, Any] = {"status": "skipped", "reason": f"the global deadline ({self.args.deadline:.0f} s) "
+                                   "was reached before this check could start", "figures": {}}
         else:
-            res = self.run_process(chk, min(chk.timeout_s * self.args.timeout_scale, left))
+            try:
+                res = self.run_process(chk, min(chk.timeout_s * self.args.timeout_scale, left))
+            except Interrupted as e:
+                stop = e
+                res = self.stopped(chk, f"the run was interrupted ({e}) while this check ran")
+            except Exception:  # noqa: BLE001 - e.g. the process could not start: still a record, and on to the next
+                res = self.stopped(chk, "the runner could not run this check:", traceback.format_exc())
+        res.setdefault("seconds", round(time.monotonic() - t0, 2))
         entry = {"name": chk.name, "what": chk.what, **res}
         self.record["checks"].append(entry)
         if chk.name == "env":
             self.record["env"] = res.get("figures")
         self.save()
+        if stop is not None:
+            raise stop
         return entry
 
+    def stopped(self, chk: Check, why: str, detail: str = "") -> dict[str, Any]:
+        if self.current is not None:
+            kill_tree(self.current)
+        paths = self.paths(chk)
+        log = tail(detail or read_text(paths[1]), 20).splitlines()
+        return {"status": "timeout" if "interrupted" in why else "fail", "figures": read_result(paths[0]).get("figures", {}),
+                "error": [why, *log]}
+
+    def paths(self, chk: Check) -> tuple[Path, Path]:
+        return self.logs / f"{chk.name}.json", self.logs / f"{chk.name}.log"
+
     def run_process(self, chk: Check, timeout: float) -> dict[str, Any]:
-        result_path, log_path = self.logs / f"{chk.name}.json", self.logs / f"{chk.name}.log"
+        result_path, log_path = self.paths(chk)
         result_path.unlink(missing_ok=True)
         t0 = time.monotonic()
-        argv = (self.args.dry_run, str(self.work), str(result_path), str(log_path), timeout)
-        if self.mp is not None:
-            proc = self.mp.Process(target=_child, args=(chk.name, *argv), name=f"gpu_check-{chk.name}")
-            proc.start()
-            pid, wait = proc.pid, lambda s: (proc.join(s), proc.exitcode)[1]
-        else:
-            log = open(log_path, "ab")
-            popen = subprocess.Popen([sys.executable, __file__, "--child", chk.name, "--work", str(self.work),
-                                      "--result", str(result_path), *(["--dry-run"] if self.args.dry_run else [])],
-                                     stdout=log, stderr=log, start_new_session=True)
-            pid = popen.pid
-            wait = lambda s: _poll(popen, s)  # noqa: E731
+        pid, wait = self.start(chk, result_path, log_path, timeout)
+        self.current = pid
         code = wait(timeout)
         timed_out = code is None
         kill_tree(pid)  # a timeout's whole tree; after a normal end, whatever it left behind
         if timed_out:
             wait(10)
+        self.current = None
         res = read_result(result_path)
         seconds = round(time.monotonic() - t0, 2)
         if timed_out:
@@ -1154,6 +1174,21 @@ class Runner:
         why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
         return {"status": "fail", "figures": res.get("figures", {}), "seconds": seconds,
                 "error": [f"the check's process died ({why}) before reporting"] + tail(read_text(log_path), 25).splitlines()}
+
+    def start(self, chk: Check, result_path: Path, log_path: Path, timeout: float) -> tuple[int, Callable]:
+        """Start the check's process; returns its pid and ``wait(seconds) -> exit code or None (still running)``."""
+        if self.mp is not None:
+            proc = self.mp.Process(target=_child, name=f"gpu_check-{chk.name}",
+                                   args=(chk.name, self.args.dry_run, str(self.work), str(result_path), str(log_path),
+                                         timeout))
+            proc.start()
+            assert proc.pid is not None
+            return proc.pid, lambda s: (proc.join(s), proc.exitcode)[1]
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen([sys.executable, __file__, "--child", chk.name, "--work", str(self.work),
+                                      "--result", str(result_path), *(["--dry-run"] if self.args.dry_run else [])],
+                                     stdout=log, stderr=log, start_new_session=True)
+        return popen.pid, lambda s: _poll(popen, s)
 
 
 def _poll(popen: subprocess.Popen, seconds: float) -> int | None:
@@ -1247,6 +1282,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.child:
+        import faulthandler
+
+        faulthandler.enable()  # a crash leaves its Python stack in the log the runner reads
         res = run_check(args.child, args.dry_run, args.work or tempfile.mkdtemp(prefix="gpt1-gpucheck-"), args.result)
         if not args.result:
             print(json.dumps(res, indent=1))
@@ -1257,20 +1295,32 @@ def main(argv: list[str] | None = None) -> int:
 def run_all(args: argparse.Namespace) -> int:
     checks = select(args.only)
     out = Path(args.json).resolve()
+    logs = out.with_name(f"{out.stem}-logs")  # beside the record: what to send back with it
+
+    def interrupt(signum, frame) -> None:  # noqa: ARG001
+        raise Interrupted(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, interrupt)
     with tempfile.TemporaryDirectory(prefix="gpt1-gpucheck-") as tmp:
         work = Path(args.work).resolve() if args.work else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        runner = Runner(args, work, out)
+        runner = Runner(args, work, out, logs)
         print(f"gpu_check ({runner.record['mode']}): {len(checks)} checks, deadline {args.deadline:.0f} s, "
-              f"record in {out}", flush=True)
-        for chk in checks:
-            entry = runner.run(chk)
-            print_line(entry)
-            if chk.name == "env" and not args.dry_run and not (entry.get("figures") or {}).get("cuda_available"):
-                runner.record["finished"] = True
-                runner.save()
-                print("gpu_check: no CUDA device is visible; run with --dry-run to test the script on CPU")
-                return 2
+              f"record in {out}, logs in {logs}", flush=True)
+        try:
+            for chk in checks:
+                entry = runner.run(chk)
+                print_line(entry)
+                if chk.name == "env" and not args.dry_run and not (entry.get("figures") or {}).get("cuda_available"):
+                    print("gpu_check: no CUDA device is visible; run with --dry-run to test the script on CPU")
+                    runner.record["finished"] = True
+                    runner.save()
+                    return 2
+        except Interrupted as e:
+            print_line(runner.record["checks"][-1])
+            print(f"gpu_check: interrupted by {e}; the record keeps every check up to this one: {out}", flush=True)
+            return 1
         runner.record["finished"] = True
         runner.save()
     s = runner.record["summary"]

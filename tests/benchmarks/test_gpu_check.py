@@ -112,7 +112,7 @@ def runner(tmp_path, monkeypatch):
               gc.Check("after", _fine, 30, "still runs")]
     monkeypatch.setattr(gc, "CHECKS", checks)
     args = argparse.Namespace(deadline=120.0, timeout_scale=1.0, fresh_processes=True, dry_run=True)
-    r = gc.Runner(args, tmp_path / "work", tmp_path / "record.json")
+    r = gc.Runner(args, tmp_path / "work", tmp_path / "record.json", tmp_path / "record-logs")
     r.mp = multiprocessing.get_context("fork")  # the children see the checks patched in above
     return gc, r, checks
 
@@ -134,6 +134,18 @@ def test_every_failure_is_recorded_and_the_next_check_runs(runner, tmp_path):
     time.sleep(0.5)
     assert not Path(f"/proc/{grandchild}").exists() or "Z" in Path(f"/proc/{grandchild}/stat").read_text().split()[2]
     assert by_name["after"]["figures"] == {"answer": 42} and by_name["after"]["note"] == "fine"
+    assert (tmp_path / "record-logs" / "raises.log").is_file()
+
+
+def test_fresh_processes_run_a_check_too(tmp_path):
+    """--fresh-processes: each check a new interpreter (``--child NAME``) instead of a fork of the server."""
+    out = tmp_path / "r.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--fresh-processes", "--only", "fused_adamw",
+                           "--json", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    record = json.loads(out.read_text(encoding="utf-8"))
+    assert [(c["name"], c["status"]) for c in record["checks"]] == [("env", "ok"), ("fused_adamw", "ok")], proc.stdout
+    assert record["finished"] and (tmp_path / "r-logs" / "fused_adamw.log").is_file()
 
 
 def test_a_check_past_the_global_deadline_is_skipped_with_the_reason(runner):
@@ -142,3 +154,28 @@ def test_a_check_past_the_global_deadline_is_skipped_with_the_reason(runner):
     entry = r.run(checks[-1])
     assert entry["status"] == "skipped" and "deadline" in entry["reason"]
     assert r.record["summary"]["skipped"] == 1
+
+
+def test_sigterm_records_the_running_check_and_stops(tmp_path):
+    """The lent machine may be taken back mid-run: the record still says what ran and what was cut short."""
+    out = tmp_path / "r.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--dry-run", "--only", "compile_loss,throughput_32x512_eager",
+                             "--json", str(out)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        for _ in range(1200):  # until env is recorded and compile_loss (seconds of tracing) has started
+            if out.is_file() and json.loads(out.read_text(encoding="utf-8"))["checks"]:
+                break
+            time.sleep(0.1)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    record = json.loads(out.read_text(encoding="utf-8"))
+    assert proc.returncode == 1, output
+    assert not record["finished"]
+    assert [c["name"] for c in record["checks"]] == ["env", "compile_loss"]  # the last never started
+    cut = record["checks"][-1]
+    assert cut["status"] == "timeout" and "interrupted (SIGTERM)" in cut["error"][0]
