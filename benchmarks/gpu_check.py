@@ -51,6 +51,8 @@ if str(ROOT) not in sys.path:  # this checkout's gptcli, not whichever one is in
 DEFAULT_DEADLINE_S = 480
 PAPER_VOCAB = 40478
 STATUSES = ("ok", "fail", "skipped", "timeout")
+FRESH_ENV = "GPT1_GPU_CHECK_FRESH"
+"""Set by ``--fresh-processes``: the dry run's commands, too, start as fresh interpreters (as on the GPU)."""
 
 NOT_TESTABLE = [
     {"what": "gradient averaging across GPUs (the NCCL all-reduce with world size > 1)",
@@ -171,9 +173,8 @@ class Ctx:
         imported already), which saves seconds of imports per command on a slow CPU; on the GPU that is no
         option, since a fork cannot use CUDA once its parent has touched it."""
         t0 = time.perf_counter()
-        proc = forked_cli(list(args), self.work, timeout) if self.dry else subprocess.run(
-            [sys.executable, "-m", "gptcli", *args], cwd=self.work, env=cli_env(), capture_output=True, text=True,
-            timeout=timeout)
+        fork = self.dry and not os.environ.get(FRESH_ENV)
+        proc = (forked_cli if fork else fresh_cli)(list(args), self.work, timeout)
         print(f"$ gpt1 {' '.join(args)}\n(exit {proc.returncode}, {time.perf_counter() - t0:.1f} s)\n"
               f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}", flush=True)
         if check and proc.returncode != 0:
@@ -183,6 +184,20 @@ class Ctx:
 
 def cli_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+
+
+def fresh_cli(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    """``python -m gptcli ARGS``; on a timeout its whole tree is killed (subprocess.run would kill the launcher
+    alone and leave a `--gpus` worker, in a session of its own, holding the GPU)."""
+    proc = subprocess.Popen([sys.executable, "-m", "gptcli", *args], cwd=cwd, env=cli_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def forked_cli(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
@@ -802,7 +817,8 @@ def check_resume(ctx: Ctx) -> str:
     rows = [{"step": s, "uninterrupted": a[s]["loss"], "resumed": b[s]["loss"]} for s in range(1, total + 1)]
     noise = max(rel(b[s]["loss"], a[s]["loss"]) for s in range(1, stop + 1))  # the same updates, run twice
     after = max(rel(b[s]["loss"], a[s]["loss"]) for s in range(stop + 1, total + 1))
-    ctx.record(losses=rows, rel_diff_before_stop=noise, rel_diff_after_resume=after, tolerance=1e-4)
+    ctx.record(n_layer=ctx.sizes.resume_layers, losses=rows, rel_diff_before_stop=noise, rel_diff_after_resume=after,
+               tolerance=1e-4)
     state = restored_state(ctx, parts / "checkpoints" / f"step-{stop:07d}")
     ctx.record(**state)
     if after > 1e-4:
@@ -1268,7 +1284,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="print the checks and exit")
     ap.add_argument("--work", help="working folder (default: a fresh temporary one, removed afterwards)")
     ap.add_argument("--fresh-processes", action="store_true",
-                    help="start each check as a fresh interpreter instead of forking it from a preloaded server")
+                    help="start each check (and in the dry run each gpt1 command) as a fresh interpreter instead of "
+                         "forking it from one that has imported torch: slower, the GPU run's way of starting commands")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -1281,6 +1298,8 @@ def main(argv: list[str] | None = None) -> int:
         # spin-waiting on a busy machine.
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.fresh_processes:
+        os.environ[FRESH_ENV] = "1"
     if args.child:
         import faulthandler
 

@@ -138,13 +138,16 @@ def test_every_failure_is_recorded_and_the_next_check_runs(runner, tmp_path):
 
 
 def test_fresh_processes_run_a_check_too(tmp_path):
-    """--fresh-processes: each check a new interpreter (``--child NAME``) instead of a fork of the server."""
+    """--fresh-processes: each check a new interpreter (``--child NAME``) instead of a fork of the server, and each
+    gpt1 command a fresh ``python -m gptcli``, as on the GPU."""
     out = tmp_path / "r.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--fresh-processes", "--only", "fused_adamw",
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--fresh-processes", "--only", "gpus_refusal,fused_adamw",
                            "--json", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     record = json.loads(out.read_text(encoding="utf-8"))
-    assert [(c["name"], c["status"]) for c in record["checks"]] == [("env", "ok"), ("fused_adamw", "ok")], proc.stdout
+    statuses = [(c["name"], c["status"]) for c in record["checks"]]
+    assert statuses == [("env", "ok"), ("gpus_refusal", "skipped"), ("fused_adamw", "ok")], proc.stdout
+    assert record["checks"][1]["figures"]["error"].startswith("error: --gpus 1: no CUDA device")
     assert record["finished"] and (tmp_path / "r-logs" / "fused_adamw.log").is_file()
 
 
