@@ -666,24 +666,53 @@ def check_host_syncs(ctx: Ctx) -> str:
     sync(ctx)
     n = ctx.sizes.updates
     where: dict[str, int] = {}
-    with warnings.catch_warnings(record=True) as caught:
+    # A sync on the Python thread (forward, Trainer, optimizer) becomes a Python warning; one on autograd's device
+    # thread (the backward pass) has no Python frame and is printed by c10 on stderr: both are counted.
+    with warnings.catch_warnings(record=True) as caught, captured_stderr() as err:
         warnings.simplefilter("always")
         if ctx.cuda:
             torch.cuda.set_sync_debug_mode("warn")
         try:
             for i in range(1, n + 1):
                 update(i)
+            sync(ctx)
         finally:
             if ctx.cuda:
                 torch.cuda.set_sync_debug_mode("default")
+    printed = [ln for ln in err.text.splitlines() if "synchroniz" in ln.lower()]
     syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
     for w in syncs:
         key = f"{Path(w.filename).name}:{w.lineno}"
         where[key] = where.get(key, 0) + 1
-    ctx.record(updates=n, sync_warnings=len(syncs), per_update=len(syncs) / n, where=where,
-               messages=sorted({str(w.message).splitlines()[0][:200] for w in syncs}))
+    total = len(syncs) + len(printed)
+    ctx.record(updates=n, sync_warnings=len(syncs), printed_sync_warnings=len(printed), per_update=total / n,
+               where=where, messages=sorted({str(w.message).splitlines()[0][:200] for w in syncs}),
+               printed=sorted(set(ln[:200] for ln in printed))[:10])
     ctx.need_cuda("set_sync_debug_mode only watches CUDA; the updates ran")
-    return f"{len(syncs) / n:g} syncs per update at {', '.join(f'{k} ×{v // n}' for k, v in where.items()) or '-'}"
+    return f"{total / n:g} syncs per update at {', '.join(f'{k} ×{v / n:g}' for k, v in where.items()) or '-'}" + \
+        (f" + {len(printed) / n:g} in the backward pass" if printed else "")
+
+
+class captured_stderr:  # noqa: N801 - used as a context manager
+    """File descriptor 2 into a temporary file for the block (C++ prints included), then back; what it caught is
+    in ``text`` and is also copied to the real stderr (the check's log)."""
+
+    def __enter__(self) -> "captured_stderr":
+        sys.stderr.flush()
+        self.saved = os.dup(2)
+        self.file = tempfile.TemporaryFile()
+        os.dup2(self.file.fileno(), 2)
+        self.text = ""
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        sys.stderr.flush()
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        self.file.seek(0)
+        self.text = self.file.read().decode("utf-8", errors="replace")
+        self.file.close()
+        sys.stderr.write(self.text)
 
 
 # --- real text -----------------------------------------------------------------------------------------------------
