@@ -1,6 +1,6 @@
 """One-shot GPU check: run it once on a lent CUDA machine, keep the JSON, send it back.
 
-    python benchmarks/gpu_check.py --json gpu_check.json            # the real run (about 6-8 minutes on an H200)
+    python benchmarks/gpu_check.py --json gpu_check.json            # the real run (about 6-7 minutes on an H200)
     python benchmarks/gpu_check.py --dry-run --json dry.json        # every check on CPU, tiny sizes (about a minute)
     python benchmarks/gpu_check.py --only attention_kernel,fused_adamw --json part.json
 
@@ -20,10 +20,10 @@ Checks, cheapest and most telling first, the long throughput runs last (``--list
 the ``--gpus N+1`` refusal; which attention kernel a bf16 training step runs (torch.profiler); fused AdamW; a bf16 and
 an fp16 + GradScaler step; what dtype the LSTM computes in under bf16; KV-cache parity of generation and scoring; host
 syncs per update; then on real text (docstrings of this Python's standard library, prepared by ``gpt1 prepare``, as
-the quickstart does): ``gpt1 pretrain --gpus 1`` against an in-process step, checkpoint → resume, finetune → eval →
-zeroshot; then ``torch.compile`` of the loss; then tokens/s, MFU and peak memory of the ``gpt1`` preset at 8×512 (the
-8-GPU share of the paper's batch) and 32×512, eager and compiled. What one GPU cannot show is listed in the JSON under
-``not_testable_here``. How to read the JSON: docs/distributed.md, "The one-shot GPU check".
+the quickstart does): ``gpt1 pretrain --gpus 1`` against an in-process step, checkpoint → resume, finetune →
+eval → zeroshot; then ``torch.compile`` of the loss; then tokens/s, MFU and peak memory of the ``gpt1`` preset at
+8×512 (the 8-GPU share of the paper's batch) and 32×512, eager and compiled. What one GPU cannot show is listed in
+the JSON under ``not_testable_here``. How to read the JSON: docs/distributed.md, "The one-shot GPU check".
 """
 
 from __future__ import annotations
@@ -113,7 +113,8 @@ class Sizes:
 
 
 REAL = Sizes(preset="gpt1", lstm_preset="lstm", vocab=PAPER_VOCAB, seq=512, batch=8, updates=4,
-             throughput=((8, 512), (32, 512)), warm_steps=3, timed_steps=30, modules=150, text_root=None, corpus_vocab=4000,
+             throughput=((8, 512), (32, 512)), warm_steps=3, timed_steps=30, modules=150, text_root=None,
+             corpus_vocab=4000,
              pt_preset="gpt1", pt_seq=256, pt_batch=8, compile_backend="inductor",
              throughput_backend="inductor", n_layer=None,
              compile_layers=2, resume_layers=2)
@@ -403,7 +404,8 @@ def check_env(ctx: Ctx) -> str:
         name = torch.cuda.get_device_name(0)
         row = next(((k, t) for k, t in GPU_PEAK_FLOPS if k in name), None)
         info.update(
-            gpu_count=torch.cuda.device_count(), gpu=name, capability=".".join(map(str, torch.cuda.get_device_capability(0))),
+            gpu_count=torch.cuda.device_count(), gpu=name,
+            capability=".".join(map(str, torch.cuda.get_device_capability(0))),
             gpu_memory_gib=round(props.total_memory / 2**30, 1), bf16_supported=torch.cuda.is_bf16_supported(),
             nccl=nccl_version(),
             driver=nvidia_smi_driver(), peak_table_key=row[0] if row else None, peak_flops=row[1] if row else None,
@@ -790,7 +792,8 @@ def check_launched(ctx: Ctx) -> str:
     worst_loss = max(rel(r["loss"], r["loss_inprocess"]) for r in rows)
     worst_norm = max(rel(r["grad_norm"], r["grad_norm_inprocess"]) for r in rows)
     tol = {"loss": 1e-4, "grad_norm": 1e-3}
-    ctx.record(path=" ".join(launch), updates=rows, max_rel_loss=worst_loss, max_rel_grad_norm=worst_norm, tolerance=tol)
+    ctx.record(path=" ".join(launch), updates=rows, max_rel_loss=worst_loss, max_rel_grad_norm=worst_norm,
+               tolerance=tol)
     if worst_loss > tol["loss"] or worst_norm > tol["grad_norm"]:
         raise Failed(f"launched and in-process updates differ: loss {worst_loss:.2e}, grad norm {worst_norm:.2e}")
     return f"{' '.join(launch)} vs in-process, {steps} updates: loss {worst_loss:.1e}, grad norm {worst_norm:.1e}"
@@ -1191,8 +1194,8 @@ class Runner:
             kill_tree(self.current)
         paths = self.paths(chk)
         log = tail(detail or read_text(paths[1]), 20).splitlines()
-        return {"status": "timeout" if "interrupted" in why else "fail", "figures": read_result(paths[0]).get("figures", {}),
-                "error": [why, *log]}
+        return {"status": "timeout" if "interrupted" in why else "fail",
+                "figures": read_result(paths[0]).get("figures", {}), "error": [why, *log]}
 
     def paths(self, chk: Check) -> tuple[Path, Path]:
         return self.logs / f"{chk.name}.json", self.logs / f"{chk.name}.log"
@@ -1218,7 +1221,8 @@ class Runner:
             return {**res, "seconds": seconds}
         why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
         return {"status": "fail", "figures": res.get("figures", {}), "seconds": seconds,
-                "error": [f"the check's process died ({why}) before reporting"] + tail(read_text(log_path), 25).splitlines()}
+                "error": [f"the check's process died ({why}) before reporting",
+                          *tail(read_text(log_path), 25).splitlines()]}
 
     def start(self, chk: Check, result_path: Path, log_path: Path, timeout: float) -> tuple[int, Callable]:
         """Start the check's process; returns its pid and ``wait(seconds) -> exit code or None (still running)``."""

@@ -142,8 +142,9 @@ def test_fresh_processes_run_a_check_too(tmp_path):
     gpt1 command a fresh ``python -m gptcli``, as on the GPU."""
     out = tmp_path / "r.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--fresh-processes", "--only", "gpus_refusal,fused_adamw",
-                           "--json", str(out)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--fresh-processes",
+                           "--only", "gpus_refusal,fused_adamw", "--json", str(out)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     record = json.loads(out.read_text(encoding="utf-8"))
     statuses = [(c["name"], c["status"]) for c in record["checks"]]
     assert statuses == [("env", "ok"), ("gpus_refusal", "skipped"), ("fused_adamw", "ok")], proc.stdout
