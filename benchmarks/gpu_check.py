@@ -1,152 +1,1387 @@
-"""One-shot GPU check of data-parallel pretraining: run this once on a CUDA machine and keep its output.
+"""One-shot GPU check: run it once on a lent CUDA machine, keep the JSON, send it back.
 
-1. **Flash attention**: SDPA with only the flash backend enabled runs the ``gpt1`` preset's attention shapes in bf16
-   (forward + backward, causal, with dropout), i.e. training can use the flash kernel.
-2. **Throughput**: ``gpt1 pretrain --gpus 1`` with the ``gpt1`` preset (12×768, 512 context, 40,478-id vocabulary),
-   bf16 autocast, ``--compile``, the paper's global batch 64×512; tokens/s and MFU as logged in ``metrics.jsonl``
-   (median over the logged intervals after the compile warm-up; MFU against the GPU's dense bf16 peak from
-   ``gptcli.runtime.GPU_PEAK_FLOPS``). The ratio against a plain single process with the same settings, measured
-   in the same run, shows the cost of the launcher/DDP path.
-3. **Equivalence**: ``--gpus 1`` (launcher, NCCL process group, DistributedDataParallel) against a plain process,
-   fp32 (TF32 matmuls), no dropout, no compile: per-update losses must agree to ``--tol`` (relative).
+    python benchmarks/gpu_check.py --json gpu_check.json            # the real run (about 6-7 minutes on an H200)
+    python benchmarks/gpu_check.py --dry-run --json dry.json        # every check on CPU, tiny sizes (about a minute)
+    python benchmarks/gpu_check.py --only attention_kernel,fused_adamw --json part.json
 
-The corpus is synthetic (uniform random ids, a placeholder 40,478-entry vocabulary): throughput does not depend on
-the text. Nothing is downloaded.
+A lent GPU is there for minutes, so the script is built to waste none of them:
 
-    python benchmarks/gpu_check.py                       # not yet run on a GPU: expect minutes (mostly compiling)
-    python benchmarks/gpu_check.py --steps 60 --json gpu_check.json
+- **Every check is independent.** Each runs in its own process (forked from a server that has imported torch once, so
+  a check starts in milliseconds and the server itself never touches CUDA), under a per-check timeout and a global
+  ``--deadline`` (default 8 minutes). A check that fails, raises, crashes CUDA, runs out of memory or hangs is
+  recorded, its process tree killed, and the next one runs.
+- **Nothing is lost.** The JSON record is rewritten atomically when the run starts (environment first) and after
+  every check; a check's figures reach it even while the check still runs, so a killed run keeps what it saw.
+- **The script is known to work.** ``--dry-run`` runs every check on CPU with the ``tiny`` preset; a check that only
+  means something on CUDA reports ``skipped`` with the reason (after running its code), never ``ok``.
+  tests/benchmarks/test_gpu_check.py runs it.
+
+Checks, cheapest and most telling first, the long throughput runs last (``--list`` prints them): the environment;
+the ``--gpus N+1`` refusal; which attention kernel a bf16 training step runs (torch.profiler); fused AdamW; a bf16 and
+an fp16 + GradScaler step; what dtype the LSTM computes in under bf16; KV-cache parity of generation and scoring; host
+syncs per update; then on real text (docstrings of this Python's standard library, prepared by ``gpt1 prepare``, as
+the quickstart does): ``gpt1 pretrain --gpus 1`` against an in-process step, checkpoint → resume, finetune →
+eval → zeroshot; then ``torch.compile`` of the loss; then tokens/s, MFU and peak memory of the ``gpt1`` preset at
+8×512 (the 8-GPU share of the paper's batch) and 32×512, eager and compiled. What one GPU cannot show is listed in
+the JSON under ``not_testable_here``. How to read the JSON: docs/distributed.md, "The one-shot GPU check".
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import math
+import os
+import platform
+import re
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parent.parent
-VOCAB = 40478
+if str(ROOT) not in sys.path:  # this checkout's gptcli, not whichever one is installed
+    sys.path.insert(0, str(ROOT))
+
+DEFAULT_DEADLINE_S = 480
+PAPER_VOCAB = 40478
+STATUSES = ("ok", "fail", "skipped", "timeout")
+FRESH_ENV = "GPT1_GPU_CHECK_FRESH"
+"""Set by ``--fresh-processes``: the dry run's commands, too, start as fresh interpreters (as on the GPU)."""
+
+NOT_TESTABLE = [
+    {"what": "gradient averaging across GPUs (the NCCL all-reduce with world size > 1)",
+     "why": "with one GPU the world size is 1 and DDP's all-reduce is an identity"},
+    {"what": "per-rank device placement (LOCAL_RANK → cuda:N, DDP device_ids, one process per GPU)",
+     "why": "only cuda:0 exists"},
+    {"what": "the launcher's heartbeat watchdog and the collective timeout with NCCL peers",
+     "why": "needs a second rank to stop responding"},
+    {"what": "all-reduce bandwidth and its overlap with the backward pass; scaling efficiency over 8 GPUs",
+     "why": "needs several GPUs (NVLink/NVSwitch)"},
+    {"what": "multi-node rendezvous (--nodes, --master-addr, --rdzv-endpoint)", "why": "needs several machines"},
+]
 
 
-def make_corpus(directory: Path, tokens: int) -> Path:
-    """A prepared corpus of random ids with a placeholder OpenAI-BPE tokenizer of the paper's vocabulary size."""
-    import numpy as np
-
-    from gptcli.data.shards import shard_name, token_dtype, write_shard
-    from gptcli.tokenizers.openai import OpenAIBPETokenizer
-
-    tok = OpenAIBPETokenizer({f"t{i}</w>": i for i in range(VOCAB)}, [])
-    directory.mkdir(parents=True, exist_ok=True)
-    tok.save(directory / "tokenizer")
-    dtype = token_dtype(tok.total_vocab)
-    rng = np.random.default_rng(0)
-    entries = []
-    for split, n in (("train", tokens), ("val", 64 * 513)):
-        entry = write_shard(directory / shard_name(split, 0), [rng.integers(0, VOCAB, n)], dtype)
-        entries.append({**entry, "split": split})
-    manifest = {"format": 1, "vocab_size": tok.vocab_size, "tokenizer": {"kind": tok.kind}, "shards": entries}
-    (directory / "manifest.json").write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-    return directory
+# --- sizes: the real run and the CPU dry run ----------------------------------------------------------------------
 
 
-def check_flash() -> dict:
-    """Whether SDPA's flash kernel alone handles the gpt1 attention shapes in bf16 (forward and backward)."""
-    import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+@dataclass(frozen=True)
+class Sizes:
+    """What every check runs at. The real run uses the paper's model; the dry run the same code at toy sizes."""
 
-    q, k, v = (torch.randn(8, 12, 512, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    preset: str
+    lstm_preset: str
+    vocab: int
+    """Vocabulary of the in-process models (the paper's 40,478 ids on the GPU)."""
+    seq: int
+    batch: int
+    """Sequences per step of the profile, precision, compile and sync checks."""
+    updates: int
+    """Training updates of the precision, sync and compile checks."""
+    throughput: tuple[tuple[int, int], tuple[int, int]]
+    """(batch, seq) of the two throughput sizes: 8×512 (one GPU's share of 64 over 8) and 32×512."""
+    warm_steps: int
+    timed_steps: int
+    modules: int
+    """Standard-library modules read for the real-text corpus."""
+    text_root: str | None
+    """A package folder of the standard library to read instead of all of it (the dry run: walking the whole
+    library, site-packages included, takes seconds before the first docstring)."""
+    corpus_vocab: int
+    pt_preset: str
+    """Preset of the launched-vs-in-process and resume runs (with the corpus's vocabulary)."""
+    pt_seq: int
+    pt_batch: int
+    compile_backend: str
+    """inductor on the GPU (what ``--compile`` uses); aot_eager on CPU, which traces the same graphs (breaks and
+    recompiles included) without minutes of C++ compilation."""
+    throughput_backend: str
+    """The throughput runs' backend: inductor on the GPU; on CPU plain eager, the cheapest trace that still runs
+    the compiled code path."""
+    n_layer: int | None
+    """Transformer blocks of the in-process models (None: the preset's)."""
+    compile_layers: int
+    """Blocks of the compile_loss check's model (the throughput checks compile the whole preset)."""
+    resume_layers: int
+    """Blocks of the resume check's runs: checkpoints of the full model (1.4 GB with AdamW's moments) take seconds
+    each to write and hash, and the state being checked (RNG, optimizer step) is the same at any depth."""
+
+
+REAL = Sizes(preset="gpt1", lstm_preset="lstm", vocab=PAPER_VOCAB, seq=512, batch=8, updates=4,
+             throughput=((8, 512), (32, 512)), warm_steps=3, timed_steps=30, modules=150, text_root=None,
+             corpus_vocab=4000,
+             pt_preset="gpt1", pt_seq=256, pt_batch=8, compile_backend="inductor",
+             throughput_backend="inductor", n_layer=None,
+             compile_layers=2, resume_layers=2)
+DRY = Sizes(preset="tiny", lstm_preset="lstm-tiny", vocab=512, seq=64, batch=2, updates=2,
+            throughput=((2, 64), (4, 64)), warm_steps=1, timed_steps=2, modules=40, text_root="email", corpus_vocab=400,
+            pt_preset="tiny", pt_seq=32, pt_batch=4, compile_backend="aot_eager",
+            throughput_backend="eager", n_layer=1,
+            compile_layers=1, resume_layers=1)
+
+
+# --- what a check sees ---------------------------------------------------------------------------------------------
+
+
+class Skipped(Exception):
+    """The check ran what it could but its result means nothing here (e.g. a CUDA kernel on CPU)."""
+
+
+class Failed(Exception):
+    """The check ran and what it measured is not what gpt1 expects."""
+
+
+class Ctx:
+    """A check's view of the run: device, sizes, the shared work folder and ``record`` for its figures."""
+
+    def __init__(self, dry: bool, work: Path, result_path: Path | None) -> None:
+        import torch
+
+        self.dry = dry
+        self.sizes = DRY if dry else REAL
+        self.work = work
+        self.result_path = result_path
+        self.figures: dict[str, Any] = {}
+        self.cuda = torch.cuda.is_available() and not dry
+        self.device = torch.device("cuda" if self.cuda else "cpu")
+        # bf16 autocast is what `--precision auto` picks on a bf16 GPU; fp32 keeps the CPU dry run quick everywhere.
+        self.precision = "bf16" if self.cuda else "fp32"
+        if self.cuda:
+            from gptcli.runtime import configure_backends
+
+            configure_backends(self.device)
+
+    def record(self, **figures: Any) -> None:
+        """Add figures and write them out at once, so that a check killed later still reports them."""
+        self.figures.update(figures)
+        if self.result_path is not None:
+            write_json_atomic(self.result_path, {"status": "running", "figures": self.figures})
+
+    def need_cuda(self, why: str) -> None:
+        """End a check whose figures only mean something on CUDA (its code has run by now)."""
+        if not self.cuda:
+            raise Skipped(why)
+
+    def cli(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+        """``gpt1 ARGS`` in a process of its own, from this checkout; its output goes into the check's log.
+
+        On the GPU a fresh ``python -m gptcli``. In the dry run a fork of this process (torch and gptcli are
+        imported already), which saves seconds of imports per command on a slow CPU; on the GPU that is no
+        option, since a fork cannot use CUDA once its parent has touched it."""
+        t0 = time.perf_counter()
+        fork = self.dry and not os.environ.get(FRESH_ENV)
+        proc = (forked_cli if fork else fresh_cli)(list(args), self.work, timeout)
+        print(f"$ gpt1 {' '.join(args)}\n(exit {proc.returncode}, {time.perf_counter() - t0:.1f} s)\n"
+              f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}", flush=True)
+        if check and proc.returncode != 0:
+            raise Failed(f"gpt1 {args[0]} exited with {proc.returncode}:\n{tail(proc.stderr, 25)}")
+        return proc
+
+
+def cli_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+
+
+def fresh_cli(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    """``python -m gptcli ARGS``; on a timeout its whole tree is killed (subprocess.run would kill the launcher
+    alone and leave a `--gpus` worker, in a session of its own, holding the GPU)."""
+    proc = subprocess.Popen([sys.executable, "-m", "gptcli", *args], cwd=cwd, env=cli_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=True)
-            y.float().sum().backward()
-        torch.cuda.synchronize()
-        return {"flash_attention": True}
-    except RuntimeError as e:
-        return {"flash_attention": False, "flash_error": str(e).splitlines()[0]}
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def run_pretrain(args: list[str], timeout: int) -> tuple[int, float, str]:
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "gptcli", "pretrain", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
-    return proc.returncode, time.perf_counter() - t0, proc.stderr
+def forked_cli(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    """``gptcli.cli.main(args)`` in a forked child with its output in files: a CompletedProcess like
+    subprocess.run's (TimeoutExpired after ``timeout`` seconds, the child's tree killed)."""
+    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    pid = os.fork()
+    if pid == 0:  # the child: run the command, never return into the check
+        code = 1
+        try:
+            os.chdir(cwd)
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            os.environ.update(cli_env())
+            from gptcli.cli import main as gpt1_main
+
+            try:
+                gpt1_main(args)
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:  # noqa: BLE001
+            traceback.print_exc()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os._exit(code)
+    end = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > end:
+            kill_tree(pid)
+            os.waitpid(pid, 0)
+            raise subprocess.TimeoutExpired(["gpt1", *args], timeout)
+        time.sleep(0.05)
+    texts = []
+    for f in (out, err):
+        f.seek(0)
+        texts.append(f.read().decode("utf-8", errors="replace"))
+        f.close()
+    return subprocess.CompletedProcess(["gpt1", *args], os.waitstatus_to_exitcode(status), texts[0], texts[1])
 
 
-def records(run: Path) -> list[dict]:
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
+def tail(text: str, n: int) -> str:
+    return "\n".join(text.strip().splitlines()[-n:])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=30, help="updates of the throughput runs (first 2 logs skipped)")
-    ap.add_argument("--micro-batch-size", type=int, default=32, help="sequences per forward/backward (of 64)")
-    ap.add_argument("--equiv-steps", type=int, default=8, help="updates of the equivalence runs")
-    ap.add_argument("--tol", type=float, default=2e-3, help="relative loss tolerance of the equivalence check")
-    ap.add_argument("--timeout", type=int, default=400, help="seconds per pretraining run")
-    ap.add_argument("--json", help="also write the results to this JSON file")
-    args = ap.parse_args()
+def write_json_atomic(path: Path, doc: Any) -> None:
+    """Write ``doc`` to a temporary file beside ``path`` and rename it over: a reader never sees half a file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(finite(doc), f, indent=1, default=str, allow_nan=False)  # a NaN loss is a finding, not a crash
+        f.write("\n")
+    os.replace(tmp, path)
 
+
+def finite(x: Any) -> Any:
+    """JSON has no NaN/inf: write them as strings."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite(v) for v in x]
+    return x
+
+
+# --- shared pieces of the in-process checks ------------------------------------------------------------------------
+
+
+def build(ctx: Ctx, preset: str | None = None, vocab: int | None = None, **overrides: Any):
+    """A freshly initialised model of ``preset`` (default: the run's) on the device, seeded."""
     import torch
 
-    if not torch.cuda.is_available():
-        sys.exit("gpu_check: no CUDA device is available")
-    info = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count()}
-    info.update(check_flash())
-    print(json.dumps(info))
-    result: dict = {"env": info}
+    from gptcli.model.build import build_model, preset as make_preset
 
+    name = preset or ctx.sizes.preset
+    if ctx.sizes.n_layer and not name.startswith("lstm"):
+        overrides.setdefault("n_layer", ctx.sizes.n_layer)
+    torch.manual_seed(0)
+    cfg = make_preset(name, vocab_size=vocab or ctx.sizes.vocab, **overrides)
+    return build_model(cfg).to(ctx.device)
+
+
+def trainer(ctx: Ctx, model, precision: str | None = None, loss_fn: Callable | None = None):
+    """A Trainer as pretraining builds it: fused AdamW (make_optimizer), lm_loss, clipping 1.0, constant lr."""
+    from gptcli.train.optim import make_optimizer
+    from gptcli.train.pretrain import lm_loss
+    from gptcli.train.trainer import Trainer
+
+    opt = make_optimizer(model, 2.5e-4)
+    return Trainer(model, opt, loss_fn or lm_loss, lambda s: 2.5e-4, device=ctx.device,
+                   precision=precision or ctx.precision, grad_clip=1.0)
+
+
+def batches(ctx: Ctx, n: int, b: int, t: int, vocab: int | None = None, seed: int = 0) -> list:
+    """``n`` batches of ``b`` windows of ``t + 1`` ids on the device. Random ids: kernels, dtypes and speed do not
+    depend on the text (the checks whose numbers do depend on it use the real-text corpus)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab or ctx.sizes.vocab, (b, t + 1), generator=g).to(ctx.device) for _ in range(n)]
+
+
+def sync(ctx: Ctx) -> None:
+    import torch
+
+    if ctx.cuda:
+        torch.cuda.synchronize()
+
+
+def rel(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def profile_step(ctx: Ctx, step: Callable[[], Any]):
+    """A torch.profiler trace of one call of ``step`` (CPU ops, and CUDA kernels on the GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.cuda else [])
+    with profile(activities=activities) as prof:
+        step()
+        sync(ctx)
+    return prof
+
+
+def op_names(prof) -> dict[str, int]:
+    """Names of every profiled event (CPU ops and device kernels) with their counts."""
+    out: dict[str, int] = {}
+    for e in prof.key_averages():
+        out[e.key] = out.get(e.key, 0) + int(e.count)
+    return out
+
+
+def device_time_us(e) -> float:
+    for attr in ("self_device_time_total", "self_cuda_time_total", "device_time_total", "cuda_time_total"):
+        v = getattr(e, attr, None)
+        if v:
+            return float(v)
+    return 0.0
+
+
+def cuda_kernels(prof, top: int = 12) -> list[dict[str, Any]]:
+    """The device kernels that took the most time, name shortened, with milliseconds and calls."""
+    from torch.autograd import DeviceType
+
+    rows = [(device_time_us(e), e.key, int(e.count)) for e in prof.key_averages()
+            if getattr(e, "device_type", None) == DeviceType.CUDA]
+    rows.sort(reverse=True)
+    return [{"kernel": k[:160], "ms": round(us / 1000, 3), "calls": c} for us, k, c in rows[:top]]
+
+
+def matching(names: dict[str, int], pattern: str) -> dict[str, int]:
+    rx = re.compile(pattern, re.IGNORECASE)
+    return {k[:160]: v for k, v in names.items() if rx.search(k)}
+
+
+# --- the checks ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    fn: Callable[[Ctx], str]
+    """Runs the check, records figures through ``ctx.record``; returns a one-line note (raises Skipped/Failed)."""
+    timeout_s: int
+    """Per-check limit on the GPU (the dry run's own limit is the same)."""
+    what: str
+
+
+CHECKS: list[Check] = []
+
+
+def check(name: str, timeout_s: int, what: str) -> Callable:
+    def register(fn: Callable[[Ctx], str]) -> Callable[[Ctx], str]:
+        CHECKS.append(Check(name, fn, timeout_s, what))
+        return fn
+    return register
+
+
+@check("env", 60, "versions, the GPU, gptcli.runtime's peak-FLOPs row for it, CPUs, the git commit")
+def check_env(ctx: Ctx) -> str:
+    import torch
+
+    import gptcli
+    from gptcli.runtime import GPU_PEAK_FLOPS
+
+    info: dict[str, Any] = {
+        "python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
+        "gptcli": getattr(gptcli, "__version__", None), "cuda_runtime": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "cpu_count": os.cpu_count(), "git_commit": git_commit(), "cuda_available": torch.cuda.is_available(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        name = torch.cuda.get_device_name(0)
+        row = next(((k, t) for k, t in GPU_PEAK_FLOPS if k in name), None)
+        info.update(
+            gpu_count=torch.cuda.device_count(), gpu=name,
+            capability=".".join(map(str, torch.cuda.get_device_capability(0))),
+            gpu_memory_gib=round(props.total_memory / 2**30, 1), bf16_supported=torch.cuda.is_bf16_supported(),
+            nccl=nccl_version(),
+            driver=nvidia_smi_driver(), peak_table_key=row[0] if row else None, peak_flops=row[1] if row else None,
+            sdpa_backends={b: getattr(torch.backends.cuda, f"{b}_sdp_enabled")()
+                           for b in ("flash", "mem_efficient", "math", "cudnn")
+                           if hasattr(torch.backends.cuda, f"{b}_sdp_enabled")})
+    ctx.record(**info)
+    if ctx.cuda and info.get("peak_table_key") is None:
+        raise Failed(f"{info['gpu']!r} matches no row of gptcli.runtime.GPU_PEAK_FLOPS: MFU will read n/a")
+    if not ctx.cuda:
+        return f"torch {torch.__version__}, no CUDA (dry run), {os.cpu_count()} CPUs"
+    return f"{info['gpu']} (table row {info['peak_table_key']!r}), torch {torch.__version__}, CUDA {torch.version.cuda}"
+
+
+def nccl_version() -> str | None:
+    try:
+        import torch.cuda.nccl as nccl
+
+        v = nccl.version()
+    except Exception:  # noqa: BLE001 - a build without NCCL
+        return None
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def nvidia_smi_driver() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+@check("gpus_refusal", 60, "`gpt1 pretrain --gpus N+1` on N GPUs: non-zero exit and one `error:` line")
+def check_gpus_refusal(ctx: Ctx) -> str:
+    import torch
+
+    n = (torch.cuda.device_count() if torch.cuda.is_available() else 0) + 1
+    proc = ctx.cli("pretrain", "--data", str(ctx.work / "no-corpus"), "--out", str(ctx.work / "refused"),
+                   "--preset", "tiny", "--gpus", str(n), timeout=60, check=False)
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    ctx.record(gpus=n, exit_code=proc.returncode, stderr_lines=len(lines), error=errors[0] if errors else None)
+    if proc.returncode == 0 or len(errors) != 1 or "Traceback" in proc.stderr:
+        raise Failed(f"expected a non-zero exit and one `error:` line, got exit {proc.returncode}:\n"
+                     f"{tail(proc.stderr, 10)}")
+    ctx.need_cuda("without CUDA `--gpus` refuses for want of any GPU, not for too few (the refusal itself worked)")
+    return errors[0]
+
+
+@check("attention_kernel", 120, "the SDPA kernel a gpt1 bf16 training step runs (causal, dropout 0.1): flash?")
+def check_attention_kernel(ctx: Ctx) -> str:
+    import torch
+
+    from gptcli.model.attention import attention_path
+
+    model = build(ctx)
+    tr = trainer(ctx, model, precision="bf16")
+    data = batches(ctx, 2, ctx.sizes.batch, ctx.sizes.seq)
+    tr.step(0, [data[0]])  # warm-up: cuBLAS handles, allocator, lazy inits stay out of the trace
+    prof = profile_step(ctx, lambda: tr.step(1, [data[1]]))
+    names = op_names(prof)
+    sdpa_ops = matching(names, r"scaled_dot_product|flash|efficient_attention|cudnn_attention|_attention_backward")
+    kernels = matching({k["kernel"]: k["calls"] for k in cuda_kernels(prof, top=10_000)},
+                       r"flash|fmha|attention|attn|sdpa|mha")
+    ctx.record(gptcli_path=attention_path(ctx.device.type, torch.bfloat16, 0.1, ctx.sizes.seq), aten_ops=sdpa_ops,
+               attention_kernels=kernels, top_kernels=cuda_kernels(prof), batch=ctx.sizes.batch, seq=ctx.sizes.seq)
+    ctx.need_cuda("flash attention is a CUDA kernel; on CPU gptcli writes attention out (chunked/plain path)")
+    fwd = any("flash_attention" in k and "backward" not in k for k in sdpa_ops)
+    bwd = any("flash_attention_backward" in k for k in sdpa_ops)
+    if not (fwd and bwd):
+        raise Failed(f"training did not run flash attention forward and backward; SDPA ops: {sorted(sdpa_ops)}")
+    return f"flash forward + backward; kernels: {', '.join(list(kernels)[:3])}"
+
+
+@check("fused_adamw", 90, "make_optimizer's AdamW is the fused implementation (defaults and the profiled op)")
+def check_fused_adamw(ctx: Ctx) -> str:
+    model = build(ctx)
+    tr = trainer(ctx, model)
+    data = batches(ctx, 2, ctx.sizes.batch, ctx.sizes.seq)
+    tr.step(0, [data[0]])
+    prof = profile_step(ctx, lambda: tr.step(1, [data[1]]))
+    names = op_names(prof)
+    fused_ops = matching(names, r"_fused_adamw|fused_adam|FusedAdam")
+    steps = {str(s["step"].device) for s in tr.optimizer.state.values() if "step" in s}
+    ctx.record(defaults_fused=tr.optimizer.defaults.get("fused"), defaults_foreach=tr.optimizer.defaults.get("foreach"),
+               fused_ops=fused_ops, step_tensor_devices=sorted(steps),
+               other_optimizer_ops=matching(names, r"_foreach_|adamw"))
+    if not tr.optimizer.defaults.get("fused") or not any("_fused_adamw" in k for k in fused_ops):
+        raise Failed(f"AdamW is not fused: defaults fused={tr.optimizer.defaults.get('fused')}, ops {fused_ops}")
+    if ctx.cuda and steps != {str(next(model.parameters()).device)}:
+        raise Failed(f"fused AdamW's step tensors are on {sorted(steps)}, not on the parameters' device")
+    return f"fused (aten::_fused_adamw_ ×{sum(v for k, v in fused_ops.items() if '_fused_adamw' in k)}), " \
+           f"step on {', '.join(sorted(steps))}"
+
+
+@check("precision_steps", 120, "bf16 autocast updates and fp16 + GradScaler updates: finite losses, scaler scale")
+def check_precision_steps(ctx: Ctx) -> str:
+    n = ctx.sizes.updates
+    data = batches(ctx, n, ctx.sizes.batch, ctx.sizes.seq)
+    bf16 = trainer(ctx, build(ctx), precision="bf16")
+    res = [bf16.step(i, [d]) for i, d in enumerate(data)]
+    losses = [float(r.loss) for r in res]
+    ctx.record(bf16_losses=finite(losses), bf16_grad_norms=finite([float(r.grad_norm) for r in res]))
+    if not all(math.isfinite(x) for x in losses):
+        raise Failed(f"bf16 losses not finite: {losses}")
+    ctx.need_cuda("fp16 with a GradScaler is CUDA-only in gpt1 (resolve_precision refuses fp16 on CPU); "
+                  "the bf16 updates ran")
+    fp16 = trainer(ctx, build(ctx), precision="fp16")
+    scales = [fp16.scaler.get_scale()]
+    res16 = []
+    for i, d in enumerate(data):
+        res16.append(fp16.step(i, [d]))
+        scales.append(fp16.scaler.get_scale())
+    losses16 = [float(r.loss) for r in res16]
+    norms16 = [float(r.grad_norm) for r in res16]
+    skipped = sum(not math.isfinite(g) for g in norms16)
+    ctx.record(fp16_losses=finite(losses16), fp16_grad_norms=finite(norms16), fp16_scales=scales,
+               fp16_skipped_updates=skipped)
+    if not all(math.isfinite(x) for x in losses16):
+        raise Failed(f"fp16 losses not finite: {losses16}")
+    if skipped == len(norms16):
+        raise Failed(f"every fp16 update was skipped by the GradScaler (scales {scales})")
+    return f"bf16 loss {losses[-1]:.3f}; fp16 loss {losses16[-1]:.3f}, scale {scales[0]:g} → {scales[-1]:g}, " \
+           f"{skipped} skipped"
+
+
+@check("lstm_dtype", 90, "the dtype nn.LSTM computes in when the run asks for bf16 (forward hook on its output)")
+def check_lstm_dtype(ctx: Ctx) -> str:
+    import torch
+
+    model = build(ctx, preset=ctx.sizes.lstm_preset)
+    seen: dict[str, str] = {}
+
+    def hook(module, inputs, output) -> None:
+        seen.setdefault("input", str(inputs[0].dtype))
+        seen.setdefault("output", str(output[0].dtype))
+        seen.setdefault("hidden_state", str(output[1][0].dtype))
+
+    handle = model.lstm.register_forward_hook(hook)
+    tr = trainer(ctx, model, precision="bf16")
+    data = batches(ctx, 2, ctx.sizes.batch, ctx.sizes.seq)
+    sync(ctx)
+    t0 = time.perf_counter()
+    res = tr.step(0, [data[0]])
+    sync(ctx)
+    handle.remove()
+    ctx.record(asked="bf16", lstm_input=seen.get("input"), lstm_output=seen.get("output"),
+               lstm_state=seen.get("hidden_state"), weights=str(model.lstm.weight_ih_l0.dtype),
+               cudnn=bool(ctx.cuda and torch.backends.cudnn.is_available()), loss=float(res.loss),
+               step_s=round(time.perf_counter() - t0, 3))
+    if not math.isfinite(float(res.loss)):
+        raise Failed(f"the LSTM's bf16 loss is {float(res.loss)}")
+    return f"asked bf16: nn.LSTM got {seen.get('input')}, computed {seen.get('output')}"
+
+
+@check("kv_cache_parity", 120, "generation and scoring with the KV cache against without, fp32 and bf16")
+def check_kv_cache_parity(ctx: Ctx) -> str:
+    from gptcli.runtime import autocast
+
+    model = build(ctx).eval()
+    tol = {"fp32": 2e-3, "bf16": 6e-2}  # logits relative to their largest magnitude; log-probabilities per token
+    out: dict[str, Any] = {}
+    for precision in ("fp32", "bf16"):
+        with autocast(ctx.device, precision):  # type: ignore[arg-type]
+            out[precision] = {**logit_parity(ctx, model), **generate_parity(ctx, model)}
+        out[precision].update(scoring_parity(ctx, model, precision))
+        ctx.record(**out, tolerance=tol)
+    bad = [f"{p} {k} {v[k]:.2e}" for p, v in out.items() for k in ("logits_rel_diff", "score_diff_per_token")
+           if v[k] > tol[p]]
+    if bad:
+        raise Failed(f"cached and uncached paths disagree beyond the tolerance: {', '.join(bad)}")
+    return ", ".join(f"{p}: logits {v['logits_rel_diff']:.1e}, scores {v['score_diff_per_token']:.1e}/token, "
+                     f"greedy tokens {'equal' if v['greedy_equal'] else 'differ'}" for p, v in out.items())
+
+
+def logit_parity(ctx: Ctx, model) -> dict[str, Any]:
+    """Logits at every new position, decoded one token at a time with the cache against one full forward pass."""
+    import torch
+
+    from gptcli.model.build import new_cache
+
+    prompt, steps = 16, 24
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt + steps), generator=torch.Generator().manual_seed(1))
+    ids = ids.to(ctx.device)
+    with torch.no_grad():
+        dtype = torch.get_autocast_dtype(ctx.device.type) if torch.is_autocast_enabled(ctx.device.type) else None
+        cache = new_cache(model, 1, device=ctx.device, dtype=dtype or torch.float32, length=prompt + steps)
+        cached = [model.lm_logits(model(ids[:, :prompt], cache)[:, -1:])]
+        for i in range(prompt, prompt + steps - 1):
+            cached.append(model.lm_logits(model(ids[:, i:i + 1], cache)))
+        full = model.lm_logits(model(ids))[:, prompt - 1:prompt + steps - 1]
+    c = torch.cat(cached, dim=1).float()
+    f = full.float()
+    return {"logits_rel_diff": float((c - f).abs().max() / f.abs().max()), "positions": steps}
+
+
+def generate_parity(ctx: Ctx, model) -> dict[str, Any]:
+    from gptcli.model.generate import SamplingConfig, generate
+
+    prompt = list(range(1, 17))
+    runs = {use: generate(model, prompt, SamplingConfig(max_new_tokens=24, greedy=True, use_cache=use))
+            for use in (True, False)}
+    first = next((i for i, (a, b) in enumerate(zip(runs[True], runs[False])) if a != b), None)
+    # Random weights give near-tied logits, so a greedy token may flip on a rounding difference; the logits above
+    # are the test, this is a figure.
+    return {"greedy_equal": runs[True] == runs[False], "greedy_first_difference": first}
+
+
+def scoring_parity(ctx: Ctx, model, precision: str) -> dict[str, Any]:
+    """score() through its cached path (a shared 80-token context) against the same requests as plain rows."""
+    import torch
+
+    from gptcli.eval.scoring import Request, score
+
+    g = torch.Generator().manual_seed(2)
+    vocab = model.config.vocab_size
+    context = torch.randint(0, vocab, (80,), generator=g).tolist()
+    reqs = [Request.of(context, torch.randint(0, vocab, (5,), generator=g).tolist()) for _ in range(4)]
+    cached = score(model, reqs, precision=precision, cache_min_context=8)  # type: ignore[arg-type]
+    plain = score(model, reqs, precision=precision, cache_min_context=10**9)  # type: ignore[arg-type]
+    diff = max(abs(a.logprob - b.logprob) / max(a.count, 1) for a, b in zip(cached, plain))
+    return {"score_diff_per_token": diff, "scores_cached": [round(s.logprob, 4) for s in cached],
+            "scores_plain": [round(s.logprob, 4) for s in plain]}
+
+
+@check("host_syncs", 120, "host-device synchronisations per training update (torch.cuda.set_sync_debug_mode)")
+def check_host_syncs(ctx: Ctx) -> str:
+    import warnings
+
+    import numpy as np
+    import torch
+
+    from gptcli.data.windows import WindowSampler
+    from gptcli.train.trainer import split_micro_batches
+
+    b, t = ctx.sizes.batch, ctx.sizes.seq
+    tr = trainer(ctx, build(ctx))
+    arrays = [np.random.default_rng(0).integers(0, ctx.sizes.vocab, 64 * (t + 1)).astype(np.uint16)]
+    sampler = WindowSampler(arrays, t, b, seed=0)
+
+    def update(step: int) -> None:  # what pretrain's _update does: sample, pin, copy, step
+        batch = sampler.next_batch()
+        if ctx.cuda:
+            batch = batch.pin_memory().to(ctx.device, non_blocking=True)
+        tr.step(step, split_micro_batches(batch, b))
+
+    update(0)  # warm-up outside the count
+    sync(ctx)
+    n = ctx.sizes.updates
+    where: dict[str, int] = {}
+    # A sync on the Python thread (forward, Trainer, optimizer) becomes a Python warning; one on autograd's device
+    # thread (the backward pass) has no Python frame and is printed by c10 on stderr: both are counted.
+    with warnings.catch_warnings(record=True) as caught, captured_stderr() as err:
+        warnings.simplefilter("always")
+        if ctx.cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            for i in range(1, n + 1):
+                update(i)
+            sync(ctx)
+        finally:
+            if ctx.cuda:
+                torch.cuda.set_sync_debug_mode("default")
+    printed = [ln for ln in err.text.splitlines() if "synchroniz" in ln.lower()]
+    syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    for w in syncs:
+        key = f"{Path(w.filename).name}:{w.lineno}"
+        where[key] = where.get(key, 0) + 1
+    total = len(syncs) + len(printed)
+    ctx.record(updates=n, sync_warnings=len(syncs), printed_sync_warnings=len(printed), per_update=total / n,
+               where=where, messages=sorted({str(w.message).splitlines()[0][:200] for w in syncs}),
+               printed=sorted(set(ln[:200] for ln in printed))[:10])
+    ctx.need_cuda("set_sync_debug_mode only watches CUDA; the updates ran")
+    return f"{total / n:g} syncs per update at {', '.join(f'{k} ×{v / n:g}' for k, v in where.items()) or '-'}" + \
+        (f" + {len(printed) / n:g} in the backward pass" if printed else "")
+
+
+class captured_stderr:  # noqa: N801 - used as a context manager
+    """File descriptor 2 into a temporary file for the block (C++ prints included), then back; what it caught is
+    in ``text`` and is also copied to the real stderr (the check's log)."""
+
+    def __enter__(self) -> "captured_stderr":
+        sys.stderr.flush()
+        self.saved = os.dup(2)
+        self.file = tempfile.TemporaryFile()
+        os.dup2(self.file.fileno(), 2)
+        self.text = ""
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        sys.stderr.flush()
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        self.file.seek(0)
+        self.text = self.file.read().decode("utf-8", errors="replace")
+        self.file.close()
+        sys.stderr.write(self.text)
+
+
+# --- real text -----------------------------------------------------------------------------------------------------
+
+
+def corpus_paths(ctx: Ctx) -> tuple[Path, Path]:
+    """The prepared corpus and the CoLA-format task folder written by the ``corpus`` check (Skipped without)."""
+    corpus, task = ctx.work / "corpus", ctx.work / "task"
+    if not (corpus / "manifest.json").is_file() or not (task / "train.tsv").is_file():
+        raise Skipped("needs the corpus check's real-text corpus, which did not finish")
+    return corpus, task
+
+
+@check("corpus", 240, "real text: stdlib docstrings → `gpt1 prepare` corpus + a CoLA-format task (as quickstart)")
+def check_corpus(ctx: Ctx) -> str:
+    from gptcli.pipelines.quickstart import QuickstartConfig, hold_out, stdlib_documents, task_splits
+    from gptcli.tasks import shuffled
+
+    # The quickstart's offline text: this Python's standard-library docstrings, nothing downloaded. Held-out
+    # modules' prose sentences, as written and word-shuffled, are a CoLA-format task (`--task cola`).
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    if ctx.sizes.text_root and (root / ctx.sizes.text_root).is_dir():
+        root = root / ctx.sizes.text_root
+    docs = stdlib_documents(root, max_modules=ctx.sizes.modules)
+    train_docs, held_docs = hold_out(docs, 0.3, seed=0)
+    text = ctx.work / "text.jsonl"
+    with open(text, "w", encoding="utf-8") as f:
+        for module, body in train_docs:
+            f.write(json.dumps({"module": module, "text": body}) + "\n")
+    _, splits = task_splits(train_docs, held_docs, QuickstartConfig())
+    shuffled.write_task_files(splits, ctx.work / "task")
+    ctx.record(text=str(root), modules=len(docs), characters=sum(len(t) for _, t in train_docs),
+               task_examples={k: len(v) for k, v in splits.items()})
+    ctx.cli("prepare", str(text), "--out", str(ctx.work / "corpus"), "--vocab-size", str(ctx.sizes.corpus_vocab),
+            "--val-fraction", "0.05", "--workers", "1" if ctx.dry else "0", timeout=220)
+    from gptcli.data.shards import open_corpus
+
+    manifest = json.loads((ctx.work / "corpus" / "manifest.json").read_text(encoding="utf-8"))
+    tokens = {k: v.get("tokens") for k, v in manifest.get("splits", {}).items()}
+    vocab = open_corpus(ctx.work / "corpus").tokenizer.vocab_size
+    ctx.record(tokens=tokens, vocab_size=vocab)
+    return f"{len(train_docs)} modules → {tokens.get('train'):,} training tokens, vocabulary {vocab}"
+
+
+def pretrain_args(ctx: Ctx, corpus: Path, out: Path, steps: int, *extra: str) -> list[str]:
+    s = ctx.sizes
+    return ["pretrain", "--data", str(corpus), "--out", str(out), "--preset", s.pt_preset, "--seq-len", str(s.pt_seq),
+            "--batch-size", str(s.pt_batch), "--max-steps", str(steps), "--log-every", "1", "--eval-every", "0",
+            "--eval-batches", "1", "--save-every", "0", "--keep-last", "2", "--no-verify", "--quiet",
+            "--device", "cuda" if ctx.cuda else "cpu", *extra]
+
+
+def train_records(run: Path) -> dict[int, dict[str, Any]]:
+    lines = (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    recs = [json.loads(x) for x in lines if x.strip()]
+    return {r["step"]: r for r in recs if r.get("kind") == "train"}
+
+
+@check("launched_vs_inprocess", 180, "`gpt1 pretrain --gpus 1` (launcher, NCCL, DDP) against an in-process "
+       "Trainer step on real text: losses and gradient norms")
+def check_launched(ctx: Ctx) -> str:
+    corpus, _ = corpus_paths(ctx)
+    steps = 3
+    launch = ["--gpus", "1"] if ctx.cuda else ["--procs", "1"]
+    # fp32 (TF32 matmuls on the GPU) and no dropout: both sides then compute the same function.
+    run = ctx.work / "launched"
+    ctx.cli(*pretrain_args(ctx, corpus, run, steps, "--precision", "fp32", "--dropout", "0", "--warmup-steps", "2",
+                           *launch), timeout=170)
+    launched = train_records(run)
+    mine = inprocess_updates(ctx, corpus, steps)
+    rows = [{"step": s, "loss": launched[s]["loss"], "loss_inprocess": mine[s - 1][0],
+             "grad_norm": launched[s]["grad_norm"], "grad_norm_inprocess": mine[s - 1][1]} for s in range(1, steps + 1)]
+    worst_loss = max(rel(r["loss"], r["loss_inprocess"]) for r in rows)
+    worst_norm = max(rel(r["grad_norm"], r["grad_norm_inprocess"]) for r in rows)
+    tol = {"loss": 1e-4, "grad_norm": 1e-3}
+    ctx.record(path=" ".join(launch), updates=rows, max_rel_loss=worst_loss, max_rel_grad_norm=worst_norm,
+               tolerance=tol)
+    if worst_loss > tol["loss"] or worst_norm > tol["grad_norm"]:
+        raise Failed(f"launched and in-process updates differ: loss {worst_loss:.2e}, grad norm {worst_norm:.2e}")
+    return f"{' '.join(launch)} vs in-process, {steps} updates: loss {worst_loss:.1e}, grad norm {worst_norm:.1e}"
+
+
+def inprocess_updates(ctx: Ctx, corpus: Path, steps: int) -> list[tuple[float, float]]:
+    """(loss, grad norm) of the first updates as pretrain() computes them, assembled from the library's parts."""
+    import torch
+
+    from gptcli.data.shards import open_corpus
+    from gptcli.data.windows import WindowSampler
+    from gptcli.model.build import build_model
+    from gptcli.runtime import configure_backends
+    from gptcli.train.optim import lr_at, make_optimizer
+    from gptcli.train.pretrain import PretrainConfig, build_model_config, lm_loss, plan_steps
+    from gptcli.train.trainer import Trainer, split_micro_batches
+
+    s = ctx.sizes
+    cfg = PretrainConfig(data=corpus, preset=s.pt_preset, seq_len=s.pt_seq, batch_size=s.pt_batch, max_steps=steps,
+                         warmup_steps=2, precision="fp32",
+                         model={"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0})
+    configure_backends(ctx.device)
+    data = open_corpus(corpus)
+    mcfg = build_model_config(cfg, data.tokenizer.vocab_size)
+    sampler = WindowSampler(data.arrays("train"), cfg.seq_len, cfg.batch_size, cfg.seed)
+    total = plan_steps(cfg, sampler.steps_per_epoch)
+    torch.manual_seed(cfg.seed)
+    model = build_model(mcfg).to(ctx.device)
+    opt = make_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), cfg.eps, cfg.decay)
+    tr = Trainer(model, opt, lm_loss, lambda i: lr_at(i, total, cfg.lr, cfg.warmup_steps, cfg.schedule),
+                 device=ctx.device, precision="fp32", grad_clip=cfg.grad_clip)
+    out = []
+    for i in range(steps):
+        res = tr.step(i, split_micro_batches(sampler.next_batch().to(ctx.device), cfg.batch_size))
+        out.append((float(res.loss), float(res.grad_norm)))
+    return out
+
+
+@check("resume", 240, "checkpoint → resume: next losses equal to an uninterrupted run; CUDA RNG state restored; "
+       "the fused optimizer's step tensor on the parameters' device")
+def check_resume(ctx: Ctx) -> str:
+    corpus, _ = corpus_paths(ctx)
+    total, stop = 6, 3
+    # Dropout on (the CUDA RNG must be restored for the masks to repeat); a constant schedule after warm-up, so that
+    # a run of 3 updates and one of 6 share their first learning rates.
+    common = ("--precision", "fp32", "--schedule", "constant", "--warmup-steps", "2",
+              "--n-layer", str(ctx.sizes.resume_layers))
+    whole, parts = ctx.work / "resume-whole", ctx.work / "resume-parts"
+    ctx.cli(*pretrain_args(ctx, corpus, whole, total, *common), timeout=120)
+    ctx.cli(*pretrain_args(ctx, corpus, parts, stop, *common), timeout=120)
+    ctx.cli(*pretrain_args(ctx, corpus, parts, total, *common, "--resume"), timeout=120)
+    a, b = train_records(whole), train_records(parts)
+    rows = [{"step": s, "uninterrupted": a[s]["loss"], "resumed": b[s]["loss"]} for s in range(1, total + 1)]
+    noise = max(rel(b[s]["loss"], a[s]["loss"]) for s in range(1, stop + 1))  # the same updates, run twice
+    after = max(rel(b[s]["loss"], a[s]["loss"]) for s in range(stop + 1, total + 1))
+    ctx.record(n_layer=ctx.sizes.resume_layers, losses=rows, rel_diff_before_stop=noise, rel_diff_after_resume=after,
+               tolerance=1e-4)
+    state = restored_state(ctx, parts / "checkpoints" / f"step-{stop:07d}")
+    ctx.record(**state)
+    if after > 1e-4:
+        raise Failed(f"resumed losses differ from the uninterrupted run by {after:.2e} (before the stop: {noise:.2e})")
+    ctx.need_cuda("CUDA RNG state and the fused step tensor's device only exist on CUDA; CPU losses matched")
+    if not state["cuda_rng_saved"] or not state["cuda_rng_restored"]:
+        raise Failed("the checkpoint's CUDA RNG state was not saved or not restored")
+    if state["step_tensor_devices"] != [state["param_device"]]:
+        raise Failed(f"restored step tensors on {state['step_tensor_devices']}, params on {state['param_device']}")
+    return f"after resume: {after:.1e} (run-to-run before the stop {noise:.1e}); CUDA RNG restored; step on " \
+           f"{state['param_device']}"
+
+
+def restored_state(ctx: Ctx, path: Path) -> dict[str, Any]:
+    """Restore a checkpoint's optimizer and RNG state into a fresh model here and look at what came back."""
+    import torch
+
+    from gptcli import checkpoint as ckpt
+    from gptcli.train.optim import make_optimizer
+
+    saved = ckpt.load_checkpoint(path, map_location=ctx.device, load_tokenizer=False, verify=False)
+    model = saved.model.to(ctx.device)
+    opt = make_optimizer(model, 2.5e-4)
+    doc, tensors = ckpt.read_training_state(path, verify=False)
+    cuda_saved = "rng.torch_cuda.0" in tensors
+    if ctx.cuda:
+        torch.cuda.manual_seed_all(12345)  # something else, so that equality below means "restored"
+    ckpt.restore_training_state(doc, tensors, opt)
+    restored = bool(ctx.cuda and cuda_saved and torch.equal(torch.cuda.get_rng_state(0), tensors["rng.torch_cuda.0"]))
+    steps = sorted({str(s["step"].device) for s in opt.state.values() if "step" in s})
+    return {"cuda_rng_saved": cuda_saved, "cuda_rng_restored": restored, "optimizer_fused": opt.defaults.get("fused"),
+            "step_tensor_devices": steps, "param_device": str(next(model.parameters()).device)}
+
+
+@check("finetune_eval_zeroshot", 240, "`gpt1 pretrain` (tiny) → `finetune --task cola` → `eval` → `zeroshot` on "
+       "the real-text CoLA-format task")
+def check_finetune_eval_zeroshot(ctx: Ctx) -> str:
+    corpus, task = corpus_paths(ctx)
+    device = "cuda" if ctx.cuda else "cpu"
+    steps = 4 if ctx.dry else 30
+    pre, ft, ev, zs = (ctx.work / f"e2e-{n}" for n in ("pretrain", "finetune", "eval", "zeroshot"))
+    seconds: dict[str, float] = {}
+
+    def timed(name: str, *args: str) -> None:
+        t0 = time.perf_counter()
+        ctx.cli(*args, timeout=200)
+        seconds[name] = round(time.perf_counter() - t0, 1)
+        ctx.record(seconds=seconds)
+
+    timed("pretrain", "pretrain", "--data", str(corpus), "--out", str(pre), "--preset", "tiny", "--seq-len", "64",
+          "--batch-size", "8", "--max-steps", str(steps), "--warmup-steps", "2", "--lr", "1e-3", "--eval-every", "0",
+          "--eval-batches", "2", "--no-verify", "--quiet", "--device", device)
+    limit = ["--max-train-examples", "16", "--max-eval-examples", "8"] if ctx.dry else \
+        ["--max-train-examples", "256", "--max-eval-examples", "64"]
+    timed("finetune", "finetune", "--task", "cola", "--init", str(pre), "--out", str(ft), "--data-dir", str(task),
+          "--epochs", "1", "--batch-size", "8", "--lr", "5e-4", *limit, "--device", device, "--quiet")
+    timed("eval", "eval", "--checkpoint", str(ft), "--task", "cola", "--split", "dev", "--data-dir", str(task),
+          "--out", str(ev), "--max-examples", "8" if ctx.dry else "64", "--device", device, "--precision", "auto")
+    timed("zeroshot", "zeroshot", "--task", "cola", "--checkpoint", str(pre), "--data-dir", str(task), "--split", "dev",
+          "--limit", "8" if ctx.dry else "64", "--out", str(zs), "--device", device)
+    scores = {"finetune_dev": read_scores(ft / "results.json"), "eval_dev": read_scores(ev / "results.json"),
+              "zeroshot_dev": read_scores(zs / "results.json")}
+    ctx.record(scores=scores)
+    return f"all four commands ran on {device} ({sum(seconds.values()):.0f} s)"
+
+
+def read_scores(path: Path) -> Any:
+    """The numbers of a results.json (whatever its layout), or None when it is missing."""
+    if not path.is_file():
+        return None
+    doc = json.loads(path.read_text(encoding="utf-8"))
+
+    def numbers(x: Any, depth: int = 0) -> Any:
+        if isinstance(x, dict) and depth < 4:
+            kept = {k: numbers(v, depth + 1) for k, v in x.items() if k not in ("predictions", "config", "history")}
+            return {k: v for k, v in kept.items() if v not in (None, {}, [])}
+        return finite(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+    return numbers(doc)
+
+
+# --- compile and throughput ----------------------------------------------------------------------------------------
+
+
+def dynamo_counts() -> dict[str, Any]:
+    from torch._dynamo.utils import counters
+
+    breaks = counters.get("graph_break", {})
+    return {"unique_graphs": int(counters["stats"].get("unique_graphs", 0)), "graph_breaks": int(sum(breaks.values())),
+            "break_reasons": [str(r).splitlines()[0][:200] for r in breaks]}
+
+
+@check("compile_loss", 240, "torch.compile of lm_loss: graph breaks and recompiles (torch._dynamo), loss and "
+       "gradient norm against eager")
+def check_compile_loss(ctx: Ctx) -> str:
+    import torch
+    import torch._dynamo
+
+    from gptcli.runtime import autocast
+    from gptcli.train.pretrain import lm_loss
+
+    b, t = ctx.sizes.batch, ctx.sizes.seq
+    data = batches(ctx, ctx.sizes.updates, b, t)
+    # The preset's widths with fewer blocks: every block is the same code, so breaks and recompiles show in two as
+    # in twelve, at a sixth of the compile time (the throughput checks compile all twelve, and count again).
+    layers = {"n_layer": ctx.sizes.compile_layers}
+    # The training configuration (dropout 0.1) through explain: graph count and every break with its reason.
+    model = build(ctx, **layers).train()
+    with autocast(ctx.device, ctx.precision):  # type: ignore[arg-type]
+        ex = torch._dynamo.explain(lm_loss)(model, data[0])
+    ctx.record(n_layer=ctx.sizes.compile_layers, batch=b, seq=t,
+               explain={"graphs": ex.graph_count, "graph_breaks": ex.graph_break_count,
+                        "break_reasons": [str(r.reason).splitlines()[0][:200] for r in ex.break_reasons]})
+    torch._dynamo.reset()
+    from torch._dynamo.utils import counters
+
+    counters.clear()  # what follows counts the compiled training updates alone
+    del model
+    # Equality needs the same function on both sides: no dropout (compiled dropout draws other masks).
+    no_dropout = {**layers, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
+    eager, compiled = (trainer(ctx, build(ctx, **no_dropout), loss_fn=fn)
+                       for fn in (lm_loss, torch.compile(lm_loss, backend=ctx.sizes.compile_backend)))
+    rows, counts = [], []
+    for i, d in enumerate(data):
+        e = eager.step(i, [d])
+        t0 = time.perf_counter()
+        c = compiled.step(i, [d])
+        sync(ctx)
+        rows.append({"loss_eager": float(e.loss), "loss_compiled": float(c.loss), "grad_norm_eager": float(e.grad_norm),
+                     "grad_norm_compiled": float(c.grad_norm), "compiled_step_s": round(time.perf_counter() - t0, 2)})
+        counts.append(dynamo_counts())
+        ctx.record(updates=rows, dynamo=counts[-1])
+    # The first update starts from the same weights: loss and gradient norm must agree to the tolerance. Later
+    # ones drift apart as the two sides' rounding differences enter the weights: a figure, within 5× the tolerance.
+    tol = {"fp32": 1e-4, "bf16": 1e-2}[ctx.precision]
+    first = max(rel(rows[0]["loss_compiled"], rows[0]["loss_eager"]),
+                rel(rows[0]["grad_norm_compiled"], rows[0]["grad_norm_eager"]))
+    later = max(rel(r["loss_compiled"], r["loss_eager"]) for r in rows)
+    recompiles = counts[-1]["unique_graphs"] - counts[0]["unique_graphs"]
+    ctx.record(backend=ctx.sizes.compile_backend, precision=ctx.precision, first_update_rel_diff=first,
+               max_rel_loss_diff=later, tolerance=tol, recompiles_after_first_update=recompiles)
+    breaks = max(ex.graph_break_count, counts[-1]["graph_breaks"])
+    if first > tol or later > 5 * tol:
+        raise Failed(f"compiled vs eager differ: first update {first:.2e}, losses {later:.2e} (tolerance {tol:g})")
+    # On CPU gptcli's own dropout (model/dropout.py, keep_mask: random_ and nonzero) is what breaks the graph; the
+    # GPU takes F.dropout, so only there do breaks and recompiles say something about `--compile` in training.
+    ctx.need_cuda(f"compiled with {ctx.sizes.compile_backend} on CPU, where gptcli's CPU dropout breaks the graph "
+                  f"{breaks} times; the GPU takes F.dropout and inductor (compiled and eager agreed to {first:.1e})")
+    problems = []
+    if breaks:
+        problems.append(f"{breaks} graph break(s): {ctx.figures['explain']['break_reasons'][:3]}")
+    if recompiles:
+        problems.append(f"{recompiles} recompile(s) after the first update")
+    if problems:
+        raise Failed("; ".join(problems))
+    return f"{ex.graph_count} graph, no breaks, no recompiles; compiled vs eager {first:.1e} (tolerance {tol:g}); " \
+           f"first update {rows[0]['compiled_step_s']} s"
+
+
+def throughput(ctx: Ctx, size: int, compiled: bool) -> str:
+    """tokens/s, MFU and peak memory of the run's preset (dropout as in training) at one of the two sizes."""
+    import torch
+
+    from gptcli.runtime import gpu_peak_flops
+    from gptcli.train.pretrain import lm_loss
+
+    b, t = ctx.sizes.throughput[size]
+    s = ctx.sizes
+    if ctx.cuda:
+        torch.cuda.reset_peak_memory_stats()
+    # On CPU gptcli's own dropout breaks the compiled graph at every use (compile_loss says so), which would make
+    # the dry run's trace minutes long: the dry run measures nothing, so it runs without dropout.
+    model = build(ctx, **({} if ctx.cuda else {"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}))
+    loss_fn = torch.compile(lm_loss, backend=s.throughput_backend) if compiled else lm_loss
+    tr = trainer(ctx, model, loss_fn=loss_fn)
+    data = batches(ctx, 4, b, t)
+    ctx.record(batch=b, seq=t, precision=ctx.precision, compiled=compiled,
+               backend=s.throughput_backend if compiled else None,
+               scope="one process, no DDP: a data-parallel run adds DDP's gradient buckets (about one more fp32 copy "
+                     "of the gradients, 0.47 GB for gpt1) and the all-reduce")
+    t0 = time.perf_counter()
+    for i in range(s.warm_steps):  # compilation, autotuning and the allocator's first growth
+        tr.step(i, [data[i % 4]])
+    sync(ctx)
+    ctx.record(warmup_s=round(time.perf_counter() - t0, 2), warmup_steps=s.warm_steps)
+    t0 = time.perf_counter()
+    for i in range(s.timed_steps):
+        res = tr.step(s.warm_steps + i, [data[i % 4]])
+    sync(ctx)
+    dt = time.perf_counter() - t0
+    tps = s.timed_steps * b * t / dt
+    peak = gpu_peak_flops(ctx.device, ctx.precision) if ctx.cuda else None  # type: ignore[arg-type]
+    mfu = tps * model.flops_per_token(t) / peak if peak else None
+    mem = torch.cuda.max_memory_allocated() / 2**30 if ctx.cuda else None
+    ctx.record(tokens_per_s=round(tps, 1), step_ms=round(1000 * dt / s.timed_steps, 2), mfu=mfu,
+               peak_flops=peak, max_memory_allocated_gib=mem, timed_steps=s.timed_steps, last_loss=float(res.loss),
+               **({"dynamo": dynamo_counts()} if compiled else {}))
+    if not math.isfinite(float(res.loss)):
+        raise Failed(f"loss became {float(res.loss)}")
+    ctx.need_cuda("tokens/s, MFU and GPU memory only mean something on the GPU (the loop ran)")
+    return f"{tps:,.0f} tokens/s, MFU {'n/a' if mfu is None else f'{100 * mfu:.1f}%'}, peak {mem:.1f} GiB"
+
+
+for _size, _label in enumerate(("8x512", "32x512")):
+    for _compiled in (False, True):
+        check(f"throughput_{_label}_{'compile' if _compiled else 'eager'}", 240 if _compiled else 90,
+              f"gpt1 preset bf16 at {_label.replace('x', '×')} per GPU, {'--compile' if _compiled else 'eager'}: "
+              "tokens/s, MFU, torch.cuda.max_memory_allocated")(
+            lambda ctx, _s=_size, _c=_compiled: throughput(ctx, _s, _c))
+
+
+# --- running checks in their own processes -------------------------------------------------------------------------
+
+
+def run_check(name: str, dry: bool, work: str, result_path: str | None) -> dict[str, Any]:
+    """Run one check here; returns (and writes to ``result_path``) its status, figures, note and error."""
+    chk = next(c for c in CHECKS if c.name == name)
+    path = Path(result_path) if result_path else None
+    t0 = time.perf_counter()
+    ctx = None
+    result: dict[str, Any]
+    try:
+        ctx = Ctx(dry, Path(work), path)
+        note = chk.fn(ctx)
+        result = {"status": "ok", "note": note}
+    except Skipped as e:
+        result = {"status": "skipped", "reason": str(e)}
+    except Failed as e:
+        result = {"status": "fail", "error": str(e).splitlines()[-30:]}
+    except BaseException as e:  # noqa: BLE001 - anything a check raises is its result, not the runner's end
+        result = {"status": "fail", "error": traceback.format_exc().splitlines()[-25:],
+                  "exception": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+    result.update(figures=finite(ctx.figures if ctx else {}), seconds=round(time.perf_counter() - t0, 2))
+    if path is not None:
+        write_json_atomic(path, result)
+    return result
+
+
+def _child(name: str, dry: bool, work: str, result_path: str, log_path: str, timeout: float) -> None:
+    """Body of a check's process: its own session and log; a crash or a hang leaves its Python stack there."""
+    import faulthandler
+
+    os.setsid()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    faulthandler.enable()  # a segfault (a CUDA driver crash) writes where it happened
+    if timeout > 5:
+        faulthandler.dump_traceback_later(timeout - 3)  # where a hang hangs, just before the runner kills it
+    run_check(name, dry, work, result_path)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no interpreter teardown: a check's leftover threads (NCCL, compile workers) cannot hang it
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (by parent pid), found while they still hang together; a launched
+    worker runs in a session of its own, so the process group alone would miss it."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    for p in descendants(pid):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class Interrupted(Exception):
+    """SIGTERM or SIGINT reached the runner: record the check that was running, stop its tree, stop."""
+
+
+class Runner:
+    """Starts each check in its own process, enforces the timeouts, and keeps the JSON record current."""
+
+    def __init__(self, args: argparse.Namespace, work: Path, out: Path, logs: Path | None = None) -> None:
+        self.args = args
+        self.work = work
+        self.out = out
+        self.logs = logs or work / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + args.deadline
+        self.mp = None if args.fresh_processes else forkserver()
+        self.current: int | None = None
+        """The pid of the running check's process."""
+        self.record: dict[str, Any] = {
+            "tool": "benchmarks/gpu_check.py", "format": 1, "mode": "dry-run" if args.dry_run else "gpu",
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "deadline_s": args.deadline,
+            "sizes": asdict(DRY if args.dry_run else REAL), "logs": str(self.logs), "env": None, "checks": [],
+            "not_testable_here": NOT_TESTABLE, "summary": {}, "finished": False, "total_s": 0.0,
+        }
+        self.save()
+
+    def save(self) -> None:
+        self.record["total_s"] = round(time.monotonic() - self.t0, 1)
+        self.record["summary"] = {s: sum(c["status"] == s for c in self.record["checks"]) for s in STATUSES}
+        write_json_atomic(self.out, self.record)
+
+    def run(self, chk: Check) -> dict[str, Any]:
+        """Run one check and record it, whatever happens to it (an interruption is recorded, then re-raised)."""
+        left = self.deadline - time.monotonic()
+        t0 = time.monotonic()
+        stop = None
+        if left < 5:
+            res: dict[str, Any] = {"status": "skipped", "reason": f"the global deadline ({self.args.deadline:.0f} s) "
+                                   "was reached before this check could start", "figures": {}}
+        else:
+            try:
+                res = self.run_process(chk, min(chk.timeout_s * self.args.timeout_scale, left))
+            except Interrupted as e:
+                stop = e
+                res = self.stopped(chk, f"the run was interrupted ({e}) while this check ran")
+            except Exception:  # noqa: BLE001 - e.g. the process could not start: still a record, and on to the next
+                res = self.stopped(chk, "the runner could not run this check:", traceback.format_exc())
+        res.setdefault("seconds", round(time.monotonic() - t0, 2))
+        entry = {"name": chk.name, "what": chk.what, **res}
+        self.record["checks"].append(entry)
+        if chk.name == "env":
+            self.record["env"] = res.get("figures")
+        self.save()
+        if stop is not None:
+            raise stop
+        return entry
+
+    def stopped(self, chk: Check, why: str, detail: str = "") -> dict[str, Any]:
+        if self.current is not None:
+            kill_tree(self.current)
+        paths = self.paths(chk)
+        log = tail(detail or read_text(paths[1]), 20).splitlines()
+        return {"status": "timeout" if "interrupted" in why else "fail",
+                "figures": read_result(paths[0]).get("figures", {}), "error": [why, *log]}
+
+    def paths(self, chk: Check) -> tuple[Path, Path]:
+        return self.logs / f"{chk.name}.json", self.logs / f"{chk.name}.log"
+
+    def run_process(self, chk: Check, timeout: float) -> dict[str, Any]:
+        result_path, log_path = self.paths(chk)
+        result_path.unlink(missing_ok=True)
+        t0 = time.monotonic()
+        pid, wait = self.start(chk, result_path, log_path, timeout)
+        self.current = pid
+        code = wait(timeout)
+        timed_out = code is None
+        kill_tree(pid)  # a timeout's whole tree; after a normal end, whatever it left behind
+        if timed_out:
+            wait(10)
+        self.current = None
+        res = read_result(result_path)
+        seconds = round(time.monotonic() - t0, 2)
+        if timed_out:
+            return {"status": "timeout", "figures": res.get("figures", {}), "seconds": seconds,
+                    "error": [f"killed after {timeout:.0f} s"] + tail(read_text(log_path), 20).splitlines()}
+        if res.get("status") in ("ok", "fail", "skipped"):
+            return {**res, "seconds": seconds}
+        why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        return {"status": "fail", "figures": res.get("figures", {}), "seconds": seconds,
+                "error": [f"the check's process died ({why}) before reporting",
+                          *tail(read_text(log_path), 25).splitlines()]}
+
+    def start(self, chk: Check, result_path: Path, log_path: Path, timeout: float) -> tuple[int, Callable]:
+        """Start the check's process; returns its pid and ``wait(seconds) -> exit code or None (still running)``."""
+        if self.mp is not None:
+            proc = self.mp.Process(target=_child, name=f"gpu_check-{chk.name}",
+                                   args=(chk.name, self.args.dry_run, str(self.work), str(result_path), str(log_path),
+                                         timeout))
+            proc.start()
+            assert proc.pid is not None
+            return proc.pid, lambda s: (proc.join(s), proc.exitcode)[1]
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen([sys.executable, __file__, "--child", chk.name, "--work", str(self.work),
+                                      "--result", str(result_path), *(["--dry-run"] if self.args.dry_run else [])],
+                                     stdout=log, stderr=log, start_new_session=True)
+        return popen.pid, lambda s: _poll(popen, s)
+
+
+def _poll(popen: subprocess.Popen, seconds: float) -> int | None:
+    try:
+        return popen.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def read_result(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+# What the checks and the commands they run import (a missing one is skipped by the server): the biggest are
+# torch._dynamo (imported by the first model built) and spacy (the text pipeline), seconds each on a slow CPU.
+PRELOAD = ["torch", "torch._dynamo", "torch.profiler", "torch.distributed.elastic.multiprocessing", "spacy", "ftfy",
+           "gptcli.cli", "gptcli.commands.pretrain", "gptcli.commands.finetune", "gptcli.commands.evaluate",
+           "gptcli.commands.zeroshot", "gptcli.commands.prepare", "gptcli.commands.render", "gptcli.train.pretrain",
+           "gptcli.train.finetune", "gptcli.train.distributed", "gptcli.data.prepare", "gptcli.eval.tasks",
+           "gptcli.eval.perplexity", "gptcli.eval.zeroshot", "gptcli.eval.scoring", "gptcli.model.generate",
+           "gptcli.tokenizers.text", "gptcli.interop.hub", "gptcli.pipelines.quickstart"]
+
+
+def forkserver():
+    """A process server that imports torch and gptcli once (never touching CUDA); each check is forked from it,
+    so it starts at once with a CUDA context of its own."""
+    import multiprocessing as mp
+
+    # Checks end with os._exit (nothing may hang in teardown), so semaphores some library made are never
+    # unregistered and the resource tracker would warn of "leaked semaphore objects" at the end. It inherits -W.
+    sys.warnoptions.append("ignore::UserWarning:multiprocessing.resource_tracker")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+NEEDS_CORPUS = {"launched_vs_inprocess", "resume", "finetune_eval_zeroshot"}
+
+
+def select(only: str | None) -> list[Check]:
+    """The checks to run, in their order: all, or those named, with ``env`` always (the record starts with it) and
+    ``corpus`` when a check reads its real-text corpus."""
+    if not only:
+        return list(CHECKS)
+    names = {n.strip() for n in only.split(",") if n.strip()}
+    unknown = sorted(names - {c.name for c in CHECKS})
+    if unknown:
+        sys.exit(f"gpu_check: unknown check(s) {', '.join(unknown)} (--list shows them)")
+    names.add("env")
+    if names & NEEDS_CORPUS:
+        names.add("corpus")
+    return [c for c in CHECKS if c.name in names]
+
+
+def print_line(entry: dict[str, Any]) -> None:
+    detail = entry.get("note") or entry.get("reason") or " | ".join((entry.get("error") or [""])[-2:])
+    print(f"[{entry['status']:^7}] {entry['name']:<28} {entry['seconds']:6.1f} s  {detail}"[:400], flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", default="gpu_check.json", help="the record, rewritten after every check")
+    ap.add_argument("--dry-run", action="store_true", help="every check on CPU at toy sizes (tests the script)")
+    ap.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE_S, help="seconds for all checks together")
+    ap.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every per-check timeout")
+    ap.add_argument("--only", help="comma-separated check names (default: all, in order)")
+    ap.add_argument("--list", action="store_true", help="print the checks and exit")
+    ap.add_argument("--work", help="working folder (default: a fresh temporary one, removed afterwards)")
+    ap.add_argument("--fresh-processes", action="store_true",
+                    help="start each check (and in the dry run each gpt1 command) as a fresh interpreter instead of "
+                         "forking it from one that has imported torch: slower, the GPU run's way of starting commands")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.list:
+        for c in CHECKS:
+            print(f"{c.name:<28} {c.timeout_s:4d} s  {c.what}")
+        return 0
+    if args.dry_run:
+        # The dry run must not see a GPU (nor let gpt1 pick one), and one thread per process keeps small ops from
+        # spin-waiting on a busy machine.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.fresh_processes:
+        os.environ[FRESH_ENV] = "1"
+    if args.child:
+        import faulthandler
+
+        faulthandler.enable()  # a crash leaves its Python stack in the log the runner reads
+        res = run_check(args.child, args.dry_run, args.work or tempfile.mkdtemp(prefix="gpt1-gpucheck-"), args.result)
+        if not args.result:
+            print(json.dumps(res, indent=1))
+        return 0
+    return run_all(args)
+
+
+def run_all(args: argparse.Namespace) -> int:
+    checks = select(args.only)
+    out = Path(args.json).resolve()
+    logs = out.with_name(f"{out.stem}-logs")  # beside the record: what to send back with it
+
+    def interrupt(signum, frame) -> None:  # noqa: ARG001
+        raise Interrupted(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, interrupt)
     with tempfile.TemporaryDirectory(prefix="gpt1-gpucheck-") as tmp:
-        tmpd = Path(tmp)
-        data = make_corpus(tmpd / "corpus", (args.steps + 4) * 64 * 512 + 512)
-        common = ["--data", str(data), "--preset", "gpt1", "--seq-len", "512", "--batch-size", "64",
-                  "--micro-batch-size", str(args.micro_batch_size), "--eval-every", "0", "--eval-batches", "1",
-                  "--save-every", "0", "--keep-last", "1", "--no-verify", "--quiet"]
-
-        # Throughput: plain process first, then --gpus 1 (same settings), bf16 + compile.
-        fast = [*common, "--max-steps", str(args.steps), "--warmup-steps", "10", "--log-every", "5",
-                "--precision", "bf16", "--compile"]
-        for name, extra in (("single", []), ("gpus1", ["--gpus", "1"])):
-            out = tmpd / f"tp-{name}"
-            rc, wall, err = run_pretrain([*fast, "--out", str(out), *extra], args.timeout)
-            if rc != 0:
-                sys.exit(f"gpu_check: {name} throughput run failed (rc {rc}):\n{err[-4000:]}")
-            recs = records(out)[2:]  # the first intervals include compilation
-            tps = statistics.median(r["tokens_per_s"] for r in recs)
-            mfu = statistics.median(r["mfu"] for r in recs if r["mfu"] is not None) if recs[0]["mfu"] else None
-            result[f"throughput_{name}"] = {"tokens_per_s": tps, "mfu": mfu, "wall_s": round(wall, 1)}
-            print(f"{name:7s} bf16+compile gpt1 64×512: {tps:,.0f} tokens/s, MFU "
-                  f"{'n/a' if mfu is None else f'{100 * mfu:.1f}%'} (wall {wall:.0f} s incl. start-up and compile)")
-        ratio = result["throughput_gpus1"]["tokens_per_s"] / result["throughput_single"]["tokens_per_s"]
-        result["throughput_ratio_gpus1_vs_single"] = ratio
-        print(f"--gpus 1 / single process tokens/s: {ratio:.3f}")
-
-        # Equivalence: fp32, no dropout, no compile.
-        exact = [*common, "--max-steps", str(args.equiv_steps), "--warmup-steps", "2", "--log-every", "1",
-                 "--precision", "fp32", "--no-compile", "--dropout", "0"]
-        losses = {}
-        for name, extra in (("single", []), ("gpus1", ["--gpus", "1"])):
-            out = tmpd / f"eq-{name}"
-            rc, _, err = run_pretrain([*exact, "--out", str(out), *extra], args.timeout)
-            if rc != 0:
-                sys.exit(f"gpu_check: {name} equivalence run failed (rc {rc}):\n{err[-4000:]}")
-            losses[name] = {r["step"]: r["loss"] for r in records(out)}
-        worst = max(abs(losses["gpus1"][s] - losses["single"][s]) / abs(losses["single"][s]) for s in losses["single"])
-        ok = sorted(losses["single"]) == sorted(losses["gpus1"]) and worst <= args.tol
-        result["equivalence"] = {"steps": args.equiv_steps, "max_rel_diff": worst, "tol": args.tol, "ok": ok,
-                                 "single": losses["single"], "gpus1": losses["gpus1"]}
-        print(f"equivalence --gpus 1 vs single, fp32, {args.equiv_steps} updates: max relative loss difference "
-              f"{worst:.2e} ({'OK' if ok else 'FAILED'}, tolerance {args.tol:g})")
-
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1), encoding="utf-8")
-    if not ok or not info.get("flash_attention"):
-        sys.exit(1)
+        work = Path(args.work).resolve() if args.work else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        runner = Runner(args, work, out, logs)
+        print(f"gpu_check ({runner.record['mode']}): {len(checks)} checks, deadline {args.deadline:.0f} s, "
+              f"record in {out}, logs in {logs}", flush=True)
+        try:
+            for chk in checks:
+                entry = runner.run(chk)
+                print_line(entry)
+                if chk.name == "env" and not args.dry_run and not (entry.get("figures") or {}).get("cuda_available"):
+                    print("gpu_check: no CUDA device is visible; run with --dry-run to test the script on CPU")
+                    runner.record["finished"] = True
+                    runner.save()
+                    return 2
+        except Interrupted as e:
+            print_line(runner.record["checks"][-1])
+            print(f"gpu_check: interrupted by {e}; the record keeps every check up to this one: {out}", flush=True)
+            return 1
+        runner.record["finished"] = True
+        runner.save()
+    s = runner.record["summary"]
+    print(f"gpu_check: {s['ok']} ok, {s['fail']} failed, {s['timeout']} timed out, {s['skipped']} skipped in "
+          f"{runner.record['total_s']:.0f} s; record: {out}", flush=True)
+    return 1 if s["fail"] or s["timeout"] else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

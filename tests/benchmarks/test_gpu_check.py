@@ -1,0 +1,185 @@
+"""benchmarks/gpu_check.py: the one-shot GPU check must work the first time it meets a GPU.
+
+The dry run executes every check on CPU at toy sizes (a check that only means something on CUDA must say
+``skipped``, never ``ok``); the runner tests feed it checks that raise, crash and hang, and expect each to be
+recorded while the next one still runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "gpu_check.py"
+
+# Checks whose figures mean nothing without CUDA: the dry run runs their code, then must report them skipped.
+CUDA_ONLY = {"gpus_refusal", "attention_kernel", "precision_steps", "host_syncs", "resume", "compile_loss",
+             "throughput_8x512_eager", "throughput_8x512_compile", "throughput_32x512_eager",
+             "throughput_32x512_compile"}
+
+
+def load_script():
+    """The script as a module (registered before it runs: its dataclasses look their module up)."""
+    name = "gpu_check_under_test"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_dry_run_records_every_check_and_none_fails(tmp_path):
+    out = tmp_path / "dry.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--json", str(out), "--work", str(tmp_path / "w")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    record = json.loads(out.read_text(encoding="utf-8"))
+    checks = {c["name"]: c for c in record["checks"]}
+    names = [c.name for c in load_script().CHECKS]
+    assert list(checks) == names, proc.stdout[-3000:]
+    failed = {n: c.get("error") for n, c in checks.items() if c["status"] not in ("ok", "skipped")}
+    assert not failed, json.dumps(failed, indent=1)[-4000:]
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert record["finished"] and record["mode"] == "dry-run"
+    assert record["summary"]["ok"] + record["summary"]["skipped"] == len(names)
+    assert record["env"]["torch"] and record["env"]["cpu_count"] >= 1
+    assert record["not_testable_here"]
+    for name in CUDA_ONLY:
+        assert checks[name]["status"] == "skipped" and checks[name]["reason"], name
+    for c in checks.values():
+        assert c["status"] != "skipped" or c["reason"], c["name"]
+    # What the CPU can show, it showed.
+    assert checks["fused_adamw"]["status"] == "ok" and checks["fused_adamw"]["figures"]["defaults_fused"]
+    assert checks["launched_vs_inprocess"]["figures"]["max_rel_loss"] <= 1e-4
+    assert checks["resume"]["figures"]["rel_diff_after_resume"] <= 1e-4
+    assert checks["corpus"]["figures"]["tokens"]["train"] > 0
+    assert checks["throughput_8x512_compile"]["figures"]["tokens_per_s"] > 0
+
+
+# --- the runner: what a lent machine must never lose ----------------------------------------------------------------
+
+
+def _raises(ctx):
+    raise ValueError("a check that raises")
+
+
+def _crashes(ctx):
+    import faulthandler
+
+    ctx.record(before_crash=1)
+    faulthandler.disable()  # pytest's handler would print this expected crash's stack on the terminal
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def _hangs(ctx):
+    ctx.record(seen_before_hang=True)
+    time.sleep(120)
+
+
+def _child_process_hangs(ctx):
+    # A grandchild in a session of its own, like a launched worker: the timeout must kill it too.
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    ctx.record(grandchild=proc.pid)
+    time.sleep(120)
+
+
+def _fine(ctx):
+    ctx.record(answer=42)
+    return "fine"
+
+
+@pytest.fixture
+def runner(tmp_path, monkeypatch):
+    gc = load_script()
+    checks = [gc.Check("raises", _raises, 30, "raises"), gc.Check("crashes", _crashes, 30, "segfaults"),
+              gc.Check("hangs", _hangs, 3, "sleeps past its timeout"),
+              gc.Check("hangs_with_grandchild", _child_process_hangs, 3, "leaves a process behind"),
+              gc.Check("after", _fine, 30, "still runs")]
+    monkeypatch.setattr(gc, "CHECKS", checks)
+    args = argparse.Namespace(deadline=120.0, timeout_scale=1.0, fresh_processes=True, dry_run=True)
+    r = gc.Runner(args, tmp_path / "work", tmp_path / "record.json", tmp_path / "record-logs")
+    r.mp = multiprocessing.get_context("fork")  # the children see the checks patched in above
+    return gc, r, checks
+
+
+def test_every_failure_is_recorded_and_the_next_check_runs(runner, tmp_path):
+    gc, r, checks = runner
+    seen = []
+    for chk in checks:
+        r.run(chk)
+        seen.append(json.loads((tmp_path / "record.json").read_text())["checks"][-1])  # rewritten after each
+    status = {c["name"]: c["status"] for c in seen}
+    assert status == {"raises": "fail", "crashes": "fail", "hangs": "timeout", "hangs_with_grandchild": "timeout",
+                      "after": "ok"}
+    by_name = {c["name"]: c for c in seen}
+    assert any("ValueError: a check that raises" in line for line in by_name["raises"]["error"])
+    assert "signal 11" in by_name["crashes"]["error"][0] and by_name["crashes"]["figures"] == {"before_crash": 1}
+    assert by_name["hangs"]["figures"] == {"seen_before_hang": True}  # a killed check keeps what it recorded
+    grandchild = by_name["hangs_with_grandchild"]["figures"]["grandchild"]
+    time.sleep(0.5)
+    assert not Path(f"/proc/{grandchild}").exists() or "Z" in Path(f"/proc/{grandchild}/stat").read_text().split()[2]
+    assert by_name["after"]["figures"] == {"answer": 42} and by_name["after"]["note"] == "fine"
+    assert (tmp_path / "record-logs" / "raises.log").is_file()
+
+
+def test_fresh_processes_run_a_check_too(tmp_path):
+    """--fresh-processes: each check a new interpreter (``--child NAME``) instead of a fork of the server, and each
+    gpt1 command a fresh ``python -m gptcli``, as on the GPU."""
+    out = tmp_path / "r.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--fresh-processes",
+                           "--only", "gpus_refusal,fused_adamw", "--json", str(out)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    record = json.loads(out.read_text(encoding="utf-8"))
+    statuses = [(c["name"], c["status"]) for c in record["checks"]]
+    assert statuses == [("env", "ok"), ("gpus_refusal", "skipped"), ("fused_adamw", "ok")], proc.stdout
+    assert record["checks"][1]["figures"]["error"].startswith("error: --gpus 1: no CUDA device")
+    assert record["finished"] and (tmp_path / "r-logs" / "fused_adamw.log").is_file()
+
+
+def test_a_check_past_the_global_deadline_is_skipped_with_the_reason(runner):
+    gc, r, checks = runner
+    r.deadline = time.monotonic() + 1
+    entry = r.run(checks[-1])
+    assert entry["status"] == "skipped" and "deadline" in entry["reason"]
+    assert r.record["summary"]["skipped"] == 1
+
+
+def test_sigterm_records_the_running_check_and_stops(tmp_path):
+    """The lent machine may be taken back mid-run: the record still says what ran and what was cut short."""
+    out = tmp_path / "r.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--dry-run", "--only", "compile_loss,throughput_32x512_eager",
+                             "--json", str(out)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        for _ in range(1200):  # until env is recorded and compile_loss (seconds of tracing) has started
+            if out.is_file() and json.loads(out.read_text(encoding="utf-8"))["checks"]:
+                break
+            time.sleep(0.1)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    record = json.loads(out.read_text(encoding="utf-8"))
+    assert proc.returncode == 1, output
+    assert not record["finished"]
+    assert [c["name"] for c in record["checks"]] == ["env", "compile_loss"]  # the last never started
+    cut = record["checks"][-1]
+    assert cut["status"] == "timeout" and "interrupted (SIGTERM)" in cut["error"][0]
