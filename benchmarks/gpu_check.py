@@ -570,7 +570,14 @@ def check_lstm_dtype(ctx: Ctx) -> str:
                step_s=round(time.perf_counter() - t0, 3))
     if not math.isfinite(float(res.loss)):
         raise Failed(f"the LSTM's bf16 loss is {float(res.loss)}")
-    return f"asked bf16: nn.LSTM got {seen.get('input')}, computed {seen.get('output')}"
+    from gptcli.model.lstm import recurrent_dtype
+
+    # What gptcli says the layer computes in (fp32 on CUDA: its autocast would make it fp16), and what it did.
+    want = str(recurrent_dtype(ctx.device.type, torch.bfloat16))
+    ctx.record(expected_output=want)
+    if seen.get("output") != want:
+        raise Failed(f"asked bf16: the LSTM computed in {seen.get('output')}, gptcli says {want}")
+    return f"asked bf16: nn.LSTM got {seen.get('input')}, computed {seen.get('output')} (as gptcli says)"
 
 
 @check("kv_cache_parity", 120, "generation and scoring with the KV cache against without, fp32 and bf16")
@@ -641,6 +648,79 @@ def scoring_parity(ctx: Ctx, model, precision: str) -> dict[str, Any]:
     diff = max(abs(a.logprob - b.logprob) / max(a.count, 1) for a, b in zip(cached, plain))
     return {"score_diff_per_token": diff, "scores_cached": [round(s.logprob, 4) for s in cached],
             "scores_plain": [round(s.logprob, 4) for s in plain]}
+
+
+@check("packed_finetune", 150, "a fine-tuning update on RTE-like ragged sequences, packed (the default layout) "
+       "against padded: same loss, speed of each; and whether causal SDPA over a jagged nested tensor runs")
+def check_packed_finetune(ctx: Ctx) -> str:
+    import random
+
+    import torch
+
+    from gptcli.data.batching import collate, collate_packed
+    from gptcli.data.transforms import Encoded
+    from gptcli.model.classifier import FinetuneModel
+    from gptcli.model.heads import HeadConfig, TaskHead
+    from gptcli.train.finetune import TaskLoss
+
+    body = build(ctx, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)  # no dropout: the two layouts must agree
+    body.add_special_tokens(3)
+    extract = body.config.total_vocab - 1
+    model = FinetuneModel(body, TaskHead(HeadConfig(kind="entailment", n_embd=body.config.n_embd, n_labels=2,
+                                                    extract_id=extract, pdrop=0.0))).to(ctx.device)
+    rng = random.Random(0)
+    n, top = (32, ctx.sizes.seq) if ctx.cuda else (8, ctx.sizes.seq)
+    # RTE's random batches: lengths spread from a few dozen tokens to the context (61% of positions padding).
+    enc = [Encoded([[rng.randrange(ctx.sizes.vocab) for _ in range(rng.randint(top // 8, top - 1))] + [extract]],
+                   label=i % 2, index=i) for i in range(n)]
+    padded, packed = collate(enc).to(ctx.device), collate_packed(enc, extract).to(ctx.device)
+    tr = trainer(ctx, model, precision="fp32", loss_fn=TaskLoss(0.5))
+    ctx.record(sequences=n, real_fraction=round(packed.packing.tokens / padded.ids.numel(), 3))
+    losses = {}
+    for name, b in (("padded", padded), ("packed", packed)):  # the same weights: compare before any update
+        with torch.no_grad():
+            losses[name] = float(TaskLoss(0.5)(model, b))
+    ctx.record(loss_padded=losses["padded"], loss_packed=losses["packed"])
+    if rel(losses["packed"], losses["padded"]) > 1e-4:
+        raise Failed(f"packed loss {losses['packed']} differs from padded {losses['padded']}")
+    times = {}
+    for name, b in (("padded", padded), ("packed", packed)):
+        tr.step(0, [b]).read()
+        sync(ctx)
+        t0 = time.perf_counter()
+        for i in range(3):
+            tr.step(i + 1, [b])
+        tr.step(4, [b]).read()
+        times[name] = (time.perf_counter() - t0) / 4
+    ctx.record(update_s_padded=round(times["padded"], 4), update_s_packed=round(times["packed"], 4),
+               speedup=round(times["padded"] / times["packed"], 2), nested_causal_sdpa=_nested_causal(ctx))
+    return f"packed {times['padded'] / times['packed']:.2f}× padded per update (losses equal), " \
+           f"real tokens {packed.packing.tokens / padded.ids.numel():.0%}"
+
+
+def _nested_causal(ctx: Ctx) -> str:
+    """Whether causal SDPA runs over a jagged nested tensor here and equals attention per sequence: the candidate
+    variable-length path for packed rows on CUDA (on CPU PyTorch has no causal kernel for it)."""
+    import torch
+    import torch.nn.functional as F
+
+    lengths = [37, 5, 120]
+    q, k, v = (torch.randn(1, 4, sum(lengths), 64, device=ctx.device) for _ in range(3))
+    offsets = torch.tensor([0, 37, 42, 162], device=ctx.device)
+
+    def jagged(t):
+        return torch.nested.nested_tensor_from_jagged(t[0].transpose(0, 1).contiguous(), offsets).transpose(1, 2)
+
+    try:
+        dtype = torch.bfloat16 if ctx.cuda else torch.float32
+        with torch.autocast(ctx.device.type, dtype=dtype, enabled=ctx.cuda):
+            got = F.scaled_dot_product_attention(jagged(q), jagged(k), jagged(v), is_causal=True)
+            got = got.transpose(1, 2).values().transpose(0, 1).unsqueeze(0).float()
+            want = torch.cat([F.scaled_dot_product_attention(a, b, c, is_causal=True).float() for a, b, c in
+                              zip(q.split(lengths, 2), k.split(lengths, 2), v.split(lengths, 2))], 2)
+        return f"runs, max difference {float((got - want).abs().max()):.1e}"
+    except Exception as e:  # noqa: BLE001 - the answer is what went wrong
+        return f"does not run: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
 
 
 @check("host_syncs", 120, "host-device synchronisations per training update (torch.cuda.set_sync_debug_mode)")
