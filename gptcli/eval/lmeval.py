@@ -42,6 +42,7 @@ from typing import Any, Iterable, Sequence
 from gptcli.errors import GPT1Error
 
 try:  # the optional extra: gpt1[eval]
+    import lm_eval.models  # noqa: F401  (registers lm-eval's own models first; registering ours alone would hide them)
     from lm_eval.api.model import LM as _LMBase
     from lm_eval.api.registry import register_model as _register_model
 except ImportError:  # pragma: no cover - exercised only without the extra

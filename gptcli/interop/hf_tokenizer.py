@@ -1,0 +1,172 @@
+"""gpt1's tokenizers as Hugging Face ``tokenizer.json`` files that ``AutoTokenizer`` loads without remote code.
+
+A ``tokenizer.json`` chains a normalizer, a pre-tokenizer, a BPE model and a decoder, all built into the
+``tokenizers`` library; gpt1's pipeline (:mod:`gptcli.tokenizers.text`) is ftfy, the released standardisation,
+spaCy's rule tokenizer and lowercasing before the BPE. The closest faithful construction, stage by stage:
+
+- **ftfy** → ``NFC`` (what ftfy's default configuration normalises to). Mojibake repair, HTML unescaping and
+  quote/ligature fixes have no equivalent; text that needs them (rare in clean text) tokenizes differently.
+- **the released standardisation** → exactly: its character map (dashes, ellipsis, acute accent) as ``Replace``
+  steps, a space inserted at both ends of every run of its punctuation characters, whitespace collapsed, a line
+  break with the spaces around it made one ``\\n``.
+- **spaCy** → its rules that fire on standardised English text, as spaces inserted where spaCy splits: ``n't`` and
+  the clitics ``'s 'm 'd 'll 're 've``, an apostrophe opening or closing a word, a ``.``, ``...`` or ``:`` ending a
+  word, ``$ £ € #`` opening one, ``%`` after a digit. Its exception table (``Mr.``, ``U.S.``, emoticons…) and its
+  URL and number rules are not reproduced.
+- **lowercasing** → ``Lowercase`` (unless the tokenizer is cased).
+- **BPE** → exactly. The original BPE: its vocabulary and merges with ``</w>`` as the end-of-word suffix. A learned
+  sentencepiece BPE: its pieces with their ids, merges derived from the pieces in score order (as transformers'
+  ``SentencePieceExtractor`` does), and the word-final ``▁`` inserted by the normalizer (sentencepiece's
+  whitespace-as-suffix), so that a word ending in a character never merged with ``▁`` still matches. The newline
+  token is an added token ``\\n`` with gpt1's newline id.
+
+``docs/convert.md`` gives the measured share of texts whose ids are identical. Nothing here imports ``tokenizers``
+or ``transformers``: the file is written as JSON (tests load it with both).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gptcli.errors import GPT1Error
+from gptcli.tokenizers.base import SPECIAL_TOKENS
+
+EXPORTABLE = ("openai", "sentencepiece")
+"""Tokenizer kinds :func:`write_hf_tokenizer` can express."""
+HF_TOKENIZER = "tokenizer.json"
+NEWLINE = "\n"
+PRE_TOKENIZER = {"type": "Sequence", "pretokenizers": [
+    {"type": "Split", "pattern": {"String": " "}, "behavior": "Removed", "invert": False},
+    {"type": "Split", "pattern": {"String": NEWLINE}, "behavior": "Isolated", "invert": False}]}
+"""Words at single spaces (the normalizer leaves no other), each line break a word of its own (the newline id)."""
+WORD_END = "\u2581"  # sentencepiece's "▁"
+
+_STANDARD_PUNCT = "-~!\";?+,)(/*[]}{|_"  # the released standardisation pads runs of these (tokenizers/text.py)
+_CHAR_MAP = (("—", "-"), ("–", "-"), ("―", "-"), ("…", "..."), ("´", "'"))
+
+# Where spaCy's English rules split a standardised word, as zero-width patterns (Oniguruma, the engine of
+# tokenizers: ``^``/``$`` match at line ends, ``\z`` at the end of the text).
+_SPACY_SPLITS = (
+    r"(?<=\p{L})(?=n't(?:\s|$))",  # do|n't, ca|n't
+    r"(?<=\p{L})(?='(?:s|m|d|ll|re|ve)(?:\s|$))",  # it|'s, i|'m
+    r"(?<=[^\s'])(?='(?:\s|$))",  # dogs|'
+    r"(?<=(?:^|\s)')(?=[^\s'])",  # '|hello
+    r"(?<=[\p{L}\p{N}%'])(?=\.(?:\s|$))",  # end|.
+    r"(?<=[^.\s])(?=\.\.\.)", r"(?<=\.\.\.)(?=[^.\s])",  # wait|...|what
+    r"(?<=\S)(?=:(?:\s|$))",  # said|:
+    r"(?<=(?:^|\s)[$£€#])(?=\S)",  # $|5
+    r"(?<=\p{N})(?=%)",  # 5|%
+)
+
+
+def _regex_replace(pattern: str, content: str) -> dict[str, Any]:
+    return {"type": "Replace", "pattern": {"Regex": pattern}, "content": content}
+
+
+def _standardize_pattern() -> str:
+    """Both ends of every run of one standardisation punctuation character (zero-width, inside the text only: the
+    ends need no space, and tokenizers 0.23 mis-aligns an insertion at the end of a text that is stripped later)."""
+    alts = []
+    for c in _STANDARD_PUNCT:
+        e = "\\" + c
+        alts += [f"(?<=[^{e}])(?={e})", f"(?<={e})(?=[^{e}])"]  # never at the text's ends (see normalizer)
+    return "|".join(alts)
+
+
+def normalizer(cased: bool, word_end: str | None) -> dict[str, Any]:
+    """The normalizer: NFC, the standardisation, spaCy's splits as spaces, lowercasing; with ``word_end`` (a
+    sentencepiece export) every word and the text then end in it."""
+    steps: list[dict[str, Any]] = [{"type": "NFC"}]
+    steps += [{"type": "Replace", "pattern": {"String": a}, "content": b} for a, b in _CHAR_MAP]
+    steps += [_regex_replace(_standardize_pattern(), " "), _regex_replace(r"[^\S\n]*\n\s*", "\n"),
+              _regex_replace(r"[^\S\n]+", " "), {"type": "Strip", "strip_left": True, "strip_right": True}]
+    if not cased:
+        steps.append({"type": "Lowercase"})
+    steps += [_regex_replace("|".join(_SPACY_SPLITS), " "), _regex_replace(r"[^\S\n]+", " ")]
+    if word_end:
+        steps += [{"type": "Replace", "pattern": {"String": " "}, "content": word_end + " "},
+                  {"type": "Replace", "pattern": {"String": "\n"}, "content": word_end + "\n"},
+                  _regex_replace(rf"(?<=[^\s{word_end}])\z", word_end)]
+    return {"type": "Sequence", "normalizers": steps}
+
+
+def sentencepiece_merges(pieces: list[str], scores: list[float]) -> list[str]:
+    """BPE merges reproducing a sentencepiece BPE model: every split of a piece into two pieces, pieces in descending
+    score order (sentencepiece merges the pair whose result scores highest), splits by the ids of their halves."""
+    ids = {p: i for i, p in enumerate(pieces)}
+    merges: list[tuple[float, int, int, int, str]] = []
+    for i, p in enumerate(pieces):
+        for k in range(1, len(p)):
+            a, b = p[:k], p[k:]
+            if a in ids and b in ids:
+                merges.append((-scores[i], i, ids[a], ids[b], f"{a} {b}"))
+    merges.sort()
+    return [m[-1] for m in merges]
+
+
+def _bpe(vocab: dict[str, int], merges: list[str], unk: str | None, suffix: str | None) -> dict[str, Any]:
+    return {"type": "BPE", "dropout": None, "unk_token": unk, "continuing_subword_prefix": None,
+            "end_of_word_suffix": suffix, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+            "vocab": vocab, "merges": merges}
+
+
+def _added(i: int, content: str, special: bool) -> dict[str, Any]:
+    return {"id": i, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+            "normalized": not special, "special": special}
+
+
+def tokenizer_json(tok: Any) -> dict[str, Any]:
+    """The ``tokenizer.json`` body for gpt1 tokenizer ``tok`` (kind ``openai`` or ``sentencepiece``)."""
+    kind = getattr(tok, "kind", None)
+    if kind == "sentencepiece":
+        sp = tok.sp
+        pieces = [sp.id_to_piece(i) for i in range(tok.n_pieces)]
+        scores = [sp.get_score(i) for i in range(tok.n_pieces)]
+        vocab = {p: i for i, p in enumerate(pieces)}
+        vocab[NEWLINE] = tok.newline_id  # a piece of its own: the pre-tokenizer isolates line breaks
+        model = _bpe(vocab, sentencepiece_merges(pieces, scores), pieces[sp.unk_id()], None)
+        added = [_added(sp.unk_id(), pieces[sp.unk_id()], True)]
+        norm, suffix = normalizer(bool(tok.cased), WORD_END), WORD_END
+    elif kind == "openai":
+        from gptcli.tokenizers.openai import EOW
+
+        model = _bpe(dict(tok.encoder), [f"{a} {b}" for a, b in tok.merges], None, EOW)
+        added = []
+        norm, suffix = normalizer(False, None), EOW
+    else:
+        raise GPT1Error(f"tokenizer kind {kind!r} cannot be written as a Hugging Face tokenizer "
+                        f"(known: {', '.join(EXPORTABLE)})")
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": norm,
+            "pre_tokenizer": PRE_TOKENIZER, "post_processor": None,
+            "decoder": {"type": "BPEDecoder", "suffix": suffix}, "model": model}
+
+
+def special_token_ids(tok: Any) -> dict[str, int]:
+    """gpt1's fine-tuning tokens (start, delimiter, extract) → their ids (rows of the model after the vocabulary).
+    They are not added tokens of the exported tokenizer: ``$`` in text must stay the BPE's ``$``."""
+    return dict(zip(SPECIAL_TOKENS, (tok.start_id, tok.delim_id, tok.extract_id)))
+
+
+def write_hf_tokenizer(directory: Path, tok: Any, n_ctx: int) -> None:
+    """``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json`` for ``tok`` in ``directory``
+    (a fresh temporary directory renamed into place whole, so plain writes suffice)."""
+    body = tokenizer_json(tok)
+    unk = "<unk>" if tok.kind == "openai" else tok.sp.id_to_piece(tok.sp.unk_id())
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": n_ctx,
+        "unk_token": unk if tok.kind != "openai" else None,
+        "bos_token": None, "eos_token": None, "pad_token": None,  # GPT-1 has none of them
+        "clean_up_tokenization_spaces": False,
+        "gpt1": {"kind": tok.kind, "special_tokens": special_token_ids(tok), "cased": bool(getattr(tok, "cased", False)),
+                 "newline": tok.newline_id if tok.kind == "sentencepiece" else tok.encoder.get(NEWLINE + "</w>")},
+    }
+    if tok.kind == "openai":
+        del config["unk_token"]
+    (directory / HF_TOKENIZER).write_text(json.dumps(body, ensure_ascii=False) + "\n", encoding="utf-8")
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n",
+                                                     encoding="utf-8")
+    specials = {"unk_token": unk} if tok.kind != "openai" else {}
+    (directory / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", encoding="utf-8")
