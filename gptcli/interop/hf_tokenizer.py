@@ -45,19 +45,34 @@ WORD_END = "\u2581"  # sentencepiece's "▁"
 
 _STANDARD_PUNCT = "-~!\";?+,)(/*[]}{|_"  # the released standardisation pads runs of these (tokenizers/text.py)
 _CHAR_MAP = (("—", "-"), ("–", "-"), ("―", "-"), ("…", "..."), ("´", "'"))
+# ftfy's default fixes that are plain character maps: curly quotes, Latin ligatures, line breaks.
+_FTFY_MAP = (tuple((c, '"') for c in "“”„‟") + tuple((c, "'") for c in "‘’‚‛")
+             + (("ﬀ", "ff"), ("ﬁ", "fi"), ("ﬂ", "fl"), ("ﬃ", "ffi"), ("ﬄ", "ffl"), ("ﬅ", "ſt"), ("ﬆ", "st"))
+             + (("\r\n", "\n"), ("\r", "\n"), ("\u2028", "\n"), ("\u2029", "\n"), ("\x85", "\n")))
+# Words spaCy's exception table keeps whole with their final period (the common ones in English prose).
+_ABBREVIATIONS = ("mr", "mrs", "ms", "dr", "st", "jr", "sr", "vs", "inc", "co", "ltd", "corp", "bros", "mt", "gen",
+                  "gov", "rev", "prof", "capt", "col", "lt", "sen", "rep", "jan", "feb", "aug", "sep", "sept", "oct",
+                  "nov", "dec", "adm", "messrs")
+_PRONOUNS = ("i", "you", "he", "she", "it", "we", "they", "that", "there", "who", "what", "where", "how", "here")
+_UNITS = ("km", "m", "dm", "cm", "mm", "ha", "nm", "yd", "ft", "kg", "g", "mg", "lb", "lbs", "oz", "mph", "mb", "kb",
+          "gb", "tb", "k")
 
 # Where spaCy's English rules split a standardised word, as zero-width patterns (Oniguruma, the engine of
-# tokenizers: ``^``/``$`` match at line ends, ``\z`` at the end of the text).
+# tokenizers: ``^``/``$`` match at line ends, ``\z`` at the end of the text). Case-insensitive.
+_END = r"(?:\s|$)"
 _SPACY_SPLITS = (
-    r"(?<=\p{L})(?=n't(?:\s|$))",  # do|n't, ca|n't
-    r"(?<=\p{L})(?='(?:s|m|d|ll|re|ve)(?:\s|$))",  # it|'s, i|'m
-    r"(?<=[^\s'])(?='(?:\s|$))",  # dogs|'
-    r"(?<=(?:^|\s)')(?=[^\s'])",  # '|hello
-    r"(?<=[\p{L}\p{N}%'])(?=\.(?:\s|$))",  # end|.
+    rf"(?<=\p{{L}})(?=n't{_END})", r"(?<=\bcan)(?=not\b)",  # do|n't, ca|n't, can|not
+    rf"(?<=[\p{{L}}\p{{N}}])(?='s{_END})",  # it|'s, john|'s
+    *(rf"(?<=\b{w})(?='(?:m|d|ll|re|ve){_END})" for w in _PRONOUNS),  # i|'m, they|'ll (spaCy's exceptions)
+    rf"(?<=[^\s'])(?='{_END})",  # dogs|'
+    rf"(?<=(?:^|\s)')(?!(?:s|(?-i:d|ll|re|em|cause|bout)){_END})(?=[^\s'])",  # '|hello (spaCy keeps 's 're 'em…)
+    r"(?<=[\p{L}\p{N}%'])(?<!\.\p{L})(?<!\b\p{L})" + "".join(rf"(?<!\b(?-i:{a.title()}))" for a in _ABBREVIATIONS)
+    + rf"(?=\.['\"]?{_END})",  # end|.  (but U.S., e.g., E., Mr. stay whole)
     r"(?<=[^.\s])(?=\.\.\.)", r"(?<=\.\.\.)(?=[^.\s])",  # wait|...|what
-    r"(?<=\S)(?=:(?:\s|$))",  # said|:
+    rf"(?<=\S)(?=:{_END})", r"(?<=\p{L})(?=:\p{L})", r"(?<=\p{L}:)(?=\p{L})",  # said|:  x|:|y
     r"(?<=(?:^|\s)[$£€#])(?=\S)",  # $|5
-    r"(?<=\p{N})(?=%)",  # 5|%
+    r"(?<=\p{N})(?=%)", rf"(?<=\p{{N}})(?=(?:{'|'.join(_UNITS)}){_END})",  # 5|%  40|km
+    r"(?<=\S)(?=[<>`=])", r"(?<=[<>`=])(?=\S)",  # <|unk|>  `|`  =|2
 )
 
 
@@ -79,12 +94,12 @@ def normalizer(cased: bool, word_end: str | None) -> dict[str, Any]:
     """The normalizer: NFC, the standardisation, spaCy's splits as spaces, lowercasing; with ``word_end`` (a
     sentencepiece export) every word and the text then end in it."""
     steps: list[dict[str, Any]] = [{"type": "NFC"}]
-    steps += [{"type": "Replace", "pattern": {"String": a}, "content": b} for a, b in _CHAR_MAP]
+    steps += [{"type": "Replace", "pattern": {"String": a}, "content": b} for a, b in _FTFY_MAP + _CHAR_MAP]
     steps += [_regex_replace(_standardize_pattern(), " "), _regex_replace(r"[^\S\n]*\n\s*", "\n"),
               _regex_replace(r"[^\S\n]+", " "), {"type": "Strip", "strip_left": True, "strip_right": True}]
-    if not cased:
+    steps += [_regex_replace("(?i)" + "|".join(_SPACY_SPLITS), " "), _regex_replace(r"[^\S\n]+", " ")]
+    if not cased:  # after the splits, as gpt1 lowercases spaCy's words (its exceptions are case-sensitive)
         steps.append({"type": "Lowercase"})
-    steps += [_regex_replace("|".join(_SPACY_SPLITS), " "), _regex_replace(r"[^\S\n]+", " ")]
     if word_end:
         steps += [{"type": "Replace", "pattern": {"String": " "}, "content": word_end + " "},
                   {"type": "Replace", "pattern": {"String": "\n"}, "content": word_end + "\n"},
@@ -127,12 +142,13 @@ def tokenizer_json(tok: Any) -> dict[str, Any]:
         vocab = {p: i for i, p in enumerate(pieces)}
         vocab[NEWLINE] = tok.newline_id  # a piece of its own: the pre-tokenizer isolates line breaks
         model = _bpe(vocab, sentencepiece_merges(pieces, scores), pieces[sp.unk_id()], None)
-        added = [_added(sp.unk_id(), pieces[sp.unk_id()], True)]
+        added: list[dict[str, Any]] = []
         norm, suffix = normalizer(bool(tok.cased), WORD_END), WORD_END
     elif kind == "openai":
         from gptcli.tokenizers.openai import EOW
 
-        model = _bpe(dict(tok.encoder), [f"{a} {b}" for a, b in tok.merges], None, EOW)
+        unk = "<unk>" if tok.encoder.get("<unk>") == 0 else None  # the released vocabulary's id 0
+        model = _bpe(dict(tok.encoder), [f"{a} {b}" for a, b in tok.merges], unk, EOW)
         added = []
         norm, suffix = normalizer(False, None), EOW
     else:
