@@ -37,6 +37,7 @@ EXPORTABLE = ("openai", "sentencepiece")
 """Tokenizer kinds :func:`write_hf_tokenizer` can express."""
 HF_TOKENIZER = "tokenizer.json"
 NEWLINE = "\n"
+UNK_SURFACE = "\u2047"  # "⁇", sentencepiece's rendering of its unknown piece (tokenizers/learned.py)
 PRE_TOKENIZER = {"type": "Sequence", "pretokenizers": [
     {"type": "Split", "pattern": {"String": " "}, "behavior": "Removed", "invert": False},
     {"type": "Split", "pattern": {"String": NEWLINE}, "behavior": "Isolated", "invert": False}]}
@@ -139,16 +140,24 @@ def tokenizer_json(tok: Any) -> dict[str, Any]:
         sp = tok.sp
         pieces = [sp.id_to_piece(i) for i in range(tok.n_pieces)]
         scores = [sp.get_score(i) for i in range(tok.n_pieces)]
+        # The unknown piece is named by the surface sentencepiece decodes it to ("⁇"), not "<unk>": transformers
+        # matches a special token's text before tokenizing, and "<unk>" is text in WikiText (gpt1 splits it up).
+        pieces[sp.unk_id()] = UNK_SURFACE
         vocab = {p: i for i, p in enumerate(pieces)}
         vocab[NEWLINE] = tok.newline_id  # a piece of its own: the pre-tokenizer isolates line breaks
-        model = _bpe(vocab, sentencepiece_merges(pieces, scores), pieces[sp.unk_id()], None)
+        model = _bpe(vocab, sentencepiece_merges(pieces, scores), UNK_SURFACE, None)
         added: list[dict[str, Any]] = []
         norm, suffix = normalizer(bool(tok.cased), WORD_END), WORD_END
     elif kind == "openai":
         from gptcli.tokenizers.openai import EOW
 
-        unk = "<unk>" if tok.encoder.get("<unk>") == 0 else None  # the released vocabulary's id 0
-        model = _bpe(dict(tok.encoder), [f"{a} {b}" for a, b in tok.merges], unk, EOW)
+        vocab = dict(tok.encoder)
+        unk = None
+        if vocab.get("<unk>") == 0:  # the released vocabulary's id 0, renamed as for sentencepiece (see above)
+            del vocab["<unk>"]
+            vocab[UNK_SURFACE] = 0
+            unk = UNK_SURFACE
+        model = _bpe(vocab, [f"{a} {b}" for a, b in tok.merges], unk, EOW)
         added = []
         norm, suffix = normalizer(False, None), EOW
     else:
@@ -167,22 +176,21 @@ def special_token_ids(tok: Any) -> dict[str, int]:
 
 def write_hf_tokenizer(directory: Path, tok: Any, n_ctx: int) -> None:
     """``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json`` for ``tok`` in ``directory``
-    (a fresh temporary directory renamed into place whole, so plain writes suffice)."""
+    (a fresh temporary directory renamed into place whole, so plain writes suffice). The unknown token is the only
+    special token: GPT-1 has no BOS, EOS or padding token (lm-eval's ``hf`` model pads with it)."""
     body = tokenizer_json(tok)
-    unk = "<unk>" if tok.kind == "openai" else tok.sp.id_to_piece(tok.sp.unk_id())
+    unk = body["model"]["unk_token"]
+    newline = tok.newline_id if tok.kind == "sentencepiece" else tok.encoder.get(NEWLINE + "</w>")
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": n_ctx,
-        "unk_token": unk if tok.kind != "openai" else None,
-        "bos_token": None, "eos_token": None, "pad_token": None,  # GPT-1 has none of them
+        **({"unk_token": unk} if unk else {}),
         "clean_up_tokenization_spaces": False,
-        "gpt1": {"kind": tok.kind, "special_tokens": special_token_ids(tok), "cased": bool(getattr(tok, "cased", False)),
-                 "newline": tok.newline_id if tok.kind == "sentencepiece" else tok.encoder.get(NEWLINE + "</w>")},
+        "gpt1": {"kind": tok.kind, "cased": bool(getattr(tok, "cased", False)), "newline_id": newline,
+                 "special_tokens": special_token_ids(tok)},
     }
-    if tok.kind == "openai":
-        del config["unk_token"]
     (directory / HF_TOKENIZER).write_text(json.dumps(body, ensure_ascii=False) + "\n", encoding="utf-8")
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n",
                                                      encoding="utf-8")
-    specials = {"unk_token": unk} if tok.kind != "openai" else {}
+    specials = {"unk_token": unk} if unk else {}
     (directory / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", encoding="utf-8")
