@@ -50,6 +50,8 @@ COMMANDS: list[tuple[str, str, str]] = [
                              "curve over pretraining."),
     ("convert", "convert", "Convert weights: OpenAI's released GPT-1 and Hugging Face checkpoints in and out."),
     ("generate", "generate", "Generate text from a checkpoint (KV cache; greedy, temperature, top-k, top-p)."),
+    ("lmeval", "lmeval", "Score a checkpoint with EleutherAI's lm-evaluation-harness (lm_eval's arguments, the gpt1 "
+                         "model registered; needs gpt1[eval])."),
 ]
 
 

@@ -36,7 +36,9 @@ Without lm-eval installed this module still imports (the package's tests read ev
 from __future__ import annotations
 
 import sys
+import tempfile
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from gptcli.errors import GPT1Error
@@ -109,6 +111,19 @@ class GPT1LM(_LMBase):  # type: ignore[misc,valid-type]
         self._encoded: dict[str, list[int]] = {}
 
     # -- lm-eval's interface ----------------------------------------------------------------------------------
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict[str, Any], additional_config: dict[str, Any] | None = None):
+        """``--model_args`` over lm-eval's own ``--batch_size``/``--device`` (a setting in both is taken from
+        ``--model_args``; lm-eval's ``None`` means unset)."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        return cls(**{**extra, **arg_dict})
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict[str, Any] | None = None):
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
     @property
     def tokenizer_name(self) -> str:
         return f"gpt1-{self.tokenizer.kind}"
@@ -226,16 +241,33 @@ if _register_model is not None:
     _register_model(MODEL_NAME)(GPT1LM)
 
 
-def run_cli(argv: Sequence[str]) -> None:
+def run_cli(argv: Sequence[str], local_tasks: str | Path | None = None) -> None:
     """lm-eval's own command line (``lm_eval …`` / ``lm-eval run …``) with the ``gpt1`` model registered: what
-    ``gpt1 lmeval`` runs. ``argv`` are lm-eval's arguments, unchanged."""
+    ``gpt1 lmeval`` runs. ``argv`` are lm-eval's arguments, unchanged. With ``local_tasks`` (a data root such as
+    ``../shared/data``) the local task configs of :mod:`gptcli.eval.lmeval_tasks` are written to a temporary folder
+    for this run and added to ``--include_path``."""
     if _register_model is None:
         raise GPT1Error(INSTALL_HINT)
     from lm_eval.__main__ import cli_evaluate
 
-    saved = sys.argv
-    sys.argv = ["lm-eval", *argv]
-    try:
-        cli_evaluate()
-    finally:
-        sys.argv = saved
+    args = list(argv)
+    with tempfile.TemporaryDirectory(prefix="gpt1-lmeval-tasks-") as tmp:
+        if local_tasks is not None:
+            from gptcli.eval.lmeval_tasks import write_local_tasks
+
+            write_local_tasks(local_tasks, tmp)
+            args = _with_include_path(args, tmp)
+        saved = sys.argv
+        sys.argv = ["lm-eval", *args]
+        try:
+            cli_evaluate()
+        finally:
+            sys.argv = saved
+
+
+def _with_include_path(args: list[str], path: str) -> list[str]:
+    """``args`` with ``--include_path path``; lm-eval takes one folder, so a second one is refused."""
+    if any(a == "--include_path" or a.startswith("--include_path=") for a in args):
+        raise GPT1Error("--local-tasks writes its own --include_path folder; give one of them (or write the local "
+                        "tasks into your folder with gptcli.eval.lmeval_tasks.write_local_tasks)")
+    return args + ["--include_path", path]
