@@ -165,7 +165,17 @@ def tokenizer_json(tok: Any) -> dict[str, Any]:
                         f"(known: {', '.join(EXPORTABLE)})")
     return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": norm,
             "pre_tokenizer": PRE_TOKENIZER, "post_processor": None,
-            "decoder": {"type": "BPEDecoder", "suffix": suffix}, "model": model}
+            "decoder": decoder(suffix, newline_spaced=kind == "openai"), "model": model}
+
+
+def decoder(suffix: str, newline_spaced: bool) -> dict[str, Any]:
+    """Ids → text as gpt1's ``decode``: each word's end-of-word suffix a space, the last one dropped; for a learned
+    BPE no space before or after a line break (the original BPE's ``\\n</w>`` keeps them, as gpt1 does)."""
+    steps: list[dict[str, Any]] = [{"type": "Replace", "pattern": {"String": suffix}, "content": " "}, {"type": "Fuse"}]
+    if not newline_spaced:
+        steps.append({"type": "Replace", "pattern": {"String": " \n"}, "content": "\n"})
+    steps.append({"type": "Strip", "content": " ", "start": 0, "stop": 1})
+    return {"type": "Sequence", "decoders": steps}
 
 
 def special_token_ids(tok: Any) -> dict[str, int]:
