@@ -64,7 +64,7 @@ ADJUSTABLE_MODEL = ("embd_pdrop", "attn_pdrop", "resid_pdrop", "out_pdrop")
 # schedule is recomputed over the new total), the learning-rate recipe and clipping (lower --lr after a loss spike),
 # the micro-batch (gradient accumulation sums the same mean gradient in another order: last-bit differences only;
 # changing the number of processes does the same), and what validation reads. Every other setting — the cadences
-# (log/eval/save_every, keep_last), tensorboard, device, precision, compile, peak_flops, verify_data — changes how
+# (log/eval/save_every, keep_last), tensorboard, wandb, device, precision, compile, peak_flops, verify_data — changes how
 # the run is computed or watched, not what it computes, and is taken silently.
 ADJUSTABLE = ("epochs", "max_steps", "max_tokens", "lr", "warmup_steps", "schedule", "grad_clip", "micro_batch_size",
               "val_split", "eval_batches")
@@ -144,6 +144,10 @@ class PretrainConfig:
     """Write a metrics line (and refresh the display) every this many updates."""
     tensorboard: bool = False
     """Also write TensorBoard events to RUN/tensorboard (needs the tensorboard package)."""
+    wandb: str | None = None
+    """Also log to Weights & Biases (rank 0): the same scalars, this config and the checkpoint paths, under this
+    project (``--wandb`` alone: ``gpt1``); files in RUN/wandb; WANDB_MODE=offline logs without a network (needs
+    gpt1[wandb])."""
     resume: bool = False
     """Continue from the newest intact checkpoint in RUN/checkpoints (fresh start if there is none). The data,
     the model's shape, seq_len, batch_size, seed and the optimizer's decay/β/ε must stay as they were; the run's
@@ -548,7 +552,7 @@ def _open_run_dir(plan: RunPlan, step: int, resumed: bool) -> RunLogger:
         truncate_metrics(run_dir / METRICS, step)
     elif (run_dir / METRICS).exists():
         (run_dir / METRICS).unlink()
-    return RunLogger(run_dir, config.tensorboard)
+    return RunLogger(run_dir, config.tensorboard, config.wandb, to_dict(dataclasses.replace(config, resume=False)))
 
 
 def _throughput_meter(plan: RunPlan, model: LanguageModel) -> Throughput:
