@@ -7,7 +7,8 @@ option of its own, ``--local-tasks ROOT``: the offline task configs over the fil
 (``gptcli/eval/lmeval_tasks.py``).
 
 Unlike the other commands its options are not derived from a config dataclass: they are lm-eval's, parsed by
-lm-eval (``gpt1 lmeval run --help`` shows them); ``--local-tasks`` is the only one gpt1 parses.
+lm-eval (``gpt1 lmeval run -h`` shows them; ``--help`` shows this command's); ``--local-tasks`` is the only one
+gpt1 parses.
 """
 
 from __future__ import annotations
