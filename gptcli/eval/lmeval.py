@@ -61,7 +61,9 @@ class HarnessModelConfig:
     """The ``--model_args`` of ``lm_eval --model gpt1`` (``checkpoint=RUN,device=cuda,precision=fp32,…``)."""
 
     checkpoint: str = ""
-    """Checkpoint directory, or a run directory (its newest checkpoint), Transformer or LSTM, any tokenizer."""
+    """Checkpoint directory, or a run directory (its newest checkpoint), Transformer or LSTM, any tokenizer; or a
+    Hugging Face Hub id of an openai-gpt model (``openai-gpt``: OpenAI's released GPT-1), converted once, as
+    ``gpt1 zeroshot`` does."""
     device: str = "auto"
     """``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1``… (lm-eval's ``--device`` fills it when given)."""
     precision: str = "auto"
@@ -89,7 +91,7 @@ class HarnessModelConfig:
         if not cfg.checkpoint:
             raise GPT1Error(f"--model_args checkpoint=DIR is required for --model {MODEL_NAME} (a checkpoint or run "
                             "directory)")
-        if int(cfg.batch_size) < 1 or int(cfg.max_gen_toks) < 1:
+        if int(cfg.batch_size) < 1 or int(cfg.max_gen_toks) < 1:  # checked before anything is loaded
             raise GPT1Error("batch_size and max_gen_toks must be at least 1")
         return cfg
 
@@ -104,9 +106,11 @@ class GPT1LM(_LMBase):  # type: ignore[misc,valid-type]
         from gptcli.eval.zeroshot import open_model
         from gptcli.runtime import resolve_device
 
+        from gptcli.interop.hub import resolve_checkpoint
+
         self.config = HarnessModelConfig.of(kwargs)
-        self.model, self.tokenizer, self.checkpoint = open_model(self.config.checkpoint, self.config.device,
-                                                                 self.config.verify)
+        path, _ = resolve_checkpoint(self.config.checkpoint)  # a Hub id (openai-gpt) is converted once, cached
+        self.model, self.tokenizer, self.checkpoint = open_model(path, self.config.device, self.config.verify)
         self._device = resolve_device(self.config.device)
         self._encoded: dict[str, list[int]] = {}
 
