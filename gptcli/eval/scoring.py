@@ -22,6 +22,8 @@ Rules (documented in ``docs/zeroshot.md``):
   they are longer and the shared context is long, the context runs once into a KV cache (an LSTM: its recurrent
   state) that all candidates continue from (RACE's four answers after one document). ``precision`` follows :func:`gptcli.runtime.resolve_precision`
   (``auto``: bf16 autocast on CUDA and on CPUs with native bf16, fp32 otherwise); log-softmax is always fp32.
+- **Greedy.** Each :class:`Score` also says whether every scored token was the argmax where it was read (lm-eval's
+  ``is_greedy``; :mod:`gptcli.eval.lmeval`).
 """
 
 from __future__ import annotations
