@@ -70,7 +70,8 @@ class HarnessModelConfig:
     """``auto`` (bf16 autocast on CUDA and on CPUs with native bf16, else fp32), ``fp32``, ``bf16`` or ``fp16``:
     what ``gpt1 zeroshot --precision`` takes. Pass ``fp32`` to reproduce fp32 numbers to 1e-4."""
     batch_size: int = 32
-    """Rows per forward pass (lm-eval's ``--batch_size``; ``auto`` means this default)."""
+    """Rows per forward pass. lm-eval's ``--batch_size`` fills it when not given here (its command line's own default
+    is 1: pass ``--batch_size 32``); ``auto`` means this default."""
     max_gen_toks: int = 256
     """Tokens ``generate_until`` produces at most when a task does not say (its ``max_gen_toks``)."""
     verify: bool = True
@@ -104,9 +105,8 @@ class GPT1LM(_LMBase):  # type: ignore[misc,valid-type]
             raise GPT1Error(INSTALL_HINT)
         super().__init__()
         from gptcli.eval.zeroshot import open_model
-        from gptcli.runtime import resolve_device
-
         from gptcli.interop.hub import resolve_checkpoint
+        from gptcli.runtime import resolve_device
 
         self.config = HarnessModelConfig.of(kwargs)
         path, _ = resolve_checkpoint(self.config.checkpoint)  # a Hub id (openai-gpt) is converted once, cached
