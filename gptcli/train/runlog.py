@@ -9,7 +9,8 @@ they carry.
 
 Weights & Biases (``--wandb[=PROJECT]``, the ``wandb`` extra) gets the same scalars as TensorBoard (``train/loss``,
 ``eval/perplexity``, … at their step), the run's resolved config, and the checkpoint paths (run summary
-``checkpoints`` and ``last_checkpoint``, refreshed after every record and at the end: the files the run keeps). Its
+``run_dir``, ``checkpoints`` and ``last_checkpoint``, refreshed after every record and when the log closes: the
+checkpoints the run holds then; fine-tuning writes ``checkpoints/final`` after its log closes). Its
 files go to ``RUN/wandb``; the run id is kept in ``RUN/wandb/gpt1-run-id`` so a resumed run continues the same W&B
 run. ``WANDB_MODE=offline`` (or ``disabled``) works as W&B documents it: nothing leaves the machine and ``wandb sync
 RUN/wandb/offline-run-*`` uploads later.
@@ -96,10 +97,14 @@ class WandbTracker:
         self._checkpoints()
 
     def _checkpoints(self) -> None:
-        found = sorted(str(p) for p in (self.run_dir / "checkpoints").glob("*") if p.is_dir() and not p.name.startswith("."))
+        """The run's checkpoint directories in the summary, oldest first (by modification time: ``final`` sorts
+        before ``step-…`` by name)."""
+        found = [p for p in (self.run_dir / "checkpoints").glob("*") if p.is_dir() and not p.name.startswith(".")]
+        found.sort(key=lambda p: (p.stat().st_mtime_ns, p.name))
+        self.run.summary["run_dir"] = str(self.run_dir)
         if found:
-            self.run.summary["checkpoints"] = found
-            self.run.summary["last_checkpoint"] = found[-1]
+            self.run.summary["checkpoints"] = [str(p) for p in found]
+            self.run.summary["last_checkpoint"] = str(found[-1])
 
     def close(self) -> None:
         self._checkpoints()

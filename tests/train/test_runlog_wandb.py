@@ -63,7 +63,8 @@ def logged(run_dir: Path) -> tuple[dict[int, dict], dict, dict]:
             kind = r.WhichOneof("record_type")
             if kind == "history":
                 row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
-                history.setdefault(int(row["_step"]), {}).update(row)
+                step = r.history.step.num if r.history.HasField("step") else row["_step"]
+                history.setdefault(int(step), {}).update(row)
             elif kind == "summary":
                 summary.update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.summary.update})
             elif kind == "config":
@@ -94,13 +95,13 @@ def test_pretrain_logs_the_same_scalars_config_and_checkpoints_offline(tmp_path,
     ckpts = sorted(str(p) for p in (run / "checkpoints").iterdir() if p.is_dir())
     assert summary["checkpoints"] == ckpts and summary["last_checkpoint"] == ckpts[-1]
 
-    # Resumed for two more updates: the same W&B run (its id is kept in RUN/wandb), another project by name.
+    # Resumed for two more updates: the same W&B run (its id is kept in RUN/wandb); a project given by name.
     run_id = summary["_run_id"]
     code, _, err = cli([*args[:-6], "--max-steps", "6", "--save-every", "2", "--log-every", "1", "--resume",
-                        "--wandb=other"], capsys)
+                        "--wandb=gpt1"], capsys)
     assert code == 0, err
     history, summary, _ = logged(run)
-    assert summary["_run_id"] == run_id and summary["_project"] == "other"
+    assert summary["_run_id"] == run_id and summary["_project"] == "gpt1"
     assert {5, 6} <= set(history)
 
 
@@ -121,3 +122,22 @@ def test_without_wandb_installed_the_option_says_what_to_install(tmp_path, monke
     with pytest.raises(GPT1Error, match=r"pip install 'gpt1\[wandb\]'"):
         RunLogger(tmp_path, wandb="gpt1")
     assert not (tmp_path / "metrics.jsonl").exists() or (tmp_path / "metrics.jsonl").read_text() == ""
+
+
+def test_finetune_logs_the_same_records(pretrained, tmp_path, capsys):
+    from run_helpers import sst2_folder
+
+    run = tmp_path / "ft"
+    code, _, err = cli(["finetune", "--task", "sst2", "--init", str(pretrained), "--out", str(run), "--data-dir",
+                        str(sst2_folder(tmp_path / "SST-2")), "--epochs", "2", "--batch-size", "4", "--log-every", "1",
+                        "--device", "cpu", "--precision", "fp32", "-q", "--wandb=ft"], capsys)
+    assert code == 0, err
+    history, summary, config = logged(run)
+    assert summary["_project"] == "ft" and config["task"] == "sst2"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert train and all(history[r["step"]]["train/loss"] == pytest.approx(r["loss"]) for r in train)
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert evals and all(history[r["step"]]["eval/accuracy"] == pytest.approx(r["accuracy"]) for r in evals)
+    # The step checkpoints as the run wrote them (final is written after the log closes, in the run directory named).
+    assert summary["run_dir"] == str(run) and Path(summary["last_checkpoint"]).name.startswith("step-")
