@@ -364,7 +364,7 @@ def to_hf(ckpt: str | Path, out: str | Path) -> tuple[Path, list[str]]:
     def write(tmp: Path) -> None:
         mark(tmp, "hf-export")  # inside the temporary directory: a marked export is always a whole one
         save_tensors(sd, tmp / "model.safetensors", metadata={"format": "pt"})  # a full disk is an OSError
-        write_hf_config(tmp, cfg, tokenizer=False, special_tokens=special_token_ids(tok) if with_tokenizer else None)
+        write_hf_config(tmp, cfg, special_tokens=special_token_ids(tok) if with_tokenizer else None)
         if with_tokenizer:
             write_hf_tokenizer(tmp, tok, cfg.n_ctx)
             if tok.kind == "openai":

@@ -4,24 +4,27 @@ A ``tokenizer.json`` chains a normalizer, a pre-tokenizer, a BPE model and a dec
 ``tokenizers`` library; gpt1's pipeline (:mod:`gptcli.tokenizers.text`) is ftfy, the released standardisation,
 spaCy's rule tokenizer and lowercasing before the BPE. The closest faithful construction, stage by stage:
 
-- **ftfy** → ``NFC`` (what ftfy's default configuration normalises to). Mojibake repair, HTML unescaping and
-  quote/ligature fixes have no equivalent; text that needs them (rare in clean text) tokenizes differently.
+- **ftfy** → ``NFC`` (what ftfy's default configuration normalises to) and its fixes that are plain character maps
+  (curly quotes, Latin ligatures, line breaks). Mojibake repair, HTML unescaping and the rest have no equivalent;
+  text that needs them (rare in clean text) tokenizes differently.
 - **the released standardisation** → exactly: its character map (dashes, ellipsis, acute accent) as ``Replace``
   steps, a space inserted at both ends of every run of its punctuation characters, whitespace collapsed, a line
   break with the spaces around it made one ``\\n``.
-- **spaCy** → its rules that fire on standardised English text, as spaces inserted where spaCy splits: ``n't`` and
-  the clitics ``'s 'm 'd 'll 're 've``, an apostrophe opening or closing a word, a ``.``, ``...`` or ``:`` ending a
-  word, ``$ £ € #`` opening one, ``%`` after a digit. Its exception table (``Mr.``, ``U.S.``, emoticons…) and its
-  URL and number rules are not reproduced.
-- **lowercasing** → ``Lowercase`` (unless the tokenizer is cased).
+- **spaCy** → its rules that fire on standardised English text, as spaces inserted where spaCy splits
+  (:data:`_SPACY_SPLITS`): ``n't``, ``'s`` and the pronoun clitics, an apostrophe opening or closing a word, a ``.``
+  ending a word (but not an abbreviation of :data:`_ABBREVIATIONS`, one letter or ``U.S.``), ``...``, ``:``,
+  currency and ``#`` before a word, ``%`` and units after a number, ``< > =`` and backticks. The rest of its
+  exception table and its URL, emoticon and number rules are not reproduced.
+- **lowercasing** → ``Lowercase`` after the splits, as gpt1 lowercases spaCy's words (unless the tokenizer is cased).
 - **BPE** → exactly. The original BPE: its vocabulary and merges with ``</w>`` as the end-of-word suffix. A learned
   sentencepiece BPE: its pieces with their ids, merges derived from the pieces in score order (as transformers'
   ``SentencePieceExtractor`` does), and the word-final ``▁`` inserted by the normalizer (sentencepiece's
   whitespace-as-suffix), so that a word ending in a character never merged with ``▁`` still matches. The newline
-  token is an added token ``\\n`` with gpt1's newline id.
+  is a piece of its own (``\\n`` with gpt1's newline id; the pre-tokenizer isolates line breaks). The unknown piece
+  is named ``⁇``, not ``<unk>``, so the text ``<unk>`` is tokenized as text (see :func:`tokenizer_json`).
 
 ``docs/convert.md`` gives the measured share of texts whose ids are identical. Nothing here imports ``tokenizers``
-or ``transformers``: the file is written as JSON (tests load it with both).
+or ``transformers``: the file is written as JSON (tests load it with ``transformers.AutoTokenizer``).
 """
 
 from __future__ import annotations
@@ -128,11 +131,6 @@ def _bpe(vocab: dict[str, int], merges: list[str], unk: str | None, suffix: str 
             "vocab": vocab, "merges": merges}
 
 
-def _added(i: int, content: str, special: bool) -> dict[str, Any]:
-    return {"id": i, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
-            "normalized": not special, "special": special}
-
-
 def tokenizer_json(tok: Any) -> dict[str, Any]:
     """The ``tokenizer.json`` body for gpt1 tokenizer ``tok`` (kind ``openai`` or ``sentencepiece``)."""
     kind = getattr(tok, "kind", None)
@@ -146,7 +144,6 @@ def tokenizer_json(tok: Any) -> dict[str, Any]:
         vocab = {p: i for i, p in enumerate(pieces)}
         vocab[NEWLINE] = tok.newline_id  # a piece of its own: the pre-tokenizer isolates line breaks
         model = _bpe(vocab, sentencepiece_merges(pieces, scores), UNK_SURFACE, None)
-        added: list[dict[str, Any]] = []
         norm, suffix = normalizer(bool(tok.cased), WORD_END), WORD_END
     elif kind == "openai":
         from gptcli.tokenizers.openai import EOW
@@ -158,12 +155,11 @@ def tokenizer_json(tok: Any) -> dict[str, Any]:
             vocab[UNK_SURFACE] = 0
             unk = UNK_SURFACE
         model = _bpe(vocab, [f"{a} {b}" for a, b in tok.merges], unk, EOW)
-        added = []
         norm, suffix = normalizer(False, None), EOW
     else:
         raise GPT1Error(f"tokenizer kind {kind!r} cannot be written as a Hugging Face tokenizer "
                         f"(known: {', '.join(EXPORTABLE)})")
-    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": norm,
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": norm,
             "pre_tokenizer": PRE_TOKENIZER, "post_processor": None,
             "decoder": decoder(suffix, newline_spaced=kind == "openai"), "model": model}
 
