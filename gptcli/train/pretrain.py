@@ -64,7 +64,7 @@ ADJUSTABLE_MODEL = ("embd_pdrop", "attn_pdrop", "resid_pdrop", "out_pdrop")
 # schedule is recomputed over the new total), the learning-rate recipe and clipping (lower --lr after a loss spike),
 # the micro-batch (gradient accumulation sums the same mean gradient in another order: last-bit differences only;
 # changing the number of processes does the same), and what validation reads. Every other setting — the cadences
-# (log/eval/save_every, keep_last), tensorboard, wandb, device, precision, compile, peak_flops, verify_data — changes how
+# (log/eval/save_every, keep_last), tensorboard, device, precision, compile, peak_flops, verify_data — changes how
 # the run is computed or watched, not what it computes, and is taken silently.
 ADJUSTABLE = ("epochs", "max_steps", "max_tokens", "lr", "warmup_steps", "schedule", "grad_clip", "micro_batch_size",
               "val_split", "eval_batches")
