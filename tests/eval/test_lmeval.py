@@ -42,16 +42,17 @@ FP32 = "precision=fp32,device=cpu"
 
 @pytest.fixture(scope="module", autouse=True)
 def _datasets_offline(tmp_path_factory):
-    """lm-eval reads the local task files through ``datasets``: offline, with a cache of this module's own."""
-    saved = {k: os.environ.get(k) for k in ("HF_DATASETS_OFFLINE", "HF_DATASETS_CACHE")}
-    os.environ["HF_DATASETS_OFFLINE"] = "1"
-    os.environ["HF_DATASETS_CACHE"] = str(tmp_path_factory.mktemp("datasets-cache"))
-    yield
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    """lm-eval reads the local task files through ``datasets``: offline, with a cache of this module's own (also when
+    ``datasets`` was imported before, which reads both settings once)."""
+    cache = tmp_path_factory.mktemp("datasets-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_DATASETS_OFFLINE", "1")
+        mp.setenv("HF_DATASETS_CACHE", str(cache))
+        config = sys.modules.get("datasets.config")
+        if config is not None:
+            mp.setattr(config, "HF_DATASETS_OFFLINE", True)
+            mp.setattr(config, "HF_DATASETS_CACHE", cache)
+        yield
 
 
 @pytest.fixture(scope="module")
