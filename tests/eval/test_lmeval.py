@@ -274,3 +274,21 @@ def test_gpt1_lmeval_command_end_to_end(checkpoint, shared_data, tmp_path):
     body = json.loads(results.read_text())
     assert body["results"]["gpt1_sst2"]["acc,none"] is not None
     assert "|gpt1_sst2|" in proc.stdout.replace(" ", "")
+
+
+def test_stop_strings_take_the_pipelines_form(learned_tok):
+    assert lmeval.stop_forms(learned_tok, ["\n\n", "Question:", "  ", "Don't"]) == ["\n", "question :", "do n't"]
+    assert lmeval.stop_forms(learned_tok, "\n") == ["\n"] and lmeval.stop_forms(learned_tok, None) == []
+    assert lmeval.first_stop("a question : b\nc", ["\n", "question :"]) == 2
+    assert lmeval.first_stop("abc", ["x"]) is None
+
+
+def test_local_tasks_and_include_path_are_one_or_the_other(shared_data, tmp_path):
+    from gptcli.errors import GPT1Error
+
+    with pytest.raises(GPT1Error, match="give one of them"):
+        lmeval.run_cli(["--model", "gpt1", "--include_path", str(tmp_path)], local_tasks=shared_data)
+    with pytest.raises(GPT1Error, match="unknown local lm-eval task 'gpt1_rte'"):
+        write_local_tasks(shared_data, tmp_path / "t", tasks=["gpt1_rte"])
+    with pytest.raises(GPT1Error, match="none of the local lm-eval tasks' files found"):
+        write_local_tasks(tmp_path, tmp_path / "t2")

@@ -141,3 +141,16 @@ def test_finetune_logs_the_same_records(pretrained, tmp_path, capsys):
     assert evals and all(history[r["step"]]["eval/accuracy"] == pytest.approx(r["accuracy"]) for r in evals)
     # The step checkpoints as the run wrote them (final is written after the log closes, in the run directory named).
     assert summary["run_dir"] == str(run) and Path(summary["last_checkpoint"]).name.startswith("step-")
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["pretrain", "--wandb"], ["pretrain", "--wandb=gpt1"]),
+    (["pretrain", "--wandb", "--quiet"], ["pretrain", "--wandb=gpt1", "--quiet"]),
+    (["pretrain", "--wandb", "mine"], ["pretrain", "--wandb", "mine"]),
+    (["pretrain", "--wandb=mine"], ["pretrain", "--wandb=mine"]),
+])
+def test_wandb_alone_means_the_default_project(argv, expected):
+    from gptcli.cli import _optional_values
+    from gptcli.train.runlog import DEFAULT_WANDB_PROJECT
+
+    assert _optional_values(argv) == expected and DEFAULT_WANDB_PROJECT == "gpt1"
