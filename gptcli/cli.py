@@ -50,7 +50,25 @@ COMMANDS: list[tuple[str, str, str]] = [
                              "curve over pretraining."),
     ("convert", "convert", "Convert weights: OpenAI's released GPT-1 and Hugging Face checkpoints in and out."),
     ("generate", "generate", "Generate text from a checkpoint (KV cache; greedy, temperature, top-k, top-p)."),
+    ("lmeval", "lmeval", "Score a checkpoint with EleutherAI's lm-evaluation-harness (lm_eval's arguments, the gpt1 "
+                         "model registered; needs gpt1[eval])."),
 ]
+
+
+# Options that may also be typed without a value, and the value that means (Typer has no optional-value options):
+# `--wandb` alone is `--wandb=gpt1` (gptcli/train/runlog.py, DEFAULT_WANDB_PROJECT).
+OPTIONAL_VALUES: dict[str, str] = {"--wandb": "gpt1"}
+
+
+def _optional_values(argv: list[str]) -> list[str]:
+    """``argv`` with each option of OPTIONAL_VALUES that has no value (last, or followed by another option) given
+    its implied one; ``--wandb=NAME`` and ``--wandb NAME`` pass unchanged."""
+    out = []
+    for i, a in enumerate(argv):
+        if a in OPTIONAL_VALUES and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
+            a = f"{a}={OPTIONAL_VALUES[a]}"
+        out.append(a)
+    return out
 
 
 class _LazyCommands(typer.core.TyperGroup):
@@ -189,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
     previous = _catch_sigterm()
     try:
-        rv = command.main(args=argv, prog_name="gpt1", standalone_mode=False)
+        args = _optional_values(list(sys.argv[1:] if argv is None else argv))
+        rv = command.main(args=args, prog_name="gpt1", standalone_mode=False)
     except GPT1Error as e:
         _record_for_launcher(e)
         if _state["debug"]:

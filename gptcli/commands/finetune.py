@@ -29,7 +29,7 @@ OPTIONS = Options(
         "Evaluation": ("eval_split", "max_eval_examples", "eval_batch_size", "select"),
         "Checkpointing": ("out", "save_every", "keep_last", "resume", "overwrite"),
         "Runtime": ("device", "precision"),
-        "Output": ("log_every",),
+        "Output": ("log_every", "wandb"),
     },
     # --clf-dropout is the spelling the command always had; --clf-pdrop matches the config key.
     flags={"clf_pdrop": ("--clf-dropout", "--clf-pdrop")},

@@ -30,7 +30,7 @@ OPTIONS = Options(
         "Evaluation": ("eval_every", "eval_batches"),
         "Checkpointing": ("out", "save_every", "keep_last", "resume"),
         "Runtime": ("device", "precision", "peak_flops"),
-        "Output": ("log_every", "tensorboard"),
+        "Output": ("log_every", "tensorboard", "wandb"),
     },
     flags={"verify_data": ("--verify/--no-verify", "--verify-data/--no-verify-data")},
     # The Transformer's fields, then the LSTM's own (--n-hidden); a preset of the other architecture refuses them.

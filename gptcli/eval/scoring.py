@@ -22,6 +22,8 @@ Rules (documented in ``docs/zeroshot.md``):
   they are longer and the shared context is long, the context runs once into a KV cache (an LSTM: its recurrent
   state) that all candidates continue from (RACE's four answers after one document). ``precision`` follows :func:`gptcli.runtime.resolve_precision`
   (``auto``: bf16 autocast on CUDA and on CPUs with native bf16, fp32 otherwise); log-softmax is always fp32.
+- **Greedy.** Each :class:`Score` also says whether every scored token was the argmax where it was read (lm-eval's
+  ``is_greedy``; :mod:`gptcli.eval.lmeval`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ class Score:
     count: int = 0
     truncated: bool = False
     """True when tokens were dropped to fit the context window."""
+    greedy: bool = True
+    """True when every scored token was the model's most probable next token (argmax over the whole output layer,
+    special rows included): what lm-eval calls ``is_greedy``."""
 
     @property
     def mean(self) -> float:
@@ -132,14 +137,16 @@ def _autocast(device: torch.device, precision: str):
     return autocast(device, _precision(device, precision))  # type: ignore[arg-type]
 
 
-def _read(model, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Log-probabilities of ``targets`` (N,) from hidden states ``h`` (N, d): logits only where they are read.
+def _read(model, h: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities of ``targets`` (N,) from hidden states ``h`` (N, d): logits only where they are read; and
+    whether each target is the argmax there.
 
     Called outside autocast with ``h`` cast back to the weights' dtype: the output projection is a small part of
     the work here (only read positions) and fp32 logits keep close candidates apart.
     """
     logits = model.lm_logits(h.to(next(model.parameters()).dtype)).float()
-    return torch.gather(F.log_softmax(logits, dim=-1), 1, targets.unsqueeze(1)).squeeze(1)
+    lp = torch.gather(F.log_softmax(logits, dim=-1), 1, targets.unsqueeze(1)).squeeze(1)
+    return lp, logits.argmax(dim=-1) == targets
 
 
 @torch.no_grad()
@@ -180,13 +187,16 @@ class _Totals:
     def __init__(self, n: int, report: Progress) -> None:
         self.sums = torch.zeros(n, dtype=torch.float64)
         self.counts = torch.zeros(n, dtype=torch.long)
+        self.misses = torch.zeros(n, dtype=torch.long)
         self.report = report
         self.reported = 0
 
-    def add(self, idx: list[int], lp: torch.Tensor) -> None:
+    def add(self, idx: list[int], read: tuple[torch.Tensor, torch.Tensor]) -> None:
+        lp, top = read
         ix = torch.tensor(idx, dtype=torch.long)
         self.sums.index_add_(0, ix, lp.double().cpu())
         self.counts.index_add_(0, ix, torch.ones_like(ix))
+        self.misses.index_add_(0, ix, (~top).long().cpu())
 
     def finished(self, n: int) -> None:
         self.reported += n
@@ -200,7 +210,8 @@ def _score(model, requests, batch_size, max_tokens, precision, cache_min_context
     _score_cached(model, cached, batch_size, precision, totals)
     if totals.reported < len(requests):
         totals.finished(len(requests) - totals.reported)  # requests with no token to score are done too
-    return [Score(float(s), int(c), t) for s, c, t in zip(totals.sums.tolist(), totals.counts.tolist(), truncated)]
+    return [Score(float(s), int(c), t, m == 0)
+            for s, c, t, m in zip(totals.sums.tolist(), totals.counts.tolist(), truncated, totals.misses.tolist())]
 
 
 def _read_at(model, h: torch.Tensor, reads: list[tuple[int, int, int, int]], totals: _Totals) -> None:
@@ -209,8 +220,9 @@ def _read_at(model, h: torch.Tensor, reads: list[tuple[int, int, int, int]], tot
         return
     device = h.device
     rows, pos, tgt, req = (list(x) for x in zip(*reads))
-    lp = _read(model, h[torch.tensor(rows, device=device), torch.tensor(pos, device=device)], torch.tensor(tgt, device=device))
-    totals.add(req, lp)
+    read = _read(model, h[torch.tensor(rows, device=device), torch.tensor(pos, device=device)],
+                 torch.tensor(tgt, device=device))
+    totals.add(req, read)
 
 
 def _score_rows(model, rows: list[_Row], batch_size: int, max_tokens: int, precision: str, totals: _Totals) -> None:

@@ -2,8 +2,8 @@
 
 - :func:`from_hf` reads a Hugging Face directory → model + tokenizer (Hub ids: :mod:`gptcli.interop.hub`).
 - :func:`from_openai` reads the original release (``params_0.npy`` … ``params_9.npy`` + ``params_shapes.json``).
-- :func:`to_hf` writes a directory that ``transformers.OpenAIGPTLMHeadModel.from_pretrained`` and
-  ``OpenAIGPTTokenizer.from_pretrained`` load.
+- :func:`to_hf` writes a directory that ``transformers.AutoModelForCausalLM.from_pretrained`` and
+  ``AutoTokenizer.from_pretrained`` load (no remote code), whichever tokenizer the checkpoint has.
 - :func:`convert_to_checkpoint` saves a converted model as an ordinary gpt1 checkpoint directory.
 - :func:`convert` does one whole conversion as a :class:`ConvertConfig` describes it (what ``gpt1 convert`` runs).
 
@@ -337,9 +337,10 @@ def convert_to_checkpoint(converted: Converted, out: str | Path) -> Path:
 def to_hf(ckpt: str | Path, out: str | Path) -> tuple[Path, list[str]]:
     """Write checkpoint ``ckpt`` as a Hugging Face ``openai-gpt`` directory; returns (dir, warnings).
 
-    Weights and config always; ``vocab.json`` + ``merges.txt`` only for the original OpenAI tokenizer (a learned
-    sentencepiece vocabulary has no ``OpenAIGPTTokenizer`` equivalent, so it is not exported — a warning says so).
-    Task heads of fine-tuned checkpoints are not exported either.
+    Weights and config always. The tokenizer as ``tokenizer.json`` (+ ``tokenizer_config.json``) that
+    ``AutoTokenizer`` loads without remote code, for the original BPE and a learned sentencepiece one alike
+    (:mod:`gptcli.interop.hf_tokenizer`: the closest construction of gpt1's pipeline in ``tokenizers``); the original
+    BPE also as ``vocab.json`` + ``merges.txt`` for ``OpenAIGPTTokenizer``. Task heads are not exported.
     """
 
     check_output(Path(out), "hf-export", overwrite=True, inputs=[Path(ckpt)])  # library callers too
@@ -356,14 +357,18 @@ def to_hf(ckpt: str | Path, out: str | Path) -> tuple[Path, list[str]]:
     sd.pop("lm_head.weight")
     sd = {k: v.detach().float().contiguous().clone() for k, v in sd.items()}
     tok = c.tokenizer
-    with_tokenizer = tok is not None and getattr(tok, "kind", None) == "openai"
+    from gptcli.interop.hf_tokenizer import EXPORTABLE, special_token_ids, write_hf_tokenizer
+
+    with_tokenizer = tok is not None and getattr(tok, "kind", None) in EXPORTABLE
 
     def write(tmp: Path) -> None:
         mark(tmp, "hf-export")  # inside the temporary directory: a marked export is always a whole one
         save_tensors(sd, tmp / "model.safetensors", metadata={"format": "pt"})  # a full disk is an OSError
-        write_hf_config(tmp, cfg, tokenizer=with_tokenizer)
+        write_hf_config(tmp, cfg, special_tokens=special_token_ids(tok) if with_tokenizer else None)
         if with_tokenizer:
-            tok.save_bpe_files(tmp)
+            write_hf_tokenizer(tmp, tok, cfg.n_ctx)
+            if tok.kind == "openai":
+                tok.save_bpe_files(tmp)
 
     warnings = _export_warnings(c)
     path = atomic_directory(Path(out), write)
@@ -381,9 +386,9 @@ def _export_warnings(c: Any) -> list[str]:
                         f"{cfg.total_vocab - 1} (vocab_size {cfg.total_vocab}); the tokenizer files do not name them")
     if tok is None:
         warnings.append(f"{c.path}: the checkpoint has no tokenizer; none is exported")
-    elif getattr(tok, "kind", None) != "openai":
-        warnings.append(f"tokenizer kind {tok.kind!r} is not exported (Hugging Face openai-gpt only knows the original "
-                        f"BPE); keep using {c.path}/tokenizer with gpt1")
+    elif getattr(tok, "kind", None) not in ("openai", "sentencepiece"):
+        warnings.append(f"tokenizer kind {tok.kind!r} is not exported (only the original BPE and a learned sentencepiece "
+                        f"BPE have a Hugging Face form); keep using {c.path}/tokenizer with gpt1")
     return warnings
 
 

@@ -20,7 +20,6 @@ from gptcli.model.gpt import ModelConfig
 
 HF_CONFIG = "config.json"
 """A Hugging Face model directory's configuration file."""
-HF_TOKENIZER_CONFIG = "tokenizer_config.json"
 
 # (our suffix, HF suffix, transpose?) inside each block.
 _BLOCK_MAP = [
@@ -119,11 +118,13 @@ def read_hf_config(directory: Path) -> dict[str, Any]:
     return hf_cfg
 
 
-def write_hf_config(directory: Path, cfg: ModelConfig, *, tokenizer: bool) -> None:
-    """``config.json`` for ``cfg`` and, with ``tokenizer`` (the original BPE files are written beside it),
-    ``tokenizer_config.json`` naming ``OpenAIGPTTokenizer``. ``directory`` is a fresh temporary directory that is
-    renamed into place whole, so plain writes suffice."""
-    (directory / HF_CONFIG).write_text(json.dumps(config_to_hf(cfg), indent=2) + "\n", encoding="utf-8")
-    if tokenizer:
-        tok_cfg = {"tokenizer_class": "OpenAIGPTTokenizer", "unk_token": "<unk>", "model_max_length": cfg.n_ctx}
-        (directory / HF_TOKENIZER_CONFIG).write_text(json.dumps(tok_cfg, indent=2) + "\n", encoding="utf-8")
+def write_hf_config(directory: Path, cfg: ModelConfig, *, special_tokens: dict[str, int] | None = None) -> None:
+    """``config.json`` for ``cfg``, with the context length as ``model_max_length`` and, given ``special_tokens``,
+    gpt1's fine-tuning tokens and their ids; GPT-1 has no BOS, EOS or padding token. (The tokenizer's files are
+    :mod:`gptcli.interop.hf_tokenizer`'s.) ``directory`` is a fresh temporary directory that is renamed into place
+    whole, so plain writes suffice."""
+    body = {**config_to_hf(cfg), "model_max_length": cfg.n_ctx, "bos_token_id": None, "eos_token_id": None,
+            "pad_token_id": None}
+    if special_tokens:
+        body["gpt1_special_tokens"] = special_tokens
+    (directory / HF_CONFIG).write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")

@@ -199,6 +199,10 @@ class FinetuneConfig:
     """auto, fp32, bf16 or fp16 (autocast; weights stay fp32)."""
     log_every: int = 10
     """Write a training record to metrics.jsonl every this many updates."""
+    wandb: str | None = None
+    """Also log to Weights & Biases (rank 0): the same scalars, this config and the checkpoint paths, under this
+    project (``--wandb`` alone: ``gpt1``); files in RUN/wandb; WANDB_MODE=offline logs without a network (needs
+    gpt1[wandb])."""
     save_every: int = 1000
     """Checkpoint every this many updates to RUN/checkpoints/step-N (also after every epoch's dev score and on
     SIGINT/SIGTERM); 0 = only those. Step checkpoints are deleted when the run finishes."""
@@ -825,7 +829,7 @@ def _start_run_dir(run: Run, plan: RunDirPlan, report: Progress) -> RunLogger:
         _keep_records(metrics, run.records, report)
     elif metrics.exists():
         metrics.unlink()  # an unfinished run without checkpoints started over
-    return RunLogger(run.work)
+    return RunLogger(run.work, wandb=run.config.wandb, config=to_dict(recorded(run.config)))
 
 
 def _start_rank(run: Run, plan: RunDirPlan, report: Progress) -> RunLogger | None:

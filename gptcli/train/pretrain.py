@@ -146,6 +146,10 @@ class PretrainConfig:
     """Write a metrics line (and refresh the display) every this many updates."""
     tensorboard: bool = False
     """Also write TensorBoard events to RUN/tensorboard (needs the tensorboard package)."""
+    wandb: str | None = None
+    """Also log to Weights & Biases (rank 0): the same scalars, this config and the checkpoint paths, under this
+    project (``--wandb`` alone: ``gpt1``); files in RUN/wandb; WANDB_MODE=offline logs without a network (needs
+    gpt1[wandb])."""
     resume: bool = False
     """Continue from the newest intact checkpoint in RUN/checkpoints (fresh start if there is none). The data,
     the model's shape, seq_len, batch_size, seed and the optimizer's decay/β/ε must stay as they were; the run's
@@ -565,7 +569,7 @@ def _open_run_dir(plan: RunPlan, step: int, resumed: bool) -> RunLogger:
         truncate_metrics(run_dir / METRICS, step)
     elif (run_dir / METRICS).exists():
         (run_dir / METRICS).unlink()
-    return RunLogger(run_dir, config.tensorboard)
+    return RunLogger(run_dir, config.tensorboard, config.wandb, to_dict(dataclasses.replace(config, resume=False)))
 
 
 def _throughput_meter(plan: RunPlan, model: LanguageModel, report: Progress) -> Throughput:

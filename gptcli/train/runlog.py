@@ -1,16 +1,26 @@
-"""Run logging: ``metrics.jsonl`` (always), TensorBoard (optional), and the throughput figures both carry.
+"""Run logging: ``metrics.jsonl`` (always), TensorBoard and Weights & Biases (optional), and the throughput figures
+they carry.
 
 ``metrics.jsonl`` has one JSON object per line: ``{"kind": "train", "step", "loss", "lr", "grad_norm",
 "tokens", "tokens_per_s", "mfu", "elapsed_s"}`` per logged update and ``{"kind": "eval", "step", "split",
 "loss", "perplexity", "tokens"}`` per validation (pretraining adds ``"unigram_loss"``). Only the writing rank
 (rank 0 under DDP) creates a logger. Nothing is drawn here: the training loop reports through
 :mod:`gptcli.progress` and the command layer renders it.
+
+Weights & Biases (``--wandb[=PROJECT]``, the ``wandb`` extra) gets the same scalars as TensorBoard (``train/loss``,
+``eval/perplexity``, … at their step), the run's resolved config, and the checkpoint paths (run summary
+``run_dir``, ``checkpoints`` and ``last_checkpoint``, refreshed after every record and when the log closes: the
+checkpoints the run holds then; fine-tuning writes ``checkpoints/final`` after its log closes). Its
+files go to ``RUN/wandb``; the run id is kept in ``RUN/wandb/gpt1-run-id`` so a resumed run continues the same W&B
+run. ``WANDB_MODE=offline`` (or ``disabled``) works as W&B documents it: nothing leaves the machine and ``wandb sync
+RUN/wandb/offline-run-*`` uploads later.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -57,13 +67,68 @@ def _clean(v: Any) -> Any:
     return v
 
 
-class RunLogger:
-    """Appends metrics to ``RUN/metrics.jsonl`` and, if asked and installed, TensorBoard event files."""
+class WandbTracker:
+    """One W&B run beside a gpt1 run directory (see the module docstring)."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = False) -> None:
+    def __init__(self, run_dir: Path, project: str, config: dict[str, Any] | None) -> None:
+        try:
+            import wandb
+        except ImportError:
+            raise GPT1Error("--wandb needs the wandb package (pip install 'gpt1[wandb]')") from None
+        self.run_dir = Path(run_dir)
+        d = self.run_dir / "wandb"
+        d.mkdir(parents=True, exist_ok=True)
+        id_file = d / "gpt1-run-id"
+        run_id = id_file.read_text(encoding="utf-8").strip() if id_file.is_file() else secrets.token_hex(4)
+        write_text_atomic(id_file, run_id + "\n")
+        try:
+            self.run = wandb.init(project=project or DEFAULT_WANDB_PROJECT, dir=str(self.run_dir), id=run_id,
+                                  resume="allow", name=self.run_dir.name, config=config or {},
+                                  settings=wandb.Settings(silent=True))
+        except Exception as e:  # wandb raises its own errors (no login, no network) as one line
+            raise GPT1Error(f"--wandb: W&B could not start a run ({str(e).splitlines()[0] if str(e) else e}; "
+                            "set WANDB_MODE=offline to log locally)") from None
+
+    def log(self, record: dict[str, Any]) -> None:
+        kind = record.get("kind", "train")
+        scalars = _scalars(record, kind)
+        if scalars:
+            self.run.log(scalars, step=int(record.get("step", 0)))
+        self._checkpoints()
+
+    def _checkpoints(self) -> None:
+        """The run's checkpoint directories in the summary, oldest first (by modification time: ``final`` sorts
+        before ``step-…`` by name)."""
+        found = [p for p in (self.run_dir / "checkpoints").glob("*") if p.is_dir() and not p.name.startswith(".")]
+        found.sort(key=lambda p: (p.stat().st_mtime_ns, p.name))
+        self.run.summary["run_dir"] = str(self.run_dir)
+        if found:
+            self.run.summary["checkpoints"] = [str(p) for p in found]
+            self.run.summary["last_checkpoint"] = str(found[-1])
+
+    def close(self) -> None:
+        self._checkpoints()
+        self.run.finish()
+
+
+DEFAULT_WANDB_PROJECT = "gpt1"
+"""The W&B project ``--wandb`` without a value logs to."""
+
+
+def _scalars(record: dict[str, Any], kind: str) -> dict[str, float]:
+    """A record's finite numbers as ``kind/name`` (what TensorBoard and W&B plot)."""
+    return {f"{kind}/{k}": v for k, v in record.items()
+            if k not in ("kind", "step") and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+class RunLogger:
+    """Appends metrics to ``RUN/metrics.jsonl`` and, if asked and installed, TensorBoard event files and a W&B run
+    (``wandb``: the project name, ``""`` for the default one, None for none; ``config``: the run's settings)."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = False, wandb: str | None = None,
+                 config: dict[str, Any] | None = None) -> None:
         self.path = Path(run_dir) / METRICS
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a", encoding="utf-8")
         self.tb = None
         if tensorboard:
             try:
@@ -71,20 +136,25 @@ class RunLogger:
             except ImportError:
                 raise GPT1Error("--tensorboard needs the tensorboard package (pip install tensorboard)") from None
             self.tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+        self.wandb = WandbTracker(Path(run_dir), wandb, config) if wandb is not None else None
+        self._f = open(self.path, "a", encoding="utf-8")
 
     def log(self, record: dict[str, Any]) -> None:
         self._f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
         self._f.flush()
         if self.tb is not None:
             kind = record.get("kind", "train")
-            for k, v in record.items():
-                if k not in ("kind", "step") and isinstance(v, (int, float)) and math.isfinite(v):
-                    self.tb.add_scalar(f"{kind}/{k}", v, record.get("step", 0))
+            for k, v in _scalars(record, kind).items():
+                self.tb.add_scalar(k, v, record.get("step", 0))
+        if self.wandb is not None:
+            self.wandb.log(record)
 
     def close(self) -> None:
         self._f.close()
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.close()
 
 
 def format_duration(seconds: float) -> str:

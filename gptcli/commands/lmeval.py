@@ -1,0 +1,38 @@
+"""`gpt1 lmeval`: EleutherAI's lm-evaluation-harness command line with the ``gpt1`` model registered.
+
+lm-eval 0.4 finds models only in its own registry (no plugin entry points), so ``lm_eval --model gpt1`` needs
+``gptcli.eval.lmeval`` imported first: this command does that and hands every argument to lm-eval unchanged
+(``gpt1 lmeval --model gpt1 --model_args checkpoint=RUN --tasks …`` is the ``lm_eval`` command line). It adds one
+option of its own, ``--local-tasks ROOT``: the offline task configs over the files in ``ROOT``
+(``gptcli/eval/lmeval_tasks.py``).
+
+Unlike the other commands its options are not derived from a config dataclass: they are lm-eval's, parsed by
+lm-eval (``gpt1 lmeval run -h`` shows them; ``--help`` shows this command's); ``--local-tasks`` is the only one
+gpt1 parses.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+COMMAND_SETTINGS = {
+    "context_settings": {"allow_extra_args": True, "ignore_unknown_options": True},
+    "help": "lm-evaluation-harness with the gpt1 model: [bold]gpt1 lmeval --model gpt1 --model_args "
+            "checkpoint=RUN --tasks …[/] (every argument is lm-eval's; see docs/lmeval.md).",
+}
+
+
+def command(
+    ctx: typer.Context,
+    local_tasks: Optional[Path] = typer.Option(
+        None, "--local-tasks", metavar="ROOT",
+        help="Data root (e.g. ../shared/data): add the offline tasks gpt1_sst2, gpt1_storycloze and gpt1_wikitext2 "
+             "over its files (written to a temporary --include_path folder for this run)."),
+) -> None:
+    """lm-evaluation-harness ([bold]lm_eval[/]'s arguments, unchanged) with the gpt1 model registered."""
+    from gptcli.eval.lmeval import run_cli
+
+    run_cli(list(ctx.args), local_tasks)

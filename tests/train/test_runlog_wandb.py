@@ -1,0 +1,156 @@
+"""Weights & Biases beside metrics.jsonl (``--wandb[=PROJECT]``, gptcli/train/runlog.py), offline: the run files W&B
+writes hold the scalars of metrics.jsonl, the run's config and its checkpoint paths; a resumed run continues the same
+W&B run; ``--wandb`` alone means the ``gpt1`` project."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+if os.environ.get("CI"):  # CI installs the dev extra: wandb missing there is an error, not a skipped module
+    import wandb
+else:
+    wandb = pytest.importorskip("wandb", reason="wandb is part of the dev extra (pip install -e '.[dev]')")
+
+from corpus_helpers import random_corpus  # noqa: E402
+from run_helpers import TINY_ARGS, cli  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch, tmp_path):
+    """W&B offline, with its own config/cache folders (nothing in the real home, nothing on the network)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / var.lower()))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+
+
+def wandb_records(path: Path):
+    """The protobuf records of a ``run-*.wandb`` file (W&B's LevelDB-style log: a 7-byte header, then 32 KiB blocks
+    of records with a 7-byte header each — crc32, length, type FULL/FIRST/MIDDLE/LAST)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, pending = 7, 32768, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        pending += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            record = pb.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def logged(run_dir: Path) -> tuple[dict[int, dict], dict, dict]:
+    """(history rows by step, final summary, config) of every offline W&B run under RUN/wandb, in order."""
+    history: dict[int, dict] = {}
+    summary: dict = {}
+    config: dict = {}
+    for f in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb")):
+        for r in wandb_records(f):
+            kind = r.WhichOneof("record_type")
+            if kind == "history":
+                row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+                step = r.history.step.num if r.history.HasField("step") else row["_step"]
+                history.setdefault(int(step), {}).update(row)
+            elif kind == "summary":
+                summary.update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.summary.update})
+            elif kind == "config":
+                config.update({i.key: json.loads(i.value_json) for i in r.config.update})
+            elif kind == "run":  # the run's header: id, project and the config given to wandb.init
+                summary["_run_id"], summary["_project"] = r.run.run_id, r.run.project
+                config.update({i.key: json.loads(i.value_json) for i in r.run.config.update})
+    return history, summary, config
+
+
+def test_pretrain_logs_the_same_scalars_config_and_checkpoints_offline(tmp_path, capsys):
+    data = random_corpus(tmp_path / "corpus")
+    run = tmp_path / "run"
+    args = ["pretrain", "--data", str(data), "--out", str(run), *TINY_ARGS, "--max-steps", "4", "--save-every", "2",
+            "--eval-every", "2", "--log-every", "1"]
+    code, _, err = cli([*args, "--wandb"], capsys)
+    assert code == 0, err
+    history, summary, config = logged(run)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in records} == {1, 2, 3, 4} and any(r["kind"] == "eval" for r in records)
+    for r in records:
+        row = history[r["step"]]
+        for k, v in r.items():
+            if k not in ("kind", "step", "split"):
+                assert row[f"{r['kind']}/{k}"] == pytest.approx(v), (r["step"], k)
+    assert summary["_project"] == "gpt1"  # --wandb alone
+    assert config["lr"] == pytest.approx(2.5e-4) and config["max_steps"] == 4 and config["wandb"] == "gpt1"
+    ckpts = sorted(str(p) for p in (run / "checkpoints").iterdir() if p.is_dir())
+    assert summary["checkpoints"] == ckpts and summary["last_checkpoint"] == ckpts[-1]
+
+    # Resumed for two more updates: the same W&B run (its id is kept in RUN/wandb); a project given by name.
+    run_id = summary["_run_id"]
+    code, _, err = cli([*args[:-6], "--max-steps", "6", "--save-every", "2", "--log-every", "1", "--resume",
+                        "--wandb=gpt1"], capsys)
+    assert code == 0, err
+    history, summary, _ = logged(run)
+    assert summary["_run_id"] == run_id and summary["_project"] == "gpt1"
+    assert {5, 6} <= set(history)
+
+
+def test_without_wandb_installed_the_option_says_what_to_install(tmp_path, monkeypatch):
+    import builtins
+
+    from gptcli.errors import GPT1Error
+    from gptcli.train.runlog import RunLogger
+
+    real = builtins.__import__
+
+    def no_wandb(name, *a, **k):
+        if name == "wandb":
+            raise ImportError(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_wandb)
+    with pytest.raises(GPT1Error, match=r"pip install 'gpt1\[wandb\]'"):
+        RunLogger(tmp_path, wandb="gpt1")
+    assert not (tmp_path / "metrics.jsonl").exists() or (tmp_path / "metrics.jsonl").read_text() == ""
+
+
+def test_finetune_logs_the_same_records(pretrained, tmp_path, capsys):
+    from run_helpers import sst2_folder
+
+    run = tmp_path / "ft"
+    code, _, err = cli(["finetune", "--task", "sst2", "--init", str(pretrained), "--out", str(run), "--data-dir",
+                        str(sst2_folder(tmp_path / "SST-2")), "--epochs", "2", "--batch-size", "4", "--log-every", "1",
+                        "--device", "cpu", "--precision", "fp32", "-q", "--wandb=ft"], capsys)
+    assert code == 0, err
+    history, summary, config = logged(run)
+    assert summary["_project"] == "ft" and config["task"] == "sst2"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert train and all(history[r["step"]]["train/loss"] == pytest.approx(r["loss"]) for r in train)
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert evals and all(history[r["step"]]["eval/accuracy"] == pytest.approx(r["accuracy"]) for r in evals)
+    # The step checkpoints as the run wrote them (final is written after the log closes, in the run directory named).
+    assert summary["run_dir"] == str(run) and Path(summary["last_checkpoint"]).name.startswith("step-")
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["pretrain", "--wandb"], ["pretrain", "--wandb=gpt1"]),
+    (["pretrain", "--wandb", "--quiet"], ["pretrain", "--wandb=gpt1", "--quiet"]),
+    (["pretrain", "--wandb", "mine"], ["pretrain", "--wandb", "mine"]),
+    (["pretrain", "--wandb=mine"], ["pretrain", "--wandb=mine"]),
+])
+def test_wandb_alone_means_the_default_project(argv, expected):
+    from gptcli.cli import _optional_values
+    from gptcli.train.runlog import DEFAULT_WANDB_PROJECT
+
+    assert _optional_values(argv) == expected and DEFAULT_WANDB_PROJECT == "gpt1"
