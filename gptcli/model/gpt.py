@@ -127,7 +127,7 @@ class CausalSelfAttention(nn.Module):
             k, v = cache.update(layer, k, v)
         dropout = self.attn_pdrop if self.training else 0.0
         if past == 0:
-            # Plain causal attention, by the fastest path for the device, precision and dropout (attention.py).
+            # Plain causal attention (attention.py: SDPA, or the CPU kernel when the kernels are on).
             y = causal_attention(q, k, v, dropout)
         elif T == 1:
             # One new token attends to everything cached: no mask needed.
