@@ -35,6 +35,10 @@ from rich.markup import escape
 
 from gptcli.config import from_dict, load_file, to_dict
 
+# Fields that, in whichever config has them, also read an environment variable (Click's envvar: it counts as given,
+# above --config; --help names it). GPT1_KERNELS is gptcli.model.kernels.ENV (tests/commands/test_options.py).
+FIELD_ENVVARS: dict[str, str] = {"kernels": "GPT1_KERNELS"}
+
 # --help panels, in the order they are shown; a command uses those it needs.
 PANELS = ("Input", "Model", "Sampling", "Data", "Optimisation", "Schedule", "Evaluation", "Checkpointing", "Distributed",
           "Runtime", "Output")
@@ -238,13 +242,15 @@ class Options:
         if name in self.arguments:
             return self._raw(name, tp, default, (), doc, None, argument=True)
         return self._raw(name, tp, list(default) if isinstance(default, tuple) else default,
-                         self._spellings(name, is_bool), doc, panel)
+                         self._spellings(name, is_bool), doc, panel, envvar=FIELD_ENVVARS.get(name))
 
     @staticmethod
     def _raw(name: str, tp: Any, default: Any, flags: Sequence[str], help_: str, panel: str | None,
-             argument: bool = False) -> inspect.Parameter:
+             argument: bool = False, envvar: str | None = None) -> inspect.Parameter:
         is_bool = tp is bool or tp == typing.Optional[bool]
         kw: dict[str, Any] = {"help": escape(help_.replace("``", "`")), "show_default": _default_text(default)}
+        if envvar is not None:
+            kw["envvar"] = envvar
         if argument:
             info = typer.Argument(default, **kw)
         else:
@@ -293,4 +299,4 @@ def _typed(ctx: typer.Context, name: str) -> bool:
     return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
 
 
-__all__ = ["PANELS", "CliOnly", "Nested", "Options", "Parsed", "field_docs"]
+__all__ = ["FIELD_ENVVARS", "PANELS", "CliOnly", "Nested", "Options", "Parsed", "field_docs"]

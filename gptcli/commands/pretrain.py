@@ -29,7 +29,7 @@ OPTIONS = Options(
         "Schedule": ("epochs", "max_steps", "max_tokens", "warmup_steps", "schedule"),
         "Evaluation": ("eval_every", "eval_batches"),
         "Checkpointing": ("out", "save_every", "keep_last", "resume"),
-        "Runtime": ("device", "precision", "peak_flops"),
+        "Runtime": ("device", "precision", "kernels", "peak_flops"),
         "Output": ("log_every", "tensorboard"),
     },
     flags={"verify_data": ("--verify/--no-verify", "--verify-data/--no-verify-data")},

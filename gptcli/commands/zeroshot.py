@@ -21,7 +21,7 @@ OPTIONS = Options(
     panels={
         "Input": ("task", "data_dir", "verify"),
         "Evaluation": ("threshold", "limit"),
-        "Runtime": ("batch_size", "precision", "device"),
+        "Runtime": ("batch_size", "precision", "device", "kernels"),
         "Output": ("out",),
     },
     # Both are repeatable on the command line (CliOnly below); the config file keeps their plain fields.

@@ -65,6 +65,7 @@ from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.build import AnyConfig, LanguageModel, arch_of, build_model, config_from_dict, preset
 from gptcli.model.gpt import GPT
 from gptcli.model.heads import HeadConfig, TaskHead
+from gptcli.model.kernels import set_kernels
 from gptcli.model.losses import lm_loss_per_sequence
 from gptcli.outputs import MARKER, check_output, kind_of, mark, next_free
 from gptcli.progress import SILENT, Progress
@@ -96,10 +97,10 @@ RUN_DEFINING = ("task", "train_split", "eval_split", "skip_bad_rows", "lr", "bat
 # one with today's default ("random") is refused by name instead of silently changing its batch order.
 RECORDED_BEFORE = {"batching": "length"}
 # Settings a resume may change, each noted when it does: how the same updates and dev scores are computed. The
-# micro-batch is memory (a resume on a smaller device must be able to lower it); it, the device and the precision
-# change the arithmetic (and the micro-batch the order of the dropout draws), so the continuation is no longer
-# bitwise the uninterrupted run; the evaluation batch may change a dev score's last bits.
-ADJUSTABLE = ("micro_batch_size", "eval_batch_size", "device", "precision")
+# micro-batch is memory (a resume on a smaller device must be able to lower it); it, the device, the precision and
+# the kernels change the arithmetic (and the micro-batch the order of the dropout draws), so the continuation is no
+# longer bitwise the uninterrupted run; the evaluation batch may change a dev score's last bits.
+ADJUSTABLE = ("micro_batch_size", "eval_batch_size", "device", "precision", "kernels")
 # Taken silently: where things are (compared by content instead), how the run is watched and kept, and the two
 # switches that say what to do with --out.
 UNCOMPARED = ("init", "tokenizer", "model", "data_dir", "out", "verify", "log_every", "save_every", "keep_last",
@@ -189,6 +190,9 @@ class FinetuneConfig:
     """auto, cpu or cuda[:N]."""
     precision: str = "auto"
     """auto, fp32, bf16 or fp16 (autocast; weights stay fp32)."""
+    kernels: str = "auto"
+    """How the model is computed, not what: auto = the fast CPU kernels of gptcli/model/kernels on CPU (PyTorch's
+    fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy)."""
     log_every: int = 10
     """Write a training record to metrics.jsonl every this many updates."""
     save_every: int = 1000
@@ -243,6 +247,7 @@ def finetune(config: FinetuneConfig, progress: Progress | None = None,
     report = (progress or SILENT) if par.is_main else SILENT
     check_config(config)
     check_world(config, par.world_size)
+    set_kernels(config.kernels)
     task = get_task(config.task)
     if not config.out:  # what `gpt1 finetune` chooses too (it says so before calling here)
         config = dataclasses.replace(config, out=str(next_free(default_run_dir(task.name))))

@@ -1,12 +1,13 @@
-"""The attention paths compute one function; the dispatch picks the measured one (gptcli/model/attention.py)."""
+"""The CPU attention kernel's paths compute SDPA's function; its table picks the measured one
+(gptcli/model/kernels/attention.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-import gptcli.model.attention as attention
-from gptcli.model.attention import PATHS, attention_path, causal_attention
+import gptcli.model.kernels.attention as attention
+from gptcli.model.kernels.attention import PATHS, attention_path, causal_attention
 from gptcli.model.gpt import GPT, ModelConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -15,9 +15,10 @@ and, for dropout, which units a given seed drops (the law is the same):
 - ``tied.py``: the tied output product against an embedding padded to an aligned row count (reference:
   ``F.linear`` against the embedding).
 
-The switch is ``--kernels auto|reference`` on every command that runs the model (a config field), the environment
-variable ``GPT1_KERNELS``, or :func:`set_kernels` from code; a value set by :func:`set_kernels` wins over the
-environment. ``auto`` (the default) runs the kernels on CPU and the reference everywhere else (on CUDA the
+The switch is ``--kernels auto|reference`` on every command that runs the model (the ``kernels`` field of its
+config, applied by :func:`set_kernels` when the run starts), the environment variable ``GPT1_KERNELS`` (the field's
+default, and the mode of code that runs the model outside a run), or :func:`set_kernels` from code, which wins
+over the environment. ``auto`` (the default) runs the kernels on CPU and the reference everywhere else (on CUDA the
 reference already is PyTorch's fused kernels); ``reference`` runs plain PyTorch everywhere and never imports a
 module of this folder. Why each kernel is faster, and by how much, is in docs/performance.md.
 
@@ -55,11 +56,14 @@ def set_kernels(mode: str | None) -> None:
     _chosen = None if mode is None else check_mode(mode)
 
 
-def mode() -> str:
-    """The mode in force: the one :func:`set_kernels` chose, else ``$GPT1_KERNELS``, else ``auto``."""
-    if _chosen is not None:
-        return _chosen
+def default_mode() -> str:
+    """``$GPT1_KERNELS``, else ``auto``: the default of every config's ``kernels`` field."""
     return check_mode(os.environ.get(ENV, "") or "auto", source=ENV)
+
+
+def mode() -> str:
+    """The mode in force: the one :func:`set_kernels` chose, else :func:`default_mode`."""
+    return _chosen if _chosen is not None else default_mode()
 
 
 def enabled(device: torch.device | str) -> bool:
@@ -68,4 +72,4 @@ def enabled(device: torch.device | str) -> bool:
     return kind == "cpu" and mode() == "auto"
 
 
-__all__ = ["ENV", "MODES", "check_mode", "enabled", "mode", "set_kernels"]
+__all__ = ["ENV", "MODES", "check_mode", "default_mode", "enabled", "mode", "set_kernels"]
