@@ -79,10 +79,11 @@ def _future_bias(t: int, device: torch.device, dtype: torch.dtype) -> torch.Tens
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float = 0.0,
-                     path: str | None = None) -> torch.Tensor:
+                     path: str | None = None, block_rows: int | None = None) -> torch.Tensor:
     """Causal attention of ``q``, ``k``, ``v`` (B, H, T, d) with dropout ``dropout`` on the probabilities.
 
-    ``dropout`` is applied as given (the caller passes 0 outside training)."""
+    ``dropout`` is applied as given (the caller passes 0 outside training). ``path`` forces a path, ``block_rows``
+    the ``chunked`` path's queries per block (default ``CHUNK_ROWS``; benchmarks/attention_paths.py ``--chunks``)."""
     path = path or attention_path(q.device.type, q.dtype, dropout, q.size(-2))
     if path == "sdpa":
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
@@ -96,7 +97,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout:
     # One (B·H, T, d) copy of each (q, k, v are strided views of the fused projection): every block's batched
     # matmuls then read contiguous slices instead of copying their own.
     q, k, v = (x.to(dtype).reshape(B * H, t, d) for x in (q, k, v))
-    blocks = max(1, t // CHUNK_ROWS) if path == "chunked" else 1
+    blocks = max(1, t // (block_rows or CHUNK_ROWS)) if path == "chunked" else 1
     bounds = tuple(t * i // blocks for i in range(blocks + 1))
     with torch.autocast(device, enabled=False):
         out = _BlockedAttention.apply(q, k, v, _future_bias(t, q.device, dtype), dropout, bounds)
