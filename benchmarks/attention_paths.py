@@ -1,8 +1,8 @@
 """Causal self-attention alone, forward + backward: every path the model can take, per precision and dropout.
 
-The measurements behind the dispatch table of the CPU attention kernel (``gptcli/model/kernels/attention.py``). One GPT-1 attention (B × 12 heads × T ×
-64 with B·T = 2,048 tokens by default: the paper's layer at the training benchmark's 4 × 512, and the shorter
-sequences of fine-tuning) is run through
+The measurements behind the dispatch table of the CPU attention kernel (``gptcli/model/kernels/attention.py``).
+One GPT-1 attention (B × 12 heads × T × 64 with B·T = 2,048 tokens by default: the paper's layer at the training
+benchmark's 4 × 512, and the shorter sequences of fine-tuning) is run through
 
 - ``sdpa``: ``F.scaled_dot_product_attention(is_causal=True, dropout_p=p)``;
 - ``plain``: the paths the model writes out itself — scores = q·kᵀ/√d, causal mask, softmax, dropout, · v —
@@ -97,7 +97,8 @@ def bench_length(args, t: int, torch, paths, attention_path, causal_attention) -
     times = round_robin(step, [(path, *case) for case in cases for path in paths], args.steps)
     rows = []
     print(f"\nB={shape[0]} heads={args.heads} T={t} d={args.head_dim}, median of {args.steps}; train = "
-          f"forward+backward, eval = forward under no_grad; '← model' = the path gptcli.model.kernels.attention picks")
+          f"forward+backward, eval = forward under no_grad; '← model' = the path gptcli.model.kernels.attention "
+          "picks")
     for dt, p, mode in cases:
         ref = statistics.median(times[("sdpa", dt, p, mode)])
         chosen = attention_path("cpu", dt, p, t)
