@@ -11,8 +11,10 @@ def test_padded_output_product_gives_the_same_logits_and_gradients(monkeypatch):
     """The fp32 CPU output layer pads the embedding for large batches: same values, same gradients, only the memory
     layout differs."""
     from gptcli.model.gpt import GPT, ModelConfig
+    from gptcli.model.kernels import set_kernels
     from gptcli.model.kernels import tied as padding
 
+    set_kernels("auto")
     model = GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32))
     ids = torch.randint(0, 101, (4, 16))
     results = []
@@ -37,8 +39,10 @@ def test_training_loss_through_the_padded_product_is_the_plain_one(monkeypatch):
     the same loss and embedding gradient as the plain product and loss."""
     from gptcli.model import tied
     from gptcli.model.gpt import GPT, ModelConfig
+    from gptcli.model.kernels import set_kernels
     from gptcli.model.kernels import tied as padding
 
+    set_kernels("auto")
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32)).eval()
     ids = torch.randint(0, 101, (4, 16))

@@ -65,16 +65,16 @@ def attention_path(device_type: str, dtype: torch.dtype, dropout: float, seq_len
     return CPU_PATHS.get((dtype, dropout > 0.0), "sdpa")
 
 
-_BIASES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+_CAUSAL_BIASES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
-def _future_bias(t: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+def _causal_bias(t: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """(t, t) additive causal mask: 0 where a query may look, −inf above the diagonal. One per device and dtype, as
     long as the longest sequence seen, sliced for shorter ones (the upper triangle of a square's top-left corner is
     the corner's own upper triangle), so fine-tuning's many lengths cost one mask, not one each."""
-    bias = _BIASES.get((device, dtype))
+    bias = _CAUSAL_BIASES.get((device, dtype))
     if bias is None or bias.size(0) < t:
-        bias = _BIASES[(device, dtype)] = torch.full((t, t), float("-inf"), device=device, dtype=dtype).triu(1)
+        bias = _CAUSAL_BIASES[(device, dtype)] = torch.full((t, t), float("-inf"), device=device, dtype=dtype).triu(1)
     return bias[:t, :t]
 
 
@@ -100,7 +100,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout:
     blocks = max(1, t // (block_rows or CHUNK_ROWS)) if path == "chunked" else 1
     bounds = tuple(t * i // blocks for i in range(blocks + 1))
     with torch.autocast(device, enabled=False):
-        out = _BlockedAttention.apply(q, k, v, _future_bias(t, q.device, dtype), dropout, bounds)
+        out = _BlockedAttention.apply(q, k, v, _causal_bias(t, q.device, dtype), dropout, bounds)
     return out.view(B, H, t, d)
 
 
