@@ -92,3 +92,15 @@ def test_a_pretraining_run_resumes_under_the_other_mode(tmp_path, capsys) -> Non
     assert code == 0, capsys.readouterr().err
     assert kernels.mode() == "reference"
     assert 'kernels = "reference"' in (out / "config.toml").read_text()
+
+
+def test_the_environment_is_a_default_under_a_config_file(generation, monkeypatch, tmp_path) -> None:
+    """``GPT1_KERNELS`` sits under ``--config`` (and a resumed run's config.toml): the workers of a ``--procs``
+    launch read the launcher's resolved settings from a file and must not be overridden by what they inherit."""
+    monkeypatch.setenv(kernels.ENV, "reference")
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('kernels = "auto"\n')
+    assert run_cli("generate", "-c", "ck", "-p", "x", "--config", str(cfg)) == 0
+    assert generation[-1].kernels == "auto"
+    assert run_cli("generate", "-c", "ck", "-p", "x") == 0
+    assert generation[-1].kernels == "reference"
