@@ -65,7 +65,7 @@ from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.build import AnyConfig, LanguageModel, arch_of, build_model, config_from_dict, preset
 from gptcli.model.gpt import GPT
 from gptcli.model.heads import HeadConfig, TaskHead
-from gptcli.model.kernels import set_kernels
+from gptcli.model.kernels import check_mode, set_kernels
 from gptcli.model.losses import lm_loss_per_sequence
 from gptcli.outputs import MARKER, check_output, kind_of, mark, next_free
 from gptcli.progress import SILENT, Progress
@@ -302,6 +302,7 @@ def check_config(c: FinetuneConfig) -> None:
     """Refuse settings that cannot work, before anything is read or loaded."""
     if not c.task:
         raise GPT1Error("no task given (--task NAME; see --list-tasks)")
+    check_mode(c.kernels)
     if c.micro_batch_size is not None and c.micro_batch_size <= 0:
         raise GPT1Error(f"micro_batch_size must be positive, got {c.micro_batch_size}")
     if c.workers < 0:
