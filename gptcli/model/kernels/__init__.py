@@ -50,14 +50,16 @@ def check_mode(mode: str, source: str = "--kernels") -> str:
 
 
 def set_kernels(mode: str | None) -> None:
-    """Choose the mode for this process (``None``: back to the environment's). Commands call it with their
-    ``kernels`` setting at the start of a run."""
+    """Choose the mode for this process (``None``: back to the environment's). Every run that computes with the
+    model (``pretrain()``, ``finetune()``, ``evaluate_tasks()``, ``zeroshot()``, ``start_generation()``, …) calls
+    it with its config's ``kernels`` when it starts."""
     global _chosen
     _chosen = None if mode is None else check_mode(mode)
 
 
 def default_mode() -> str:
-    """``$GPT1_KERNELS``, else ``auto``: the default of every config's ``kernels`` field."""
+    """``$GPT1_KERNELS``, else ``auto``: the mode of code that runs the model outside a run (on the command line
+    the variable is the default of ``--kernels``, under ``--config``: gptcli/commands/options.py)."""
     return check_mode(os.environ.get(ENV, "") or "auto", source=ENV)
 
 
