@@ -1,12 +1,12 @@
 """Causal self-attention alone, forward + backward: every path the model can take, per precision and dropout.
 
-The measurements behind ``gptcli/model/attention.py``'s dispatch table. One GPT-1 attention (B × 12 heads × T ×
-64 with B·T = 2,048 tokens by default: the paper's layer at the training benchmark's 4 × 512, and the shorter
-sequences of fine-tuning) is run through
+The measurements behind the dispatch table of the CPU attention kernel (``gptcli/model/kernels/attention.py``).
+One GPT-1 attention (B × 12 heads × T × 64 with B·T = 2,048 tokens by default: the paper's layer at the training
+benchmark's 4 × 512, and the shorter sequences of fine-tuning) is run through
 
 - ``sdpa``: ``F.scaled_dot_product_attention(is_causal=True, dropout_p=p)``;
 - ``plain``: the paths the model writes out itself — scores = q·kᵀ/√d, causal mask, softmax, dropout, · v —
-  in the variants the model's dispatch can pick (``gptcli.model.attention.PATHS``);
+  in the variants the kernel's table can pick (``gptcli.model.kernels.attention.PATHS``);
 
 for fp32 and bf16 autocast (as training runs them: q, k, v come out of an autocast ``Linear`` in bf16), with
 dropout 0 and the paper's 0.1. Variants run round-robin (``_machine.round_robin``); the table gives median
@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--chunks", default="",
                     help="also time the chunked path at these block counts (comma-separated, e.g. 2,8; the model's "
-                         "takes T / gptcli.model.attention.CHUNK_ROWS)")
+                         "takes T / gptcli.model.kernels.attention.CHUNK_ROWS)")
     ap.add_argument("--steps", type=int, default=10, help="timed rounds (after one warm-up)")
     add_machine_args(ap)
     args = ap.parse_args()
@@ -43,18 +43,15 @@ def main() -> None:
 
     import torch
 
-    from gptcli.model import attention
-    from gptcli.model.attention import PATHS, attention_path
+    from gptcli.model.kernels import attention
+    from gptcli.model.kernels.attention import PATHS, attention_path
 
     def causal_attention(q, k, v, p, path):
-        """The model's function; ``chunked/N`` runs the chunked path with N blocks."""
+        """The kernel's function; ``chunked/N`` runs the chunked path with N blocks."""
         if not path.startswith("chunked/"):
             return attention.causal_attention(q, k, v, p, path=path)
-        default, attention.CHUNK_ROWS = attention.CHUNK_ROWS, max(1, q.size(-2) // int(path.split("/")[1]))
-        try:
-            return attention.causal_attention(q, k, v, p, path="chunked")
-        finally:
-            attention.CHUNK_ROWS = default
+        rows = max(1, q.size(-2) // int(path.split("/")[1]))
+        return attention.causal_attention(q, k, v, p, path="chunked", block_rows=rows)
 
     paths = list(PATHS) + [f"chunked/{n}" for n in args.chunks.split(",") if n.strip()]
     from gptcli.runtime import measure_cpu_peak
@@ -100,7 +97,8 @@ def bench_length(args, t: int, torch, paths, attention_path, causal_attention) -
     times = round_robin(step, [(path, *case) for case in cases for path in paths], args.steps)
     rows = []
     print(f"\nB={shape[0]} heads={args.heads} T={t} d={args.head_dim}, median of {args.steps}; train = "
-          f"forward+backward, eval = forward under no_grad; '← model' = the path gptcli.model.attention picks")
+          f"forward+backward, eval = forward under no_grad; '← model' = the path gptcli.model.kernels.attention "
+          "picks")
     for dt, p, mode in cases:
         ref = statistics.median(times[("sdpa", dt, p, mode)])
         chosen = attention_path("cpu", dt, p, t)

@@ -1,14 +1,15 @@
-"""The parts of a training step gpt1 computes its own way on CPU, each against PyTorch's stock op, same run.
+"""The parts of a training step gpt1's CPU kernels (gptcli/model/kernels/) compute, each against PyTorch's stock op,
+same run.
 
 At GPT-1's training shapes (4 × 512 tokens, 12 heads, 40,478-token vocabulary), forward + backward:
 
-- ``dropout``: ``gptcli.model.dropout.dropout`` vs ``F.dropout`` on one layer's attention probabilities (the 5/8
+- ``dropout``: ``gptcli.model.kernels.dropout.dropout`` vs ``F.dropout`` on one layer's attention probabilities (the 5/8
   of 4 × 12 × 512² the chunked attention computes) and on a residual branch (4 × 512 × 768);
 - ``mask``: the dropout mask alone — ``keep_mask`` vs ``bernoulli_`` (what ``F.dropout`` draws);
-- ``loss``: the next-token loss on 2,048 × 40,478 logits — ``gptcli.model.losses.next_token_nll`` (row blocks,
+- ``loss``: the next-token loss on 2,048 × 40,478 logits — ``gptcli.model.kernels.losses`` (row blocks,
   hand-written backward) vs ``F.cross_entropy`` of the fp32 logits (what it replaced, and what HF computes);
-- ``head``: the tied output product and the loss as training takes them (``TiedEmbeddingLM.lm_nll``), with the
-  embedding padded to a multiple of 64 rows vs the plain product.
+- ``head``: the tied output product and the loss as training takes them, with the embedding padded to a multiple of
+  64 rows (``gptcli.model.kernels.tied.training_logits``) vs the plain product (the loss: the kernel's, both).
 
 fp32 and bf16 (autocast for the head; bf16 tensors for the rest, as autocast produces them). Variants run
 round-robin (``_machine.round_robin``); the report gives median milliseconds and ours / stock.
@@ -58,9 +59,12 @@ def _cases() -> dict:
     import torch
     import torch.nn.functional as F
 
-    from gptcli.model import dropout as gd
     from gptcli.model.gpt import GPT, preset
+    from gptcli.model.kernels import dropout as gd
+    from gptcli.model.kernels import set_kernels
     from gptcli.model.losses import next_token_nll
+
+    set_kernels("auto")  # "ours" is the kernels' (next_token_nll dispatches to the blocked loss on CPU)
 
     g = torch.Generator().manual_seed(0)
     probs_n, resid_shape = 4 * 12 * 512 * 512 * 5 // 8, (4, 512, 768)
@@ -90,23 +94,29 @@ def _cases() -> dict:
 
 
 def _head(model, h, prec: str, padded: bool):
-    """Forward + backward of the tied output layer and the loss at 2,048 positions, padded product forced on or off."""
+    """Forward + backward of the tied output layer and the loss at 2,048 positions, through the padded product or the
+    plain one."""
     import torch
+    import torch.nn.functional as F
 
-    from gptcli.model import tied
+    from gptcli.model.kernels.tied import training_logits
+    from gptcli.model.losses import next_token_nll
 
     x = h.clone().requires_grad_()
+    w = model.tok_emb.weight
     targets = torch.randint(0, model.config.total_vocab, (h.size(0),), generator=torch.Generator().manual_seed(2))
 
     def run():
-        saved = tied._pad_pays
-        tied._pad_pays = lambda h, w, training=False: padded
         try:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=prec == "bf16"):
-                loss = model.lm_nll(x, targets)
+                if padded:
+                    logits = training_logits(x, w)
+                    assert logits is not None, "the padded product does not pay at these shapes"
+                    loss = next_token_nll(logits, targets, classes=w.size(0))
+                else:
+                    loss = next_token_nll(F.linear(x, w), targets)
             loss.backward()
         finally:
-            tied._pad_pays = saved
             model.zero_grad(set_to_none=True)
             x.grad = None
     return run

@@ -2,10 +2,10 @@
 
 For each model size (``gpt1`` at batch 4×512 and ``tiny``) both implementations get the same weights, the same
 batch and the same optimizer (fused AdamW), in train mode with the paper's dropouts; one timed "step" is
-forward + backward + optimizer step. Variants run round-robin so machine noise hits all alike: ours; two
-ablations of ours — ``ours-sdpa``, attention forced to SDPA everywhere (before ``gptcli/model/attention.py`` chose
-a path per device, precision and dropout), and ``ours-torch``, PyTorch's own ``F.dropout`` in place of
-``gptcli/model/dropout.py`` (and its ``bernoulli_`` mask in the attention); and HF — each in fp32 and bf16. Each
+forward + backward + optimizer step. Variants run round-robin so machine noise hits all alike: ours (``--kernels
+auto``: the CPU kernels of ``gptcli/model/kernels/``); its ablation ``ours-reference``, the same model and
+optimizer under ``--kernels reference`` (plain PyTorch: SDPA, ``F.dropout``, ``F.cross_entropy``, the unpadded
+output product; the switch, ``gptcli.model.kernels.set_kernels``); and HF — each in fp32 and bf16. Each
 timed step follows ``--settle`` (default 1) untimed steps of the same variant, as steps follow one another in a
 training run (``_machine.round_robin``), and each precision's variants form their own round-robin, fp32's first.
 The report gives medians, ratios against HF in the same precision (same round-robin) and against HF fp32 (same
@@ -41,7 +41,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=512, help="tokens per sequence")
     ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16")
     ap.add_argument("--no-hf", action="store_true", help="only our model")
-    ap.add_argument("--no-ablations", action="store_true", help="skip the ablations ours-sdpa and ours-torch")
+    ap.add_argument("--no-ablations", action="store_true", help="skip the ablation ours-reference")
     add_machine_args(ap)
     args = ap.parse_args()
     start(args)
@@ -58,20 +58,18 @@ def main() -> None:
 def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> list[dict]:
     """Time every (implementation, precision) variant of one preset, round-robin; print and return the rows."""
     import torch
-    import torch.nn.functional as F
 
     from gptcli.interop.hf import config_to_hf, state_dict_to_hf
-    from gptcli.model import attention, dropout
     from gptcli.model.gpt import GPT, preset
+    from gptcli.model.kernels import set_kernels
 
     cfg = preset(size)
     torch.manual_seed(0)
     ours = GPT(cfg).train()
     models = {"ours": ours}
     if not args.no_ablations:
-        # The same model and optimizer state; only the attention path, or the dropout, differ.
-        models["ours-sdpa"] = ours
-        models["ours-torch"] = ours
+        # The same model and optimizer state; only the kernel mode differs.
+        models["ours-reference"] = ours
     if not args.no_hf:
         import transformers
 
@@ -82,12 +80,6 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
         hf.load_state_dict(state_dict_to_hf(ours.state_dict(), cfg.n_layer), strict=False)
         models["hf"] = hf
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-5, weight_decay=0.01, fused=True) for k, m in models.items()}
-    sdpa_everywhere = {key: "sdpa" for key in attention.CPU_PATHS}
-
-    def torch_mask(shape, p: float, device="cpu", dtype=torch.bool) -> torch.Tensor:
-        """The attention's mask as ``F.dropout`` draws it (a Bernoulli per unit from a double uniform)."""
-        return torch.empty(shape, device=device, dtype=dtype).bernoulli_(1.0 - p)
-
     g = torch.Generator().manual_seed(1)
     batch = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), generator=g)
     x, y = batch[:, :-1], batch[:, 1:]
@@ -106,15 +98,11 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
 
     @contextlib.contextmanager
     def ablation(name: str):
-        saved = attention.CPU_PATHS, dropout.dropout, attention.keep_mask
-        if name == "ours-sdpa":
-            attention.CPU_PATHS = sdpa_everywhere
-        if name == "ours-torch":
-            dropout.dropout, attention.keep_mask = F.dropout, torch_mask
+        set_kernels("reference" if name == "ours-reference" else "auto")
         try:
             yield
         finally:
-            attention.CPU_PATHS, dropout.dropout, attention.keep_mask = saved
+            set_kernels(None)
 
     # Each precision is its own round-robin: the variants compared directly (same precision) alternate, and a bf16
     # step never follows a fp32 one, whose twice-as-large buffers leave the heap reshaped for it.

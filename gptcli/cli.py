@@ -22,10 +22,10 @@ from typing import Any, Optional
 
 import typer
 
-try:  # typer >= 0.16 vendors click as typer._click; older versions use click itself
-    from typer._click import exceptions as click_exc
-except ImportError:  # pragma: no cover
-    from click import exceptions as click_exc
+try:  # Typer >= 0.16 vendors Click; the base class of its Click's exceptions is Typer's public TyperException
+    from typer import TyperException as ClickError
+except ImportError:  # pragma: no cover - older Typer raises the errors of Click itself
+    from click import ClickException as ClickError
 from rich.console import Console
 from rich.markup import escape
 
@@ -71,10 +71,29 @@ def _optional_values(argv: list[str]) -> list[str]:
     return out
 
 
+def _untyped_help(option: Any) -> Any:
+    """The ``--help`` option with an empty metavar, so that --help shows no ``<bool>`` type beside it: recent Typer
+    prints a flag's type (reading as if the flag took a value) unless the option has a metavar. The options of
+    commands/options.py and the root's get the same empty metavar where they are declared."""
+    if option is not None:
+        option.metavar = ""
+    return option
+
+
+class _Command(typer.core.TyperCommand):
+    """A subcommand: Typer's, with the ``--help`` of :func:`_untyped_help`."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        return _untyped_help(super().get_help_option(ctx))
+
+
 class _LazyCommands(typer.core.TyperGroup):
     """The subcommands of COMMANDS, each imported on first use; the overview lists them from the table."""
 
     _overview = False
+
+    def get_help_option(self, ctx: Any) -> Any:
+        return _untyped_help(super().get_help_option(ctx))
 
     def list_commands(self, ctx: Any) -> list[str]:
         return [name for name, _, _ in COMMANDS]
@@ -99,7 +118,7 @@ class _LazyCommands(typer.core.TyperGroup):
 def _load(name: str, module: str, summary: str) -> Any:
     mod = importlib.import_module(f"gptcli.commands.{module}")
     single = typer.Typer(rich_markup_mode="rich", pretty_exceptions_enable=False, add_completion=False)
-    single.command(name, short_help=summary, **getattr(mod, "COMMAND_SETTINGS", {}))(mod.command)
+    single.command(name, cls=_Command, short_help=summary, **getattr(mod, "COMMAND_SETTINGS", {}))(mod.command)
     command = typer.main.get_command(single)
     command.name = name
     return command
@@ -118,21 +137,6 @@ app = typer.Typer(
 _state = {"debug": False}
 
 
-def _hide_flag_types() -> None:
-    """Recent Typer prints ``<bool>`` beside every flag in --help (``--help <bool>``, ``--resume <bool>``), which
-    reads as if the flag took a value; a flag's type says nothing its name does not."""
-    option = getattr(typer.core, "TyperOption", None)
-    shown = getattr(option, "display_type_rich", None)
-    if shown is None:  # pragma: no cover - older Typer has no type column
-        return
-
-    def display_type_rich(self, ctx):  # type: ignore[no-untyped-def]
-        return None if getattr(self, "is_flag", False) else shown(self, ctx)
-
-    option.display_type_rich = display_type_rich
-
-
-_hide_flag_types()
 err_console = Console(stderr=True)
 
 
@@ -145,10 +149,10 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: Optional[bool] = typer.Option(
-        None, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        None, "--version", callback=_version, is_eager=True, metavar="", help="Print the version and exit."
     ),
     debug: bool = typer.Option(
-        False, "--debug", help="Show full tracebacks for errors (also: GPT1_DEBUG=1)."
+        False, "--debug", metavar="", help="Show full tracebacks for errors (also: GPT1_DEBUG=1)."
     ),
 ) -> None:
     _state["debug"] = debug or _state["debug"]
@@ -218,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Abort:
         err_console.print("[bold red]aborted[/]")
         sys.exit(130)
-    except click_exc.ClickException as e:
+    except ClickError as e:  # usage errors: Click's own message and exit code (2)
         e.show()
         sys.exit(e.exit_code)
     except typer.Exit as e:

@@ -37,6 +37,18 @@ def _deterministic_torch():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _kernels_follow_the_environment():
+    """A run sets the kernel mode for its process (``set_kernels(config.kernels)``); the next test starts without
+    it, following $GPT1_KERNELS as code outside a run does."""
+    import sys
+
+    yield
+    kernels = sys.modules.get("gptcli.model.kernels")
+    if kernels is not None:
+        kernels.set_kernels(None)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models: one torch thread. With 2 threads on a busy 2-core machine, small ops spin-wait (measured 25×

@@ -1,4 +1,5 @@
-"""The package's shape, checked: rooms import downwards only, no cycles, UI stays in the command layer.
+"""The package's shape, checked: rooms import downwards only, no cycles, UI stays in the command layer, private
+torch/Typer names and the fast CPU kernels stay in the model's kernels room.
 
 Every rule reads the source with ``ast`` (function-local imports included), so it holds whether or not a code path
 runs. docs/architecture.md draws the same rooms; when a rule here changes, change the picture too.
@@ -27,6 +28,10 @@ RANKS: dict[str, int] = {
 GROUND = {"errors", "config", "runtime", "fsutil", "progress", "outputs", "__init__"}
 UI_PACKAGES = ("typer", "rich", "click")
 MAX_FUNCTION_LINES = 80
+# The fast CPU kernels' room inside the model (gptcli/model/kernels/): the one place that may use private torch
+# functions, imported by the model only after the switch said yes (gptcli.model.kernels.enabled).
+KERNELS = "gptcli.model.kernels"
+PRIVATE_ROOTS = ("torch", "typer", "click")
 
 
 def _modules() -> dict[str, Path]:
@@ -186,3 +191,81 @@ def test_config_fields_are_documented() -> None:
                 docs = field_docs(obj)
                 undocumented += [f"{mod}.{name}.{f.name}" for f in dataclasses.fields(obj) if f.name not in docs]
     assert not undocumented, "config fields without a docstring:\n" + "\n".join(undocumented)
+
+
+def _is_private(dotted: str) -> bool:
+    """``torch._foo``, ``typer._click.core``: a name under torch, typer or click with a part that starts with one
+    underscore (dunders such as ``torch.__version__`` are public)."""
+    parts = dotted.split(".")
+    return parts[0] in PRIVATE_ROOTS and any(p.startswith("_") and not p.startswith("__") for p in parts[1:])
+
+
+def _private_uses(path: Path) -> list[tuple[str, int]]:
+    """(name, line) for every private torch/typer/click module imported, name imported or attribute read."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names if _is_private(a.name)]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found += [(f"{node.module}.{a.name}", node.lineno) for a in node.names
+                      if _is_private(f"{node.module}.{a.name}")]
+        elif isinstance(node, ast.Attribute):
+            chain, base = [node.attr], node.value
+            while isinstance(base, ast.Attribute):
+                chain.append(base.attr)
+                base = base.value
+            if isinstance(base, ast.Name) and _is_private(".".join([base.id, *reversed(chain)])):
+                found.append((".".join([base.id, *reversed(chain)]), node.lineno))
+    return found
+
+
+def test_private_torch_and_typer_names_only_in_the_kernels_room() -> None:
+    bad = []
+    for mod, path in MODULES.items():
+        if mod == KERNELS or mod.startswith(KERNELS + "."):
+            continue
+        bad += [f"{path.relative_to(PKG.parent)}:{line}: {name}" for name, line in _private_uses(path)]
+    assert not bad, ("private torch/typer/click names outside gptcli/model/kernels/ (use the public API, or move "
+                     "the fast path into the kernels room):\n" + "\n".join(sorted(set(bad))))
+
+
+def test_the_rule_sees_private_names() -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = Path(tmp) / "probe.py"
+        probe.write_text("import torch\nfrom typer._click import core\nimport torch._dynamo\n"
+                         "x = torch._softmax_backward_data\ny = torch.__version__\nz = torch.nn.functional.gelu\n")
+        assert sorted(name for name, _ in _private_uses(probe)) == [
+            "torch._dynamo", "torch._softmax_backward_data", "typer._click.core"]
+
+
+def _top_level_imports(path: Path, module: str) -> set[str]:
+    """The modules ``path`` imports outside any function (what importing it imports)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nested = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+              for n in ast.walk(f)}
+    return {m for m, line in _imports(path, module)
+            if any(isinstance(n, (ast.Import, ast.ImportFrom)) and n.lineno == line and id(n) not in nested
+                   for n in ast.walk(tree))}
+
+
+def test_kernel_modules_load_only_when_the_switch_says_so() -> None:
+    """Outside the kernels room a kernel module is imported inside a function only (after
+    ``kernels.enabled``), and only by the model, so ``--kernels reference`` never loads one
+    (tests/model/test_kernels.py checks it at run time); the kernels import nothing of gptcli but the floor and
+    each other (so the reference they must equal is never their dependency)."""
+    bad = []
+    for mod, path in MODULES.items():
+        inside = mod == KERNELS or mod.startswith(KERNELS + ".")
+        for imported, line in _imports(path, mod):
+            if not imported.startswith(KERNELS + "."):
+                if inside and imported.startswith("gptcli") and imported in MODULES and not (
+                        imported == KERNELS or _room(imported) == "ground"):
+                    bad.append(f"{path.relative_to(PKG.parent)}:{line}: the kernels import {imported}")
+                continue
+            if not inside and (_room(mod) != "model" or imported in _top_level_imports(path, mod)):
+                bad.append(f"{path.relative_to(PKG.parent)}:{line}: imports {imported} "
+                           "(only the model may, inside the function that asked kernels.enabled)")
+    assert not bad, "\n".join(bad)

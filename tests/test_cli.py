@@ -65,3 +65,19 @@ def test_each_listed_command_loads_and_shows_its_help(capsys) -> None:
             cli.main([name, "--help"])
         assert e.value.code == 0, name
         assert f"gpt1 {name}" in capsys.readouterr().out
+
+
+def test_no_help_shows_a_bool_type_and_typer_is_not_patched(capsys) -> None:
+    """Flags (--help, --version, --debug and every derived on/off option) show no ``<bool>`` type column, through
+    the empty metavar Typer and Click take publicly: Typer's classes are left as they are."""
+    import typer.core
+
+    shown = typer.core.TyperOption.display_type_rich
+    for argv in (["--help"], *([name, "--help"] for name, _, _ in cli.COMMANDS)):
+        with pytest.raises(SystemExit) as e:
+            cli.main(argv)
+        assert e.value.code == 0, argv
+        out = capsys.readouterr().out
+        assert "--help" in out and "<bool>" not in out, argv
+    assert typer.core.TyperOption.display_type_rich is shown
+    assert typer.core.TyperOption.display_type_rich.__module__ == "typer.core"

@@ -24,7 +24,7 @@ OPTIONS = Options(
         "Input": ("checkpoint", "data", "task", "verify"),
         "Data": ("split", "data_dir", "skip_bad_rows", "max_examples"),
         "Evaluation": ("batch_size", "seq_len", "max_batches"),
-        "Runtime": ("device", "precision"),
+        "Runtime": ("device", "precision", "kernels"),
         "Output": ("out",),
     },
 )
@@ -57,7 +57,7 @@ def run(p: Parsed) -> None:
     split = cfg.split or "val"
     rows = corpus_perplexity(cfg.checkpoint, cfg.data, split, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
                              device=cfg.device, precision=cfg.precision, max_batches=cfg.max_batches,
-                             verify=cfg.verify, progress=progress)
+                             verify=cfg.verify, kernels=cfg.kernels, progress=progress)
     stdout_console().print(perplexity_table(rows, cfg.data, split))
 
 

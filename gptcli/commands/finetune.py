@@ -28,7 +28,7 @@ OPTIONS = Options(
         "Schedule": ("epochs", "warmup", "schedule"),
         "Evaluation": ("eval_split", "max_eval_examples", "eval_batch_size", "select"),
         "Checkpointing": ("out", "save_every", "keep_last", "resume", "overwrite"),
-        "Runtime": ("device", "precision"),
+        "Runtime": ("device", "precision", "kernels"),
         "Output": ("log_every", "wandb"),
     },
     # --clf-dropout is the spelling the command always had; --clf-pdrop matches the config key.

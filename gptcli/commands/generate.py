@@ -20,7 +20,7 @@ OPTIONS = Options(
     panels={
         "Input": ("checkpoint", "prompt", "verify"),
         "Sampling": ("max_new_tokens", "greedy", "temperature", "top_k", "top_p", "seed", "samples"),
-        "Runtime": ("device", "use_cache"),
+        "Runtime": ("device", "use_cache", "kernels"),
     },
     flags={
         "checkpoint": ("--checkpoint", "-c"),

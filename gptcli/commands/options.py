@@ -35,6 +35,12 @@ from rich.markup import escape
 
 from gptcli.config import from_dict, load_file, to_dict
 
+# Fields that, in whichever config has them, take their default from an environment variable (--help names it).
+# It sits under --config and a resumed run's config.toml, not beside the command line: the workers of a --procs
+# launch read the launcher's resolved settings from a file, and a variable they inherit must not override it.
+# GPT1_KERNELS is gptcli.model.kernels.ENV (tests/commands/test_kernels_option.py).
+FIELD_ENVVARS: dict[str, str] = {"kernels": "GPT1_KERNELS"}
+
 # --help panels, in the order they are shown; a command uses those it needs.
 PANELS = ("Input", "Model", "Sampling", "Data", "Optimisation", "Schedule", "Evaluation", "Checkpointing", "Distributed",
           "Runtime", "Output")
@@ -98,6 +104,8 @@ class Parsed:
     """``--config FILE``, when given."""
     sections: dict[str, Any] = field(default_factory=dict)
     """Instances of the section dataclasses (settings of how to run, not of the run: see ``Options``)."""
+    environment: dict[str, Any] = field(default_factory=dict)
+    """Config fields set by their :data:`FIELD_ENVVARS` variable: defaults, under ``base`` (see ``resolve``)."""
 
     def base(self, fallback: Path | None = None) -> dict[str, Any]:
         """The settings under the command line: ``--config FILE``, else ``fallback`` (a resumed run's config) if it
@@ -109,8 +117,9 @@ class Parsed:
         return {}
 
     def resolve(self, cls: type, base: Mapping[str, Any] | None = None) -> Any:
-        """``cls`` from defaults < ``base`` < the options given; unknown or mistyped keys are one-line errors."""
-        merged = to_dict(from_dict(cls, dict(base or {})))
+        """``cls`` from defaults < the environment's (:data:`FIELD_ENVVARS`) < ``base`` < the options given; unknown
+        or mistyped keys are one-line errors."""
+        merged = to_dict(from_dict(cls, {**self.environment, **(base or {})}))
         for key, value in self.given.items():
             if isinstance(value, dict) and isinstance(merged.get(key), dict):
                 merged[key] = {**merged[key], **value}
@@ -238,13 +247,15 @@ class Options:
         if name in self.arguments:
             return self._raw(name, tp, default, (), doc, None, argument=True)
         return self._raw(name, tp, list(default) if isinstance(default, tuple) else default,
-                         self._spellings(name, is_bool), doc, panel)
+                         self._spellings(name, is_bool), doc, panel, envvar=FIELD_ENVVARS.get(name))
 
     @staticmethod
     def _raw(name: str, tp: Any, default: Any, flags: Sequence[str], help_: str, panel: str | None,
-             argument: bool = False) -> inspect.Parameter:
+             argument: bool = False, envvar: str | None = None) -> inspect.Parameter:
         is_bool = tp is bool or tp == typing.Optional[bool]
         kw: dict[str, Any] = {"help": escape(help_.replace("``", "`")), "show_default": _default_text(default)}
+        if envvar is not None:
+            kw["envvar"] = envvar
         if argument:
             info = typer.Argument(default, **kw)
         else:
@@ -258,12 +269,16 @@ class Options:
 
         def run(ctx: typer.Context, **values: Any) -> None:
             given: dict[str, Any] = {}
+            environment: dict[str, Any] = {}
             sections: dict[str, dict[str, Any]] = {name: {} for name in self.sections}
             for pname, value in values.items():
                 if pname in cli_names or pname == "config" or pname not in self._dest:
                     continue
                 if self._dest[pname][0].startswith("@"):
                     sections[self._dest[pname][0][1:]][pname] = value
+                    continue
+                if _source(ctx, pname) == "ENVIRONMENT" and pname in FIELD_ENVVARS:
+                    environment[pname] = value
                     continue
                 if not _typed(ctx, pname):
                     continue
@@ -274,7 +289,7 @@ class Options:
                     given.setdefault(fname, {})[sub] = value
             cli = {name: values[name] for name in cli_names}
             built = {name: self.sections[name][0](**vals) for name, vals in sections.items()}
-            body(Parsed(given, cli, values.get("config"), built))
+            body(Parsed(given, cli, values.get("config"), built, environment))
 
         run.__signature__ = inspect.Signature(self.parameters)  # type: ignore[attr-defined]
         run.__doc__ = doc if doc is not None else body.__doc__
@@ -287,10 +302,16 @@ def _panel_rank(param: inspect.Parameter) -> int:
     return PANELS.index(panel) if panel in PANELS else len(PANELS)
 
 
+def _source(ctx: typer.Context, name: str) -> str | None:
+    """Where option ``name``'s value came from: Click's parameter source (``COMMANDLINE``, ``ENVIRONMENT``,
+    ``DEFAULT``, …)."""
+    source = ctx.get_parameter_source(name)
+    return None if source is None else source.name
+
+
 def _typed(ctx: typer.Context, name: str) -> bool:
     """Whether the user gave option ``name`` (command line or environment), as opposed to its default."""
-    source = ctx.get_parameter_source(name)
-    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
+    return _source(ctx, name) in ("COMMANDLINE", "ENVIRONMENT")
 
 
-__all__ = ["PANELS", "CliOnly", "Nested", "Options", "Parsed", "field_docs"]
+__all__ = ["FIELD_ENVVARS", "PANELS", "CliOnly", "Nested", "Options", "Parsed", "field_docs"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ OPTIONS = Options(
         "Schedule": ("epochs", "max_steps", "max_tokens", "warmup_steps", "schedule"),
         "Evaluation": ("eval_every", "eval_batches"),
         "Checkpointing": ("out", "save_every", "keep_last", "resume"),
-        "Runtime": ("device", "precision", "peak_flops"),
+        "Runtime": ("device", "precision", "kernels", "peak_flops"),
         "Output": ("log_every", "tensorboard", "wandb"),
     },
     flags={"verify_data": ("--verify/--no-verify", "--verify-data/--no-verify-data")},
@@ -56,21 +55,8 @@ def run(p: Parsed) -> None:
     from gptcli.train.distributed import join, leave, plan_launch
     from gptcli.train.pretrain import pretrain
 
-    resume = p.given.get("resume", False)
-    out = p.given.get("out")
-    if resume and out is not None:
-        # Before its config.toml is read as this run's settings: it may be a fine-tuning run's, or not gpt1's.
-        data = [Path(p.given["data"])] if "data" in p.given else []
-        check_output(Path(out), "pretrain-run", overwrite=True, inputs=data)
-    base = p.base(out / CONFIG_FILE if resume and out is not None else None)
-    if p.cli["dropout"] is not None:
-        d = p.cli["dropout"]
-        preset = p.given.get("preset", base.get("preset", PretrainConfig.preset))
-        p.given.setdefault("model", {}).update(dict.fromkeys(dropout_fields(str(preset)), d))
     console = stderr_console()
-    _fill_defaults(p, base, resume, console)
-    cfg = p.resolve(PretrainConfig, {**base, "resume": resume})
-
+    cfg = p.resolve(PretrainConfig, _settings_under_the_options(p, console))
     spec = plan_launch(p.sections["launch"])
     if spec is not None:
         _launch(cfg, spec, p.cli["quiet"], console)
@@ -96,45 +82,54 @@ def run(p: Parsed) -> None:
 command = OPTIONS.command(run)
 
 
-def _fill_defaults(p: Parsed, base: dict[str, Any], resume: bool, console: Any) -> None:
+def _settings_under_the_options(p: Parsed, console: Any) -> dict[str, Any]:
+    """The settings the options given override (``Parsed.resolve``'s ``base``): ``--config FILE`` or, with
+    ``--resume``, the run's own config.toml; ``--dropout`` over the preset's dropout fields; and the short form's
+    defaults, each said (commands/defaults.py). ``p`` itself is left as parsed."""
+    resume = p.given.get("resume", False)
+    out = p.given.get("out")
+    if resume and out is not None:
+        # Before its config.toml is read as this run's settings: it may be a fine-tuning run's, or not gpt1's.
+        data = [Path(p.given["data"])] if "data" in p.given else []
+        check_output(Path(out), "pretrain-run", overwrite=True, inputs=data)
+    base = {**p.base(out / CONFIG_FILE if resume and out is not None else None), "resume": resume}
+    if p.cli["dropout"] is not None:
+        # Under the given options: --n-layer and the like merge over this table; no option names a dropout field.
+        preset = p.given.get("preset", base.get("preset", PretrainConfig.preset))
+        base["model"] = {**base.get("model", {}), **dict.fromkeys(dropout_fields(str(preset)), p.cli["dropout"])}
+    return {**base, **_short_form_defaults(p, base, resume, console)}
+
+
+def _short_form_defaults(p: Parsed, base: dict[str, Any], resume: bool, console: Any) -> dict[str, Any]:
     """The short form `gpt1 prepare books/ && gpt1 pretrain`: --data ./corpus (what prepare writes by default) when
     it is there, and a fresh run directory (runs/pretrain, else -2, -3, …), each said (commands/defaults.py)."""
     from gptcli.commands import defaults
 
+    filled: dict[str, Any] = {}
     default_data = PretrainConfig.data
     if not p.has("data", base):
         if not default_data.is_dir():
             raise GPT1Error(f"--data is required: there is no ./{default_data} here (`gpt1 prepare TEXT...` writes one "
                             "there; or pass --data CORPUS_DIR)")
         console.print(f"corpus: ./{default_data} (no --data given)", highlight=False, markup=False)
-        p.given["data"] = default_data
+        filled["data"] = default_data
     if not p.has("out", base):
         if resume:
             raise GPT1Error("--resume needs --out RUN (the run to continue)")
-        p.given["out"] = defaults.run_dir(PretrainConfig.out, console)
+        filled["out"] = defaults.run_dir(PretrainConfig.out, console)
+    return filled
 
 
 def _launch(cfg: PretrainConfig, spec: LaunchSpec, quiet: bool, console: Any) -> None:
-    """Start the workers of a --gpus/--procs run here; each re-runs `gpt1 pretrain` on the resolved config."""
-    from gptcli.checkpoint import newest_intact, resolve_checkpoint
+    """Start the workers of a --gpus/--procs run here (planned by gptcli/train/pretrain_launch.py); each re-runs
+    `gpt1 pretrain` on the resolved config."""
+    from gptcli.checkpoint import resolve_checkpoint
     from gptcli.train.distributed import describe_launch, launch_command
-    from gptcli.train.pretrain import check_launch, check_settings, has_checkpoints, open_training_corpus
+    from gptcli.train.pretrain_launch import plan_pretrain_launch
 
-    world = spec.nproc_per_node * spec.nnodes
-    check_settings(cfg)
-    check_launch(cfg, world)
-    check_output(Path(cfg.out), "pretrain-run", overwrite=True, inputs=[Path(cfg.data)])
-    # Check the shards once here rather than in every worker (they would all read the whole corpus).
-    damaged = False
-    if cfg.verify_data:
-        open_training_corpus(cfg)
-        if cfg.resume and has_checkpoints(cfg.out):
-            damaged = bool(newest_intact(cfg.out)[1])
-    # Unverifying workers would resume from the newest checkpoint: when it is damaged they verify again (shards
-    # included) so that each skips it, with the warning, and continues from the same intact one.
+    workers = plan_pretrain_launch(cfg, spec)
     console.print(describe_launch(spec, cfg.batch_size), highlight=False)
-    stopped = launch_command(spec, "pretrain", dataclasses.replace(cfg, verify_data=damaged), resume=cfg.resume,
-                             quiet=quiet)
+    stopped = launch_command(spec, "pretrain", workers, resume=cfg.resume, quiet=quiet)
     if stopped:
         try:
             saved = f"checkpoint {resolve_checkpoint(cfg.out)}"

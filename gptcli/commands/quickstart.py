@@ -22,7 +22,7 @@ OPTIONS = Options(
         "Optimisation": ("lr", "batch_size", "finetune_lr", "finetune_batch_size", "seed"),
         "Schedule": ("minutes", "pretrain_steps", "max_epochs", "finetune_epochs"),
         "Evaluation": ("eval_batches", "zeroshot_fit_examples"),
-        "Runtime": ("device", "precision", "workers"),
+        "Runtime": ("device", "precision", "kernels", "workers"),
         "Output": ("out", "overwrite"),
     },
 )

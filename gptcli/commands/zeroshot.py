@@ -7,6 +7,7 @@ run directory, or several ``--checkpoint``), shows progress on stderr and the re
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -21,7 +22,7 @@ OPTIONS = Options(
     panels={
         "Input": ("task", "data_dir", "verify"),
         "Evaluation": ("threshold", "limit"),
-        "Runtime": ("batch_size", "precision", "device"),
+        "Runtime": ("batch_size", "precision", "device", "kernels"),
         "Output": ("out",),
     },
     # Both are repeatable on the command line (CliOnly below); the config file keeps their plain fields.
@@ -68,17 +69,16 @@ command = OPTIONS.command(run)
 
 def resolve(p: Parsed) -> tuple[ZeroShotConfig, list[str]]:
     """The config (defaults < --config < options typed) and the checkpoints to score."""
-    plain, pairs = _parse_pairs(p.cli["split"], "split")
-    if plain is not None:
-        p.given["split"] = plain
-    if pairs:
-        p.given["splits"] = pairs  # merged over the --config file's table by Parsed.resolve
     from gptcli.commands import defaults
     from gptcli.eval.zeroshot import check_config, registry_task, task_list
 
+    plain, pairs = _parse_pairs(p.cli["split"], "split")
     checkpoints = [str(c) for c in p.cli["checkpoint"]]
-    if checkpoints:
-        p.given["checkpoint"] = checkpoints[0]
+    # The command-line-only options fill config fields as if typed (``splits`` is merged over the --config file's
+    # table by Parsed.resolve), in a copy: ``p`` stays as parsed.
+    typed = {**({"split": plain} if plain is not None else {}), **({"splits": pairs} if pairs else {}),
+             **({"checkpoint": checkpoints[0]} if checkpoints else {})}
+    p = dataclasses.replace(p, given={**p.given, **typed})
     cfg = p.resolve(ZeroShotConfig, p.base())
     check_config(cfg)  # a mistyped setting, or missing data, is one line before any model is downloaded
     names = task_list(cfg.task)

@@ -137,7 +137,10 @@ def run_curve(config: ZeroShotConfig, checkpoints: Sequence[str | Path], *, sota
               progress: Progress | None = None) -> Curve:
     """Score ``config.task`` (usually ``all``) at every checkpoint; write per-checkpoint results and the curve
     files into ``config.out`` when set. Tasks whose data is missing are skipped for the whole curve."""
+    from gptcli.model.kernels import set_kernels
+
     check_config(config)
+    set_kernels(config.kernels)
     paths = list_checkpoints(checkpoints)
     if config.out:
         _pyplot()  # fail before hours of scoring, not after

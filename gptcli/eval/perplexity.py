@@ -23,6 +23,7 @@ import torch
 from gptcli.checkpoint import TOKENIZER, load_checkpoint, read_header, resolve_checkpoint, verify_checkpoint
 from gptcli.data.shards import open_corpus, tokenizer_fingerprint
 from gptcli.errors import GPT1Error
+from gptcli.model.kernels import set_kernels
 from gptcli.model.losses import IGNORE, next_token_nll
 from gptcli.progress import SILENT, Progress, staged
 from gptcli.runtime import Precision, autocast, resolve_device, resolve_precision
@@ -152,13 +153,17 @@ def corpus_perplexity(
     precision: str = "fp32",
     max_batches: int | None = None,
     verify: bool = True,
+    kernels: str | None = None,
     progress: Progress | None = None,
 ) -> list[CheckpointPerplexity]:
     """Loss and perplexity of each checkpoint on ``split`` of the prepared corpus ``data`` (windows of
     ``seq_len``, default and at most each model's context). ``verify`` checks the shard checksums and each
     checkpoint's file checksums first. A checkpoint trained with another tokenizer than the corpus's is refused:
-    its perplexity on these ids would mean nothing."""
+    its perplexity on these ids would mean nothing. ``kernels``: :func:`gptcli.model.kernels.set_kernels` first
+    (``None``: the mode in force)."""
     report = progress or SILENT
+    if kernels is not None:
+        set_kernels(kernels)
     corpus = open_corpus(data)
     if verify:
         problems = corpus.verify()

@@ -36,6 +36,7 @@ from gptcli.fsutil import write_text_atomic
 from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.gpt import GPT
 from gptcli.model.heads import HeadConfig, TaskHead
+from gptcli.model.kernels import set_kernels
 from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress, staged
 from gptcli.runtime import resolve_device, resolve_precision
@@ -77,6 +78,9 @@ class EvalConfig:
     """auto, cpu or cuda[:N]."""
     precision: str = "fp32"
     """auto, fp32, bf16 or fp16 (autocast; weights stay fp32)."""
+    kernels: str = "auto"
+    """How the model is computed, not what: auto = the fast CPU kernels of gptcli/model/kernels on CPU (PyTorch's
+    fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy)."""
     max_batches: int | None = None
     """Perplexity on only the first N batches."""
     verify: bool = True
@@ -334,6 +338,7 @@ def evaluate_tasks(config: EvalConfig, progress: Progress | None = None) -> list
     """
     if not config.checkpoint:
         raise GPT1Error("no checkpoint to evaluate: give --checkpoint RUN_DIR (repeatable)")
+    set_kernels(config.kernels)
     tasks = parse_tasks(config.task)
     if config.data_dir is not None and len(tasks) > 1:
         raise GPT1Error("--data-dir names one task's folder; with several tasks set GPT1_DATA instead")

@@ -75,6 +75,9 @@ class ZeroShotConfig:
     """``auto`` (bf16 autocast on CUDA and on CPUs with native bf16, else fp32), ``fp32``, ``bf16`` or ``fp16``."""
     device: str = "auto"
     """``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1``…"""
+    kernels: str = "auto"
+    """How the model is computed, not what: auto = the fast CPU kernels of gptcli/model/kernels on CPU (PyTorch's
+    fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy)."""
     verify: bool = True
     """Check each checkpoint's files against their checksums before scoring (--no-verify skips it)."""
 
@@ -565,8 +568,10 @@ def zeroshot(config: ZeroShotConfig, progress: Progress | None = None) -> tuple[
     Returns ``(results, skipped, meta)`` with meta = checkpoint path, step and settings.
     """
     from gptcli.config import to_dict
+    from gptcli.model.kernels import set_kernels
 
     check_config(config)
+    set_kernels(config.kernels)
     if not config.checkpoint:
         raise GPT1Error("no checkpoint given (--checkpoint DIR: a checkpoint or a run directory)")
     check_out(config, [config.checkpoint])

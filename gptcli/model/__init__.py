@@ -5,4 +5,8 @@ Table 5 with the same interface; ``build.py`` the one factory (architecture by c
 ``heads.py`` the task heads on the extract token; ``classifier.py`` a model and its head as one module with batched prediction; ``losses.py`` the
 one language-modelling loss; ``generate.py`` sampling with a KV cache. Distribution, precision and checkpoints are
 applied from outside (``train/``, ``checkpoint.py``).
+
+The model is plain PyTorch (``attention.py``: SDPA; ``dropout.py``: ``F.dropout``; ``losses.py``:
+``F.cross_entropy``); its fast CPU paths live in ``kernels/``, behind one switch (``kernels.enabled``,
+``--kernels auto|reference``).
 """

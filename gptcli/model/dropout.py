@@ -1,20 +1,8 @@
-"""Dropout with the same law as ``torch.nn.functional.dropout``, drawn faster on CPU.
+"""Dropout: ``F.dropout``, and its broadcast form (one mask shared along some dimensions, TF's ``noise_shape``).
 
-GPT-1 drops out four places per block pass (the embedding, the attention probabilities, both residual branches) at
-p = 0.1, and the attention probabilities alone are B·H·T²/2 values per layer. On CPU, ``F.dropout`` draws each
-Bernoulli from a double-precision uniform, one at a time on one core (PyTorch's fast MKL path is taken only on
-Intel CPUs): it was 13% of a bf16 GPT-1 training step on a 2-core AMD Zen 4, more than every op but the matmuls.
-
-Here the mask comes from random bytes instead, eight per 64-bit draw of the same generator. Unit ``i`` is kept when
-its 32-bit uniform ``U = byte·2²⁴ + low`` is ``≥ round(p·2³²)``; the byte alone decides unless it equals the
-threshold's top byte (one unit in 256), and only those units draw their 24 low bits. So a unit is dropped with
-probability ``round(p·2³²)/2³²``, ``p`` to within 2⁻³³ (CUDA's own dropout compares a 24-bit uniform float), at an
-eighth of the generator's work per unit (its Mersenne Twister was the mask's main cost), and kept values are scaled
-by ``1/(1 − p)`` as ``F.dropout`` does. So the model, the expected activations and the regularisation are the
-paper's; only which units a given seed drops differs from ``F.dropout``'s choice.
-
-The draws still come from PyTorch's one CPU stream, on one thread: filling blocks of the mask from separately seeded
-generators on all threads was tried and gained nothing inside a training step on 2 cores (docs/performance.md).
+On CPU, ``F.dropout`` draws each Bernoulli from a double-precision uniform, one at a time; the masks of
+``kernels/dropout.py`` come from random bytes, with the same law, and are drawn when the kernels are on
+(``gptcli.model.kernels``). The two draw different masks for the same seed.
 """
 
 from __future__ import annotations
@@ -23,45 +11,24 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu",
-              dtype: torch.dtype = torch.bool) -> torch.Tensor:
-    """A tensor of ``shape``, each entry independently 1 (True) with probability ``1 − p`` and 0 otherwise (module
-    docstring), in ``dtype``: a float mask multiplies an activation of its dtype in one vectorised pass, where a
-    ``bool`` one is converted element by element on every use (6× slower in bf16 on the dev machine).
-
-    Draws from the default generator of ``device``, so ``torch.manual_seed`` makes it reproducible."""
-    n = 1
-    for s in shape:
-        n *= s
-    words = (n + 7) // 8
-    # random_(-2**63, None) draws the full 64-bit range (plain random_() leaves the sign bit 0): eight uniform bytes.
-    byte = torch.empty(words, dtype=torch.int64, device=device).random_(-(2**63), None).view(torch.uint8)
-    top, low = divmod(round(p * 2**32), 2**24)
-    mask = torch.gt(byte, top, out=torch.empty(8 * words, dtype=dtype, device=device))
-    # Units whose byte equals the threshold's top byte: their next 24 bits decide. They are found word by word (a
-    # uint8 comparison read as int64 words, about one word in 32 holding a tie), which measured 3× faster than
-    # ``nonzero`` over every unit, and those 1-in-256 units alone draw their bits.
-    tie = torch.eq(byte, top, out=torch.empty(8 * words, dtype=torch.uint8, device=device))
-    hit = tie.view(torch.int64).nonzero().squeeze(1)
-    if hit.numel():
-        at = tie.view(words, 8)[hit].nonzero()
-        unit = hit[at[:, 0]] * 8 + at[:, 1]
-        mask[unit] = (torch.empty(unit.numel(), dtype=torch.int32, device=device).random_(0, 2**24) >= low).to(dtype)
-    return mask[:n].view(shape)
+from gptcli.model import kernels
 
 
-def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
-    """``F.dropout(x, p, training)``, drawn by :func:`keep_mask` on CPU."""
-    if not training or p == 0.0:
-        return x
-    if x.device.type != "cpu" or p >= 1.0 or p < 0.0:
-        return F.dropout(x, p, True)  # also raises F.dropout's error for p outside [0, 1]
-    return (x * keep_mask(x.shape, p, x.device, x.dtype)).mul_(1.0 / (1.0 - p))
+def dropout(x: torch.Tensor, p: float, training: bool = True,
+            noise_shape: torch.Size | tuple[int, ...] | None = None) -> torch.Tensor:
+    """``F.dropout(x, p, training)``. ``noise_shape``: one mask of that shape (1 along the shared dimensions),
+    broadcast over ``x``, as the released code's multiple-choice head shares a mask between an example's answers."""
+    if kernels.enabled(x.device):
+        from gptcli.model.kernels.dropout import dropout as byte_drawn
+
+        return byte_drawn(x, p, training, noise_shape)
+    if noise_shape is None or not training or p == 0.0:
+        return F.dropout(x, p, training)
+    return x * F.dropout(torch.ones(noise_shape, device=x.device, dtype=x.dtype), p, True)
 
 
 class Dropout(nn.Dropout):
-    """``nn.Dropout`` drawing its masks by :func:`dropout` (same parameters, state and ``repr``)."""
+    """``nn.Dropout`` (same parameters, state and ``repr``) that draws its masks by :func:`dropout`."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.inplace:

@@ -70,6 +70,9 @@ class GenerateConfig(SamplingConfig):
     """Text to continue (cleaned and tokenized like training text)."""
     device: str = "auto"
     """cpu, cuda, cuda:N or auto (cuda when available)."""
+    kernels: str = "auto"
+    """How the model is computed, not what: auto = the fast CPU kernels of gptcli/model/kernels on CPU (PyTorch's
+    fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy)."""
     verify: bool = True
     """Check the checkpoint's files against their checksums before loading it (--no-verify skips it)."""
     samples: int = 1

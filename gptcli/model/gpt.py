@@ -132,7 +132,7 @@ class CausalSelfAttention(nn.Module):
             # Several sequences end to end in one row: each attends causally to itself only (packed.py).
             y = segment_attention(q, k, v, dropout, packing)
         elif past == 0:
-            # Plain causal attention, by the fastest path for the device, precision and dropout (attention.py).
+            # Plain causal attention (attention.py: SDPA, or the CPU kernel when the kernels are on).
             y = causal_attention(q, k, v, dropout)
         elif T == 1:
             # One new token attends to everything cached: no mask needed.

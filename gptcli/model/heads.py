@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptcli.model.dropout import dropout, keep_mask
+from gptcli.model.dropout import dropout
 from gptcli.model.packed import Packing
 
 
@@ -100,7 +100,7 @@ class TaskHead(nn.Module):
             h = h.view(B, n_seqs, -1)
             if self.training and self.drop_p > 0:
                 # One mask per example, shared by its choices (as the released code's dropout noise_shape).
-                h = h * keep_mask((B, 1, h.size(-1)), self.drop_p, h.device, h.dtype) / (1 - self.drop_p)
+                h = dropout(h, self.drop_p, noise_shape=(B, 1, h.size(-1)))
             return self.linear(h).squeeze(-1)  # (B, S)
         h = dropout(h, self.drop_p, self.training)
         out = self.linear(h)

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
+
+from gptcli.model import kernels
 
 if TYPE_CHECKING:
     from gptcli.model.packed import Packing
@@ -21,70 +22,21 @@ IGNORE = -100
 """Target id that contributes nothing (a window's overlap with the previous one, padding)."""
 
 
-CHUNK_ELEMENTS = 2**20
-"""Logits per block of :class:`_RowBlockNLL` (2,048 × 40,478 logits: 82 blocks of 25 rows, 4 MB each in fp32).
-2¹⁹–2²⁰ measured fastest; one row per block took twice as long."""
-
-
 def next_token_nll(logits: torch.Tensor, targets: torch.Tensor, *, reduction: str = "mean",
                    classes: int | None = None) -> torch.Tensor:
     """Cross-entropy of ``targets`` (already shifted; ``IGNORE`` skipped) under ``logits`` of shape ``(..., V)``:
     ``F.cross_entropy`` of the fp32 logits, with ``reduction`` "mean", "sum" or "none" (0 for ignored targets).
 
     ``classes``: only the first ``classes`` columns are logits, the rest padding (a product padded for speed,
-    ``TiedEmbeddingLM.lm_nll``); the padding gets a zero gradient."""
+    ``kernels/tied.py``); the padding gets a zero gradient. With the kernels on (CPU), the loss of
+    ``kernels/losses.py``: the same values over blocks of rows, without four vocabulary-wide fp32 copies."""
     logits, targets = logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
-    if logits.device.type != "cpu" or reduction not in ("mean", "sum", "none"):
-        return F.cross_entropy(logits[:, :classes].float(), targets, ignore_index=IGNORE, reduction=reduction)
-    with torch.autocast("cpu", enabled=False):
-        nll = _RowBlockNLL.apply(logits, targets, classes or logits.size(1))
-    if reduction == "none":
-        return nll
-    total = nll.sum()
-    return total if reduction == "sum" else total / (targets != IGNORE).sum()
+    if kernels.enabled(logits.device):
+        from gptcli.model.kernels import losses as blocked
 
-
-def _block_rows(classes: int) -> int:
-    return max(1, CHUNK_ELEMENTS // max(1, classes))
-
-
-class _RowBlockNLL(torch.autograd.Function):
-    """Per-row ``-log softmax(logits)[target]`` in fp32 (0 where the target is ``IGNORE``), over blocks of rows.
-
-    On CPU, ``F.cross_entropy(logits.float())`` writes four vocabulary-wide fp32 tensors per step (the fp32 copy,
-    its log-softmax, the loss's one-hot gradient and the softmax's gradient: 1.3 GB for a 4 × 512 GPT-1 batch) and
-    reads them back, and a step that has to fault fresh pages in for one of them loses ≈ 0.4 s. Here each block of
-    rows is converted and normalised while it is in cache; the backward pass recomputes the block's softmax and
-    writes the gradient, ``softmax − one_hot(target)`` times the row's weight, straight into the logits' dtype.
-    The values are ``F.cross_entropy``'s (tests/model/test_losses.py)."""
-
-    @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, classes: int) -> torch.Tensor:
-        valid = targets != IGNORE
-        safe = targets.masked_fill(~valid, 0).unsqueeze(1)
-        nll = torch.empty(logits.size(0), device=logits.device)
-        rows = _block_rows(classes)
-        for a in range(0, logits.size(0), rows):
-            logp = torch.log_softmax(logits[a : a + rows, :classes].float(), dim=-1)
-            nll[a : a + rows] = logp.gather(1, safe[a : a + rows]).squeeze(1).neg_()
-        ctx.save_for_backward(logits, safe, valid)
-        ctx.classes = classes
-        return nll.masked_fill_(~valid, 0.0)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad: torch.Tensor):
-        logits, safe, valid = ctx.saved_tensors
-        classes = ctx.classes
-        weight = (grad.float() * valid).unsqueeze(1)
-        out = torch.empty(logits.shape, device=logits.device, dtype=logits.dtype)
-        out[:, classes:] = 0.0
-        rows = _block_rows(classes)
-        for a in range(0, logits.size(0), rows):
-            p = torch.softmax(logits[a : a + rows, :classes].float(), dim=-1)
-            p.scatter_add_(1, safe[a : a + rows], torch.full_like(safe[a : a + rows], -1, dtype=p.dtype))
-            out[a : a + rows, :classes] = p.mul_(weight[a : a + rows])
-        return out, None, None
+        if reduction in blocked.REDUCTIONS:
+            return blocked.next_token_nll(logits, targets, reduction, classes, IGNORE)
+    return F.cross_entropy(logits[:, :classes].float(), targets, ignore_index=IGNORE, reduction=reduction)
 
 
 def lm_loss_per_sequence_packed(

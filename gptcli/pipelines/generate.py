@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 from gptcli.errors import GPT1Error
 from gptcli.model.generate import GenerateConfig, iter_generate, iter_generate_batch
+from gptcli.model.kernels import set_kernels
 from gptcli.progress import SILENT, Progress, staged
 
 
@@ -103,6 +104,7 @@ def start_generation(cfg: GenerateConfig, progress: Progress | None = None) -> G
         cfg.validate()
     except ValueError as e:
         raise GPT1Error(str(e)) from None
+    set_kernels(cfg.kernels)
     device = resolve_device(cfg.device)
     ckpt = load_checkpoint(cfg.checkpoint, map_location=device, verify=cfg.verify)
     tok = ckpt.tokenizer

@@ -87,6 +87,9 @@ class QuickstartConfig:
     """auto | cpu | cuda."""
     precision: str = "auto"
     """auto | fp32 | bf16 | fp16 (auto: bf16 on CUDA and on CPUs with native bf16)."""
+    kernels: str = "auto"
+    """How the model is computed, not what: auto = the fast CPU kernels of gptcli/model/kernels on CPU (PyTorch's
+    fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy)."""
     workers: int = 0
     """Worker processes for the text pipeline (0 = all cores)."""
     stdlib: Path | None = None
@@ -305,10 +308,12 @@ class Pretrained:
 def quickstart(config: QuickstartConfig, progress: Progress | None = None) -> QuickstartResult:
     """Run every stage as configured; returns the numbers of the final table. Raises GPT1Error on user errors."""
     from gptcli.config import save_config
+    from gptcli.model.kernels import set_kernels
     from gptcli.tasks import shuffled
 
     cfg = config
     _check(cfg)
+    set_kernels(cfg.kernels)  # every stage's model runs this way (the pretraining and fine-tuning configs say it too)
     t_start = time.perf_counter()
     with _replacing(check_out(cfg)) as out:
         save_config(cfg, out / "config.toml")
@@ -444,8 +449,8 @@ def _pretrain_config(cfg: QuickstartConfig, corpus_dir: Path, run_dir: Path) -> 
 
     return PretrainConfig(data=corpus_dir, out=run_dir, preset="tiny", model=dict(cfg.model), seq_len=cfg.seq_len,
                           batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, device=cfg.device,
-                          precision=cfg.precision, eval_every=0, eval_batches=cfg.eval_batches, save_every=0,
-                          keep_last=1)
+                          precision=cfg.precision, kernels=cfg.kernels, eval_every=0, eval_batches=cfg.eval_batches,
+                          save_every=0, keep_last=1)
 
 
 def _plan_updates(run: _Run, text: TaskText, pc: Any, mcfg: Any, device: Any, precision: str,
@@ -493,7 +498,7 @@ def finetune_model(run: _Run, text: TaskText, pre: Pretrained) -> tuple[Path, st
     fc = FinetuneConfig(task=shuffled.NAME, init=str(pre.checkpoint), out=str(run.out / "finetune"),
                         data_dir=str(text.task_dir), lr=cfg.finetune_lr, batch_size=cfg.finetune_batch_size,
                         epochs=cfg.finetune_epochs, warmup=0.05, seed=cfg.seed, n_ctx=cfg.model.get("n_ctx"),
-                        device=cfg.device, precision=cfg.precision, overwrite=True)
+                        device=cfg.device, precision=cfg.precision, kernels=cfg.kernels, overwrite=True)
     ft = finetune(fc, progress=run.progress)
     if ft.stopped_by:  # a signal: fine-tuning checkpointed and stopped, but a quickstart is all or nothing
         raise GPT1Error(f"{fc.out}: fine-tuning stopped early ({ft.stopped_by})")

@@ -65,8 +65,9 @@ from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.build import AnyConfig, LanguageModel, arch_of, build_model, config_from_dict, preset
 from gptcli.model.gpt import GPT
 from gptcli.model.heads import HeadConfig, TaskHead
-from gptcli.model.lstm import precision_note
+from gptcli.model.kernels import check_mode, set_kernels
 from gptcli.model.losses import lm_loss_per_sequence, lm_loss_per_sequence_packed
+from gptcli.model.lstm import precision_note
 from gptcli.outputs import MARKER, check_output, kind_of, mark, next_free
 from gptcli.progress import SILENT, Progress
 from gptcli.runtime import configure_backends, resolve_device, resolve_precision
@@ -98,10 +99,10 @@ RUN_DEFINING = ("task", "train_split", "eval_split", "skip_bad_rows", "lr", "bat
 # before `layout` trained padded, so resuming one packed is noted.
 RECORDED_BEFORE = {"batching": "length", "layout": "padded"}
 # Settings a resume may change, each noted when it does: how the same updates and dev scores are computed. The
-# micro-batch is memory (a resume on a smaller device must be able to lower it); it, the device and the precision
-# change the arithmetic (and the micro-batch the order of the dropout draws), so the continuation is no longer
-# bitwise the uninterrupted run; the evaluation batch may change a dev score's last bits.
-ADJUSTABLE = ("micro_batch_size", "eval_batch_size", "device", "precision", "layout")
+# micro-batch is memory (a resume on a smaller device must be able to lower it); it, the device, the precision and
+# the kernels change the arithmetic (and the micro-batch the order of the dropout draws), so the continuation is no
+# longer bitwise the uninterrupted run; the evaluation batch may change a dev score's last bits.
+ADJUSTABLE = ("micro_batch_size", "eval_batch_size", "device", "precision", "kernels", "layout")
 # Taken silently: where things are (compared by content instead), how the run is watched and kept, and the two
 # switches that say what to do with --out.
 UNCOMPARED = ("init", "tokenizer", "model", "data_dir", "out", "verify", "log_every", "save_every", "keep_last",
@@ -197,6 +198,9 @@ class FinetuneConfig:
     """auto, cpu or cuda[:N]."""
     precision: str = "auto"
     """auto, fp32, bf16 or fp16 (autocast; weights stay fp32)."""
+    kernels: str = "auto"
+    """How the model is computed, not what: auto = the fast CPU kernels of gptcli/model/kernels on CPU (PyTorch's
+    fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy)."""
     log_every: int = 10
     """Write a training record to metrics.jsonl every this many updates."""
     wandb: str | None = None
@@ -255,6 +259,7 @@ def finetune(config: FinetuneConfig, progress: Progress | None = None,
     report = (progress or SILENT) if par.is_main else SILENT
     check_config(config)
     check_world(config, par.world_size)
+    set_kernels(config.kernels)
     task = get_task(config.task)
     if not config.out:  # what `gpt1 finetune` chooses too (it says so before calling here)
         config = dataclasses.replace(config, out=str(next_free(default_run_dir(task.name))))
@@ -313,6 +318,7 @@ def check_config(c: FinetuneConfig) -> None:
     """Refuse settings that cannot work, before anything is read or loaded."""
     if not c.task:
         raise GPT1Error("no task given (--task NAME; see --list-tasks)")
+    check_mode(c.kernels)
     if c.micro_batch_size is not None and c.micro_batch_size <= 0:
         raise GPT1Error(f"micro_batch_size must be positive, got {c.micro_batch_size}")
     if c.workers < 0:

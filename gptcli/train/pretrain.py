@@ -34,6 +34,7 @@ from gptcli.data.windows import WindowSampler
 from gptcli.errors import GPT1Error
 from gptcli.eval.perplexity import evaluate_lm
 from gptcli.model.build import AnyConfig, LanguageModel, arch_of, build_model, preset, preset_class
+from gptcli.model.kernels import check_mode, set_kernels
 from gptcli.model.lstm import precision_note
 from gptcli.outputs import MARKER, check_output, mark
 from gptcli.progress import SILENT, Progress
@@ -66,8 +67,8 @@ ADJUSTABLE_MODEL = ("embd_pdrop", "attn_pdrop", "resid_pdrop", "out_pdrop")
 # schedule is recomputed over the new total), the learning-rate recipe and clipping (lower --lr after a loss spike),
 # the micro-batch (gradient accumulation sums the same mean gradient in another order: last-bit differences only;
 # changing the number of processes does the same), and what validation reads. Every other setting — the cadences
-# (log/eval/save_every, keep_last), tensorboard, device, precision, compile, peak_flops, verify_data — changes how
-# the run is computed or watched, not what it computes, and is taken silently.
+# (log/eval/save_every, keep_last), tensorboard, device, precision, kernels, compile, peak_flops, verify_data —
+# changes how the run is computed or watched, not what it computes, and is taken silently.
 ADJUSTABLE = ("epochs", "max_steps", "max_tokens", "lr", "warmup_steps", "schedule", "grad_clip", "micro_batch_size",
               "val_split", "eval_batches")
 
@@ -130,6 +131,9 @@ class PretrainConfig:
     """auto | cpu | cuda."""
     precision: str = "auto"
     """auto | fp32 | bf16 | fp16 (auto: bf16 on CUDA; on CPU bf16 where it has native bf16 dot products)."""
+    kernels: str = "auto"
+    """How the model is computed, not what: auto = the fast CPU kernels of gptcli/model/kernels on CPU (PyTorch's
+    fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy)."""
     compile: bool = False
     """torch.compile the loss computation (worth it on GPUs; no gain measured on CPU)."""
     eval_every: int = 1000
@@ -193,6 +197,7 @@ class PretrainResult:
 def check_settings(config: PretrainConfig) -> None:
     """Refuse impossible numbers with a one-line error, before anything is read or written. ``max_steps = 0`` is
     refused, not run as one update (or none): a run of no updates has nothing to save."""
+    check_mode(config.kernels)
     checks = [
         ("lr", config.lr > 0, "a positive number"),
         ("warmup_steps", config.warmup_steps >= 0, "0 or more"),
@@ -310,6 +315,7 @@ def pretrain(
     """
     par = parallel or Parallel()
     report = (progress or SILENT) if par.is_main else SILENT
+    set_kernels(config.kernels)
     run = _start(_plan(config, par, report), report)
     report.stage("pretrain", run.plan.total_steps, unit="updates", done=run.step)
     warning = warmup_warning(run.plan.total_steps, config.warmup_steps, config.lr)

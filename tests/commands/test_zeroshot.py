@@ -51,9 +51,9 @@ def test_help_shows_panels_and_defaults(capsys, monkeypatch):
     assert panels == ["Options", "Input", "Evaluation", "Runtime", "Output"]
     text = " ".join(out.split())
     for flag in ("--task", "--checkpoint", "--split", "--data-dir", "--out", "--threshold", "--batch-size", "--limit",
-                 "--precision", "--device", "--curve", "--no-curve", "--sota", "--config"):
+                 "--precision", "--device", "--kernels", "--curve", "--no-curve", "--sota", "--config"):
         assert flag in out, flag
-    assert "[default: sst2]" in text and "[default: 32]" in text and text.count("[default: auto]") == 2
+    assert "[default: sst2]" in text and "[default: 32]" in text and text.count("[default: auto]") == 3
     assert "dprd test (train when only train.c.txt exists)" in text
     # Each option sits in its panel.
     blocks = dict(re.findall(r"╭─ (\w+) ─+╮\n(.*?)╰", out, re.S))

@@ -1,12 +1,13 @@
-"""The attention paths compute one function; the dispatch picks the measured one (gptcli/model/attention.py)."""
+"""The CPU attention kernel's paths compute SDPA's function; its table picks the measured one
+(gptcli/model/kernels/attention.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-import gptcli.model.attention as attention
-from gptcli.model.attention import PATHS, attention_path, causal_attention
+import gptcli.model.kernels.attention as attention
+from gptcli.model.kernels.attention import PATHS, attention_path, causal_attention
 from gptcli.model.gpt import GPT, ModelConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -78,6 +79,9 @@ def test_dispatch_table() -> None:
 
 def test_the_model_takes_the_dispatched_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPT's training forward goes through the dispatch (what the benchmark measured is what runs)."""
+    from gptcli.model.kernels import set_kernels
+
+    set_kernels("auto")
     seen: list[tuple[str, torch.dtype, float, int]] = []
 
     def spy(device_type: str, dtype: torch.dtype, dropout: float, seq_len: int) -> str:
@@ -92,21 +96,21 @@ def test_the_model_takes_the_dispatched_path(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_one_mask_serves_every_length() -> None:
     """Masks are slices of one per-device, per-dtype mask as long as the longest sequence (not one per length)."""
-    attention._BIASES.clear()
+    attention._CAUSAL_BIASES.clear()
     for t in (5, 300, 17, 300, 2):
         causal_attention(*_qkv(t), 0.0, path="plain")
-    assert [m.size(0) for m in attention._BIASES.values()] == [300]
+    assert [m.size(0) for m in attention._CAUSAL_BIASES.values()] == [300]
     want = torch.zeros(17, 17).masked_fill(torch.ones(17, 17, dtype=torch.bool).triu(1), float("-inf"))
-    torch.testing.assert_close(attention._future_bias(17, torch.device("cpu"), torch.float32), want)
+    torch.testing.assert_close(attention._causal_bias(17, torch.device("cpu"), torch.float32), want)
 
 
 def test_bf16_autocast_uses_a_bf16_mask() -> None:
-    attention._BIASES.clear()
+    attention._CAUSAL_BIASES.clear()
     q, k, v = _qkv(8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = causal_attention(q, k, v, 0.0, path="chunked")
     assert out.dtype == torch.bfloat16
-    assert [key[1] for key in attention._BIASES] == [torch.bfloat16]
+    assert [key[1] for key in attention._CAUSAL_BIASES] == [torch.bfloat16]
 
 
 def _reference(q, k, v, p: float, blocks: list[tuple[int, int]]) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""The CPU dropout of gptcli/model/dropout.py has ``F.dropout``'s law: keep rate, scaling, gradient, modes."""
+"""The CPU dropout kernel of gptcli/model/kernels/dropout.py has ``F.dropout``'s law: keep rate, scaling, gradient,
+modes; gptcli/model/dropout.py draws it when the kernels are on."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptcli.model.dropout import Dropout, dropout, keep_mask
+from gptcli.model.dropout import Dropout
+from gptcli.model.kernels.dropout import dropout, keep_mask
 from gptcli.model.gpt import GPT, preset
 
 

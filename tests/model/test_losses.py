@@ -1,4 +1,4 @@
-"""The language-model loss of gptcli/model/losses.py."""
+"""The language-model loss of gptcli/model/losses.py and its CPU kernel (gptcli/model/kernels/losses.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptcli.model import losses
+from gptcli.model.kernels import losses
 from gptcli.model.losses import IGNORE, lm_loss_per_sequence, next_token_nll
 
 

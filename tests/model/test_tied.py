@@ -1,4 +1,4 @@
-"""The tied output layer (gptcli/model/tied.py)."""
+"""The tied output layer (gptcli/model/tied.py) and its padded CPU product (gptcli/model/kernels/tied.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,16 @@ from gptcli.model.losses import next_token_nll
 def test_padded_output_product_gives_the_same_logits_and_gradients(monkeypatch):
     """The fp32 CPU output layer pads the embedding for large batches: same values, same gradients, only the memory
     layout differs."""
-    from gptcli.model import tied
     from gptcli.model.gpt import GPT, ModelConfig
+    from gptcli.model.kernels import set_kernels
+    from gptcli.model.kernels import tied as padding
 
+    set_kernels("auto")
     model = GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32))
     ids = torch.randint(0, 101, (4, 16))
     results = []
     for min_positions in (10**9, 8):  # never padded, then padded
-        monkeypatch.setattr(tied, "PAD_MIN_POSITIONS", min_positions)
+        monkeypatch.setattr(padding, "PAD_MIN_POSITIONS", min_positions)
         model.zero_grad()
         h = model.eval()(ids)
         logits = model.lm_logits(h)
@@ -37,7 +39,10 @@ def test_training_loss_through_the_padded_product_is_the_plain_one(monkeypatch):
     the same loss and embedding gradient as the plain product and loss."""
     from gptcli.model import tied
     from gptcli.model.gpt import GPT, ModelConfig
+    from gptcli.model.kernels import set_kernels
+    from gptcli.model.kernels import tied as padding
 
+    set_kernels("auto")
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32)).eval()
     ids = torch.randint(0, 101, (4, 16))
@@ -52,7 +57,7 @@ def test_training_loss_through_the_padded_product_is_the_plain_one(monkeypatch):
     for autocast in (False, True):
         results = []
         for min_positions in (10**9, 8):  # plain, then padded
-            monkeypatch.setattr(tied, "PAD_MIN_POSITIONS", min_positions)
+            monkeypatch.setattr(padding, "PAD_MIN_POSITIONS", min_positions)
             model.zero_grad()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 loss = model.lm_nll(model(ids[:, :-1]), ids[:, 1:])

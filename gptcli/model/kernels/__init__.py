@@ -1,0 +1,77 @@
+"""The fast CPU kernels, opt-out behind one switch: they never run unless ``auto`` picks them on CPU.
+
+The model (``gpt.py``, ``attention.py``, ``dropout.py``, ``losses.py``, ``tied.py``) is written in plain PyTorch,
+as nanoGPT's ``model.py``: ``F.scaled_dot_product_attention``, ``F.dropout``, ``F.cross_entropy``, ``F.linear``.
+Each of those files asks :func:`enabled` — the one dispatch point — before a computation that has a faster CPU
+form here, and imports the kernel only when the answer is yes. Each kernel computes the reference's function
+(tests/model/test_kernels.py and the per-kernel tests compare them); what differs is speed, floating-point rounding
+and, for dropout, which units a given seed drops (the law is the same):
+
+- ``attention.py``: causal attention written out over blocks of queries, with a hand-written backward
+  (reference: ``F.scaled_dot_product_attention(..., is_causal=True)``);
+- ``dropout.py``: dropout masks drawn from random bytes (reference: ``F.dropout``);
+- ``losses.py``: the next-token cross-entropy over blocks of rows, with its own backward (reference:
+  ``F.cross_entropy`` of the fp32 logits);
+- ``tied.py``: the tied output product against an embedding padded to an aligned row count (reference:
+  ``F.linear`` against the embedding).
+
+The switch is ``--kernels auto|reference`` on every command that runs the model (the ``kernels`` field of its
+config, applied by :func:`set_kernels` when the run starts), the environment variable ``GPT1_KERNELS`` (the field's
+default, and the mode of code that runs the model outside a run), or :func:`set_kernels` from code, which wins
+over the environment. ``auto`` (the default) runs the kernels on CPU and the reference everywhere else (on CUDA the
+reference already is PyTorch's fused kernels); ``reference`` runs plain PyTorch everywhere and never imports a
+module of this folder. Why each kernel is faster, and by how much, is in docs/performance.md.
+
+This package is the only place in gptcli that may use private ``torch._*`` functions (tests/test_architecture.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from gptcli.errors import GPT1Error
+
+MODES: tuple[str, ...] = ("auto", "reference")
+"""``auto``: the kernels of this folder on CPU, the reference elsewhere. ``reference``: plain PyTorch everywhere."""
+
+ENV = "GPT1_KERNELS"
+"""Environment variable read when no mode was set by :func:`set_kernels` (empty or unset: ``auto``)."""
+
+_chosen: str | None = None  # set by set_kernels(); None: follow the environment
+
+
+def check_mode(mode: str, source: str = "--kernels") -> str:
+    """``mode`` if it is one of :data:`MODES`, else a one-line :class:`GPT1Error` naming ``source``."""
+    if mode not in MODES:
+        raise GPT1Error(f"{source}: expected one of {', '.join(MODES)}, got {mode!r}")
+    return mode
+
+
+def set_kernels(mode: str | None) -> None:
+    """Choose the mode for this process (``None``: back to the environment's). Every run that computes with the
+    model (``pretrain()``, ``finetune()``, ``evaluate_tasks()``, ``zeroshot()``, ``start_generation()``, …) calls
+    it with its config's ``kernels`` when it starts."""
+    global _chosen
+    _chosen = None if mode is None else check_mode(mode)
+
+
+def default_mode() -> str:
+    """``$GPT1_KERNELS``, else ``auto``: the mode of code that runs the model outside a run (on the command line
+    the variable is the default of ``--kernels``, under ``--config``: gptcli/commands/options.py)."""
+    return check_mode(os.environ.get(ENV, "") or "auto", source=ENV)
+
+
+def mode() -> str:
+    """The mode in force: the one :func:`set_kernels` chose, else :func:`default_mode`."""
+    return _chosen if _chosen is not None else default_mode()
+
+
+def enabled(device: torch.device | str) -> bool:
+    """Whether the kernels of this folder compute for tensors on ``device``: in ``auto`` mode on CPU only."""
+    kind = torch.device(device).type if isinstance(device, str) else device.type
+    return kind == "cpu" and mode() == "auto"
+
+
+__all__ = ["ENV", "MODES", "check_mode", "default_mode", "enabled", "mode", "set_kernels"]

@@ -1,0 +1,171 @@
+"""Causal self-attention written out on CPU, over blocks of queries, with a hand-written backward.
+
+Reference: ``F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)`` (gptcli/model/attention.py).
+``softmax(q·kᵀ/√d + causal mask) · v`` with dropout on the attention probabilities (GPT-1's ``attn_pdrop``) is
+the same function either way (tests/model/test_attention.py), not the same speed:
+
+- On CPU there is no fused kernel with dropout, so with dropout SDPA falls back to its composite "math" path over
+  the whole T × T, and under bf16 autocast SDPA is slow even without. Written out over blocks of queries
+  (``chunked``), each block against only the keys it can see, the masked upper triangle is neither computed nor
+  dropped out, and the mask and 1/√d ride on the score matmul (``baddbmm``). It is faster than SDPA in fp32 and
+  bf16, with and without dropout, training and evaluation (docs/performance.md, "Attention").
+- Sequences under ``CHUNK_MIN_LEN`` (fine-tuning, scoring) are written out in one block (``plain``).
+- Other dtypes (fp16 on CPU: not measured) take SDPA.
+
+Measured by benchmarks/attention_paths.py. :func:`attention_path` is that table; :func:`causal_attention` applies
+it; ``path=`` forces one (benchmarks, tests). The dropout is a Bernoulli(1 − p) mask scaled by 1/(1 − p) on every
+path (SDPA draws it itself; the written-out paths draw it by ``kernels/dropout.py``), so the choice changes speed,
+floating-point rounding and which units a seed drops, never the model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from gptcli.model.kernels.dropout import keep_mask
+
+PATHS: tuple[str, ...] = ("sdpa", "plain", "chunked")
+"""``sdpa``: F.scaled_dot_product_attention. ``plain``: scores, mask, softmax, dropout and the product with v as
+separate ops in the inputs' dtype (what Hugging Face's port does). ``chunked``: ``plain`` over blocks of
+``CHUNK_ROWS`` queries, each against only the keys it can see, so the masked upper triangle is (mostly) neither
+computed nor dropped out: 5/8 of the scores at T = 512."""
+
+CHUNK_ROWS = 128
+"""Queries per block of the ``chunked`` path (T = 512: 4 blocks). At T = 256 and 512, blocks of 128 were the
+fastest or within noise of it in every precision, dropout and mode (benchmarks/attention_paths.py ``--chunks``)."""
+
+
+CPU_PATHS: dict[tuple[torch.dtype, bool], str] = {
+    (torch.float32, False): "chunked",
+    (torch.float32, True): "chunked",
+    (torch.bfloat16, False): "chunked",
+    (torch.bfloat16, True): "chunked",
+}
+"""The CPU's path per (dtype, dropout on?) from ``CHUNK_MIN_LEN`` tokens on, from benchmarks/attention_paths.py
+(docs/performance.md has the run). Other dtypes (fp16 on CPU: not measured) take SDPA."""
+
+
+CHUNK_MIN_LEN = 256
+"""On CPU, shorter sequences take ``plain`` whatever the table says: blocks of a few dozen queries cost more in per-op
+overhead than the skipped triangle saves, and at these lengths the written-out attention matched or beat SDPA in
+every precision, dropout and mode measured (benchmarks/attention_paths.py at T = 64 and 128)."""
+
+
+def attention_path(device_type: str, dtype: torch.dtype, dropout: float, seq_len: int) -> str:
+    """The path :func:`causal_attention` takes for ``seq_len`` queries of ``dtype`` on ``device_type`` (module
+    docstring)."""
+    if device_type != "cpu":
+        return "sdpa"
+    if seq_len < CHUNK_MIN_LEN and dtype in (torch.float32, torch.bfloat16):
+        return "plain"
+    return CPU_PATHS.get((dtype, dropout > 0.0), "sdpa")
+
+
+_CAUSAL_BIASES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _causal_bias(t: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(t, t) additive causal mask: 0 where a query may look, −inf above the diagonal. One per device and dtype, as
+    long as the longest sequence seen, sliced for shorter ones (the upper triangle of a square's top-left corner is
+    the corner's own upper triangle), so fine-tuning's many lengths cost one mask, not one each."""
+    bias = _CAUSAL_BIASES.get((device, dtype))
+    if bias is None or bias.size(0) < t:
+        bias = _CAUSAL_BIASES[(device, dtype)] = torch.full((t, t), float("-inf"), device=device, dtype=dtype).triu(1)
+    return bias[:t, :t]
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float = 0.0,
+                     path: str | None = None, block_rows: int | None = None) -> torch.Tensor:
+    """Causal attention of ``q``, ``k``, ``v`` (B, H, T, d) with dropout ``dropout`` on the probabilities.
+
+    ``dropout`` is applied as given (the caller passes 0 outside training). ``path`` forces a path, ``block_rows``
+    the ``chunked`` path's queries per block (default ``CHUNK_ROWS``; benchmarks/attention_paths.py ``--chunks``)."""
+    path = path or attention_path(q.device.type, q.dtype, dropout, q.size(-2))
+    if path == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+    if path not in PATHS:
+        raise ValueError(f"unknown attention path {path!r} (known: {', '.join(PATHS)})")
+    B, H, t, d = q.shape
+    device = q.device.type
+    # Under autocast the written-out products run in the autocast dtype (as they would op by op); the function
+    # itself then runs with autocast off, on inputs already in that dtype.
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
+    # One (B·H, T, d) copy of each (q, k, v are strided views of the fused projection): every block's batched
+    # matmuls then read contiguous slices instead of copying their own.
+    q, k, v = (x.to(dtype).reshape(B * H, t, d) for x in (q, k, v))
+    blocks = max(1, t // (block_rows or CHUNK_ROWS)) if path == "chunked" else 1
+    bounds = tuple(t * i // blocks for i in range(blocks + 1))
+    with torch.autocast(device, enabled=False):
+        out = _BlockedAttention.apply(q, k, v, _causal_bias(t, q.device, dtype), dropout, bounds)
+    return out.view(B, H, t, d)
+
+
+def _transposed(x: torch.Tensor, blocks: int) -> torch.Tensor:
+    """``x`` (N, T, d) as (N, d, T) for the products of every block. In bf16 with several blocks, one contiguous
+    copy: oneDNN's products would otherwise copy their transposed operand once per block (docs/performance.md).
+    fp32's BLAS reads the transposed view as it is, and one block copies it once either way."""
+    xt = x.transpose(1, 2)
+    return xt if x.dtype == torch.float32 or blocks == 1 else xt.contiguous()
+
+
+class _BlockedAttention(torch.autograd.Function):
+    """Attention of ``q``, ``k``, ``v`` (N, T, d) over query blocks ``bounds``, each block against only the keys it
+    can see, with a hand-written backward.
+
+    Autograd over the same ops cost a T × T pass more per op than needed: each block's slice of k and v sent back
+    a zero-filled full-size gradient to be summed (``SliceBackward``), the bool dropout mask was converted to the
+    activation dtype on every use, and the transposed keys were copied per block. Here the keys are transposed once,
+    the mask is drawn in the activation's dtype, and each block's key and value gradients accumulate in place into
+    their slice."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, dropout: float, bounds: tuple[int, ...]):
+        alpha = 1.0 / math.sqrt(q.size(-1))
+        kt = _transposed(k, len(bounds) - 1)
+        parts, probs, masks = [], [], []
+        for a, b in zip(bounds, bounds[1:]):
+            # The mask enters as the product's additive input and 1/√d as its alpha: the matmul applies both as
+            # it writes the scores, where a masked_fill and a scaling would each be another pass. The softmax is
+            # in the scores' dtype, as Hugging Face's port under autocast (a fp32 softmax measured slower, and the
+            # product with v is taken in bf16 either way).
+            p = torch.softmax(torch.baddbmm(bias[a:b, :b], q[:, a:b], kt[:, :, :b], alpha=alpha), dim=-1)
+            probs.append(p)
+            if dropout > 0.0:
+                masks.append(keep_mask(p.shape, dropout, p.device, p.dtype))
+                p = p * masks[-1]
+            parts.append(torch.bmm(p, v[:, :b]))
+        out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        if dropout > 0.0:
+            # Dropout's 1/(1 − p) is applied to the output (queries × d) rather than the probabilities (queries ×
+            # keys): the same product, one pass over a tensor T/d times smaller.
+            out.mul_(1.0 / (1.0 - dropout))
+        ctx.save_for_backward(q, k, v, *probs, *masks)
+        ctx.alpha, ctx.dropout, ctx.bounds = alpha, dropout, bounds
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        q, k, v, *saved = ctx.saved_tensors
+        n = len(ctx.bounds) - 1
+        probs, masks = saved[:n], saved[n:]
+        if ctx.dropout > 0.0:
+            grad = grad * (1.0 / (1.0 - ctx.dropout))
+        grad = grad.contiguous()
+        vt = _transposed(v, n)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for i, (a, b) in enumerate(zip(ctx.bounds, ctx.bounds[1:])):
+            p, g = probs[i], grad[:, a:b]
+            dropped = p * masks[i] if masks else p
+            dv[:, :b].baddbmm_(dropped.transpose(1, 2), g)
+            dp = torch.bmm(g, vt[:, :, :b])
+            if masks:
+                dp.mul_(masks[i])
+            ds = torch._softmax_backward_data(dp, p, -1, p.dtype)
+            dq[:, a:b].baddbmm_(ds, k[:, :b], alpha=ctx.alpha)
+            dk[:, :b].baddbmm_(ds.transpose(1, 2), q[:, a:b], alpha=ctx.alpha)
+        return dq, dk, dv, None, None, None

@@ -1,0 +1,71 @@
+"""The next-token cross-entropy on CPU over blocks of rows, with its own backward.
+
+Reference: ``F.cross_entropy(logits.float(), targets, ignore_index=IGNORE)`` (gptcli/model/losses.py), the same
+values and gradients (tests/model/test_losses.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+CHUNK_ELEMENTS = 2**20
+"""Logits per block of :class:`_RowBlockNLL` (2,048 × 40,478 logits: 82 blocks of 25 rows, 4 MB each in fp32).
+2¹⁹–2²⁰ measured fastest; one row per block took twice as long."""
+
+REDUCTIONS = ("mean", "sum", "none")
+
+
+def next_token_nll(logits: torch.Tensor, targets: torch.Tensor, reduction: str, classes: int | None,
+                   ignore: int) -> torch.Tensor:
+    """``F.cross_entropy(logits[:, :classes].float(), targets, ignore_index=ignore, reduction=reduction)`` for 2-D
+    ``logits`` and 1-D ``targets``; the padding columns past ``classes`` get a zero gradient."""
+    with torch.autocast("cpu", enabled=False):
+        nll = _RowBlockNLL.apply(logits, targets, classes or logits.size(1), ignore)
+    if reduction == "none":
+        return nll
+    total = nll.sum()
+    return total if reduction == "sum" else total / (targets != ignore).sum()
+
+
+def _block_rows(classes: int) -> int:
+    return max(1, CHUNK_ELEMENTS // max(1, classes))
+
+
+class _RowBlockNLL(torch.autograd.Function):
+    """Per-row ``-log softmax(logits)[target]`` in fp32 (0 where the target is ``ignore``), over blocks of rows.
+
+    On CPU, ``F.cross_entropy(logits.float())`` writes four vocabulary-wide fp32 tensors per step (the fp32 copy,
+    its log-softmax, the loss's one-hot gradient and the softmax's gradient: 1.3 GB for a 4 × 512 GPT-1 batch) and
+    reads them back, and a step that has to fault fresh pages in for one of them loses much of a second
+    (docs/performance.md). Here each block of rows is converted and normalised while it is in cache; the backward
+    pass recomputes the block's softmax and writes the gradient, ``softmax − one_hot(target)`` times the row's
+    weight, straight into the logits' dtype. The values are ``F.cross_entropy``'s (tests/model/test_losses.py)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, classes: int, ignore: int) -> torch.Tensor:
+        valid = targets != ignore
+        safe = targets.masked_fill(~valid, 0).unsqueeze(1)
+        nll = torch.empty(logits.size(0), device=logits.device)
+        rows = _block_rows(classes)
+        for a in range(0, logits.size(0), rows):
+            logp = torch.log_softmax(logits[a : a + rows, :classes].float(), dim=-1)
+            nll[a : a + rows] = logp.gather(1, safe[a : a + rows]).squeeze(1).neg_()
+        ctx.save_for_backward(logits, safe, valid)
+        ctx.classes = classes
+        return nll.masked_fill_(~valid, 0.0)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        logits, safe, valid = ctx.saved_tensors
+        classes = ctx.classes
+        weight = (grad.float() * valid).unsqueeze(1)
+        out = torch.empty(logits.shape, device=logits.device, dtype=logits.dtype)
+        out[:, classes:] = 0.0
+        rows = _block_rows(classes)
+        for a in range(0, logits.size(0), rows):
+            p = torch.softmax(logits[a : a + rows, :classes].float(), dim=-1)
+            p.scatter_add_(1, safe[a : a + rows], torch.full_like(safe[a : a + rows], -1, dtype=p.dtype))
+            out[a : a + rows, :classes] = p.mul_(weight[a : a + rows])
+        return out, None, None, None

@@ -1,0 +1,60 @@
+"""The tied output product on CPU against the embedding padded to an aligned number of rows.
+
+Reference: ``F.linear(h, tok_emb.weight)`` (gptcli/model/tied.py). The BLAS runs a product 40,478 rows wide (GPT-1's
+vocabulary) markedly slower than one 40,480 rows wide, in the forward product and in the weight gradient's. For a
+large batch that is worth one copy of the embedding with zero rows appended up to a multiple of ``PAD_ROWS_TO``:
+
+- :func:`output_logits` (fp32): the padded product, the padding's columns sliced off: the same logits, as a view
+  whose rows are ``PAD_ROWS_TO``-aligned. Under bf16 autocast the forward product alone measured no different, and
+  for a few rows (decoding) the copy would cost more than the product: those keep the plain product.
+- :func:`training_logits` (fp32, and bf16 autocast too): the padded logits whole, for the training loss, which gives
+  the padding's columns a zero gradient (``next_token_nll(classes=…)``), so no slice has to be scattered back and
+  the weight gradient's product is the aligned one.
+
+The measurements are in docs/performance.md ("The tied output layer"); tests/model/test_tied.py checks that the
+padded products give the plain ones' logits, loss and gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+PAD_ROWS_TO = 64
+"""Vocabulary rows are padded to a multiple of this for the output product."""
+
+PAD_MIN_POSITIONS = 1024
+"""Positions from which the padded product pays for its copy of the embedding (a 4 × 512 training batch is 2,048)."""
+
+
+def padding_is_faster(h: torch.Tensor, w: torch.Tensor, training: bool = False) -> bool:
+    """Whether the product of ``h`` against the padded embedding ``w`` is the faster one: a large fp32 CPU batch,
+    or in training (:func:`training_logits`) also a bf16-autocast one (there the gain is in the weight gradient's
+    product)."""
+    if w.device.type != "cpu" or w.size(0) % PAD_ROWS_TO == 0 or h.numel() < PAD_MIN_POSITIONS * h.size(-1):
+        return False
+    if torch.is_autocast_enabled("cpu"):
+        return training and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    return w.dtype == torch.float32
+
+
+def pad_rows(w: torch.Tensor) -> torch.Tensor:
+    """``w`` with zero rows appended up to a multiple of ``PAD_ROWS_TO``."""
+    return F.pad(w, (0, 0, 0, -w.size(0) % PAD_ROWS_TO))
+
+
+def output_logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``F.linear(h, w)``, through the padded product when that is faster (module docstring)."""
+    if padding_is_faster(h, w):
+        return F.linear(h, pad_rows(w))[..., : w.size(0)]
+    return F.linear(h, w)
+
+
+def training_logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+    """The logits of ``h`` against the padded ``w``, padding columns included (the loss ignores them), when the
+    padded product is the faster one in training; ``None`` when it is not."""
+    if not padding_is_faster(h, w, training=True):
+        return None
+    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else w.dtype
+    # Cast before padding: the pad then copies the bf16 embedding, not the fp32 one.
+    return F.linear(h, pad_rows(w.to(dtype)))

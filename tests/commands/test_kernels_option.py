@@ -1,0 +1,106 @@
+"""``--kernels auto|reference`` (and ``GPT1_KERNELS``) on every command that runs the model: shown in --help,
+carried by the config, applied when the run starts, refused in one line when unknown."""
+
+from __future__ import annotations
+
+import pytest
+from help_panels import help_panels, option_row, run_cli
+
+from gptcli.model import kernels
+
+COMMANDS = ("quickstart", "pretrain", "finetune", "eval", "zeroshot", "generate")
+
+
+def test_the_option_reads_the_environment_variable_of_the_switch() -> None:
+    from gptcli.commands.options import FIELD_ENVVARS
+
+    assert FIELD_ENVVARS["kernels"] == kernels.ENV
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_that_runs_the_model_has_the_switch(capsys, monkeypatch, command: str) -> None:
+    row = option_row(help_panels(capsys, monkeypatch, command)["Runtime"], "--kernels")
+    assert "reference = plain PyTorch everywhere" in row
+    assert "[env var: GPT1_KERNELS]" in row and "[default: auto]" in row
+
+
+@pytest.fixture
+def generation(monkeypatch) -> list:
+    """`gpt1 generate` up to the library call, which records the config and stops."""
+    import gptcli.pipelines.generate as pipeline
+
+    configs: list = []
+
+    def stop(cfg, progress=None):
+        configs.append(cfg)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(pipeline, "start_generation", stop)
+    return configs
+
+
+@pytest.mark.parametrize("args, env, want", [
+    ((), None, "auto"),
+    (("--kernels", "reference"), None, "reference"),
+    ((), "reference", "reference"),
+    (("--kernels", "auto"), "reference", "auto"),  # the command line wins over the environment
+])
+def test_the_config_takes_the_option_or_the_environment(generation, monkeypatch, args, env, want) -> None:
+    if env is None:
+        monkeypatch.delenv(kernels.ENV, raising=False)
+    else:
+        monkeypatch.setenv(kernels.ENV, env)
+    assert run_cli("generate", "-c", "ck", "-p", "x", *args) == 0
+    assert generation[-1].kernels == want
+
+
+def test_a_run_applies_its_setting_at_the_start(pretrained) -> None:
+    from gptcli.model.generate import GenerateConfig
+    from gptcli.pipelines.generate import start_generation
+
+    start_generation(GenerateConfig(checkpoint=pretrained, prompt="the cat", max_new_tokens=1, kernels="reference"))
+    assert kernels.mode() == "reference"
+
+
+def test_an_unknown_mode_is_one_line_and_starts_nothing(tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    code = run_cli("pretrain", "--data", str(tmp_path / "corpus"), "--out", str(out), "--kernels", "fast")
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.strip().splitlines() == ["error: --kernels: expected one of auto, reference, got 'fast'"]
+    assert not out.exists()
+
+
+def test_a_resume_may_change_it() -> None:
+    """How the run is computed, not what: pretraining takes a change silently (as device and precision), fine-tuning
+    notes it (as device and precision); neither refuses it."""
+    from gptcli.train import finetune, pretrain
+
+    assert "kernels" not in pretrain.RUN_DEFINING + pretrain.ADJUSTABLE
+    assert "kernels" in finetune.ADJUSTABLE and "kernels" not in finetune.RUN_DEFINING
+
+
+def test_a_pretraining_run_resumes_under_the_other_mode(tmp_path, capsys) -> None:
+    from corpus_helpers import random_corpus
+    from run_helpers import TINY_ARGS
+
+    corpus, out = random_corpus(tmp_path / "corpus"), tmp_path / "run"
+    assert run_cli("pretrain", "--data", str(corpus), "--out", str(out), *TINY_ARGS, "--max-steps", "2") == 0
+    capsys.readouterr()
+    code = run_cli("pretrain", "--data", str(corpus), "--out", str(out), *TINY_ARGS, "--max-steps", "3", "--resume",
+                   "--kernels", "reference")
+    assert code == 0, capsys.readouterr().err
+    assert kernels.mode() == "reference"
+    assert 'kernels = "reference"' in (out / "config.toml").read_text()
+
+
+def test_the_environment_is_a_default_under_a_config_file(generation, monkeypatch, tmp_path) -> None:
+    """``GPT1_KERNELS`` sits under ``--config`` (and a resumed run's config.toml): the workers of a ``--procs``
+    launch read the launcher's resolved settings from a file and must not be overridden by what they inherit."""
+    monkeypatch.setenv(kernels.ENV, "reference")
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('kernels = "auto"\n')
+    assert run_cli("generate", "-c", "ck", "-p", "x", "--config", str(cfg)) == 0
+    assert generation[-1].kernels == "auto"
+    assert run_cli("generate", "-c", "ck", "-p", "x") == 0
+    assert generation[-1].kernels == "reference"

@@ -1,0 +1,166 @@
+"""The one switch between the fast CPU kernels (gptcli/model/kernels/) and the plain-PyTorch reference model.
+
+The model computes the same function both ways: outputs and gradients agree to fp32 rounding (dropout off: the two
+draw different masks for one seed; each kernel's law and its agreement with the reference op are tested beside
+it, in test_attention.py, test_dropout.py, test_losses.py and test_tied.py). ``reference`` never imports a
+kernel module.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gptcli.errors import GPT1Error
+from gptcli.model import kernels
+from gptcli.model.dropout import Dropout, dropout
+from gptcli.model.gpt import GPT, ModelConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _loss_and_grads(mode: str, model: GPT, ids: torch.Tensor, autocast: bool = False) -> tuple[torch.Tensor, dict]:
+    kernels.set_kernels(mode)
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = model.lm_loss(ids[:, :-1], ids[:, 1:])
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("t", [24, 300])  # the kernels' one-block and several-block attention (CHUNK_MIN_LEN 256)
+def test_the_model_is_the_same_function_both_ways_fp32(monkeypatch: pytest.MonkeyPatch, t: int) -> None:
+    """A training step's loss and every gradient, through every kernel: the blocked attention, the blocked loss
+    (several row blocks) and the padded output product (101 rows, padded to 128)."""
+    from gptcli.model.kernels import losses, tied
+
+    monkeypatch.setattr(losses, "CHUNK_ELEMENTS", 1000)
+    monkeypatch.setattr(tied, "PAD_MIN_POSITIONS", 8)
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=101, n_ctx=t + 1, n_embd=16, n_layer=2, n_head=2, n_inner=32,
+                      embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+    model = GPT(cfg).train()
+    ids = torch.randint(0, 101, (2, t + 1))
+    ref_loss, ref_grads = _loss_and_grads("reference", model, ids)
+    loss, grads = _loss_and_grads("auto", model, ids)
+    torch.testing.assert_close(loss, ref_loss, atol=1e-6, rtol=1e-6)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[name], atol=1e-6, rtol=1e-5, msg=name)
+    kernels.set_kernels("reference")
+    h_ref = model.eval()(ids)
+    logits_ref = model.lm_logits(h_ref)
+    kernels.set_kernels("auto")
+    torch.testing.assert_close(model(ids), h_ref, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(model.lm_logits(h_ref), logits_ref, atol=1e-6, rtol=1e-6)
+
+
+def test_the_model_is_the_same_function_both_ways_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gptcli.model.kernels import tied
+
+    monkeypatch.setattr(tied, "PAD_MIN_POSITIONS", 8)
+    torch.manual_seed(1)
+    cfg = ModelConfig(vocab_size=101, n_ctx=33, n_embd=32, n_layer=1, n_head=2, n_inner=64,
+                      embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+    model = GPT(cfg).train()
+    ids = torch.randint(0, 101, (2, 33))
+    ref_loss, ref_grads = _loss_and_grads("reference", model, ids, autocast=True)
+    loss, grads = _loss_and_grads("auto", model, ids, autocast=True)
+    torch.testing.assert_close(loss, ref_loss, atol=2e-2, rtol=2e-2)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[name], atol=5e-2, rtol=5e-2, msg=name)
+
+
+def test_reference_dropout_is_f_dropout_and_the_kernel_draws_its_own_masks() -> None:
+    x = torch.randn(64, 50)
+    for fn in (lambda: dropout(x, 0.3), lambda: Dropout(0.3).train()(x)):
+        kernels.set_kernels("reference")
+        torch.manual_seed(3)
+        got = fn()
+        torch.manual_seed(3)
+        assert torch.equal(got, F.dropout(x, 0.3, True))
+        kernels.set_kernels("auto")
+        torch.manual_seed(3)
+        assert not torch.equal(fn(), got)  # byte-drawn masks: the same law, other units
+
+
+@pytest.mark.parametrize("mode", kernels.MODES)
+def test_a_broadcast_mask_is_shared_along_its_unit_dimensions(mode: str) -> None:
+    """The multiple-choice head's dropout: one mask per example, shared by its answers, scaled by 1/(1 - p)."""
+    kernels.set_kernels(mode)
+    x = torch.rand(4, 3, 200) + 1.0
+    y = dropout(x, 0.25, noise_shape=(4, 1, 200))
+    kept = y != 0
+    assert torch.equal(kept, kept[:, :1].expand_as(kept))
+    assert 0.6 < kept.float().mean().item() < 0.9
+    torch.testing.assert_close(y[kept], x[kept] / 0.75)
+    assert torch.equal(dropout(x, 0.25, training=False, noise_shape=(4, 1, 200)), x)
+
+
+def test_the_kernels_broadcast_mask_is_the_heads_former_one() -> None:
+    """``auto`` keeps the numbers: the multiple-choice head's mask as it was drawn before the switch."""
+    from gptcli.model.kernels.dropout import keep_mask
+
+    kernels.set_kernels("auto")
+    x = torch.randn(4, 3, 16)
+    torch.manual_seed(9)
+    got = dropout(x, 0.1, noise_shape=(4, 1, 16))
+    torch.manual_seed(9)
+    assert torch.equal(got, x * keep_mask((4, 1, 16), 0.1, x.device, x.dtype) / (1 - 0.1))
+
+
+def _imported_kernels(env: dict[str, str], code: str = "") -> list[str]:
+    script = (
+        "import sys, torch\n"
+        "from gptcli.model.gpt import GPT, ModelConfig\n"
+        "from gptcli.model.heads import HeadConfig, TaskHead\n"
+        f"{code}\n"
+        "m = GPT(ModelConfig(vocab_size=70, n_ctx=300, n_embd=16, n_layer=1, n_head=2, n_inner=32)).train()\n"
+        "ids = torch.randint(0, 70, (4, 300))\n"
+        "m.lm_loss(ids[:, :-1], ids[:, 1:]).backward()\n"
+        "head = TaskHead(HeadConfig('multiple_choice', 16, extract_id=3)).train()\n"
+        "ids[:, 5] = 3\n"
+        "head(m(ids), ids, 2).sum().backward()\n"
+        "print(sorted(k for k in sys.modules if k.startswith('gptcli.model.kernels.')))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), **env}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    return eval(out.stdout.strip().splitlines()[-1])
+
+
+def test_reference_imports_no_kernel_module() -> None:
+    """Training steps of the LM and a head: with GPT1_KERNELS=reference (or set_kernels), not one module of
+    gptcli/model/kernels/ is imported; with auto, the four are."""
+    assert _imported_kernels({"GPT1_KERNELS": "reference"}) == []
+    assert _imported_kernels({"GPT1_KERNELS": ""}, "from gptcli.model.kernels import set_kernels; "
+                                                   "set_kernels('reference')") == []
+    assert _imported_kernels({"GPT1_KERNELS": "auto"}) == [
+        "gptcli.model.kernels.attention", "gptcli.model.kernels.dropout", "gptcli.model.kernels.losses",
+        "gptcli.model.kernels.tied"]
+
+
+def test_the_mode_comes_from_set_kernels_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(kernels.ENV, raising=False)
+    assert kernels.mode() == "auto" and kernels.enabled("cpu") and kernels.enabled(torch.device("cpu"))
+    assert not kernels.enabled("cuda") and not kernels.enabled(torch.device("meta"))
+    monkeypatch.setenv(kernels.ENV, "reference")
+    assert kernels.mode() == "reference" and not kernels.enabled("cpu")
+    kernels.set_kernels("auto")  # wins over the environment
+    assert kernels.mode() == "auto"
+    kernels.set_kernels(None)
+    assert kernels.mode() == "reference"
+
+
+def test_an_unknown_mode_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(GPT1Error, match=r"^--kernels: expected one of auto, reference, got 'fast'$"):
+        kernels.set_kernels("fast")
+    monkeypatch.setenv(kernels.ENV, "fast")
+    with pytest.raises(GPT1Error, match=r"^GPT1_KERNELS: expected one of auto, reference, got 'fast'$"):
+        kernels.enabled("cpu")

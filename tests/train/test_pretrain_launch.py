@@ -1,0 +1,37 @@
+"""gptcli/train/pretrain_launch.py: what a `gpt1 pretrain --procs N` launcher checks once and hands its workers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from corpus_helpers import random_corpus
+
+from gptcli.errors import GPT1Error
+from gptcli.train.distributed import LaunchSpec
+from gptcli.train.pretrain import PretrainConfig
+from gptcli.train.pretrain_launch import plan_pretrain_launch
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return random_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def _config(corpus, out, **kw) -> PretrainConfig:
+    return PretrainConfig(data=corpus, out=out, preset="tiny", model={"n_layer": 1, "n_embd": 32, "n_head": 2,
+                          "n_inner": 64, "n_ctx": 16}, seq_len=16, batch_size=4, max_steps=2, device="cpu", **kw)
+
+
+def test_the_workers_get_the_settings_less_the_verification_done_here(corpus, tmp_path) -> None:
+    cfg = _config(corpus, tmp_path / "run", kernels="reference")
+    workers = plan_pretrain_launch(cfg, LaunchSpec(nproc_per_node=2))
+    assert workers == dataclasses.replace(cfg, verify_data=False)
+    assert not (tmp_path / "run").exists()  # planning writes nothing
+
+
+def test_what_cannot_run_is_refused_before_any_worker_starts(corpus, tmp_path) -> None:
+    with pytest.raises(GPT1Error, match="not divisible by the 3 processes"):
+        plan_pretrain_launch(_config(corpus, tmp_path / "run"), LaunchSpec(nproc_per_node=3))
+    with pytest.raises(GPT1Error, match="--kernels: expected one of auto, reference"):
+        plan_pretrain_launch(_config(corpus, tmp_path / "run", kernels="fast"), LaunchSpec(nproc_per_node=2))
