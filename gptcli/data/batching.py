@@ -109,8 +109,10 @@ def collate_packed(items: Sequence[Encoded], extract_id: int, regression: bool =
 
 def collate_shared(items: Sequence[Encoded], extract_id: int, regression: bool = False) -> Batch:
     """For evaluation: :func:`collate_packed` with each example's common prefix packed once (``Packing.shared``) —
-    a multiple-choice example's context ahead of every answer, which causal attention reads the same for each. An
-    example of one sequence is one prefix with one answer (its last token), which is plain packing."""
+    a multiple-choice example's context ahead of every answer, which causal attention reads the same for each.
+    Examples of one sequence share nothing: they are plainly packed."""
+    if len(items[0].seqs) == 1:
+        return collate_packed(items, extract_id, regression)
     prefixes, answers = [], []
     for it in items:
         cut = _common_prefix(it.seqs)

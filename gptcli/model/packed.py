@@ -19,7 +19,7 @@ work (Story Cloze: about 60% of the tokens; RACE: about a third).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -47,6 +47,8 @@ class Packing:
     parents: list[int] | None = None
     """For a shared-prefix row (:meth:`shared`): the segment each segment continues (-1: none). None: every segment
     stands alone."""
+    _grids: dict = field(default_factory=dict, repr=False, compare=False)
+    """:meth:`grid` per device, made once per batch and shared by every layer."""
 
     @staticmethod
     def of(seqs: Sequence[Sequence[int]], extract_id: int | None = None) -> "Packing":
@@ -98,6 +100,22 @@ class Packing:
     def tokens(self) -> int:
         return sum(self.lengths)
 
+    def grid(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gather, scatter) indices between the row and a (S, Lmax) grid of its sequences: ``gather`` (S·Lmax,)
+        picks each grid cell's token from the row (a cell past a sequence's end repeats its first token), ``scatter``
+        (N,) is each token's cell. Attention runs over the grid in one batched call; pads sit after every real token
+        of their sequence, so causal attention never lets a real query see one."""
+        if device not in self._grids:
+            width = max(self.lengths)
+            gather, scatter, start = [], [], 0
+            for s, n in enumerate(self.lengths):
+                gather.extend([start + j for j in range(n)] + [start] * (width - n))
+                scatter.extend(s * width + j for j in range(n))
+                start += n
+            self._grids[device] = (torch.tensor(gather, dtype=torch.long).to(device),
+                                   torch.tensor(scatter, dtype=torch.long).to(device))
+        return self._grids[device]
+
     @property
     def span(self) -> int:
         """The longest sequence the row holds, its shared prefixes included (what the position table must cover)."""
@@ -130,11 +148,19 @@ def _causal(t: int, device: torch.device) -> torch.Tensor:
 def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float,
                       packing: Packing) -> torch.Tensor:
     """Causal attention of a packed row, ``(1, H, N, hd)`` each: every sequence attends to itself only (and, in a
-    shared-prefix row, to its prefix first). One attention per sequence, over views of the row; the outputs are
-    joined in row order (their gradients split back by ``torch.cat``'s backward, with no zero-filled copies)."""
-    qs, ks, vs = (t.split(packing.lengths, dim=2) for t in (q, k, v))
+    shared-prefix row, to its prefix first).
+
+    Sequences that stand alone are gathered into a (S, H, Lmax, hd) grid and attended in one batched call (one call
+    per sequence cost more in per-op overhead than the grid's padded attention: only the attention sees padding,
+    a few percent of a layer's work, never the linear layers). A shared-prefix row (evaluation) takes one attention
+    per answer, over its prefix's keys and its own."""
     if packing.parents is None:
-        return torch.cat([causal_attention(a, b, c, dropout) for a, b, c in zip(qs, ks, vs)], dim=2)
+        gather, scatter = packing.grid(q.device)
+        H, hd, S, width = q.size(1), q.size(3), len(packing.lengths), max(packing.lengths)
+        grid = [t[0].index_select(1, gather).view(H, S, width, hd).transpose(0, 1) for t in (q, k, v)]
+        y = causal_attention(*grid, dropout)  # (S, H, Lmax, hd)
+        return y.transpose(0, 1).reshape(H, S * width, hd).index_select(1, scatter).unsqueeze(0)
+    qs, ks, vs = (t.split(packing.lengths, dim=2) for t in (q, k, v))
     out = []
     for s, parent in enumerate(packing.parents):
         if parent < 0:
