@@ -40,7 +40,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import fsync_dir, move_into_place, sha256_file
+from gptcli.fsutil import fsync_dir, move_into_place, sha256_file, temp_sibling
 from gptcli.model.build import TRANSFORMER, AnyConfig, LanguageModel, arch_of, build_model, config_from_dict
 
 FORMAT = 1
@@ -72,8 +72,8 @@ def atomic_directory(target: Path, write: Callable[[Path], None]) -> Path:
     An existing ``target`` is replaced only after the new one is complete.
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp = temp_sibling(target, "tmp")
+    tmp.parent.mkdir(parents=True, exist_ok=True)
     try:
         tmp.mkdir()
         write(tmp)

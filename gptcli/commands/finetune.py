@@ -11,6 +11,7 @@ import typer
 from gptcli.commands.options import CliOnly, Options, Parsed
 from gptcli.commands.render import RichProgress, WarningsOnly, details_table, stderr_console, stdout_console
 from gptcli.errors import GPT1Error
+from gptcli.locks import main_rank_lock
 from gptcli.outputs import check_output
 from gptcli.train.distributed import LaunchConfig, LaunchSpec
 from gptcli.train.finetune import CONFIG_FILE, RESULTS, FinetuneConfig, FinetuneResult, default_run_dir
@@ -72,7 +73,8 @@ def run(p: Parsed) -> None:
     _fill_defaults(cfg, console)
     spec = plan_launch(p.sections["launch"])
     if spec is not None:
-        _launch(cfg, spec, quiet, console)
+        with main_rank_lock(cfg.out, spec.node_rank == 0):  # once for the job: its workers run under it
+            _launch(cfg, spec, quiet, console)
         return
     # A plain process, or one worker of a job (ours, torchrun's or SLURM's): join it, train, leave.
     parallel = join(cfg.device)

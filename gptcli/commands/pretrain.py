@@ -14,6 +14,7 @@ from gptcli.errors import GPT1Error
 from gptcli.model.build import dropout_fields
 from gptcli.model.gpt import ModelConfig
 from gptcli.model.lstm import LSTMConfig
+from gptcli.locks import main_rank_lock
 from gptcli.outputs import check_output
 from gptcli.train.distributed import LaunchConfig, LaunchSpec
 from gptcli.train.pretrain import CONFIG_FILE, PretrainConfig
@@ -73,7 +74,8 @@ def run(p: Parsed) -> None:
 
     spec = plan_launch(p.sections["launch"])
     if spec is not None:
-        _launch(cfg, spec, p.cli["quiet"], console)
+        with main_rank_lock(cfg.out, spec.node_rank == 0):  # once for the job: its workers run under it
+            _launch(cfg, spec, p.cli["quiet"], console)
         return
     # A plain process, or one worker of a job (ours, torchrun's or SLURM's): join it, train, leave.
     parallel = join(cfg.device)

@@ -46,7 +46,8 @@ from gptcli import __version__
 from gptcli.config import to_dict
 from gptcli.data.shards import FORMAT_VERSION, ShardWriter, token_dtype, write_manifest
 from gptcli.errors import DataError, GPT1Error
-from gptcli.fsutil import move_into_place, sha256_file
+from gptcli.fsutil import move_into_place, sha256_file, temp_sibling
+from gptcli.locks import output_lock
 from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress, staged
 
@@ -594,7 +595,13 @@ class _Reservoir:
 
 
 def prepare(cfg: PrepareConfig, progress: Progress | None = None) -> PrepareResult:
-    """Run the whole pipeline; returns the output directory and its manifest."""
+    """Run the whole pipeline; returns the output directory and its manifest. ``out`` is locked for the run
+    (:func:`gptcli.locks.output_lock`), which also finishes or undoes what an interrupted run left beside it."""
+    with output_lock(_check(cfg)):
+        return _prepare(cfg, progress)
+
+
+def _prepare(cfg: PrepareConfig, progress: Progress | None) -> PrepareResult:
     report = progress or SILENT
     plan = _plan(cfg)
     problems = _Problems(cfg.strict, report)
@@ -669,10 +676,8 @@ def _plan(cfg: PrepareConfig) -> _Plan:
 @contextlib.contextmanager
 def _partial_dir(out: Path) -> Iterator[Path]:
     """A hidden sibling of ``out`` to build the corpus in; removed unless the block moved it into place."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    tmp = temp_sibling(out)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
     tmp.mkdir()
     try:
         yield tmp

@@ -39,6 +39,7 @@ from gptcli.checkpoint import atomic_directory
 from gptcli.eval.zeroshot import (TaskResult, ZeroShotConfig, check_config, check_out, evaluate, json_safe, open_model,
                                   write_results)
 from gptcli.fsutil import write_text_atomic
+from gptcli.locks import output_lock
 from gptcli.outputs import mark
 from gptcli.progress import SILENT, Progress, staged
 
@@ -149,7 +150,9 @@ def run_curve(config: ZeroShotConfig, checkpoints: Sequence[str | Path], *, sota
     # Built in a temporary folder that replaces ``out`` whole at the end: an earlier curve there survives a
     # failed or interrupted one.
     curves: list[Curve] = []
-    atomic_directory(Path(config.out), lambda tmp: curves.append(_score_all(run, paths, report, tmp)))
+    with output_lock(config.out):
+        check_out(config, paths)  # again, now that no other run can be writing there
+        atomic_directory(Path(config.out), lambda tmp: curves.append(_score_all(run, paths, report, tmp)))
     return curves[0]
 
 

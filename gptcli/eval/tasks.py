@@ -35,6 +35,7 @@ from gptcli.eval.metrics import score_predictions
 from gptcli.fsutil import write_text_atomic
 from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.heads import HeadConfig, TaskHead
+from gptcli.locks import output_lock
 from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress, staged
 from gptcli.runtime import resolve_device, resolve_precision
@@ -192,13 +193,14 @@ def evaluate_task(
     examples = subsample(task.read(split, data_dir, opts), max_examples, seed)
     _check_labels(task, split, examples)
     out_dir = Path(out) if out is not None else default_out_dir(ck.path, task.name, split)
-    check_out_dir(out_dir, ck.path, task, data_dir)
-    n_ctx = int(ck.meta.get("n_ctx") or ck.config.n_ctx)
-    enc = encode_examples(task, examples, tok, n_ctx)
-    with staged(report, f"evaluate {run_label(ck.path)} on {task.name} ({split})", len(enc), unit="examples"):
-        batches = iterate(enc, batch_size, shuffle=False, regression=task.kind == "regression")
-        preds, outs = predict(model, batches, dev, prec, progress=report)
-    results = write_outputs(out_dir, ck, task, split, examples, preds, outs, skipped=opts.skipped, n_ctx=n_ctx)
+    with output_lock(out_dir):
+        check_out_dir(out_dir, ck.path, task, data_dir)
+        n_ctx = int(ck.meta.get("n_ctx") or ck.config.n_ctx)
+        enc = encode_examples(task, examples, tok, n_ctx)
+        with staged(report, f"evaluate {run_label(ck.path)} on {task.name} ({split})", len(enc), unit="examples"):
+            batches = iterate(enc, batch_size, shuffle=False, regression=task.kind == "regression")
+            preds, outs = predict(model, batches, dev, prec, progress=report)
+        results = write_outputs(out_dir, ck, task, split, examples, preds, outs, skipped=opts.skipped, n_ctx=n_ctx)
     results["out_dir"] = str(out_dir)
     return results
 

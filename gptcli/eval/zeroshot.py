@@ -37,6 +37,7 @@ from typing import Any, Callable, Sequence
 from gptcli.checkpoint import atomic_directory
 from gptcli.errors import DataError, GPT1Error
 from gptcli.fsutil import write_text_atomic
+from gptcli.locks import maybe_lock
 from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress
 from gptcli.tasks.base import Example, Task
@@ -569,10 +570,11 @@ def zeroshot(config: ZeroShotConfig, progress: Progress | None = None) -> tuple[
     check_config(config)
     if not config.checkpoint:
         raise GPT1Error("no checkpoint given (--checkpoint DIR: a checkpoint or a run directory)")
-    check_out(config, [config.checkpoint])
-    model, tokenizer, ck = open_model(config.checkpoint, config.device, config.verify)
-    results, skipped = evaluate(model, tokenizer, config, progress)
-    meta = {"checkpoint": str(ck.path), "step": ck.meta.get("step"), "config": to_dict(config)}
-    if config.out:
-        write_results(config.out, results, meta, skipped)
+    with maybe_lock(config.out):
+        check_out(config, [config.checkpoint])
+        model, tokenizer, ck = open_model(config.checkpoint, config.device, config.verify)
+        results, skipped = evaluate(model, tokenizer, config, progress)
+        meta = {"checkpoint": str(ck.path), "step": ck.meta.get("step"), "config": to_dict(config)}
+        if config.out:
+            write_results(config.out, results, meta, skipped)
     return results, skipped, meta

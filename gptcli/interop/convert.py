@@ -30,6 +30,7 @@ from gptcli.checkpoint import atomic_directory, load_checkpoint, read_header, sa
 from gptcli.errors import DataError, GPT1Error
 from gptcli.interop.hf import config_from_hf, read_hf_config, state_dict_from_hf, state_dict_to_hf, write_hf_config
 from gptcli.model.gpt import GPT, ModelConfig
+from gptcli.locks import output_lock
 from gptcli.outputs import check_output, mark
 
 FORMATS_IN = ("hf", "openai")
@@ -392,6 +393,13 @@ def convert(cfg: ConvertConfig) -> ConvertResult:
     """Run one conversion as ``cfg`` describes it (checked first: :meth:`ConvertConfig.check`)."""
     cfg.check()
     assert cfg.src is not None and cfg.out is not None  # checked above
+    with output_lock(cfg.out):
+        cfg.check()  # again, now that no other run can be writing there
+        return _convert(cfg)
+
+
+def _convert(cfg: ConvertConfig) -> ConvertResult:
+    assert cfg.src is not None and cfg.out is not None
     if cfg.to_format == "hf":
         path, warnings = to_hf(cfg.src, cfg.out)
         return ConvertResult(path, "hf", warnings)

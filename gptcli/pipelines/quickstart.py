@@ -46,6 +46,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from gptcli.errors import GPT1Error
 from gptcli.fsutil import write_text_atomic
+from gptcli.locks import output_lock
 from gptcli.outputs import MARKER, check_output, mark
 from gptcli.pipelines import budget
 from gptcli.progress import SILENT, Progress
@@ -310,7 +311,7 @@ def quickstart(config: QuickstartConfig, progress: Progress | None = None) -> Qu
     cfg = config
     _check(cfg)
     t_start = time.perf_counter()
-    with _replacing(check_out(cfg)) as out:
+    with output_lock(cfg.out), _replacing(check_out(cfg)) as out:
         save_config(cfg, out / "config.toml")
         run = _Run(cfg, out, progress or SILENT, t_start, {"minutes_budget": cfg.minutes, "seed": cfg.seed})
         text = _stage(run, "text", collect_text, run)

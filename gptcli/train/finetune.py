@@ -39,7 +39,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import random
 import shutil
 import time
@@ -60,7 +59,8 @@ from gptcli.data.transforms import Encoded
 from gptcli.errors import GPT1Error
 from gptcli.eval.baselines import prediction_summary
 from gptcli.eval.metrics import score_predictions
-from gptcli.fsutil import move_into_place, sha256_file, write_text_atomic
+from gptcli.fsutil import move_into_place, sha256_file, temp_sibling, write_text_atomic
+from gptcli.locks import main_rank_lock
 from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.build import AnyConfig, LanguageModel, arch_of, build_model, config_from_dict, preset
 from gptcli.model.gpt import GPT
@@ -238,8 +238,14 @@ def finetune(config: FinetuneConfig, progress: Progress | None = None,
 
     ``parallel`` (from :func:`gptcli.train.distributed.join`) makes this one rank of a data-parallel job: every rank
     calls it alike; each trains on its share of every global batch and scores its share of the dev split, and rank
-    0 alone writes (see :func:`rank_share`, :func:`eval_shard`). Progress is reported on rank 0 only."""
+    0 alone writes (see :func:`rank_share`, :func:`eval_shard`). Progress is reported on rank 0 only. ``out`` is
+    locked for the run (rank 0 alone, or the job's launcher: :func:`gptcli.locks.output_lock`)."""
     par = parallel or Parallel()
+    with main_rank_lock(config.out, par.is_main):
+        return _finetune(config, progress, par)
+
+
+def _finetune(config: FinetuneConfig, progress: Progress | None, par: Parallel) -> FinetuneResult:
     report = (progress or SILENT) if par.is_main else SILENT
     check_config(config)
     check_world(config, par.world_size)
@@ -452,8 +458,7 @@ def run_directory(out: Path, replace: bool) -> Iterator[Path]:
             mark(out, "finetune-run")
         yield out
         return
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = temp_sibling(out)
     tmp.mkdir()
     try:
         mark(tmp, "finetune-run")

@@ -34,6 +34,7 @@ from gptcli.data.windows import WindowSampler
 from gptcli.errors import GPT1Error
 from gptcli.eval.perplexity import evaluate_lm
 from gptcli.model.build import AnyConfig, LanguageModel, arch_of, build_model, preset, preset_class
+from gptcli.locks import main_rank_lock
 from gptcli.outputs import MARKER, check_output, mark
 from gptcli.progress import SILENT, Progress
 from gptcli.runtime import Precision, configure_backends, peak_flops, resolve_device, resolve_precision
@@ -300,9 +301,15 @@ def pretrain(
     (``done`` plus every ``n``) is the update just logged; ``loss`` is the rank-averaged training loss, ``lr`` and
     ``grad_norm`` those of that update. Each validation is one ``note("validation at update N: loss L,
     perplexity P")``. ``end()`` closes the stage however the run stops. The same figures, unrounded, are the
-    lines of ``RUN/metrics.jsonl``.
+    lines of ``RUN/metrics.jsonl``. ``out`` is locked for the run (rank 0 alone, or the job's launcher:
+    :func:`gptcli.locks.output_lock`).
     """
     par = parallel or Parallel()
+    with main_rank_lock(config.out, par.is_main):
+        return _pretrain(config, par, progress)
+
+
+def _pretrain(config: PretrainConfig, par: Parallel, progress: Progress | None) -> PretrainResult:
     report = (progress or SILENT) if par.is_main else SILENT
     run = _start(_plan(config, par, report))
     report.stage("pretrain", run.plan.total_steps, unit="updates", done=run.step)
