@@ -35,7 +35,7 @@ from gptcli.eval.metrics import score_predictions
 from gptcli.fsutil import write_text_atomic
 from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.heads import HeadConfig, TaskHead
-from gptcli.locks import output_lock
+from gptcli.locks import maybe_lock, output_lock
 from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress, staged
 from gptcli.runtime import resolve_device, resolve_precision
@@ -183,7 +183,15 @@ def evaluate_task(
 ) -> dict[str, Any]:
     """Score ``checkpoint`` on ``split`` of a task (default: the task it was fine-tuned on); returns results.json
     (plus ``out_dir``). ``verify`` checks the checkpoint's files first. ``progress`` sees one stage sized in
-    examples."""
+    examples. The output folder is locked while it is worked on (:func:`gptcli.locks.output_lock`)."""
+    with maybe_lock(out):  # a given folder before anything is read; the default one once the checkpoint says where
+        return _evaluate_task(task_name, checkpoint, split, data_dir, out, batch_size, device, precision,
+                              skip_bad_rows, max_examples, seed, verify, progress)
+
+
+def _evaluate_task(task_name: str | None, checkpoint: str | Path, split: str, data_dir: str | Path | None,
+                   out: str | Path | None, batch_size: int, device: str, precision: str, skip_bad_rows: bool,
+                   max_examples: int | None, seed: int, verify: bool, progress: Progress | None) -> dict[str, Any]:
     report = progress or SILENT
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
@@ -325,6 +333,11 @@ def evaluate_tasks(config: EvalConfig, progress: Progress | None = None) -> list
     With ``out``, checkpoint ``run`` writes to ``OUT/<run>/<task>-<split>/``; otherwise to ``RUN/eval/<task>-<split>/``.
     ``data_dir`` is one task's folder, so it needs a single task (several tasks read ``$GPT1_DATA``).
     """
+    with maybe_lock(config.out):  # before anything is read: no second run writes there meanwhile
+        return _evaluate_tasks(config, progress)
+
+
+def _evaluate_tasks(config: EvalConfig, progress: Progress | None) -> list[dict[str, Any]]:
     if not config.checkpoint:
         raise GPT1Error("no checkpoint to evaluate: give --checkpoint RUN_DIR (repeatable)")
     tasks = parse_tasks(config.task)
