@@ -118,9 +118,20 @@ class Converted:
 
 
 def _build(config: ModelConfig, hf_state: dict[str, torch.Tensor], where: Path) -> GPT:
-    model = GPT(config)
     try:
         ours = state_dict_from_hf(hf_state, config.n_layer)
+    except KeyError as e:
+        raise GPT1Error(f"{where}: weight {e.args[0]!r} is missing") from None
+    with torch.device("meta"):  # the config against the weights' shapes before the model is allocated
+        expected = {k: tuple(v.shape) for k, v in GPT(config).state_dict().items()}
+    wrong = sorted(k for k in expected.keys() | ours.keys() if expected.get(k) != (tuple(ours[k].shape) if k in ours else None))
+    if wrong:
+        k = wrong[0]
+        raise GPT1Error(f"{where}: weights do not match the config ({k}: the config asks for "
+                        f"{list(expected[k]) if k in expected else 'no such tensor'}, the weights have "
+                        f"{list(ours[k].shape) if k in ours else 'none'}; {len(wrong)} tensor(s) differ)")
+    model = GPT(config)
+    try:
         model.load_state_dict({k: v.float() for k, v in ours.items()}, strict=True)
     except KeyError as e:
         raise GPT1Error(f"{where}: weight {e.args[0]!r} is missing") from None
