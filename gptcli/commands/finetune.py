@@ -8,6 +8,8 @@ from typing import Any
 
 import typer
 
+from rich.markup import escape
+
 from gptcli.commands.options import CliOnly, Options, Parsed
 from gptcli.commands.render import RichProgress, WarningsOnly, details_table, stderr_console, stdout_console
 from gptcli.errors import GPT1Error
@@ -84,7 +86,8 @@ def run(p: Parsed) -> None:
         leave(parallel, 130 if result.stopped_by else 0)
     if result.stopped_by:
         console.print(f"[yellow]stopped by {result.stopped_by}[/] at update {result.step}/{result.total}; "
-                      f"checkpoint {result.checkpoint}. Continue with: gpt1 finetune --out {result.run_dir} --resume",
+                      f"checkpoint {escape(str(result.checkpoint))}. Continue with: gpt1 finetune --out "
+                      f"{escape(str(result.run_dir))} --resume",
                       highlight=False, soft_wrap=True)
         leave(parallel, 130)
         raise typer.Exit(130)
@@ -110,7 +113,8 @@ def _launch(cfg: FinetuneConfig, spec: LaunchSpec, quiet: bool, console: Any) ->
     if stopped:
         steps = step_checkpoints(plan.out)
         saved = f"checkpoint {steps[-1]}" if steps else "no checkpoint yet"
-        console.print(f"[yellow]stopped by {stopped}[/]; {saved}. Continue with: gpt1 finetune --out {cfg.out} "
+        console.print(f"[yellow]stopped by {stopped}[/]; {escape(saved)}. Continue with: gpt1 finetune --out "
+                      f"{escape(str(cfg.out))} "
                       "--resume (with any number of processes)", highlight=False, soft_wrap=True)
         raise typer.Exit(130)
 
@@ -133,8 +137,6 @@ def _fill_defaults(cfg: FinetuneConfig, console: Any) -> None:
 
 def show_outcome(result: FinetuneResult, console: Any) -> None:
     """The kept epoch's dev scores beside the paper's, skipped rows, and where everything went."""
-    from rich.markup import escape
-
     r = result.results
     if r.get("scores"):
         stdout_console().print(details_table(
@@ -142,8 +144,8 @@ def show_outcome(result: FinetuneResult, console: Any) -> None:
             title=f"{r['task']}: dev scores of the kept epoch ({r['select']}: epoch {r['epoch']})"))
     if r.get("skipped_rows"):
         console.print(f"[yellow]skipped {len(r['skipped_rows'])} bad rows[/] (first: {escape(r['skipped_rows'][0])})")
-    console.print(f"[green]done[/]: {r['steps']} updates; checkpoint {result.checkpoint}; "
-                  f"results {result.run_dir / RESULTS}")
+    console.print(f"[green]done[/]: {r['steps']} updates; checkpoint {escape(str(result.checkpoint))}; "
+                  f"results {escape(str(result.run_dir / RESULTS))}", highlight=False)
 
 
 def list_tasks(console: Any) -> None:

@@ -8,6 +8,8 @@ from typing import Any
 
 import typer
 
+from rich.markup import escape
+
 from gptcli.commands.options import CliOnly, Nested, Options, Parsed
 from gptcli.commands.render import RichProgress, WarningsOnly, stderr_console
 from gptcli.errors import GPT1Error
@@ -86,12 +88,14 @@ def run(p: Parsed) -> None:
     if result.stopped_by:
         console.print(
             f"[yellow]stopped by {result.stopped_by}[/] at update {result.step}/{result.total_steps}; "
-            f"checkpoint {result.last_checkpoint}. Continue with: gpt1 pretrain --out {result.run_dir} --resume"
+            f"checkpoint {escape(str(result.last_checkpoint))}. Continue with: gpt1 pretrain --out "
+            f"{escape(str(result.run_dir))} --resume", highlight=False
         )
         leave(parallel, 130)
         raise typer.Exit(130)
     val = f", validation loss {result.final_val_loss:.4f}" if result.final_val_loss is not None else ""
-    console.print(f"[green]done[/]: {result.step} updates{val}; checkpoint {result.last_checkpoint}")
+    console.print(f"[green]done[/]: {result.step} updates{val}; checkpoint {escape(str(result.last_checkpoint))}",
+                  highlight=False)
     leave(parallel, 0)
 
 
@@ -143,7 +147,7 @@ def _launch(cfg: PretrainConfig, spec: LaunchSpec, quiet: bool, console: Any) ->
         except GPT1Error:
             saved = "no checkpoint yet"
         console.print(
-            f"[yellow]stopped by {stopped}[/]; {saved}. Continue with: gpt1 pretrain --out {cfg.out} --resume "
-            f"(with any number of processes)"
+            f"[yellow]stopped by {stopped}[/]; {escape(saved)}. Continue with: gpt1 pretrain --out "
+            f"{escape(str(cfg.out))} --resume (with any number of processes)", highlight=False
         )
         raise typer.Exit(130)

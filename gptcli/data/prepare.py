@@ -420,10 +420,13 @@ def _warm() -> None:
 
 
 def _worker_init() -> None:
-    """Workers leave Ctrl-C to the main process, which terminates the pool and removes the partial output."""
+    """Workers leave Ctrl-C to the main process, which terminates the pool and removes the partial output; and
+    SIGTERM (how the pool's ``terminate`` stops them) ends a worker quietly: a forked worker inherits the command
+    line's handler, which would raise in it and print the worker's traceback before the main process's error."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _warm()
 
 
