@@ -121,7 +121,9 @@ def resolve_inputs(specs: Iterable[str | Path]) -> list[Path]:
     files: list[Path] = []
     for spec in specs:
         s = str(spec)
-        files += _glob_inputs(s) if any(c in s for c in "*?[") else _path_inputs(Path(os.path.expanduser(s)))
+        # A path that exists is that path, even when its name has glob characters (a folder "[draft] (v2)").
+        is_glob = any(c in s for c in "*?[") and not os.path.lexists(os.path.expanduser(s))
+        files += _glob_inputs(s) if is_glob else _path_inputs(Path(os.path.expanduser(s)))
     seen: set[Path] = set()
     out = []
     for f in files:
@@ -643,7 +645,8 @@ def _input_paths(cfg: PrepareConfig, files: list[Path]) -> list[Path]:
     given: list[Path] = []
     for spec in map(str, cfg.inputs):
         pattern = os.path.expanduser(spec)
-        given += map(Path, glob.glob(pattern, recursive=True)) if any(c in spec for c in "*?[") else [Path(pattern)]
+        is_glob = any(c in spec for c in "*?[") and not os.path.lexists(pattern)
+        given += map(Path, glob.glob(pattern, recursive=True)) if is_glob else [Path(pattern)]
     return given + files + ([Path(cfg.tokenizer)] if cfg.tokenizer is not None else [])
 
 
