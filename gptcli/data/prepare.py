@@ -626,6 +626,9 @@ def _prepare(cfg: PrepareConfig, progress: Progress | None) -> PrepareResult:
 
 
 def _check(cfg: PrepareConfig) -> Path:
+    from gptcli.config import check_settings
+
+    check_settings(cfg)  # one rule per number, the same in every command (gptcli.config.RULES)
     if cfg.out is None:
         raise GPT1Error("no output directory: pass --out DIR")
     if not 0.0 < cfg.val_fraction <= 0.5:

@@ -333,6 +333,9 @@ def evaluate_tasks(config: EvalConfig, progress: Progress | None = None) -> list
     With ``out``, checkpoint ``run`` writes to ``OUT/<run>/<task>-<split>/``; otherwise to ``RUN/eval/<task>-<split>/``.
     ``data_dir`` is one task's folder, so it needs a single task (several tasks read ``$GPT1_DATA``).
     """
+    from gptcli.config import check_settings
+
+    check_settings(config)  # one rule per number, the same in every command (gptcli.config.RULES)
     with maybe_lock(config.out):  # before anything is read: no second run writes there meanwhile
         return _evaluate_tasks(config, progress)
 

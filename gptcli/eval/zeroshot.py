@@ -371,15 +371,15 @@ def task_list(task: str) -> list[str]:
 
 
 def check_config(config: ZeroShotConfig) -> None:
-    """One-line errors for settings that cannot work, before any checkpoint is opened."""
+    """One-line errors for settings that cannot work, before any checkpoint is opened (every number by its one
+    rule, :data:`gptcli.config.RULES`: ``--threshold nan`` is refused here as everywhere)."""
+    from gptcli.config import check_settings
+
+    check_settings(config)
     task_list(config.task)
     for k in config.splits:
         if k not in TASKS:
             raise GPT1Error(f"--split {k}=…: unknown task {k!r} (known: {', '.join(TASKS)})")
-    if config.batch_size < 1:
-        raise GPT1Error(f"batch_size must be at least 1, got {config.batch_size}")
-    if config.limit is not None and config.limit < 1:
-        raise GPT1Error(f"limit must be at least 1, got {config.limit}")
 
 
 # --- data: everything through the task registry ------------------------------------------------------------------

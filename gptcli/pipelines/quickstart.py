@@ -325,6 +325,9 @@ def quickstart(config: QuickstartConfig, progress: Progress | None = None) -> Qu
 
 
 def _check(cfg: QuickstartConfig) -> None:
+    from gptcli.config import check_settings
+
+    check_settings(cfg)  # one rule per number, the same in every command (gptcli.config.RULES)
     if cfg.minutes <= 0:
         raise GPT1Error(f"--minutes must be positive, got {cfg.minutes}")
     if not 0.05 <= cfg.task_fraction <= 0.8:

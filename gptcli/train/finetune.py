@@ -52,7 +52,7 @@ import torch.nn as nn
 
 from gptcli import checkpoint as ckpt
 from gptcli.checkpoint import is_checkpoint, load_checkpoint, read_header, save_checkpoint
-from gptcli.config import dumps_toml, to_dict
+from gptcli.config import check_settings, dumps_toml, to_dict
 from gptcli.data.batching import Batch, collate, iterate, num_batches, subsample, train_batches
 from gptcli.data.cache import encode_cached
 from gptcli.data.transforms import Encoded
@@ -300,27 +300,11 @@ def _finish(run: Run, out: Path) -> FinetuneResult:
 
 
 def check_config(c: FinetuneConfig) -> None:
-    """Refuse settings that cannot work, before anything is read or loaded."""
+    """Refuse settings that cannot work, before anything is read or loaded: every number by its one rule
+    (:data:`gptcli.config.RULES`, the same in every command), then the combinations."""
     if not c.task:
         raise GPT1Error("no task given (--task NAME; see --list-tasks)")
-    if c.micro_batch_size is not None and c.micro_batch_size <= 0:
-        raise GPT1Error(f"micro_batch_size must be positive, got {c.micro_batch_size}")
-    if c.workers < 0:
-        raise GPT1Error(f"--workers must be 0 (all cores) or more, got {c.workers}")
-    for name in ("lr", "batch_size", "epochs"):
-        if getattr(c, name) <= 0:
-            raise GPT1Error(f"{name} must be positive, got {getattr(c, name)}")
-    for name in ("save_every", "keep_last"):
-        if getattr(c, name) < 0:
-            raise GPT1Error(f"{name} must be 0 or more, got {getattr(c, name)}")
-    if c.log_every < 1:
-        raise GPT1Error(f"log_every must be at least 1, got {c.log_every}")
-    if not 0 <= c.warmup < 1:
-        raise GPT1Error(f"warmup is a fraction of the updates in [0, 1), got {c.warmup}")
-    if c.lm_weight < 0:
-        raise GPT1Error(f"lm_weight must be ≥ 0, got {c.lm_weight}")
-    if not 0 <= c.clf_pdrop < 1:
-        raise GPT1Error(f"clf_pdrop must be in [0, 1), got {c.clf_pdrop}")
+    check_settings(c)
     if c.init.lower() == "none" and not c.tokenizer:
         raise GPT1Error("--init none needs --tokenizer DIR (a tokenizer directory or a checkpoint) to encode the task")
     if c.transfer_layers is not None and c.init.lower() == "none":

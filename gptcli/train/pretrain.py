@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from gptcli import checkpoint as ckpt
+from gptcli.config import check_settings as check_all_settings
 from gptcli.config import from_dict, load_file, save_config, to_dict
 from gptcli.data.shards import Corpus, open_corpus, tokenizer_fingerprint
 from gptcli.data.windows import WindowSampler
@@ -188,32 +189,7 @@ class PretrainResult:
 def check_settings(config: PretrainConfig) -> None:
     """Refuse impossible numbers with a one-line error, before anything is read or written. ``max_steps = 0`` is
     refused, not run as one update (or none): a run of no updates has nothing to save."""
-    checks = [
-        ("lr", config.lr > 0, "a positive number"),
-        ("warmup_steps", config.warmup_steps >= 0, "0 or more"),
-        ("micro_batch_size", config.micro_batch_size is None or config.micro_batch_size >= 1,
-         "at least 1 (leave it unset for the whole batch at once)"),
-        ("epochs", config.epochs > 0, "a positive number"),
-        ("max_steps", config.max_steps is None or config.max_steps >= 1, "at least 1 (leave it unset for no cap)"),
-        ("max_tokens", config.max_tokens is None or config.max_tokens >= 1, "at least 1 (leave it unset for no cap)"),
-        ("weight_decay", config.weight_decay >= 0, "0 or more"),
-        ("beta1", 0 <= config.beta1 < 1, "in [0, 1)"),
-        ("beta2", 0 <= config.beta2 < 1, "in [0, 1)"),
-        ("eps", config.eps > 0, "a positive number"),
-        ("grad_clip", config.grad_clip >= 0, "0 (off) or more"),
-        ("seed", config.seed >= 0, "0 or more"),
-        ("eval_batches", config.eval_batches is None or config.eval_batches >= 1, "at least 1 (unset: all)"),
-        ("peak_flops", config.peak_flops is None or config.peak_flops > 0, "a positive number (unset: measured)"),
-    ]
-    checks += [(k, getattr(config, k) >= 0, "0 or more") for k in ("eval_every", "save_every", "keep_last", "log_every")]
-    for key in ADJUSTABLE_MODEL:
-        if key in config.model and isinstance(config.model[key], (int, float)):
-            checks.append((key, 0 <= config.model[key] < 1, "a probability in [0, 1)"))
-    for key, ok, want in checks:
-        value = getattr(config, key, config.model.get(key))
-        # NaN fails every comparison above; infinities are caught here.
-        if not ok or (isinstance(value, float) and not math.isfinite(value)):
-            raise GPT1Error(f"--{key.replace('_', '-')} {value} is impossible (it must be {want})")
+    check_all_settings(config)  # one rule per setting, the same in every command (gptcli.config.RULES)
 
 
 def plan_steps(config: PretrainConfig, steps_per_epoch: int) -> int:
