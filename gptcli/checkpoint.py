@@ -343,6 +343,7 @@ def load_checkpoint(
     except RuntimeError as e:
         raise GPT1Error(f"{p / WEIGHTS}: weights do not match the config ({str(e).splitlines()[0]})") from None
     model.eval()
+    _check_finite(p / WEIGHTS, tensors)
     tok = None
     if load_tokenizer and (p / TOKENIZER).is_dir():
         from gptcli.tokenizers import load_tokenizer as _load_tok
@@ -374,6 +375,15 @@ def _out_of_range(name: str, v: Any) -> bool:
     if isinstance(v, float):
         return not math.isfinite(v) or v < 0
     return v < (0 if name == "n_special" else 1)
+
+
+def _check_finite(weights: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Refuse weights holding NaN or ±inf: every score or perplexity computed from them would be a number without a
+    meaning (a zero-shot accuracy, a ``nan`` perplexity), reported as if it were one."""
+    bad = [k for k, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise GPT1Error(f"{weights}: {len(bad)} tensor(s) hold NaN or infinite values (first: {bad[0]}); nothing "
+                        "computed from them would mean anything (the run diverged: use an earlier checkpoint)")
 
 
 def check_weights_fit(weights: Path, mcfg: AnyConfig) -> None:

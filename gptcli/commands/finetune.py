@@ -67,6 +67,10 @@ def run(p: Parsed) -> None:
     # Runs saved before the progress display left the config had `progress = true|false` in config.toml.
     quiet = p.cli["quiet"] or base.pop("progress", True) is False
     cfg = p.resolve(FinetuneConfig, {**base, "resume": resume})
+    if not cfg.task and resume and out is not None and not (Path(out) / CONFIG_FILE).is_file():
+        raise GPT1Error(f"--resume: {out} has no {CONFIG_FILE}, so there is no fine-tuning run there to continue nor a "
+                        f"task to take from it (give the --out of a run that was started, or start one with --task "
+                        f"NAME)")
     if not cfg.task:
         raise GPT1Error("--task is required (see `gpt1 finetune --list-tasks`)")
     if resume and not cfg.out:

@@ -34,6 +34,7 @@ import typer
 from rich.markup import escape
 
 from gptcli.config import from_dict, load_file, to_dict
+from gptcli.errors import GPT1Error
 
 # --help panels, in the order they are shown; a command uses those it needs.
 PANELS = ("Input", "Model", "Sampling", "Data", "Optimisation", "Schedule", "Evaluation", "Checkpointing", "Distributed",
@@ -98,19 +99,28 @@ class Parsed:
     """``--config FILE``, when given."""
     sections: dict[str, Any] = field(default_factory=dict)
     """Instances of the section dataclasses (settings of how to run, not of the run: see ``Options``)."""
+    base_source: Path | None = None
+    """The file :meth:`base` read the settings under the command line from (named in errors about them)."""
 
     def base(self, fallback: Path | None = None) -> dict[str, Any]:
         """The settings under the command line: ``--config FILE``, else ``fallback`` (a resumed run's config) if it
         exists, else nothing."""
         if self.config_file is not None:
+            self.base_source = Path(self.config_file)
             return load_file(self.config_file)
         if fallback is not None and fallback.is_file():
+            self.base_source = Path(fallback)
             return load_file(fallback)
         return {}
 
     def resolve(self, cls: type, base: Mapping[str, Any] | None = None) -> Any:
         """``cls`` from defaults < ``base`` < the options given; unknown or mistyped keys are one-line errors."""
-        merged = to_dict(from_dict(cls, dict(base or {})))
+        try:
+            merged = to_dict(from_dict(cls, dict(base or {})))
+        except GPT1Error as e:  # say where the setting came from: a --config file, or the resumed run's config.toml
+            if self.base_source is None:
+                raise
+            raise GPT1Error(f"{self.base_source}: {e}") from None
         for key, value in self.given.items():
             if isinstance(value, dict) and isinstance(merged.get(key), dict):
                 merged[key] = {**merged[key], **value}

@@ -73,6 +73,10 @@ def run(p: Parsed) -> None:
     console = stderr_console()
     _fill_defaults(p, base, resume, console)
     cfg = p.resolve(PretrainConfig, {**base, "resume": resume})
+    if resume and "data" not in p.given and "data" in base and not Path(cfg.data).exists():
+        raise GPT1Error(f"{out / CONFIG_FILE}: data = {str(base['data'])!r}, the corpus this run was started with, is "
+                        f"not there from {Path.cwd()} (a relative path is relative to where the run was started: "
+                        f"resume from there, or pass --data CORPUS)")
 
     spec = plan_launch(p.sections["launch"])
     if spec is not None:

@@ -173,7 +173,7 @@ def _score_all(run: _Run, paths: Sequence[Path], report: Progress, out: Path | N
 
 def _score_checkpoint(run: _Run, path: Path, report: Progress) -> None:
     """Every task at one checkpoint: a point of the curve, and its results written under ``<out>/<name>/``."""
-    model, tokenizer, ck = open_model(path, run.config.device, run.config.verify)
+    model, tokenizer, ck = open_model(path, run.config.device, run.config.verify, report)
     report.stage(f"checkpoint {ck.path.name}")
     summary = ""
     try:

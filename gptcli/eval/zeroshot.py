@@ -454,15 +454,22 @@ def run_task(task: str, model, tokenizer, config: ZeroShotConfig, *, root: bool 
 # --- one checkpoint, every task ----------------------------------------------------------------------------------
 
 
-def open_model(checkpoint: str | Path, device: str = "auto", verify: bool = True):
+def open_model(checkpoint: str | Path, device: str = "auto", verify: bool = True, progress: Progress | None = None):
     """``(model, tokenizer, checkpoint)`` ready for scoring on ``device``; ``verify`` checks the checkpoint's files
-    against their checksums first."""
+    against their checksums first. A fine-tuned checkpoint is scored (its language model, head ignored), with a
+    warning note to ``progress``: the heuristics are the paper's for language models, Figure 2's curve over
+    pretraining."""
     from gptcli.checkpoint import load_checkpoint
     from gptcli.runtime import resolve_device
 
     ck = load_checkpoint(checkpoint, verify=verify)
     if ck.tokenizer is None:
         raise GPT1Error(f"{ck.path}: checkpoint has no tokenizer/ directory; zero-shot scoring needs the tokenizer it was trained with")
+    if ck.kind == "finetuned":
+        (progress or SILENT).note(
+            f"{ck.path} is fine-tuned (on {ck.meta.get('task', 'a task')}): the zero-shot heuristics are meant for "
+            "pretrained language models (the paper's Figure 2); its task head is ignored and the scores say little "
+            "about either", level="warn")
     model = ck.model.to(resolve_device(device)).eval()
     return model, ck.tokenizer, ck
 
@@ -572,7 +579,7 @@ def zeroshot(config: ZeroShotConfig, progress: Progress | None = None) -> tuple[
         raise GPT1Error("no checkpoint given (--checkpoint DIR: a checkpoint or a run directory)")
     with maybe_lock(config.out):
         check_out(config, [config.checkpoint])
-        model, tokenizer, ck = open_model(config.checkpoint, config.device, config.verify)
+        model, tokenizer, ck = open_model(config.checkpoint, config.device, config.verify, progress)
         results, skipped = evaluate(model, tokenizer, config, progress)
         meta = {"checkpoint": str(ck.path), "step": ck.meta.get("step"), "config": to_dict(config)}
         if config.out:
