@@ -155,6 +155,9 @@ class PretrainConfig:
     checksums (skipping damaged newer checkpoints), before training."""
     peak_flops: float | None = None
     """Peak FLOP/s for MFU; default: a table for known GPUs, a quick measured matmul peak on CPU."""
+    max_minutes: float | None = None
+    """Stop once this many minutes of updates have passed, however far the schedule got (validated and saved as at
+    the end, with a warning saying so); unset: no time limit. The quickstart sets it to its deadline."""
 
     @property
     def accum_steps(self) -> int:
@@ -551,7 +554,12 @@ def _train(run: TrainingRun, stop: GracefulStop, report: Progress) -> str | None
     signal that stopped the run early (checked on every rank between updates), or None when it ran to the end."""
     config, par = run.plan.config, run.plan.par
     total = run.plan.total_steps
+    limit = None if config.max_minutes is None else time.monotonic() + 60.0 * config.max_minutes
     while run.step < total:
+        if limit is not None and par.any(time.monotonic() >= limit):  # every rank stops at the same update
+            report.note(f"stopped at the time limit ({config.max_minutes:g} min) after update {run.step} of {total}: "
+                        "the learning-rate schedule did not finish", level="warn")
+            return None
         result = _update(run)
         if every(run.step, config.log_every) or run.step == total:
             _log_update(run, result, report)
