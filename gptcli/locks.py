@@ -47,11 +47,7 @@ def lock_path(out: str | Path) -> Path:
 
 def holder(out: str | Path) -> dict | None:
     """Who holds (or last held) the lock on ``out``, as written in its lock file; None when unknown."""
-    try:
-        info = json.loads(lock_path(out).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return info if isinstance(info, dict) else None
+    return _read_holder(lock_path(out))
 
 
 def describe(info: dict | None) -> str:

@@ -29,7 +29,7 @@ OPTIONS = Options(
         "Model": ("preset", "seq_len", "compile"),
         "Optimisation": ("lr", "batch_size", "micro_batch_size", "weight_decay", "decay", "beta1", "beta2", "eps",
                          "grad_clip", "seed"),
-        "Schedule": ("epochs", "max_steps", "max_tokens", "warmup_steps", "schedule"),
+        "Schedule": ("epochs", "max_steps", "max_tokens", "max_minutes", "warmup_steps", "schedule"),
         "Evaluation": ("eval_every", "eval_batches"),
         "Checkpointing": ("out", "save_every", "keep_last", "resume"),
         "Runtime": ("device", "precision", "peak_flops"),
