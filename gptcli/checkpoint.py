@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -40,8 +41,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import fsync_dir, move_into_place, sha256_file
-from gptcli.model.build import TRANSFORMER, AnyConfig, LanguageModel, arch_of, build_model, config_from_dict
+from gptcli.config import from_dict
+from gptcli.fsutil import (fsync_dir, inside, move_into_place, read_bytes_inside, regular_file_problem, safetensors_shapes,
+                           sha256_file, temp_sibling)
+from gptcli.model.build import TRANSFORMER, AnyConfig, LanguageModel, arch_of, build_model, config_class
 
 FORMAT = 1
 CONFIG = "config.json"
@@ -49,6 +52,8 @@ CONFIG_DIGEST = "config_sha256"
 # Every top-level key config.json has; another one can only be a damaged key (e.g. a flipped CONFIG_DIGEST).
 CONFIG_KEYS = frozenset({"format", "kind", "arch", "model", "meta", "files", CONFIG_DIGEST})
 WEIGHTS = "model.safetensors"
+CONFIG_LIMIT = 64 << 20
+"""The largest config.json read (a real one is a few kB)."""
 TOKENIZER = "tokenizer"
 HEAD_PREFIX = "head."
 
@@ -72,8 +77,8 @@ def atomic_directory(target: Path, write: Callable[[Path], None]) -> Path:
     An existing ``target`` is replaced only after the new one is complete.
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp = temp_sibling(target, "tmp")
+    tmp.parent.mkdir(parents=True, exist_ok=True)
     try:
         tmp.mkdir()
         write(tmp)
@@ -139,7 +144,7 @@ def _config_digest(config: dict[str, Any]) -> str:
 
 def _config_damage(p: Path) -> str | None:
     """Why config.json cannot be trusted (its digest does not match, or a key is not one it ever has), or None."""
-    config = json.loads((p / CONFIG).read_text(encoding="utf-8"))  # parses: _read_header just read it
+    config = _read_config(p)  # parses: _read_header just read it
     digest = config.get(CONFIG_DIGEST)
     if set(config) - CONFIG_KEYS or (digest is not None and digest != _config_digest(config)):
         return f"{p / CONFIG}: checksum mismatch (the file is damaged)"
@@ -204,11 +209,22 @@ def read_header(path: str | Path) -> Header:
     return _read_header(p)
 
 
+def _read_config(p: Path) -> Any:
+    """config.json parsed: a regular file of bounded size (never a FIFO or /dev/zero behind a link)."""
+    return json.loads(read_bytes_inside(p, CONFIG, CONFIG_LIMIT, "checkpoint config"))
+
+
 def _read_header(p: Path) -> Header:
     try:
-        config = json.loads((p / CONFIG).read_text(encoding="utf-8"))
-        return Header(p, str(config.get("kind", "lm")), dict(config["model"]), dict(config.get("meta", {})),
-                      dict(config.get("files", {})), str(config.get("arch", TRANSFORMER)))
+        config = _read_config(p)
+        header = Header(p, config.get("kind", "lm"), dict(config["model"]), dict(config.get("meta", {})),
+                        dict(config.get("files", {})), config.get("arch", TRANSFORMER))
+        for name, value in (("kind", header.kind), ("arch", header.arch)):
+            if not isinstance(value, str):
+                raise TypeError(f"{name} is {value!r}, not a string")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in header.files.items()):
+            raise TypeError("the files table maps something other than paths to checksums")
+        return header
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as e:
         raise GPT1Error(f"{p / CONFIG}: unreadable checkpoint config ({e}) (restore the file or use another checkpoint)") from None
 
@@ -232,8 +248,8 @@ def list_checkpoints(path: str | Path) -> list[Path]:
 def _is_hf_export(p: Path) -> bool:
     """A Hugging Face model directory (its config.json has a model_type and no gpt1 "format")."""
     try:
-        config = json.loads((p / CONFIG).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        config = _read_config(p)
+    except (GPT1Error, OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     return isinstance(config, dict) and "model_type" in config and "format" not in config
 
@@ -264,11 +280,18 @@ def verify_checkpoint(path: str | Path) -> list[str]:
     damaged = _config_damage(p)
     if damaged:
         return [damaged]  # the checksums it records cannot be trusted either
+    # Every path first: the table may only name files inside the checkpoint (never ../../etc/…, /a/64GB/file, a
+    # link out of it, a FIFO or a device), and nothing is hashed until all of them are known to be such files.
+    outside = [rel for rel in header.files if inside(p, rel) is None]
+    if outside:
+        return [f"{p / CONFIG}: its checksum table names {outside[0]!r}, which is not a file inside the checkpoint "
+                f"(the config is damaged or was tampered with)"]
     problems = []
     for rel, expected in header.files.items():
         f = p / rel
-        if not f.is_file():
-            problems.append(f"{f}: missing")
+        why = regular_file_problem(f)
+        if why is not None:
+            problems.append(f"{f}: {why}")
         elif sha256_file(f) != expected:
             problems.append(f"{f}: checksum mismatch (the file is damaged)")
     return problems
@@ -305,10 +328,8 @@ def load_checkpoint(
     header = _read_header(p)
     if verify:
         _check(p)
-    try:
-        mcfg = config_from_dict(header.arch, header.model)
-    except (TypeError, ValueError) as e:
-        raise GPT1Error(f"{p / CONFIG}: unreadable checkpoint config ({e})") from None
+    mcfg = model_config(p, header)
+    check_weights_fit(p / WEIGHTS, mcfg)  # from the safetensors header, before anything is allocated
     try:
         tensors = load_file(str(p / WEIGHTS), device=str(map_location))
     except Exception as e:  # safetensors raises its own error types for truncated/corrupt files
@@ -322,12 +343,67 @@ def load_checkpoint(
     except RuntimeError as e:
         raise GPT1Error(f"{p / WEIGHTS}: weights do not match the config ({str(e).splitlines()[0]})") from None
     model.eval()
+    _check_finite(p / WEIGHTS, tensors)
     tok = None
     if load_tokenizer and (p / TOKENIZER).is_dir():
         from gptcli.tokenizers import load_tokenizer as _load_tok
 
         tok = _load_tok(p / TOKENIZER)
     return Checkpoint(p, model, mcfg, tok, header.kind, header.meta, head)
+
+
+def model_config(p: Path, header: Header) -> AnyConfig:
+    """The architecture's config from ``header.model``, every field type-checked (a dim that is a string or a float
+    is refused, not turned into a TypeError deep inside the model) and every size positive."""
+    try:
+        mcfg = from_dict(config_class(header.arch), header.model, prefix="model.")
+    except GPT1Error as e:
+        raise GPT1Error(f"{p / CONFIG}: unreadable checkpoint config ({e}) (restore the file or use another "
+                        "checkpoint)") from None
+    except (TypeError, ValueError, KeyError) as e:
+        raise GPT1Error(f"{p / CONFIG}: unreadable checkpoint config ({e})") from None
+    bad = [f"{f.name} = {getattr(mcfg, f.name)!r}" for f in dataclasses.fields(mcfg)
+           if _out_of_range(f.name, getattr(mcfg, f.name))]
+    if bad:
+        raise GPT1Error(f"{p / CONFIG}: impossible model settings: {', '.join(bad)} (the checkpoint config is damaged)")
+    return mcfg
+
+
+def _out_of_range(name: str, v: Any) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    if isinstance(v, float):
+        return not math.isfinite(v) or v < 0
+    return v < (0 if name == "n_special" else 1)
+
+
+def _check_finite(weights: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Refuse weights holding NaN or ±inf: every score or perplexity computed from them would be a number without a
+    meaning (a zero-shot accuracy, a ``nan`` perplexity), reported as if it were one."""
+    bad = [k for k, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise GPT1Error(f"{weights}: {len(bad)} tensor(s) hold NaN or infinite values (first: {bad[0]}); nothing "
+                        "computed from them would mean anything (the run diverged: use an earlier checkpoint)")
+
+
+def check_weights_fit(weights: Path, mcfg: AnyConfig) -> None:
+    """Refuse a config that does not describe the weights file, reading only the file's header and building the
+    model on the meta device with one and two layers: a config claiming 100,000 layers (or 10^9 rows) costs
+    nothing, where building it first would take minutes and gigabytes before "weights do not match"."""
+    shapes = {k: v for k, v in safetensors_shapes(weights).items() if not k.startswith(HEAD_PREFIX)}
+    per = []
+    for n in (1, 2):
+        with torch.device("meta"):
+            sd = build_model(dataclasses.replace(mcfg, n_layer=n)).state_dict()
+        per.append((len(sd), sum(t.numel() for t in sd.values())))
+    layers = getattr(mcfg, "n_layer", 1)
+    keys = per[0][0] + (layers - 1) * (per[1][0] - per[0][0])
+    elems = per[0][1] + (layers - 1) * (per[1][1] - per[0][1])
+    have = sum(math.prod(s) for s in shapes.values())
+    if (keys, elems) != (len(shapes), have):
+        raise GPT1Error(f"{weights}: weights do not match the config (it describes {keys:,} tensors of {elems:,} "
+                        f"values, the file holds {len(shapes):,} of {have:,}) (the checkpoint is damaged or "
+                        f"mixed from two; use another)")
 
 
 # --- training state (resumable runs) ---------------------------------------------------------------------------

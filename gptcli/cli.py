@@ -137,7 +137,10 @@ app = typer.Typer(
 _state = {"debug": False}
 
 
-err_console = Console(stderr=True)
+# No emoji codes (``dev.tsv:100:`` must not print as ``dev.tsv💯``) and, when piped, no line cut inside a path.
+err_console = Console(stderr=True, emoji=False)
+if not err_console.is_terminal:
+    err_console.soft_wrap = True
 
 
 def _version(value: bool) -> None:

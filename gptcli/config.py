@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 import types
 import typing
@@ -113,6 +114,11 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
             f"for {cls.__name__} (known: {', '.join(sorted(names))})"
         )
     kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
+    for k, v in kwargs.items():
+        if isinstance(v, dict):
+            check_settings(v, f"{prefix}{k}.")
+        else:
+            check_setting(prefix + k, v)
     return cls(**kwargs)
 
 
@@ -181,3 +187,78 @@ def dumps_toml(data: dict[str, Any]) -> str:
 def save_config(cfg: Any, path: str | Path) -> None:
     """Write a (resolved) dataclass config as TOML so a run can be repeated with ``--config``."""
     write_text_atomic(Path(path), dumps_toml(to_dict(cfg)))  # a run's config.toml is never seen half-written
+
+
+# --- one rule per setting ------------------------------------------------------------------------------------------
+# A setting has the same rule wherever it appears (pretraining's --lr and fine-tuning's, the quickstart's seed and
+# prepare's): one table, by field name, checked for every config gpt1 builds (:func:`from_dict`, so the command line
+# and --config files alike, before any work) and by the library entry points (:func:`check_settings`). NaN and the
+# infinities are refused for every number.
+
+def _between(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> Any:
+    return lambda v: (lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi)
+
+
+_AT_LEAST_1 = (lambda v: v >= 1, "at least 1")
+_AT_LEAST_0 = (lambda v: v >= 0, "0 or more")
+_POSITIVE = (lambda v: v > 0, "a positive number")
+_PROBABILITY = (_between(0, 1, hi_open=True), "a probability in [0, 1)")
+_UNSET_ALL = (lambda v: v >= 1, "at least 1 (leave it unset for all)")
+SEED_LIMIT = 2**32
+RULES: dict[str, tuple[Any, str]] = {
+    **dict.fromkeys("batch_size eval_batch_size finetune_batch_size seq_len n_ctx n_embd n_head n_inner n_layer "
+                    "n_hidden n_labels vocab_size chunk_bytes shard_tokens sample_lines finetune_epochs nodes "
+                    "zeroshot_fit_examples pretrain_steps max_modules log_every".split(), _AT_LEAST_1),
+    **dict.fromkeys("n_special warmup_steps eval_every save_every keep_last workers top_k node_rank extract_id "
+                    "transfer_layers max_new_tokens weight_decay lm_weight init_std".split(), _AT_LEAST_0),
+    **dict.fromkeys("lr finetune_lr epochs eps minutes max_minutes max_epochs layer_norm_eps".split(), _POSITIVE),
+    **dict.fromkeys("embd_pdrop attn_pdrop resid_pdrop out_pdrop clf_pdrop pdrop".split(), _PROBABILITY),
+    **dict.fromkeys("max_examples max_train_examples max_eval_examples max_batches limit".split(), _UNSET_ALL),
+    "micro_batch_size": (lambda v: v >= 1, "at least 1 (leave it unset for the whole batch at once)"),
+    "max_steps": (lambda v: v >= 1, "at least 1 (leave it unset for no cap)"),
+    "max_tokens": (lambda v: v >= 1, "at least 1 (leave it unset for no cap)"),
+    "eval_batches": (lambda v: v >= 1, "at least 1 (unset: all)"),
+    "peak_flops": (lambda v: v > 0, "a positive number (unset: measured)"),
+    "grad_clip": (lambda v: v >= 0, "0 (off) or more"),
+    "beta1": (_between(0, 1, hi_open=True), "in [0, 1)"),
+    "beta2": (_between(0, 1, hi_open=True), "in [0, 1)"),
+    "warmup": (_between(0, 1, hi_open=True), "a fraction of the updates in [0, 1)"),
+    "seed": (_between(0, SEED_LIMIT, hi_open=True), f"an integer from 0 to {SEED_LIMIT - 1}"),
+    "samples": (_between(1, 1024), "from 1 to 1024 (they are generated as one batch)"),
+    "temperature": (_POSITIVE[0], "a positive number (use --greedy for argmax decoding)"),
+    "top_p": (_between(0, 1, lo_open=True), "in (0, 1]"),
+    "task_fraction": (_between(0, 1, lo_open=True, hi_open=True), "in (0, 1)"),
+    "val_fraction": (_between(0, 0.5, lo_open=True), "in (0, 0.5]"),
+    "character_coverage": (_between(0, 1, lo_open=True), "in (0, 1]"),
+    "master_port": (_between(1, 65535), "a port from 1 to 65535"),
+}
+
+
+def check_setting(key: str, value: Any) -> None:
+    """Refuse ``value`` for setting ``key`` (``model.n_ctx`` is ``n_ctx``) with the one line every command gives:
+    ``--KEY VALUE is impossible (it must be …)``. None (unset), strings, paths and booleans are not numbers."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, (list, tuple)):
+            for v in value:
+                check_setting(key, v)
+        return
+    name = key.rsplit(".", 1)[-1]
+    ok, want = RULES.get(name, (lambda v: True, "a finite number"))
+    finite = not isinstance(value, float) or math.isfinite(value)
+    if not finite or not ok(value):
+        raise GPT1Error(f"--{name.replace('_', '-')} {value} is impossible (it must be {want})")
+
+
+def check_settings(cfg: Any, prefix: str = "") -> None:
+    """:func:`check_setting` on every field of a config dataclass (or mapping), nested ones included."""
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        items = [(f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg)]
+    elif isinstance(cfg, dict):
+        items = list(cfg.items())
+    else:
+        return
+    for k, v in items:
+        if dataclasses.is_dataclass(v) or isinstance(v, dict):
+            check_settings(v, f"{prefix}{k}.")
+        else:
+            check_setting(f"{prefix}{k}", v)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterable
 
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import write_text_atomic
+from gptcli.fsutil import regular_file_problem, write_text_atomic
 
 MARKER = ".gpt1-output"
 
@@ -93,6 +93,8 @@ def _legacy_kind(d: Path) -> str | None:
 
 
 def _json(path: Path) -> dict | None:
+    if regular_file_problem(path, limit=64 << 20) is not None:  # never read a FIFO or /dev/zero behind a link
+        return None
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):

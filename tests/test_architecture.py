@@ -25,7 +25,7 @@ RANKS: dict[str, int] = {
     "pipelines": 4,
     "commands": 5, "cli": 5, "__main__": 5,
 }
-GROUND = {"errors", "config", "runtime", "fsutil", "progress", "outputs", "__init__"}
+GROUND = {"errors", "config", "runtime", "fsutil", "progress", "outputs", "locks", "__init__"}
 UI_PACKAGES = ("typer", "rich", "click")
 MAX_FUNCTION_LINES = 80
 # The fast CPU kernels' room inside the model (gptcli/model/kernels/): the one place that may use private torch

@@ -66,13 +66,14 @@ command = OPTIONS.command(run)
 
 def perplexity_table(rows: Sequence[Any], data: str | Path, split: str) -> Any:
     """One row per checkpoint: step, loss, perplexity, tokens scored."""
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"perplexity on {data} [{split}]")
+    table = Table(title=escape(f"perplexity on {data} [{split}]"))
     for h in ("checkpoint", "step", "loss", "perplexity", "tokens"):
         table.add_column(h, justify="left" if h == "checkpoint" else "right")
     for r in rows:
-        table.add_row(str(r.checkpoint), "" if r.step is None else str(r.step), f"{r.loss:.4f}",
+        table.add_row(escape(str(r.checkpoint)), "" if r.step is None else str(r.step), f"{r.loss:.4f}",
                       f"{r.perplexity:.2f}", f"{r.tokens:,}")
     return table
 

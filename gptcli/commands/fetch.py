@@ -58,6 +58,7 @@ def _say(console: Any, r: Fetched) -> None:
 
 
 def _sources_table(cfg: FetchConfig) -> Any:
+    from rich.markup import escape
     from rich.table import Table
 
     from gptcli.tasks import all_tasks
@@ -65,7 +66,7 @@ def _sources_table(cfg: FetchConfig) -> Any:
     from gptcli.tasks.sources import SOURCES
 
     root = cfg.root if cfg.root is not None else data_root()
-    table = Table(title=f"gpt1 fetch: task data under {root}")
+    table = Table(title=escape(f"gpt1 fetch: task data under {root}"))
     for h in ("tasks", "folder", "source", "here"):
         table.add_column(h)
     by_folder: dict[str, list[Any]] = {}

@@ -8,9 +8,12 @@ from typing import Any
 
 import typer
 
+from rich.markup import escape
+
 from gptcli.commands.options import CliOnly, Options, Parsed
 from gptcli.commands.render import RichProgress, WarningsOnly, details_table, stderr_console, stdout_console
 from gptcli.errors import GPT1Error
+from gptcli.locks import main_rank_lock
 from gptcli.outputs import check_output
 from gptcli.train.distributed import LaunchConfig, LaunchSpec
 from gptcli.train.finetune import CONFIG_FILE, RESULTS, FinetuneConfig, FinetuneResult, default_run_dir
@@ -64,6 +67,10 @@ def run(p: Parsed) -> None:
     # Runs saved before the progress display left the config had `progress = true|false` in config.toml.
     quiet = p.cli["quiet"] or base.pop("progress", True) is False
     cfg = p.resolve(FinetuneConfig, {**base, "resume": resume})
+    if not cfg.task and resume and out is not None and not (Path(out) / CONFIG_FILE).is_file():
+        raise GPT1Error(f"--resume: {out} has no {CONFIG_FILE}, so there is no fine-tuning run there to continue nor a "
+                        f"task to take from it (give the --out of a run that was started, or start one with --task "
+                        f"NAME)")
     if not cfg.task:
         raise GPT1Error("--task is required (see `gpt1 finetune --list-tasks`)")
     if resume and not cfg.out:
@@ -72,7 +79,8 @@ def run(p: Parsed) -> None:
     _fill_defaults(cfg, console)
     spec = plan_launch(p.sections["launch"])
     if spec is not None:
-        _launch(cfg, spec, quiet, console)
+        with main_rank_lock(cfg.out, spec.node_rank == 0):  # once for the job: its workers run under it
+            _launch(cfg, spec, quiet, console)
         return
     # A plain process, or one worker of a job (ours, torchrun's or SLURM's): join it, train, leave.
     parallel = join(cfg.device)
@@ -82,7 +90,8 @@ def run(p: Parsed) -> None:
         leave(parallel, 130 if result.stopped_by else 0)
     if result.stopped_by:
         console.print(f"[yellow]stopped by {result.stopped_by}[/] at update {result.step}/{result.total}; "
-                      f"checkpoint {result.checkpoint}. Continue with: gpt1 finetune --out {result.run_dir} --resume",
+                      f"checkpoint {escape(str(result.checkpoint))}. Continue with: gpt1 finetune --out "
+                      f"{escape(str(result.run_dir))} --resume",
                       highlight=False, soft_wrap=True)
         leave(parallel, 130)
         raise typer.Exit(130)
@@ -108,7 +117,8 @@ def _launch(cfg: FinetuneConfig, spec: LaunchSpec, quiet: bool, console: Any) ->
     if stopped:
         steps = step_checkpoints(plan.out)
         saved = f"checkpoint {steps[-1]}" if steps else "no checkpoint yet"
-        console.print(f"[yellow]stopped by {stopped}[/]; {saved}. Continue with: gpt1 finetune --out {cfg.out} "
+        console.print(f"[yellow]stopped by {stopped}[/]; {escape(saved)}. Continue with: gpt1 finetune --out "
+                      f"{escape(str(cfg.out))} "
                       "--resume (with any number of processes)", highlight=False, soft_wrap=True)
         raise typer.Exit(130)
 
@@ -131,8 +141,6 @@ def _fill_defaults(cfg: FinetuneConfig, console: Any) -> None:
 
 def show_outcome(result: FinetuneResult, console: Any) -> None:
     """The kept epoch's dev scores beside the paper's, skipped rows, and where everything went."""
-    from rich.markup import escape
-
     r = result.results
     if r.get("scores"):
         stdout_console().print(details_table(
@@ -140,8 +148,8 @@ def show_outcome(result: FinetuneResult, console: Any) -> None:
             title=f"{r['task']}: dev scores of the kept epoch ({r['select']}: epoch {r['epoch']})"))
     if r.get("skipped_rows"):
         console.print(f"[yellow]skipped {len(r['skipped_rows'])} bad rows[/] (first: {escape(r['skipped_rows'][0])})")
-    console.print(f"[green]done[/]: {r['steps']} updates; checkpoint {result.checkpoint}; "
-                  f"results {result.run_dir / RESULTS}")
+    console.print(f"[green]done[/]: {r['steps']} updates; checkpoint {escape(str(result.checkpoint))}; "
+                  f"results {escape(str(result.run_dir / RESULTS))}", highlight=False)
 
 
 def list_tasks(console: Any) -> None:

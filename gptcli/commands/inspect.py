@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from gptcli.commands.options import CliOnly, Options, Parsed
 from gptcli.errors import GPT1Error
 
@@ -87,7 +89,7 @@ def _verify(console: Any, corpus: Any, summary: Any, directory: Path) -> None:
     n = sum(s.shards for s in summary.splits)
     if problems:
         for p in problems:
-            console.print(f"[red]✗[/] {p}", highlight=False)
+            console.print(f"[red]✗[/] {escape(p)}", highlight=False)
         raise GPT1Error(f"{directory}: {len(problems)} of {n} shards failed verification")
     console.print(f"[green]✓[/] all {n} shard checksums match the manifest")
 
@@ -100,7 +102,7 @@ def render_inspect(directory: Path, sample_tokens: int = 64, verify: bool = True
     console = stdout_console()
     corpus = open_corpus(directory)
     summary = corpus.summary()
-    console.print(splits_table(f"corpus {directory}", summary))
+    console.print(splits_table(f"corpus {escape(str(directory))}", summary))
     console.print(_facts(corpus, summary), highlight=False)
     if sample_tokens > 0:
         _print_sample(console, corpus, sample_tokens)

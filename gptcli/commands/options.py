@@ -34,6 +34,7 @@ import typer
 from rich.markup import escape
 
 from gptcli.config import from_dict, load_file, to_dict
+from gptcli.errors import GPT1Error
 
 # Fields that, in whichever config has them, take their default from an environment variable (--help names it).
 # It sits under --config and a resumed run's config.toml, not beside the command line: the workers of a --procs
@@ -106,20 +107,29 @@ class Parsed:
     """Instances of the section dataclasses (settings of how to run, not of the run: see ``Options``)."""
     environment: dict[str, Any] = field(default_factory=dict)
     """Config fields set by their :data:`FIELD_ENVVARS` variable: defaults, under ``base`` (see ``resolve``)."""
+    base_source: Path | None = None
+    """The file :meth:`base` read the settings under the command line from (named in errors about them)."""
 
     def base(self, fallback: Path | None = None) -> dict[str, Any]:
         """The settings under the command line: ``--config FILE``, else ``fallback`` (a resumed run's config) if it
         exists, else nothing."""
         if self.config_file is not None:
+            self.base_source = Path(self.config_file)
             return load_file(self.config_file)
         if fallback is not None and fallback.is_file():
+            self.base_source = Path(fallback)
             return load_file(fallback)
         return {}
 
     def resolve(self, cls: type, base: Mapping[str, Any] | None = None) -> Any:
         """``cls`` from defaults < the environment's (:data:`FIELD_ENVVARS`) < ``base`` < the options given; unknown
         or mistyped keys are one-line errors."""
-        merged = to_dict(from_dict(cls, {**self.environment, **(base or {})}))
+        try:
+            merged = to_dict(from_dict(cls, {**self.environment, **(base or {})}))
+        except GPT1Error as e:  # say where the setting came from: a --config file, or the resumed run's config.toml
+            if self.base_source is None:
+                raise
+            raise GPT1Error(f"{self.base_source}: {e}") from None
         for key, value in self.given.items():
             if isinstance(value, dict) and isinstance(merged.get(key), dict):
                 merged[key] = {**merged[key], **value}

@@ -6,6 +6,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from rich.markup import escape
+
 from gptcli.commands.options import CliOnly, Options, Parsed
 from gptcli.data.prepare import PrepareConfig, PrepareResult
 from gptcli.errors import GPT1Error
@@ -55,8 +57,8 @@ def _summary(console: Any, result: PrepareResult, seconds: float) -> None:
     from gptcli.data.shards import summarize
 
     s = summarize(result.manifest)
-    console.print(splits_table(f"prepared {result.out} in {seconds:.1f} s", s))
-    how = "learned" if s.learned else f"reused from {s.tokenizer_source}"
+    console.print(splits_table(f"prepared {escape(str(result.out))} in {seconds:.1f} s", s))
+    how = "learned" if s.learned else f"reused from {escape(str(s.tokenizer_source))}"
     text_bytes = sum(split.text_bytes or 0 for split in s.splits)
     console.print(
         f"tokenizer: {how}, vocab {s.vocab_size:,} (+3 special), {s.dtype} shards; "

@@ -7,12 +7,15 @@ from typing import Any
 
 import typer
 
+from rich.markup import escape
+
 from gptcli.commands.options import CliOnly, Nested, Options, Parsed
 from gptcli.commands.render import RichProgress, WarningsOnly, stderr_console
 from gptcli.errors import GPT1Error
 from gptcli.model.build import dropout_fields
 from gptcli.model.gpt import ModelConfig
 from gptcli.model.lstm import LSTMConfig
+from gptcli.locks import main_rank_lock
 from gptcli.outputs import check_output
 from gptcli.train.distributed import LaunchConfig, LaunchSpec
 from gptcli.train.pretrain import CONFIG_FILE, PretrainConfig
@@ -25,7 +28,7 @@ OPTIONS = Options(
         "Model": ("preset", "seq_len", "compile"),
         "Optimisation": ("lr", "batch_size", "micro_batch_size", "weight_decay", "decay", "beta1", "beta2", "eps",
                          "grad_clip", "seed"),
-        "Schedule": ("epochs", "max_steps", "max_tokens", "warmup_steps", "schedule"),
+        "Schedule": ("epochs", "max_steps", "max_tokens", "max_minutes", "warmup_steps", "schedule"),
         "Evaluation": ("eval_every", "eval_batches"),
         "Checkpointing": ("out", "save_every", "keep_last", "resume"),
         "Runtime": ("device", "precision", "kernels", "peak_flops"),
@@ -57,9 +60,15 @@ def run(p: Parsed) -> None:
 
     console = stderr_console()
     cfg = p.resolve(PretrainConfig, _settings_under_the_options(p, console))
+    resume, out = p.given.get("resume", False), p.given.get("out")
+    if resume and out is not None and "data" not in p.given and not Path(cfg.data).exists():
+        raise GPT1Error(f"{Path(out) / CONFIG_FILE}: data = {str(cfg.data)!r}, the corpus this run was started with, "
+                        f"is not there from {Path.cwd()} (a relative path is relative to where the run was started: "
+                        f"resume from there, or pass --data CORPUS)")
     spec = plan_launch(p.sections["launch"])
     if spec is not None:
-        _launch(cfg, spec, p.cli["quiet"], console)
+        with main_rank_lock(cfg.out, spec.node_rank == 0):  # once for the job: its workers run under it
+            _launch(cfg, spec, p.cli["quiet"], console)
         return
     # A plain process, or one worker of a job (ours, torchrun's or SLURM's): join it, train, leave.
     parallel = join(cfg.device)
@@ -70,12 +79,14 @@ def run(p: Parsed) -> None:
     if result.stopped_by:
         console.print(
             f"[yellow]stopped by {result.stopped_by}[/] at update {result.step}/{result.total_steps}; "
-            f"checkpoint {result.last_checkpoint}. Continue with: gpt1 pretrain --out {result.run_dir} --resume"
+            f"checkpoint {escape(str(result.last_checkpoint))}. Continue with: gpt1 pretrain --out "
+            f"{escape(str(result.run_dir))} --resume", highlight=False
         )
         leave(parallel, 130)
         raise typer.Exit(130)
     val = f", validation loss {result.final_val_loss:.4f}" if result.final_val_loss is not None else ""
-    console.print(f"[green]done[/]: {result.step} updates{val}; checkpoint {result.last_checkpoint}")
+    console.print(f"[green]done[/]: {result.step} updates{val}; checkpoint {escape(str(result.last_checkpoint))}",
+                  highlight=False)
     leave(parallel, 0)
 
 
@@ -136,7 +147,7 @@ def _launch(cfg: PretrainConfig, spec: LaunchSpec, quiet: bool, console: Any) ->
         except GPT1Error:
             saved = "no checkpoint yet"
         console.print(
-            f"[yellow]stopped by {stopped}[/]; {saved}. Continue with: gpt1 pretrain --out {cfg.out} --resume "
-            f"(with any number of processes)"
+            f"[yellow]stopped by {stopped}[/]; {escape(saved)}. Continue with: gpt1 pretrain --out "
+            f"{escape(str(cfg.out))} --resume (with any number of processes)", highlight=False
         )
         raise typer.Exit(130)

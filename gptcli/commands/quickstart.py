@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape
+
 from gptcli.commands.options import Options, Parsed
 from gptcli.commands.render import RichProgress, stderr_console, stdout_console
 from gptcli.pipelines.quickstart import QuickstartConfig, QuickstartResult
@@ -41,7 +43,7 @@ def run(p: Parsed) -> None:
     console = stderr_console()
     console.rule("[bold]gpt1 quickstart")
     console.print(
-        f"The GPT-1 pipeline at toy scale, offline, in about {cfg.minutes:g} minutes. Output: [bold]{cfg.out}[/]",
+        f"The GPT-1 pipeline at toy scale, offline, in about {cfg.minutes:g} minutes. Output: [bold]{escape(str(cfg.out))}[/]",
         highlight=False,
     )
     result = quickstart(cfg, RichProgress(console))
@@ -67,7 +69,7 @@ def render_summary(console: Any, result: QuickstartResult) -> None:
         table.add_row(what, value, meaning)
     console.print()
     console.print(table)
-    console.print(f"Everything is in [bold]{result.out}[/]: summary.json, the task files (task/), the corpus, "
+    console.print(f"Everything is in [bold]{escape(str(result.out))}[/]: summary.json, the task files (task/), the corpus, "
                   "the pretraining run, the fine-tuned model and each stage's results.", highlight=False)
     console.print()
     console.print("[bold]What next[/] — the same pipeline at the paper's scale:")

@@ -18,6 +18,7 @@ import time
 from typing import Any, Sequence
 
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.progress import BarColumn, Progress as Bars, ProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
@@ -155,7 +156,7 @@ def results_table(results: Sequence[dict[str, Any]], title: str | None = None, *
         for key, col in columns.items():
             r = by_col.get(key)
             cells.append("–" if r is None or not r.get("scores") else _ours_cell(r, col["metric"]))
-        table.add_row(row, *cells)
+        table.add_row(escape(row), *cells)
     return _with_notes(table, results, notes)
 
 
@@ -172,7 +173,7 @@ def details_table(results: Sequence[dict[str, Any]], title: str | None = None, *
         scores = r.get("scores") or {}
         if not scores:
             what = "unlabeled: submission file" if r.get("submission") else "unlabeled"
-            table.add_row(r.get("run", ""), r["task"], r.get("split", ""), what, "–", "–",
+            table.add_row(escape(r.get("run", "")), r["task"], r.get("split", ""), what, "–", "–",
                           _fmt(r.get("paper_score")), "", str(r.get("n", "")))
             continue
         for i, (metric, value) in enumerate(scores.items()):
@@ -180,7 +181,7 @@ def details_table(results: Sequence[dict[str, Any]], title: str | None = None, *
             paper = r.get("paper_score") if headline else None
             delta = "" if paper is None else f"{value - paper:+.1f}"
             first = i == 0
-            table.add_row(r.get("run", "") if first else "", r["task"] if first else "",
+            table.add_row(escape(r.get("run", "")) if first else "", r["task"] if first else "",
                           r.get("split", "") if first else "", metric + (" *" if headline else ""),
                           _ours_cell(r, metric), _level_cell(r, metric, "/" in level_name),
                           _fmt(paper) if headline else "", delta, str(r.get("n", "")) if first else "")
@@ -198,7 +199,7 @@ class WarningsOnly(Progress):
 
     def note(self, message: str, *, level: str = "info") -> None:
         if level == "warn":
-            self.console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+            self.console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def _status_text(status: dict[str, Any]) -> str:
@@ -208,7 +209,7 @@ def _status_text(status: dict[str, Any]) -> str:
         if v is None:
             continue
         if isinstance(v, bool) or isinstance(v, str):
-            s = str(v)
+            s = escape(str(v))
         elif isinstance(v, int):
             s = f"{v:,}"
         elif isinstance(v, float):
@@ -239,7 +240,7 @@ class RichProgress(Progress):
                  "completed": done}
         if total is not None and self.console.is_terminal:
             bars = self._ensure_bars()
-            entry["task"] = bars.add_task(name, total=total, completed=done, status="", unit=unit)
+            entry["task"] = bars.add_task(escape(name), total=total, completed=done, status="", unit=unit)
         elif total is None:
             self._print_heading(name, depth=len(self._stack))
         else:
@@ -260,7 +261,7 @@ class RichProgress(Progress):
 
     def note(self, message: str, *, level: Level = "info") -> None:
         if level == "warn":
-            self.console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+            self.console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
         else:
             self.console.print(message, highlight=False, soft_wrap=True, markup=False)
 
@@ -275,7 +276,7 @@ class RichProgress(Progress):
                 self._bars.stop()
                 self._bars = None
         if summary:
-            self.console.print(f"[green]✓[/] {summary} [dim]({seconds:.1f} s)[/]", highlight=False)
+            self.console.print(f"[green]✓[/] {escape(summary)} [dim]({seconds:.1f} s)[/]", highlight=False)
 
     # -- helpers
     def _ensure_bars(self) -> Any:
@@ -293,7 +294,7 @@ class RichProgress(Progress):
             self.console.print()
             self.console.rule(f"[bold]{name}", align="left")
         else:
-            self.console.print(f"[bold cyan]{name}[/]", highlight=False)
+            self.console.print(f"[bold cyan]{escape(name)}[/]", highlight=False)
 
     def _plain(self, line: str) -> None:
         self._last_line = time.perf_counter()
@@ -322,11 +323,22 @@ class _AmountColumn(ProgressColumn):
         return Text(_of(task.completed, task.total, task.fields.get("unit", "")))
 
 
+def make_console(stderr: bool = False) -> Any:
+    """Every console gpt1 prints through: no emoji codes (``train.tsv:100:`` must not print as ``train.tsv💯``,
+    nor a folder ``exp:warning:`` as ``exp⚠``), and, when not a terminal (piped to a file or a pager), lines
+    that are not cut: a path in a log stays whole on its line. Messages built from user text (paths, file lines)
+    go in escaped (:func:`rich.markup.escape`) or with ``markup=False``, so ``[draft] (v2)`` prints as is."""
+    console = Console(stderr=stderr, emoji=False)
+    if not console.is_terminal:
+        console.soft_wrap = True
+    return console
+
+
 def stderr_console() -> Any:
     """The console progress, notes and warnings go to (stdout stays for results a user may pipe)."""
-    return Console(stderr=True)
+    return make_console(stderr=True)
 
 
 def stdout_console() -> Any:
     """The console results go to."""
-    return Console()
+    return make_console()

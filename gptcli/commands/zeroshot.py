@@ -118,6 +118,7 @@ def _sota_values(values: list[str]) -> dict[str, float]:
 
 
 def _run_one(cfg: ZeroShotConfig, progress: RichProgress) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     from gptcli.eval.zeroshot import zeroshot
@@ -128,11 +129,12 @@ def _run_one(cfg: ZeroShotConfig, progress: RichProgress) -> None:
     for h in ("task", "split", "metric", "score", "n", "examples/s", "notes"):
         table.add_column(h, justify="right" if h in ("score", "n", "examples/s") else "left")
     for name, r in results.items():
-        table.add_row(name, r.split, r.metric, f"{r.score:.1f}", str(r.n), f"{r.examples_per_s:.1f}", "; ".join(r.notes))
+        table.add_row(name, r.split, r.metric, f"{r.score:.1f}", str(r.n), f"{r.examples_per_s:.1f}",
+                      escape("; ".join(r.notes)))
     console = stdout_console()
     console.print(table)
     if cfg.out:
-        console.print(f"wrote {Path(cfg.out) / 'results.json'}")
+        console.print(f"wrote {Path(cfg.out) / 'results.json'}", highlight=False, markup=False)
 
 
 def _run_curve(cfg: ZeroShotConfig, checkpoints: list[str], sota: dict[str, float], progress: RichProgress) -> None:
@@ -144,10 +146,12 @@ def _run_curve(cfg: ZeroShotConfig, checkpoints: list[str], sota: dict[str, floa
     for line in _curve_notes(curve, sota):
         console.print(line, highlight=False)
     if cfg.out:
-        console.print(f"wrote {Path(cfg.out) / 'curve.json'} and {Path(cfg.out) / 'curve.png'}")
+        console.print(f"wrote {Path(cfg.out) / 'curve.json'} and {Path(cfg.out) / 'curve.png'}", highlight=False,
+                      markup=False)
 
 
 def _curve_table(curve: Any) -> Any:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="zero-shot curve: score (normalised: 0 = random, 1 = SOTA)")
@@ -157,7 +161,7 @@ def _curve_table(curve: Any) -> Any:
         table.add_column(t, justify="right")
     for p in curve.points:
         cells = [f"{p.scores[t]:.1f} ({p.normalized[t]:+.2f})" if t in p.scores else "—" for t in curve.tasks]
-        table.add_row("" if p.step is None else str(p.step), Path(p.checkpoint).name, *cells)
+        table.add_row("" if p.step is None else str(p.step), escape(Path(p.checkpoint).name), *cells)
     return table
 
 

@@ -48,6 +48,7 @@ import numpy as np
 from gptcli.data.shards import tokenizer_fingerprint
 from gptcli.data.transforms import Encoded, encode_examples, truncation_rule
 from gptcli.fsutil import sha256_file, write_text_atomic
+from gptcli.locks import output_lock
 from gptcli.progress import SILENT, Progress
 
 FORMAT = 1
@@ -140,16 +141,30 @@ def write_entry(root: Path, name: str, parts: dict[str, Any], seqs: Sequence[lis
     table = pa.table({"seqs": column})
     path = root / f"{name}.arrow"
     tmp = root / f".{name}.arrow.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    meta = {**parts, "sha256": sha256_file(path), "n_seqs": len(inner_len), "n_tokens": int(inner[-1])}
-    write_text_atomic(root / f"{name}.json", json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    # The cache is shared: writers take turns (a short wait), and the one writing removes what a killed writer left.
+    with output_lock(root, wait=True, tidy=False):
+        remove_stale_temporaries(root)
+        try:
+            with pa.OSFile(str(tmp), "wb") as sink, ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        meta = {**parts, "sha256": sha256_file(path), "n_seqs": len(inner_len), "n_tokens": int(inner[-1])}
+        write_text_atomic(root / f"{name}.json", json.dumps(meta, indent=1, sort_keys=True) + "\n")
     return path
+
+
+def remove_stale_temporaries(root: Path) -> list[str]:
+    """Remove the ``.NAME.tmp-…`` files a writer killed mid-write left in the cache (call with its lock held: every
+    writer holds it while its temporary exists). Returns their names."""
+    gone = []
+    for p in root.iterdir():
+        if p.name.startswith(".") and ".tmp-" in p.name and p.is_file():
+            p.unlink(missing_ok=True)
+            gone.append(p.name)
+    return gone
 
 
 def read_entry(root: Path, name: str, n_examples: int) -> list[list[list[int]]] | None | str:

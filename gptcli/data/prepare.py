@@ -28,7 +28,6 @@ warnings.
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import multiprocessing as mp
 import os
@@ -44,17 +43,14 @@ import numpy as np
 
 from gptcli import __version__
 from gptcli.config import to_dict
+from gptcli.data.inputs import NAMED_SUFFIXES, SUFFIXES, TEXT_SUFFIXES, input_root, resolve_inputs  # noqa: F401
 from gptcli.data.shards import FORMAT_VERSION, ShardWriter, token_dtype, write_manifest
 from gptcli.errors import DataError, GPT1Error
-from gptcli.fsutil import move_into_place, sha256_file
+from gptcli.fsutil import move_into_place, regular_file_problem, sha256_file, temp_sibling
+from gptcli.locks import output_lock
 from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress, staged
 
-SUFFIXES = (".txt", ".jsonl", ".parquet")
-# Plain text under other names, read like .txt when named directly or matched by a glob (a directory search keeps to
-# SUFFIXES, so that it never picks up files a user did not mean): WikiText's wiki.*.raw and wiki.*.tokens.
-TEXT_SUFFIXES = (".txt", ".raw", ".tokens")
-NAMED_SUFFIXES = SUFFIXES + TEXT_SUFFIXES[1:]
 SplitBy = Literal["file", "paragraph", "line", "wikitext"]
 WORDS_FILE = "words.tmp"
 
@@ -115,57 +111,6 @@ class PrepareResult:
 # inputs
 
 
-def resolve_inputs(specs: Iterable[str | Path]) -> list[Path]:
-    """Expand files, directories (recursively) and globs into an ordered, de-duplicated file list."""
-    files: list[Path] = []
-    for spec in specs:
-        s = str(spec)
-        files += _glob_inputs(s) if any(c in s for c in "*?[") else _path_inputs(Path(os.path.expanduser(s)))
-    seen: set[Path] = set()
-    out = []
-    for f in files:
-        key = f.resolve()
-        if key not in seen:
-            seen.add(key)
-            out.append(f)
-    if not out:
-        raise GPT1Error("no input files given")
-    return out
-
-
-def _dir_inputs(d: Path) -> list[Path]:
-    return sorted(p for p in d.rglob("*") if p.suffix.lower() in SUFFIXES and not p.is_dir())
-
-
-def _glob_inputs(pattern: str) -> list[Path]:
-    matches = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
-    if not matches:
-        raise GPT1Error(f"{pattern}: no files match this pattern")
-    files: list[Path] = []
-    for m in map(Path, matches):
-        if m.is_dir():
-            files += _dir_inputs(m)
-        elif m.suffix.lower() in NAMED_SUFFIXES:
-            files.append(m)
-    if not files:
-        raise GPT1Error(f"{pattern}: matches no .txt, .jsonl or .parquet file")
-    return files
-
-
-def _path_inputs(p: Path) -> list[Path]:
-    if p.is_dir():
-        files = _dir_inputs(p)
-        if not files:
-            raise GPT1Error(f"{p}: directory holds no .txt, .jsonl or .parquet file")
-        return files
-    if p.is_file() or p.is_symlink():
-        if p.suffix.lower() not in NAMED_SUFFIXES:
-            raise GPT1Error(f"{p}: unsupported file type {p.suffix or '(none)'!r}; expected .txt, .jsonl or .parquet "
-                            "(or WikiText's .raw / .tokens)")
-        return [p]
-    raise GPT1Error(f"{p}: no such file or directory")
-
-
 class _Problems:
     """Per-file problems: warnings (file or lines skipped) or, with ``strict``, errors."""
 
@@ -215,7 +160,12 @@ def iter_documents(path: Path, cfg: PrepareConfig, problem: Problem) -> Iterator
 
 
 def _looks_usable(path: Path, suffix: str, problem: Problem) -> bool:
-    """Readable, not empty and (unless Parquet) not binary: the checks every input goes through first."""
+    """A regular file, readable, not empty and (unless Parquet) not binary: the checks every input goes through
+    first (a file swapped for a FIFO after the inputs were expanded is still never opened)."""
+    special = regular_file_problem(path)
+    if special is not None and special != "missing":
+        problem(path, f"skipped: {special}; only regular files are read")
+        return False
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
@@ -419,10 +369,13 @@ def _warm() -> None:
 
 
 def _worker_init() -> None:
-    """Workers leave Ctrl-C to the main process, which terminates the pool and removes the partial output."""
+    """Workers leave Ctrl-C to the main process, which terminates the pool and removes the partial output; and
+    SIGTERM (how the pool's ``terminate`` stops them) ends a worker quietly: a forked worker inherits the command
+    line's handler, which would raise in it and print the worker's traceback before the main process's error."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _warm()
 
 
@@ -536,6 +489,8 @@ class _Plan:
     """The case setting in force: a reused tokenizer's own wins over ``cfg.cased``."""
     reused: Any = None
     """The tokenizer given with ``cfg.tokenizer`` (a LearnedBPETokenizer), or None to learn one."""
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+    """Inputs left out while expanding them (special files, link loops): warnings, and lines in the manifest."""
 
 
 @dataclass
@@ -594,7 +549,13 @@ class _Reservoir:
 
 
 def prepare(cfg: PrepareConfig, progress: Progress | None = None) -> PrepareResult:
-    """Run the whole pipeline; returns the output directory and its manifest."""
+    """Run the whole pipeline; returns the output directory and its manifest. ``out`` is locked for the run
+    (:func:`gptcli.locks.output_lock`), which also finishes or undoes what an interrupted run left beside it."""
+    with output_lock(_check(cfg)):
+        return _prepare(cfg, progress)
+
+
+def _prepare(cfg: PrepareConfig, progress: Progress | None) -> PrepareResult:
     report = progress or SILENT
     plan = _plan(cfg)
     problems = _Problems(cfg.strict, report)
@@ -614,6 +575,9 @@ def prepare(cfg: PrepareConfig, progress: Progress | None = None) -> PrepareResu
 
 
 def _check(cfg: PrepareConfig) -> Path:
+    from gptcli.config import check_settings
+
+    check_settings(cfg)  # one rule per number, the same in every command (gptcli.config.RULES)
     if cfg.out is None:
         raise GPT1Error("no output directory: pass --out DIR")
     if not 0.0 < cfg.val_fraction <= 0.5:
@@ -628,12 +592,9 @@ def _check(cfg: PrepareConfig) -> Path:
 
 
 def _input_paths(cfg: PrepareConfig, files: list[Path]) -> list[Path]:
-    """Every path the run reads: the inputs as given (directories, glob matches), their files and a reused
-    tokenizer — the output may neither contain nor lie inside any of them."""
-    given: list[Path] = []
-    for spec in map(str, cfg.inputs):
-        pattern = os.path.expanduser(spec)
-        given += map(Path, glob.glob(pattern, recursive=True)) if any(c in spec for c in "*?[") else [Path(pattern)]
+    """Every path the run reads: the inputs as given (files and directories; for a glob, the files it matched),
+    their files and a reused tokenizer — the output may neither contain nor lie inside any of them."""
+    given = [Path(s) for s in map(str, cfg.inputs) if input_root(s) == Path(os.path.expanduser(s))]
     return given + files + ([Path(cfg.tokenizer)] if cfg.tokenizer is not None else [])
 
 
@@ -649,9 +610,10 @@ def _tokenizer_dir(path: Path) -> Path:
 def _plan(cfg: PrepareConfig) -> _Plan:
     """Check the settings, expand the inputs and load a reused tokenizer: every error found before any work."""
     out = _check(cfg)
-    files = resolve_inputs(cfg.inputs)
+    skipped: list[tuple[Path, str]] = []
+    files = resolve_inputs(cfg.inputs, skipped)
     check_output(out, "corpus", overwrite=cfg.overwrite, inputs=_input_paths(cfg, files))
-    plan = _Plan(cfg, out, files, workers=cfg.workers or os.cpu_count() or 1, cased=cfg.cased)
+    plan = _Plan(cfg, out, files, workers=cfg.workers or os.cpu_count() or 1, cased=cfg.cased, skipped=skipped)
     if cfg.tokenizer is not None:
         from gptcli.tokenizers import load_tokenizer
         from gptcli.tokenizers.learned import LearnedBPETokenizer
@@ -669,10 +631,8 @@ def _plan(cfg: PrepareConfig) -> _Plan:
 @contextlib.contextmanager
 def _partial_dir(out: Path) -> Iterator[Path]:
     """A hidden sibling of ``out`` to build the corpus in; removed unless the block moved it into place."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    tmp = temp_sibling(out)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
     tmp.mkdir()
     try:
         yield tmp
@@ -690,6 +650,8 @@ def _file_size(f: Path) -> int:
 def _scan(plan: _Plan, problems: _Problems, report: Progress) -> _Scan:
     """Read every input once: its size, checksum and usable documents (problems reported here, once); then draw
     the validation documents (or, for a single document, find where its validation tail starts)."""
+    for path, why in plan.skipped:  # every input left out is a warning and a line in the manifest
+        problems(path, why)
     sizes = [_file_size(f) for f in plan.files]
     inputs = []
     n_docs = 0
@@ -697,7 +659,7 @@ def _scan(plan: _Plan, problems: _Problems, report: Progress) -> _Scan:
         for f, size in zip(plan.files, sizes):
             n = sum(1 for _ in iter_documents(f, plan.cfg, problems))
             try:
-                digest = sha256_file(f)
+                digest = sha256_file(f) if regular_file_problem(f) is None else None
             except OSError:
                 digest = None
             inputs.append({"path": str(f), "bytes": size, "sha256": digest, "documents": n})

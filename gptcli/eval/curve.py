@@ -39,6 +39,7 @@ from gptcli.checkpoint import atomic_directory
 from gptcli.eval.zeroshot import (TaskResult, ZeroShotConfig, check_config, check_out, evaluate, json_safe, open_model,
                                   write_results)
 from gptcli.fsutil import write_text_atomic
+from gptcli.locks import output_lock
 from gptcli.outputs import mark
 from gptcli.progress import SILENT, Progress, staged
 
@@ -152,7 +153,9 @@ def run_curve(config: ZeroShotConfig, checkpoints: Sequence[str | Path], *, sota
     # Built in a temporary folder that replaces ``out`` whole at the end: an earlier curve there survives a
     # failed or interrupted one.
     curves: list[Curve] = []
-    atomic_directory(Path(config.out), lambda tmp: curves.append(_score_all(run, paths, report, tmp)))
+    with output_lock(config.out):
+        check_out(config, paths)  # again, now that no other run can be writing there
+        atomic_directory(Path(config.out), lambda tmp: curves.append(_score_all(run, paths, report, tmp)))
     return curves[0]
 
 
@@ -173,7 +176,7 @@ def _score_all(run: _Run, paths: Sequence[Path], report: Progress, out: Path | N
 
 def _score_checkpoint(run: _Run, path: Path, report: Progress) -> None:
     """Every task at one checkpoint: a point of the curve, and its results written under ``<out>/<name>/``."""
-    model, tokenizer, ck = open_model(path, run.config.device, run.config.verify)
+    model, tokenizer, ck = open_model(path, run.config.device, run.config.verify, report)
     report.stage(f"checkpoint {ck.path.name}")
     summary = ""
     try:

@@ -37,6 +37,7 @@ from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.gpt import GPT
 from gptcli.model.heads import HeadConfig, TaskHead
 from gptcli.model.kernels import set_kernels
+from gptcli.locks import maybe_lock, output_lock
 from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress, staged
 from gptcli.runtime import resolve_device, resolve_precision
@@ -192,9 +193,19 @@ def evaluate_task(
 ) -> dict[str, Any]:
     """Score ``checkpoint`` on ``split`` of a task (default: the task it was fine-tuned on); returns results.json
     (plus ``out_dir``). ``verify`` checks the checkpoint's files first; ``layout`` is :attr:`EvalConfig.layout`.
-    ``progress`` sees one stage sized in examples."""
+    ``progress`` sees one stage sized in examples. The output folder is locked while it is worked on
+    (:func:`gptcli.locks.output_lock`)."""
     if layout not in ("packed", "padded"):
         raise GPT1Error(f"--layout: expected packed or padded, got {layout!r}")
+    with maybe_lock(out):  # a given folder before anything is read; the default one once the checkpoint says where
+        return _evaluate_task(task_name, checkpoint, split, data_dir, out, batch_size, device, precision,
+                              skip_bad_rows, max_examples, seed, verify, layout, progress)
+
+
+def _evaluate_task(task_name: str | None, checkpoint: str | Path, split: str, data_dir: str | Path | None,
+                   out: str | Path | None, batch_size: int, device: str, precision: str, skip_bad_rows: bool,
+                   max_examples: int | None, seed: int, verify: bool, layout: str,
+                   progress: Progress | None) -> dict[str, Any]:
     report = progress or SILENT
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
@@ -204,14 +215,16 @@ def evaluate_task(
     examples = subsample(task.read(split, data_dir, opts), max_examples, seed)
     _check_labels(task, split, examples)
     out_dir = Path(out) if out is not None else default_out_dir(ck.path, task.name, split)
-    check_out_dir(out_dir, ck.path, task, data_dir)
-    n_ctx = int(ck.meta.get("n_ctx") or ck.config.n_ctx)
-    enc = encode_examples(task, examples, tok, n_ctx)
-    with staged(report, f"evaluate {run_label(ck.path)} on {task.name} ({split})", len(enc), unit="examples"):
-        shared = tok.extract_id if layout == "packed" and isinstance(model.gpt, GPT) else None
-        batches = iterate(enc, batch_size, shuffle=False, regression=task.kind == "regression", shared_extract=shared)
-        preds, outs = predict(model, batches, dev, prec, progress=report)
-    results = write_outputs(out_dir, ck, task, split, examples, preds, outs, skipped=opts.skipped, n_ctx=n_ctx)
+    with output_lock(out_dir):
+        check_out_dir(out_dir, ck.path, task, data_dir)
+        n_ctx = int(ck.meta.get("n_ctx") or ck.config.n_ctx)
+        enc = encode_examples(task, examples, tok, n_ctx)
+        with staged(report, f"evaluate {run_label(ck.path)} on {task.name} ({split})", len(enc), unit="examples"):
+            shared = tok.extract_id if layout == "packed" and isinstance(model.gpt, GPT) else None
+            batches = iterate(enc, batch_size, shuffle=False, regression=task.kind == "regression",
+                              shared_extract=shared)
+            preds, outs = predict(model, batches, dev, prec, progress=report)
+        results = write_outputs(out_dir, ck, task, split, examples, preds, outs, skipped=opts.skipped, n_ctx=n_ctx)
     results["out_dir"] = str(out_dir)
     return results
 
@@ -336,6 +349,14 @@ def evaluate_tasks(config: EvalConfig, progress: Progress | None = None) -> list
     With ``out``, checkpoint ``run`` writes to ``OUT/<run>/<task>-<split>/``; otherwise to ``RUN/eval/<task>-<split>/``.
     ``data_dir`` is one task's folder, so it needs a single task (several tasks read ``$GPT1_DATA``).
     """
+    from gptcli.config import check_settings
+
+    check_settings(config)  # one rule per number, the same in every command (gptcli.config.RULES)
+    with maybe_lock(config.out):  # before anything is read: no second run writes there meanwhile
+        return _evaluate_tasks(config, progress)
+
+
+def _evaluate_tasks(config: EvalConfig, progress: Progress | None) -> list[dict[str, Any]]:
     if not config.checkpoint:
         raise GPT1Error("no checkpoint to evaluate: give --checkpoint RUN_DIR (repeatable)")
     set_kernels(config.kernels)

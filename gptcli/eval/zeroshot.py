@@ -37,6 +37,7 @@ from typing import Any, Callable, Sequence
 from gptcli.checkpoint import atomic_directory
 from gptcli.errors import DataError, GPT1Error
 from gptcli.fsutil import write_text_atomic
+from gptcli.locks import maybe_lock
 from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress
 from gptcli.tasks.base import Example, Task
@@ -373,15 +374,15 @@ def task_list(task: str) -> list[str]:
 
 
 def check_config(config: ZeroShotConfig) -> None:
-    """One-line errors for settings that cannot work, before any checkpoint is opened."""
+    """One-line errors for settings that cannot work, before any checkpoint is opened (every number by its one
+    rule, :data:`gptcli.config.RULES`: ``--threshold nan`` is refused here as everywhere)."""
+    from gptcli.config import check_settings
+
+    check_settings(config)
     task_list(config.task)
     for k in config.splits:
         if k not in TASKS:
             raise GPT1Error(f"--split {k}=…: unknown task {k!r} (known: {', '.join(TASKS)})")
-    if config.batch_size < 1:
-        raise GPT1Error(f"batch_size must be at least 1, got {config.batch_size}")
-    if config.limit is not None and config.limit < 1:
-        raise GPT1Error(f"limit must be at least 1, got {config.limit}")
 
 
 # --- data: everything through the task registry ------------------------------------------------------------------
@@ -456,15 +457,22 @@ def run_task(task: str, model, tokenizer, config: ZeroShotConfig, *, root: bool 
 # --- one checkpoint, every task ----------------------------------------------------------------------------------
 
 
-def open_model(checkpoint: str | Path, device: str = "auto", verify: bool = True):
+def open_model(checkpoint: str | Path, device: str = "auto", verify: bool = True, progress: Progress | None = None):
     """``(model, tokenizer, checkpoint)`` ready for scoring on ``device``; ``verify`` checks the checkpoint's files
-    against their checksums first."""
+    against their checksums first. A fine-tuned checkpoint is scored (its language model, head ignored), with a
+    warning note to ``progress``: the heuristics are the paper's for language models, Figure 2's curve over
+    pretraining."""
     from gptcli.checkpoint import load_checkpoint
     from gptcli.runtime import resolve_device
 
     ck = load_checkpoint(checkpoint, verify=verify)
     if ck.tokenizer is None:
         raise GPT1Error(f"{ck.path}: checkpoint has no tokenizer/ directory; zero-shot scoring needs the tokenizer it was trained with")
+    if ck.kind == "finetuned":
+        (progress or SILENT).note(
+            f"{ck.path} is fine-tuned (on {ck.meta.get('task', 'a task')}): the zero-shot heuristics are meant for "
+            "pretrained language models (the paper's Figure 2); its task head is ignored and the scores say little "
+            "about either", level="warn")
     model = ck.model.to(resolve_device(device)).eval()
     return model, ck.tokenizer, ck
 
@@ -574,10 +582,11 @@ def zeroshot(config: ZeroShotConfig, progress: Progress | None = None) -> tuple[
     set_kernels(config.kernels)
     if not config.checkpoint:
         raise GPT1Error("no checkpoint given (--checkpoint DIR: a checkpoint or a run directory)")
-    check_out(config, [config.checkpoint])
-    model, tokenizer, ck = open_model(config.checkpoint, config.device, config.verify)
-    results, skipped = evaluate(model, tokenizer, config, progress)
-    meta = {"checkpoint": str(ck.path), "step": ck.meta.get("step"), "config": to_dict(config)}
-    if config.out:
-        write_results(config.out, results, meta, skipped)
+    with maybe_lock(config.out):
+        check_out(config, [config.checkpoint])
+        model, tokenizer, ck = open_model(config.checkpoint, config.device, config.verify, progress)
+        results, skipped = evaluate(model, tokenizer, config, progress)
+        meta = {"checkpoint": str(ck.path), "step": ck.meta.get("step"), "config": to_dict(config)}
+        if config.out:
+            write_results(config.out, results, meta, skipped)
     return results, skipped, meta

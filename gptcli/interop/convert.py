@@ -30,6 +30,7 @@ from gptcli.checkpoint import atomic_directory, load_checkpoint, read_header, sa
 from gptcli.errors import DataError, GPT1Error
 from gptcli.interop.hf import config_from_hf, read_hf_config, state_dict_from_hf, state_dict_to_hf, write_hf_config
 from gptcli.model.gpt import GPT, ModelConfig
+from gptcli.locks import output_lock
 from gptcli.outputs import check_output, mark
 
 FORMATS_IN = ("hf", "openai")
@@ -117,9 +118,20 @@ class Converted:
 
 
 def _build(config: ModelConfig, hf_state: dict[str, torch.Tensor], where: Path) -> GPT:
-    model = GPT(config)
     try:
         ours = state_dict_from_hf(hf_state, config.n_layer)
+    except KeyError as e:
+        raise GPT1Error(f"{where}: weight {e.args[0]!r} is missing") from None
+    with torch.device("meta"):  # the config against the weights' shapes before the model is allocated
+        expected = {k: tuple(v.shape) for k, v in GPT(config).state_dict().items()}
+    wrong = sorted(k for k in expected.keys() | ours.keys() if expected.get(k) != (tuple(ours[k].shape) if k in ours else None))
+    if wrong:
+        k = wrong[0]
+        raise GPT1Error(f"{where}: weights do not match the config ({k}: the config asks for "
+                        f"{list(expected[k]) if k in expected else 'no such tensor'}, the weights have "
+                        f"{list(ours[k].shape) if k in ours else 'none'}; {len(wrong)} tensor(s) differ)")
+    model = GPT(config)
+    try:
         model.load_state_dict({k: v.float() for k, v in ours.items()}, strict=True)
     except KeyError as e:
         raise GPT1Error(f"{where}: weight {e.args[0]!r} is missing") from None
@@ -397,6 +409,13 @@ def convert(cfg: ConvertConfig) -> ConvertResult:
     """Run one conversion as ``cfg`` describes it (checked first: :meth:`ConvertConfig.check`)."""
     cfg.check()
     assert cfg.src is not None and cfg.out is not None  # checked above
+    with output_lock(cfg.out):
+        cfg.check()  # again, now that no other run can be writing there
+        return _convert(cfg)
+
+
+def _convert(cfg: ConvertConfig) -> ConvertResult:
+    assert cfg.src is not None and cfg.out is not None
     if cfg.to_format == "hf":
         path, warnings = to_hf(cfg.src, cfg.out)
         return ConvertResult(path, "hf", warnings)

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import move_into_place, sha256_file, write_text_atomic
+from gptcli.fsutil import move_into_place, sha256_file, temp_sibling, write_text_atomic
+from gptcli.locks import output_lock
 from gptcli.interop.hub import hub_snapshot
 from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress
@@ -119,7 +119,12 @@ def fetch_folder(source: Source, root: Path, *, revision: str | None = None, ove
     snapshot = hub_snapshot(source.repo, sorted({f.hub_pattern for f in source.files}), revision=revision,
                             repo_type="dataset")
     root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{source.folder}.fetch-{uuid.uuid4().hex[:8]}"
+    with output_lock(target, wait=True):  # a second fetch of the folder waits, then finds it there
+        return _write_folder(source, snapshot, target, overwrite, report)
+
+
+def _write_folder(source: Source, snapshot: Path, target: Path, overwrite: bool, report: Progress) -> Fetched:
+    tmp = temp_sibling(target, "fetch")
     try:
         tmp.mkdir()
         rows = _write_all(source, snapshot, tmp, report)

@@ -10,6 +10,7 @@ It works on plain dicts and state dicts and needs no ``transformers`` install.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -40,19 +41,37 @@ _BLOCK_MAP = [
 
 def config_from_hf(hf: dict) -> ModelConfig:
     """Our config from a Hugging Face ``config.json`` dict of model_type ``openai-gpt``."""
+    n_embd = _size(hf, "n_embd", 768)
     return ModelConfig(
-        vocab_size=int(hf.get("vocab_size", 40478)),
-        n_ctx=int(hf.get("n_positions", 512)),
-        n_embd=int(hf.get("n_embd", 768)),
-        n_layer=int(hf.get("n_layer", 12)),
-        n_head=int(hf.get("n_head", 12)),
-        n_inner=int(hf.get("n_inner") or 4 * int(hf.get("n_embd", 768))),
-        embd_pdrop=float(hf.get("embd_pdrop", 0.1)),
-        attn_pdrop=float(hf.get("attn_pdrop", 0.1)),
-        resid_pdrop=float(hf.get("resid_pdrop", 0.1)),
-        layer_norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
-        init_std=float(hf.get("initializer_range", 0.02)),
+        vocab_size=_size(hf, "vocab_size", 40478),
+        n_ctx=_size(hf, "n_positions", 512),
+        n_embd=n_embd,
+        n_layer=_size(hf, "n_layer", 12),
+        n_head=_size(hf, "n_head", 12),
+        n_inner=_size(hf, "n_inner", 4 * n_embd) if hf.get("n_inner") is not None else 4 * n_embd,
+        embd_pdrop=_rate(hf, "embd_pdrop", 0.1),
+        attn_pdrop=_rate(hf, "attn_pdrop", 0.1),
+        resid_pdrop=_rate(hf, "resid_pdrop", 0.1),
+        layer_norm_eps=_rate(hf, "layer_norm_epsilon", 1e-5),
+        init_std=_rate(hf, "initializer_range", 0.02),
     )
+
+
+def _size(hf: dict, key: str, default: int) -> int:
+    """A positive integer field: a string, a float (12.7 is not 12) or a bool is refused (TypeError, ValueError)."""
+    v = hf.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"{key} is {v!r}, not an integer")
+    if v < 1:
+        raise ValueError(f"{key} is {v}, not a positive size")
+    return v
+
+
+def _rate(hf: dict, key: str, default: float) -> float:
+    v = hf.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise ValueError(f"{key} is {v!r}, not a non-negative number")
+    return float(v)
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
@@ -111,6 +130,8 @@ def read_hf_config(directory: Path) -> dict[str, Any]:
         hf_cfg = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise DataError(path, f"invalid JSON ({e.msg})", e.lineno) from None
+    if not isinstance(hf_cfg, dict):
+        raise DataError(path, "expected a JSON object")
     if hf_cfg.get("model_type") != "openai-gpt":
         raise DataError(path, f"model_type is {hf_cfg.get('model_type')!r}, expected 'openai-gpt'")
     if hf_cfg.get("afn", "gelu") != "gelu":

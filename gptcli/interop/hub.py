@@ -182,10 +182,9 @@ def _convert_once(hub: HubId, snapshot: Path, target: Path, report: Progress) ->
     """Convert ``snapshot`` into ``target`` unless it is there; True when it was (nothing converted)."""
     if _is_converted(target):
         return True
-    from filelock import FileLock  # a dependency of huggingface_hub, which is how we got here
+    from gptcli.locks import output_lock
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target.parent / f".{target.name}.lock")):
+    with output_lock(target, wait=True):  # a shared cache: wait for another process converting the same model
         if _is_converted(target):  # another process converted it while this one waited
             return True
         report.note(f"converting {hub.repo_id}@{target.name[:8]} into a gpt1 checkpoint (once): {target}")

@@ -95,7 +95,10 @@ def start_generation(cfg: GenerateConfig, progress: Progress | None = None) -> G
     from gptcli.checkpoint import load_checkpoint
     from gptcli.runtime import resolve_device
 
+    from gptcli.config import check_settings
+
     report = progress or SILENT
+    check_settings(cfg)  # one rule per number (gptcli.config.RULES): --samples 100000 is refused before any work
     if cfg.checkpoint is None:
         raise GPT1Error("--checkpoint is required (a checkpoint or run directory)")
     if cfg.prompt is None:

@@ -46,6 +46,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from gptcli.errors import GPT1Error
 from gptcli.fsutil import write_text_atomic
+from gptcli.locks import output_lock
 from gptcli.outputs import MARKER, check_output, mark
 from gptcli.pipelines import budget
 from gptcli.progress import SILENT, Progress
@@ -315,7 +316,7 @@ def quickstart(config: QuickstartConfig, progress: Progress | None = None) -> Qu
     _check(cfg)
     set_kernels(cfg.kernels)  # every stage's model runs this way (the pretraining and fine-tuning configs say it too)
     t_start = time.perf_counter()
-    with _replacing(check_out(cfg)) as out:
+    with output_lock(cfg.out), _replacing(check_out(cfg)) as out:
         save_config(cfg, out / "config.toml")
         run = _Run(cfg, out, progress or SILENT, t_start, {"minutes_budget": cfg.minutes, "seed": cfg.seed})
         text = _stage(run, "text", collect_text, run)
@@ -329,6 +330,9 @@ def quickstart(config: QuickstartConfig, progress: Progress | None = None) -> Qu
 
 
 def _check(cfg: QuickstartConfig) -> None:
+    from gptcli.config import check_settings
+
+    check_settings(cfg)  # one rule per number, the same in every command (gptcli.config.RULES)
     if cfg.minutes <= 0:
         raise GPT1Error(f"--minutes must be positive, got {cfg.minutes}")
     if not 0.05 <= cfg.task_fraction <= 0.8:
@@ -436,6 +440,11 @@ def pretrain_model(run: _Run, text: TaskText, corpus_dir: Path) -> tuple[Pretrai
     if res.final_val_loss is None or res.last_checkpoint is None:
         raise GPT1Error(f"{pc.out}: pretraining stopped early ({res.stopped_by or 'no validation split'})")
     after_ppl = math.exp(min(res.final_val_loss, 700))
+    if res.step < res.total_steps:  # the deadline stopped it (pretrain() warned with the numbers)
+        run.numbers["pretrain_stopped_at_deadline"] = True
+        run.progress.note(f"pretraining stopped at the quickstart's deadline after {res.step} of {res.total_steps} "
+                          f"planned updates: this machine ran slower than the timed updates promised (other "
+                          f"processes?); the quickstart keeps to its {cfg.minutes:g} minutes", level="warn")
     run.numbers.update(pretrain_steps=res.step, update_ms=round(1000 * step_s, 1),
                        pretrain_tokens=res.step * cfg.batch_size * cfg.seq_len, val_ppl_before=before.perplexity,
                        val_ppl_after=after_ppl, params=sum(p.numel() for p in init_model.parameters()))
@@ -465,8 +474,11 @@ def _plan_updates(run: _Run, text: TaskText, pc: Any, mcfg: Any, device: Any, pr
     else:
         seconds_left = 60.0 * cfg.minutes - (time.perf_counter() - run.t_start)
         cap = int(cfg.max_epochs * budget.updates_per_epoch(train_tokens, cfg.batch_size, cfg.seq_len))
-        steps = budget.updates_that_fit(seconds_left - _later_stages_seconds(cfg, text.splits, step_s), step_s,
-                                        minimum=20, maximum=cap)
+        for_pretraining = seconds_left - _later_stages_seconds(cfg, text.splits, step_s)
+        steps = budget.updates_that_fit(for_pretraining, step_s, minimum=20, maximum=cap)
+        # The plan comes from a few timed updates; a machine that gets busier meanwhile (other processes) would
+        # overrun it. The deadline holds whatever happens: pretraining stops there, validated and saved, and says so.
+        pc.max_minutes = max(for_pretraining, 20 * step_s) / 60.0
     pc.max_steps = steps
     pc.warmup_steps = max(1, steps // 20)
     pc.log_every = max(1, steps // 20)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from gptcli.errors import GPT1Error
+from gptcli.fsutil import regular_file_problem
 from gptcli.tasks.sources import MANUAL, SOURCES
 
 DATA_ENV = "GPT1_DATA"
@@ -194,6 +195,7 @@ class Task:
         sp = self.splits[split]
         opts = options or ReadOptions()
         out: list[Example] = []
+        skipped_before = len(opts.skipped)
         for f in sp.files:
             path = d / f
             if not path.exists():  # a file, or a folder of files for RACE
@@ -201,5 +203,14 @@ class Task:
                     f"{path}: missing {split} file for task {self.name!r} (expected {', '.join(sp.files)} in {d}; "
                     f"{self.how_to_get()})"
                 )
+            problem = None if path.is_dir() else regular_file_problem(path)
+            if problem is not None:  # a FIFO would block forever, /dev/zero never ends
+                raise GPT1Error(f"{path}: {problem}; task files are read only when they are regular files "
+                                f"(put the official file there)")
             out.extend(sp.reader(path, opts))
+        if not out:  # header-only, blank or CR-only: every command refuses it alike (fine-tuning used to score nothing)
+            bad = len(opts.skipped) - skipped_before
+            why = f"all {bad} rows were bad and skipped" if bad else "only a header, blank lines or no line breaks"
+            raise GPT1Error(f"{d / sp.files[0]}: split {split!r} of task {self.name!r} has no examples ({why}; "
+                            f"put the official file there)")
         return out

@@ -18,7 +18,7 @@ from pathlib import Path
 from gptcli.errors import DataError
 from gptcli.tasks.registry import register
 from gptcli.tasks.base import Example, Reader, ReadOptions, Split, Task
-from gptcli.tasks.rows import BadRow, check_columns, iter_tsv, label_of, nonempty, reject, score_of
+from gptcli.tasks.rows import BadRow, check_columns, column_index, iter_tsv, label_of, nonempty, reject, score_of
 
 GLUE_URL = "https://gluebenchmark.com/tasks (download_glue_data.py from github.com/nyu-mll/GLUE-baselines)"
 GLUE_PARENTS = ("glue_data", "glue")  # download_glue_data.py writes glue_data/<TASK>/
@@ -54,7 +54,7 @@ def read_glue_tsv(path: Path, opts: ReadOptions, fmt: GlueFormat) -> list[Exampl
 
 def _read_with_header(path: Path, opts: ReadOptions, fmt: GlueFormat, hline: int, header: list[str],
                       rows: Iterator[tuple[int, list[str]]]) -> list[Example]:
-    col = {name: i for i, name in enumerate(header)}
+    col = column_index(path, header, hline)
     missing = [t for t in fmt.texts if t not in col]
     if missing:
         raise DataError(path, f"header lacks column {missing[0]!r} (found: {', '.join(header)})", hline)

@@ -49,11 +49,23 @@ def iter_lines(path: Path, opts: ReadOptions) -> Iterator[tuple[int, str]]:
 
 
 def iter_tsv(path: Path, opts: ReadOptions) -> Iterator[tuple[int, list[str]]]:
-    """``(line_number, columns)`` for each non-blank line of a TSV file, split on tabs, no quoting."""
+    """``(line_number, columns)`` for each non-blank line of a TSV file, split on tabs, no quoting. A line of only
+    tabs is a row (of empty fields, which its parser rejects and the bad-row policy counts), not a blank line."""
     for n, text in iter_lines(path, opts):
-        if not text.strip():
+        if not text.strip() and "\t" not in text:
             continue  # blank lines (e.g. a trailing one) carry no row
         yield n, text.split("\t")
+
+
+def column_index(path: Path, header: list[str], line: int) -> dict[str, int]:
+    """Column name → position; a name the header repeats is refused (which of the two would be read?)."""
+    col: dict[str, int] = {}
+    for i, name in enumerate(header):
+        if name in col:
+            raise DataError(path, f"the header repeats column {name!r} (columns {col[name] + 1} and {i + 1}); "
+                                  "which one holds the data is ambiguous (rename or remove one)", line)
+        col[name] = i
+    return col
 
 
 def check_columns(cols: list[str], n: int) -> None:

@@ -15,12 +15,13 @@ permutation order — reproduced here with numpy alone. ``val`` is the whole val
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
 from gptcli.errors import DataError
 from gptcli.tasks.registry import register
 from gptcli.tasks.base import Example, ReadOptions, Split, Task
-from gptcli.tasks.rows import BadRow, label_of, nonempty, reject
+from gptcli.tasks.rows import BadRow, column_index, label_of, nonempty, reject
 
 VAL_FILE = "cloze_test_val__spring2016 - cloze_test_ALL_val.csv"
 TEST_FILE = "cloze_test_test__spring2016 - cloze_test_ALL_test.csv"
@@ -33,50 +34,60 @@ REQUIRED = ("InputStoryid", *SENTENCES, *ENDINGS)
 ANSWER = "AnswerRightEnding"
 
 
-def _read_csv(path: Path, opts: ReadOptions) -> tuple[list[Example], int]:
-    """All examples of one Story Cloze CSV and the number of data rows in it (bad ones included)."""
+def _read_csv(path: Path, opts: ReadOptions) -> tuple[list[Example], int, list[tuple[int, int, str]]]:
+    """All examples of one Story Cloze CSV, the number of data rows in it (bad ones included), and the bad rows as
+    (row index, line, reason), not yet put to the bad-row policy: a split reader applies it to its own rows only
+    (the train and dev splits read the same file; each bad row is counted once, by the split it belongs to).
+
+    Lines are counted on ``\n`` alone, as every other reader counts them (:mod:`gptcli.tasks.rows`): a stray ``\r``
+    does not shift the line numbers of the rows after it."""
     out: list[Example] = []
+    bad: list[tuple[int, int, str]] = []
     k = -1
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f)
-        try:
-            header = next(reader, None)
-            if header is None:
-                raise DataError(path, "empty file (expected a header line)", 1)
-            col = {name: i for i, name in enumerate(header)}
-            missing = [c for c in REQUIRED if c not in col]
-            if missing:
-                raise DataError(path, f"header lacks column {missing[0]!r} (found: {', '.join(header)})", 1)
-            labeled = ANSWER in col
-            while True:
-                start = reader.line_num + 1  # a quoted field may span lines: report where the record starts
-                row = next(reader, None)
-                if row is None:
-                    break
-                if not any(cell.strip() for cell in row):
-                    continue
-                k += 1
-                try:
-                    if len(row) != len(header):
-                        raise BadRow(f"expected {len(header)} comma-separated columns, found {len(row)}")
-                    sents = [nonempty(row[col[c]], c) for c in SENTENCES]
-                    choices = tuple(nonempty(row[col[c]], c) for c in ENDINGS)
-                    label = label_of(row[col[ANSWER]], LABELS, ANSWER) if labeled else None
-                except BadRow as e:
-                    reject(path, start, str(e), opts)
-                    continue
-                out.append(Example(texts=(" ".join(sents),), choices=choices, label=label,
-                                   uid=row[col["InputStoryid"]], source=f"{path}:{start}", extra={"row": k}))
-        except UnicodeDecodeError as e:
-            raise DataError(path, f"not valid UTF-8 ({e.reason})", reader.line_num + 1) from None
-        except csv.Error as e:
-            raise DataError(path, f"malformed CSV ({e})", reader.line_num) from None
-    return out, k + 1
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise DataError(path, f"not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    reader = csv.reader(io.StringIO(text, newline="\n"))
+    try:
+        header = next(reader, None)
+        if header is None:
+            raise DataError(path, "empty file (expected a header line)", 1)
+        col = column_index(path, header, 1)
+        missing = [c for c in REQUIRED if c not in col]
+        if missing:
+            raise DataError(path, f"header lacks column {missing[0]!r} (found: {', '.join(header)})", 1)
+        labeled = ANSWER in col
+        while True:
+            start = reader.line_num + 1  # a quoted field may span lines: report where the record starts
+            row = next(reader, None)
+            if row is None:
+                break
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue  # a blank line
+            k += 1
+            try:
+                if len(row) != len(header):
+                    raise BadRow(f"expected {len(header)} comma-separated columns, found {len(row)}")
+                sents = [nonempty(row[col[c]], c) for c in SENTENCES]
+                choices = tuple(nonempty(row[col[c]], c) for c in ENDINGS)
+                label = label_of(row[col[ANSWER]], LABELS, ANSWER) if labeled else None
+            except BadRow as e:
+                bad.append((k, start, str(e)))
+                continue
+            out.append(Example(texts=(" ".join(sents),), choices=choices, label=label,
+                               uid=row[col["InputStoryid"]], source=f"{path}:{start}", extra={"row": k}))
+    except csv.Error as e:
+        raise DataError(path, f"malformed CSV ({e})", reader.line_num) from None
+    return out, k + 1, bad
 
 
 def read_storycloze(path: Path, opts: ReadOptions) -> list[Example]:
     """Every row of a Story Cloze CSV, in file order."""
-    return _read_csv(path, opts)[0]
+    examples, _, bad = _read_csv(path, opts)
+    for _, line, reason in bad:
+        reject(path, line, reason, opts)
+    return examples
 
 
 def released_split(n_rows: int, n_dev: int = N_DEV, seed: int = SPLIT_SEED) -> tuple[list[int], list[int]]:
@@ -90,11 +101,16 @@ def released_split(n_rows: int, n_dev: int = N_DEV, seed: int = SPLIT_SEED) -> t
 
 def _split_reader(part: int):
     def read(path: Path, opts: ReadOptions) -> list[Example]:
-        examples, n_rows = _read_csv(path, opts)
+        examples, n_rows, bad = _read_csv(path, opts)
         by_row = {ex.extra["row"]: ex for ex in examples}
+        mine = released_split(n_rows)[part]
+        ours = set(mine)
+        for row, line, reason in bad:  # only this split's bad rows: each is counted once, by its own split
+            if row in ours:
+                reject(path, line, reason, opts)
         # Rows rejected under --skip-bad-rows keep their place in the permutation, so the rest of the
         # split stays the released one.
-        return [by_row[r] for r in released_split(n_rows)[part] if r in by_row]
+        return [by_row[r] for r in mine if r in by_row]
 
     read.__doc__ = f"The released code's {'train' if part == 0 else 'dev'} part of the 2016 validation file."
     return read

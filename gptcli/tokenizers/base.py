@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import ClassVar, Iterable, Sequence
 
 from gptcli.errors import GPT1Error
+from gptcli.fsutil import read_bytes_inside
 
 # Fine-tuning tokens, in the order they are appended after the vocabulary (reference §1).
 SPECIAL_TOKENS: tuple[str, str, str] = ("<s>", "$", "<e>")
@@ -91,16 +92,16 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
     """Open a saved tokenizer directory, whatever its kind."""
     d = Path(directory)
     meta_path = d / "tokenizer.json"
-    if not meta_path.is_file():
+    if not meta_path.exists():
         raise GPT1Error(f"{d}: not a tokenizer directory (no tokenizer.json)")
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta = json.loads(read_bytes_inside(d, "tokenizer.json", 1 << 24, "tokenizer description"))
         kind = meta["kind"]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
         # Binary junk (a pickle, a truncated write) is as unreadable as bad JSON; it is never unpickled.
         raise GPT1Error(f"{meta_path}: unreadable tokenizer description (expected JSON with a 'kind'; "
                         f"restore the tokenizer directory)") from None
-    if kind not in _KINDS:
+    if not isinstance(kind, str) or kind not in _KINDS:
         raise GPT1Error(f"{meta_path}: unknown tokenizer kind {kind!r} (known: {', '.join(_KINDS)})")
     module, cls_name = _KINDS[kind].split(":")
     cls = getattr(importlib.import_module(module), cls_name)

@@ -23,9 +23,13 @@ from typing import ClassVar, Iterable, Sequence
 import numpy as np
 
 from gptcli.errors import GPT1Error
+from gptcli.fsutil import read_bytes_inside
 from gptcli.tokenizers.base import SPECIAL_TOKENS, Tokenizer
 
 MODEL_FILE = "sentencepiece.model"
+MODEL_LIMIT = 1 << 30
+"""The largest sentencepiece model read (a 1M-piece model is ~20 MB): a description naming a huge file is refused."""
+DESCRIPTION_LIMIT = 1 << 24
 NEWLINE = "\n"
 # Sentencepiece's BPE trainer gives (slightly) different merges for different thread counts; pinning the
 # count makes the vocabulary depend on the data and the seed only, never on --workers or the machine.
@@ -255,8 +259,9 @@ class LearnedBPETokenizer(Tokenizer):
     def load(cls, directory: Path) -> "LearnedBPETokenizer":
         d = Path(directory)
         try:
-            meta = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
-            proto = (d / meta.get("model_file", MODEL_FILE)).read_bytes()
+            meta = json.loads(read_bytes_inside(d, "tokenizer.json", DESCRIPTION_LIMIT, "tokenizer description"))
+            # Only a regular file inside the directory, of a bounded size: never /dev/zero, a FIFO or ../../x.
+            proto = read_bytes_inside(d, meta.get("model_file", MODEL_FILE), MODEL_LIMIT, "sentencepiece model")
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
             raise GPT1Error(f"{d}: unreadable sentencepiece tokenizer ({e})") from None
         try:

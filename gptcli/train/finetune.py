@@ -39,7 +39,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import random
 import shutil
 import time
@@ -53,14 +52,15 @@ import torch.nn as nn
 
 from gptcli import checkpoint as ckpt
 from gptcli.checkpoint import is_checkpoint, load_checkpoint, read_header, save_checkpoint
-from gptcli.config import dumps_toml, to_dict
+from gptcli.config import check_settings, dumps_toml, to_dict
 from gptcli.data.batching import Batch, collate, collate_packed, iterate, num_batches, subsample, train_batches
 from gptcli.data.cache import encode_cached
 from gptcli.data.transforms import Encoded
 from gptcli.errors import GPT1Error
 from gptcli.eval.baselines import prediction_summary
 from gptcli.eval.metrics import score_predictions
-from gptcli.fsutil import move_into_place, sha256_file, write_text_atomic
+from gptcli.fsutil import move_into_place, sha256_file, temp_sibling, write_text_atomic
+from gptcli.locks import main_rank_lock
 from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.build import AnyConfig, LanguageModel, arch_of, build_model, config_from_dict, preset
 from gptcli.model.gpt import GPT
@@ -254,8 +254,14 @@ def finetune(config: FinetuneConfig, progress: Progress | None = None,
 
     ``parallel`` (from :func:`gptcli.train.distributed.join`) makes this one rank of a data-parallel job: every rank
     calls it alike; each trains on its share of every global batch and scores its share of the dev split, and rank
-    0 alone writes (see :func:`rank_share`, :func:`eval_shard`). Progress is reported on rank 0 only."""
+    0 alone writes (see :func:`rank_share`, :func:`eval_shard`). Progress is reported on rank 0 only. ``out`` is
+    locked for the run (rank 0 alone, or the job's launcher: :func:`gptcli.locks.output_lock`)."""
     par = parallel or Parallel()
+    with main_rank_lock(config.out, par.is_main):
+        return _finetune(config, progress, par)
+
+
+def _finetune(config: FinetuneConfig, progress: Progress | None, par: Parallel) -> FinetuneResult:
     report = (progress or SILENT) if par.is_main else SILENT
     check_config(config)
     check_world(config, par.world_size)
@@ -315,28 +321,12 @@ def _finish(run: Run, out: Path) -> FinetuneResult:
 
 
 def check_config(c: FinetuneConfig) -> None:
-    """Refuse settings that cannot work, before anything is read or loaded."""
+    """Refuse settings that cannot work, before anything is read or loaded: every number by its one rule
+    (:data:`gptcli.config.RULES`, the same in every command), then the combinations."""
     if not c.task:
         raise GPT1Error("no task given (--task NAME; see --list-tasks)")
     check_mode(c.kernels)
-    if c.micro_batch_size is not None and c.micro_batch_size <= 0:
-        raise GPT1Error(f"micro_batch_size must be positive, got {c.micro_batch_size}")
-    if c.workers < 0:
-        raise GPT1Error(f"--workers must be 0 (all cores) or more, got {c.workers}")
-    for name in ("lr", "batch_size", "epochs"):
-        if getattr(c, name) <= 0:
-            raise GPT1Error(f"{name} must be positive, got {getattr(c, name)}")
-    for name in ("save_every", "keep_last"):
-        if getattr(c, name) < 0:
-            raise GPT1Error(f"{name} must be 0 or more, got {getattr(c, name)}")
-    if c.log_every < 1:
-        raise GPT1Error(f"log_every must be at least 1, got {c.log_every}")
-    if not 0 <= c.warmup < 1:
-        raise GPT1Error(f"warmup is a fraction of the updates in [0, 1), got {c.warmup}")
-    if c.lm_weight < 0:
-        raise GPT1Error(f"lm_weight must be ≥ 0, got {c.lm_weight}")
-    if not 0 <= c.clf_pdrop < 1:
-        raise GPT1Error(f"clf_pdrop must be in [0, 1), got {c.clf_pdrop}")
+    check_settings(c)
     if c.init.lower() == "none" and not c.tokenizer:
         raise GPT1Error("--init none needs --tokenizer DIR (a tokenizer directory or a checkpoint) to encode the task")
     if c.transfer_layers is not None and c.init.lower() == "none":
@@ -474,8 +464,7 @@ def run_directory(out: Path, replace: bool) -> Iterator[Path]:
             mark(out, "finetune-run")
         yield out
         return
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = temp_sibling(out)
     tmp.mkdir()
     try:
         mark(tmp, "finetune-run")

@@ -28,12 +28,14 @@ import numpy as np
 import torch
 
 from gptcli import checkpoint as ckpt
+from gptcli.config import check_settings as check_all_settings
 from gptcli.config import from_dict, load_file, save_config, to_dict
 from gptcli.data.shards import Corpus, open_corpus, tokenizer_fingerprint
 from gptcli.data.windows import WindowSampler
 from gptcli.errors import GPT1Error
 from gptcli.eval.perplexity import evaluate_lm
 from gptcli.model.build import AnyConfig, LanguageModel, arch_of, build_model, preset, preset_class
+from gptcli.locks import main_rank_lock
 from gptcli.model.kernels import check_mode, set_kernels
 from gptcli.model.lstm import precision_note
 from gptcli.outputs import MARKER, check_output, mark
@@ -163,6 +165,9 @@ class PretrainConfig:
     checksums (skipping damaged newer checkpoints), before training."""
     peak_flops: float | None = None
     """Peak FLOP/s for MFU; default: a table for known GPUs, a quick measured matmul peak on CPU."""
+    max_minutes: float | None = None
+    """Stop once this many minutes of updates have passed, however far the schedule got (validated and saved as at
+    the end, with a warning saying so); unset: no time limit. The quickstart sets it to its deadline."""
 
     @property
     def accum_steps(self) -> int:
@@ -198,32 +203,7 @@ def check_settings(config: PretrainConfig) -> None:
     """Refuse impossible numbers with a one-line error, before anything is read or written. ``max_steps = 0`` is
     refused, not run as one update (or none): a run of no updates has nothing to save."""
     check_mode(config.kernels)
-    checks = [
-        ("lr", config.lr > 0, "a positive number"),
-        ("warmup_steps", config.warmup_steps >= 0, "0 or more"),
-        ("micro_batch_size", config.micro_batch_size is None or config.micro_batch_size >= 1,
-         "at least 1 (leave it unset for the whole batch at once)"),
-        ("epochs", config.epochs > 0, "a positive number"),
-        ("max_steps", config.max_steps is None or config.max_steps >= 1, "at least 1 (leave it unset for no cap)"),
-        ("max_tokens", config.max_tokens is None or config.max_tokens >= 1, "at least 1 (leave it unset for no cap)"),
-        ("weight_decay", config.weight_decay >= 0, "0 or more"),
-        ("beta1", 0 <= config.beta1 < 1, "in [0, 1)"),
-        ("beta2", 0 <= config.beta2 < 1, "in [0, 1)"),
-        ("eps", config.eps > 0, "a positive number"),
-        ("grad_clip", config.grad_clip >= 0, "0 (off) or more"),
-        ("seed", config.seed >= 0, "0 or more"),
-        ("eval_batches", config.eval_batches is None or config.eval_batches >= 1, "at least 1 (unset: all)"),
-        ("peak_flops", config.peak_flops is None or config.peak_flops > 0, "a positive number (unset: measured)"),
-    ]
-    checks += [(k, getattr(config, k) >= 0, "0 or more") for k in ("eval_every", "save_every", "keep_last", "log_every")]
-    for key in ADJUSTABLE_MODEL:
-        if key in config.model and isinstance(config.model[key], (int, float)):
-            checks.append((key, 0 <= config.model[key] < 1, "a probability in [0, 1)"))
-    for key, ok, want in checks:
-        value = getattr(config, key, config.model.get(key))
-        # NaN fails every comparison above; infinities are caught here.
-        if not ok or (isinstance(value, float) and not math.isfinite(value)):
-            raise GPT1Error(f"--{key.replace('_', '-')} {value} is impossible (it must be {want})")
+    check_all_settings(config)  # one rule per setting, the same in every command (gptcli.config.RULES)
 
 
 def plan_steps(config: PretrainConfig, steps_per_epoch: int) -> int:
@@ -311,9 +291,15 @@ def pretrain(
     (``done`` plus every ``n``) is the update just logged; ``loss`` is the rank-averaged training loss, ``lr`` and
     ``grad_norm`` those of that update. Each validation is one ``note("validation at update N: loss L,
     perplexity P")``. ``end()`` closes the stage however the run stops. The same figures, unrounded, are the
-    lines of ``RUN/metrics.jsonl``.
+    lines of ``RUN/metrics.jsonl``. ``out`` is locked for the run (rank 0 alone, or the job's launcher:
+    :func:`gptcli.locks.output_lock`).
     """
     par = parallel or Parallel()
+    with main_rank_lock(config.out, par.is_main):
+        return _pretrain(config, par, progress)
+
+
+def _pretrain(config: PretrainConfig, par: Parallel, progress: Progress | None) -> PretrainResult:
     report = (progress or SILENT) if par.is_main else SILENT
     set_kernels(config.kernels)
     run = _start(_plan(config, par, report), report)
@@ -603,7 +589,12 @@ def _train(run: TrainingRun, stop: GracefulStop, report: Progress) -> str | None
     stop after the same one). A single process has no one to ask and checks its signal flag after every update."""
     config, par = run.plan.config, run.plan.par
     total = run.plan.total_steps
+    limit = None if config.max_minutes is None else time.monotonic() + 60.0 * config.max_minutes
     while run.step < total:
+        if limit is not None and par.any(time.monotonic() >= limit):  # every rank stops at the same update
+            report.note(f"stopped at the time limit ({config.max_minutes:g} min) after update {run.step} of {total}: "
+                        "the learning-rate schedule did not finish", level="warn")
+            return None
         result = _update(run)
         logging = every(run.step, config.log_every) or run.step == total
         evaluating = every(run.step, config.eval_every) and run.step < total

@@ -122,4 +122,4 @@ def test_samples_end_to_end(tmp_path, capsys):
     assert cap.out == f"--- sample 1/2 ---\n{single}--- sample 2/2 ---\n{single}"
     assert "8 tokens in" in cap.err
     assert run_cli("generate", *common, "--samples", "0") == 1
-    assert "samples must be >= 1" in capsys.readouterr().err
+    assert "--samples 0 is impossible" in capsys.readouterr().err

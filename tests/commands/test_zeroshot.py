@@ -124,8 +124,8 @@ def test_config_file_precedence(calls, tmp_path, capsys, monkeypatch):
     (["--checkpoint", "nowhere", "--split", "bogus=dev"], "--split bogus=…: unknown task 'bogus'"),
     (["--checkpoint", "nowhere", "--split", "=dev"], "--split: expected VALUE or TASK=VALUE, got '=dev'"),
     (["--checkpoint", "nowhere", "--task", "bogus"], "unknown zero-shot task 'bogus'"),
-    (["--checkpoint", "nowhere", "--batch-size", "0"], "batch_size must be at least 1, got 0"),
-    (["--checkpoint", "nowhere", "--limit", "0"], "limit must be at least 1, got 0"),
+    (["--checkpoint", "nowhere", "--batch-size", "0"], "--batch-size 0 is impossible (it must be at least 1)"),
+    (["--checkpoint", "nowhere", "--limit", "0"], "--limit 0 is impossible (it must be at least 1 (leave it unset for all))"),
     (["--checkpoint", "a", "--checkpoint", "b", "--sota", "wsc=high"], "--sota wsc=high: not a number"),
 ])
 def test_user_errors_are_one_line(args, message, capsys, monkeypatch):

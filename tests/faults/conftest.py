@@ -216,3 +216,22 @@ def wait_for(predicate, proc: subprocess.Popen, what: str, poll: float = 0.002) 
             return False
         time.sleep(poll)
     pytest.fail(f"timed out waiting for {what}")
+
+
+# --- for the special-file cases (tests/faults/test_hostile_*.py)
+
+
+def unblock_later(fifo: Path, after: float = 30.0) -> None:
+    """Should a reader open ``fifo`` (the bug), open its other end after a while so the test fails, not hangs."""
+    import threading
+
+    def release() -> None:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            os.close(fd)
+        except OSError:
+            pass  # nobody is reading: nothing to release
+
+    t = threading.Timer(after, release)
+    t.daemon = True
+    t.start()

@@ -28,9 +28,9 @@ def corpus(tmp_path_factory):
     (["--lr", "0"], "--lr 0.0 is impossible"),
     (["--lr", "nan"], "--lr nan is impossible"),
     (["--warmup-steps", "-5"], "--warmup-steps -5 is impossible (it must be 0 or more)"),
-    (["--batch-size", "0"], "must be positive"),
+    (["--batch-size", "0"], "--batch-size 0 is impossible (it must be at least 1)"),
     (["--micro-batch-size", "0"], "--micro-batch-size 0 is impossible"),  # was taken as "unset"
-    (["--seq-len", "0"], "must be positive"),
+    (["--seq-len", "0"], "--seq-len 0 is impossible (it must be at least 1)"),
     (["--dropout", "1.5"], "--embd-pdrop 1.5 is impossible (it must be a probability in [0, 1))"),
     (["--dropout", "-0.1"], "--embd-pdrop -0.1 is impossible"),
     (["--weight-decay", "-1"], "--weight-decay -1.0 is impossible"),
