@@ -471,7 +471,15 @@ def check_gpus_refusal(ctx: Ctx) -> str:
 def check_attention_kernel(ctx: Ctx) -> str:
     import torch
 
-    from gptcli.model.attention import attention_path
+    from gptcli.model import kernels as kernel_room
+
+    def gptcli_path() -> str:
+        """The path gptcli's attention takes here: SDPA, or the CPU kernel's choice when the kernels are on."""
+        if not kernel_room.enabled(ctx.device):
+            return "sdpa"
+        from gptcli.model.kernels.attention import attention_path
+
+        return attention_path(ctx.device.type, torch.bfloat16, 0.1, ctx.sizes.seq)
 
     model = build(ctx)
     tr = trainer(ctx, model, precision="bf16")
@@ -482,7 +490,7 @@ def check_attention_kernel(ctx: Ctx) -> str:
     sdpa_ops = matching(names, r"scaled_dot_product|flash|efficient_attention|cudnn_attention|_attention_backward")
     kernels = matching({k["kernel"]: k["calls"] for k in cuda_kernels(prof, top=10_000)},
                        r"flash|fmha|attention|attn|sdpa|mha")
-    ctx.record(gptcli_path=attention_path(ctx.device.type, torch.bfloat16, 0.1, ctx.sizes.seq), aten_ops=sdpa_ops,
+    ctx.record(gptcli_path=gptcli_path(), aten_ops=sdpa_ops,
                attention_kernels=kernels, top_kernels=cuda_kernels(prof), batch=ctx.sizes.batch, seq=ctx.sizes.seq)
     ctx.need_cuda("flash attention is a CUDA kernel; on CPU gptcli writes attention out (chunked/plain path)")
     fwd = any("flash_attention" in k and "backward" not in k for k in sdpa_ops)
