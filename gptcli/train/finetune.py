@@ -106,7 +106,7 @@ ADJUSTABLE = ("micro_batch_size", "eval_batch_size", "device", "precision", "ker
 # Taken silently: where things are (compared by content instead), how the run is watched and kept, and the two
 # switches that say what to do with --out.
 UNCOMPARED = ("init", "tokenizer", "model", "data_dir", "out", "verify", "log_every", "save_every", "keep_last",
-              "overwrite", "resume", "cache", "workers")
+              "overwrite", "resume", "cache", "workers", "wandb")
 
 
 @dataclass
