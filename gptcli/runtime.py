@@ -5,9 +5,9 @@ The model never sees any of this: the trainer wraps its forward pass in :func:`a
 
 Precision defaults (``--precision auto``):
 - CUDA: bf16 autocast where the GPU supports it (Ampere and newer), else fp16 with a GradScaler.
-- CPU: bf16 autocast when the CPU has native bf16 dot products (``avx512_bf16``/AMX), else fp32. Measured on the
-  2-core Zen 4 (avx512_bf16) dev machine: a training step of a 2-layer d=768 model at 4×512 ran 1.5–1.8× faster
-  with bf16 autocast than in fp32 (docs/performance.md). The master weights and optimizer stay fp32 either way.
+- CPU: bf16 autocast when the CPU has native bf16 dot products (``avx512_bf16``/AMX), else fp32: there a training
+  step runs markedly faster in bf16 (the measurement: docs/performance.md, "CPU precision default"). The master
+  weights and optimizer stay fp32 either way.
 """
 
 from __future__ import annotations

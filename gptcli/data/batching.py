@@ -27,7 +27,7 @@ from typing import Iterator, Sequence, TypeVar
 import torch
 
 from gptcli.data.transforms import Encoded
-from gptcli.model.packed import Packing
+from gptcli.model.packed import Packing, to_device
 
 T = TypeVar("T")
 
@@ -54,14 +54,9 @@ class Batch:
     sequences end to end, and this says where each one starts and ends."""
 
     def to(self, device: torch.device | str) -> "Batch":
-        # To a GPU from pinned memory and without waiting: the host goes on preparing the next batch meanwhile.
-        nb = device != "cpu" and torch.device(device).type == "cuda"
-
-        def send(t: torch.Tensor) -> torch.Tensor:
-            return t.pin_memory().to(device, non_blocking=True) if nb else t.to(device)
-
-        return Batch(send(self.ids), send(self.mask), None if self.labels is None else send(self.labels),
-                     self.index, self.n_seqs, None if self.packing is None else self.packing.to(device))
+        labels = None if self.labels is None else to_device(self.labels, device)
+        return Batch(to_device(self.ids, device), to_device(self.mask, device), labels, self.index, self.n_seqs,
+                     None if self.packing is None else self.packing.to(device))
 
     @property
     def size(self) -> int:
@@ -73,38 +68,41 @@ class Batch:
         return int(self.mask.sum().item())
 
 
-def collate(items: Sequence[Encoded], regression: bool = False) -> Batch:
-    """Pad a list of encoded examples (all with the same number of sequences) to their longest sequence."""
+def _rows(items: Sequence[Encoded]) -> tuple[int, list[list[int]]]:
+    """(sequences per example, every example's sequences in order); the examples must agree on the first."""
     n_seqs = len(items[0].seqs)
     if any(len(it.seqs) != n_seqs for it in items):
         raise ValueError("examples in one batch must have the same number of sequences")
-    rows = [s for it in items for s in it.seqs]
+    return n_seqs, [s for it in items for s in it.seqs]
+
+
+def _labels_and_index(items: Sequence[Encoded], regression: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The examples' labels (None unless every one has a label) and their positions in the encoded list."""
+    labels = None
+    if all(it.label is not None for it in items):
+        labels = torch.tensor([it.label for it in items], dtype=torch.float32 if regression else torch.long)
+    return labels, torch.tensor([it.index for it in items], dtype=torch.long)
+
+
+def collate(items: Sequence[Encoded], regression: bool = False) -> Batch:
+    """Pad a list of encoded examples (all with the same number of sequences) to their longest sequence."""
+    n_seqs, rows = _rows(items)
     T = max(len(s) for s in rows)
     ids = torch.full((len(rows), T), PAD_ID, dtype=torch.long)
     mask = torch.zeros((len(rows), T), dtype=torch.float32)
     for r, s in enumerate(rows):
         ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
         mask[r, : len(s)] = 1.0
-    labels = None
-    if all(it.label is not None for it in items):
-        labels = torch.tensor([it.label for it in items], dtype=torch.float32 if regression else torch.long)
-    index = torch.tensor([it.index for it in items], dtype=torch.long)
-    return Batch(ids, mask, labels, index, n_seqs)
+    return Batch(ids, mask, *_labels_and_index(items, regression), n_seqs)
 
 
 def collate_packed(items: Sequence[Encoded], extract_id: int, regression: bool = False) -> Batch:
     """The examples' sequences end to end in one row, with no padding (``gptcli.model.packed``): the same
     sequences, labels and order as :func:`collate`, laid out so that no layer computes on a pad."""
-    n_seqs = len(items[0].seqs)
-    if any(len(it.seqs) != n_seqs for it in items):
-        raise ValueError("examples in one batch must have the same number of sequences")
-    rows = [s for it in items for s in it.seqs]
+    n_seqs, rows = _rows(items)
     ids = torch.tensor([t for s in rows for t in s], dtype=torch.long).unsqueeze(0)
-    labels = None
-    if all(it.label is not None for it in items):
-        labels = torch.tensor([it.label for it in items], dtype=torch.float32 if regression else torch.long)
-    index = torch.tensor([it.index for it in items], dtype=torch.long)
-    return Batch(ids, torch.ones_like(ids, dtype=torch.float32), labels, index, n_seqs, Packing.of(rows, extract_id))
+    return Batch(ids, torch.ones_like(ids, dtype=torch.float32), *_labels_and_index(items, regression), n_seqs,
+                 Packing.of(rows, extract_id))
 
 
 def collate_shared(items: Sequence[Encoded], extract_id: int, regression: bool = False) -> Batch:
@@ -120,11 +118,8 @@ def collate_shared(items: Sequence[Encoded], extract_id: int, regression: bool =
         answers.append([s[cut:] for s in it.seqs])
     ids, packing = Packing.shared(prefixes, answers, extract_id)
     row = torch.tensor(ids, dtype=torch.long).unsqueeze(0)
-    labels = None
-    if all(it.label is not None for it in items):
-        labels = torch.tensor([it.label for it in items], dtype=torch.float32 if regression else torch.long)
-    index = torch.tensor([it.index for it in items], dtype=torch.long)
-    return Batch(row, torch.ones_like(row, dtype=torch.float32), labels, index, len(items[0].seqs), packing)
+    return Batch(row, torch.ones_like(row, dtype=torch.float32), *_labels_and_index(items, regression),
+                 len(items[0].seqs), packing)
 
 
 def _common_prefix(seqs: Sequence[Sequence[int]]) -> int:

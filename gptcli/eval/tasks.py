@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Literal, Sequence
 
 from gptcli.checkpoint import Checkpoint, atomic_directory, load_checkpoint, read_header, resolve_checkpoint
 from gptcli.data.batching import iterate, subsample
@@ -86,7 +86,7 @@ class EvalConfig:
     """Perplexity on only the first N batches."""
     verify: bool = True
     """Check each checkpoint's files (and with --data the corpus's shards) against their checksums first."""
-    layout: str = "packed"
+    layout: Literal["packed", "padded"] = "packed"
     """How task batches are laid out: ``packed`` (each batch's sequences end to end with no padding, and a
     multiple-choice example's shared context run once for all its answers) or ``padded`` (the reference). Same
     predictions; an LSTM is always padded. (gptcli/model/packed.py)"""

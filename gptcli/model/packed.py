@@ -124,14 +124,17 @@ class Packing:
         return max((n + (self.lengths[p] if p >= 0 else 0) for n, p in zip(self.lengths, self.parents)), default=0)
 
     def to(self, device: torch.device | str) -> "Packing":
-        # From pinned memory and without waiting on a GPU, as the batch's ids (gptcli.data.batching.Batch.to).
-        cuda = torch.device(device).type == "cuda"
+        moved = [to_device(t, device) for t in (self.positions, self.extract, self.lm_inputs, self.lm_rows,
+                                                 self.lm_counts)]
+        return Packing(self.lengths, *moved, self.parents)
 
-        def send(t: torch.Tensor) -> torch.Tensor:
-            return t.pin_memory().to(device, non_blocking=True) if cuda else t.to(device)
 
-        return Packing(self.lengths, send(self.positions), send(self.extract), send(self.lm_inputs),
-                       send(self.lm_rows), send(self.lm_counts), self.parents)
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``t`` on ``device``; to a GPU from pinned memory and without waiting, so the host goes on preparing the next
+    batch meanwhile (used for every tensor of a batch: gptcli.data.batching.Batch.to)."""
+    if torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 _CAUSAL: dict[torch.device, torch.Tensor] = {}

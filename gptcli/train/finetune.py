@@ -739,7 +739,7 @@ class Run:
     """The gradient norm of the last update read."""
     last_loss: float = float("nan")
     """The global loss of the last update read."""
-    pending_lr: float = 0.0
+    last_lr: float = 0.0
     """The learning rate of the last update read."""
 
     def log(self, record: dict[str, Any]) -> None:
@@ -944,7 +944,7 @@ def train_one_epoch(run: Run, batches: list[list[int]], report: Progress, stop: 
             _settle(run)
         if logging:
             _log_train(run, run.epoch, run.window_loss / run.window_n)
-            report.advance(1, epoch=f"{run.epoch}/{c.epochs}", loss=run.last_loss, lr=run.pending_lr)
+            report.advance(1, epoch=f"{run.epoch}/{c.epochs}", loss=run.last_loss, lr=run.last_lr)
             run.window_loss, run.window_n = 0.0, 0
         else:
             report.advance(1)
@@ -960,8 +960,8 @@ def _queue_update(run: Run, idx: Sequence[int]) -> None:
     """Queue the update of global batch ``idx`` on the device; its figures wait in ``run.pending``."""
     parts = micro_batches(idx, run.par.rank, run.par.world_size, run.config.micro_batch_size)
     regression = run.task.kind == "regression"
-    if run.config.layout == "packed" and isinstance(run.model.gpt, GPT):  # the LSTM has no packed path
-        extract = run.model.head.config.extract_id
+    extract = _packed_extract(run)
+    if extract is not None:
         host = [collate_packed([run.train_enc[i] for i in chunk], extract, regression) for chunk, _, _ in parts]
     else:
         host = [collate([run.train_enc[i] for i in chunk], regression) for chunk, _, _ in parts]
@@ -1000,7 +1000,7 @@ def _settle(run: Run) -> None:
         run.window_loss += loss
         run.window_n += 1
         run.loss.reduced, run.grad_norm, run.last_loss = terms, norm, loss
-    run.pending_lr = pending[-1].result.lr
+    run.last_lr = pending[-1].result.lr
 
 
 def rank_share(idx: Sequence[int], rank: int, world_size: int) -> list[int]:
@@ -1048,7 +1048,7 @@ def _global_figures(run: Run, updates: list[tuple[float, int, dict[str, float]]]
 def _log_train(run: Run, epoch: int, loss: float) -> None:
     now = time.perf_counter()
     run.log({"kind": "train", "step": run.step, "epoch": epoch, "loss": loss, **run.loss.means(),
-                    "lr": run.pending_lr, "grad_norm": run.grad_norm, "tokens": run.tokens,
+                    "lr": run.last_lr, "grad_norm": run.grad_norm, "tokens": run.tokens,
                     "tokens_per_s": round(run.window_tokens / max(now - run.t_log, 1e-9), 1),
                     "elapsed_s": round(now - run.t0, 3)})
     run.window_tokens, run.t_log = 0, now
@@ -1102,13 +1102,13 @@ def predict_dev(run: Run, stop: GracefulStop | None = None) -> list[Any]:
     c, par = run.config, run.par
     size, regression = c.eval_batch_size or 2 * c.batch_size, run.task.kind == "regression"
     if par.world_size == 1:
-        batches = iterate(run.dev_enc, size, shuffle=False, regression=regression, shared_extract=_shared_extract(run))
+        batches = iterate(run.dev_enc, size, shuffle=False, regression=regression, shared_extract=_packed_extract(run))
         preds, _ = predict(run.model, batches if stop is None else _until_stopped(batches, stop), run.device,
                            run.precision)
         return preds
     mine = [run.dev_enc[i] for i in eval_shard([e.length for e in run.dev_enc], par.rank, par.world_size)]
     preds, _ = predict(run.model, iterate(mine, size, shuffle=False, regression=regression,
-                                          shared_extract=_shared_extract(run)), run.device,
+                                          shared_extract=_packed_extract(run)), run.device,
                        run.precision)
     merged: dict[int, Any] = {}
     for shard in par.gather(list(zip(sorted(e.index for e in mine), preds))):  # predict orders by index
@@ -1116,8 +1116,9 @@ def predict_dev(run: Run, stop: GracefulStop | None = None) -> list[Any]:
     return [merged[i] for i in sorted(merged)]
 
 
-def _shared_extract(run: Run) -> int | None:
-    """The extract id that packs dev batches (``layout`` packed, a Transformer body), or None for padded ones."""
+def _packed_extract(run: Run) -> int | None:
+    """The extract id batches are packed with (``layout`` packed and a Transformer body: the LSTM has no packed
+    path), or None for padded batches."""
     packed = run.config.layout == "packed" and isinstance(run.model.gpt, GPT)
     return run.model.head.config.extract_id if packed else None
 

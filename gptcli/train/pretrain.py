@@ -636,11 +636,12 @@ def _settle(run: TrainingRun, result: StepResult) -> tuple[float, float]:
     the last sync point had a non-finite loss (on any rank)."""
     par = run.plan.par
     bad = run.watch.first()
-    # The smallest bad update over the ranks, as a max of its negation (0: none anywhere).
-    worst = -par.max([-float(bad[0]) if bad else -math.inf])[0] if par.world_size > 1 else (bad[0] if bad else math.inf)
-    if math.isfinite(worst):
-        update = int(worst)
-        loss = bad[1] if bad and bad[0] == update else float("nan")
+    first = float(bad[0]) if bad else math.inf
+    if par.world_size > 1:
+        first = -par.max([-first])[0]  # the earliest bad update of any rank
+    if math.isfinite(first):
+        update = int(first)
+        loss = bad[1] if bad and bad[0] == update else float("nan")  # another rank's: its value stayed there
         run.step = update - 1  # the weights before that update produced it: the ones to distrust
         raise _diverged(run, f"loss became {loss} at update {update}")
     return result.read()
