@@ -143,7 +143,7 @@ def bench_shape(shape: str, args: argparse.Namespace) -> list[dict]:
     import torch
 
     from gptcli.tokenizers.openai import OpenAIBPETokenizer
-    from gptcli.train.finetune import TaskLoss
+    from gptcli.train.finetune_loss import TaskLoss
     from gptcli.train.optim import make_optimizer
     from gptcli.train.trainer import Trainer
 

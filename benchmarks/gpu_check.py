@@ -669,7 +669,7 @@ def check_packed_finetune(ctx: Ctx) -> str:
     from gptcli.data.transforms import Encoded
     from gptcli.model.classifier import FinetuneModel
     from gptcli.model.heads import HeadConfig, TaskHead
-    from gptcli.train.finetune import TaskLoss
+    from gptcli.train.finetune_loss import TaskLoss
 
     body = build(ctx, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)  # no dropout: the two layouts must agree
     body.add_special_tokens(3)

@@ -27,7 +27,8 @@ import torch
 
 from _machine import cpu_model
 from gptcli.data.shards import open_corpus
-from gptcli.train.pretrain import PretrainConfig, pretrain, unigram_loss
+from gptcli.train.pretrain import PretrainConfig, pretrain
+from gptcli.train.pretrain_hints import unigram_loss
 
 
 def run_one(corpus: Path, out: Path, preset: str, lr: float, init_std: float, seed: int, a: argparse.Namespace) -> dict[str, Any]:

@@ -15,7 +15,8 @@ from pathlib import Path
 from gptcli.checkpoint import newest_intact
 from gptcli.outputs import check_output
 from gptcli.train.distributed import LaunchSpec
-from gptcli.train.pretrain import PretrainConfig, check_launch, check_settings, has_checkpoints, open_training_corpus
+from gptcli.train.pretrain import PretrainConfig, check_launch, check_settings, open_training_corpus
+from gptcli.train.run.directory import has_checkpoints
 
 
 def plan_pretrain_launch(config: PretrainConfig, spec: LaunchSpec) -> PretrainConfig:

@@ -1,9 +1,10 @@
 """The training-loop core shared by pretraining and fine-tuning.
 
-What is the same for every stage lives here: one optimizer update from several micro-batches (gradient
-accumulation), mixed precision (autocast, and a GradScaler for fp16), global-norm clipping, the learning-rate
-schedule, the non-finite-loss guard, cadences, and clean stopping on SIGINT/SIGTERM. What differs — the model, the
-data and the loss — is passed in: ``loss_fn(model, micro_batch) -> scalar loss``.
+What is the same for every update lives here: one optimizer update from several micro-batches (gradient
+accumulation), mixed precision (autocast, and a GradScaler for fp16), global-norm clipping and the learning-rate
+schedule. What differs — the model, the data and the loss — is passed in: ``loss_fn(model, micro_batch) -> scalar
+loss``. The loop around the updates (sync points, the non-finite policy, checkpoints, signals) is the run machinery's
+(:mod:`gptcli.train.run.loop`).
 
 Data parallelism is applied from outside: wrap the model in ``DistributedDataParallel`` before handing it over.
 :meth:`Trainer.step` then skips the gradient all-reduce on all but the last micro-batch (``model.no_sync()``), and
@@ -13,22 +14,14 @@ the caller decides which rank writes (``is_main``).
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn as nn
 
-from gptcli.errors import GPT1Error
 from gptcli.train.optim import set_lr
 from gptcli.runtime import Precision, autocast
-
-
-class NonFiniteLossError(GPT1Error):
-    """The loss (or the weights) became NaN or infinite; the message names the newest checkpoint saved before the
-    divergence, or says there is none."""
 
 
 @dataclass
@@ -91,7 +84,7 @@ class Trainer:
         # Nothing here reads a tensor back to the host: on a GPU an update of the paper's model takes about as long
         # as launching its kernels, so a wait per update would idle the device. A non-finite loss is not skipped
         # here (that needs its value on the host); the loop watches for it on the device and stops at its next
-        # read (:class:`NonFiniteWatch`), before any checkpoint is written from the weights that followed.
+        # read (gptcli.train.run.loop.NonFiniteWatch), before any checkpoint is written from the weights after it.
         self.scaler.unscale_(self.optimizer)
         if self.grad_clip and self.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
@@ -103,73 +96,9 @@ class Trainer:
         return StepResult(total / n, norm.detach().float(), lr)
 
 
-class NonFiniteWatch:
-    """The first update whose loss was not finite, tracked on the device between two reads.
-
-    :meth:`observe` costs two small device ops and no wait; :meth:`first` reads the record back (one transfer)
-    and is called on logging updates and before anything is saved, so a divergence is caught at the next such
-    update at the latest and never written into a checkpoint."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.update = torch.full((), -1, dtype=torch.int64, device=device)
-        """1-based number of the first non-finite update, or -1."""
-        self.loss = torch.zeros((), device=device)
-        """That update's loss."""
-
-    def observe(self, update: int, loss: torch.Tensor) -> None:
-        new = ~torch.isfinite(loss) & (self.update < 0)
-        self.update = torch.where(new, update, self.update)
-        self.loss = torch.where(new, loss, self.loss)
-
-    def first(self) -> tuple[int, float] | None:
-        """(update, loss) of the first non-finite loss seen, or None."""
-        update, loss = torch.stack([self.update.double(), self.loss.double()]).tolist()
-        return (int(update), loss) if update >= 0 else None
-
-
 def split_micro_batches(batch: torch.Tensor, micro_batch_size: int) -> list[torch.Tensor]:
     """Rows of ``batch`` in chunks of ``micro_batch_size`` (gradient accumulation)."""
     return list(batch.split(micro_batch_size, dim=0))
-
-
-def every(step: int, interval: int | None) -> bool:
-    """True on steps ``interval, 2·interval, …`` (``step`` counts completed updates)."""
-    return bool(interval) and interval > 0 and step % interval == 0
-
-
-class GracefulStop:
-    """Turns the first SIGINT/SIGTERM into a flag the loop checks between updates (so it can checkpoint and
-    exit cleanly); a second signal interrupts at once unless ``escalate=False`` (DDP workers, which receive one
-    Ctrl-C twice — from the terminal and from the launcher — and must still checkpoint). Handlers are restored
-    on exit."""
-
-    def __init__(self, signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM), escalate: bool = True) -> None:
-        self.signals = signals
-        self.escalate = escalate
-        self.requested: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def _handle(self, signum, frame) -> None:  # noqa: ARG002
-        if self.requested is not None:
-            if self.escalate:
-                raise KeyboardInterrupt
-            return
-        self.requested = signum
-
-    def __enter__(self) -> "GracefulStop":
-        if threading.current_thread() is threading.main_thread():
-            for s in self.signals:
-                self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)
-        self._old.clear()
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.requested).name if self.requested else ""
 
 
 class Parallel:
@@ -211,6 +140,20 @@ class Parallel:
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` in rank order, on every rank (e.g. each rank's share of the dev predictions)."""
         return [obj]
+
+
+def seed_rank_rng(seed: int, rank: int, step: int) -> None:
+    """Give every rank but 0 its own dropout stream from here on.
+
+    Dropout draws from the global RNG, and every rank starts alike: all are seeded with ``seed`` so they build the
+    same weights, and a resumed run restores rank 0's saved RNG state on every rank. Left so, each rank would drop
+    the same units at the same positions of its own batch — correlated masks where data parallelism should
+    average ``world_size`` independent ones. Rank 0 keeps the single-process stream (a 1-process run and rank 0 of
+    an N-process run draw the same masks); rank r > 0 is reseeded from (seed, rank, step), so a resume at the same
+    step reproduces it.
+    """
+    if rank > 0:
+        torch.manual_seed((seed * 1_000_003 + rank * 7_919 + step) % (2**63 - 1))
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -74,10 +74,11 @@ def test_an_unknown_mode_is_one_line_and_starts_nothing(tmp_path, capsys) -> Non
 def test_a_resume_may_change_it() -> None:
     """How the run is computed, not what: pretraining takes a change silently (as device and precision), fine-tuning
     notes it (as device and precision); neither refuses it."""
-    from gptcli.train import finetune, pretrain
+    from gptcli.train.finetune_config import RULES as FINETUNE
+    from gptcli.train.pretrain_config import RULES as PRETRAIN
 
-    assert "kernels" not in pretrain.RUN_DEFINING + pretrain.ADJUSTABLE
-    assert "kernels" in finetune.ADJUSTABLE and "kernels" not in finetune.RUN_DEFINING
+    assert "kernels" in PRETRAIN.silent
+    assert "kernels" in FINETUNE.adjustable
 
 
 def test_a_pretraining_run_resumes_under_the_other_mode(tmp_path, capsys) -> None:

@@ -101,7 +101,7 @@ def test_levels_from_the_evaluated_split_are_marked(real):
 
 
 def test_the_per_epoch_line_shows_the_level():
-    from gptcli.train.finetune import _epoch_line
+    from gptcli.train.finetune_dev import epoch_line as _epoch_line
 
     rte = get_task("rte")
     train = [Example(("p", "h"), label=y) for y in [0, 0, 0, 1]]

@@ -136,16 +136,18 @@ def test_an_interrupted_first_run_is_marked_and_simply_run_again(made, tmp_path,
     import gptcli.train.finetune as ft
 
     run = tmp_path / "rte"
-    real = ft.evaluate_epoch
+    import gptcli.train.finetune_job as ft_job
+
+    real = ft_job.evaluate_epoch
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ft, "evaluate_epoch", interrupted)
+    monkeypatch.setattr(ft_job, "evaluate_epoch", interrupted)
     args = ["finetune", "--init", made / "pre", "--out", run, "--data-dir", made / "RTE", *FT]
     assert gpt1(capsys, *args)[0] == 130
     assert kind_of(run) == "finetune-run" and not (run / "checkpoints").exists()
-    monkeypatch.setattr(ft, "evaluate_epoch", real)
+    monkeypatch.setattr(ft_job, "evaluate_epoch", real)
     code, text = gpt1(capsys, *args)  # nothing finished to lose: no --overwrite needed
     assert code == 0, text
     assert (run / "checkpoints" / "final").is_dir() and (run / "results.json").is_file()

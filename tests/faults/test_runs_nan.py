@@ -13,6 +13,7 @@ import torch
 from corpus_helpers import random_corpus
 
 import gptcli.train.pretrain as pretrain_mod
+from gptcli.train.run.loop import NonFiniteLossError
 from gptcli.checkpoint import load_checkpoint
 from gptcli.train.pretrain import PretrainConfig, pretrain
 from gptcli.train.trainer import Trainer
@@ -47,7 +48,7 @@ def test_weights_that_diverge_are_never_saved_and_the_guard_names_an_earlier_che
 
     monkeypatch.setattr(Trainer, "step", poisoning)
     run = tmp_path / "run"
-    with pytest.raises(pretrain_mod.NonFiniteLossError) as e:
+    with pytest.raises(NonFiniteLossError) as e:
         pretrain(_cfg(corpus, run))
     msg = str(e.value)
     good = run / "checkpoints" / "step-0000002"
@@ -70,7 +71,7 @@ def test_a_nan_loss_names_the_checkpoint_before_the_weights_that_produced_it(cor
 
     monkeypatch.setattr(pretrain_mod, "lm_loss", poisoned)
     run = tmp_path / "run"
-    with pytest.raises(pretrain_mod.NonFiniteLossError) as e:
+    with pytest.raises(NonFiniteLossError) as e:
         pretrain(_cfg(corpus, run))
     msg = str(e.value)
     assert "loss became nan at update 5" in msg
@@ -82,7 +83,7 @@ def test_a_divergence_before_any_checkpoint_says_there_is_none(corpus, tmp_path,
     real = pretrain_mod.lm_loss
     monkeypatch.setattr(pretrain_mod, "lm_loss", lambda m, b: real(m, b) * float("nan"))
     run = tmp_path / "run"
-    with pytest.raises(pretrain_mod.NonFiniteLossError, match="no checkpoint was saved before the divergence"):
+    with pytest.raises(NonFiniteLossError, match="no checkpoint was saved before the divergence"):
         pretrain(_cfg(corpus, run, save_every=0))
     assert not (run / "checkpoints").exists()
 

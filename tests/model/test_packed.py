@@ -18,7 +18,8 @@ from gptcli.model.heads import HeadConfig, TaskHead
 from gptcli.model.losses import lm_loss_per_sequence, lm_loss_per_sequence_packed
 from gptcli.model.packed import Packing
 from gptcli.tasks import get_task
-from gptcli.train.finetune import FinetuneConfig, build_body, encode_task_data, read_task_data
+from gptcli.train.finetune import FinetuneConfig
+from gptcli.train.finetune_setup import build_body, encode_task_data, read_task_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TOL = dict(rtol=1e-5, atol=1e-5)

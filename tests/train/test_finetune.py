@@ -13,7 +13,8 @@ import torch
 
 from gptcli.checkpoint import load_checkpoint, save_checkpoint
 from gptcli.errors import GPT1Error
-from gptcli.train.finetune import FinetuneConfig, build_body, finetune
+from gptcli.train.finetune import FinetuneConfig, finetune
+from gptcli.train.finetune_setup import build_body
 from gptcli.model.gpt import GPT
 from gptcli.eval.tasks import evaluate_task, load_results
 from gptcli.progress import RecordingProgress
@@ -184,13 +185,13 @@ def test_lm_weight_zero_disables_the_lm_term(pretrained, shared_data, tmp_path):
 
 @pytest.mark.parametrize("select,epoch", [("best", 2), ("last", 3)])
 def test_select_best_or_last(select, epoch, pretrained, shared_data, tmp_path, monkeypatch):
-    import gptcli.train.finetune as ft
+    import gptcli.train.finetune_job as ft_job
 
     scores = iter([60.0, 80.0, 70.0])
-    monkeypatch.setattr(ft, "score_predictions", lambda task, preds, ex: {"accuracy": next(scores)})
+    monkeypatch.setattr(ft_job, "score_predictions", lambda task, preds, ex: {"accuracy": next(scores)})
     snaps = []
-    real = ft._cpu_state
-    monkeypatch.setattr(ft, "_cpu_state", lambda m: snaps.append(real(m)) or snaps[-1])
+    real = ft_job.cpu_state
+    monkeypatch.setattr(ft_job, "cpu_state", lambda m: snaps.append(real(m)) or snaps[-1])
     res = finetune(_cfg("rte", pretrained, tmp_path / select, shared_data / "glue" / "RTE", epochs=3, select=select))
     assert res.results["epoch"] == epoch and res.results["scores"] == {"accuracy": [60.0, 80.0, 70.0][epoch - 1]}
     ck = load_checkpoint(tmp_path / select)
@@ -272,12 +273,12 @@ def test_finetune_reports_through_the_progress_protocol(pretrained, shared_data,
 
 
 def test_finetune_ends_its_stage_when_training_fails(pretrained, shared_data, tmp_path, monkeypatch):
-    import gptcli.train.finetune as ft
+    import gptcli.train.finetune_job as ft_job
 
     def boom(*a, **k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(ft, "score_predictions", boom)
+    monkeypatch.setattr(ft_job, "score_predictions", boom)
     rec = RecordingProgress()
     with pytest.raises(RuntimeError, match="boom"):
         finetune(_cfg("rte", pretrained, tmp_path / "run", shared_data / "glue" / "RTE"), progress=rec)

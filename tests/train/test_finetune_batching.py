@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import random
 import signal
-from types import SimpleNamespace
 
 import pytest
 
 import gptcli.train.finetune as ft
+from gptcli.train.finetune_job import epoch_batches, lr_schedule
 from gptcli.data.batching import bucketed_batches, random_batches
 from gptcli.errors import GPT1Error
 from gptcli.progress import Progress
@@ -31,12 +31,12 @@ def _released(x, warmup=0.002):
 def test_defaults_are_the_released_codes():
     c = FinetuneConfig()
     assert c.batching == "random" and c.schedule == "warmup_linear" and c.warmup == 0.002
-    assert "batching" in ft.RUN_DEFINING and "schedule" in ft.RUN_DEFINING
+    assert "batching" in ft.RULES.defining and "schedule" in ft.RULES.defining
     total = 2491  # MNLI-sized: 0.2% warm-up is 4.98 updates
-    sched = ft.lr_schedule(c, total)
+    sched = lr_schedule(c, total)
     assert [sched(t) for t in range(total)] == [c.lr * _released(t / total) for t in range(total)]
     # The earlier schedule stays available: a warm-up of ceil(0.002·T) updates, then decay from its end.
-    old = ft.lr_schedule(FinetuneConfig(schedule="linear"), total)
+    old = lr_schedule(FinetuneConfig(schedule="linear"), total)
     assert [old(t) for t in range(total)] == [lr_at(t, total, c.lr, 5, "linear") for t in range(total)]
     assert old(0) == c.lr / 5 and sched(0) == 0.0
 
@@ -45,12 +45,11 @@ def test_defaults_are_the_released_codes():
 def test_epoch_batches_follow_the_batching_setting(batching):
     lengths = [random.Random(i).randint(3, 90) for i in range(100)]
     rng = random.Random(42)
-    run = SimpleNamespace(config=FinetuneConfig(batching=batching, batch_size=8), shuffle=rng,
-                          epoch_rng=rng.getstate(), train_enc=[SimpleNamespace(length=n) for n in lengths])
+    config, start = FinetuneConfig(batching=batching, batch_size=8), rng.getstate()
     want = (random_batches(100, 8, random.Random(42)) if batching == "random"
             else bucketed_batches(lengths, 8, shuffle=True, rng=random.Random(42)))
-    assert ft.epoch_batches(run) == want
-    assert ft.epoch_batches(run) == want  # rebuilt from the epoch's saved RNG state, as a resume does
+    assert epoch_batches(config, lengths, rng, start) == want
+    assert epoch_batches(config, lengths, rng, start) == want  # rebuilt from the epoch's saved RNG state, as a resume does
 
 
 @pytest.fixture(scope="module")

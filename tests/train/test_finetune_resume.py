@@ -20,10 +20,13 @@ from pathlib import Path
 import pytest
 
 import gptcli.train.finetune as ft
+import gptcli.train.finetune_dev as ft_dev
+import gptcli.train.finetune_job as ft_job
 from gptcli.checkpoint import read_header, verify_checkpoint
 from gptcli.errors import GPT1Error
 from gptcli.progress import Progress, RecordingProgress
-from gptcli.train.finetune import ADJUSTABLE, RUN_DEFINING, UNCOMPARED, FinetuneConfig, finetune
+from gptcli.train.finetune import FinetuneConfig, finetune
+from gptcli.train.finetune_config import RULES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -158,7 +161,7 @@ def test_signal_at_an_epoch_boundary_before_its_dev_score(pretrained, data, refe
 
 def test_signal_during_the_dev_evaluation_abandons_it_and_redoes_it(pretrained, data, reference, tmp_path,
                                                                    monkeypatch):
-    real, calls = ft.predict, []
+    real, calls = ft_dev.predict, []
 
     def predict(model, batches, *a, **k):
         calls.append(1)
@@ -166,30 +169,30 @@ def test_signal_during_the_dev_evaluation_abandons_it_and_redoes_it(pretrained, 
             os.kill(os.getpid(), signal.SIGINT)
         return real(model, batches, *a, **k)
 
-    monkeypatch.setattr(ft, "predict", predict)
+    monkeypatch.setattr(ft_dev, "predict", predict)
     run = tmp_path / "run"
     res = finetune(_cfg(pretrained, data, run), progress=RecordingProgress())
     assert res.stopped_by == "SIGINT" and res.step == 10 and len(res.history) == 1
     evals = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
     assert len(evals) == 1  # the abandoned evaluation logged nothing
-    monkeypatch.setattr(ft, "predict", real)
+    monkeypatch.setattr(ft_dev, "predict", real)
     finetune(_cfg(pretrained, data, run, resume=True))
     assert outcome(run) == reference
 
 
 def test_signal_after_the_dev_score_stops_at_the_epoch_end_checkpoint(pretrained, data, reference, tmp_path,
                                                                       monkeypatch):
-    real = ft.score_predictions
+    real = ft_job.score_predictions
 
     def score(*a, **k):
         os.kill(os.getpid(), signal.SIGINT)
         return real(*a, **k)
 
-    monkeypatch.setattr(ft, "score_predictions", score)
+    monkeypatch.setattr(ft_job, "score_predictions", score)
     run = tmp_path / "run"
     res = finetune(_cfg(pretrained, data, run))
     assert res.stopped_by == "SIGINT" and res.step == 5 and len(res.history) == 1 and _steps(run) == ["step-0000005"]
-    monkeypatch.setattr(ft, "score_predictions", real)
+    monkeypatch.setattr(ft_job, "score_predictions", real)
     finetune(_cfg(pretrained, data, run, resume=True))
     assert outcome(run) == reference
 
@@ -201,18 +204,18 @@ def test_crash_between_an_epoch_score_and_its_checkpoint_logs_the_score_once(pre
     checkpoint had not seen it, so the next resume must drop it (records are kept by count, not by step)."""
     run = tmp_path / "run"
     finetune(_cfg(pretrained, data, run), progress=SignalAt(5))
-    real = ft.save_step
+    real = ft_job.FinetuneJob.save
 
-    def crash(r):
-        if r.evaluated:
+    def crash(job):
+        if job.evaluated:
             raise KeyboardInterrupt
-        real(r)
+        return real(job)
 
-    monkeypatch.setattr(ft, "save_step", crash)
+    monkeypatch.setattr(ft_job.FinetuneJob, "save", crash)
     with pytest.raises(KeyboardInterrupt):
         finetune(_cfg(pretrained, data, run, resume=True))
     assert sum('"eval"' in x for x in (run / "metrics.jsonl").read_text().splitlines()) == 1
-    monkeypatch.setattr(ft, "save_step", real)
+    monkeypatch.setattr(ft_job.FinetuneJob, "save", real)
     finetune(_cfg(pretrained, data, run, resume=True))
     assert outcome(run) == reference
 
@@ -238,7 +241,7 @@ def test_best_epoch_weights_survive_a_resume(pretrained, data, tmp_path, monkeyp
         n["calls"] += 1
         return {"accuracy": scores[n["calls"] - 1]}
 
-    monkeypatch.setattr(ft, "score_predictions", score)
+    monkeypatch.setattr(ft_job, "score_predictions", score)
     ref = tmp_path / "ref"
     finetune(_cfg(pretrained, data, ref))
     assert json.loads((ref / "results.json").read_text())["epoch"] == 2
@@ -364,8 +367,8 @@ def test_harmless_settings_may_change(pretrained, data, stopped, reference):
 
 def test_every_setting_is_classified_for_resume():
     fields = {f.name for f in dataclasses.fields(FinetuneConfig)}
-    assert set(RUN_DEFINING) | set(ADJUSTABLE) | set(UNCOMPARED) == fields
-    assert len(RUN_DEFINING) + len(ADJUSTABLE) + len(UNCOMPARED) == len(fields)
+    assert set(RULES.defining) | set(RULES.adjustable) | set(RULES.silent) == fields
+    assert len(RULES.defining) + len(RULES.adjustable) + len(RULES.silent) == len(fields)
 
 
 # --------------------------------------------------------------------------------------------- what --out may hold
@@ -414,7 +417,7 @@ def test_sigint_through_the_command_line_exits_130_and_says_how_to_continue(pret
                                                                            capsys, monkeypatch):
     from gptcli.cli import main
 
-    real, calls = ft.predict, []
+    real, calls = ft_dev.predict, []
 
     def predict(*a, **k):
         calls.append(1)
@@ -422,7 +425,7 @@ def test_sigint_through_the_command_line_exits_130_and_says_how_to_continue(pret
             os.kill(os.getpid(), signal.SIGINT)
         return real(*a, **k)
 
-    monkeypatch.setattr(ft, "predict", predict)
+    monkeypatch.setattr(ft_dev, "predict", predict)
     run = tmp_path / "run"
     args = ["finetune", "--task", "sst2", "--init", pretrained, "--out", run, "--data-dir", data, "--batch-size", "8",
             "--epochs", "3", "--lr", "1e-3", "--device", "cpu", "--precision", "fp32", "--log-every", "2",
@@ -432,7 +435,7 @@ def test_sigint_through_the_command_line_exits_130_and_says_how_to_continue(pret
     err = capsys.readouterr().err
     assert e.value.code == 130 and "Traceback" not in err
     assert "stopped by SIGINT at update 5/15" in err and f"gpt1 finetune --out {run} --resume" in " ".join(err.split())
-    monkeypatch.setattr(ft, "predict", real)
+    monkeypatch.setattr(ft_dev, "predict", real)
     with pytest.raises(SystemExit) as e:  # the run's config.toml supplies every other setting
         main(["finetune", "--out", str(run), "--resume", "-q"])
     assert e.value.code == 0, capsys.readouterr().err

@@ -23,6 +23,7 @@ from gptcli.progress import RecordingProgress
 from gptcli.runtime import peak_for_gpu_name, resolve_precision
 from gptcli.train import distributed
 from gptcli.train import pretrain as pretrain_mod
+from gptcli.train.run.loop import NonFiniteLossError
 from gptcli.train.optim import make_optimizer
 from gptcli.train.pretrain import PretrainConfig, RunPlan, pretrain
 
@@ -161,7 +162,10 @@ def host_reads(monkeypatch):
 
 
 def _loop_reads(seen) -> list[tuple[str, tuple[str, ...]]]:
-    return [(f, chain) for f, chain in seen if "_train" in chain]
+    """The reads the update loop makes for its updates: not those of an evaluation or of the weights' check before a
+    checkpoint, which the loop also runs (at the end, and on their cadences)."""
+    return [(f, chain) for f, chain in seen
+            if "train" in chain and "evaluate" not in chain and "check_weights" not in chain]
 
 
 @pytest.mark.parametrize("log_every", [1, 4])
@@ -172,7 +176,7 @@ def test_a_pretraining_update_reads_nothing_back_except_when_it_is_logged(tmp_pa
                             log_every=log_every, device="cpu", precision="fp32", peak_flops=1e11))
     loop = _loop_reads(host_reads)
     assert loop, "the loop reads its figures somewhere"
-    assert not [r for r in loop if "_update" in r[1] or "step" in r[1]], loop  # queued updates never wait
+    assert not [r for r in loop if "update" in r[1] or "step" in r[1]], loop  # queued updates never wait
     syncs = 12 // log_every
     # Per logged update: the non-finite watch and the update's (loss, grad norm), one transfer each.
     assert Counter(f for f, _ in loop) == Counter({"first": syncs, "read": syncs}), loop
@@ -185,10 +189,11 @@ def test_a_finetuning_update_reads_nothing_back_except_when_it_is_logged(tmp_pat
                             data_dir=str(shared_data / "glue/SST-2"), max_train_examples=40, max_eval_examples=8,
                             batch_size=4, epochs=1, log_every=5, device="cpu", precision="fp32"))
     # The head's extract-token check reads its ids on the CPU only (on a GPU it is skipped: it would wait).
-    loop = [(f, chain) for f, chain in host_reads if "train_one_epoch" in chain and f != "first_extract_positions"]
-    assert not [r for r in loop if "_queue_update" in r[1] or "step" in r[1]], loop
-    # 10 updates, logged at 5 and 10 (the epoch's last): one transfer each.
-    assert Counter(f for f, _ in loop) == Counter({"_settle": 2}), loop
+    loop = [(f, chain) for f, chain in _loop_reads(host_reads) if f != "first_extract_positions"]
+    assert not [r for r in loop if "update" in r[1] or "step" in r[1]], loop
+    # 10 updates, logged at 5 and 10 (the epoch's last): the non-finite watch and the updates' figures, one
+    # transfer each.
+    assert Counter(f for f, _ in loop) == Counter({"first": 2, "read": 2}), loop
 
 
 def test_a_nan_between_logged_updates_is_caught_at_the_next_and_named_exactly(tmp_path, monkeypatch):
@@ -202,7 +207,7 @@ def test_a_nan_between_logged_updates_is_caught_at_the_next_and_named_exactly(tm
     monkeypatch.setattr(pretrain_mod, "lm_loss", poisoned)
     corpus = random_corpus(tmp_path / "corpus")
     run = tmp_path / "run"
-    with pytest.raises(pretrain_mod.NonFiniteLossError) as e:
+    with pytest.raises(NonFiniteLossError) as e:
         pretrain(PretrainConfig(data=corpus, out=run, preset="tiny", model=dict(MODEL), seq_len=16, batch_size=4,
                                 max_steps=20, warmup_steps=0, eval_every=0, save_every=4, log_every=8,
                                 device="cpu", precision="fp32", peak_flops=1e11))

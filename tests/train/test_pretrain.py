@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import gptcli.train.pretrain as pretrain_mod
+from gptcli.train.run.loop import NonFiniteLossError
 from corpus_helpers import random_corpus, text_corpus
 from gptcli.checkpoint import load_checkpoint
 from gptcli.errors import GPT1Error
@@ -161,7 +162,7 @@ def test_nan_loss_stops_naming_last_good_checkpoint(corpus, tmp_path, monkeypatc
 
     monkeypatch.setattr(pretrain_mod, "lm_loss", poisoned)
     run = tmp_path / "nan"
-    with pytest.raises(pretrain_mod.NonFiniteLossError) as e:
+    with pytest.raises(NonFiniteLossError) as e:
         pretrain(_cfg(corpus, run, save_every=4))
     msg = str(e.value)
     assert "nan" in msg and "update 6" in msg and str(run / "checkpoints" / "step-0000004") in msg

@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import gptcli.train.pretrain as pretrain_mod
+import gptcli.train.pretrain_hints as hints_mod
 from corpus_helpers import random_corpus, write_corpus
 from gptcli.progress import RecordingProgress
-from gptcli.train.pretrain import PretrainConfig, pretrain, unigram_loss, warmup_warning
+from gptcli.train.pretrain import PretrainConfig, pretrain
+from gptcli.train.pretrain_hints import unigram_loss, warmup_warning
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 MODEL = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 64, "n_ctx": 16}
@@ -74,7 +75,7 @@ def test_unigram_loss_is_the_cross_entropy_of_frequencies():
 
 
 def test_plateau_hint_on_a_run_that_learned_nothing(noise, tmp_path, monkeypatch):
-    monkeypatch.setattr(pretrain_mod, "PLATEAU_MIN_UPDATES", 4)  # so that seconds of CPU count as "meaningful"
+    monkeypatch.setattr(hints_mod, "PLATEAU_MIN_UPDATES", 4)  # so that seconds of CPU count as "meaningful"
     rec = RecordingProgress()
     run = tmp_path / "run"
     pretrain(_cfg(noise, run, lr=1e-3), progress=rec)
@@ -84,7 +85,7 @@ def test_plateau_hint_on_a_run_that_learned_nothing(noise, tmp_path, monkeypatch
     assert [e["step"] for e in evals] == [4, 8]
     unigram = evals[0]["unigram_loss"]
     assert evals[1]["unigram_loss"] == unigram and abs(unigram - math.log(256)) < 0.1  # random bytes: ≈ uniform
-    assert all(e["loss"] > unigram - pretrain_mod.PLATEAU_MARGIN for e in evals)
+    assert all(e["loss"] > unigram - hints_mod.PLATEAU_MARGIN for e in evals)
 
 
 def test_no_plateau_hint_before_a_meaningful_number_of_updates(noise, tmp_path):
@@ -94,7 +95,7 @@ def test_no_plateau_hint_before_a_meaningful_number_of_updates(noise, tmp_path):
 
 
 def test_no_plateau_hint_on_a_run_that_learned(cycle, tmp_path, monkeypatch):
-    monkeypatch.setattr(pretrain_mod, "PLATEAU_MIN_UPDATES", 4)
+    monkeypatch.setattr(hints_mod, "PLATEAU_MIN_UPDATES", 4)
     rec = RecordingProgress()
     run = tmp_path / "run"
     res = pretrain(_cfg(cycle, run, lr=1e-2, max_steps=40, eval_every=20, log_every=20), progress=rec)

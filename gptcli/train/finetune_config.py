@@ -1,0 +1,142 @@
+"""The settings of a fine-tuning run (:class:`FinetuneConfig`, the CLI's options) and how ``--resume`` treats each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from gptcli.train.run.resume import SettingRules
+
+# What --resume compares (gptcli.train.run.resume). The defining settings decide what the run's updates and dev
+# scores are. Unlike pretraining, whose long runs need steering, the learning-rate recipe and the number of epochs are
+# fixed too: a fine-tuning run is short, and its results.json records one config, which a recipe changed half-way
+# would misreport. The inputs are compared by content, not by path: the init checkpoint's weights, the data files
+# read, the encoded examples (the tokenizer) and the model's shape (gptcli.train.finetune_setup.run_identity).
+# Adjustable: how the same updates and dev scores are computed. The micro-batch is memory (a resume on a smaller
+# device must be able to lower it); it, the device, the precision, the kernels and the layout change the arithmetic
+# (and the micro-batch the order of the dropout draws), so the continuation is no longer bitwise the uninterrupted
+# run; the evaluation batch may change a dev score's last bits. Silent: where things are (compared by content
+# instead), how the run is watched and kept, and the two switches that say what to do with --out.
+# Runs recorded before `batching` existed were length-bucketed, so resuming one with today's default ("random") is
+# refused by name instead of silently changing its batch order; runs recorded before `layout` trained padded.
+RULES = SettingRules(
+    defining=("task", "train_split", "eval_split", "skip_bad_rows", "lr", "batch_size", "epochs", "warmup",
+              "schedule", "batching", "clf_pdrop", "grad_clip", "weight_decay", "decay", "lm_weight",
+              "transfer_layers", "select", "seed", "n_ctx", "max_train_examples", "max_eval_examples"),
+    adjustable=("micro_batch_size", "eval_batch_size", "device", "precision", "kernels", "layout"),
+    silent=("init", "tokenizer", "model", "data_dir", "out", "verify", "log_every", "save_every", "keep_last",
+            "overwrite", "resume", "cache", "workers", "wandb"),
+    older_runs={"batching": "length", "layout": "padded"},
+)
+
+
+@dataclass
+class FinetuneConfig:
+    """Settings of one fine-tuning run. Defaults are the paper's (§4.1) unless noted."""
+
+    task: str = ""
+    """Registry name of the task (``gpt1 finetune --list-tasks``)."""
+    init: str = ""
+    """Pretrained checkpoint (or run directory) to start from, a Hugging Face Hub id (``openai-gpt``,
+    ``owner/name[@revision]``: converted once), or ``none`` for a randomly initialised model. Not given: ``openai-gpt``,
+    OpenAI's released GPT-1 (`gpt1 finetune` resolves ids and the default; the library itself takes a path)."""
+    verify: bool = True
+    """Check the ``init`` checkpoint's files against their checksums before loading it, and on --resume the run's
+    own checkpoints (a damaged newer one is skipped with a warning); --no-verify skips both."""
+    out: str | None = None
+    """Run directory: metrics.jsonl, config.toml, results.json, checkpoints/final (never the --init run itself).
+    Not given (None): ``runs/finetune-<task>``, or the next free ``-2``, ``-3``, … (a default never reuses a run)."""
+    tokenizer: str | None = None
+    """With ``init = "none"``: a tokenizer directory, or a checkpoint whose tokenizer *and* shape are used."""
+    model: str = "gpt1"
+    """With ``init = "none"`` and a bare tokenizer: the model preset, which picks the architecture too (``gpt1``,
+    ``tiny``; the LSTM baseline ``lstm``, ``lstm-tiny``)."""
+    data_dir: str | None = None
+    """The task's official folder; default ``$GPT1_DATA/<folder>``."""
+    cache: bool = True
+    """Keep the encoded examples in ``$GPT1_CACHE`` (default ``~/.cache/gpt1/encoded``) and reuse them when the
+    data, tokenizer, task and n_ctx are the same; --no-cache encodes afresh and writes nothing there."""
+    workers: int = 0
+    """Processes that tokenize the examples (0 = all cores); the ids are the same for any number."""
+    skip_bad_rows: bool = False
+    """Skip and count malformed rows instead of stopping at the first."""
+    train_split: str = "train"
+    """Split to train on."""
+    eval_split: str = "dev"
+    """Split scored after every epoch (and used by ``select = "best"``); empty to skip."""
+    lr: float = 6.25e-5
+    """Peak learning rate."""
+    batch_size: int = 32
+    """Examples per update (a multiple-choice example holds one sequence per answer)."""
+    micro_batch_size: int | None = None
+    """Examples per forward/backward (gradient accumulation up to ``batch_size``); None = the whole batch."""
+    epochs: int = 3
+    """Passes over the training split."""
+    warmup: float = 0.002
+    """Linear warm-up as a fraction of all updates (0.2%), then ``schedule`` decay to 0."""
+    schedule: Literal["warmup_linear", "linear", "cosine", "constant"] = "warmup_linear"
+    """``warmup_linear``: the released code's function exactly, lr·(1 − t/T) with the warm-up ramp t/(warmup·T)
+    multiplied in while t ≤ warmup·T (the first update runs at lr 0); ``linear``/``cosine``/``constant``: gpt1's
+    earlier schedule, a warm-up over ceil(warmup·T) updates (at least 1, the first at lr/W) and then the decay from
+    the end of the warm-up."""
+    batching: Literal["random", "length"] = "random"
+    """Training batch order. ``random``: i.i.d. shuffled minibatches, as the paper and the released code.
+    ``length``: length-bucketed batches (shuffled pools of 50 batches sorted by length), the fast option: on RTE
+    (batch 32, n_ctx 512) 32× fewer pad tokens (4.7% of the positions instead of 61%) and, with the tiny model on
+    CPU, ~1.3× the updates per second at lm_weight 0 (none measurable at 0.5, where the 40k-vocabulary LM
+    projection dominates); but a batch then holds examples of similar length (see docs/finetune.md)."""
+    layout: Literal["packed", "padded"] = "packed"
+    """How a training micro-batch is laid out. ``packed``: its sequences end to end in one row, each attending to
+    itself only, so no layer computes on padding (61% of RTE's positions with random batches): the same examples,
+    order and losses, with dropout masks drawn over the real positions only; the dev scoring packs too, with a
+    multiple-choice example's shared context run once for all its answers. ``padded``: every sequence padded to
+    the batch's longest, the reference it is tested against. The LSTM baseline is always padded."""
+    clf_pdrop: float = 0.1
+    """Classifier dropout before the head."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clipping (0 disables)."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay on weight matrices (as pretraining)."""
+    decay: Literal["paper", "released"] = "paper"
+    """Which tensors decay: ``paper`` (not biases/LayerNorm) or ``released`` (every tensor with ndim > 1)."""
+    lm_weight: float = 0.5
+    """λ of the auxiliary LM loss (L3 = L2 + λ·L1); 0 disables it (ablation)."""
+    transfer_layers: int | None = None
+    """Keep the embeddings and only the first K blocks (an LSTM: layers) of the checkpoint (ablation); None = all."""
+    select: Literal["best", "last"] = "best"
+    """Which epoch's weights the final checkpoint keeps: best dev score or the last epoch."""
+    seed: int = 42
+    """Seeds the head init, special-token rows, dropout, shuffling and subsampling."""
+    n_ctx: int | None = None
+    """Longest sequence (default: the model's context); transformations truncate to it."""
+    max_train_examples: int | None = None
+    """Train on a random subset of this many examples (quick experiments, tests)."""
+    max_eval_examples: int | None = None
+    """Score a random subset of this many dev examples."""
+    eval_batch_size: int | None = None
+    """Examples per evaluation batch (default: 2 × batch_size)."""
+    device: str = "auto"
+    """auto, cpu or cuda[:N]."""
+    precision: str = "auto"
+    """auto, fp32, bf16 or fp16 (autocast; weights stay fp32)."""
+    kernels: str = "auto"
+    """How the model is computed, not what: auto = the fast CPU kernels of gptcli/model/kernels on CPU (PyTorch's
+    fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy)."""
+    log_every: int = 10
+    """Write a training record to metrics.jsonl every this many updates."""
+    wandb: str | None = None
+    """Also log to Weights & Biases (rank 0): the same scalars, this config and the checkpoint paths, under this
+    project (``--wandb`` alone: ``gpt1``); files in RUN/wandb; WANDB_MODE=offline logs without a network (needs
+    gpt1[wandb])."""
+    save_every: int = 1000
+    """Checkpoint every this many updates to RUN/checkpoints/step-N (also after every epoch's dev score and on
+    SIGINT/SIGTERM); 0 = only those. Step checkpoints are deleted when the run finishes."""
+    keep_last: int = 2
+    """Step checkpoints kept while the run trains (older ones deleted); 0 = keep all."""
+    resume: bool = False
+    """Continue the unfinished run in ``out`` from its newest intact checkpoint (a fresh start if it has none). The
+    task, data, init checkpoint, seed, batch size and recipe must stay as they were; progress, logging and
+    checkpoint cadence may change."""
+    overwrite: bool = False
+    """Replace a finished fine-tuning run in ``out``, or start an unfinished one over (kept whole until the new one
+    is complete; any other kind of directory is refused)."""

@@ -1,0 +1,283 @@
+"""What a fine-tuning run is made of, built before its first update: the task's examples, the pretrained body with
+its special tokens, the encoded sequences, and a record of all of it by content (what ``--resume`` compares).
+
+:func:`build_setup` runs the stages in the order a user would want them to fail: the data first (a missing or
+malformed file should fail before any weights are loaded), then the body, then the encoding (through the cache).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from gptcli import checkpoint as ckpt
+from gptcli.checkpoint import is_checkpoint, load_checkpoint, read_header
+from gptcli.data.batching import subsample
+from gptcli.data.cache import encode_cached
+from gptcli.data.transforms import Encoded
+from gptcli.config import to_dict
+from gptcli.errors import GPT1Error
+from gptcli.eval.baselines import label_counts
+from gptcli.fsutil import sha256_file
+from gptcli.model.build import AnyConfig, LanguageModel, build_model, config_from_dict, preset
+from gptcli.model.heads import HeadConfig
+from gptcli.progress import Progress
+from gptcli.tasks import ReadOptions, Task
+from gptcli.tasks.base import Example
+from gptcli.tokenizers import Tokenizer, load_tokenizer
+from gptcli.train.finetune_config import FinetuneConfig
+from gptcli.train.run.directory import recorded
+from gptcli.train.trainer import Parallel
+
+T = TypeVar("T")
+
+
+@dataclass
+class FinetuneSetup:
+    """What one run is made of, fixed before its first update."""
+
+    config: FinetuneConfig
+    task: Task
+    device: torch.device
+    precision: str
+    data: "TaskData"
+    tokenizer: Tokenizer
+    n_ctx: int
+    """The longest sequence: ``n_ctx`` if set, capped by the model's context."""
+    train_enc: list[Encoded]
+    dev_enc: list[Encoded]
+    head_config: HeadConfig
+    source: dict[str, Any]
+    """Where the body came from (init checkpoint, its kind and meta, transfer_layers): checkpoint meta."""
+    identity: dict[str, Any] = field(default_factory=dict)
+    """What the run was made from, by content (:func:`run_identity`), for the resume check; empty for a run that
+    cannot resume."""
+
+    @property
+    def regression(self) -> bool:
+        return self.task.kind == "regression"
+
+
+def build_setup(config: FinetuneConfig, task: Task, device: torch.device, precision: str, par: Parallel,
+                report: Progress) -> tuple[FinetuneSetup, LanguageModel]:
+    """Read the task's data, seed every RNG, build the body (which draws the special tokens' rows) and encode the
+    examples; returns the setup and the body."""
+    data = read_task_data(task, config)
+    seed_everything(config.seed)
+    gpt, tok, source = build_body(config)
+    n_ctx = min(config.n_ctx or gpt.config.n_ctx, gpt.config.n_ctx)
+    train_enc, dev_enc = main_rank_first(par, config.cache,
+                                         lambda: encode_task_data(config, task, data, tok, n_ctx, report))
+    head = HeadConfig(kind=task.kind, n_embd=gpt.config.n_embd, n_labels=max(1, len(task.labels)),
+                      extract_id=tok.extract_id, pdrop=config.clf_pdrop, init_std=gpt.config.init_std)
+    setup = FinetuneSetup(config, task, device, precision, data, tok, n_ctx, train_enc, dev_enc, head, source)
+    return setup, gpt
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class TaskData:
+    """The examples a run trains and scores on, and what reading them left out."""
+
+    train: list[Example]
+    dev: list[Example]
+    skipped: list[str]
+    """Malformed rows skipped with ``skip_bad_rows`` (``path:line: reason``)."""
+    excluded: int
+    """Rows the dataset's own rule leaves out (SNLI/MNLI ``gold_label == "-"``)."""
+
+
+def read_split(task: Task, split: str, config: FinetuneConfig) -> tuple[list[Example], list[str], int]:
+    """Examples of one split, the skipped bad rows (``path:line: reason``) and the count of rows the dataset's
+    own rule leaves out (SNLI/MNLI ``gold_label == "-"``)."""
+    opts = ReadOptions(skip_bad_rows=config.skip_bad_rows)
+    examples = task.read(split, config.data_dir, opts)
+    return examples, opts.skipped, len(getattr(opts, "excluded", []))
+
+
+def read_task_data(task: Task, config: FinetuneConfig) -> TaskData:
+    """The labeled training split and (unless ``eval_split`` is empty) the labeled dev split, subsampled."""
+    train, skipped, excluded = read_split(task, config.train_split, config)
+    unlabeled = sum(e.label is None for e in train)
+    if unlabeled:
+        raise GPT1Error(f"{task.name}: split {config.train_split!r} has {unlabeled} unlabeled rows; cannot train on it")
+    dev: list[Example] = []
+    if config.eval_split:
+        dev, dev_skipped, dev_excluded = read_split(task, config.eval_split, config)
+        skipped += dev_skipped
+        excluded += dev_excluded
+        if any(e.label is None for e in dev):
+            raise GPT1Error(f"{task.name}: split {config.eval_split!r} is unlabeled; choose a labeled --eval-split")
+    train = subsample(train, config.max_train_examples, config.seed)
+    dev = subsample(dev, config.max_eval_examples, config.seed + 1)
+    if not train:
+        raise GPT1Error(f"{task.name}: no training examples in split {config.train_split!r}")
+    return TaskData(train, dev, skipped, excluded)
+
+
+def reinit_after(gpt: nn.Module, keep_layers: int) -> None:
+    """Re-initialise blocks ``keep_layers…`` with the model's own init (``transfer_layers`` ablation).
+
+    The embeddings (token, position) and blocks ``0 … keep_layers-1`` keep their pretrained values, as the
+    released code's ``n_transfer`` does. An LSTM keeps its embedding and LSTM layers ``0 … keep_layers-1``
+    (:meth:`gptcli.model.lstm.LSTMLM.reinit_layers`; the paper's has one layer: 0 keeps the embedding only).
+    """
+    n = gpt.config.n_layer
+    if not 0 <= keep_layers <= n:
+        raise GPT1Error(f"--transfer-layers must be between 0 and {n} (the model's layers), got {keep_layers}")
+    if hasattr(gpt, "reinit_layers"):  # the LSTM: one module holds every layer
+        gpt.reinit_layers(keep_layers)
+        return
+    for block in list(gpt.blocks)[keep_layers:]:
+        block.apply(gpt._init_weights)
+
+
+def _load_tokenizer_from(path: str) -> tuple[Tokenizer, AnyConfig | None]:
+    """A tokenizer: from a tokenizer directory or a prepared corpus (shape unknown: None), or from a checkpoint
+    or run directory together with its model config (so a random model can have the pretrained one's shape)."""
+    p = Path(path)
+    if (p / "tokenizer.json").is_file():
+        return load_tokenizer(p), None
+    if is_checkpoint(p) or (p / "checkpoints").is_dir():
+        header = read_header(p)
+        if not (header.path / "tokenizer").is_dir():
+            raise GPT1Error(f"{header.path}: checkpoint has no tokenizer/")
+        mcfg = config_from_dict(header.arch, header.model)
+        mcfg.n_special = 0
+        return load_tokenizer(header.path / "tokenizer"), mcfg
+    if (p / "tokenizer" / "tokenizer.json").is_file():  # a prepared corpus directory
+        return load_tokenizer(p / "tokenizer"), None
+    raise GPT1Error(f"{p}: not a tokenizer directory, prepared corpus, checkpoint or run directory")
+
+
+def build_body(config: FinetuneConfig) -> tuple[LanguageModel, Tokenizer, dict[str, Any]]:
+    """The GPT body with its three special tokens, the tokenizer, and a description of where it came from."""
+    n_sp = 3
+    if config.init.lower() == "none":
+        if not config.tokenizer:
+            raise GPT1Error("--init none needs --tokenizer DIR (a tokenizer directory or a checkpoint) to encode the task")
+        tok, mcfg = _load_tokenizer_from(config.tokenizer)
+        if mcfg is None:
+            try:
+                mcfg = preset(config.model, vocab_size=tok.vocab_size)
+            except KeyError as e:
+                raise GPT1Error(f"--model: {e.args[0]}") from None
+        mcfg.vocab_size = tok.vocab_size
+        gpt = build_model(mcfg)
+        source: dict[str, Any] = {"init": "none", "tokenizer": str(config.tokenizer)}
+    else:
+        if not config.init:
+            raise GPT1Error("no checkpoint to fine-tune: pass --init CHECKPOINT (or --init none for no pretraining)")
+        ck = load_checkpoint(config.init, verify=config.verify)
+        gpt = ck.model
+        tok = ck.tokenizer
+        if config.tokenizer:
+            tok, _ = _load_tokenizer_from(config.tokenizer)
+        if tok is None:
+            raise GPT1Error(f"{ck.path}: checkpoint has no tokenizer/ (pass --tokenizer DIR)")
+        n_sp = max(0, 3 - gpt.config.n_special)
+        # What a resume compares the init checkpoint by (its recorded checksum; computed for older checkpoints).
+        weights_sha = read_header(ck.path).files.get(ckpt.WEIGHTS) or sha256_file(ck.path / ckpt.WEIGHTS)
+        source = {"init": str(ck.path), "init_kind": ck.kind, "init_meta": ck.meta, "init_sha256": weights_sha}
+    if tok.vocab_size != gpt.config.vocab_size:
+        raise GPT1Error(
+            f"tokenizer has {tok.vocab_size} ids but the model's vocabulary has {gpt.config.vocab_size}: "
+            "they must come from the same pretraining run"
+        )
+    gpt.add_special_tokens(n_sp)  # start, delimiter, extract: new rows drawn from N(0, 0.02)
+    if config.transfer_layers is not None and config.init.lower() != "none":
+        reinit_after(gpt, config.transfer_layers)
+        source["transfer_layers"] = config.transfer_layers
+    return gpt, tok, source
+
+
+def encode_task_data(config: FinetuneConfig, task: Task, data: TaskData, tok: Tokenizer, n_ctx: int,
+                     progress: Progress | None = None) -> tuple[list[Encoded], list[Encoded]]:
+    """The training and dev examples encoded (through the encoding cache unless ``cache`` is off, over ``workers``
+    processes): the same ids whichever way they were obtained, so the run is the same."""
+    opts = dict(cache=config.cache, workers=config.workers, progress=progress)
+    train_enc = encode_cached(task, data.train, tok, n_ctx, what=f"{task.name} {config.train_split}", **opts)
+    dev_enc = encode_cached(task, data.dev, tok, n_ctx, what=f"{task.name} {config.eval_split}", **opts) if data.dev else []
+    return train_enc, dev_enc
+
+
+def main_rank_first(par: Parallel, cache: bool, work: Callable[[], T]) -> T:
+    """``work()`` (encoding through the cache) on rank 0 first and then on the other ranks, which read what rank 0
+    stored instead of racing it to write the same entries. Without the cache every rank encodes for itself."""
+    if par.world_size == 1 or not cache:
+        return work()
+    if par.is_main:
+        done = work()
+        par.barrier()
+        return done
+    par.barrier()  # waits out rank 0's encoding: a cold MNLI can take minutes (GPT1_DIST_TIMEOUT bounds the wait)
+    return work()
+
+
+def run_identity(setup: FinetuneSetup) -> dict[str, Any]:
+    """What the run is made of, by content, recorded in every step checkpoint: the data files read (sha256 each,
+    by path inside the task folder), the init checkpoint's weights, and the encoded examples (which the tokenizer,
+    the truncation and the subsets decide)."""
+    c, task = setup.config, setup.task
+    folder = task.data_dir(c.data_dir)
+    files: dict[str, str] = {}
+    for split in dict.fromkeys(s for s in (c.train_split, c.eval_split) if s):
+        for name in task.splits[split].files:
+            top = folder / name
+            for f in sorted(top.rglob("*")) if top.is_dir() else [top]:
+                if f.is_file():
+                    files[f.relative_to(folder).as_posix()] = sha256_file(f)
+    h = hashlib.sha256()
+    for e in [*setup.train_enc, None, *setup.dev_enc]:  # about 1 s for MNLI's 393k pairs
+        if e is None:
+            h.update(b"|dev|")
+            continue
+        for seq in e.seqs:  # length-prefixed, so the boundaries are part of what is hashed
+            h.update(len(seq).to_bytes(4, "little") + array("q", seq).tobytes())
+        h.update(repr(e.label).encode() + b";")
+    return {"data_dir": str(folder.resolve()), "data_files": files, "init_sha256": setup.source.get("init_sha256"),
+            "examples_sha256": h.hexdigest()}
+
+
+def changed_data(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Each data file whose content differs from the one the run started with (the folder may have moved)."""
+    was, now = old.get("data_files", {}), new.get("data_files", {})
+    differ = [f for f in sorted(set(was) | set(now)) if was.get(f) != now.get(f)]
+    if not differ:
+        return []
+    if old.get("data_dir") != new.get("data_dir"):
+        return [f"data {old.get('data_dir', '?')} → {new['data_dir']} (other files: {', '.join(differ)})"]
+    return [f"data file {f} ({'changed since the run started' if f in now else 'no longer read'})" for f in differ]
+
+
+def checkpoint_meta(setup: FinetuneSetup, epoch: int, step: int, dev_scores: dict[str, Any]) -> dict[str, Any]:
+    """What a fine-tuned checkpoint says about itself (``gpt1 eval`` reads the task, head and context here)."""
+    c, task = setup.config, setup.task
+    return {
+        "task": task.name,
+        "kind": task.kind,
+        "labels": list(task.labels),
+        "head": setup.head_config.to_dict(),
+        "n_ctx": setup.n_ctx,
+        "epoch": epoch,
+        "step": step,
+        "select": c.select,
+        "dev_split": c.eval_split,
+        "dev_scores": dev_scores,
+        "train_label_counts": label_counts(task, setup.data.train),  # gpt1 eval's majority level comes from these
+        "finetune_config": to_dict(recorded(c)),
+        **setup.source,
+    }

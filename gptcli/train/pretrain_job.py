@@ -1,0 +1,225 @@
+"""What pretraining passes to the run machinery's loop (:func:`gptcli.train.run.loop.train`): its windows, its
+cadences, its figures and validation, and what its step checkpoints hold.
+
+:class:`RunPlan` is fixed before the first update (what the run reads, where it computes, for how long);
+:class:`PretrainJob` is the run as it trains, one :class:`gptcli.train.run.loop.Job`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gptcli.config import to_dict
+from gptcli.data.shards import Corpus
+from gptcli.data.windows import WindowSampler
+from gptcli.eval.perplexity import evaluate_lm
+from gptcli.model.build import AnyConfig, LanguageModel
+from gptcli.progress import Progress
+from gptcli.runtime import Precision
+from gptcli.train.pretrain_config import PretrainConfig
+from gptcli.train.pretrain_hints import plateau_hint
+from gptcli.train.run.directory import write_step_checkpoint
+from gptcli.train.run.loop import GracefulStop, Moment, RunState, every
+from gptcli.train.runlog import Throughput, format_duration
+from gptcli.train.trainer import Parallel, StepResult, Trainer, split_micro_batches, unwrap
+
+
+@dataclass
+class RunPlan:
+    """What a run is made of before any weights exist: where it computes, what it reads and for how long."""
+
+    config: PretrainConfig
+    par: Parallel
+    device: torch.device
+    precision: Precision
+    corpus: Corpus
+    model_config: AnyConfig
+    sampler: WindowSampler
+    """This rank's share of every global batch of training windows."""
+    val_name: str | None
+    """The validation split actually used (``val_split``, else a common name); None = no validation."""
+    val_arrays: list[np.ndarray] | None
+    total_steps: int
+    resume_from: Path | None
+    """The checkpoint a resumed run continues from (the newest intact one; None: a fresh start)."""
+    unigram_loss: float | None = None
+    """(Rank 0) the validation split's loss under the training split's token frequencies."""
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.out)
+
+    @property
+    def micro(self) -> int:
+        """Rows per forward/backward (a rank's whole share when ``micro_batch_size`` is unset)."""
+        return self.config.micro_batch_size or self.config.batch_size
+
+    @property
+    def val_micro(self) -> int:
+        """Rows per validation forward on each rank: the micro-batch, else the rank's share of the global batch
+        (never the global batch itself, which on every GPU of a job would be world-size times the memory)."""
+        return self.config.micro_batch_size or max(1, self.config.batch_size // self.par.world_size)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Training tokens per update over all ranks (the global batch)."""
+        return self.config.batch_size * self.config.seq_len
+
+
+class BatchFeed:
+    """The sampler's batches on the training device, the next one read and sent while the current update computes.
+
+    On CUDA the host copy is pinned and sent without waiting, so at a sync point the next batch is already on its
+    way when the loop waits for the device. :meth:`state_dict` is the sampler's state after the batches handed out,
+    not after the one read ahead: a checkpoint resumes at the next batch to train on."""
+
+    def __init__(self, sampler: WindowSampler, device: torch.device) -> None:
+        self.sampler = sampler
+        self.device = device
+        self._ahead: tuple[torch.Tensor, dict[str, int]] | None = None
+
+    def prefetch(self) -> None:
+        if self._ahead is None:
+            state = self.sampler.state_dict()
+            batch = self.sampler.next_batch()
+            if self.device.type == "cuda":
+                batch = batch.pin_memory().to(self.device, non_blocking=True)
+            self._ahead = (batch, state)
+
+    def next(self) -> torch.Tensor:
+        self.prefetch()
+        assert self._ahead is not None
+        batch, self._ahead = self._ahead[0], None
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        return self._ahead[1] if self._ahead is not None else self.sampler.state_dict()
+
+
+class PretrainJob:
+    """Pretraining as a :class:`gptcli.train.run.loop.Job`: one update per global batch of windows, a metrics line
+    every ``log_every``, a validation every ``eval_every`` and a checkpoint every ``save_every`` updates (all three
+    after the last one too)."""
+
+    resumable = True
+
+    def __init__(self, plan: RunPlan, model: LanguageModel, trainer: Trainer, state: RunState, feed: BatchFeed,
+                 meter: Throughput) -> None:
+        self.plan, self.model, self.trainer, self.state, self.feed, self.meter = plan, model, trainer, state, feed, meter
+        self.par = plan.par
+        self.result: StepResult | None = None
+        """The update just queued (its figures still on the device until a sync point reads them)."""
+        self.figures = (math.nan, math.nan)
+        """(loss, grad norm) of the last update read."""
+        self.advanced_to = state.step
+        """The step of the last ``advance`` reported."""
+        self.plateau_noted = False
+        """Whether the unigram-plateau hint was given (once per run)."""
+        self.val_loss: float | None = None
+        """The last validation loss (None before the first, or without a validation split)."""
+
+    def finished(self) -> bool:
+        return self.state.step >= self.state.total
+
+    def update(self) -> torch.Tensor:
+        """One optimizer update on this rank's share of the next global batch, queued on the device without waiting
+        for it; the batch after it is read and sent to the device while this one computes."""
+        self.meter.start()
+        batch = self.feed.next()
+        self.result = self.trainer.step(self.state.step, split_micro_batches(batch, self.plan.micro))
+        self.feed.prefetch()
+        self.state.step += 1
+        return self.result.loss
+
+    def moment(self) -> Moment:
+        config, step, last = self.plan.config, self.state.step, self.state.step == self.state.total
+        return Moment(log=every(step, config.log_every) or last, evaluate=every(step, config.eval_every) or last,
+                      save=every(step, config.save_every) or last)
+
+    def owed(self) -> Moment | None:
+        return None  # a checkpoint is written after everything its update is followed by
+
+    def read(self) -> None:
+        assert self.result is not None
+        self.figures = self.result.read()
+
+    def update_done(self, report: Progress, moment: Moment) -> None:
+        self.meter.stop(self.plan.tokens_per_step)  # after the read: the window's time includes the device's work
+
+    def position(self) -> int:
+        return self.state.step
+
+    def log(self, report: Progress) -> None:
+        """A ``train`` line in metrics.jsonl and an ``advance`` (see :func:`gptcli.train.pretrain.pretrain`) for the
+        update just done, from its figures read at this sync point. Every rank calls it: the logged loss is averaged
+        over ranks."""
+        assert self.result is not None
+        state, lr, (loss, grad_norm) = self.state, self.result.lr, self.figures
+        loss = self.par.mean(loss)
+        tps, mfu = self.meter.report()
+        elapsed = time.perf_counter() - state.started
+        rate = (state.step - state.first_step) / elapsed if elapsed > 0 else 0.0
+        eta = (state.total - state.step) / rate if rate > 0 else float("inf")
+        state.log({"kind": "train", "step": state.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                   "tokens": state.step * self.plan.tokens_per_step, "tokens_per_s": tps, "mfu": mfu,
+                   "elapsed_s": round(elapsed, 3)})
+        report.advance(state.step - self.advanced_to, loss=loss, lr=lr, grad_norm=grad_norm,
+                       **{"tok/s": round(tps)}, MFU="n/a" if mfu is None else f"{100 * mfu:.1f}%",
+                       ETA=format_duration(eta))
+        self.advanced_to = state.step
+
+    def evaluate(self, report: Progress, stop: GracefulStop) -> bool:
+        """Validation loss at the current step (none without a validation split), logged as an ``eval`` line and a
+        ``note``. Every rank calls it: each scores its share of the batches. Not cut short by a signal: it is
+        bounded by ``eval_batches``."""
+        plan = self.plan
+        if plan.val_arrays is None:
+            return True
+        loss, tokens = self._validation_loss()
+        perplexity = math.exp(min(loss, 700))
+        self.state.log({"kind": "eval", "step": self.state.step, "split": plan.val_name, "loss": loss,
+                        "perplexity": perplexity, "tokens": tokens, "unigram_loss": plan.unigram_loss})
+        report.note(f"validation at update {self.state.step}: loss {loss:.4f}, perplexity {perplexity:.2f}")
+        hint = None if self.plateau_noted else plateau_hint(self.state.step, loss, plan.unigram_loss)
+        if hint is not None:
+            report.note(hint, level="warn")
+            self.plateau_noted = True
+        self.val_loss = loss
+        return True
+
+    def _validation_loss(self) -> tuple[float, int]:
+        """(mean loss per token, tokens scored) over the validation split, combined over ranks."""
+        plan, par = self.plan, self.par
+        ev = evaluate_lm(
+            unwrap(self.model), plan.val_arrays, plan.config.seq_len, plan.val_micro, device=plan.device,
+            precision=plan.precision, max_batches=plan.config.eval_batches, rank=par.rank, world_size=par.world_size,
+        )
+        if par.world_size == 1:
+            return ev.loss, ev.tokens
+        # Each rank scored every world_size-th batch: combine them token-weighted.
+        tokens = round(par.mean(float(ev.tokens)) * par.world_size)
+        nll = par.mean(ev.loss * ev.tokens if ev.tokens else 0.0) * par.world_size
+        return (nll / tokens if tokens else float("nan")), tokens
+
+    def save(self) -> Path:
+        """(Rank 0) checkpoint the current step with its training state; prune to ``keep_last``."""
+        plan, at = self.plan, self.state.step
+        tokens = at * plan.tokens_per_step
+        assert self.state.checkpoints is not None
+        return write_step_checkpoint(
+            self.state.checkpoints, at, self.trainer, self.model, plan.corpus.tokenizer, kind="lm",
+            meta={"step": at, "tokens": tokens, "stage": "pretrain", "seq_len": plan.config.seq_len,
+                  # What the resume check compares a later --resume against.
+                  "pretrain_config": to_dict(dataclasses.replace(plan.config, resume=False)),
+                  "corpus_sha256": plan.corpus.fingerprint()},
+            state={"step": at, "total_steps": plan.total_steps, "tokens": tokens, "sampler": self.feed.state_dict(),
+                   "records": self.state.records},
+            keep_last=plan.config.keep_last,
+        )

@@ -1,0 +1,214 @@
+"""A run directory's life, the same for every kind of run.
+
+::
+
+    RUN/.gpt1-output               the marker: which kind of run this is (gptcli.outputs)
+    RUN/config.toml                the resolved config (repeat the run with ``--config``)
+    RUN/metrics.jsonl              one line per logged update and per evaluation (runlog.py)
+    RUN/checkpoints/step-0001000/  step checkpoints with their training state; the newest ``keep_last`` kept
+    RUN/checkpoints/final/         what a finished fine-tuning run keeps (its step checkpoints are then removed)
+
+What a run does with ``--out`` is decided before anything is read or written (:func:`plan_run_dir`): start it,
+resume it (from the newest intact step checkpoint), replace it (``--overwrite``: built in a hidden sibling and
+swapped in whole when complete, so the earlier run survives a failed one), or nothing (a finished run resumed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Literal, TypeVar
+
+import torch.nn as nn
+
+from gptcli import checkpoint as ckpt
+from gptcli.config import dumps_toml, to_dict
+from gptcli.errors import GPT1Error
+from gptcli.fsutil import move_into_place, temp_sibling, write_text_atomic
+from gptcli.outputs import MARKER, check_output, kind_of, mark
+from gptcli.progress import Progress
+from gptcli.tokenizers import Tokenizer
+from gptcli.train.run.resume import resume_point
+from gptcli.train.runlog import METRICS, RunLogger, keep_first_records, truncate_metrics
+from gptcli.train.trainer import Trainer
+
+CONFIG_FILE = "config.toml"
+CHECKPOINTS = "checkpoints"
+FINAL = "final"
+
+C = TypeVar("C")
+
+
+@dataclass(frozen=True)
+class RunKind:
+    """What a kind of run is called and what it may do with an existing directory."""
+
+    marker: str
+    """Its :data:`gptcli.outputs.KINDS` name: a directory of another kind is never written into."""
+    what: str
+    """How messages name it ("pretraining run")."""
+    overwrite: bool
+    """Whether it has ``--overwrite`` (start over, or replace a finished run)."""
+    final: str | None = None
+    """What a finished run holds in ``checkpoints/final`` ("a fine-tuned checkpoint"); None: it never finishes
+    (pretraining: a run can always be resumed for more updates)."""
+    results: str | None = None
+    """The file a finished run's outcome is read back from on a resume (fine-tuning: results.json)."""
+
+
+@dataclass
+class RunDirPlan:
+    """What a run does with ``out``, decided before anything is read or written (:func:`plan_run_dir`)."""
+
+    out: Path
+    mode: Literal["fresh", "resume", "replace", "done"]
+    """``fresh``: a new run written in ``out`` itself (empty, missing, or an unfinished run with no checkpoint);
+    ``resume``: continue the run in ``out``; ``replace``: build a new run in a hidden sibling and swap it in when
+    complete (``overwrite`` of a finished run or of an unfinished one's checkpoints); ``done``: ``resume`` of a
+    finished run, which has nothing left to do."""
+    resume_from: Path | None = None
+    """The step checkpoint a resumed run continues from."""
+
+
+def recorded(config: C) -> C:
+    """The settings a run records (config.toml, checkpoints, results.json): ``resume`` and ``overwrite`` say what to
+    do with ``out`` this time, not what the run is, and would make ``--resume`` of the saved config.toml refuse."""
+    switches = {k: False for k in ("resume", "overwrite") if hasattr(config, k)}
+    return dataclasses.replace(config, **switches)  # type: ignore[type-var]
+
+
+def step_checkpoints(out: str | Path) -> list[Path]:
+    """The run's step checkpoints (complete ones, damaged or not), oldest first."""
+    d = Path(out) / CHECKPOINTS
+    if not d.is_dir():
+        return []
+    return sorted(c for c in d.glob("step-*") if c.is_dir() and ckpt.is_checkpoint(c))
+
+
+def has_checkpoints(out: str | Path) -> bool:
+    """Whether RUN/checkpoints holds a step checkpoint (continued with ``resume``, refused without it)."""
+    return bool(step_checkpoints(out))
+
+
+def plan_run_dir(kind: RunKind, out: Path, *, resume: bool, overwrite: bool, verify: bool, inputs: list[Path],
+                 report: Progress) -> RunDirPlan:
+    """Decide what to do with ``out`` (see :class:`RunDirPlan`): never write into an input or another kind of
+    directory. A finished run is replaced only with ``overwrite``; a run with checkpoints is continued with
+    ``resume``, started over with ``overwrite``, and refused otherwise (its checkpoints are hours of work); one
+    without checkpoints is simply run again."""
+    check_output(out, kind.marker, overwrite=True, inputs=inputs)
+    steps = step_checkpoints(out)
+    finished = kind.final is not None and (out / CHECKPOINTS / FINAL).exists()
+    if resume and steps:
+        return RunDirPlan(out, "resume", resume_point(out, steps, verify, report, overwrite=kind.overwrite))
+    if overwrite and (finished or steps):
+        return RunDirPlan(out, "replace")
+    if finished and resume and kind.results is not None and (out / kind.results).is_file():
+        return RunDirPlan(out, "done")
+    if finished:
+        raise GPT1Error(f"{out}: already holds {kind.final} (pass --overwrite to replace it)")
+    if steps:
+        held = f"holds an unfinished {kind.what} with checkpoints" if kind.final else "already holds checkpoints"
+        how = "--overwrite to start it over" if kind.overwrite else "choose another --out"
+        raise GPT1Error(f"{out}: {held} (pass --resume to continue it, or {how})")
+    if resume:
+        report.note(f"{out}: no checkpoint to resume from; starting the run")
+    return RunDirPlan(out, "fresh")
+
+
+@contextlib.contextmanager
+def run_directory(kind: RunKind, out: Path, replace: bool) -> Iterator[Path]:
+    """Where a run writes. A new or resumed run writes in ``out`` itself, marked at once (so even an interrupted one
+    is recognised as gpt1's, and its checkpoints are where ``--resume`` looks); a run replacing an earlier one
+    writes in a hidden sibling that is moved into place only when complete, so the earlier run survives a failed or
+    interrupted one whole."""
+    if not replace:
+        out.mkdir(parents=True, exist_ok=True)
+        if kind_of(out) != kind.marker or not (out / MARKER).is_file():
+            mark(out, kind.marker)
+        yield out
+        return
+    tmp = temp_sibling(out)
+    tmp.mkdir()
+    try:
+        mark(tmp, kind.marker)
+        yield tmp
+        move_into_place(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # a no-op after a successful move
+
+
+def start_run_dir(work: Path, config: Any, *, resumed: bool, step: int, records: int | None, report: Progress,
+                  tensorboard: bool = False, wandb: str | None = None) -> RunLogger:
+    """(Rank 0) Record the config, bring metrics.jsonl to what the resumed checkpoint had seen (a fresh run starts it
+    afresh) and open the run's log."""
+    for stale in work.glob(".*.tmp-*"):  # a file write (config, metrics, results) cut short by a kill
+        if stale.is_file():
+            stale.unlink()
+    # Atomically: a config.toml cut short would be read back by `--resume` as a run with other settings.
+    settings = to_dict(recorded(config))
+    write_text_atomic(work / CONFIG_FILE, dumps_toml(settings))
+    metrics = work / METRICS
+    if resumed:
+        reopen_metrics(metrics, records, step, report)
+    elif metrics.exists():
+        metrics.unlink()  # an unfinished run without checkpoints started over
+    return RunLogger(work, tensorboard, wandb, settings)
+
+
+def reopen_metrics(path: Path, records: int | None, step: int, report: Progress) -> None:
+    """Cut metrics.jsonl back to the ``records`` lines the resumed checkpoint had seen (dropping those a killed
+    process wrote after it), saying so when fewer than that survived. By count, not by step: an epoch's evaluation
+    line carries the step of its last update, so a step rule would keep a score the checkpoint never saw.
+    Checkpoints written before they counted records (pretraining's) keep the lines up to their ``step``."""
+    if records is None:
+        truncate_metrics(path, step)
+        return
+    kept = keep_first_records(path, records)
+    if kept < records:
+        report.note(f"{path}: {records - kept} of the {records} records the checkpoint had seen are missing",
+                    level="warn")
+
+
+def write_step_checkpoint(checkpoints: Path, step: int, trainer: Trainer, body: nn.Module, tokenizer: Tokenizer, *,
+                          kind: str, meta: dict[str, Any], state: dict[str, Any], keep_last: int,
+                          head_state: dict[str, Any] | None = None,
+                          extra: Callable[[Path], None] | None = None) -> Path:
+    """``checkpoints/step-N``: the model (body, and head), the tokenizer and ``meta`` as any checkpoint (so ``gpt1
+    eval`` can load it), plus the training state — the job's ``state`` (JSON), the optimizer and loss scaler, every
+    RNG — and whatever ``extra`` writes; then keep only the newest ``keep_last`` (0: all)."""
+
+    def training_state(d: Path) -> None:
+        ckpt.write_training_state(d, trainer.optimizer, state, scaler=trainer.scaler)
+        if extra is not None:
+            extra(d)
+
+    path = ckpt.save_checkpoint(checkpoints / ckpt.step_dir_name(step), body, tokenizer, kind=kind, meta=meta,
+                           head_state=head_state, extra=training_state)
+    ckpt.prune_checkpoints(checkpoints, keep_last)
+    return path
+
+
+def read_step_checkpoint(path: Path, trainer: Trainer, body: nn.Module, head: nn.Module | None = None
+                         ) -> dict[str, Any]:
+    """Load a step checkpoint into a freshly built run: the weights, the optimizer and loss scaler, every RNG; returns
+    the job's JSON state. Its files were verified when it was chosen (:func:`gptcli.train.run.resume.resume_point`)
+    or ``--no-verify`` said not to.
+
+    The weights are read onto the CPU and copied into the model where it lives: loading onto "cuda" would put
+    every rank's copy on GPU 0 (the default device), where eight of them do not fit."""
+    saved = ckpt.load_checkpoint(path, map_location="cpu", load_tokenizer=False, verify=False)
+    try:
+        body.load_state_dict(saved.model.state_dict(), strict=True)
+        if head is not None:
+            head.load_state_dict(saved.head_state, strict=True)
+    except RuntimeError as e:
+        raise GPT1Error(f"{path}: checkpoint does not match the configured model ({str(e).splitlines()[0]}); "
+                        "resume with the run's own settings") from None
+    del saved
+    doc, tensors = ckpt.read_training_state(path, verify=False)
+    ckpt.restore_training_state(doc, tensors, trainer.optimizer, scaler=trainer.scaler)
+    return doc

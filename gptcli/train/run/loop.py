@@ -1,0 +1,340 @@
+"""The update loop every training run shares: sync points, the non-finite policy, and stopping on a signal.
+
+A job (:class:`Job`: pretraining's windows, fine-tuning's epochs) queues one update at a time on the device and says
+what the update is followed by (:class:`Moment`: a metrics line, an evaluation, a checkpoint). :func:`train` runs
+them in one order for every job::
+
+    update → [sync: non-finite check, read the figures] → log → evaluate → save → stop on a signal
+
+Only a *sync point* — an update that is logged, evaluated or saved — reads tensors back from the device: on a GPU
+an update of GPT-1 takes about as long as launching its kernels, so a read per update would idle the device. Every
+update's loss is still watched on the device (:class:`NonFiniteWatch`), and the watch is read first at each sync
+point, so a divergence stops the run at the next one at the latest, is named by its exact update, and is never
+written into a checkpoint (:func:`diverged`: one policy and one error for every run).
+
+A signal (SIGINT/SIGTERM) becomes a flag (:class:`GracefulStop`) that the loop checks after every update in a
+single process, and at sync points in a job of several (one collective, so all ranks stop after the same update);
+the run then checkpoints where it stands (unless its newest checkpoint already holds that) and returns the signal's
+name.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Hashable, Protocol, Sequence
+
+import torch
+import torch.nn as nn
+
+from gptcli.checkpoint import is_checkpoint, read_header
+from gptcli.errors import GPT1Error
+from gptcli.progress import Progress
+from gptcli.train.runlog import RunLogger
+from gptcli.train.trainer import Parallel
+
+
+class NonFiniteLossError(GPT1Error):
+    """The loss (or the weights) became NaN or infinite; the message names the newest checkpoint saved before the
+    divergence, or says there is none."""
+
+
+class NonFiniteWatch:
+    """The first update whose loss was not finite, tracked on the device between two reads.
+
+    :meth:`observe` costs two small device ops and no wait; :meth:`first` reads the record back (one transfer) at
+    sync points and before anything is saved."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.update = torch.full((), -1, dtype=torch.int64, device=device)
+        """1-based number of the first non-finite update, or -1."""
+        self.loss = torch.zeros((), device=device)
+        """That update's loss."""
+
+    def observe(self, update: int, loss: torch.Tensor) -> None:
+        new = ~torch.isfinite(loss) & (self.update < 0)
+        self.update = torch.where(new, update, self.update)
+        self.loss = torch.where(new, loss, self.loss)
+
+    def first(self) -> tuple[int, float] | None:
+        """(update, loss) of the first non-finite loss seen, or None."""
+        update, loss = torch.stack([self.update.double(), self.loss.double()]).tolist()
+        return (int(update), loss) if update >= 0 else None
+
+
+class GracefulStop:
+    """Turns the first SIGINT/SIGTERM into a flag the loop checks between updates (so it can checkpoint and exit
+    cleanly); a second signal interrupts at once unless ``escalate=False`` (the workers of a job, which receive one
+    Ctrl-C twice — from the terminal and from the launcher — and must still checkpoint). Handlers are restored on
+    exit; ``signals=()`` leaves them alone (a run that cannot resume has nothing to checkpoint)."""
+
+    def __init__(self, signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM), escalate: bool = True) -> None:
+        self.signals = signals
+        self.escalate = escalate
+        self.requested: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:  # noqa: ARG002
+        if self.requested is not None:
+            if self.escalate:
+                raise KeyboardInterrupt
+            return
+        self.requested = signum
+
+    def __enter__(self) -> "GracefulStop":
+        if threading.current_thread() is threading.main_thread():
+            for s in self.signals:
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        self._old.clear()
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.requested).name if self.requested else ""
+
+
+def every(step: int, interval: int | None) -> bool:
+    """True on steps ``interval, 2·interval, …`` (``step`` counts completed updates)."""
+    return bool(interval) and interval > 0 and step % interval == 0
+
+
+@dataclass
+class RunState:
+    """Where a run stands, the same for every kind of run. ``step`` and ``records`` are saved in every step
+    checkpoint (in the job's training state) and restored on resume; the rest is this process's."""
+
+    device: torch.device
+    total: int
+    """Updates planned."""
+    step: int = 0
+    """Updates done (the resumed ones included)."""
+    records: int = 0
+    """Lines written to metrics.jsonl: a resume keeps this many (:func:`gptcli.train.run.directory.reopen_metrics`)."""
+    checkpoints: Path | None = None
+    """Where step checkpoints go (``RUN/checkpoints``, or the hidden directory's); None: the run writes none."""
+    logger: RunLogger | None = None
+    """Rank 0 only: metrics.jsonl (and TensorBoard, W&B)."""
+    last_checkpoint: Path | None = None
+    """The newest step checkpoint this process wrote or resumed from."""
+    saved: Hashable = None
+    """The job's position (:meth:`Job.position`) that the newest step checkpoint holds: a stop there saves nothing new."""
+    first_step: int = 0
+    """The step this process started from (the resumed one), for rates and the ETA."""
+    started: float = field(default_factory=time.perf_counter)
+    watch: NonFiniteWatch = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.watch = NonFiniteWatch(self.device)
+
+    def log(self, record: dict[str, Any]) -> None:
+        """A line of metrics.jsonl (rank 0 writes; every rank counts, as rank 0 does)."""
+        if self.logger is not None:
+            self.logger.log(record)
+        self.records += 1
+
+
+@dataclass(frozen=True)
+class Moment:
+    """What follows an update (or, for :meth:`Job.owed`, a restored position)."""
+
+    log: bool = False
+    evaluate: bool = False
+    save: bool = False
+
+    @property
+    def sync(self) -> bool:
+        """Whether the update's figures are read back from the device (a sync point)."""
+        return self.log or self.evaluate or self.save
+
+
+class Job(Protocol):
+    """What a kind of run passes to :func:`train`: its data, its loss, its cadences, its checkpoint contents."""
+
+    state: RunState
+    par: Parallel
+    model: nn.Module
+    """The bare model whose weights are checked before every checkpoint."""
+    resumable: bool
+    """Whether the run writes step checkpoints and stops cleanly on a signal."""
+
+    def finished(self) -> bool:
+        """Whether every planned update is done."""
+
+    def update(self) -> torch.Tensor:
+        """Queue the next update on the device without waiting for it (``state.step`` counts it); its loss."""
+
+    def moment(self) -> Moment:
+        """What follows the update just queued."""
+
+    def owed(self) -> Moment | None:
+        """What a restored position still owes before the next update (an epoch trained but not scored), or None."""
+
+    def read(self) -> None:
+        """At a sync point: read the figures of the updates since the last one (one transfer)."""
+
+    def update_done(self, report: Progress, moment: Moment) -> None:
+        """After the update (and its read, if any): per-update bookkeeping such as throughput and progress."""
+
+    def log(self, report: Progress) -> None:
+        """A training line in metrics.jsonl and the progress report, from the figures :meth:`read` got."""
+
+    def evaluate(self, report: Progress, stop: GracefulStop) -> bool:
+        """Score the held-out data now; False when a signal cut it short (nothing changed: it is redone)."""
+
+    def position(self) -> Hashable:
+        """Where the run stands, as a step checkpoint would hold it."""
+
+    def save(self) -> Path:
+        """(Rank 0) Write a step checkpoint of this position and prune to ``keep_last``; its path."""
+
+
+def stop_handler(par: Parallel, resumable: bool) -> GracefulStop:
+    """How a run hears SIGINT/SIGTERM: as a flag, unless it cannot resume (then signals stay as they are); a worker
+    of a job (even of one process) hears one Ctrl-C twice, from the terminal and from the launcher, and must still
+    checkpoint: only a plain process takes a second signal as "stop at once"."""
+    if not resumable:
+        return GracefulStop(signals=())
+    return GracefulStop(escalate=type(par) is Parallel)
+
+
+def train(job: Job, stop: GracefulStop, report: Progress, max_minutes: float | None = None) -> str | None:
+    """Run the job's updates to the end. Returns the name of the signal that stopped it early (after a checkpoint),
+    or None when every update is done — or when ``max_minutes`` of updates passed first, which ends the run as its
+    last update would (evaluated and saved), with a warning that the schedule did not finish."""
+    deadline = None if max_minutes is None else time.monotonic() + 60.0 * max_minutes
+    owed = job.owed()
+    if owed is not None:
+        stopped = _follow(job, owed, stop, report)
+        if stopped is not None:
+            return stopped
+    unread = False
+    while not job.finished():
+        if deadline is not None and job.par.any(time.monotonic() >= deadline):  # every rank stops at the same update
+            report.note(f"stopped at the time limit ({max_minutes:g} min) after update {job.state.step} of "
+                        f"{job.state.total}: the learning-rate schedule did not finish", level="warn")
+            _finish_early(job, report, stop, unread)
+            return None
+        loss = job.update()
+        job.state.watch.observe(job.state.step, loss)
+        moment = job.moment()
+        if moment.sync:
+            settle(job)
+        unread = not moment.sync
+        job.update_done(report, moment)
+        stopped = _follow(job, moment, stop, report)
+        if stopped is not None:
+            return stopped
+    return None
+
+
+def _follow(job: Job, moment: Moment, stop: GracefulStop, report: Progress) -> str | None:
+    """What follows an update, in the one order: log, evaluate, save, and stop if a signal came."""
+    if moment.log:
+        job.log(report)
+    if moment.evaluate and not job.evaluate(report, stop):
+        return stop_here(job, stop)  # a signal came during the evaluation: it is redone on resume
+    if moment.save:
+        save(job)
+    if (moment.sync or job.par.world_size == 1) and job.par.any(stop.requested is not None):
+        if not moment.sync:
+            settle(job)  # never checkpoint past a divergence
+        return stop_here(job, stop)
+    return None
+
+
+def _finish_early(job: Job, report: Progress, stop: GracefulStop, unread: bool) -> None:
+    """End at the deadline as at the end of the schedule: figures read, evaluated, saved."""
+    if unread:
+        settle(job)  # never checkpoint past a divergence
+    job.evaluate(report, stop)
+    if job.state.saved != job.position():
+        save(job)
+
+
+def settle(job: Job) -> None:
+    """A sync point: stop the run if any update since the last one had a non-finite loss on any rank, then read the
+    figures."""
+    bad = job.state.watch.first()
+    first = float(bad[0]) if bad else math.inf
+    if job.par.world_size > 1:
+        first = -job.par.max([-first])[0]  # the earliest bad update of any rank
+    if math.isfinite(first):
+        update = int(first)
+        loss = bad[1] if bad and bad[0] == update else float("nan")  # another rank's: its value stayed there
+        job.state.step = update - 1  # the weights before that update produced it: the ones to distrust
+        raise diverged(job.state, f"loss became {loss} at update {update}")
+    job.read()
+
+
+def save(job: Job) -> None:
+    """Checkpoint the job's position (rank 0 writes, every rank checks the weights first), unless it cannot resume."""
+    if not job.resumable:
+        return
+    check_weights(job)
+    if job.par.is_main:
+        job.state.last_checkpoint = job.save()
+    job.state.saved = job.position()
+    job.par.barrier()
+
+
+def stop_here(job: Job, stop: GracefulStop) -> str:
+    """Checkpoint where the run stands for a signal (unless the newest step checkpoint already holds it)."""
+    if job.state.saved != job.position():
+        save(job)
+    return stop.name or "signal"
+
+
+def check_weights(job: Job) -> None:
+    """Stop before saving non-finite weights: such a checkpoint would be the one ``--resume`` picks, and saving it
+    would prune a good one. Every rank checks (their weights are the same) so that all of them stop together."""
+    finite = torch.stack([torch.isfinite(p).all() for p in job.model.parameters()]).all()
+    if not bool(finite):
+        raise diverged(job.state, f"the weights became non-finite at update {job.state.step}")
+
+
+def diverged(state: RunState, what: str) -> NonFiniteLossError:
+    """The error that stops a diverged run, naming the newest checkpoint saved before the divergence.
+
+    ``what`` happened at update ``state.step + 1`` (a loss) or to the weights after update ``state.step``: either
+    way those weights are suspect, and so is a checkpoint saved from them (step ``state.step``; resuming from it
+    replays the same batch on the same weights). The checkpoints of earlier steps gave finite losses; the newest of
+    them is named, with the later ones to move away first (``--resume`` takes the newest)."""
+    good, later = None, []
+    for c in _step_checkpoints(state.checkpoints):
+        if _step_of(c) < state.step:
+            good = c
+        else:
+            later.append(c.name)
+    advice = "perhaps with a lower --lr or --precision fp32"
+    if good is None:
+        where = f"no checkpoint was saved before the divergence; start a new run with another --out, {advice}"
+    else:
+        first = f"move away the later {', '.join(later)}, then " if later else ""
+        where = f"the newest checkpoint from before the divergence is {good}; to continue from it, {first}" \
+                f"resume with --resume, {advice}"
+    return NonFiniteLossError(f"{what}; stopping ({where})")
+
+
+def _step_checkpoints(checkpoints: Path | None) -> list[Path]:
+    """The ``step-*`` checkpoints in ``checkpoints``, oldest first (none when the run writes none)."""
+    if checkpoints is None or not checkpoints.is_dir():
+        return []
+    found = [c for c in checkpoints.glob("step-*") if c.is_dir() and is_checkpoint(c)]
+    return sorted(found, key=lambda c: (_step_of(c), c.name))
+
+
+def _step_of(c: Path) -> int:
+    """A checkpoint's step: its header's, or its directory name's when the header is unreadable."""
+    try:
+        return read_header(c).step
+    except GPT1Error:
+        digits = c.name.rsplit("-", 1)[-1]
+        return int(digits) if digits.isdigit() else -1

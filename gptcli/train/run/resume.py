@@ -1,0 +1,98 @@
+"""What ``--resume`` continues from, and what it refuses to change.
+
+A resumed run must be the run it continues, or its checkpoints, metrics and results would describe a run that never
+happened. Every kind of run states, for each of its settings, whether it *defines* the run (a resume that changes
+it is refused, naming it), is *adjustable* (taken, with a note: how the same run is computed or how long it goes),
+or is taken *silently* (where things are, how the run is watched). :func:`check_resume` is the one check: the
+settings by those rules, the model's shape, and whatever inputs the job compares by content (pretraining's corpus,
+fine-tuning's init weights, data files and encoded examples).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from gptcli.checkpoint import Header, newest_intact
+from gptcli.errors import GPT1Error
+from gptcli.model.build import AnyConfig, arch_of
+from gptcli.progress import Progress
+
+# Model config fields a resume may change: dropout is regularisation, not shape (out_pdrop: the LSTM's).
+ADJUSTABLE_MODEL = ("embd_pdrop", "attn_pdrop", "resid_pdrop", "out_pdrop")
+
+
+@dataclass(frozen=True)
+class SettingRules:
+    """How a kind of run treats each field of its config on ``--resume`` (every field is in exactly one group:
+    tests/train/test_resume_rules.py)."""
+
+    defining: tuple[str, ...]
+    """Settings that define what the run's updates are: a resume that changes one is refused."""
+    adjustable: tuple[str, ...]
+    """Settings a resume may change, each noted when it does."""
+    silent: tuple[str, ...]
+    """Settings taken silently: where things are (compared by content instead), how the run is watched and kept,
+    and the switches that say what to do with ``--out`` this time."""
+    older_runs: Mapping[str, Any] = field(default_factory=dict)
+    """What a run recorded before a setting existed did (compared instead of the setting's default)."""
+
+    def setting_changes(self, config: Any, saved: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+        """(changed defining settings, changed adjustable ones) of ``config`` against the ``saved`` settings, each
+        as ``"key old → new"``. A key missing from ``saved`` was None (TOML has no null) or did not exist yet."""
+        defaults = {f.name: f.default for f in dataclasses.fields(config)} | dict(self.older_runs)
+        changed, adjusted = [], []
+        for key in self.defining + self.adjustable:
+            was, now = saved.get(key, defaults[key]), getattr(config, key)
+            if was != now:
+                (adjusted if key in self.adjustable else changed).append(f"{key} {was} → {now}")
+        return changed, adjusted
+
+
+def model_changes(header: Header, mcfg: AnyConfig) -> tuple[list[str], list[str]]:
+    """(changes of the model's architecture or shape, changes of its dropouts) against a checkpoint's header."""
+    changed, adjusted = [], []
+    if header.arch != arch_of(mcfg):  # the shared shape fields alone cannot tell an LSTM apart
+        changed.append(f"architecture {header.arch} → {arch_of(mcfg)}")
+    for key, was in header.model.items():
+        now = getattr(mcfg, key, was)
+        if now != was:
+            (adjusted if key in ADJUSTABLE_MODEL else changed).append(f"model {key} {was} → {now}")
+    return changed, adjusted
+
+
+def check_resume(out: str | Path, rules: SettingRules, config: Any, saved: Mapping[str, Any], header: Header,
+                 mcfg: AnyConfig, inputs: Sequence[str] = (), unexplained: str | None = None) -> list[str]:
+    """Refuse a resume from the checkpoint with ``header`` that would change what the run is — a changed input
+    (``inputs``, named by the job), architecture or shape, or defining setting — naming every change with its old
+    and new value; returns a note for the adjustable ones that changed. ``unexplained`` is a difference the job saw
+    but cannot attribute (fine-tuning's encoded examples): named only when nothing else explains it."""
+    shape, dropouts = model_changes(header, mcfg)
+    settings, adjusted = rules.setting_changes(config, saved)
+    changed = [*inputs, *shape, *settings]
+    if not changed and unexplained is not None:
+        changed.append(unexplained)
+    if changed:
+        raise GPT1Error(f"{out}: cannot resume with changed settings: {', '.join(changed)} (these define the run: "
+                        "resume without changing them, or start a new run with another --out)")
+    notes = [*dropouts, *adjusted]
+    return [f"resuming with changed settings: {', '.join(notes)}"] if notes else []
+
+
+def resume_point(out: Path, steps: Sequence[Path], verify: bool, report: Progress, *, overwrite: bool) -> Path:
+    """The step checkpoint a resume continues from: the newest of ``steps`` whose files verify, each newer damaged
+    one skipped with a warning naming it and why (with ``verify`` off: simply the newest). ``overwrite``: the run
+    can also be started over, which the refusal then offers."""
+    if not verify:
+        return steps[-1]
+    try:
+        path, skipped = newest_intact(out, candidates=steps)
+    except GPT1Error as e:
+        ways = ["restore a checkpoint", "pass --no-verify to resume from the newest anyway"]
+        ways += ["--overwrite to start the run over"] if overwrite else []
+        raise GPT1Error(f"{e} ({', '.join(ways[:-1])}, or {ways[-1]})") from None
+    for bad, why in skipped:
+        report.note(f"skipping checkpoint {bad.name}: {why}; resuming from {path.name}", level="warn")
+    return path
