@@ -54,6 +54,7 @@ from gptcli.fsutil import move_into_place, regular_file_problem, sha256_file, te
 from gptcli.locks import output_lock
 from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress, staged
+from gptcli.tokenizers.learned import LearnedBPETokenizer
 
 WORDS_FILE = "words.tmp"
 
@@ -124,8 +125,8 @@ class _Plan:
     workers: int
     cased: bool
     """The case setting in force: a reused tokenizer's own wins over ``cfg.cased``."""
-    reused: Any = None
-    """The tokenizer given with ``cfg.tokenizer`` (a LearnedBPETokenizer), or None to learn one."""
+    reused: Optional[LearnedBPETokenizer] = None
+    """The tokenizer given with ``cfg.tokenizer``, or None to learn one."""
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     """Inputs left out while expanding them (special files, link loops): warnings, and lines in the manifest."""
 
@@ -253,15 +254,15 @@ def _plan(cfg: PrepareConfig) -> _Plan:
     plan = _Plan(cfg, out, files, workers=cfg.workers or os.cpu_count() or 1, cased=cfg.cased, skipped=skipped)
     if cfg.tokenizer is not None:
         from gptcli.tokenizers import load_tokenizer
-        from gptcli.tokenizers.learned import LearnedBPETokenizer
 
-        plan.reused = load_tokenizer(_tokenizer_dir(cfg.tokenizer))
-        if not isinstance(plan.reused, LearnedBPETokenizer):
+        tok = load_tokenizer(_tokenizer_dir(cfg.tokenizer))
+        if not isinstance(tok, LearnedBPETokenizer):
             raise GPT1Error(
                 f"{cfg.tokenizer}: prepare encodes with sentencepiece tokenizers only "
-                f"(this one is {plan.reused.kind!r})"
+                f"(this one is {tok.kind!r})"
             )
-        plan.cased = plan.reused.cased  # the tokenizer's own setting wins: its vocabulary was learned that way
+        plan.reused = tok
+        plan.cased = tok.cased  # the tokenizer's own setting wins: its vocabulary was learned that way
     return plan
 
 
@@ -383,12 +384,11 @@ def _split_words(plan: _Plan, scan: _Scan, executor: Executor, path: Path, repor
     return words
 
 
-def _learn_or_reuse(plan: _Plan, words: _Words, report: Progress) -> tuple[Any, Optional[dict[str, int]]]:
+def _learn_or_reuse(plan: _Plan, words: _Words,
+                    report: Progress) -> tuple[LearnedBPETokenizer, Optional[dict[str, int]]]:
     """The tokenizer to encode with, and the manifest's description of the sample it was learned from."""
     if plan.reused is not None:
         return plan.reused, None
-    from gptcli.tokenizers.learned import LearnedBPETokenizer
-
     cfg, sample = plan.cfg, words.sample
     assert sample is not None
     with staged(report, "learn BPE"):
@@ -427,7 +427,7 @@ def _joined_ids(results: Iterable[tuple[bool, np.ndarray]], newline_id: int, dty
             arrays = []
 
 
-def _encode(plan: _Plan, scan: _Scan, words: _Words, tok: Any, executor: Executor, tmp: Path,
+def _encode(plan: _Plan, scan: _Scan, words: _Words, tok: LearnedBPETokenizer, executor: Executor, tmp: Path,
             report: Progress) -> _Encoded:
     """BPE-encode every document (in the pool) and write it to its split's shards."""
     dtype = token_dtype(tok.total_vocab)
@@ -452,8 +452,8 @@ def _encode(plan: _Plan, scan: _Scan, words: _Words, tok: Any, executor: Executo
     return _Encoded(shards, splits, dtype)
 
 
-def _manifest(plan: _Plan, scan: _Scan, tok: Any, sample_info: Optional[dict[str, int]], encoded: _Encoded,
-              warnings: list[str], tok_dir: Path) -> dict[str, Any]:
+def _manifest(plan: _Plan, scan: _Scan, tok: LearnedBPETokenizer, sample_info: Optional[dict[str, int]],
+              encoded: _Encoded, warnings: list[str], tok_dir: Path) -> dict[str, Any]:
     """What was made from what, with every setting and checksum (format: docs/formats.md)."""
     learned = plan.reused is None
     settings = to_dict(plan.cfg)

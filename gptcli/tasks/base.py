@@ -160,7 +160,7 @@ class Task:
             return MANUAL[self.folder]
         return f"official distribution: {self.source_url}" if self.source_url else "see docs/datasets.md"
 
-    def data_dir(self, data_dir: str | Path | None = None, *, root: str | Path | None = None) -> Path:
+    def data_dir(self, data_dir: str | os.PathLike[str] | None = None, *, root: str | Path | None = None) -> Path:
         """``data_dir`` if given, else ``<root>/<folder>`` (or under a :attr:`parent_folders` entry) with ``root``
         defaulting to :func:`data_root`; raises :class:`GPT1Error` naming the expected files and how to get them
         when missing. ``root`` serves callers that read several tasks from one folder (``gpt1 zeroshot --task all``)."""
