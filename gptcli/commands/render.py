@@ -99,14 +99,9 @@ def _constant_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def trivial_notes(results: Sequence[dict[str, Any]]) -> str:
-    """The words every results table ends with: the legend of the majority / chance level and its marks, then one
-    line per result whose predictions are all one label."""
-    return "\n".join(_legend(results) + _constant_lines(results))
-
-
 def _with_notes(table: Table, results: Sequence[dict[str, Any]], notes: bool) -> Table | Group:
-    """The table with :func:`trivial_notes` under it (the legend dim, the one-label sentences in yellow), at the
+    """The table with the notes every results table ends with under it: the legend of the majority / chance level
+    and its marks (dim), then one sentence per result whose predictions are all one label (yellow), at the
     console's width rather than the table's."""
     legend, constant = (_legend(results), _constant_lines(results)) if notes else ([], [])
     if not legend and not constant:
@@ -123,7 +118,7 @@ def results_table(results: Sequence[dict[str, Any]], title: str | None = None, *
     """Runs × tasks, headline metric ×100; the first row is GPT-1's published score (reference §6), the second what
     a trivial predictor scores on the same split (majority class of the training labels, or chance); a score no
     better than that is marked, and (``notes``) the legend and the runs whose predictions are all one label are said
-    in words under the table (:func:`trivial_notes`).
+    in words under the table (:func:`_with_notes`).
 
     The paper's numbers are test-set scores; ours are on the split named under each column (usually dev), so
     compare with that in mind.
@@ -166,7 +161,8 @@ def details_table(results: Sequence[dict[str, Any]], title: str | None = None, *
                   notes: bool = True) -> Table | Group:
     """One row per (run, task, metric) with every metric reported, ours marked when no better than a trivial
     predictor, that level beside it (column ``majority``, ``chance`` or both), the paper's headline and the
-    difference; ``notes``: :func:`trivial_notes` under it (off where a results table above already says them)."""
+    difference; ``notes``: the same notes under it as :func:`results_table` (off where a results table above already
+    says them)."""
     table = Table(title=title or "Task metrics (×100)")
     level_name = _level_name(results)
     for name, just in (("run", "left"), ("task", "left"), ("split", "left"), ("metric", "left"), ("ours", "right"),

@@ -72,17 +72,6 @@ class SpecialIds:
         return cls(tokenizer.start_id, tokenizer.delim_id, tokenizer.extract_id)
 
 
-def seqs_per_example(kind: str, n_choices: int = 0) -> int:
-    """How many sequences one example becomes."""
-    if kind in ("classification", "entailment"):
-        return 1
-    if kind in ("similarity", "regression"):
-        return 2
-    if kind == "multiple_choice":
-        return n_choices
-    raise ValueError(f"unknown task kind {kind!r}")
-
-
 # --------------------------------------------------------------------------------------------- truncation rules
 
 
