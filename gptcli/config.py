@@ -122,12 +122,6 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
     return cls(**kwargs)
 
 
-def replace(cfg: T, **overrides: Any) -> T:
-    """``dataclasses.replace`` that ignores ``None`` (an option the user did not give)."""
-    given = {k: v for k, v in overrides.items() if v is not None}
-    return dataclasses.replace(cfg, **given) if given else cfg
-
-
 def load_file(path: str | Path) -> dict[str, Any]:
     """Read a ``.toml`` or ``.json`` config file into a dict, with a one-line error on failure."""
     p = Path(path)

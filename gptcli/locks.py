@@ -45,11 +45,6 @@ def lock_path(out: str | Path) -> Path:
     return real.parent / f".{real.name}.lock"
 
 
-def holder(out: str | Path) -> dict | None:
-    """Who holds (or last held) the lock on ``out``, as written in its lock file; None when unknown."""
-    return _read_holder(lock_path(out))
-
-
 def describe(info: dict | None) -> str:
     if not info:
         return "another gpt1 run (its lock file does not say which)"

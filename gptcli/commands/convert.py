@@ -5,7 +5,7 @@ Options are derived from ConvertConfig (gptcli/interop/convert.py); the conversi
 
 from __future__ import annotations
 
-from typing import Any
+from rich.console import Console
 
 from gptcli.commands.options import Options, Parsed
 from gptcli.commands.render import stderr_console
@@ -46,7 +46,7 @@ def run(p: Parsed) -> None:
 command = OPTIONS.command(run)
 
 
-def render(console: Any, result: ConvertResult) -> None:
+def render(console: Console, result: ConvertResult) -> None:
     """Warnings first, then what was written."""
     from rich.markup import escape
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from rich.console import Console
 
 from gptcli.errors import GPT1Error
 from gptcli.outputs import next_free
+from gptcli.tasks.base import Task
 
 
-def model(spec: str | os.PathLike[str] | None, console: Any, flag: str = "--checkpoint") -> str:
+def model(spec: str | os.PathLike[str] | None, console: Console, flag: str = "--checkpoint") -> str:
     """``spec`` as a local checkpoint path: a path as given, a Hub id converted once, or — when ``spec`` is empty —
     the paper's model. Prints which model was used when it came from the Hub."""
     from gptcli.commands.render import RichProgress
@@ -35,7 +36,7 @@ def model(spec: str | os.PathLike[str] | None, console: Any, flag: str = "--chec
     return path
 
 
-def task_data(task: Any, data_dir: str | os.PathLike[str] | None, console: Any, *, check: bool = True) -> None:
+def task_data(task: Task, data_dir: str | os.PathLike[str] | None, console: Console, *, check: bool = True) -> None:
     """``task``'s data, before anything else happens. Missing from the default data root (``GPT1_DATA`` unset, no
     ``--data-dir``) and fetchable: fetched now, said, into ``~/.cache/gpt1/data`` (:mod:`gptcli.interop.datasets`:
     the official layout, counts checked) — the same as ``gpt1 fetch TASK``. A folder the user chose is never
@@ -70,7 +71,7 @@ def from_hub(spec: str | os.PathLike[str] | None) -> bool:
     return hub_id_of(os.fspath(spec) if spec else DEFAULT_MODEL) is not None
 
 
-def run_dir(base: str | Path, console: Any, flag: str = "--out") -> Path:
+def run_dir(base: str | Path, console: Console, flag: str = "--out") -> Path:
     """A fresh run directory for a run started without ``flag`` (see the module docstring); printed."""
     from gptcli.train.distributed import env_world
 

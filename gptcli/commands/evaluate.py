@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+from rich.console import Console
+
 from gptcli.commands.options import Options, Parsed
 from gptcli.commands.render import RichProgress, details_table, results_table, stderr_console, stdout_console
 from gptcli.errors import GPT1Error
@@ -78,7 +80,7 @@ def perplexity_table(rows: Sequence[Any], data: str | Path, split: str) -> Any:
     return table
 
 
-def show_task_results(results: Sequence[dict[str, Any]], console: Any, details: bool = True) -> None:
+def show_task_results(results: Sequence[dict[str, Any]], console: Console, details: bool = True) -> None:
     """Skipped rows, the combined runs × tasks table, every metric (``details``), and where each result went."""
     from rich.markup import escape
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.console import Console
+
 from gptcli.commands.options import CliOnly, Options, Parsed
 from gptcli.interop.datasets import FetchConfig, Fetched
 
@@ -44,7 +46,7 @@ def run(p: Parsed) -> None:
 command = OPTIONS.command(run)
 
 
-def _say(console: Any, r: Fetched) -> None:
+def _say(console: Console, r: Fetched) -> None:
     from rich.markup import escape
 
     if r.status == "fetched":

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
 from rich.markup import escape
 
 from gptcli.commands.options import CliOnly, Options, Parsed
@@ -66,7 +67,7 @@ def _facts(corpus: Any, summary: Any) -> str:
     return "\n".join(facts)
 
 
-def _print_sample(console: Any, corpus: Any, sample_tokens: int) -> None:
+def _print_sample(console: Console, corpus: Any, sample_tokens: int) -> None:
     """The first tokens of the first validation document, decoded: a glance at what the model will read."""
     from rich.panel import Panel
 
@@ -83,7 +84,7 @@ def _print_sample(console: Any, corpus: Any, sample_tokens: int) -> None:
     )
 
 
-def _verify(console: Any, corpus: Any, summary: Any, directory: Path) -> None:
+def _verify(console: Console, corpus: Any, summary: Any, directory: Path) -> None:
     with console.status("verifying shard checksums…"):
         problems = corpus.verify()
     n = sum(s.shards for s in summary.splits)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
+from rich.console import Console
 from rich.markup import escape
 
 from gptcli.commands.options import CliOnly, Options, Parsed
@@ -51,7 +52,7 @@ def run(p: Parsed) -> None:
 command = OPTIONS.command(run)
 
 
-def _summary(console: Any, result: PrepareResult, seconds: float) -> None:
+def _summary(console: Console, result: PrepareResult, seconds: float) -> None:
     """The splits table, then the tokenizer and the end-to-end speed in one line."""
     from gptcli.commands.inspect import splits_table
     from gptcli.data.shards import summarize

@@ -6,8 +6,7 @@ with its summary and seconds), then the final table of numbers and what they mea
 
 from __future__ import annotations
 
-from typing import Any
-
+from rich.console import Console
 from rich.markup import escape
 
 from gptcli.commands.options import Options, Parsed
@@ -53,7 +52,7 @@ def run(p: Parsed) -> None:
 command = OPTIONS.command(run)
 
 
-def render_summary(console: Any, result: QuickstartResult) -> None:
+def render_summary(console: Console, result: QuickstartResult) -> None:
     """The final table (value and meaning of each number) and the "what next" commands."""
     from rich.table import Table
 

@@ -19,7 +19,8 @@ from typing import Any, Sequence
 
 from rich.console import Console, Group
 from rich.markup import escape
-from rich.progress import BarColumn, Progress as Bars, ProgressColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (BarColumn, Progress as Bars, ProgressColumn, Task as BarTask, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 from rich.table import Table
 from rich.text import Text
 
@@ -98,14 +99,9 @@ def _constant_lines(results: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def trivial_notes(results: Sequence[dict[str, Any]]) -> str:
-    """The words every results table ends with: the legend of the majority / chance level and its marks, then one
-    line per result whose predictions are all one label."""
-    return "\n".join(_legend(results) + _constant_lines(results))
-
-
-def _with_notes(table: Any, results: Sequence[dict[str, Any]], notes: bool) -> Any:
-    """The table with :func:`trivial_notes` under it (the legend dim, the one-label sentences in yellow), at the
+def _with_notes(table: Table, results: Sequence[dict[str, Any]], notes: bool) -> Table | Group:
+    """The table with the notes every results table ends with under it: the legend of the majority / chance level
+    and its marks (dim), then one sentence per result whose predictions are all one label (yellow), at the
     console's width rather than the table's."""
     legend, constant = (_legend(results), _constant_lines(results)) if notes else ([], [])
     if not legend and not constant:
@@ -117,11 +113,12 @@ def _with_notes(table: Any, results: Sequence[dict[str, Any]], notes: bool) -> A
     return Group(table, text)
 
 
-def results_table(results: Sequence[dict[str, Any]], title: str | None = None, *, notes: bool = True) -> Any:
+def results_table(results: Sequence[dict[str, Any]], title: str | None = None, *,
+                  notes: bool = True) -> Table | Group:
     """Runs × tasks, headline metric ×100; the first row is GPT-1's published score (reference §6), the second what
     a trivial predictor scores on the same split (majority class of the training labels, or chance); a score no
     better than that is marked, and (``notes``) the legend and the runs whose predictions are all one label are said
-    in words under the table (:func:`trivial_notes`).
+    in words under the table (:func:`_with_notes`).
 
     The paper's numbers are test-set scores; ours are on the split named under each column (usually dev), so
     compare with that in mind.
@@ -160,10 +157,12 @@ def results_table(results: Sequence[dict[str, Any]], title: str | None = None, *
     return _with_notes(table, results, notes)
 
 
-def details_table(results: Sequence[dict[str, Any]], title: str | None = None, *, notes: bool = True) -> Any:
+def details_table(results: Sequence[dict[str, Any]], title: str | None = None, *,
+                  notes: bool = True) -> Table | Group:
     """One row per (run, task, metric) with every metric reported, ours marked when no better than a trivial
     predictor, that level beside it (column ``majority``, ``chance`` or both), the paper's headline and the
-    difference; ``notes``: :func:`trivial_notes` under it (off where a results table above already says them)."""
+    difference; ``notes``: the same notes under it as :func:`results_table` (off where a results table above already
+    says them)."""
     table = Table(title=title or "Task metrics (×100)")
     level_name = _level_name(results)
     for name, just in (("run", "left"), ("task", "left"), ("split", "left"), ("metric", "left"), ("ours", "right"),
@@ -194,7 +193,7 @@ def details_table(results: Sequence[dict[str, Any]], title: str | None = None, *
 class WarningsOnly(Progress):
     """What --quiet renders: no display, but a warning (a damaged checkpoint skipped on resume) is still printed."""
 
-    def __init__(self, console: Any) -> None:
+    def __init__(self, console: Console) -> None:
         self.console = console
 
     def note(self, message: str, *, level: str = "info") -> None:
@@ -227,7 +226,7 @@ class RichProgress(Progress):
     plain line, and live status at most one line every ``log_interval`` seconds, so logs stay readable.
     """
 
-    def __init__(self, console: Any, log_interval: float = 10.0) -> None:
+    def __init__(self, console: Console, log_interval: float = 10.0) -> None:
         self.console = console
         self.log_interval = log_interval
         self._bars: Any = None  # rich.progress.Progress, created on the first sized stage
@@ -279,7 +278,7 @@ class RichProgress(Progress):
             self.console.print(f"[green]✓[/] {escape(summary)} [dim]({seconds:.1f} s)[/]", highlight=False)
 
     # -- helpers
-    def _ensure_bars(self) -> Any:
+    def _ensure_bars(self) -> Bars:
         if self._bars is None:
             self._bars = Bars(
                 TextColumn("[bold]{task.description}"), BarColumn(bar_width=20), _AmountColumn(),
@@ -319,11 +318,11 @@ def _of(done: float, total: float | None, unit: str, sep: str = "/") -> str:
 class _AmountColumn(ProgressColumn):
     """``12.3 MB/40.0 MB`` for bytes, ``120/1,000 updates`` otherwise."""
 
-    def render(self, task: Any) -> Text:
+    def render(self, task: BarTask) -> Text:
         return Text(_of(task.completed, task.total, task.fields.get("unit", "")))
 
 
-def make_console(stderr: bool = False) -> Any:
+def make_console(stderr: bool = False) -> Console:
     """Every console gpt1 prints through: no emoji codes (``train.tsv:100:`` must not print as ``train.tsv💯``,
     nor a folder ``exp:warning:`` as ``exp⚠``), and, when not a terminal (piped to a file or a pager), lines
     that are not cut: a path in a log stays whole on its line. Messages built from user text (paths, file lines)
@@ -334,11 +333,11 @@ def make_console(stderr: bool = False) -> Any:
     return console
 
 
-def stderr_console() -> Any:
+def stderr_console() -> Console:
     """The console progress, notes and warnings go to (stdout stays for results a user may pipe)."""
     return make_console(stderr=True)
 
 
-def stdout_console() -> Any:
+def stdout_console() -> Console:
     """The console results go to."""
     return make_console()

@@ -50,12 +50,14 @@ from gptcli.data.transforms import Encoded, encode_examples, truncation_rule
 from gptcli.fsutil import sha256_file, write_text_atomic
 from gptcli.locks import output_lock
 from gptcli.progress import SILENT, Progress
+from gptcli.tasks.base import Example, Task
+from gptcli.tokenizers.base import Tokenizer
 
 FORMAT = 1
 ENV = "GPT1_CACHE"
 _SOURCES = ("tokenizers/text.py", "tokenizers/openai.py", "tokenizers/learned.py", "data/transforms.py")
 _LIBRARIES = ("ftfy", "spacy", "sentencepiece")
-_fingerprints: "weakref.WeakKeyDictionary[Any, str | None]" = weakref.WeakKeyDictionary()
+_fingerprints: "weakref.WeakKeyDictionary[Tokenizer, str | None]" = weakref.WeakKeyDictionary()
 
 
 def default_root() -> Path:
@@ -64,7 +66,7 @@ def default_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "gpt1" / "encoded"
 
 
-def tokenizer_id(tokenizer: Any) -> str | None:
+def tokenizer_id(tokenizer: Tokenizer) -> str | None:
     """The tokenizer's fingerprint, from what its ``save`` writes (so an in-memory tokenizer and its saved copy
     agree); None when it cannot be saved (then nothing is cached). Computed once per tokenizer object."""
     try:
@@ -98,7 +100,7 @@ def _code_and_libraries() -> dict[str, str]:
     return out
 
 
-def examples_sha256(examples: Sequence[Any]) -> str:
+def examples_sha256(examples: Sequence[Example]) -> str:
     """sha256 of every example's texts and answers, in order, each length-prefixed (boundaries are hashed too)."""
     h = hashlib.sha256()
     for ex in examples:
@@ -109,7 +111,8 @@ def examples_sha256(examples: Sequence[Any]) -> str:
     return h.hexdigest()
 
 
-def cache_key(task: Any, examples: Sequence[Any], tokenizer: Any, n_ctx: int) -> tuple[str, dict[str, Any]] | None:
+def cache_key(task: Task, examples: Sequence[Example], tokenizer: Tokenizer,
+              n_ctx: int) -> tuple[str, dict[str, Any]] | None:
     """(entry name, what it was made from), or None when the tokenizer has no fingerprint."""
     fp = tokenizer_id(tokenizer)
     if fp is None:
@@ -224,7 +227,7 @@ def _nest(flat: list[int], bounds: list[int], starts: list[int]) -> list[list[li
 # --------------------------------------------------------------------------------------------- the entry point
 
 
-def encode_cached(task: Any, examples: Sequence[Any], tokenizer: Any, n_ctx: int, *, cache: bool = True,
+def encode_cached(task: Task, examples: Sequence[Example], tokenizer: Tokenizer, n_ctx: int, *, cache: bool = True,
                   workers: int = 0, root: str | Path | None = None, progress: Progress | None = None,
                   what: str = "examples") -> list[Encoded]:
     """:func:`gptcli.data.transforms.encode_examples` through the cache (see the module docstring): the same

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from gptcli.errors import GPT1Error
+from gptcli.tasks.base import Example, Task
+from gptcli.tokenizers.base import Tokenizer
 
 KINDS = ("classification", "entailment", "similarity", "multiple_choice", "regression")
 
@@ -66,19 +68,8 @@ class SpecialIds:
     extract: int
 
     @classmethod
-    def of(cls, tokenizer: Any) -> "SpecialIds":
+    def of(cls, tokenizer: Tokenizer) -> "SpecialIds":
         return cls(tokenizer.start_id, tokenizer.delim_id, tokenizer.extract_id)
-
-
-def seqs_per_example(kind: str, n_choices: int = 0) -> int:
-    """How many sequences one example becomes."""
-    if kind in ("classification", "entailment"):
-        return 1
-    if kind in ("similarity", "regression"):
-        return 2
-    if kind == "multiple_choice":
-        return n_choices
-    raise ValueError(f"unknown task kind {kind!r}")
 
 
 # --------------------------------------------------------------------------------------------- truncation rules
@@ -195,7 +186,7 @@ def transform_ids(
     raise ValueError(f"unknown task kind {kind!r}")
 
 
-def truncation_rule(task: Any) -> str:
+def truncation_rule(task: Task) -> str:
     """The task's declared rule, else ``auto`` (chosen from the example's shape)."""
     return getattr(task, "truncation", None) or "auto"
 
@@ -204,7 +195,7 @@ def truncation_rule(task: Any) -> str:
 
 PARALLEL_MIN_TEXTS = 2000
 """Below this many distinct texts one process encodes them: starting workers would cost more than it saves."""
-_WORK: tuple[Any, Sequence[str]] | None = None
+_WORK: tuple[Tokenizer, Sequence[str]] | None = None
 """(tokenizer, texts) of the encode in progress, inherited by forked workers (nothing is pickled to them)."""
 
 
@@ -232,7 +223,7 @@ def _encode_range(bounds: tuple[int, int]) -> tuple[array, array]:
     return flat, lengths
 
 
-def encode_texts(tokenizer: Any, texts: Sequence[str], workers: int = 1) -> list[list[int]]:
+def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], workers: int = 1) -> list[list[int]]:
     """``tokenizer.encode_batch(texts)`` over ``workers`` processes (0 = all cores), in order: the same ids as one
     process, since every text is encoded on its own. Workers are forked (they inherit the tokenizer, whatever its
     kind); where fork is unavailable, or the input is small, one process encodes."""
@@ -260,7 +251,8 @@ def encode_texts(tokenizer: Any, texts: Sequence[str], workers: int = 1) -> list
     return out
 
 
-def encode_examples(task: Any, examples: Sequence[Any], tokenizer: Any, n_ctx: int, workers: int = 1) -> list[Encoded]:
+def encode_examples(task: Task, examples: Sequence[Example], tokenizer: Tokenizer, n_ctx: int,
+                    workers: int = 1) -> list[Encoded]:
     """Tokenize every field of ``examples`` (deduplicated, through ``encode_batch`` over ``workers`` processes, 0 =
     all cores) and lay them out."""
     if n_ctx < 8:

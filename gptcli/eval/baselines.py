@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from gptcli.eval.metrics import score_predictions
+from gptcli.tasks.base import Example, Task
 
 MARGIN = 1.0
 """Points (on the tables' ×100 scale) within which a score counts as the trivial level. One point is 3 examples of
@@ -41,7 +42,7 @@ CONSTANT_TOLERANCE = 1e-6
 """Regression predictions whose range is at most this are one constant score."""
 
 
-def label_counts(task: Any, examples: Sequence[Any]) -> dict[str, int] | None:
+def label_counts(task: Task, examples: Sequence[Example]) -> dict[str, int] | None:
     """Count per label string of the labeled ``examples``, every label of the task listed (zeros too) in the
     task's order; None for regression (no classes) or when no example is labeled."""
     if task.kind == "regression":
@@ -53,7 +54,7 @@ def label_counts(task: Any, examples: Sequence[Any]) -> dict[str, int] | None:
     return {task.labels[i]: int(n[i]) for i in range(len(task.labels))}
 
 
-def prediction_summary(task: Any, preds: Sequence[Any]) -> dict[str, Any]:
+def prediction_summary(task: Task, preds: Sequence[Any]) -> dict[str, Any]:
     """The prediction distribution: ``prediction_counts`` (count per predicted label, zeros included) or for
     regression ``prediction_stats`` (mean, std, min, max), and ``constant_prediction``: the label (or score) every
     prediction is, when two or more are all one, else None."""
@@ -72,7 +73,8 @@ def prediction_summary(task: Any, preds: Sequence[Any]) -> dict[str, Any]:
     return {"prediction_counts": counts, "constant_prediction": used[0] if one else None}
 
 
-def trivial_level(task: Any, examples: Sequence[Any], train_counts: dict[str, int] | None = None) -> dict[str, Any] | None:
+def trivial_level(task: Task, examples: Sequence[Example],
+                  train_counts: dict[str, int] | None = None) -> dict[str, Any] | None:
     """The trivial predictors' scores on the labeled ``examples`` (×100, keys as :func:`score_predictions`).
 
     ``train_counts`` (from :func:`label_counts` of the training examples) picks the majority label; without it the
@@ -94,7 +96,7 @@ def trivial_level(task: Any, examples: Sequence[Any], train_counts: dict[str, in
     return base
 
 
-def baseline_of(task: Any, train: Sequence[Any], evaluated: Sequence[Any]) -> dict[str, Any] | None:
+def baseline_of(task: Task, train: Sequence[Example], evaluated: Sequence[Example]) -> dict[str, Any] | None:
     """:func:`trivial_level` on ``evaluated`` with the majority label of the ``train`` examples (fine-tuning's own
     training set, subsampled or not: the labels the model saw)."""
     return trivial_level(task, evaluated, label_counts(task, train))

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from gptcli.errors import GPT1Error
+from gptcli.tokenizers.base import Tokenizer
 
 try:  # the optional extra: gpt1[eval]
     import lm_eval.models  # noqa: F401  (registers lm-eval's own models first; registering ours alone would hide them)
@@ -218,7 +219,7 @@ def rolling_requests(ids: Sequence[int], n_ctx: int) -> list:
     return out
 
 
-def stop_forms(tokenizer: Any, until: str | Sequence[str] | None) -> list[str]:
+def stop_forms(tokenizer: Tokenizer, until: str | Sequence[str] | None) -> list[str]:
     """Stop strings in the form generated text takes (``decode(encode(stop))``); whitespace with a line break is the
     newline the pipeline keeps; a stop that cleans away to nothing else is dropped (it could never be matched)."""
     if until is None:

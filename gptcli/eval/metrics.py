@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from gptcli.tasks.base import Example, Task
+
 ArrayLike = Sequence[float] | np.ndarray
 
 
@@ -110,7 +112,7 @@ def compute(names: Sequence[str], preds: ArrayLike, labels: ArrayLike) -> dict[s
     return out
 
 
-def score_predictions(task: Any, preds: Sequence[Any], examples: Sequence[Any]) -> dict[str, float]:
+def score_predictions(task: Task, preds: Sequence[Any], examples: Sequence[Example]) -> dict[str, float]:
     """The task's metrics ×100 (headline first), plus per-level accuracy for RACE-style ``extra["level"]``."""
     labels = [e.label for e in examples]
     names = list(dict.fromkeys((task.metric, *getattr(task, "extra_metrics", ()))))

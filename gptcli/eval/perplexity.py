@@ -15,13 +15,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
 from gptcli.checkpoint import TOKENIZER, load_checkpoint, read_header, resolve_checkpoint, verify_checkpoint
-from gptcli.data.shards import open_corpus, tokenizer_fingerprint
+from gptcli.data.shards import Corpus, open_corpus, tokenizer_fingerprint
 from gptcli.errors import GPT1Error
 from gptcli.model.kernels import set_kernels
 from gptcli.model.losses import IGNORE, next_token_nll
@@ -195,7 +195,7 @@ def corpus_perplexity(
     return rows
 
 
-def _check_checkpoint(checkpoint: Path, corpus: Any, verify: bool) -> None:
+def _check_checkpoint(checkpoint: Path, corpus: Corpus, verify: bool) -> None:
     """Refuse a checkpoint with an unreadable header, (``verify``) one whose files do not match their checksums, and
     one whose tokenizer is not the corpus's (when both have one to compare). Damage is checked first: a damaged
     tokenizer file is named as damaged, not as another tokenizer."""
@@ -211,7 +211,7 @@ def _check_checkpoint(checkpoint: Path, corpus: Any, verify: bool) -> None:
             f"tokenizer's ids means nothing: evaluate on a corpus prepared with --tokenizer {checkpoint / TOKENIZER})")
 
 
-def _corpus_vocab(corpus: Any) -> int | None:
+def _corpus_vocab(corpus: Corpus) -> int | None:
     """The corpus's vocabulary size (manifest, else its tokenizer), to catch a model from another tokenizer."""
     vocab = corpus.manifest.get("vocab_size")
     if vocab is None and (corpus.dir / "tokenizer").is_dir():

@@ -287,25 +287,3 @@ def _cache_dtype(model, device: torch.device, precision: str) -> torch.dtype:
     if p == "fp16":
         return torch.float16
     return next(model.parameters()).dtype
-
-
-def next_token_logprobs(model, contexts: Sequence[Sequence[int]], *, batch_size: int = 32, precision: Precision = "auto") -> torch.Tensor:
-    """Full next-token log-distribution (len(contexts), vocab) after each context (left-truncated to ``n_ctx``).
-
-    Used to inspect a heuristic (e.g. the top words after ``… very``); :func:`score` is what the tasks use.
-    """
-    n_ctx = model.config.n_ctx
-    device = next(model.parameters()).device
-    out = []
-    with torch.no_grad():
-        for s in range(0, len(contexts), batch_size):
-            chunk = [list(c)[-n_ctx:] for c in contexts[s : s + batch_size]]
-            longest = max(len(c) for c in chunk)
-            x = torch.zeros(len(chunk), longest, dtype=torch.long)
-            for b, c in enumerate(chunk):
-                x[b, : len(c)] = torch.tensor(c, dtype=torch.long)
-            with _autocast(device, precision):
-                h = model(x.to(device))
-            last = h[torch.arange(len(chunk), device=device), torch.tensor([len(c) - 1 for c in chunk], device=device)]
-            out.append(F.log_softmax(model.lm_logits(last).float(), dim=-1).cpu())
-    return torch.cat(out)

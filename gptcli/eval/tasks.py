@@ -41,7 +41,7 @@ from gptcli.locks import maybe_lock, output_lock
 from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress, staged
 from gptcli.runtime import resolve_device, resolve_precision
-from gptcli.tasks import ReadOptions, get_task
+from gptcli.tasks import Example, ReadOptions, Task, get_task
 
 RESULTS = "results.json"
 PREDICTIONS = "predictions.jsonl"
@@ -92,7 +92,7 @@ class EvalConfig:
     predictions; an LSTM is always padded. (gptcli/model/packed.py)"""
 
 
-def submission_name(task: Any) -> str:
+def submission_name(task: Task) -> str:
     """GLUE's file name for the task (``SST-2.tsv``, ``MNLI-mm.tsv``), else ``<task>.tsv``."""
     return f"{getattr(task, 'glue_name', '') or task.name}.tsv"
 
@@ -229,7 +229,7 @@ def _evaluate_task(task_name: str | None, checkpoint: str | Path, split: str, da
     return results
 
 
-def check_out_dir(out_dir: Path, checkpoint: Path, task: Any, data_dir: str | Path | None) -> None:
+def check_out_dir(out_dir: Path, checkpoint: Path, task: Task, data_dir: str | Path | None) -> None:
     """Refuse, before any scoring, an output folder that is not earlier evaluation results (a re-run replaces
     those whole) or that holds or lies inside what is evaluated: the checkpoint and the task's data."""
     inputs = [Path(checkpoint)]
@@ -240,7 +240,7 @@ def check_out_dir(out_dir: Path, checkpoint: Path, task: Any, data_dir: str | Pa
     check_output(out_dir, "eval", overwrite=True, inputs=inputs)
 
 
-def write_outputs(out_dir: Path, ck: Checkpoint, task: Any, split: str, examples: Sequence[Any],
+def write_outputs(out_dir: Path, ck: Checkpoint, task: Task, split: str, examples: Sequence[Example],
                   preds: Sequence[Any], outs: Sequence[list[float]], *, skipped: list[str], n_ctx: int) -> dict[str, Any]:
     """predictions.jsonl, the submission file of an unlabeled split, and results.json (returned), written in a
     temporary folder that replaces ``out_dir`` whole once complete (earlier results survive a failed run)."""
@@ -280,7 +280,7 @@ def write_outputs(out_dir: Path, ck: Checkpoint, task: Any, split: str, examples
     return results
 
 
-def _scorable_task(task_name: str | None, ck: Checkpoint) -> Any:
+def _scorable_task(task_name: str | None, ck: Checkpoint) -> Task:
     """The task to score (default: the one the checkpoint was fine-tuned on), if its head fits the checkpoint's."""
     trained_on = ck.meta.get("task", "")
     task = get_task(task_name or trained_on)
@@ -292,7 +292,7 @@ def _scorable_task(task_name: str | None, ck: Checkpoint) -> Any:
     return task
 
 
-def _check_labels(task: Any, split: str, examples: Sequence[Any]) -> None:
+def _check_labels(task: Task, split: str, examples: Sequence[Example]) -> None:
     """A split is labeled or unlabeled (a GLUE test file) throughout; a mix, or no examples, is an error."""
     if not examples:
         raise GPT1Error(f"{task.name}: split {split!r} has no examples")
@@ -301,13 +301,13 @@ def _check_labels(task: Any, split: str, examples: Sequence[Any]) -> None:
         raise GPT1Error(f"{task.name}: split {split!r} mixes labeled and unlabeled rows ({n_unlabeled} unlabeled)")
 
 
-def _label_string(task: Any, pred: Any) -> str:
+def _label_string(task: Task, pred: Any) -> str:
     if task.kind == "regression":
         return f"{float(pred):.3f}"
     return str(task.labels[pred]) if task.labels else str(pred)
 
 
-def write_predictions(path: Path, task: Any, examples: Sequence[Any], preds: Sequence[Any],
+def write_predictions(path: Path, task: Task, examples: Sequence[Example], preds: Sequence[Any],
                       outs: Sequence[list[float]], labeled: bool) -> Path:
     """``predictions.jsonl``: index, uid, predicted label string (and index), gold label, head outputs."""
     lines = []
@@ -324,7 +324,7 @@ def write_predictions(path: Path, task: Any, examples: Sequence[Any], preds: Seq
     return write_text_atomic(path, "".join(line + "\n" for line in lines))
 
 
-def write_submission(path: Path, task: Any, examples: Sequence[Any], preds: Sequence[Any]) -> Path:
+def write_submission(path: Path, task: Task, examples: Sequence[Example], preds: Sequence[Any]) -> Path:
     """A GLUE submission file: ``index\\tprediction`` with the row ids and GLUE's label strings."""
     rows = ["index\tprediction"] + [f"{ex.uid}\t{_label_string(task, p)}" for ex, p in zip(examples, preds)]
     return write_text_atomic(path, "\n".join(rows) + "\n")

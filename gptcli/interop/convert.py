@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from gptcli.checkpoint import atomic_directory, load_checkpoint, read_header, save_checkpoint, save_tensors
+from gptcli.checkpoint import Checkpoint, atomic_directory, load_checkpoint, read_header, save_checkpoint, save_tensors
 from gptcli.errors import DataError, GPT1Error
 from gptcli.interop.hf import config_from_hf, read_hf_config, state_dict_from_hf, state_dict_to_hf, write_hf_config
 from gptcli.model.gpt import GPT, ModelConfig
@@ -387,7 +387,7 @@ def to_hf(ckpt: str | Path, out: str | Path) -> tuple[Path, list[str]]:
     return path, warnings
 
 
-def _export_warnings(c: Any) -> list[str]:
+def _export_warnings(c: Checkpoint) -> list[str]:
     """What a Hugging Face export of checkpoint ``c`` leaves out or cannot name."""
     cfg, tok = c.config, c.tokenizer
     warnings: list[str] = []

@@ -7,8 +7,9 @@ real library function the full-scale commands use:
 
 1. :func:`collect_text` — the English text that ships with every Python installation: the docstrings of the
    standard library (module, class and function docstrings read with :mod:`ast`, one document per module, in path
-   order; nothing is downloaded and nothing is copied into the repository). A seeded share of the modules is held
-   out: their prose sentences become the toy task, the rest is the pretraining corpus.
+   order; nothing is downloaded and nothing is copied into the repository: :mod:`gptcli.pipelines.stdlib_text`).
+   A seeded share of the modules is held out: their prose sentences become the toy task, the rest is the
+   pretraining corpus.
 2. :func:`prepare_corpus` — :func:`gptcli.data.prepare.prepare` with a small learned BPE vocabulary.
 3. :func:`pretrain_model` — :func:`gptcli.train.pretrain.pretrain` of the ``tiny`` preset shrunk further, for as
    many updates as fit the time budget (the update time is measured first: :mod:`gptcli.pipelines.budget`), with
@@ -31,13 +32,10 @@ estimate of the later stages. Progress is reported through :mod:`gptcli.progress
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import json
 import math
-import random
 import shutil
-import sysconfig
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -49,14 +47,13 @@ from gptcli.fsutil import write_text_atomic
 from gptcli.locks import output_lock
 from gptcli.outputs import MARKER, check_output, mark
 from gptcli.pipelines import budget
+from gptcli.pipelines.stdlib_text import hold_out, stdlib_documents, stdlib_root
 from gptcli.progress import SILENT, Progress
 
 # What quickstart writes under its output directory (``overwrite`` replaces exactly these).
 OUTPUTS = ("text", "task", "corpus", "pretrain", "finetune", "eval", "zeroshot", "summary.json", "config.toml")
 # The hidden folder an earlier quickstart waits in while a new one runs over it.
 OLD_PREFIX = ".quickstart-old-"
-# Standard-library folders that are not documentation prose (tests, the IDLE test suite, installed packages).
-SKIP_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"})
 
 STAGES: tuple[tuple[str, str], ...] = (
     ("text", "Collect text: docstrings of the Python standard library"),
@@ -143,69 +140,6 @@ class QuickstartResult:
     paths: dict[str, str]
 
 
-# --------------------------------------------------------------------------------------------------- text
-
-
-def _docstrings(tree: ast.AST) -> Iterator[str]:
-    """Module, class and function docstrings in source order."""
-    nodes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-    if isinstance(tree, nodes):
-        doc = ast.get_docstring(tree, clean=True)
-        if doc:
-            yield doc
-    for child in ast.iter_child_nodes(tree):
-        if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) or not isinstance(child, ast.expr):
-            yield from _docstrings(child)
-
-
-def strip_doctests(doc: str) -> str:
-    """``doc`` without its doctest examples: each ``>>>`` line and the lines after it up to a blank line."""
-    kept: list[str] = []
-    in_example = False
-    for line in doc.split("\n"):
-        if line.lstrip().startswith(">>>"):
-            in_example = True
-        elif not line.strip():
-            in_example = False
-        if not in_example:
-            kept.append(line)
-    return "\n".join(kept).strip()
-
-
-def stdlib_documents(root: str | Path | None = None, max_modules: int | None = None) -> list[tuple[str, str]]:
-    """``(module, text)`` for every module under ``root`` (default: this Python's standard library) that has
-    docstrings, in sorted path order; doctest examples are left out. Unparsable files are skipped."""
-    base = Path(root) if root is not None else Path(sysconfig.get_paths()["stdlib"])
-    if not base.is_dir():
-        raise GPT1Error(f"{base}: no such folder to read docstrings from")
-    docs: list[tuple[str, str]] = []
-    for path in sorted(base.rglob("*.py")):
-        rel = path.relative_to(base)
-        if SKIP_DIRS.intersection(rel.parts[:-1]):
-            continue
-        try:
-            tree = ast.parse(path.read_bytes(), filename=str(path))
-        except (SyntaxError, ValueError, OSError):
-            continue  # e.g. lib2to3 test data written in Python 2
-        parts = [strip_doctests(d) for d in _docstrings(tree)]
-        text = "\n\n".join(p for p in parts if p)
-        if text:
-            module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
-            docs.append((module, text))
-            if max_modules is not None and len(docs) >= max_modules:
-                break
-    if len(docs) < 4:
-        raise GPT1Error(f"{base}: found docstrings in only {len(docs)} modules; need at least 4")
-    return docs
-
-
-def hold_out(docs: list[tuple[str, str]], fraction: float, seed: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """Split documents into (pretraining, held out for the task) by a seeded draw of whole modules."""
-    n = max(1, min(len(docs) - 2, round(fraction * len(docs))))
-    held = set(random.Random(seed).sample(range(len(docs)), n))
-    return [d for i, d in enumerate(docs) if i not in held], [d for i, d in enumerate(docs) if i in held]
-
-
 # --------------------------------------------------------------------------------------------------- output
 
 
@@ -226,8 +160,7 @@ def check_out(cfg: QuickstartConfig) -> Path:
         if foreign:
             raise GPT1Error(f"{out}: holds files quickstart did not write ({', '.join(foreign[:5])}); "
                             "refusing to overwrite it (choose another --out)")
-    stdlib = Path(cfg.stdlib) if cfg.stdlib is not None else Path(sysconfig.get_paths()["stdlib"])
-    check_output(out, "quickstart", overwrite=True, inputs=[stdlib])
+    check_output(out, "quickstart", overwrite=True, inputs=[stdlib_root(cfg.stdlib)])
     if out.is_dir() and any(out.iterdir()) and not cfg.overwrite:
         raise GPT1Error(f"{out}: directory is not empty; pass --overwrite to replace an earlier quickstart there "
                         "or choose another --out")

@@ -129,21 +129,6 @@ class Task:
         """Every file (or folder, for RACE) any split expects, relative to the task folder, without repeats."""
         return tuple(dict.fromkeys(f for s in self.splits.values() for f in s.files))
 
-    @property
-    def metric_names(self) -> tuple[str, ...]:
-        """The headline metric then the extra ones, as names in :data:`gptcli.eval.metrics.METRICS`."""
-        return (self.metric, *self.extra_metrics)
-
-    def label_string(self, label: int | float) -> str:
-        """A label as the official files (and GLUE submissions) write it: ``labels[i]``, or the STS-B score."""
-        if self.kind == "regression":
-            return f"{float(label):.3f}"
-        return self.labels[int(label)]
-
-    def label_index(self, label: str) -> int:
-        """Index of an official label string in :attr:`labels` (``ValueError`` if unknown)."""
-        return self.labels.index(label)
-
     def candidate_dirs(self, root: str | Path | None = None) -> list[Path]:
         """Where the task folder is looked for under ``root`` (default :func:`data_root`: ``$GPT1_DATA``, else
         ``~/.cache/gpt1/data``): ``<root>/<folder>``, then ``<root>/<parent>/<folder>`` for each of
@@ -160,7 +145,7 @@ class Task:
             return MANUAL[self.folder]
         return f"official distribution: {self.source_url}" if self.source_url else "see docs/datasets.md"
 
-    def data_dir(self, data_dir: str | Path | None = None, *, root: str | Path | None = None) -> Path:
+    def data_dir(self, data_dir: str | os.PathLike[str] | None = None, *, root: str | Path | None = None) -> Path:
         """``data_dir`` if given, else ``<root>/<folder>`` (or under a :attr:`parent_folders` entry) with ``root``
         defaulting to :func:`data_root`; raises :class:`GPT1Error` naming the expected files and how to get them
         when missing. ``root`` serves callers that read several tasks from one folder (``gpt1 zeroshot --task all``)."""

@@ -11,7 +11,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from gptcli.cli import app
-from gptcli.commands.render import details_table, results_table, trivial_notes
+from gptcli.commands.render import details_table, results_table
 from gptcli.eval.baselines import baseline_of, label_counts, prediction_summary, trivial_level
 from gptcli.eval.metrics import score_predictions
 from gptcli.tasks import get_task
@@ -71,7 +71,8 @@ def test_combined_table_shows_levels_and_flags_the_constant_run(real):
     assert "majority / chance" in details and "│ 81.2 ≈ majority │" in details and "│ 68.4 ≈ majority │" in details
     assert "all 408 predictions" in details
     assert "all 408 predictions" not in _text(details_table(results, notes=False))
-    assert trivial_notes(results).splitlines()[1:] == [
+    notes = results_table(results).renderables[1].plain  # the table, then its notes: the legend, one-label runs
+    assert notes.splitlines()[1:] == [
         'small-mrpc · mrpc (dev): all 408 predictions are "1": a constant predictor, whatever its scores look like.']
 
 

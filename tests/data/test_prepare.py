@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from gptcli.cli import main
-from gptcli.data.prepare import PrepareConfig, prepare, resolve_inputs, text_chunks
+from gptcli.data.inputs import resolve_inputs
+from gptcli.data.prepare import PrepareConfig, prepare
 from gptcli.data.shards import open_corpus
+from gptcli.data.workers import text_chunks
 from gptcli.errors import DataError, GPT1Error
 from gptcli.fsutil import sha256_file
 from gptcli.progress import RecordingProgress

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from gptcli.cli import main
-from gptcli.data.prepare import PrepareConfig, prepare, split_text, tail_cut
+from gptcli.data.documents import split_text, tail_cut
+from gptcli.data.prepare import PrepareConfig, prepare
 from gptcli.data.shards import open_corpus
 from gptcli.train.pretrain import PretrainConfig, pretrain
 

@@ -12,7 +12,6 @@ from gptcli.data.transforms import (
     encode_examples,
     multiple_choice,
     released_roc_max_len,
-    seqs_per_example,
     transform_ids,
     truncate_pair,
 )
@@ -54,12 +53,6 @@ def test_multiple_choice_one_sequence_per_answer_race_style():
 def test_multiple_choice_story_cloze_style():
     seqs = transform_ids("multiple_choice", [[10, 11]], [[30], [31, 32]], SP, 512)
     assert seqs == [[S, 10, 11, D, 30, E], [S, 10, 11, D, 31, 32, E]]
-
-
-def test_seqs_per_example():
-    assert seqs_per_example("classification") == 1 and seqs_per_example("entailment") == 1
-    assert seqs_per_example("similarity") == 2 and seqs_per_example("regression") == 2
-    assert seqs_per_example("multiple_choice", 4) == 4
 
 
 # --------------------------------------------------------------------------------------------- truncation

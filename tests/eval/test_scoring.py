@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gptcli.model.gpt import GPT, ModelConfig
-from gptcli.eval.scoring import Request, next_token_logprobs, score
+from gptcli.eval.scoring import Request, score
 from gptcli.progress import RecordingProgress
 from zs_toy_tokenizer import BagLM
 
@@ -143,14 +143,6 @@ def test_progress_is_one_stage_advanced_to_its_total(cache_min_context):
     assert all(kind == "advance" for kind, _ in rec.events[1:-1]) and sum(a["n"] for a in rec.of("advance")) == len(reqs)
     assert [(s.logprob, s.count) for s in got] == [(s.logprob, s.count) for s in score(model, reqs, batch_size=3, precision="fp32", cache_min_context=cache_min_context)]
     assert score(model, [], progress=rec) == [] and len(rec.of("stage")) == 1  # nothing to score: no stage
-
-
-def test_next_token_logprobs_matches_score():
-    model = _bag()
-    lp = next_token_logprobs(model, [[1, 2], [3]], precision="fp32")
-    assert lp.shape == (2, V)
-    (s,) = score(model, [Request.of([1, 2], [9])], precision="fp32")
-    assert float(lp[0, 9]) == pytest.approx(s.logprob, abs=1e-5)
 
 
 # --- parity with the reference implementation -------------------------------------------------------------------

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptcli.eval.scoring import Request, next_token_logprobs, score
+from gptcli.eval.scoring import Request, score
 from gptcli.model.lstm import LSTMLM, LSTMConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -41,11 +41,3 @@ def test_shared_context_state_matches_the_plain_path(cache_min_context):
     for r, s in zip(reqs, got):
         assert s.count == len(r.continuation)
         assert s.logprob == pytest.approx(_by_hand(m, r), abs=1e-4)
-
-
-def test_next_token_logprobs():
-    m = _model()
-    lp = next_token_logprobs(m, [[1, 2, 3], [4]], precision="fp32")
-    with torch.no_grad():
-        want = F.log_softmax(m.lm_logits(m(torch.tensor([[1, 2, 3]])))[0, -1], -1)
-    torch.testing.assert_close(lp[0], want, atol=1e-5, rtol=1e-5)

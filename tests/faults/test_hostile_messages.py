@@ -85,8 +85,8 @@ def test_prepare_workers_end_quietly_when_the_pool_is_terminated(tmp_path):
 def test_a_prepare_worker_does_not_keep_the_command_s_sigterm_handler(tmp_path):
     """The cause, checked directly: a forked worker inherits the command line's SIGTERM handler (which raises, and
     would print the worker's traceback when the pool terminates it); the worker's initializer restores the default."""
-    code = ("import signal\nfrom gptcli import cli\nfrom gptcli.data import prepare\ncli._catch_sigterm()\n"
-            "assert signal.getsignal(signal.SIGTERM) is cli._on_sigterm\nprepare._worker_init()\n"
+    code = ("import signal\nfrom gptcli import cli\nfrom gptcli.data import workers\ncli._catch_sigterm()\n"
+            "assert signal.getsignal(signal.SIGTERM) is cli._on_sigterm\nworkers._worker_init()\n"
             "print(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)")
     r = subprocess.run([sys.executable, "-c", code], env=one_thread_env(), capture_output=True, text=True, timeout=120)
     assert r.stdout.strip() == "True", r.stderr

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from gptcli.errors import GPT1Error
-from gptcli.pipelines.quickstart import OUTPUTS, QuickstartConfig, hold_out, stdlib_documents, summary_rows
+from gptcli.pipelines.quickstart import OUTPUTS, QuickstartConfig, summary_rows
 from gptcli.tasks import all_tasks, get_task
 from gptcli.tasks import shuffled
 
@@ -95,31 +95,6 @@ def test_registered_makes_the_task_visible_only_inside_the_block():
             pass
         assert get_task(shuffled.NAME) is task
     assert [t.name for t in all_tasks()] == before
-
-
-# --------------------------------------------------------------------------------------------- the corpus
-
-
-def test_stdlib_documents_are_deterministic_docstrings(tmp_path):
-    a = stdlib_documents(max_modules=15)
-    assert a == stdlib_documents(max_modules=15) and len(a) == 15
-    assert len({m for m, _ in a}) == 15 and all(t.strip() for _, t in a)
-    # a folder of our own: module, class and function docstrings in source order; doctest lines left out
-    (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "__init__.py").write_text('"""Package doc."""\n')
-    (tmp_path / "b.py").write_text(
-        '"""Module doc.\n\n>>> 1 + 1\n2\n"""\nclass C:\n    """Class doc."""\n    def f(self):\n        """Method doc."""\n'
-    )
-    (tmp_path / "a.py").write_text('def g():\n    """Function doc."""\n')
-    (tmp_path / "bad.py").write_text("print 'python 2'\n")
-    (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "t.py").write_text('"""Test doc."""\n')
-    (tmp_path / "z.py").write_text('"""Zed doc."""\n')
-    docs = stdlib_documents(tmp_path)
-    assert docs == [("a", "Function doc."), ("b", "Module doc.\n\nClass doc.\n\nMethod doc."),
-                    ("pkg", "Package doc."), ("z", "Zed doc.")]
-    train, held = hold_out(docs, 0.25, seed=0)
-    assert len(held) == 1 and sorted(train + held) == sorted(docs)
 
 
 # --------------------------------------------------------------------------------------------- a whole run

@@ -54,9 +54,9 @@ def test_registry_labels_kinds_metrics_match_glue_and_the_paper():
         assert {"train", "dev", "test"} <= set(t.splits), name
         assert t.source_url and t.notes and t.folder, name
         assert t.n_choices == {"race": 4, "race-m": 4, "race-h": 4, "storycloze": 2}.get(name, 0)
-    assert get_task("stsb").metric_names == ("pearson", "spearman")
-    assert get_task("mrpc").metric_names == ("f1", "accuracy") and get_task("rte").metric_names == ("accuracy",)
-    assert get_task("mnli").label_string(0) == "contradiction" and get_task("stsb").label_string(3.2) == "3.200"
+    for name, metrics in {"stsb": ("pearson", "spearman"), "mrpc": ("f1", "accuracy"), "rte": ("accuracy",)}.items():
+        assert (get_task(name).metric, *get_task(name).extra_metrics) == metrics, name  # headline first
+    assert get_task("mnli").labels[0] == "contradiction"
     assert [get_task(n).glue_name for n in ("mnli", "mnli-mm", "sst2", "stsb")] == ["MNLI-m", "MNLI-mm", "SST-2", "STS-B"]
 
 

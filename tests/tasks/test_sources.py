@@ -33,7 +33,7 @@ def test_mnli_columns_labels_and_both_dev_files(tmp_path):
     assert len(lines[0].split("\t")) == 16 and lines[0].endswith("label5\tgold_label")
     assert len((tmp_path / "MNLI" / "train.tsv").read_text().splitlines()[0].split("\t")) == 12
     train = get_task("mnli").read("train", tmp_path / "MNLI")
-    assert [get_task("mnli").label_string(e.label) for e in train] == ["entailment", "contradiction", "neutral"]
+    assert [get_task("mnli").labels[e.label] for e in train] == ["entailment", "contradiction", "neutral"]
     assert train[1].texts == ('He said "no.', "He agreed.") and train[2].uid == "2"
     assert len(get_task("mnli-mm").read("dev", tmp_path / "MNLI")) == 3
     assert [e.label for e in get_task("mnli").read("test", tmp_path / "MNLI")] == [None] * 3
