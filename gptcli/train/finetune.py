@@ -127,7 +127,7 @@ def _finetune(config: FinetuneConfig, progress: Progress | None, par: Parallel) 
     if not config.out:  # what `gpt1 finetune` chooses too (it says so before calling here)
         config = dataclasses.replace(config, out=str(next_free(default_run_dir(task.name))))
         report.note(f"run directory: {config.out}")
-    where = _plan_run_dir(config, task, report)
+    where = _decide_out(config, task, report)
     par.barrier()  # every rank has looked at the run directory before rank 0 writes in it
     if where.mode == "done":
         return finished_run(config, where.out, report, tidy=par.is_main)
@@ -150,7 +150,7 @@ def _finetune(config: FinetuneConfig, progress: Progress | None, par: Parallel) 
         return _finish(job, where.out)
 
 
-def _plan_run_dir(config: FinetuneConfig, task: Task, report: Progress) -> RunDirPlan:
+def _decide_out(config: FinetuneConfig, task: Task, report: Progress) -> RunDirPlan:
     """What this run does with ``out``: never an input (the --init checkpoint or run, the tokenizer, the task's
     data), never another kind of directory (a pretraining run, a folder of notes)."""
     inputs = [Path(p) for p in (config.init, config.tokenizer) if p and p.lower() != "none"]
@@ -178,12 +178,12 @@ def _build_job(setup: FinetuneSetup, gpt: LanguageModel, par: Parallel, where: R
     state = RunState(setup.device, total, checkpoints=where.out / CHECKPOINTS)
     job = FinetuneJob(setup, model, trainer, loss, state, par, resumable)
     if where.resume_from is not None:
-        for note in _check_resume(job, where.resume_from):
+        for note in _resume_notes(job, where.resume_from):
             report.note(note)
     return job
 
 
-def _check_resume(job: FinetuneJob, path: Path) -> list[str]:
+def _resume_notes(job: FinetuneJob, path: Path) -> list[str]:
     """The resume check (:func:`gptcli.train.run.resume.check_resume`) with fine-tuning's inputs compared by content:
     the init checkpoint's weights, the data files, and the encoded examples (what the tokenizer decides)."""
     header, setup, c = read_header(path), job.setup, job.setup.config
@@ -266,7 +266,7 @@ def plan_launch_run(config: FinetuneConfig, world_size: int) -> RunDirPlan:
     resumes from). A refusal here is the workers' own one-line error, before any process starts."""
     check_config(config)
     check_world(config, world_size)
-    return _plan_run_dir(dataclasses.replace(config, verify=False), get_task(config.task), SILENT)
+    return _decide_out(dataclasses.replace(config, verify=False), get_task(config.task), SILENT)
 
 
 def finished_run(config: FinetuneConfig, out: Path, report: Progress, tidy: bool = True) -> FinetuneResult:

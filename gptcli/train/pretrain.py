@@ -228,7 +228,7 @@ def _plan(config: PretrainConfig, par: Parallel, report: Progress) -> RunPlan:
     where = plan_run_dir(PRETRAIN_RUN, out, resume=config.resume, overwrite=False, verify=config.verify_data,
                          inputs=[Path(config.data)], report=report)
     if where.resume_from is not None:
-        for note in _check_resume(config, corpus, mcfg, where.resume_from):
+        for note in _resume_notes(config, corpus, mcfg, where.resume_from):
             report.note(note)
     verify_corpus(corpus, config)
     train_arrays = corpus.arrays("train")
@@ -255,7 +255,7 @@ def _saved_settings(header: ckpt.Header, run_dir: Path) -> dict[str, Any]:
         return {}
 
 
-def _check_resume(config: PretrainConfig, corpus: Corpus, mcfg: AnyConfig, path: Path) -> list[str]:
+def _resume_notes(config: PretrainConfig, corpus: Corpus, mcfg: AnyConfig, path: Path) -> list[str]:
     """The resume check (:func:`gptcli.train.run.resume.check_resume`) with pretraining's inputs compared by content:
     the corpus's tokenizer (refused on its own, first: nothing else would make sense) and its shards."""
     header = ckpt.read_header(path)

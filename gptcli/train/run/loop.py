@@ -31,9 +31,10 @@ from typing import Any, Hashable, Protocol, Sequence
 import torch
 import torch.nn as nn
 
-from gptcli.checkpoint import is_checkpoint, read_header
+from gptcli.checkpoint import read_header
 from gptcli.errors import GPT1Error
 from gptcli.progress import Progress
+from gptcli.train.run.directory import step_checkpoints
 from gptcli.train.runlog import RunLogger
 from gptcli.train.trainer import Parallel
 
@@ -308,7 +309,7 @@ def diverged(state: RunState, what: str) -> NonFiniteLossError:
     replays the same batch on the same weights). The checkpoints of earlier steps gave finite losses; the newest of
     them is named, with the later ones to move away first (``--resume`` takes the newest)."""
     good, later = None, []
-    for c in _step_checkpoints(state.checkpoints):
+    for c in step_checkpoints(state.checkpoints.parent) if state.checkpoints is not None else []:
         if _step_of(c) < state.step:
             good = c
         else:
@@ -321,14 +322,6 @@ def diverged(state: RunState, what: str) -> NonFiniteLossError:
         where = f"the newest checkpoint from before the divergence is {good}; to continue from it, {first}" \
                 f"resume with --resume, {advice}"
     return NonFiniteLossError(f"{what}; stopping ({where})")
-
-
-def _step_checkpoints(checkpoints: Path | None) -> list[Path]:
-    """The ``step-*`` checkpoints in ``checkpoints``, oldest first (none when the run writes none)."""
-    if checkpoints is None or not checkpoints.is_dir():
-        return []
-    found = [c for c in checkpoints.glob("step-*") if c.is_dir() and is_checkpoint(c)]
-    return sorted(found, key=lambda c: (_step_of(c), c.name))
 
 
 def _step_of(c: Path) -> int:
