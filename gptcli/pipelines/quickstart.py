@@ -205,8 +205,10 @@ def _remove(paths: Iterable[Path]) -> None:
 
 
 @dataclass
-class _Run:
-    """What the stages share: the settings, where everything goes, and the figures collected so far."""
+class _Stages:
+    """What the pipeline's stages share: the settings, where everything goes, and the figures collected so far. Not a
+    training run's state: the two runs inside the pipeline are ``pretrain()`` and ``finetune()``, each on the run
+    machinery every training run shares (:mod:`gptcli.train.run`)."""
 
     cfg: QuickstartConfig
     out: Path
@@ -251,7 +253,7 @@ def quickstart(config: QuickstartConfig, progress: Progress | None = None) -> Qu
     t_start = time.perf_counter()
     with output_lock(cfg.out), _replacing(check_out(cfg)) as out:
         save_config(cfg, out / "config.toml")
-        run = _Run(cfg, out, progress or SILENT, t_start, {"minutes_budget": cfg.minutes, "seed": cfg.seed})
+        run = _Stages(cfg, out, progress or SILENT, t_start, {"minutes_budget": cfg.minutes, "seed": cfg.seed})
         text = _stage(run, "text", collect_text, run)
         corpus_dir = _stage(run, "prepare", prepare_corpus, run, text)
         pre = _stage(run, "pretrain", pretrain_model, run, text, corpus_dir)
@@ -272,7 +274,7 @@ def _check(cfg: QuickstartConfig) -> None:
         raise GPT1Error(f"task_fraction must be in [0.05, 0.8], got {cfg.task_fraction}")
 
 
-def _stage(run: _Run, key: str, body: Callable[..., tuple[T, str]], *args: Any) -> T:
+def _stage(run: _Stages, key: str, body: Callable[..., tuple[T, str]], *args: Any) -> T:
     """Run one numbered stage: ``body(*args)`` returns (what the next stages need, a one-line summary)."""
     keys = [k for k, _ in STAGES]
     run.progress.stage(f"{keys.index(key) + 1}/{len(STAGES)} {dict(STAGES)[key]}")
@@ -287,7 +289,7 @@ def _stage(run: _Run, key: str, body: Callable[..., tuple[T, str]], *args: Any) 
     return value
 
 
-def collect_text(run: _Run) -> tuple[TaskText, str]:
+def collect_text(run: _Stages) -> tuple[TaskText, str]:
     """Stage 1: standard-library docstrings → the pretraining text (JSONL) and the toy task's files."""
     from gptcli.tasks import shuffled
 
@@ -331,7 +333,7 @@ def task_splits(train_docs: list[tuple[str, str]], held_docs: list[tuple[str, st
     return len(groups), splits
 
 
-def prepare_corpus(run: _Run, text: TaskText) -> tuple[Path, str]:
+def prepare_corpus(run: _Stages, text: TaskText) -> tuple[Path, str]:
     """Stage 2: the pretraining text → a corpus of token shards with a learned BPE vocabulary."""
     from gptcli.data.prepare import PrepareConfig, prepare
 
@@ -347,7 +349,7 @@ def prepare_corpus(run: _Run, text: TaskText) -> tuple[Path, str]:
                         f"vocabulary {cfg.vocab_size:,}")
 
 
-def pretrain_model(run: _Run, text: TaskText, corpus_dir: Path) -> tuple[Pretrained, str]:
+def pretrain_model(run: _Stages, text: TaskText, corpus_dir: Path) -> tuple[Pretrained, str]:
     """Stage 3: validation perplexity of the untrained model, the budget's number of updates, pretraining."""
     import torch
 
@@ -395,7 +397,7 @@ def _pretrain_config(cfg: QuickstartConfig, corpus_dir: Path, run_dir: Path) -> 
                           save_every=0, keep_last=1)
 
 
-def _plan_updates(run: _Run, text: TaskText, pc: Any, mcfg: Any, device: Any, precision: str,
+def _plan_updates(run: _Stages, text: TaskText, pc: Any, mcfg: Any, device: Any, precision: str,
                   ppl_before: float) -> float:
     """Time one update here, size pretraining to the budget (or ``pretrain_steps``), set ``pc``'s schedule;
     returns the seconds per update."""
@@ -434,7 +436,7 @@ def _later_stages_seconds(cfg: QuickstartConfig, splits: dict[str, list[Any]], s
     return budget.seconds_for_tokens(later_tokens, step_s, cfg.batch_size, cfg.seq_len) + 8.0
 
 
-def finetune_model(run: _Run, text: TaskText, pre: Pretrained) -> tuple[Path, str]:
+def finetune_model(run: _Stages, text: TaskText, pre: Pretrained) -> tuple[Path, str]:
     """Stage 4: fine-tune the pretrained model on the toy task (best dev epoch kept)."""
     from gptcli.tasks import shuffled
     from gptcli.train.finetune import FinetuneConfig, finetune
@@ -453,7 +455,7 @@ def finetune_model(run: _Run, text: TaskText, pre: Pretrained) -> tuple[Path, st
                            f"accuracy {dev.get('accuracy', float('nan')):.1f}% (epoch {ft.results['epoch']})")
 
 
-def evaluate_model(run: _Run, text: TaskText, checkpoint: Path) -> tuple[None, str]:
+def evaluate_model(run: _Stages, text: TaskText, checkpoint: Path) -> tuple[None, str]:
     """Stage 5: the fine-tuned model on the held-out test split, beside always answering the majority class."""
     from gptcli.eval.tasks import evaluate_task
     from gptcli.tasks import shuffled
@@ -470,7 +472,7 @@ def evaluate_model(run: _Run, text: TaskText, checkpoint: Path) -> tuple[None, s
                   f"MCC {ev['scores']['mcc']:.1f}")
 
 
-def zeroshot_models(run: _Run, text: TaskText, pre: Pretrained) -> tuple[None, str]:
+def zeroshot_models(run: _Stages, text: TaskText, pre: Pretrained) -> tuple[None, str]:
     """Stage 6: the paper's zero-shot CoLA heuristic on the test split, before and after pretraining."""
     from gptcli.checkpoint import load_checkpoint
     from gptcli.eval.zeroshot import cola as zeroshot_cola, write_results
@@ -495,7 +497,7 @@ def zeroshot_models(run: _Run, text: TaskText, pre: Pretrained) -> tuple[None, s
     return None, f"MCC {zs['before'].score:.1f} before pretraining → {zs['after'].score:.1f} after"
 
 
-def write_summary(run: _Run) -> QuickstartResult:
+def write_summary(run: _Stages) -> QuickstartResult:
     """``summary.json``: the numbers (non-finite ones as null), seconds per stage, paths and the settings."""
     from gptcli.config import to_dict
 
