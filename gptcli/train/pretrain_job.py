@@ -144,7 +144,9 @@ class PretrainJob:
                       save=every(step, config.save_every) or last)
 
     def owed(self) -> Moment | None:
-        return None  # a checkpoint is written after everything its update is followed by
+        """A run resumed at its last update has no update left: it still ends as every run does, validated (its
+        checkpoint holds this step already). Otherwise nothing: a checkpoint is written after all its update owed."""
+        return Moment(evaluate=True) if self.finished() else None
 
     def read(self) -> None:
         assert self.result is not None

@@ -290,16 +290,31 @@ def test_fine_tuning_stops_on_a_nan_naming_the_checkpoint_before_it(pretrained, 
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0000002", "step-0000004"]
 
 
-def test_an_old_pretraining_checkpoint_without_a_record_count_still_resumes(tmp_path):
-    """Checkpoints written before the run machinery counted metrics records cut metrics.jsonl back by step."""
+def _tiny_pretraining(tmp_path: Path) -> tuple[Path, dict]:
     from corpus_helpers import random_corpus
 
+    corpus, run = random_corpus(tmp_path / "corpus"), tmp_path / "run"
+    return run, dict(data=corpus, out=run, preset="tiny", model={"n_layer": 1, "n_embd": 32, "n_head": 2,
+                                                                 "n_inner": 64, "n_ctx": 16},
+                     seq_len=16, batch_size=4, warmup_steps=1, eval_every=2, save_every=2, log_every=1, device="cpu",
+                     precision="fp32", peak_flops=1e11)
+
+
+def test_a_finished_pretraining_run_resumed_as_it_was_validates_and_writes_nothing_new(tmp_path):
     from gptcli.train.pretrain import PretrainConfig, pretrain
 
-    corpus, run = random_corpus(tmp_path / "corpus"), tmp_path / "run"
-    kw = dict(data=corpus, out=run, preset="tiny", model={"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 64,
-                                                          "n_ctx": 16}, seq_len=16, batch_size=4, warmup_steps=1,
-              eval_every=2, save_every=2, log_every=1, device="cpu", precision="fp32", peak_flops=1e11)
+    run, kw = _tiny_pretraining(tmp_path)
+    first = pretrain(PretrainConfig(max_steps=2, **kw))
+    again = pretrain(PretrainConfig(max_steps=2, resume=True, **kw))
+    assert again.step == 2 and again.final_val_loss == first.final_val_loss
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0000002"]
+
+
+def test_an_old_pretraining_checkpoint_without_a_record_count_still_resumes(tmp_path):
+    """Checkpoints written before the run machinery counted metrics records cut metrics.jsonl back by step."""
+    from gptcli.train.pretrain import PretrainConfig, pretrain
+
+    run, kw = _tiny_pretraining(tmp_path)
     pretrain(PretrainConfig(max_steps=2, **kw))
     state = run / "checkpoints" / "step-0000002" / "training_state.json"
     doc = json.loads(state.read_text())
