@@ -184,19 +184,26 @@ def shared_tokens(e: Encoded) -> int:
     return sum(len(s) for s in e.seqs) - (len(e.seqs) - 1) * _common_prefix(e.seqs)
 
 
+FILL_TOKENS = 2048
+"""Tokens a filled evaluation batch grows to at most (:func:`filled_batches`). Story Cloze at gpt1 size ran 5.8 %
+faster per example in packed rows of ~1,000 tokens than of ~500, no faster at ~2,000; RACE-shaped batches filled to
+the padded batch's ~13,000 positions ran 13 % slower than rows of 8 examples (~3,500 tokens): the attention over
+a grid that large leaves the caches (docs/performance.md)."""
+
+
 def filled_batches(encoded: Sequence[Encoded], batch_size: int) -> list[list[int]]:
     """Evaluation batches for :func:`collate_shared`: longest first, as :func:`bucketed_batches` sorts them, each
     ``batch_size`` examples and then as many more as fit in the positions the padded batch of ``batch_size``
-    examples starting there would hold (``batch_size`` × its sequences × the longest). ``batch_size`` keeps
-    bounding the activations' memory, and the positions padding and repeated contexts took hold real work: the
-    linear layers multiply taller matrices (at Story Cloze's shapes about twice as many rows per call, measured
-    faster per row in docs/performance.md)."""
+    examples starting there would hold (``batch_size`` × its sequences × the longest) and in :data:`FILL_TOKENS`.
+    ``batch_size`` keeps bounding the activations' memory, and the positions padding and repeated contexts took
+    hold real work: at Story Cloze's shapes the linear layers multiply twice as many rows per call, measured faster
+    per row."""
     order = sorted(range(len(encoded)), key=lambda i: -encoded[i].length)
     batches: list[list[int]] = []
     at = 0
     while at < len(order):
         first = encoded[order[at]]
-        budget, used, batch = batch_size * len(first.seqs) * first.length, 0, []
+        budget, used, batch = min(batch_size * len(first.seqs) * first.length, FILL_TOKENS), 0, []
         while at < len(order) and (len(batch) < batch_size or used + shared_tokens(encoded[order[at]]) <= budget):
             used += shared_tokens(encoded[order[at]])
             batch.append(order[at])

@@ -14,7 +14,9 @@ At evaluation, a multiple-choice example's answers share their context: ``<s> st
 ending, and with causal attention so are its hidden states. :meth:`Packing.shared` packs that prefix once and each
 answer after it as a segment that attends to the prefix and causally to itself, at the positions it has in the full
 sequence: the answers' hidden states are the full sequences' (tests/model/test_packed.py), for a fraction of the
-work (Story Cloze: about 60% of the tokens; RACE: about a third).
+work (Story Cloze: about 60% of the tokens; RACE: about a quarter). All the answers of all the examples of such a row
+attend in one batched call per layer (:class:`SharedGrid`), as the standalone sequences of training do
+(:class:`Grid`).
 """
 
 from __future__ import annotations
