@@ -1,5 +1,5 @@
-"""Throughput of `gpt1 eval --task`: examples/s of a fine-tuned classifier on SST-2 dev, RTE dev and Story Cloze
-val, ours vs a plain Hugging Face loop, same process, same weights, same encoded examples.
+"""Throughput of `gpt1 eval --task`: examples/s of a fine-tuned classifier on SST-2 dev, RTE dev, Story Cloze val
+and a RACE-shaped dev set, ours vs a plain Hugging Face loop, same process, same weights, same encoded examples.
 
 - **ours**: the code ``gptcli.eval.tasks.evaluate_task`` runs between loading the checkpoint and writing the
   results: ``iterate(encoded, batch_size, shuffle=False, shared_extract=...)`` (length-sorted batches, packed with
@@ -7,7 +7,11 @@ val, ours vs a plain Hugging Face loop, same process, same weights, same encoded
   ``gptcli.model.classifier.predict`` (autocast at the chosen precision) on a ``FinetuneModel`` built as
   ``gpt1 finetune`` builds it (``HeadConfig(kind=task.kind, ...)``; random weights: speed does not depend on them).
 - **ours-padded**: the same with ``--layout padded`` (dynamic padding, every answer with its own copy of the
-  context): what ``gpt1 eval`` did before packing, the reference.
+  context), the reference the packed layout must equal.
+- **today**: what ``gpt1 eval`` ran before the packed layout and its batched shared-prefix attention (commit
+  bd50c94's ``--layout padded``, and the code of every release before): the padded batches through ``predict``'s
+  loop as it was then, one autocast region per batch (bf16 casts every weight again for each batch). In fp32 it is
+  ``ours-padded`` exactly. The evaluation target (``gpt1 eval`` ≥ 1.8× today's examples/s) is ``ours / today``.
 - **HF**: ``transformers.OpenAIGPTDoubleHeadsModel`` with the same body and head weights (the correspondence
   tests/model/test_classifier_parity.py pins: for these one-sequence tasks the multiple-choice summary layer is
   swapped for the 2-output ``W_y``, each example one "choice"), driven as a user would write it: the encoded
@@ -20,11 +24,15 @@ val, ours vs a plain Hugging Face loop, same process, same weights, same encoded
   on our length-sorted batches. It separates what the model code saves from what batching and skipping the LM
   logits save.
 
-Encoding (ftfy + spaCy + BPE, ``encode_examples``) is shared and timed once, outside the comparison. Variants run
-round-robin (``--repeats`` passes; the best pass reported). Reported: examples/s, ours/HF at each precision, and
-how often ours and HF predict the same label (same weights → same decisions up to rounding on near-ties).
+RACE has no real file here: ``race`` is a RACE-shaped set written in RACE's official layout from real English text
+(``benchmarks/_race_shaped.py``: passage, question and option lengths from the RACE paper's averages).
 
-    python benchmarks/eval_throughput.py --presets tiny,gpt1 --tasks sst2,rte --json eval.json
+Encoding (ftfy + spaCy + BPE, ``encode_examples``) is shared and timed once, outside the comparison. Variants run
+round-robin (``--repeats`` passes; the best pass reported). Reported: examples/s, ours/today, ours/padded, ours/HF
+at each precision, how often ours and HF predict the same label (same weights → same decisions up to rounding on
+near-ties), and the largest difference between ours' and the padded reference's head outputs.
+
+    python benchmarks/eval_throughput.py --presets tiny,gpt1 --tasks storycloze,race --no-hf --json eval.json
     python benchmarks/eval_throughput.py --presets tiny --tasks rte --limit 16 --repeats 1     # a quick check
 """
 
@@ -32,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,7 +49,7 @@ import torch
 from _machine import best_of, machine_header, write_json  # benchmarks/_machine.py (run as `python benchmarks/...`)
 
 SHARED = Path(os.environ.get("GPT1_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "data"
-SPLITS = {"sst2": "dev", "rte": "dev", "storycloze": "val"}
+SPLITS = {"sst2": "dev", "rte": "dev", "storycloze": "val", "race": "dev"}
 
 
 def build_models(task, size: str, tok):
@@ -77,8 +86,35 @@ def ours_predict(model, enc, batch_size: int, precision: str, regression: bool, 
 
     shared = model.head.config.extract_id if packed else None
     batches = iterate(enc, batch_size, shuffle=False, regression=regression, shared_extract=shared)
-    preds, _ = predict(model, batches, torch.device("cpu"), precision)
+    preds, outs = predict(model, batches, torch.device("cpu"), precision)
+    OUTPUTS[(packed, precision)] = outs
     return preds
+
+
+OUTPUTS: dict = {}
+"""(packed?, precision) → the head outputs of ours' latest pass, to compare the layouts."""
+
+
+@torch.no_grad()
+def today_predict(model, enc, batch_size: int, precision: str, regression: bool) -> list:
+    """``gpt1 eval`` before the packed layout (bd50c94 ``--layout padded``): padded batches, and ``predict``'s loop
+    as it was, with one autocast region per batch."""
+    from gptcli.data.batching import iterate
+    from gptcli.runtime import autocast
+
+    device = torch.device("cpu")
+    model.eval()
+    preds = {}
+    for batch in iterate(enc, batch_size, shuffle=False, regression=regression):
+        b = batch.to(device)
+        with autocast(device, precision):
+            out, _ = model(b.ids, b.n_seqs, b.packing)
+        p = model.head.predict(out).cpu().tolist()
+        o = out.float().cpu()
+        o = o.unsqueeze(-1) if o.dim() == 1 else o
+        for k, idx in enumerate(batch.index.tolist()):
+            preds[idx] = (p[k], [round(v, 6) for v in o[k].tolist()])
+    return [preds[i][0] for i in sorted(preds)]
 
 
 @torch.no_grad()
@@ -128,6 +164,11 @@ def bench(size: str, task_name: str, tok, args: argparse.Namespace) -> dict:
 
     task = get_task(task_name)
     folder = SHARED / "glue" / task.folder if (SHARED / "glue" / task.folder).is_dir() else SHARED / task.folder
+    if task_name == "race":
+        from _race_shaped import write_race_shaped  # benchmarks/_race_shaped.py
+
+        folder = write_race_shaped(Path(tempfile.mkdtemp(prefix="race-shaped-")), SHARED / "books",
+                                   args.limit or 500)
     examples = task.read(SPLITS[task_name], folder)[: args.limit]
     ours, hf = build_models(task, size, tok)
     n_ctx = ours.gpt.config.n_ctx
@@ -141,6 +182,8 @@ def bench(size: str, task_name: str, tok, args: argparse.Namespace) -> dict:
     def run(impl: str, prec: str) -> list:
         if impl in ("ours", "ours-padded"):
             return ours_predict(ours, enc, args.batch_size, prec, regression, packed=impl == "ours")
+        if impl == "today":
+            return today_predict(ours, enc, args.batch_size, prec, regression)
         if impl == "hf":
             return hf_predict(hf, plain, prec)
         by_position = hf_predict(hf, sorted_groups, prec, lean=True)
@@ -149,11 +192,14 @@ def bench(size: str, task_name: str, tok, args: argparse.Namespace) -> dict:
             out[i] = by_position[pos]
         return out
 
-    impls = ["ours", "ours-padded", "hf"] + ([] if args.no_hf_lean else ["hf-lean"])
+    impls = (["ours", "ours-padded", "today"] + ([] if args.no_hf else ["hf"])
+             + ([] if args.no_hf_lean or args.no_hf else ["hf-lean"]))
     variants = [(i, p) for p in args.precisions.split(",") for i in impls]
     for impl, prec in variants:  # warm-up on two batches
         if impl in ("ours", "ours-padded"):
             ours_predict(ours, enc[: 2 * args.batch_size], args.batch_size, prec, regression, packed=impl == "ours")
+        elif impl == "today":
+            today_predict(ours, enc[: 2 * args.batch_size], args.batch_size, prec, regression)
         else:
             hf_predict(hf, plain[:2], prec, lean=impl == "hf-lean")
     best, preds = best_of(run, variants, args.repeats)
@@ -165,21 +211,22 @@ def report(size, task_name, enc, encode_s, ours, best, preds, impls, args) -> di
     tokens = sum(len(s) for e in enc for s in e.seqs)
     print(f"\n{size} ({ours.gpt.num_params() / 1e6:.1f}M params) on {task_name} {SPLITS[task_name]}: {n} examples, "
           f"{tokens / n:.0f} tokens/example, batch {args.batch_size}; encoding (shared, not compared) {n / encode_s:.0f} ex/s")
-    print(f"  {'precision':<10}{'ours ex/s':>11}{'padded':>8}{'HF ex/s':>10}{'ours/HF':>9}{'HF lean ex/s':>14}"
-          f"{'agree':>9}{'ours vs fp32':>14}{'= padded':>10}")
+    print(f"  {'precision':<10}{'ours ex/s':>11}{'padded':>8}{'today':>8}{'ours/today':>12}{'ours/padded':>13}"
+          f"{'HF ex/s':>9}{'ours/HF':>9}{'HF lean':>9}{'agree HF':>10}{'= padded':>10}{'max |Δout|':>12}")
     rows = []
     for prec in args.precisions.split(","):
-        o, h, p = n / best[("ours", prec)], n / best[("hf", prec)], n / best[("ours-padded", prec)]
+        rate = {i: n / best[(i, prec)] if (i, prec) in best else float("nan") for i in impls + ["hf", "hf-lean"]}
+        o, p, t, h = rate["ours"], rate["ours-padded"], rate["today"], rate["hf"]
         same = _agreement(preds[("ours", prec)], preds[("ours-padded", prec)])
-        hs = n / best[("hf-lean", prec)] if "hf-lean" in impls else float("nan")
-        agree = _agreement(preds[("ours", prec)], preds[("hf", prec)])
-        o32 = _agreement(preds[("ours", prec)], preds.get(("ours", "fp32"), preds[("ours", prec)]))
-        print(f"  {prec:<10}{o:>11.1f}{p:>8.1f}{h:>10.1f}{o / h:>8.2f}×{hs:>14.1f}{100 * agree:>8.1f}%{100 * o32:>13.1f}%"
-              f"{100 * same:>9.1f}%", flush=True)
+        agree = _agreement(preds[("ours", prec)], preds[("hf", prec)]) if "hf" in impls else float("nan")
+        diff = max(abs(a - b) for x, y in zip(OUTPUTS[(True, prec)], OUTPUTS[(False, prec)]) for a, b in zip(x, y))
+        print(f"  {prec:<10}{o:>11.1f}{p:>8.1f}{t:>8.1f}{o / t:>11.2f}×{o / p:>12.2f}×{h:>9.1f}{o / h:>8.2f}×"
+              f"{rate['hf-lean']:>9.1f}{100 * agree:>9.1f}%{100 * same:>9.1f}%{diff:>12.2e}", flush=True)
         rows.append({"preset": size, "task": task_name, "precision": prec, "examples": n, "ours_ex_per_s": o,
-                     "ours_padded_ex_per_s": p, "ours_over_padded": o / p, "agreement_packed_padded": same,
-                     "hf_ex_per_s": h, "ours_over_hf": o / h, "hf_lean_ex_per_s": hs,
-                     "agreement_ours_hf": agree, "agreement_ours_vs_ours_fp32": o32, "encode_ex_per_s": n / encode_s})
+                     "ours_padded_ex_per_s": p, "today_ex_per_s": t, "ours_over_today": o / t,
+                     "ours_over_padded": o / p, "agreement_packed_padded": same, "max_abs_output_diff": diff,
+                     "hf_ex_per_s": h, "ours_over_hf": o / h, "hf_lean_ex_per_s": rate["hf-lean"],
+                     "agreement_ours_hf": agree, "encode_ex_per_s": n / encode_s})
     return {"preset": size, "task": task_name, "rows": rows}
 
 
@@ -191,12 +238,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="tiny,gpt1", help="model presets: tiny (4×256), gpt1 (the paper's 12×768)")
     ap.add_argument("--tasks", default="sst2,rte,storycloze",
-                    help="comma-separated: sst2, rte (their dev splits), storycloze (val)")
+                    help="comma-separated: sst2, rte (their dev splits), storycloze (val), race (RACE-shaped dev)")
     ap.add_argument("--limit", type=int, default=None, help="only the first N examples of each split")
     ap.add_argument("--batch-size", type=int, default=8, help="examples per forward pass (gpt1 eval's default: 8)")
     ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16 (CPU autocast)")
     ap.add_argument("--repeats", type=int, default=1, help="timed passes per variant (the best is reported)")
     ap.add_argument("--no-hf-lean", action="store_true", help="skip HF's body + head alone on our batches")
+    ap.add_argument("--no-hf", action="store_true", help="skip Hugging Face altogether (ours, padded and today only)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
     ap.add_argument("--peak-seconds", type=float, default=2.0, help="time spent measuring each matmul peak")
     ap.add_argument("--json", help="also write the results to this JSON file")

@@ -14,16 +14,24 @@ speed does not depend on the values):
   example is one "choice" holding 2 logits, so both models compute the same thing.
 - Story Cloze (multiple choice): two sequences per example, one per ending; softmax over the 2 endings.
 
-Batches are the fine-tuner's own: ``--batching random`` (the default, the paper's i.i.d. batches) or ``length``
-(length-bucketed), shuffled with a fixed seed, ``--batch`` examples (default 32, the paper's). Three variants run the
-same examples: ours **packed** (the default layout: every micro-batch's sequences end to end, no padding computed,
-``gptcli/model/packed.py``), ours **padded** (the reference layout) and HF (padded, as its API takes them), each at
-every precision, round-robin batch by batch so that noise on a shared machine hits all alike; each batch is timed
-``--repeats`` times. The fraction of positions each side computes that are padding is printed with the shape. Reported: examples/s from each batch's
-best time (the least disturbed by other processes) and from its median, and the ratio ours/HF at each precision. ``--profile`` prints a torch.profiler table of one update each.
+Batches are the fine-tuner's own, drawn with a fixed seed in each order of ``--batchings`` (default both):
+``random`` (the paper's i.i.d. batches, the fine-tuner's default) and ``length`` (length-bucketed, ``--batching
+length``), ``--batch`` examples (default 32, the paper's), split into micro-batches of ``--micro-batch`` examples with
+gradient accumulation as ``gpt1 finetune --micro-batch-size`` does — the same split on every side (at the paper's
+size Hugging Face's full-vocabulary logits of a whole batch of 32 do not fit a 24 GB machine). Three variants run
+the same examples: ours **packed** (the default layout: every micro-batch's sequences end to end, no padding
+computed by the linear layers, ``gptcli/model/packed.py``), ours **padded** (the reference layout) and HF (padded,
+as its API takes them), each at every precision, round-robin batch by batch so that noise on a shared machine hits
+all alike, each timed update after ``--settle`` untimed ones of the same variant (default 1: the first update after
+another variant's re-faults the memory that one freed and reshaped, and would time the allocator); each batch is
+timed ``--repeats`` times. Printed with each order: the fraction of the positions each side
+computes that are padding — HF and ours-padded in every layer; ours packed in none of the linear layers, only in the
+attention grid (its share of grid cells is printed). Reported: examples/s from each batch's best time (the least
+disturbed by other processes) and from its median, and the ratio ours/HF at each precision. ``--profile`` prints a
+torch.profiler table of one update each.
 
-    python benchmarks/finetune_throughput.py                          # tiny body (4×256), both shapes
-    python benchmarks/finetune_throughput.py --size gpt1 --batches 3 --repeats 3   # the paper's 12×768
+    python benchmarks/finetune_throughput.py                          # tiny body (4×256), both shapes and orders
+    python benchmarks/finetune_throughput.py --size gpt1 --micro-batch 16 --batches 2 --repeats 1   # the paper's
 """
 
 from __future__ import annotations
@@ -48,10 +56,15 @@ def main() -> None:
     ap.add_argument("--size", default="tiny", help="model preset: tiny (4×256, default) or gpt1 (the paper's 12×768)")
     ap.add_argument("--shapes", default="rte,storycloze", help="comma-separated: rte, storycloze")
     ap.add_argument("--batch", type=int, default=32, help="examples per update (paper: 32)")
-    ap.add_argument("--batching", default="random", choices=("random", "length"),
-                    help="random (the paper's, default) or length-bucketed batches")
+    ap.add_argument("--batchings", default="random,length",
+                    help="comma-separated batch orders: random (the paper's), length (length-bucketed)")
+    ap.add_argument("--micro-batch", type=int, default=None,
+                    help="examples per forward/backward, accumulated up to --batch (default: the whole batch)")
     ap.add_argument("--batches", type=int, default=4, help="timed updates per variant per repeat")
     ap.add_argument("--repeats", type=int, default=3, help="passes over the batches; the median is reported")
+    ap.add_argument("--settle", type=int, default=1,
+                    help="untimed updates of the same variant before each timed one (the first update after another "
+                         "variant's re-faults the memory that one freed: it times the allocator, not the update)")
     ap.add_argument("--n-ctx", type=int, default=512, help="context length (longer inputs are truncated)")
     ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16 (CPU autocast)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
@@ -71,16 +84,17 @@ def main() -> None:
           f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(default)')}, load average {os.getloadavg()[0]:.2f}")
     peak = {p: measure_cpu_peak(p, n=2048, seconds=2.0) for p in ("fp32", "bf16")}
     print(f"measured matmul peak: fp32 {peak['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.0f} GFLOP/s")
-    results = [r for shape in args.shapes.split(",") for r in bench_shape(shape, args)]
+    results = [r for shape in args.shapes.split(",") for batching in args.batchings.split(",")
+               for r in bench_shape(shape, batching, args)]
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpu": cpu_model(), "peak": peak, "threads": torch.get_num_threads(), "args": vars(args),
-                       "results": results}, f, indent=1)
+                       "load_average_end": os.getloadavg(), "results": results}, f, indent=1)
 
 
-def real_batches(shape: str, args: argparse.Namespace, tok) -> tuple[object, list, list]:
-    """The task and ``args.batches`` training batches of it as the fine-tuner draws them (fixed seed): padded and
-    packed layouts of the same examples."""
+def real_batches(shape: str, batching: str, args: argparse.Namespace, tok) -> tuple[object, list, list]:
+    """The task and ``args.batches`` training batches of it as the fine-tuner draws them in order ``batching``
+    (fixed seed), each as its list of micro-batches: padded and packed layouts of the same examples."""
     from gptcli.data.batching import collate, collate_packed, train_batches
     from gptcli.data.transforms import encode_examples
     from gptcli.tasks.registry import get_task
@@ -90,10 +104,12 @@ def real_batches(shape: str, args: argparse.Namespace, tok) -> tuple[object, lis
     task = get_task(name)
     examples = task.read(split, shared / "data" / sub)
     enc = encode_examples(task, examples, tok, args.n_ctx)
-    order = train_batches([e.length for e in enc], args.batch, args.batching, random.Random(0))
+    order = train_batches([e.length for e in enc], args.batch, batching, random.Random(0))
     order = [idx for idx in order if len(idx) == args.batch][: args.batches]
-    padded = [collate([enc[i] for i in idx]) for idx in order]
-    packed = [collate_packed([enc[i] for i in idx], tok.extract_id) for idx in order]
+    micro = args.micro_batch or args.batch
+    parts = [[idx[j : j + micro] for j in range(0, len(idx), micro)] for idx in order]
+    padded = [[collate([enc[i] for i in mb]) for mb in p] for p in parts]
+    packed = [[collate_packed([enc[i] for i in mb], tok.extract_id) for mb in p] for p in parts]
     return task, padded, packed
 
 
@@ -138,8 +154,9 @@ def hf_loss(model, batch):
     return out.mc_loss + LM_WEIGHT * out.loss
 
 
-def bench_shape(shape: str, args: argparse.Namespace) -> list[dict]:
-    """Time every (implementation, precision) variant on one task shape, round-robin; print and return the rows."""
+def bench_shape(shape: str, batching: str, args: argparse.Namespace) -> list[dict]:
+    """Time every (implementation, precision) variant on one task shape and batch order, round-robin; print and
+    return the rows."""
     import torch
 
     from gptcli.tokenizers.openai import OpenAIBPETokenizer
@@ -149,7 +166,7 @@ def bench_shape(shape: str, args: argparse.Namespace) -> list[dict]:
 
     shared = Path(os.environ.get("GPT1_SHARED", Path(__file__).resolve().parents[2] / "shared"))
     tok = OpenAIBPETokenizer.from_dir(shared / "data" / "openai-gpt-bpe")
-    task, batches, packed = real_batches(shape, args, tok)
+    task, batches, packed = real_batches(shape, batching, args, tok)
     ours, hf = build_models(task, args, tok)
     hf.config.extract_id = tok.extract_id
     cpu = torch.device("cpu")
@@ -162,7 +179,7 @@ def bench_shape(shape: str, args: argparse.Namespace) -> list[dict]:
             trainers[(name, prec)] = Trainer(m, opt, loss, lambda s: 6.25e-5, device=cpu, precision=prec,
                                              grad_clip=1.0)
     for key, tr in trainers.items():  # warm-up
-        tr.step(0, [inputs[key[0]][0]])
+        tr.step(0, inputs[key[0]][0])
     # times[key][i]: seconds of batch i in each repeat. Under contention from other processes a batch's best time
     # is the least disturbed one, so "best" (sum over batches of each batch's minimum) is the headline figure;
     # the median is printed beside it.
@@ -170,28 +187,30 @@ def bench_shape(shape: str, args: argparse.Namespace) -> list[dict]:
     for _ in range(args.repeats):
         for i in range(len(batches)):
             for key, tr in trainers.items():
+                for _ in range(args.settle):
+                    tr.step(1, inputs[key[0]][i]).read()
                 t0 = time.perf_counter()
-                tr.step(1, [inputs[key[0]][i]]).read()  # the read: the update is done when the clock stops
+                tr.step(1, inputs[key[0]][i]).read()  # the read: the update is done when the clock stops
                 times[key][i].append(time.perf_counter() - t0)
     n_ex = len(batches) * args.batch
     rate = {k: {"best": n_ex / sum(min(t) for t in ts), "median": n_ex / sum(statistics.median(t) for t in ts)}
             for k, ts in times.items()}
-    seqs = sum(b.ids.size(0) for b in batches)
-    tokens = sum(b.ids.numel() for b in batches)
-    real = sum(b.tokens for b in batches)
-    pads = 100 * (1 - real / tokens)
-    print(f"\n{shape} ({task.kind}, {batches[0].n_seqs} sequence(s)/example), {args.size} "
-          f"{ours.gpt.num_params() / 1e6:.1f}M params: {len(batches)} {args.batching} batches × {args.batch} examples, "
-          f"{seqs} sequences, padded length {tokens // seqs}; pad positions computed: HF and ours-padded {pads:.0f}%, "
-          f"ours (packed) 0%; {args.repeats} repeats")
+    pads, grid_pads, seqs, length = pad_fractions(batches, packed)
+    micro = f", micro-batches of {args.micro_batch}" if args.micro_batch else ""
+    print(f"\n{shape} ({task.kind}, {batches[0][0].n_seqs} sequence(s)/example), {args.size} "
+          f"{ours.gpt.num_params() / 1e6:.1f}M params: {len(batches)} {batching} batches × {args.batch} examples{micro}, "
+          f"{seqs} sequences, padded length {length:.0f}; pad positions computed: HF and ours-padded {100 * pads:.0f}%, "
+          f"ours (packed) 0% in the linear layers, {100 * grid_pads:.0f}% of the attention grid; {args.repeats} repeats")
     results = []
     for prec in precisions:
         o, p, h = rate[("ours", prec)], rate[("ours-padded", prec)], rate[("hf", prec)]
         print(f"  {prec}: ours {o['best']:7.2f} ex/s   ours-padded {p['best']:7.2f}   HF {h['best']:7.2f}   "
               f"ours/HF {o['best'] / h['best']:.2f}×  padded/HF {p['best'] / h['best']:.2f}×"
               f"   (medians: ours/HF {o['median'] / h['median']:.2f}×)")
-        results.append({"shape": shape, "precision": prec, "batching": args.batching, "pad_fraction_hf": pads / 100,
-                        "pad_fraction_ours": 0.0, "ours_ex_per_s": o, "ours_padded_ex_per_s": p, "hf_ex_per_s": h,
+        results.append({"shape": shape, "precision": prec, "batching": batching, "batch": args.batch,
+                        "micro_batch": args.micro_batch, "size": args.size, "pad_fraction_hf": pads,
+                        "pad_fraction_ours_linear": 0.0, "pad_fraction_ours_attention_grid": grid_pads,
+                        "ours_ex_per_s": o, "ours_padded_ex_per_s": p, "hf_ex_per_s": h,
                         "ratio_best": o["best"] / h["best"], "ratio_padded_best": p["best"] / h["best"],
                         "ratio_median": o["median"] / h["median"],
                         "ours_times": times[("ours", prec)], "hf_times": times[("hf", prec)]})
@@ -200,12 +219,22 @@ def bench_shape(shape: str, args: argparse.Namespace) -> list[dict]:
     return results
 
 
+def pad_fractions(padded: list, packed: list) -> tuple[float, float, int, float]:
+    """(pad share of the padded layout's positions, pad share of the packed layout's attention grid cells,
+    sequences, mean padded length), over every micro-batch."""
+    cells = sum(len(mb.packing.lengths) * max(mb.packing.lengths) for b in packed for mb in b)
+    real = sum(mb.packing.tokens for b in packed for mb in b)
+    positions = sum(mb.ids.numel() for b in padded for mb in b)
+    seqs = sum(mb.ids.size(0) for b in padded for mb in b)
+    return 1 - real / positions, 1 - real / cells, seqs, positions / seqs
+
+
 def profile(trainers: dict, first: dict) -> None:
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     for key, tr in trainers.items():
         with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-            tr.step(1, [first[key[0]]])
+            tr.step(1, first[key[0]])
         print(f"\n--- profile: {key[0]} {key[1]} ---")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 

@@ -19,8 +19,10 @@ Rules (documented in ``docs/zeroshot.md``):
   attends to); logits are computed only at the positions that are read, never over the whole sequence × vocabulary.
   Requests with the same context share one forward pass of it: when every continuation is a single token the
   context row alone gives all their log-probabilities (SST-2's ``positive``/``negative`` after ``very``); when
-  they are longer and the shared context is long, the context runs once into a KV cache (an LSTM: its recurrent
-  state) that all candidates continue from (RACE's four answers after one document). ``precision`` follows :func:`gptcli.runtime.resolve_precision`
+  they are longer, a GPT packs many contexts into one row, each once and followed by its candidates, which attend
+  to it as from a KV cache (``gptcli.model.packed.Packing.shared``: Story Cloze's two endings after one story,
+  RACE's four answers after one document, all in one attention call per layer); an LSTM runs a long shared
+  context once into its recurrent state, which all candidates continue from. ``precision`` follows :func:`gptcli.runtime.resolve_precision`
   (``auto``: bf16 autocast on CUDA and on CPUs with native bf16, fp32 otherwise); log-softmax is always fp32.
 - **Greedy.** Each :class:`Score` also says whether every scored token was the argmax where it was read (lm-eval's
   ``is_greedy``; :mod:`gptcli.eval.lmeval`).
@@ -125,6 +127,10 @@ def _plan(requests: Sequence[Request], n_ctx: int, cache_min_context: int):
     return rows, cached, truncated
 
 
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
 def _precision(device: torch.device, precision: str) -> str:
     from gptcli.runtime import resolve_precision
 
@@ -141,10 +147,11 @@ def _read(model, h: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, 
     """Log-probabilities of ``targets`` (N,) from hidden states ``h`` (N, d): logits only where they are read; and
     whether each target is the argmax there.
 
-    Called outside autocast with ``h`` cast back to the weights' dtype: the output projection is a small part of
-    the work here (only read positions) and fp32 logits keep close candidates apart.
+    Autocast is off here and ``h`` cast back to the weights' dtype: the output projection is a small part of the
+    work here (only read positions) and fp32 logits keep close candidates apart.
     """
-    logits = model.lm_logits(h.to(next(model.parameters()).dtype)).float()
+    with torch.autocast(h.device.type, enabled=False):
+        logits = model.lm_logits(h.to(next(model.parameters()).dtype)).float()
     lp = torch.gather(F.log_softmax(logits, dim=-1), 1, targets.unsqueeze(1)).squeeze(1)
     return lp, logits.argmax(dim=-1) == targets
 
@@ -157,7 +164,7 @@ def score(
     batch_size: int = 32,
     max_tokens: int | None = None,
     precision: Precision = "auto",
-    cache_min_context: int = 64,
+    cache_min_context: int | None = None,
     progress: Progress | None = None,
     stage: str = "scoring",
 ) -> list[Score]:
@@ -166,15 +173,21 @@ def score(
     ``model`` is a :class:`gptcli.model.gpt.GPT` or :class:`gptcli.model.lstm.LSTMLM` (anything with ``config.n_ctx``,
     ``forward(idx, cache)`` and ``lm_logits(h)`` whose cache :mod:`gptcli.model.build` makes). ``batch_size`` caps rows per forward pass and ``max_tokens`` (default ``batch_size × 128``)
     caps padded tokens per pass. Groups of requests sharing a context of at least ``cache_min_context`` tokens run
-    it once into a KV cache. ``progress`` sees one stage named ``stage`` with ``len(requests)`` as its total,
+    it once (default: any context for a GPT, whose shared contexts are packed with their candidates; 64 tokens for
+    an LSTM, whose candidates continue a copy of its state). ``progress`` sees one stage named ``stage`` with
+    ``len(requests)`` as its total,
     advanced by the requests each forward pass finishes (requests with nothing to score count at the end).
     """
     if not requests:
         return []
+    if cache_min_context is None:
+        cache_min_context = 1 if _packs(model) else 64
     was_training = model.training
     model.eval()
     try:
-        with staged(progress or SILENT, stage, total=len(requests)):
+        # One autocast region around every pass: it keeps its low-precision copy of each weight from the first pass
+        # to the last (the weights do not change here) instead of casting the model again for every pass.
+        with staged(progress or SILENT, stage, total=len(requests)), _autocast(_device(model), precision):
             return _score(model, requests, batch_size, max_tokens or batch_size * 128, precision, cache_min_context,
                           progress or SILENT)
     finally:
@@ -207,7 +220,10 @@ def _score(model, requests, batch_size, max_tokens, precision, cache_min_context
     rows, cached, truncated = _plan(requests, model.config.n_ctx, cache_min_context)
     totals = _Totals(len(requests), report)
     _score_rows(model, rows, batch_size, max_tokens, precision, totals)
-    _score_cached(model, cached, batch_size, precision, totals)
+    if _packs(model):
+        _score_packed(model, cached, batch_size, max_tokens, precision, totals)
+    else:
+        _score_cached(model, cached, batch_size, precision, totals)
     if totals.reported < len(requests):
         totals.finished(len(requests) - totals.reported)  # requests with no token to score are done too
     return [Score(float(s), int(c), t, m == 0)
@@ -242,6 +258,58 @@ def _score_rows(model, rows: list[_Row], batch_size: int, max_tokens: int, preci
             h = model(x.to(device))
         _read_at(model, h, [(b, p, t, i) for b, r in enumerate(batch) for p, t, i in r.reads], totals)
         totals.finished(len({i for r in batch for _, _, i in r.reads}))
+
+
+def _packs(model) -> bool:
+    """Whether ``model`` takes packed rows (a GPT; the LSTM continues a copy of its recurrent state instead)."""
+    from gptcli.model.gpt import GPT
+
+    return isinstance(model, GPT)
+
+
+def _score_packed(model, cached, batch_size: int, max_tokens: int, precision: str, totals: _Totals) -> None:
+    """Shared contexts of a GPT, several per forward pass (up to ``batch_size`` contexts and ``max_tokens``
+    tokens): one row holding each context once, then its candidates, each attending to its context and causally to
+    itself (``Packing.shared``) — the KV-cache continuation's attention, for every group in one call per layer."""
+    chunk: list = []
+    used = 0
+    for ctx, members in cached:
+        members = [(i, c) for i, c in members if c]
+        cost = len(ctx) + sum(len(c) - 1 for _, c in members)
+        if chunk and (used + cost > max_tokens or len(chunk) == batch_size):
+            _score_packed_row(model, chunk, precision, totals)
+            chunk, used = [], 0
+        chunk.append((ctx, members))
+        used += cost
+    if chunk:
+        _score_packed_row(model, chunk, precision, totals)
+
+
+def _score_packed_row(model, groups, precision: str, totals: _Totals) -> None:
+    """One packed row of ``groups`` (context, [(request, continuation)]): a continuation's first token is read
+    where its context ends, token j ≥ 1 where its own token j − 1 sits; the last block computes those rows only."""
+    from gptcli.model.packed import Packing
+
+    device = next(model.parameters()).device
+    prefixes, answers, rows, reads, at = [], [], [], [], 0
+    for ctx, members in groups:
+        prefixes.append(ctx)
+        answers.append([c[:-1] for _, c in members if len(c) > 1])
+        if ctx:
+            reads.extend((len(rows), c[0], i) for i, c in members)
+            rows.append(at + len(ctx) - 1)
+        at += len(ctx)
+        for i, c in members:
+            for j in range(1, len(c)):
+                reads.append((len(rows), c[j], i))
+                rows.append(at + j - 1)
+            at += len(c) - 1
+    ids, packing = Packing.shared(prefixes, answers, extract_id=-1)
+    with _autocast(device, precision):
+        h = model(torch.tensor([ids], device=device), packing=packing.to(device),
+                  rows=torch.tensor(rows, dtype=torch.long, device=device))
+    _read_at(model, h, [(0, r, t, i) for r, t, i in reads], totals)
+    totals.finished(sum(len(m) for _, m in groups))
 
 
 def _score_cached(model, cached, batch_size: int, precision: str, totals: _Totals) -> None:

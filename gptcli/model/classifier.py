@@ -33,7 +33,13 @@ class FinetuneModel(nn.Module):
 
     def forward(self, ids: torch.Tensor, n_seqs: int, packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(head outputs, final hidden states): the states also feed the auxiliary LM loss while training. With
-        ``packing``, ``ids`` is one row of the batch's sequences end to end (``gptcli.model.packed``)."""
+        ``packing``, ``ids`` is one row of the batch's sequences end to end (``gptcli.model.packed``); packed and
+        in eval mode, the states are the extract tokens' only."""
+        if packing is not None and not self.training:
+            # Evaluation reads nothing but the extract tokens' final states: the last block computes only those
+            # (``hidden`` is then their (1, B·S, d) states, in the head's order).
+            hidden = self.gpt(ids, packing=packing, rows=packing.extract)
+            return self.head.score(hidden[0], n_seqs), hidden
         hidden = self.gpt(ids) if packing is None else self.gpt(ids, packing=packing)
         return self.head(hidden, ids, n_seqs, packing), hidden
 
@@ -57,17 +63,19 @@ def predict(
     model.eval()
     preds: dict[int, Any] = {}
     outs: dict[int, list[float]] = {}
-    for batch in batches:
-        b = batch.to(device)
-        with autocast(device, precision):  # type: ignore[arg-type]
+    # One autocast region for every batch: it keeps the low-precision copy of each weight it makes for the first
+    # batch (the weights do not change here), where a region per batch would cast the whole model again each time.
+    with autocast(device, precision):  # type: ignore[arg-type]
+        for batch in batches:
+            b = batch.to(device)
             out, _ = model(b.ids, b.n_seqs, b.packing)
-        p = model.head.predict(out).cpu().tolist()
-        o = out.float().cpu()
-        o = o.unsqueeze(-1) if o.dim() == 1 else o
-        for k, idx in enumerate(batch.index.tolist()):
-            preds[idx] = p[k]
-            outs[idx] = [round(v, 6) for v in o[k].tolist()]
-        report.advance(len(p))
+            p = model.head.predict(out).cpu().tolist()
+            o = out.float().cpu()
+            o = o.unsqueeze(-1) if o.dim() == 1 else o
+            for k, idx in enumerate(batch.index.tolist()):
+                preds[idx] = p[k]
+                outs[idx] = [round(v, 6) for v in o[k].tolist()]
+            report.advance(len(p))
     order = sorted(preds)
     return [preds[i] for i in order], [outs[i] for i in order]
 

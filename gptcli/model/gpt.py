@@ -116,9 +116,17 @@ class CausalSelfAttention(nn.Module):
         self.resid_drop = Dropout(config.resid_pdrop)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
-                packing: Packing | None = None) -> torch.Tensor:
+                packing: Packing | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The block's attention output at every position, or at positions ``rows`` of a one-row batch only (every
+        position is still attended to: ``rows`` saves the output projection of the others)."""
         B, T, C = x.shape
-        q, k, v = self.qkv(x).split(self.n_embd, dim=2)
+        qkv = self.qkv(x)
+        dropout = self.attn_pdrop if self.training else 0.0
+        if packing is not None:
+            # Several sequences end to end in one row: each attends causally to itself only (packed.py).
+            y = segment_attention(qkv, self.n_head, dropout, packing)
+            return self._project(y, rows)
+        q, k, v = qkv.split(self.n_embd, dim=2)
         hd = C // self.n_head
         q = q.view(B, T, self.n_head, hd).transpose(1, 2)
         k = k.view(B, T, self.n_head, hd).transpose(1, 2)
@@ -127,11 +135,7 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             past = cache.pos
             k, v = cache.update(layer, k, v)
-        dropout = self.attn_pdrop if self.training else 0.0
-        if packing is not None:
-            # Several sequences end to end in one row: each attends causally to itself only (packed.py).
-            y = segment_attention(q, k, v, dropout, packing)
-        elif past == 0:
+        if past == 0:
             # Plain causal attention (attention.py: SDPA, or the CPU kernel when the kernels are on).
             y = causal_attention(q, k, v, dropout)
         elif T == 1:
@@ -141,7 +145,12 @@ class CausalSelfAttention(nn.Module):
             # Several new tokens after a cached prefix: causal mask offset by the prefix length.
             mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self._project(y.transpose(1, 2).contiguous().view(B, T, C), rows)
+
+    def _project(self, y: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        """The output projection (and its dropout) of the attention's (B, T, C) output, at ``rows`` only if given."""
+        if rows is not None:
+            y = y.index_select(1, rows)
         return self.resid_drop(self.proj(y))
 
 
@@ -168,8 +177,13 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
-                packing: Packing | None = None) -> torch.Tensor:
-        n = self.ln_1(x + self.attn(x, cache, layer, packing))
+                packing: Packing | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The block's output, at positions ``rows`` of a one-row batch only when given (what a last block whose
+        other states nobody reads computes: every row-wise layer after the attention runs on ``rows`` alone)."""
+        a = self.attn(x, cache, layer, packing, rows)
+        if rows is not None:
+            x = x.index_select(1, rows)
+        n = self.ln_1(x + a)
         return self.ln_2(n + self.mlp(n))
 
 
@@ -206,9 +220,13 @@ class GPT(TiedEmbeddingLM):
             n -= self.tok_emb.weight.numel() + self.pos_emb.weight.numel()
         return n
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, packing: Packing | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, packing: Packing | None = None,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states of the last block for token ids ``idx`` (B, T). With ``packing``, ``idx`` is one row of
-        sequences end to end (1, N), each with its own positions and attending to itself only."""
+        sequences end to end (1, N), each with its own positions and attending to itself only. ``rows`` (R,), for
+        one row: return only those positions' states (1, R, d), which the last block then computes alone — an
+        evaluation reads only its extract tokens, and every earlier block's states feed the later keys and values,
+        so the last block is the one with work to skip."""
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
         if packing is not None:
@@ -222,8 +240,11 @@ class GPT(TiedEmbeddingLM):
                 raise ValueError(f"sequence of {start + T} tokens exceeds the context of {self.config.n_ctx}")
             pos = torch.arange(start, start + T, device=idx.device)
         h = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        if rows is not None and B != 1:
+            raise ValueError(f"rows: states are selected from one row (a packed batch), got {B} rows")
+        last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
-            h = block(h, cache, i, packing)
+            h = block(h, cache, i, packing, rows if i == last else None)
         if cache is not None:
             cache.pos += T
         return h

@@ -91,7 +91,10 @@ class TaskHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor, ids: torch.Tensor, n_seqs: int, packing: Packing | None = None) -> torch.Tensor:
         """Logits (B, n_labels), answer scores (B, n_choices) or regression outputs (B,) in [0, 1] units."""
-        h = self.pooled(hidden, ids, packing)  # (B·S, d)
+        return self.score(self.pooled(hidden, ids, packing), n_seqs)
+
+    def score(self, h: torch.Tensor, n_seqs: int) -> torch.Tensor:
+        """:meth:`forward` from the extract states ``h`` (B·S, d), every example's sequences in turn."""
         B = h.size(0) // n_seqs
         kind = self.config.kind
         if kind in ("similarity", "regression"):

@@ -14,7 +14,9 @@ At evaluation, a multiple-choice example's answers share their context: ``<s> st
 ending, and with causal attention so are its hidden states. :meth:`Packing.shared` packs that prefix once and each
 answer after it as a segment that attends to the prefix and causally to itself, at the positions it has in the full
 sequence: the answers' hidden states are the full sequences' (tests/model/test_packed.py), for a fraction of the
-work (Story Cloze: about 60% of the tokens; RACE: about a third).
+work (Story Cloze: about 60% of the tokens; RACE: about a quarter). All the answers of all the examples of such a row
+attend in one batched call per layer (:class:`SharedGrid`), as the standalone sequences of training do
+(:class:`Grid`).
 """
 
 from __future__ import annotations
@@ -100,21 +102,20 @@ class Packing:
     def tokens(self) -> int:
         return sum(self.lengths)
 
-    def grid(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """(gather, scatter) indices between the row and a (S, Lmax) grid of its sequences: ``gather`` (S·Lmax,)
-        picks each grid cell's token from the row (a cell past a sequence's end repeats its first token), ``scatter``
-        (N,) is each token's cell. Attention runs over the grid in one batched call; pads sit after every real token
-        of their sequence, so causal attention never lets a real query see one."""
+    def grid(self, device: torch.device) -> "Grid":
+        """The :class:`Grid` of this row's sequences on ``device``, made once per batch for every layer."""
         if device not in self._grids:
-            width = max(self.lengths)
-            gather, scatter, start = [], [], 0
-            for s, n in enumerate(self.lengths):
-                gather.extend([start + j for j in range(n)] + [start] * (width - n))
-                scatter.extend(s * width + j for j in range(n))
-                start += n
-            self._grids[device] = (torch.tensor(gather, dtype=torch.long).to(device),
-                                   torch.tensor(scatter, dtype=torch.long).to(device))
+            self._grids[device] = Grid.of(self.lengths).to(device)
         return self._grids[device]
+
+    def shared_grid(self, device: torch.device) -> "SharedGrid":
+        """The :class:`SharedGrid` of a shared-prefix row on ``device``, made once per batch for every layer."""
+        key = ("shared", device)
+        if key not in self._grids:
+            if self.parents is None:
+                raise ValueError("shared_grid: this row has no shared prefixes")
+            self._grids[key] = SharedGrid.of(self.lengths, self.parents).to(device)
+        return self._grids[key]
 
     @property
     def span(self) -> int:
@@ -137,45 +138,170 @@ def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return t.to(device)
 
 
-_CAUSAL: dict[torch.device, torch.Tensor] = {}
+def _starts(lengths: Sequence[int]) -> list[int]:
+    starts = [0]
+    for n in lengths[:-1]:
+        starts.append(starts[-1] + n)
+    return starts
 
 
-def _causal(t: int, device: torch.device) -> torch.Tensor:
-    """A (≥ t, ≥ t) lower-triangular bool mask, one per device as long as the longest asked for (sliced after)."""
-    mask = _CAUSAL.get(device)
-    if mask is None or mask.size(0) < t:
-        mask = _CAUSAL[device] = torch.ones(t, t, dtype=torch.bool, device=device).tril()
-    return mask[:t, :t]
+def _layout(starts: Sequence[int], lengths: Sequence[int], groups: Sequence[Sequence[int]]) -> torch.Tensor:
+    """(G, W) row index of every cell of a grid whose row g holds the segments ``groups[g]`` end to end, padded to
+    the longest group with the group's first token (0 for an empty group): a pad cell's output is never read."""
+    rows = [[starts[s] + j for s in group for j in range(lengths[s])] for group in groups]
+    width = max(1, max((len(r) for r in rows), default=1))
+    return torch.tensor([r + [r[0] if r else 0] * (width - len(r)) for r in rows], dtype=torch.long)
 
 
-def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float,
-                      packing: Packing) -> torch.Tensor:
-    """Causal attention of a packed row, ``(1, H, N, hd)`` each: every sequence attends to itself only (and, in a
-    shared-prefix row, to its prefix first).
+@dataclass
+class Grid:
+    """Where each sequence of a packed row sits in a (S, Lmax) grid, one sequence per grid row, and the way back.
+
+    Attention runs over the grid in one batched call. A cell past its sequence's end repeats the sequence's first
+    token; it sits after every real token of its row, so causal attention never lets a real query see it, and its
+    own output is never read: its gradient is zero, which is why :class:`_ToGrid` may leave it out."""
+
+    cells: torch.Tensor
+    """(S, Lmax) row index of each cell's token."""
+    group: torch.Tensor
+    """(N,) the grid row of each row token."""
+    slot: torch.Tensor
+    """(N,) its column."""
+
+    @staticmethod
+    def of(lengths: Sequence[int]) -> "Grid":
+        group = [s for s, n in enumerate(lengths) for _ in range(n)]
+        slot = [j for n in lengths for j in range(n)]
+        cells = _layout(_starts(lengths), lengths, [[s] for s in range(len(lengths))])
+        return Grid(cells, torch.tensor(group, dtype=torch.long), torch.tensor(slot, dtype=torch.long))
+
+    def to(self, device: torch.device) -> "Grid":
+        return Grid(self.cells.to(device), self.group.to(device), self.slot.to(device))
+
+
+@dataclass
+class SharedGrid:
+    """A shared-prefix row (:meth:`Packing.shared`) laid out for attention in one batched call per layer.
+
+    Each prefix and its answers (one example) form a row of a (G, W) grid: the prefix's tokens, then every answer's
+    in turn, padded to the longest example. ``mask`` lets each query see the keys up to itself that belong to the
+    prefix or to its own segment: a prefix token attends causally within the prefix, an answer's token to the
+    whole prefix and causally to its own answer — what a KV-cache continuation computes, for all the answers of
+    all the examples at once. A pad cell repeats its example's first token; no real query sees it and its output
+    is never read. Evaluation only (no backward is written for it)."""
+
+    cells: torch.Tensor
+    """(G, W) row index of each cell's token."""
+    mask: torch.Tensor
+    """(G, 1, W, W) bool, True where a query may look (every query sees itself: no softmax row is empty)."""
+    back: torch.Tensor
+    """(N,) each row token's cell in the flattened grid."""
+
+    @staticmethod
+    def of(lengths: Sequence[int], parents: Sequence[int]) -> "SharedGrid":
+        """The grid of a row of segments ``lengths`` whose answers name their prefix in ``parents`` (host)."""
+        starts = _starts(lengths)
+        roots = [s for s, p in enumerate(parents) if p < 0]
+        answers: dict[int, list[int]] = {r: [] for r in roots}
+        for s, p in enumerate(parents):
+            if p >= 0:
+                answers[p].append(s)
+        cells = _layout(starts, lengths, [[r, *answers[r]] for r in roots])
+        width = cells.size(1)
+        owner = torch.full(cells.shape, -2, dtype=torch.long)  # each cell's segment (-1: the prefix; -2: a pad)
+        back = torch.zeros(sum(lengths), dtype=torch.long)
+        for g, r in enumerate(roots):
+            at = 0
+            for seg in (r, *answers[r]):
+                n = lengths[seg]
+                owner[g, at : at + n] = -1 if seg == r else seg
+                back[starts[seg] : starts[seg] + n] = torch.arange(g * width + at, g * width + at + n)
+                at += n
+        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        mask = causal & ((owner.unsqueeze(1) == -1) | (owner.unsqueeze(1) == owner.unsqueeze(2)))
+        return SharedGrid(cells, mask.unsqueeze(1), back)
+
+    def to(self, device: torch.device) -> "SharedGrid":
+        return SharedGrid(self.cells.to(device), self.mask.to(device), self.back.to(device))
+
+
+def _shared_attention(qkv: torch.Tensor, n_head: int, s: SharedGrid) -> torch.Tensor:
+    """:func:`segment_attention` of a shared-prefix row (evaluation): (1, N, 3·C) → (1, N, C).
+
+    The grid gathers whole token rows of ``qkv`` (``index_select`` of contiguous rows: a third of the time of
+    gathering per head) and attention reads q, k and v as strided views of them, in one call to PyTorch's SDPA with
+    the grid's mask. Measured against the alternatives (docs/performance.md): two calls (the prefixes causally, then
+    the answers against them) and the written-out kernel of ``kernels/attention.py`` were both slower on these
+    grids at evaluation, even for RACE's long passages."""
+    x, C = qkv[0], qkv.size(2) // 3
+    G, W = s.cells.shape
+    g = x.index_select(0, s.cells.view(-1)).view(G, W, 3, n_head, C // n_head).permute(2, 0, 3, 1, 4)
+    y = F.scaled_dot_product_attention(g[0], g[1], g[2], attn_mask=s.mask)  # (G, H, W, hd)
+    return y.transpose(1, 2).reshape(G * W, C).index_select(0, s.back).unsqueeze(0)
+
+
+def _cells(x: torch.Tensor, cells: torch.Tensor, parts: Sequence[int]) -> torch.Tensor:
+    """Rows ``x`` (N, 3, H, hd) (each token's q, k and v) gathered at ``cells`` (G, W) for the projections
+    ``parts`` (0 q, 1 k, 2 v): (len(parts), G, H, W, hd), contiguous, in one indexing pass — what attention's
+    batched products read with no further copy."""
+    H, device = x.size(2), x.device
+    which = torch.tensor(parts, device=device).view(-1, 1, 1, 1)
+    return x[cells.view(1, cells.size(0), 1, -1), which, torch.arange(H, device=device).view(1, 1, H, 1)]
+
+
+class _ToGrid(torch.autograd.Function):
+    """:func:`_cells` for q, k and v of a :class:`Grid`, whose backward is a gather too: every cell's token appears
+    once but for the pad cells, whose gradient is zero (:class:`Grid`), so no accumulation is needed (autograd's
+    own backward of the indexing scatters with accumulation, 2× slower on CPU)."""
+
+    @staticmethod
+    def forward(ctx, x, cells, group, slot):
+        ctx.save_for_backward(group, slot)
+        return _cells(x, cells, (0, 1, 2))
+
+    @staticmethod
+    def backward(ctx, grad):
+        group, slot = ctx.saved_tensors
+        H, device = grad.size(2), grad.device
+        parts, heads = torch.arange(3, device=device).view(1, 3, 1), torch.arange(H, device=device).view(1, 1, H)
+        return grad[parts, group.view(-1, 1, 1), heads, slot.view(-1, 1, 1)], None, None, None
+
+
+class _FromGrid(torch.autograd.Function):
+    """A (G, H, W, hd) grid's real cells back in row order (N, H, hd); the backward writes each token's gradient
+    into its cell (each cell at most once) over zeros."""
+
+    @staticmethod
+    def forward(ctx, y, group, slot):
+        ctx.save_for_backward(group, slot)
+        ctx.shape = y.shape
+        return y[group, :, slot]
+
+    @staticmethod
+    def backward(ctx, grad):
+        group, slot = ctx.saved_tensors
+        out = grad.new_zeros(ctx.shape)
+        out[group, :, slot] = grad
+        return out, None, None
+
+
+def segment_attention(qkv: torch.Tensor, n_head: int, dropout: float, packing: Packing) -> torch.Tensor:
+    """Causal attention of a packed row from its fused projections ``qkv`` (1, N, 3·C): every sequence attends to
+    itself only (and, in a shared-prefix row, to its prefix first); returns (1, N, C) in row order.
 
     Sequences that stand alone are gathered into a (S, H, Lmax, hd) grid and attended in one batched call (one call
     per sequence cost more in per-op overhead than the grid's padded attention: only the attention sees padding,
-    a few percent of a layer's work, never the linear layers). A shared-prefix row (evaluation) takes one attention
-    per answer, over its prefix's keys and its own."""
+    a few percent of a layer's work, never the linear layers). A shared-prefix row (evaluation) takes one batched
+    call too, whatever its number of examples and answers (:class:`SharedGrid`)."""
+    N, C = qkv.size(1), qkv.size(2) // 3
+    x = qkv[0].view(N, 3, n_head, C // n_head)
     if packing.parents is None:
-        gather, scatter = packing.grid(q.device)
-        H, hd, S, width = q.size(1), q.size(3), len(packing.lengths), max(packing.lengths)
-        grid = [t[0].index_select(1, gather).view(H, S, width, hd).transpose(0, 1) for t in (q, k, v)]
-        y = causal_attention(*grid, dropout)  # (S, H, Lmax, hd)
-        return y.transpose(0, 1).reshape(H, S * width, hd).index_select(1, scatter).unsqueeze(0)
-    qs, ks, vs = (t.split(packing.lengths, dim=2) for t in (q, k, v))
-    out = []
-    for s, parent in enumerate(packing.parents):
-        if parent < 0:
-            out.append(causal_attention(qs[s], ks[s], vs[s], dropout))
-            continue
-        past, n = packing.lengths[parent], packing.lengths[s]
-        # The answer's queries see the whole prefix and, causally, themselves: the KV-cache continuation's mask,
-        # rows past … past+n of one causal square.
-        mask = _causal(past + n, q.device)[past:, : past + n]
-        out.append(F.scaled_dot_product_attention(qs[s], torch.cat([ks[parent], ks[s]], 2),
-                                                  torch.cat([vs[parent], vs[s]], 2), attn_mask=mask, dropout_p=dropout))
-    return torch.cat(out, dim=2)
+        g = packing.grid(qkv.device)
+        y = causal_attention(*_ToGrid.apply(x, g.cells, g.group, g.slot), dropout)
+        return _FromGrid.apply(y, g.group, g.slot).view(1, N, C)
+    if dropout > 0.0:
+        raise ValueError("a shared-prefix row is for evaluation: attention dropout must be off")
+    return _shared_attention(qkv, n_head, packing.shared_grid(qkv.device))
 
 
-__all__ = ["Packing", "segment_attention"]
+__all__ = ["Grid", "Packing", "SharedGrid", "segment_attention"]

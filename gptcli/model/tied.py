@@ -49,6 +49,24 @@ class TiedEmbeddingLM(nn.Module):
                 return next_token_nll(padded, targets, classes=w.size(0))
         return next_token_nll(self.lm_logits(h), targets)
 
+    def lm_token_nll(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Next-token cross-entropy of each of ``targets`` (reduction "none") given hidden states ``h``: fine-tuning's
+        auxiliary loss, averaged per sequence by its caller.
+
+        With the kernels on (CPU) and no autocast, a batch large enough takes the padded product's logits whole, as
+        :meth:`lm_nll` does: the padding's columns get a zero gradient, where the sliced logits of
+        :meth:`lm_logits` send back a zero-filled copy of the whole padded product's gradient. Under bf16 autocast
+        it keeps the plain product, which measured faster at fine-tuning's micro-batches of about a thousand
+        positions (docs/performance.md)."""
+        w = self.tok_emb.weight
+        if kernels.enabled(w.device) and not torch.is_autocast_enabled(w.device.type):
+            from gptcli.model.kernels.tied import training_logits
+
+            padded = training_logits(h, w)
+            if padded is not None:
+                return next_token_nll(padded, targets, reduction="none", classes=w.size(0))
+        return next_token_nll(self.lm_logits(h), targets, reduction="none")
+
     def lm_loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of ``targets`` (already shifted; -100 = ignored) given ``idx``."""
         return self.lm_nll(self(idx), targets)

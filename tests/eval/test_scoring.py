@@ -121,6 +121,31 @@ def test_gpt_paths_agree_and_eval_mode():
         assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
 
 
+def test_gpt_packs_shared_contexts_with_their_candidates_as_a_kv_cache_continues_them(monkeypatch):
+    # Story Cloze's and RACE's zero-shot shape: one context, several multi-token candidates. A GPT packs the
+    # contexts of many groups into one row, each once, its candidates attending to it.
+    from gptcli.eval import scoring
+
+    cfg = ModelConfig(vocab_size=50, n_ctx=32, n_embd=32, n_layer=2, n_head=2, n_inner=64)
+    model = GPT(cfg).eval()
+    rnd = random.Random(7)
+    reqs = []
+    for _ in range(9):
+        ctx = [rnd.randrange(50) for _ in range(rnd.randrange(1, 26))]
+        reqs += [Request.of(ctx, [rnd.randrange(50) for _ in range(rnd.randrange(1, 6))]) for _ in range(rnd.choice([2, 4]))]
+    calls = []
+    hook = model.register_forward_hook(lambda m, args, kwargs, out: calls.append(kwargs.get("packing")), with_kwargs=True)
+    packed = score(model, reqs, batch_size=64, precision="fp32")
+    hook.remove()
+    assert len(calls) == 1 and calls[0] is not None  # every group in one packed row
+    plain = score(model, reqs, batch_size=64, precision="fp32", cache_min_context=10_000)
+    monkeypatch.setattr(scoring, "_packs", lambda m: False)
+    cached = score(model, reqs, batch_size=64, precision="fp32", cache_min_context=1)  # the KV-cache path
+    for a, b, c in zip(packed, plain, cached):
+        assert a.count == b.count == c.count and a.greedy == b.greedy == c.greedy
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-5) and a.logprob == pytest.approx(c.logprob, abs=1e-5)
+
+
 def test_bf16_close_to_fp32():
     cfg = ModelConfig(vocab_size=50, n_ctx=32, n_embd=32, n_layer=2, n_head=2, n_inner=64)
     model = GPT(cfg)

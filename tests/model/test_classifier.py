@@ -52,3 +52,17 @@ def test_regression_outputs_are_one_column_scores_in_range():
     preds, outs = predict(model, iterate(enc, 2, shuffle=False, regression=True), torch.device("cpu"))
     assert all(0.0 <= p <= 5.0 for p in preds) and all(len(o) == 1 for o in outs)
 
+
+
+def test_one_autocast_region_for_every_batch_computes_what_one_per_batch_does():
+    # predict keeps autocast's bf16 copies of the weights from the first batch to the last: the same casts, once.
+    from gptcli.runtime import autocast
+
+    model, enc = _model(), _examples(11)
+    cpu = torch.device("cpu")
+    _, outs = predict(model, iterate(enc, 4, shuffle=False), cpu, precision="bf16")
+    for batch in iterate(enc, 4, shuffle=False):
+        with torch.no_grad(), autocast(cpu, "bf16"):
+            out, _ = model(batch.ids, batch.n_seqs)
+        for k, i in enumerate(batch.index.tolist()):
+            assert outs[i] == [round(v, 6) for v in out.float()[k].tolist()]

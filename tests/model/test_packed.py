@@ -3,20 +3,24 @@
 Real task files encoded as fine-tuning encodes them: RTE, SST-2, STS-B (both orders) and Story Cloze (one sequence
 per answer), a batch of one very long and many short examples, and a batch whose examples are all cut to n_ctx.
 Head outputs, per-sequence LM losses, every real position's hidden state and every gradient agree in fp32 to 1e-5.
+At evaluation, shared prefixes (one attention call for every answer of every example) score what the padded batch
+does on real Story Cloze rows and on RACE in its official format, through ``predict`` as ``gpt1 eval`` runs it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
 
-from gptcli.data.batching import collate, collate_packed, collate_shared
-from gptcli.model.classifier import FinetuneModel
+from gptcli.data.batching import (FILL_TOKENS, collate, collate_packed, collate_shared, filled_batches, iterate,
+                                  shared_tokens)
+from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.heads import HeadConfig, TaskHead
 from gptcli.model.losses import lm_loss_per_sequence, lm_loss_per_sequence_packed
-from gptcli.model.packed import Packing
+from gptcli.model.packed import Packing, SharedGrid
 from gptcli.tasks import get_task
 from gptcli.train.finetune import FinetuneConfig
 from gptcli.train.finetune_setup import build_body, encode_task_data, read_task_data
@@ -24,10 +28,13 @@ from gptcli.train.finetune_setup import build_body, encode_task_data, read_task_
 pytestmark = pytest.mark.usefixtures("one_thread")
 TOL = dict(rtol=1e-5, atol=1e-5)
 TASKS = {"rte": "glue/RTE", "sst2": "glue/SST-2", "stsb": "glue/STS-B", "storycloze": "storycloze"}
+RACE = Path(__file__).resolve().parents[1] / "tasks" / "fixtures" / "RACE"
+"""RACE in its official layout (hand-written: RACE has no real file here)."""
 
 
-def _encoded(task_name, pretrained, shared_data, n_ctx=None, n=24):
-    cfg = FinetuneConfig(task=task_name, init=str(pretrained), data_dir=str(shared_data / TASKS[task_name]),
+def _encoded(task_name, pretrained, shared_data, n_ctx=None, n=24, data_dir=None):
+    data_dir = data_dir or shared_data / TASKS[task_name]
+    cfg = FinetuneConfig(task=task_name, init=str(pretrained), data_dir=str(data_dir),
                          max_train_examples=n, eval_split="", cache=False, workers=1, seed=3)
     task = get_task(task_name)
     gpt, tok, _ = build_body(cfg)
@@ -121,3 +128,76 @@ def test_shared_prefixes_score_what_full_sequences_do(task_name, pretrained, sha
     assert torch.equal(model.head.predict(got), model.head.predict(want))
     if task_name == "storycloze":  # the story is read once, not once per ending
         assert shared.packing.tokens < 0.75 * padded.mask.sum()
+
+
+def _shared_equals_padded(model, items, extract_id, regression):
+    """Head outputs of the shared-prefix row equal the padded batch's (fp32, 1e-5), and so do the predictions."""
+    model.eval()
+    with torch.no_grad():
+        padded = collate(items, regression)
+        want, _ = model(padded.ids, padded.n_seqs)
+        shared = collate_shared(items, extract_id, regression)
+        got, _ = model(shared.ids, shared.n_seqs, shared.packing)
+    torch.testing.assert_close(got, want, **TOL)
+    assert torch.equal(model.head.predict(got), model.head.predict(want))
+    return padded, shared
+
+
+def test_race_passages_are_read_once_and_score_what_full_sequences_do(pretrained):
+    # RACE's passage and question are the same for the four answers: one copy of them in the row, every answer
+    # attending to it in the same call.
+    model, enc, extract_id, regression = _encoded("race", pretrained, None, data_dir=RACE)
+    assert len(enc) >= 4 and all(len(e.seqs) == 4 for e in enc)
+    padded, shared = _shared_equals_padded(model, enc, extract_id, regression)
+    assert shared.packing.tokens < 0.6 * padded.mask.sum()
+
+
+def test_predict_on_real_story_cloze_rows_equals_the_padded_reference(pretrained, shared_data):
+    # What `gpt1 eval` and the per-epoch dev scoring run: length-sorted batches, packed with shared stories and
+    # filled to the padded batch's positions, through predict; against the padded layout, batch by batch.
+    model, enc, extract_id, regression = _encoded("storycloze", pretrained, shared_data, n=40)
+    preds, outs = predict(model, iterate(enc, 4, shuffle=False, shared_extract=extract_id), torch.device("cpu"))
+    ref_preds, ref_outs = predict(model, iterate(enc, 4, shuffle=False), torch.device("cpu"))
+    assert preds == ref_preds
+    torch.testing.assert_close(torch.tensor(outs), torch.tensor(ref_outs), **TOL)
+    assert len(filled_batches(enc, 4)) < len(enc) / 4  # filled: fewer, fuller batches than four examples each
+
+
+def test_filled_batches_cover_every_example_once_within_the_padded_positions(pretrained, shared_data):
+    _, enc, _, _ = _encoded("storycloze", pretrained, shared_data, n=60)
+    batches = filled_batches(enc, 4)
+    assert sorted(i for b in batches for i in b) == list(range(len(enc)))
+    order = [i for b in batches for i in b]
+    assert [enc[i].length for i in order] == sorted((e.length for e in enc), reverse=True)
+    for b in batches[:-1]:
+        first = enc[b[0]]
+        tokens = sum(shared_tokens(enc[i]) for i in b)
+        assert len(b) >= 4 and (len(b) == 4 or tokens <= min(4 * len(first.seqs) * first.length, FILL_TOKENS))
+
+
+def test_shared_grid_mask_is_a_kv_cache_continuation_per_answer():
+    # Two examples: prefix [10, 11] with answers [12] and [13, 14]; prefix [20] with answer [21, 22].
+    ids, packing = Packing.shared([[10, 11], [20]], [[[12], [13, 14]], [[21, 22]]], extract_id=99)
+    assert ids == [10, 11, 12, 13, 14, 20, 21, 22]
+    g = SharedGrid.of(packing.lengths, packing.parents)
+    assert g.cells.tolist() == [[0, 1, 2, 3, 4], [5, 6, 7, 5, 5]]
+    m = g.mask[:, 0].int().tolist()
+    assert m[0] == [[1, 0, 0, 0, 0],   # prefix: causal within itself
+                    [1, 1, 0, 0, 0],
+                    [1, 1, 1, 0, 0],   # answer [12]: the prefix and itself
+                    [1, 1, 0, 1, 0],   # answer [13, 14]: the prefix, not [12], and causally itself
+                    [1, 1, 0, 1, 1]]
+    assert m[1][:3] == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]]
+    assert all(row[i] == 1 for i, row in enumerate(m[1]))  # pads see themselves: no empty softmax row
+    flat = g.cells.view(-1)[g.back]
+    assert flat.tolist() == list(range(len(ids)))  # the way back puts every token where it came from
+
+
+def test_the_last_block_computes_only_the_rows_read(pretrained, shared_data):
+    model, enc, extract_id, regression = _encoded("storycloze", pretrained, shared_data)
+    model.eval()
+    b = collate_shared(enc[:6], extract_id, regression)
+    with torch.no_grad():
+        full = model.gpt(b.ids, packing=b.packing)
+        some = model.gpt(b.ids, packing=b.packing, rows=b.packing.extract)
+    torch.testing.assert_close(some[0], full[0].index_select(0, b.packing.extract), **TOL)

@@ -38,9 +38,11 @@ class _RowBlockNLL(torch.autograd.Function):
     On CPU, ``F.cross_entropy(logits.float())`` writes four vocabulary-wide fp32 tensors per step (the fp32 copy,
     its log-softmax, the loss's one-hot gradient and the softmax's gradient: 1.3 GB for a 4 × 512 GPT-1 batch) and
     reads them back, and a step that has to fault fresh pages in for one of them loses much of a second
-    (docs/performance.md). Here each block of rows is converted and normalised while it is in cache; the backward
-    pass recomputes the block's softmax and writes the gradient, ``softmax − one_hot(target)`` times the row's
-    weight, straight into the logits' dtype. The values are ``F.cross_entropy``'s (tests/model/test_losses.py)."""
+    (docs/performance.md). Here each block of rows is converted and normalised while it is in cache; the forward
+    pass keeps each row's log-sum-exp, and the backward pass writes the gradient, ``softmax − one_hot(target)``
+    times the row's weight, straight into the logits' dtype as ``exp(logits − lse + log weight)``: two passes over
+    the block where recomputing the softmax (a max, a sum and a division) and scaling it took five. The values are
+    ``F.cross_entropy``'s (tests/model/test_losses.py)."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, classes: int, ignore: int) -> torch.Tensor:
@@ -51,21 +53,33 @@ class _RowBlockNLL(torch.autograd.Function):
         for a in range(0, logits.size(0), rows):
             logp = torch.log_softmax(logits[a : a + rows, :classes].float(), dim=-1)
             nll[a : a + rows] = logp.gather(1, safe[a : a + rows]).squeeze(1).neg_()
-        ctx.save_for_backward(logits, safe, valid)
+        # log-sum-exp of each row = its target's logit − that logit's log-probability (the ignored rows' too).
+        lse = logits.gather(1, safe).squeeze(1).float().add_(nll)
+        ctx.save_for_backward(logits, safe, valid, lse)
         ctx.classes = classes
         return nll.masked_fill_(~valid, 0.0)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        logits, safe, valid = ctx.saved_tensors
+        logits, safe, valid, lse = ctx.saved_tensors
         classes = ctx.classes
         weight = (grad.float() * valid).unsqueeze(1)
         out = torch.empty(logits.shape, device=logits.device, dtype=logits.dtype)
         out[:, classes:] = 0.0
         rows = _block_rows(classes)
+        # weight · softmax = exp(logits − (lse − log weight)); a zero weight gives exp(−inf) = 0. A negative one
+        # has no logarithm: then the softmax is scaled after the exponential.
+        signed = bool((weight < 0).any())
+        shift = lse.unsqueeze(1) - (0.0 if signed else weight.log())
+        block = None if logits.dtype == torch.float32 else torch.empty(rows, classes, device=logits.device)
         for a in range(0, logits.size(0), rows):
-            p = torch.softmax(logits[a : a + rows, :classes].float(), dim=-1)
-            p.scatter_add_(1, safe[a : a + rows], torch.full_like(safe[a : a + rows], -1, dtype=p.dtype))
-            out[a : a + rows, :classes] = p.mul_(weight[a : a + rows])
+            b = min(a + rows, logits.size(0))
+            dest = out[a:b, :classes] if block is None else block[: b - a]
+            torch.sub(logits[a:b, :classes], shift[a:b], out=dest).exp_()
+            if signed:
+                dest.mul_(weight[a:b])
+            dest.scatter_add_(1, safe[a:b], weight[a:b].neg().to(dest.dtype))
+            if block is not None:
+                out[a:b, :classes] = dest
         return out, None, None, None
