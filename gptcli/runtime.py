@@ -81,14 +81,26 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 @functools.lru_cache(maxsize=1)
-def cpu_has_bf16() -> bool:
-    """Whether the CPU has native bf16 dot products (AVX512-BF16 or AMX), read from /proc/cpuinfo."""
+def _cpu_flags() -> str:
+    """/proc/cpuinfo's text, read once (empty where there is none)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = f.read()
+            return f.read()
     except OSError:
-        return False
+        return ""
+
+
+def cpu_has_bf16() -> bool:
+    """Whether the CPU has native bf16 dot products (AVX512-BF16 or AMX), read from /proc/cpuinfo."""
+    flags = _cpu_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_has_amx() -> bool:
+    """Whether the CPU multiplies bf16 matrices on AMX tiles (``amx_bf16``, Intel Sapphire Rapids and later), read
+    from /proc/cpuinfo. There oneDNN's bf16 products run several times the fp32 peak, so what else a bf16 step does
+    weighs more, and some CPU kernels choose another form (gptcli/model/kernels/)."""
+    return "amx_bf16" in _cpu_flags()
 
 
 def resolve_precision(name: str, device: torch.device) -> Precision:
