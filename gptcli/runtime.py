@@ -136,6 +136,18 @@ def autocast(device: torch.device, precision: Precision):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def shared_casts(device: torch.device, precision: Precision):
+    """A disabled autocast region around all the micro-batches of one update (a no-op for fp32).
+
+    Autocast keeps the low-precision copy of each weight it casts until its outermost region ends; with one
+    ``autocast(...)`` per micro-batch that is every micro-batch, so a weight was cast once per micro-batch. Inside this
+    region the copies live until the update's last backward pass and are cast once per update; the weights change
+    only after it (the optimizer step), and the backward passes still run with autocast off."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, enabled=False)
+
+
 def configure_backends(device: torch.device) -> None:
     """TF32 matmuls/convolutions on CUDA (fp32 inputs, 10-bit mantissa products: ~8× faster on A100/H100)."""
     if device.type == "cuda":
