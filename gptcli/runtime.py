@@ -81,14 +81,26 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 @functools.lru_cache(maxsize=1)
-def cpu_has_bf16() -> bool:
-    """Whether the CPU has native bf16 dot products (AVX512-BF16 or AMX), read from /proc/cpuinfo."""
+def _cpu_flags() -> str:
+    """/proc/cpuinfo's text, read once (empty where there is none)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = f.read()
+            return f.read()
     except OSError:
-        return False
+        return ""
+
+
+def cpu_has_bf16() -> bool:
+    """Whether the CPU has native bf16 dot products (AVX512-BF16 or AMX), read from /proc/cpuinfo."""
+    flags = _cpu_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_has_amx() -> bool:
+    """Whether the CPU multiplies bf16 matrices on AMX tiles (``amx_bf16``, Intel Sapphire Rapids and later), read
+    from /proc/cpuinfo. There oneDNN's bf16 products run several times the fp32 peak, so what else a bf16 step does
+    weighs more, and some CPU kernels choose another form (gptcli/model/kernels/)."""
+    return "amx_bf16" in _cpu_flags()
 
 
 def resolve_precision(name: str, device: torch.device) -> Precision:
@@ -122,6 +134,18 @@ def autocast(device: torch.device, precision: Precision):
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def shared_casts(device: torch.device, precision: Precision):
+    """A disabled autocast region around all the micro-batches of one update (a no-op for fp32).
+
+    Autocast keeps the low-precision copy of each weight it casts until its outermost region ends; with one
+    ``autocast(...)`` per micro-batch that is every micro-batch, so a weight was cast once per micro-batch. Inside this
+    region the copies live until the update's last backward pass and are cast once per update; the weights change
+    only after it (the optimizer step), and the backward passes still run with autocast off."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, enabled=False)
 
 
 def configure_backends(device: torch.device) -> None:

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from gptcli.train.optim import set_lr
-from gptcli.runtime import Precision, autocast
+from gptcli.runtime import Precision, autocast, shared_casts
 
 
 @dataclass
@@ -73,14 +73,15 @@ class Trainer:
         set_lr(self.optimizer, lr)
         n = len(micro_batches)
         total = torch.zeros((), device=self.device)
-        for i, mb in enumerate(micro_batches):
-            # Under DDP, all-reduce gradients only once, on the last micro-batch.
-            sync = i == n - 1 or not hasattr(self.model, "no_sync")
-            with contextlib.nullcontext() if sync else self.model.no_sync():
-                with autocast(self.device, self.precision):
-                    loss = self.loss_fn(self.model, mb)
-                self.scaler.scale(loss / n).backward()
-            total += loss.detach().float()
+        with shared_casts(self.device, self.precision):  # each weight cast to bf16/fp16 once per update
+            for i, mb in enumerate(micro_batches):
+                # Under DDP, all-reduce gradients only once, on the last micro-batch.
+                sync = i == n - 1 or not hasattr(self.model, "no_sync")
+                with contextlib.nullcontext() if sync else self.model.no_sync():
+                    with autocast(self.device, self.precision):
+                        loss = self.loss_fn(self.model, mb)
+                    self.scaler.scale(loss / n).backward()
+                total += loss.detach().float()
         # Nothing here reads a tensor back to the host: on a GPU an update of the paper's model takes about as long
         # as launching its kernels, so a wait per update would idle the device. A non-finite loss is not skipped
         # here (that needs its value on the host); the loop watches for it on the device and stops at its next

@@ -164,3 +164,17 @@ def test_an_unknown_mode_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv(kernels.ENV, "fast")
     with pytest.raises(GPT1Error, match=r"^GPT1_KERNELS: expected one of auto, reference, got 'fast'$"):
         kernels.enabled("cpu")
+
+
+def test_the_amx_forms_follow_the_cpu_flag_unless_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kernels.amx()`` is the CPU's ``amx_bf16`` flag, read from /proc/cpuinfo, never a timing; tests force it."""
+    from gptcli import runtime
+
+    monkeypatch.setattr(runtime, "_cpu_flags", lambda: "flags\t: avx512f avx512_bf16 amx_bf16 amx_tile")
+    assert kernels.amx() and runtime.cpu_has_bf16()
+    monkeypatch.setattr(runtime, "_cpu_flags", lambda: "flags\t: avx512f avx512_bf16")  # Zen 4: bf16, no AMX
+    assert not kernels.amx() and runtime.cpu_has_bf16()
+    monkeypatch.setattr(kernels, "_amx_forced", True)
+    assert kernels.amx()
+    kernels.force_amx(None)
+    assert not kernels.amx()

@@ -66,3 +66,36 @@ def test_training_loss_through_the_padded_product_is_the_plain_one(monkeypatch):
         torch.testing.assert_close(results[1][0], results[0][0])
         torch.testing.assert_close(results[1][1], results[0][1])
     assert seen == [None, 101, None, 101]  # the padded product really ran, in both precisions
+
+
+def test_the_amx_padded_product_gives_the_plain_bf16_loss_and_gradients(monkeypatch):
+    """Under bf16 autocast on an AMX CPU the training loss takes ``_AmxPaddedProduct`` (logits in column blocks, the
+    weight gradient from a transposed copy of the hidden states): the loss and every gradient of the plain bf16
+    product, and it really ran."""
+    from gptcli.model import kernels
+    from gptcli.model.gpt import GPT, ModelConfig
+    from gptcli.model.kernels import tied as padding
+
+    kernels.set_kernels("auto")
+    monkeypatch.setattr(padding, "PAD_MIN_POSITIONS", 8)
+    monkeypatch.setattr(padding, "AMX_COLUMNS", 48)  # 101 rows padded to 128: three column blocks
+    calls = []
+    real = padding._AmxPaddedProduct.forward
+    monkeypatch.setattr(padding._AmxPaddedProduct, "forward", staticmethod(lambda *a: calls.append(1) or real(*a)))
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=32, n_layer=1, n_head=2, n_inner=64)).eval()
+    ids = torch.randint(0, 101, (4, 16))
+    results = []
+    for amx in (False, True):
+        monkeypatch.setattr(kernels, "_amx_forced", amx)
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model.lm_nll(model(ids[:, :-1]), ids[:, 1:])
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    assert len(calls) == 1
+    (ref_loss, ref_grads), (loss, grads) = results
+    torch.testing.assert_close(loss, ref_loss, atol=1e-3, rtol=1e-3)
+    for name, g in grads.items():
+        assert g.dtype == torch.float32 and g.is_contiguous(), name
+        torch.testing.assert_close(g, ref_grads[name], atol=1e-3, rtol=2e-2, msg=name)

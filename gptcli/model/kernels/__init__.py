@@ -32,6 +32,7 @@ import os
 import torch
 
 from gptcli.errors import GPT1Error
+from gptcli.runtime import cpu_has_amx
 
 MODES: tuple[str, ...] = ("auto", "reference")
 """``auto``: the kernels of this folder on CPU, the reference elsewhere. ``reference``: plain PyTorch everywhere."""
@@ -68,10 +69,26 @@ def mode() -> str:
     return _chosen if _chosen is not None else default_mode()
 
 
+_amx_forced: bool | None = None  # set by force_amx() (tests); None: the CPU's own flags
+
+
+def amx() -> bool:
+    """Whether the kernels take their AMX forms: the CPU's ``amx_bf16`` flag (``gptcli.runtime.cpu_has_amx``, read
+    once), never a timing. The AMX forms are plain PyTorch too and compute the same function, only in another
+    order of products, so :func:`force_amx` lets tests run either form on any CPU."""
+    return cpu_has_amx() if _amx_forced is None else _amx_forced
+
+
+def force_amx(value: bool | None) -> None:
+    """Take the AMX forms (``True``), the others (``False``), or follow the CPU again (``None``): for tests."""
+    global _amx_forced
+    _amx_forced = value
+
+
 def enabled(device: torch.device | str) -> bool:
     """Whether the kernels of this folder compute for tensors on ``device``: in ``auto`` mode on CPU only."""
     kind = torch.device(device).type if isinstance(device, str) else device.type
     return kind == "cpu" and mode() == "auto"
 
 
-__all__ = ["ENV", "MODES", "check_mode", "default_mode", "enabled", "mode", "set_kernels"]
+__all__ = ["ENV", "MODES", "amx", "check_mode", "default_mode", "enabled", "force_amx", "mode", "set_kernels"]

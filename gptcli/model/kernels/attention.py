@@ -126,7 +126,7 @@ class _BlockedAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, bias, dropout: float, bounds: tuple[int, ...]):
         alpha = 1.0 / math.sqrt(q.size(-1))
         kt = _transposed(k, len(bounds) - 1)
-        parts, probs, masks = [], [], []
+        parts, probs, masks, dropped = [], [], [], []
         for a, b in zip(bounds, bounds[1:]):
             # The mask enters as the product's additive input and 1/√d as its alpha: the matmul applies both as
             # it writes the scores, where a masked_fill and a scaling would each be another pass. The softmax is
@@ -136,14 +136,16 @@ class _BlockedAttention(torch.autograd.Function):
             probs.append(p)
             if dropout > 0.0:
                 masks.append(keep_mask(p.shape, dropout, p.device, p.dtype))
+                # Kept for the backward pass (the value gradient's product), which would otherwise redo this pass.
                 p = p * masks[-1]
+                dropped.append(p)
             parts.append(torch.bmm(p, v[:, :b]))
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         if dropout > 0.0:
             # Dropout's 1/(1 − p) is applied to the output (queries × d) rather than the probabilities (queries ×
             # keys): the same product, one pass over a tensor T/d times smaller.
             out.mul_(1.0 / (1.0 - dropout))
-        ctx.save_for_backward(q, k, v, *probs, *masks)
+        ctx.save_for_backward(q, k, v, *probs, *masks, *dropped)
         ctx.alpha, ctx.dropout, ctx.bounds = alpha, dropout, bounds
         return out
 
@@ -152,20 +154,28 @@ class _BlockedAttention(torch.autograd.Function):
     def backward(ctx, grad):
         q, k, v, *saved = ctx.saved_tensors
         n = len(ctx.bounds) - 1
-        probs, masks = saved[:n], saved[n:]
+        probs, masks, dropped = saved[:n], saved[n : 2 * n], saved[2 * n :]
         if ctx.dropout > 0.0:
             grad = grad * (1.0 / (1.0 - ctx.dropout))
         grad = grad.contiguous()
         vt = _transposed(v, n)
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        # fp32's BLAS runs a product accumulated into a strided slice matrix by matrix (the query gradient's and the
+        # key gradient's): there the products go to fresh tensors, added after (the same sums, bit for bit).
+        fresh = q.dtype == torch.float32
+        dq, dk, dv = [] if fresh else torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for i, (a, b) in enumerate(zip(ctx.bounds, ctx.bounds[1:])):
             p, g = probs[i], grad[:, a:b]
-            dropped = p * masks[i] if masks else p
-            dv[:, :b].baddbmm_(dropped.transpose(1, 2), g)
+            dv[:, :b].baddbmm_((dropped[i] if masks else p).transpose(1, 2), g)
             dp = torch.bmm(g, vt[:, :, :b])
             if masks:
                 dp.mul_(masks[i])
             ds = torch._softmax_backward_data(dp, p, -1, p.dtype)
-            dq[:, a:b].baddbmm_(ds, k[:, :b], alpha=ctx.alpha)
-            dk[:, :b].baddbmm_(ds.transpose(1, 2), q[:, a:b], alpha=ctx.alpha)
+            if fresh:
+                dq.append(torch.bmm(ds, k[:, :b]).mul_(ctx.alpha))
+                dk[:, :b].add_(torch.bmm(ds.transpose(1, 2), q[:, a:b]), alpha=ctx.alpha)
+            else:
+                dq[:, a:b].baddbmm_(ds, k[:, :b], alpha=ctx.alpha)
+                dk[:, :b].baddbmm_(ds.transpose(1, 2), q[:, a:b], alpha=ctx.alpha)
+        if fresh:
+            dq = dq[0] if n == 1 else torch.cat(dq, dim=1)
         return dq, dk, dv, None, None, None

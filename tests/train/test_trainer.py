@@ -1,0 +1,58 @@
+"""The training step of gptcli/train/trainer.py: gradient accumulation under autocast."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gptcli.model.gpt import GPT, ModelConfig
+from gptcli.train.trainer import Trainer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _casts(fn) -> int:
+    from torch.profiler import profile
+
+    with profile() as prof:
+        fn()
+    return sum(e.count for e in prof.key_averages() if e.key == "aten::_to_copy")
+
+
+def test_bf16_micro_batches_share_one_cast_of_each_weight_and_sum_the_same_gradients() -> None:
+    """Trainer.step casts each weight to bf16 once per update, not once per micro-batch (the casts stay in
+    autocast's cache until the update's last backward pass), and accumulates the gradients a loop with one autocast
+    region per micro-batch does, bit for bit."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=101, n_ctx=16, n_embd=32, n_layer=2, n_head=2, n_inner=64,
+                      embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+    model = GPT(cfg).train()
+    batches = list(torch.randint(0, 101, (3, 2, 17)))
+
+    def loss_fn(m, mb):
+        return m.lm_loss(mb[:, :-1], mb[:, 1:])
+
+    def per_micro_batch_regions():
+        for mb in batches:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = loss_fn(model, mb)
+            (loss / len(batches)).backward()
+
+    model.zero_grad(set_to_none=True)
+    plain_casts = _casts(per_micro_batch_regions)
+    plain = {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    captured = {}
+
+    class Capture(torch.optim.SGD):
+        def step(self, closure=None):  # the gradients as the update sees them; the weights stay as they are
+            captured.update({n: p.grad.clone() for n, p in model.named_parameters()})
+
+    trainer = Trainer(model, Capture(model.parameters(), lr=0.0), loss_fn, lambda step: 0.0,
+                      device=torch.device("cpu"), precision="bf16", grad_clip=None)
+    model.zero_grad(set_to_none=True)
+    shared_casts = _casts(lambda: trainer.step(0, batches))
+    weights = sum(1 for n, _ in model.named_parameters() if "ln_" not in n and "emb" not in n)
+    assert plain_casts - shared_casts >= (len(batches) - 1) * weights
+    for name, g in plain.items():
+        assert torch.equal(captured[name], g), name
