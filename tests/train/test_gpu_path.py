@@ -135,6 +135,10 @@ def test_a_resume_loads_the_checkpoint_onto_the_cpu_then_into_the_model(tmp_path
 # --- 5. the host reads tensors back only on logging updates -----------------------------------------------------
 
 _READS = ("item", "tolist", "__float__", "__int__", "__bool__")
+GPU_KERNELS = "reference"
+"""The model as a GPU computes it: the CPU kernels of gptcli/model/kernels never run there (``kernels.enabled``),
+and on a CPU, where every operation is synchronous anyway, they may read a value back (the loss kernel's backward
+checks its weights' sign)."""
 
 
 @pytest.fixture
@@ -173,7 +177,8 @@ def test_a_pretraining_update_reads_nothing_back_except_when_it_is_logged(tmp_pa
     corpus = random_corpus(tmp_path / "corpus")
     pretrain(PretrainConfig(data=corpus, out=tmp_path / "run", preset="tiny", model=dict(MODEL), seq_len=16,
                             batch_size=4, max_steps=12, warmup_steps=0, eval_every=0, save_every=0,
-                            log_every=log_every, device="cpu", precision="fp32", peak_flops=1e11))
+                            log_every=log_every, device="cpu", precision="fp32", peak_flops=1e11,
+                            kernels=GPU_KERNELS))
     loop = _loop_reads(host_reads)
     assert loop, "the loop reads its figures somewhere"
     assert not [r for r in loop if "update" in r[1] or "step" in r[1]], loop  # queued updates never wait
@@ -187,7 +192,8 @@ def test_a_finetuning_update_reads_nothing_back_except_when_it_is_logged(tmp_pat
 
     finetune(FinetuneConfig(task="sst2", init=str(pretrained), out=str(tmp_path / "ft"),
                             data_dir=str(shared_data / "glue/SST-2"), max_train_examples=40, max_eval_examples=8,
-                            batch_size=4, epochs=1, log_every=5, device="cpu", precision="fp32"))
+                            batch_size=4, epochs=1, log_every=5, device="cpu", precision="fp32",
+                            kernels=GPU_KERNELS))
     # The head's extract-token check reads its ids on the CPU only (on a GPU it is skipped: it would wait).
     loop = [(f, chain) for f, chain in _loop_reads(host_reads) if f != "first_extract_positions"]
     assert not [r for r in loop if "update" in r[1] or "step" in r[1]], loop
