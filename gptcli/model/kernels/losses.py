@@ -32,6 +32,23 @@ def _block_rows(classes: int) -> int:
     return max(1, CHUNK_ELEMENTS // max(1, classes))
 
 
+def _fp32_buffer(logits: torch.Tensor, rows: int, classes: int) -> torch.Tensor | None:
+    """One fp32 block that low-precision logits are converted into, block after block (None for fp32 logits)."""
+    if logits.dtype == torch.float32:
+        return None
+    return torch.empty(rows, classes, device=logits.device)
+
+
+def _in_fp32(part: torch.Tensor, block: torch.Tensor | None) -> torch.Tensor:
+    """``part`` (a block of rows, a column slice when the logits are padded) in fp32: itself when it is fp32, else
+    copied into ``block``. The slice's ``.float()`` takes PyTorch's strided path and an operation mixing bf16 and
+    fp32 converts element by element: 3–6× slower than this copy into a contiguous buffer (docs/performance.md),
+    and the same values."""
+    if block is None:
+        return part
+    return block[: part.size(0)].copy_(part)
+
+
 class _RowBlockNLL(torch.autograd.Function):
     """Per-row ``-log softmax(logits)[target]`` in fp32 (0 where the target is ``ignore``), over blocks of rows.
 
@@ -50,8 +67,9 @@ class _RowBlockNLL(torch.autograd.Function):
         safe = targets.masked_fill(~valid, 0).unsqueeze(1)
         nll = torch.empty(logits.size(0), device=logits.device)
         rows = _block_rows(classes)
+        block = _fp32_buffer(logits, rows, classes)
         for a in range(0, logits.size(0), rows):
-            logp = torch.log_softmax(logits[a : a + rows, :classes].float(), dim=-1)
+            logp = torch.log_softmax(_in_fp32(logits[a : a + rows, :classes], block), dim=-1)
             nll[a : a + rows] = logp.gather(1, safe[a : a + rows]).squeeze(1).neg_()
         # log-sum-exp of each row = its target's logit − that logit's log-probability (the ignored rows' too).
         lse = logits.gather(1, safe).squeeze(1).float().add_(nll)
@@ -72,11 +90,14 @@ class _RowBlockNLL(torch.autograd.Function):
         # has no logarithm: then the softmax is scaled after the exponential.
         signed = bool((weight < 0).any())
         shift = lse.unsqueeze(1) - (0.0 if signed else weight.log())
-        block = None if logits.dtype == torch.float32 else torch.empty(rows, classes, device=logits.device)
+        block = _fp32_buffer(logits, rows, classes)
         for a in range(0, logits.size(0), rows):
             b = min(a + rows, logits.size(0))
-            dest = out[a:b, :classes] if block is None else block[: b - a]
-            torch.sub(logits[a:b, :classes], shift[a:b], out=dest).exp_()
+            if block is None:
+                dest = torch.sub(logits[a:b, :classes], shift[a:b], out=out[a:b, :classes])
+            else:
+                dest = _in_fp32(logits[a:b, :classes], block).sub_(shift[a:b])
+            dest.exp_()
             if signed:
                 dest.mul_(weight[a:b])
             dest.scatter_add_(1, safe[a:b], weight[a:b].neg().to(dest.dtype))
