@@ -35,6 +35,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from gptcli.data.workers import quiet_worker
 from gptcli.errors import GPT1Error
 from gptcli.tasks.base import Example, Task
 from gptcli.tokenizers.base import Tokenizer
@@ -238,7 +239,7 @@ def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], workers: int = 1) -
     bounds = [(lo, min(lo + step, len(texts))) for lo in range(0, len(texts), step)]
     _WORK = (tokenizer, texts)
     try:
-        with mp.get_context("fork").Pool(n) as pool:
+        with mp.get_context("fork").Pool(n, initializer=quiet_worker) as pool:  # leaving the block terminates it
             parts = pool.map(_encode_range, bounds, chunksize=1)
     finally:
         _WORK = None

@@ -51,14 +51,19 @@ def _warm() -> None:
     spacy_tokenizer()
 
 
-def _worker_init() -> None:
-    """Workers leave Ctrl-C to the main process, which terminates the pool and removes the partial output; and
-    SIGTERM (how the pool's ``terminate`` stops them) ends a worker quietly: a forked worker inherits the command
-    line's handler, which would raise in it and print the worker's traceback before the main process's error."""
+def quiet_worker() -> None:
+    """A pool worker's signals (its ``initializer``). Workers leave Ctrl-C to the main process, which terminates the
+    pool and removes the partial output; and SIGTERM (how the pool's ``terminate`` stops them, also when a
+    ``with Pool()`` block ends) ends a worker quietly: a forked worker inherits the command line's handler, which
+    would raise in it and print the worker's traceback."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _worker_init() -> None:
+    quiet_worker()
     _warm()
 
 

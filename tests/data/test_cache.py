@@ -229,3 +229,23 @@ def test_the_gc_pause_of_a_warm_start_restores_the_collectors_state():
             assert gc.isenabled() is before
         finally:
             gc.enable()
+
+
+def test_parallel_encoding_under_the_command_line_prints_no_worker_traceback(shared_data, openai_tok, monkeypatch,
+                                                                             capfd):
+    """The pool's workers are forked with the command line's SIGTERM handler (raise ``Terminated``); leaving the
+    ``with Pool()`` block terminates them with SIGTERM, and every `gpt1 finetune` that encoded in parallel printed a
+    worker's traceback. The workers now take SIGTERM's default."""
+    import signal
+
+    from gptcli import cli
+
+    texts = _texts(shared_data, 120)
+    monkeypatch.setattr(transforms, "PARALLEL_MIN_TEXTS", 0)
+    previous = cli._catch_sigterm()
+    try:
+        assert encode_texts(openai_tok, texts, workers=2) == encode_texts(openai_tok, texts, workers=1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Terminated" not in err, err
