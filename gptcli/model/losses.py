@@ -40,20 +40,16 @@ def next_token_nll(logits: torch.Tensor, targets: torch.Tensor, *, reduction: st
 
 
 def lm_loss_per_sequence_packed(
-    hidden: torch.Tensor, ids: torch.Tensor, packing: "Packing", lm_logits: Callable[[torch.Tensor], torch.Tensor]
+    hidden: torch.Tensor, ids: torch.Tensor, packing: "Packing",
+    token_nll: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> torch.Tensor:
     """:func:`lm_loss_per_sequence` of a packed row (``gptcli.model.packed``): the same targets — every token after
     each sequence's first — and the same per-sequence means, read through the packing's host-built indices (no
-    mask to count on the device). When ``lm_logits`` is a tied LM's own output layer (a bound
-    ``TiedEmbeddingLM.lm_logits``, as fine-tuning passes it), the losses come from that LM's
-    ``lm_token_nll``: the same values through its training product."""
+    mask to count on the device). ``token_nll(h, targets)`` is each target's cross-entropy given its hidden state:
+    a tied LM's ``lm_token_nll`` (as fine-tuning passes it), which takes its training product."""
     h = hidden[0].index_select(0, packing.lm_inputs)
     targets = ids[0].index_select(0, packing.lm_inputs + 1)
-    owner = getattr(lm_logits, "__self__", None)
-    if hasattr(owner, "lm_token_nll") and getattr(lm_logits, "__name__", "") == "lm_logits":
-        nll = owner.lm_token_nll(h, targets)
-    else:
-        nll = next_token_nll(lm_logits(h), targets, reduction="none")
+    nll = token_nll(h, targets)
     total = torch.zeros(len(packing.lengths), device=ids.device, dtype=nll.dtype).index_add_(0, packing.lm_rows, nll)
     return total / packing.lm_counts.to(nll.dtype)
 

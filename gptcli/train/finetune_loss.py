@@ -39,7 +39,7 @@ class TaskLoss:
         if self.lm_weight == 0:
             return clf if factor == 1.0 else clf * factor
         if batch.packing is not None:
-            lm = lm_loss_per_sequence_packed(hidden, batch.ids, batch.packing, bare.gpt.lm_logits).mean()
+            lm = lm_loss_per_sequence_packed(hidden, batch.ids, batch.packing, bare.gpt.lm_token_nll).mean()
         else:
             lm = lm_loss_per_sequence(hidden, batch.ids, batch.mask, bare.gpt.lm_logits).mean()
         self.parts["lm_loss"].append(lm.detach().float())

@@ -55,7 +55,7 @@ def _run(model, batch, packed: bool):
     model.zero_grad(set_to_none=True)
     out, hidden = model(batch.ids, batch.n_seqs, batch.packing)
     if packed:
-        lm = lm_loss_per_sequence_packed(hidden, batch.ids, batch.packing, model.gpt.lm_logits)
+        lm = lm_loss_per_sequence_packed(hidden, batch.ids, batch.packing, model.gpt.lm_token_nll)
         real = hidden[0]
     else:
         lm = lm_loss_per_sequence(hidden, batch.ids, batch.mask, model.gpt.lm_logits)
