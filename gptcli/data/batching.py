@@ -185,10 +185,9 @@ def shared_tokens(e: Encoded) -> int:
 
 
 FILL_TOKENS = 2048
-"""Tokens a filled evaluation batch grows to at most (:func:`filled_batches`). Story Cloze at gpt1 size ran 5.8 %
-faster per example in packed rows of ~1,000 tokens than of ~500, no faster at ~2,000; RACE-shaped batches filled to
-the padded batch's ~13,000 positions ran 13 % slower than rows of 8 examples (~3,500 tokens): the attention over
-a grid that large leaves the caches (docs/performance.md)."""
+"""Tokens a filled evaluation batch grows to at most (:func:`filled_batches`): longer rows measured no faster on
+Story Cloze and slower on RACE-shaped batches, whose attention grid then leaves the caches (docs/performance.md,
+"Evaluation" of 2026-12-02)."""
 
 
 def filled_batches(encoded: Sequence[Encoded], batch_size: int) -> list[list[int]]:

@@ -243,7 +243,7 @@ def _read_at(model, h: torch.Tensor, reads: list[tuple[int, int, int, int]], tot
 
 def _score_rows(model, rows: list[_Row], batch_size: int, max_tokens: int, precision: str, totals: _Totals) -> None:
     """Plain rows, longest first (the first batch shows the worst-case memory at once), padded per batch."""
-    device = next(model.parameters()).device
+    device = _device(model)
     rows.sort(key=lambda r: len(r.ids), reverse=True)
     start = 0
     while start < len(rows):
@@ -290,7 +290,7 @@ def _score_packed_row(model, groups, precision: str, totals: _Totals) -> None:
     where its context ends, token j ≥ 1 where its own token j − 1 sits; the last block computes those rows only."""
     from gptcli.model.packed import Packing
 
-    device = next(model.parameters()).device
+    device = _device(model)
     prefixes, answers, rows, reads, at = [], [], [], [], 0
     for ctx, members in groups:
         prefixes.append(ctx)
@@ -316,7 +316,7 @@ def _score_cached(model, cached, batch_size: int, precision: str, totals: _Total
     """Shared long contexts: run each once into a KV cache, then every candidate continues from a copy of it."""
     from gptcli.model.build import new_cache
 
-    device = next(model.parameters()).device
+    device = _device(model)
     for ctx, members in cached:
         members = [(i, c) for i, c in members if c]
         for s in range(0, len(members), batch_size):
@@ -336,7 +336,7 @@ def _continue_from_cache(model, cache, chunk: list[tuple[int, tuple[int, ...]]],
     """Tokens 2… of every continuation in ``chunk``, run together on copies of the context's cache."""
     from gptcli.model.build import repeat_cache
 
-    device = next(model.parameters()).device
+    device = _device(model)
     rest = max(len(c) for _, c in chunk) - 1
     with _autocast(device, precision):
         big = repeat_cache(model, cache, len(chunk))

@@ -16,7 +16,7 @@ product with its operands laid out for oneDNN's AMX kernels, which run a product
 view (autograd's weight gradient, ``gᵀ·h``, contracting over the 2,048 positions) at about half their speed, and a
 product 40,512 columns wide slower than the same columns in blocks of ``AMX_COLUMNS``.
 
-The measurements are in docs/performance.md ("The tied output layer", "AMX"); tests/model/test_tied.py checks that
+The measurements are in docs/performance.md ("The rest of the step", "AMX Xeon, 2026-12-02"); tests/model/test_tied.py checks that
 the padded products give the plain ones' logits, loss and gradients.
 """
 
@@ -103,7 +103,7 @@ class _AmxPaddedProduct(torch.autograd.Function):
         dw = None
         if ctx.needs_input_grad[1]:
             dwt = torch.mm(flat.t().contiguous(), g)
-            # copy_ into a row-major tensor: .to() of the transposed view took 2.8× as long (docs/performance.md).
+            # copy_ into a row-major tensor: .to() of the transposed view measured far slower (docs/performance.md).
             dw = torch.empty(ctx.vocab, dwt.size(0), dtype=ctx.w_dtype, device=dwt.device)
             dw.copy_(dwt[:, : ctx.vocab].t())
         return dh, dw
