@@ -20,6 +20,7 @@ from typing import Literal
 
 import torch
 
+from gptcli.allocator import keep_freed_memory
 from gptcli.errors import GPT1Error
 
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -149,7 +150,10 @@ def shared_casts(device: torch.device, precision: Precision):
 
 
 def configure_backends(device: torch.device) -> None:
-    """TF32 matmuls/convolutions on CUDA (fp32 inputs, 10-bit mantissa products: ~8× faster on A100/H100)."""
+    """TF32 matmuls/convolutions on CUDA (fp32 inputs, 10-bit mantissa products: ~8× faster on A100/H100); on CPU,
+    glibc's malloc keeps the freed activations of one step for the next (gptcli/allocator.py)."""
+    if device.type == "cpu":
+        keep_freed_memory()
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
