@@ -33,6 +33,7 @@ from gptcli.train.run.directory import read_step_checkpoint, write_step_checkpoi
 from gptcli.train.run.loop import GracefulStop, Moment, RunState, every
 from gptcli.train.trainer import Parallel, StepResult, Trainer
 
+
 def training_collate(setup: FinetuneSetup, model: FinetuneModel) -> Callable[[Sequence[Encoded]], Batch]:
     """How ``layout`` lays out a training micro-batch: padded (and always for the LSTM), packed, or — ``shared``,
     multiple-choice tasks only — packed with each example's common prefix once for all its answers. The other
