@@ -13,6 +13,9 @@ speed does not depend on the values):
   has a 1-output multiple-choice head; for this shape its summary layer is swapped for a 2-output ``W_y`` and each
   example is one "choice" holding 2 logits, so both models compute the same thing.
 - Story Cloze (multiple choice): two sequences per example, one per ending; softmax over the 2 endings.
+- RACE (multiple choice, ``race``, not in the default ``--shapes``): four answers behind a long passage and a
+  question. RACE has no real file here: a RACE-shaped set is written in RACE's official layout from real English
+  text (``benchmarks/_race_shaped.py``, the RACE paper's average lengths).
 
 Batches are the fine-tuner's own, drawn with a fixed seed in each order of ``--batchings`` (default both):
 ``random`` (the paper's i.i.d. batches, the fine-tuner's default) and ``length`` (length-bucketed, ``--batching
@@ -21,7 +24,9 @@ gradient accumulation as ``gpt1 finetune --micro-batch-size`` does — the same 
 size Hugging Face's full-vocabulary logits of a whole batch of 32 do not fit a 24 GB machine). Three variants run
 the same examples: ours **packed** (the default layout: every micro-batch's sequences end to end, no padding
 computed by the linear layers, ``gptcli/model/packed.py``), ours **padded** (the reference layout) and HF (padded,
-as its API takes them), each at every precision, round-robin batch by batch so that noise on a shared machine hits
+as its API takes them), and for multiple-choice shapes ours **shared** (``--layout shared``: each example's common
+prefix once, every answer attending to it; the same losses, the answers sharing the prefix's dropout masks), each
+at every precision, round-robin batch by batch so that noise on a shared machine hits
 all alike, each timed update after ``--settle`` untimed ones of the same variant (default 1: the first update after
 another variant's re-faults the memory that one freed and reshaped, and would time the allocator); each batch is
 timed ``--repeats`` times. Printed with each order: the fraction of the positions each side
@@ -41,20 +46,25 @@ import json
 import os
 import random
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
 from _machine import cpu_model, use_large_allocator_thresholds  # benchmarks/_machine.py (run as `python benchmarks/finetune_throughput.py`)
 
 LM_WEIGHT = 0.5
-SHAPES = {"rte": ("rte", "glue/RTE", "dev"), "storycloze": ("storycloze", "storycloze", "val")}
+SHAPES = {"rte": ("rte", "glue/RTE", "dev"), "storycloze": ("storycloze", "storycloze", "val"),
+          "race": ("race", "RACE", "dev")}
+RACE_QUESTIONS = 400
+"""Questions of the RACE-shaped set written for ``race`` (enough for several batches of 32 in either order)."""
 
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="tiny", help="model preset: tiny (4×256, default) or gpt1 (the paper's 12×768)")
-    ap.add_argument("--shapes", default="rte,storycloze", help="comma-separated: rte, storycloze")
+    ap.add_argument("--shapes", default="rte,storycloze",
+                    help="comma-separated: rte, storycloze, race (RACE-shaped, see above)")
     ap.add_argument("--batch", type=int, default=32, help="examples per update (paper: 32)")
     ap.add_argument("--batchings", default="random,length",
                     help="comma-separated batch orders: random (the paper's), length (length-bucketed)")
@@ -92,17 +102,24 @@ def main() -> None:
                        "load_average_end": os.getloadavg(), "results": results}, f, indent=1)
 
 
-def real_batches(shape: str, batching: str, args: argparse.Namespace, tok) -> tuple[object, list, list]:
+def real_batches(shape: str, batching: str, args: argparse.Namespace, tok) -> tuple[object, list, list, list | None]:
     """The task and ``args.batches`` training batches of it as the fine-tuner draws them in order ``batching``
-    (fixed seed), each as its list of micro-batches: padded and packed layouts of the same examples."""
-    from gptcli.data.batching import collate, collate_packed, train_batches
+    (fixed seed), each as its list of micro-batches: padded, packed and (multiple choice only, else None)
+    shared-prefix layouts of the same examples."""
+    from gptcli.data.batching import collate, collate_packed, collate_shared, train_batches
     from gptcli.data.transforms import encode_examples
     from gptcli.tasks.registry import get_task
 
     name, sub, split = SHAPES[shape]
     shared = Path(os.environ.get("GPT1_SHARED", Path(__file__).resolve().parents[2] / "shared"))
     task = get_task(name)
-    examples = task.read(split, shared / "data" / sub)
+    folder = shared / "data" / sub
+    if shape == "race":
+        from _race_shaped import write_race_shaped  # benchmarks/_race_shaped.py
+
+        folder = write_race_shaped(Path(tempfile.mkdtemp(prefix="race-shaped-")), shared / "data" / "books",
+                                   RACE_QUESTIONS)
+    examples = task.read(split, folder)
     enc = encode_examples(task, examples, tok, args.n_ctx)
     order = train_batches([e.length for e in enc], args.batch, batching, random.Random(0))
     order = [idx for idx in order if len(idx) == args.batch][: args.batches]
@@ -110,7 +127,10 @@ def real_batches(shape: str, batching: str, args: argparse.Namespace, tok) -> tu
     parts = [[idx[j : j + micro] for j in range(0, len(idx), micro)] for idx in order]
     padded = [[collate([enc[i] for i in mb]) for mb in p] for p in parts]
     packed = [[collate_packed([enc[i] for i in mb], tok.extract_id) for mb in p] for p in parts]
-    return task, padded, packed
+    prefixed = None
+    if task.kind == "multiple_choice":
+        prefixed = [[collate_shared([enc[i] for i in mb], tok.extract_id) for mb in p] for p in parts]
+    return task, padded, packed, prefixed
 
 
 def build_models(task, args: argparse.Namespace, tok):
@@ -166,14 +186,17 @@ def bench_shape(shape: str, batching: str, args: argparse.Namespace) -> list[dic
 
     shared = Path(os.environ.get("GPT1_SHARED", Path(__file__).resolve().parents[2] / "shared"))
     tok = OpenAIBPETokenizer.from_dir(shared / "data" / "openai-gpt-bpe")
-    task, batches, packed = real_batches(shape, batching, args, tok)
+    task, batches, packed, prefixed = real_batches(shape, batching, args, tok)
     ours, hf = build_models(task, args, tok)
     hf.config.extract_id = tok.extract_id
     cpu = torch.device("cpu")
     precisions = args.precisions.split(",")
     trainers, inputs = {}, {"ours": packed, "ours-padded": batches, "hf": batches}
-    for name, m, loss in (("ours", ours, TaskLoss(LM_WEIGHT)), ("ours-padded", ours, TaskLoss(LM_WEIGHT)),
-                          ("hf", hf, hf_loss)):
+    variants = [("ours", ours, TaskLoss(LM_WEIGHT)), ("ours-padded", ours, TaskLoss(LM_WEIGHT)), ("hf", hf, hf_loss)]
+    if prefixed is not None:
+        inputs["ours-shared"] = prefixed
+        variants.insert(1, ("ours-shared", ours, TaskLoss(LM_WEIGHT)))
+    for name, m, loss in variants:
         opt = make_optimizer(m, lr=6.25e-5)
         for prec in precisions:  # one trainer per precision, sharing the model and optimizer
             trainers[(name, prec)] = Trainer(m, opt, loss, lambda s: 6.25e-5, device=cpu, precision=prec,
@@ -202,18 +225,33 @@ def bench_shape(shape: str, batching: str, args: argparse.Namespace) -> list[dic
           f"{seqs} sequences, padded length {length:.0f}; pad positions computed: HF and ours-padded {100 * pads:.0f}%, "
           f"ours (packed) 0% in the linear layers, {100 * grid_pads:.0f}% of the attention grid; {args.repeats} repeats")
     results = []
+    if prefixed is not None:
+        rows = sum(mb.packing.tokens for b in prefixed for mb in b) / sum(mb.packing.tokens for b in packed for mb in b)
+        print(f"  ours-shared (--layout shared): each example's common prefix once, {100 * rows:.0f}% of the packed "
+              f"row's tokens")
     for prec in precisions:
         o, p, h = rate[("ours", prec)], rate[("ours-padded", prec)], rate[("hf", prec)]
         print(f"  {prec}: ours {o['best']:7.2f} ex/s   ours-padded {p['best']:7.2f}   HF {h['best']:7.2f}   "
               f"ours/HF {o['best'] / h['best']:.2f}×  padded/HF {p['best'] / h['best']:.2f}×"
               f"   (medians: ours/HF {o['median'] / h['median']:.2f}×)")
-        results.append({"shape": shape, "precision": prec, "batching": batching, "batch": args.batch,
-                        "micro_batch": args.micro_batch, "size": args.size, "pad_fraction_hf": pads,
-                        "pad_fraction_ours_linear": 0.0, "pad_fraction_ours_attention_grid": grid_pads,
-                        "ours_ex_per_s": o, "ours_padded_ex_per_s": p, "hf_ex_per_s": h,
-                        "ratio_best": o["best"] / h["best"], "ratio_padded_best": p["best"] / h["best"],
-                        "ratio_median": o["median"] / h["median"],
-                        "ours_times": times[("ours", prec)], "hf_times": times[("hf", prec)]})
+        row = {"shape": shape, "precision": prec, "batching": batching, "batch": args.batch,
+               "micro_batch": args.micro_batch, "size": args.size, "pad_fraction_hf": pads,
+               "pad_fraction_ours_linear": 0.0, "pad_fraction_ours_attention_grid": grid_pads,
+               "ours_ex_per_s": o, "ours_padded_ex_per_s": p, "hf_ex_per_s": h,
+               "ratio_best": o["best"] / h["best"], "ratio_padded_best": p["best"] / h["best"],
+               "ratio_median": o["median"] / h["median"],
+               "ours_times": times[("ours", prec)], "hf_times": times[("hf", prec)]}
+        if prefixed is not None:
+            sh = rate[("ours-shared", prec)]
+            print(f"        ours-shared {sh['best']:7.2f} ex/s   shared/packed {sh['best'] / o['best']:.2f}×  "
+                  f"shared/HF {sh['best'] / h['best']:.2f}×   (medians: shared/packed "
+                  f"{sh['median'] / o['median']:.2f}×, shared/HF {sh['median'] / h['median']:.2f}×)")
+            row.update({"ours_shared_ex_per_s": sh, "shared_row_token_fraction": rows,
+                        "ratio_shared_packed_best": sh["best"] / o["best"],
+                        "ratio_shared_hf_best": sh["best"] / h["best"],
+                        "ratio_shared_packed_median": sh["median"] / o["median"],
+                        "ours_shared_times": times[("ours-shared", prec)]})
+        results.append(row)
     if args.profile:
         profile(trainers, {k: v[0] for k, v in inputs.items()})
     return results

@@ -46,12 +46,31 @@ def lm_loss_per_sequence_packed(
     """:func:`lm_loss_per_sequence` of a packed row (``gptcli.model.packed``): the same targets — every token after
     each sequence's first — and the same per-sequence means, read through the packing's host-built indices (no
     mask to count on the device). ``token_nll(h, targets)`` is each target's cross-entropy given its hidden state:
-    a tied LM's ``lm_token_nll`` (as fine-tuning passes it), which takes its training product."""
+    a tied LM's ``lm_token_nll`` (as fine-tuning passes it), which takes its training product.
+
+    A shared-prefix row (``Packing.shared``, ``--layout shared``) returns the same value per full sequence
+    ``prefix + answer``: each target's cross-entropy is computed once — a prefix's own targets once for all its
+    answers, through the vocabulary-wide output layer once — summed per segment, and each sequence's loss is its
+    prefix's sum plus its answer's (whose first target is the prefix's last token predicting the answer's first)
+    over its own count. A prefix target's gradient is then Σ over the sequences holding it of 1/(count·S): the
+    weight it has in the packed row, where each sequence holds its own copy."""
+    if packing.sequences is not None:
+        return _shared_lm_loss(hidden, ids, packing, token_nll)
     h = hidden[0].index_select(0, packing.lm_inputs)
     targets = ids[0].index_select(0, packing.lm_inputs + 1)
     nll = token_nll(h, targets)
     total = torch.zeros(len(packing.lengths), device=ids.device, dtype=nll.dtype).index_add_(0, packing.lm_rows, nll)
     return total / packing.lm_counts.to(nll.dtype)
+
+
+def _shared_lm_loss(hidden: torch.Tensor, ids: torch.Tensor, packing: "Packing",
+                    token_nll: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """:func:`lm_loss_per_sequence_packed` of a shared-prefix row: (S,) one loss per full sequence."""
+    assert packing.lm_targets is not None and packing.sequences is not None
+    nll = token_nll(hidden[0].index_select(0, packing.lm_inputs), ids[0].index_select(0, packing.lm_targets))
+    total = torch.zeros(len(packing.lengths), device=ids.device, dtype=nll.dtype).index_add_(0, packing.lm_rows, nll)
+    per_seq = total.index_select(0, packing.sequences[:, 0]) + total.index_select(0, packing.sequences[:, 1])
+    return per_seq / packing.lm_counts.to(nll.dtype)
 
 
 def lm_loss_per_sequence(

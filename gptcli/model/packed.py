@@ -17,6 +17,12 @@ sequence: the answers' hidden states are the full sequences' (tests/model/test_p
 work (Story Cloze: about 60% of the tokens; RACE: about a quarter). All the answers of all the examples of such a row
 attend in one batched call per layer (:class:`SharedGrid`), as the standalone sequences of training do
 (:class:`Grid`).
+
+Training can take the shared form too (``gpt1 finetune --layout shared``, off by default): the row then also lists
+each sequence's next-token targets — the prefix's own, the prefix's last token predicting each answer's first, and
+each answer's own — so the auxiliary LM loss is the full sequences' (:func:`gptcli.model.losses.lm_loss_per_sequence_packed`).
+It is a deviation from the paper: the prefix is computed once, so with dropout on all the answers of an example see
+the same dropout masks on the prefix's positions, where separate sequences draw one each.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from gptcli.model import kernels
 from gptcli.model.attention import causal_attention
 
 
@@ -49,6 +56,13 @@ class Packing:
     parents: list[int] | None = None
     """For a shared-prefix row (:meth:`shared`): the segment each segment continues (-1: none). None: every segment
     stands alone."""
+    lm_targets: torch.Tensor | None = None
+    """Shared-prefix rows: (M,) row index of each ``lm_inputs`` token's next token (a prefix's last token is listed
+    once per answer, each time with that answer's first token); None: the next row (``lm_inputs + 1``)."""
+    sequences: torch.Tensor | None = None
+    """Shared-prefix rows: (S, 2) the prefix segment and the answer segment each full sequence is made of, in the
+    head's order; ``lm_rows`` then names the segment a target belongs to (its prefix's or its answer's) and
+    ``lm_counts`` counts each full sequence's targets."""
     _grids: dict = field(default_factory=dict, repr=False, compare=False)
     """:meth:`grid` per device, made once per batch and shared by every layer."""
 
@@ -77,26 +91,38 @@ class Packing:
     def shared(prefixes: Sequence[Sequence[int]], answers: Sequence[Sequence[Sequence[int]]],
                extract_id: int) -> tuple[list[int], "Packing"]:
         """(row ids, packing) of examples whose sequences are ``prefix + answer`` for each of their answers: every
-        prefix once, followed by its answers, each answer attending to its prefix (evaluation only: no LM targets).
-        ``extract`` lists the answers' extract tokens, example by example, as the padded batch's rows."""
+        prefix once, followed by its answers, each answer attending to its prefix. ``extract`` lists the answers'
+        extract tokens, example by example, as the padded batch's rows; the LM targets are every full sequence's
+        (each token after its first), a prefix's own targets listed once for all its answers."""
         ids: list[int] = []
-        lengths, parents, positions, extract = [], [], [], []
+        lengths, parents, positions, extract, sequences = [], [], [], [], []
+        inputs, targets, owners, counts = [], [], [], []
         for prefix, group in zip(prefixes, answers):
-            parent = len(lengths)
+            parent, start = len(lengths), len(ids)
             lengths.append(len(prefix))
             parents.append(-1)
             positions.extend(range(len(prefix)))
             ids.extend(prefix)
+            _targets_within(start, len(prefix), parent, inputs, targets, owners)
             for answer in group:
-                row = len(ids)
+                row, seg = len(ids), len(lengths)
                 lengths.append(len(answer))
                 parents.append(parent)
                 positions.extend(range(len(prefix), len(prefix) + len(answer)))
                 extract.append(row + (list(answer).index(extract_id) if extract_id in answer else 0))
                 ids.extend(answer)
-        empty = torch.zeros(0, dtype=torch.long)
-        return ids, Packing(lengths, torch.tensor(positions, dtype=torch.long), torch.tensor(extract, dtype=torch.long),
-                            empty, empty, torch.zeros(0), parents)
+                if prefix:  # the prefix's last token predicts this answer's first
+                    inputs.append(start + len(prefix) - 1)
+                    targets.append(row)
+                    owners.append(seg)
+                _targets_within(row, len(answer), seg, inputs, targets, owners)
+                sequences.append((parent, seg))
+                counts.append(max(1, len(prefix) + len(answer) - 1))
+        long = dict(dtype=torch.long)
+        return ids, Packing(lengths, torch.tensor(positions, **long), torch.tensor(extract, **long),
+                            torch.tensor(inputs, **long), torch.tensor(owners, **long),
+                            torch.tensor(counts, dtype=torch.float32), parents, torch.tensor(targets, **long),
+                            torch.tensor(sequences, **long).view(-1, 2))
 
     @property
     def tokens(self) -> int:
@@ -127,7 +153,15 @@ class Packing:
     def to(self, device: torch.device | str) -> "Packing":
         moved = [to_device(t, device) for t in (self.positions, self.extract, self.lm_inputs, self.lm_rows,
                                                  self.lm_counts)]
-        return Packing(self.lengths, *moved, self.parents)
+        shared = [None if t is None else to_device(t, device) for t in (self.lm_targets, self.sequences)]
+        return Packing(self.lengths, *moved, self.parents, *shared)
+
+
+def _targets_within(start: int, n: int, owner: int, inputs: list[int], targets: list[int], owners: list[int]) -> None:
+    """Append the next-token pairs inside one segment of ``n`` tokens at row ``start`` (all but its last token)."""
+    inputs.extend(range(start, start + n - 1))
+    targets.extend(range(start + 1, start + n))
+    owners.extend([owner] * max(0, n - 1))
 
 
 def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
@@ -188,7 +222,7 @@ class SharedGrid:
     prefix or to its own segment: a prefix token attends causally within the prefix, an answer's token to the
     whole prefix and causally to its own answer — what a KV-cache continuation computes, for all the answers of
     all the examples at once. A pad cell repeats its example's first token; no real query sees it and its output
-    is never read. Evaluation only (no backward is written for it)."""
+    is never read, so its gradient is zero and a training row gathers into the grid as :class:`Grid` does."""
 
     cells: torch.Tensor
     """(G, W) row index of each cell's token."""
@@ -196,6 +230,19 @@ class SharedGrid:
     """(G, 1, W, W) bool, True where a query may look (every query sees itself: no softmax row is empty)."""
     back: torch.Tensor
     """(N,) each row token's cell in the flattened grid."""
+    _biases: dict = field(default_factory=dict, repr=False, compare=False)
+    """:meth:`bias` per (heads, dtype), made once per batch and shared by every layer."""
+
+    def bias(self, n_head: int, dtype: torch.dtype) -> torch.Tensor:
+        """(G·H, W, W) ``mask`` as the additive bias the written-out attention adds to its scores (0 where a query
+        may look, −inf elsewhere), one copy per head: a batched product's input cannot broadcast over heads."""
+        key = (n_head, dtype)
+        if key not in self._biases:
+            G, _, W, _ = self.mask.shape
+            bias = torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device)
+            bias.masked_fill_(~self.mask, float("-inf"))
+            self._biases[key] = bias.expand(G, n_head, W, W).reshape(G * n_head, W, W)
+        return self._biases[key]
 
     @staticmethod
     def of(lengths: Sequence[int], parents: Sequence[int]) -> "SharedGrid":
@@ -225,19 +272,38 @@ class SharedGrid:
         return SharedGrid(self.cells.to(device), self.mask.to(device), self.back.to(device))
 
 
-def _shared_attention(qkv: torch.Tensor, n_head: int, s: SharedGrid) -> torch.Tensor:
-    """:func:`segment_attention` of a shared-prefix row (evaluation): (1, N, 3·C) → (1, N, C).
+def _shared_attention(qkv: torch.Tensor, n_head: int, s: SharedGrid, dropout: float) -> torch.Tensor:
+    """:func:`segment_attention` of a shared-prefix row: (1, N, 3·C) → (1, N, C), by PyTorch's SDPA with the
+    grid's mask (with ``dropout`` on the probabilities and autograd's backward when training).
 
     The grid gathers whole token rows of ``qkv`` (``index_select`` of contiguous rows: a third of the time of
     gathering per head) and attention reads q, k and v as strided views of them, in one call to PyTorch's SDPA with
     the grid's mask. Measured against the alternatives (docs/performance.md): two calls (the prefixes causally, then
     the answers against them) and the written-out kernel of ``kernels/attention.py`` were both slower on these
-    grids at evaluation, even for RACE's long passages."""
+    grids at evaluation, even for RACE's long passages (training, with a backward, takes the kernel:
+    :func:`segment_attention`)."""
     x, C = qkv[0], qkv.size(2) // 3
     G, W = s.cells.shape
     g = x.index_select(0, s.cells.view(-1)).view(G, W, 3, n_head, C // n_head).permute(2, 0, 3, 1, 4)
-    y = F.scaled_dot_product_attention(g[0], g[1], g[2], attn_mask=s.mask)  # (G, H, W, hd)
+    y = F.scaled_dot_product_attention(g[0], g[1], g[2], attn_mask=s.mask, dropout_p=dropout)  # (G, H, W, hd)
     return y.transpose(1, 2).reshape(G * W, C).index_select(0, s.back).unsqueeze(0)
+
+
+def _shared_training_attention(x: torch.Tensor, n_head: int, s: SharedGrid, dropout: float) -> torch.Tensor | None:
+    """The written-out attention of ``kernels/attention.py`` over a shared-prefix grid, with its hand-written
+    backward and the grid's mask as an additive bias: (N, 3, H, hd) → (N, H, hd); None with the kernels off or
+    where the kernel has no path for the dtype (SDPA then). With a backward to run it beat SDPA with a mask on
+    these grids, most with dropout, where SDPA on CPU has no fused kernel (docs/performance.md, "Shared-prefix
+    training")."""
+    if not kernels.enabled(x.device):
+        return None
+    from gptcli.model.kernels.attention import masked_attention
+
+    W = s.cells.size(1)
+    group, slot = s.back // W, s.back % W
+    q, k, v = _ToGrid.apply(x, s.cells, group, slot)
+    y = masked_attention(q, k, v, s.bias(n_head, x.dtype), dropout)
+    return None if y is None else _FromGrid.apply(y, group, slot)
 
 
 def _cells(x: torch.Tensor, cells: torch.Tensor, parts: Sequence[int]) -> torch.Tensor:
@@ -291,17 +357,21 @@ def segment_attention(qkv: torch.Tensor, n_head: int, dropout: float, packing: P
 
     Sequences that stand alone are gathered into a (S, H, Lmax, hd) grid and attended in one batched call (one call
     per sequence cost more in per-op overhead than the grid's padded attention: only the attention sees padding,
-    a few percent of a layer's work, never the linear layers). A shared-prefix row (evaluation) takes one batched
-    call too, whatever its number of examples and answers (:class:`SharedGrid`)."""
+    a few percent of a layer's work, never the linear layers). A shared-prefix row takes one batched call too,
+    whatever its number of examples and answers (:class:`SharedGrid`): by SDPA at evaluation, and when training (a
+    backward to run) by the written-out kernel if the kernels are on."""
     N, C = qkv.size(1), qkv.size(2) // 3
     x = qkv[0].view(N, 3, n_head, C // n_head)
     if packing.parents is None:
         g = packing.grid(qkv.device)
         y = causal_attention(*_ToGrid.apply(x, g.cells, g.group, g.slot), dropout)
         return _FromGrid.apply(y, g.group, g.slot).view(1, N, C)
-    if dropout > 0.0:
-        raise ValueError("a shared-prefix row is for evaluation: attention dropout must be off")
-    return _shared_attention(qkv, n_head, packing.shared_grid(qkv.device))
+    s = packing.shared_grid(qkv.device)
+    if qkv.requires_grad:  # training: a backward to run
+        y = _shared_training_attention(x, n_head, s, dropout)
+        if y is not None:
+            return y.view(1, N, C)
+    return _shared_attention(qkv, n_head, s, dropout)
 
 
 __all__ = ["Grid", "Packing", "SharedGrid", "segment_attention"]

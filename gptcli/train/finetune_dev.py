@@ -38,9 +38,9 @@ def scores_of(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def packed_extract(setup: FinetuneSetup, model: FinetuneModel) -> int | None:
-    """The extract id batches are packed with (``layout`` packed and a Transformer body: the LSTM has no packed
-    path), or None for padded batches."""
-    packed = setup.config.layout == "packed" and isinstance(model.gpt, GPT)
+    """The extract id batches are packed with (``layout`` packed or shared and a Transformer body: the LSTM has no
+    packed path), or None for padded batches."""
+    packed = setup.config.layout in ("packed", "shared") and isinstance(model.gpt, GPT)
     return model.head.config.extract_id if packed else None
 
 

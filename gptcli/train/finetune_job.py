@@ -18,7 +18,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from gptcli import checkpoint as ckpt
-from gptcli.data.batching import collate, collate_packed, train_batches
+from gptcli.data.batching import Batch, collate, collate_packed, collate_shared, train_batches
+from gptcli.data.transforms import Encoded
 from gptcli.eval.baselines import prediction_summary
 from gptcli.eval.metrics import score_predictions
 from gptcli.model.classifier import FinetuneModel
@@ -31,6 +32,19 @@ from gptcli.train.optim import lr_at, released_lr
 from gptcli.train.run.directory import read_step_checkpoint, write_step_checkpoint
 from gptcli.train.run.loop import GracefulStop, Moment, RunState, every
 from gptcli.train.trainer import Parallel, StepResult, Trainer
+
+
+def training_collate(setup: FinetuneSetup, model: FinetuneModel) -> Callable[[Sequence[Encoded]], Batch]:
+    """How ``layout`` lays out a training micro-batch: padded (and always for the LSTM), packed, or — ``shared``,
+    multiple-choice tasks only — packed with each example's common prefix once for all its answers. The other
+    kinds' sequences share nothing worth it (similarity's two orders: the start token), so they train packed."""
+    extract = packed_extract(setup, model)
+    if extract is None:
+        return lambda items: collate(items, setup.regression)
+    if setup.config.layout == "shared" and setup.task.kind == "multiple_choice":
+        return lambda items: collate_shared(items, extract, setup.regression)
+    return lambda items: collate_packed(items, extract, setup.regression)
+
 
 BEST = "best.safetensors"
 """In a step checkpoint: the best epoch's weights so far (``select = "best"``), when they are no longer the model's."""
@@ -123,12 +137,8 @@ class FinetuneJob:
         setup, par = self.setup, self.par
         parts = micro_batches(self.batches[self.done_in_epoch], par.rank, par.world_size,
                               setup.config.micro_batch_size)
-        extract = packed_extract(setup, self.model)
-        enc = setup.train_enc
-        if extract is not None:
-            host = [collate_packed([enc[i] for i in chunk], extract, setup.regression) for chunk, _, _ in parts]
-        else:
-            host = [collate([enc[i] for i in chunk], setup.regression) for chunk, _, _ in parts]
+        enc, lay_out = setup.train_enc, training_collate(setup, self.model)
+        host = [lay_out([enc[i] for i in chunk]) for chunk, _, _ in parts]
         # Real tokens, from the encoded lengths (what the mask sums to): no tensor is read.
         tokens = sum(len(s) for chunk, _, share in parts if share > 0 for i in chunk for s in enc[i].seqs)
         self.loss.start_update([(factor, share) for _, factor, share in parts])

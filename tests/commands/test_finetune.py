@@ -133,3 +133,52 @@ def test_cli_shows_progress_and_epoch_scores(pretrained, shared_data, tmp_path):
                                  "--device", "cpu", "--precision", "fp32"], env=WIDE)
     assert r.exit_code == 0, r.output
     assert "epoch 1 (update 2): dev accuracy" in r.output and "epoch 2 (update 4): dev accuracy" in r.output
+
+
+@pytest.mark.parametrize("kernels", ["auto", "reference"])
+def test_layout_shared_trains_story_cloze_and_a_resume_may_not_leave_it(kernels, pretrained, shared_data, tmp_path,
+                                                                       capsys, monkeypatch):
+    """``--layout shared`` on the tiny preset: a Story Cloze run stopped after its first epoch (SIGINT at the dev
+    score) resumes under the same layout, and a resume that switches to packed is refused by name (shared-prefix
+    training shares dropout masks: it changes what the run computes, not only how)."""
+    import json
+    import os
+    import signal
+
+    import gptcli.train.finetune_dev as ft_dev
+    from help_panels import run_cli
+
+    real, calls = ft_dev.predict, []
+
+    def predict(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*a, **k)
+
+    monkeypatch.setattr(ft_dev, "predict", predict)
+    run = tmp_path / "run"
+    assert run_cli("finetune", "--task", "storycloze", "--init", "none", "--model", "tiny", "--tokenizer",
+                   str(pretrained / "tokenizer"), "--out", str(run), "--data-dir", str(shared_data / "storycloze"),
+                   "--max-train-examples", "16", "--max-eval-examples", "8", "--batch-size", "8", "--epochs", "2",
+                   "--lr", "1e-3", "--device", "cpu", "--precision", "fp32", "--kernels", kernels,
+                   "--layout", "shared", "--log-every", "1", "-q") == 130
+    assert 'layout = "shared"' in (run / "config.toml").read_text()
+    capsys.readouterr()
+    assert run_cli("finetune", "--out", str(run), "--resume", "--layout", "packed", "-q") == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "cannot resume with changed settings: layout shared → packed (these define the run" in err
+    assert run_cli("finetune", "--out", str(run), "--resume", "-q") == 0
+    results = json.loads((run / "results.json").read_text())
+    assert results["steps"] == 4 and len(results["history"]) == 2 and "accuracy" in results["scores"]
+    train = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3, 4]
+    assert all(r["lm_loss"] > 0 and r["clf_loss"] > 0 for r in train)  # finite: the log would hold NaN otherwise
+
+
+def test_help_lists_the_shared_layout(capsys, monkeypatch):
+    from help_panels import help_panels, option_row
+
+    row = " ".join(option_row(next(p for p in help_panels(capsys, monkeypatch, "finetune").values()
+                                    if "--layout" in p), "--layout").split())
+    assert "packed|padded|shared" in row and "deviation from the paper" in row and "[default: packed]" in row

@@ -162,3 +162,82 @@ def test_bf16_gradients_match_sdpa() -> None:
     got = torch.autograd.grad((causal_attention(q, k, v, 0.0, path="chunked") * upstream).sum(), (q, k, v))
     for a, b in zip(got, want):
         torch.testing.assert_close(a.float(), b.float(), atol=6e-2, rtol=6e-2)
+
+
+# --- the shared-prefix grid's attention (``--layout shared``: masked_attention) -------------------------------------
+
+
+def _grid():
+    """A shared-prefix grid (gptcli/model/packed.py) of two examples: a 20-token prefix with answers of 9 and 8,
+    a 10-token prefix with one of 7 — 37 columns, the second row padded."""
+    from gptcli.model.packed import SharedGrid
+
+    return SharedGrid.of([20, 9, 8, 10, 7], [-1, 0, 0, -1, 3])
+
+
+@pytest.fixture(params=["plain", "chunked"])
+def grid_path(request, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The path masked_attention takes for the 37-column grid: one block, or (the threshold lowered) blocks of 8."""
+    if request.param == "chunked":
+        monkeypatch.setattr(attention, "CHUNK_MIN_LEN", 16)
+    assert attention_path("cpu", torch.float32, 0.1, 37) == request.param
+    return request.param
+
+
+def test_masked_attention_is_sdpa_with_the_grids_mask(grid_path: str) -> None:
+    g = _grid()
+    q, k, v = _qkv(37, seed=6)
+    upstream = torch.randn(2, 3, 37, 8)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=g.mask)
+    grads_want = torch.autograd.grad((want * upstream).sum(), (q, k, v))
+    got = attention.masked_attention(q, k, v, g.bias(3, torch.float32))
+    grads = torch.autograd.grad((got * upstream).sum(), (q, k, v))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    for a, b in zip(grads, grads_want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_masked_attention_with_dropout_has_autograds_gradients(grid_path: str) -> None:
+    """The hand-written backward with dropout, against autograd over the same ops and the same masks."""
+    g, p = _grid(), 0.3
+    bias = g.bias(3, torch.float32)
+    blocks = [(0, 9), (9, 18), (18, 27), (27, 37)] if grid_path == "chunked" else [(0, 37)]
+    q, k, v = _qkv(37, seed=7)
+    upstream = torch.randn(2, 3, 37, 8)
+    torch.manual_seed(5)
+    out = attention.masked_attention(q, k, v, bias, p)
+    grads = torch.autograd.grad((out * upstream).sum(), (q, k, v))
+    torch.manual_seed(5)
+    qs, ks, vs = (x.reshape(6, 37, 8) for x in (q, k, v))
+    parts = []
+    for a, b in blocks:
+        probs = torch.softmax(qs[:, a:b] @ ks[:, :b].transpose(1, 2) / 8**0.5 + bias[:, a:b, :b], dim=-1)
+        probs = probs * attention.keep_mask(probs.shape, p, dtype=probs.dtype) / (1 - p)
+        parts.append(probs @ vs[:, :b])
+    ref = torch.cat(parts, dim=1).view(2, 3, 37, 8)
+    grads_ref = torch.autograd.grad((ref * upstream).sum(), (q, k, v))
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b)
+
+
+def test_masked_attention_drops_only_what_a_query_sees() -> None:
+    """v the identity: the output is the dropped-out probabilities — zero wherever the grid's mask is (another
+    answer, a later position), a share p of the rest zeroed and the others scaled by 1/(1 − p)."""
+    g, p = _grid(), 0.25
+    q, k, _ = _qkv(37, d=37, seed=8)
+    v = torch.eye(37).expand(2, 3, 37, 37)
+    with torch.no_grad():
+        probs = attention.masked_attention(q, k, v, g.bias(3, torch.float32))
+        torch.manual_seed(0)
+        out = attention.masked_attention(q, k, v, g.bias(3, torch.float32), p)
+    visible = g.mask.expand_as(out)
+    assert not out[~visible].any()
+    kept = out[visible] != 0
+    assert abs(1 - kept.float().mean().item() - p) < 0.03
+    torch.testing.assert_close(out[visible][kept], probs[visible][kept] / (1 - p))
+
+
+def test_masked_attention_leaves_unmeasured_dtypes_to_sdpa() -> None:
+    q, k, v = _qkv(37, torch.float16)
+    assert attention.masked_attention(q, k, v, _grid().bias(3, torch.float16), 0.1) is None

@@ -5,6 +5,9 @@ per answer), a batch of one very long and many short examples, and a batch whose
 Head outputs, per-sequence LM losses, every real position's hidden state and every gradient agree in fp32 to 1e-5.
 At evaluation, shared prefixes (one attention call for every answer of every example) score what the padded batch
 does on real Story Cloze rows and on RACE in its official format, through ``predict`` as ``gpt1 eval`` runs it.
+Training with shared prefixes (``--layout shared``) computes, with dropout off, what the packed row computes (head
+outputs, per-sequence LM losses, hidden states, gradients: 1e-5) under both kernel modes; with dropout on it trains,
+and its answers share the prefix's dropout masks — the deviation the layout makes, stated by a test.
 """
 
 from __future__ import annotations
@@ -201,3 +204,124 @@ def test_the_last_block_computes_only_the_rows_read(pretrained, shared_data):
         full = model.gpt(b.ids, packing=b.packing)
         some = model.gpt(b.ids, packing=b.packing, rows=b.packing.extract)
     torch.testing.assert_close(some[0], full[0].index_select(0, b.packing.extract), **TOL)
+
+
+# --------------------------------------------------------------------------------------------- shared-prefix training
+
+
+def _full_rows(packing: Packing) -> torch.Tensor:
+    """Row indices of every full sequence (its prefix, then its answer) of a shared-prefix row, end to end: where
+    the packed row of the same sequences holds each of its tokens."""
+    starts = [0]
+    for n in packing.lengths[:-1]:
+        starts.append(starts[-1] + n)
+    return torch.tensor([starts[seg] + j for pair in packing.sequences.tolist() for seg in pair
+                         for j in range(packing.lengths[seg])])
+
+
+def _assert_shared_trains_as_packed(model, items, extract_id, regression, kernel_mode, monkeypatch):
+    """With dropout off, a shared-prefix training row computes what the packed row computes: head outputs,
+    per-sequence LM losses (so the total loss), every full sequence's hidden states and every gradient."""
+    from gptcli.model import kernels
+    from gptcli.model.kernels import attention as written_out
+
+    kernels.set_kernels(kernel_mode)
+    calls = []
+    real = written_out.masked_attention
+    monkeypatch.setattr(written_out, "masked_attention", lambda *a: calls.append(1) or real(*a))
+    packed = _run(model, collate_packed(items, extract_id, regression), packed=True)
+    batch = collate_shared(items, extract_id, regression)
+    shared = _run(model, batch, packed=True)
+    # The kernel path is what --kernels auto trains with; reference is SDPA with the grid's mask.
+    assert bool(calls) == (kernel_mode == "auto")
+    torch.testing.assert_close(shared[0], packed[0], **TOL)
+    torch.testing.assert_close(shared[1], packed[1], **TOL)
+    torch.testing.assert_close(shared[2].index_select(0, _full_rows(batch.packing)), packed[2], **TOL)
+    assert shared[3].keys() == packed[3].keys()
+    for k in packed[3]:
+        torch.testing.assert_close(shared[3][k], packed[3][k], **TOL, msg=k)
+    return batch
+
+
+@pytest.mark.parametrize("kernel_mode", ["auto", "reference"])
+def test_a_shared_prefix_training_row_of_real_story_cloze_rows_equals_the_packed_one(kernel_mode, pretrained,
+                                                                                     shared_data, monkeypatch):
+    model, enc, extract_id, regression = _encoded("storycloze", pretrained, shared_data)
+    batch = _assert_shared_trains_as_packed(model, enc[:8], extract_id, regression, kernel_mode, monkeypatch)
+    assert batch.packing.tokens < 0.75 * sum(len(s) for e in enc[:8] for s in e.seqs)  # the stories run once
+
+
+@pytest.mark.parametrize("kernel_mode", ["auto", "reference"])
+@pytest.mark.parametrize("n_ctx", [None, 40], ids=["whole", "cut-to-n_ctx"])
+def test_a_shared_prefix_training_row_of_race_equals_the_packed_one(kernel_mode, n_ctx, pretrained, monkeypatch):
+    # Four answers per example behind a passage and a question; at n_ctx 40 the longest examples are cut (the
+    # passage's tail goes) so that their longest answer's sequence holds exactly n_ctx tokens.
+    model, enc, extract_id, regression = _encoded("race", pretrained, None, data_dir=RACE, n_ctx=n_ctx)
+    if n_ctx is not None:
+        assert sum(max(len(s) for s in e.seqs) == n_ctx for e in enc) >= 2
+    batch = _assert_shared_trains_as_packed(model, enc, extract_id, regression, kernel_mode, monkeypatch)
+    assert batch.packing.span == max(e.length for e in enc)
+
+
+def test_shared_training_targets_are_every_full_sequences():
+    # Prefix [10, 11] with answers [12] and [13, 14]; prefix [20] with answer [21, 22]. Row: 10 11 12 13 14 20 21 22.
+    _, p = Packing.shared([[10, 11], [20]], [[[12], [13, 14]], [[21, 22]]], extract_id=99)
+    pairs = sorted(zip(p.lm_inputs.tolist(), p.lm_targets.tolist(), p.lm_rows.tolist()))
+    # The prefix's own target once (segment 0); its last token once per answer, predicting that answer's first.
+    assert pairs == [(0, 1, 0), (1, 2, 1), (1, 3, 2), (3, 4, 2), (5, 6, 4), (6, 7, 4)]
+    assert p.sequences.tolist() == [[0, 1], [0, 2], [3, 4]]  # (prefix segment, answer segment) per full sequence
+    assert p.lm_counts.tolist() == [2.0, 3.0, 2.0]  # 10 11 12 → 2 targets; 10 11 13 14 → 3; 20 21 22 → 2
+    moved = p.to("cpu")
+    assert torch.equal(moved.lm_targets, p.lm_targets) and torch.equal(moved.sequences, p.sequences)
+
+
+def test_with_dropout_the_answers_share_the_prefixs_masks(pretrained, shared_data):
+    # The deviation --layout shared makes: the prefix runs once, so with dropout on every answer's sequence sees the
+    # same dropped units on the prefix's positions (here: identical prefix states for both endings), where the
+    # packed layout draws each sequence's own.
+    model, enc, extract_id, regression = _encoded("storycloze", pretrained, shared_data)
+    for m in model.gpt.modules():
+        for name in ("p", "attn_pdrop"):
+            if hasattr(m, name) and isinstance(getattr(m, name), float):
+                setattr(m, name, 0.3)
+    items = enc[:2]
+    shared = collate_shared(items, extract_id, regression)
+    packed = collate_packed(items, extract_id, regression)
+    cut = shared.packing.lengths[0]  # the first example's prefix
+    h_shared = model.gpt(shared.ids, packing=shared.packing)[0].index_select(0, _full_rows(shared.packing))
+    h_packed = model.gpt(packed.ids, packing=packed.packing)[0]
+    n0, n1 = (len(s) for s in items[0].seqs)
+    for h, same in ((h_shared, True), (h_packed, False)):
+        first, second = h[:cut], h[n0 : n0 + cut]
+        assert torch.equal(first, second) is same
+    model.eval()  # without dropout the packed prefixes agree too: the difference above is the masks
+    with torch.no_grad():
+        h = model.gpt(packed.ids, packing=packed.packing)[0]
+    torch.testing.assert_close(h[:cut], h[n0 : n0 + cut], **TOL)
+
+
+@pytest.mark.parametrize("kernel_mode", ["auto", "reference"])
+def test_shared_training_with_dropout_learns(kernel_mode, pretrained, shared_data):
+    # Dropout on, the task loss plus λ·LM: a few steps on one Story Cloze batch lower the loss, through the
+    # written-out attention's dropout (auto) and SDPA's with the grid's mask (reference).
+    from gptcli.model import kernels
+    from gptcli.train.finetune_loss import TaskLoss
+
+    kernels.set_kernels(kernel_mode)
+    model, enc, extract_id, regression = _encoded("storycloze", pretrained, shared_data)
+    for m in model.gpt.modules():
+        for name in ("p", "attn_pdrop"):
+            if hasattr(m, name) and isinstance(getattr(m, name), float):
+                setattr(m, name, 0.1)
+    model.head.drop_p = 0.1
+    batch, loss_fn = collate_shared(enc[:8], extract_id, regression), TaskLoss(0.5)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(8):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model, batch)
+        loss.backward()
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+        opt.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < 0.9 * losses[0], losses

@@ -188,6 +188,20 @@ def test_a_resume_names_every_defining_change_and_notes_the_adjustable_ones():
         check_resume("run", RULES, Cfg(seed=3), saved, _header(), mcfg, unexplained="tokenizer a → b")
 
 
+def test_a_defining_value_of_an_adjustable_setting_is_refused_to_and_from():
+    # An adjustable setting with a value that changes what the run computes (fine-tuning's layout "shared"):
+    # changes among the other values are noted, a change to or from that value is refused.
+    rules = dataclasses.replace(RULES, defining_values={"lr": (9.0,)})
+    mcfg, saved = ModelConfig(n_layer=2, attn_pdrop=0.1), {"seed": 0, "lr": 1.0, "new": "x"}
+    assert check_resume("run", rules, Cfg(lr=0.5), saved, _header(), mcfg) == [
+        "resuming with changed settings: lr 1.0 → 0.5"]
+    with pytest.raises(GPT1Error, match=r"changed settings: lr 1\.0 → 9\.0 \(these define the run"):
+        check_resume("run", rules, Cfg(lr=9.0), saved, _header(), mcfg)
+    with pytest.raises(GPT1Error, match=r"changed settings: lr 9\.0 → 1\.0 \(these define the run"):
+        check_resume("run", rules, Cfg(lr=1.0), {**saved, "lr": 9.0}, _header(), mcfg)
+    assert check_resume("run", rules, Cfg(lr=9.0), {**saved, "lr": 9.0}, _header(), mcfg) == []
+
+
 @pytest.mark.parametrize("module", ["gptcli.train.pretrain_config", "gptcli.train.finetune_config"])
 def test_every_setting_of_every_run_is_classified_once(module):
     import importlib

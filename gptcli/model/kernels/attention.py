@@ -104,6 +104,28 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout:
     return out.view(B, H, t, d)
 
 
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+                     dropout: float = 0.0) -> torch.Tensor | None:
+    """Attention of ``q``, ``k``, ``v`` (B, H, T, d) under an additive mask ``bias`` (B·H, T, T) that is causal
+    and more (a shared-prefix grid's: each answer also blind to the other answers), with dropout ``dropout`` on the
+    probabilities: the reference is ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)``
+    (gptcli/model/packed.py). Blocks of queries see only the keys up to their last, as :func:`causal_attention`'s;
+    ``bias`` must be in the dtype the products run in (the autocast dtype, else ``q``'s). None where the dtype has no
+    written-out path (the caller takes SDPA)."""
+    path = attention_path(q.device.type, q.dtype, dropout, q.size(-2))
+    if path == "sdpa":
+        return None
+    B, H, t, d = q.shape
+    device = q.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
+    q, k, v = (x.to(dtype).reshape(B * H, t, d) for x in (q, k, v))
+    blocks = max(1, t // CHUNK_ROWS) if path == "chunked" else 1
+    bounds = tuple(t * i // blocks for i in range(blocks + 1))
+    with torch.autocast(device, enabled=False):
+        out = _BlockedAttention.apply(q, k, v, bias.to(dtype), dropout, bounds)
+    return out.view(B, H, t, d)
+
+
 def _transposed(x: torch.Tensor, blocks: int) -> torch.Tensor:
     """``x`` (N, T, d) as (N, d, T) for the products of every block. In bf16 with several blocks, one contiguous
     copy: oneDNN's products would otherwise copy their transposed operand once per block (docs/performance.md).
@@ -120,7 +142,8 @@ class _BlockedAttention(torch.autograd.Function):
     a zero-filled full-size gradient to be summed (``SliceBackward``), the bool dropout mask was converted to the
     activation dtype on every use, and the transposed keys were copied per block. Here the keys are transposed once,
     the mask is drawn in the activation's dtype, and each block's key and value gradients accumulate in place into
-    their slice."""
+    their slice. ``bias`` is the additive mask: (T, T) for every row of the batch (causal), or (N, T, T) one each
+    (a shared-prefix grid's, :func:`masked_attention`)."""
 
     @staticmethod
     def forward(ctx, q, k, v, bias, dropout: float, bounds: tuple[int, ...]):
@@ -132,7 +155,7 @@ class _BlockedAttention(torch.autograd.Function):
             # it writes the scores, where a masked_fill and a scaling would each be another pass. The softmax is
             # in the scores' dtype, as Hugging Face's port under autocast (a fp32 softmax measured slower, and the
             # product with v is taken in bf16 either way).
-            p = torch.softmax(torch.baddbmm(bias[a:b, :b], q[:, a:b], kt[:, :, :b], alpha=alpha), dim=-1)
+            p = torch.softmax(torch.baddbmm(bias[..., a:b, :b], q[:, a:b], kt[:, :, :b], alpha=alpha), dim=-1)
             probs.append(p)
             if dropout > 0.0:
                 masks.append(keep_mask(p.shape, dropout, p.device, p.dtype))

@@ -38,6 +38,9 @@ class SettingRules:
     and the switches that say what to do with ``--out`` this time."""
     older_runs: Mapping[str, Any] = field(default_factory=dict)
     """What a run recorded before a setting existed did (compared instead of the setting's default)."""
+    defining_values: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
+    """Values of an adjustable setting that change what the run computes, not only how: a resume that changes the
+    setting to or from one of them is refused like a defining change (its other changes are noted)."""
 
     def setting_changes(self, config: Any, saved: Mapping[str, Any]) -> tuple[list[str], list[str]]:
         """(changed defining settings, changed adjustable ones) of ``config`` against the ``saved`` settings, each
@@ -47,7 +50,9 @@ class SettingRules:
         for key in self.defining + self.adjustable:
             was, now = saved.get(key, defaults[key]), getattr(config, key)
             if was != now:
-                (adjusted if key in self.adjustable else changed).append(f"{key} {was} → {now}")
+                values = self.defining_values.get(key, ())
+                noted = key in self.adjustable and was not in values and now not in values
+                (adjusted if noted else changed).append(f"{key} {was} → {now}")
         return changed, adjusted
 
 
