@@ -98,10 +98,9 @@ class FinetuneConfig:
     the batch's longest, the reference it is tested against. ``shared`` (multiple choice; other tasks train
     packed): training too runs an example's common prefix (``<s> story $``, RACE's article and question) once,
     each answer attending to it, with the same losses as packed; a deviation from the paper, off by default: with
-    dropout on, the answers share the prefix's dropout masks instead of drawing one each. Story Cloze, random
-    batches of 32, tiny model, 2-core CPU: the row holds 58% of the packed tokens and trains 1.66× the packed
-    layout's examples/s in fp32, 1.53× in bf16 (docs/performance.md). A resume cannot switch to or from it. The
-    LSTM baseline is always padded."""
+    dropout on, the answers share the prefix's dropout masks instead of drawing one each. On Story Cloze the row
+    holds 58% of the packed tokens (the measured gain: docs/performance.md, "Shared-prefix training"). A resume
+    cannot switch to or from it. The LSTM baseline is always padded."""
     clf_pdrop: float = 0.1
     """Classifier dropout before the head."""
     grad_clip: float = 1.0

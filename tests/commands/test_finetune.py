@@ -142,21 +142,11 @@ def test_layout_shared_trains_story_cloze_and_a_resume_may_not_leave_it(kernels,
     score) resumes under the same layout, and a resume that switches to packed is refused by name (shared-prefix
     training shares dropout masks: it changes what the run computes, not only how)."""
     import json
-    import os
-    import signal
 
-    import gptcli.train.finetune_dev as ft_dev
     from help_panels import run_cli
+    from run_helpers import signal_at_dev_score
 
-    real, calls = ft_dev.predict, []
-
-    def predict(*a, **k):
-        calls.append(1)
-        if len(calls) == 1:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(*a, **k)
-
-    monkeypatch.setattr(ft_dev, "predict", predict)
+    signal_at_dev_score(monkeypatch)
     run = tmp_path / "run"
     assert run_cli("finetune", "--task", "storycloze", "--init", "none", "--model", "tiny", "--tokenizer",
                    str(pretrained / "tokenizer"), "--out", str(run), "--data-dir", str(shared_data / "storycloze"),

@@ -7,12 +7,15 @@ Used by tests/faults/test_runs_*.py. Everything is sized for seconds on two CPU 
 from __future__ import annotations
 
 import hashlib
+import os
 import random
+import signal
 from pathlib import Path
 
 import pytest
 
 import corpus_helpers  # noqa: F401  (registers the byte tokenizer of the corpora written there)
+import gptcli.train.finetune_dev as ft_dev
 from gptcli.train.pretrain import PretrainConfig
 
 MODEL = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 64, "n_ctx": 16}
@@ -85,3 +88,18 @@ def sst2_folder(directory: Path) -> Path:
     for split in ("train", "dev"):
         (directory / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n", encoding="utf-8")
     return directory
+
+
+def signal_at_dev_score(monkeypatch, nth: int = 1):
+    """SIGINT to this process as fine-tuning's ``nth`` dev scoring starts (before its first batch); returns the
+    unpatched ``predict``, to put back for a resumed run."""
+    real, calls = ft_dev.predict, []
+
+    def predict(*a, **k):
+        calls.append(1)
+        if len(calls) == nth:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*a, **k)
+
+    monkeypatch.setattr(ft_dev, "predict", predict)
+    return real

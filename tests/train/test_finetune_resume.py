@@ -27,6 +27,7 @@ from gptcli.errors import GPT1Error
 from gptcli.progress import Progress, RecordingProgress
 from gptcli.train.finetune import FinetuneConfig, finetune
 from gptcli.train.finetune_config import RULES
+from run_helpers import signal_at_dev_score
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -161,15 +162,7 @@ def test_signal_at_an_epoch_boundary_before_its_dev_score(pretrained, data, refe
 
 def test_signal_during_the_dev_evaluation_abandons_it_and_redoes_it(pretrained, data, reference, tmp_path,
                                                                    monkeypatch):
-    real, calls = ft_dev.predict, []
-
-    def predict(model, batches, *a, **k):
-        calls.append(1)
-        if len(calls) == 2:  # epoch 2's evaluation: the signal lands before its first batch
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(model, batches, *a, **k)
-
-    monkeypatch.setattr(ft_dev, "predict", predict)
+    real = signal_at_dev_score(monkeypatch, nth=2)  # epoch 2's evaluation: the signal lands before its first batch
     run = tmp_path / "run"
     res = finetune(_cfg(pretrained, data, run), progress=RecordingProgress())
     assert res.stopped_by == "SIGINT" and res.step == 10 and len(res.history) == 1
@@ -417,15 +410,7 @@ def test_sigint_through_the_command_line_exits_130_and_says_how_to_continue(pret
                                                                            capsys, monkeypatch):
     from gptcli.cli import main
 
-    real, calls = ft_dev.predict, []
-
-    def predict(*a, **k):
-        calls.append(1)
-        if len(calls) == 1:
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(*a, **k)
-
-    monkeypatch.setattr(ft_dev, "predict", predict)
+    real = signal_at_dev_score(monkeypatch)
     run = tmp_path / "run"
     args = ["finetune", "--task", "sst2", "--init", pretrained, "--out", run, "--data-dir", data, "--batch-size", "8",
             "--epochs", "3", "--lr", "1e-3", "--device", "cpu", "--precision", "fp32", "--log-every", "2",
