@@ -211,8 +211,11 @@ def report(size, task_name, enc, encode_s, ours, best, preds, impls, args) -> di
     tokens = sum(len(s) for e in enc for s in e.seqs)
     print(f"\n{size} ({ours.gpt.num_params() / 1e6:.1f}M params) on {task_name} {SPLITS[task_name]}: {n} examples, "
           f"{tokens / n:.0f} tokens/example, batch {args.batch_size}; encoding (shared, not compared) {n / encode_s:.0f} ex/s")
+    # Hugging Face's columns only when it ran (``--no-hf``, ``--no-hf-lean``): no column of nan.
+    hf_cols = ("hf" in impls, "hf-lean" in impls)
     print(f"  {'precision':<10}{'ours ex/s':>11}{'padded':>8}{'today':>8}{'ours/today':>12}{'ours/padded':>13}"
-          f"{'HF ex/s':>9}{'ours/HF':>9}{'HF lean':>9}{'agree HF':>10}{'= padded':>10}{'max |Δout|':>12}")
+          + (f"{'HF ex/s':>9}{'ours/HF':>9}" if hf_cols[0] else "") + (f"{'HF lean':>9}" if hf_cols[1] else "")
+          + (f"{'agree HF':>10}" if hf_cols[0] else "") + f"{'= padded':>10}{'max |Δout|':>12}")
     rows = []
     for prec in args.precisions.split(","):
         rate = {i: n / best[(i, prec)] if (i, prec) in best else float("nan") for i in impls + ["hf", "hf-lean"]}
@@ -220,8 +223,9 @@ def report(size, task_name, enc, encode_s, ours, best, preds, impls, args) -> di
         same = _agreement(preds[("ours", prec)], preds[("ours-padded", prec)])
         agree = _agreement(preds[("ours", prec)], preds[("hf", prec)]) if "hf" in impls else float("nan")
         diff = max(abs(a - b) for x, y in zip(OUTPUTS[(True, prec)], OUTPUTS[(False, prec)]) for a, b in zip(x, y))
-        print(f"  {prec:<10}{o:>11.1f}{p:>8.1f}{t:>8.1f}{o / t:>11.2f}×{o / p:>12.2f}×{h:>9.1f}{o / h:>8.2f}×"
-              f"{rate['hf-lean']:>9.1f}{100 * agree:>9.1f}%{100 * same:>9.1f}%{diff:>12.2e}", flush=True)
+        print(f"  {prec:<10}{o:>11.1f}{p:>8.1f}{t:>8.1f}{o / t:>11.2f}×{o / p:>12.2f}×"
+              + (f"{h:>9.1f}{o / h:>8.2f}×" if hf_cols[0] else "") + (f"{rate['hf-lean']:>9.1f}" if hf_cols[1] else "")
+              + (f"{100 * agree:>9.1f}%" if hf_cols[0] else "") + f"{100 * same:>9.1f}%{diff:>12.2e}", flush=True)
         rows.append({"preset": size, "task": task_name, "precision": prec, "examples": n, "ours_ex_per_s": o,
                      "ours_padded_ex_per_s": p, "today_ex_per_s": t, "ours_over_today": o / t,
                      "ours_over_padded": o / p, "agreement_packed_padded": same, "max_abs_output_diff": diff,
