@@ -3,9 +3,8 @@
 By default glibc serves every allocation over its mmap threshold (128 kB at first, raised as blocks are freed, to
 32 MB at most) with a fresh ``mmap`` and returns it to the kernel on ``free``; a freed top of the heap past 128 kB
 is trimmed too. A training step allocates and frees the same few gigabytes of activations every step, so every step
-page-faults them in again: on a 2-core Xeon with AMX a GPT-1 bf16 step took 3.3–5.5 s by default against 2.6–2.8 s
-with freed blocks kept (400,000 minor faults a step against none), and fp32 steps paid 1.24× (docs/performance.md,
-"The glibc allocator setting").
+page-faults them in again: some 400,000 minor faults per GPT-1 step, a large share of a CPU step's time (the
+measurements: docs/performance.md, "The glibc allocator setting" and "The allocator inside gpt1").
 
 :func:`keep_freed_memory` raises both thresholds with ``mallopt`` for the rest of the process: every allocation
 comes from the heap and freed memory stays mapped for the next step. It is what the benchmarks get from
