@@ -33,7 +33,8 @@ timed ``--repeats`` times. Printed with each order: the fraction of the position
 computes that are padding — HF and ours-padded in every layer; ours packed in none of the linear layers, only in the
 attention grid (its share of grid cells is printed). Reported: examples/s from each batch's best time (the least
 disturbed by other processes) and from its median, and the ratio ours/HF at each precision. ``--profile`` prints a
-torch.profiler table of one update each.
+torch.profiler table of one update each. ``--variants`` times fewer of them (ours is always timed): every variant's
+model and batches stay in the one process, and for RACE-shaped batches all four exceed 24 GB.
 
     python benchmarks/finetune_throughput.py                          # tiny body (4×256), both shapes and orders
     python benchmarks/finetune_throughput.py --size gpt1 --micro-batch 16 --batches 2 --repeats 1   # the paper's
@@ -53,6 +54,8 @@ from pathlib import Path
 from _machine import cpu_model, use_large_allocator_thresholds  # benchmarks/_machine.py (run as `python benchmarks/finetune_throughput.py`)
 
 LM_WEIGHT = 0.5
+VARIANTS = ("ours", "ours-shared", "ours-padded", "hf")
+"""What can be timed: ours packed, ours shared (multiple choice only), ours padded, Hugging Face."""
 SHAPES = {"rte": ("rte", "glue/RTE", "dev"), "storycloze": ("storycloze", "storycloze", "val"),
           "race": ("race", "RACE", "dev")}
 RACE_QUESTIONS = 400
@@ -77,11 +80,18 @@ def main() -> None:
                          "variant's re-faults the memory that one freed: it times the allocator, not the update)")
     ap.add_argument("--n-ctx", type=int, default=512, help="context length (longer inputs are truncated)")
     ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16 (CPU autocast)")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="comma-separated, of " + ", ".join(VARIANTS) + " (ours is always timed: every ratio is to "
+                         "it or to HF). Fewer variants, less memory: RACE-shaped batches with all of them "
+                         "exceed 24 GB")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
     ap.add_argument("--profile", action="store_true", help="also print a torch.profiler table of one update each")
     ap.add_argument("--default-malloc", action="store_true", help="do not set GLIBC_TUNABLES")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args()
+    unknown = set(args.variants.split(",")) - set(VARIANTS)
+    if unknown:
+        ap.error(f"--variants: unknown {', '.join(sorted(unknown))} (choose from {', '.join(VARIANTS)})")
 
     use_large_allocator_thresholds(args.default_malloc)
 
@@ -191,11 +201,11 @@ def bench_shape(shape: str, batching: str, args: argparse.Namespace) -> list[dic
     hf.config.extract_id = tok.extract_id
     cpu = torch.device("cpu")
     precisions = args.precisions.split(",")
-    trainers, inputs = {}, {"ours": packed, "ours-padded": batches, "hf": batches}
-    variants = [("ours", ours, TaskLoss(LM_WEIGHT)), ("ours-padded", ours, TaskLoss(LM_WEIGHT)), ("hf", hf, hf_loss)]
-    if prefixed is not None:
-        inputs["ours-shared"] = prefixed
-        variants.insert(1, ("ours-shared", ours, TaskLoss(LM_WEIGHT)))
+    trainers, inputs = {}, {"ours": packed, "ours-padded": batches, "hf": batches, "ours-shared": prefixed}
+    chosen = {"ours", *args.variants.split(",")} - ({"ours-shared"} if prefixed is None else set())
+    models = {"ours": (ours, TaskLoss), "ours-shared": (ours, TaskLoss), "ours-padded": (ours, TaskLoss),
+              "hf": (hf, lambda _: hf_loss)}
+    variants = [(name, models[name][0], models[name][1](LM_WEIGHT)) for name in VARIANTS if name in chosen]
     for name, m, loss in variants:
         opt = make_optimizer(m, lr=6.25e-5)
         for prec in precisions:  # one trainer per precision, sharing the model and optimizer
@@ -225,36 +235,52 @@ def bench_shape(shape: str, batching: str, args: argparse.Namespace) -> list[dic
           f"{seqs} sequences, padded length {length:.0f}; pad positions computed: HF and ours-padded {100 * pads:.0f}%, "
           f"ours (packed) 0% in the linear layers, {100 * grid_pads:.0f}% of the attention grid; {args.repeats} repeats")
     results = []
-    if prefixed is not None:
+    if "ours-shared" in chosen:
         rows = sum(mb.packing.tokens for b in prefixed for mb in b) / sum(mb.packing.tokens for b in packed for mb in b)
         print(f"  ours-shared (--layout shared): each example's common prefix once, {100 * rows:.0f}% of the packed "
               f"row's tokens")
     for prec in precisions:
-        o, p, h = rate[("ours", prec)], rate[("ours-padded", prec)], rate[("hf", prec)]
-        print(f"  {prec}: ours {o['best']:7.2f} ex/s   ours-padded {p['best']:7.2f}   HF {h['best']:7.2f}   "
-              f"ours/HF {o['best'] / h['best']:.2f}×  padded/HF {p['best'] / h['best']:.2f}×"
-              f"   (medians: ours/HF {o['median'] / h['median']:.2f}×)")
-        row = {"shape": shape, "precision": prec, "batching": batching, "batch": args.batch,
-               "micro_batch": args.micro_batch, "size": args.size, "pad_fraction_hf": pads,
-               "pad_fraction_ours_linear": 0.0, "pad_fraction_ours_attention_grid": grid_pads,
-               "ours_ex_per_s": o, "ours_padded_ex_per_s": p, "hf_ex_per_s": h,
-               "ratio_best": o["best"] / h["best"], "ratio_padded_best": p["best"] / h["best"],
-               "ratio_median": o["median"] / h["median"],
-               "ours_times": times[("ours", prec)], "hf_times": times[("hf", prec)]}
-        if prefixed is not None:
-            sh = rate[("ours-shared", prec)]
-            print(f"        ours-shared {sh['best']:7.2f} ex/s   shared/packed {sh['best'] / o['best']:.2f}×  "
-                  f"shared/HF {sh['best'] / h['best']:.2f}×   (medians: shared/packed "
-                  f"{sh['median'] / o['median']:.2f}×, shared/HF {sh['median'] / h['median']:.2f}×)")
-            row.update({"ours_shared_ex_per_s": sh, "shared_row_token_fraction": rows,
-                        "ratio_shared_packed_best": sh["best"] / o["best"],
-                        "ratio_shared_hf_best": sh["best"] / h["best"],
-                        "ratio_shared_packed_median": sh["median"] / o["median"],
-                        "ours_shared_times": times[("ours-shared", prec)]})
-        results.append(row)
+        results.append(report_precision(prec, {k[0]: v for k, v in rate.items() if k[1] == prec},
+                                        {k[0]: v for k, v in times.items() if k[1] == prec}))
+        results[-1].update({"shape": shape, "batching": batching, "batch": args.batch, "micro_batch": args.micro_batch,
+                            "size": args.size, "pad_fraction_hf": pads, "pad_fraction_ours_linear": 0.0,
+                            "pad_fraction_ours_attention_grid": grid_pads})
+        if "ours-shared" in chosen:
+            results[-1]["shared_row_token_fraction"] = rows
     if args.profile:
         profile(trainers, {k: v[0] for k, v in inputs.items()})
     return results
+
+
+def report_precision(prec: str, rate: dict, times: dict) -> dict:
+    """Print one precision's line(s) for the variants that ran and return its JSON row (ours against HF when HF
+    ran; shared against packed, and HF, when it ran)."""
+    o, p, h, sh = (rate.get(k) for k in ("ours", "ours-padded", "hf", "ours-shared"))
+    line = f"  {prec}: ours {o['best']:7.2f} ex/s"
+    row = {"precision": prec, "ours_ex_per_s": o, "ours_times": times["ours"]}
+    if p is not None:
+        line += f"   ours-padded {p['best']:7.2f}"
+        row["ours_padded_ex_per_s"] = p
+    if h is not None:
+        line += f"   HF {h['best']:7.2f}   ours/HF {o['best'] / h['best']:.2f}×"
+        row.update({"hf_ex_per_s": h, "hf_times": times["hf"], "ratio_best": o["best"] / h["best"],
+                    "ratio_median": o["median"] / h["median"]})
+        if p is not None:
+            line += f"  padded/HF {p['best'] / h['best']:.2f}×"
+            row["ratio_padded_best"] = p["best"] / h["best"]
+        line += f"   (medians: ours/HF {o['median'] / h['median']:.2f}×)"
+    print(line)
+    if sh is not None:
+        line = f"        ours-shared {sh['best']:7.2f} ex/s   shared/packed {sh['best'] / o['best']:.2f}×"
+        row.update({"ours_shared_ex_per_s": sh, "ours_shared_times": times["ours-shared"],
+                    "ratio_shared_packed_best": sh["best"] / o["best"],
+                    "ratio_shared_packed_median": sh["median"] / o["median"]})
+        if h is not None:
+            line += f"  shared/HF {sh['best'] / h['best']:.2f}×"
+            row["ratio_shared_hf_best"] = sh["best"] / h["best"]
+        line += f"   (medians: shared/packed {sh['median'] / o['median']:.2f}×)"
+        print(line)
+    return row
 
 
 def pad_fractions(padded: list, packed: list) -> tuple[float, float, int, float]:
