@@ -27,10 +27,10 @@ def round_():
     x = torch.ones(16 * 2**20)  # 64 MB each
     y = x * 2
     del x, y
-for _ in range(8):
+for _ in range(20):
     round_()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(3):
+for _ in range(5):
     round_()
 print(json.dumps({"faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, "set": set_to}))
 """
@@ -44,10 +44,10 @@ def _child(mode: str, **env: str) -> dict:
 
 
 def test_a_cpu_training_run_reuses_freed_memory_without_page_faults():
-    pages = 3 * 2 * 64 * 2**20 // 4096  # what three rounds fault in when every round maps fresh memory
+    pages = 5 * 2 * 64 * 2**20 // 4096  # what five rounds fault in when every round maps fresh memory
     kept = _child("configure")
     assert kept["set"] is not None
-    assert kept["faults"] < pages // 10
+    assert kept["faults"] < pages // 5  # fewer than two of the ten 64 MB tensors mapped afresh
     default = _child("configure", GPT1_DEFAULT_MALLOC="1")
     assert default["set"] is None
     assert default["faults"] > pages // 2  # the test's premise: glibc's default does fault them in again
