@@ -54,23 +54,14 @@ def lm_loss_per_sequence_packed(
     prefix's sum plus its answer's (whose first target is the prefix's last token predicting the answer's first)
     over its own count. A prefix target's gradient is then Σ over the sequences holding it of 1/(count·S): the
     weight it has in the packed row, where each sequence holds its own copy."""
-    if packing.sequences is not None:
-        return _shared_lm_loss(hidden, ids, packing, token_nll)
     h = hidden[0].index_select(0, packing.lm_inputs)
-    targets = ids[0].index_select(0, packing.lm_inputs + 1)
-    nll = token_nll(h, targets)
+    next_rows = packing.lm_inputs + 1 if packing.lm_targets is None else packing.lm_targets
+    nll = token_nll(h, ids[0].index_select(0, next_rows))
+    # Summed per segment: a sequence of a plain packed row, a prefix or an answer of a shared-prefix row.
     total = torch.zeros(len(packing.lengths), device=ids.device, dtype=nll.dtype).index_add_(0, packing.lm_rows, nll)
+    if packing.sequences is not None:  # each full sequence: its prefix's sum plus its answer's
+        total = total.index_select(0, packing.sequences[:, 0]) + total.index_select(0, packing.sequences[:, 1])
     return total / packing.lm_counts.to(nll.dtype)
-
-
-def _shared_lm_loss(hidden: torch.Tensor, ids: torch.Tensor, packing: "Packing",
-                    token_nll: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """:func:`lm_loss_per_sequence_packed` of a shared-prefix row: (S,) one loss per full sequence."""
-    assert packing.lm_targets is not None and packing.sequences is not None
-    nll = token_nll(hidden[0].index_select(0, packing.lm_inputs), ids[0].index_select(0, packing.lm_targets))
-    total = torch.zeros(len(packing.lengths), device=ids.device, dtype=nll.dtype).index_add_(0, packing.lm_rows, nll)
-    per_seq = total.index_select(0, packing.sequences[:, 0]) + total.index_select(0, packing.sequences[:, 1])
-    return per_seq / packing.lm_counts.to(nll.dtype)
 
 
 def lm_loss_per_sequence(

@@ -89,19 +89,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
     if path not in PATHS:
         raise ValueError(f"unknown attention path {path!r} (known: {', '.join(PATHS)})")
-    B, H, t, d = q.shape
-    device = q.device.type
-    # Under autocast the written-out products run in the autocast dtype (as they would op by op); the function
-    # itself then runs with autocast off, on inputs already in that dtype.
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
-    # One (B·H, T, d) copy of each (q, k, v are strided views of the fused projection): every block's batched
-    # matmuls then read contiguous slices instead of copying their own.
-    q, k, v = (x.to(dtype).reshape(B * H, t, d) for x in (q, k, v))
-    blocks = max(1, t // (block_rows or CHUNK_ROWS)) if path == "chunked" else 1
-    bounds = tuple(t * i // blocks for i in range(blocks + 1))
-    with torch.autocast(device, enabled=False):
-        out = _BlockedAttention.apply(q, k, v, _causal_bias(t, q.device, dtype), dropout, bounds)
-    return out.view(B, H, t, d)
+    return _written_out(q, k, v, _causal_bias, dropout, path, block_rows)
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
@@ -115,14 +103,25 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: to
     path = attention_path(q.device.type, q.dtype, dropout, q.size(-2))
     if path == "sdpa":
         return None
+    return _written_out(q, k, v, lambda t, device, dtype: bias.to(dtype), dropout, path, None)
+
+
+def _written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_of, dropout: float, path: str,
+                 block_rows: int | None) -> torch.Tensor:
+    """:class:`_BlockedAttention` of (B, H, T, d) ``q``, ``k``, ``v`` on ``path`` (``plain`` or ``chunked``), the
+    additive mask ``bias_of(T, device, dtype)`` in the dtype the products run in."""
     B, H, t, d = q.shape
     device = q.device.type
+    # Under autocast the written-out products run in the autocast dtype (as they would op by op); the function
+    # itself then runs with autocast off, on inputs already in that dtype.
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
+    # One (B·H, T, d) copy of each (q, k, v are strided views of the fused projection): every block's batched
+    # matmuls then read contiguous slices instead of copying their own.
     q, k, v = (x.to(dtype).reshape(B * H, t, d) for x in (q, k, v))
-    blocks = max(1, t // CHUNK_ROWS) if path == "chunked" else 1
+    blocks = max(1, t // (block_rows or CHUNK_ROWS)) if path == "chunked" else 1
     bounds = tuple(t * i // blocks for i in range(blocks + 1))
     with torch.autocast(device, enabled=False):
-        out = _BlockedAttention.apply(q, k, v, bias.to(dtype), dropout, bounds)
+        out = _BlockedAttention.apply(q, k, v, bias_of(t, q.device, dtype), dropout, bounds)
     return out.view(B, H, t, d)
 
 

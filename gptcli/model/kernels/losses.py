@@ -42,9 +42,8 @@ def _fp32_buffer(logits: torch.Tensor, rows: int, classes: int) -> torch.Tensor 
 def _in_fp32(part: torch.Tensor, block: torch.Tensor | None) -> torch.Tensor:
     """``part`` (a block of rows, a column slice when the logits are padded) in fp32: itself when it is fp32, else
     copied into ``block``. The slice's ``.float()`` takes PyTorch's strided path and an operation mixing bf16 and
-    fp32 converts element by element: both several times slower than this copy into a contiguous buffer
-    (measured in docs/performance.md),
-    and the same values."""
+    fp32 converts element by element: both several times slower than this copy into a contiguous buffer (measured
+    in docs/performance.md), and the same values."""
     if block is None:
         return part
     return block[: part.size(0)].copy_(part)

@@ -16,8 +16,8 @@ product with its operands laid out for oneDNN's AMX kernels, which run a product
 view (autograd's weight gradient, ``gᵀ·h``, contracting over the 2,048 positions) at about half their speed, and a
 product 40,512 columns wide slower than the same columns in blocks of ``AMX_COLUMNS``.
 
-The measurements are in docs/performance.md ("The rest of the step", "AMX Xeon, 2026-12-02"); tests/model/test_tied.py checks that
-the padded products give the plain ones' logits, loss and gradients.
+The measurements are in docs/performance.md ("The rest of the step", "AMX Xeon, 2026-12-02");
+tests/model/test_tied.py checks that the padded products give the plain ones' logits, loss and gradients.
 """
 
 from __future__ import annotations
