@@ -124,7 +124,7 @@ def _reference(q, k, v, p: float, blocks: list[tuple[int, int]]) -> torch.Tensor
         s = s.masked_fill(torch.ones(b - a, b, dtype=torch.bool).triu(a + 1), float("-inf"))
         probs = torch.softmax(s, dim=-1)
         if p:
-            probs = probs * attention.keep_mask(probs.shape, p, dtype=probs.dtype) / (1 - p)
+            probs = probs * attention.Mask(probs.shape, p, probs.device, probs.dtype).dense() / (1 - p)
         outs.append(probs @ v[:, :b])
     return torch.cat(outs, dim=1).view(B, H, t, d)
 
@@ -212,7 +212,7 @@ def test_masked_attention_with_dropout_has_autograds_gradients(grid_path: str) -
     parts = []
     for a, b in blocks:
         probs = torch.softmax(qs[:, a:b] @ ks[:, :b].transpose(1, 2) / 8**0.5 + bias[:, a:b, :b], dim=-1)
-        probs = probs * attention.keep_mask(probs.shape, p, dtype=probs.dtype) / (1 - p)
+        probs = probs * attention.Mask(probs.shape, p, probs.device, probs.dtype).dense() / (1 - p)
         parts.append(probs @ vs[:, :b])
     ref = torch.cat(parts, dim=1).view(2, 3, 37, 8)
     grads_ref = torch.autograd.grad((ref * upstream).sum(), (q, k, v))

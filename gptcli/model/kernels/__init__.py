@@ -1,6 +1,6 @@
 """The fast CPU kernels, opt-out behind one switch: they never run unless ``auto`` picks them on CPU.
 
-The model (``gpt.py``, ``attention.py``, ``dropout.py``, ``losses.py``, ``tied.py``) is written in plain PyTorch,
+The model (``gpt.py``, ``activation.py``, ``attention.py``, ``dropout.py``, ``losses.py``, ``tied.py``) is written in plain PyTorch,
 as nanoGPT's ``model.py``: ``F.scaled_dot_product_attention``, ``F.dropout``, ``F.cross_entropy``, ``F.linear``.
 Each of those files asks :func:`enabled` — the one dispatch point — before a computation that has a faster CPU
 form here, and imports the kernel only when the answer is yes. Each kernel computes the reference's function
@@ -14,6 +14,10 @@ and, for dropout, which units a given seed drops (the law is the same):
   ``F.cross_entropy`` of the fp32 logits);
 - ``tied.py``: the tied output product against an embedding padded to an aligned row count (reference:
   ``F.linear`` against the embedding).
+- ``gelu.py``: the tanh-GELU as compiled loops (reference: ``F.gelu(x, approximate="tanh")``).
+
+``gelu.py`` and, where it can, ``dropout.py`` run C++ loops (``*.cpp`` here) that ``native.py`` compiles for the
+machine on first use; where no compiler can build them, those kernels fall back to Python and the reference.
 
 The switch is ``--kernels auto|reference`` on every command that runs the model (the ``kernels`` field of its
 config, applied by :func:`set_kernels` when the run starts), the environment variable ``GPT1_KERNELS`` (the field's

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from gptcli.model.kernels.dropout import keep_mask
+from gptcli.model.kernels.dropout import Mask
 
 PATHS: tuple[str, ...] = ("sdpa", "plain", "chunked")
 """``sdpa``: F.scaled_dot_product_attention. ``plain``: scores, mask, softmax, dropout and the product with v as
@@ -157,9 +157,9 @@ class _BlockedAttention(torch.autograd.Function):
             p = torch.softmax(torch.baddbmm(bias[..., a:b, :b], q[:, a:b], kt[:, :, :b], alpha=alpha), dim=-1)
             probs.append(p)
             if dropout > 0.0:
-                masks.append(keep_mask(p.shape, dropout, p.device, p.dtype))
+                masks.append(Mask(p.shape, dropout, p.device, p.dtype))
                 # Kept for the backward pass (the value gradient's product), which would otherwise redo this pass.
-                p = p * masks[-1]
+                p = masks[-1].apply(p)
                 dropped.append(p)
             parts.append(torch.bmm(p, v[:, :b]))
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
@@ -167,8 +167,8 @@ class _BlockedAttention(torch.autograd.Function):
             # Dropout's 1/(1 − p) is applied to the output (queries × d) rather than the probabilities (queries ×
             # keys): the same product, one pass over a tensor T/d times smaller.
             out.mul_(1.0 / (1.0 - dropout))
-        ctx.save_for_backward(q, k, v, *probs, *masks, *dropped)
-        ctx.alpha, ctx.dropout, ctx.bounds = alpha, dropout, bounds
+        ctx.save_for_backward(q, k, v, *probs, *dropped)
+        ctx.alpha, ctx.dropout, ctx.bounds, ctx.masks = alpha, dropout, bounds, masks
         return out
 
     @staticmethod
@@ -176,7 +176,7 @@ class _BlockedAttention(torch.autograd.Function):
     def backward(ctx, grad):
         q, k, v, *saved = ctx.saved_tensors
         n = len(ctx.bounds) - 1
-        probs, masks, dropped = saved[:n], saved[n : 2 * n], saved[2 * n :]
+        probs, dropped, masks = saved[:n], saved[n:], ctx.masks
         if ctx.dropout > 0.0:
             grad = grad * (1.0 / (1.0 - ctx.dropout))
         grad = grad.contiguous()
@@ -190,7 +190,7 @@ class _BlockedAttention(torch.autograd.Function):
             dv[:, :b].baddbmm_((dropped[i] if masks else p).transpose(1, 2), g)
             dp = torch.bmm(g, vt[:, :, :b])
             if masks:
-                dp.mul_(masks[i])
+                dp = masks[i].apply(dp, inplace=True)
             ds = torch._softmax_backward_data(dp, p, -1, p.dtype)
             if fresh:
                 dq.append(torch.bmm(ds, k[:, :b]).mul_(ctx.alpha))

@@ -16,12 +16,24 @@ paper's; only which units a given seed drops differs from ``F.dropout``'s choice
 
 The draws still come from PyTorch's one CPU stream, on one thread: filling blocks of the mask from separately seeded
 generators on all threads was tried and gained nothing inside a training step on 2 cores (docs/performance.md).
+
+Where the compiled kernels can be built (``native.py``), a float32 or bf16 mask is not drawn as a tensor at all:
+:class:`Mask` takes one 64-bit seed from the same generator and ``dropout.cpp`` decides each unit by a hash of
+(seed, index) with the same threshold, the same law, drawing and applying the mask in one vectorised pass on every
+thread; the backward pass recomputes it from the seed. :func:`keep_mask` remains the mask where the library is not
+available, and the broadcast mask of ``noise_shape``.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from gptcli.model.kernels import native
+
+DTYPES = (torch.float32, torch.bfloat16)
+"""The dtypes ``dropout.cpp`` takes; others draw :func:`keep_mask`."""
 
 
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu",
@@ -61,4 +73,67 @@ def dropout(x: torch.Tensor, p: float, training: bool = True,
         return F.dropout(x, p, True)  # also raises F.dropout's error for p outside [0, 1]
     if noise_shape is not None:
         return x * keep_mask(noise_shape, p, x.device, x.dtype) / (1 - p)
+    if _compiled(x.device, x.dtype) is not None:
+        return _SeededDropout.apply(x, p)
     return (x * keep_mask(x.shape, p, x.device, x.dtype)).mul_(1.0 / (1.0 - p))
+
+
+def threshold(p: float) -> int:
+    """The 32-bit threshold under which a unit is dropped: ``round(p·2³²)`` (module docstring)."""
+    return round(p * 2**32)
+
+
+def _compiled(device: torch.device, dtype: torch.dtype):
+    """The compiled library when it can draw this mask (CPU, float32 or bf16, built), else ``None``."""
+    if torch.device(device).type != "cpu" or dtype not in DTYPES:
+        return None
+    return native.library()
+
+
+def _seed(device: torch.device | str) -> int:
+    """One 63-bit seed from the default generator of ``device`` (``torch.manual_seed`` makes it reproducible)."""
+    return int(torch.empty((), dtype=torch.int64, device=device).random_().item())
+
+
+class Mask:
+    """A dropout mask of one shape, drawn once and applied to tensors of that shape: an activation in the forward
+    pass, its gradient in the backward. By ``dropout.cpp`` from a seed where the compiled library can (nothing
+    else is kept), else by :func:`keep_mask` as a tensor."""
+
+    def __init__(self, shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str,
+                 dtype: torch.dtype) -> None:
+        self.shape, self.p, self.dtype = torch.Size(shape), p, dtype
+        self._lib = _compiled(device, dtype)
+        self.seed = _seed(device) if self._lib is not None else None
+        self.tensor = keep_mask(shape, p, device, dtype) if self._lib is None else None
+
+    def apply(self, x: torch.Tensor, scale: float = 1.0, inplace: bool = False) -> torch.Tensor:
+        """``x · mask · scale``, into ``x`` itself if ``inplace``."""
+        if self._lib is None:
+            y = x.mul_(self.tensor) if inplace else x * self.tensor
+            return y if scale == 1.0 else y.mul_(scale)
+        x = x.contiguous()
+        out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
+        return self._lib.dropout_apply(x, self.seed, threshold(self.p), scale, out)
+
+    def dense(self) -> torch.Tensor:
+        """The mask as a tensor of 1s and 0s in its dtype (what :meth:`apply` multiplies by)."""
+        if self._lib is None:
+            return self.tensor
+        out = torch.empty(self.shape, dtype=self.dtype)
+        return self._lib.dropout_mask(out, self.seed, threshold(self.p))
+
+
+class _SeededDropout(torch.autograd.Function):
+    """Dropout by one :class:`Mask` drawn from a seed: the backward pass recomputes the mask instead of keeping it."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
+        ctx.mask = Mask(x.shape, p, x.device, x.dtype)
+        ctx.scale = 1.0 / (1.0 - p)
+        return ctx.mask.apply(x, ctx.scale)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        return ctx.mask.apply(grad.to(ctx.mask.dtype), ctx.scale), None
