@@ -37,6 +37,16 @@ def _deterministic_torch():
     yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _compiled_kernels_built_first():
+    """Build (or load) the compiled CPU kernels before any test: a run's first build is a progress stage of its own
+    (``gptcli.model.kernels.prepare``), so without this, which test ran first would change what a run reports."""
+    from gptcli.model.kernels import native
+
+    native.library()
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _kernels_follow_the_environment():
     """A run sets the kernel mode for its process (``set_kernels(config.kernels)``); the next test starts without

@@ -43,6 +43,7 @@ from gptcli.model.build import LanguageModel, arch_of
 from gptcli.model.classifier import FinetuneModel
 from gptcli.model.heads import TaskHead
 from gptcli.model.kernels import check_mode, set_kernels
+from gptcli.model.kernels import prepare as prepare_kernels  # the compiled kernels' first-use build, as a stage
 from gptcli.model.lstm import precision_note
 from gptcli.outputs import next_free
 from gptcli.progress import SILENT, Progress
@@ -135,6 +136,7 @@ def _finetune(config: FinetuneConfig, progress: Progress | None, par: Parallel) 
     device = par.device if par.device is not None else resolve_device(config.device)
     precision = resolve_precision(config.precision, device)
     configure_backends(device)
+    prepare_kernels(device, report)
     setup, gpt = build_setup(config, task, device, precision, par, report)
     if arch_of(gpt.config) == "lstm":
         report.note(precision_note(device.type, precision))

@@ -34,6 +34,7 @@ from gptcli.errors import GPT1Error
 from gptcli.locks import main_rank_lock
 from gptcli.model.build import AnyConfig, arch_of, build_model, preset, preset_class
 from gptcli.model.kernels import check_mode, set_kernels
+from gptcli.model.kernels import prepare as prepare_kernels  # the compiled kernels' first-use build, as a stage
 from gptcli.model.lstm import precision_note
 from gptcli.progress import SILENT, Progress
 from gptcli.runtime import Precision, configure_backends, peak_flops, resolve_device, resolve_precision
@@ -220,6 +221,7 @@ def _plan(config: PretrainConfig, par: Parallel, report: Progress) -> RunPlan:
     device = par.device if par.device is not None else resolve_device(config.device)
     precision = resolve_precision(config.precision, device)
     configure_backends(device)
+    prepare_kernels(device, report)
 
     corpus = open_corpus(config.data)
     mcfg = build_model_config(config, corpus.tokenizer.vocab_size)

@@ -225,3 +225,93 @@ def test_the_cache_folder_follows_the_environment(monkeypatch: pytest.MonkeyPatc
     assert native.cache_root() == tmp_path / "k"
     monkeypatch.delenv(native.CACHE_ENV)
     assert native.cache_root().parts[-3:] == (".cache", "gpt1", "kernels")
+
+
+# --- before a run -----------------------------------------------------------------------------------------------
+
+
+def _forbid_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse():
+        raise AssertionError("the library was asked for")
+    monkeypatch.setattr(native, "library", refuse)
+
+
+def test_prepare_does_nothing_under_reference_or_off_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gptcli.progress import RecordingProgress
+
+    _forbid_build(monkeypatch)
+    rec = RecordingProgress()
+    kernels.set_kernels("reference")
+    try:
+        kernels.prepare("cpu", rec)
+    finally:
+        kernels.set_kernels(None)
+    kernels.prepare("meta", rec)
+    assert rec.events == []
+
+
+def test_prepare_builds_as_a_stage_and_warns_when_it_cannot(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gptcli.progress import RecordingProgress
+
+    monkeypatch.setattr(native, "is_built", lambda: False)
+    monkeypatch.setenv("CXX", "no-such-compiler-gpt1")
+    native.library.cache_clear()
+    rec = RecordingProgress()
+    kernels.set_kernels("auto")
+    try:
+        kernels.prepare("cpu", rec)
+    finally:
+        kernels.set_kernels(None)
+        monkeypatch.delenv("CXX")
+        native.library.cache_clear()
+    kinds = [kind for kind, _ in rec.events]
+    assert kinds[:2] == ["stage", "end"] and "compile the CPU kernels" in str(rec.events[0][1])
+    warn = [payload for kind, payload in rec.events if kind == "note"]
+    assert len(warn) == 1 and "no C++ compiler" in str(warn[0]) and "warn" in str(warn[0])
+
+
+def test_prepare_only_loads_a_built_library(lib, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gptcli.progress import RecordingProgress
+
+    assert native.is_built()
+    rec = RecordingProgress()
+    kernels.set_kernels("auto")
+    try:
+        kernels.prepare("cpu", rec)
+    finally:
+        kernels.set_kernels(None)
+    assert rec.events == []
+
+
+def test_a_built_library_is_imported_directly_and_a_broken_one_left_to_the_builder(lib, tmp_path) -> None:
+    name = native.build_name()
+    assert native._import_built(native.cache_root() / name, name).gelu_forward is not None
+    assert native._import_built(tmp_path, name) is None  # nothing built there
+    (tmp_path / f"{name}.so").write_bytes(b"cut short")
+    assert native._import_built(tmp_path, name) is None
+
+
+def test_under_torch_compile_the_kernels_run_eagerly_between_graphs(lib) -> None:
+    """``--compile`` traces the model with dynamo: the compiled kernels are opaque pybind calls, so they are marked
+    to run eagerly (``torch.compiler.disable``) instead of making dynamo warn and guess at every call."""
+    import warnings
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return dropout(gelu(x * 2.0), 0.1).sum()
+
+    kernels.set_kernels("auto")
+    try:
+        x = torch.randn(8, 16, requires_grad=True)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.manual_seed(0)
+            got = torch.compile(step, backend="eager")(x)
+            got.backward()
+        torch.manual_seed(0)
+        want = step(x.detach())
+        torch.testing.assert_close(got.detach(), want)
+        assert x.grad is not None and x.grad.abs().sum() > 0
+        assert not [w for w in seen if "does not know how to trace" in str(w.message)], [str(w.message) for w in seen]
+    finally:
+        kernels.set_kernels(None)
+        torch.compiler.reset()

@@ -36,6 +36,7 @@ import os
 import torch
 
 from gptcli.errors import GPT1Error
+from gptcli.progress import SILENT, Progress, staged
 from gptcli.runtime import cpu_has_amx
 
 MODES: tuple[str, ...] = ("auto", "reference")
@@ -95,4 +96,24 @@ def enabled(device: torch.device | str) -> bool:
     return kind == "cpu" and mode() == "auto"
 
 
-__all__ = ["ENV", "MODES", "amx", "check_mode", "default_mode", "enabled", "force_amx", "mode", "set_kernels"]
+def prepare(device: torch.device | str, progress: Progress = SILENT) -> None:
+    """Before a run's first step: build the compiled kernels (``native.py``) if the run will use them and they
+    are not built for this machine yet — a stage of its own rather than a silent pause in the first step — and
+    warn when they cannot be built (the Python kernels then run, slower). Nothing at all under ``reference`` or
+    off the CPU."""
+    if not enabled(device):
+        return
+    from gptcli.model.kernels import native
+
+    if native.is_built():
+        native.library()
+    else:
+        with staged(progress, "compile the CPU kernels for this machine (once)"):
+            native.library()
+    if native.unavailable() is not None:
+        progress.note(f"compiled CPU kernels unavailable: {native.unavailable()} (the Python kernels run instead, "
+                      "slower; install a C++ compiler to build them)", level="warn")
+
+
+__all__ = ["ENV", "MODES", "amx", "check_mode", "default_mode", "enabled", "force_amx", "mode", "prepare",
+           "set_kernels"]

@@ -63,6 +63,7 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.devic
     return mask[:n].view(shape)
 
 
+@torch.compiler.disable  # under torch.compile (--compile), run eagerly between graphs: a pybind call is opaque to it
 def dropout(x: torch.Tensor, p: float, training: bool = True,
             noise_shape: torch.Size | tuple[int, ...] | None = None) -> torch.Tensor:
     """``F.dropout(x, p, training)`` with the mask drawn by :func:`keep_mask`; ``noise_shape``: one mask of that
@@ -100,6 +101,7 @@ class Mask:
     pass, its gradient in the backward. By ``dropout.cpp`` from a seed where the compiled library can (nothing
     else is kept), else by :func:`keep_mask` as a tensor."""
 
+    @torch.compiler.disable
     def __init__(self, shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str,
                  dtype: torch.dtype) -> None:
         self.shape, self.p, self.dtype = torch.Size(shape), p, dtype
@@ -107,6 +109,7 @@ class Mask:
         self.seed = _seed(device) if self._lib is not None else None
         self.tensor = keep_mask(shape, p, device, dtype) if self._lib is None else None
 
+    @torch.compiler.disable
     def apply(self, x: torch.Tensor, scale: float = 1.0, inplace: bool = False) -> torch.Tensor:
         """``x · mask · scale``, into ``x`` itself if ``inplace``."""
         if self._lib is None:

@@ -18,6 +18,7 @@ DTYPES = (torch.float32, torch.bfloat16)
 """The dtypes the compiled loops take; others compute the reference."""
 
 
+@torch.compiler.disable  # under torch.compile (--compile), run eagerly between graphs: a pybind call is opaque to it
 def gelu(x: torch.Tensor) -> torch.Tensor | None:
     """``F.gelu(x, approximate="tanh")`` by the compiled kernel; ``None`` when it cannot compute it here (another
     dtype or device, or the library could not be built: gptcli/model/kernels/native.py)."""

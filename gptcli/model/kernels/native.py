@@ -4,9 +4,10 @@ PyTorch's own CPU code is precompiled for every x86 CPU at once; a few of GPT-1'
 a loop the compiler vectorises for this CPU alone (``-march=native``), fused into one pass. Those loops live in
 C++ sources beside the Python kernels, and :func:`library` compiles them once through PyTorch's JIT extension
 builder (``torch.utils.cpp_extension.load``: the compiler named by ``$CXX``, else ``c++``, driven by ninja) into
-``$GPT1_KERNEL_CACHE``, else ``~/.cache/gpt1/kernels``: about 20 s on 2 cores, once per source text, compiler flags,
+``$GPT1_KERNEL_CACHE``, else ``~/.cache/gpt1/kernels``: about 40 s on 2 cores, once per source text, compiler flags,
 torch and Python version and CPU model and flags (all in the build's name, so a cache shared between machines
-never hands one CPU another's instructions). Later processes load the built library in well under a second.
+never hands one CPU another's instructions). Later processes import the built file directly, in milliseconds. A
+training run builds it before its first step, as a stage of its progress (``gptcli.model.kernels.prepare``).
 
 Where it cannot be built (no compiler, no ninja, a read-only cache, a platform the flags do not suit), the
 kernels that use it return ``None`` and the model computes the reference instead: slower, never wrong.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import os
 import platform
 import shutil
@@ -82,11 +84,14 @@ def library() -> ModuleType | None:
     if shutil.which(compiler) is None:
         _failure = f"no C++ compiler ({compiler!r} is not on PATH)"
         return None
+    name = build_name()
+    folder = cache_root() / name
+    built = _import_built(folder, name)
+    if built is not None:
+        return built
     try:
         from torch.utils import cpp_extension
 
-        name = build_name()
-        folder = cache_root() / name
         folder.mkdir(parents=True, exist_ok=True)
         return cpp_extension.load(name=name, sources=[str(Path(__file__).with_name(s)) for s in SOURCES],
                                   extra_cflags=flags(), extra_ldflags=["-fopenmp"], build_directory=str(folder),
@@ -97,9 +102,32 @@ def library() -> ModuleType | None:
         return None
 
 
+def is_built() -> bool:
+    """Whether this machine's library is in the cache already (:func:`library` then only loads it)."""
+    name = build_name()
+    return (cache_root() / name / f"{name}.so").is_file()
+
+
+def _import_built(folder: Path, name: str) -> ModuleType | None:
+    """The library already built into ``folder``, imported directly: its name digests everything it was built from,
+    so there is nothing to check, and a process skips PyTorch's builder (0.2 s of imports and a ninja run). A file
+    that does not import (a build cut short) is left to the builder, which makes it again."""
+    path = folder / f"{name}.so"
+    if not path.is_file():
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except Exception:  # any failure: let the builder decide
+        return None
+
+
 def unavailable() -> str | None:
     """Why :func:`library` returned ``None`` (after it was called), else ``None``."""
     return _failure if library() is None else None
 
 
-__all__ = ["CACHE_ENV", "HEADERS", "SOURCES", "build_name", "cache_root", "flags", "library", "unavailable"]
+__all__ = ["CACHE_ENV", "HEADERS", "SOURCES", "build_name", "cache_root", "flags", "is_built", "library",
+           "unavailable"]
