@@ -1,5 +1,6 @@
 """The CPU dropout kernel of gptcli/model/kernels/dropout.py has ``F.dropout``'s law: keep rate, scaling, gradient,
-modes; gptcli/model/dropout.py draws it when the kernels are on."""
+modes; gptcli/model/dropout.py draws it when the kernels are on. ``dropout()`` runs the compiled seeded masks where
+the library is built (as in CI; their own law: tests/model/test_native.py), ``keep_mask`` is the Python masks'."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from gptcli.model.activation import gelu
 from gptcli.model.kernels import native
 from gptcli.model.kernels.dropout import Mask, dropout, threshold
 from gptcli.model.kernels.gelu import gelu as compiled_gelu
+from gptcli.progress import RecordingProgress
 
 
 @pytest.fixture(scope="module")
@@ -105,10 +106,7 @@ def test_without_the_library_or_for_other_dtypes_the_reference_computes(no_libra
     x = torch.randn(5, 9)
     assert compiled_gelu(x) is None
     kernels.set_kernels("auto")
-    try:
-        assert torch.equal(gelu(x), F.gelu(x, approximate="tanh"))
-    finally:
-        kernels.set_kernels(None)
+    assert torch.equal(gelu(x), F.gelu(x, approximate="tanh"))
 
 
 def test_other_dtypes_take_the_reference(lib) -> None:
@@ -171,19 +169,6 @@ def test_apply_multiplies_by_the_dense_mask_in_and_out_of_place(lib, dtype: torc
     assert torch.equal(m.apply(x.t().contiguous().t()), x * m.dense())  # a strided input is read in row order
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_dropout_backward_recomputes_the_forward_mask(lib, dtype: torch.dtype) -> None:
-    torch.manual_seed(0)
-    x = torch.randn(300, 70).to(dtype).requires_grad_()
-    y = dropout(x, 0.25)
-    kept = y != 0
-    assert 0.7 < kept.float().mean().item() < 0.8
-    torch.testing.assert_close(y[kept], (x[kept] / 0.75).to(dtype))
-    (dx,) = torch.autograd.grad(y, x, torch.full_like(y, 3.0))
-    assert torch.equal(dx != 0, kept)
-    torch.testing.assert_close(dx[kept], torch.full_like(dx[kept], 3.0 / 0.75))
-
-
 def test_without_the_library_dropout_draws_keep_mask(no_library) -> None:
     from gptcli.model.kernels.dropout import keep_mask
 
@@ -230,57 +215,38 @@ def test_the_cache_folder_follows_the_environment(monkeypatch: pytest.MonkeyPatc
 # --- before a run -----------------------------------------------------------------------------------------------
 
 
-def _forbid_build(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse():
-        raise AssertionError("the library was asked for")
-    monkeypatch.setattr(native, "library", refuse)
+def _prepare_events(mode: str, device: str = "cpu") -> list:
+    """What ``kernels.prepare`` reports under ``mode`` (conftest resets the mode after each test)."""
+    rec = RecordingProgress()
+    kernels.set_kernels(mode)
+    kernels.prepare(device, rec)
+    return rec.events
 
 
 def test_prepare_does_nothing_under_reference_or_off_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gptcli.progress import RecordingProgress
+    def refuse():
+        raise AssertionError("the library was asked for")
 
-    _forbid_build(monkeypatch)
-    rec = RecordingProgress()
-    kernels.set_kernels("reference")
-    try:
-        kernels.prepare("cpu", rec)
-    finally:
-        kernels.set_kernels(None)
-    kernels.prepare("meta", rec)
-    assert rec.events == []
+    monkeypatch.setattr(native, "library", refuse)
+    assert _prepare_events("reference") == [] and _prepare_events("auto", "meta") == []
 
 
 def test_prepare_builds_as_a_stage_and_warns_when_it_cannot(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gptcli.progress import RecordingProgress
-
     monkeypatch.setattr(native, "is_built", lambda: False)
     monkeypatch.setenv("CXX", "no-such-compiler-gpt1")
     native.library.cache_clear()
-    rec = RecordingProgress()
-    kernels.set_kernels("auto")
     try:
-        kernels.prepare("cpu", rec)
+        events = _prepare_events("auto")
     finally:
-        kernels.set_kernels(None)
         monkeypatch.delenv("CXX")
         native.library.cache_clear()
-    kinds = [kind for kind, _ in rec.events]
-    assert kinds[:2] == ["stage", "end"] and "compile the CPU kernels" in str(rec.events[0][1])
-    warn = [payload for kind, payload in rec.events if kind == "note"]
-    assert len(warn) == 1 and "no C++ compiler" in str(warn[0]) and "warn" in str(warn[0])
+    assert [kind for kind, _ in events][:2] == ["stage", "end"] and "compile the CPU kernels" in str(events[0][1])
+    notes = [payload for kind, payload in events if kind == "note"]
+    assert len(notes) == 1 and "no C++ compiler" in notes[0]["message"] and notes[0]["level"] == "warn"
 
 
-def test_prepare_only_loads_a_built_library(lib, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gptcli.progress import RecordingProgress
-
-    assert native.is_built()
-    rec = RecordingProgress()
-    kernels.set_kernels("auto")
-    try:
-        kernels.prepare("cpu", rec)
-    finally:
-        kernels.set_kernels(None)
-    assert rec.events == []
+def test_prepare_only_loads_a_built_library(lib) -> None:
+    assert native.is_built() and _prepare_events("auto") == []
 
 
 def test_a_built_library_is_imported_directly_and_a_broken_one_left_to_the_builder(lib, tmp_path) -> None:
