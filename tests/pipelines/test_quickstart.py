@@ -272,3 +272,31 @@ def test_bad_budget_is_a_user_error(tmp_path):
     with pytest.raises(GPT1Error, match="--minutes"):
         quickstart(QuickstartConfig(out=tmp_path / "x", minutes=0))
     assert not (tmp_path / "x").exists()
+
+
+def test_the_kernels_are_built_before_the_clock_starts(tmp_path, monkeypatch):
+    """A machine's first quickstart compiles the CPU kernels (about a minute on 2 cores): before ``t_start``, so that
+    the pretraining budget, and with it the numbers, are those of every later run."""
+    import time
+
+    from gptcli.model import kernels
+    from gptcli.pipelines import quickstart as qs
+
+    seen: dict[str, float] = {}
+
+    def prepare(device, progress):
+        seen["device"] = device.type
+        seen["prepared"] = time.perf_counter()
+
+    class Stop(Exception):
+        pass
+
+    def collect_text(run):
+        seen["t_start"] = run.t_start
+        raise Stop
+
+    monkeypatch.setattr(kernels, "prepare", prepare)
+    monkeypatch.setattr(qs, "collect_text", collect_text)
+    with pytest.raises(Stop):
+        qs.quickstart(QuickstartConfig(**{**TINY, "out": str(tmp_path / "qs")}))
+    assert seen["device"] == "cpu" and seen["prepared"] <= seen["t_start"]
