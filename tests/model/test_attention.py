@@ -149,6 +149,25 @@ def test_written_out_gradients_are_autograds(path: str, p: float) -> None:
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("path", ["plain", "chunked"])
+def test_bf16_written_out_gradients_with_dropout_are_autograds(path: str) -> None:
+    """bf16 takes another backward through the dropout than fp32 (the mask applied to dp, then the softmax's own
+    backward): against autograd over the same bf16 ops and masks, to bf16 rounding."""
+    t, p = 37, 0.3
+    blocks = [(0, 9), (9, 18), (18, 27), (27, 37)] if path == "chunked" else [(0, t)]
+    q, k, v = _qkv(t, torch.bfloat16, seed=6)
+    upstream = torch.randn(2, 3, t, 8).to(torch.bfloat16)
+    torch.manual_seed(7)
+    out = causal_attention(q, k, v, p, path=path)
+    grads = torch.autograd.grad((out.float() * upstream.float()).sum(), (q, k, v))
+    torch.manual_seed(7)
+    ref = _reference(q, k, v, p, blocks)
+    grads_ref = torch.autograd.grad((ref.float() * upstream.float()).sum(), (q, k, v))
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a.float(), b.float(), atol=5e-2, rtol=5e-2)
+
+
 def test_written_out_backward_passes_gradcheck() -> None:
     """Finite differences in float64 (no dropout: gradcheck calls the function many times)."""
     q, k, v = (x.detach().double().requires_grad_() for x in _qkv(19, d=4, seed=3))
