@@ -281,3 +281,18 @@ def test_under_torch_compile_the_kernels_run_eagerly_between_graphs(lib) -> None
     finally:
         kernels.set_kernels(None)
         torch.compiler.reset()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_vector_loop_draws_the_scalar_loops_bits(lib, dtype: torch.dtype) -> None:
+    """With AVX-512 the mask is drawn 16 units at a time; the scalar loop (other CPUs, and every tail) must make
+    the very same decisions and values, NaN included, whatever the length."""
+    if not lib.dropout_vectorised():
+        pytest.skip("built without AVX-512: only the scalar loop exists here")
+    as_int = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    for n in (1, 15, 16, 17, 33, 1000, 65_537, 300_001):
+        x = torch.randn(n).to(dtype)
+        x[n // 2] = float("nan")
+        vector = lib.dropout_apply(x, 987654321, threshold(0.1), 1.25, torch.empty_like(x), True)
+        scalar = lib.dropout_apply(x, 987654321, threshold(0.1), 1.25, torch.empty_like(x), False)
+        assert torch.equal(vector.view(as_int), scalar.view(as_int)), n

@@ -2,10 +2,13 @@
 // draws the mask and applies it, and the backward pass recomputes the same mask from the seed instead of keeping
 // it. Compiled by gptcli/model/kernels/native.py (bindings.cpp), used by gptcli/model/kernels/dropout.py.
 //
-// The hash is SplitMix64's output function on the counter seed + (i + 1)·γ, i.e. the i-th output of a SplitMix64
-// generator started at `seed` (Steele, Lea & Flood 2014; passes BigCrush). Element i is kept when the top 32 bits
-// of its hash are ≥ `threshold` = round(p·2³²): dropped with probability threshold/2³², the law of
-// kernels/dropout.py's keep_mask. The decisions depend on (seed, i) only, never on the thread count.
+// The hash is SplitMix64's output function on a counter, seed + (c + 1)·γ, i.e. the c-th output of a SplitMix64
+// generator started at `seed` (Steele, Lea & Flood 2014; passes BigCrush); each 64-bit output decides two elements
+// by its two 32-bit halves: element i of block i / 16 takes counter 8·(i / 16) + i mod 8, its low half for the
+// block's first eight elements and its high half for the last eight. An element is kept when its 32 bits are
+// ≥ `threshold` = round(p·2³²): dropped with probability threshold/2³², the law of kernels/dropout.py's keep_mask.
+// The decisions depend on (seed, i) only, never on the thread count or the instruction set: with AVX-512 a block
+// is one vector of 8 hashes and 16 elements, otherwise the scalar loop computes the same bits.
 
 #include "elementwise.h"
 
@@ -16,23 +19,87 @@ using gpt1::load;
 using gpt1::store;
 
 constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ULL;
+constexpr uint64_t kMix1 = 0xbf58476d1ce4e5b9ULL;
+constexpr uint64_t kMix2 = 0x94d049bb133111ebULL;
 
-inline uint32_t draw(uint64_t seed, int64_t i) {
-  uint64_t z = seed + static_cast<uint64_t>(i + 1) * kGamma;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return static_cast<uint32_t>((z ^ (z >> 31)) >> 32);
+inline uint32_t draw(uint64_t seed, int64_t i) {  // element i's 32 bits (header comment)
+  const int64_t block = i >> 4, lane = i & 15;
+  uint64_t z = seed + static_cast<uint64_t>(block * 8 + (lane & 7) + 1) * kGamma;
+  z = (z ^ (z >> 30)) * kMix1;
+  z = (z ^ (z >> 27)) * kMix2;
+  z ^= z >> 31;
+  return static_cast<uint32_t>(lane < 8 ? z : z >> 32);
 }
 
 template <typename T>
-void apply_loop(const T* x, T* out, int64_t n, uint64_t seed, uint32_t threshold, float scale) {
-  // `out` may be `x` (in place): each element is read before it is written, by the same iteration.
-  at::parallel_for(0, n, gpt1::kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float v = load(x, i) * scale;
-      store(out, i, draw(seed, i) >= threshold ? v : 0.0f);
-    }
+void apply_scalar(const T* x, T* out, int64_t begin, int64_t end, uint64_t seed, uint32_t threshold, float scale) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float v = load(x, i) * scale;
+    store(out, i, draw(seed, i) >= threshold ? v : 0.0f);
+  }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#include <immintrin.h>
+
+constexpr bool kVector = true;
+
+inline __mmask16 keep16(uint64_t seed, int64_t block, __m512i threshold) {
+  const __m512i lanes = _mm512_set_epi64(8, 7, 6, 5, 4, 3, 2, 1);  // counter + 1 of lanes 0..7
+  const __m512i c = _mm512_add_epi64(_mm512_set1_epi64(block * 8), lanes);
+  __m512i z = _mm512_add_epi64(_mm512_set1_epi64(static_cast<int64_t>(seed)),
+                               _mm512_mullo_epi64(c, _mm512_set1_epi64(static_cast<int64_t>(kGamma))));
+  z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), _mm512_set1_epi64(static_cast<int64_t>(kMix1)));
+  z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), _mm512_set1_epi64(static_cast<int64_t>(kMix2)));
+  z = _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
+  const __m256i lo = _mm512_cvtepi64_epi32(z), hi = _mm512_cvtepi64_epi32(_mm512_srli_epi64(z, 32));
+  const __m512i bits = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+  return _mm512_cmpge_epu32_mask(bits, threshold);
+}
+
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store16(uint16_t* p, __m512 v) {  // round to nearest even, NaN stays NaN: elementwise.h's store
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lsb), 16);
+  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
+  const __m512i out = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), quiet);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(out));
+}
+
+template <typename T>
+void apply_vector(const T* x, T* out, int64_t block_begin, int64_t block_end, uint64_t seed, uint32_t threshold,
+                  float scale) {
+  const __m512i t = _mm512_set1_epi32(static_cast<int>(threshold));
+  const __m512 s = _mm512_set1_ps(scale);
+  for (int64_t b = block_begin; b < block_end; ++b)
+    store16(out + b * 16, _mm512_maskz_mul_ps(keep16(seed, b, t), load16(x + b * 16), s));
+}
+#else
+constexpr bool kVector = false;
+
+template <typename T>
+void apply_vector(const T* x, T* out, int64_t block_begin, int64_t block_end, uint64_t seed, uint32_t threshold,
+                  float scale) {
+  apply_scalar(x, out, block_begin * 16, block_end * 16, seed, threshold, scale);
+}
+#endif
+
+template <typename T>
+void apply_loop(const T* x, T* out, int64_t n, uint64_t seed, uint32_t threshold, float scale, bool vector) {
+  // `out` may be `x` (in place): each element is read before it is written, by the same iteration. Whole blocks of
+  // 16 go to the vector loop (when built with AVX-512 and `vector`), the tail to the scalar one: the same bits.
+  const int64_t blocks = n / 16;
+  at::parallel_for(0, blocks, gpt1::kGrain / 16, [&](int64_t begin, int64_t end) {
+    if (vector) apply_vector(x, out, begin, end, seed, threshold, scale);
+    else apply_scalar(x, out, begin * 16, end * 16, seed, threshold, scale);
   });
+  apply_scalar(x, out, blocks * 16, n, seed, threshold, scale);
 }
 
 template <typename T>
@@ -48,7 +115,8 @@ namespace gpt1 {
 
 // x · scale where element i of the mask (seed, threshold) keeps it, 0 elsewhere, written into `out` (x itself, or
 // a contiguous tensor of x's dtype and shape).
-torch::Tensor dropout_apply(const torch::Tensor& x, int64_t seed, int64_t threshold, double scale, torch::Tensor out) {
+torch::Tensor dropout_apply(const torch::Tensor& x, int64_t seed, int64_t threshold, double scale, torch::Tensor out,
+                            bool vector) {
   check(x, "x");
   TORCH_CHECK(x.is_contiguous(), "x must be contiguous");
   TORCH_CHECK(out.is_contiguous() && out.scalar_type() == x.scalar_type() && out.sizes() == x.sizes(),
@@ -57,7 +125,7 @@ torch::Tensor dropout_apply(const torch::Tensor& x, int64_t seed, int64_t thresh
   dispatch(x.scalar_type(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     apply_loop(static_cast<const T*>(x.data_ptr()), static_cast<T*>(out.data_ptr()), x.numel(),
-               static_cast<uint64_t>(seed), static_cast<uint32_t>(threshold), static_cast<float>(scale));
+               static_cast<uint64_t>(seed), static_cast<uint32_t>(threshold), static_cast<float>(scale), vector);
   });
   return out;
 }
@@ -73,5 +141,8 @@ torch::Tensor dropout_mask(torch::Tensor out, int64_t seed, int64_t threshold) {
   });
   return out;
 }
+
+// Whether dropout_apply has its AVX-512 loop (built for a CPU with AVX-512 F and DQ).
+bool dropout_vectorised() { return kVector; }
 
 }  // namespace gpt1
