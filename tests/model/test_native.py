@@ -84,22 +84,19 @@ def test_gelu_special_values_and_layouts(lib) -> None:
 
 
 def test_the_model_s_gelu_takes_the_compiled_kernel_with_autograd(lib) -> None:
-    kernels.set_kernels("auto")
-    try:
-        x = torch.randn(7, 33, requires_grad=True)
-        y = gelu(x)
-        assert type(y.grad_fn).__name__ == "_GeluBackward"  # the compiled kernel's Function, not GeluBackward0
-        g = torch.randn_like(y)
-        (dx,) = torch.autograd.grad(y, x, g)
-        xr = x.detach().clone().requires_grad_()
-        (dr,) = torch.autograd.grad(F.gelu(xr, approximate="tanh"), xr, g)
-        torch.testing.assert_close(y, F.gelu(x, approximate="tanh"), atol=2e-6, rtol=2e-6)
-        torch.testing.assert_close(dx, dr, atol=3e-5, rtol=1e-5)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            h = torch.nn.functional.linear(x, torch.randn(16, 33))
-            assert gelu(h).dtype == torch.bfloat16
-    finally:
-        kernels.set_kernels(None)
+    kernels.set_kernels("auto")  # conftest resets the mode after every test
+    x = torch.randn(7, 33, requires_grad=True)
+    y = gelu(x)
+    assert type(y.grad_fn).__name__ == "_GeluBackward"  # the compiled kernel's Function, not GeluBackward0
+    g = torch.randn_like(y)
+    (dx,) = torch.autograd.grad(y, x, g)
+    xr = x.detach().clone().requires_grad_()
+    (dr,) = torch.autograd.grad(F.gelu(xr, approximate="tanh"), xr, g)
+    torch.testing.assert_close(y, F.gelu(x, approximate="tanh"), atol=2e-6, rtol=2e-6)
+    torch.testing.assert_close(dx, dr, atol=3e-5, rtol=1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h = torch.nn.functional.linear(x, torch.randn(16, 33))
+        assert gelu(h).dtype == torch.bfloat16
 
 
 def test_without_the_library_or_for_other_dtypes_the_reference_computes(no_library) -> None:
@@ -279,7 +276,6 @@ def test_under_torch_compile_the_kernels_run_eagerly_between_graphs(lib) -> None
         assert x.grad is not None and x.grad.abs().sum() > 0
         assert not [w for w in seen if "does not know how to trace" in str(w.message)], [str(w.message) for w in seen]
     finally:
-        kernels.set_kernels(None)
         torch.compiler.reset()
 
 

@@ -95,7 +95,7 @@ void apply_loop(const T* x, T* out, int64_t n, uint64_t seed, uint32_t threshold
   // `out` may be `x` (in place): each element is read before it is written, by the same iteration. Whole blocks of
   // 16 go to the vector loop (when built with AVX-512 and `vector`), the tail to the scalar one: the same bits.
   const int64_t blocks = n / 16;
-  at::parallel_for(0, blocks, gpt1::kGrain / 16, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, blocks, kGrain / 16, [&](int64_t begin, int64_t end) {
     if (vector) apply_vector(x, out, begin, end, seed, threshold, scale);
     else apply_scalar(x, out, begin * 16, end * 16, seed, threshold, scale);
   });
@@ -104,7 +104,7 @@ void apply_loop(const T* x, T* out, int64_t n, uint64_t seed, uint32_t threshold
 
 template <typename T>
 void mask_loop(T* out, int64_t n, uint64_t seed, uint32_t threshold) {
-  at::parallel_for(0, n, gpt1::kGrain, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) store(out, i, draw(seed, i) >= threshold ? 1.0f : 0.0f);
   });
 }

@@ -32,8 +32,6 @@ from torch.autograd.function import once_differentiable
 
 from gptcli.model.kernels import native
 
-DTYPES = (torch.float32, torch.bfloat16)
-"""The dtypes ``dropout.cpp`` takes; others draw :func:`keep_mask`."""
 
 
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu",
@@ -49,7 +47,7 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.devic
     words = (n + 7) // 8
     # random_(-2**63, None) draws the full 64-bit range (plain random_() leaves the sign bit 0): eight uniform bytes.
     byte = torch.empty(words, dtype=torch.int64, device=device).random_(-(2**63), None).view(torch.uint8)
-    top, low = divmod(round(p * 2**32), 2**24)
+    top, low = divmod(threshold(p), 2**24)
     mask = torch.gt(byte, top, out=torch.empty(8 * words, dtype=dtype, device=device))
     # Units whose byte equals the threshold's top byte: their next 24 bits decide. They are found word by word (a
     # uint8 comparison read as int64 words, about one word in 32 holding a tie), which measured 3× faster than
@@ -66,15 +64,16 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.devic
 @torch.compiler.disable  # under torch.compile (--compile), run eagerly between graphs: a pybind call is opaque to it
 def dropout(x: torch.Tensor, p: float, training: bool = True,
             noise_shape: torch.Size | tuple[int, ...] | None = None) -> torch.Tensor:
-    """``F.dropout(x, p, training)`` with the mask drawn by :func:`keep_mask`; ``noise_shape``: one mask of that
-    shape broadcast over ``x`` (the reference's ``noise_shape``, gptcli/model/dropout.py)."""
+    """``F.dropout(x, p, training)`` with the mask drawn by ``dropout.cpp`` from a seed where the compiled library
+    is built (:class:`Mask`), else by :func:`keep_mask`; ``noise_shape``: one :func:`keep_mask` of that shape
+    broadcast over ``x`` (the reference's ``noise_shape``, gptcli/model/dropout.py)."""
     if not training or p == 0.0:
         return x
     if p >= 1.0 or p < 0.0:
         return F.dropout(x, p, True)  # also raises F.dropout's error for p outside [0, 1]
     if noise_shape is not None:
         return x * keep_mask(noise_shape, p, x.device, x.dtype) / (1 - p)
-    if _compiled(x.device, x.dtype) is not None:
+    if native.library_for(x.device, x.dtype) is not None:
         return _SeededDropout.apply(x, p)
     return (x * keep_mask(x.shape, p, x.device, x.dtype)).mul_(1.0 / (1.0 - p))
 
@@ -82,13 +81,6 @@ def dropout(x: torch.Tensor, p: float, training: bool = True,
 def threshold(p: float) -> int:
     """The 32-bit threshold under which a unit is dropped: ``round(p·2³²)`` (module docstring)."""
     return round(p * 2**32)
-
-
-def _compiled(device: torch.device, dtype: torch.dtype):
-    """The compiled library when it can draw this mask (CPU, float32 or bf16, built), else ``None``."""
-    if torch.device(device).type != "cpu" or dtype not in DTYPES:
-        return None
-    return native.library()
 
 
 def _seed(device: torch.device | str) -> int:
@@ -105,7 +97,7 @@ class Mask:
     def __init__(self, shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str,
                  dtype: torch.dtype) -> None:
         self.shape, self.p, self.dtype = torch.Size(shape), p, dtype
-        self._lib = _compiled(device, dtype)
+        self._lib = native.library_for(device, dtype)
         self.seed = _seed(device) if self._lib is not None else None
         self.tensor = keep_mask(shape, p, device, dtype) if self._lib is None else None
 

@@ -14,17 +14,11 @@ from torch.autograd.function import once_differentiable
 
 from gptcli.model.kernels import native
 
-DTYPES = (torch.float32, torch.bfloat16)
-"""The dtypes the compiled loops take; others compute the reference."""
-
-
 @torch.compiler.disable  # under torch.compile (--compile), run eagerly between graphs: a pybind call is opaque to it
 def gelu(x: torch.Tensor) -> torch.Tensor | None:
     """``F.gelu(x, approximate="tanh")`` by the compiled kernel; ``None`` when it cannot compute it here (another
     dtype or device, or the library could not be built: gptcli/model/kernels/native.py)."""
-    if x.device.type != "cpu" or x.dtype not in DTYPES:
-        return None
-    lib = native.library()
+    lib = native.library_for(x.device, x.dtype)
     if lib is None:
         return None
     if torch.is_grad_enabled() and x.requires_grad:

@@ -32,6 +32,9 @@ SOURCES: tuple[str, ...] = ("bindings.cpp", "dropout.cpp", "gelu.cpp")
 HEADERS: tuple[str, ...] = ("elementwise.h",)
 """The C++ files of this folder compiled into the one library (with :data:`HEADERS`, their shared header)."""
 
+DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)
+"""The dtypes the compiled loops take (``elementwise.h``); others compute the Python kernels or the reference."""
+
 CACHE_ENV = "GPT1_KERNEL_CACHE"
 """Environment variable naming the folder the built library is kept in (default ``~/.cache/gpt1/kernels``)."""
 
@@ -102,17 +105,30 @@ def library() -> ModuleType | None:
         return None
 
 
+def library_for(device: torch.device | str, dtype: torch.dtype) -> ModuleType | None:
+    """:func:`library` when its loops can compute a tensor of ``dtype`` on ``device`` (the CPU, :data:`DTYPES`),
+    else ``None``."""
+    if torch.device(device).type != "cpu" or dtype not in DTYPES:
+        return None
+    return library()
+
+
 def is_built() -> bool:
     """Whether this machine's library is in the cache already (:func:`library` then only loads it)."""
     name = build_name()
-    return (cache_root() / name / f"{name}.so").is_file()
+    return _built_file(cache_root() / name, name).is_file()
+
+
+def _built_file(folder: Path, name: str) -> Path:
+    """Where PyTorch's builder writes the library ``name`` built in ``folder``."""
+    return folder / f"{name}.so"
 
 
 def _import_built(folder: Path, name: str) -> ModuleType | None:
     """The library already built into ``folder``, imported directly: its name digests everything it was built from,
     so there is nothing to check, and a process skips PyTorch's builder (0.2 s of imports and a ninja run). A file
     that does not import (a build cut short) is left to the builder, which makes it again."""
-    path = folder / f"{name}.so"
+    path = _built_file(folder, name)
     if not path.is_file():
         return None
     try:
@@ -129,5 +145,5 @@ def unavailable() -> str | None:
     return _failure if library() is None else None
 
 
-__all__ = ["CACHE_ENV", "HEADERS", "SOURCES", "build_name", "cache_root", "flags", "is_built", "library",
-           "unavailable"]
+__all__ = ["CACHE_ENV", "DTYPES", "HEADERS", "SOURCES", "build_name", "cache_root", "flags", "is_built", "library",
+           "library_for", "unavailable"]
