@@ -248,7 +248,7 @@ def bench_shape(shape: str, batching: str, args: argparse.Namespace) -> list[dic
         if "ours-shared" in chosen:
             results[-1]["shared_row_token_fraction"] = rows
     if args.profile:
-        profile(trainers, {k: v[0] for k, v in inputs.items()})
+        profile(trainers, {k: v[0] for k, v in inputs.items() if v is not None})
     return results
 
 

@@ -6,8 +6,9 @@ At GPT-1's training shapes (4 × 512 tokens, 12 heads, 40,478-token vocabulary),
 - ``dropout``: ``gptcli.model.kernels.dropout.dropout`` vs ``F.dropout`` on one layer's attention probabilities (the 5/8
   of 4 × 12 × 512² the chunked attention computes) and on a residual branch (4 × 512 × 768);
 - ``mask``: the dropout mask alone — ``keep_mask`` vs ``bernoulli_`` (what ``F.dropout`` draws);
-- ``loss``: the next-token loss on 2,048 × 40,478 logits — ``gptcli.model.kernels.losses`` (row blocks,
-  hand-written backward) vs ``F.cross_entropy`` of the fp32 logits (what it replaced, and what HF computes);
+- ``loss``: the next-token loss on 2,048 × 40,478 logits — ``gptcli.model.kernels.losses`` (``ours``: the compiled
+  rows of ``loss.cpp`` where the library is built with AVX-512; ``blocks``: its row blocks of PyTorch ops, what
+  computes elsewhere) vs ``F.cross_entropy`` of the fp32 logits (what it replaced, and what HF computes);
 - ``head``: the tied output product and the loss as training takes them, with the embedding padded to a multiple of
   64 rows (``gptcli.model.kernels.tied.training_logits``) vs the plain product (the loss: the kernel's, both).
 
@@ -85,12 +86,26 @@ def _cases() -> dict:
                                    "ours": fwd_bwd(lambda t: gd.dropout(t, 0.1), x)}
         logits = torch.randn(2048, model.config.total_vocab, generator=g).to(dtype).requires_grad_()
         targets = torch.randint(0, model.config.total_vocab, (2048,), generator=g)
+        ours = fwd_bwd(lambda t, y=targets: next_token_nll(t, y), logits)
         cases[("loss", prec)] = {"stock": fwd_bwd(lambda t, y=targets: F.cross_entropy(t.float(), y), logits),
-                                 "ours": fwd_bwd(lambda t, y=targets: next_token_nll(t, y), logits)}
+                                 "blocks": _without_compiled_loss(ours), "ours": ours}
         cases[("head", prec)] = {"stock": _head(model, h, prec, padded=False), "ours": _head(model, h, prec, padded=True)}
     cases[("mask", "-")] = {"stock": lambda: torch.empty(probs_n).bernoulli_(0.9),
                             "ours": lambda: gd.keep_mask((probs_n,), 0.1)}
     return cases
+
+
+def _without_compiled_loss(run):
+    """``run`` with the loss kernel's row blocks of PyTorch ops instead of its compiled rows."""
+    from gptcli.model.kernels import losses
+
+    def blocks():
+        compiled, losses._compiled = losses._compiled, lambda logits: None
+        try:
+            run()
+        finally:
+            losses._compiled = compiled
+    return blocks
 
 
 def _head(model, h, prec: str, padded: bool):

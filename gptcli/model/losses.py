@@ -23,19 +23,22 @@ IGNORE = -100
 
 
 def next_token_nll(logits: torch.Tensor, targets: torch.Tensor, *, reduction: str = "mean",
-                   classes: int | None = None) -> torch.Tensor:
+                   classes: int | None = None, consume: bool = False) -> torch.Tensor:
     """Cross-entropy of ``targets`` (already shifted; ``IGNORE`` skipped) under ``logits`` of shape ``(..., V)``:
     ``F.cross_entropy`` of the fp32 logits, with ``reduction`` "mean", "sum" or "none" (0 for ignored targets).
 
     ``classes``: only the first ``classes`` columns are logits, the rest padding (a product padded for speed,
     ``kernels/tied.py``); the padding gets a zero gradient. With the kernels on (CPU), the loss of
-    ``kernels/losses.py``: the same values over blocks of rows, without four vocabulary-wide fp32 copies."""
+    ``kernels/losses.py``: the same values over blocks of rows, without four vocabulary-wide fp32 copies.
+
+    ``consume``: the logits are the caller's own temporary, read by nothing after this loss; with the kernels on,
+    the backward pass writes their gradient over them instead of into a second vocabulary-wide tensor."""
     logits, targets = logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
     if kernels.enabled(logits.device):
         from gptcli.model.kernels import losses as blocked
 
         if reduction in blocked.REDUCTIONS:
-            return blocked.next_token_nll(logits, targets, reduction, classes, IGNORE)
+            return blocked.next_token_nll(logits, targets, reduction, classes, IGNORE, consume)
     return F.cross_entropy(logits[:, :classes].float(), targets, ignore_index=IGNORE, reduction=reduction)
 
 

@@ -46,8 +46,8 @@ class TiedEmbeddingLM(nn.Module):
 
             padded = training_logits(h, w)
             if padded is not None:
-                return next_token_nll(padded, targets, classes=w.size(0))
-        return next_token_nll(self.lm_logits(h), targets)
+                return next_token_nll(padded, targets, classes=w.size(0), consume=True)
+        return next_token_nll(self.lm_logits(h), targets, consume=True)
 
     def lm_token_nll(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Next-token cross-entropy of each of ``targets`` (reduction "none") given hidden states ``h``: fine-tuning's
@@ -64,8 +64,8 @@ class TiedEmbeddingLM(nn.Module):
 
             padded = training_logits(h, w)
             if padded is not None:
-                return next_token_nll(padded, targets, reduction="none", classes=w.size(0))
-        return next_token_nll(self.lm_logits(h), targets, reduction="none")
+                return next_token_nll(padded, targets, reduction="none", classes=w.size(0), consume=True)
+        return next_token_nll(self.lm_logits(h), targets, reduction="none", consume=True)
 
     def lm_loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of ``targets`` (already shifted; -100 = ignored) given ``idx``."""

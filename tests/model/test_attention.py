@@ -19,6 +19,15 @@ def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(attention, "CHUNK_ROWS", 8)
 
 
+@pytest.fixture(params=["compiled", "pytorch"])
+def softmax_backward(request, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The two ways the written-out backward takes the softmax's gradient: the compiled pass (softmax.cpp, where
+    built with AVX-512) and PyTorch's ops (everywhere else)."""
+    if request.param == "pytorch":
+        monkeypatch.setattr(attention, "_softmax_library", lambda x: None)
+    return request.param
+
+
 def _qkv(t: int, dtype: torch.dtype = torch.float32, d: int = 8, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(2, 3, t, d, generator=g).to(dtype).requires_grad_() for _ in range(3)]
@@ -131,7 +140,7 @@ def _reference(q, k, v, p: float, blocks: list[tuple[int, int]]) -> torch.Tensor
 
 @pytest.mark.parametrize("path", ["plain", "chunked"])
 @pytest.mark.parametrize("p", [0.0, 0.3])
-def test_written_out_gradients_are_autograds(path: str, p: float) -> None:
+def test_written_out_gradients_are_autograds(softmax_backward, path: str, p: float) -> None:
     """The written-out paths' hand-written backward (per-block accumulation into the key and value gradients,
     dropout masks reused) gives autograd's gradients of the same computation, dropout included."""
     t = 37
@@ -150,7 +159,7 @@ def test_written_out_gradients_are_autograds(path: str, p: float) -> None:
 
 
 @pytest.mark.parametrize("path", ["plain", "chunked"])
-def test_bf16_written_out_gradients_with_dropout_are_autograds(path: str) -> None:
+def test_bf16_written_out_gradients_with_dropout_are_autograds(softmax_backward, path: str) -> None:
     """bf16 takes another backward through the dropout than fp32 (the mask applied to dp, then the softmax's own
     backward): against autograd over the same bf16 ops and masks, to bf16 rounding."""
     t, p = 37, 0.3
@@ -174,7 +183,7 @@ def test_written_out_backward_passes_gradcheck() -> None:
     assert torch.autograd.gradcheck(lambda q, k, v: causal_attention(q, k, v, 0.0, path="chunked"), (q, k, v))
 
 
-def test_bf16_gradients_match_sdpa() -> None:
+def test_bf16_gradients_match_sdpa(softmax_backward) -> None:
     q, k, v = _qkv(40, torch.bfloat16, d=16, seed=4)
     upstream = torch.randn(2, 3, 40, 16).to(torch.bfloat16)
     want = torch.autograd.grad((causal_attention(q, k, v, 0.0, path="sdpa") * upstream).sum(), (q, k, v))
@@ -216,7 +225,7 @@ def test_masked_attention_is_sdpa_with_the_grids_mask(grid_path: str) -> None:
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
-def test_masked_attention_with_dropout_has_autograds_gradients(grid_path: str) -> None:
+def test_masked_attention_with_dropout_has_autograds_gradients(softmax_backward, grid_path: str) -> None:
     """The hand-written backward with dropout, against autograd over the same ops and the same masks."""
     g, p = _grid(), 0.3
     bias = g.bias(3, torch.float32)

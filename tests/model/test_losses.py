@@ -24,9 +24,18 @@ def test_per_sequence_loss_matches_the_direct_computation():
         torch.testing.assert_close(got[row], want)
 
 
+@pytest.fixture(params=["compiled", "blocks"])
+def loss_path(request, monkeypatch) -> str:
+    """Both ways the kernel computes: the compiled rows (loss.cpp, where the library is built with AVX-512) and the
+    blocks of PyTorch ops (everywhere else)."""
+    if request.param == "blocks":
+        monkeypatch.setattr(losses, "_compiled", lambda logits: None)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_next_token_nll_is_f_cross_entropy_of_the_fp32_logits(monkeypatch, dtype, reduction):
+def test_next_token_nll_is_f_cross_entropy_of_the_fp32_logits(monkeypatch, loss_path, dtype, reduction):
     """Values and gradients (in the logits' dtype) over several row blocks, ignored targets included."""
     monkeypatch.setattr(losses, "CHUNK_ELEMENTS", 300)  # 101-wide rows: blocks of 2 rows, the last one short
     torch.manual_seed(0)
@@ -46,7 +55,7 @@ def test_next_token_nll_is_f_cross_entropy_of_the_fp32_logits(monkeypatch, dtype
     torch.testing.assert_close(grad, grad_want)
 
 
-def test_next_token_nll_edge_cases():
+def test_next_token_nll_edge_cases(loss_path):
     """A strided view (the padded fp32 product's logits), autocast around it, and all targets ignored (nan, as
     ``F.cross_entropy``)."""
     torch.manual_seed(1)
@@ -59,3 +68,28 @@ def test_next_token_nll_edge_cases():
     (g,) = torch.autograd.grad(got, wide)
     assert not g[:, 10:].any() and not g[3].any()
     assert torch.isnan(next_token_nll(wide[:, :10], torch.full((6,), IGNORE)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_consumed_logits_tensor_takes_its_own_gradient(loss_path, dtype):
+    """``consume=True`` (the tied LM's training losses): the backward writes the gradient over the logits, the
+    same values as into a new tensor, for contiguous logits and for a column slice of a padded product; a second
+    backward through the graph then fails loudly instead of reading gradients as logits."""
+    torch.manual_seed(2)
+    h = torch.randn(9, 16).to(dtype).requires_grad_()
+    w = torch.randn(70, 16).to(dtype)
+    targets = torch.randint(0, 60, (9,))
+    targets[4] = IGNORE
+    for logits_of in (lambda: h @ w.T, lambda: (h @ w.T)[:, :60]):
+        grads = []
+        for consume in (False, True):
+            logits = logits_of()
+            loss = next_token_nll(logits, targets, consume=consume)
+            grads.append(torch.autograd.grad(loss, logits)[0])
+            if consume:
+                assert grads[-1].data_ptr() == logits.data_ptr()
+        torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
+    loss = next_token_nll(h @ w.T, targets, consume=True)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()

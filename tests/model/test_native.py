@@ -292,3 +292,86 @@ def test_the_vector_loop_draws_the_scalar_loops_bits(lib, dtype: torch.dtype) ->
         vector = lib.dropout_apply(x, 987654321, threshold(0.1), 1.25, torch.empty_like(x), True)
         scalar = lib.dropout_apply(x, 987654321, threshold(0.1), 1.25, torch.empty_like(x), False)
         assert torch.equal(vector.view(as_int), scalar.view(as_int)), n
+
+
+# --- the loss (loss.cpp) ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def loss_lib(lib):
+    if not lib.nll_vectorised():
+        pytest.skip("built without AVX-512: kernels/losses.py computes with PyTorch's ops (tests/model/test_losses.py)")
+    return lib
+
+
+def _exp_by_the_loss_kernel(lib, x: torch.Tensor) -> torch.Tensor:
+    """exp(x) as the loss's backward computes it: weight 1, log-sum-exp 0, no target in range (no one-hot term)."""
+    out = torch.empty(1, x.numel())
+    return lib.nll_backward(x.view(1, -1), torch.tensor([-1]), torch.zeros(1), torch.ones(1), x.numel(), out)[0]
+
+
+def test_the_loss_kernels_exp_is_within_two_float_ulps(loss_lib) -> None:
+    x = torch.cat([torch.linspace(-87.3, 88.7, 1_000_001), torch.randn(10_000) * 20, torch.tensor([0.0, -0.0])])
+    x = x.clamp(-87.3, 88.7)
+    got, want = _exp_by_the_loss_kernel(loss_lib, x).double(), torch.exp(x.double())
+    assert ((got - want).abs() / want).max() <= 2 * 2**-23
+    # Subnormal results, total underflow, infinities and NaN.
+    tiny = torch.linspace(-103.0, -87.4, 10_001)
+    assert (_exp_by_the_loss_kernel(loss_lib, tiny).double() - torch.exp(tiny.double())).abs().max() <= 2**-148
+    edge = _exp_by_the_loss_kernel(loss_lib, torch.tensor([-200.0, float("-inf"), float("nan"), 0.0]))
+    assert edge[0] == 0 and edge[1] == 0 and edge[2].isnan() and edge[3] == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_loss_kernel_is_cross_entropy_on_vocabulary_wide_padded_rows(loss_lib, dtype: torch.dtype) -> None:
+    """GPT-1's fine-tuning vocabulary (40,481 classes, a width no vector divides) in rows padded to 40,512, as the
+    padded output product gives them: the loss, the log-sum-exp, and the gradient for upstream weights of either
+    sign and zero, against F.cross_entropy of the float32 logits; the padding columns get 0."""
+    torch.manual_seed(0)
+    classes, width = 40_481, 40_512
+    logits = (4 * torch.randn(7, width)).to(dtype)
+    targets = torch.tensor([0, 40_480, 17, -100, 5_000, 33, 40_479])
+    nll, lse = loss_lib.nll_forward(logits, targets, classes, -100)
+    ref = logits[:, :classes].float().requires_grad_()
+    want = F.cross_entropy(ref, targets, ignore_index=-100, reduction="none")
+    torch.testing.assert_close(nll, want)
+    torch.testing.assert_close(lse, torch.logsumexp(ref.detach(), dim=-1))
+    weight = torch.tensor([0.5, -0.25, 0.0, 0.0, 1.0, 2.0, 1e-3])
+    (grad_want,) = torch.autograd.grad((want * weight).sum(), ref)
+    out = loss_lib.nll_backward(logits, targets.clamp_min(0), lse, weight, classes, torch.empty_like(logits))
+    assert not out[:, classes:].any()
+    if dtype == torch.float32:
+        torch.testing.assert_close(out[:, :classes], grad_want)
+    else:  # one rounding to bf16 of (nearly) the same float
+        torch.testing.assert_close(out[:, :classes].float(), grad_want.to(dtype).float(), atol=1e-6, rtol=8e-3)
+
+
+def test_the_loss_kernel_keeps_nan_and_checks_its_targets(loss_lib) -> None:
+    logits = torch.randn(3, 40)
+    logits[1, 7] = float("nan")
+    nll, _ = loss_lib.nll_forward(logits, torch.tensor([1, 2, 3]), 40, -100)
+    assert nll[1].isnan() and not nll[0].isnan() and not nll[2].isnan()
+    with pytest.raises(RuntimeError, match="out of range"):
+        loss_lib.nll_forward(logits, torch.tensor([1, 40, 3]), 40, -100)
+
+
+# --- the attention softmax's backward (softmax.cpp) -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_softmax_backward_is_pytorchs_through_the_dropout_mask(lib, dtype: torch.dtype) -> None:
+    """ds = d ⊙ dp − p·Σ(d ⊙ dp) with d = p ⊙ mask is the softmax's backward of mask ⊙ dp, for rows of every
+    length a vector splits (tails included), with and without dropout (d = p)."""
+    if not lib.softmax_vectorised():
+        pytest.skip("built without AVX-512: attention.py keeps PyTorch's ops")
+    torch.manual_seed(0)
+    for n in (1, 15, 16, 17, 33, 70, 128, 512):
+        p = torch.softmax(3 * torch.randn(6, 5, n), dim=-1).to(dtype)
+        dp = torch.randn(6, 5, n).to(dtype)
+        for mask in (None, (torch.rand(6, 5, n) > 0.2).to(dtype)):
+            d = p if mask is None else p * mask
+            want = torch._softmax_backward_data(dp.float() * (1 if mask is None else mask.float()), p.float(), -1,
+                                                torch.float32)
+            got = lib.softmax_backward(dp.clone(), d, p)
+            tol = dict(atol=1e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+            torch.testing.assert_close(got.float(), want.to(dtype).float(), **tol, msg=f"n={n}")

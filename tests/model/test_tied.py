@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from gptcli.model import kernels
 from gptcli.model.losses import next_token_nll
 
 
@@ -15,6 +16,7 @@ def test_padded_output_product_gives_the_same_logits_and_gradients(monkeypatch):
     from gptcli.model.kernels import tied as padding
 
     set_kernels("auto")
+    monkeypatch.setattr(kernels, "_amx_forced", False)  # fp32 pads on CPUs without AMX
     model = GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32))
     ids = torch.randint(0, 101, (4, 16))
     results = []
@@ -43,6 +45,7 @@ def test_training_loss_through_the_padded_product_is_the_plain_one(monkeypatch):
     from gptcli.model.kernels import tied as padding
 
     set_kernels("auto")
+    monkeypatch.setattr(kernels, "_amx_forced", False)  # fp32 pads on CPUs without AMX
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32)).eval()
     ids = torch.randint(0, 101, (4, 16))
@@ -99,3 +102,21 @@ def test_the_amx_padded_product_gives_the_plain_bf16_loss_and_gradients(monkeypa
     for name, g in grads.items():
         assert g.dtype == torch.float32 and g.is_contiguous(), name
         torch.testing.assert_close(g, ref_grads[name], atol=1e-3, rtol=2e-2, msg=name)
+
+
+def test_on_an_amx_cpu_fp32_keeps_the_plain_product_and_bf16_training_the_padded_one(monkeypatch):
+    """Which product runs is measured per machine (``padding_is_faster``): on an AMX CPU the fp32 plain product was
+    the faster one, in training and evaluation; bf16 training keeps its padded AMX product."""
+    from gptcli.model.kernels import set_kernels
+    from gptcli.model.kernels import tied as padding
+
+    set_kernels("auto")
+    monkeypatch.setattr(padding, "PAD_MIN_POSITIONS", 8)
+    h, w = torch.randn(4, 16, 16), torch.randn(101, 16)
+    for amx, fp32 in ((True, False), (False, True)):
+        monkeypatch.setattr(kernels, "_amx_forced", amx)
+        assert padding.padding_is_faster(h, w) is fp32
+        assert padding.padding_is_faster(h, w, training=True) is fp32
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert padding.padding_is_faster(h, w, training=True)
+            assert not padding.padding_is_faster(h, w)

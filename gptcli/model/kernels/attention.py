@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from gptcli.model.kernels import native
 from gptcli.model.kernels.dropout import Mask
 
 PATHS: tuple[str, ...] = ("sdpa", "plain", "chunked")
@@ -125,6 +126,13 @@ def _written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_of, dro
     return out.view(B, H, t, d)
 
 
+def _softmax_library(x: torch.Tensor):
+    """The compiled library when its softmax backward (``softmax.cpp``, AVX-512) takes ``x``'s dtype here, else
+    ``None`` (PyTorch's ops then)."""
+    lib = native.library_for(x.device, x.dtype)
+    return lib if lib is not None and lib.softmax_vectorised() else None
+
+
 def _transposed(x: torch.Tensor, blocks: int) -> torch.Tensor:
     """``x`` (N, T, d) as (N, d, T) for the products of every block. In bf16 with several blocks, one contiguous
     copy: oneDNN's products would otherwise copy their transposed operand once per block (docs/performance.md).
@@ -185,11 +193,17 @@ class _BlockedAttention(torch.autograd.Function):
         # key gradient's): there the products go to fresh tensors, added after (the same sums, bit for bit).
         fresh = q.dtype == torch.float32
         dq, dk, dv = [] if fresh else torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        lib = _softmax_library(q)
         for i, (a, b) in enumerate(zip(ctx.bounds, ctx.bounds[1:])):
             p, g = probs[i], grad[:, a:b]
-            dv[:, :b].baddbmm_((dropped[i] if masks else p).transpose(1, 2), g)
+            d = dropped[i] if masks else p
+            dv[:, :b].baddbmm_(d.transpose(1, 2), g)
             dp = torch.bmm(g, vt[:, :, :b])
-            if masks and p.dtype == torch.float32:
+            if lib is not None:
+                # ds = d ⊙ dp − p · Σ(d ⊙ dp) in one compiled pass per row, over dp (softmax.cpp): the same function
+                # as either branch below, with three passes over the block fewer.
+                ds = lib.softmax_backward(dp, d, p)
+            elif masks and p.dtype == torch.float32:
                 # The softmax's backward through the dropout, from the forward's dropped probabilities d = p ⊙ mask
                 # (kept for the value gradient): ds = d ⊙ dp − p · Σ(d ⊙ dp), no mask drawn again. In fp32 3 % faster
                 # per attention layer than masking dp and then _softmax_backward_data; in bf16 1.6 % slower (its

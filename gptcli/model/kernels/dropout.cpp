@@ -10,7 +10,7 @@
 // The decisions depend on (seed, i) only, never on the thread count or the instruction set: with AVX-512 a block
 // is one vector of 8 hashes and 16 elements, otherwise the scalar loop computes the same bits.
 
-#include "elementwise.h"
+#include "vector.h"
 
 namespace {
 
@@ -39,9 +39,7 @@ void apply_scalar(const T* x, T* out, int64_t begin, int64_t end, uint64_t seed,
   }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
-#include <immintrin.h>
-
+#if GPT1_AVX512
 constexpr bool kVector = true;
 
 inline __mmask16 keep16(uint64_t seed, int64_t block, __m512i threshold) {
@@ -57,20 +55,8 @@ inline __mmask16 keep16(uint64_t seed, int64_t block, __m512i threshold) {
   return _mm512_cmpge_epu32_mask(bits, threshold);
 }
 
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-inline void store16(uint16_t* p, __m512 v) {  // round to nearest even, NaN stays NaN: elementwise.h's store
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lsb), 16);
-  const __m512i quiet = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
-  const __m512i out = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), quiet);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(out));
-}
+using gpt1::vec::load16;
+using gpt1::vec::store16;
 
 template <typename T>
 void apply_vector(const T* x, T* out, int64_t block_begin, int64_t block_end, uint64_t seed, uint32_t threshold,
@@ -142,7 +128,7 @@ torch::Tensor dropout_mask(torch::Tensor out, int64_t seed, int64_t threshold) {
   return out;
 }
 
-// Whether dropout_apply has its AVX-512 loop (built for a CPU with AVX-512 F and DQ).
+// Whether dropout_apply has its AVX-512 loop (built for a CPU with AVX-512: vector.h).
 bool dropout_vectorised() { return kVector; }
 
 }  // namespace gpt1

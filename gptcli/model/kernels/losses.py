@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
+from gptcli.model.kernels import native
+
 CHUNK_ELEMENTS = 2**20
 """Logits per block of :class:`_RowBlockNLL` (2,048 × 40,478 logits: 82 blocks of 25 rows, 4 MB each in fp32).
 2¹⁹–2²⁰ measured fastest; one row per block took twice as long."""
@@ -16,16 +18,28 @@ CHUNK_ELEMENTS = 2**20
 REDUCTIONS = ("mean", "sum", "none")
 
 
+@torch.compiler.disable  # under torch.compile (--compile), run eagerly between graphs: a pybind call is opaque to it
 def next_token_nll(logits: torch.Tensor, targets: torch.Tensor, reduction: str, classes: int | None,
-                   ignore: int) -> torch.Tensor:
+                   ignore: int, consume: bool = False) -> torch.Tensor:
     """``F.cross_entropy(logits[:, :classes].float(), targets, ignore_index=ignore, reduction=reduction)`` for 2-D
-    ``logits`` and 1-D ``targets``; the padding columns past ``classes`` get a zero gradient."""
+    ``logits`` and 1-D ``targets``; the padding columns past ``classes`` get a zero gradient. ``consume``: the
+    backward pass writes the logits' gradient over the logits themselves (gptcli/model/losses.py)."""
     with torch.autocast("cpu", enabled=False):
-        nll = _RowBlockNLL.apply(logits, targets, classes or logits.size(1), ignore)
+        nll = _RowBlockNLL.apply(logits, targets, classes or logits.size(1), ignore, consume)
     if reduction == "none":
         return nll
     total = nll.sum()
     return total if reduction == "sum" else total / (targets != ignore).sum()
+
+
+def _compiled(logits: torch.Tensor):
+    """The compiled library when its two passes (``loss.cpp``: AVX-512) can take these logits (a matrix of
+    contiguous rows, float32 or bf16, on the CPU), else ``None``: the blocks of PyTorch ops below then compute the
+    same loss."""
+    lib = native.library_for(logits.device, logits.dtype)
+    if lib is None or not lib.nll_vectorised() or logits.dim() != 2 or logits.stride(1) != 1:
+        return None
+    return lib
 
 
 def _block_rows(classes: int) -> int:
@@ -62,9 +76,15 @@ class _RowBlockNLL(torch.autograd.Function):
     ``F.cross_entropy``'s (tests/model/test_losses.py)."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, classes: int, ignore: int) -> torch.Tensor:
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, classes: int, ignore: int,
+                consume: bool) -> torch.Tensor:
         valid = targets != ignore
         safe = targets.masked_fill(~valid, 0).unsqueeze(1)
+        ctx.classes, ctx.lib, ctx.consume = classes, _compiled(logits), consume
+        if ctx.lib is not None:
+            nll, lse = ctx.lib.nll_forward(logits, targets.long(), classes, ignore)
+            ctx.save_for_backward(logits, safe, valid, lse)
+            return nll
         nll = torch.empty(logits.size(0), device=logits.device)
         rows = _block_rows(classes)
         block = _fp32_buffer(logits, rows, classes)
@@ -74,7 +94,6 @@ class _RowBlockNLL(torch.autograd.Function):
         # log-sum-exp of each row = its target's logit − that logit's log-probability (the ignored rows' too).
         lse = logits.gather(1, safe).squeeze(1).float().add_(nll)
         ctx.save_for_backward(logits, safe, valid, lse)
-        ctx.classes = classes
         return nll.masked_fill_(~valid, 0.0)
 
     @staticmethod
@@ -83,7 +102,10 @@ class _RowBlockNLL(torch.autograd.Function):
         logits, safe, valid, lse = ctx.saved_tensors
         classes = ctx.classes
         weight = (grad.float() * valid).unsqueeze(1)
-        out = torch.empty(logits.shape, device=logits.device, dtype=logits.dtype)
+        out = _gradient_buffer(logits, ctx.consume)
+        if ctx.lib is not None:
+            out = ctx.lib.nll_backward(logits, safe.squeeze(1), lse, weight.squeeze(1), classes, out)
+            return out, None, None, None, None
         out[:, classes:] = 0.0
         rows = _block_rows(classes)
         # weight · softmax = exp(logits − (lse − log weight)); a zero weight gives exp(−inf) = 0. A negative one
@@ -103,4 +125,18 @@ class _RowBlockNLL(torch.autograd.Function):
             dest.scatter_add_(1, safe[a:b], weight[a:b].neg().to(dest.dtype))
             if block is not None:
                 out[a:b, :classes] = dest
-        return out, None, None, None
+        return out, None, None, None, None
+
+
+def _gradient_buffer(logits: torch.Tensor, consume: bool) -> torch.Tensor:
+    """Where the backward writes the logits' gradient: over the logits themselves when the caller gave them up
+    (``consume``; each element is read before it is written, by the same step of either loop), else a new tensor.
+
+    Over the logits, a training step allocates no second vocabulary-wide tensor (332 MB for GPT-1's 4 × 512 fp32
+    batch): one whose pages the allocator has to take from the OS faults them in, 0.3–0.5 s when it happens
+    (docs/performance.md). The logits' version is bumped, so a second backward through the same graph
+    (``retain_graph``) fails loudly instead of reading a gradient as logits."""
+    if not consume:
+        return torch.empty(logits.shape, device=logits.device, dtype=logits.dtype)
+    torch.autograd.graph.increment_version(logits)
+    return logits

@@ -1,13 +1,14 @@
 """The compiled kernels of this folder (its ``*.cpp`` files), built on first use with the machine's C++ compiler.
 
-PyTorch's own CPU code is precompiled for every x86 CPU at once; a few of GPT-1's elementwise steps are cheaper in
-a loop the compiler vectorises for this CPU alone (``-march=native``), fused into one pass. Those loops live in
-C++ sources beside the Python kernels, and :func:`library` compiles them once through PyTorch's JIT extension
-builder (``torch.utils.cpp_extension.load``: the compiler named by ``$CXX``, else ``c++``, driven by ninja) into
-``$GPT1_KERNEL_CACHE``, else ``~/.cache/gpt1/kernels``: about 40 s on 2 cores, once per source text, compiler flags,
-torch and Python version and CPU model and flags (all in the build's name, so a cache shared between machines
-never hands one CPU another's instructions). Later processes import the built file directly, in milliseconds. A
-training run builds it before its first step, as a stage of its progress (``gptcli.model.kernels.prepare``).
+PyTorch's own CPU code is precompiled for every x86 CPU at once; a few of GPT-1's row-wise and elementwise steps
+are cheaper in a loop compiled for this CPU alone (``-march=native``, AVX-512 intrinsics where it has them), fused
+into one pass. Those loops live in C++ sources beside the Python kernels, and :func:`library` compiles them once
+through PyTorch's JIT extension builder (``torch.utils.cpp_extension.load``: the compiler named by ``$CXX``, else
+``c++``, driven by ninja) into ``$GPT1_KERNEL_CACHE``, else ``~/.cache/gpt1/kernels``: about a minute on 2 cores,
+once per source text, compiler flags, torch and Python version and CPU model and flags (all in the build's name,
+so a cache shared between machines never hands one CPU another's instructions). Later processes import the built
+file directly, in milliseconds. A training run builds it before its first step, as a stage of its progress
+(``gptcli.model.kernels.prepare``).
 
 Where it cannot be built (no compiler, no ninja, a read-only cache, a platform the flags do not suit), the
 kernels that use it return ``None`` and the model computes the reference instead: slower, never wrong.
@@ -28,9 +29,9 @@ from types import ModuleType
 
 import torch
 
-SOURCES: tuple[str, ...] = ("bindings.cpp", "dropout.cpp", "gelu.cpp")
-HEADERS: tuple[str, ...] = ("elementwise.h",)
-"""The C++ files of this folder compiled into the one library (with :data:`HEADERS`, their shared header)."""
+SOURCES: tuple[str, ...] = ("bindings.cpp", "dropout.cpp", "gelu.cpp", "loss.cpp", "softmax.cpp")
+HEADERS: tuple[str, ...] = ("elementwise.h", "vector.h")
+"""The C++ files of this folder compiled into the one library (with :data:`HEADERS`, the headers they share)."""
 
 DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)
 """The dtypes the compiled loops take (``elementwise.h``); others compute the Python kernels or the reference."""

@@ -1,0 +1,83 @@
+// The attention softmax's backward through dropout, in one pass per row: compiled on first use by
+// gptcli/model/kernels/native.py (bindings.cpp), used by gptcli/model/kernels/attention.py's hand-written backward.
+//
+// With p the softmax probabilities of a row, d = p ⊙ mask the dropped-out ones the forward kept (d = p without
+// dropout) and dp the gradient of the (unscaled) dropped probabilities, the scores' gradient is
+//   ds = d ⊙ dp − p · Σ_row (d ⊙ dp)
+// (the softmax's backward of mask ⊙ dp; reference: torch._softmax_backward_data(mask * dp, p), tests/model/
+// test_attention.py). PyTorch computes it in three passes over the T × T block (a product, a row sum, a fused
+// multiply-add; or a mask and its softmax backward), reading and writing the block six or seven times; here each
+// row is read once for its sum and once more, from L1 (a row is at most 512 values), for ds, written over dp.
+// float32 or bf16 (sums in float32, one rounding at the store). AVX-512 where the CPU has it (vector.h); elsewhere
+// softmax_vectorised() is false and attention.py keeps PyTorch's ops.
+
+#include "vector.h"
+
+namespace {
+
+#if GPT1_AVX512
+constexpr bool kVector = true;
+
+using gpt1::vec::load16;
+using gpt1::vec::store16;
+using gpt1::vec::tail;
+
+template <typename T>
+void backward_row(T* dp, const T* d, const T* p, int64_t n) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 32 <= n; j += 32) {
+    acc0 = _mm512_fmadd_ps(load16(d + j), load16(dp + j), acc0);
+    acc1 = _mm512_fmadd_ps(load16(d + j + 16), load16(dp + j + 16), acc1);
+  }
+  for (; j < n; j += 16) {
+    const __mmask16 k = tail(n - j);
+    acc0 = _mm512_fmadd_ps(load16(d + j, k), load16(dp + j, k), acc0);
+  }
+  const __m512 sum = _mm512_set1_ps(_mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)));
+  for (j = 0; j < n; j += 16) {
+    const __mmask16 k = tail(n - j);
+    const __m512 ds = _mm512_fnmadd_ps(load16(p + j, k), sum, _mm512_mul_ps(load16(d + j, k), load16(dp + j, k)));
+    store16(dp + j, ds, k);
+  }
+}
+
+#else
+constexpr bool kVector = false;
+
+template <typename T>
+void backward_row(T* dp, const T* d, const T* p, int64_t n) {
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) sum += gpt1::load(d, j) * gpt1::load(dp, j);
+  for (int64_t j = 0; j < n; ++j) gpt1::store(dp, j, gpt1::load(d, j) * gpt1::load(dp, j) - gpt1::load(p, j) * sum);
+}
+#endif
+
+}  // namespace
+
+namespace gpt1 {
+
+// ds over dp (header comment): dp, d and p contiguous, of one dtype and shape, rows along the last dimension.
+torch::Tensor softmax_backward(torch::Tensor dp, const torch::Tensor& d, const torch::Tensor& p) {
+  check(dp, "dp");
+  TORCH_CHECK(dp.is_contiguous() && d.is_contiguous() && p.is_contiguous(), "dp, d and p must be contiguous");
+  TORCH_CHECK(d.scalar_type() == dp.scalar_type() && p.scalar_type() == dp.scalar_type(), "one dtype for all three");
+  TORCH_CHECK(d.sizes() == dp.sizes() && p.sizes() == dp.sizes(), "one shape for all three");
+  const int64_t n = dp.dim() == 0 ? 1 : dp.size(-1);
+  const int64_t rows = n == 0 ? 0 : dp.numel() / n;
+  dispatch(dp.scalar_type(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    T* g = static_cast<T*>(dp.data_ptr());
+    const T* dd = static_cast<const T*>(d.data_ptr());
+    const T* pp = static_cast<const T*>(p.data_ptr());
+    at::parallel_for(0, rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(1, n)), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) backward_row(g + r * n, dd + r * n, pp + r * n, n);
+    });
+  });
+  return dp;
+}
+
+// Whether softmax_backward has its AVX-512 loop.
+bool softmax_vectorised() { return kVector; }
+
+}  // namespace gpt1
