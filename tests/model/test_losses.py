@@ -93,3 +93,14 @@ def test_a_consumed_logits_tensor_takes_its_own_gradient(loss_path, dtype):
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+def test_int32_targets_give_the_int64_targets_loss_and_gradient(loss_path):
+    torch.manual_seed(3)
+    logits = torch.randn(6, 50, requires_grad=True)
+    targets = torch.tensor([1, 7, IGNORE, 49, 0, 3])
+    results = []
+    for t in (targets, targets.int()):
+        loss = next_token_nll(logits, t)
+        results.append((loss.detach(), torch.autograd.grad(loss, logits)[0]))
+    torch.testing.assert_close(results[1], results[0], rtol=0, atol=0)

@@ -1,7 +1,9 @@
 """The next-token cross-entropy on CPU over blocks of rows, with its own backward.
 
 Reference: ``F.cross_entropy(logits.float(), targets, ignore_index=IGNORE)`` (gptcli/model/losses.py), the same
-values and gradients (tests/model/test_losses.py).
+values and gradients (tests/model/test_losses.py). Where the compiled library is built with AVX-512, both passes
+are its rows (``loss.cpp``: each row's log-sum-exp, then the gradient in one pass); elsewhere, blocks of rows of
+PyTorch's ops.
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ class _RowBlockNLL(torch.autograd.Function):
         weight = (grad.float() * valid).unsqueeze(1)
         out = _gradient_buffer(logits, ctx.consume)
         if ctx.lib is not None:
-            out = ctx.lib.nll_backward(logits, safe.squeeze(1), lse, weight.squeeze(1), classes, out)
+            out = ctx.lib.nll_backward(logits, safe.squeeze(1).long(), lse, weight.squeeze(1), classes, out)
             return out, None, None, None, None
         out[:, classes:] = 0.0
         rows = _block_rows(classes)
