@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
+from gptcli.train.grad_norm import clip_grad_norm, grad_norm
 from gptcli.train.optim import set_lr
 from gptcli.runtime import Precision, autocast, shared_casts
 
@@ -87,10 +88,11 @@ class Trainer:
         # here (that needs its value on the host); the loop watches for it on the device and stops at its next
         # read (gptcli.train.run.loop.NonFiniteWatch), before any checkpoint is written from the weights after it.
         self.scaler.unscale_(self.optimizer)
+        # Accurate and cheap on CPU, PyTorch's fused clip_grad_norm_ elsewhere (grad_norm.py).
         if self.grad_clip and self.grad_clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
+            norm = clip_grad_norm(self.params, self.grad_clip)
         else:
-            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.params if p.grad is not None]))
+            norm = grad_norm(self.params)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
