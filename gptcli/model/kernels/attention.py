@@ -129,8 +129,7 @@ def _written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_of, dro
 def _softmax_library(x: torch.Tensor):
     """The compiled library when its softmax backward (``softmax.cpp``, AVX-512) takes ``x``'s dtype here, else
     ``None`` (PyTorch's ops then)."""
-    lib = native.library_for(x.device, x.dtype)
-    return lib if lib is not None and lib.softmax_vectorised() else None
+    return native.vector_library_for(x.device, x.dtype)
 
 
 def _transposed(x: torch.Tensor, blocks: int) -> torch.Tensor:

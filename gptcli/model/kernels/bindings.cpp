@@ -2,20 +2,19 @@
 
 #include <torch/extension.h>
 
+#include "vector.h"
+
 namespace gpt1 {
 torch::Tensor gelu_forward(const torch::Tensor& x);
 torch::Tensor gelu_backward(const torch::Tensor& grad, const torch::Tensor& x);
 torch::Tensor dropout_apply(const torch::Tensor& x, int64_t seed, int64_t threshold, double scale, torch::Tensor out,
                             bool vector);
-bool dropout_vectorised();
 torch::Tensor dropout_mask(torch::Tensor out, int64_t seed, int64_t threshold);
 std::vector<torch::Tensor> nll_forward(const torch::Tensor& logits, const torch::Tensor& targets, int64_t classes,
                                        int64_t ignore);
 torch::Tensor nll_backward(const torch::Tensor& logits, const torch::Tensor& targets, const torch::Tensor& lse,
                            const torch::Tensor& weight, int64_t classes, torch::Tensor out);
-bool nll_vectorised();
 torch::Tensor softmax_backward(torch::Tensor dp, const torch::Tensor& d, const torch::Tensor& p);
-bool softmax_vectorised();
 }  // namespace gpt1
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -23,14 +22,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gelu_backward", &gpt1::gelu_backward, "the gradient of gelu_forward's input given its output's");
   m.def("dropout_apply", &gpt1::dropout_apply, "x * scale where the (seed, threshold) mask keeps it, else 0, into out",
         py::arg("x"), py::arg("seed"), py::arg("threshold"), py::arg("scale"), py::arg("out"), py::arg("vector") = true);
-  m.def("dropout_vectorised", &gpt1::dropout_vectorised, "whether dropout_apply has its AVX-512 loop");
   m.def("dropout_mask", &gpt1::dropout_mask, "the (seed, threshold) keep mask, 1 or 0, into out");
   m.def("nll_forward", &gpt1::nll_forward, "(nll, lse) per row of the logits' first `classes` columns (loss.cpp)",
         py::arg("logits"), py::arg("targets"), py::arg("classes"), py::arg("ignore"));
   m.def("nll_backward", &gpt1::nll_backward, "the logits' gradient weight * (softmax - one_hot(target)) into out",
         py::arg("logits"), py::arg("targets"), py::arg("lse"), py::arg("weight"), py::arg("classes"), py::arg("out"));
-  m.def("nll_vectorised", &gpt1::nll_vectorised, "whether nll_forward and nll_backward were built (AVX-512)");
   m.def("softmax_backward", &gpt1::softmax_backward, "ds = d*dp - p*rowsum(d*dp), over dp (softmax.cpp)",
         py::arg("dp"), py::arg("d"), py::arg("p"));
-  m.def("softmax_vectorised", &gpt1::softmax_vectorised, "whether softmax_backward has its AVX-512 loop");
+  m.def("vectorised", [] { return GPT1_AVX512 == 1; },
+        "whether the AVX-512 loops were built (vector.h): dropout_apply's vector loop, the loss, softmax_backward");
 }

@@ -40,8 +40,6 @@ void apply_scalar(const T* x, T* out, int64_t begin, int64_t end, uint64_t seed,
 }
 
 #if GPT1_AVX512
-constexpr bool kVector = true;
-
 inline __mmask16 keep16(uint64_t seed, int64_t block, __m512i threshold) {
   const __m512i lanes = _mm512_set_epi64(8, 7, 6, 5, 4, 3, 2, 1);  // counter + 1 of lanes 0..7
   const __m512i c = _mm512_add_epi64(_mm512_set1_epi64(block * 8), lanes);
@@ -67,8 +65,6 @@ void apply_vector(const T* x, T* out, int64_t block_begin, int64_t block_end, ui
     store16(out + b * 16, _mm512_maskz_mul_ps(keep16(seed, b, t), load16(x + b * 16), s));
 }
 #else
-constexpr bool kVector = false;
-
 template <typename T>
 void apply_vector(const T* x, T* out, int64_t block_begin, int64_t block_end, uint64_t seed, uint32_t threshold,
                   float scale) {
@@ -127,8 +123,5 @@ torch::Tensor dropout_mask(torch::Tensor out, int64_t seed, int64_t threshold) {
   });
   return out;
 }
-
-// Whether dropout_apply has its AVX-512 loop (built for a CPU with AVX-512: vector.h).
-bool dropout_vectorised() { return kVector; }
 
 }  // namespace gpt1

@@ -17,7 +17,7 @@
 // vscalefps, which also gives the underflow to 0 for very negative arguments: within 2 float ulps of the exact
 // exponential over the range that matters, as SLEEF's expf (1 ulp) that PyTorch's log-softmax uses. Sums run in 4
 // vector accumulators, so the rounding differs from PyTorch's order by float32 roundoff only. Built where the CPU
-// has AVX-512 (vector.h); elsewhere nll_vectorised() is false and losses.py computes the same loss with PyTorch's
+// has AVX-512 (vector.h); elsewhere vectorised() is false and losses.py computes the same loss with PyTorch's
 // ops.
 
 #include "vector.h"
@@ -28,8 +28,6 @@
 namespace {
 
 #if GPT1_AVX512
-constexpr bool kVector = true;
-
 using gpt1::vec::tail;
 using gpt1::vec::store16;
 
@@ -97,17 +95,15 @@ void row_grad(const T* x, T* out, int64_t classes, int64_t width, float lse, flo
 }
 
 #else
-constexpr bool kVector = false;
-
 template <typename T>
 float row_lse(const T*, int64_t) {
-  TORCH_CHECK(false, "built without AVX-512: nll_vectorised() is false");
+  TORCH_CHECK(false, "built without AVX-512: vectorised() is false");
   return 0.0f;
 }
 
 template <typename T>
 void row_grad(const T*, T*, int64_t, int64_t, float, float, int64_t) {
-  TORCH_CHECK(false, "built without AVX-512: nll_vectorised() is false");
+  TORCH_CHECK(false, "built without AVX-512: vectorised() is false");
 }
 #endif
 
@@ -177,8 +173,5 @@ torch::Tensor nll_backward(const torch::Tensor& logits, const torch::Tensor& tar
   });
   return out;
 }
-
-// Whether nll_forward and nll_backward were built (a CPU with AVX-512 F and BW).
-bool nll_vectorised() { return kVector; }
 
 }  // namespace gpt1

@@ -38,10 +38,7 @@ def _compiled(logits: torch.Tensor):
     """The compiled library when its two passes (``loss.cpp``: AVX-512) can take these logits (a matrix of
     contiguous rows, float32 or bf16, on the CPU), else ``None``: the blocks of PyTorch ops below then compute the
     same loss."""
-    lib = native.library_for(logits.device, logits.dtype)
-    if lib is None or not lib.nll_vectorised() or logits.dim() != 2 or logits.stride(1) != 1:
-        return None
-    return lib
+    return native.vector_library_for(logits.device, logits.dtype) if logits.stride(1) == 1 else None
 
 
 def _block_rows(classes: int) -> int:

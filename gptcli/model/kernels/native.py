@@ -114,6 +114,13 @@ def library_for(device: torch.device | str, dtype: torch.dtype) -> ModuleType | 
     return library()
 
 
+def vector_library_for(device: torch.device | str, dtype: torch.dtype) -> ModuleType | None:
+    """:func:`library_for` when the library was built with its AVX-512 loops (``vector.h``: the loss's passes, the
+    attention softmax's backward), else ``None``."""
+    lib = library_for(device, dtype)
+    return lib if lib is not None and lib.vectorised() else None
+
+
 def is_built() -> bool:
     """Whether this machine's library is in the cache already (:func:`library` then only loads it)."""
     name = build_name()
@@ -147,4 +154,4 @@ def unavailable() -> str | None:
 
 
 __all__ = ["CACHE_ENV", "DTYPES", "HEADERS", "SOURCES", "build_name", "cache_root", "flags", "is_built", "library",
-           "library_for", "unavailable"]
+           "library_for", "unavailable", "vector_library_for"]

@@ -9,15 +9,13 @@
 // multiply-add; or a mask and its softmax backward), reading and writing the block six or seven times; here each
 // row is read once for its sum and once more, from L1 (a row is at most 512 values), for ds, written over dp.
 // float32 or bf16 (sums in float32, one rounding at the store). AVX-512 where the CPU has it (vector.h); elsewhere
-// softmax_vectorised() is false and attention.py keeps PyTorch's ops.
+// vectorised() is false and attention.py keeps PyTorch's ops.
 
 #include "vector.h"
 
 namespace {
 
 #if GPT1_AVX512
-constexpr bool kVector = true;
-
 using gpt1::vec::load16;
 using gpt1::vec::store16;
 using gpt1::vec::tail;
@@ -43,13 +41,9 @@ void backward_row(T* dp, const T* d, const T* p, int64_t n) {
 }
 
 #else
-constexpr bool kVector = false;
-
 template <typename T>
-void backward_row(T* dp, const T* d, const T* p, int64_t n) {
-  float sum = 0.0f;
-  for (int64_t j = 0; j < n; ++j) sum += gpt1::load(d, j) * gpt1::load(dp, j);
-  for (int64_t j = 0; j < n; ++j) gpt1::store(dp, j, gpt1::load(d, j) * gpt1::load(dp, j) - gpt1::load(p, j) * sum);
+void backward_row(T*, const T*, const T*, int64_t) {
+  TORCH_CHECK(false, "built without AVX-512: vectorised() is false");
 }
 #endif
 
@@ -76,8 +70,5 @@ torch::Tensor softmax_backward(torch::Tensor dp, const torch::Tensor& d, const t
   });
   return dp;
 }
-
-// Whether softmax_backward has its AVX-512 loop.
-bool softmax_vectorised() { return kVector; }
 
 }  // namespace gpt1
