@@ -36,6 +36,7 @@ on CUDA and oneDNN's on CPU.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -98,12 +99,36 @@ def recurrent_dtype(device_type: str, autocast_dtype: torch.dtype | None) -> tor
     CUDA's autocast runs cuDNN's LSTM in fp16 whatever dtype it was asked for (aten/src/ATen/cudnn/AutocastRNN.cpp
     casts to ``kHalf``): a bf16 run would train its LSTM in fp16 without the loss scaler fp16 needs. There, for a
     bf16 run, the layer runs outside autocast in fp32 (TF32 matmuls); an fp16 run gets the fp16 it asked for (with
-    its GradScaler). The CPU's autocast runs oneDNN's LSTM in the dtype asked for."""
+    its GradScaler). The CPU's autocast runs oneDNN's LSTM in the dtype asked for where this CPU's oneDNN has that
+    LSTM (:func:`cpu_has_bf16_lstm`), else the layer runs in fp32 too."""
     if autocast_dtype is None:
         return torch.float32
     if device_type == "cuda" and autocast_dtype != torch.float16:
         return torch.float32
+    if device_type == "cpu" and autocast_dtype == torch.bfloat16 and not cpu_has_bf16_lstm():
+        return torch.float32
     return autocast_dtype
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_has_bf16_lstm() -> bool:
+    """Whether oneDNN builds a bf16 LSTM on this CPU, forward and backward, as bf16 autocast asks it to.
+
+    PyTorch hands a bf16 LSTM to oneDNN whenever its bf16 check passes, but oneDNN's RNN primitive in bf16 needs
+    AVX-512; on an AVX2-only CPU (AMD Zen 3, measured) it fails with "could not create a primitive descriptor for
+    the LSTM forward propagation primitive". Which CPUs pass depends on the oneDNN inside this torch, not on a flag
+    gpt1 could read, so a one-step LSTM of one unit is run once per process to find out (15 ms on that Zen 3)."""
+    # Its own RNG state (the layer's initialisation must not move a run's seed stream) and grad mode (the first
+    # caller may be an evaluation under inference_mode).
+    with torch.random.fork_rng(devices=[]), torch.inference_mode(False), torch.enable_grad():
+        try:
+            x = torch.zeros(1, 1, 1, requires_grad=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y, _ = nn.LSTM(1, 1)(x)
+            y.float().sum().backward()
+            return True
+        except RuntimeError:
+            return False
 
 
 def precision_note(device_type: str, precision: str) -> str | None:
@@ -112,8 +137,10 @@ def precision_note(device_type: str, precision: str) -> str | None:
     actual = recurrent_dtype(device_type, asked)
     if asked is None or actual == asked:
         return None
+    why = ("CUDA's autocast would run it in float16 without a loss scaler" if device_type == "cuda"
+           else "this CPU's oneDNN has no bf16 LSTM")
     return (f"the LSTM layer computes in {str(actual).removeprefix('torch.')} on {device_type} in this {precision} run "
-            f"(CUDA's autocast would run it in float16 without a loss scaler); the rest of the model runs in {precision}")
+            f"({why}); the rest of the model runs in {precision}")
 
 
 def _reflatten(module: "LSTMLM", incompatible_keys) -> None:  # noqa: ARG001 (the load_state_dict hook signature)

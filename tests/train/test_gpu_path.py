@@ -66,11 +66,32 @@ def test_a_slurm_rank_that_sees_one_gpu_joins_on_device_0(monkeypatch):
 def test_the_lstm_under_cuda_bf16_autocast_computes_in_fp32_and_says_so():
     assert recurrent_dtype("cuda", torch.bfloat16) == torch.float32  # cuDNN's autocast would give fp16
     assert recurrent_dtype("cuda", torch.float16) == torch.float16  # asked for, with its GradScaler
-    assert recurrent_dtype("cpu", torch.bfloat16) == torch.bfloat16
     assert recurrent_dtype("cuda", None) == torch.float32
     assert "float32" in precision_note("cuda", "bf16") and "float16" in precision_note("cuda", "bf16")
-    assert precision_note("cuda", "fp16") is None and precision_note("cpu", "bf16") is None
-    assert precision_note("cpu", "fp32") is None
+    assert precision_note("cuda", "fp16") is None and precision_note("cpu", "fp32") is None
+
+
+def test_the_cpu_lstm_computes_in_bf16_where_onednn_has_it_else_in_fp32_and_says_so(monkeypatch):
+    from gptcli.model import lstm as lstm_mod
+
+    monkeypatch.setattr(lstm_mod, "cpu_has_bf16_lstm", lambda: True)
+    assert recurrent_dtype("cpu", torch.bfloat16) == torch.bfloat16 and precision_note("cpu", "bf16") is None
+    # An AVX2-only CPU (AMD Zen 3): oneDNN cannot build a bf16 LSTM, autocast's would fail on the first step.
+    monkeypatch.setattr(lstm_mod, "cpu_has_bf16_lstm", lambda: False)
+    assert recurrent_dtype("cpu", torch.bfloat16) == torch.float32
+    assert "float32" in precision_note("cpu", "bf16") and "oneDNN has no bf16 LSTM" in precision_note("cpu", "bf16")
+
+
+def test_the_bf16_lstm_probe_leaves_the_seed_stream_and_works_under_inference_mode():
+    from gptcli.model import lstm as lstm_mod
+
+    lstm_mod.cpu_has_bf16_lstm.cache_clear()
+    state = torch.get_rng_state()
+    with torch.inference_mode():
+        answer = lstm_mod.cpu_has_bf16_lstm()
+    assert torch.equal(torch.get_rng_state(), state)
+    lstm_mod.cpu_has_bf16_lstm.cache_clear()
+    assert lstm_mod.cpu_has_bf16_lstm() == answer  # inference_mode did not make a capable CPU look incapable
 
 
 def _gate_dtypes(model: LSTMLM, device_type: str = "cpu") -> torch.dtype:
@@ -87,7 +108,8 @@ def test_the_lstm_layer_computes_in_the_dtype_recurrent_dtype_names(monkeypatch)
     from gptcli.model import lstm as lstm_mod
 
     model = LSTMLM(lstm_mod.LSTMConfig(vocab_size=100, n_embd=16, n_hidden=24, n_ctx=16))
-    assert _gate_dtypes(model) == torch.bfloat16  # CPU autocast: the dtype asked for
+    # CPU autocast: the dtype asked for where this CPU's oneDNN has a bf16 LSTM, else fp32 (and no crash).
+    assert _gate_dtypes(model) == recurrent_dtype("cpu", torch.bfloat16)
     # Where recurrent_dtype says fp32 (CUDA bf16), the layer leaves autocast and computes in fp32.
     monkeypatch.setattr(lstm_mod, "recurrent_dtype", lambda device, dtype: torch.float32)
     assert _gate_dtypes(model) == torch.float32
