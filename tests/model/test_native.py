@@ -202,6 +202,15 @@ def test_the_build_name_changes_with_what_the_code_depends_on(monkeypatch: pytes
     assert native.build_name() != name
 
 
+def test_float_comparisons_may_be_vectorised_without_masked_instructions() -> None:
+    # Without -fno-trapping-math GCC kept GELU's clamp and the dropout's keep test as branches on an AVX2-only CPU
+    # (AMD Zen 3, no masked vector instructions): the loops stayed scalar and the compiled GELU ran 1.6-2.5x slower
+    # than PyTorch's (docs/performance.md). -ffast-math would change values: none of its other parts may come in.
+    flags = native.flags()
+    assert "-fno-trapping-math" in flags
+    assert not {"-ffast-math", "-Ofast", "-ffinite-math-only", "-fassociative-math", "-funsafe-math-optimizations"} & set(flags)
+
+
 def test_the_cache_folder_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "k"))
     assert native.cache_root() == tmp_path / "k"
