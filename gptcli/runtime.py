@@ -119,6 +119,16 @@ def resolve_precision(name: str, device: torch.device) -> Precision:
     return name  # type: ignore[return-value]
 
 
+def precision_warning(precision: str, device: torch.device) -> str | None:
+    """What a run asking for bf16 on a CPU without native bf16 dot products should know (None otherwise): there
+    oneDNN emulates the bf16 products, on the AVX2-only AMD Zen 3 of 2026-12-02 hundreds of times slower than fp32
+    (docs/performance.md), so a run that looks hung is in fact crawling. ``auto`` never picks it."""
+    if device.type != "cpu" or precision != "bf16" or cpu_has_bf16():
+        return None
+    return ("--precision bf16 on a CPU without native bf16 dot products (no avx512_bf16 or amx_bf16 flag): its "
+            "matrix products are emulated, far slower than fp32 (use --precision fp32, or auto, which picks it here)")
+
+
 def cuda_has_bf16(device: torch.device | None = None) -> bool:
     """Whether the GPU computes bf16 natively (Ampere and newer). ``torch.cuda.is_bf16_supported()`` alone also
     says yes where bf16 is only emulated (V100, T4), many times slower than their fp16 tensor cores."""

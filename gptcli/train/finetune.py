@@ -47,7 +47,7 @@ from gptcli.model.kernels import prepare as prepare_kernels  # the compiled kern
 from gptcli.model.lstm import precision_note
 from gptcli.outputs import next_free
 from gptcli.progress import SILENT, Progress
-from gptcli.runtime import configure_backends, resolve_device, resolve_precision
+from gptcli.runtime import configure_backends, precision_warning, resolve_device, resolve_precision
 from gptcli.tasks import Task, get_task
 from gptcli.train.finetune_config import RULES, FinetuneConfig
 from gptcli.train.finetune_dev import PREDICTION_SUMMARY, scores_of
@@ -135,6 +135,8 @@ def _finetune(config: FinetuneConfig, progress: Progress | None, par: Parallel) 
     # A worker of a job computes on its own device (cuda:LOCAL_RANK), which a bare "cuda" would not name.
     device = par.device if par.device is not None else resolve_device(config.device)
     precision = resolve_precision(config.precision, device)
+    if (warning := precision_warning(precision, device)) is not None:
+        report.note(warning, level="warn")
     configure_backends(device)
     prepare_kernels(device, report)
     setup, gpt = build_setup(config, task, device, precision, par, report)

@@ -37,7 +37,8 @@ from gptcli.model.kernels import check_mode, set_kernels
 from gptcli.model.kernels import prepare as prepare_kernels  # the compiled kernels' first-use build, as a stage
 from gptcli.model.lstm import precision_note
 from gptcli.progress import SILENT, Progress
-from gptcli.runtime import Precision, configure_backends, peak_flops, resolve_device, resolve_precision
+from gptcli.runtime import (Precision, configure_backends, peak_flops, precision_warning, resolve_device,
+                            resolve_precision)
 from gptcli.train.optim import lr_at, make_optimizer
 from gptcli.train.pretrain_config import RULES, PretrainConfig
 from gptcli.train.pretrain_hints import unigram_loss, warmup_warning
@@ -197,10 +198,11 @@ def _pretrain(config: PretrainConfig, par: Parallel, progress: Progress | None) 
 
 
 def _start_notes(job: PretrainJob) -> list[tuple[str, str]]:
-    """What the run says as it starts, as (note, level): a schedule that does not fit the run (a warning), the
-    LSTM's precision and the preset's recipe."""
+    """What the run says as it starts, as (note, level): a schedule that does not fit the run and a precision this
+    CPU only emulates (warnings), the LSTM's precision and the preset's recipe."""
     plan, config = job.plan, job.plan.config
-    notes = [(warmup_warning(plan.total_steps, config.warmup_steps, config.lr), "warn")]
+    notes = [(warmup_warning(plan.total_steps, config.warmup_steps, config.lr), "warn"),
+             (precision_warning(plan.precision, plan.device), "warn")]
     if arch_of(plan.model_config) == "lstm":
         notes.append((precision_note(plan.device.type, plan.precision), "info"))
     if job.state.step == 0:

@@ -290,6 +290,24 @@ def test_auto_precision_takes_fp16_where_bf16_is_only_emulated(monkeypatch):
     assert resolve_precision("auto", torch.device("cuda")) == "bf16"
 
 
+def test_bf16_asked_on_a_cpu_that_only_emulates_it_is_warned_about(monkeypatch, tmp_path):
+    from gptcli import runtime
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(runtime, "_cpu_flags", lambda: "flags\t: avx2 fma")  # AMD Zen 3
+    assert "emulated" in runtime.precision_warning("bf16", cpu)
+    assert runtime.precision_warning("fp32", cpu) is None and resolve_precision("auto", cpu) == "fp32"
+    assert runtime.precision_warning("bf16", torch.device("cuda")) is None
+    # The run says it as it starts (pretrain's start notes; finetune calls the same function once it has a device).
+    report = RecordingProgress()
+    pretrain(PretrainConfig(data=random_corpus(tmp_path / "corpus"), out=tmp_path / "run", preset="tiny",
+                            model=dict(MODEL), seq_len=16, batch_size=4, max_steps=1, warmup_steps=0, eval_every=0,
+                            device="cpu", precision="bf16", peak_flops=1e11), progress=report)
+    assert any("emulated" in n["message"] and n["level"] == "warn" for n in report.of("note"))
+    monkeypatch.setattr(runtime, "_cpu_flags", lambda: "flags\t: avx512f avx512_bf16")  # Zen 4: native
+    assert runtime.precision_warning("bf16", cpu) is None
+
+
 @pytest.mark.parametrize("name, precision, peak", [
     ("NVIDIA H100 80GB HBM3", "bf16", 989.4e12), ("NVIDIA H100 NVL", "bf16", 835.5e12),
     ("NVIDIA H100 PCIe", "fp32", 378e12), ("NVIDIA L40", "bf16", 181e12), ("NVIDIA L4", "bf16", 121e12),

@@ -48,8 +48,8 @@ def flags() -> list[str]:
 
     ``-fno-trapping-math``: the loops never read the floating-point exception flags, and without it GCC keeps a
     float comparison (GELU's clamp, bf16's NaN test, dropout's keep test) as a branch wherever the CPU has no masked
-    vector instructions, so on an AVX2-only CPU (AMD Zen 3) the elementwise loops stayed scalar: GELU ran 1.6–2.5×
-    *slower* than PyTorch's. It changes no value (that would take ``-ffast-math``'s other parts)."""
+    vector instructions, so on an AVX2-only CPU (AMD Zen 3) the elementwise loops stayed scalar: GELU ran at half
+    PyTorch's speed (docs/performance.md, Zen 3). It changes no value (that would take ``-ffast-math``'s other parts)."""
     out = ["-O3", "-fno-trapping-math", "-fopenmp"]
     if platform.machine().lower() in ("x86_64", "amd64"):
         out += ["-march=native", "-mprefer-vector-width=512"]
