@@ -16,6 +16,7 @@ fp32 and bf16 (autocast for the head; bf16 tensors for the rest, as autocast pro
 round-robin (``_machine.round_robin``); the report gives median milliseconds and ours / stock.
 
     python benchmarks/step_parts.py --steps 7 --json parts.json
+    python benchmarks/step_parts.py --precisions fp32      # a CPU without avx512_bf16/AMX: bf16 is emulated there
 """
 
 from __future__ import annotations
@@ -30,13 +31,18 @@ from _machine import add_machine_args, machine_header, round_robin, start, write
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=7, help="timed rounds (after one warm-up)")
+    ap.add_argument("--precisions", default="fp32,bf16",
+                    help="comma-separated: fp32, bf16 (a CPU without native bf16 emulates its products: fp32 only)")
     add_machine_args(ap)
     args = ap.parse_args()
     start(args)
 
     info, line = machine_header()
     print(line)
-    cases = _cases()
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    if not precisions or set(precisions) - {"fp32", "bf16"}:
+        raise SystemExit(f"error: --precisions takes fp32 and/or bf16, got {args.precisions!r}")
+    cases = _cases(precisions)
     variants = [(part, prec, impl) for part, prec in cases for impl in cases[(part, prec)]]
     times = round_robin(lambda part, prec, impl: _timed(cases[(part, prec)][impl]), variants, args.steps)
     rows = []
@@ -55,7 +61,7 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def _cases() -> dict:
+def _cases(precisions: list[str]) -> dict:
     """{(part, precision): {impl: zero-argument callable}}; ``stock`` is PyTorch's own op."""
     import torch
     import torch.nn.functional as F
@@ -80,6 +86,8 @@ def _cases() -> dict:
         return run
 
     for prec, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        if prec not in precisions:
+            continue
         for part, shape in (("dropout probs", (probs_n,)), ("dropout resid", resid_shape)):
             x = torch.randn(shape, generator=g).to(dtype).requires_grad_()
             cases[(part, prec)] = {"stock": fwd_bwd(lambda t: F.dropout(t, 0.1, True), x),
