@@ -19,7 +19,6 @@ compute bit-identical outputs (it fails loudly where they do not).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import time
 from pathlib import Path
@@ -62,12 +61,13 @@ def main() -> None:
 
 
 def _load(path: Path):
-    """A built library file imported under its own name (the name PyTorch's builder gave it)."""
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    if spec is None or spec.loader is None:
+    """A built library file imported under its own name (the name PyTorch's builder gave it), as ``native`` imports
+    a cached build."""
+    from gptcli.model.kernels import native
+
+    module = native._import_built(path.parent, path.stem) if path.suffix == ".so" else None
+    if module is None:
         raise SystemExit(f"error: cannot import {path} (give the .so file of a kernel cache entry)")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     return module
 
 
