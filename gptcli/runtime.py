@@ -183,9 +183,15 @@ def peak_for_gpu_name(name: str, precision: Precision) -> float | None:
 
 @functools.lru_cache(maxsize=4)
 def measure_cpu_peak(precision: str = "fp32", n: int = 1024, seconds: float = 0.5) -> float:
-    """Measured matmul FLOP/s of this CPU with the current thread count (median of several square matmuls)."""
+    """Measured matmul FLOP/s of this CPU with the current thread count (median of several square matmuls of
+    side ``n``, for about ``seconds``).
+
+    A CPU without native bf16 products (no ``avx512_bf16``/AMX: oneDNN emulates them at ~0.3 GFLOP/s, 200× below
+    fp32) would need a minute per 2048² product; the side then shrinks to what fits the time asked
+    (:func:`_affordable_side`), since such a peak only has to show how slow the precision is here."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     g = torch.Generator().manual_seed(0)  # never touch the global RNG: training runs must stay reproducible
+    n = _affordable_side(dtype, n, seconds, g)
     a = torch.randn(n, n, generator=g).to(dtype)
     b = torch.randn(n, n, generator=g).to(dtype)
     torch.mm(a, b)  # warm-up
@@ -197,6 +203,28 @@ def measure_cpu_peak(precision: str = "fp32", n: int = 1024, seconds: float = 0.
         times.append(time.perf_counter() - t0)
     times.sort()
     return 2.0 * n**3 / times[len(times) // 2]
+
+
+# The probe's side: 34 MFLOP, 0.1 s where bf16 is emulated, a millisecond where it is not.
+_PROBE_SIDE = 256
+
+
+def _affordable_side(dtype: torch.dtype, n: int, seconds: float, g: torch.Generator) -> int:
+    """``n``, unless one ``n``-sided product would take longer than all of ``seconds`` at the rate a small probe
+    product runs: then the largest multiple of 64 (at least the probe's side) whose product takes a quarter of it,
+    so that the warm-up and three timed products fit. A native BLAS is never near that bound (a 2048² fp32 product
+    in 2 s would be 9 GFLOP/s; the probe underestimates the rate of large products by at most 2-3×)."""
+    if n <= _PROBE_SIDE:
+        return n
+    a = torch.randn(_PROBE_SIDE, _PROBE_SIDE, generator=g).to(dtype)
+    torch.mm(a, a)  # warm-up: the first product pays for thread start and packing buffers
+    t0 = time.perf_counter()
+    torch.mm(a, a)
+    rate = 2.0 * _PROBE_SIDE**3 / max(time.perf_counter() - t0, 1e-9)
+    if 2.0 * n**3 / rate <= seconds:
+        return n
+    side = int((rate * seconds / 4 / 2.0) ** (1 / 3)) // 64 * 64
+    return max(_PROBE_SIDE, min(n, side))
 
 
 def peak_flops(device: torch.device, precision: Precision, given: float | None = None) -> float | None:

@@ -308,6 +308,40 @@ def test_bf16_asked_on_a_cpu_that_only_emulates_it_is_warned_about(monkeypatch, 
     assert runtime.precision_warning("bf16", cpu) is None
 
 
+class _MatmulClock:
+    """A clock that only torch.mm moves: each product "takes" 2n³ / ``rate`` seconds and its side is recorded."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate, self.now, self.sides = rate, 0.0, []
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def mm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        self.now += 2.0 * a.shape[0] ** 3 / self.rate
+        self.sides.append(a.shape[0])
+        return a
+
+
+@pytest.mark.parametrize("rate, side", [(0.27e9, 384), (2e9, 768), (60e9, 2048)])
+def test_the_cpu_peak_measurement_stays_short_where_products_are_emulated(monkeypatch, rate, side):
+    """Zen 3 emulates bf16 products at 0.27 GFLOP/s: the benchmarks' 2048² peak probe took 64 s a product and over
+    4 minutes per benchmark run (and per test that runs one). The side now shrinks to what the time asked allows;
+    a native rate keeps the side asked for."""
+    from gptcli import runtime
+
+    clock = _MatmulClock(rate)
+    monkeypatch.setattr(runtime, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    monkeypatch.setattr(torch, "mm", clock.mm)
+    runtime.measure_cpu_peak.cache_clear()
+    try:
+        peak = runtime.measure_cpu_peak("bf16", n=2048, seconds=2.0)
+    finally:
+        runtime.measure_cpu_peak.cache_clear()
+    assert peak == pytest.approx(rate) and max(clock.sides) == side
+    assert clock.now <= 2.0 + 3 * 2.0 * side**3 / rate  # the time asked, plus at most the three timed products
+
+
 @pytest.mark.parametrize("name, precision, peak", [
     ("NVIDIA H100 80GB HBM3", "bf16", 989.4e12), ("NVIDIA H100 NVL", "bf16", 835.5e12),
     ("NVIDIA H100 PCIe", "fp32", 378e12), ("NVIDIA L40", "bf16", 181e12), ("NVIDIA L4", "bf16", 121e12),
