@@ -41,7 +41,7 @@ def main() -> None:
     builds = {"now": native.library()}
     if builds["now"] is None:
         raise SystemExit(f"error: the compiled library is not available here ({native.unavailable()})")
-    print(f"now: {native.build_name()} (flags {' '.join(native.flags())}; AVX-512 loops: {builds['now'].vectorised()})")
+    print(f"now: {native.build_name()} (flags {' '.join(native.flags())}; vector row loops: {builds['now'].vector_isa() or 'none'})")
     if args.before is not None:
         builds["before"] = _load(args.before)
         _check_identical(builds["now"], builds["before"])

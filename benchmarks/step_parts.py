@@ -7,7 +7,7 @@ At GPT-1's training shapes (4 × 512 tokens, 12 heads, 40,478-token vocabulary),
   of 4 × 12 × 512² the chunked attention computes) and on a residual branch (4 × 512 × 768);
 - ``mask``: the dropout mask alone — ``keep_mask`` vs ``bernoulli_`` (what ``F.dropout`` draws);
 - ``loss``: the next-token loss on 2,048 × 40,478 logits — ``gptcli.model.kernels.losses`` (``ours``: the compiled
-  rows of ``loss.cpp`` where the library is built with AVX-512; ``blocks``: its row blocks of PyTorch ops, what
+  rows of ``loss.cpp`` where the library is built with AVX-512 or AVX2; ``blocks``: its row blocks of PyTorch ops, what
   computes elsewhere) vs ``F.cross_entropy`` of the fp32 logits (what it replaced, and what HF computes);
 - ``head``: the tied output product and the loss as training takes them, with the embedding padded to a multiple of
   64 rows (``gptcli.model.kernels.tied.training_logits``) vs the plain product (the loss: the kernel's, both).

@@ -292,8 +292,8 @@ def test_under_torch_compile_the_kernels_run_eagerly_between_graphs(lib) -> None
 def test_the_vector_loop_draws_the_scalar_loops_bits(lib, dtype: torch.dtype) -> None:
     """With AVX-512 the mask is drawn 16 units at a time; the scalar loop (other CPUs, and every tail) must make
     the very same decisions and values, NaN included, whatever the length."""
-    if not lib.vectorised():
-        pytest.skip("built without AVX-512: only the scalar loop exists here")
+    if lib.vector_isa() != "avx512":
+        pytest.skip("built without AVX-512: only the scalar loop exists here (AVX2 has no 64-bit multiplies)")
     as_int = torch.int16 if dtype == torch.bfloat16 else torch.int32
     for n in (1, 15, 16, 17, 33, 1000, 65_537, 300_001):
         x = torch.randn(n).to(dtype)
@@ -309,7 +309,8 @@ def test_the_vector_loop_draws_the_scalar_loops_bits(lib, dtype: torch.dtype) ->
 @pytest.fixture(scope="module")
 def loss_lib(lib):
     if not lib.vectorised():
-        pytest.skip("built without AVX-512: kernels/losses.py computes with PyTorch's ops (tests/model/test_losses.py)")
+        pytest.skip("built without AVX-512 or AVX2: kernels/losses.py computes with PyTorch's ops "
+                    "(tests/model/test_losses.py)")
     return lib
 
 
@@ -372,7 +373,7 @@ def test_the_softmax_backward_is_pytorchs_through_the_dropout_mask(lib, dtype: t
     """ds = d ⊙ dp − p·Σ(d ⊙ dp) with d = p ⊙ mask is the softmax's backward of mask ⊙ dp, for rows of every
     length a vector splits (tails included), with and without dropout (d = p)."""
     if not lib.vectorised():
-        pytest.skip("built without AVX-512: attention.py keeps PyTorch's ops")
+        pytest.skip("built without AVX-512 or AVX2: attention.py keeps PyTorch's ops")
     torch.manual_seed(0)
     for n in (1, 15, 16, 17, 33, 70, 128, 512):
         p = torch.softmax(3 * torch.randn(6, 5, n), dim=-1).to(dtype)

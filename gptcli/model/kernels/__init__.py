@@ -18,7 +18,7 @@ and, for dropout, which units a given seed drops (the law is the same):
 
 ``gelu.py`` and, where they can, ``dropout.py``, ``losses.py`` and ``attention.py``'s backward run C++ loops
 (``*.cpp`` here) that ``native.py`` compiles for the machine on first use; where no compiler can build them (or, for
-the loss and the softmax's backward, the CPU has no AVX-512), those kernels fall back to Python and the reference.
+the loss and the softmax's backward, the CPU has neither AVX-512 nor AVX2), those kernels fall back to Python and the reference.
 
 The switch is ``--kernels auto|reference`` on every command that runs the model (the ``kernels`` field of its
 config, applied by :func:`set_kernels` when the run starts), the environment variable ``GPT1_KERNELS`` (the field's

@@ -127,7 +127,7 @@ def _written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_of, dro
 
 
 def _softmax_library(x: torch.Tensor):
-    """The compiled library when its softmax backward (``softmax.cpp``, AVX-512) takes ``x``'s dtype here, else
+    """The compiled library when its softmax backward (``softmax.cpp``, AVX-512 or AVX2) takes ``x``'s dtype here, else
     ``None`` (PyTorch's ops then)."""
     return native.vector_library_for(x.device, x.dtype)
 

@@ -29,6 +29,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("logits"), py::arg("targets"), py::arg("lse"), py::arg("weight"), py::arg("classes"), py::arg("out"));
   m.def("softmax_backward", &gpt1::softmax_backward, "ds = d*dp - p*rowsum(d*dp), over dp (softmax.cpp)",
         py::arg("dp"), py::arg("d"), py::arg("p"));
-  m.def("vectorised", [] { return GPT1_AVX512 == 1; },
-        "whether the AVX-512 loops were built (vector.h): dropout_apply's vector loop, the loss, softmax_backward");
+  m.def("vectorised", [] { return GPT1_VECTOR_ROWS == 1; },
+        "whether the row loops were built, with AVX-512 or AVX2 (vector.h): the loss, softmax_backward");
+  m.def("vector_isa", [] { return std::string(GPT1_AVX512 ? "avx512" : GPT1_AVX2 ? "avx2" : ""); },
+        "the vector instructions the loops were built with: avx512 (dropout_apply's vector loop too), avx2 or ''");
 }

@@ -1,5 +1,6 @@
 // The next-token cross-entropy's two passes over the vocabulary-wide logits, row by row with AVX-512: compiled on
-// first use by gptcli/model/kernels/native.py (bindings.cpp), used by gptcli/model/kernels/losses.py.
+// first use by gptcli/model/kernels/native.py (bindings.cpp), used by gptcli/model/kernels/losses.py. AVX2 CPUs
+// without AVX-512 (AMD Zen 1-3, most Intel desktop CPUs) run the same passes 8 lanes wide.
 //
 // Reference: F.cross_entropy(logits[:, :classes].float(), targets, ignore_index=ignore, reduction="none") and its
 // gradient (tests/model/test_native.py, tests/model/test_losses.py). Per row r of float32 or bf16 logits x:
@@ -17,8 +18,8 @@
 // vscalefps, which also gives the underflow to 0 for very negative arguments: within 2 float ulps of the exact
 // exponential over the range that matters, as SLEEF's expf (1 ulp) that PyTorch's log-softmax uses. Sums run in 4
 // vector accumulators, so the rounding differs from PyTorch's order by float32 roundoff only. Built where the CPU
-// has AVX-512 (vector.h); elsewhere vectorised() is false and losses.py computes the same loss with PyTorch's
-// ops.
+// has AVX-512 or AVX2 (vector.h); elsewhere vectorised() is false and losses.py computes the same loss with
+// PyTorch's ops.
 
 #include "vector.h"
 
@@ -94,16 +95,99 @@ void row_grad(const T* x, T* out, int64_t classes, int64_t width, float lse, flo
   for (int64_t j = classes; j < width; j += 16) store16(out + j, zero, tail(width - j));
 }
 
+#elif GPT1_AVX2
+// The same two passes in 8 lanes (vector.h). AVX2 has no vscalefps: 2ⁿ is built in the exponent bits, as the
+// product of 2^⌊n/2⌋ and 2^(n−⌊n/2⌋), each a normal float for every n the clamp allows (−150 … 128), so that
+// y·2ⁿ is rounded once, subnormal results and underflow to 0 included, as vscalefps rounds it.
+using gpt1::vec8::lanes_below;
+using gpt1::vec8::load8;
+using gpt1::vec8::load_tail;
+using gpt1::vec8::store8;
+using gpt1::vec8::store_tail;
+
+inline __m256 exp8(__m256 x) {
+  // min/max return their second operand when either is NaN: x second keeps a NaN a NaN.
+  x = _mm256_min_ps(_mm256_set1_ps(88.7228394f), x);
+  x = _mm256_max_ps(_mm256_set1_ps(-104.0f), x);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+  const __m256i ni = _mm256_cvtps_epi32(n);  // a NaN's garbage exponent leaves y's NaN a NaN
+  const __m256i half = _mm256_srai_epi32(ni, 1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
+  const __m256 hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), bias), 23));
+  return _mm256_mul_ps(_mm256_mul_ps(y, lo), hi);
+}
+
+template <typename T>
+float row_lse(const T* x, int64_t classes) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const __m256 ninf = _mm256_set1_ps(-inf);
+  __m256 m0 = ninf, m1 = ninf;
+  int64_t j = 0;
+  for (; j + 16 <= classes; j += 16) {
+    // max(v, m): a NaN in the row reaches the sum below through exp(NaN − m) whatever the max keeps.
+    m0 = _mm256_max_ps(load8(x + j), m0);
+    m1 = _mm256_max_ps(load8(x + j + 8), m1);
+  }
+  for (; j + 8 <= classes; j += 8) m0 = _mm256_max_ps(load8(x + j), m0);
+  if (j < classes) m0 = _mm256_max_ps(load_tail(x + j, classes - j, -inf), m0);
+  const float m = gpt1::vec8::reduce_max(_mm256_max_ps(m0, m1));
+  const __m256 mv = _mm256_set1_ps(m), zero = _mm256_setzero_ps();
+  __m256 s[4] = {zero, zero, zero, zero};
+  j = 0;
+  for (; j + 32 <= classes; j += 32)
+    for (int u = 0; u < 4; ++u) s[u] = _mm256_add_ps(s[u], exp8(_mm256_sub_ps(load8(x + j + 8 * u), mv)));
+  for (; j + 8 <= classes; j += 8) s[0] = _mm256_add_ps(s[0], exp8(_mm256_sub_ps(load8(x + j), mv)));
+  if (j < classes) {
+    const __m256 e = exp8(_mm256_sub_ps(load_tail(x + j, classes - j, 0.0f), mv));
+    s[1] = _mm256_add_ps(s[1], _mm256_and_ps(e, lanes_below(classes - j)));
+  }
+  const float sum =
+      gpt1::vec8::reduce_add(_mm256_add_ps(_mm256_add_ps(s[0], s[1]), _mm256_add_ps(s[2], s[3])));
+  return m + std::log(sum);
+}
+
+// w·exp(x − lse) over 8 lanes starting at column j, less w in the target's lane (before the single rounding).
+inline __m256 grad8(__m256 x, __m256 shift, __m256 wv, int64_t j, int64_t target) {
+  __m256 g = _mm256_mul_ps(wv, exp8(_mm256_sub_ps(x, shift)));
+  if (target >= j && target < j + 8) {
+    const __m256i lane = _mm256_set1_epi32(static_cast<int>(target - j));
+    const __m256 at = _mm256_castsi256_ps(_mm256_cmpeq_epi32(lane, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+    g = _mm256_sub_ps(g, _mm256_and_ps(wv, at));
+  }
+  return g;
+}
+
+template <typename T>
+void row_grad(const T* x, T* out, int64_t classes, int64_t width, float lse, float w, int64_t target) {
+  const __m256 shift = _mm256_set1_ps(lse), wv = _mm256_set1_ps(w), zero = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= classes; j += 8) store8(out + j, grad8(load8(x + j), shift, wv, j, target));
+  if (j < classes) store_tail(out + j, grad8(load_tail(x + j, classes - j, 0.0f), shift, wv, j, target), classes - j);
+  for (j = classes; j + 8 <= width; j += 8) store8(out + j, zero);
+  if (j < width) store_tail(out + j, zero, width - j);
+}
+
 #else
 template <typename T>
 float row_lse(const T*, int64_t) {
-  TORCH_CHECK(false, "built without AVX-512: vectorised() is false");
+  TORCH_CHECK(false, "built without AVX-512 or AVX2: vectorised() is false");
   return 0.0f;
 }
 
 template <typename T>
 void row_grad(const T*, T*, int64_t, int64_t, float, float, int64_t) {
-  TORCH_CHECK(false, "built without AVX-512: vectorised() is false");
+  TORCH_CHECK(false, "built without AVX-512 or AVX2: vectorised() is false");
 }
 #endif
 

@@ -1,7 +1,7 @@
 """The next-token cross-entropy on CPU over blocks of rows, with its own backward.
 
 Reference: ``F.cross_entropy(logits.float(), targets, ignore_index=IGNORE)`` (gptcli/model/losses.py), the same
-values and gradients (tests/model/test_losses.py). Where the compiled library is built with AVX-512, both passes
+values and gradients (tests/model/test_losses.py). Where the compiled library is built with AVX-512 or AVX2, both passes
 are its rows (``loss.cpp``: each row's log-sum-exp, then the gradient in one pass); elsewhere, blocks of rows of
 PyTorch's ops.
 """
@@ -35,7 +35,7 @@ def next_token_nll(logits: torch.Tensor, targets: torch.Tensor, reduction: str, 
 
 
 def _compiled(logits: torch.Tensor):
-    """The compiled library when its two passes (``loss.cpp``: AVX-512) can take these logits (a matrix of
+    """The compiled library when its two passes (``loss.cpp``: AVX-512 or AVX2) can take these logits (a matrix of
     contiguous rows, float32 or bf16, on the CPU), else ``None``: the blocks of PyTorch ops below then compute the
     same loss."""
     return native.vector_library_for(logits.device, logits.dtype) if logits.stride(1) == 1 else None

@@ -120,7 +120,7 @@ def library_for(device: torch.device | str, dtype: torch.dtype) -> ModuleType | 
 
 
 def vector_library_for(device: torch.device | str, dtype: torch.dtype) -> ModuleType | None:
-    """:func:`library_for` when the library was built with its AVX-512 loops (``vector.h``: the loss's passes, the
+    """:func:`library_for` when the library was built with its vector row loops (AVX-512 or AVX2, ``vector.h``: the loss's passes, the
     attention softmax's backward), else ``None``."""
     lib = library_for(device, dtype)
     return lib if lib is not None and lib.vectorised() else None

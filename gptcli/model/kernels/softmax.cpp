@@ -8,8 +8,8 @@
 // test_attention.py). PyTorch computes it in three passes over the T × T block (a product, a row sum, a fused
 // multiply-add; or a mask and its softmax backward), reading and writing the block six or seven times; here each
 // row is read once for its sum and once more, from L1 (a row is at most 512 values), for ds, written over dp.
-// float32 or bf16 (sums in float32, one rounding at the store). AVX-512 where the CPU has it (vector.h); elsewhere
-// vectorised() is false and attention.py keeps PyTorch's ops.
+// float32 or bf16 (sums in float32, one rounding at the store). AVX-512 where the CPU has it, else AVX2's 8 lanes
+// (vector.h); elsewhere vectorised() is false and attention.py keeps PyTorch's ops.
 
 #include "vector.h"
 
@@ -40,10 +40,37 @@ void backward_row(T* dp, const T* d, const T* p, int64_t n) {
   }
 }
 
+#elif GPT1_AVX2
+using gpt1::vec8::load8;
+using gpt1::vec8::load_tail;
+using gpt1::vec8::store8;
+using gpt1::vec8::store_tail;
+
+template <typename T>
+void backward_row(T* dp, const T* d, const T* p, int64_t n) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    acc0 = _mm256_fmadd_ps(load8(d + j), load8(dp + j), acc0);
+    acc1 = _mm256_fmadd_ps(load8(d + j + 8), load8(dp + j + 8), acc1);
+  }
+  for (; j + 8 <= n; j += 8) acc0 = _mm256_fmadd_ps(load8(d + j), load8(dp + j), acc0);
+  if (j < n) acc1 = _mm256_fmadd_ps(load_tail(d + j, n - j, 0.0f), load_tail(dp + j, n - j, 0.0f), acc1);
+  const __m256 sum = _mm256_set1_ps(gpt1::vec8::reduce_add(_mm256_add_ps(acc0, acc1)));
+  for (j = 0; j + 8 <= n; j += 8)
+    store8(dp + j, _mm256_fnmadd_ps(load8(p + j), sum, _mm256_mul_ps(load8(d + j), load8(dp + j))));
+  if (j < n) {
+    const int64_t left = n - j;
+    const __m256 ds = _mm256_fnmadd_ps(load_tail(p + j, left, 0.0f), sum,
+                                       _mm256_mul_ps(load_tail(d + j, left, 0.0f), load_tail(dp + j, left, 0.0f)));
+    store_tail(dp + j, ds, left);
+  }
+}
+
 #else
 template <typename T>
 void backward_row(T*, const T*, const T*, int64_t) {
-  TORCH_CHECK(false, "built without AVX-512: vectorised() is false");
+  TORCH_CHECK(false, "built without AVX-512 or AVX2: vectorised() is false");
 }
 #endif
 

@@ -1,7 +1,11 @@
-// What the AVX-512 loops of this folder share: 16 float32 or bf16 lanes loaded as floats and stored back (bf16
-// rounded to nearest-even, NaN kept a NaN: elementwise.h's scalar store, lane by lane), the first `mask` lanes of a
-// row's tail only. GPT1_AVX512 is 1 where the CPU has AVX-512 F, BW (bf16's masked 16-bit loads) and DQ (dropout's
-// 64-bit multiplies), as every AVX-512 CPU since Skylake-SP does; elsewhere the loops' scalar forms compile instead.
+// What the vector loops of this folder share. With AVX-512: 16 float32 or bf16 lanes loaded as floats and stored
+// back (bf16 rounded to nearest-even, NaN kept a NaN: elementwise.h's scalar store, lane by lane), the first `mask`
+// lanes of a row's tail only. GPT1_AVX512 is 1 where the CPU has AVX-512 F, BW (bf16's masked 16-bit loads) and DQ
+// (dropout's 64-bit multiplies), as every AVX-512 CPU since Skylake-SP does. Without it, GPT1_AVX2 is 1 where the
+// CPU has AVX2 and FMA (every x86 CPU since Haswell and Zen 1): 8 lanes, and a row's tail (fewer than 8 elements)
+// goes through an 8-float buffer, since AVX2 has no masked 16-bit loads. GPT1_VECTOR_ROWS is 1 with either: the
+// row loops of loss.cpp and softmax.cpp exist in both widths; dropout's vector loop needs AVX-512 (DQ's 64-bit
+// multiplies). Elsewhere the loops' scalar forms (or the callers' PyTorch ops) compute instead.
 #pragma once
 
 #include "elementwise.h"
@@ -41,3 +45,72 @@ inline void store16(uint16_t* p, __m512 v, __mmask16 mask = kAll) {
 #else
 #define GPT1_AVX512 0
 #endif
+
+#if !GPT1_AVX512 && defined(__AVX2__) && defined(__FMA__)
+#define GPT1_AVX2 1
+#include <immintrin.h>
+
+namespace gpt1::vec8 {
+
+// 8 lanes from p widened to float.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// v to p's 8 lanes; bf16 rounded as elementwise.h's scalar store (nearest-even, a NaN stays a NaN).
+inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+inline void store8(uint16_t* p, __m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  const __m256i out = _mm256_blendv_epi8(rounded, quiet, nan);  // 32-bit lanes, each ≤ 0xffff
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(out), _mm256_extracti128_si256(out, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+
+// All-ones in the first `left` lanes (left < 8: a row's tail), zero in the others.
+inline __m256 lanes_below(int64_t left) {
+  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), iota));
+}
+
+// A row's tail: its `left` (< 8) elements widened to float, the other lanes `fill`.
+template <typename T>
+inline __m256 load_tail(const T* p, int64_t left, float fill) {
+  alignas(32) float buf[8];
+  for (int i = 0; i < 8; ++i) buf[i] = i < left ? gpt1::load(p, i) : fill;
+  return _mm256_load_ps(buf);
+}
+
+// The first `left` (< 8) lanes of v to p, each rounded as the scalar store does.
+template <typename T>
+inline void store_tail(T* p, __m256 v, int64_t left) {
+  alignas(32) float buf[8];
+  _mm256_store_ps(buf, v);
+  for (int64_t i = 0; i < left; ++i) gpt1::store(p, i, buf[i]);
+}
+
+inline float reduce_add(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+inline float reduce_max(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
+}  // namespace gpt1::vec8
+
+#else
+#define GPT1_AVX2 0
+#endif
+
+#define GPT1_VECTOR_ROWS (GPT1_AVX512 || GPT1_AVX2)
