@@ -28,24 +28,28 @@
 
 namespace {
 
+// Cephes' expf, for both vector widths below: the clamp (the largest float argument; below −104 every result rounds
+// to 0, and 2ⁿ stays within what the scaling handles), ln 2 in two parts for the reduction, and the degree-5
+// polynomial, highest power first.
+constexpr float kExpMax = 88.7228394f, kExpMin = -104.0f, kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kExpPoly[] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                              4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
 #if GPT1_AVX512
 using gpt1::vec::tail;
 using gpt1::vec::store16;
 
 inline __m512 exp16(__m512 x) {
   // min/max return their second operand when either is NaN: x second keeps a NaN a NaN.
-  x = _mm512_min_ps(_mm512_set1_ps(88.7228394f), x);
-  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+  x = _mm512_min_ps(_mm512_set1_ps(kExpMax), x);
+  x = _mm512_max_ps(_mm512_set1_ps(kExpMin), x);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
   const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(y, n);
 }
@@ -107,18 +111,14 @@ using gpt1::vec8::store_tail;
 
 inline __m256 exp8(__m256 x) {
   // min/max return their second operand when either is NaN: x second keeps a NaN a NaN.
-  x = _mm256_min_ps(_mm256_set1_ps(88.7228394f), x);
-  x = _mm256_max_ps(_mm256_set1_ps(-104.0f), x);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+  x = _mm256_min_ps(_mm256_set1_ps(kExpMax), x);
+  x = _mm256_max_ps(_mm256_set1_ps(kExpMin), x);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpPoly[i]));
   const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
   const __m256i ni = _mm256_cvtps_epi32(n);  // a NaN's garbage exponent leaves y's NaN a NaN
   const __m256i half = _mm256_srai_epi32(ni, 1);
@@ -162,7 +162,7 @@ inline __m256 grad8(__m256 x, __m256 shift, __m256 wv, int64_t j, int64_t target
   __m256 g = _mm256_mul_ps(wv, exp8(_mm256_sub_ps(x, shift)));
   if (target >= j && target < j + 8) {
     const __m256i lane = _mm256_set1_epi32(static_cast<int>(target - j));
-    const __m256 at = _mm256_castsi256_ps(_mm256_cmpeq_epi32(lane, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+    const __m256 at = _mm256_castsi256_ps(_mm256_cmpeq_epi32(lane, gpt1::vec8::lane_index()));
     g = _mm256_sub_ps(g, _mm256_and_ps(wv, at));
   }
   return g;

@@ -73,10 +73,12 @@ inline void store8(uint16_t* p, __m256 v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
 }
 
+// Each lane's index, 0 … 7.
+inline __m256i lane_index() { return _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7); }
+
 // All-ones in the first `left` lanes (left < 8: a row's tail), zero in the others.
 inline __m256 lanes_below(int64_t left) {
-  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), iota));
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(left)), lane_index()));
 }
 
 // A row's tail: its `left` (< 8) elements widened to float, the other lanes `fill`.
