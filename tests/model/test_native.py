@@ -5,12 +5,18 @@ computes the reference instead."""
 from __future__ import annotations
 
 import math
+import os
+import platform
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from gptcli.errors import GPT1Error
 from gptcli.model import kernels
 from gptcli.model.activation import gelu
 from gptcli.model.kernels import native
@@ -202,6 +208,62 @@ def test_the_build_name_changes_with_what_the_code_depends_on(monkeypatch: pytes
     assert native.build_name() != name
 
 
+def _cpu_has(*flags: str) -> bool:
+    try:
+        words = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return False
+    return set(flags) <= words
+
+
+_X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+def test_the_library_is_built_for_the_instructions_asked(lib) -> None:
+    """``vector_isa()`` is what ``GPT1_KERNEL_ISA`` and the CPU allow: AVX-512 where the CPU has F, BW and DQ unless
+    ``avx2`` was asked, else AVX2 with FMA — so the subprocess below really tests the AVX2 forms."""
+    if not _X86 or not Path("/proc/cpuinfo").is_file():
+        pytest.skip("the vector forms are x86's; their choice is read from Linux's /proc/cpuinfo")
+    avx2 = _cpu_has("avx2", "fma")
+    if native.isa() == "native" and _cpu_has("avx512f", "avx512bw", "avx512dq"):
+        assert lib.vector_isa() == "avx512"
+    else:
+        assert lib.vector_isa() == ("avx2" if avx2 else "")
+    assert lib.vectorised() == (lib.vector_isa() != "")
+
+
+def test_the_instruction_set_setting_is_checked_and_names_its_own_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(native.ISA_ENV, raising=False)
+    name = native.build_name()
+    monkeypatch.setenv(native.ISA_ENV, "sse2")
+    with pytest.raises(GPT1Error, match="GPT1_KERNEL_ISA: expected one of native, avx2, got 'sse2'"):
+        native.build_name()
+    if _X86:
+        monkeypatch.setenv(native.ISA_ENV, "avx2")
+        assert "-mno-avx512f" in native.flags() and native.build_name() != name
+    monkeypatch.setenv(native.ISA_ENV, "")
+    assert native.isa() == "native" and native.build_name() == name
+
+
+@pytest.mark.slow
+def test_the_avx2_forms_pass_these_tests_on_an_avx512_cpu() -> None:
+    """An AVX-512 machine (most CI and development machines) builds the AVX2 forms only when asked: this file's
+    tests run again in a subprocess against a library built with ``GPT1_KERNEL_ISA=avx2`` — the loss, the softmax's
+    backward and dropout's vector loop as AMD Zen 1-3 run them. One more build (about a minute on 2 cores, cached)."""
+    if not _X86 or not _cpu_has("avx512f", "avx512bw", "avx512dq", "avx2", "fma"):
+        pytest.skip("no AVX-512 here: the library built for this CPU is the AVX2 (or scalar) one, tested above")
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler")
+    if native.isa() == "avx2":
+        pytest.skip("this run is the AVX2 one")
+    env = {**os.environ, native.ISA_ENV: "avx2"}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", __file__,
+                          "-k", "not avx2_forms_pass"], env=env, capture_output=True, text=True, timeout=1800)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-4000:]
+    assert "built without AVX-512 or AVX2" not in out and " passed" in out, out[-4000:]
+
+
 def test_float_comparisons_may_be_vectorised_without_masked_instructions() -> None:
     # Without -fno-trapping-math GCC kept GELU's clamp and the dropout's keep test as branches on an AVX2-only CPU
     # (AMD Zen 3, no masked vector instructions): the loops stayed scalar and the compiled GELU ran at half PyTorch's
@@ -290,17 +352,19 @@ def test_under_torch_compile_the_kernels_run_eagerly_between_graphs(lib) -> None
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_vector_loop_draws_the_scalar_loops_bits(lib, dtype: torch.dtype) -> None:
-    """With AVX-512 the mask is drawn 16 units at a time; the scalar loop (other CPUs, and every tail) must make
-    the very same decisions and values, NaN included, whatever the length."""
-    if lib.vector_isa() != "avx512":
-        pytest.skip("built without AVX-512: only the scalar loop exists here (AVX2 has no 64-bit multiplies)")
+    """With AVX-512 or AVX2 the mask is drawn 16 units at a time; the scalar loop (other CPUs, and every tail) must
+    make the very same decisions and values, NaN, ±0 and ±∞ included, whatever the length and threshold."""
+    if not lib.vectorised():
+        pytest.skip("built without AVX-512 or AVX2: only the scalar loop exists here")
     as_int = torch.int16 if dtype == torch.bfloat16 else torch.int32
     for n in (1, 15, 16, 17, 33, 1000, 65_537, 300_001):
         x = torch.randn(n).to(dtype)
         x[n // 2] = float("nan")
-        vector = lib.dropout_apply(x, 987654321, threshold(0.1), 1.25, torch.empty_like(x), True)
-        scalar = lib.dropout_apply(x, 987654321, threshold(0.1), 1.25, torch.empty_like(x), False)
-        assert torch.equal(vector.view(as_int), scalar.view(as_int)), n
+        x[n // 3], x[n // 5], x[(2 * n) // 3] = -0.0, float("inf"), float("-inf")
+        for p in (0.0, 0.5, 0.999):  # the threshold's top bit set and not: the unsigned comparison
+            vector = lib.dropout_apply(x, -1234567890123456789, threshold(p), 1.5, torch.empty_like(x), True)
+            scalar = lib.dropout_apply(x, -1234567890123456789, threshold(p), 1.5, torch.empty_like(x), False)
+            assert torch.equal(vector.view(as_int), scalar.view(as_int)), (n, p)
 
 
 # --- the loss (loss.cpp) ----------------------------------------------------------------------------------------

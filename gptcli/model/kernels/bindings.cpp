@@ -30,7 +30,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("softmax_backward", &gpt1::softmax_backward, "ds = d*dp - p*rowsum(d*dp), over dp (softmax.cpp)",
         py::arg("dp"), py::arg("d"), py::arg("p"));
   m.def("vectorised", [] { return GPT1_VECTOR_ROWS == 1; },
-        "whether the row loops were built, with AVX-512 or AVX2 (vector.h): the loss, softmax_backward");
+        "whether the vector loops were built, with AVX-512 or AVX2 (vector.h): the loss, softmax_backward, "
+        "dropout_apply's");
   m.def("vector_isa", [] { return std::string(GPT1_AVX512 ? "avx512" : GPT1_AVX2 ? "avx2" : ""); },
-        "the vector instructions the loops were built with: avx512 (dropout_apply's vector loop too), avx2 or ''");
+        "the vector instructions the loops were built with: avx512, avx2 or ''");
 }

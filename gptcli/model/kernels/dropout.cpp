@@ -8,7 +8,8 @@
 // block's first eight elements and its high half for the last eight. An element is kept when its 32 bits are
 // ≥ `threshold` = round(p·2³²): dropped with probability threshold/2³², the law of kernels/dropout.py's keep_mask.
 // The decisions depend on (seed, i) only, never on the thread count or the instruction set: with AVX-512 a block
-// is one vector of 8 hashes and 16 elements, otherwise the scalar loop computes the same bits.
+// is one vector of 8 hashes and 16 elements, with AVX2 two vectors of 4 hashes (the 64-bit multiplies made of
+// 32-bit ones) deciding two vectors of 8 elements, otherwise the scalar loop computes the same bits.
 
 #include "vector.h"
 
@@ -64,6 +65,59 @@ void apply_vector(const T* x, T* out, int64_t block_begin, int64_t block_end, ui
   for (int64_t b = block_begin; b < block_end; ++b)
     store16(out + b * 16, _mm512_maskz_mul_ps(keep16(seed, b, t), load16(x + b * 16), s));
 }
+#elif GPT1_AVX2
+// AVX2 has no 64-bit multiply: a·m mod 2⁶⁴ = a_lo·m_lo + ((a_lo·m_hi + a_hi·m_lo) << 32), three 32 × 32 → 64-bit
+// products (vpmuludq) per lane; the m's are constants.
+inline __m256i mul64(__m256i a, uint64_t m) {
+  const __m256i lo = _mm256_set1_epi64x(static_cast<int64_t>(m & 0xffffffffULL));
+  const __m256i hi = _mm256_set1_epi64x(static_cast<int64_t>(m >> 32));
+  const __m256i cross = _mm256_add_epi64(_mm256_mul_epu32(a, hi), _mm256_mul_epu32(_mm256_srli_epi64(a, 32), lo));
+  return _mm256_add_epi64(_mm256_mul_epu32(a, lo), _mm256_slli_epi64(cross, 32));
+}
+
+inline __m256i mix(__m256i z) {  // SplitMix64's output function, 4 lanes
+  z = mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 30)), kMix1);
+  z = mul64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 27)), kMix2);
+  return _mm256_xor_si256(z, _mm256_srli_epi64(z, 31));
+}
+
+// The block's 8 hashes as two vectors of 4, returned as their low halves (elements 0-7) and high halves (8-15),
+// each in lane order. The counter's product by γ is a sum: seed + (8·block + 1)·γ, plus lane·γ (constants).
+inline void draw16(uint64_t seed, int64_t block, __m256i& low, __m256i& high) {
+  const uint64_t base = seed + static_cast<uint64_t>(block * 8 + 1) * kGamma;
+  const __m256i b = _mm256_set1_epi64x(static_cast<int64_t>(base));
+  const auto step = [](uint64_t k) { return static_cast<int64_t>(k * kGamma); };
+  const __m256i a = mix(_mm256_add_epi64(b, _mm256_setr_epi64x(0, step(1), step(2), step(3))));
+  const __m256i c = mix(_mm256_add_epi64(b, _mm256_setr_epi64x(step(4), step(5), step(6), step(7))));
+  // 32-bit halves of a: a0l a0h a1l a1h | a2l a2h a3l a3h; shuffle_ps takes halves from a and c within each
+  // 128-bit lane (a0 a1 c0 c1 | a2 a3 c2 c3), the 64-bit permute restores hash order (a0 a1 a2 a3 c0 c1 c2 c3).
+  const __m256 af = _mm256_castsi256_ps(a), cf = _mm256_castsi256_ps(c);
+  low = _mm256_permute4x64_epi64(_mm256_castps_si256(_mm256_shuffle_ps(af, cf, _MM_SHUFFLE(2, 0, 2, 0))),
+                                 _MM_SHUFFLE(3, 1, 2, 0));
+  high = _mm256_permute4x64_epi64(_mm256_castps_si256(_mm256_shuffle_ps(af, cf, _MM_SHUFFLE(3, 1, 3, 1))),
+                                  _MM_SHUFFLE(3, 1, 2, 0));
+}
+
+inline __m256 keep8(__m256i bits, __m256i threshold) {  // all-ones where bits ≥ threshold (unsigned): max(b, t) = b
+  return _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_max_epu32(bits, threshold), bits));
+}
+
+using gpt1::vec8::load8;
+using gpt1::vec8::store8;
+
+template <typename T>
+void apply_vector(const T* x, T* out, int64_t block_begin, int64_t block_end, uint64_t seed, uint32_t threshold,
+                  float scale) {
+  const __m256i t = _mm256_set1_epi32(static_cast<int>(threshold));
+  const __m256 s = _mm256_set1_ps(scale);
+  for (int64_t b = block_begin; b < block_end; ++b) {
+    __m256i low, high;
+    draw16(seed, b, low, high);
+    // A dropped unit is +0 (the AND clears its bits), as the scalar loop's `keep ? v : 0.0f`.
+    store8(out + b * 16, _mm256_and_ps(keep8(low, t), _mm256_mul_ps(load8(x + b * 16), s)));
+    store8(out + b * 16 + 8, _mm256_and_ps(keep8(high, t), _mm256_mul_ps(load8(x + b * 16 + 8), s)));
+  }
+}
 #else
 template <typename T>
 void apply_vector(const T* x, T* out, int64_t block_begin, int64_t block_end, uint64_t seed, uint32_t threshold,
@@ -75,7 +129,8 @@ void apply_vector(const T* x, T* out, int64_t block_begin, int64_t block_end, ui
 template <typename T>
 void apply_loop(const T* x, T* out, int64_t n, uint64_t seed, uint32_t threshold, float scale, bool vector) {
   // `out` may be `x` (in place): each element is read before it is written, by the same iteration. Whole blocks of
-  // 16 go to the vector loop (when built with AVX-512 and `vector`), the tail to the scalar one: the same bits.
+  // 16 go to the vector loop (when built with AVX-512 or AVX2 and `vector`), the tail to the scalar one: the same
+  // bits.
   const int64_t blocks = n / 16;
   at::parallel_for(0, blocks, kGrain / 16, [&](int64_t begin, int64_t end) {
     if (vector) apply_vector(x, out, begin, end, seed, threshold, scale);

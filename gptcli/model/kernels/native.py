@@ -29,6 +29,8 @@ from types import ModuleType
 
 import torch
 
+from gptcli.errors import GPT1Error
+
 SOURCES: tuple[str, ...] = ("bindings.cpp", "dropout.cpp", "gelu.cpp", "loss.cpp", "softmax.cpp")
 HEADERS: tuple[str, ...] = ("elementwise.h", "vector.h")
 """The C++ files of this folder compiled into the one library (with :data:`HEADERS`, the headers they share)."""
@@ -42,17 +44,43 @@ CACHE_ENV = "GPT1_KERNEL_CACHE"
 _failure: str | None = None  # why the last build or load failed
 
 
+ISA_ENV = "GPT1_KERNEL_ISA"
+"""Environment variable choosing the instructions the library is built for (:data:`ISAS`; unset or empty:
+``native``)."""
+
+ISAS: tuple[str, ...] = ("native", "avx2")
+"""``native``: everything this CPU has (``-march=native``). ``avx2``: the same without AVX-512 (x86 only), so that an
+AVX-512 machine builds, runs and tests the AVX2 forms the loops take on AMD Zen 1-3 and most desktop CPUs
+(tests/model/test_native.py builds it so in a subprocess); a separate build, cached under its own name."""
+
+
+def isa() -> str:
+    """``$GPT1_KERNEL_ISA`` (one of :data:`ISAS`), else ``native``; anything else is a one-line :class:`GPT1Error`."""
+    value = os.environ.get(ISA_ENV, "") or "native"
+    if value not in ISAS:
+        raise GPT1Error(f"{ISA_ENV}: expected one of {', '.join(ISAS)}, got {value!r} (unset it to build for this CPU)")
+    if value == "avx2" and not _is_x86():
+        raise GPT1Error(f"{ISA_ENV}=avx2 needs an x86 CPU, this is {platform.machine()} (unset it)")
+    return value
+
+
+def _is_x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
 def flags() -> list[str]:
     """Compiler flags: optimised, OpenMP for ``at::parallel_for`` (PyTorch's intra-op threads), and on x86 this
-    CPU's instruction set with 512-bit vectors where it has them (measured 1.2× over 256-bit on an AVX-512 Xeon).
+    CPU's instruction set with 512-bit vectors where it has them (measured 1.2× over 256-bit on an AVX-512 Xeon),
+    or without AVX-512 under ``GPT1_KERNEL_ISA=avx2`` (:data:`ISAS`).
 
     ``-fno-trapping-math``: the loops never read the floating-point exception flags, and without it GCC keeps a
     float comparison (GELU's clamp, bf16's NaN test, dropout's keep test) as a branch wherever the CPU has no masked
     vector instructions, so on an AVX2-only CPU (AMD Zen 3) the elementwise loops stayed scalar: GELU ran at half
     PyTorch's speed (docs/performance.md, Zen 3). It changes no value (that would take ``-ffast-math``'s other parts)."""
     out = ["-O3", "-fno-trapping-math", "-fopenmp"]
-    if platform.machine().lower() in ("x86_64", "amd64"):
-        out += ["-march=native", "-mprefer-vector-width=512"]
+    if _is_x86():
+        # -mno-avx512f turns off every AVX-512 extension with it (vector.h then takes its AVX2 forms).
+        out += ["-march=native", "-mno-avx512f"] if isa() == "avx2" else ["-march=native", "-mprefer-vector-width=512"]
     return out
 
 
@@ -158,5 +186,5 @@ def unavailable() -> str | None:
     return _failure if library() is None else None
 
 
-__all__ = ["CACHE_ENV", "DTYPES", "HEADERS", "SOURCES", "build_name", "cache_root", "flags", "is_built", "library",
-           "library_for", "unavailable", "vector_library_for"]
+__all__ = ["CACHE_ENV", "DTYPES", "HEADERS", "ISAS", "ISA_ENV", "SOURCES", "build_name", "cache_root", "flags", "is_built",
+           "isa", "library", "library_for", "unavailable", "vector_library_for"]

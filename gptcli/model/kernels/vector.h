@@ -4,8 +4,8 @@
 // (dropout's 64-bit multiplies), as every AVX-512 CPU since Skylake-SP does. Without it, GPT1_AVX2 is 1 where the
 // CPU has AVX2 and FMA (every x86 CPU since Haswell and Zen 1): 8 lanes, and a row's tail (fewer than 8 elements)
 // goes through an 8-float buffer, since AVX2 has no masked 16-bit loads. GPT1_VECTOR_ROWS is 1 with either: the
-// row loops of loss.cpp and softmax.cpp exist in both widths; dropout's vector loop needs AVX-512 (DQ's 64-bit
-// multiplies). Elsewhere the loops' scalar forms (or the callers' PyTorch ops) compute instead.
+// row loops of loss.cpp and softmax.cpp and dropout.cpp's vector loop exist in both widths (AVX2's 64-bit
+// multiplies made of 32-bit ones). Elsewhere the loops' scalar forms (or the callers' PyTorch ops) compute instead.
 #pragma once
 
 #include "elementwise.h"
