@@ -120,3 +120,38 @@ def test_on_an_amx_cpu_fp32_keeps_the_plain_product_and_bf16_training_the_padded
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert padding.padding_is_faster(h, w, training=True)
             assert not padding.padding_is_faster(h, w)
+
+
+def test_fine_tunings_auxiliary_loss_takes_the_amx_padded_product_under_bf16(monkeypatch):
+    """``lm_token_nll`` (the per-token loss of fine-tuning's auxiliary LM objective) under bf16 autocast takes the
+    AMX padded product on an AMX CPU — the plain bf16 product's per-token losses and gradients — and keeps the
+    plain product without AMX, where the padded one measured slower."""
+    from gptcli.model.gpt import GPT, ModelConfig
+    from gptcli.model.kernels import tied as padding
+
+    kernels.set_kernels("auto")
+    monkeypatch.setattr(padding, "PAD_MIN_POSITIONS", 8)
+    monkeypatch.setattr(padding, "AMX_COLUMNS", 48)
+    calls = []
+    real = padding._AmxPaddedProduct.forward
+    monkeypatch.setattr(padding._AmxPaddedProduct, "forward", staticmethod(lambda *a: calls.append(1) or real(*a)))
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=32, n_layer=1, n_head=2, n_inner=64)).eval()
+    ids = torch.randint(0, 101, (4, 16))
+    targets = ids[:, 1:].clone()
+    targets[0, -3:] = -100  # ignored positions lose nothing
+    results = []
+    for amx in (False, True):
+        monkeypatch.setattr(kernels, "_amx_forced", amx)
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            nll = model.lm_token_nll(model(ids[:, :-1]), targets)
+        nll.sum().backward()
+        results.append((nll.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        assert len(calls) == int(amx)
+    (ref_nll, ref_grads), (nll, grads) = results
+    assert nll.shape == (targets.numel(),) and (nll.view_as(targets)[0, -3:] == 0).all()  # one per target
+    torch.testing.assert_close(nll, ref_nll, atol=1e-3, rtol=1e-3)
+    for name, g in grads.items():
+        assert g.dtype == torch.float32 and g.is_contiguous(), name
+        torch.testing.assert_close(g, ref_grads[name], atol=1e-3, rtol=2e-2, msg=name)
