@@ -53,12 +53,12 @@ class TiedEmbeddingLM(nn.Module):
         """Next-token cross-entropy of each of ``targets`` (reduction "none") given hidden states ``h``: fine-tuning's
         auxiliary loss, averaged per sequence by its caller.
 
-        With the kernels on (CPU), a batch large enough takes the padded product's logits whole, as :meth:`lm_nll`
-        does: the padding's columns get a zero gradient, where the sliced logits of :meth:`lm_logits` send back a
-        zero-filled copy of the whole padded product's gradient. That holds in fp32 and, on an AMX CPU, under bf16
-        autocast (the AMX padded product, 1.0-1.3× the plain one's speed for the head and loss at 1,100-2,000
-        positions); under bf16 autocast without AMX the plain product measured faster at fine-tuning's
-        micro-batches of about a thousand positions (AMD Zen 4, docs/performance.md)."""
+        With the kernels on (CPU), a batch large enough takes the padded product's logits whole where that product is
+        the faster one (``kernels/tied.py`` ``padding_is_faster``), as :meth:`lm_nll` does: the padding's columns get a
+        zero gradient, where the sliced logits of :meth:`lm_logits` send back a zero-filled copy of the whole padded
+        product's gradient. Under bf16 autocast only on an AMX CPU (the AMX padded product: 1.0-1.3× the plain one's
+        speed for the head and loss at 1,100-2,000 positions); without AMX the plain bf16 product measured faster at
+        fine-tuning's micro-batches of about a thousand positions (AMD Zen 4, docs/performance.md)."""
         w = self.tok_emb.weight
         if kernels.enabled(w.device) and (kernels.amx() or not torch.is_autocast_enabled(w.device.type)):
             from gptcli.model.kernels.tied import training_logits
