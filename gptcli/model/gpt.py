@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptcli.model.activation import gelu
-from gptcli.model.attention import causal_attention
+from gptcli.model.attention import causal_attention, causal_self_attention
 from gptcli.model.dropout import Dropout
 from gptcli.model.packed import Packing, segment_attention
 from gptcli.model.tied import TiedEmbeddingLM
@@ -127,17 +127,17 @@ class CausalSelfAttention(nn.Module):
             # Several sequences end to end in one row: each attends causally to itself only (packed.py).
             y = segment_attention(qkv, self.n_head, dropout, packing)
             return self._project(y, rows)
+        if cache is None:
+            # Plain causal attention (attention.py: SDPA, or the CPU kernel when the kernels are on).
+            return self._project(causal_self_attention(qkv, self.n_head, dropout), rows)
         q, k, v = qkv.split(self.n_embd, dim=2)
         hd = C // self.n_head
         q = q.view(B, T, self.n_head, hd).transpose(1, 2)
         k = k.view(B, T, self.n_head, hd).transpose(1, 2)
         v = v.view(B, T, self.n_head, hd).transpose(1, 2)
-        past = 0
-        if cache is not None:
-            past = cache.pos
-            k, v = cache.update(layer, k, v)
+        past = cache.pos
+        k, v = cache.update(layer, k, v)
         if past == 0:
-            # Plain causal attention (attention.py: SDPA, or the CPU kernel when the kernels are on).
             y = causal_attention(q, k, v, dropout)
         elif T == 1:
             # One new token attends to everything cached: no mask needed.

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from gptcli.model import kernels
-from gptcli.model.attention import causal_attention
+from gptcli.model.attention import stacked_causal_attention
 
 
 @dataclass
@@ -301,8 +301,7 @@ def _shared_training_attention(x: torch.Tensor, n_head: int, s: SharedGrid, drop
 
     W = s.cells.size(1)
     group, slot = s.back // W, s.back % W
-    q, k, v = _ToGrid.apply(x, s.cells, group, slot)
-    y = masked_attention(q, k, v, s.bias(n_head, x.dtype), dropout)
+    y = masked_attention(_ToGrid.apply(x, s.cells, group, slot), s.bias(n_head, x.dtype), dropout)
     return None if y is None else _FromGrid.apply(y, group, slot)
 
 
@@ -364,7 +363,7 @@ def segment_attention(qkv: torch.Tensor, n_head: int, dropout: float, packing: P
     x = qkv[0].view(N, 3, n_head, C // n_head)
     if packing.parents is None:
         g = packing.grid(qkv.device)
-        y = causal_attention(*_ToGrid.apply(x, g.cells, g.group, g.slot), dropout)
+        y = stacked_causal_attention(_ToGrid.apply(x, g.cells, g.group, g.slot), dropout)
         return _FromGrid.apply(y, g.group, g.slot).view(1, N, C)
     s = packing.shared_grid(qkv.device)
     if qkv.requires_grad:  # training: a backward to run

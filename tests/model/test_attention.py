@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import gptcli.model.kernels.attention as attention
 from gptcli.model.kernels.attention import PATHS, attention_path, causal_attention
@@ -192,6 +193,77 @@ def test_bf16_gradients_match_sdpa(softmax_backward) -> None:
         torch.testing.assert_close(a.float(), b.float(), atol=6e-2, rtol=6e-2)
 
 
+# --- the dense per-block layout of bf16 (oneDNN's products: _DenseBlockedAttention) ---------------------------------
+
+
+def _projection(t: int, dtype: torch.dtype, seed: int, heads: int = 3, d: int = 8) -> torch.Tensor:
+    """A fused q, k, v projection (2, t, 3·heads·d), a leaf: what the model's attention reads its inputs from."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(2, t, 3 * heads * d, generator=g).to(dtype).requires_grad_()
+
+
+def _stacked(qkv: torch.Tensor, heads: int = 3) -> torch.Tensor:
+    """q, k, v as (3, B, H, T, d) strided views of ``qkv``, as the model passes them."""
+    B, T, C3 = qkv.shape
+    return qkv.view(B, T, 3, heads, C3 // 3 // heads).permute(2, 0, 3, 1, 4)
+
+
+@pytest.mark.parametrize("path", ["plain", "chunked"])
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_bf16_dense_layout_computes_the_strided_layouts_attention(softmax_backward, path: str, p: float) -> None:
+    """The dense per-block layout (bf16) against _BlockedAttention over the same bf16 inputs and dropout masks: the
+    output bit for bit (the same products on the same values), the gradients to bf16 rounding (the key and value
+    gradients are summed from fresh per-block products instead of accumulated in place)."""
+    qkv = _projection(37, torch.bfloat16, seed=9)
+    upstream = torch.randn(2, 3, 37, 8).to(torch.bfloat16)
+    torch.manual_seed(3)
+    out = attention.stacked_causal_attention(_stacked(qkv), p, path=path)
+    grad = torch.autograd.grad((out.float() * upstream.float()).sum(), qkv)[0]
+    torch.manual_seed(3)
+    bounds = (0, 9, 18, 27, 37) if path == "chunked" else (0, 37)
+    q, k, v = (x.reshape(6, 37, 8) for x in _stacked(qkv).unbind(0))
+    ref = attention._BlockedAttention.apply(q, k, v, attention._causal_bias(37, q.device, q.dtype), p, bounds)
+    grad_ref = torch.autograd.grad((ref.view(2, 3, 37, 8).float() * upstream.float()).sum(), qkv)[0]
+    assert torch.equal(out, ref.view(2, 3, 37, 8))
+    torch.testing.assert_close(grad.float(), grad_ref.float(), atol=3e-2, rtol=3e-2)
+
+
+def test_dense_layout_gradient_lands_in_the_projections_layout() -> None:
+    """The input gradient comes back with the strides of the fused projection's view: autograd then hands it to
+    the projection as it is, with no transpose or concatenation copied (the point of the layout)."""
+    qkv = _projection(37, torch.bfloat16, seed=10)
+    x = _stacked(qkv)
+    strides = []
+    x.register_hook(lambda g: strides.append(g.stride()))
+    attention.stacked_causal_attention(x, 0.1, path="chunked").float().sum().backward()
+    assert strides == [x.stride()]
+    assert qkv.grad.is_contiguous()
+
+
+@pytest.mark.parametrize("path", ["plain", "chunked"])
+def test_dense_layout_passes_gradcheck(path: str) -> None:
+    """Finite differences in float64, which takes the dense layout too (every dtype but fp32 does), from the
+    projection's strided views."""
+    qkv = _projection(19, torch.float64, seed=11, d=4)
+    assert torch.autograd.gradcheck(lambda y: attention.stacked_causal_attention(_stacked(y), 0.0, path=path), (qkv,))
+
+
+def test_model_attention_reads_the_projection_in_place() -> None:
+    """gptcli.model.attention.causal_self_attention (the model's call) equals SDPA over the split projection, in
+    outputs and the projection's gradient, kernels on (dense layout in bf16) and off."""
+    from gptcli.model import attention as model_attention
+
+    qkv = _projection(37, torch.bfloat16, seed=12)
+    upstream = torch.randn(2, 37, 24).to(torch.bfloat16)
+    out = model_attention.causal_self_attention(qkv, 3)
+    grad = torch.autograd.grad((out.float() * upstream.float()).sum(), qkv)[0]
+    q, k, v = (x.view(2, 37, 3, 8).transpose(1, 2) for x in qkv.split(24, dim=2))
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 37, 24)
+    grad_want = torch.autograd.grad((want.float() * upstream.float()).sum(), qkv)[0]
+    torch.testing.assert_close(out.float(), want.float(), atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(grad.float(), grad_want.float(), atol=6e-2, rtol=6e-2)
+
+
 # --- the shared-prefix grid's attention (``--layout shared``: masked_attention) -------------------------------------
 
 
@@ -218,7 +290,7 @@ def test_masked_attention_is_sdpa_with_the_grids_mask(grid_path: str) -> None:
     upstream = torch.randn(2, 3, 37, 8)
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=g.mask)
     grads_want = torch.autograd.grad((want * upstream).sum(), (q, k, v))
-    got = attention.masked_attention(q, k, v, g.bias(3, torch.float32))
+    got = attention.masked_attention(torch.stack((q, k, v)), g.bias(3, torch.float32))
     grads = torch.autograd.grad((got * upstream).sum(), (q, k, v))
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     for a, b in zip(grads, grads_want):
@@ -233,7 +305,7 @@ def test_masked_attention_with_dropout_has_autograds_gradients(softmax_backward,
     q, k, v = _qkv(37, seed=7)
     upstream = torch.randn(2, 3, 37, 8)
     torch.manual_seed(5)
-    out = attention.masked_attention(q, k, v, bias, p)
+    out = attention.masked_attention(torch.stack((q, k, v)), bias, p)
     grads = torch.autograd.grad((out * upstream).sum(), (q, k, v))
     torch.manual_seed(5)
     qs, ks, vs = (x.reshape(6, 37, 8) for x in (q, k, v))
@@ -256,9 +328,9 @@ def test_masked_attention_drops_only_what_a_query_sees() -> None:
     q, k, _ = _qkv(37, d=37, seed=8)
     v = torch.eye(37).expand(2, 3, 37, 37)
     with torch.no_grad():
-        probs = attention.masked_attention(q, k, v, g.bias(3, torch.float32))
+        probs = attention.masked_attention(torch.stack((q, k, v)), g.bias(3, torch.float32))
         torch.manual_seed(0)
-        out = attention.masked_attention(q, k, v, g.bias(3, torch.float32), p)
+        out = attention.masked_attention(torch.stack((q, k, v)), g.bias(3, torch.float32), p)
     visible = g.mask.expand_as(out)
     assert not out[~visible].any()
     kept = out[visible] != 0
@@ -268,4 +340,4 @@ def test_masked_attention_drops_only_what_a_query_sees() -> None:
 
 def test_masked_attention_leaves_unmeasured_dtypes_to_sdpa() -> None:
     q, k, v = _qkv(37, torch.float16)
-    assert attention.masked_attention(q, k, v, _grid().bias(3, torch.float16), 0.1) is None
+    assert attention.masked_attention(torch.stack((q, k, v)), _grid().bias(3, torch.float16), 0.1) is None

@@ -50,6 +50,13 @@ CPU_PATHS: dict[tuple[torch.dtype, bool], str] = {
 (docs/performance.md has the run). Other dtypes (fp16 on CPU: not measured) take SDPA."""
 
 
+STRIDED_DTYPES: tuple[torch.dtype, ...] = (torch.float32,)
+"""Dtypes whose batched products read strided operands in place (fp32's BLAS): they take :class:`_BlockedAttention`
+over one (B·H, T, d) copy of q, k and v, slicing blocks out of it. Every other dtype (bf16, whose products oneDNN
+runs and copies any operand that is not dense) takes :class:`_DenseBlockedAttention`. benchmarks/attention_layout.py
+adds bf16 here to time the strided layout against the dense one."""
+
+
 CHUNK_MIN_LEN = 256
 """On CPU, shorter sequences take ``plain`` whatever the table says: blocks of a few dozen queries cost more in per-op
 overhead than the skipped triangle saves, and at these lengths the written-out attention matched or beat SDPA in
@@ -84,45 +91,61 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout:
     """Causal attention of ``q``, ``k``, ``v`` (B, H, T, d) with dropout ``dropout`` on the probabilities.
 
     ``dropout`` is applied as given (the caller passes 0 outside training). ``path`` forces a path, ``block_rows``
-    the ``chunked`` path's queries per block (default ``CHUNK_ROWS``; benchmarks/attention_paths.py ``--chunks``)."""
+    the ``chunked`` path's queries per block (default ``CHUNK_ROWS``; benchmarks/attention_paths.py ``--chunks``).
+    Callers that hold q, k and v as one tensor call :func:`stacked_causal_attention` (no stacking copy)."""
     path = path or attention_path(q.device.type, q.dtype, dropout, q.size(-2))
     if path == "sdpa":
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+    return stacked_causal_attention(torch.stack((q, k, v)), dropout, path, block_rows)
+
+
+def stacked_causal_attention(x: torch.Tensor, dropout: float = 0.0, path: str | None = None,
+                             block_rows: int | None = None) -> torch.Tensor:
+    """:func:`causal_attention` of ``x`` (3, B, H, T, d): q, k and v stacked, any strides. A view of the fused
+    projection (``qkv.view(B, T, 3, H, d).permute(2, 0, 3, 1, 4)``) gets its gradient in that projection's layout,
+    with no copy to assemble it (in bf16, :class:`_DenseBlockedAttention`)."""
+    path = path or attention_path(x.device.type, x.dtype, dropout, x.size(-2))
+    if path == "sdpa":
+        return F.scaled_dot_product_attention(*x.unbind(0), dropout_p=dropout, is_causal=True)
     if path not in PATHS:
         raise ValueError(f"unknown attention path {path!r} (known: {', '.join(PATHS)})")
-    return _written_out(q, k, v, _causal_bias, dropout, path, block_rows)
+    return _written_out(x, _causal_bias, dropout, path, block_rows)
 
 
-def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
-                     dropout: float = 0.0) -> torch.Tensor | None:
-    """Attention of ``q``, ``k``, ``v`` (B, H, T, d) under an additive mask ``bias`` (B·H, T, T) that is causal
-    and more (a shared-prefix grid's: each answer also blind to the other answers), with dropout ``dropout`` on the
-    probabilities: the reference is ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)``
-    (gptcli/model/packed.py). Blocks of queries see only the keys up to their last, as :func:`causal_attention`'s;
-    ``bias`` must be in the dtype the products run in (the autocast dtype, else ``q``'s). None where the dtype has no
-    written-out path (the caller takes SDPA)."""
-    path = attention_path(q.device.type, q.dtype, dropout, q.size(-2))
+def masked_attention(x: torch.Tensor, bias: torch.Tensor, dropout: float = 0.0) -> torch.Tensor | None:
+    """Attention of q, k, v stacked in ``x`` (3, B, H, T, d) under an additive mask ``bias`` (B·H, T, T) that is
+    causal and more (a shared-prefix grid's: each answer also blind to the other answers), with dropout ``dropout``
+    on the probabilities: the reference is ``F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+    dropout_p=dropout)`` (gptcli/model/packed.py). Blocks of queries see only the keys up to their last, as
+    :func:`causal_attention`'s; ``bias`` must be in the dtype the products run in (the autocast dtype, else
+    ``x``'s). None where the dtype has no written-out path (the caller takes SDPA)."""
+    path = attention_path(x.device.type, x.dtype, dropout, x.size(-2))
     if path == "sdpa":
         return None
-    return _written_out(q, k, v, lambda t, device, dtype: bias.to(dtype), dropout, path, None)
+    return _written_out(x, lambda t, device, dtype: bias.to(dtype), dropout, path, None)
 
 
-def _written_out(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias_of, dropout: float, path: str,
-                 block_rows: int | None) -> torch.Tensor:
-    """:class:`_BlockedAttention` of (B, H, T, d) ``q``, ``k``, ``v`` on ``path`` (``plain`` or ``chunked``), the
-    additive mask ``bias_of(T, device, dtype)`` in the dtype the products run in."""
-    B, H, t, d = q.shape
-    device = q.device.type
+def _written_out(x: torch.Tensor, bias_of, dropout: float, path: str, block_rows: int | None) -> torch.Tensor:
+    """The written-out attention of q, k, v stacked in ``x`` (3, B, H, T, d) on ``path`` (``plain`` or
+    ``chunked``), the additive mask ``bias_of(T, device, dtype)`` in the dtype the products run in: (B, H, T, d)."""
+    _, B, H, t, d = x.shape
+    device = x.device.type
     # Under autocast the written-out products run in the autocast dtype (as they would op by op); the function
     # itself then runs with autocast off, on inputs already in that dtype.
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
-    # One (B·H, T, d) copy of each (q, k, v are strided views of the fused projection): every block's batched
-    # matmuls then read contiguous slices instead of copying their own.
-    q, k, v = (x.to(dtype).reshape(B * H, t, d) for x in (q, k, v))
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
     blocks = max(1, t // (block_rows or CHUNK_ROWS)) if path == "chunked" else 1
     bounds = tuple(t * i // blocks for i in range(blocks + 1))
+    bias = bias_of(t, x.device, dtype)
+    x = x.to(dtype)
     with torch.autocast(device, enabled=False):
-        out = _BlockedAttention.apply(q, k, v, bias_of(t, q.device, dtype), dropout, bounds)
+        if dtype not in STRIDED_DTYPES:
+            # oneDNN's products (bf16) copy every operand that is not one dense matrix per batch row: there each
+            # block's operands are laid out dense once, inside the function (_DenseBlockedAttention).
+            return _DenseBlockedAttention.apply(x, bias, dropout, bounds)
+        # One (B·H, T, d) copy of each (q, k, v are strided views of the fused projection): every block's batched
+        # matmuls then read contiguous slices instead of copying their own.
+        q, k, v = (y.reshape(B * H, t, d) for y in x.unbind(0))
+        out = _BlockedAttention.apply(q, k, v, bias, dropout, bounds)
     return out.view(B, H, t, d)
 
 
@@ -222,3 +245,99 @@ class _BlockedAttention(torch.autograd.Function):
         if fresh:
             dq = dq[0] if n == 1 else torch.cat(dq, dim=1)
         return dq, dk, dv, None, None, None
+
+
+def _dense(x: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    """Rows ``a:b`` of ``x`` (B, H, T, d) as one dense (B·H, b − a, d) tensor: a view where ``x`` already is one,
+    else one copy."""
+    B, H, _, d = x.shape
+    return x[:, :, a:b].reshape(B * H, b - a, d).contiguous()
+
+
+def _write(dst: torch.Tensor, src: torch.Tensor, scale: float) -> None:
+    """``dst`` (B, H, T', d), any strides, ← ``src`` (B·H, T', d) · ``scale``, in one pass."""
+    torch.mul(src.view(dst.shape), scale, out=dst)
+
+
+class _DenseBlockedAttention(torch.autograd.Function):
+    """:class:`_BlockedAttention` for products run by oneDNN (bf16 on CPU), over operands laid out dense per block.
+
+    oneDNN takes a batch of matrices only as one dense tensor (or its transpose): any other layout, a block's slice
+    of the queries, a prefix of the keys, a slice of an output accumulated into, is copied on every product,
+    forward and backward, and on the AMX Xeon those copies were a fifth of a bf16 attention layer
+    (docs/performance.md). Here each block's queries and the key and value prefixes it sees are copied dense once,
+    from the projection's strided views, and serve the forward and backward products alike (the prefixes cost
+    (1 + 2 + … + n)/n of k and v in copies and memory: 2.5× at 4 blocks); the output and the input gradients are
+    written straight into (B, T, H, d) tensors, the layout the output projection and the fused q, k, v projection
+    read, so no transpose is copied after; the key and value gradients are summed from each block's fresh product.
+    Input q, k, v stacked (3, B, H, T, d), any strides; returns a (B, H, T, d) view of a (B, T, H, d) tensor, and
+    the input's gradient in the input's own layout where that is dense (a permuted view of the fused projection)."""
+
+    @staticmethod
+    def forward(ctx, x, bias, dropout: float, bounds: tuple[int, ...]):
+        q, k, v = x.unbind(0)
+        B, H, T, d = q.shape
+        alpha, scale = 1.0 / math.sqrt(d), 1.0 / (1.0 - dropout)
+        pairs = list(zip(bounds, bounds[1:]))
+        qs = [_dense(q, a, b) for a, b in pairs]
+        ks = [_dense(k, 0, b) for _, b in pairs]
+        vs = [_dense(v, 0, b) for _, b in pairs]
+        out = q.new_empty(B, T, H, d)
+        probs, masks, dropped = [], [], []
+        for i, (a, b) in enumerate(pairs):
+            # As _BlockedAttention: the mask and 1/√d ride on the score product, 1/(1 − p) on the output's copy.
+            p = torch.softmax(torch.baddbmm(bias[..., a:b, :b], qs[i], ks[i].transpose(1, 2), alpha=alpha), dim=-1)
+            probs.append(p)
+            if dropout > 0.0:
+                masks.append(Mask(p.shape, dropout, p.device, p.dtype))
+                p = masks[-1].apply(p)
+                dropped.append(p)
+            _write(out[:, a:b].transpose(1, 2), torch.bmm(p, vs[i]), scale)
+        ctx.save_for_backward(*qs, *ks, *vs, *probs, *dropped)
+        ctx.alpha, ctx.scale, ctx.pairs, ctx.masks = alpha, scale, pairs, masks
+        # The gradient's layout, no memory: empty_like keeps a dense input's strides (else it is contiguous).
+        ctx.layout = torch.empty_like(x, device="meta")
+        return out.transpose(1, 2)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        n, pairs = len(ctx.pairs), ctx.pairs
+        saved = ctx.saved_tensors
+        qs, ks, vs, probs, dropped = (saved[i * n:(i + 1) * n] for i in range(5))
+        B, H, T, d = grad.shape
+        dx = torch.empty_strided(ctx.layout.shape, ctx.layout.stride(), dtype=grad.dtype, device=grad.device)
+        dq, dk, dv = dx.unbind(0)
+        lib = _softmax_library(grad)
+        # Largest block first: its key and value gradients (every key) are written, the others' added onto them.
+        for i in reversed(range(n)):
+            a, b = pairs[i]
+            g = grad.new_empty(B * H, b - a, d)
+            torch.mul(grad[:, :, a:b], ctx.scale, out=g.view(B, H, b - a, d))
+            p = probs[i]
+            d_ = dropped[i] if ctx.masks else p
+            _sum_into(dv[:, :, :b], torch.bmm(d_.transpose(1, 2), g), 1.0, first=b == T)
+            dp = torch.bmm(g, vs[i].transpose(1, 2))
+            ds = _softmax_grad(lib, dp, p, dropped[i] if ctx.masks else None, ctx.masks[i] if ctx.masks else None)
+            _write(dq[:, :, a:b], torch.bmm(ds, ks[i]), ctx.alpha)
+            _sum_into(dk[:, :, :b], torch.bmm(ds.transpose(1, 2), qs[i]), ctx.alpha, first=b == T)
+        return dx, None, None, None
+
+
+def _sum_into(dst: torch.Tensor, src: torch.Tensor, scale: float, first: bool) -> None:
+    """``dst`` (B, H, T', d) ← (or +=, unless ``first``) ``src`` (B·H, T', d) · ``scale``."""
+    if first:
+        _write(dst, src, scale)
+    else:
+        dst.add_(src.view(dst.shape), alpha=scale)
+
+
+def _softmax_grad(lib, dp: torch.Tensor, p: torch.Tensor, dropped: torch.Tensor | None, mask: Mask | None):
+    """The scores' gradient from the (dropped-out) probabilities' ``dp``: ``d ⊙ dp − p · Σ(d ⊙ dp)``, ``d`` the
+    dropped probabilities (``p`` without dropout); compiled in one pass where the library serves the dtype."""
+    d = p if dropped is None else dropped
+    if lib is not None:
+        return lib.softmax_backward(dp, d, p)
+    if mask is not None:
+        dp = mask.apply(dp, inplace=True)
+    return torch._softmax_backward_data(dp, p, -1, p.dtype)
