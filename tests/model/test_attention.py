@@ -104,8 +104,10 @@ def test_the_model_takes_the_dispatched_path(monkeypatch: pytest.MonkeyPatch) ->
     assert seen == [("cpu", torch.float32, 0.1, 16)] * 2
 
 
-def test_one_mask_serves_every_length() -> None:
-    """Masks are slices of one per-device, per-dtype mask as long as the longest sequence (not one per length)."""
+def test_one_mask_serves_every_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Masks are slices of one per-device, per-dtype mask as long as the longest sequence (not one per length),
+    where PyTorch's softmax runs (the compiled one applies the causal mask itself)."""
+    monkeypatch.setattr(attention, "_softmax_library", lambda x: None)
     attention._CAUSAL_BIASES.clear()
     for t in (5, 300, 17, 300, 2):
         causal_attention(*_qkv(t), 0.0, path="plain")
@@ -114,7 +116,8 @@ def test_one_mask_serves_every_length() -> None:
     torch.testing.assert_close(attention._causal_bias(17, torch.device("cpu"), torch.float32), want)
 
 
-def test_bf16_autocast_uses_a_bf16_mask() -> None:
+def test_bf16_autocast_uses_a_bf16_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(attention, "_softmax_library", lambda x: None)
     attention._CAUSAL_BIASES.clear()
     q, k, v = _qkv(8)
     with torch.autocast("cpu", dtype=torch.bfloat16):

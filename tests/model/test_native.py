@@ -449,3 +449,61 @@ def test_the_softmax_backward_is_pytorchs_through_the_dropout_mask(lib, dtype: t
             got = lib.softmax_backward(dp.clone(), d, p)
             tol = dict(atol=1e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
             torch.testing.assert_close(got.float(), want.to(dtype).float(), **tol, msg=f"n={n}")
+
+
+# --- the attention softmax's forward with its dropout (softmax.cpp) -------------------------------------------------
+
+
+def _softmax_reference(s: torch.Tensor, offset: int) -> torch.Tensor:
+    """torch.softmax of float32 scores under the additive causal mask from ``offset`` (row i sees j ≤ offset + i;
+    offset < 0: no mask)."""
+    s = s.float()
+    if offset >= 0:
+        rows, n = s.shape[-2:]
+        s = s.masked_fill(torch.ones(rows, n, dtype=torch.bool).triu(offset + 1), float("-inf"))
+    return torch.softmax(s, dim=-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_softmax_forward_is_pytorchs_with_the_causal_mask_and_dropout(lib, dtype: torch.dtype) -> None:
+    """p over the scores is the softmax under the causal mask (or none), for rows of every length a vector splits
+    (tails, and rows that start off a 16-element boundary of the mask's blocks); d is exactly dropout_apply(p)'s
+    bits for the same seed: the mask the backward and the tests reproduce."""
+    if not lib.vectorised():
+        pytest.skip("built without AVX-512 or AVX2: attention.py keeps PyTorch's ops")
+    torch.manual_seed(0)
+    for n, rows, offset in [(1, 1, 0), (15, 15, 0), (17, 9, 8), (37, 9, 28), (70, 5, -1), (128, 128, 0),
+                            (512, 128, 384), (33, 33, -1)]:
+        s = (3 * torch.randn(4, rows, n)).to(dtype)
+        want = _softmax_reference(s, offset)
+        for p_drop in (0.0, 0.3):
+            x = s.clone()
+            d = torch.empty_like(x) if p_drop else None
+            got = lib.softmax_forward(x, d, 987654321, threshold(p_drop), offset)
+            assert got.data_ptr() == x.data_ptr()  # in place over the scores
+            tol = dict(atol=1e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=4e-3, rtol=8e-3)
+            torch.testing.assert_close(got.float(), want, **tol, msg=f"n={n} rows={rows} offset={offset}")
+            if offset >= 0:
+                assert not got[..., torch.ones(rows, n, dtype=torch.bool).triu(offset + 1)].any()
+            if d is not None:
+                assert torch.equal(d, lib.dropout_apply(got, 987654321, threshold(p_drop), 1.0, torch.empty_like(got)))
+
+
+def test_the_softmax_forward_keeps_nan_and_checks_its_arguments(lib) -> None:
+    if not lib.vectorised():
+        pytest.skip("built without AVX-512 or AVX2")
+    s = torch.randn(3, 20)
+    s[1, 4] = float("nan")
+    p = lib.softmax_forward(s, None, 0, 0, -1)
+    assert p[1].isnan().all() and not p[0].isnan().any() and not p[2].isnan().any()
+    # An additive mask's −∞ (the shared-prefix grid's) gives exactly 0 (the kernel skips exp's subnormal range).
+    s = torch.randn(4, 40).masked_fill(torch.rand(4, 40) < 0.5, float("-inf"))
+    s[:, 0] = 0.0
+    want = torch.softmax(s, dim=-1)
+    got = lib.softmax_forward(s.clone(), None, 0, 0, -1)
+    torch.testing.assert_close(got, want)
+    assert torch.equal(got == 0, want == 0)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        lib.softmax_forward(torch.randn(20, 3).t(), None, 0, 0, -1)
+    with pytest.raises(RuntimeError, match="dtype and shape"):
+        lib.softmax_forward(torch.randn(3, 20), torch.empty(3, 21), 0, 0, -1)

@@ -7,8 +7,10 @@ the same function either way (tests/model/test_attention.py), not the same speed
 - On CPU there is no fused kernel with dropout, so with dropout SDPA falls back to its composite "math" path over
   the whole T × T, and under bf16 autocast SDPA is slow even without. Written out over blocks of queries
   (``chunked``), each block against only the keys it can see, the masked upper triangle is neither computed nor
-  dropped out, and the mask and 1/√d ride on the score matmul (``baddbmm``). It is faster than SDPA in fp32 and
-  bf16, with and without dropout, training and evaluation (docs/performance.md, "Attention").
+  dropped out, and the mask and 1/√d ride on the score matmul (``baddbmm``); where the compiled library serves the
+  dtype, the softmax applies the causal mask itself and writes the dropped-out probabilities in the same pass
+  (``softmax.cpp``). It is faster than SDPA in fp32 and bf16, with and without dropout, training and evaluation
+  (docs/performance.md, "Attention").
 - Sequences under ``CHUNK_MIN_LEN`` (fine-tuning, scoring) are written out in one block (``plain``).
 - Other dtypes (fp16 on CPU: not measured) take SDPA.
 
@@ -27,7 +29,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from gptcli.model.kernels import native
-from gptcli.model.kernels.dropout import Mask
+from gptcli.model.kernels.dropout import Mask, threshold
 
 PATHS: tuple[str, ...] = ("sdpa", "plain", "chunked")
 """``sdpa``: F.scaled_dot_product_attention. ``plain``: scores, mask, softmax, dropout and the product with v as
@@ -53,8 +55,14 @@ CPU_PATHS: dict[tuple[torch.dtype, bool], str] = {
 STRIDED_DTYPES: tuple[torch.dtype, ...] = (torch.float32,)
 """Dtypes whose batched products read strided operands in place (fp32's BLAS): they take :class:`_BlockedAttention`
 over one (B·H, T, d) copy of q, k and v, slicing blocks out of it. Every other dtype (bf16, whose products oneDNN
-runs and copies any operand that is not dense) takes :class:`_DenseBlockedAttention`. benchmarks/attention_layout.py
-adds bf16 here to time the strided layout against the dense one."""
+runs and copies any operand that is not dense) takes :class:`_DenseBlockedAttention`. ``benchmarks/attention_ab.py
+--change layout`` adds bf16 here to time the strided layout against the dense one."""
+
+
+COMPILED_SOFTMAX = True
+"""Whether the compiled softmax forward (``softmax.cpp``: softmax, causal mask and dropout in one pass per row) runs
+where the library serves the dtype; False keeps ``torch.softmax``, the additive mask and :meth:`Mask.apply` (the
+same function, PyTorch's rounding). ``benchmarks/attention_ab.py --change softmax`` sets it to time the two."""
 
 
 CHUNK_MIN_LEN = 256
@@ -135,8 +143,10 @@ def _written_out(x: torch.Tensor, bias_of, dropout: float, path: str, block_rows
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
     blocks = max(1, t // (block_rows or CHUNK_ROWS)) if path == "chunked" else 1
     bounds = tuple(t * i // blocks for i in range(blocks + 1))
-    bias = bias_of(t, x.device, dtype)
     x = x.to(dtype)
+    # A causal mask is the compiled softmax's own (no bias) where the library serves the dtype (_probabilities).
+    causal = bias_of is _causal_bias and COMPILED_SOFTMAX and _softmax_library(x) is not None
+    bias = None if causal else bias_of(t, x.device, dtype)
     with torch.autocast(device, enabled=False):
         if dtype not in STRIDED_DTYPES:
             # oneDNN's products (bf16) copy every operand that is not one dense matrix per batch row: there each
@@ -147,6 +157,44 @@ def _written_out(x: torch.Tensor, bias_of, dropout: float, path: str, block_rows
         q, k, v = (y.reshape(B * H, t, d) for y in x.unbind(0))
         out = _BlockedAttention.apply(q, k, v, bias, dropout, bounds)
     return out.view(B, H, t, d)
+
+
+def _probabilities(q: torch.Tensor, kt: torch.Tensor, bias: torch.Tensor | None, a: int, alpha: float,
+                   dropout: float, probs: list, masks: list, dropped: list) -> torch.Tensor:
+    """A block's attention probabilities from its queries ``q`` (N, rows, d) and keys ``kt`` (N, d, keys), the
+    block's first query at position ``a``: appended to ``probs`` (and, with dropout, its :class:`Mask` to ``masks``
+    and the dropped-out probabilities, unscaled, to ``dropped``); returns what multiplies v.
+
+    ``bias`` is the additive mask over all positions, or None for the causal mask (only where the compiled softmax
+    serves the dtype). 1/√d rides on the score product as its alpha, and an additive mask as its input: the matmul
+    applies both as it writes the scores, where a masked_fill and a scaling would each be another pass. Where the
+    compiled library serves the dtype, the softmax, the causal mask and the dropout are one pass per row over the
+    scores (``softmax.cpp``: p over the scores, the dropped-out copy beside, the mask's bits those of
+    :meth:`Mask.apply`); elsewhere ``torch.softmax`` and :meth:`Mask.apply`. The softmax is in the scores' dtype, as
+    Hugging Face's port under autocast (a fp32 softmax measured slower, and the product with v is taken in bf16
+    either way)."""
+    lib = _softmax_library(q)
+    if bias is None:
+        scores = torch.baddbmm(q.new_empty(q.size(0), q.size(1), kt.size(2)), q, kt, beta=0.0, alpha=alpha)
+    else:
+        scores = torch.baddbmm(bias[..., a:a + q.size(1), :kt.size(2)], q, kt, alpha=alpha)
+    mask = Mask(scores.shape, dropout, scores.device, scores.dtype) if dropout > 0.0 else None
+    if COMPILED_SOFTMAX and lib is not None and (mask is None or mask.seed is not None):
+        d = torch.empty_like(scores) if mask is not None else None
+        seed, limit = (mask.seed, threshold(dropout)) if mask is not None else (0, 0)
+        p = lib.softmax_forward(scores, d, seed, limit, a if bias is None else -1)
+    else:
+        if bias is None:  # a causal block without the compiled softmax: its mask's rows (keys = a + rows)
+            scores.add_(_causal_bias(kt.size(2), scores.device, scores.dtype)[a:])
+        p = torch.softmax(scores, dim=-1)
+        # Kept for the backward pass (the value gradient's product), which would otherwise redo this pass.
+        d = mask.apply(p) if mask is not None else None
+    probs.append(p)
+    if mask is not None:
+        masks.append(mask)
+        dropped.append(d)
+        return d
+    return p
 
 
 def _softmax_library(x: torch.Tensor):
@@ -180,17 +228,7 @@ class _BlockedAttention(torch.autograd.Function):
         kt = _transposed(k, len(bounds) - 1)
         parts, probs, masks, dropped = [], [], [], []
         for a, b in zip(bounds, bounds[1:]):
-            # The mask enters as the product's additive input and 1/√d as its alpha: the matmul applies both as
-            # it writes the scores, where a masked_fill and a scaling would each be another pass. The softmax is
-            # in the scores' dtype, as Hugging Face's port under autocast (a fp32 softmax measured slower, and the
-            # product with v is taken in bf16 either way).
-            p = torch.softmax(torch.baddbmm(bias[..., a:b, :b], q[:, a:b], kt[:, :, :b], alpha=alpha), dim=-1)
-            probs.append(p)
-            if dropout > 0.0:
-                masks.append(Mask(p.shape, dropout, p.device, p.dtype))
-                # Kept for the backward pass (the value gradient's product), which would otherwise redo this pass.
-                p = masks[-1].apply(p)
-                dropped.append(p)
+            p = _probabilities(q[:, a:b], kt[:, :, :b], bias, a, alpha, dropout, probs, masks, dropped)
             parts.append(torch.bmm(p, v[:, :b]))
         out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         if dropout > 0.0:
@@ -285,13 +323,8 @@ class _DenseBlockedAttention(torch.autograd.Function):
         out = q.new_empty(B, T, H, d)
         probs, masks, dropped = [], [], []
         for i, (a, b) in enumerate(pairs):
-            # As _BlockedAttention: the mask and 1/√d ride on the score product, 1/(1 − p) on the output's copy.
-            p = torch.softmax(torch.baddbmm(bias[..., a:b, :b], qs[i], ks[i].transpose(1, 2), alpha=alpha), dim=-1)
-            probs.append(p)
-            if dropout > 0.0:
-                masks.append(Mask(p.shape, dropout, p.device, p.dtype))
-                p = masks[-1].apply(p)
-                dropped.append(p)
+            # As _BlockedAttention; 1/(1 − p) rides on the output's copy.
+            p = _probabilities(qs[i], ks[i].transpose(1, 2), bias, a, alpha, dropout, probs, masks, dropped)
             _write(out[:, a:b].transpose(1, 2), torch.bmm(p, vs[i]), scale)
         ctx.save_for_backward(*qs, *ks, *vs, *probs, *dropped)
         ctx.alpha, ctx.scale, ctx.pairs, ctx.masks = alpha, scale, pairs, masks

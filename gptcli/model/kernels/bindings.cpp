@@ -15,6 +15,8 @@ std::vector<torch::Tensor> nll_forward(const torch::Tensor& logits, const torch:
 torch::Tensor nll_backward(const torch::Tensor& logits, const torch::Tensor& targets, const torch::Tensor& lse,
                            const torch::Tensor& weight, int64_t classes, torch::Tensor out);
 torch::Tensor softmax_backward(torch::Tensor dp, const torch::Tensor& d, const torch::Tensor& p);
+torch::Tensor softmax_forward(torch::Tensor s, const std::optional<torch::Tensor>& d, int64_t seed, int64_t threshold,
+                              int64_t causal_offset);
 }  // namespace gpt1
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -29,9 +31,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("logits"), py::arg("targets"), py::arg("lse"), py::arg("weight"), py::arg("classes"), py::arg("out"));
   m.def("softmax_backward", &gpt1::softmax_backward, "ds = d*dp - p*rowsum(d*dp), over dp (softmax.cpp)",
         py::arg("dp"), py::arg("d"), py::arg("p"));
+  m.def("softmax_forward", &gpt1::softmax_forward,
+        "p = softmax(s) over s, causal from causal_offset (< 0: none), and d = p where the dropout mask keeps it "
+        "(softmax.cpp)",
+        py::arg("s"), py::arg("d"), py::arg("seed"), py::arg("threshold"), py::arg("causal_offset"));
   m.def("vectorised", [] { return GPT1_VECTOR_ROWS == 1; },
-        "whether the vector loops were built, with AVX-512 or AVX2 (vector.h): the loss, softmax_backward, "
-        "dropout_apply's");
+        "whether the vector loops were built, with AVX-512 or AVX2 (vector.h): the loss, softmax_forward and "
+        "softmax_backward, dropout_apply's");
   m.def("vector_isa", [] { return std::string(GPT1_AVX512 ? "avx512" : GPT1_AVX2 ? "avx2" : ""); },
         "the vector instructions the loops were built with: avx512, avx2 or ''");
 }

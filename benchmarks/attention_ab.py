@@ -1,0 +1,216 @@
+"""The CPU attention kernel's changes, each against what it replaced, same run (``--change``):
+
+- ``layout`` (bf16): operands dense per block (``_DenseBlockedAttention``, what runs) against the strided layout it
+  replaced (``_BlockedAttention`` over (B·H, T, d) copies, what fp32 still takes). oneDNN's bf16 batched products
+  copy any operand that is not one dense matrix per batch row: a block's slice of the queries, a prefix of the keys
+  or values, an output slice accumulated into. The strided route paid those copies on every product, forward and
+  backward, plus a transpose copy of the output, zero-filled gradients and a concatenation of the three input
+  gradients; the dense route lays each block's operands out once and writes the output and the input gradient in
+  the fused projection's own layout.
+- ``softmax`` (``--precision`` bf16 or fp32): the compiled softmax forward (``softmax.cpp``: softmax, causal mask
+  and dropout in one pass per row) against ``torch.softmax`` over scores carrying the additive mask, then
+  ``Mask.apply`` (``kernels.attention.COMPILED_SOFTMAX`` off).
+
+Parts, each a round-robin of the two variants (``_machine.round_robin``, one settling step before each timed one):
+
+- ``layer``: one GPT-1 attention layer from its fused projection (``--batch`` × ``--seq-len``, 12 heads of 64,
+  the paper's attention dropout 0.1), forward + backward, q·kᵀ to the projection's gradient;
+- ``step``: a whole pretraining step of the ``gpt1`` preset (forward, backward, fused AdamW) (``--no-step`` skips
+  it: minutes on 2 cores);
+- ``finetune``: whole fine-tuning updates as ``gpt1 finetune`` runs them by default (packed rows, the paper's batch
+  of 32, ``--finetune-size``), on real RTE random batches (``finetune_throughput.py``'s builders, which need
+  ``$GPT1_SHARED``) (``--no-finetune`` skips it).
+
+The report gives medians and before / after. Both variants compute the same function (tests/model/
+test_attention.py); the script checks the layer's outputs once before timing (equal bits for ``layout``, within
+the precision's rounding for ``softmax``).
+
+    python benchmarks/attention_ab.py --change layout --steps 9 --json layout.json
+    python benchmarks/attention_ab.py --change softmax --precision fp32 --no-finetune
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+
+from _machine import add_machine_args, machine_header, round_robin, start, write_json
+
+VARIANTS = {"layout": ("strided", "dense"), "softmax": ("pytorch", "compiled")}
+"""Per change: (before, after)."""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--change", choices=sorted(VARIANTS), default="layout", help="which change to time")
+    ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16", help="(layout: bf16 only)")
+    ap.add_argument("--steps", type=int, default=15, help="timed rounds per part (after one warm-up)")
+    ap.add_argument("--batch", type=int, default=4, help="sequences")
+    ap.add_argument("--seq-len", type=int, default=512, help="tokens per sequence")
+    ap.add_argument("--no-step", action="store_true", help="skip the whole pretraining step")
+    ap.add_argument("--no-finetune", action="store_true", help="skip the fine-tuning updates")
+    ap.add_argument("--finetune-size", default="gpt1", help="model preset of the fine-tuning part: gpt1 or tiny")
+    ap.add_argument("--finetune-batches", type=int, default=2, help="RTE batches of 32 timed per round")
+    add_machine_args(ap)
+    args = ap.parse_args()
+    if args.change == "layout" and args.precision != "bf16":
+        ap.error("--change layout compares bf16 layouts (fp32 takes the strided one): --precision bf16")
+    start(args)
+    info, line = machine_header()
+    print(line)
+    rows = _layer(args)
+    if not args.no_step:
+        rows += _step(args)
+    if not args.no_finetune:
+        rows += _finetune(args)
+    write_json(args.json, info, rows=rows, args=vars(args))
+
+
+def _strided(qkv, n_head: int, dropout: float):
+    """The former bf16 route: split views, one (B·H, T, d) copy each, _BlockedAttention, the output transposed."""
+    import torch
+
+    from gptcli.model.kernels import attention as kernel
+
+    B, T, C3 = qkv.shape
+    C, hd = C3 // 3, C3 // 3 // n_head
+    q, k, v = (x.view(B, T, n_head, hd).transpose(1, 2).reshape(B * n_head, T, hd) for x in qkv.split(C, dim=2))
+    blocks = max(1, T // kernel.CHUNK_ROWS) if kernel.attention_path("cpu", q.dtype, dropout, T) == "chunked" else 1
+    bounds = tuple(T * i // blocks for i in range(blocks + 1))
+    with torch.autocast("cpu", enabled=False):
+        y = kernel._BlockedAttention.apply(q, k, v, kernel._causal_bias(T, q.device, q.dtype), dropout, bounds)
+    return y.view(B, n_head, T, hd).transpose(1, 2).contiguous().view(B, T, C)
+
+
+@contextlib.contextmanager
+def variant(change: str, name: str):
+    """The model computing as ``name`` of ``change`` (module docstring) inside the block."""
+    import torch
+
+    import gptcli.model.gpt as gpt
+    from gptcli.model.kernels import attention as kernel
+
+    saved = gpt.causal_self_attention, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX
+    if name == "strided":
+        gpt.causal_self_attention = _strided  # the model's own attention (pretraining, the layer)
+        kernel.STRIDED_DTYPES = (*kernel.STRIDED_DTYPES, torch.bfloat16)  # packed rows' grid (fine-tuning)
+    elif name == "pytorch":
+        kernel.COMPILED_SOFTMAX = False
+    try:
+        yield
+    finally:
+        gpt.causal_self_attention, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX = saved
+
+
+def _dtype(args):
+    import torch
+
+    return torch.bfloat16 if args.precision == "bf16" else torch.float32
+
+
+def _report(args, part: str, times: dict) -> list[dict]:
+    before, after = VARIANTS[args.change]
+    base = statistics.median(times[after])
+    rows = []
+    for name in (before, after):
+        ms = statistics.median(times[name]) * 1e3
+        rows.append({"change": args.change, "precision": args.precision, "part": part, "variant": name, "ms": ms,
+                     "steps_s": times[name], "vs_after": ms / (base * 1e3)})
+        print(f"  {part:6s} {name:9s} {ms:9.1f} ms  {ms / (base * 1e3):5.3f}× {after}")
+    return rows
+
+
+def _timed_rounds(args, run, items: int = 1) -> dict:
+    """Seconds per round of each variant: ``run(i)`` for every item ``i``, round-robin item by item."""
+    def timed(name: str, i: int) -> float:
+        with variant(args.change, name):
+            t0 = time.perf_counter()
+            run(i)
+            return time.perf_counter() - t0
+
+    names = VARIANTS[args.change]
+    times = round_robin(timed, [(n, i) for i in range(items) for n in names], args.steps, settle=1)
+    return {n: [sum(times[(n, i)][r] for i in range(items)) for r in range(args.steps)] for n in names}
+
+
+def _layer(args) -> list[dict]:
+    import torch
+
+    import gptcli.model.gpt as gpt
+
+    g = torch.Generator().manual_seed(0)
+    qkv = torch.randn(args.batch, args.seq_len, 3 * 768, generator=g).to(_dtype(args))
+    upstream = torch.randn(args.batch, args.seq_len, 768, generator=g).to(_dtype(args))
+
+    def run(_: int = 0):
+        x = qkv.detach().requires_grad_()
+        y = gpt.causal_self_attention(x, 12, 0.1)
+        y.backward(upstream)
+        return y, x.grad
+
+    outs = {}
+    for name in VARIANTS[args.change]:
+        torch.manual_seed(1)
+        with variant(args.change, name):
+            outs[name] = run()
+    (y0, g0), (y1, g1) = outs.values()
+    if args.change == "layout" and not torch.equal(y0, y1):
+        raise SystemExit("error: the two layouts' outputs differ (run tests/model/test_attention.py)")
+    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()  # noqa: E731
+    print(f"\none attention layer, {args.precision}, {args.batch}×{args.seq_len}, 12 heads, dropout 0.1: outputs "
+          f"within {rel(y1, y0):.1e}, gradients within {rel(g1, g0):.1e} (relative)")
+    return _report(args, "layer", _timed_rounds(args, run))
+
+
+def _step(args) -> list[dict]:
+    import torch
+
+    import gptcli.model.gpt as gpt
+
+    torch.manual_seed(0)
+    model = gpt.GPT(gpt.preset("gpt1")).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01, fused=True)
+    g = torch.Generator().manual_seed(1)
+    batch = torch.randint(0, model.config.vocab_size, (args.batch, args.seq_len + 1), generator=g)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16")
+
+    def run(_: int) -> None:
+        with autocast:
+            loss = model.lm_loss(batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    print(f"\ngpt1 {args.precision} pretraining step, {args.batch}×{args.seq_len}, fused AdamW, {args.steps} steps")
+    return _report(args, "step", _timed_rounds(args, run))
+
+
+def _finetune(args) -> list[dict]:
+    import os
+    from pathlib import Path
+
+    import torch
+
+    from finetune_throughput import LM_WEIGHT, build_models, real_batches
+    from gptcli.tokenizers.openai import OpenAIBPETokenizer
+    from gptcli.train.finetune_loss import TaskLoss
+    from gptcli.train.optim import make_optimizer
+    from gptcli.train.trainer import Trainer
+
+    shared = Path(os.environ.get("GPT1_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+    tok = OpenAIBPETokenizer.from_dir(shared / "data" / "openai-gpt-bpe")
+    opts = argparse.Namespace(batch=32, batches=args.finetune_batches, micro_batch=None, n_ctx=512,
+                              size=args.finetune_size)
+    task, _, packed, _ = real_batches("rte", "random", opts, tok)
+    model = build_models(task, opts, tok)[0]
+    trainer = Trainer(model, make_optimizer(model, lr=6.25e-5), TaskLoss(LM_WEIGHT), lambda s: 6.25e-5,
+                      device=torch.device("cpu"), precision=args.precision, grad_clip=1.0)
+    print(f"\n{args.finetune_size} {args.precision} fine-tuning updates, RTE random batches of 32, packed, "
+          f"{len(packed)} batches × {args.steps} rounds")
+    return _report(args, "update", _timed_rounds(args, lambda i: trainer.step(1, packed[i]).read(), len(packed)))
+
+
+if __name__ == "__main__":
+    main()
