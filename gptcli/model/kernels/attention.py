@@ -198,8 +198,8 @@ def _probabilities(q: torch.Tensor, kt: torch.Tensor, bias: torch.Tensor | None,
 
 
 def _softmax_library(x: torch.Tensor):
-    """The compiled library when its softmax backward (``softmax.cpp``, AVX-512 or AVX2) takes ``x``'s dtype here, else
-    ``None`` (PyTorch's ops then)."""
+    """The compiled library when its softmax forward and backward (``softmax.cpp``, AVX-512 or AVX2) take ``x``'s
+    dtype here, else ``None`` (PyTorch's ops then)."""
     return native.vector_library_for(x.device, x.dtype)
 
 
