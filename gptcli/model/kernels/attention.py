@@ -259,21 +259,7 @@ class _BlockedAttention(torch.autograd.Function):
             d = dropped[i] if masks else p
             dv[:, :b].baddbmm_(d.transpose(1, 2), g)
             dp = torch.bmm(g, vt[:, :, :b])
-            if lib is not None:
-                # ds = d ⊙ dp − p · Σ(d ⊙ dp) in one compiled pass per row, over dp (softmax.cpp): the same function
-                # as either branch below, with three passes over the block fewer.
-                ds = lib.softmax_backward(dp, d, p)
-            elif masks and p.dtype == torch.float32:
-                # The softmax's backward through the dropout, from the forward's dropped probabilities d = p ⊙ mask
-                # (kept for the value gradient): ds = d ⊙ dp − p · Σ(d ⊙ dp), no mask drawn again. In fp32 3 % faster
-                # per attention layer than masking dp and then _softmax_backward_data; in bf16 1.6 % slower (its
-                # elementwise passes are PyTorch's slower bf16 ones), so bf16 keeps that path.
-                t = dp.mul_(dropped[i])
-                ds = t.addcmul_(p, t.sum(-1, keepdim=True), value=-1.0)
-            else:
-                if masks:
-                    dp = masks[i].apply(dp, inplace=True)
-                ds = torch._softmax_backward_data(dp, p, -1, p.dtype)
+            ds = _softmax_grad(lib, dp, p, dropped[i] if masks else None, masks[i] if masks else None)
             if fresh:
                 dq.append(torch.bmm(ds, k[:, :b]).mul_(ctx.alpha))
                 dk[:, :b].add_(torch.bmm(ds.transpose(1, 2), q[:, a:b]), alpha=ctx.alpha)
@@ -347,11 +333,10 @@ class _DenseBlockedAttention(torch.autograd.Function):
             a, b = pairs[i]
             g = grad.new_empty(B * H, b - a, d)
             torch.mul(grad[:, :, a:b], ctx.scale, out=g.view(B, H, b - a, d))
-            p = probs[i]
-            d_ = dropped[i] if ctx.masks else p
-            _sum_into(dv[:, :, :b], torch.bmm(d_.transpose(1, 2), g), 1.0, first=b == T)
+            p, drop, mask = probs[i], dropped[i] if ctx.masks else None, ctx.masks[i] if ctx.masks else None
+            _sum_into(dv[:, :, :b], torch.bmm((p if drop is None else drop).transpose(1, 2), g), 1.0, first=b == T)
             dp = torch.bmm(g, vs[i].transpose(1, 2))
-            ds = _softmax_grad(lib, dp, p, dropped[i] if ctx.masks else None, ctx.masks[i] if ctx.masks else None)
+            ds = _softmax_grad(lib, dp, p, drop, mask)
             _write(dq[:, :, a:b], torch.bmm(ds, ks[i]), ctx.alpha)
             _sum_into(dk[:, :, :b], torch.bmm(ds.transpose(1, 2), qs[i]), ctx.alpha, first=b == T)
         return dx, None, None, None
@@ -367,10 +352,17 @@ def _sum_into(dst: torch.Tensor, src: torch.Tensor, scale: float, first: bool) -
 
 def _softmax_grad(lib, dp: torch.Tensor, p: torch.Tensor, dropped: torch.Tensor | None, mask: Mask | None):
     """The scores' gradient from the (dropped-out) probabilities' ``dp``: ``d ⊙ dp − p · Σ(d ⊙ dp)``, ``d`` the
-    dropped probabilities (``p`` without dropout); compiled in one pass where the library serves the dtype."""
-    d = p if dropped is None else dropped
+    dropped probabilities ``dropped`` (``p`` without dropout), over ``dp``."""
     if lib is not None:
-        return lib.softmax_backward(dp, d, p)
+        # In one compiled pass per row (softmax.cpp): the same function as either branch below, with three passes
+        # over the block fewer.
+        return lib.softmax_backward(dp, p if dropped is None else dropped, p)
+    if dropped is not None and p.dtype == torch.float32:
+        # Through the dropout from the forward's dropped probabilities (kept for the value gradient), no mask drawn
+        # again. In fp32 3 % faster per attention layer than masking dp and then _softmax_backward_data; in bf16
+        # 1.6 % slower (its elementwise passes are PyTorch's slower bf16 ones), so bf16 keeps that path.
+        t = dp.mul_(dropped)
+        return t.addcmul_(p, t.sum(-1, keepdim=True), value=-1.0)
     if mask is not None:
         dp = mask.apply(dp, inplace=True)
     return torch._softmax_backward_data(dp, p, -1, p.dtype)
