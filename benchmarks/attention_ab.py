@@ -7,6 +7,11 @@
   backward, plus a transpose copy of the output, zero-filled gradients and a concatenation of the three input
   gradients; the dense route lays each block's operands out once and writes the output and the input gradient in
   the fused projection's own layout.
+- ``fused`` (fp32): the fused path (``_FusedAttention``, ``fused_attention.cpp``: per block of 64 queries the scores,
+  softmax, dropout and product with v in one compiled call while the block is in cache, computed again in the
+  backward pass from q, k and each row's log-sum-exp) against the written-out blocks it replaced in fp32
+  (``_BlockedAttention``, which keeps every block's probabilities and their dropped-out copy for the backward pass;
+  ``kernels.attention.FUSED_DTYPES`` emptied).
 - ``softmax`` (``--precision`` bf16 or fp32): the compiled softmax forward (``softmax.cpp``: softmax, causal mask
   and dropout in one pass per row) against ``torch.softmax`` over scores carrying the additive mask, then
   ``Mask.apply`` (``kernels.attention.COMPILED_SOFTMAX`` off).
@@ -14,7 +19,8 @@
 Parts, each a round-robin of the two variants (``_machine.round_robin``, one settling step before each timed one):
 
 - ``layer``: one GPT-1 attention layer from its fused projection (``--batch`` × ``--seq-len``, 12 heads of 64,
-  the paper's attention dropout 0.1), forward + backward, q·kᵀ to the projection's gradient;
+  the paper's attention dropout 0.1), forward + backward, q·kᵀ to the projection's gradient (``fused`` also times
+  ``--short-batch`` × 128-token rows, fine-tuning's lengths, and the forward alone without dropout, evaluation's);
 - ``step``: a whole pretraining step of the ``gpt1`` preset (forward, backward, fused AdamW) (``--no-step`` skips
   it: minutes on 2 cores);
 - ``finetune``: whole fine-tuning updates as ``gpt1 finetune`` runs them by default (packed rows, the paper's batch
@@ -27,6 +33,7 @@ the precision's rounding for ``softmax``).
 
     python benchmarks/attention_ab.py --change layout --steps 9 --json layout.json
     python benchmarks/attention_ab.py --change softmax --precision fp32 --no-finetune
+    python benchmarks/attention_ab.py --change fused --precision fp32
 """
 
 from __future__ import annotations
@@ -38,17 +45,19 @@ import time
 
 from _machine import add_machine_args, machine_header, round_robin, start, write_json
 
-VARIANTS = {"layout": ("strided", "dense"), "softmax": ("pytorch", "compiled")}
+VARIANTS = {"layout": ("strided", "dense"), "softmax": ("pytorch", "compiled"), "fused": ("chunked", "fused")}
 """Per change: (before, after)."""
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--change", choices=sorted(VARIANTS), default="layout", help="which change to time")
-    ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16", help="(layout: bf16 only)")
+    ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
+                    help="(layout: bf16 only; fused: fp32 only)")
     ap.add_argument("--steps", type=int, default=15, help="timed rounds per part (after one warm-up)")
     ap.add_argument("--batch", type=int, default=4, help="sequences")
     ap.add_argument("--seq-len", type=int, default=512, help="tokens per sequence")
+    ap.add_argument("--short-batch", type=int, default=16, help="(fused) rows of 128 tokens in the short layer part")
     ap.add_argument("--no-step", action="store_true", help="skip the whole pretraining step")
     ap.add_argument("--no-finetune", action="store_true", help="skip the fine-tuning updates")
     ap.add_argument("--finetune-size", default="gpt1", help="model preset of the fine-tuning part: gpt1 or tiny")
@@ -57,10 +66,15 @@ def main() -> None:
     args = ap.parse_args()
     if args.change == "layout" and args.precision != "bf16":
         ap.error("--change layout compares bf16 layouts (fp32 takes the strided one): --precision bf16")
+    if args.change == "fused" and args.precision != "fp32":
+        ap.error("--change fused compares fp32 paths (bf16 keeps the written-out one): --precision fp32")
     start(args)
     info, line = machine_header()
     print(line)
     rows = _layer(args)
+    if args.change == "fused":
+        rows += _layer(args, seq_len=128, batch=args.short_batch)
+        rows += _layer(args, backward=False)
     if not args.no_step:
         rows += _step(args)
     if not args.no_finetune:
@@ -92,8 +106,10 @@ def variant(change: str, name: str):
     import gptcli.model.gpt as gpt
     from gptcli.model.kernels import attention as kernel
 
-    saved = gpt.causal_self_attention, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX
-    if name == "strided":
+    saved = gpt.causal_self_attention, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX, kernel.FUSED_DTYPES
+    if name == "chunked":
+        kernel.FUSED_DTYPES = ()
+    elif name == "strided":
         gpt.causal_self_attention = _strided  # the model's own attention (pretraining, the layer)
         kernel.STRIDED_DTYPES = (*kernel.STRIDED_DTYPES, torch.bfloat16)  # packed rows' grid (fine-tuning)
     elif name == "pytorch":
@@ -101,7 +117,7 @@ def variant(change: str, name: str):
     try:
         yield
     finally:
-        gpt.causal_self_attention, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX = saved
+        gpt.causal_self_attention, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX, kernel.FUSED_DTYPES = saved
 
 
 def _dtype(args):
@@ -135,18 +151,24 @@ def _timed_rounds(args, run, items: int = 1) -> dict:
     return {n: [sum(times[(n, i)][r] for i in range(items)) for r in range(args.steps)] for n in names}
 
 
-def _layer(args) -> list[dict]:
+def _layer(args, seq_len: int | None = None, batch: int | None = None, backward: bool = True) -> list[dict]:
+    """One attention layer forward + backward with dropout 0.1 (training), or (``backward=False``) its forward
+    without dropout under no_grad (evaluation)."""
     import torch
 
     import gptcli.model.gpt as gpt
 
+    seq_len, batch = seq_len or args.seq_len, batch or args.batch
     g = torch.Generator().manual_seed(0)
-    qkv = torch.randn(args.batch, args.seq_len, 3 * 768, generator=g).to(_dtype(args))
-    upstream = torch.randn(args.batch, args.seq_len, 768, generator=g).to(_dtype(args))
+    qkv = torch.randn(batch, seq_len, 3 * 768, generator=g).to(_dtype(args))
+    upstream = torch.randn(batch, seq_len, 768, generator=g).to(_dtype(args))
 
-    def run(_: int = 0):
+    def run(_: int = 0, p: float = 0.1):
+        if not backward:
+            with torch.no_grad():
+                return gpt.causal_self_attention(qkv, 12, 0.0), None
         x = qkv.detach().requires_grad_()
-        y = gpt.causal_self_attention(x, 12, 0.1)
+        y = gpt.causal_self_attention(x, 12, p)
         y.backward(upstream)
         return y, x.grad
 
@@ -154,14 +176,21 @@ def _layer(args) -> list[dict]:
     for name in VARIANTS[args.change]:
         torch.manual_seed(1)
         with variant(args.change, name):
-            outs[name] = run()
+            # The fused path draws another mask than the written-out blocks (same law): it is checked without.
+            outs[name] = run(p=0.0 if args.change == "fused" else 0.1)
     (y0, g0), (y1, g1) = outs.values()
     if args.change == "layout" and not torch.equal(y0, y1):
         raise SystemExit("error: the two layouts' outputs differ (run tests/model/test_attention.py)")
     rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()  # noqa: E731
-    print(f"\none attention layer, {args.precision}, {args.batch}×{args.seq_len}, 12 heads, dropout 0.1: outputs "
-          f"within {rel(y1, y0):.1e}, gradients within {rel(g1, g0):.1e} (relative)")
-    return _report(args, "layer", _timed_rounds(args, run))
+    part = "layer" if backward else "eval"
+    if seq_len != args.seq_len:
+        part += f"@{seq_len}"
+    checked = " (checked without dropout)" if args.change == "fused" and backward else ""
+    grads = f", gradients within {rel(g1, g0):.1e}" if backward else ""
+    print(f"\none attention layer, {args.precision}, {batch}×{seq_len}, 12 heads, "
+          f"{'dropout 0.1, forward + backward' if backward else 'no dropout, forward only'}: outputs within "
+          f"{rel(y1, y0):.1e}{grads} (relative){checked}")
+    return _report(args, part, _timed_rounds(args, run))
 
 
 def _step(args) -> list[dict]:

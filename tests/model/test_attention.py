@@ -29,6 +29,11 @@ def softmax_backward(request, monkeypatch: pytest.MonkeyPatch) -> str:
     return request.param
 
 
+def _fused_or_skip() -> None:
+    if attention._fused_library("cpu", torch.float32) is None:
+        pytest.skip("the fused path needs the compiled library with AVX-512 or AVX2 and a BLAS sgemm")
+
+
 def _qkv(t: int, dtype: torch.dtype = torch.float32, d: int = 8, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(2, 3, t, d, generator=g).to(dtype).requires_grad_() for _ in range(3)]
@@ -38,6 +43,8 @@ def _qkv(t: int, dtype: torch.dtype = torch.float32, d: int = 8, seed: int = 0) 
 @pytest.mark.parametrize("t", [1, 3, 5, 37])
 def test_every_path_is_sdpa_without_dropout_fp32(path: str, t: int) -> None:
     """Outputs and gradients, including lengths shorter than one block."""
+    if path == "fused":
+        _fused_or_skip()
     q, k, v = _qkv(t)
     ref = causal_attention(q, k, v, 0.0, path="sdpa")
     grads_ref = torch.autograd.grad(ref.square().sum(), (q, k, v))
@@ -48,7 +55,7 @@ def test_every_path_is_sdpa_without_dropout_fp32(path: str, t: int) -> None:
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", [p for p in PATHS if p != "fused"])  # fused: fp32 only (FUSED_DTYPES)
 def test_every_path_is_sdpa_without_dropout_bf16(path: str) -> None:
     q, k, v = _qkv(64, torch.bfloat16, d=16)
     ref = causal_attention(q, k, v, 0.0, path="sdpa").float()
@@ -60,6 +67,8 @@ def test_dropout_acts_on_the_probabilities(path: str) -> None:
     """With v the identity (d = T), the output IS the dropped-out probability matrix: nothing above the diagonal,
     a share p of the visible entries zeroed, the rest the softmax scaled by 1/(1 - p) — the paper's attention dropout,
     on every path."""
+    if path == "fused":
+        _fused_or_skip()
     t, p = 64, 0.25
     q, k, _ = _qkv(t, d=t)
     v = torch.eye(t).expand(2, 3, t, t)
@@ -79,10 +88,15 @@ def test_dispatch_table() -> None:
     assert attention_path("cuda", torch.float32, 0.0, 512) == "sdpa"
     assert attention_path("cpu", torch.float16, 0.1, 512) == "sdpa"  # not measured: the library's default
     long, short = attention.CHUNK_MIN_LEN, attention.CHUNK_MIN_LEN - 1
+    fused = attention._fused_library("cpu", torch.float32) is not None
     for (dtype, dropout), path in attention.CPU_PATHS.items():
         assert path in PATHS
+        if fused and dtype in attention.FUSED_DTYPES:  # every length, with or without dropout
+            path = short_path = "fused"
+        else:
+            short_path = "plain"  # measured: never slower
         assert attention_path("cpu", dtype, 0.1 if dropout else 0.0, long) == path
-        assert attention_path("cpu", dtype, 0.1 if dropout else 0.0, short) == "plain"  # measured: never slower
+        assert attention_path("cpu", dtype, 0.1 if dropout else 0.0, short) == short_path
     with pytest.raises(ValueError, match="unknown attention path"):
         causal_attention(*_qkv(4), 0.0, path="nope")
 
@@ -267,6 +281,124 @@ def test_model_attention_reads_the_projection_in_place() -> None:
     torch.testing.assert_close(grad.float(), grad_want.float(), atol=6e-2, rtol=6e-2)
 
 
+# --- the fused path (fp32: fused_attention.cpp) ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 64), (2, 3, 37, 8), (1, 2, 130, 32), (2, 2, 200, 64)])
+def test_fused_is_float64_sdpa(monkeypatch: pytest.MonkeyPatch, rows: int, shape: tuple[int, ...]) -> None:
+    """Outputs and the projection's gradient against SDPA in float64, at ragged lengths and query blocks of one row,
+    an odd count and the default: fp32 roundoff (the products are the BLAS's, the exponential vexp.h's)."""
+    _fused_or_skip()
+    monkeypatch.setattr(attention, "FUSED_ROWS", rows)
+    B, H, T, d = shape
+    qkv = _projection(T, torch.float32, seed=T + rows, heads=H, d=d)[:B]
+    upstream = torch.randn(B, H, T, d)
+    out = attention.stacked_causal_attention(_stacked(qkv, H), 0.0, path="fused")
+    grad = torch.autograd.grad((out * upstream).sum(), qkv)[0]
+    x64 = qkv.detach().double().requires_grad_()
+    want = F.scaled_dot_product_attention(*_stacked(x64, H).unbind(0), is_causal=True)
+    grad_want = torch.autograd.grad((want * upstream.double()).sum(), x64)[0]
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad.double(), grad_want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("t", [37, 128])
+def test_fused_dropout_is_a_dense_masks(monkeypatch: pytest.MonkeyPatch, t: int) -> None:
+    """With dropout, the fused path computes the attention under the mask a (B·H, T, T) :class:`Mask` of the same
+    seed draws (the bits of ``mask_bits.h`` at each probability's flat index), scaled by 1/(1 − p): outputs and
+    gradients against autograd over that dense mask, in float64. Query blocks of 16 rows: several per length."""
+    _fused_or_skip()
+    from gptcli.model.kernels.dropout import Mask
+
+    monkeypatch.setattr(attention, "FUSED_ROWS", 16)
+    p, H, d = 0.3, 3, 8
+    qkv = _projection(t, torch.float32, seed=t)
+    upstream = torch.randn(2, H, t, d)
+    torch.manual_seed(4)
+    out = attention.stacked_causal_attention(_stacked(qkv), p, path="fused")
+    grad = torch.autograd.grad((out * upstream).sum(), qkv)[0]
+    torch.manual_seed(4)
+    keep = Mask((2 * H, t, t), p, "cpu", torch.float32).dense().double().view(2, H, t, t)
+    x64 = qkv.detach().double().requires_grad_()
+    q, k, v = _stacked(x64).unbind(0)
+    scores = (q @ k.transpose(-1, -2)) / d**0.5 + torch.full((t, t), float("-inf"), dtype=torch.float64).triu(1)
+    want = (torch.softmax(scores, -1) * keep / (1 - p)) @ v
+    grad_want = torch.autograd.grad((want * upstream.double()).sum(), x64)[0]
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad.double(), grad_want, atol=1e-5, rtol=1e-5)
+    visible = keep[torch.ones(t, t, dtype=torch.bool).tril().expand_as(keep)]
+    assert abs(1 - visible.mean().item() - p) < 0.05  # the mask drops a share p of what the queries see
+
+
+def test_fused_gradient_lands_in_the_projections_layout() -> None:
+    """As the dense layout's: the input gradient in the fused projection's strides, no copy to assemble it."""
+    _fused_or_skip()
+    qkv = _projection(37, torch.float32, seed=13)
+    x = _stacked(qkv)
+    strides = []
+    x.register_hook(lambda g: strides.append(g.stride()))
+    attention.stacked_causal_attention(x, 0.1, path="fused").sum().backward()
+    assert strides == [x.stride()]
+    assert qkv.grad.is_contiguous()
+
+
+def test_fused_is_fp32_causal_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 and a grid's own mask never take the fused path (its mask is the causal one, its products sgemm);
+    without the library fp32 takes the written-out blocks again."""
+    _fused_or_skip()
+    qkv = _projection(16, torch.bfloat16, seed=14)
+    with pytest.raises(ValueError, match="fused attention path"):
+        attention.stacked_causal_attention(_stacked(qkv), 0.0, path="fused")
+    calls = []
+    monkeypatch.setattr(attention._FusedAttention, "apply", lambda *a: calls.append(a))
+    x = _stacked(_projection(16, torch.float32, seed=15))
+    bias = torch.zeros(6, 16, 16).masked_fill(torch.ones(16, 16, dtype=torch.bool).triu(1), float("-inf"))
+    attention.masked_attention(x, bias, 0.0)
+    assert calls == []
+    monkeypatch.setattr(attention, "_fused_library", lambda device_type, dtype: None)
+    assert attention_path("cpu", torch.float32, 0.1, 512) == attention.CPU_PATHS[(torch.float32, True)]
+
+
+def test_under_torch_compile_the_fused_path_runs_eagerly_between_graphs() -> None:
+    """``--compile``: the fused kernel is an opaque pybind call, marked to run eagerly (as the other kernels)."""
+    import warnings
+
+    _fused_or_skip()
+    qkv = _projection(37, torch.float32, seed=16)
+
+    def step(y: torch.Tensor) -> torch.Tensor:
+        return attention.stacked_causal_attention(_stacked(y * 2.0), 0.1, path="fused").square().sum()
+
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.manual_seed(0)
+            got = torch.compile(step, backend="eager")(qkv)
+            got.backward()
+        torch.manual_seed(0)
+        torch.testing.assert_close(got.detach(), step(qkv.detach()))
+        assert qkv.grad is not None and qkv.grad.abs().sum() > 0
+        assert not [w for w in seen if "does not know how to trace" in str(w.message)], [str(w.message) for w in seen]
+    finally:
+        torch.compiler.reset()
+
+
+def test_the_fp32_model_trains_through_the_fused_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPT's fp32 training step goes through _FusedAttention where it is available (what was measured runs)."""
+    _fused_or_skip()
+    from gptcli.model.kernels import set_kernels
+
+    set_kernels("auto")
+    calls = []
+    apply = attention._FusedAttention.apply
+    monkeypatch.setattr(attention._FusedAttention, "apply", lambda *a: calls.append(a[1]) or apply(*a))
+    model = GPT(ModelConfig(vocab_size=50, n_ctx=16, n_embd=16, n_layer=2, n_head=2, n_inner=32)).train()
+    model(torch.randint(0, 50, (2, 16)))[0].sum().backward()
+    assert calls == [0.1, 0.1]
+    assert all(p.grad is not None for p in model.parameters())
+
+
 # --- the shared-prefix grid's attention (``--layout shared``: masked_attention) -------------------------------------
 
 
@@ -283,7 +415,7 @@ def grid_path(request, monkeypatch: pytest.MonkeyPatch) -> str:
     """The path masked_attention takes for the 37-column grid: one block, or (the threshold lowered) blocks of 8."""
     if request.param == "chunked":
         monkeypatch.setattr(attention, "CHUNK_MIN_LEN", 16)
-    assert attention_path("cpu", torch.float32, 0.1, 37) == request.param
+    assert attention.written_out_path("cpu", torch.float32, 0.1, 37) == request.param
     return request.param
 
 

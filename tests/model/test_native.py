@@ -507,3 +507,49 @@ def test_the_softmax_forward_keeps_nan_and_checks_its_arguments(lib) -> None:
         lib.softmax_forward(torch.randn(20, 3).t(), None, 0, 0, -1)
     with pytest.raises(RuntimeError, match="dtype and shape"):
         lib.softmax_forward(torch.randn(3, 20), torch.empty(3, 21), 0, 0, -1)
+
+
+@pytest.fixture
+def fused_lib(lib):
+    if not lib.fused_attention_available():
+        pytest.skip("built without AVX-512 or AVX2, or no BLAS sgemm_ to call: the written-out attention runs instead")
+    return lib
+
+
+@pytest.mark.parametrize("rows", [16, 64])
+def test_the_fused_attention_is_float64_attention_under_the_dense_mask(fused_lib, rows: int) -> None:
+    """fused_attention.cpp's forward and backward called directly (so the AVX2 re-run below covers its AVX2 rows),
+    at a length and head size that are not multiples of 8 or 16, with dropout: outputs, log-sum-exps and the three
+    gradients against autograd in float64 under the (B·H, T, T) mask of the same seed (dropout_mask's bits)."""
+    B, H, T, d, p = 2, 2, 45, 24, 0.2
+    g = torch.Generator().manual_seed(3)
+    q, k, v, grad = (torch.randn(B, H, T, d, generator=g) for _ in range(4))
+    seed, limit, scale = 123456789, threshold(p), 1.0 / (1.0 - p)
+    out, lse = torch.empty(B, H, T, d), torch.empty(B, H, T)
+    fused_lib.fused_attention_forward(q, k, v, out, lse, seed, limit, scale, rows)
+    dq, dk, dv = (torch.empty(B, H, T, d) for _ in range(3))
+    fused_lib.fused_attention_backward(q, k, v, out, grad, lse, dq, dk, dv, seed, limit, scale, rows)
+    keep = fused_lib.dropout_mask(torch.empty(B * H, T, T), seed, limit).double().view(B, H, T, T)
+    q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+    scores = q64 @ k64.transpose(-1, -2) / math.sqrt(d)
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    want = (torch.softmax(scores, -1) * keep * scale) @ v64
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, -1).detach(), atol=1e-5, rtol=1e-5)
+    for got, ref in zip((dq, dk, dv), torch.autograd.grad((want * grad.double()).sum(), (q64, k64, v64))):
+        torch.testing.assert_close(got.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_the_fused_attention_checks_its_arguments(fused_lib) -> None:
+    q = torch.randn(1, 2, 8, 4)
+    out, lse = torch.empty_like(q), torch.empty(1, 2, 8)
+    with pytest.raises(RuntimeError, match="float32 CPU tensor"):
+        fused_lib.fused_attention_forward(q.bfloat16(), q, q, out, lse, 0, 0, 1.0, 4)
+    with pytest.raises(RuntimeError, match="rows must be contiguous"):
+        fused_lib.fused_attention_forward(q.transpose(2, 3), q, q, out, lse, 0, 0, 1.0, 4)
+    with pytest.raises(RuntimeError, match="q's shape"):
+        fused_lib.fused_attention_forward(q, q[:, :, :4], q, out, lse, 0, 0, 1.0, 4)
+    with pytest.raises(RuntimeError, match="lse must be"):
+        fused_lib.fused_attention_forward(q, q, q, out, torch.empty(1, 2, 7), 0, 0, 1.0, 4)
+    with pytest.raises(RuntimeError, match="threshold"):
+        fused_lib.fused_attention_forward(q, q, q, out, lse, 0, 2**32, 1.0, 4)

@@ -12,6 +12,10 @@ the same function either way (tests/model/test_attention.py), not the same speed
   (``softmax.cpp``). It is faster than SDPA in fp32 and bf16, with and without dropout, training and evaluation
   (docs/performance.md, "Attention").
 - Sequences under ``CHUNK_MIN_LEN`` (fine-tuning, scoring) are written out in one block (``plain``).
+- In fp32, where the compiled library binds a BLAS ``sgemm``, the causal attention is ``fused`` instead, at every
+  length: per block of queries the scores, softmax, dropout and product with v in one compiled call while the block
+  is in cache, and the backward pass computes the probabilities again instead of keeping them
+  (``fused_attention.cpp``; 1.26× a written-out fp32 layer at 4 × 512, and 54 MiB less kept per layer).
 - Other dtypes (fp16 on CPU: not measured) take SDPA.
 
 Measured by benchmarks/attention_paths.py. :func:`attention_path` is that table; :func:`causal_attention` applies
@@ -29,13 +33,15 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from gptcli.model.kernels import native
-from gptcli.model.kernels.dropout import Mask, threshold
+from gptcli.model.kernels.dropout import Mask, draw_seed, threshold
 
-PATHS: tuple[str, ...] = ("sdpa", "plain", "chunked")
+PATHS: tuple[str, ...] = ("sdpa", "plain", "chunked", "fused")
 """``sdpa``: F.scaled_dot_product_attention. ``plain``: scores, mask, softmax, dropout and the product with v as
 separate ops in the inputs' dtype (what Hugging Face's port does). ``chunked``: ``plain`` over blocks of
 ``CHUNK_ROWS`` queries, each against only the keys it can see, so the masked upper triangle is (mostly) neither
-computed nor dropped out: 5/8 of the scores at T = 512."""
+computed nor dropped out: 5/8 of the scores at T = 512. ``fused`` (causal, :data:`FUSED_DTYPES`, where the compiled
+library has it): blocks of ``FUSED_ROWS`` queries each computed start to end in one compiled call, their scores never
+leaving the cache, and computed again in the backward pass instead of kept (:class:`_FusedAttention`)."""
 
 CHUNK_ROWS = 128
 """Queries per block of the ``chunked`` path (T = 512: 4 blocks). At T = 256 and 512, blocks of 128 were the
@@ -65,6 +71,16 @@ where the library serves the dtype; False keeps ``torch.softmax``, the additive 
 same function, PyTorch's rounding). ``benchmarks/attention_ab.py --change softmax`` sets it to time the two."""
 
 
+FUSED_DTYPES: tuple[torch.dtype, ...] = (torch.float32,)
+"""Dtypes the ``fused`` path computes (``fused_attention.cpp``, whose products are the BLAS's ``sgemm``): fp32. bf16
+keeps ``chunked`` (:class:`_DenseBlockedAttention`, oneDNN's AMX products). ``benchmarks/attention_ab.py --change
+fused`` empties it to time ``chunked`` against it."""
+
+FUSED_ROWS = 64
+"""Queries per block of the ``fused`` path: a block's scores against 512 keys are 128 kB of float32, inside a core's
+L2 cache with the block's products' operands."""
+
+
 CHUNK_MIN_LEN = 256
 """On CPU, shorter sequences take ``plain`` whatever the table says: blocks of a few dozen queries cost more in per-op
 overhead than the skipped triangle saves, and at these lengths the written-out attention matched or beat SDPA in
@@ -73,7 +89,15 @@ every precision, dropout and mode measured (benchmarks/attention_paths.py at T =
 
 def attention_path(device_type: str, dtype: torch.dtype, dropout: float, seq_len: int) -> str:
     """The path :func:`causal_attention` takes for ``seq_len`` queries of ``dtype`` on ``device_type`` (module
-    docstring)."""
+    docstring): ``fused`` where it computes the dtype, else :func:`written_out_path`."""
+    if device_type == "cpu" and _fused_library(device_type, dtype) is not None:
+        return "fused"
+    return written_out_path(device_type, dtype, dropout, seq_len)
+
+
+def written_out_path(device_type: str, dtype: torch.dtype, dropout: float, seq_len: int) -> str:
+    """The path without ``fused``: :data:`CPU_PATHS` from ``CHUNK_MIN_LEN`` tokens on, ``plain`` below, ``sdpa``
+    off the CPU and for unmeasured dtypes. What a mask other than the causal one takes (:func:`masked_attention`)."""
     if device_type != "cpu":
         return "sdpa"
     if seq_len < CHUNK_MIN_LEN and dtype in (torch.float32, torch.bfloat16):
@@ -127,7 +151,8 @@ def masked_attention(x: torch.Tensor, bias: torch.Tensor, dropout: float = 0.0) 
     dropout_p=dropout)`` (gptcli/model/packed.py). Blocks of queries see only the keys up to their last, as
     :func:`causal_attention`'s; ``bias`` must be in the dtype the products run in (the autocast dtype, else
     ``x``'s). None where the dtype has no written-out path (the caller takes SDPA)."""
-    path = attention_path(x.device.type, x.dtype, dropout, x.size(-2))
+    # The fused path's mask is the causal one only: a grid's own mask takes the written-out blocks.
+    path = written_out_path(x.device.type, x.dtype, dropout, x.size(-2))
     if path == "sdpa":
         return None
     return _written_out(x, lambda t, device, dtype: bias.to(dtype), dropout, path, None)
@@ -144,6 +169,10 @@ def _written_out(x: torch.Tensor, bias_of, dropout: float, path: str, block_rows
     blocks = max(1, t // (block_rows or CHUNK_ROWS)) if path == "chunked" else 1
     bounds = tuple(t * i // blocks for i in range(blocks + 1))
     x = x.to(dtype)
+    if path == "fused":
+        if bias_of is not _causal_bias or _fused_library(device, dtype) is None:
+            raise ValueError("the fused attention path computes the causal mask, in FUSED_DTYPES, with the library")
+        return _fused(x, dropout)
     # A causal mask is the compiled softmax's own (no bias) where the library serves the dtype (_probabilities).
     causal = bias_of is _causal_bias and COMPILED_SOFTMAX and _softmax_library(x) is not None
     bias = None if causal else bias_of(t, x.device, dtype)
@@ -201,6 +230,16 @@ def _softmax_library(x: torch.Tensor):
     """The compiled library when its softmax forward and backward (``softmax.cpp``, AVX-512 or AVX2) take ``x``'s
     dtype here, else ``None`` (PyTorch's ops then)."""
     return native.vector_library_for(x.device, x.dtype)
+
+
+@torch.compiler.disable  # the library's lookup and its pybind query are opaque to dynamo: run them eagerly
+def _fused_library(device_type: str, dtype: torch.dtype):
+    """The compiled library where it computes the ``fused`` path for ``dtype`` here (:data:`FUSED_DTYPES`, built with
+    its vector loops and a BLAS ``sgemm`` to call), else ``None``."""
+    if dtype not in FUSED_DTYPES:
+        return None
+    lib = native.vector_library_for(device_type, dtype)
+    return lib if lib is not None and lib.fused_attention_available() else None
 
 
 def _transposed(x: torch.Tensor, blocks: int) -> torch.Tensor:
@@ -269,6 +308,51 @@ class _BlockedAttention(torch.autograd.Function):
         if fresh:
             dq = dq[0] if n == 1 else torch.cat(dq, dim=1)
         return dq, dk, dv, None, None, None
+
+
+@torch.compiler.disable  # under torch.compile (--compile), run eagerly between graphs: a pybind call is opaque to it
+def _fused(x: torch.Tensor, dropout: float) -> torch.Tensor:
+    with torch.autocast(x.device.type, enabled=False):
+        return _FusedAttention.apply(x, dropout)
+
+
+class _FusedAttention(torch.autograd.Function):
+    """Causal attention of q, k, v stacked in ``x`` (3, B, H, T, d), any strides with rows of d contiguous (the
+    fused projection's view), by ``fused_attention.cpp``: per block of ``FUSED_ROWS`` queries the scores, softmax,
+    dropout and product with v in one compiled call while the block is in cache, and in the backward pass the
+    probabilities computed again from q, k and each row's log-sum-exp (kept: B·H·T floats) instead of read back.
+    Nothing T × T is kept between the passes (the written-out path keeps the probabilities and their dropped-out
+    copy: 60 MB per GPT-1 layer at 4 × 512 in fp32). The dropout is a Bernoulli(1 − p) mask scaled by 1/(1 − p)
+    whose bits are those a (B·H, T, T) :class:`Mask` of the same seed draws. Returns a (B, H, T, d) view of a
+    (B, T, H, d) tensor, the layout the output projection reads; the input's gradient comes in the input's own
+    strides (a permuted view of the fused projection), as :class:`_DenseBlockedAttention`'s."""
+
+    @staticmethod
+    def forward(ctx, x, dropout: float):
+        if x.stride(-1) != 1:  # the kernel reads rows of d in place
+            x = x.contiguous()
+        q, k, v = x.unbind(0)
+        B, H, T, d = q.shape
+        out = q.new_empty(B, T, H, d).transpose(1, 2)
+        lse = q.new_empty(B, H, T)
+        seed, limit = (draw_seed(x.device), threshold(dropout)) if dropout > 0.0 else (0, 0)
+        scale = 1.0 / (1.0 - dropout)
+        native.library().fused_attention_forward(q, k, v, out, lse, seed, limit, scale, FUSED_ROWS)
+        ctx.save_for_backward(x, out, lse)
+        ctx.seed, ctx.limit, ctx.scale = seed, limit, scale
+        ctx.layout = torch.empty_like(x, device="meta")
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        x, out, lse = ctx.saved_tensors
+        if grad.stride(-1) != 1:
+            grad = grad.contiguous()
+        dx = torch.empty_strided(ctx.layout.shape, ctx.layout.stride(), dtype=grad.dtype, device=grad.device)
+        native.library().fused_attention_backward(*x.unbind(0), out, grad, lse, *dx.unbind(0), ctx.seed, ctx.limit,
+                                                  ctx.scale, FUSED_ROWS)
+        return dx, None
 
 
 def _dense(x: torch.Tensor, a: int, b: int) -> torch.Tensor:

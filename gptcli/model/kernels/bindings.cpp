@@ -17,6 +17,14 @@ torch::Tensor nll_backward(const torch::Tensor& logits, const torch::Tensor& tar
 torch::Tensor softmax_backward(torch::Tensor dp, const torch::Tensor& d, const torch::Tensor& p);
 torch::Tensor softmax_forward(torch::Tensor s, const std::optional<torch::Tensor>& d, int64_t seed, int64_t threshold,
                               int64_t causal_offset);
+bool fused_attention_available();
+void fused_attention_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                             torch::Tensor out, torch::Tensor lse, int64_t seed, int64_t threshold, double scale,
+                             int64_t rows);
+void fused_attention_backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const torch::Tensor& out, const torch::Tensor& grad, const torch::Tensor& lse,
+                              torch::Tensor dq, torch::Tensor dk, torch::Tensor dv, int64_t seed, int64_t threshold,
+                              double scale, int64_t rows);
 }  // namespace gpt1
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -35,6 +43,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "p = softmax(s) over s, causal from causal_offset (< 0: none), and d = p where the dropout mask keeps it "
         "(softmax.cpp)",
         py::arg("s"), py::arg("d"), py::arg("seed"), py::arg("threshold"), py::arg("causal_offset"));
+  m.def("fused_attention_available", &gpt1::fused_attention_available,
+        "whether fused_attention_forward/backward run here: vector loops built and a BLAS sgemm_ to call");
+  m.def("fused_attention_forward", &gpt1::fused_attention_forward,
+        "out and lse of float32 causal attention over blocks of `rows` queries (fused_attention.cpp)",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("lse"), py::arg("seed"),
+        py::arg("threshold"), py::arg("scale"), py::arg("rows"));
+  m.def("fused_attention_backward", &gpt1::fused_attention_backward,
+        "dq, dk, dv of fused_attention_forward from the output's gradient (fused_attention.cpp)",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("grad"), py::arg("lse"), py::arg("dq"),
+        py::arg("dk"), py::arg("dv"), py::arg("seed"), py::arg("threshold"), py::arg("scale"), py::arg("rows"));
   m.def("vectorised", [] { return GPT1_VECTOR_ROWS == 1; },
         "whether the vector loops were built, with AVX-512 or AVX2 (vector.h): the loss, softmax_forward and "
         "softmax_backward, dropout_apply's");

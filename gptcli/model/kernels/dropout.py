@@ -83,7 +83,7 @@ def threshold(p: float) -> int:
     return round(p * 2**32)
 
 
-def _seed(device: torch.device | str) -> int:
+def draw_seed(device: torch.device | str) -> int:
     """One 63-bit seed from the default generator of ``device`` (``torch.manual_seed`` makes it reproducible)."""
     return int(torch.empty((), dtype=torch.int64, device=device).random_().item())
 
@@ -98,7 +98,7 @@ class Mask:
                  dtype: torch.dtype) -> None:
         self.shape, self.p, self.dtype = torch.Size(shape), p, dtype
         self._lib = native.library_for(device, dtype)
-        self.seed = _seed(device) if self._lib is not None else None
+        self.seed = draw_seed(device) if self._lib is not None else None
         self.tensor = keep_mask(shape, p, device, dtype) if self._lib is None else None
 
     @torch.compiler.disable

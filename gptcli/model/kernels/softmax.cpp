@@ -29,7 +29,6 @@
 
 namespace {
 
-constexpr float kSoftmaxFloor = -80.0f;  // exp_above's
 
 #if GPT1_AVX512
 using gpt1::vec::load16;
@@ -57,15 +56,6 @@ void backward_row(T* dp, const T* d, const T* p, int64_t n) {
 }
 
 
-// exp(x) for x = score − max ≤ 0, exactly 0 below kSoftmaxFloor: an additive mask's −∞ (the shared-prefix grid's)
-// would otherwise take exp through subnormal intermediates, which Intel CPUs compute by microcode assists, many times
-// slower (measured: the softmax of a masked block 2.5× slower than PyTorch's). e^−80 is 2·10⁻³⁵ of the row's largest
-// term, so a probability of at most that becomes 0 and the others do not move beyond float32 roundoff.
-inline __m512 exp_above(__m512 x) {
-  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kSoftmaxFloor), _CMP_NLT_UQ);  // NaN kept
-  return _mm512_maskz_mov_ps(keep, gpt1::exp16(_mm512_max_ps(_mm512_set1_ps(kSoftmaxFloor), x)));
-}
-
 // One row of the forward (see softmax_forward): its first `visible` scores softmaxed into p over x, the rest 0,
 // and d = p where the mask keeps element `flat + j`. `e` holds the row's exponentials (n rounded up to 16 floats).
 template <typename T>
@@ -82,7 +72,7 @@ void forward_row(T* x, T* d, int64_t n, int64_t visible, int64_t flat, uint64_t 
   int64_t j = 0;
   for (; j < visible; j += 16) {
     const __mmask16 k = tail(visible - j);
-    const __m512 v = _mm512_maskz_mov_ps(k, exp_above(_mm512_sub_ps(load16(x + j, k), mv)));
+    const __m512 v = _mm512_maskz_mov_ps(k, gpt1::exp_above(_mm512_sub_ps(load16(x + j, k), mv)));
     _mm512_storeu_ps(e + j, v);
     sum = _mm512_add_ps(sum, v);
   }
@@ -126,14 +116,6 @@ void backward_row(T* dp, const T* d, const T* p, int64_t n) {
 }
 
 
-// As the AVX-512 form's: exactly 0 below kSoftmaxFloor, no subnormal intermediates. A NaN stays NaN (the compare is
-// false for it, but NaN AND 0 would give 0: its lanes are kept by the unordered test).
-inline __m256 exp_above(__m256 x) {
-  const __m256 floor = _mm256_set1_ps(kSoftmaxFloor);
-  const __m256 keep = _mm256_cmp_ps(x, floor, _CMP_NLT_UQ);
-  return _mm256_and_ps(keep, gpt1::exp8(_mm256_max_ps(floor, x)));
-}
-
 template <typename T>
 void forward_row(T* x, T* d, int64_t n, int64_t visible, int64_t flat, uint64_t seed, uint32_t threshold, float* e) {
   const float inf = std::numeric_limits<float>::infinity();
@@ -145,13 +127,13 @@ void forward_row(T* x, T* d, int64_t n, int64_t visible, int64_t flat, uint64_t 
   const __m256 mv = _mm256_set1_ps(gpt1::vec8::reduce_max(m));
   __m256 sum = _mm256_setzero_ps();
   for (j = 0; j + 8 <= visible; j += 8) {
-    const __m256 v = exp_above(_mm256_sub_ps(load8(x + j), mv));
+    const __m256 v = gpt1::exp_above(_mm256_sub_ps(load8(x + j), mv));
     _mm256_storeu_ps(e + j, v);
     sum = _mm256_add_ps(sum, v);
   }
   if (j < visible) {
     const __m256 v = _mm256_and_ps(gpt1::vec8::lanes_below(visible - j),
-                                   exp_above(_mm256_sub_ps(load_tail(x + j, visible - j, 0.0f), mv)));
+                                   gpt1::exp_above(_mm256_sub_ps(load_tail(x + j, visible - j, 0.0f), mv)));
     _mm256_storeu_ps(e + j, v);
     sum = _mm256_add_ps(sum, v);
     j += 8;
