@@ -553,3 +553,11 @@ def test_the_fused_attention_checks_its_arguments(fused_lib) -> None:
         fused_lib.fused_attention_forward(q, q, q, out, torch.empty(1, 2, 7), 0, 0, 1.0, 4)
     with pytest.raises(RuntimeError, match="threshold"):
         fused_lib.fused_attention_forward(q, q, q, out, lse, 0, 2**32, 1.0, 4)
+
+
+def test_the_fused_attention_takes_empty_sequences(fused_lib) -> None:
+    """T = 0 (an empty batch row): nothing to compute, and no BLAS call with a zero leading dimension."""
+    q = torch.randn(1, 2, 0, 8)
+    out, lse, dx = torch.empty_like(q), torch.empty(1, 2, 0), torch.empty_like(q)
+    fused_lib.fused_attention_forward(q, q, q, out, lse, 1, 0, 1.0, 64)
+    fused_lib.fused_attention_backward(q, q, q, out, q, lse, dx, dx, dx, 1, 0, 1.0, 64)

@@ -255,24 +255,30 @@ void fused_attention_backward(const torch::Tensor& q, const torch::Tensor& k, co
   const float alpha = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   const Dropout drop(seed, threshold, scale);
   const float* L = lse.data_ptr<float>();
+  if (T == 0) return;  // no rows (and no block to start from)
   at::parallel_for(0, bh, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s(rows * T), dp(rows * T);
+    // The head's key and value gradients accumulate in dense buffers (the BLAS's C reads and writes them once per
+    // block; into the projection's strided rows that measured slower) and are written out once. The last block
+    // sees every key, so taking the blocks last to first lets its products write the buffers (β = 0): no zeroing.
+    std::vector<float> s(rows * T), dp(rows * T), gk(T * d), gv(T * d);
+    const int64_t last = (T - 1) / rows * rows;
     for (int64_t h = begin; h < end; ++h) {
-      for (int64_t t = 0; t < T; ++t) {
-        std::fill_n(DK.at(h, t), d, 0.0f);
-        std::fill_n(DV.at(h, t), d, 0.0f);
-      }
-      for (int64_t a = 0; a < T; a += rows) {
+      for (int64_t a = last; a >= 0; a -= rows) {
         const int64_t r = std::min(rows, T - a), n = a + r;
+        const float beta = a == last ? 0.0f : 1.0f;
         gemm(false, true, r, n, d, alpha, Q.at(h, a), Q.st, K.at(h), K.st, 0.0f, s.data(), n);
         gemm(false, true, r, n, d, 1.0f, G.at(h, a), G.st, V.at(h), V.st, 0.0f, dp.data(), n);
         for (int64_t i = 0; i < r; ++i)
           backward_row(s.data() + i * n, dp.data() + i * n, n, a + i + 1, L[h * T + a + i],
                        dot(G.at(h, a + i), O.at(h, a + i), d), (h * T + a + i) * T, drop.seed, drop.threshold,
                        drop.scale, drop.on);
-        gemm(true, false, n, d, r, 1.0f, s.data(), n, G.at(h, a), G.st, 1.0f, DV.at(h), DV.st);
+        gemm(true, false, n, d, r, 1.0f, s.data(), n, G.at(h, a), G.st, beta, gv.data(), d);
         gemm(false, false, r, d, n, alpha, dp.data(), n, K.at(h), K.st, 0.0f, DQ.at(h, a), DQ.st);
-        gemm(true, false, n, d, r, alpha, dp.data(), n, Q.at(h, a), Q.st, 1.0f, DK.at(h), DK.st);
+        gemm(true, false, n, d, r, alpha, dp.data(), n, Q.at(h, a), Q.st, beta, gk.data(), d);
+      }
+      for (int64_t t = 0; t < T; ++t) {
+        std::copy_n(gk.data() + t * d, d, DK.at(h, t));
+        std::copy_n(gv.data() + t * d, d, DV.at(h, t));
       }
     }
   });
