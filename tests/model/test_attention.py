@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import gptcli.model.kernels.attention as attention
 from gptcli.model.kernels.attention import PATHS, attention_path, causal_attention
 from gptcli.model.gpt import GPT, ModelConfig
+from compiled_helpers import assert_runs_eagerly_between_graphs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -362,26 +363,12 @@ def test_fused_is_fp32_causal_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_under_torch_compile_the_fused_path_runs_eagerly_between_graphs() -> None:
     """``--compile``: the fused kernel is an opaque pybind call, marked to run eagerly (as the other kernels)."""
-    import warnings
-
     _fused_or_skip()
-    qkv = _projection(37, torch.float32, seed=16)
 
     def step(y: torch.Tensor) -> torch.Tensor:
         return attention.stacked_causal_attention(_stacked(y * 2.0), 0.1, path="fused").square().sum()
 
-    try:
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            torch.manual_seed(0)
-            got = torch.compile(step, backend="eager")(qkv)
-            got.backward()
-        torch.manual_seed(0)
-        torch.testing.assert_close(got.detach(), step(qkv.detach()))
-        assert qkv.grad is not None and qkv.grad.abs().sum() > 0
-        assert not [w for w in seen if "does not know how to trace" in str(w.message)], [str(w.message) for w in seen]
-    finally:
-        torch.compiler.reset()
+    assert_runs_eagerly_between_graphs(step, _projection(37, torch.float32, seed=16))
 
 
 def test_the_fp32_model_trains_through_the_fused_path(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,6 +23,7 @@ from gptcli.model.kernels import native
 from gptcli.model.kernels.dropout import Mask, dropout, threshold
 from gptcli.model.kernels.gelu import gelu as compiled_gelu
 from gptcli.progress import RecordingProgress
+from compiled_helpers import assert_runs_eagerly_between_graphs
 
 
 @pytest.fixture(scope="module")
@@ -328,26 +329,12 @@ def test_a_built_library_is_imported_directly_and_a_broken_one_left_to_the_build
 def test_under_torch_compile_the_kernels_run_eagerly_between_graphs(lib) -> None:
     """``--compile`` traces the model with dynamo: the compiled kernels are opaque pybind calls, so they are marked
     to run eagerly (``torch.compiler.disable``) instead of making dynamo warn and guess at every call."""
-    import warnings
 
     def step(x: torch.Tensor) -> torch.Tensor:
         return dropout(gelu(x * 2.0), 0.1).sum()
 
     kernels.set_kernels("auto")
-    try:
-        x = torch.randn(8, 16, requires_grad=True)
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            torch.manual_seed(0)
-            got = torch.compile(step, backend="eager")(x)
-            got.backward()
-        torch.manual_seed(0)
-        want = step(x.detach())
-        torch.testing.assert_close(got.detach(), want)
-        assert x.grad is not None and x.grad.abs().sum() > 0
-        assert not [w for w in seen if "does not know how to trace" in str(w.message)], [str(w.message) for w in seen]
-    finally:
-        torch.compiler.reset()
+    assert_runs_eagerly_between_graphs(step, torch.randn(8, 16, requires_grad=True))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
