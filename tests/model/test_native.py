@@ -540,6 +540,8 @@ def test_the_fused_attention_checks_its_arguments(fused_lib) -> None:
         fused_lib.fused_attention_forward(q, q, q, out, torch.empty(1, 2, 7), 0, 0, 1.0, 4)
     with pytest.raises(RuntimeError, match="threshold"):
         fused_lib.fused_attention_forward(q, q, q, out, lse, 0, 2**32, 1.0, 4)
+    with pytest.raises(RuntimeError, match="rows must be positive"):
+        fused_lib.fused_attention_forward(q, q, q, out, lse, 0, 0, 1.0, 0)
 
 
 def test_the_fused_attention_takes_empty_sequences(fused_lib) -> None:

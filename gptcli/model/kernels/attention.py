@@ -166,13 +166,13 @@ def _written_out(x: torch.Tensor, bias_of, dropout: float, path: str, block_rows
     # Under autocast the written-out products run in the autocast dtype (as they would op by op); the function
     # itself then runs with autocast off, on inputs already in that dtype.
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-    blocks = max(1, t // (block_rows or CHUNK_ROWS)) if path == "chunked" else 1
-    bounds = tuple(t * i // blocks for i in range(blocks + 1))
     x = x.to(dtype)
     if path == "fused":
         if bias_of is not _causal_bias or _fused_library(device, dtype) is None:
             raise ValueError("the fused attention path computes the causal mask, in FUSED_DTYPES, with the library")
         return _fused(x, dropout)
+    blocks = max(1, t // (block_rows or CHUNK_ROWS)) if path == "chunked" else 1
+    bounds = tuple(t * i // blocks for i in range(blocks + 1))
     # A causal mask is the compiled softmax's own (no bias) where the library serves the dtype (_probabilities).
     causal = bias_of is _causal_bias and COMPILED_SOFTMAX and _softmax_library(x) is not None
     bias = None if causal else bias_of(t, x.device, dtype)

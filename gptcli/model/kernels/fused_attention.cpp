@@ -25,6 +25,7 @@
 #include "vexp.h"
 
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <vector>
 
@@ -189,8 +190,17 @@ struct Heads {
   float* at(int64_t bh, int64_t t = 0) const { return base + (bh / heads) * sb + (bh % heads) * sh + t * st; }
 };
 
-void check_like(const torch::Tensor& x, const torch::Tensor& q, const char* name) {
-  TORCH_CHECK(x.sizes() == q.sizes(), name, " must have q's shape");
+// Vector row loops built, and a BLAS sgemm_ bound.
+bool available() { return GPT1_VECTOR_ROWS && sgemm_ != nullptr; }
+
+// What both passes check after their Heads views: the build, every other tensor of q's shape, lse, rows.
+void check_call(const torch::Tensor& q, std::initializer_list<const torch::Tensor*> others, const torch::Tensor& lse,
+                int64_t rows) {
+  TORCH_CHECK(available(), "fused attention unavailable in this build");
+  for (const torch::Tensor* x : others) TORCH_CHECK(x->sizes() == q.sizes(), "every tensor must have q's shape");
+  TORCH_CHECK(lse.is_contiguous() && lse.scalar_type() == torch::kFloat32 && lse.numel() == q.numel() / q.size(3),
+              "lse must be a contiguous float32 (B, H, T) tensor");
+  TORCH_CHECK(rows > 0, "rows must be positive");
 }
 
 struct Dropout {
@@ -209,18 +219,15 @@ struct Dropout {
 
 namespace gpt1 {
 
-bool fused_attention_available() { return GPT1_VECTOR_ROWS && sgemm_ != nullptr; }
+bool fused_attention_available() { return available(); }
 
 // out (B, H, T, d), any row strides, ← the attention of q, k, v (B, H, T, d); lse (B, H, T) contiguous ← each row's
 // log-sum-exp of its scaled scores. threshold 0: no dropout; else `scale` = 1/(1 − p) multiplies what it keeps.
 void fused_attention_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                              torch::Tensor out, torch::Tensor lse, int64_t seed, int64_t threshold, double scale,
                              int64_t rows) {
-  TORCH_CHECK(fused_attention_available(), "fused attention unavailable in this build");
   const Heads Q(q, "q"), K(k, "k"), V(v, "v"), O(out, "out");
-  check_like(k, q, "k"), check_like(v, q, "v"), check_like(out, q, "out");
-  TORCH_CHECK(lse.is_contiguous() && lse.scalar_type() == torch::kFloat32 && lse.numel() == q.numel() / q.size(3),
-              "lse must be a contiguous float32 (B, H, T) tensor");
+  check_call(q, {&k, &v, &out}, lse, rows);
   const int64_t bh = q.size(0) * q.size(1), T = q.size(2), d = q.size(3), blocks = (T + rows - 1) / rows;
   const float alpha = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   const Dropout drop(seed, threshold, scale);
@@ -244,13 +251,9 @@ void fused_attention_backward(const torch::Tensor& q, const torch::Tensor& k, co
                               const torch::Tensor& out, const torch::Tensor& grad, const torch::Tensor& lse,
                               torch::Tensor dq, torch::Tensor dk, torch::Tensor dv, int64_t seed, int64_t threshold,
                               double scale, int64_t rows) {
-  TORCH_CHECK(fused_attention_available(), "fused attention unavailable in this build");
   const Heads Q(q, "q"), K(k, "k"), V(v, "v"), O(out, "out"), G(grad, "grad"), DQ(dq, "dq"), DK(dk, "dk"),
       DV(dv, "dv");
-  for (const torch::Tensor* x : std::initializer_list<const torch::Tensor*>{&k, &v, &out, &grad, &dq, &dk, &dv})
-    check_like(*x, q, "every tensor");
-  TORCH_CHECK(lse.is_contiguous() && lse.scalar_type() == torch::kFloat32 && lse.numel() == q.numel() / q.size(3),
-              "lse must be a contiguous float32 (B, H, T) tensor");
+  check_call(q, {&k, &v, &out, &grad, &dq, &dk, &dv}, lse, rows);
   const int64_t bh = q.size(0) * q.size(1), T = q.size(2), d = q.size(3);
   const float alpha = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   const Dropout drop(seed, threshold, scale);
