@@ -1,4 +1,4 @@
-"""The CPU attention kernel's changes, each against what it replaced, same run (``--change``):
+"""The CPU kernels' changes to attention and the linear layers, each against what it replaced, same run (``--change``):
 
 - ``layout`` (bf16): operands dense per block (``_DenseBlockedAttention``, what runs) against the strided layout it
   replaced (``_BlockedAttention`` over (B·H, T, d) copies, what fp32 still takes). oneDNN's bf16 batched products
@@ -15,10 +15,14 @@
 - ``softmax`` (``--precision`` bf16 or fp32): the compiled softmax forward (``softmax.cpp``: softmax, causal mask
   and dropout in one pass per row) against ``torch.softmax`` over scores carrying the additive mask, then
   ``Mask.apply`` (``kernels.attention.COMPILED_SOFTMAX`` off).
+- ``linear`` (bf16, an AMX CPU): the linear layers' weight gradient from a dense transposed copy of the narrower
+  operand (``kernels/linear.py``, ``transpose.cpp``) against autocast's ``F.linear``, whose weight gradient reads a
+  transposed view (``kernels.linear.MIN_POSITIONS`` raised past every batch).
 
 Parts, each a round-robin of the two variants (``_machine.round_robin``, one settling step before each timed one):
 
-- ``layer``: one GPT-1 attention layer from its fused projection (``--batch`` × ``--seq-len``, 12 heads of 64,
+- ``layer``: (``linear``: a block's four linear layers at GPT-1's shapes, forward + backward, from float32 inputs
+  under bf16 autocast, as the model runs them) one GPT-1 attention layer from its fused projection (``--batch`` × ``--seq-len``, 12 heads of 64,
   the paper's attention dropout 0.1), forward + backward, q·kᵀ to the projection's gradient (``fused`` also times
   ``--short-batch`` × 128-token rows, fine-tuning's lengths, and the forward alone without dropout, evaluation's);
 - ``step``: a whole pretraining step of the ``gpt1`` preset (forward, backward, fused AdamW) (``--no-step`` skips
@@ -34,6 +38,7 @@ the precision's rounding for ``softmax``).
     python benchmarks/attention_ab.py --change layout --steps 9 --json layout.json
     python benchmarks/attention_ab.py --change softmax --precision fp32 --no-finetune
     python benchmarks/attention_ab.py --change fused --precision fp32
+    python benchmarks/attention_ab.py --change linear --steps 9
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ import time
 
 from _machine import add_machine_args, machine_header, round_robin, start, write_json
 
-VARIANTS = {"layout": ("strided", "dense"), "softmax": ("pytorch", "compiled"), "fused": ("chunked", "fused")}
+VARIANTS = {"layout": ("strided", "dense"), "softmax": ("pytorch", "compiled"), "fused": ("chunked", "fused"),
+            "linear": ("autocast", "dense")}
 """Per change: (before, after)."""
 
 
@@ -68,10 +74,12 @@ def main() -> None:
         ap.error("--change layout compares bf16 layouts (fp32 takes the strided one): --precision bf16")
     if args.change == "fused" and args.precision != "fp32":
         ap.error("--change fused compares fp32 paths (bf16 keeps the written-out one): --precision fp32")
+    if args.change == "linear" and args.precision != "bf16":
+        ap.error("--change linear compares bf16 weight gradients (fp32 keeps F.linear): --precision bf16")
     start(args)
     info, line = machine_header()
     print(line)
-    rows = _layer(args)
+    rows = _linears(args) if args.change == "linear" else _layer(args)
     if args.change == "fused":
         rows += _layer(args, seq_len=128, batch=args.short_batch)
         rows += _layer(args, backward=False)
@@ -106,8 +114,13 @@ def variant(change: str, name: str):
     import gptcli.model.gpt as gpt
     from gptcli.model.kernels import attention as kernel
 
+    from gptcli.model.kernels import linear
+
     saved = gpt.causal_self_attention, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX, kernel.FUSED_DTYPES
-    if name == "chunked":
+    positions = linear.MIN_POSITIONS
+    if name == "autocast":
+        linear.MIN_POSITIONS = 1 << 62
+    elif name == "chunked":
         kernel.FUSED_DTYPES = ()
     elif name == "strided":
         gpt.causal_self_attention = _strided  # the model's own attention (pretraining, the layer)
@@ -118,6 +131,7 @@ def variant(change: str, name: str):
         yield
     finally:
         gpt.causal_self_attention, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX, kernel.FUSED_DTYPES = saved
+        linear.MIN_POSITIONS = positions
 
 
 def _dtype(args):
@@ -191,6 +205,29 @@ def _layer(args, seq_len: int | None = None, batch: int | None = None, backward:
           f"{'dropout 0.1, forward + backward' if backward else 'no dropout, forward only'}: outputs within "
           f"{rel(y1, y0):.1e}{grads} (relative){checked}")
     return _report(args, part, _timed_rounds(args, run))
+
+
+def _linears(args) -> list[dict]:
+    import torch
+
+    import gptcli.model.gpt as gpt
+
+    torch.manual_seed(0)
+    config = gpt.preset("gpt1")
+    block = gpt.Block(config).train()
+    layers = [block.attn.qkv, block.attn.proj, block.mlp.fc, block.mlp.proj]
+    xs = [torch.randn(args.batch, args.seq_len, m.in_features, requires_grad=True) for m in layers]
+    gs = [torch.randn(args.batch, args.seq_len, m.out_features, dtype=torch.bfloat16) for m in layers]
+
+    def run(_: int) -> None:
+        for m, x, g in zip(layers, xs, gs):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = m(x)
+            y.backward(g)
+        block.zero_grad(set_to_none=True)
+
+    print(f"\na block's four linear layers, bf16 autocast, {args.batch}×{args.seq_len}, forward + backward")
+    return _report(args, "linears", _timed_rounds(args, run))
 
 
 def _step(args) -> list[dict]:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from gptcli.model.activation import gelu
 from gptcli.model.attention import causal_attention, causal_self_attention
 from gptcli.model.dropout import Dropout
+from gptcli.model.linear import Linear
 from gptcli.model.packed import Packing, segment_attention
 from gptcli.model.tied import TiedEmbeddingLM
 
@@ -111,8 +112,8 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_head = config.n_head
         self.n_embd = config.n_embd
-        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v in that order (as the released code)
-        self.proj = nn.Linear(config.n_embd, config.n_embd)
+        self.qkv = Linear(config.n_embd, 3 * config.n_embd)  # q, k, v in that order (as the released code)
+        self.proj = Linear(config.n_embd, config.n_embd)
         self.attn_pdrop = config.attn_pdrop
         self.resid_drop = Dropout(config.resid_pdrop)
 
@@ -158,8 +159,8 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.fc = nn.Linear(config.n_embd, config.n_inner)
-        self.proj = nn.Linear(config.n_inner, config.n_embd)
+        self.fc = Linear(config.n_embd, config.n_inner)
+        self.proj = Linear(config.n_inner, config.n_embd)
         self.drop = Dropout(config.resid_pdrop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

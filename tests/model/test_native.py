@@ -550,3 +550,39 @@ def test_the_fused_attention_takes_empty_sequences(fused_lib) -> None:
     out, lse, dx = torch.empty_like(q), torch.empty(1, 2, 0), torch.empty_like(q)
     fused_lib.fused_attention_forward(q, q, q, out, lse, 1, 0, 1.0, 64)
     fused_lib.fused_attention_backward(q, q, q, out, q, lse, dx, dx, dx, 1, 0, 1.0, 64)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (16, 16), (17, 33), (48, 32), (300, 768)])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_the_transposed_copy_is_exact_at_every_shape(lib, shape: tuple[int, int], out_dtype: torch.dtype) -> None:
+    """``transpose.cpp``: AVX-512 tiles of 16 × 16 and a scalar loop for the tails (and the whole copy elsewhere,
+    so the AVX2 re-run tests that form) write the same exact transpose, in bf16 or widened to float32."""
+    x = torch.randn(*shape).mul_(1e30).bfloat16()
+    special = torch.tensor([float("nan"), float("inf"), -0.0])[: x.numel()]
+    x.view(-1)[: special.numel()] = special
+    out = torch.full((shape[1], shape[0]), 7.0, dtype=out_dtype)
+    assert lib.transpose_bf16(x, out) is not None
+    assert torch.equal(out.view(torch.int32 if out_dtype == torch.float32 else torch.int16),
+                       x.t().to(out_dtype).view(torch.int32 if out_dtype == torch.float32 else torch.int16))
+
+
+def test_the_transposed_copy_may_keep_the_first_columns_only(lib) -> None:
+    x = torch.randn(40, 37).bfloat16()
+    for used in (0, 1, 16, 33):
+        out = torch.empty(used, 40)
+        lib.transpose_bf16(x, out)
+        assert torch.equal(out, x[:, :used].t().float())
+
+
+def test_the_transposed_copy_checks_its_arguments(lib) -> None:
+    x = torch.zeros(4, 6, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="transposed shape"):
+        lib.transpose_bf16(x, torch.empty(7, 4, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="transposed shape"):
+        lib.transpose_bf16(x, torch.empty(6, 5, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="contiguous 2-D bfloat16"):
+        lib.transpose_bf16(x.float(), torch.empty(6, 4))
+    with pytest.raises(RuntimeError, match="contiguous 2-D bfloat16"):
+        lib.transpose_bf16(x.t(), torch.empty(4, 6, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="bfloat16 or float32"):
+        lib.transpose_bf16(x, torch.empty(6, 4, dtype=torch.float64))

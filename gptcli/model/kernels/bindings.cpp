@@ -25,6 +25,7 @@ void fused_attention_backward(const torch::Tensor& q, const torch::Tensor& k, co
                               const torch::Tensor& out, const torch::Tensor& grad, const torch::Tensor& lse,
                               torch::Tensor dq, torch::Tensor dk, torch::Tensor dv, int64_t seed, int64_t threshold,
                               double scale, int64_t rows);
+torch::Tensor transpose_bf16(const torch::Tensor& x, torch::Tensor out);
 }  // namespace gpt1
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -53,6 +54,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "dq, dk, dv of fused_attention_forward from the output's gradient (fused_attention.cpp)",
         py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"), py::arg("grad"), py::arg("lse"), py::arg("dq"),
         py::arg("dk"), py::arg("dv"), py::arg("seed"), py::arg("threshold"), py::arg("scale"), py::arg("rows"));
+  m.def("transpose_bf16", &gpt1::transpose_bf16, "x[:, :out.size(0)].t() of a contiguous 2-D bfloat16 x into "
+        "out, bfloat16 or float32 (transpose.cpp)", py::arg("x"), py::arg("out"));
   m.def("vectorised", [] { return GPT1_VECTOR_ROWS == 1; },
         "whether the vector loops were built, with AVX-512 or AVX2 (vector.h): the loss, softmax_forward and "
         "softmax_backward, dropout_apply's");

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from gptcli.model import kernels
+from gptcli.model.kernels.linear import transposed
 
 PAD_ROWS_TO = 64
 """Vocabulary rows are padded to a multiple of this for the output product."""
@@ -84,7 +85,9 @@ class _AmxPaddedProduct(torch.autograd.Function):
     """``F.linear(h, pad_rows(w.to(bf16)))`` for bf16 ``h`` (module docstring): the padded bf16 embedding written in
     one pass, the logits ``AMX_COLUMNS`` columns at a time, and in the backward pass the weight gradient as
     ``(hᵀ·g)ᵀ`` from one transposed copy of ``h`` (a 2,048 × 768 copy against the 2,048 × 40,512 one oneDNN made of
-    ``g``), handed to ``w`` in its dtype and row-major."""
+    ``g``), handed to ``w`` in its dtype and row-major. Both transposed copies are ``linear.transposed``'s
+    (``transpose.cpp``), the gradient's without the padding's rows, into a fresh tensor (not a view of a larger
+    one) so that autograd adds the embedding lookup's gradient into it in place."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -108,8 +111,5 @@ class _AmxPaddedProduct(torch.autograd.Function):
         dh = torch.mm(g, wp).view(ctx.shape) if ctx.needs_input_grad[0] else None
         dw = None
         if ctx.needs_input_grad[1]:
-            dwt = torch.mm(flat.t().contiguous(), g)
-            # copy_ into a row-major tensor: .to() of the transposed view measured far slower (docs/performance.md).
-            dw = torch.empty(ctx.vocab, dwt.size(0), dtype=ctx.w_dtype, device=dwt.device)
-            dw.copy_(dwt[:, : ctx.vocab].t())
+            dw = transposed(torch.mm(transposed(flat), g), ctx.w_dtype, columns=ctx.vocab)
         return dh, dw

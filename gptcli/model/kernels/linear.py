@@ -1,0 +1,104 @@
+"""A linear layer's bf16 training product on an AMX CPU, its weight gradient from a dense transposed operand.
+
+Reference: ``F.linear(x, w, b)`` under bf16 autocast (gptcli/model/linear.py). Autograd computes the weight
+gradient as ``gᵀ·x``: a product contracting over the positions, which are the rows of both operands, so its left
+operand is a transposed view. oneDNN, which runs PyTorch's bf16 products on CPU, runs that product at about 60 %
+of the speed it reaches on a dense left operand (the four GPT-1 layer shapes, 2,048 positions, AMX Xeon:
+docs/performance.md). :class:`_AmxLinear` lays out the narrower of the two operands transposed and dense first
+(``transpose.cpp``: 0.6 ms for a 2,048 × 768 bf16 matrix, where PyTorch's ``.t().contiguous()`` takes 2.4-4.5 ms):
+
+- a layer wider out than in (the q, k, v projection, the MLP's first layer): ``(xᵀ·g)ᵀ``, from a transposed copy
+  of the input; the product's (in × out) result is written transposed into the weight's dtype by the same kernel,
+  in the pass autocast's cast back to float32 would have made anyway;
+- a layer wider in than out (the MLP's second layer): ``gᵀ·x`` from a transposed copy of the output gradient;
+- a square one (the attention's output projection): autograd's own form, which measured no slower there.
+
+The forward pass is autocast's: the input, weight and bias cast to bf16 and ``F.linear``. The input gradient is
+autograd's (``g·w``, a dense product already). The bias gradient is summed in float32 (autocast sums in bf16 and
+casts: this rounds once, not twice). Same products on the same values in another order: gradients agree with
+autocast's within bf16 rounding (tests/model/test_linear.py).
+
+Only training takes it (a weight that requires a gradient, gradients enabled), only under bf16 autocast on an AMX
+CPU with the compiled library built with AVX-512, and never inside ``torch.compile``, whose graph keeps autocast's
+own form.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from gptcli.model import kernels
+from gptcli.model.kernels import native
+
+MIN_POSITIONS = 256
+"""Positions (rows of the flattened input) from which the transposed copies pay; fewer (decoding, tiny batches)
+take autocast's form."""
+
+
+def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`amx_linear` computes this product (module docstring)."""
+    return (torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+            and kernels.amx() and x.device.type == "cpu" and torch.is_grad_enabled() and weight.requires_grad
+            and weight.dtype in (torch.float32, torch.bfloat16) and x.numel() >= MIN_POSITIONS * x.size(-1)
+            and not torch.compiler.is_compiling())
+
+
+def amx_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """``F.linear(x, weight, bias)`` under bf16 autocast by :class:`_AmxLinear`; ``None`` where it does not apply
+    (:func:`applies`) or the compiled library lacks its AVX-512 transpose."""
+    if not applies(x, weight):
+        return None
+    lib = native.library_for(x.device, torch.bfloat16)
+    if lib is None or lib.vector_isa() != "avx512":
+        return None
+    with torch.autocast("cpu", enabled=False):
+        return _AmxLinear.apply(x.to(torch.bfloat16), weight, bias)
+
+
+def transposed(x: torch.Tensor, dtype: torch.dtype = torch.bfloat16, columns: int | None = None) -> torch.Tensor:
+    """A dense ``x[:, :columns].t()`` (all columns by default) of a 2-D bf16 CPU ``x``, in ``dtype`` (bf16 or
+    float32), by ``transpose.cpp``; PyTorch's copy where the library is not built (the AMX head's plain-PyTorch
+    form, ``tied.py``, on any CPU). A fresh tensor, not a view: autograd may then add another gradient into it
+    in place."""
+    columns = x.size(1) if columns is None else columns
+    out = torch.empty(columns, x.size(0), dtype=dtype, device=x.device)
+    lib = native.library_for(x.device, x.dtype)
+    if lib is None:
+        return out.copy_(x[:, :columns].t())
+    return lib.transpose_bf16(x.contiguous(), out)
+
+
+def weight_grad(g: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``gᵀ·x`` (out × in) in ``dtype``, row-major, for 2-D bf16 ``g`` (positions × out) and ``x`` (positions × in),
+    the narrower operand transposed dense first (module docstring)."""
+    out_features, in_features = g.size(1), x.size(1)
+    if in_features < out_features:
+        return transposed(torch.mm(transposed(x), g), dtype)
+    if out_features < in_features:
+        return torch.mm(transposed(g), x).to(dtype)
+    return torch.mm(g.t(), x).to(dtype)
+
+
+class _AmxLinear(torch.autograd.Function):
+    """``F.linear`` of bf16 ``x`` against ``weight`` and ``bias`` cast to bf16 (autocast's forward), with the
+    weight gradient of :func:`weight_grad`, handed back in the weight's and bias's own dtypes."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        w = weight.to(torch.bfloat16)
+        y = F.linear(x, w, None if bias is None else bias.to(torch.bfloat16))
+        ctx.save_for_backward(x, w)
+        ctx.dtypes = weight.dtype, None if bias is None else bias.dtype
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        x, w = ctx.saved_tensors
+        g = grad.reshape(-1, grad.size(-1)).to(torch.bfloat16)
+        dx = torch.mm(g, w).view(x.shape) if ctx.needs_input_grad[0] else None
+        dw = weight_grad(g, x.reshape(-1, x.size(-1)), ctx.dtypes[0]) if ctx.needs_input_grad[1] else None
+        db = g.sum(0).to(ctx.dtypes[1]) if ctx.needs_input_grad[2] else None
+        return dx, dw, db
