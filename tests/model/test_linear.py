@@ -4,8 +4,6 @@ rounding of autocast's, taken only where it applies."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,15 +12,12 @@ from gptcli.model import kernels
 from gptcli.model.kernels import linear as amx
 from gptcli.model.kernels import native
 from gptcli.model.linear import Linear
+from compiled_helpers import assert_runs_eagerly_between_graphs, built_library
 
 
 @pytest.fixture
 def lib():
-    if shutil.which("c++") is None:
-        pytest.skip("no C++ compiler: the compiled kernels cannot be built here")
-    built = native.library()
-    assert built is not None, native.unavailable()
-    return built
+    return built_library()
 
 
 @pytest.fixture
@@ -152,3 +147,16 @@ def test_the_transposed_helper_returns_a_fresh_tensor_with_or_without_the_librar
         out = amx.transposed(x, torch.float32, columns=41)
         assert out._base is None and out.is_contiguous() and torch.equal(out, x[:, :41].t().float())
         assert torch.equal(amx.transposed(x), x.t())
+
+
+def test_under_torch_compile_the_graph_keeps_autocasts_form(avx512) -> None:
+    """``--compile``: dynamo traces autocast's ``F.linear`` (``applies`` is false while compiling) and computes
+    what the eager AMX form computes."""
+    layer = Linear(64, 192)
+    x = torch.randn(4, amx.MIN_POSITIONS // 4, 64, requires_grad=True)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return layer(x).float().square().mean()
+
+    assert_runs_eagerly_between_graphs(step, x)

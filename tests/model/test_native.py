@@ -23,17 +23,12 @@ from gptcli.model.kernels import native
 from gptcli.model.kernels.dropout import Mask, dropout, threshold
 from gptcli.model.kernels.gelu import gelu as compiled_gelu
 from gptcli.progress import RecordingProgress
-from compiled_helpers import assert_runs_eagerly_between_graphs
+from compiled_helpers import assert_runs_eagerly_between_graphs, built_library
 
 
 @pytest.fixture(scope="module")
 def lib():
-    """The built library: every machine gpt1's CI runs on has a C++ compiler; elsewhere these tests say why not."""
-    if shutil.which("c++") is None:
-        pytest.skip("no C++ compiler: the compiled kernels cannot be built here (the reference runs instead)")
-    built = native.library()
-    assert built is not None, native.unavailable()
-    return built
+    return built_library()
 
 
 @pytest.fixture
