@@ -91,7 +91,7 @@ namespace gpt1 {
 
 // x · scale where element i of the mask (seed, threshold) keeps it, 0 elsewhere, written into `out` (x itself, or
 // a contiguous tensor of x's dtype and shape).
-torch::Tensor dropout_apply(const torch::Tensor& x, int64_t seed, int64_t threshold, double scale, torch::Tensor out,
+at::Tensor dropout_apply(const at::Tensor& x, int64_t seed, int64_t threshold, double scale, at::Tensor out,
                             bool vector) {
   check(x, "x");
   TORCH_CHECK(x.is_contiguous(), "x must be contiguous");
@@ -107,7 +107,7 @@ torch::Tensor dropout_apply(const torch::Tensor& x, int64_t seed, int64_t thresh
 }
 
 // The mask itself (1 kept, 0 dropped) in `out`'s dtype: what dropout_apply multiplies by, for tests.
-torch::Tensor dropout_mask(torch::Tensor out, int64_t seed, int64_t threshold) {
+at::Tensor dropout_mask(at::Tensor out, int64_t seed, int64_t threshold) {
   check(out, "out");
   TORCH_CHECK(out.is_contiguous(), "out must be contiguous");
   dispatch(out.scalar_type(), [&](auto* tag) {

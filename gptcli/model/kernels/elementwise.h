@@ -2,8 +2,12 @@
 // rounded back to nearest-even, as PyTorch's own kernels do), the dtype dispatch and the argument checks.
 #pragma once
 
-#include <torch/extension.h>
+// The light ATen headers, not <torch/extension.h>: that one (the whole C++ frontend and pybind11) took 42 s to
+// parse per file on a 2-core AMX Xeon, these 4 s; only bindings.cpp, the Python module, needs it.
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 
 #include <cstdint>
 #include <cstring>
@@ -31,16 +35,16 @@ inline void store(uint16_t* p, int64_t i, float f) {  // float to bf16, round to
   p[i] = static_cast<uint16_t>(nan ? ((bits >> 16) | 0x40u) : rounded);
 }
 
-inline void check(const torch::Tensor& t, const char* name) {
+inline void check(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
-  TORCH_CHECK(t.scalar_type() == torch::kFloat32 || t.scalar_type() == torch::kBFloat16,
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16,
               name, " must be float32 or bfloat16");
 }
 
 // Runs f(float*) or f(uint16_t*)-typed work: `call(tag)` with a null pointer of the element type.
 template <typename Fn>
-void dispatch(torch::ScalarType dtype, Fn call) {
-  if (dtype == torch::kBFloat16) call(static_cast<uint16_t*>(nullptr)); else call(static_cast<float*>(nullptr));
+void dispatch(at::ScalarType dtype, Fn call) {
+  if (dtype == at::kBFloat16) call(static_cast<uint16_t*>(nullptr)); else call(static_cast<float*>(nullptr));
 }
 
 }  // namespace gpt1

@@ -179,10 +179,10 @@ float dot(const float*, const float*, int64_t) { return 0.0f; }
 struct Heads {
   float* base;
   int64_t sb, sh, st, heads;
-  Heads(const torch::Tensor& x, const char* name)
+  Heads(const at::Tensor& x, const char* name)
       : base(checked(x, name)), sb(x.stride(0)), sh(x.stride(1)), st(x.stride(2)), heads(x.size(1)) {}
-  static float* checked(const torch::Tensor& x, const char* name) {
-    TORCH_CHECK(x.dim() == 4 && x.scalar_type() == torch::kFloat32 && x.device().is_cpu(), name,
+  static float* checked(const at::Tensor& x, const char* name) {
+    TORCH_CHECK(x.dim() == 4 && x.scalar_type() == at::kFloat && x.device().is_cpu(), name,
                 " must be a (B, H, T, d) float32 CPU tensor");
     TORCH_CHECK(x.stride(3) == 1, name, "'s rows must be contiguous (stride 1 along d)");
     return x.data_ptr<float>();
@@ -194,11 +194,11 @@ struct Heads {
 bool available() { return GPT1_VECTOR_ROWS && sgemm_ != nullptr; }
 
 // What both passes check after their Heads views: the build, every other tensor of q's shape, lse, rows.
-void check_call(const torch::Tensor& q, std::initializer_list<const torch::Tensor*> others, const torch::Tensor& lse,
+void check_call(const at::Tensor& q, std::initializer_list<const at::Tensor*> others, const at::Tensor& lse,
                 int64_t rows) {
   TORCH_CHECK(available(), "fused attention unavailable in this build");
-  for (const torch::Tensor* x : others) TORCH_CHECK(x->sizes() == q.sizes(), "every tensor must have q's shape");
-  TORCH_CHECK(lse.is_contiguous() && lse.scalar_type() == torch::kFloat32 && lse.numel() == q.numel() / q.size(3),
+  for (const at::Tensor* x : others) TORCH_CHECK(x->sizes() == q.sizes(), "every tensor must have q's shape");
+  TORCH_CHECK(lse.is_contiguous() && lse.scalar_type() == at::kFloat && lse.numel() == q.numel() / q.size(3),
               "lse must be a contiguous float32 (B, H, T) tensor");
   TORCH_CHECK(rows > 0, "rows must be positive");
 }
@@ -223,8 +223,8 @@ bool fused_attention_available() { return available(); }
 
 // out (B, H, T, d), any row strides, ← the attention of q, k, v (B, H, T, d); lse (B, H, T) contiguous ← each row's
 // log-sum-exp of its scaled scores. threshold 0: no dropout; else `scale` = 1/(1 − p) multiplies what it keeps.
-void fused_attention_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                             torch::Tensor out, torch::Tensor lse, int64_t seed, int64_t threshold, double scale,
+void fused_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             at::Tensor out, at::Tensor lse, int64_t seed, int64_t threshold, double scale,
                              int64_t rows) {
   const Heads Q(q, "q"), K(k, "k"), V(v, "v"), O(out, "out");
   check_call(q, {&k, &v, &out}, lse, rows);
@@ -247,9 +247,9 @@ void fused_attention_forward(const torch::Tensor& q, const torch::Tensor& k, con
 
 // dq, dk, dv (B, H, T, d), any row strides, ← the gradients of q, k, v given the output's gradient `grad` (the same
 // seed, threshold and scale as the forward's, its out and lse).
-void fused_attention_backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                              const torch::Tensor& out, const torch::Tensor& grad, const torch::Tensor& lse,
-                              torch::Tensor dq, torch::Tensor dk, torch::Tensor dv, int64_t seed, int64_t threshold,
+void fused_attention_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& out, const at::Tensor& grad, const at::Tensor& lse,
+                              at::Tensor dq, at::Tensor dk, at::Tensor dv, int64_t seed, int64_t threshold,
                               double scale, int64_t rows) {
   const Heads Q(q, "q"), K(k, "k"), V(v, "v"), O(out, "out"), G(grad, "grad"), DQ(dq, "dq"), DK(dk, "dk"),
       DV(dv, "dv");

@@ -66,10 +66,10 @@ void backward_loop(const T* __restrict grad, const T* __restrict x, T* __restric
 
 namespace gpt1 {
 
-torch::Tensor gelu_forward(const torch::Tensor& x) {
+at::Tensor gelu_forward(const at::Tensor& x) {
   check(x, "x");
   const auto xc = x.contiguous();
-  auto y = torch::empty_like(xc, at::MemoryFormat::Contiguous);
+  auto y = at::empty_like(xc, at::MemoryFormat::Contiguous);
   dispatch(xc.scalar_type(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     forward_loop(static_cast<const T*>(xc.data_ptr()), static_cast<T*>(y.data_ptr()), xc.numel());
@@ -77,14 +77,14 @@ torch::Tensor gelu_forward(const torch::Tensor& x) {
   return y;
 }
 
-torch::Tensor gelu_backward(const torch::Tensor& grad, const torch::Tensor& x) {
+at::Tensor gelu_backward(const at::Tensor& grad, const at::Tensor& x) {
   check(x, "x");
   check(grad, "grad");
   TORCH_CHECK(grad.scalar_type() == x.scalar_type(), "grad and x must have one dtype");
   TORCH_CHECK(grad.sizes() == x.sizes(), "grad and x must have one shape");
   const auto xc = x.contiguous();
   const auto gc = grad.contiguous();
-  auto dx = torch::empty_like(xc, at::MemoryFormat::Contiguous);
+  auto dx = at::empty_like(xc, at::MemoryFormat::Contiguous);
   dispatch(xc.scalar_type(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     backward_loop(static_cast<const T*>(gc.data_ptr()), static_cast<const T*>(xc.data_ptr()),

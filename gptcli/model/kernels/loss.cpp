@@ -148,11 +148,11 @@ void row_grad(const T*, T*, int64_t, int64_t, float, float, int64_t) {
 }
 #endif
 
-void check_rows(const torch::Tensor& logits, const torch::Tensor& targets, int64_t classes) {
+void check_rows(const at::Tensor& logits, const at::Tensor& targets, int64_t classes) {
   gpt1::check(logits, "logits");
   TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1, "logits must be a matrix of contiguous rows");
   TORCH_CHECK(classes >= 1 && classes <= logits.size(1), "classes must be in [1, logits.size(1)]");
-  TORCH_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0) && targets.scalar_type() == torch::kInt64,
+  TORCH_CHECK(targets.dim() == 1 && targets.size(0) == logits.size(0) && targets.scalar_type() == at::kLong,
               "targets must be one int64 per row");
 }
 
@@ -161,13 +161,13 @@ void check_rows(const torch::Tensor& logits, const torch::Tensor& targets, int64
 namespace gpt1 {
 
 // (nll, lse), float32 per row (header comment); nll is 0 where the target is `ignore`.
-std::vector<torch::Tensor> nll_forward(const torch::Tensor& logits, const torch::Tensor& targets, int64_t classes,
+std::vector<at::Tensor> nll_forward(const at::Tensor& logits, const at::Tensor& targets, int64_t classes,
                                        int64_t ignore) {
   check_rows(logits, targets, classes);
   const auto tc = targets.contiguous();
   const int64_t rows = logits.size(0), ld = logits.stride(0);
-  auto nll = torch::empty({rows}, logits.options().dtype(torch::kFloat32));
-  auto lse = torch::empty({rows}, logits.options().dtype(torch::kFloat32));
+  auto nll = at::empty({rows}, logits.options().dtype(at::kFloat));
+  auto lse = at::empty({rows}, logits.options().dtype(at::kFloat));
   const int64_t* t = tc.data_ptr<int64_t>();
   float* nll_p = nll.data_ptr<float>();
   float* lse_p = lse.data_ptr<float>();
@@ -189,12 +189,12 @@ std::vector<torch::Tensor> nll_forward(const torch::Tensor& logits, const torch:
 // The logits' gradient (header comment) into `out` (rows contiguous, logits' dtype and shape: a new tensor, or the
 // logits themselves, each element read before it is written); `weight` is float32 per
 // row, 0 where the target is ignored (whose `targets` entry may then be anything in range or `ignore`).
-torch::Tensor nll_backward(const torch::Tensor& logits, const torch::Tensor& targets, const torch::Tensor& lse,
-                           const torch::Tensor& weight, int64_t classes, torch::Tensor out) {
+at::Tensor nll_backward(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& lse,
+                           const at::Tensor& weight, int64_t classes, at::Tensor out) {
   check_rows(logits, targets, classes);
   TORCH_CHECK(out.stride(1) == 1 && out.scalar_type() == logits.scalar_type() && out.sizes() == logits.sizes(),
               "out must be a matrix of contiguous rows, of logits' dtype and shape (logits itself too)");
-  TORCH_CHECK(lse.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32,
+  TORCH_CHECK(lse.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat,
               "lse and weight must be float32");
   const auto tc = targets.contiguous(), lc = lse.contiguous(), wc = weight.contiguous();
   const int64_t rows = logits.size(0), ld = logits.stride(0), width = logits.size(1), ldo = out.stride(0);

@@ -169,7 +169,7 @@ void forward_row(T*, T*, int64_t, int64_t, int64_t, uint64_t, uint32_t, float*) 
 namespace gpt1 {
 
 // ds over dp (header comment): dp, d and p contiguous, of one dtype and shape, rows along the last dimension.
-torch::Tensor softmax_backward(torch::Tensor dp, const torch::Tensor& d, const torch::Tensor& p) {
+at::Tensor softmax_backward(at::Tensor dp, const at::Tensor& d, const at::Tensor& p) {
   check(dp, "dp");
   TORCH_CHECK(dp.is_contiguous() && d.is_contiguous() && p.is_contiguous(), "dp, d and p must be contiguous");
   TORCH_CHECK(d.scalar_type() == dp.scalar_type() && p.scalar_type() == dp.scalar_type(), "one dtype for all three");
@@ -194,7 +194,7 @@ torch::Tensor softmax_backward(torch::Tensor dp, const torch::Tensor& d, const t
 // j ≤ causal_offset + i only (the others' p are 0, as under an additive −∞ mask). d, where given, receives p where
 // the (seed, threshold) dropout mask keeps element i of the flat tensor, else 0: dropout_apply(p, seed, threshold,
 // 1.0)'s bits.
-torch::Tensor softmax_forward(torch::Tensor s, const std::optional<torch::Tensor>& d, int64_t seed, int64_t threshold,
+at::Tensor softmax_forward(at::Tensor s, const std::optional<at::Tensor>& d, int64_t seed, int64_t threshold,
                               int64_t causal_offset) {
   check(s, "s");
   TORCH_CHECK(s.is_contiguous() && s.dim() >= 2, "s must be contiguous, with rows along its last dimension");

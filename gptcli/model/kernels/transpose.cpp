@@ -9,10 +9,6 @@
 // dtype. Outside AVX-512 (and for the tails of rows and columns that do not fill a tile) a plain tiled scalar loop
 // computes the same copy: it is exact either way, only the speed differs.
 
-#include <torch/extension.h>
-
-#include <ATen/Parallel.h>
-
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -106,17 +102,17 @@ void transpose(const uint16_t* src, int64_t rows, int64_t cols, int64_t used, Ou
 
 // out = x[:, :out.size(0)].t() for a contiguous 2-D bf16 x, written into a contiguous out of x's transposed shape
 // (or fewer rows: the padded output layer's gradient drops its padding so), bf16 or float32.
-torch::Tensor transpose_bf16(const torch::Tensor& x, torch::Tensor out) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kBFloat16 && x.device().is_cpu(),
+at::Tensor transpose_bf16(const at::Tensor& x, at::Tensor out) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16 && x.device().is_cpu(),
               "x must be a contiguous 2-D bfloat16 CPU tensor");
   TORCH_CHECK(out.dim() == 2 && out.is_contiguous() && out.device().is_cpu() && out.size(0) <= x.size(1) &&
                   out.size(1) == x.size(0),
               "out must be contiguous, of x's transposed shape (or fewer rows)");
   const auto* src = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   const int64_t rows = x.size(0), cols = x.size(1), used = out.size(0);
-  if (out.scalar_type() == torch::kFloat32)
+  if (out.scalar_type() == at::kFloat)
     transpose(src, rows, cols, used, out.data_ptr<float>());
-  else if (out.scalar_type() == torch::kBFloat16)
+  else if (out.scalar_type() == at::kBFloat16)
     transpose(src, rows, cols, used, reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()));
   else
     TORCH_CHECK(false, "out must be bfloat16 or float32");
