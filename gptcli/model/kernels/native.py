@@ -4,7 +4,7 @@ PyTorch's own CPU code is precompiled for every x86 CPU at once; a few of GPT-1'
 are cheaper in a loop compiled for this CPU alone (``-march=native``, AVX-512 intrinsics where it has them), fused
 into one pass. Those loops live in C++ sources beside the Python kernels, and :func:`library` compiles them once
 through PyTorch's JIT extension builder (``torch.utils.cpp_extension.load``: the compiler named by ``$CXX``, else
-``c++``, driven by ninja) into ``$GPT1_KERNEL_CACHE``, else ``~/.cache/gpt1/kernels``: about a minute on 2 cores,
+``c++``, driven by ninja) into ``$GPT1_KERNEL_CACHE``, else ``~/.cache/gpt1/kernels``: under a minute on 2 cores,
 once per source text, compiler flags, torch and Python version and CPU model and flags (all in the build's name,
 so a cache shared between machines never hands one CPU another's instructions). Later processes import the built
 file directly, in milliseconds. A training run builds it before its first step, as a stage of its progress
