@@ -561,10 +561,11 @@ def test_the_transposed_copy_is_exact_at_every_shape(lib, shape: tuple[int, int]
                        x.t().to(out_dtype).view(torch.int32 if out_dtype == torch.float32 else torch.int16))
 
 
-def test_the_transposed_copy_may_keep_the_first_columns_only(lib) -> None:
-    x = torch.randn(40, 37).bfloat16()
-    for used in (0, 1, 16, 33):
-        out = torch.empty(used, 40)
+@pytest.mark.parametrize("rows", [40, 64])  # 64: whole float32 lines, written with streaming stores
+def test_the_transposed_copy_may_keep_the_first_columns_only(lib, rows: int) -> None:
+    x = torch.randn(rows, 101).bfloat16()
+    for used in (0, 1, 16, 33, 64, 100):
+        out = torch.empty(used, rows)
         lib.transpose_bf16(x, out)
         assert torch.equal(out, x[:, :used].t().float())
 
