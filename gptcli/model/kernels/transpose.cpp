@@ -10,7 +10,6 @@
 // computes the same copy: it is exact either way, only the speed differs.
 
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 #include "vector.h"
@@ -20,20 +19,17 @@ namespace {
 
 constexpr int64_t kTile = 16;
 
-// Scalar copy of src's block [r0, r1) × [c0, c1) into dst transposed (dst[c][r] = src[r][c]).
+// Scalar copy of src's block [r0, r1) × [c0, c1) into dst transposed (dst[c][r] = src[r][c]): bf16 bits as they
+// are, or widened by elementwise.h's load.
 template <typename Out>
 void scalar_block(const uint16_t* src, int64_t cols, Out* dst, int64_t rows, int64_t r0, int64_t r1, int64_t c0,
                   int64_t c1) {
   for (int64_t c = c0; c < c1; ++c)
     for (int64_t r = r0; r < r1; ++r) {
-      if constexpr (std::is_same_v<Out, float>) {
-        const uint32_t bits = uint32_t(src[r * cols + c]) << 16;
-        float f;
-        std::memcpy(&f, &bits, 4);
-        dst[c * rows + r] = f;
-      } else {
+      if constexpr (std::is_same_v<Out, float>)
+        dst[c * rows + r] = load(src, r * cols + c);
+      else
         dst[c * rows + r] = src[r * cols + c];
-      }
     }
 }
 
