@@ -18,6 +18,9 @@
 - ``linear`` (bf16, an AMX CPU): the linear layers' weight gradient from a dense transposed copy of the narrower
   operand (``kernels/linear.py``, ``transpose.cpp``) against autocast's ``F.linear``, whose weight gradient reads a
   transposed view (``kernels.linear.MIN_POSITIONS`` raised past every batch).
+- ``casts`` (bf16, an AMX CPU): the AMX forms' weight copies made once per update (``kernels/casts.py``, the
+  trainer's ``kernels.shared_weight_casts`` region) against once per micro-batch (the region a no-op). Its parts are
+  the ``step`` (an update of ``--micro-batches`` micro-batches through the trainer) and ``finetune``.
 
 Parts, each a round-robin of the two variants (``_machine.round_robin``, one settling step before each timed one):
 
@@ -26,7 +29,7 @@ Parts, each a round-robin of the two variants (``_machine.round_robin``, one set
   the paper's attention dropout 0.1), forward + backward, q·kᵀ to the projection's gradient (``fused`` also times
   ``--short-batch`` × 128-token rows, fine-tuning's lengths, and the forward alone without dropout, evaluation's);
 - ``step``: a whole pretraining step of the ``gpt1`` preset (forward, backward, fused AdamW) (``--no-step`` skips
-  it: minutes on 2 cores);
+  it: minutes on 2 cores); for ``casts``, an update of ``--micro-batches`` micro-batches by ``Trainer.step``;
 - ``finetune``: whole fine-tuning updates as ``gpt1 finetune`` runs them by default (packed rows, the paper's batch
   of 32, ``--finetune-size``), on real RTE random batches (``finetune_throughput.py``'s builders, which need
   ``$GPT1_SHARED``) (``--no-finetune`` skips it).
@@ -39,6 +42,7 @@ the precision's rounding for ``softmax``).
     python benchmarks/attention_ab.py --change softmax --precision fp32 --no-finetune
     python benchmarks/attention_ab.py --change fused --precision fp32
     python benchmarks/attention_ab.py --change linear --steps 9
+    python benchmarks/attention_ab.py --change casts --steps 5 --micro-batches 4
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ import time
 from _machine import add_machine_args, machine_header, round_robin, start, write_json
 
 VARIANTS = {"layout": ("strided", "dense"), "softmax": ("pytorch", "compiled"), "fused": ("chunked", "fused"),
-            "linear": ("autocast", "dense")}
+            "linear": ("autocast", "dense"), "casts": ("each", "shared")}
 """Per change: (before, after)."""
 
 
@@ -65,6 +69,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=512, help="tokens per sequence")
     ap.add_argument("--short-batch", type=int, default=16, help="(fused) rows of 128 tokens in the short layer part")
     ap.add_argument("--no-step", action="store_true", help="skip the whole pretraining step")
+    ap.add_argument("--micro-batches", type=int, default=4, help="(casts) micro-batches per pretraining update")
     ap.add_argument("--no-finetune", action="store_true", help="skip the fine-tuning updates")
     ap.add_argument("--finetune-size", default="gpt1", help="model preset of the fine-tuning part: gpt1 or tiny")
     ap.add_argument("--finetune-batches", type=int, default=2, help="RTE batches of 32 timed per round")
@@ -76,15 +81,17 @@ def main() -> None:
         ap.error("--change fused compares fp32 paths (bf16 keeps the written-out one): --precision fp32")
     if args.change == "linear" and args.precision != "bf16":
         ap.error("--change linear compares bf16 weight gradients (fp32 keeps F.linear): --precision bf16")
+    if args.change == "casts" and args.precision != "bf16":
+        ap.error("--change casts compares bf16 weight copies (fp32 casts nothing): --precision bf16")
     start(args)
     info, line = machine_header()
     print(line)
-    rows = _linears(args) if args.change == "linear" else _layer(args)
+    rows = {"linear": _linears, "casts": lambda args: []}.get(args.change, _layer)(args)
     if args.change == "fused":
         rows += _layer(args, seq_len=128, batch=args.short_batch)
         rows += _layer(args, backward=False)
     if not args.no_step:
-        rows += _step(args)
+        rows += _update(args) if args.change == "casts" else _step(args)
     if not args.no_finetune:
         rows += _finetune(args)
     write_json(args.json, info, rows=rows, args=vars(args))
@@ -116,9 +123,13 @@ def variant(change: str, name: str):
 
     from gptcli.model.kernels import linear
 
+    from gptcli.model import kernels
+
     saved = gpt.causal_self_attention, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX, kernel.FUSED_DTYPES
-    positions = linear.MIN_POSITIONS
-    if name == "autocast":
+    positions, shared_weight_casts = linear.MIN_POSITIONS, kernels.shared_weight_casts
+    if name == "each":
+        kernels.shared_weight_casts = lambda device: contextlib.nullcontext()
+    elif name == "autocast":
         linear.MIN_POSITIONS = 1 << 62
     elif name == "chunked":
         kernel.FUSED_DTYPES = ()
@@ -131,7 +142,7 @@ def variant(change: str, name: str):
         yield
     finally:
         gpt.causal_self_attention, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX, kernel.FUSED_DTYPES = saved
-        linear.MIN_POSITIONS = positions
+        linear.MIN_POSITIONS, kernels.shared_weight_casts = positions, shared_weight_casts
 
 
 def _dtype(args):
@@ -251,6 +262,27 @@ def _step(args) -> list[dict]:
 
     print(f"\ngpt1 {args.precision} pretraining step, {args.batch}×{args.seq_len}, fused AdamW, {args.steps} steps")
     return _report(args, "step", _timed_rounds(args, run))
+
+
+def _update(args) -> list[dict]:
+    """A gpt1 pretraining update of ``--micro-batches`` micro-batches through ``Trainer.step`` (as ``gpt1
+    pretrain --micro-batch-size`` accumulates), fused AdamW, gradient clipping."""
+    import torch
+
+    import gptcli.model.gpt as gpt
+    from gptcli.train.optim import make_optimizer
+    from gptcli.train.trainer import Trainer
+
+    torch.manual_seed(0)
+    model = gpt.GPT(gpt.preset("gpt1")).train()
+    trainer = Trainer(model, make_optimizer(model, lr=1e-5), lambda m, b: m.lm_loss(b[:, :-1], b[:, 1:]),
+                      lambda s: 1e-5, device=torch.device("cpu"), precision=args.precision, grad_clip=1.0)
+    g = torch.Generator().manual_seed(1)
+    batches = list(torch.randint(0, model.config.vocab_size, (args.micro_batches, args.batch, args.seq_len + 1),
+                                 generator=g))
+    print(f"\ngpt1 {args.precision} pretraining update, {args.micro_batches} micro-batches of "
+          f"{args.batch}×{args.seq_len}, {args.steps} rounds")
+    return _report(args, "pretrain", _timed_rounds(args, lambda _: trainer.step(1, batches).read()))
 
 
 def _finetune(args) -> list[dict]:

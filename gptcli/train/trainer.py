@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn as nn
 
+from gptcli.model import kernels
 from gptcli.train.grad_norm import clip_grad_norm, grad_norm
 from gptcli.train.optim import set_lr
 from gptcli.runtime import Precision, autocast, shared_casts
@@ -74,7 +75,8 @@ class Trainer:
         set_lr(self.optimizer, lr)
         n = len(micro_batches)
         total = torch.zeros((), device=self.device)
-        with shared_casts(self.device, self.precision):  # each weight cast to bf16/fp16 once per update
+        # Each weight cast to bf16/fp16 once per update: by autocast, and by the kernels that cast their own.
+        with shared_casts(self.device, self.precision), kernels.shared_weight_casts(self.device):
             for i, mb in enumerate(micro_batches):
                 # Under DDP, all-reduce gradients only once, on the last micro-batch.
                 sync = i == n - 1 or not hasattr(self.model, "no_sync")

@@ -145,7 +145,8 @@ def test_reference_imports_no_kernel_module() -> None:
     assert _imported_kernels({"GPT1_KERNELS": ""}, "from gptcli.model.kernels import set_kernels; "
                                                    "set_kernels('reference')") == []
     assert _imported_kernels({"GPT1_KERNELS": "auto"}) == [
-        "gptcli.model.kernels.attention", "gptcli.model.kernels.dropout", "gptcli.model.kernels.gelu",
+        "gptcli.model.kernels.attention", "gptcli.model.kernels.casts", "gptcli.model.kernels.dropout",
+        "gptcli.model.kernels.gelu",
         *(["gptcli.model.kernels.linear"] if cpu_has_amx() else []), "gptcli.model.kernels.losses",
         "gptcli.model.kernels.native", "gptcli.model.kernels.tied"]
 

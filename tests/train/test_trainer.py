@@ -56,3 +56,61 @@ def test_bf16_micro_batches_share_one_cast_of_each_weight_and_sum_the_same_gradi
     assert plain_casts - shared_casts >= (len(batches) - 1) * weights
     for name, g in plain.items():
         assert torch.equal(captured[name], g), name
+
+
+def test_the_amx_forms_cast_each_weight_once_per_update_and_sum_the_same_gradients(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The AMX forms (kernels/linear.py, kernels/tied.py) cast their weights outside autocast, where its cache does
+    not reach: inside Trainer.step each linear weight and the padded embedding are cast once per update
+    (kernels/casts.py), not once per micro-batch as a loop of autocast regions does, and the gradients are the
+    same bit for bit."""
+    from compiled_helpers import built_library
+    from gptcli.model import kernels
+    from gptcli.model.kernels import linear, tied
+
+    if built_library().vector_isa() != "avx512":
+        pytest.skip("the library here is not built with AVX-512: the AMX forms never run")
+    monkeypatch.setattr(kernels, "_amx_forced", True)
+    made = {"linear": 0, "head": 0}
+
+    def counted(kind, make):
+        def wrapper(*args):
+            made[kind] += 1
+            return make(*args)
+        return wrapper
+
+    monkeypatch.setattr(linear, "_bf16", counted("linear", linear._bf16))
+    monkeypatch.setattr(tied, "_padded_copy", counted("head", tied._padded_copy))
+    torch.manual_seed(0)
+    # 4 × 256 positions per micro-batch: enough for the AMX linear form (256) and the padded head (1,024).
+    cfg = ModelConfig(vocab_size=101, n_ctx=256, n_embd=32, n_layer=2, n_head=2, n_inner=64,
+                      embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+    model = GPT(cfg).train()
+    batches = list(torch.randint(0, 101, (3, 4, 257)))
+    n_linear = 4 * cfg.n_layer
+
+    def loss_fn(m, mb):
+        return m.lm_loss(mb[:, :-1], mb[:, 1:])
+
+    model.zero_grad(set_to_none=True)
+    for mb in batches:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = loss_fn(model, mb)
+        (loss / len(batches)).backward()
+    plain = {n: p.grad.clone() for n, p in model.named_parameters()}
+    assert made == {"linear": len(batches) * n_linear, "head": len(batches)}  # the AMX forms ran, once each
+
+    captured = {}
+
+    class Capture(torch.optim.SGD):
+        def step(self, closure=None):
+            captured.update({n: p.grad.clone() for n, p in model.named_parameters()})
+
+    trainer = Trainer(model, Capture(model.parameters(), lr=0.0), loss_fn, lambda step: 0.0,
+                      device=torch.device("cpu"), precision="bf16", grad_clip=None)
+    made.update(linear=0, head=0)
+    model.zero_grad(set_to_none=True)
+    trainer.step(0, batches)
+    assert made == {"linear": n_linear, "head": 1}
+    for name, g in plain.items():
+        assert torch.equal(captured[name], g), name

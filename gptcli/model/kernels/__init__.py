@@ -32,6 +32,7 @@ This package is the only place in gptcli that may use private ``torch._*`` funct
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -97,6 +98,17 @@ def enabled(device: torch.device | str) -> bool:
     return kind == "cpu" and mode() == "auto"
 
 
+def shared_weight_casts(device: torch.device | str) -> contextlib.AbstractContextManager:
+    """Around the micro-batches of one update (``gptcli.train.trainer.Trainer.step``): the kernels that cast a
+    weight to bf16 themselves (the AMX forms) cast it once for all of them, as autocast's own cache does for the
+    rest (``casts.py``). A no-op where no such kernel runs."""
+    if not (enabled(device) and amx()):
+        return contextlib.nullcontext()
+    from gptcli.model.kernels import casts
+
+    return casts.shared_copies()
+
+
 def prepare(device: torch.device | str, progress: Progress = SILENT) -> None:
     """Before a run's first step: build the compiled kernels (``native.py``) if the run will use them and they
     are not built for this machine yet — a stage of its own rather than a silent pause in the first step — and
@@ -117,4 +129,4 @@ def prepare(device: torch.device | str, progress: Progress = SILENT) -> None:
 
 
 __all__ = ["ENV", "MODES", "amx", "check_mode", "default_mode", "enabled", "force_amx", "mode", "prepare",
-           "set_kernels"]
+           "set_kernels", "shared_weight_casts"]

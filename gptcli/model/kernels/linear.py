@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from gptcli.model import kernels
-from gptcli.model.kernels import native
+from gptcli.model.kernels import casts, native
 
 MIN_POSITIONS = 256
 """Positions (rows of the flattened input) from which the transposed copies pay; fewer (decoding, tiny batches)
@@ -83,13 +83,18 @@ def weight_grad(g: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> torch.T
     return torch.mm(g.t(), x).to(dtype)
 
 
+def _bf16(weight: torch.Tensor) -> torch.Tensor:
+    return weight.to(torch.bfloat16)
+
+
 class _AmxLinear(torch.autograd.Function):
-    """``F.linear`` of bf16 ``x`` against ``weight`` and ``bias`` cast to bf16 (autocast's forward), with the
-    weight gradient of :func:`weight_grad`, handed back in the weight's and bias's own dtypes."""
+    """``F.linear`` of bf16 ``x`` against ``weight`` and ``bias`` cast to bf16 (autocast's forward; the weight's
+    copy made once per update inside the trainer's region, ``casts.py``), with the weight gradient of
+    :func:`weight_grad`, handed back in the weight's and bias's own dtypes."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        w = weight.to(torch.bfloat16)
+        w = casts.copy_of(weight, "bf16", _bf16)
         y = F.linear(x, w, None if bias is None else bias.to(torch.bfloat16))
         ctx.save_for_backward(x, w)
         ctx.dtypes = weight.dtype, None if bias is None else bias.dtype

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from gptcli.model import kernels
+from gptcli.model.kernels import casts
 from gptcli.model.kernels.linear import transposed
 
 PAD_ROWS_TO = 64
@@ -81,20 +82,27 @@ def training_logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
     return F.linear(h, pad_rows(w.to(dtype)))
 
 
+def _padded_copy(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``pad_rows(w.to(dtype))`` written in one pass (no padded float32 copy first)."""
+    rows = w.size(0) + (-w.size(0) % PAD_ROWS_TO)
+    wp = torch.empty(rows, w.size(1), dtype=dtype, device=w.device)
+    wp[: w.size(0)] = w.detach()
+    wp[w.size(0):] = 0.0
+    return wp
+
+
 class _AmxPaddedProduct(torch.autograd.Function):
     """``F.linear(h, pad_rows(w.to(bf16)))`` for bf16 ``h`` (module docstring): the padded bf16 embedding written in
-    one pass, the logits ``AMX_COLUMNS`` columns at a time, and in the backward pass the weight gradient as
-    ``(hᵀ·g)ᵀ`` from one transposed copy of ``h`` (a 2,048 × 768 copy against the 2,048 × 40,512 one oneDNN made of
-    ``g``), handed to ``w`` in its dtype and row-major. Both transposed copies are ``linear.transposed``'s
+    one pass (once per update inside the trainer's region, ``casts.py``), the logits ``AMX_COLUMNS`` columns at a
+    time, and in the backward pass the weight gradient as ``(hᵀ·g)ᵀ`` from one transposed copy of ``h`` (a 2,048 ×
+    768 copy against the 2,048 × 40,512 one oneDNN made of ``g``), handed to ``w`` in its dtype and row-major. Both transposed copies are ``linear.transposed``'s
     (``transpose.cpp``), the gradient's without the padding's rows, into a fresh tensor (not a view of a larger
     one) so that autograd adds the embedding lookup's gradient into it in place."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        rows = w.size(0) + (-w.size(0) % PAD_ROWS_TO)
-        wp = torch.empty(rows, w.size(1), dtype=h.dtype, device=h.device)
-        wp[: w.size(0)] = w.detach()
-        wp[w.size(0):] = 0.0
+        wp = casts.copy_of(w, f"padded {h.dtype}", lambda w: _padded_copy(w, h.dtype))
+        rows = wp.size(0)
         flat = h.reshape(-1, h.size(-1))
         out = torch.empty(flat.size(0), rows, dtype=h.dtype, device=h.device)
         for a in range(0, rows, AMX_COLUMNS):
