@@ -18,13 +18,17 @@
 - ``linear`` (bf16, an AMX CPU): the linear layers' weight gradient from a dense transposed copy of the narrower
   operand (``kernels/linear.py``, ``transpose.cpp``) against autocast's ``F.linear``, whose weight gradient reads a
   transposed view (``kernels.linear.MIN_POSITIONS`` raised past every batch).
+- ``grid`` (``--precision`` bf16 or fp32): a packed row's attention grid (``packed.py`` ``_ToGrid``/``_FromGrid``)
+  gathered as whole token rows, the grid a permuted view the kernels read in place, against the per-head gather
+  into a contiguous grid it replaced (``_heads_grid`` here).
 - ``casts`` (bf16, an AMX CPU): the AMX forms' weight copies made once per update (``kernels/casts.py``, the
   trainer's ``kernels.shared_weight_casts`` region) against once per micro-batch (the region a no-op). Its parts are
   the ``step`` (an update of ``--micro-batches`` micro-batches through the trainer) and ``finetune``.
 
 Parts, each a round-robin of the two variants (``_machine.round_robin``, one settling step before each timed one):
 
-- ``layer``: (``linear``: a block's four linear layers at GPT-1's shapes, forward + backward, from float32 inputs
+- ``layer``: (``grid``: one attention layer of a packed row of 16 sequences of 40-250 tokens, fine-tuning's
+  lengths, forward + backward through ``segment_attention``) (``linear``: a block's four linear layers at GPT-1's shapes, forward + backward, from float32 inputs
   under bf16 autocast, as the model runs them) one GPT-1 attention layer from its fused projection (``--batch`` × ``--seq-len``, 12 heads of 64,
   the paper's attention dropout 0.1), forward + backward, q·kᵀ to the projection's gradient (``fused`` also times
   ``--short-batch`` × 128-token rows, fine-tuning's lengths, and the forward alone without dropout, evaluation's);
@@ -43,6 +47,7 @@ the precision's rounding for ``softmax``).
     python benchmarks/attention_ab.py --change fused --precision fp32
     python benchmarks/attention_ab.py --change linear --steps 9
     python benchmarks/attention_ab.py --change casts --steps 5 --micro-batches 4
+    python benchmarks/attention_ab.py --change grid --no-step
 """
 
 from __future__ import annotations
@@ -55,7 +60,8 @@ import time
 from _machine import add_machine_args, machine_header, round_robin, start, write_json
 
 VARIANTS = {"layout": ("strided", "dense"), "softmax": ("pytorch", "compiled"), "fused": ("chunked", "fused"),
-            "linear": ("autocast", "dense"), "casts": ("each", "shared")}
+            "linear": ("autocast", "dense"), "casts": ("each", "shared"),
+            "grid": ("heads", "rows")}
 """Per change: (before, after)."""
 
 
@@ -86,7 +92,7 @@ def main() -> None:
     start(args)
     info, line = machine_header()
     print(line)
-    rows = {"linear": _linears, "casts": lambda args: []}.get(args.change, _layer)(args)
+    rows = {"linear": _linears, "casts": lambda args: [], "grid": _packed_layer}.get(args.change, _layer)(args)
     if args.change == "fused":
         rows += _layer(args, seq_len=128, batch=args.short_batch)
         rows += _layer(args, backward=False)
@@ -123,8 +129,12 @@ def variant(change: str, name: str):
 
     from gptcli.model.kernels import linear
 
+    import gptcli.model.packed as packed
     from gptcli.model import kernels
 
+    grids = packed._ToGrid, packed._FromGrid
+    if name == "heads":
+        packed._ToGrid, packed._FromGrid = _heads_grid()
     saved = gpt.causal_self_attention, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX, kernel.FUSED_DTYPES
     positions, shared_weight_casts = linear.MIN_POSITIONS, kernels.shared_weight_casts
     if name == "each":
@@ -143,6 +153,75 @@ def variant(change: str, name: str):
     finally:
         gpt.causal_self_attention, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX, kernel.FUSED_DTYPES = saved
         linear.MIN_POSITIONS, kernels.shared_weight_casts = positions, shared_weight_casts
+        packed._ToGrid, packed._FromGrid = grids
+
+
+def _heads_grid():
+    """The grid's former gathers (before the whole-row ones of ``packed.py``): q, k and v gathered per head into a
+    contiguous (3, G, H, W, hd) grid by advanced indexing, and back per head; same arguments as the new ones."""
+    import torch
+
+    class HeadsToGrid(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, cells, back):
+            W, H = cells.size(1), x.size(2)
+            ctx.save_for_backward(back // W, back % W)
+            which = torch.arange(3).view(-1, 1, 1, 1)
+            return x[cells.view(1, cells.size(0), 1, -1), which, torch.arange(H).view(1, 1, H, 1)]
+
+        @staticmethod
+        def backward(ctx, grad):
+            group, slot = ctx.saved_tensors
+            parts, heads = torch.arange(3).view(1, 3, 1), torch.arange(grad.size(2)).view(1, 1, -1)
+            return grad[parts, group.view(-1, 1, 1), heads, slot.view(-1, 1, 1)], None, None
+
+    class HeadsFromGrid(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, y, back):
+            W = y.size(2)
+            ctx.save_for_backward(back // W, back % W)
+            ctx.shape = y.shape
+            return y[back // W, :, back % W]
+
+        @staticmethod
+        def backward(ctx, grad):
+            group, slot = ctx.saved_tensors
+            out = grad.new_zeros(ctx.shape)
+            out[group, :, slot] = grad
+            return out, None
+
+    return HeadsToGrid, HeadsFromGrid
+
+
+def _packed_layer(args) -> list[dict]:
+    """One attention layer of a packed row (16 sequences of 40-250 tokens, seeded), forward + backward with the
+    paper's attention dropout, through ``packed.segment_attention``; outputs checked equal without dropout."""
+    import torch
+
+    from gptcli.model.packed import Packing, segment_attention
+
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(40, 251, (16,), generator=g).tolist()
+    N = sum(lengths)
+    qkv = torch.randn(1, N, 3 * 768, generator=g).to(_dtype(args))
+    upstream = torch.randn(1, N, 768, generator=g).to(_dtype(args))
+
+    def run(_: int = 0, p: float = 0.1):
+        x = qkv.detach().requires_grad_()
+        y = segment_attention(x, 12, p, Packing.of([[0] * n for n in lengths]))
+        y.backward(upstream)
+        return y, x.grad
+
+    outs = {}
+    for name in VARIANTS[args.change]:
+        with variant(args.change, name):
+            outs[name] = run(p=0.0)
+    (y0, g0), (y1, g1) = outs.values()
+    if not (torch.equal(y0, y1) and torch.equal(g0, g1)):
+        raise SystemExit("error: the two grids' outputs differ (run tests/model/test_packed.py)")
+    print(f"\none attention layer of a packed row, {args.precision}, {N} tokens in 16 sequences of "
+          f"{min(lengths)}-{max(lengths)}, 12 heads, dropout 0.1, forward + backward (equal without dropout)")
+    return _report(args, "packed", _timed_rounds(args, run))
 
 
 def _dtype(args):

@@ -197,20 +197,18 @@ class Grid:
 
     cells: torch.Tensor
     """(S, Lmax) row index of each cell's token."""
-    group: torch.Tensor
-    """(N,) the grid row of each row token."""
-    slot: torch.Tensor
-    """(N,) its column."""
+    back: torch.Tensor
+    """(N,) each row token's cell in the flattened grid."""
 
     @staticmethod
     def of(lengths: Sequence[int]) -> "Grid":
-        group = [s for s, n in enumerate(lengths) for _ in range(n)]
-        slot = [j for n in lengths for j in range(n)]
         cells = _layout(_starts(lengths), lengths, [[s] for s in range(len(lengths))])
-        return Grid(cells, torch.tensor(group, dtype=torch.long), torch.tensor(slot, dtype=torch.long))
+        width = cells.size(1)
+        back = [s * width + j for s, n in enumerate(lengths) for j in range(n)]
+        return Grid(cells, torch.tensor(back, dtype=torch.long))
 
     def to(self, device: torch.device) -> "Grid":
-        return Grid(self.cells.to(device), self.group.to(device), self.slot.to(device))
+        return Grid(self.cells.to(device), self.back.to(device))
 
 
 @dataclass
@@ -299,55 +297,54 @@ def _shared_training_attention(x: torch.Tensor, n_head: int, s: SharedGrid, drop
         return None
     from gptcli.model.kernels.attention import masked_attention
 
-    W = s.cells.size(1)
-    group, slot = s.back // W, s.back % W
-    y = masked_attention(_ToGrid.apply(x, s.cells, group, slot), s.bias(n_head, x.dtype), dropout)
-    return None if y is None else _FromGrid.apply(y, group, slot)
-
-
-def _cells(x: torch.Tensor, cells: torch.Tensor, parts: Sequence[int]) -> torch.Tensor:
-    """Rows ``x`` (N, 3, H, hd) (each token's q, k and v) gathered at ``cells`` (G, W) for the projections
-    ``parts`` (0 q, 1 k, 2 v): (len(parts), G, H, W, hd), contiguous, in one indexing pass — what attention's
-    batched products read with no further copy."""
-    H, device = x.size(2), x.device
-    which = torch.tensor(parts, device=device).view(-1, 1, 1, 1)
-    return x[cells.view(1, cells.size(0), 1, -1), which, torch.arange(H, device=device).view(1, 1, H, 1)]
+    y = masked_attention(_ToGrid.apply(x, s.cells, s.back), s.bias(n_head, x.dtype), dropout)
+    return None if y is None else _FromGrid.apply(y, s.back)
 
 
 class _ToGrid(torch.autograd.Function):
-    """:func:`_cells` for q, k and v of a :class:`Grid`, whose backward is a gather too: every cell's token appears
-    once but for the pad cells, whose gradient is zero (:class:`Grid`), so no accumulation is needed (autograd's
-    own backward of the indexing scatters with accumulation, 2× slower on CPU)."""
+    """Rows ``x`` (N, 3, H, hd) (each token's q, k and v, a view of the fused projection) gathered at ``cells``
+    (G, W): (3, G, H, W, hd), a permuted view of the (G, W, 3, H, hd) gather of whole token rows, which attention
+    reads as it reads the fused projection (any strides; the kernels lay out their own operands). Gathering whole
+    rows (``index_select``: contiguous 3·C-wide copies) took a third of the time of gathering each head's hd values
+    into a contiguous grid (docs/performance.md). The backward is a row gather too: every real token sits in one
+    cell, and the pad cells' gradient is zero (:class:`Grid`), so no accumulation is needed (autograd's own
+    backward of the indexing scatters with accumulation, 2× slower on CPU)."""
 
     @staticmethod
-    def forward(ctx, x, cells, group, slot):
-        ctx.save_for_backward(group, slot)
-        return _cells(x, cells, (0, 1, 2))
+    def forward(ctx, x, cells, back):
+        N, _, H, hd = x.shape
+        G, W = cells.shape
+        ctx.save_for_backward(back)
+        rows = x.reshape(N, 3 * H * hd).index_select(0, cells.view(-1))
+        return rows.view(G, W, 3, H, hd).permute(2, 0, 3, 1, 4)
 
     @staticmethod
     def backward(ctx, grad):
-        group, slot = ctx.saved_tensors
-        H, device = grad.size(2), grad.device
-        parts, heads = torch.arange(3, device=device).view(1, 3, 1), torch.arange(H, device=device).view(1, 1, H)
-        return grad[parts, group.view(-1, 1, 1), heads, slot.view(-1, 1, 1)], None, None, None
+        (back,) = ctx.saved_tensors
+        _, G, H, W, hd = grad.shape
+        rows = grad.permute(1, 3, 0, 2, 4).reshape(G * W, 3 * H * hd)  # no copy in the kernels' layout
+        return rows.index_select(0, back).view(-1, 3, H, hd), None, None
 
 
 class _FromGrid(torch.autograd.Function):
-    """A (G, H, W, hd) grid's real cells back in row order (N, H, hd); the backward writes each token's gradient
-    into its cell (each cell at most once) over zeros."""
+    """A (G, H, W, hd) grid's real cells back in row order (N, H, hd), by whole token rows (the kernels write the
+    grid (G, W, H, hd)-contiguous); the backward writes each token's gradient into its cell (each cell at most
+    once) over zeros."""
 
     @staticmethod
-    def forward(ctx, y, group, slot):
-        ctx.save_for_backward(group, slot)
+    def forward(ctx, y, back):
+        G, H, W, hd = y.shape
+        ctx.save_for_backward(back)
         ctx.shape = y.shape
-        return y[group, :, slot]
+        return y.transpose(1, 2).reshape(G * W, H * hd).index_select(0, back).view(-1, H, hd)
 
     @staticmethod
     def backward(ctx, grad):
-        group, slot = ctx.saved_tensors
-        out = grad.new_zeros(ctx.shape)
-        out[group, :, slot] = grad
-        return out, None, None
+        (back,) = ctx.saved_tensors
+        G, H, W, hd = ctx.shape
+        out = grad.new_zeros(G * W, H * hd)
+        out.index_copy_(0, back, grad.reshape(-1, H * hd))
+        return out.view(G, W, H, hd).transpose(1, 2), None
 
 
 def segment_attention(qkv: torch.Tensor, n_head: int, dropout: float, packing: Packing) -> torch.Tensor:
@@ -363,8 +360,8 @@ def segment_attention(qkv: torch.Tensor, n_head: int, dropout: float, packing: P
     x = qkv[0].view(N, 3, n_head, C // n_head)
     if packing.parents is None:
         g = packing.grid(qkv.device)
-        y = stacked_causal_attention(_ToGrid.apply(x, g.cells, g.group, g.slot), dropout)
-        return _FromGrid.apply(y, g.group, g.slot).view(1, N, C)
+        y = stacked_causal_attention(_ToGrid.apply(x, g.cells, g.back), dropout)
+        return _FromGrid.apply(y, g.back).view(1, N, C)
     s = packing.shared_grid(qkv.device)
     if qkv.requires_grad:  # training: a backward to run
         y = _shared_training_attention(x, n_head, s, dropout)

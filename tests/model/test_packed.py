@@ -325,3 +325,35 @@ def test_shared_training_with_dropout_learns(kernel_mode, pretrained, shared_dat
         opt.step()
         losses.append(loss.item())
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < 0.9 * losses[0], losses
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_grid_gathers_whole_token_rows_and_back_exactly(dtype):
+    """_ToGrid and _FromGrid (whole-row gathers, the grid a permuted view) give the values and gradients of plain
+    indexing per head, the pad cells' gradient zero as attention leaves it (Grid's docstring)."""
+    from gptcli.model.packed import Grid, _FromGrid, _ToGrid
+
+    torch.manual_seed(0)
+    lengths, H, hd = [5, 1, 9, 3], 2, 4
+    g = Grid.of(lengths)
+    G, W = g.cells.shape
+    N = sum(lengths)
+    real = torch.zeros(G * W, dtype=torch.bool)
+    real[g.back] = True
+    x = torch.randn(N, 3, H, hd).to(dtype).requires_grad_()
+    grid = _ToGrid.apply(x, g.cells, g.back)
+    expected = x[g.cells].permute(2, 0, 3, 1, 4)  # (3, G, H, W, hd)
+    assert grid.shape == expected.shape and torch.equal(grid, expected)
+    upstream = torch.randn(expected.shape).to(dtype) * real.view(1, G, 1, W, 1)  # zero at pad cells
+    (dx,) = torch.autograd.grad(grid, x, upstream)
+    (dx_ref,) = torch.autograd.grad(expected, x, upstream)
+    assert torch.equal(dx, dx_ref)
+
+    y = torch.randn(G, H, W, hd).to(dtype).requires_grad_()
+    rows = _FromGrid.apply(y, g.back)
+    expected = y.transpose(1, 2).reshape(G * W, H, hd)[g.back]
+    assert torch.equal(rows, expected)
+    upstream = torch.randn(N, H, hd).to(dtype)
+    (dy,) = torch.autograd.grad(rows, y, upstream)
+    (dy_ref,) = torch.autograd.grad(expected, y, upstream)
+    assert torch.equal(dy, dy_ref)
