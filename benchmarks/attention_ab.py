@@ -27,11 +27,12 @@
 
 Parts, each a round-robin of the two variants (``_machine.round_robin``, one settling step before each timed one):
 
-- ``layer``: (``grid``: one attention layer of a packed row of 16 sequences of 40-250 tokens, fine-tuning's
-  lengths, forward + backward through ``segment_attention``) (``linear``: a block's four linear layers at GPT-1's shapes, forward + backward, from float32 inputs
-  under bf16 autocast, as the model runs them) one GPT-1 attention layer from its fused projection (``--batch`` × ``--seq-len``, 12 heads of 64,
-  the paper's attention dropout 0.1), forward + backward, q·kᵀ to the projection's gradient (``fused`` also times
+- ``layer``: one GPT-1 attention layer from its fused projection (``--batch`` × ``--seq-len``, 12 heads of 64, the
+  paper's attention dropout 0.1), forward + backward, q·kᵀ to the projection's gradient (``fused`` also times
   ``--short-batch`` × 128-token rows, fine-tuning's lengths, and the forward alone without dropout, evaluation's);
+  for ``linear``, a block's four linear layers at GPT-1's shapes, forward + backward, from float32 inputs under
+  bf16 autocast, as the model runs them; for ``grid``, one attention layer of a packed row of 16 sequences of
+  40-250 tokens (fine-tuning's lengths), forward + backward through ``segment_attention``;
 - ``step``: a whole pretraining step of the ``gpt1`` preset (forward, backward, fused AdamW) (``--no-step`` skips
   it: minutes on 2 cores); for ``casts``, an update of ``--micro-batches`` micro-batches by ``Trainer.step``;
 - ``finetune``: whole fine-tuning updates as ``gpt1 finetune`` runs them by default (packed rows, the paper's batch
@@ -361,7 +362,46 @@ def _update(args) -> list[dict]:
                                  generator=g))
     print(f"\ngpt1 {args.precision} pretraining update, {args.micro_batches} micro-batches of "
           f"{args.batch}×{args.seq_len}, {args.steps} rounds")
-    return _report(args, "pretrain", _timed_rounds(args, lambda _: trainer.step(1, batches).read()))
+    with _timed_casts() as casts:
+        rows = _report(args, "pretrain", _timed_rounds(args, lambda _: trainer.step(1, batches).read()))
+    for row in rows:  # the casts themselves: what the change removes, free of the update's own spread
+        spent = casts[row["variant"]][1:]  # after the warm-up
+        row["casts_ms"] = statistics.median(spent) * 1e3
+        print(f"  casts  {row['variant']:9s} {row['casts_ms']:9.1f} ms per update (the AMX forms' weight casts)")
+    return rows
+
+
+@contextlib.contextmanager
+def _timed_casts():
+    """Seconds spent in the AMX forms' weight casts (``kernels.linear._bf16``, ``kernels.tied._padded_copy``) per
+    ``Trainer.step``, listed by the ``casts`` variant it ran under."""
+    from gptcli.model import kernels
+    from gptcli.model.kernels import linear, tied
+    from gptcli.train.trainer import Trainer
+
+    spent: dict[str, list[float]] = {"each": [], "shared": []}
+    saved = linear._bf16, tied._padded_copy, Trainer.step
+
+    def timed(make):
+        def cast(*args):
+            t0 = time.perf_counter()
+            out = make(*args)
+            spent[current][-1] += time.perf_counter() - t0
+            return out
+        return cast
+
+    def step(self, *args, **kwargs):
+        nonlocal current
+        current = "shared" if kernels.shared_weight_casts is saved_region else "each"
+        spent[current].append(0.0)
+        return saved[2](self, *args, **kwargs)
+
+    current, saved_region = "shared", kernels.shared_weight_casts
+    linear._bf16, tied._padded_copy, Trainer.step = timed(saved[0]), timed(saved[1]), step
+    try:
+        yield spent
+    finally:
+        linear._bf16, tied._padded_copy, Trainer.step = saved
 
 
 def _finetune(args) -> list[dict]:

@@ -305,10 +305,10 @@ class _ToGrid(torch.autograd.Function):
     """Rows ``x`` (N, 3, H, hd) (each token's q, k and v, a view of the fused projection) gathered at ``cells``
     (G, W): (3, G, H, W, hd), a permuted view of the (G, W, 3, H, hd) gather of whole token rows, which attention
     reads as it reads the fused projection (any strides; the kernels lay out their own operands). Gathering whole
-    rows (``index_select``: contiguous 3·C-wide copies) took a third of the time of gathering each head's hd values
-    into a contiguous grid (docs/performance.md). The backward is a row gather too: every real token sits in one
-    cell, and the pad cells' gradient is zero (:class:`Grid`), so no accumulation is needed (autograd's own
-    backward of the indexing scatters with accumulation, 2× slower on CPU)."""
+    rows (``index_select``: contiguous 3·C-wide copies) instead of each head's hd values into a contiguous grid made
+    a packed attention layer 1.15× faster in bf16 and 1.05× in fp32 (docs/performance.md). The backward is a row
+    gather too: every real token sits in one cell, and the pad cells' gradient is zero (:class:`Grid`), so no
+    accumulation is needed (autograd's own backward of the indexing scatters with accumulation, 2× slower on CPU)."""
 
     @staticmethod
     def forward(ctx, x, cells, back):

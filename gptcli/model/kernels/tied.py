@@ -95,9 +95,10 @@ class _AmxPaddedProduct(torch.autograd.Function):
     """``F.linear(h, pad_rows(w.to(bf16)))`` for bf16 ``h`` (module docstring): the padded bf16 embedding written in
     one pass (once per update inside the trainer's region, ``casts.py``), the logits ``AMX_COLUMNS`` columns at a
     time, and in the backward pass the weight gradient as ``(hᵀ·g)ᵀ`` from one transposed copy of ``h`` (a 2,048 ×
-    768 copy against the 2,048 × 40,512 one oneDNN made of ``g``), handed to ``w`` in its dtype and row-major. Both transposed copies are ``linear.transposed``'s
-    (``transpose.cpp``), the gradient's without the padding's rows, into a fresh tensor (not a view of a larger
-    one) so that autograd adds the embedding lookup's gradient into it in place."""
+    768 copy against the 2,048 × 40,512 one oneDNN made of ``g``), handed to ``w`` in its dtype and row-major.
+    Both transposed copies are ``linear.transposed``'s (``transpose.cpp``), the gradient's without the padding's
+    rows, into a fresh tensor (not a view of a larger one) so that autograd adds the embedding lookup's gradient
+    into it in place."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
