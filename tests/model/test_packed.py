@@ -79,9 +79,15 @@ def _assert_same(model, items, extract_id, regression):
         torch.testing.assert_close(packed[3][k], padded[3][k], **TOL, msg=k)
 
 
+@pytest.mark.parametrize("kernel_mode", ["auto", "reference"])
 @pytest.mark.parametrize("task_name", sorted(TASKS))
-def test_a_packed_batch_of_real_examples_equals_the_padded_one(task_name, pretrained, shared_data):
+def test_a_packed_batch_of_real_examples_equals_the_padded_one(task_name, kernel_mode, pretrained, shared_data):
+    """Both attention paths over the packed grid (a permuted view of whole gathered token rows): the CPU kernels,
+    and the reference's SDPA, which is what CUDA runs."""
+    from gptcli.model import kernels
+
     model, enc, extract_id, regression = _encoded(task_name, pretrained, shared_data)
+    kernels.set_kernels(kernel_mode)
     assert len({len(s) for e in enc[:8] for s in e.seqs}) > 1  # ragged: there is padding to skip
     _assert_same(model, enc[:8], extract_id, regression)
 
