@@ -22,8 +22,9 @@
   gathered as whole token rows, the grid a permuted view the kernels read in place, against the per-head gather
   into a contiguous grid it replaced (``_heads_grid`` here).
 - ``casts`` (bf16, an AMX CPU): the AMX forms' weight copies made once per update (``kernels/casts.py``, the
-  trainer's ``kernels.shared_weight_casts`` region) against once per micro-batch (the region a no-op). Its parts are
-  the ``step`` (an update of ``--micro-batches`` micro-batches through the trainer) and ``finetune``.
+  trainer's ``kernels.shared_weight_casts`` region) against once per micro-batch (the region a no-op). Its part is
+  the ``step`` (an update of ``--micro-batches`` micro-batches through the trainer, and the time spent casting);
+  its ``finetune`` updates are one micro-batch each, where both variants cast once (a control).
 
 Parts, each a round-robin of the two variants (``_machine.round_robin``, one settling step before each timed one):
 
