@@ -25,6 +25,10 @@
   trainer's ``kernels.shared_weight_casts`` region) against once per micro-batch (the region a no-op). Its part is
   the ``step`` (an update of ``--micro-batches`` micro-batches through the trainer, and the time spent casting);
   its ``finetune`` updates are one micro-batch each, where both variants cast once (a control).
+- ``lookup`` (``--precision`` fp32, or bf16 on an AMX CPU): the token lookup's gradient returned sparse into the tied
+  output layer's (``kernels/tied_lookup.py``) against autograd's vocabulary-sized one added to it
+  (``tied_lookup.applies`` false). Its ``layer`` part is the tied pair alone: the lookup of ``--batch`` ×
+  ``--seq-len`` tokens straight into the output layer and the loss, forward + backward, at GPT-1's vocabulary.
 
 Parts, each a round-robin of the two variants (``_machine.round_robin``, one settling step before each timed one):
 
@@ -50,6 +54,7 @@ the precision's rounding for ``softmax``).
     python benchmarks/attention_ab.py --change linear --steps 9
     python benchmarks/attention_ab.py --change casts --steps 5 --micro-batches 4
     python benchmarks/attention_ab.py --change grid --no-step
+    python benchmarks/attention_ab.py --change lookup --precision fp32 --finetune-shape storycloze
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ from _machine import add_machine_args, machine_header, round_robin, start, write
 
 VARIANTS = {"layout": ("strided", "dense"), "softmax": ("pytorch", "compiled"), "fused": ("chunked", "fused"),
             "linear": ("autocast", "dense"), "casts": ("each", "shared"),
-            "grid": ("heads", "rows")}
+            "grid": ("heads", "rows"), "lookup": ("dense", "linked")}
 """Per change: (before, after)."""
 
 
@@ -80,7 +85,10 @@ def main() -> None:
     ap.add_argument("--micro-batches", type=int, default=4, help="(casts) micro-batches per pretraining update")
     ap.add_argument("--no-finetune", action="store_true", help="skip the fine-tuning updates")
     ap.add_argument("--finetune-size", default="gpt1", help="model preset of the fine-tuning part: gpt1 or tiny")
-    ap.add_argument("--finetune-batches", type=int, default=2, help="RTE batches of 32 timed per round")
+    ap.add_argument("--finetune-batches", type=int, default=2, help="batches of 32 timed per round")
+    ap.add_argument("--finetune-shape", default="rte", help="the fine-tuning part's task: rte or storycloze")
+    ap.add_argument("--finetune-micro-batch", type=int, default=0,
+                    help="examples per micro-batch of the fine-tuning part (0: the whole batch of 32)")
     add_machine_args(ap)
     args = ap.parse_args()
     if args.change == "layout" and args.precision != "bf16":
@@ -94,7 +102,8 @@ def main() -> None:
     start(args)
     info, line = machine_header()
     print(line)
-    rows = {"linear": _linears, "casts": lambda args: [], "grid": _packed_layer}.get(args.change, _layer)(args)
+    parts = {"linear": _linears, "casts": lambda args: [], "grid": _packed_layer, "lookup": _tied_pair}
+    rows = parts.get(args.change, _layer)(args)
     if args.change == "fused":
         rows += _layer(args, seq_len=128, batch=args.short_batch)
         rows += _layer(args, backward=False)
@@ -133,13 +142,17 @@ def variant(change: str, name: str):
 
     import gptcli.model.packed as packed
     from gptcli.model import kernels
+    from gptcli.model.kernels import tied_lookup
 
     grids = packed._ToGrid, packed._FromGrid
     if name == "heads":
         packed._ToGrid, packed._FromGrid = _heads_grid()
     saved = gpt.causal_self_attention, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX, kernel.FUSED_DTYPES
     positions, shared_weight_casts = linear.MIN_POSITIONS, kernels.shared_weight_casts
-    if name == "each":
+    links = tied_lookup.applies
+    if name == "dense":
+        tied_lookup.applies = lambda weight: False
+    elif name == "each":
         kernels.shared_weight_casts = lambda device: contextlib.nullcontext()
     elif name == "autocast":
         linear.MIN_POSITIONS = 1 << 62
@@ -156,6 +169,7 @@ def variant(change: str, name: str):
         gpt.causal_self_attention, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX, kernel.FUSED_DTYPES = saved
         linear.MIN_POSITIONS, kernels.shared_weight_casts = positions, shared_weight_casts
         packed._ToGrid, packed._FromGrid = grids
+        tied_lookup.applies = links
 
 
 def _heads_grid():
@@ -224,6 +238,36 @@ def _packed_layer(args) -> list[dict]:
     print(f"\none attention layer of a packed row, {args.precision}, {N} tokens in 16 sequences of "
           f"{min(lengths)}-{max(lengths)}, 12 heads, dropout 0.1, forward + backward (equal without dropout)")
     return _report(args, "packed", _timed_rounds(args, run))
+
+
+def _tied_pair(args) -> list[dict]:
+    """GPT-1's token lookup straight into its tied output layer and the training loss (``lm_nll``), forward +
+    backward, ``--batch`` × ``--seq-len`` tokens; the embedding's gradient checked equal within fp32 rounding."""
+    import torch
+
+    import gptcli.model.gpt as gpt
+
+    torch.manual_seed(0)
+    model = gpt.GPT(gpt.preset("gpt1")).train()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, model.config.vocab_size, (args.batch, args.seq_len + 1), generator=g)
+    weight = model.tok_emb.weight
+
+    def run(_: int = 0):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            loss = model.lm_nll(model.embed_tokens(ids[:, :-1]), ids[:, 1:])
+        loss.backward()
+        grad, weight.grad = weight.grad, None
+        return grad
+
+    grads = {}
+    for name in VARIANTS[args.change]:
+        with variant(args.change, name):
+            grads[name] = run()
+    rel = ((grads["linked"] - grads["dense"]).norm() / grads["dense"].norm()).item()
+    print(f"\nthe tied pair, {args.precision}: lookup of {args.batch}×{args.seq_len} tokens, output layer and loss, "
+          f"forward + backward; the embedding's gradient within {rel:.1e} (relative)")
+    return _report(args, "tied", _timed_rounds(args, run))
 
 
 def _dtype(args):
@@ -419,14 +463,15 @@ def _finetune(args) -> list[dict]:
 
     shared = Path(os.environ.get("GPT1_SHARED", Path(__file__).resolve().parents[2] / "shared"))
     tok = OpenAIBPETokenizer.from_dir(shared / "data" / "openai-gpt-bpe")
-    opts = argparse.Namespace(batch=32, batches=args.finetune_batches, micro_batch=None, n_ctx=512,
-                              size=args.finetune_size)
-    task, _, packed, _ = real_batches("rte", "random", opts, tok)
+    opts = argparse.Namespace(batch=32, batches=args.finetune_batches, micro_batch=args.finetune_micro_batch or None,
+                              n_ctx=512, size=args.finetune_size)
+    task, _, packed, _ = real_batches(args.finetune_shape, "random", opts, tok)
     model = build_models(task, opts, tok)[0]
     trainer = Trainer(model, make_optimizer(model, lr=6.25e-5), TaskLoss(LM_WEIGHT), lambda s: 6.25e-5,
                       device=torch.device("cpu"), precision=args.precision, grad_clip=1.0)
-    print(f"\n{args.finetune_size} {args.precision} fine-tuning updates, RTE random batches of 32, packed, "
-          f"{len(packed)} batches × {args.steps} rounds")
+    micro = f", micro-batches of {args.finetune_micro_batch}" if args.finetune_micro_batch else ""
+    print(f"\n{args.finetune_size} {args.precision} fine-tuning updates, {args.finetune_shape} random batches of 32"
+          f"{micro}, packed, {len(packed)} batches × {args.steps} rounds")
     return _report(args, "update", _timed_rounds(args, lambda i: trainer.step(1, packed[i]).read(), len(packed)))
 
 

@@ -240,7 +240,7 @@ class GPT(TiedEmbeddingLM):
             if start + T > self.config.n_ctx:
                 raise ValueError(f"sequence of {start + T} tokens exceeds the context of {self.config.n_ctx}")
             pos = torch.arange(start, start + T, device=idx.device)
-        h = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        h = self.drop(self.embed_tokens(idx) + self.pos_emb(pos))
         if rows is not None and B != 1:
             raise ValueError(f"rows: states are selected from one row (a packed batch), got {B} rows")
         last = len(self.blocks) - 1

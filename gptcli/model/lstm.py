@@ -232,7 +232,7 @@ class LSTMLM(TiedEmbeddingLM):
         start = cache.pos if cache is not None else 0
         if start + T > self.config.n_ctx:
             raise ValueError(f"sequence of {start + T} tokens exceeds the context of {self.config.n_ctx}")
-        x = self.drop_in(self.tok_emb(idx))
+        x = self.drop_in(self.embed_tokens(idx))
         state = None
         if cache is not None and cache.h is not None and cache.c is not None:
             state = (cache.h, cache.c)

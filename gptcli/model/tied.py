@@ -22,6 +22,24 @@ class TiedEmbeddingLM(nn.Module):
 
     tok_emb: nn.Embedding
 
+    _tied_link: object | None = None
+    """With the kernels on, the last training forward pass's link between its token lookup and the output layer
+    (``kernels/tied_lookup.py``): the output layer's products hand their weight gradient to it, and the lookup's
+    backward adds its rows into that gradient instead of making a vocabulary-sized one of its own. Per forward pass;
+    ``None`` otherwise."""
+
+    def embed_tokens(self, idx: torch.Tensor) -> torch.Tensor:
+        """``self.tok_emb(idx)``; with the kernels on (CPU), in training, linked to the output layer's weight
+        gradient (``_tied_link``): the same embeddings and, within fp32 rounding, the same gradient."""
+        w = self.tok_emb.weight
+        self._tied_link = None
+        if kernels.enabled(w.device):
+            from gptcli.model.kernels.tied_lookup import lookup
+
+            emb, self._tied_link = lookup(idx, w)
+            return emb
+        return self.tok_emb(idx)
+
     def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Tied output layer: logits over vocabulary + special tokens, ``h · Weᵀ``.
 
@@ -31,7 +49,7 @@ class TiedEmbeddingLM(nn.Module):
         if kernels.enabled(w.device):
             from gptcli.model.kernels.tied import output_logits
 
-            return output_logits(h, w)
+            return output_logits(h, w, self._tied_link)
         return F.linear(h, w)
 
     def lm_nll(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -44,7 +62,7 @@ class TiedEmbeddingLM(nn.Module):
         if kernels.enabled(w.device):
             from gptcli.model.kernels.tied import training_logits
 
-            padded = training_logits(h, w)
+            padded = training_logits(h, w, self._tied_link)
             if padded is not None:
                 return next_token_nll(padded, targets, classes=w.size(0), consume=True)
         return next_token_nll(self.lm_logits(h), targets, consume=True)
@@ -63,7 +81,7 @@ class TiedEmbeddingLM(nn.Module):
         if kernels.enabled(w.device) and (kernels.amx() or not torch.is_autocast_enabled(w.device.type)):
             from gptcli.model.kernels.tied import training_logits
 
-            padded = training_logits(h, w)
+            padded = training_logits(h, w, self._tied_link)
             if padded is not None:
                 return next_token_nll(padded, targets, reduction="none", classes=w.size(0), consume=True)
         return next_token_nll(self.lm_logits(h), targets, reduction="none", consume=True)

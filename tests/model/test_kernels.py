@@ -148,7 +148,8 @@ def test_reference_imports_no_kernel_module() -> None:
         "gptcli.model.kernels.attention", "gptcli.model.kernels.casts", "gptcli.model.kernels.dropout",
         "gptcli.model.kernels.gelu",
         *(["gptcli.model.kernels.linear"] if cpu_has_amx() else []), "gptcli.model.kernels.losses",
-        "gptcli.model.kernels.native", "gptcli.model.kernels.tied"]
+        "gptcli.model.kernels.native", "gptcli.model.kernels.tied",
+        "gptcli.model.kernels.tied_lookup"]
 
 
 def test_the_mode_comes_from_set_kernels_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,8 +13,10 @@ and, for dropout, which units a given seed drops (the law is the same):
 - ``losses.py``: the next-token cross-entropy over blocks of rows, with its own backward (reference:
   ``F.cross_entropy`` of the fp32 logits);
 - ``tied.py``: the tied output product against an embedding padded to an aligned row count (reference:
-  ``F.linear`` against the embedding).
-- ``gelu.py``: the tanh-GELU as compiled loops (reference: ``F.gelu(x, approximate="tanh")``).
+  ``F.linear`` against the embedding);
+- ``gelu.py``: the tanh-GELU as compiled loops (reference: ``F.gelu(x, approximate="tanh")``);
+- ``tied_lookup.py``: the token lookup's gradient added into the tied output layer's in place (reference:
+  ``F.embedding``, whose vocabulary-sized gradient autograd adds to the output layer's).
 
 ``gelu.py`` and, where they can, ``dropout.py``, ``losses.py`` and ``attention.py``'s backward run C++ loops
 (``*.cpp`` here) that ``native.py`` compiles for the machine on first use; where no compiler can build them (or, for

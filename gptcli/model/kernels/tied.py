@@ -29,6 +29,7 @@ from torch.autograd.function import once_differentiable
 from gptcli.model import kernels
 from gptcli.model.kernels import casts
 from gptcli.model.kernels.linear import transposed
+from gptcli.model.kernels.tied_lookup import Link
 
 PAD_ROWS_TO = 64
 """Vocabulary rows are padded to a multiple of this for the output product."""
@@ -62,24 +63,70 @@ def pad_rows(w: torch.Tensor) -> torch.Tensor:
     return F.pad(w, (0, 0, 0, -w.size(0) % PAD_ROWS_TO))
 
 
-def output_logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``F.linear(h, w)``, through the padded product when that is faster (module docstring)."""
-    if padding_is_faster(h, w):
+def output_logits(h: torch.Tensor, w: torch.Tensor, link: Link | None = None) -> torch.Tensor:
+    """``F.linear(h, w)``, through the padded product when that is faster (module docstring). With the ``link`` of
+    the lookup that made ``h``'s tokens (fp32 training), through :class:`_LinkedProduct`."""
+    pad = padding_is_faster(h, w)
+    if _links(h, w, link):
+        logits = _LinkedProduct.apply(h, w, link, pad)
+        return logits[..., : w.size(0)] if pad else logits
+    if pad:
         return F.linear(h, pad_rows(w))[..., : w.size(0)]
     return F.linear(h, w)
 
 
-def training_logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+def training_logits(h: torch.Tensor, w: torch.Tensor, link: Link | None = None) -> torch.Tensor | None:
     """The logits of ``h`` against the padded ``w``, padding columns included (the loss ignores them), when the
-    padded product is the faster one in training; ``None`` when it is not."""
+    padded product is the faster one in training; ``None`` when it is not. ``link``: as :func:`output_logits`'s
+    (the AMX product takes it too)."""
     if not padding_is_faster(h, w, training=True):
         return None
     dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else w.dtype
     if dtype == torch.bfloat16 and kernels.amx():
         with torch.autocast("cpu", enabled=False):
-            return _AmxPaddedProduct.apply(h.to(dtype), w)
+            return _AmxPaddedProduct.apply(h.to(dtype), w, link if _links(h, w, link, dtype) else None)
+    if _links(h, w, link):
+        return _LinkedProduct.apply(h, w, link, True)
     # Cast before padding: the pad then copies the bf16 embedding, not the fp32 one.
     return F.linear(h, pad_rows(w.to(dtype)))
+
+
+def _links(h: torch.Tensor, w: torch.Tensor, link: Link | None, dtype: torch.dtype | None = None) -> bool:
+    """Whether the product hands its weight gradient to ``link``: fp32 (or, for the AMX product, bf16 autocast's
+    ``dtype``), the weight the lookup's leaf, gradients wanted, outside ``torch.compile``."""
+    if link is None or not torch.is_grad_enabled() or not w.requires_grad or torch.compiler.is_compiling():
+        return False
+    if dtype is None:
+        return not torch.is_autocast_enabled("cpu") and h.dtype == w.dtype == torch.float32
+    return True
+
+
+class _LinkedProduct(torch.autograd.Function):
+    """``F.linear(h, w)`` (against ``pad_rows(w)`` with ``pad``) in fp32, whose weight gradient is also offered to
+    the token lookup's ``link`` (``tied_lookup.py``). Autograd's own products in its own layouts: the logits, ``dh
+    = g·w`` and ``dw = gᵀ·h`` are bit for bit the reference's; ``dw`` is a fresh row-major tensor (a view of one
+    without the padding's rows), which autograd's ``mm`` backward hands back as a transposed view."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, w: torch.Tensor, link: Link, pad: bool) -> torch.Tensor:
+        wp = pad_rows(w) if pad else w
+        ctx.save_for_backward(h, wp)
+        ctx.link, ctx.rows = link, w.size(0)
+        return F.linear(h, wp)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        h, wp = ctx.saved_tensors
+        flat, g = h.reshape(-1, h.size(-1)), grad.reshape(-1, grad.size(-1))
+        dh = torch.mm(g, wp).view(h.shape) if ctx.needs_input_grad[0] else None
+        dw = None
+        if ctx.needs_input_grad[1]:
+            dw = torch.mm(g.t(), flat)
+            if dw.size(0) != ctx.rows:  # the padding's rows off (a view: the weight's accumulation copies it)
+                dw = dw[: ctx.rows]
+            ctx.link.offer(dw)
+        return dh, dw, None, None
 
 
 def _padded_copy(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -97,11 +144,11 @@ class _AmxPaddedProduct(torch.autograd.Function):
     time, and in the backward pass the weight gradient as ``(hᵀ·g)ᵀ`` from one transposed copy of ``h`` (a 2,048 ×
     768 copy against the 2,048 × 40,512 one oneDNN made of ``g``), handed to ``w`` in its dtype and row-major.
     Both transposed copies are ``linear.transposed``'s (``transpose.cpp``), the gradient's without the padding's
-    rows, into a fresh tensor (not a view of a larger one) so that autograd adds the embedding lookup's gradient
-    into it in place."""
+    rows, into a fresh tensor (not a view of a larger one), which is offered to the token lookup's ``link`` where
+    one is given (``tied_lookup.py``), else autograd adds the lookup's gradient into it in place."""
 
     @staticmethod
-    def forward(ctx, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, h: torch.Tensor, w: torch.Tensor, link: Link | None) -> torch.Tensor:
         wp = casts.copy_of(w, f"padded {h.dtype}", lambda w: _padded_copy(w, h.dtype))
         rows = wp.size(0)
         flat = h.reshape(-1, h.size(-1))
@@ -109,7 +156,7 @@ class _AmxPaddedProduct(torch.autograd.Function):
         for a in range(0, rows, AMX_COLUMNS):
             out[:, a : a + AMX_COLUMNS] = F.linear(flat, wp[a : a + AMX_COLUMNS])
         ctx.save_for_backward(flat, wp)
-        ctx.shape, ctx.vocab, ctx.w_dtype = h.shape, w.size(0), w.dtype
+        ctx.shape, ctx.vocab, ctx.w_dtype, ctx.link = h.shape, w.size(0), w.dtype, link
         return out.view(*h.shape[:-1], rows)
 
     @staticmethod
@@ -121,4 +168,6 @@ class _AmxPaddedProduct(torch.autograd.Function):
         dw = None
         if ctx.needs_input_grad[1]:
             dw = transposed(torch.mm(transposed(flat), g), ctx.w_dtype, columns=ctx.vocab)
-        return dh, dw
+            if ctx.link is not None:
+                ctx.link.offer(dw)
+        return dh, dw, None
