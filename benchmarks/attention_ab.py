@@ -29,6 +29,9 @@
   output layer's (``kernels/tied_lookup.py``) against autograd's vocabulary-sized one added to it
   (``tied_lookup.applies`` false). Its ``layer`` part is the tied pair alone: the lookup of ``--batch`` ×
   ``--seq-len`` tokens straight into the output layer and the loss, forward + backward, at GPT-1's vocabulary.
+- ``bias`` (bf16, an AMX CPU): the AMX linear layers' bias gradient as float32 column sums (``column_sums.cpp``)
+  against autocast's bf16 sum over the positions (``g.sum(0)``) it replaced. Parts as ``linear``'s, and ``sums``:
+  the four bias gradients of a block alone (``--batch`` × ``--seq-len`` positions, GPT-1's widths).
 
 Parts, each a round-robin of the two variants (``_machine.round_robin``, one settling step before each timed one):
 
@@ -55,6 +58,7 @@ the precision's rounding for ``softmax``).
     python benchmarks/attention_ab.py --change casts --steps 5 --micro-batches 4
     python benchmarks/attention_ab.py --change grid --no-step
     python benchmarks/attention_ab.py --change lookup --precision fp32 --finetune-shape storycloze
+    python benchmarks/attention_ab.py --change bias --steps 9 --no-finetune
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ from _machine import add_machine_args, machine_header, round_robin, start, write
 
 VARIANTS = {"layout": ("strided", "dense"), "softmax": ("pytorch", "compiled"), "fused": ("chunked", "fused"),
             "linear": ("autocast", "dense"), "casts": ("each", "shared"),
-            "grid": ("heads", "rows"), "lookup": ("dense", "linked")}
+            "grid": ("heads", "rows"), "lookup": ("dense", "linked"), "bias": ("bf16-sum", "columns")}
 """Per change: (before, after)."""
 
 
@@ -97,12 +101,15 @@ def main() -> None:
         ap.error("--change fused compares fp32 paths (bf16 keeps the written-out one): --precision fp32")
     if args.change == "linear" and args.precision != "bf16":
         ap.error("--change linear compares bf16 weight gradients (fp32 keeps F.linear): --precision bf16")
+    if args.change == "bias" and args.precision != "bf16":
+        ap.error("--change bias compares the AMX bf16 linear layers' bias gradients: --precision bf16")
     if args.change == "casts" and args.precision != "bf16":
         ap.error("--change casts compares bf16 weight copies (fp32 casts nothing): --precision bf16")
     start(args)
     info, line = machine_header()
     print(line)
-    parts = {"linear": _linears, "casts": lambda args: [], "grid": _packed_layer, "lookup": _tied_pair}
+    parts = {"linear": _linears, "bias": lambda args: _bias_sums(args) + _linears(args), "casts": lambda args: [],
+             "grid": _packed_layer, "lookup": _tied_pair}
     rows = parts.get(args.change, _layer)(args)
     if args.change == "fused":
         rows += _layer(args, seq_len=128, batch=args.short_batch)
@@ -149,8 +156,10 @@ def variant(change: str, name: str):
         packed._ToGrid, packed._FromGrid = _heads_grid()
     saved = gpt.causal_self_attention, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX, kernel.FUSED_DTYPES
     positions, shared_weight_casts = linear.MIN_POSITIONS, kernels.shared_weight_casts
-    links = tied_lookup.applies
-    if name == "dense":
+    links, sums = tied_lookup.applies, linear.column_sums
+    if name == "bf16-sum":
+        linear.column_sums = lambda g: g.sum(0)
+    elif name == "dense":
         tied_lookup.applies = lambda weight: False
     elif name == "each":
         kernels.shared_weight_casts = lambda device: contextlib.nullcontext()
@@ -169,7 +178,7 @@ def variant(change: str, name: str):
         gpt.causal_self_attention, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX, kernel.FUSED_DTYPES = saved
         linear.MIN_POSITIONS, kernels.shared_weight_casts = positions, shared_weight_casts
         packed._ToGrid, packed._FromGrid = grids
-        tied_lookup.applies = links
+        tied_lookup.applies, linear.column_sums = links, sums
 
 
 def _heads_grid():
@@ -238,6 +247,24 @@ def _packed_layer(args) -> list[dict]:
     print(f"\none attention layer of a packed row, {args.precision}, {N} tokens in 16 sequences of "
           f"{min(lengths)}-{max(lengths)}, 12 heads, dropout 0.1, forward + backward (equal without dropout)")
     return _report(args, "packed", _timed_rounds(args, run))
+
+
+def _bias_sums(args) -> list[dict]:
+    """A block's four bias gradients alone, from bf16 output gradients of ``--batch`` × ``--seq-len`` positions at
+    GPT-1's widths, as ``_AmxLinear``'s backward takes them (``kernels.linear.column_sums``)."""
+    import torch
+
+    from gptcli.model.kernels import linear
+
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(args.batch * args.seq_len, n, generator=g).bfloat16() for n in (2304, 768, 3072, 768)]
+
+    def run(_: int) -> None:
+        for x in grads:
+            linear.column_sums(x)
+
+    print(f"\na block's four bias gradients (widths 2,304, 768, 3,072, 768), {args.batch * args.seq_len} positions, bf16")
+    return _report(args, "sums", _timed_rounds(args, run))
 
 
 def _tied_pair(args) -> list[dict]:

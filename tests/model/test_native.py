@@ -582,3 +582,23 @@ def test_the_transposed_copy_checks_its_arguments(lib) -> None:
         lib.transpose_bf16(x.t(), torch.empty(4, 6, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="bfloat16 or float32"):
         lib.transpose_bf16(x, torch.empty(6, 4, dtype=torch.float64))
+
+
+def test_the_column_sums_are_each_column_summed_in_row_order(lib) -> None:
+    """``column_sums.cpp`` (the AMX linear layer's bias gradient): each column's float32 sum in row order, the bits
+    of a float32 running sum, at widths no band or vector divides (full AVX-512 bands of 256 columns, the scalar
+    loop for the rest and for the whole in the AVX2 re-run), from bf16 and float32."""
+    torch.manual_seed(2)
+    for cols in (1, 15, 16, 17, 255, 256, 257, 700):
+        for dtype in (torch.bfloat16, torch.float32):
+            x = torch.randn(37, cols).to(dtype)
+            running = torch.zeros(cols)
+            for row in x.float():
+                running = running + row
+            sums = lib.column_sums(x, torch.empty(cols))
+            assert sums.dtype == torch.float32 and torch.equal(sums, running), (cols, dtype)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        lib.column_sums(torch.randn(8, 4).t(), torch.empty(8))
+    with pytest.raises(RuntimeError, match="float32 vector"):
+        lib.column_sums(torch.randn(4, 8), torch.empty(7))
+

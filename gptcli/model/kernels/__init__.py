@@ -16,7 +16,9 @@ and, for dropout, which units a given seed drops (the law is the same):
   ``F.linear`` against the embedding);
 - ``gelu.py``: the tanh-GELU as compiled loops (reference: ``F.gelu(x, approximate="tanh")``);
 - ``tied_lookup.py``: the token lookup's gradient added into the tied output layer's in place (reference:
-  ``F.embedding``, whose vocabulary-sized gradient autograd adds to the output layer's).
+  ``F.embedding``, whose vocabulary-sized gradient autograd adds to the output layer's);
+- ``linear.py``: on an AMX CPU under bf16 autocast, a linear layer's weight gradient from a dense transposed operand
+  and its bias gradient as float32 column sums (reference: ``nn.Linear``, ``F.linear`` under autocast).
 
 ``gelu.py`` and, where they can, ``dropout.py``, ``losses.py`` and ``attention.py``'s backward run C++ loops
 (``*.cpp`` here) that ``native.py`` compiles for the machine on first use; where no compiler can build them (or, for

@@ -31,8 +31,8 @@ import torch
 
 from gptcli.errors import GPT1Error
 
-SOURCES: tuple[str, ...] = ("bindings.cpp", "dropout.cpp", "fused_attention.cpp", "gelu.cpp", "loss.cpp",
-                             "softmax.cpp", "transpose.cpp")
+SOURCES: tuple[str, ...] = ("bindings.cpp", "column_sums.cpp", "dropout.cpp", "fused_attention.cpp", "gelu.cpp",
+                             "loss.cpp", "softmax.cpp", "transpose.cpp")
 HEADERS: tuple[str, ...] = ("elementwise.h", "mask_bits.h", "vector.h", "vexp.h")
 """The C++ files of this folder compiled into the one library (with :data:`HEADERS`, the headers they share)."""
 
