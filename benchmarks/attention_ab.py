@@ -29,9 +29,10 @@
   output layer's (``kernels/tied_lookup.py``) against autograd's vocabulary-sized one added to it
   (``tied_lookup.applies`` false). Its ``layer`` part is the tied pair alone: the lookup of ``--batch`` ×
   ``--seq-len`` tokens straight into the output layer and the loss, forward + backward, at GPT-1's vocabulary.
-- ``bias`` (bf16, an AMX CPU): the AMX linear layers' bias gradient as float32 column sums (``column_sums.cpp``)
-  against autocast's bf16 sum over the positions (``g.sum(0)``) it replaced. Parts as ``linear``'s, and ``sums``:
-  the four bias gradients of a block alone (``--batch`` × ``--seq-len`` positions, GPT-1's widths).
+- ``bias`` (bf16 on an AMX CPU, or fp32): the linear layers' bias gradient as float32 column sums
+  (``column_sums.cpp``) against PyTorch's sum over the positions (``g.sum(0)``: autocast's bf16 one, or autograd's
+  float32 one) it replaced. Parts as ``linear``'s (in ``--precision``), and ``sums``: the four bias gradients of a
+  block alone (``--batch`` × ``--seq-len`` positions, GPT-1's widths).
 
 Parts, each a round-robin of the two variants (``_machine.round_robin``, one settling step before each timed one):
 
@@ -101,8 +102,6 @@ def main() -> None:
         ap.error("--change fused compares fp32 paths (bf16 keeps the written-out one): --precision fp32")
     if args.change == "linear" and args.precision != "bf16":
         ap.error("--change linear compares bf16 weight gradients (fp32 keeps F.linear): --precision bf16")
-    if args.change == "bias" and args.precision != "bf16":
-        ap.error("--change bias compares the AMX bf16 linear layers' bias gradients: --precision bf16")
     if args.change == "casts" and args.precision != "bf16":
         ap.error("--change casts compares bf16 weight copies (fp32 casts nothing): --precision bf16")
     start(args)
@@ -257,13 +256,14 @@ def _bias_sums(args) -> list[dict]:
     from gptcli.model.kernels import linear
 
     g = torch.Generator().manual_seed(0)
-    grads = [torch.randn(args.batch * args.seq_len, n, generator=g).bfloat16() for n in (2304, 768, 3072, 768)]
+    grads = [torch.randn(args.batch * args.seq_len, n, generator=g).to(_dtype(args)) for n in (2304, 768, 3072, 768)]
 
     def run(_: int) -> None:
         for x in grads:
             linear.column_sums(x)
 
-    print(f"\na block's four bias gradients (widths 2,304, 768, 3,072, 768), {args.batch * args.seq_len} positions, bf16")
+    print(f"\na block's four bias gradients (widths 2,304, 768, 3,072, 768), {args.batch * args.seq_len} positions, "
+          f"{args.precision}")
     return _report(args, "sums", _timed_rounds(args, run))
 
 
@@ -380,16 +380,18 @@ def _linears(args) -> list[dict]:
     block = gpt.Block(config).train()
     layers = [block.attn.qkv, block.attn.proj, block.mlp.fc, block.mlp.proj]
     xs = [torch.randn(args.batch, args.seq_len, m.in_features, requires_grad=True) for m in layers]
-    gs = [torch.randn(args.batch, args.seq_len, m.out_features, dtype=torch.bfloat16) for m in layers]
+    gs = [torch.randn(args.batch, args.seq_len, m.out_features, dtype=_dtype(args)) for m in layers]
+    bf16 = args.precision == "bf16"
 
     def run(_: int) -> None:
         for m, x, g in zip(layers, xs, gs):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 y = m(x)
             y.backward(g)
         block.zero_grad(set_to_none=True)
 
-    print(f"\na block's four linear layers, bf16 autocast, {args.batch}×{args.seq_len}, forward + backward")
+    print(f"\na block's four linear layers, {'bf16 autocast' if bf16 else 'fp32'}, {args.batch}×{args.seq_len}, "
+          "forward + backward")
     return _report(args, "linears", _timed_rounds(args, run))
 
 

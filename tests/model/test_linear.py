@@ -164,3 +164,36 @@ def test_under_torch_compile_the_graph_keeps_autocasts_form(avx512) -> None:
             return layer(x).float().square().mean()
 
     assert_runs_eagerly_between_graphs(step, x)
+
+
+@pytest.mark.parametrize("features", [(768, 2304), (96, 40), (64, 64)], ids=["qkv", "narrow", "square"])
+def test_the_float32_form_is_autograds_linear_with_column_sums(lib, features: tuple[int, int]) -> None:
+    """``_Fp32Linear``: autograd's products bit for bit (output, input and weight gradients), the bias gradient the
+    float32 column sums (within float32 rounding of PyTorch's sum); and the model's ``Linear`` takes it in float32
+    training only."""
+    if lib.vector_isa() != "avx512":
+        pytest.skip("the library here is not built with AVX-512: the float32 form never runs")
+    fan_in, fan_out = features
+    torch.manual_seed(0)
+    x = torch.randn(3, 101, fan_in, requires_grad=True)
+    layer = Linear(fan_in, fan_out)
+    g = torch.randn(3, 101, fan_out)
+    grads = []
+    for form in (F.linear, amx._Fp32Linear.apply):
+        x.grad = layer.weight.grad = layer.bias.grad = None
+        y = form(x, layer.weight, layer.bias)
+        y.backward(g)
+        grads.append((y.detach(), x.grad, layer.weight.grad, layer.bias.grad))
+    (y0, dx0, dw0, db0), (y1, dx1, dw1, db1) = grads
+    assert torch.equal(y1, y0) and torch.equal(dx1, dx0) and torch.equal(dw1, dw0)
+    exact = g.double().reshape(-1, fan_out).sum(0)  # both sums within float32 rounding of the exact one
+    for db in (db0, db1):
+        torch.testing.assert_close(db.double(), exact, rtol=1e-5, atol=1e-4)
+    kernels.set_kernels("auto")
+    assert amx.fp32_linear(x, layer.weight, layer.bias) is not None
+    with torch.no_grad():
+        assert amx.fp32_linear(x, layer.weight, layer.bias) is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert amx.fp32_linear(x, layer.weight, layer.bias) is None
+    assert amx.fp32_linear(x[:, :1], layer.weight, layer.bias) is None  # 3 positions: autograd's own
+
