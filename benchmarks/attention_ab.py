@@ -25,7 +25,7 @@
   trainer's ``kernels.shared_weight_casts`` region) against once per micro-batch (the region a no-op). Its part is
   the ``step`` (an update of ``--micro-batches`` micro-batches through the trainer, and the time spent casting);
   its ``finetune`` updates are one micro-batch each, where both variants cast once (a control).
-- ``lookup`` (``--precision`` fp32, or bf16 on an AMX CPU): the token lookup's gradient returned sparse into the tied
+- ``lookup`` (``--precision`` fp32, or bf16 on an AMX CPU): the token lookup's gradient added in place into the tied
   output layer's (``kernels/tied_lookup.py``) against autograd's vocabulary-sized one added to it
   (``tied_lookup.applies`` false). Its ``layer`` part is the tied pair alone: the lookup of ``--batch`` ×
   ``--seq-len`` tokens straight into the output layer and the loss, forward + backward, at GPT-1's vocabulary.
@@ -91,7 +91,7 @@ def main() -> None:
     ap.add_argument("--no-finetune", action="store_true", help="skip the fine-tuning updates")
     ap.add_argument("--finetune-size", default="gpt1", help="model preset of the fine-tuning part: gpt1 or tiny")
     ap.add_argument("--finetune-batches", type=int, default=2, help="batches of 32 timed per round")
-    ap.add_argument("--finetune-shape", default="rte", help="the fine-tuning part's task: rte or storycloze")
+    ap.add_argument("--finetune-shape", default="rte", choices=("rte", "storycloze"), help="the fine-tuning part's task")
     ap.add_argument("--finetune-micro-batch", type=int, default=0,
                     help="examples per micro-batch of the fine-tuning part (0: the whole batch of 32)")
     add_machine_args(ap)
@@ -249,8 +249,9 @@ def _packed_layer(args) -> list[dict]:
 
 
 def _bias_sums(args) -> list[dict]:
-    """A block's four bias gradients alone, from bf16 output gradients of ``--batch`` × ``--seq-len`` positions at
-    GPT-1's widths, as ``_AmxLinear``'s backward takes them (``kernels.linear.column_sums``)."""
+    """A block's four bias gradients alone, from ``--precision`` output gradients of ``--batch`` × ``--seq-len``
+    positions at GPT-1's widths, as ``_AmxLinear``'s and ``_Fp32Linear``'s backward take them
+    (``kernels.linear.column_sums``)."""
     import torch
 
     from gptcli.model.kernels import linear

@@ -104,8 +104,9 @@ def _links(h: torch.Tensor, w: torch.Tensor, link: Link | None, dtype: torch.dty
 class _LinkedProduct(torch.autograd.Function):
     """``F.linear(h, w)`` (against ``pad_rows(w)`` with ``pad``) in fp32, whose weight gradient is also offered to
     the token lookup's ``link`` (``tied_lookup.py``). Autograd's own products in its own layouts: the logits, ``dh
-    = g·w`` and ``dw = gᵀ·h`` are bit for bit the reference's; ``dw`` is a fresh row-major tensor (a view of one
-    without the padding's rows), which autograd's ``mm`` backward hands back as a transposed view."""
+    = g·w`` and ``dw = gᵀ·h`` are bit for bit the reference's. ``dw`` is returned as a fresh row-major tensor (a
+    view of one without the padding's rows) where autograd's ``mm`` backward returns a transposed view, which
+    autograd could not add into in place."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, w: torch.Tensor, link: Link, pad: bool) -> torch.Tensor:

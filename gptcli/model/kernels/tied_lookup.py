@@ -85,7 +85,7 @@ class _LinkedLookup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, idx: torch.Tensor, weight: torch.Tensor, link: Link) -> torch.Tensor:
         ctx.save_for_backward(idx)
-        ctx.link, ctx.shape, ctx.dtype = link, weight.shape, weight.dtype
+        ctx.link, ctx.shape = link, weight.shape
         return F.embedding(idx, weight)
 
     @staticmethod
