@@ -25,7 +25,7 @@
   trainer's ``kernels.shared_weight_casts`` region) against once per micro-batch (the region a no-op). Its part is
   the ``step`` (an update of ``--micro-batches`` micro-batches through the trainer, and the time spent casting);
   its ``finetune`` updates are one micro-batch each, where both variants cast once (a control).
-- ``lookup`` (``--precision`` fp32, or bf16 on an AMX CPU): the token lookup's gradient added in place into the tied
+- ``lookup`` (``--precision`` fp32 or bf16): the token lookup's gradient added in place into the tied
   output layer's (``kernels/tied_lookup.py``) against autograd's vocabulary-sized one added to it
   (``tied_lookup.applies`` false). Its ``layer`` part is the tied pair alone: the lookup of ``--batch`` ×
   ``--seq-len`` tokens straight into the output layer and the loss, forward + backward, at GPT-1's vocabulary.

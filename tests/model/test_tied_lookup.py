@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from gptcli.model import kernels
 from gptcli.model.gpt import GPT, ModelConfig
 from gptcli.model.kernels import tied as padding
+from gptcli.model.kernels.tied_lookup import Link
 
 DENSE = "aten::embedding_dense_backward"
 
@@ -36,8 +38,9 @@ def _lm_loss(model: GPT, ids: torch.Tensor) -> None:
 
 
 # (forced AMX flag, PAD_MIN_POSITIONS, autocast): the plain fp32 product, the padded fp32 one (no AMX), the AMX
-# padded bf16 one.
-PATHS = {"fp32 plain": (True, 10**9, False), "fp32 padded": (False, 8, False), "bf16 amx": (True, 8, True)}
+# padded bf16 one, and without AMX the bf16 products, padded (pretraining's) and plain (fine-tuning's).
+PATHS = {"fp32 plain": (True, 10**9, False), "fp32 padded": (False, 8, False), "bf16 amx": (True, 8, True),
+         "bf16 padded": (False, 8, True), "bf16 plain": (False, 10**9, True)}
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
@@ -134,3 +137,25 @@ def test_no_link_without_gradients_or_under_the_reference(monkeypatch):
     kernels.set_kernels("reference")
     model(ids)
     assert model._tied_link is None
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_the_bf16_linked_product_is_autocasts_product_bit_for_bit(pad):
+    """Without AMX, bf16 training's output layer is :class:`_LinkedProduct` in bf16: the logits and both gradients
+    are autocast's ``F.linear`` against the cast (and padded) weight, the weight's gradient cast back to float32."""
+    torch.manual_seed(0)
+    w = torch.randn(101, 32, requires_grad=True)
+    h = torch.randn(3, 40, 32, requires_grad=True)
+    grad = torch.randn(3, 40, 128 if pad else 101).to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = F.linear(h, padding.pad_rows(w.to(torch.bfloat16)) if pad else w)
+    ref_h, ref_w = torch.autograd.grad(ref, (h, w), grad)
+    link = Link()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert padding._linked_dtype(h, w, link) == torch.bfloat16
+        with torch.autocast("cpu", enabled=False):
+            got = padding._LinkedProduct.apply(h.to(torch.bfloat16), w, link, pad)
+    got_h, got_w = torch.autograd.grad(got, (h, w), grad)
+    assert got.dtype == torch.bfloat16 and got_w.dtype == torch.float32 and got_w.is_contiguous()
+    for a, b in ((got, ref), (got_h, ref_h), (got_w, ref_w)):
+        assert torch.equal(a, b)

@@ -104,9 +104,9 @@ def enabled(device: torch.device | str) -> bool:
 
 def shared_weight_casts(device: torch.device | str) -> contextlib.AbstractContextManager:
     """Around the micro-batches of one update (``gptcli.train.trainer.Trainer.step``): the kernels that cast a
-    weight to bf16 themselves (the AMX forms) cast it once for all of them, as autocast's own cache does for the
-    rest (``casts.py``). A no-op where no such kernel runs."""
-    if not (enabled(device) and amx()):
+    weight to bf16 themselves (the AMX forms, and on any CPU the tied output layer's linked product) cast it once
+    for all of them, as autocast's own cache does for the rest (``casts.py``). A no-op where no such kernel runs."""
+    if not enabled(device):
         return contextlib.nullcontext()
     from gptcli.model.kernels import casts
 

@@ -2,7 +2,8 @@
 
 Autocast keeps the bf16 copy of each weight it casts until its outermost region ends, and the trainer holds one
 region open across an update's micro-batches (``gptcli.runtime.shared_casts``), so a weight is cast once per
-update. The AMX forms (``linear.py``'s ``_AmxLinear``, ``tied.py``'s ``_AmxPaddedProduct``) cast their weights
+update. The AMX forms (``linear.py``'s ``_AmxLinear``, ``tied.py``'s ``_AmxPaddedProduct``) and, under bf16
+autocast on any CPU, the tied output layer's linked product (``tied.py``'s ``_LinkedProduct``) cast their weights
 themselves, outside autocast, where its cache does not reach: without this module each micro-batch cast all of
 GPT-1's weights again (about 33 ms for the linear layers and 11 ms for the embedding on the AMX Xeon, per
 micro-batch). :func:`shared_copies` is the same cache for them, opened by the trainer around the same micro-batches

@@ -65,10 +65,12 @@ def pad_rows(w: torch.Tensor) -> torch.Tensor:
 
 def output_logits(h: torch.Tensor, w: torch.Tensor, link: Link | None = None) -> torch.Tensor:
     """``F.linear(h, w)``, through the padded product when that is faster (module docstring). With the ``link`` of
-    the lookup that made ``h``'s tokens (fp32 training), through :class:`_LinkedProduct`."""
+    the lookup that made ``h``'s tokens (fp32 or bf16-autocast training), through :class:`_LinkedProduct`."""
     pad = padding_is_faster(h, w)
-    if _links(h, w, link):
-        logits = _LinkedProduct.apply(h, w, link, pad)
+    dtype = _linked_dtype(h, w, link)
+    if dtype is not None:
+        with torch.autocast("cpu", enabled=False):
+            logits = _LinkedProduct.apply(h.to(dtype), w, link, pad)
         return logits[..., : w.size(0)] if pad else logits
     if pad:
         return F.linear(h, pad_rows(w))[..., : w.size(0)]
@@ -84,35 +86,55 @@ def training_logits(h: torch.Tensor, w: torch.Tensor, link: Link | None = None) 
     dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else w.dtype
     if dtype == torch.bfloat16 and kernels.amx():
         with torch.autocast("cpu", enabled=False):
-            return _AmxPaddedProduct.apply(h.to(dtype), w, link if _links(h, w, link, dtype) else None)
-    if _links(h, w, link):
-        return _LinkedProduct.apply(h, w, link, True)
+            return _AmxPaddedProduct.apply(h.to(dtype), w, link if _links(h, w, link) else None)
+    linked = _linked_dtype(h, w, link)
+    if linked is not None:
+        with torch.autocast("cpu", enabled=False):
+            return _LinkedProduct.apply(h.to(linked), w, link, True)
     # Cast before padding: the pad then copies the bf16 embedding, not the fp32 one.
     return F.linear(h, pad_rows(w.to(dtype)))
 
 
-def _links(h: torch.Tensor, w: torch.Tensor, link: Link | None, dtype: torch.dtype | None = None) -> bool:
-    """Whether the product hands its weight gradient to ``link``: fp32 (or, for the AMX product, bf16 autocast's
-    ``dtype``), the weight the lookup's leaf, gradients wanted, outside ``torch.compile``."""
-    if link is None or not torch.is_grad_enabled() or not w.requires_grad or torch.compiler.is_compiling():
-        return False
-    if dtype is None:
-        return not torch.is_autocast_enabled("cpu") and h.dtype == w.dtype == torch.float32
-    return True
+def _links(h: torch.Tensor, w: torch.Tensor, link: Link | None) -> bool:
+    """Whether the product hands its weight gradient to ``link``: the weight the lookup's leaf, gradients wanted,
+    outside ``torch.compile``."""
+    return not (link is None or not torch.is_grad_enabled() or not w.requires_grad or torch.compiler.is_compiling())
+
+
+def _linked_dtype(h: torch.Tensor, w: torch.Tensor, link: Link | None) -> torch.dtype | None:
+    """The dtype :class:`_LinkedProduct` computes in where it applies (:func:`_links`): float32 outside autocast
+    (a float32 ``h`` and ``w``), bf16 under CPU bf16 autocast (autocast's own casts, done by the caller: the AMX
+    CPU's bf16 training product is :class:`_AmxPaddedProduct` instead); ``None`` elsewhere (the plain product)."""
+    if not _links(h, w, link) or w.dtype != torch.float32:
+        return None
+    if torch.is_autocast_enabled("cpu"):
+        return torch.bfloat16 if torch.get_autocast_dtype("cpu") == torch.bfloat16 else None
+    return torch.float32 if h.dtype == torch.float32 else None
 
 
 class _LinkedProduct(torch.autograd.Function):
-    """``F.linear(h, w)`` (against ``pad_rows(w)`` with ``pad``) in fp32, whose weight gradient is also offered to
-    the token lookup's ``link`` (``tied_lookup.py``). Autograd's own products in its own layouts: the logits, ``dh
-    = g·w`` and ``dw = gᵀ·h`` are bit for bit the reference's. ``dw`` is returned as a fresh row-major tensor (a
-    view of one without the padding's rows) where autograd's ``mm`` backward returns a transposed view, which
-    autograd could not add into in place."""
+    """``F.linear(h, w.to(h.dtype))`` (against ``pad_rows`` of it with ``pad``) in fp32, or in bf16 for bf16 ``h``
+    (autocast's form: the weight cast, then padded; the copy made once per update, ``casts.py``), whose weight gradient is also
+    offered to the token lookup's ``link`` (``tied_lookup.py``). Autograd's own products in its own layouts: the
+    logits, ``dh = g·w`` and ``dw = gᵀ·h`` are bit for bit the reference's, ``dw`` cast to the weight's dtype after
+    the padding's rows are cut, as autograd's cast backward does. ``dw`` is returned as a fresh row-major tensor (in
+    fp32 with ``pad``, a view of one without the padding's rows) where autograd's ``mm`` backward returns a
+    transposed view, which autograd could not add into in place.
+
+    Without AMX, bf16 training took the plain product, so the lookup's gradient was a zero-filled fp32 tensor as
+    large as the vocabulary: 200 ms of the gpt1 bf16 pretraining step on an AMD Zen 5, whose step is 2.4 s
+    (docs/performance.md)."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, w: torch.Tensor, link: Link, pad: bool) -> torch.Tensor:
-        wp = pad_rows(w) if pad else w
+        if h.dtype == w.dtype:
+            wp = pad_rows(w) if pad else w
+        elif pad:  # the AMX product's copy: cast and padded in one pass, once per update (casts.py)
+            wp = casts.copy_of(w, f"padded {h.dtype}", lambda w: _padded_copy(w, h.dtype))
+        else:
+            wp = casts.copy_of(w, str(h.dtype), lambda w: w.detach().to(h.dtype))
         ctx.save_for_backward(h, wp)
-        ctx.link, ctx.rows = link, w.size(0)
+        ctx.link, ctx.rows, ctx.w_dtype = link, w.size(0), w.dtype
         return F.linear(h, wp)
 
     @staticmethod
@@ -126,6 +148,8 @@ class _LinkedProduct(torch.autograd.Function):
             dw = torch.mm(g.t(), flat)
             if dw.size(0) != ctx.rows:  # the padding's rows off (a view: the weight's accumulation copies it)
                 dw = dw[: ctx.rows]
+            if dw.dtype != ctx.w_dtype:
+                dw = dw.to(ctx.w_dtype)
             ctx.link.offer(dw)
         return dh, dw, None, None
 
