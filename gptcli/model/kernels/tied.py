@@ -114,16 +114,16 @@ def _linked_dtype(h: torch.Tensor, w: torch.Tensor, link: Link | None) -> torch.
 
 class _LinkedProduct(torch.autograd.Function):
     """``F.linear(h, w.to(h.dtype))`` (against ``pad_rows`` of it with ``pad``) in fp32, or in bf16 for bf16 ``h``
-    (autocast's form: the weight cast, then padded; the copy made once per update, ``casts.py``), whose weight gradient is also
-    offered to the token lookup's ``link`` (``tied_lookup.py``). Autograd's own products in its own layouts: the
+    (autocast's form: the weight cast, then padded; the copy made once per update, ``casts.py``), whose weight
+    gradient is also offered to the token lookup's ``link`` (``tied_lookup.py``). Autograd's own products in its own layouts: the
     logits, ``dh = g·w`` and ``dw = gᵀ·h`` are bit for bit the reference's, ``dw`` cast to the weight's dtype after
     the padding's rows are cut, as autograd's cast backward does. ``dw`` is returned as a fresh row-major tensor (in
     fp32 with ``pad``, a view of one without the padding's rows) where autograd's ``mm`` backward returns a
     transposed view, which autograd could not add into in place.
 
     Without AMX, bf16 training took the plain product, so the lookup's gradient was a zero-filled fp32 tensor as
-    large as the vocabulary: 200 ms of the gpt1 bf16 pretraining step on an AMD Zen 5, whose step is 2.4 s
-    (docs/performance.md)."""
+    large as the vocabulary, added to this one: 34-38 ms per micro-batch of 1,024 positions on an AMD Zen 5, 1-2 %
+    of a bf16 fine-tuning update (docs/performance.md)."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, w: torch.Tensor, link: Link, pad: bool) -> torch.Tensor:
