@@ -29,6 +29,9 @@
   output layer's (``kernels/tied_lookup.py``) against autograd's vocabulary-sized one added to it
   (``tied_lookup.applies`` false). Its ``layer`` part is the tied pair alone: the lookup of ``--batch`` ×
   ``--seq-len`` tokens straight into the output layer and the loss, forward + backward, at GPT-1's vocabulary.
+- ``onednn`` (fp32): the float32 products of the linear layers and the tied output layer by oneDNN
+  (``kernels/onednn.py``, what an AMD Zen 5 takes) against MKL's (``kernels.force_onednn_fp32``), on any CPU. Parts:
+  ``linears`` (a block's four), the tied pair (as ``lookup``'s), the step and the fine-tuning updates.
 - ``bias`` (bf16 on an AMX CPU, or fp32): the linear layers' bias gradient as float32 column sums
   (``column_sums.cpp``) against PyTorch's sum over the positions (``g.sum(0)``: autocast's bf16 one, or autograd's
   float32 one) it replaced. Parts as ``linear``'s (in ``--precision``), and ``sums``: the four bias gradients of a
@@ -60,6 +63,7 @@ the precision's rounding for ``softmax``).
     python benchmarks/attention_ab.py --change grid --no-step
     python benchmarks/attention_ab.py --change lookup --precision fp32 --finetune-shape storycloze
     python benchmarks/attention_ab.py --change bias --steps 9 --no-finetune
+    python benchmarks/attention_ab.py --change onednn --precision fp32 --steps 5 --finetune-shape storycloze
 """
 
 from __future__ import annotations
@@ -73,7 +77,8 @@ from _machine import add_machine_args, machine_header, round_robin, start, write
 
 VARIANTS = {"layout": ("strided", "dense"), "softmax": ("pytorch", "compiled"), "fused": ("chunked", "fused"),
             "linear": ("autocast", "dense"), "casts": ("each", "shared"),
-            "grid": ("heads", "rows"), "lookup": ("dense", "linked"), "bias": ("bf16-sum", "columns")}
+            "grid": ("heads", "rows"), "lookup": ("dense", "linked"), "bias": ("bf16-sum", "columns"),
+            "onednn": ("mkl", "onednn")}
 """Per change: (before, after)."""
 
 
@@ -104,11 +109,13 @@ def main() -> None:
         ap.error("--change linear compares bf16 weight gradients (fp32 keeps F.linear): --precision bf16")
     if args.change == "casts" and args.precision != "bf16":
         ap.error("--change casts compares bf16 weight copies (fp32 casts nothing): --precision bf16")
+    if args.change == "onednn" and args.precision != "fp32":
+        ap.error("--change onednn compares float32 products (bf16 is oneDNN's either way): --precision fp32")
     start(args)
     info, line = machine_header()
     print(line)
     parts = {"linear": _linears, "bias": lambda args: _bias_sums(args) + _linears(args), "casts": lambda args: [],
-             "grid": _packed_layer, "lookup": _tied_pair}
+             "grid": _packed_layer, "lookup": _tied_pair, "onednn": lambda args: _linears(args) + _tied_pair(args)}
     rows = parts.get(args.change, _layer)(args)
     if args.change == "fused":
         rows += _layer(args, seq_len=128, batch=args.short_batch)
@@ -155,8 +162,10 @@ def variant(change: str, name: str):
         packed._ToGrid, packed._FromGrid = _heads_grid()
     saved = gpt.causal_self_attention, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX, kernel.FUSED_DTYPES
     positions, shared_weight_casts = linear.MIN_POSITIONS, kernels.shared_weight_casts
-    links, sums = tied_lookup.applies, linear.column_sums
-    if name == "bf16-sum":
+    links, sums, dnn = tied_lookup.applies, linear.column_sums, kernels._onednn_forced
+    if name in ("mkl", "onednn"):
+        kernels.force_onednn_fp32(name == "onednn")
+    elif name == "bf16-sum":
         linear.column_sums = lambda g: g.sum(0)
     elif name == "dense":
         tied_lookup.applies = lambda weight: False
@@ -178,6 +187,7 @@ def variant(change: str, name: str):
         linear.MIN_POSITIONS, kernels.shared_weight_casts = positions, shared_weight_casts
         packed._ToGrid, packed._FromGrid = grids
         tied_lookup.applies, linear.column_sums = links, sums
+        kernels.force_onednn_fp32(dnn)
 
 
 def _heads_grid():
@@ -292,7 +302,8 @@ def _tied_pair(args) -> list[dict]:
     for name in VARIANTS[args.change]:
         with variant(args.change, name):
             grads[name] = run()
-    rel = ((grads["linked"] - grads["dense"]).norm() / grads["dense"].norm()).item()
+    before, after = VARIANTS[args.change]
+    rel = ((grads[after] - grads[before]).norm() / grads[before].norm()).item()
     print(f"\nthe tied pair, {args.precision}: lookup of {args.batch}×{args.seq_len} tokens, output layer and loss, "
           f"forward + backward; the embedding's gradient within {rel:.1e} (relative)")
     return _report(args, "tied", _timed_rounds(args, run))

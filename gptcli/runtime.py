@@ -104,6 +104,21 @@ def cpu_has_amx() -> bool:
     return "amx_bf16" in _cpu_flags()
 
 
+def cpu_has_full_width_avx512() -> bool:
+    """Whether the CPU is an AMD one of family 1Ah or later (Zen 5: ``cpu family : 26``) with AVX-512, whose
+    512-bit FMA units are full width (Zen 4's, family 19h, are 256-bit units taking each instruction twice). Read
+    from /proc/cpuinfo. There MKL, which runs PyTorch's float32 products on x86, runs about half the speed oneDNN
+    reaches (gptcli/model/kernels/onednn.py)."""
+    text = _cpu_flags()
+    if "AuthenticAMD" not in text or "avx512f" not in text:
+        return False
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "cpu family":
+            return value.strip().isdigit() and int(value.strip()) >= 0x1A
+    return False
+
+
 def resolve_precision(name: str, device: torch.device) -> Precision:
     """Turn ``auto|fp32|bf16|fp16`` into a concrete precision for ``device``."""
     if name not in ("auto", "fp32", "bf16", "fp16"):
@@ -184,7 +199,7 @@ def peak_for_gpu_name(name: str, precision: Precision) -> float | None:
 @functools.lru_cache(maxsize=4)
 def measure_cpu_peak(precision: str = "fp32", n: int = 1024, seconds: float = 0.5) -> float:
     """Measured matmul FLOP/s of this CPU with the current thread count (median of several square matmuls of
-    side ``n``, for about ``seconds``).
+    side ``n``, for about ``seconds``; in float32 the faster of MKL's and oneDNN's).
 
     A CPU without native bf16 products (no ``avx512_bf16``/AMX: oneDNN emulates them at ~0.3 GFLOP/s, 200× below
     fp32) would need a minute per 2048² product; the side then shrinks to what fits the time asked
@@ -194,15 +209,27 @@ def measure_cpu_peak(precision: str = "fp32", n: int = 1024, seconds: float = 0.
     n = _affordable_side(dtype, n, seconds, g)
     a = torch.randn(n, n, generator=g).to(dtype)
     b = torch.randn(n, n, generator=g).to(dtype)
-    torch.mm(a, b)  # warm-up
+    if dtype == torch.bfloat16 or not torch.backends.mkldnn.is_available():
+        return 2.0 * n**3 / _median_time(lambda: torch.mm(a, b), seconds)
+    # float32 has two libraries: MKL (torch.mm) and oneDNN (a linear layer on oneDNN's own layout), and on an AMD
+    # Zen 5 oneDNN's is twice MKL's (gptcli/model/kernels/onednn.py); the peak is the faster one's.
+    am, bm = a.to_mkldnn(), b.to_mkldnn()
+    fastest = min(_median_time(lambda: torch.mm(a, b), seconds / 2),
+                  _median_time(lambda: torch.nn.functional.linear(am, bm), seconds / 2))
+    return 2.0 * n**3 / fastest
+
+
+def _median_time(product, seconds: float) -> float:
+    """The median time of ``product()`` over about ``seconds`` (at least three timings, after a warm-up)."""
+    product()
     times = []
     end = time.perf_counter() + seconds
     while time.perf_counter() < end or len(times) < 3:
         t0 = time.perf_counter()
-        torch.mm(a, b)
+        product()
         times.append(time.perf_counter() - t0)
     times.sort()
-    return 2.0 * n**3 / times[len(times) // 2]
+    return times[len(times) // 2]
 
 
 # The probe's side: 34 MFLOP, 0.1 s where bf16 is emulated, a millisecond where it is not.

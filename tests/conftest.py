@@ -57,6 +57,7 @@ def _kernels_follow_the_environment():
     kernels = sys.modules.get("gptcli.model.kernels")
     if kernels is not None:
         kernels.set_kernels(None)
+        kernels.force_onednn_fp32(None)
 
 
 @pytest.fixture(scope="module")

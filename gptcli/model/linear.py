@@ -5,7 +5,8 @@ Reference: ``nn.Linear.forward`` (``F.linear``), what runs everywhere else and u
 bf16 autocast on a CPU with AMX, a training product takes ``kernels/linear.py``'s form instead: autocast's forward,
 and a weight gradient computed from a dense transposed copy of the narrower operand rather than a transposed view
 (the same function, within bf16 rounding; docs/performance.md has the measured gain). A float32 training product
-keeps autograd's products and takes its bias gradient from the kernels' column sums (within float32 rounding). The
+keeps autograd's products and takes its bias gradient from the kernels' column sums (within float32 rounding); on
+an AMD Zen 5, its products and a float32 product without gradients run on oneDNN (``kernels/onednn.py``). The
 parameters, their names and their initialisation are ``nn.Linear``'s, so checkpoints and conversions see no
 difference.
 """
@@ -24,11 +25,13 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if kernels.enabled(x.device):
-            from gptcli.model.kernels.linear import amx_linear, fp32_linear
+            from gptcli.model.kernels.linear import amx_linear, fp32_inference_linear, fp32_linear
 
             y = amx_linear(x, self.weight, self.bias) if kernels.amx() else None
             if y is None:
                 y = fp32_linear(x, self.weight, self.bias)
+            if y is None and kernels.onednn_fp32():
+                y = fp32_inference_linear(x, self.weight, self.bias)
             if y is not None:
                 return y
         return super().forward(x)

@@ -139,7 +139,7 @@ def test_reference_imports_no_kernel_module() -> None:
     """Training steps of the LM and a head: with GPT1_KERNELS=reference (or set_kernels), not one module of
     gptcli/model/kernels/ is imported; with auto, the kernels and the compiled library's loader are, the linear
     layers' forms on every CPU (the float32 column sums as well as the AMX bf16 form: this test expected ``linear``
-    on AMX CPUs only and failed on an AMD Zen 5 after the float32 form came in)."""
+    on AMX CPUs only and failed on an AMD Zen 5 after the float32 form came in), with their oneDNN products."""
     assert _imported_kernels({"GPT1_KERNELS": "reference"}) == []
     assert _imported_kernels({"GPT1_KERNELS": ""}, "from gptcli.model.kernels import set_kernels; "
                                                    "set_kernels('reference')") == []
@@ -147,7 +147,7 @@ def test_reference_imports_no_kernel_module() -> None:
         "gptcli.model.kernels.attention", "gptcli.model.kernels.casts", "gptcli.model.kernels.dropout",
         "gptcli.model.kernels.gelu",
         "gptcli.model.kernels.linear", "gptcli.model.kernels.losses",
-        "gptcli.model.kernels.native", "gptcli.model.kernels.tied",
+        "gptcli.model.kernels.native", "gptcli.model.kernels.onednn", "gptcli.model.kernels.tied",
         "gptcli.model.kernels.tied_lookup"]
 
 

@@ -18,7 +18,9 @@ and, for dropout, which units a given seed drops (the law is the same):
 - ``tied_lookup.py``: the token lookup's gradient added into the tied output layer's in place (reference:
   ``F.embedding``, whose vocabulary-sized gradient autograd adds to the output layer's);
 - ``linear.py``: on an AMX CPU under bf16 autocast, a linear layer's weight gradient from a dense transposed operand
-  and its bias gradient as float32 column sums (reference: ``nn.Linear``, ``F.linear`` under autocast).
+  and its bias gradient as float32 column sums (reference: ``nn.Linear``, ``F.linear`` under autocast);
+- ``onednn.py``: on an AMD Zen 5, the float32 products of the linear layers and the tied output layer by oneDNN
+  instead of MKL, which runs them at half this CPU's speed (reference: ``F.linear`` and autograd's ``mm``).
 
 ``gelu.py`` and, where they can, ``dropout.py``, ``losses.py`` and ``attention.py``'s backward run C++ loops
 (``*.cpp`` here) that ``native.py`` compiles for the machine on first use; where no compiler can build them (or, for
@@ -43,7 +45,7 @@ import torch
 
 from gptcli.errors import GPT1Error
 from gptcli.progress import SILENT, Progress, staged
-from gptcli.runtime import cpu_has_amx
+from gptcli.runtime import cpu_has_amx, cpu_has_full_width_avx512
 
 MODES: tuple[str, ...] = ("auto", "reference")
 """``auto``: the kernels of this folder on CPU, the reference elsewhere. ``reference``: plain PyTorch everywhere."""
@@ -96,6 +98,23 @@ def force_amx(value: bool | None) -> None:
     _amx_forced = value
 
 
+_onednn_forced: bool | None = None  # set by force_onednn_fp32() (tests, benchmarks); None: the CPU's own flags
+
+
+def onednn_fp32() -> bool:
+    """Whether the float32 products of the linear layers and the tied output layer run on oneDNN rather than MKL
+    (``onednn.py``): an AMD Zen 5 or later (``gptcli.runtime.cpu_has_full_width_avx512``, read once), never a
+    timing. Both compute float32 products, in other orders of sums, so :func:`force_onednn_fp32` lets tests and
+    benchmarks run either on any CPU."""
+    return cpu_has_full_width_avx512() if _onednn_forced is None else _onednn_forced
+
+
+def force_onednn_fp32(value: bool | None) -> None:
+    """Run the float32 products on oneDNN (``True``), on MKL (``False``), or follow the CPU again (``None``)."""
+    global _onednn_forced
+    _onednn_forced = value
+
+
 def enabled(device: torch.device | str) -> bool:
     """Whether the kernels of this folder compute for tensors on ``device``: in ``auto`` mode on CPU only."""
     kind = torch.device(device).type if isinstance(device, str) else device.type
@@ -132,5 +151,5 @@ def prepare(device: torch.device | str, progress: Progress = SILENT) -> None:
                       "slower; install a C++ compiler to build them)", level="warn")
 
 
-__all__ = ["ENV", "MODES", "amx", "check_mode", "default_mode", "enabled", "force_amx", "mode", "prepare",
-           "set_kernels", "shared_weight_casts"]
+__all__ = ["ENV", "MODES", "amx", "check_mode", "default_mode", "enabled", "force_amx", "force_onednn_fp32", "mode",
+           "onednn_fp32", "prepare", "set_kernels", "shared_weight_casts"]

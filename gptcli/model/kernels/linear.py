@@ -24,7 +24,8 @@ exact sum.
 
 A float32 training product (any CPU whose library has the AVX-512 loops) is :class:`_Fp32Linear`: autograd's own
 products, bit for bit, and the bias gradient as the same float32 column sums (a block's four bias gradients at
-2,048 positions on the AMX Xeon: 4.9 ms by PyTorch's float32 sum, 3.5 ms here).
+2,048 positions on the AMX Xeon: 4.9 ms by PyTorch's float32 sum, 3.5 ms here). On an AMD Zen 5 its three
+products, and a float32 product without gradients (:func:`fp32_inference_linear`), are oneDNN's (``onednn.py``).
 
 Only training takes either form (a weight that requires a gradient, gradients enabled), only with the compiled
 library built with AVX-512, and never inside ``torch.compile``, whose graph keeps the reference's form; the AMX form
@@ -38,7 +39,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from gptcli.model import kernels
-from gptcli.model.kernels import casts, native
+from gptcli.model.kernels import casts, native, onednn
 
 MIN_POSITIONS = 256
 """Positions (rows of the flattened input) from which the transposed copies pay; fewer (decoding, tiny batches)
@@ -76,7 +77,18 @@ def fp32_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     lib = native.library_for(x.device, torch.float32)
     if lib is None or lib.vector_isa() != "avx512":
         return None
-    return _Fp32Linear.apply(x, weight, bias)
+    return _Fp32Linear.apply(x, weight, bias, onednn.applies(x, weight, bias))
+
+
+def fp32_inference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+    """``F.linear(x, weight, bias)`` without gradients by oneDNN where its float32 products are the faster
+    (``onednn.py``: an AMD Zen 5), for at least ``MIN_POSITIONS`` positions (evaluation, scoring, a prompt; a
+    decoding step's few rows keep MKL's); ``None`` elsewhere."""
+    if torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad):
+        return None
+    if x.numel() < MIN_POSITIONS * x.size(-1) or not onednn.applies(x, weight, *([] if bias is None else [bias])):
+        return None
+    return onednn.linear(x, weight, bias)
 
 
 def transposed(x: torch.Tensor, dtype: torch.dtype = torch.bfloat16, columns: int | None = None) -> torch.Tensor:
@@ -143,20 +155,23 @@ class _AmxLinear(torch.autograd.Function):
 class _Fp32Linear(torch.autograd.Function):
     """``F.linear(x, weight, bias)`` in float32 with autograd's own products (``x·wᵀ + b``; ``dx = g·w``; ``dw = gᵀ·x``,
     the very calls autograd's ``addmm`` backward makes, so bit for bit) and the bias gradient by
-    :func:`column_sums` (each column in row order: within float32 rounding of PyTorch's sum)."""
+    :func:`column_sums` (each column in row order: within float32 rounding of PyTorch's sum). With ``dnn`` (an
+    AMD Zen 5, ``onednn.py``) the same three products by oneDNN, in the same layouts: within float32 rounding."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dnn: bool = False) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
-        return F.linear(x, weight, bias)
+        ctx.dnn = dnn
+        return onednn.linear(x, weight, bias) if dnn else F.linear(x, weight, bias)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
         x, w = ctx.saved_tensors
         g = grad.reshape(-1, grad.size(-1))
-        dx = torch.mm(g, w).view(x.shape) if ctx.needs_input_grad[0] else None
-        dw = torch.mm(g.t(), x.reshape(-1, x.size(-1))) if ctx.needs_input_grad[1] else None
+        mm = onednn.mm if ctx.dnn else torch.mm
+        dx = mm(g, w).view(x.shape) if ctx.needs_input_grad[0] else None
+        dw = mm(g.t(), x.reshape(-1, x.size(-1))) if ctx.needs_input_grad[1] else None
         db = column_sums(g) if ctx.needs_input_grad[2] else None
-        return dx, dw, db
+        return dx, dw, db, None
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from gptcli.model import kernels
-from gptcli.model.kernels import casts
+from gptcli.model.kernels import casts, onednn
 from gptcli.model.kernels.linear import transposed
 from gptcli.model.kernels.tied_lookup import Link
 
@@ -72,9 +72,17 @@ def output_logits(h: torch.Tensor, w: torch.Tensor, link: Link | None = None) ->
         with torch.autocast("cpu", enabled=False):
             logits = _LinkedProduct.apply(h.to(dtype), w, link, pad)
         return logits[..., : w.size(0)] if pad else logits
+    linear = onednn.linear if _onednn_inference(h, w) else F.linear
     if pad:
-        return F.linear(h, pad_rows(w))[..., : w.size(0)]
-    return F.linear(h, w)
+        return linear(h, pad_rows(w))[..., : w.size(0)]
+    return linear(h, w)
+
+
+def _onednn_inference(h: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether a float32 product without gradients runs on oneDNN (``onednn.py``: an AMD Zen 5), from
+    ``PAD_MIN_POSITIONS`` positions (a decoding step's few rows keep MKL's)."""
+    return (not (torch.is_grad_enabled() and (h.requires_grad or w.requires_grad))
+            and h.numel() >= PAD_MIN_POSITIONS * h.size(-1) and onednn.applies(h, w))
 
 
 def training_logits(h: torch.Tensor, w: torch.Tensor, link: Link | None = None) -> torch.Tensor | None:
@@ -121,6 +129,9 @@ class _LinkedProduct(torch.autograd.Function):
     fp32 with ``pad``, a view of one without the padding's rows) where autograd's ``mm`` backward returns a
     transposed view, which autograd could not add into in place.
 
+    In float32 on an AMD Zen 5 (``onednn.py``) the three products are oneDNN's, in the same layouts: within
+    float32 rounding of the reference's.
+
     Without AMX, bf16 training took the plain product, so the lookup's gradient was a zero-filled fp32 tensor as
     large as the vocabulary, added to this one: 34-38 ms per micro-batch of 1,024 positions on an AMD Zen 5, 1-2 %
     of a bf16 fine-tuning update (docs/performance.md)."""
@@ -135,17 +146,19 @@ class _LinkedProduct(torch.autograd.Function):
             wp = casts.copy_of(w, str(h.dtype), lambda w: w.detach().to(h.dtype))
         ctx.save_for_backward(h, wp)
         ctx.link, ctx.rows, ctx.w_dtype = link, w.size(0), w.dtype
-        return F.linear(h, wp)
+        ctx.dnn = h.dtype == torch.float32 and onednn.applies(h, wp)
+        return onednn.linear(h, wp) if ctx.dnn else F.linear(h, wp)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
         h, wp = ctx.saved_tensors
         flat, g = h.reshape(-1, h.size(-1)), grad.reshape(-1, grad.size(-1))
-        dh = torch.mm(g, wp).view(h.shape) if ctx.needs_input_grad[0] else None
+        mm = onednn.mm if ctx.dnn else torch.mm
+        dh = mm(g, wp).view(h.shape) if ctx.needs_input_grad[0] else None
         dw = None
         if ctx.needs_input_grad[1]:
-            dw = torch.mm(g.t(), flat)
+            dw = mm(g.t(), flat)
             if dw.size(0) != ctx.rows:  # the padding's rows off (a view: the weight's accumulation copies it)
                 dw = dw[: ctx.rows]
             if dw.dtype != ctx.w_dtype:
