@@ -24,7 +24,7 @@ OPTIONS = Options(
     FinetuneConfig,
     panels={
         "Input": ("task", "init", "verify", "tokenizer", "model"),
-        "Model": ("n_ctx", "clf_pdrop", "transfer_layers"),
+        "Model": ("n_ctx", "clf_pdrop", "dropout", "transfer_layers"),
         "Data": ("data_dir", "train_split", "max_train_examples", "skip_bad_rows", "batching", "cache", "workers"),
         "Optimisation": ("lr", "batch_size", "micro_batch_size", "lm_weight", "weight_decay", "decay", "grad_clip",
                          "seed"),

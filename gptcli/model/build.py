@@ -79,6 +79,19 @@ def dropout_fields(preset_name: str) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.name.endswith("_pdrop"))
 
 
+def with_dropout(model: LanguageModel, p: float) -> LanguageModel:
+    """``model`` with every dropout probability of its architecture set to ``p``: a model of that config holding
+    the same parameters and buffers (``model`` itself where they already are ``p``). The new model's own
+    initialisation draws from a forked RNG, so the caller's random stream is what it would have been without."""
+    fields = {f.name: p for f in dataclasses.fields(model.config) if f.name.endswith("_pdrop")}
+    if all(getattr(model.config, name) == value for name, value in fields.items()):
+        return model
+    with torch.random.fork_rng(devices=[]):
+        new = build_model(dataclasses.replace(model.config, **fields))
+    new.load_state_dict(model.state_dict())
+    return new.train(model.training)
+
+
 def build_model(config: AnyConfig) -> LanguageModel:
     """A freshly initialised model of the config's architecture (on the default device)."""
     return ARCHS[arch_of(config)][1](config)
@@ -109,5 +122,5 @@ def repeat_cache(model: LanguageModel, cache: DecodeState, n: int) -> DecodeStat
 
 
 __all__ = ["ARCHS", "PRESETS", "TRANSFORMER", "AnyConfig", "DecodeState", "LanguageModel", "arch_of", "build_model",
-           "config_class", "config_from_dict", "dropout_fields", "new_cache", "preset", "preset_class",
+           "config_class", "config_from_dict", "dropout_fields", "new_cache", "preset", "preset_class", "with_dropout",
            "repeat_cache"]

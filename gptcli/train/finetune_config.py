@@ -25,7 +25,7 @@ from gptcli.train.run.resume import SettingRules
 # dropout at 0, where the two compute the same: the rule reads the settings, not the model.
 RULES = SettingRules(
     defining=("task", "train_split", "eval_split", "skip_bad_rows", "lr", "batch_size", "epochs", "warmup",
-              "schedule", "batching", "clf_pdrop", "grad_clip", "weight_decay", "decay", "lm_weight",
+              "schedule", "batching", "clf_pdrop", "dropout", "grad_clip", "weight_decay", "decay", "lm_weight",
               "transfer_layers", "select", "seed", "n_ctx", "max_train_examples", "max_eval_examples"),
     adjustable=("micro_batch_size", "eval_batch_size", "device", "precision", "kernels", "layout"),
     silent=("init", "tokenizer", "model", "data_dir", "out", "verify", "log_every", "save_every", "keep_last",
@@ -103,6 +103,11 @@ class FinetuneConfig:
     cannot switch to or from it. The LSTM baseline is always padded."""
     clf_pdrop: float = 0.1
     """Classifier dropout before the head."""
+    dropout: float | None = None
+    """Every dropout of the body for this run (a Transformer's embedding, attention and residual dropout; an LSTM's
+    embedding and output dropout); None: the init checkpoint's, or the preset's with ``init = "none"`` (the paper's
+    0.1). 0 makes the layouts' runs comparable update for update: with dropout on, ``packed`` draws its masks over
+    the real positions only and ``padded`` over the padding too, so their runs part after the first mask."""
     grad_clip: float = 1.0
     """Global gradient-norm clipping (0 disables)."""
     weight_decay: float = 0.01

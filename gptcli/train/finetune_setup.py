@@ -27,7 +27,7 @@ from gptcli.config import to_dict
 from gptcli.errors import GPT1Error
 from gptcli.eval.baselines import label_counts
 from gptcli.fsutil import sha256_file
-from gptcli.model.build import AnyConfig, LanguageModel, build_model, config_from_dict, preset
+from gptcli.model.build import AnyConfig, LanguageModel, build_model, config_from_dict, preset, with_dropout
 from gptcli.model.heads import HeadConfig
 from gptcli.progress import Progress
 from gptcli.tasks import ReadOptions, Task
@@ -201,6 +201,8 @@ def build_body(config: FinetuneConfig) -> tuple[LanguageModel, Tokenizer, dict[s
     if config.transfer_layers is not None and config.init.lower() != "none":
         reinit_after(gpt, config.transfer_layers)
         source["transfer_layers"] = config.transfer_layers
+    if config.dropout is not None:
+        gpt = with_dropout(gpt, config.dropout)
     return gpt, tok, source
 
 

@@ -303,3 +303,43 @@ def test_impossible_cadences_are_one_line_errors(setting, message, pretrained, t
     with pytest.raises(GPT1Error, match=re.escape(message)):
         finetune(FinetuneConfig(task="rte", init=str(pretrained), out=str(tmp_path / "run"), **setting))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("task,folder", [("rte", "glue/RTE"), ("storycloze", "storycloze")])
+def test_with_dropout_0_the_layouts_train_alike_update_for_update(task, folder, pretrained, shared_data, tmp_path):
+    """``dropout = 0`` (``--dropout 0``): the body's dropouts are off, so the packed and padded layouts compute the
+    same losses and dev score (with dropout on they draw masks over different positions and part after the first:
+    the end-to-end check of issue #29 needs this switch). The classifier's dropout is ``clf_pdrop``'s."""
+    runs = {}
+    for layout in ("packed", "padded"):
+        run = tmp_path / layout
+        res = finetune(_cfg(task, pretrained, run, shared_data / folder, dropout=0.0, clf_pdrop=0.0, layout=layout))
+        runs[layout] = ([(r["loss"], r["lm_loss"], r["clf_loss"]) for r in _records(run, "train")],
+                        json.loads((run / "results.json").read_text())["scores"], res)
+        ck = load_checkpoint(run)
+        assert (ck.config.embd_pdrop, ck.config.attn_pdrop, ck.config.resid_pdrop) == (0.0, 0.0, 0.0)
+    (packed, packed_scores, _), (padded, padded_scores, _) = runs["packed"], runs["padded"]
+    assert len(packed) == len(padded) == 6
+    for a, b in zip(packed, padded):
+        assert a == pytest.approx(b, rel=2e-5, abs=1e-6)
+    assert packed_scores == pytest.approx(padded_scores, abs=1e-9)
+    # With the body's dropout on (the checkpoint's 0.1), the same two runs part.
+    lossy = [finetune(_cfg(task, pretrained, tmp_path / f"on-{layout}", shared_data / folder, clf_pdrop=0.0,
+                           layout=layout)) for layout in ("packed", "padded")]
+    first = [_records(tmp_path / f"on-{layout}", "train")[0]["loss"] for layout in ("packed", "padded")]
+    assert first[0] != pytest.approx(first[1], rel=2e-5) and lossy[0].checkpoint != lossy[1].checkpoint
+
+
+def test_dropout_overrides_the_bodys_dropouts_without_moving_the_random_stream(pretrained):
+    cfg = _cfg("rte", pretrained, Path("unused"), Path("unused"))
+    torch.manual_seed(5)
+    gpt, _, _ = build_body(cfg)
+    after_default = torch.rand(3)
+    torch.manual_seed(5)
+    cfg.dropout = 0.25
+    dropped, _, _ = build_body(cfg)
+    assert torch.equal(torch.rand(3), after_default)  # the head's init, the masks: drawn as without the override
+    assert (dropped.config.embd_pdrop, dropped.config.attn_pdrop, dropped.config.resid_pdrop) == (0.25,) * 3
+    assert {m.p for m in dropped.modules() if isinstance(m, torch.nn.Dropout)} == {0.25}
+    assert all(torch.equal(a, b) for a, b in zip(gpt.state_dict().values(), dropped.state_dict().values()))
+    assert gpt.config.resid_pdrop != 0.25
