@@ -27,9 +27,9 @@ pytestmark = pytest.mark.skipif(not onednn.available(), reason="this PyTorch bui
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The oneDNN products run, by name (``linear``, ``mm``), oneDNN forced on."""
+    """The oneDNN products run, by name (``linear``, ``input_grad``, ``weight_grad``), oneDNN forced on."""
     seen: list[str] = []
-    for name in ("linear", "mm"):
+    for name in ("linear", "input_grad", "weight_grad"):
         real = getattr(onednn, name)
         monkeypatch.setattr(onednn, name, lambda *a, _real=real, _name=name: seen.append(_name) or _real(*a))
     kernels.force_onednn_fp32(True)
@@ -65,10 +65,31 @@ def test_the_products_are_float32_products_of_any_layout() -> None:
     _close(onednn.linear(x, w).double(), exact - b.double())
     g = torch.randn(303, 40)
     flat = x.reshape(-1, 96)
-    dw = onednn.mm(g.t(), flat)
+    dw = onednn.weight_grad(g, flat)
     assert dw.is_contiguous() and dw._base is None
     _close(dw.double(), g.double().t() @ flat.double())
-    _close(onednn.mm(g, w).double(), g.double() @ w.double())
+    _close(onednn.input_grad(g, w).double(), g.double() @ w.double())
+    _close(onednn.input_grad(g[:, :33], w[:33]).double(), g[:, :33].double() @ w[:33].double())  # a strided g
+
+
+@pytest.mark.parametrize("library", [True, False], ids=["compiled", "pytorch"])
+def test_the_transposed_copy_is_exact_and_fresh(monkeypatch, library: bool) -> None:
+    """``transpose.cpp``'s float32 tiles (shapes no tile divides, the tails by the scalar loop; NaN, ±0, ±∞ and
+    subnormals moved as bits) and PyTorch's copy where the library is not built."""
+    from gptcli.model.kernels import native
+
+    if not library:
+        monkeypatch.setattr(native, "library_for", lambda *a: None)
+    torch.manual_seed(0)
+    for rows, cols in [(1, 1), (16, 16), (33, 50), (64, 40512 // 64), (257, 129)]:
+        x = torch.randn(rows, cols)
+        x.view(-1)[: min(6, x.numel())] = torch.tensor([float("nan"), -0.0, float("inf"), -float("inf"), 1e-40,
+                                                          -1e-42])[: min(6, x.numel())]
+        t = onednn.transposed(x)
+        assert t.shape == (cols, rows) and t.is_contiguous() and t._base is None
+        assert torch.equal(t.view(torch.int32), x.t().contiguous().view(torch.int32))
+    strided = torch.randn(40, 30)[:, 3:20]
+    assert torch.equal(onednn.transposed(strided), strided.t())
 
 
 def test_the_float32_linear_on_onednn_is_autograds_within_float32_rounding(calls) -> None:
@@ -83,7 +104,7 @@ def test_the_float32_linear_on_onednn_is_autograds_within_float32_rounding(calls
         y = layer(x)
         y.backward(g)
         grads.append((y.detach(), x.grad, layer.weight.grad, layer.bias.grad))
-    assert calls == ["linear", "mm", "mm"]  # the forward product, then dx and dw: all three on oneDNN
+    assert calls == ["linear", "input_grad", "weight_grad"]  # the forward product, dx and dw: all on oneDNN
     for got, want in zip(grads[1], grads[0]):
         _close(got, want)
     assert grads[1][2].is_contiguous()
@@ -131,7 +152,8 @@ def test_the_tied_output_layer_linked_on_onednn_gives_mkls_loss_and_gradients(mo
     want = run(False)
     assert calls == []
     got = run(True)
-    assert calls.count("mm") == 2 and calls.count("linear") == (2 if pad else 1)  # eval: from PAD_MIN_POSITIONS
+    assert calls.count("input_grad") == calls.count("weight_grad") == 1
+    assert calls.count("linear") == (2 if pad else 1)  # evaluation: from PAD_MIN_POSITIONS
     for a, b in zip(got, want):
         _close(a, b)
 

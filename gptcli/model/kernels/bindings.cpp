@@ -28,6 +28,7 @@ void fused_attention_backward(const torch::Tensor& q, const torch::Tensor& k, co
                               torch::Tensor dq, torch::Tensor dk, torch::Tensor dv, int64_t seed, int64_t threshold,
                               double scale, int64_t rows);
 torch::Tensor transpose_bf16(const torch::Tensor& x, torch::Tensor out);
+torch::Tensor transpose_f32(const torch::Tensor& x, torch::Tensor out);
 torch::Tensor column_sums(const torch::Tensor& x, torch::Tensor out);
 }  // namespace gpt1
 
@@ -59,6 +60,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("dk"), py::arg("dv"), py::arg("seed"), py::arg("threshold"), py::arg("scale"), py::arg("rows"));
   m.def("transpose_bf16", &gpt1::transpose_bf16, "x[:, :out.size(0)].t() of a contiguous 2-D bfloat16 x into "
         "out, bfloat16 or float32 (transpose.cpp)", py::arg("x"), py::arg("out"));
+  m.def("transpose_f32", &gpt1::transpose_f32, "x[:, :out.size(0)].t() of a contiguous 2-D float32 x into a "
+        "float32 out (transpose.cpp)", py::arg("x"), py::arg("out"));
   m.def("column_sums", &gpt1::column_sums, "x.sum(0) in float32, each column in row order, of a contiguous 2-D "
         "bfloat16 or float32 x into out (column_sums.cpp)", py::arg("x"), py::arg("out"));
   m.def("vectorised", [] { return GPT1_VECTOR_ROWS == 1; },

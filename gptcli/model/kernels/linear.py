@@ -156,7 +156,8 @@ class _Fp32Linear(torch.autograd.Function):
     """``F.linear(x, weight, bias)`` in float32 with autograd's own products (``x·wᵀ + b``; ``dx = g·w``; ``dw = gᵀ·x``,
     the very calls autograd's ``addmm`` backward makes, so bit for bit) and the bias gradient by
     :func:`column_sums` (each column in row order: within float32 rounding of PyTorch's sum). With ``dnn`` (an
-    AMD Zen 5, ``onednn.py``) the same three products by oneDNN, in the same layouts: within float32 rounding."""
+    AMD Zen 5, ``onednn.py``) the same three products by oneDNN, the gradients' from dense transposed operands:
+    within float32 rounding."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, dnn: bool = False) -> torch.Tensor:
@@ -169,9 +170,13 @@ class _Fp32Linear(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         x, w = ctx.saved_tensors
         g = grad.reshape(-1, grad.size(-1))
-        mm = onednn.mm if ctx.dnn else torch.mm
-        dx = mm(g, w).view(x.shape) if ctx.needs_input_grad[0] else None
-        dw = mm(g.t(), x.reshape(-1, x.size(-1))) if ctx.needs_input_grad[1] else None
+        flat = x.reshape(-1, x.size(-1))
+        if ctx.dnn:
+            dx = onednn.input_grad(g, w).view(x.shape) if ctx.needs_input_grad[0] else None
+            dw = onednn.weight_grad(g, flat) if ctx.needs_input_grad[1] else None
+        else:
+            dx = torch.mm(g, w).view(x.shape) if ctx.needs_input_grad[0] else None
+            dw = torch.mm(g.t(), flat) if ctx.needs_input_grad[1] else None
         db = column_sums(g) if ctx.needs_input_grad[2] else None
         return dx, dw, db, None
 

@@ -129,8 +129,8 @@ class _LinkedProduct(torch.autograd.Function):
     fp32 with ``pad``, a view of one without the padding's rows) where autograd's ``mm`` backward returns a
     transposed view, which autograd could not add into in place.
 
-    In float32 on an AMD Zen 5 (``onednn.py``) the three products are oneDNN's, in the same layouts: within
-    float32 rounding of the reference's.
+    In float32 on an AMD Zen 5 (``onednn.py``) the three products are oneDNN's, the gradients' from dense
+    transposed operands: within float32 rounding of the reference's.
 
     Without AMX, bf16 training took the plain product, so the lookup's gradient was a zero-filled fp32 tensor as
     large as the vocabulary, added to this one: 34-38 ms per micro-batch of 1,024 positions on an AMD Zen 5, 1-2 %
@@ -154,11 +154,12 @@ class _LinkedProduct(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         h, wp = ctx.saved_tensors
         flat, g = h.reshape(-1, h.size(-1)), grad.reshape(-1, grad.size(-1))
-        mm = onednn.mm if ctx.dnn else torch.mm
-        dh = mm(g, wp).view(h.shape) if ctx.needs_input_grad[0] else None
+        dh = None
+        if ctx.needs_input_grad[0]:
+            dh = (onednn.input_grad(g, wp) if ctx.dnn else torch.mm(g, wp)).view(h.shape)
         dw = None
         if ctx.needs_input_grad[1]:
-            dw = mm(g.t(), flat)
+            dw = onednn.weight_grad(g, flat) if ctx.dnn else torch.mm(g.t(), flat)
             if dw.size(0) != ctx.rows:  # the padding's rows off (a view: the weight's accumulation copies it)
                 dw = dw[: ctx.rows]
             if dw.dtype != ctx.w_dtype:

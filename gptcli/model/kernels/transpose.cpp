@@ -1,4 +1,5 @@
-// A transposed copy of a bf16 matrix, into bf16 or float32: what the AMX weight gradient (linear.py) needs.
+// A transposed copy of a bf16 matrix, into bf16 or float32: what the AMX weight gradient (linear.py) needs; and of
+// a float32 matrix, for oneDNN's float32 products on an AMD Zen 5 (onednn.py).
 //
 // oneDNN runs a bf16 product whose left operand is a transposed view (autograd's weight gradient gᵀ·x, which
 // contracts over the positions, the rows of both operands) far below its speed on a dense operand; a dense
@@ -19,14 +20,14 @@ namespace {
 
 constexpr int64_t kTile = 16;
 
-// Scalar copy of src's block [r0, r1) × [c0, c1) into dst transposed (dst[c][r] = src[r][c]): bf16 bits as they
-// are, or widened by elementwise.h's load.
-template <typename Out>
-void scalar_block(const uint16_t* src, int64_t cols, Out* dst, int64_t rows, int64_t r0, int64_t r1, int64_t c0,
+// Scalar copy of src's block [r0, r1) × [c0, c1) into dst transposed (dst[c][r] = src[r][c]): bf16 bits or floats
+// as they are, or bf16 widened by elementwise.h's load.
+template <typename Src, typename Out>
+void scalar_block(const Src* src, int64_t cols, Out* dst, int64_t rows, int64_t r0, int64_t r1, int64_t c0,
                   int64_t c1) {
   for (int64_t c = c0; c < c1; ++c)
     for (int64_t r = r0; r < r1; ++r) {
-      if constexpr (std::is_same_v<Out, float>)
+      if constexpr (std::is_same_v<Out, float> && std::is_same_v<Src, uint16_t>)
         dst[c * rows + r] = load(src, r * cols + c);
       else
         dst[c * rows + r] = src[r * cols + c];
@@ -60,19 +61,26 @@ inline void transpose16(__m512i v[16]) {
   }
 }
 
-// One full tile: src's rows r..r+15, columns c..c+15 into dst's rows c..c+15, columns r..r+15.
-template <typename Out>
-inline void tile(const uint16_t* src, int64_t cols, Out* dst, int64_t rows, bool stream) {
+// One full tile: src's rows r..r+15, columns c..c+15 into dst's rows c..c+15, columns r..r+15. A float32 source
+// is moved as its bits (no arithmetic: NaN payloads, signed zeros and subnormals as they are).
+template <typename Src, typename Out>
+inline void tile(const Src* src, int64_t cols, Out* dst, int64_t rows, bool stream) {
+  constexpr bool wide = std::is_same_v<Src, float>;
   __m512i v[16];
-  for (int i = 0; i < 16; ++i)
-    v[i] = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i * cols)));
+  for (int i = 0; i < 16; ++i) {
+    if constexpr (wide)
+      v[i] = _mm512_loadu_si512(src + i * cols);
+    else
+      v[i] = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i * cols)));
+  }
   transpose16(v);
   for (int i = 0; i < 16; ++i) {
     if constexpr (std::is_same_v<Out, float>) {
+      const __m512i bits = wide ? v[i] : _mm512_slli_epi32(v[i], 16);
       if (stream)
-        _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i * rows), _mm512_slli_epi32(v[i], 16));
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i * rows), bits);
       else
-        _mm512_storeu_si512(dst + i * rows, _mm512_slli_epi32(v[i], 16));
+        _mm512_storeu_si512(dst + i * rows, bits);
     }
     else {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i * rows), _mm512_cvtepi32_epi16(v[i]));
@@ -82,8 +90,8 @@ inline void tile(const uint16_t* src, int64_t cols, Out* dst, int64_t rows, bool
 #endif
 
 // The tile at src's rows [r, r + 16), columns [c0, c1) into dst: the vector form where it is a full tile.
-template <typename Out>
-inline void block(const uint16_t* src, int64_t rows, int64_t cols, Out* dst, int64_t r, int64_t r1, int64_t c0,
+template <typename Src, typename Out>
+inline void block(const Src* src, int64_t rows, int64_t cols, Out* dst, int64_t r, int64_t r1, int64_t c0,
                   int64_t c1, bool stream) {
 #if GPT1_AVX512
   if (c1 - c0 == kTile && r1 - r == kTile) {
@@ -103,8 +111,8 @@ inline void block(const uint16_t* src, int64_t rows, int64_t cols, Out* dst, int
 // before overwriting it: the output layer's gradient 38 → 18 ms (PyTorch's copy_ 47 ms, a plain cast 11 ms).
 constexpr int64_t kBand = 4 * kTile;
 
-template <typename Out>
-void transpose(const uint16_t* src, int64_t rows, int64_t cols, int64_t used, Out* dst) {
+template <typename Src, typename Out>
+void transpose(const Src* src, int64_t rows, int64_t cols, int64_t used, Out* dst) {
   const int64_t bands = (used + kBand - 1) / kBand;
   const bool stream = std::is_same_v<Out, float> && rows % kTile == 0 && reinterpret_cast<uintptr_t>(dst) % 64 == 0;
   at::parallel_for(0, bands, 1, [&](int64_t b0, int64_t b1) {
@@ -138,6 +146,19 @@ at::Tensor transpose_bf16(const at::Tensor& x, at::Tensor out) {
     transpose(src, rows, cols, used, reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()));
   else
     TORCH_CHECK(false, "out must be bfloat16 or float32");
+  return out;
+}
+
+// out = x[:, :out.size(0)].t() for a contiguous 2-D float32 x, into a contiguous float32 out: the same tiles and
+// bands as the bf16 source's, for oneDNN's float32 products (onednn.py), which copy a transposed view themselves
+// far slower (PyTorch's strided copy: the tied output layer's 2,048 × 40,512 gradient in 260 ms).
+at::Tensor transpose_f32(const at::Tensor& x, at::Tensor out) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat && x.device().is_cpu(),
+              "x must be a contiguous 2-D float32 CPU tensor");
+  TORCH_CHECK(out.dim() == 2 && out.is_contiguous() && out.device().is_cpu() && out.scalar_type() == at::kFloat &&
+                  out.size(0) <= x.size(1) && out.size(1) == x.size(0),
+              "out must be contiguous float32, of x's transposed shape (or fewer rows)");
+  transpose(x.data_ptr<float>(), x.size(0), x.size(1), out.size(0), out.data_ptr<float>());
   return out;
 }
 
