@@ -206,7 +206,7 @@ RULES: dict[str, tuple[Any, str]] = {
     **dict.fromkeys("n_special warmup_steps eval_every save_every keep_last workers top_k node_rank extract_id "
                     "transfer_layers max_new_tokens weight_decay lm_weight init_std".split(), _AT_LEAST_0),
     **dict.fromkeys("lr finetune_lr epochs eps minutes max_minutes max_epochs layer_norm_eps".split(), _POSITIVE),
-    **dict.fromkeys("embd_pdrop attn_pdrop resid_pdrop out_pdrop clf_pdrop pdrop".split(), _PROBABILITY),
+    **dict.fromkeys("embd_pdrop attn_pdrop resid_pdrop out_pdrop clf_pdrop pdrop dropout".split(), _PROBABILITY),
     **dict.fromkeys("max_examples max_train_examples max_eval_examples max_batches limit".split(), _UNSET_ALL),
     "micro_batch_size": (lambda v: v >= 1, "at least 1 (leave it unset for the whole batch at once)"),
     "max_steps": (lambda v: v >= 1, "at least 1 (leave it unset for no cap)"),

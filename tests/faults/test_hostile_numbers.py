@@ -50,6 +50,8 @@ CASES = [
     ("finetune", ["--n-ctx", "0"], "--n-ctx 0"),
     ("finetune", ["--warmup", "nan"], "--warmup nan"),
     ("finetune", ["--clf-pdrop", "1"], "--clf-pdrop 1.0"),
+    ("finetune", ["--dropout", "1.5"], "--dropout 1.5"),  # was torch's ValueError from the rebuilt model
+    ("finetune", ["--dropout", "-0.1"], "--dropout -0.1"),
     ("finetune", ["--batch-size", "0"], "--batch-size 0"),
     ("pretrain", ["--seed", "99999999999999999999"], "--seed 99999999999999999999"),
     ("pretrain", ["--seq-len", "-3"], "--seq-len -3"),
