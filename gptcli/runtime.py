@@ -108,11 +108,15 @@ def cpu_has_full_width_avx512() -> bool:
     """Whether the CPU is an AMD one of family 1Ah or later (Zen 5: ``cpu family : 26``) with AVX-512, whose
     512-bit FMA units are full width (Zen 4's, family 19h, are 256-bit units taking each instruction twice). Read
     from /proc/cpuinfo. There MKL, which runs PyTorch's float32 products on x86, runs about half the speed oneDNN
-    reaches (gptcli/model/kernels/onednn.py)."""
-    text = _cpu_flags()
-    if "AuthenticAMD" not in text or "avx512f" not in text:
+    reaches (gptcli/model/kernels/onednn.py). Asked for every linear layer's product: the text is parsed once."""
+    return _full_width_avx512(_cpu_flags())
+
+
+@functools.lru_cache(maxsize=2)
+def _full_width_avx512(cpuinfo: str) -> bool:
+    if "AuthenticAMD" not in cpuinfo or "avx512f" not in cpuinfo:
         return False
-    for line in text.splitlines():
+    for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         if key.strip() == "cpu family":
             return value.strip().isdigit() and int(value.strip()) >= 0x1A

@@ -75,7 +75,10 @@ def preset(name: str, **overrides: Any) -> AnyConfig:
 
 def dropout_fields(preset_name: str) -> tuple[str, ...]:
     """The dropout probabilities of a preset's architecture (what ``--dropout`` sets together)."""
-    cls = PRESETS[preset_name].__class__ if preset_name in PRESETS else ModelConfig
+    return _dropout_fields(PRESETS[preset_name].__class__ if preset_name in PRESETS else ModelConfig)
+
+
+def _dropout_fields(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.name.endswith("_pdrop"))
 
 
@@ -83,7 +86,7 @@ def with_dropout(model: LanguageModel, p: float) -> LanguageModel:
     """``model`` with every dropout probability of its architecture set to ``p``: a model of that config holding
     the same parameters and buffers (``model`` itself where they already are ``p``). The new model's own
     initialisation draws from a forked RNG, so the caller's random stream is what it would have been without."""
-    fields = {f.name: p for f in dataclasses.fields(model.config) if f.name.endswith("_pdrop")}
+    fields = dict.fromkeys(_dropout_fields(type(model.config)), p)
     if all(getattr(model.config, name) == value for name, value in fields.items()):
         return model
     with torch.random.fork_rng(devices=[]):

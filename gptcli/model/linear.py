@@ -30,7 +30,7 @@ class Linear(nn.Linear):
             y = amx_linear(x, self.weight, self.bias) if kernels.amx() else None
             if y is None:
                 y = fp32_linear(x, self.weight, self.bias)
-            if y is None and kernels.onednn_fp32():
+            if y is None:
                 y = fp32_inference_linear(x, self.weight, self.bias)
             if y is not None:
                 return y

@@ -148,7 +148,7 @@ def test_reference_imports_no_kernel_module() -> None:
         "gptcli.model.kernels.gelu",
         "gptcli.model.kernels.linear", "gptcli.model.kernels.losses",
         "gptcli.model.kernels.native", "gptcli.model.kernels.onednn", "gptcli.model.kernels.tied",
-        "gptcli.model.kernels.tied_lookup"]
+        "gptcli.model.kernels.tied_lookup", "gptcli.model.kernels.transpose"]
 
 
 def test_the_mode_comes_from_set_kernels_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -40,6 +40,7 @@ from torch.autograd.function import once_differentiable
 
 from gptcli.model import kernels
 from gptcli.model.kernels import casts, native, onednn
+from gptcli.model.kernels.transpose import transposed
 
 MIN_POSITIONS = 256
 """Positions (rows of the flattened input) from which the transposed copies pay; fewer (decoding, tiny batches)
@@ -84,24 +85,9 @@ def fp32_inference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     """``F.linear(x, weight, bias)`` without gradients by oneDNN where its float32 products are the faster
     (``onednn.py``: an AMD Zen 5), for at least ``MIN_POSITIONS`` positions (evaluation, scoring, a prompt; a
     decoding step's few rows keep MKL's); ``None`` elsewhere."""
-    if torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad):
-        return None
-    if x.numel() < MIN_POSITIONS * x.size(-1) or not onednn.applies(x, weight, *([] if bias is None else [bias])):
+    if not onednn.inference_applies(x, weight, MIN_POSITIONS):
         return None
     return onednn.linear(x, weight, bias)
-
-
-def transposed(x: torch.Tensor, dtype: torch.dtype = torch.bfloat16, columns: int | None = None) -> torch.Tensor:
-    """A dense ``x[:, :columns].t()`` (all columns by default) of a 2-D bf16 CPU ``x``, in ``dtype`` (bf16 or
-    float32), by ``transpose.cpp``; PyTorch's copy where the library is not built (the AMX head's plain-PyTorch
-    form, ``tied.py``, on any CPU). A fresh tensor, not a view: autograd may then add another gradient into it
-    in place."""
-    columns = x.size(1) if columns is None else columns
-    out = torch.empty(columns, x.size(0), dtype=dtype, device=x.device)
-    lib = native.library_for(x.device, x.dtype)
-    if lib is None:
-        return out.copy_(x[:, :columns].t())
-    return lib.transpose_bf16(x.contiguous(), out)
 
 
 def weight_grad(g: torch.Tensor, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -13,7 +13,7 @@ products at 241-348 against 154-209 (docs/performance.md).
 The entry point is ``torch.ops.mkldnn._linear_pointwise``, the op PyTorch's own Inductor CPU backend emits for a
 linear layer: ``x·wᵀ (+ b)`` for float32 ``x`` and ``w``, a fresh row-major result. It takes both dense, copying
 a transposed view by PyTorch's strided copy, so the gradients' products get their transposed operands from
-``transpose.cpp`` instead (:func:`transposed`): per GPT-1 layer at 2,048 positions the weight gradient 1.2-1.4×
+``transpose.cpp`` instead (``transpose.py``): per GPT-1 layer at 2,048 positions the weight gradient 1.2-1.4×
 faster than from views (the tied output layer's 616 → 443 ms), the input gradient 1.0-1.15×. oneDNN's default math mode is strict, so the products are float32 through and through, summed in
 another order than MKL's: within float32 rounding of the reference (tests/model/test_onednn.py).
 
@@ -30,7 +30,7 @@ import functools
 import torch
 
 from gptcli.model import kernels
-from gptcli.model.kernels import native
+from gptcli.model.kernels.transpose import transposed
 
 
 @functools.lru_cache(maxsize=1)
@@ -45,6 +45,13 @@ def applies(*tensors: torch.Tensor) -> bool:
     return (kernels.onednn_fp32() and available() and not torch.is_autocast_enabled("cpu")
             and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
             and not torch.compiler.is_compiling())
+
+
+def inference_applies(x: torch.Tensor, weight: torch.Tensor, min_positions: int) -> bool:
+    """Whether ``F.linear(x, weight)`` without gradients (evaluation, scoring, a prompt) runs here: :func:`applies`,
+    from ``min_positions`` rows of ``x`` (a decoding step's few rows keep MKL's)."""
+    return (not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+            and x.numel() >= min_positions * x.size(-1) and applies(x, weight))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -63,18 +70,6 @@ def weight_grad(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``gᵀ·x`` (autograd's weight gradient) for 2-D ``g`` (positions × out) and ``x`` (positions × in), a fresh
     row-major (out × in) result."""
     return _product(transposed(g), transposed(x))
-
-
-def transposed(x: torch.Tensor) -> torch.Tensor:
-    """A dense ``x.t()`` of a 2-D float32 ``x``, by ``transpose.cpp``'s 16 × 16 tiles where the compiled library is
-    built, else PyTorch's copy. ``_linear_pointwise`` takes its operands dense and copies a transposed view itself by
-    PyTorch's strided copy: the tied output layer's 2,048 × 40,512 logit gradient in 200 ms there, 138 ms here."""
-    x = x.contiguous()
-    out = torch.empty(x.size(1), x.size(0), dtype=x.dtype, device=x.device)
-    lib = native.library_for(x.device, x.dtype)
-    if lib is None:
-        return out.copy_(x.t())
-    return lib.transpose_f32(x, out)
 
 
 def _product(a: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ from torch.autograd.function import once_differentiable
 
 from gptcli.model import kernels
 from gptcli.model.kernels import casts, onednn
-from gptcli.model.kernels.linear import transposed
+from gptcli.model.kernels.transpose import transposed
 from gptcli.model.kernels.tied_lookup import Link
 
 PAD_ROWS_TO = 64
@@ -72,17 +72,11 @@ def output_logits(h: torch.Tensor, w: torch.Tensor, link: Link | None = None) ->
         with torch.autocast("cpu", enabled=False):
             logits = _LinkedProduct.apply(h.to(dtype), w, link, pad)
         return logits[..., : w.size(0)] if pad else logits
-    linear = onednn.linear if _onednn_inference(h, w) else F.linear
+    # Without gradients, from PAD_MIN_POSITIONS positions, an AMD Zen 5's float32 product is oneDNN's (onednn.py).
+    linear = onednn.linear if onednn.inference_applies(h, w, PAD_MIN_POSITIONS) else F.linear
     if pad:
         return linear(h, pad_rows(w))[..., : w.size(0)]
     return linear(h, w)
-
-
-def _onednn_inference(h: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether a float32 product without gradients runs on oneDNN (``onednn.py``: an AMD Zen 5), from
-    ``PAD_MIN_POSITIONS`` positions (a decoding step's few rows keep MKL's)."""
-    return (not (torch.is_grad_enabled() and (h.requires_grad or w.requires_grad))
-            and h.numel() >= PAD_MIN_POSITIONS * h.size(-1) and onednn.applies(h, w))
 
 
 def training_logits(h: torch.Tensor, w: torch.Tensor, link: Link | None = None) -> torch.Tensor | None:
@@ -182,7 +176,7 @@ class _AmxPaddedProduct(torch.autograd.Function):
     one pass (once per update inside the trainer's region, ``casts.py``), the logits ``AMX_COLUMNS`` columns at a
     time, and in the backward pass the weight gradient as ``(hᵀ·g)ᵀ`` from one transposed copy of ``h`` (a 2,048 ×
     768 copy against the 2,048 × 40,512 one oneDNN made of ``g``), handed to ``w`` in its dtype and row-major.
-    Both transposed copies are ``linear.transposed``'s (``transpose.cpp``), the gradient's without the padding's
+    Both transposed copies are ``transpose.py``'s (``transpose.cpp``), the gradient's without the padding's
     rows, into a fresh tensor (not a view of a larger one), which is offered to the token lookup's ``link`` where
     one is given (``tied_lookup.py``), else autograd adds the lookup's gradient into it in place."""
 
