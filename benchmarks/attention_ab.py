@@ -32,6 +32,11 @@
 - ``onednn`` (fp32): the float32 products of the linear layers and the tied output layer by oneDNN
   (``kernels/onednn.py``, what an AMD Zen 5 takes) against MKL's (``kernels.force_onednn_fp32``), on any CPU. Parts:
   ``linears`` (a block's four), the tied pair (as ``lookup``'s), the step and the fine-tuning updates.
+- ``pad`` (bf16, a CPU without AMX): the tied output layer's bf16 training product against the embedding padded
+  to ``PAD_ROWS_TO`` rows at any number of positions (``kernels/tied.py`` ``padding_is_faster``; its cast copy is
+  made anyway) against the plain 40,478-row (40,481 in fine-tuning) product it replaced below ``PAD_MIN_POSITIONS``
+  and in fine-tuning's auxiliary loss. Parts: the tied pair (as ``lookup``'s; ``--batch 2 --seq-len 507`` puts it
+  under ``PAD_MIN_POSITIONS``, where the plain product ran before) and the fine-tuning updates.
 - ``bias`` (bf16 on an AMX CPU, or fp32): the linear layers' bias gradient as float32 column sums
   (``column_sums.cpp``) against PyTorch's sum over the positions (``g.sum(0)``: autocast's bf16 one, or autograd's
   float32 one) it replaced. Parts as ``linear``'s (in ``--precision``), and ``sums``: the four bias gradients of a
@@ -64,6 +69,7 @@ the precision's rounding for ``softmax``).
     python benchmarks/attention_ab.py --change lookup --precision fp32 --finetune-shape storycloze
     python benchmarks/attention_ab.py --change bias --steps 9 --no-finetune
     python benchmarks/attention_ab.py --change onednn --precision fp32 --steps 5 --finetune-shape storycloze
+    python benchmarks/attention_ab.py --change pad --batch 2 --seq-len 507 --no-step --finetune-micro-batch 16
 """
 
 from __future__ import annotations
@@ -78,7 +84,7 @@ from _machine import add_machine_args, machine_header, round_robin, start, write
 VARIANTS = {"layout": ("strided", "dense"), "softmax": ("pytorch", "compiled"), "fused": ("chunked", "fused"),
             "linear": ("autocast", "dense"), "casts": ("each", "shared"),
             "grid": ("heads", "rows"), "lookup": ("dense", "linked"), "bias": ("bf16-sum", "columns"),
-            "onednn": ("mkl", "onednn")}
+            "onednn": ("mkl", "onednn"), "pad": ("plain", "padded")}
 """Per change: (before, after)."""
 
 
@@ -109,13 +115,16 @@ def main() -> None:
         ap.error("--change linear compares bf16 weight gradients (fp32 keeps F.linear): --precision bf16")
     if args.change == "casts" and args.precision != "bf16":
         ap.error("--change casts compares bf16 weight copies (fp32 casts nothing): --precision bf16")
+    if args.change == "pad" and args.precision != "bf16":
+        ap.error("--change pad compares bf16 output products (fp32 keeps its bound): --precision bf16")
     if args.change == "onednn" and args.precision != "fp32":
         ap.error("--change onednn compares float32 products (bf16 is oneDNN's either way): --precision fp32")
     start(args)
     info, line = machine_header()
     print(line)
     parts = {"linear": _linears, "bias": lambda args: _bias_sums(args) + _linears(args), "casts": lambda args: [],
-             "grid": _packed_layer, "lookup": _tied_pair, "onednn": lambda args: _linears(args) + _tied_pair(args)}
+             "grid": _packed_layer, "lookup": _tied_pair, "onednn": lambda args: _linears(args) + _tied_pair(args),
+             "pad": _tied_pair}
     rows = parts.get(args.change, _layer)(args)
     if args.change == "fused":
         rows += _layer(args, seq_len=128, batch=args.short_batch)
@@ -155,7 +164,7 @@ def variant(change: str, name: str):
 
     import gptcli.model.packed as packed
     from gptcli.model import kernels
-    from gptcli.model.kernels import tied_lookup
+    from gptcli.model.kernels import tied, tied_lookup
 
     grids = packed._ToGrid, packed._FromGrid
     if name == "heads":
@@ -163,8 +172,13 @@ def variant(change: str, name: str):
     saved = gpt.causal_self_attention, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX, kernel.FUSED_DTYPES
     positions, shared_weight_casts = linear.MIN_POSITIONS, kernels.shared_weight_casts
     links, sums, dnn = tied_lookup.applies, linear.column_sums, kernels._onednn_forced
+    pads = tied.padding_is_faster
     if name in ("mkl", "onednn"):
         kernels.force_onednn_fp32(name == "onednn")
+    elif name == "plain":  # the rule before: no bf16 autocast padding without AMX (under PAD_MIN_POSITIONS and in
+        # fine-tuning's per-token loss)
+        tied.padding_is_faster = lambda h, w, training=False: pads(h, w, training) and (
+            kernels.amx() or not torch.is_autocast_enabled("cpu"))
     elif name == "bf16-sum":
         linear.column_sums = lambda g: g.sum(0)
     elif name == "dense":
@@ -188,6 +202,7 @@ def variant(change: str, name: str):
         packed._ToGrid, packed._FromGrid = grids
         tied_lookup.applies, linear.column_sums = links, sums
         kernels.force_onednn_fp32(dnn)
+        tied.padding_is_faster = pads
 
 
 def _heads_grid():

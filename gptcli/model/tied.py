@@ -74,11 +74,12 @@ class TiedEmbeddingLM(nn.Module):
         With the kernels on (CPU), a batch large enough takes the padded product's logits whole where that product is
         the faster one (``kernels/tied.py`` ``padding_is_faster``), as :meth:`lm_nll` does: the padding's columns get a
         zero gradient, where the sliced logits of :meth:`lm_logits` send back a zero-filled copy of the whole padded
-        product's gradient. Under bf16 autocast only on an AMX CPU (the AMX padded product: 1.0-1.3× the plain one's
-        speed for the head and loss at 1,100-2,000 positions); without AMX the plain bf16 product measured faster at
-        fine-tuning's micro-batches of about a thousand positions (AMD Zen 4, docs/performance.md)."""
+        product's gradient. Under bf16 autocast too: without AMX the padded bf16 product at any size (its weight
+        gradient's product, the slow one unpadded, 1.5× faster at fine-tuning's thousand positions on an AMD Zen 5),
+        on AMX :class:`_AmxPaddedProduct` from ``PAD_MIN_POSITIONS`` (1.0-1.3× the plain one's speed for the head and
+        loss at 1,100-2,000 positions; docs/performance.md)."""
         w = self.tok_emb.weight
-        if kernels.enabled(w.device) and (kernels.amx() or not torch.is_autocast_enabled(w.device.type)):
+        if kernels.enabled(w.device):
             from gptcli.model.kernels.tied import training_logits
 
             padded = training_logits(h, w, self._tied_link)

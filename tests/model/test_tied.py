@@ -57,10 +57,12 @@ def test_training_loss_through_the_padded_product_is_the_plain_one(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(tied, "next_token_nll", spy)
+    monkeypatch.setattr(padding, "PAD_MIN_POSITIONS", 8)
+    rule = padding.padding_is_faster
     for autocast in (False, True):
         results = []
-        for min_positions in (10**9, 8):  # plain, then padded
-            monkeypatch.setattr(padding, "PAD_MIN_POSITIONS", min_positions)
+        for pads in (False, True):  # plain, then padded
+            monkeypatch.setattr(padding, "padding_is_faster", rule if pads else lambda *a, **k: False)
             model.zero_grad()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 loss = model.lm_nll(model(ids[:, :-1]), ids[:, 1:])
@@ -122,36 +124,57 @@ def test_on_an_amx_cpu_fp32_keeps_the_plain_product_and_bf16_training_the_padded
             assert not padding.padding_is_faster(h, w)
 
 
+def test_bf16_training_pads_at_any_size_without_amx(monkeypatch):
+    """Under bf16 autocast the embedding is cast anyway, so without AMX the training product pads at any number of
+    positions (fine-tuning's micro-batches of about a thousand); on AMX the padded product keeps its measured bound,
+    and fp32 (whose pad is a copy of its own) keeps it everywhere."""
+    from gptcli.model.kernels import set_kernels
+    from gptcli.model.kernels import tied as padding
+
+    set_kernels("auto")
+    h, w = torch.randn(4, 16, 16), torch.randn(101, 16)  # 64 positions, under PAD_MIN_POSITIONS
+    for amx in (False, True):
+        monkeypatch.setattr(kernels, "_amx_forced", amx)
+        assert not padding.padding_is_faster(h, w, training=True)  # fp32
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert padding.padding_is_faster(h, w, training=True) is not amx
+            assert not padding.padding_is_faster(h, w)  # evaluation: autocast's plain product
+
+
 def test_fine_tunings_auxiliary_loss_takes_the_amx_padded_product_under_bf16(monkeypatch):
     """``lm_token_nll`` (the per-token loss of fine-tuning's auxiliary LM objective) under bf16 autocast takes the
-    AMX padded product on an AMX CPU — the plain bf16 product's per-token losses and gradients — and keeps the
-    plain product without AMX, where the padded one measured slower."""
+    padded product — the AMX one on an AMX CPU, the linked padded bf16 product without AMX — with the plain bf16
+    product's per-token losses and gradients."""
+    from gptcli.model import tied
     from gptcli.model.gpt import GPT, ModelConfig
     from gptcli.model.kernels import tied as padding
 
     kernels.set_kernels("auto")
     monkeypatch.setattr(padding, "PAD_MIN_POSITIONS", 8)
     monkeypatch.setattr(padding, "AMX_COLUMNS", 48)
-    calls = []
-    real = padding._AmxPaddedProduct.forward
+    calls, seen = [], []
+    real, real_nll, rule = padding._AmxPaddedProduct.forward, tied.next_token_nll, padding.padding_is_faster
     monkeypatch.setattr(padding._AmxPaddedProduct, "forward", staticmethod(lambda *a: calls.append(1) or real(*a)))
+    monkeypatch.setattr(tied, "next_token_nll", lambda *a, **k: seen.append(k.get("classes")) or real_nll(*a, **k))
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=32, n_layer=1, n_head=2, n_inner=64)).eval()
     ids = torch.randint(0, 101, (4, 16))
     targets = ids[:, 1:].clone()
     targets[0, -3:] = -100  # ignored positions lose nothing
     results = []
-    for amx in (False, True):
+    for amx, pads in ((False, False), (False, True), (True, True)):  # the plain product first: the reference
         monkeypatch.setattr(kernels, "_amx_forced", amx)
+        monkeypatch.setattr(padding, "padding_is_faster", rule if pads else lambda *a, **k: False)
         model.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             nll = model.lm_token_nll(model(ids[:, :-1]), targets)
         nll.sum().backward()
         results.append((nll.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-        assert len(calls) == int(amx)
-    (ref_nll, ref_grads), (nll, grads) = results
-    assert nll.shape == (targets.numel(),) and (nll.view_as(targets)[0, -3:] == 0).all()  # one per target
-    torch.testing.assert_close(nll, ref_nll, atol=1e-3, rtol=1e-3)
-    for name, g in grads.items():
-        assert g.dtype == torch.float32 and g.is_contiguous(), name
-        torch.testing.assert_close(g, ref_grads[name], atol=1e-3, rtol=2e-2, msg=name)
+    assert len(calls) == 1 and seen == [None, 101, 101]  # the padded products really ran, the AMX one once
+    (ref_nll, ref_grads), *padded = results
+    for nll, grads in padded:
+        assert nll.shape == (targets.numel(),) and (nll.view_as(targets)[0, -3:] == 0).all()  # one per target
+        torch.testing.assert_close(nll, ref_nll, atol=1e-3, rtol=1e-3)
+        for name, g in grads.items():
+            assert g.dtype == torch.float32 and g.is_contiguous(), name
+            torch.testing.assert_close(g, ref_grads[name], atol=1e-3, rtol=2e-2, msg=name)

@@ -43,19 +43,27 @@ AMX_COLUMNS = 2048
 
 def padding_is_faster(h: torch.Tensor, w: torch.Tensor, training: bool = False) -> bool:
     """Whether the product of ``h`` against the padded embedding ``w`` is the faster one: a large fp32 CPU batch on
-    a CPU without AMX, or in training (:func:`training_logits`) also a bf16-autocast one (there the gain is in the
+    a CPU without AMX, or in training (:func:`training_logits`) a bf16-autocast one (there the gain is in the
     weight gradient's product; on AMX, :class:`_AmxPaddedProduct`).
+
+    A bf16 training product pads at any number of positions on a CPU without AMX: autocast casts the embedding
+    anyway, and the padded cast (``_padded_copy``, once per update in the trainer's region) costs what the plain
+    one does, so there is no copy for the alignment to pay for. On an AMD Zen 5 the weight gradient's product at
+    1,013 positions took 138 ms 40,478 rows wide and 91 ms 40,512 rows wide (docs/performance.md, fifteenth
+    session): fine-tuning's micro-batches of about a thousand positions gain the most. On AMX the padded product
+    is measured from ``PAD_MIN_POSITIONS`` only and keeps that bound.
 
     fp32 is machine-dependent: on the AMD Zen 4 the BLAS ran GPT-1's 40,478-row products far slower than aligned
     ones (forward 1.01 vs 0.70–0.73 s), while on the AMX Xeon the plain product and loss measured faster than the
     padded ones, forward + backward 1,005 vs 1,056 ms at 2,048 positions and 523 vs 560 ms at 1,054 (the pad's
     copy of the embedding costs more than alignment gains there: docs/performance.md). ``kernels.amx()`` is the
     CPU flag that tells the two machines apart; an Intel CPU without AMX keeps the padding (not measured)."""
-    if w.device.type != "cpu" or w.size(0) % PAD_ROWS_TO == 0 or h.numel() < PAD_MIN_POSITIONS * h.size(-1):
+    if w.device.type != "cpu" or w.size(0) % PAD_ROWS_TO == 0:
         return False
+    large = h.numel() >= PAD_MIN_POSITIONS * h.size(-1)
     if torch.is_autocast_enabled("cpu"):
-        return training and torch.get_autocast_dtype("cpu") == torch.bfloat16
-    return w.dtype == torch.float32 and not kernels.amx()
+        return training and torch.get_autocast_dtype("cpu") == torch.bfloat16 and (large or not kernels.amx())
+    return large and w.dtype == torch.float32 and not kernels.amx()
 
 
 def pad_rows(w: torch.Tensor) -> torch.Tensor:
