@@ -29,6 +29,7 @@ the JSON under ``not_testable_here``. How to read the JSON: docs/distributed.md,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -658,8 +659,9 @@ def scoring_parity(ctx: Ctx, model, precision: str) -> dict[str, Any]:
             "scores_plain": [round(s.logprob, 4) for s in plain]}
 
 
-@check("packed_finetune", 150, "a fine-tuning update on RTE-like ragged sequences, packed (the default layout) "
-       "against padded: same loss, speed of each; and whether causal SDPA over a jagged nested tensor runs")
+@check("packed_finetune", 180, "a fine-tuning update on RTE-like ragged sequences, packed (the default layout) "
+       "against padded: same loss, speed of each; on CUDA also the packed row's attention as jagged nested tensors "
+       "(packed.JAGGED_DEVICES) against the grid: same loss, speed of each")
 def check_packed_finetune(ctx: Ctx) -> str:
     import random
 
@@ -667,6 +669,7 @@ def check_packed_finetune(ctx: Ctx) -> str:
 
     from gptcli.data.batching import collate, collate_packed
     from gptcli.data.transforms import Encoded
+    from gptcli.model import packed as packing
     from gptcli.model.classifier import FinetuneModel
     from gptcli.model.heads import HeadConfig, TaskHead
     from gptcli.train.finetune_loss import TaskLoss
@@ -684,26 +687,47 @@ def check_packed_finetune(ctx: Ctx) -> str:
     padded, packed = collate(enc).to(ctx.device), collate_packed(enc, extract).to(ctx.device)
     tr = trainer(ctx, model, precision="fp32", loss_fn=TaskLoss(0.5))
     ctx.record(sequences=n, real_fraction=round(packed.packing.tokens / padded.ids.numel(), 3))
-    losses = {}
-    for name, b in (("padded", padded), ("packed", packed)):  # the same weights: compare before any update
-        with torch.no_grad():
+    # (name, batch, the packed row's attention as jagged nested tensors): the jagged path only where CUDA runs it.
+    variants = [("padded", padded, False), ("packed", packed, False)]
+    nested = _nested_causal(ctx)
+    if ctx.cuda and nested.startswith("runs"):
+        variants.append(("packed_jagged", packed, True))
+    losses, times = {}, {}
+    for name, b, jagged in variants:  # the same weights: compare before any update
+        with _jagged(packing, ctx.device.type if jagged else None), torch.no_grad():
             losses[name] = float(TaskLoss(0.5)(model, b))
-    ctx.record(loss_padded=losses["padded"], loss_packed=losses["packed"])
-    if rel(losses["packed"], losses["padded"]) > 1e-4:
-        raise Failed(f"packed loss {losses['packed']} differs from padded {losses['padded']}")
-    times = {}
-    for name, b in (("padded", padded), ("packed", packed)):
-        tr.step(0, [b]).read()
-        sync(ctx)
-        t0 = time.perf_counter()
-        for i in range(3):
-            tr.step(i + 1, [b])
-        tr.step(4, [b]).read()
-        times[name] = (time.perf_counter() - t0) / 4
-    ctx.record(update_s_padded=round(times["padded"], 4), update_s_packed=round(times["packed"], 4),
-               speedup=round(times["padded"] / times["packed"], 2), nested_causal_sdpa=_nested_causal(ctx))
+        ctx.record(**{f"loss_{name}": losses[name]})
+        if rel(losses[name], losses["padded"]) > 1e-4:
+            raise Failed(f"{name} loss {losses[name]} differs from padded {losses['padded']}")
+    for name, b, jagged in variants:
+        with _jagged(packing, ctx.device.type if jagged else None):
+            tr.step(0, [b]).read()
+            sync(ctx)
+            t0 = time.perf_counter()
+            for i in range(3):
+                tr.step(i + 1, [b])
+            tr.step(4, [b]).read()
+            times[name] = (time.perf_counter() - t0) / 4
+        ctx.record(**{f"update_s_{name}": round(times[name], 4)})
+    ctx.record(speedup=round(times["padded"] / times["packed"], 2), nested_causal_sdpa=nested)
+    jagged_note = ""
+    if "packed_jagged" in times:  # > 1: the jagged path is the faster one, and packed.JAGGED_DEVICES should name it
+        ctx.record(jagged_vs_grid=round(times["packed"] / times["packed_jagged"], 3))
+        jagged_note = f"; jagged attention {times['packed'] / times['packed_jagged']:.2f}× the grid's"
     return f"packed {times['padded'] / times['packed']:.2f}× padded per update (losses equal), " \
-           f"real tokens {packed.packing.tokens / padded.ids.numel():.0%}"
+           f"real tokens {packed.packing.tokens / padded.ids.numel():.0%}{jagged_note}"
+
+
+@contextlib.contextmanager
+def _jagged(packing, device_type: str | None):
+    """``packing.JAGGED_DEVICES`` naming ``device_type`` (None: as it is) inside the block."""
+    saved = packing.JAGGED_DEVICES
+    if device_type is not None:
+        packing.JAGGED_DEVICES = (*saved, device_type)
+    try:
+        yield
+    finally:
+        packing.JAGGED_DEVICES = saved
 
 
 def _nested_causal(ctx: Ctx) -> str:

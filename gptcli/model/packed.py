@@ -18,6 +18,10 @@ work (Story Cloze: about 60% of the tokens; RACE: about a quarter). All the answ
 attend in one batched call per layer (:class:`SharedGrid`), as the standalone sequences of training do
 (:class:`Grid`).
 
+On a device named in :data:`JAGGED_DEVICES` (none yet), standalone sequences attend through PyTorch's own
+variable-length path instead of the grid: SDPA over jagged nested tensors, whose CUDA kernels (flash attention's
+varlen form, dropout included) take the packed row as it is, with no grid and no padding at all.
+
 Training can take the shared form too (``gpt1 finetune --layout shared``, off by default): the row then also lists
 each sequence's next-token targets — the prefix's own, the prefix's last token predicting each answer's first, and
 each answer's own — so the auxiliary LM loss is the full sequences' (:func:`gptcli.model.losses.lm_loss_per_sequence_packed`).
@@ -27,6 +31,7 @@ the same dropout masks on the prefix's positions, where separate sequences draw 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -35,6 +40,13 @@ import torch.nn.functional as F
 
 from gptcli.model import kernels
 from gptcli.model.attention import stacked_causal_attention
+
+JAGGED_DEVICES: tuple[str, ...] = ()
+"""Device types on which a packed row's standalone sequences attend by ``F.scaled_dot_product_attention`` over
+jagged nested tensors (:func:`_jagged_attention`) rather than over the grid, where the kernels are off (on CPU
+PyTorch has no causal kernel for jagged tensors, and the written-out kernel runs the grid). Empty until a GPU has
+measured it against the grid on the same rows: ``benchmarks/gpu_check.py``'s ``packed_finetune`` check times both
+and checks their losses equal; put ``"cuda"`` here when the jagged path is the faster one."""
 
 
 @dataclass
@@ -133,6 +145,14 @@ class Packing:
         if device not in self._grids:
             self._grids[device] = Grid.of(self.lengths).to(device)
         return self._grids[device]
+
+    def offsets(self, device: torch.device) -> torch.Tensor:
+        """(S + 1,) where each sequence starts in the row, and the row's end, on ``device``: a jagged nested tensor's
+        offsets (:func:`_jagged_attention`), made once per batch on the host and shared by every layer."""
+        key = ("offsets", device)
+        if key not in self._grids:
+            self._grids[key] = to_device(torch.tensor([0, *itertools.accumulate(self.lengths)]), device)
+        return self._grids[key]
 
     def shared_grid(self, device: torch.device) -> "SharedGrid":
         """The :class:`SharedGrid` of a shared-prefix row on ``device``, made once per batch for every layer."""
@@ -347,18 +367,33 @@ class _FromGrid(torch.autograd.Function):
         return out.view(G, W, H, hd).transpose(1, 2), None
 
 
+def _jagged_attention(x: torch.Tensor, dropout: float, packing: Packing) -> torch.Tensor:
+    """Causal attention of a packed row's standalone sequences, ``x`` (N, 3, H, hd) → (N, H, hd), by SDPA over jagged
+    nested tensors (:data:`JAGGED_DEVICES`): q, k and v each a nested tensor of the row's sequences (S, H, j, hd)
+    over the packing's offsets, autograd's own backward. The shortest and longest lengths are given from the host's
+    ``lengths``, so that nothing reads them back from the device. Each of q, k and v is made contiguous first, the
+    form the GPU probe of ``gpu_check.py`` ran."""
+    offsets, lo, hi = packing.offsets(x.device), min(packing.lengths), max(packing.lengths)
+    q, k, v = (torch.nested.nested_tensor_from_jagged(t.contiguous(), offsets, min_seqlen=lo, max_seqlen=hi)
+               .transpose(1, 2) for t in x.unbind(1))
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True).transpose(1, 2).values()
+
+
 def segment_attention(qkv: torch.Tensor, n_head: int, dropout: float, packing: Packing) -> torch.Tensor:
     """Causal attention of a packed row from its fused projections ``qkv`` (1, N, 3·C): every sequence attends to
     itself only (and, in a shared-prefix row, to its prefix first); returns (1, N, C) in row order.
 
     Sequences that stand alone are gathered into a (S, H, Lmax, hd) grid and attended in one batched call (one call
     per sequence cost more in per-op overhead than the grid's padded attention: only the attention sees padding,
-    a few percent of a layer's work, never the linear layers). A shared-prefix row takes one batched call too,
+    a few percent of a layer's work, never the linear layers), or, on a device of :data:`JAGGED_DEVICES`, attended
+    as jagged nested tensors with no grid. A shared-prefix row takes one batched call too,
     whatever its number of examples and answers (:class:`SharedGrid`): by SDPA at evaluation, and when training (a
     backward to run) by the written-out kernel if the kernels are on."""
     N, C = qkv.size(1), qkv.size(2) // 3
     x = qkv[0].view(N, 3, n_head, C // n_head)
     if packing.parents is None:
+        if qkv.device.type in JAGGED_DEVICES and not kernels.enabled(qkv.device):
+            return _jagged_attention(x, dropout, packing).reshape(1, N, C)
         g = packing.grid(qkv.device)
         y = stacked_causal_attention(_ToGrid.apply(x, g.cells, g.back), dropout)
         return _FromGrid.apply(y, g.back).view(1, N, C)
@@ -370,4 +405,4 @@ def segment_attention(qkv: torch.Tensor, n_head: int, dropout: float, packing: P
     return _shared_attention(qkv, n_head, s, dropout)
 
 
-__all__ = ["Grid", "Packing", "SharedGrid", "segment_attention"]
+__all__ = ["JAGGED_DEVICES", "Grid", "Packing", "SharedGrid", "segment_attention"]

@@ -92,6 +92,54 @@ def test_a_packed_batch_of_real_examples_equals_the_padded_one(task_name, kernel
     _assert_same(model, enc[:8], extract_id, regression)
 
 
+def _jagged_sdpa_on_cpu(seen: list):
+    """``F.scaled_dot_product_attention`` that computes jagged nested inputs one sequence at a time by the plain
+    causal SDPA (PyTorch's CPU has no causal kernel for jagged tensors; CUDA's flash varlen kernel computes the same
+    function), recording each call's lengths as the nested tensors carry them; dense inputs go to the real one."""
+    import torch.nn.functional as F
+
+    real = F.scaled_dot_product_attention
+
+    def sdpa(q, k, v, *args, **kwargs):
+        if not q.is_nested:
+            return real(q, k, v, *args, **kwargs)
+        assert kwargs.get("is_causal") and kwargs.get("dropout_p") == 0.0
+        # The lengths the path handed over from the host: reading them back from a GPU would wait on it.
+        seen.append((q.offsets().tolist(), q._maybe_min_seqlen, q._maybe_max_seqlen))
+        outs = [real(a, b, c, is_causal=True).transpose(0, 1) for a, b, c in zip(q.unbind(), k.unbind(), v.unbind())]
+        return torch.nested.nested_tensor_from_jagged(torch.cat(outs), q.offsets()).transpose(1, 2)
+
+    return sdpa
+
+
+@pytest.mark.parametrize("task_name", ["rte", "storycloze"])
+def test_the_jagged_attention_path_equals_the_padded_batch(task_name, pretrained, shared_data, monkeypatch):
+    """``packed.JAGGED_DEVICES`` (what CUDA may take once measured): the row's sequences attend as jagged nested
+    tensors over the packing's offsets, with no grid; every output and gradient is the padded batch's. Its
+    kernels are CUDA's, so here SDPA over the nested tensors is computed per sequence (``_jagged_sdpa_on_cpu``):
+    what this checks is the path's layout, offsets and gradients, and that it ran."""
+    import torch.nn.functional as F
+
+    from gptcli.model import kernels, packed
+
+    model, enc, extract_id, regression = _encoded(task_name, pretrained, shared_data, n=60)
+    by_length = sorted(enc, key=lambda e: e.length)
+    seen: list = []
+    monkeypatch.setattr(packed, "JAGGED_DEVICES", ("cpu",))
+    monkeypatch.setattr(F, "scaled_dot_product_attention", _jagged_sdpa_on_cpu(seen))
+    kernels.set_kernels("reference")  # the device's kernels off, as on CUDA
+    items = [by_length[-1], *by_length[:7]]  # one long example and many short ones
+    _assert_same(model, items, extract_id, regression)
+    lengths = collate_packed(items, extract_id, regression).packing.lengths
+    offsets = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    assert seen and all(call == (offsets, min(lengths), max(lengths)) for call in seen)
+    assert len(seen) == model.gpt.config.n_layer  # every layer of the packed batch's one forward pass
+    kernels.set_kernels("auto")  # with the CPU kernels on, the grid and the written-out kernel run instead
+    seen.clear()
+    _assert_same(model, items, extract_id, regression)
+    assert not seen
+
+
 def test_one_long_and_many_short_examples(pretrained, shared_data):
     model, enc, extract_id, regression = _encoded("rte", pretrained, shared_data, n=60)
     by_length = sorted(enc, key=lambda e: e.length)
