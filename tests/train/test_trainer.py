@@ -12,17 +12,29 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _casts(fn) -> int:
+    """Casts of tensors (``aten::_to_copy`` of at least one dimension: a scalar's cast, as of a loss, is no weight's)
+    while ``fn`` runs."""
     from torch.profiler import profile
 
-    with profile() as prof:
+    with profile(record_shapes=True) as prof:
         fn()
-    return sum(e.count for e in prof.key_averages() if e.key == "aten::_to_copy")
+    return sum(e.count for e in prof.key_averages(group_by_input_shape=True)
+               if e.key == "aten::_to_copy" and e.input_shapes and e.input_shapes[0])
 
 
-def test_bf16_micro_batches_share_one_cast_of_each_weight_and_sum_the_same_gradients() -> None:
+def test_bf16_micro_batches_share_one_cast_of_each_weight_and_sum_the_same_gradients(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Trainer.step casts each weight to bf16 once per update, not once per micro-batch (the casts stay in
-    autocast's cache until the update's last backward pass), and accumulates the gradients a loop with one autocast
-    region per micro-batch does, bit for bit."""
+    autocast's cache until the update's last backward pass), the tied output layer's padded bf16 copy of the
+    embedding too (kernels/casts.py), and accumulates the gradients a loop with one autocast region per
+    micro-batch does, bit for bit."""
+    from gptcli.model import kernels
+    from gptcli.model.kernels import tied
+
+    monkeypatch.setattr(kernels, "_amx_forced", False)  # the AMX forms: the next test
+    padded = []
+    real_copy = tied._padded_copy
+    monkeypatch.setattr(tied, "_padded_copy", lambda w, dtype: padded.append(1) or real_copy(w, dtype))
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=101, n_ctx=16, n_embd=32, n_layer=2, n_head=2, n_inner=64,
                       embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
@@ -41,6 +53,7 @@ def test_bf16_micro_batches_share_one_cast_of_each_weight_and_sum_the_same_gradi
     model.zero_grad(set_to_none=True)
     plain_casts = _casts(per_micro_batch_regions)
     plain = {n: p.grad.clone() for n, p in model.named_parameters()}
+    assert len(padded) == len(batches)  # the embedding's padded copy, once per micro-batch without the trainer
 
     captured = {}
 
@@ -54,6 +67,7 @@ def test_bf16_micro_batches_share_one_cast_of_each_weight_and_sum_the_same_gradi
     shared_casts = _casts(lambda: trainer.step(0, batches))
     weights = sum(1 for n, _ in model.named_parameters() if "ln_" not in n and "emb" not in n)
     assert plain_casts - shared_casts >= (len(batches) - 1) * weights
+    assert len(padded) == len(batches) + 1  # and once for the trainer's whole update
     for name, g in plain.items():
         assert torch.equal(captured[name], g), name
 
