@@ -731,25 +731,22 @@ def _jagged(packing, device_type: str | None):
 
 
 def _nested_causal(ctx: Ctx) -> str:
-    """Whether causal SDPA runs over a jagged nested tensor here and equals attention per sequence: the candidate
-    variable-length path for packed rows on CUDA (on CPU PyTorch has no causal kernel for it)."""
+    """Whether the packed rows' jagged attention (``packed._jagged_attention``: causal SDPA over jagged nested
+    tensors, the candidate variable-length path on CUDA) runs here and equals attention per sequence (on CPU
+    PyTorch has no causal kernel for it)."""
     import torch
     import torch.nn.functional as F
 
+    from gptcli.model.packed import Packing, _jagged_attention
+
     lengths = [37, 5, 120]
-    q, k, v = (torch.randn(1, 4, sum(lengths), 64, device=ctx.device) for _ in range(3))
-    offsets = torch.tensor([0, 37, 42, 162], device=ctx.device)
-
-    def jagged(t):
-        return torch.nested.nested_tensor_from_jagged(t[0].transpose(0, 1).contiguous(), offsets).transpose(1, 2)
-
+    x = torch.randn(sum(lengths), 3, 4, 64, device=ctx.device)  # each token's q, k, v: 4 heads of 64
     try:
         dtype = torch.bfloat16 if ctx.cuda else torch.float32
         with torch.autocast(ctx.device.type, dtype=dtype, enabled=ctx.cuda):
-            got = F.scaled_dot_product_attention(jagged(q), jagged(k), jagged(v), is_causal=True)
-            got = got.transpose(1, 2).values().transpose(0, 1).unsqueeze(0).float()
-            want = torch.cat([F.scaled_dot_product_attention(a, b, c, is_causal=True).float() for a, b, c in
-                              zip(q.split(lengths, 2), k.split(lengths, 2), v.split(lengths, 2))], 2)
+            got = _jagged_attention(x, 0.0, Packing.of([[0] * n for n in lengths])).float()
+            want = torch.cat([F.scaled_dot_product_attention(*s.permute(1, 2, 0, 3), is_causal=True)
+                              .transpose(0, 1).float() for s in x.split(lengths)])
         return f"runs, max difference {float((got - want).abs().max()):.1e}"
     except Exception as e:  # noqa: BLE001 - the answer is what went wrong
         return f"does not run: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"

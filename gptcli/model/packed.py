@@ -31,7 +31,6 @@ the same dropout masks on the prefix's positions, where separate sequences draw 
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -151,7 +150,7 @@ class Packing:
         offsets (:func:`_jagged_attention`), made once per batch on the host and shared by every layer."""
         key = ("offsets", device)
         if key not in self._grids:
-            self._grids[key] = to_device(torch.tensor([0, *itertools.accumulate(self.lengths)]), device)
+            self._grids[key] = to_device(torch.tensor([*_starts(self.lengths), self.tokens]), device)
         return self._grids[key]
 
     def shared_grid(self, device: torch.device) -> "SharedGrid":
