@@ -1,15 +1,16 @@
 """One-shot GPU check: run it once on a lent CUDA machine, keep the JSON, send it back.
 
-    python benchmarks/gpu_check.py --json gpu_check.json            # the real run (about 6-7 minutes on an H200)
+    python benchmarks/gpu_check.py --json gpu_check.json            # the real run (about 6 minutes on an H200)
     python benchmarks/gpu_check.py --dry-run --json dry.json        # every check on CPU, tiny sizes (about a minute)
     python benchmarks/gpu_check.py --only attention_kernel,fused_adamw --json part.json
 
 A lent GPU is there for minutes, so the script is built to waste none of them:
 
-- **Every check is independent.** Each runs in its own process (forked from a server that has imported torch once, so
-  a check starts in milliseconds and the server itself never touches CUDA), under a per-check timeout and a global
-  ``--deadline`` (default 8 minutes). A check that fails, raises, crashes CUDA, runs out of memory or hangs is
-  recorded, its process tree killed, and the next one runs.
+- **Every check is independent.** Each runs in its own process (on the GPU a fresh interpreter: a fork of a server
+  that has imported spaCy cannot use CUDA; in the dry run a fork of a server that imported torch once, so a check
+  starts in milliseconds), under a per-check timeout and a global ``--deadline`` (default 8 minutes). A check that
+  fails, raises, crashes CUDA, runs out of memory or hangs is recorded, its process tree killed, and the next one
+  runs.
 - **Nothing is lost.** The JSON record is rewritten atomically when the run starts (environment first) and after
   every check; a check's figures reach it even while the check still runs, so a killed run keeps what it saw.
 - **The script is known to work.** ``--dry-run`` runs every check on CPU with the ``tiny`` preset; a check that only
@@ -22,7 +23,8 @@ an fp16 + GradScaler step; what dtype the LSTM computes in under bf16; KV-cache 
 syncs per update; then on real text (docstrings of this Python's standard library, prepared by ``gpt1 prepare``, as
 the quickstart does): ``gpt1 pretrain --gpus 1`` against an in-process step, checkpoint → resume, finetune →
 eval → zeroshot; then ``torch.compile`` of the loss; then tokens/s, MFU and peak memory of the ``gpt1`` preset at
-8×512 (the 8-GPU share of the paper's batch) and 32×512, eager and compiled. What one GPU cannot show is listed in
+8×512 (the 8-GPU share of the paper's batch), 32×512 and 64×512 (the paper's batch on one GPU), eager and
+compiled. What one GPU cannot show is listed in
 the JSON under ``not_testable_here``. How to read the JSON: docs/distributed.md, "The one-shot GPU check".
 """
 
@@ -84,8 +86,9 @@ class Sizes:
     """Sequences per step of the profile, precision, compile and sync checks."""
     updates: int
     """Training updates of the precision, sync and compile checks."""
-    throughput: tuple[tuple[int, int], tuple[int, int]]
-    """(batch, seq) of the two throughput sizes: 8×512 (one GPU's share of 64 over 8) and 32×512."""
+    throughput: tuple[tuple[int, int], ...]
+    """(batch, seq) of the throughput sizes: 8×512 (one GPU's share of 64 over 8), 32×512, and 64×512 (the paper's
+    whole batch on one GPU)."""
     warm_steps: int
     timed_steps: int
     modules: int
@@ -114,13 +117,14 @@ class Sizes:
 
 
 REAL = Sizes(preset="gpt1", lstm_preset="lstm", vocab=PAPER_VOCAB, seq=512, batch=8, updates=4,
-             throughput=((8, 512), (32, 512)), warm_steps=3, timed_steps=30, modules=150, text_root=None,
+             throughput=((8, 512), (32, 512), (64, 512)), warm_steps=3, timed_steps=30, modules=150, text_root=None,
              corpus_vocab=4000,
              pt_preset="gpt1", pt_seq=256, pt_batch=8, compile_backend="inductor",
              throughput_backend="inductor", n_layer=None,
              compile_layers=2, resume_layers=2)
 DRY = Sizes(preset="tiny", lstm_preset="lstm-tiny", vocab=512, seq=64, batch=2, updates=2,
-            throughput=((2, 64), (4, 64)), warm_steps=1, timed_steps=2, modules=40, text_root="email", corpus_vocab=400,
+            throughput=((2, 64), (4, 64), (8, 64)), warm_steps=1, timed_steps=2, modules=40, text_root="email",
+            corpus_vocab=400,
             pt_preset="tiny", pt_seq=32, pt_batch=4, compile_backend="aot_eager",
             throughput_backend="eager", n_layer=1,
             compile_layers=1, resume_layers=1)
@@ -400,16 +404,18 @@ def check_env(ctx: Ctx) -> str:
         "cpu_count": os.cpu_count(), "git_commit": git_commit(), "cuda_available": torch.cuda.is_available(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
+    ctx.record(**info)  # what is known before the first CUDA call: the runner reads cuda_available from here
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         name = torch.cuda.get_device_name(0)
-        row = next(((k, t) for k, t in GPU_PEAK_FLOPS if k in name), None)
+        # The row gpt1's MFU reads (runtime.peak_for_gpu_name: the exact device name), with its peaks per precision.
+        key = name.strip() if name.strip() in GPU_PEAK_FLOPS else None
         info.update(
             gpu_count=torch.cuda.device_count(), gpu=name,
             capability=".".join(map(str, torch.cuda.get_device_capability(0))),
             gpu_memory_gib=round(props.total_memory / 2**30, 1), bf16_supported=torch.cuda.is_bf16_supported(),
             nccl=nccl_version(),
-            driver=nvidia_smi_driver(), peak_table_key=row[0] if row else None, peak_flops=row[1] if row else None,
+            driver=nvidia_smi_driver(), peak_table_key=key, peak_flops=dict(GPU_PEAK_FLOPS[key]) if key else None,
             sdpa_backends={b: getattr(torch.backends.cuda, f"{b}_sdp_enabled")()
                            for b in ("flash", "mem_efficient", "math", "cudnn")
                            if hasattr(torch.backends.cuda, f"{b}_sdp_enabled")})
@@ -494,11 +500,16 @@ def check_attention_kernel(ctx: Ctx) -> str:
     ctx.record(gptcli_path=gptcli_path(), aten_ops=sdpa_ops,
                attention_kernels=kernels, top_kernels=cuda_kernels(prof), batch=ctx.sizes.batch, seq=ctx.sizes.seq)
     ctx.need_cuda("flash attention is a CUDA kernel; on CPU gptcli writes attention out (chunked/plain path)")
-    fwd = any("flash_attention" in k and "backward" not in k for k in sdpa_ops)
-    bwd = any("flash_attention_backward" in k for k in sdpa_ops)
-    if not (fwd and bwd):
-        raise Failed(f"training did not run flash attention forward and backward; SDPA ops: {sorted(sdpa_ops)}")
-    return f"flash forward + backward; kernels: {', '.join(list(kernels)[:3])}"
+    # Any fused (flash-style) backend passes: PyTorch picks among them by GPU and version (on an H200 under torch
+    # 2.11 it picked cuDNN's sm90 flash kernels over FlashAttention-2, 2026-12-04); the math fallback (the (T, T)
+    # scores in memory) fails.
+    fused = {b: (any(f"_{b}_attention_forward" in k for k in sdpa_ops),
+                 any(f"_{b}_attention_backward" in k for k in sdpa_ops)) for b in ("flash", "cudnn", "efficient")}
+    both = [b for b, (fwd, bwd) in fused.items() if fwd and bwd]
+    ctx.record(fused_backend=both[0] if both else None)
+    if not both:
+        raise Failed(f"training ran no fused attention kernel forward and backward; SDPA ops: {sorted(sdpa_ops)}")
+    return f"{both[0]} attention forward + backward; kernels: {', '.join(list(kernels)[:3])}"
 
 
 @check("fused_adamw", 90, "make_optimizer's AdamW is the fused implementation (defaults and the profiled op)")
@@ -685,37 +696,48 @@ def check_packed_finetune(ctx: Ctx) -> str:
     enc = [Encoded([[rng.randrange(ctx.sizes.vocab) for _ in range(rng.randint(top // 8, top - 1))] + [extract]],
                    label=i % 2, index=i) for i in range(n)]
     padded, packed = collate(enc).to(ctx.device), collate_packed(enc, extract).to(ctx.device)
-    tr = trainer(ctx, model, precision="fp32", loss_fn=TaskLoss(0.5))
     ctx.record(sequences=n, real_fraction=round(packed.packing.tokens / padded.ids.numel(), 3))
     # (name, batch, the packed row's attention as jagged nested tensors): the jagged path only where CUDA runs it.
     variants = [("padded", padded, False), ("packed", packed, False)]
     nested = _nested_causal(ctx)
+    ctx.record(nested_causal_sdpa=nested)
     if ctx.cuda and nested.startswith("runs"):
         variants.append(("packed_jagged", packed, True))
-    losses, times = {}, {}
+    losses = {}
     for name, b, jagged in variants:  # the same weights: compare before any update
         with _jagged(packing, ctx.device.type if jagged else None), torch.no_grad():
             losses[name] = float(TaskLoss(0.5)(model, b))
         ctx.record(**{f"loss_{name}": losses[name]})
         if rel(losses[name], losses["padded"]) > 1e-4:
             raise Failed(f"{name} loss {losses[name]} differs from padded {losses['padded']}")
-    for name, b, jagged in variants:
-        with _jagged(packing, ctx.device.type if jagged else None):
-            tr.step(0, [b]).read()
-            sync(ctx)
-            t0 = time.perf_counter()
-            for i in range(3):
-                tr.step(i + 1, [b])
-            tr.step(4, [b]).read()
-            times[name] = (time.perf_counter() - t0) / 4
-        ctx.record(**{f"update_s_{name}": round(times[name], 4)})
-    ctx.record(speedup=round(times["padded"] / times["packed"], 2), nested_causal_sdpa=nested)
-    jagged_note = ""
-    if "packed_jagged" in times:  # > 1: the jagged path is the faster one, and packed.JAGGED_DEVICES should name it
-        ctx.record(jagged_vs_grid=round(times["packed"] / times["packed_jagged"], 3))
-        jagged_note = f"; jagged attention {times['packed'] / times['packed_jagged']:.2f}× the grid's"
-    return f"packed {times['padded'] / times['packed']:.2f}× padded per update (losses equal), " \
-           f"real tokens {packed.packing.tokens / padded.ids.numel():.0%}{jagged_note}"
+    notes = []
+    # fp32 (TF32 on CUDA) as the figures of the first GPU run; bf16 autocast too where CUDA runs it (fine-tuning's
+    # `--precision auto` there). The fp32 keys keep their names; the bf16 ones end in _bf16.
+    for precision in ("fp32", "bf16") if ctx.cuda else ("fp32",):
+        tr = trainer(ctx, model, precision=precision, loss_fn=TaskLoss(0.5))
+        end = "" if precision == "fp32" else f"_{precision}"
+        times = {name: _update_seconds(ctx, tr, b, packing, jagged) for name, b, jagged in variants}
+        ctx.record(**{f"update_s_{name}{end}": round(t, 4) for name, t in times.items()},
+                   **{f"speedup{end}": round(times["padded"] / times["packed"], 2)})
+        note = f"{precision}: packed {times['padded'] / times['packed']:.2f}× padded"
+        if "packed_jagged" in times:  # > 1: the jagged path is the faster, and packed.JAGGED_DEVICES should name it
+            ctx.record(**{f"jagged_vs_grid{end}": round(times["packed"] / times["packed_jagged"], 3)})
+            note += f", jagged attention {times['packed'] / times['packed_jagged']:.2f}× the grid's"
+        notes.append(note)
+    return f"{'; '.join(notes)} per update (losses equal), real tokens {packed.packing.tokens / padded.ids.numel():.0%}"
+
+
+def _update_seconds(ctx: Ctx, tr, batch, packing, jagged: bool, timed: int = 8) -> float:
+    """Seconds per fine-tuning update on ``batch`` (after two warm-up updates), the loss read back only at the end."""
+    with _jagged(packing, ctx.device.type if jagged else None):
+        for i in range(2):
+            tr.step(i, [batch]).read()
+        sync(ctx)
+        t0 = time.perf_counter()
+        for i in range(timed - 1):
+            tr.step(i + 2, [batch])
+        tr.step(timed + 1, [batch]).read()
+        return (time.perf_counter() - t0) / timed
 
 
 @contextlib.contextmanager
@@ -791,7 +813,9 @@ def check_host_syncs(ctx: Ctx) -> str:
             if ctx.cuda:
                 torch.cuda.set_sync_debug_mode("default")
     printed = [ln for ln in err.text.splitlines() if "synchroniz" in ln.lower()]
-    syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    # The mode's own notice ("Synchronization debug mode is a prototype feature…", once per process) is no sync:
+    # the first GPU run counted it as one (0.25 per update over 4 updates).
+    syncs = [w for w in caught if "synchroniz" in str(w.message).lower() and "prototype feature" not in str(w.message)]
     for w in syncs:
         key = f"{Path(w.filename).name}:{w.lineno}"
         where[key] = where.get(key, 0) + 1
@@ -1020,7 +1044,10 @@ def check_finetune_eval_zeroshot(ctx: Ctx) -> str:
           "--out", str(ev), "--max-examples", "8" if ctx.dry else "64", "--device", device, "--precision", "auto")
     timed("zeroshot", "zeroshot", "--task", "cola", "--checkpoint", str(pre), "--data-dir", str(task), "--split", "dev",
           "--limit", "8" if ctx.dry else "64", "--out", str(zs), "--device", device)
-    scores = {"finetune_dev": read_scores(ft / "results.json"), "eval_dev": read_scores(ev / "results.json"),
+    # eval writes one folder per checkpoint and task under --out (e2e-eval/e2e-finetune/cola-dev/results.json).
+    evaluated = sorted(ev.rglob("results.json"))
+    scores = {"finetune_dev": read_scores(ft / "results.json"),
+              "eval_dev": read_scores(evaluated[0]) if evaluated else None,
               "zeroshot_dev": read_scores(zs / "results.json")}
     ctx.record(scores=scores)
     return f"all four commands ran on {device} ({sum(seconds.values()):.0f} s)"
@@ -1163,7 +1190,7 @@ def throughput(ctx: Ctx, size: int, compiled: bool) -> str:
     return f"{tps:,.0f} tokens/s, MFU {'n/a' if mfu is None else f'{100 * mfu:.1f}%'}, peak {mem:.1f} GiB"
 
 
-for _size, _label in enumerate(("8x512", "32x512")):
+for _size, _label in enumerate(("8x512", "32x512", "64x512")):
     for _compiled in (False, True):
         check(f"throughput_{_label}_{'compile' if _compiled else 'eager'}", 240 if _compiled else 90,
               f"gpt1 preset bf16 at {_label.replace('x', '×')} per GPU, {'--compile' if _compiled else 'eager'}: "
@@ -1258,7 +1285,10 @@ class Runner:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.t0 = time.monotonic()
         self.deadline = self.t0 + args.deadline
-        self.mp = None if args.fresh_processes else forkserver()
+        # On the GPU every check is a fresh interpreter: a fork of the server cannot use CUDA once anything the
+        # server imported has asked torch about devices (spaCy's thinc calls torch.cuda.device_count() at import),
+        # which is what the first GPU run found (2026-12-04). The dry run keeps the fast fork server.
+        self.mp = None if args.fresh_processes or not args.dry_run else forkserver()
         self.current: int | None = None
         """The pid of the running check's process."""
         self.record: dict[str, Any] = {
@@ -1475,7 +1505,10 @@ def run_all(args: argparse.Namespace) -> int:
             for chk in checks:
                 entry = runner.run(chk)
                 print_line(entry)
-                if chk.name == "env" and not args.dry_run and not (entry.get("figures") or {}).get("cuda_available"):
+                # Only a definite "no CUDA" ends the run: an env check that failed after its first figures (or
+                # before any) must not cost the GPU checks that follow.
+                no_cuda = (entry.get("figures") or {}).get("cuda_available") is False
+                if chk.name == "env" and not args.dry_run and no_cuda:
                     print("gpu_check: no CUDA device is visible; run with --dry-run to test the script on CPU")
                     runner.record["finished"] = True
                     runner.save()

@@ -243,6 +243,11 @@ def num_batches(n: int, batch_size: int, pool: int = 50, batching: str = "length
     return full * pool + -(-rest // batch_size)
 
 
+EVAL_SUBSET_SEED = 0
+"""The seed of every evaluation subset (``finetune --max-eval-examples``, ``eval --max-examples``): a fine-tuning
+run's dev score and ``gpt1 eval``'s are on the same examples, whatever the run's training seed."""
+
+
 def subsample(items: list[T], n: int | None, seed: int) -> list[T]:
     """A random subset of ``n`` items in their original order (all of them when ``n`` is None or larger)."""
     if n is None or n >= len(items):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable, Literal, Sequence
 
 from gptcli.checkpoint import Checkpoint, atomic_directory, load_checkpoint, read_header, resolve_checkpoint
-from gptcli.data.batching import iterate, subsample
+from gptcli.data.batching import EVAL_SUBSET_SEED, iterate, subsample
 from gptcli.data.transforms import encode_examples
 from gptcli.errors import GPT1Error
 from gptcli.eval.baselines import prediction_summary, trivial_level
@@ -70,7 +70,8 @@ class EvalConfig:
     skip_bad_rows: bool = False
     """Skip and count malformed task rows instead of stopping at the first."""
     max_examples: int | None = None
-    """Score a random subset (seed 0) of this many task examples (quick checks)."""
+    """Score a random subset of this many task examples (quick checks): the examples a fine-tuning run with the
+    same ``--max-eval-examples`` scored on its dev split."""
     batch_size: int = 8
     """Sequences per forward pass (a task example with several sequences counts once)."""
     seq_len: int | None = None
@@ -186,7 +187,7 @@ def evaluate_task(
     precision: str = "auto",
     skip_bad_rows: bool = False,
     max_examples: int | None = None,
-    seed: int = 0,
+    seed: int = EVAL_SUBSET_SEED,
     verify: bool = True,
     layout: str = "packed",
     progress: Progress | None = None,

@@ -25,6 +25,7 @@ launcher; there the collective timeout alone applies.)
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import shutil
@@ -42,6 +43,7 @@ from gptcli.train.trainer import Parallel
 
 if TYPE_CHECKING:
     import torch
+    from torch.distributed.launcher.api import LaunchConfig as ElasticConfig
 
 # Set in the environment of workers that *we* launched, so they do not try to launch again.
 WORKER_ENV = "GPT1_DIST_WORKER"
@@ -194,6 +196,25 @@ def _run_id(spec: LaunchSpec) -> str:
     return spec.rdzv_id or os.environ.get("SLURM_JOB_ID") or "gpt1"
 
 
+def elastic_config(spec: LaunchSpec) -> ElasticConfig:
+    """torch.distributed.elastic's configuration of the job: one attempt (no restarts), spawned workers.
+
+    ``spec.shutdown_timeout_s`` is passed where this PyTorch's ``LaunchConfig`` has ``shutdown_timeout``; older
+    ones (2.11 has none) give workers a fixed 30 s, and a launch must not fail for want of the field, as the first
+    GPU run's ``gpt1 pretrain --gpus 1`` did under torch 2.11 (2026-12-04).
+    """
+    from torch.distributed.launcher.api import LaunchConfig as ElasticConfig
+
+    backend, endpoint, configs, run_id = rendezvous(spec)
+    options: dict[str, Any] = dict(
+        min_nodes=spec.nnodes, max_nodes=spec.nnodes, nproc_per_node=spec.nproc_per_node, run_id=run_id,
+        rdzv_backend=backend, rdzv_endpoint=endpoint, rdzv_configs=configs, max_restarts=0, monitor_interval=0.1,
+        start_method="spawn")
+    if "shutdown_timeout" in {f.name for f in dataclasses.fields(ElasticConfig)}:
+        options["shutdown_timeout"] = spec.shutdown_timeout_s
+    return ElasticConfig(**options)
+
+
 def launch(spec: LaunchSpec, argv: Sequence[str]) -> str | None:
     """Start ``python -m gptcli <argv>`` as ``spec.nproc_per_node`` workers here and wait for the job.
 
@@ -206,22 +227,9 @@ def launch(spec: LaunchSpec, argv: Sequence[str]) -> str | None:
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
-    backend, endpoint, configs, run_id = rendezvous(spec)
-    config = LaunchConfig(
-        min_nodes=spec.nnodes,
-        max_nodes=spec.nnodes,
-        nproc_per_node=spec.nproc_per_node,
-        run_id=run_id,
-        rdzv_backend=backend,
-        rdzv_endpoint=endpoint,
-        rdzv_configs=configs,
-        max_restarts=0,
-        monitor_interval=0.1,
-        start_method="spawn",
-        shutdown_timeout=spec.shutdown_timeout_s,
-    )
+    config = elastic_config(spec)
     beats = tempfile.mkdtemp(prefix="gpt1-heartbeat-")
     env = {WORKER_ENV: "1", TIMEOUT_ENV: str(spec.timeout_s), HEARTBEAT_ENV: beats}
     if "OMP_NUM_THREADS" not in os.environ:

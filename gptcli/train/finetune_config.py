@@ -127,7 +127,7 @@ class FinetuneConfig:
     max_train_examples: int | None = None
     """Train on a random subset of this many examples (quick experiments, tests)."""
     max_eval_examples: int | None = None
-    """Score a random subset of this many dev examples."""
+    """Score a random subset of this many dev examples: the one `gpt1 eval --max-examples` scores, whatever `--seed`."""
     eval_batch_size: int | None = None
     """Examples per evaluation batch (default: 2 × batch_size)."""
     device: str = "auto"

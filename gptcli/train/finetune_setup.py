@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from gptcli import checkpoint as ckpt
 from gptcli.checkpoint import is_checkpoint, load_checkpoint, read_header
-from gptcli.data.batching import subsample
+from gptcli.data.batching import EVAL_SUBSET_SEED, subsample
 from gptcli.data.cache import encode_cached
 from gptcli.data.transforms import Encoded
 from gptcli.config import to_dict
@@ -122,7 +122,9 @@ def read_task_data(task: Task, config: FinetuneConfig) -> TaskData:
         if any(e.label is None for e in dev):
             raise GPT1Error(f"{task.name}: split {config.eval_split!r} is unlabeled; choose a labeled --eval-split")
     train = subsample(train, config.max_train_examples, config.seed)
-    dev = subsample(dev, config.max_eval_examples, config.seed + 1)
+    # The dev subset is drawn as `gpt1 eval --max-examples` draws it (it drew with seed + 1 before: a run's dev score
+    # and eval's were on different examples, and runs of different seeds on different dev subsets).
+    dev = subsample(dev, config.max_eval_examples, EVAL_SUBSET_SEED)
     if not train:
         raise GPT1Error(f"{task.name}: no training examples in split {config.train_split!r}")
     return TaskData(train, dev, skipped, excluded)

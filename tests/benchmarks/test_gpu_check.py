@@ -26,7 +26,7 @@ SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 # Checks whose figures mean nothing without CUDA: the dry run runs their code, then must report them skipped.
 CUDA_ONLY = {"gpus_refusal", "attention_kernel", "precision_steps", "host_syncs", "resume", "compile_loss",
              "throughput_8x512_eager", "throughput_8x512_compile", "throughput_32x512_eager",
-             "throughput_32x512_compile"}
+             "throughput_32x512_compile", "throughput_64x512_eager", "throughput_64x512_compile"}
 
 
 def load_script():
@@ -68,6 +68,8 @@ def test_dry_run_records_every_check_and_none_fails(tmp_path):
     assert checks["launched_vs_inprocess"]["figures"]["max_rel_loss"] <= 1e-4
     assert checks["resume"]["figures"]["rel_diff_after_resume"] <= 1e-4
     assert checks["corpus"]["figures"]["tokens"]["train"] > 0
+    # Every command's results were found (eval's lie a folder per checkpoint and task down: the GPU run read none).
+    assert all(v is not None for v in checks["finetune_eval_zeroshot"]["figures"]["scores"].values())
     assert checks["throughput_8x512_compile"]["figures"]["tokens_per_s"] > 0
 
 
@@ -183,3 +185,27 @@ def test_sigterm_records_the_running_check_and_stops(tmp_path):
     assert [c["name"] for c in record["checks"]] == ["env", "compile_loss"]  # the last never started
     cut = record["checks"][-1]
     assert cut["status"] == "timeout" and "interrupted (SIGTERM)" in cut["error"][0]
+
+
+def test_env_on_a_cuda_device_finds_the_peak_row(tmp_path, monkeypatch):
+    """The env check's CUDA branch, on a faked H200 (the first GPU run failed there: it unpacked GPU_PEAK_FLOPS, a
+    dict of rows, as pairs, and the run stopped for want of ``cuda_available``)."""
+    import torch
+
+    from gptcli.runtime import GPU_PEAK_FLOPS
+
+    gc = load_script()
+    props = type("Props", (), {"total_memory": 141 * 2**30})()
+    for name, value in {"is_available": lambda: True, "device_count": lambda: 1,
+                        "get_device_name": lambda i=0: "NVIDIA H200", "get_device_properties": lambda i=0: props,
+                        "get_device_capability": lambda i=0: (9, 0), "is_bf16_supported": lambda: True}.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    precision = torch.get_float32_matmul_precision()
+    try:
+        res = gc.run_check("env", False, str(tmp_path), None)
+    finally:
+        torch.set_float32_matmul_precision(precision)  # Ctx configures CUDA's backends: keep the CPU's as they were
+    assert res["status"] == "ok", res
+    figures = res["figures"]
+    assert figures["cuda_available"] is True and figures["peak_table_key"] == "NVIDIA H200"
+    assert figures["peak_flops"] == GPU_PEAK_FLOPS["NVIDIA H200"] and figures["capability"] == "9.0"

@@ -324,3 +324,25 @@ def test_each_rank_draws_its_own_dropout_masks_and_rank_0_keeps_the_single_proce
         assert (a != b).float().mean() > 0.4  # independent halves disagree on about half the units
     assert torch.equal(masks(1, 0), r1)  # reproducible per (rank, step): a resume redraws the same stream
     assert not torch.equal(masks(1, 100), r1)
+
+
+def test_the_elastic_launch_config_builds_on_a_pytorch_without_shutdown_timeout(monkeypatch):
+    """torch 2.11's LaunchConfig has no ``shutdown_timeout``: the first GPU run's ``gpt1 pretrain --gpus 1`` failed
+    on it (TypeError). The field is passed where it exists and left out where it does not."""
+    import dataclasses
+
+    import torch.distributed.launcher.api as api
+
+    from gptcli.train.distributed import LaunchConfig, elastic_config, plan_launch
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GPT1_DIST_WORKER", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"):
+        monkeypatch.delenv(k, raising=False)
+    spec = plan_launch(LaunchConfig(procs=2))
+    if "shutdown_timeout" in {f.name for f in dataclasses.fields(api.LaunchConfig)}:
+        assert elastic_config(spec).shutdown_timeout == spec.shutdown_timeout_s
+    older = dataclasses.make_dataclass(
+        "LaunchConfig", [(f.name, f.type, f) for f in dataclasses.fields(api.LaunchConfig)
+                         if f.name != "shutdown_timeout"])
+    monkeypatch.setattr(api, "LaunchConfig", older)
+    config = elastic_config(spec)
+    assert isinstance(config, older) and config.nproc_per_node == 2 and config.max_restarts == 0
