@@ -1,6 +1,6 @@
 """One-shot GPU check: run it once on a lent CUDA machine, keep the JSON, send it back.
 
-    python benchmarks/gpu_check.py --json gpu_check.json            # the real run (about 6 minutes on an H200)
+    python benchmarks/gpu_check.py --json gpu_check.json            # the real run (about 9 minutes on an H200)
     python benchmarks/gpu_check.py --dry-run --json dry.json        # every check on CPU, tiny sizes (about a minute)
     python benchmarks/gpu_check.py --only attention_kernel,fused_adamw --json part.json
 
@@ -8,9 +8,9 @@ A lent GPU is there for minutes, so the script is built to waste none of them:
 
 - **Every check is independent.** Each runs in its own process (on the GPU a fresh interpreter: a fork of a server
   that has imported spaCy cannot use CUDA; in the dry run a fork of a server that imported torch once, so a check
-  starts in milliseconds), under a per-check timeout and a global ``--deadline`` (default 8 minutes). A check that
-  fails, raises, crashes CUDA, runs out of memory or hangs is recorded, its process tree killed, and the next one
-  runs.
+  starts in milliseconds), under a per-check timeout and a global ``--deadline`` (default 560 s, inside a
+  10-minute command). A check that fails, raises, crashes CUDA, runs out of memory or hangs is recorded, its
+  process tree killed, and the next one runs.
 - **Nothing is lost.** The JSON record is rewritten atomically when the run starts (environment first) and after
   every check; a check's figures reach it even while the check still runs, so a killed run keeps what it saw.
 - **The script is known to work.** ``--dry-run`` runs every check on CPU with the ``tiny`` preset; a check that only
@@ -22,10 +22,11 @@ the ``--gpus N+1`` refusal; which attention kernel a bf16 training step runs (to
 an fp16 + GradScaler step; what dtype the LSTM computes in under bf16; KV-cache parity of generation and scoring; host
 syncs per update; then on real text (docstrings of this Python's standard library, prepared by ``gpt1 prepare``, as
 the quickstart does): ``gpt1 pretrain --gpus 1`` against an in-process step, checkpoint → resume, finetune →
-eval → zeroshot; then ``torch.compile`` of the loss; then tokens/s, MFU and peak memory of the ``gpt1`` preset at
-8×512 (the 8-GPU share of the paper's batch), 32×512 and 64×512 (the paper's batch on one GPU), eager and
-compiled. What one GPU cannot show is listed in
-the JSON under ``not_testable_here``. How to read the JSON: docs/distributed.md, "The one-shot GPU check".
+eval → zeroshot; then ``torch.compile`` of the loss; the output product against the padded embedding against the
+plain one; where a compiled 64×512 update spends its GPU time, by kind of kernel; then tokens/s, MFU and peak
+memory of the ``gpt1`` preset at 8×512 (the 8-GPU share of the paper's batch; also with CUDA graphs), 64×512 (the
+paper's batch on one GPU) and 32×512, eager and compiled. What one GPU cannot show is listed in the JSON under
+``not_testable_here``. How to read the JSON: docs/distributed.md, "The one-shot GPU check".
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # this checkout's gptcli, not whichever one is installed
     sys.path.insert(0, str(ROOT))
 
-DEFAULT_DEADLINE_S = 480
+DEFAULT_DEADLINE_S = 560
 PAPER_VOCAB = 40478
 STATUSES = ("ok", "fail", "skipped", "timeout")
 FRESH_ENV = "GPT1_GPU_CHECK_FRESH"
@@ -356,8 +357,10 @@ def cuda_kernels(prof, top: int = 12) -> list[dict[str, Any]]:
     """The device kernels that took the most time, name shortened, with milliseconds and calls."""
     from torch.autograd import DeviceType
 
+    # A record_function range (the optimizer's "Optimizer.step#AdamW.step") is listed on the device too, over the
+    # kernels it holds: a user annotation, not a kernel, so not counted twice.
     rows = [(device_time_us(e), e.key, int(e.count)) for e in prof.key_averages()
-            if getattr(e, "device_type", None) == DeviceType.CUDA]
+            if getattr(e, "device_type", None) == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
     rows.sort(reverse=True)
     return [{"kernel": k[:160], "ms": round(us / 1000, 3), "calls": c} for us, k, c in rows[:top]]
 
@@ -743,13 +746,20 @@ def _update_seconds(ctx: Ctx, tr, batch, packing, jagged: bool, timed: int = 8) 
 @contextlib.contextmanager
 def _jagged(packing, device_type: str | None):
     """``packing.JAGGED_DEVICES`` naming ``device_type`` (None: as it is) inside the block."""
-    saved = packing.JAGGED_DEVICES
+    with _naming(packing, "JAGGED_DEVICES", device_type):
+        yield
+
+
+@contextlib.contextmanager
+def _naming(module, attr: str, device_type: str | None):
+    """``module.<attr>``, a tuple of device types, also naming ``device_type`` (None: as it is) inside the block."""
+    saved = getattr(module, attr)
     if device_type is not None:
-        packing.JAGGED_DEVICES = (*saved, device_type)
+        setattr(module, attr, (*saved, device_type))
     try:
         yield
     finally:
-        packing.JAGGED_DEVICES = saved
+        setattr(module, attr, saved)
 
 
 def _nested_causal(ctx: Ctx) -> str:
@@ -1146,8 +1156,73 @@ def check_compile_loss(ctx: Ctx) -> str:
            f"first update {rows[0]['compiled_step_s']} s"
 
 
-def throughput(ctx: Ctx, size: int, compiled: bool) -> str:
-    """tokens/s, MFU and peak memory of the run's preset (dropout as in training) at one of the two sizes."""
+@check("padded_head", 240, "a bf16 update of the gpt1 preset with its output product against the embedding padded "
+       "to aligned rows (tied.PADDED_HEAD_DEVICES) against the plain product: same loss, seconds per update "
+       "eager at 8×512 and 64×512, compiled at 64×512")
+def check_padded_head(ctx: Ctx) -> str:
+    import torch
+
+    from gptcli.model import tied
+    from gptcli.runtime import autocast
+    from gptcli.train.pretrain import lm_loss
+
+    model = build(ctx, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)  # no dropout: both give one loss
+    losses = {}
+    first = batches(ctx, 1, *ctx.sizes.throughput[0])[0]
+    for name in ("plain", "padded"):  # the same weights: the losses before any update
+        with _naming(tied, "PADDED_HEAD_DEVICES", ctx.device.type if name == "padded" else None), torch.no_grad(), \
+                autocast(ctx.device, ctx.precision):  # type: ignore[arg-type]
+            losses[name] = float(lm_loss(model, first))
+    ctx.record(loss_plain=losses["plain"], loss_padded=losses["padded"])
+    if rel(losses["padded"], losses["plain"]) > 1e-3:
+        raise Failed(f"padded head's loss {losses['padded']} differs from the plain {losses['plain']}")
+    last = len(ctx.sizes.throughput) - 1
+    notes = []
+    for size, compiled in ((0, False), (last, False), (last, True)):
+        b, t = ctx.sizes.throughput[size]
+        label = f"{b}x{t}_{'compile' if compiled else 'eager'}"
+        data = batches(ctx, 2, b, t)
+        times = {}
+        for name in ("plain", "padded"):
+            with _naming(tied, "PADDED_HEAD_DEVICES", ctx.device.type if name == "padded" else None):
+                tr = trainer(ctx, model, loss_fn=compiled_loss(ctx) if compiled else lm_loss)
+                times[name] = _timed_updates(ctx, tr, data, timed=10)
+        gain = times["plain"] / times["padded"]
+        ctx.record(**{f"update_s_plain_{label}": round(times["plain"], 5),
+                      f"update_s_padded_{label}": round(times["padded"], 5),
+                      f"padded_vs_plain_{label}": round(gain, 3)})
+        notes.append(f"{label} {gain:.2f}×")
+    ctx.need_cuda("the products' alignment is what this measures, on the GPU (the CPU's padding is kernels/tied.py's)")
+    return f"padded head against plain, per update: {', '.join(notes)} (> 1: name \"cuda\" in tied.PADDED_HEAD_DEVICES)"
+
+
+def _timed_updates(ctx: Ctx, tr, data: list, timed: int, warm: int = 3) -> float:
+    """Seconds per update over ``timed`` updates after ``warm`` ones (compilation and autotuning among them)."""
+    for i in range(warm):
+        tr.step(i, [data[i % len(data)]])
+    sync(ctx)
+    t0 = time.perf_counter()
+    for i in range(timed):
+        tr.step(warm + i, [data[i % len(data)]])
+    sync(ctx)
+    return (time.perf_counter() - t0) / timed
+
+
+def compiled_loss(ctx: Ctx, mode: str | None = None) -> Callable:
+    """``lm_loss`` compiled as ``--compile`` does (inductor on the GPU), in ``mode`` where given (on the GPU only:
+    torch.compile takes a mode with inductor alone)."""
+    import torch
+
+    from gptcli.train.pretrain import lm_loss
+
+    if mode and ctx.cuda:
+        return torch.compile(lm_loss, mode=mode)
+    return torch.compile(lm_loss, backend=ctx.sizes.throughput_backend)
+
+
+def throughput(ctx: Ctx, size: int, compiled: bool, mode: str | None = None) -> str:
+    """tokens/s, MFU and peak memory of the run's preset (dropout as in training) at one of the sizes; compiled in
+    torch.compile's ``mode`` where given."""
     import torch
 
     from gptcli.runtime import gpu_peak_flops
@@ -1160,11 +1235,11 @@ def throughput(ctx: Ctx, size: int, compiled: bool) -> str:
     # On CPU gptcli's own dropout breaks the compiled graph at every use (compile_loss says so), which would make
     # the dry run's trace minutes long: the dry run measures nothing, so it runs without dropout.
     model = build(ctx, **({} if ctx.cuda else {"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}))
-    loss_fn = torch.compile(lm_loss, backend=s.throughput_backend) if compiled else lm_loss
+    loss_fn = compiled_loss(ctx, mode) if compiled else lm_loss
     tr = trainer(ctx, model, loss_fn=loss_fn)
     data = batches(ctx, 4, b, t)
     ctx.record(batch=b, seq=t, precision=ctx.precision, compiled=compiled,
-               backend=s.throughput_backend if compiled else None,
+               backend=s.throughput_backend if compiled else None, mode=mode if compiled and ctx.cuda else None,
                scope="one process, no DDP: a data-parallel run adds DDP's gradient buckets (about one more fp32 copy "
                      "of the gradients, 0.47 GB for gpt1) and the all-reduce")
     t0 = time.perf_counter()
@@ -1190,12 +1265,67 @@ def throughput(ctx: Ctx, size: int, compiled: bool) -> str:
     return f"{tps:,.0f} tokens/s, MFU {'n/a' if mfu is None else f'{100 * mfu:.1f}%'}, peak {mem:.1f} GiB"
 
 
-for _size, _label in enumerate(("8x512", "32x512", "64x512")):
+KERNEL_GROUPS = [  # first match wins: cuDNN's attention kernels are wgmma kernels too
+    ("attention", r"sdpa|flash|fmha|attention|attn"),
+    ("optimizer", r"adam|multi_tensor_apply"),
+    ("loss", r"log_?softmax|nll_loss|cross_entropy"),
+    ("matmul", r"gemm|cutlass|xmma|nvjet|wgmma|cublas|matmul"),
+    ("copy", r"memcpy|memset|copy_kernel|CatArrayBatched"),
+    ("fused elementwise and norms (triton)", r"^triton_"),
+]
+
+
+def kernel_groups(kernels: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """GPU milliseconds and calls per kind of kernel (KERNEL_GROUPS, by name; "other" for the rest)."""
+    out: dict[str, dict[str, float]] = {}
+    for k in kernels:
+        group = next((g for g, rx in KERNEL_GROUPS if re.search(rx, k["kernel"], re.IGNORECASE)), "other")
+        row = out.setdefault(group, {"ms": 0.0, "calls": 0})
+        row["ms"] = round(row["ms"] + k["ms"], 3)
+        row["calls"] += k["calls"]
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["ms"]))
+
+
+@check("step_profile", 240, "where a compiled gpt1 bf16 update at 64×512 spends its GPU time: kernels by kind "
+       "(matmul, attention, loss, optimizer, fused elementwise, copies) against the update's wall time")
+def check_step_profile(ctx: Ctx) -> str:
+    model = build(ctx, **({} if ctx.cuda else {"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}))
+    tr = trainer(ctx, model, loss_fn=compiled_loss(ctx))
+    b, t = ctx.sizes.throughput[-1]
+    data = batches(ctx, 2, b, t)
+    for i in range(ctx.sizes.warm_steps):  # compilation and autotuning stay out of the trace
+        tr.step(i, [data[i % 2]])
+    sync(ctx)
+    t0 = time.perf_counter()
+    for i in range(3):
+        tr.step(ctx.sizes.warm_steps + i, [data[i % 2]])
+    sync(ctx)
+    step_ms = 1000 * (time.perf_counter() - t0) / 3
+    prof = profile_step(ctx, lambda: tr.step(ctx.sizes.warm_steps + 3, [data[0]]))
+    kernels = cuda_kernels(prof, top=10_000)
+    kernel_ms = sum(k["ms"] for k in kernels)
+    groups = kernel_groups(kernels)
+    ctx.record(batch=b, seq=t, step_ms=round(step_ms, 2), kernel_ms=round(kernel_ms, 2),
+               gpu_busy=round(kernel_ms / step_ms, 3) if step_ms else None, groups=groups, top_kernels=kernels[:30])
+    ctx.need_cuda("the GPU's kernels are what this check reads (the compiled CPU step ran)")
+    shares = ", ".join(f"{g} {100 * v['ms'] / kernel_ms:.0f}%" for g, v in list(groups.items())[:4])
+    return f"{kernel_ms:.1f} ms of kernels in a {step_ms:.1f} ms update; {shares}"
+
+
+# The sizes in the order a cut run should lose them: 8 × 512 (an 8-GPU run's share) and 64 × 512 (the paper's batch)
+# first, 32 × 512 last. At 8 × 512, CUDA graphs too.
+for _size, _label in ((0, "8x512"), (2, "64x512"), (1, "32x512")):
     for _compiled in (False, True):
         check(f"throughput_{_label}_{'compile' if _compiled else 'eager'}", 240 if _compiled else 90,
               f"gpt1 preset bf16 at {_label.replace('x', '×')} per GPU, {'--compile' if _compiled else 'eager'}: "
               "tokens/s, MFU, torch.cuda.max_memory_allocated")(
             lambda ctx, _s=_size, _c=_compiled: throughput(ctx, _s, _c))
+    if _label == "8x512":
+        # An eager update there is 18 ms for 4,096 tokens on an H200 (17 % MFU, the first run): launch-bound. CUDA
+        # graphs (mode="reduce-overhead") replay a step's kernels without launching each.
+        check("throughput_8x512_cudagraphs", 240, "gpt1 preset bf16 at 8×512 per GPU, torch.compile "
+              "mode=\"reduce-overhead\" (CUDA graphs): tokens/s, MFU, torch.cuda.max_memory_allocated")(
+            lambda ctx: throughput(ctx, 0, True, mode="reduce-overhead"))
 
 
 # --- running checks in their own processes -------------------------------------------------------------------------

@@ -276,6 +276,11 @@ class RichProgress(Progress):
                 self._bars = None
         if summary:
             self.console.print(f"[green]✓[/] {escape(summary)} [dim]({seconds:.1f} s)[/]", highlight=False)
+        elif top["task"] is None and top["total"] is not None:
+            # In a log a sized stage ends on a line of its own: without it the stage's last words were its start's
+            # "0 of 64 examples" (the first GPU run's eval and zeroshot logs read so).
+            self._plain(f"{top['name']}: {_of(top['completed'], top['total'], top['unit'], ' of ')} "
+                        f"({seconds:.1f} s)")
 
     # -- helpers
     def _ensure_bars(self) -> Bars:

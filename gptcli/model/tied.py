@@ -17,6 +17,19 @@ from gptcli.model import kernels
 from gptcli.model.losses import next_token_nll
 
 
+PADDED_HEAD_DEVICES: tuple[str, ...] = ()
+"""Device types whose training losses (outside the CPU kernels, which decide for themselves) take the output product
+against the embedding padded to aligned rows (:meth:`TiedEmbeddingLM._padded_training_logits`): the same loss and,
+within rounding, the same gradients; the padding's columns get none.
+
+Empty until a GPU measures it. Why it may pay on CUDA: in the first H200 run (torch 2.11, an eager bf16 update at
+8 × 512) cuBLAS ran GPT-1's 40,478-wide products, the forward one and both gradients', as CUTLASS sm80 kernels with
+2-element alignment (a row of 40,478 bf16 values is not 16-byte aligned), about 1.04 ms each: ≈ 245 TFLOP/s, a
+quarter of the chip's bf16 peak, where every other product ran Hopper's own kernels. 40,512 rows are aligned.
+``benchmarks/gpu_check.py``'s ``padded_head`` times an update with and without it; where it wins, naming
+``"cuda"`` here is the one-line change (docs/performance.md, "NVIDIA H200")."""
+
+
 class TiedEmbeddingLM(nn.Module):
     """The output side of a language model whose softmax weights are its token embedding (paper §3.1: ``W_e``)."""
 
@@ -65,6 +78,9 @@ class TiedEmbeddingLM(nn.Module):
             padded = training_logits(h, w, self._tied_link)
             if padded is not None:
                 return next_token_nll(padded, targets, classes=w.size(0), consume=True)
+        padded = self._padded_training_logits(h)
+        if padded is not None:
+            return next_token_nll(padded, targets, classes=w.size(0), consume=True)
         return next_token_nll(self.lm_logits(h), targets, consume=True)
 
     def lm_token_nll(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -85,7 +101,26 @@ class TiedEmbeddingLM(nn.Module):
             padded = training_logits(h, w, self._tied_link)
             if padded is not None:
                 return next_token_nll(padded, targets, reduction="none", classes=w.size(0), consume=True)
+        padded = self._padded_training_logits(h)
+        if padded is not None:
+            return next_token_nll(padded, targets, reduction="none", classes=w.size(0), consume=True)
         return next_token_nll(self.lm_logits(h), targets, reduction="none", consume=True)
+
+    def _padded_training_logits(self, h: torch.Tensor) -> torch.Tensor | None:
+        """On a device named in :data:`PADDED_HEAD_DEVICES` with the CPU kernels off, the logits of ``h`` against
+        the embedding with zero rows appended to a multiple of ``kernels/tied.py``'s ``PAD_ROWS_TO``, padding
+        columns included (the loss takes ``classes``); ``None`` elsewhere. Under autocast the weight is cast first
+        and the cast padded (one copy of the narrow dtype, as the CPU's padded product does)."""
+        w = self.tok_emb.weight
+        device = w.device.type
+        if device not in PADDED_HEAD_DEVICES or kernels.enabled(w.device):
+            return None
+        from gptcli.model.kernels.tied import PAD_ROWS_TO, pad_rows
+
+        if w.size(0) % PAD_ROWS_TO == 0:
+            return None
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else w.dtype
+        return F.linear(h, pad_rows(w.to(dtype)))
 
     def lm_loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of ``targets`` (already shifted; -100 = ignored) given ``idx``."""

@@ -197,12 +197,9 @@ def _run_id(spec: LaunchSpec) -> str:
 
 
 def elastic_config(spec: LaunchSpec) -> ElasticConfig:
-    """torch.distributed.elastic's configuration of the job: one attempt (no restarts), spawned workers.
-
-    ``spec.shutdown_timeout_s`` is passed where this PyTorch's ``LaunchConfig`` has ``shutdown_timeout``; older
-    ones (2.11 has none) give workers a fixed 30 s, and a launch must not fail for want of the field, as the first
-    GPU run's ``gpt1 pretrain --gpus 1`` did under torch 2.11 (2026-12-04).
-    """
+    """torch.distributed.elastic's configuration of the job: one attempt (no restarts), spawned workers, and
+    ``spec.shutdown_timeout_s`` where this PyTorch's ``LaunchConfig`` has the field (torch 2.11's has not, and gives
+    workers a fixed 30 s: the first GPU run's ``--gpus 1`` failed there for passing it, 2026-12-04)."""
     from torch.distributed.launcher.api import LaunchConfig as ElasticConfig
 
     backend, endpoint, configs, run_id = rendezvous(spec)

@@ -26,7 +26,8 @@ SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 # Checks whose figures mean nothing without CUDA: the dry run runs their code, then must report them skipped.
 CUDA_ONLY = {"gpus_refusal", "attention_kernel", "precision_steps", "host_syncs", "resume", "compile_loss",
              "throughput_8x512_eager", "throughput_8x512_compile", "throughput_32x512_eager",
-             "throughput_32x512_compile", "throughput_64x512_eager", "throughput_64x512_compile"}
+             "throughput_32x512_compile", "throughput_64x512_eager", "throughput_64x512_compile",
+             "throughput_8x512_cudagraphs", "step_profile"}
 
 
 def load_script():
@@ -209,3 +210,16 @@ def test_env_on_a_cuda_device_finds_the_peak_row(tmp_path, monkeypatch):
     figures = res["figures"]
     assert figures["cuda_available"] is True and figures["peak_table_key"] == "NVIDIA H200"
     assert figures["peak_flops"] == GPU_PEAK_FLOPS["NVIDIA H200"] and figures["capability"] == "9.0"
+
+
+def test_kernel_groups_sort_the_h200_runs_kernels():
+    """step_profile's grouping on the kernel names the first H200 run recorded (an eager bf16 update at 8×512)."""
+    gc = load_script()
+    record = json.loads((REPO / "docs/performance/h200_2026-12-04_gpu_check.json").read_text(encoding="utf-8"))
+    kernels = next(c for c in record["checks"] if c["name"] == "attention_kernel")["figures"]["top_kernels"]
+    kernels = [k for k in kernels if "#" not in k["kernel"]]  # that run still listed the optimizer's annotation
+    groups = gc.kernel_groups(kernels)
+    assert groups["matmul"]["calls"] == 3 + 36  # the three CUTLASS sm80 products and Hopper's nvjet ones
+    assert groups["attention"]["calls"] == 12 and groups["optimizer"]["calls"] == 9 and groups["loss"]["calls"] == 2
+    assert sum(g["ms"] for g in groups.values()) == pytest.approx(sum(k["ms"] for k in kernels), abs=1e-6)
+    assert list(groups) == sorted(groups, key=lambda g: -groups[g]["ms"])

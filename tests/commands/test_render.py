@@ -30,6 +30,8 @@ def test_plain_output_is_one_line_per_event_for_logs() -> None:
     assert lines[0].startswith("quickstart ─")
     assert "encode: 0.0 MB of 2.0 MB" in lines
     assert "encode 1.0 MB/2.0 MB  docs 3  tokens 1,200" in lines
+    # A stage ended without a summary still ends on its own line, with how far it got (not the start's "0 of").
+    assert any(line.startswith("encode: 1.0 MB of 2.0 MB (") for line in lines)
     assert "pretrain: 40 of 100 updates" in lines
     assert "pretrain 50/100 updates  loss 3.2500  lr 2.500e-04" in lines
     assert "warning: odd file skipped" in lines

@@ -178,3 +178,41 @@ def test_fine_tunings_auxiliary_loss_takes_the_amx_padded_product_under_bf16(mon
         for name, g in grads.items():
             assert g.dtype == torch.float32 and g.is_contiguous(), name
             torch.testing.assert_close(g, ref_grads[name], atol=1e-3, rtol=2e-2, msg=name)
+
+
+def test_a_device_named_in_padded_head_devices_trains_on_the_padded_product(monkeypatch):
+    """``PADDED_HEAD_DEVICES`` (for CUDA, where the CPU kernels are off): ``lm_nll`` and ``lm_token_nll`` take the
+    product against the padded embedding, in fp32 and under bf16 autocast, with the plain losses and gradients;
+    the padded logits reach the loss with ``classes``. Run here on CPU with the kernels off, as CUDA runs."""
+    from gptcli.model import tied
+    from gptcli.model.gpt import GPT, ModelConfig
+    from gptcli.model.kernels import set_kernels
+
+    set_kernels("reference")
+    try:
+        torch.manual_seed(0)
+        model = GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32)).eval()
+        ids = torch.randint(0, 101, (4, 16))
+        seen = []
+        real = tied.next_token_nll
+
+        def spy(logits, *args, **kwargs):
+            seen.append((logits.size(-1), kwargs.get("classes")))
+            return real(logits, *args, **kwargs)
+
+        monkeypatch.setattr(tied, "next_token_nll", spy)
+        for autocast in (False, True):
+            for loss_of in (lambda h, t: model.lm_nll(h, t), lambda h, t: model.lm_token_nll(h, t).sum()):
+                results = []
+                for devices in ((), ("cpu",)):  # plain, then padded
+                    monkeypatch.setattr(tied, "PADDED_HEAD_DEVICES", devices)
+                    model.zero_grad()
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                        loss = loss_of(model(ids[:, :-1]), ids[:, 1:])
+                    loss.backward()
+                    results.append((loss.detach(), model.tok_emb.weight.grad.clone()))
+                torch.testing.assert_close(results[1][0], results[0][0])
+                torch.testing.assert_close(results[1][1], results[0][1])
+    finally:
+        set_kernels("auto")
+    assert seen == [(101, None), (128, 101)] * 4  # the padded product really ran: 101 rows padded to 128
