@@ -708,7 +708,7 @@ def check_packed_finetune(ctx: Ctx) -> str:
         variants.append(("packed_jagged", packed, True))
     losses = {}
     for name, b, jagged in variants:  # the same weights: compare before any update
-        with _jagged(packing, ctx.device.type if jagged else None), torch.no_grad():
+        with _naming(packing, "JAGGED_DEVICES", ctx.device.type if jagged else None), torch.no_grad():
             losses[name] = float(TaskLoss(0.5)(model, b))
         ctx.record(**{f"loss_{name}": losses[name]})
         if rel(losses[name], losses["padded"]) > 1e-4:
@@ -719,7 +719,10 @@ def check_packed_finetune(ctx: Ctx) -> str:
     for precision in ("fp32", "bf16") if ctx.cuda else ("fp32",):
         tr = trainer(ctx, model, precision=precision, loss_fn=TaskLoss(0.5))
         end = "" if precision == "fp32" else f"_{precision}"
-        times = {name: _update_seconds(ctx, tr, b, packing, jagged) for name, b, jagged in variants}
+        times = {}
+        for name, b, jagged in variants:
+            with _naming(packing, "JAGGED_DEVICES", ctx.device.type if jagged else None):
+                times[name] = _timed_updates(ctx, tr, [b], timed=8, warm=2)
         ctx.record(**{f"update_s_{name}{end}": round(t, 4) for name, t in times.items()},
                    **{f"speedup{end}": round(times["padded"] / times["packed"], 2)})
         note = f"{precision}: packed {times['padded'] / times['packed']:.2f}× padded"
@@ -728,26 +731,6 @@ def check_packed_finetune(ctx: Ctx) -> str:
             note += f", jagged attention {times['packed'] / times['packed_jagged']:.2f}× the grid's"
         notes.append(note)
     return f"{'; '.join(notes)} per update (losses equal), real tokens {packed.packing.tokens / padded.ids.numel():.0%}"
-
-
-def _update_seconds(ctx: Ctx, tr, batch, packing, jagged: bool, timed: int = 8) -> float:
-    """Seconds per fine-tuning update on ``batch`` (after two warm-up updates), the loss read back only at the end."""
-    with _jagged(packing, ctx.device.type if jagged else None):
-        for i in range(2):
-            tr.step(i, [batch]).read()
-        sync(ctx)
-        t0 = time.perf_counter()
-        for i in range(timed - 1):
-            tr.step(i + 2, [batch])
-        tr.step(timed + 1, [batch]).read()
-        return (time.perf_counter() - t0) / timed
-
-
-@contextlib.contextmanager
-def _jagged(packing, device_type: str | None):
-    """``packing.JAGGED_DEVICES`` naming ``device_type`` (None: as it is) inside the block."""
-    with _naming(packing, "JAGGED_DEVICES", device_type):
-        yield
 
 
 @contextlib.contextmanager
@@ -891,7 +874,7 @@ def check_corpus(ctx: Ctx) -> str:
             f.write(json.dumps({"module": module, "text": body}) + "\n")
     _, splits = task_splits(train_docs, held_docs, QuickstartConfig())
     shuffled.write_task_files(splits, ctx.work / "task")
-    ctx.record(text=str(root), modules=len(docs), characters=sum(len(t) for _, t in train_docs),
+    ctx.record(text=f"standard library: {root.name}", modules=len(docs), characters=sum(len(t) for _, t in train_docs),
                task_examples={k: len(v) for k, v in splits.items()})
     ctx.cli("prepare", str(text), "--out", str(ctx.work / "corpus"), "--vocab-size", str(ctx.sizes.corpus_vocab),
             "--val-fraction", "0.05", "--workers", "1" if ctx.dry else "0", timeout=220)
@@ -1404,6 +1387,12 @@ class Interrupted(Exception):
     """SIGTERM or SIGINT reached the runner: record the check that was running, stop its tree, stop."""
 
 
+def portable(line: str) -> str:
+    """An error line with this checkout's paths relative to it and installed packages' from ``site-packages/``: the
+    record is kept in the repository (docs/performance/), where one machine's folders mean nothing."""
+    return re.sub(r"/[^\s\"']*/site-packages/", "site-packages/", line.replace(f"{ROOT}{os.sep}", ""))
+
+
 class Runner:
     """Starts each check in its own process, enforces the timeouts, and keeps the JSON record current."""
 
@@ -1424,7 +1413,8 @@ class Runner:
         self.record: dict[str, Any] = {
             "tool": "benchmarks/gpu_check.py", "format": 1, "mode": "dry-run" if args.dry_run else "gpu",
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "deadline_s": args.deadline,
-            "sizes": asdict(DRY if args.dry_run else REAL), "logs": str(self.logs), "env": None, "checks": [],
+            "sizes": asdict(DRY if args.dry_run else REAL), "logs": os.path.relpath(self.logs, out.parent),
+            "env": None, "checks": [],
             "not_testable_here": NOT_TESTABLE, "summary": {}, "finished": False, "total_s": 0.0,
         }
         self.save()
@@ -1451,6 +1441,8 @@ class Runner:
             except Exception:  # noqa: BLE001 - e.g. the process could not start: still a record, and on to the next
                 res = self.stopped(chk, "the runner could not run this check:", traceback.format_exc())
         res.setdefault("seconds", round(time.monotonic() - t0, 2))
+        if res.get("error"):
+            res["error"] = [portable(line) for line in res["error"]]
         entry = {"name": chk.name, "what": chk.what, **res}
         self.record["checks"].append(entry)
         if chk.name == "env":

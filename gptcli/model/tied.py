@@ -71,16 +71,9 @@ class TiedEmbeddingLM(nn.Module):
 
         With the kernels on (CPU), a large batch's loss takes the padded product's logits whole, padding included
         (``kernels/tied.py``): no slice to scatter back, and an aligned weight-gradient product."""
-        w = self.tok_emb.weight
-        if kernels.enabled(w.device):
-            from gptcli.model.kernels.tied import training_logits
-
-            padded = training_logits(h, w, self._tied_link)
-            if padded is not None:
-                return next_token_nll(padded, targets, classes=w.size(0), consume=True)
         padded = self._padded_training_logits(h)
         if padded is not None:
-            return next_token_nll(padded, targets, classes=w.size(0), consume=True)
+            return next_token_nll(padded, targets, classes=self.tok_emb.weight.size(0), consume=True)
         return next_token_nll(self.lm_logits(h), targets, consume=True)
 
     def lm_token_nll(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -94,33 +87,27 @@ class TiedEmbeddingLM(nn.Module):
         gradient's product, the slow one unpadded, 1.5× faster at fine-tuning's thousand positions on an AMD Zen 5),
         on AMX :class:`_AmxPaddedProduct` from ``PAD_MIN_POSITIONS`` (1.0-1.3× the plain one's speed for the head and
         loss at 1,100-2,000 positions; docs/performance.md)."""
+        padded = self._padded_training_logits(h)
+        if padded is not None:
+            classes = self.tok_emb.weight.size(0)
+            return next_token_nll(padded, targets, reduction="none", classes=classes, consume=True)
+        return next_token_nll(self.lm_logits(h), targets, reduction="none", consume=True)
+
+    def _padded_training_logits(self, h: torch.Tensor) -> torch.Tensor | None:
+        """The training losses' logits of ``h`` against the embedding padded to aligned rows, the padding's columns
+        included (the loss takes ``classes``), where a padded product applies; ``None`` elsewhere (the plain one).
+        With the kernels on (CPU), where ``kernels/tied.py`` finds the padded product the faster one; elsewhere on a
+        device named in :data:`PADDED_HEAD_DEVICES` (``kernels/tied.py``'s ``padded_product``)."""
         w = self.tok_emb.weight
         if kernels.enabled(w.device):
             from gptcli.model.kernels.tied import training_logits
 
-            padded = training_logits(h, w, self._tied_link)
-            if padded is not None:
-                return next_token_nll(padded, targets, reduction="none", classes=w.size(0), consume=True)
-        padded = self._padded_training_logits(h)
-        if padded is not None:
-            return next_token_nll(padded, targets, reduction="none", classes=w.size(0), consume=True)
-        return next_token_nll(self.lm_logits(h), targets, reduction="none", consume=True)
+            return training_logits(h, w, self._tied_link)
+        if w.device.type in PADDED_HEAD_DEVICES:
+            from gptcli.model.kernels.tied import PAD_ROWS_TO, padded_product
 
-    def _padded_training_logits(self, h: torch.Tensor) -> torch.Tensor | None:
-        """On a device named in :data:`PADDED_HEAD_DEVICES` with the CPU kernels off, the logits of ``h`` against
-        the embedding with zero rows appended to a multiple of ``kernels/tied.py``'s ``PAD_ROWS_TO``, padding
-        columns included (the loss takes ``classes``); ``None`` elsewhere. Under autocast the weight is cast first
-        and the cast padded (one copy of the narrow dtype, as the CPU's padded product does)."""
-        w = self.tok_emb.weight
-        device = w.device.type
-        if device not in PADDED_HEAD_DEVICES or kernels.enabled(w.device):
-            return None
-        from gptcli.model.kernels.tied import PAD_ROWS_TO, pad_rows
-
-        if w.size(0) % PAD_ROWS_TO == 0:
-            return None
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else w.dtype
-        return F.linear(h, pad_rows(w.to(dtype)))
+            return padded_product(h, w) if w.size(0) % PAD_ROWS_TO else None
+        return None
 
     def lm_loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of ``targets`` (already shifted; -100 = ignored) given ``idx``."""

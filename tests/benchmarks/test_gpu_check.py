@@ -120,6 +120,20 @@ def runner(tmp_path, monkeypatch):
     return gc, r, checks
 
 
+def test_the_record_holds_no_path_of_this_machine(runner, tmp_path):
+    """The record goes into docs/performance/: the logs folder is named relative to it, and a traceback's files
+    relative to the checkout (gptcli/…) or to their site-packages (the first GPU run's had /work/main/… and
+    /opt/torch/.venv/…)."""
+    gc, r, checks = runner
+    r.run(checks[0])  # raises: its traceback passes through this checkout's benchmarks/gpu_check.py
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert record["logs"] == "record-logs"
+    error = "\n".join(record["checks"][-1]["error"])
+    assert 'File "benchmarks/gpu_check.py"' in error and str(gc.ROOT) not in error
+    assert gc.portable('  File "/opt/x/lib/python3.12/site-packages/typer/main.py", line 9') == \
+        '  File "site-packages/typer/main.py", line 9'
+
+
 def test_every_failure_is_recorded_and_the_next_check_runs(runner, tmp_path):
     gc, r, checks = runner
     seen = []

@@ -93,15 +93,22 @@ def training_logits(h: torch.Tensor, w: torch.Tensor, link: Link | None = None) 
     (the AMX product takes it too)."""
     if not padding_is_faster(h, w, training=True):
         return None
-    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else w.dtype
-    if dtype == torch.bfloat16 and kernels.amx():
+    if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16 and kernels.amx():
         with torch.autocast("cpu", enabled=False):
-            return _AmxPaddedProduct.apply(h.to(dtype), w, link if _links(h, w, link) else None)
+            return _AmxPaddedProduct.apply(h.to(torch.bfloat16), w, link if _links(h, w, link) else None)
     linked = _linked_dtype(h, w, link)
     if linked is not None:
         with torch.autocast("cpu", enabled=False):
             return _LinkedProduct.apply(h.to(linked), w, link, True)
-    # Cast before padding: the pad then copies the bf16 embedding, not the fp32 one.
+    return padded_product(h, w)
+
+
+def padded_product(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``F.linear(h, pad_rows(w))`` in plain PyTorch, under autocast with the weight cast to autocast's dtype before
+    it is padded (the pad then copies the narrow embedding, not the fp32 one). The padded product of
+    :func:`training_logits`, and of ``gptcli.model.tied.PADDED_HEAD_DEVICES`` on other devices."""
+    device = w.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else w.dtype
     return F.linear(h, pad_rows(w.to(dtype)))
 
 
