@@ -31,6 +31,7 @@ from rich.markup import escape
 
 from gptcli import __version__
 from gptcli.errors import GPT1Error
+from gptcli.torch_floor import check_torch
 
 # (subcommand, module in gptcli.commands, one-line summary for `gpt1 --help`), in the order of the paper's pipeline.
 # A module is imported only when its subcommand runs or shows its own --help: torch and spaCy load in seconds,
@@ -159,6 +160,9 @@ def _root(
     ),
 ) -> None:
     _state["debug"] = debug or _state["debug"]
+    # Before any subcommand (`gpt1 --help` and `--version` are eager and still answer): an older torch than gpt1's
+    # floor would fail minutes into a run.
+    check_torch()
 
 
 

@@ -78,10 +78,12 @@ class _RowBlockNLL(torch.autograd.Function):
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, classes: int, ignore: int,
                 consume: bool) -> torch.Tensor:
         valid = targets != ignore
+        # int64 indices: torch 2.6's gather and scatter_add_ refuse int32 ones (tests/model/test_losses.py)
+        targets = targets.long()
         safe = targets.masked_fill(~valid, 0).unsqueeze(1)
         ctx.classes, ctx.lib, ctx.consume = classes, _compiled(logits), consume
         if ctx.lib is not None:
-            nll, lse = ctx.lib.nll_forward(logits, targets.long(), classes, ignore)
+            nll, lse = ctx.lib.nll_forward(logits, targets, classes, ignore)
             ctx.save_for_backward(logits, safe, valid, lse)
             return nll
         nll = torch.empty(logits.size(0), device=logits.device)
@@ -103,7 +105,7 @@ class _RowBlockNLL(torch.autograd.Function):
         weight = (grad.float() * valid).unsqueeze(1)
         out = _gradient_buffer(logits, ctx.consume)
         if ctx.lib is not None:
-            out = ctx.lib.nll_backward(logits, safe.squeeze(1).long(), lse, weight.squeeze(1), classes, out)
+            out = ctx.lib.nll_backward(logits, safe.squeeze(1), lse, weight.squeeze(1), classes, out)
             return out, None, None, None, None
         out[:, classes:] = 0.0
         rows = _block_rows(classes)
