@@ -86,6 +86,9 @@ def main() -> None:
                          "exceed 24 GB")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
     ap.add_argument("--profile", action="store_true", help="also print a torch.profiler table of one update each")
+    ap.add_argument("--profile-rows", type=int, default=12, help="(--profile) operations listed per table")
+    ap.add_argument("--profile-shapes", action="store_true",
+                    help="(--profile) also list the matrix products by their operands' shapes (the slow shapes)")
     ap.add_argument("--default-malloc", action="store_true", help="do not set GLIBC_TUNABLES")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args()
@@ -248,7 +251,7 @@ def bench_shape(shape: str, batching: str, args: argparse.Namespace) -> list[dic
         if "ours-shared" in chosen:
             results[-1]["shared_row_token_fraction"] = rows
     if args.profile:
-        profile(trainers, {k: v[0] for k, v in inputs.items() if v is not None})
+        profile(trainers, {k: v[0] for k, v in inputs.items() if v is not None}, args.profile_rows, args.profile_shapes)
     return results
 
 
@@ -293,14 +296,35 @@ def pad_fractions(padded: list, packed: list) -> tuple[float, float, int, float]
     return 1 - real / positions, 1 - real / cells, seqs, positions / seqs
 
 
-def profile(trainers: dict, first: dict) -> None:
+PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def profile(trainers: dict, first: dict, rows: int = 12, shapes: bool = False) -> None:
+    """A torch.profiler table of one update of each variant (``rows`` operations by self time); with ``shapes``, its
+    matrix products by operand shapes too, each with its GFLOP/s — where a product of an odd shape runs slow."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     for key, tr in trainers.items():
-        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=shapes) as prof:
             tr.step(1, first[key[0]])
         print(f"\n--- profile: {key[0]} {key[1]} ---")
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
+        if shapes:
+            by_shape = [e for e in prof.key_averages(group_by_input_shape=True) if e.key in PRODUCTS]
+            for e in sorted(by_shape, key=lambda e: -e.self_cpu_time_total)[:rows]:
+                ms = e.self_cpu_time_total / 1e3
+                rate = f"{_product_flops(e.key, e.input_shapes) * e.count / ms / 1e6:6.0f} GFLOP/s" if ms else ""
+                print(f"  {e.key:14s} ×{e.count:<3d} {ms:8.1f} ms {rate}  {e.input_shapes}")
+
+
+def _product_flops(op: str, shapes: list) -> float:
+    """Multiply-adds × 2 of one call of product ``op`` whose recorded operand shapes are ``shapes`` (mm: [a, b] ×
+    [b, c]; addmm and baddbmm: the added input first; bmm and baddbmm: batched)."""
+    dims = [s for s in (shapes[1:] if op in ("aten::addmm", "aten::baddbmm") else shapes) if len(s) >= 2][:2]
+    if len(dims) < 2:
+        return 0.0
+    (*batch, m, k), (_, n) = dims[0], dims[1][-2:]
+    return 2.0 * m * k * n * (batch[0] if batch else 1)
 
 
 if __name__ == "__main__":
