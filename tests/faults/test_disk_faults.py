@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import pathlib
 import shutil
 import subprocess
 from pathlib import Path
@@ -158,6 +159,10 @@ def _refuse_mkdir(monkeypatch, under: Path, code: int) -> None:
         return real(path, *a, **k)
 
     monkeypatch.setattr(os, "mkdir", mkdir)
+    # Python 3.10's Path.mkdir calls the os.mkdir its accessor bound at import, which the line above does not reach.
+    accessor = getattr(pathlib, "_NormalAccessor", None)
+    if accessor is not None and hasattr(accessor, "mkdir"):
+        monkeypatch.setattr(accessor, "mkdir", staticmethod(mkdir))
 
 
 def _outputs(corpus: Path, run: Path, tmp: Path, ro: Path) -> dict[str, list]:
