@@ -33,9 +33,10 @@ def release(version: str) -> tuple[int, int, int]:
 def torch_floor(requires: list[str] | None) -> str | None:
     """The ``X.Y[.Z]`` of the ``torch>=X.Y[.Z]`` among a package's requirements (None: there is none)."""
     for req in requires or ():
-        m = re.fullmatch(r"torch\s*>=\s*([0-9][0-9.]*)\s*(?:;.*)?", req.strip())
-        if m:
-            return m[1]
+        spec = re.fullmatch(r"torch(?![\w.-])\s*(?:\[[^\]]*\])?\s*([^;]*)(?:;.*)?", req.strip())  # not torchvision
+        floor = re.search(r">=\s*([0-9][0-9.]*)", spec[1]) if spec else None
+        if floor:
+            return floor[1]
     return None
 
 

@@ -22,7 +22,8 @@ def test_releases_compare_by_their_numbers_whatever_the_build() -> None:
 def test_the_floor_is_read_from_the_requirements() -> None:
     assert torch_floor.torch_floor(["typer>=0.12", "torch>=2.6", "rich>=13.0"]) == "2.6"
     assert torch_floor.torch_floor(["torch >= 2.6.1 ; python_version >= '3.10'"]) == "2.6.1"
-    assert torch_floor.torch_floor(["torchvision>=0.20", "typer"]) is None
+    assert torch_floor.torch_floor(["torch<3,>=2.7"]) == "2.7"  # metadata may list a range in another order
+    assert torch_floor.torch_floor(["torchvision>=0.20", "typer", "torch"]) is None
     assert torch_floor.torch_floor(None) is None
 
 
