@@ -8,7 +8,7 @@ package's own requirement; this module reads it and the installed torch's versio
 that neither torch is imported nor the number written twice. A source checkout that was never installed has no
 metadata and is not checked.
 
-The floor is the oldest release the whole test suite passed on (pyproject.toml says which and when).
+The floor is the oldest release the whole test suite passed on (pyproject.toml's comment says where that is recorded).
 """
 
 from __future__ import annotations
@@ -42,13 +42,14 @@ def torch_floor(requires: list[str] | None) -> str | None:
 
 def check_torch(installed: str | None = None, floor: str | None = None) -> None:
     """Raise :class:`GPT1Error` when the installed torch is older than gpt1's floor. Either value is read from the
-    package metadata unless given (tests give them); with no metadata for either, nothing is checked."""
+    package metadata unless given (tests give them); with no metadata for either, or a version this cannot read (a
+    build's own naming), nothing is checked: the check must never be what stops a working install."""
     try:
         installed = installed or metadata.version("torch")
         floor = floor or torch_floor(metadata.requires("gpt1"))
-    except metadata.PackageNotFoundError:
-        return
-    if floor is None or release(installed) >= release(floor):
+        if floor is None or release(installed) >= release(floor):
+            return
+    except (metadata.PackageNotFoundError, ValueError):
         return
     raise GPT1Error(f"PyTorch {installed} is installed; gpt1 needs torch>={floor} "
                     f"(upgrade it: pip install \"torch>={floor}\", or for a CUDA build the command pytorch.org "

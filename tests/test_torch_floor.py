@@ -43,6 +43,7 @@ def test_an_older_torch_is_refused_and_a_newer_one_passes() -> None:
     assert str(e.value).startswith("PyTorch 2.4.1+cu121 is installed; gpt1 needs torch>=2.6 (upgrade it:")
     torch_floor.check_torch(installed="2.6.0+cpu", floor="2.6")
     torch_floor.check_torch(installed="2.13.0", floor="2.6")
+    torch_floor.check_torch(installed="nightly", floor="2.6")  # unreadable: not checked, never a traceback
 
 
 def test_a_command_on_an_older_torch_is_one_error_line_but_help_still_shows(monkeypatch, capsys) -> None:
