@@ -33,7 +33,8 @@ timed ``--repeats`` times. Printed with each order: the fraction of the position
 computes that are padding — HF and ours-padded in every layer; ours packed in none of the linear layers, only in the
 attention grid (its share of grid cells is printed). Reported: examples/s from each batch's best time (the least
 disturbed by other processes) and from its median, and the ratio ours/HF at each precision. ``--profile`` prints a
-torch.profiler table of one update each. ``--variants`` times fewer of them (ours is always timed): every variant's
+torch.profiler table of one update each (``--profile-shapes``: also its matrix products by operand shapes, each
+with its GFLOP/s). ``--variants`` times fewer of them (ours is always timed): every variant's
 model and batches stay in the one process, and for RACE-shaped batches all four exceed 24 GB.
 
     python benchmarks/finetune_throughput.py                          # tiny body (4×256), both shapes and orders

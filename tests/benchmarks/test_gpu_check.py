@@ -122,8 +122,8 @@ def runner(tmp_path, monkeypatch):
 
 def test_the_record_holds_no_path_of_this_machine(runner, tmp_path):
     """The record goes into docs/performance/: the logs folder is named relative to it, and a traceback's files
-    relative to the checkout (gptcli/…) or to their site-packages (the first GPU run's had /work/main/… and
-    /opt/torch/.venv/…)."""
+    relative to the checkout (gptcli/…) or to their site-packages (the first GPU run's named the checkout's and a
+    virtual environment's absolute paths)."""
     gc, r, checks = runner
     r.run(checks[0])  # raises: its traceback passes through this checkout's benchmarks/gpu_check.py
     record = json.loads((tmp_path / "record.json").read_text())
