@@ -1,6 +1,6 @@
 """One-shot GPU check: run it once on a lent CUDA machine, keep the JSON, send it back.
 
-    python benchmarks/gpu_check.py --json gpu_check.json            # the real run (about 9 minutes on an H200)
+    python benchmarks/gpu_check.py --json gpu_check.json            # the real run (9-14 minutes on an H200)
     python benchmarks/gpu_check.py --dry-run --json dry.json        # every check on CPU, tiny sizes (about a minute)
     python benchmarks/gpu_check.py --only attention_kernel,fused_adamw --json part.json
 
@@ -13,6 +13,8 @@ A lent GPU is there for minutes, so the script is built to waste none of them:
   process tree killed, and the next one runs.
 - **Nothing is lost.** The JSON record is rewritten atomically when the run starts (environment first) and after
   every check; a check's figures reach it even while the check still runs, so a killed run keeps what it saw.
+  Checks the deadline cut short are named at the end, with the ``--only`` command that finishes them in another
+  call.
 - **The script is known to work.** ``--dry-run`` runs every check on CPU with the ``tiny`` preset; a check that only
   means something on CUDA reports ``skipped`` with the reason (after running its code), never ``ok``.
   tests/benchmarks/test_gpu_check.py runs it.
@@ -22,11 +24,12 @@ the ``--gpus N+1`` refusal; which attention kernel a bf16 training step runs (to
 an fp16 + GradScaler step; what dtype the LSTM computes in under bf16; KV-cache parity of generation and scoring; host
 syncs per update; then on real text (docstrings of this Python's standard library, prepared by ``gpt1 prepare``, as
 the quickstart does): ``gpt1 pretrain --gpus 1`` against an in-process step, checkpoint → resume, finetune →
-eval → zeroshot; then ``torch.compile`` of the loss; the output product against the padded embedding against the
-plain one; where a compiled 64×512 update spends its GPU time, by kind of kernel; then tokens/s, MFU and peak
-memory of the ``gpt1`` preset at 8×512 (the 8-GPU share of the paper's batch; also with CUDA graphs), 64×512 (the
-paper's batch on one GPU) and 32×512, eager and compiled. What one GPU cannot show is listed in the JSON under
-``not_testable_here``. How to read the JSON: docs/distributed.md, "The one-shot GPU check".
+eval → zeroshot; then ``torch.compile`` of the loss; CUDA graphs with accumulated micro-batches and under DDP; the
+output product against the padded embedding against the plain one; where a compiled 64×512 update spends its GPU
+time, by kind of kernel; then tokens/s, MFU and peak memory of the ``gpt1`` preset at 8×512 (the 8-GPU share of
+the paper's batch; also with CUDA graphs), 64×512 (the paper's batch on one GPU) and 32×512, eager and compiled.
+What one GPU cannot show is listed in the JSON under ``not_testable_here``. How to read the JSON:
+docs/distributed.md, "The one-shot GPU check".
 """
 
 from __future__ import annotations
@@ -708,7 +711,7 @@ def check_packed_finetune(ctx: Ctx) -> str:
         variants.append(("packed_jagged", packed, True))
     losses = {}
     for name, b, jagged in variants:  # the same weights: compare before any update
-        with _naming(packing, "JAGGED_DEVICES", ctx.device.type if jagged else None), torch.no_grad():
+        with _naming(packing, "JAGGED_DEVICES", ctx.device.type, jagged), torch.no_grad():
             losses[name] = float(TaskLoss(0.5)(model, b))
         ctx.record(**{f"loss_{name}": losses[name]})
         if rel(losses[name], losses["padded"]) > 1e-4:
@@ -721,7 +724,7 @@ def check_packed_finetune(ctx: Ctx) -> str:
         end = "" if precision == "fp32" else f"_{precision}"
         times = {}
         for name, b, jagged in variants:
-            with _naming(packing, "JAGGED_DEVICES", ctx.device.type if jagged else None):
+            with _naming(packing, "JAGGED_DEVICES", ctx.device.type, jagged):
                 times[name] = _timed_updates(ctx, tr, [b], timed=8, warm=2)
         ctx.record(**{f"update_s_{name}{end}": round(t, 4) for name, t in times.items()},
                    **{f"speedup{end}": round(times["padded"] / times["packed"], 2)})
@@ -734,11 +737,12 @@ def check_packed_finetune(ctx: Ctx) -> str:
 
 
 @contextlib.contextmanager
-def _naming(module, attr: str, device_type: str | None):
-    """``module.<attr>``, a tuple of device types, also naming ``device_type`` (None: as it is) inside the block."""
+def _naming(module, attr: str, device_type: str, named: bool):
+    """``module.<attr>``, a tuple of device types, naming ``device_type`` (``named``) or not inside the block, whatever
+    the library's default: a check that times a path against the other sets both arms itself."""
     saved = getattr(module, attr)
-    if device_type is not None:
-        setattr(module, attr, (*saved, device_type))
+    others = tuple(d for d in saved if d != device_type)
+    setattr(module, attr, (*others, device_type) if named else others)
     try:
         yield
     finally:
@@ -817,8 +821,13 @@ def check_host_syncs(ctx: Ctx) -> str:
                where=where, messages=sorted({str(w.message).splitlines()[0][:200] for w in syncs}),
                printed=sorted(set(ln[:200] for ln in printed))[:10])
     ctx.need_cuda("set_sync_debug_mode only watches CUDA; the updates ran")
-    return f"{total / n:g} syncs per update at {', '.join(f'{k} ×{v / n:g}' for k, v in where.items()) or '-'}" + \
-        (f" + {len(printed) / n:g} in the backward pass" if printed else "")
+    return sync_note(total, n, where, len(printed))
+
+
+def sync_note(total: int, n: int, where: dict[str, int], printed: int) -> str:
+    """host_syncs' line: syncs per update, where they come from (when any do), those printed by the backward pass."""
+    at = f" at {', '.join(f'{k} ×{v / n:g}' for k, v in where.items())}" if where else ""
+    return f"{total / n:g} syncs per update{at}" + (f" + {printed / n:g} in the backward pass" if printed else "")
 
 
 class captured_stderr:  # noqa: N801 - used as a context manager
@@ -1139,6 +1148,63 @@ def check_compile_loss(ctx: Ctx) -> str:
            f"first update {rows[0]['compiled_step_s']} s"
 
 
+@check("cudagraphs_training", 240, "CUDA graphs (torch.compile mode=\"reduce-overhead\") in the training "
+       "loop's harder cases: 2 micro-batches per update (accumulated gradients) and DDP (one process): losses and "
+       "gradient norms against the same compiled loss without graphs")
+def check_cudagraphs_training(ctx: Ctx) -> str:
+    """What ``throughput_8x512_cudagraphs`` does not show before a ``--compile-mode`` can be offered: with CUDA graph
+    trees a graph's outputs live in memory its next replay overwrites, and autograd may keep a parameter's first
+    gradient as that very output (``.grad`` was None) — so a second micro-batch's backward, or DDP's bucket views of
+    the gradients, are where graphs could silently change the update. Same weights, no dropout, 4 updates each."""
+    import torch
+
+    from gptcli.train.distributed import DDPParallel, DistInfo
+
+    layers = {"n_layer": ctx.sizes.compile_layers, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
+    b, t = ctx.sizes.batch, ctx.sizes.seq
+    data = batches(ctx, 4, b, t)
+    halves = [list(d.chunk(2)) for d in data]  # the same update as two accumulated micro-batches
+    rows: dict[str, list[dict[str, float]]] = {}
+    with _one_process_group(ctx):
+        device = torch.device("cuda", torch.cuda.current_device()) if ctx.cuda else ctx.device  # DDP wants an index
+        par = DDPParallel(DistInfo(rank=0, local_rank=0, world_size=1), device)
+        for case, wrap in (("accumulated", lambda m: m), ("ddp", par.wrap)):
+            for mode in (None, "reduce-overhead"):
+                tr = trainer(ctx, wrap(build(ctx, **layers)), loss_fn=compiled_loss(ctx, mode))
+                res = [tr.step(i, mbs) for i, mbs in enumerate(halves)]
+                rows[f"{case}_{mode or 'default'}"] = [{"loss": float(r.loss), "grad_norm": float(r.grad_norm)}
+                                                       for r in res]
+                ctx.record(updates=rows)
+                torch._dynamo.reset()
+    tol = {"fp32": 1e-4, "bf16": 1e-3}[ctx.precision]
+    worst = {case: max(max(rel(g["loss"], d["loss"]), rel(g["grad_norm"], d["grad_norm"]))
+                       for g, d in zip(rows[f"{case}_reduce-overhead"], rows[f"{case}_default"]))
+             for case in ("accumulated", "ddp")}
+    ctx.record(max_rel_diff=worst, tolerance=tol, micro_batches=2, batch=b, seq=t, n_layer=layers["n_layer"])
+    if max(worst.values()) > tol:
+        raise Failed(f"CUDA graphs change the update: relative differences {worst} (tolerance {tol:g})")
+    ctx.need_cuda("CUDA graphs exist on CUDA only (the same compiled loss ran on both sides)")
+    return f"graphs against none, 4 updates: accumulated {worst['accumulated']:.1e}, DDP {worst['ddp']:.1e}"
+
+
+@contextlib.contextmanager
+def _one_process_group(ctx: Ctx):
+    """A process group of this process alone (NCCL on the GPU, gloo on CPU), for DDP as ``--gpus 1`` builds it."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("nccl" if ctx.cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 @check("padded_head", 240, "a bf16 update of the gpt1 preset with its output product against the embedding padded "
        "to aligned rows (tied.PADDED_HEAD_DEVICES) against the plain product: same loss, seconds per update "
        "eager at 8×512 and 64×512, compiled at 64×512")
@@ -1153,7 +1219,7 @@ def check_padded_head(ctx: Ctx) -> str:
     losses = {}
     first = batches(ctx, 1, *ctx.sizes.throughput[0])[0]
     for name in ("plain", "padded"):  # the same weights: the losses before any update
-        with _naming(tied, "PADDED_HEAD_DEVICES", ctx.device.type if name == "padded" else None), torch.no_grad(), \
+        with _naming(tied, "PADDED_HEAD_DEVICES", ctx.device.type, name == "padded"), torch.no_grad(), \
                 autocast(ctx.device, ctx.precision):  # type: ignore[arg-type]
             losses[name] = float(lm_loss(model, first))
     ctx.record(loss_plain=losses["plain"], loss_padded=losses["padded"])
@@ -1167,7 +1233,7 @@ def check_padded_head(ctx: Ctx) -> str:
         data = batches(ctx, 2, b, t)
         times = {}
         for name in ("plain", "padded"):
-            with _naming(tied, "PADDED_HEAD_DEVICES", ctx.device.type if name == "padded" else None):
+            with _naming(tied, "PADDED_HEAD_DEVICES", ctx.device.type, name == "padded"):
                 tr = trainer(ctx, model, loss_fn=compiled_loss(ctx) if compiled else lm_loss)
                 times[name] = _timed_updates(ctx, tr, data, timed=10)
         gain = times["plain"] / times["padded"]
@@ -1176,7 +1242,8 @@ def check_padded_head(ctx: Ctx) -> str:
                       f"padded_vs_plain_{label}": round(gain, 3)})
         notes.append(f"{label} {gain:.2f}×")
     ctx.need_cuda("the products' alignment is what this measures, on the GPU (the CPU's padding is kernels/tied.py's)")
-    return f"padded head against plain, per update: {', '.join(notes)} (> 1: name \"cuda\" in tied.PADDED_HEAD_DEVICES)"
+    return (f"padded head against plain, per update: {', '.join(notes)} "
+            "(> 1: \"cuda\" belongs in tied.PADDED_HEAD_DEVICES)")
 
 
 def _timed_updates(ctx: Ctx, tr, data: list, timed: int, warm: int = 3) -> float:
@@ -1429,18 +1496,21 @@ class Runner:
         left = self.deadline - time.monotonic()
         t0 = time.monotonic()
         stop = None
+        own = chk.timeout_s * self.args.timeout_scale
         if left < 5:
             res: dict[str, Any] = {"status": "skipped", "reason": f"the global deadline ({self.args.deadline:.0f} s) "
                                    "was reached before this check could start", "figures": {}}
         else:
             try:
-                res = self.run_process(chk, min(chk.timeout_s * self.args.timeout_scale, left))
+                res = self.run_process(chk, min(own, left))
             except Interrupted as e:
                 stop = e
                 res = self.stopped(chk, f"the run was interrupted ({e}) while this check ran")
             except Exception:  # noqa: BLE001 - e.g. the process could not start: still a record, and on to the next
                 res = self.stopped(chk, "the runner could not run this check:", traceback.format_exc())
         res.setdefault("seconds", round(time.monotonic() - t0, 2))
+        # Skipped at the deadline, or killed at it before its own timeout: not a finding, only left for another call.
+        res["cut_by_deadline"] = left < 5 or (res["status"] == "timeout" and stop is None and left < own)
         if res.get("error"):
             res["error"] = [portable(line) for line in res["error"]]
         entry = {"name": chk.name, "what": chk.what, **res}
@@ -1640,11 +1710,28 @@ def run_all(args: argparse.Namespace) -> int:
             print(f"gpu_check: interrupted by {e}; the record keeps every check up to this one: {out}", flush=True)
             return 1
         runner.record["finished"] = True
+        runner.record["rerun"] = rerun_command(runner.record["checks"], out)
         runner.save()
     s = runner.record["summary"]
     print(f"gpu_check: {s['ok']} ok, {s['fail']} failed, {s['timeout']} timed out, {s['skipped']} skipped in "
           f"{runner.record['total_s']:.0f} s; record: {out}", flush=True)
+    if runner.record["rerun"]:
+        print(f"gpu_check: the deadline cut checks short; to finish them in another call: {runner.record['rerun']}",
+              flush=True)
     return 1 if s["fail"] or s["timeout"] else 0
+
+
+def rerun_command(checks: list[dict[str, Any]], out: Path) -> str | None:
+    """The command that runs the checks the global deadline cut short (skipped before they began, or killed at it
+    before their own timeout), into a record beside this one; None when the deadline cut none. A slow host can
+    stretch the full run past one 10-minute command (the second H200 run: 545 s for the first 16 checks, where the
+    first took 296 s): the next call then needs no reading of the record to know what is left."""
+    cut = [c["name"] for c in checks if c.get("cut_by_deadline")]
+    if not cut:
+        return None
+    if "env" not in cut:
+        cut.insert(0, "env")  # every record says where it was measured
+    return f"python3 benchmarks/gpu_check.py --only {','.join(cut)} --json {out.stem}-rest.json"
 
 
 if __name__ == "__main__":

@@ -17,17 +17,18 @@ from gptcli.model import kernels
 from gptcli.model.losses import next_token_nll
 
 
-PADDED_HEAD_DEVICES: tuple[str, ...] = ()
+PADDED_HEAD_DEVICES: tuple[str, ...] = ("cuda",)
 """Device types whose training losses (outside the CPU kernels, which decide for themselves) take the output product
 against the embedding padded to aligned rows (:meth:`TiedEmbeddingLM._padded_training_logits`): the same loss and,
 within rounding, the same gradients; the padding's columns get none.
 
-Empty until a GPU measures it. Why it may pay on CUDA: in the first H200 run (torch 2.11, an eager bf16 update at
-8 × 512) cuBLAS ran GPT-1's 40,478-wide products, the forward one and both gradients', as CUTLASS sm80 kernels with
-2-element alignment (a row of 40,478 bf16 values is not 16-byte aligned), about 1.04 ms each: ≈ 245 TFLOP/s, a
-quarter of the chip's bf16 peak, where every other product ran Hopper's own kernels. 40,512 rows are aligned.
-``benchmarks/gpu_check.py``'s ``padded_head`` times an update with and without it; where it wins, naming
-``"cuda"`` here is the one-line change (docs/performance.md, "NVIDIA H200")."""
+Why CUDA: a row of GPT-1's 40,478 bf16 embedding values is not 16-byte aligned, so cuBLAS ran the 40,478-wide
+products (the forward one and both gradients') as CUTLASS sm80 kernels with 2-element alignment, about a quarter of
+an H200's bf16 peak, where every other product ran Hopper's own kernels; 40,512 rows are aligned. Measured on one
+H200 (torch 2.11, bf16, ``benchmarks/gpu_check.py``'s ``padded_head``, the same weights and batch): an update 1.12×
+faster eager at 64 × 512, 1.01× at 8 × 512 and 1.01× compiled at 64 × 512 (inductor's own choice of kernels
+gains less), equal losses (docs/performance.md, "NVIDIA H200, eighteenth session"). Remove ``"cuda"`` to take the
+plain product there."""
 
 
 class TiedEmbeddingLM(nn.Module):

@@ -8,6 +8,7 @@ recorded while the next one still runs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import multiprocessing
@@ -27,7 +28,7 @@ SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 CUDA_ONLY = {"gpus_refusal", "attention_kernel", "precision_steps", "host_syncs", "resume", "compile_loss",
              "throughput_8x512_eager", "throughput_8x512_compile", "throughput_32x512_eager",
              "throughput_32x512_compile", "throughput_64x512_eager", "throughput_64x512_compile",
-             "throughput_8x512_cudagraphs", "step_profile"}
+             "throughput_8x512_cudagraphs", "step_profile", "cudagraphs_training"}
 
 
 def load_script():
@@ -177,6 +178,24 @@ def test_a_check_past_the_global_deadline_is_skipped_with_the_reason(runner):
     assert r.record["summary"]["skipped"] == 1
 
 
+def test_the_deadline_leaves_a_command_for_what_it_cut(runner, tmp_path):
+    """A check killed at the global deadline before its own timeout, and those skipped after it, are marked
+    ``cut_by_deadline`` and named in ``rerun`` (env first); a check that hung past its own timeout is a finding, not
+    cut. The second H200 run lost its seven throughput checks so, with nothing saying how to finish them."""
+    gc, r, checks = runner
+    by = {c.name: c for c in checks}
+    hung = r.run(by["hangs"])  # its own 3 s, well inside the deadline
+    r.deadline = time.monotonic() + 6  # a check with its own 30 s has 6: the deadline kills it
+    cut = r.run(dataclasses.replace(by["hangs_with_grandchild"], timeout_s=30))
+    skipped = r.run(by["after"])
+    assert hung["status"] == "timeout" and not hung["cut_by_deadline"]
+    assert cut["status"] == "timeout" and cut["cut_by_deadline"]
+    assert skipped["status"] == "skipped" and skipped["cut_by_deadline"]
+    command = gc.rerun_command(r.record["checks"], tmp_path / "record.json")
+    assert command == "python3 benchmarks/gpu_check.py --only env,hangs_with_grandchild,after --json record-rest.json"
+    assert gc.rerun_command([hung], tmp_path / "record.json") is None
+
+
 def test_sigterm_records_the_running_check_and_stops(tmp_path):
     """The lent machine may be taken back mid-run: the record still says what ran and what was cut short."""
     out = tmp_path / "r.json"
@@ -237,3 +256,26 @@ def test_kernel_groups_sort_the_h200_runs_kernels():
     assert groups["attention"]["calls"] == 12 and groups["optimizer"]["calls"] == 9 and groups["loss"]["calls"] == 2
     assert sum(g["ms"] for g in groups.values()) == pytest.approx(sum(k["ms"] for k in kernels), abs=1e-6)
     assert list(groups) == sorted(groups, key=lambda g: -groups[g]["ms"])
+
+
+@pytest.mark.parametrize("default", [(), ("cuda",), ("cpu", "cuda")])
+def test_a_timed_pair_sets_both_arms_whatever_the_librarys_default(default):
+    """``_naming`` names the device in one arm and not in the other, whatever the library ships: once ``"cuda"``
+    became ``tied.PADDED_HEAD_DEVICES``'s default, the old helper (which only added the device, None meaning "as it
+    is") would have timed the padded product against itself. Other devices named stay named, and the default comes
+    back afterwards."""
+    gc = load_script()
+    holder = argparse.Namespace(DEVICES=default)
+    with gc._naming(holder, "DEVICES", "cuda", True):
+        assert "cuda" in holder.DEVICES and set(default) <= set(holder.DEVICES)
+    with gc._naming(holder, "DEVICES", "cuda", False):
+        assert "cuda" not in holder.DEVICES and set(default) - {"cuda"} <= set(holder.DEVICES)
+    assert holder.DEVICES == default
+
+
+def test_the_sync_line_names_places_only_when_there_are_any():
+    """The H200's clean run read "0 syncs per update at -"; now "0 syncs per update", and the places when any."""
+    gc = load_script()
+    assert gc.sync_note(0, 4, {}, 0) == "0 syncs per update"
+    assert gc.sync_note(6, 4, {"trainer.py:90": 4, "loop.py:12": 2}, 2) == \
+        "1.5 syncs per update at trainer.py:90 ×1, loop.py:12 ×0.5 + 0.5 in the backward pass"
