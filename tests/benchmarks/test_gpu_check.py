@@ -279,3 +279,30 @@ def test_the_sync_line_names_places_only_when_there_are_any():
     assert gc.sync_note(0, 4, {}, 0) == "0 syncs per update"
     assert gc.sync_note(6, 4, {"trainer.py:90": 4, "loop.py:12": 2}, 2) == \
         "1.5 syncs per update at trainer.py:90 ×1, loop.py:12 ×0.5 + 0.5 in the backward pass"
+
+
+def test_kept_gradients_give_the_trainers_update():
+    """cudagraphs_training's candidate arm (gradients kept and zeroed in place, not freed) must be the same update as
+    the Trainer's own, or a difference on the GPU would not be the graphs'. Eager, CPU, two micro-batches."""
+    import torch
+
+    from gptcli.model.build import build_model, preset
+    from gptcli.train.optim import make_optimizer
+    from gptcli.train.pretrain import lm_loss
+    from gptcli.train.trainer import Trainer
+
+    gc = load_script()
+    data = [torch.randint(0, 64, (4, 17), generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    results = []
+    for kept in (False, True):
+        torch.manual_seed(0)
+        model = build_model(preset("tiny", vocab_size=64, n_layer=1, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0))
+        opt = make_optimizer(model, 1e-3)
+        if kept:
+            gc._keep_gradients(opt)
+        tr = Trainer(model, opt, lm_loss, lambda s: 1e-3, device=torch.device("cpu"), precision="fp32", grad_clip=1.0)
+        results.append([(float(r.loss), float(r.grad_norm)) for r in
+                        (tr.step(i, list(d.chunk(2))) for i, d in enumerate(data))])
+        if kept:
+            assert all(p.grad is not None and not p.grad.any() for p in model.parameters())  # zeroed, not freed
+    assert results[0] == results[1]
