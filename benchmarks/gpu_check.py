@@ -24,10 +24,10 @@ the ``--gpus N+1`` refusal; which attention kernel a bf16 training step runs (to
 an fp16 + GradScaler step; what dtype the LSTM computes in under bf16; KV-cache parity of generation and scoring; host
 syncs per update; then on real text (docstrings of this Python's standard library, prepared by ``gpt1 prepare``, as
 the quickstart does): ``gpt1 pretrain --gpus 1`` against an in-process step, checkpoint → resume, finetune →
-eval → zeroshot; then ``torch.compile`` of the loss; CUDA graphs with accumulated micro-batches and under DDP; the
-output product against the padded embedding against the plain one; where a compiled 64×512 update spends its GPU
-time, by kind of kernel; then tokens/s, MFU and peak memory of the ``gpt1`` preset at 8×512 (the 8-GPU share of
-the paper's batch; also with CUDA graphs), 64×512 (the paper's batch on one GPU) and 32×512, eager and compiled.
+eval → zeroshot; then ``torch.compile`` of the loss; CUDA graphs with accumulated micro-batches and under DDP; then
+tokens/s, MFU and peak memory of the ``gpt1`` preset at 8×512 (the 8-GPU share of the paper's batch; also with CUDA
+graphs) and 64×512 (the paper's batch on one GPU), eager and compiled; where a compiled 64×512 update spends its GPU
+time, by kind of kernel; the output product against the padded embedding against the plain one; last 32×512.
 What one GPU cannot show is listed in the JSON under ``not_testable_here``. How to read the JSON:
 docs/distributed.md, "The one-shot GPU check".
 """
@@ -1236,47 +1236,6 @@ def _one_process_group(ctx: Ctx):
         dist.destroy_process_group()
 
 
-@check("padded_head", 240, "a bf16 update of the gpt1 preset with its output product against the embedding padded "
-       "to aligned rows (tied.PADDED_HEAD_DEVICES) against the plain product: same loss, seconds per update "
-       "eager at 8×512 and 64×512, compiled at 64×512")
-def check_padded_head(ctx: Ctx) -> str:
-    import torch
-
-    from gptcli.model import tied
-    from gptcli.runtime import autocast
-    from gptcli.train.pretrain import lm_loss
-
-    model = build(ctx, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)  # no dropout: both give one loss
-    losses = {}
-    first = batches(ctx, 1, *ctx.sizes.throughput[0])[0]
-    for name in ("plain", "padded"):  # the same weights: the losses before any update
-        with _naming(tied, "PADDED_HEAD_DEVICES", ctx.device.type, name == "padded"), torch.no_grad(), \
-                autocast(ctx.device, ctx.precision):  # type: ignore[arg-type]
-            losses[name] = float(lm_loss(model, first))
-    ctx.record(loss_plain=losses["plain"], loss_padded=losses["padded"])
-    if rel(losses["padded"], losses["plain"]) > 1e-3:
-        raise Failed(f"padded head's loss {losses['padded']} differs from the plain {losses['plain']}")
-    last = len(ctx.sizes.throughput) - 1
-    notes = []
-    for size, compiled in ((0, False), (last, False), (last, True)):
-        b, t = ctx.sizes.throughput[size]
-        label = f"{b}x{t}_{'compile' if compiled else 'eager'}"
-        data = batches(ctx, 2, b, t)
-        times = {}
-        for name in ("plain", "padded"):
-            with _naming(tied, "PADDED_HEAD_DEVICES", ctx.device.type, name == "padded"):
-                tr = trainer(ctx, model, loss_fn=compiled_loss(ctx) if compiled else lm_loss)
-                times[name] = _timed_updates(ctx, tr, data, timed=10)
-        gain = times["plain"] / times["padded"]
-        ctx.record(**{f"update_s_plain_{label}": round(times["plain"], 5),
-                      f"update_s_padded_{label}": round(times["padded"], 5),
-                      f"padded_vs_plain_{label}": round(gain, 3)})
-        notes.append(f"{label} {gain:.2f}×")
-    ctx.need_cuda("the products' alignment is what this measures, on the GPU (the CPU's padding is kernels/tied.py's)")
-    return (f"padded head against plain, per update: {', '.join(notes)} "
-            "(> 1: \"cuda\" belongs in tied.PADDED_HEAD_DEVICES)")
-
-
 def _timed_updates(ctx: Ctx, tr, data: list, timed: int, warm: int = 3) -> float:
     """Seconds per update over ``timed`` updates after ``warm`` ones (compilation and autotuning among them)."""
     for i in range(warm):
@@ -1367,6 +1326,29 @@ def kernel_groups(kernels: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]["ms"]))
 
 
+def _throughput_checks(size: int, label: str) -> None:
+    """Register the throughput checks of one size (an index into ``Sizes.throughput``): eager, compiled, and at
+    8 × 512 also with CUDA graphs."""
+    for compiled in (False, True):
+        check(f"throughput_{label}_{'compile' if compiled else 'eager'}", 240 if compiled else 90,
+              f"gpt1 preset bf16 at {label.replace('x', '×')} per GPU, {'--compile' if compiled else 'eager'}: "
+              "tokens/s, MFU, torch.cuda.max_memory_allocated")(
+            lambda ctx, _s=size, _c=compiled: throughput(ctx, _s, _c))
+    if label == "8x512":
+        # An eager update there is 18 ms for 4,096 tokens on an H200 (17 % MFU, the first run): launch-bound. CUDA
+        # graphs (mode="reduce-overhead") replay a step's kernels without launching each.
+        check("throughput_8x512_cudagraphs", 240, "gpt1 preset bf16 at 8×512 per GPU, torch.compile "
+              "mode=\"reduce-overhead\" (CUDA graphs): tokens/s, MFU, torch.cuda.max_memory_allocated")(
+            lambda ctx: throughput(ctx, 0, True, mode="reduce-overhead"))
+
+
+# The sizes in the order a cut run should lose them: 8 × 512 (an 8-GPU run's share) and 64 × 512 (the paper's batch)
+# first, 32 × 512 last. Between them the checks whose question the second H200 run answered (the compiled update's
+# kernels; the padded head, taken): after the throughput they bear on, so a cut run loses them first.
+_throughput_checks(0, "8x512")
+_throughput_checks(2, "64x512")
+
+
 @check("step_profile", 240, "where a compiled gpt1 bf16 update at 64×512 spends its GPU time: kernels by kind "
        "(matmul, attention, loss, optimizer, fused elementwise, copies) against the update's wall time")
 def check_step_profile(ctx: Ctx) -> str:
@@ -1393,20 +1375,48 @@ def check_step_profile(ctx: Ctx) -> str:
     return f"{kernel_ms:.1f} ms of kernels in a {step_ms:.1f} ms update; {shares}"
 
 
-# The sizes in the order a cut run should lose them: 8 × 512 (an 8-GPU run's share) and 64 × 512 (the paper's batch)
-# first, 32 × 512 last. At 8 × 512, CUDA graphs too.
-for _size, _label in ((0, "8x512"), (2, "64x512"), (1, "32x512")):
-    for _compiled in (False, True):
-        check(f"throughput_{_label}_{'compile' if _compiled else 'eager'}", 240 if _compiled else 90,
-              f"gpt1 preset bf16 at {_label.replace('x', '×')} per GPU, {'--compile' if _compiled else 'eager'}: "
-              "tokens/s, MFU, torch.cuda.max_memory_allocated")(
-            lambda ctx, _s=_size, _c=_compiled: throughput(ctx, _s, _c))
-    if _label == "8x512":
-        # An eager update there is 18 ms for 4,096 tokens on an H200 (17 % MFU, the first run): launch-bound. CUDA
-        # graphs (mode="reduce-overhead") replay a step's kernels without launching each.
-        check("throughput_8x512_cudagraphs", 240, "gpt1 preset bf16 at 8×512 per GPU, torch.compile "
-              "mode=\"reduce-overhead\" (CUDA graphs): tokens/s, MFU, torch.cuda.max_memory_allocated")(
-            lambda ctx: throughput(ctx, 0, True, mode="reduce-overhead"))
+@check("padded_head", 240, "a bf16 update of the gpt1 preset with its output product against the embedding padded "
+       "to aligned rows (tied.PADDED_HEAD_DEVICES) against the plain product: same loss, seconds per update "
+       "eager at 8×512 and 64×512, compiled at 64×512")
+def check_padded_head(ctx: Ctx) -> str:
+    import torch
+
+    from gptcli.model import tied
+    from gptcli.runtime import autocast
+    from gptcli.train.pretrain import lm_loss
+
+    model = build(ctx, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)  # no dropout: both give one loss
+    losses = {}
+    first = batches(ctx, 1, *ctx.sizes.throughput[0])[0]
+    for name in ("plain", "padded"):  # the same weights: the losses before any update
+        with _naming(tied, "PADDED_HEAD_DEVICES", ctx.device.type, name == "padded"), torch.no_grad(), \
+                autocast(ctx.device, ctx.precision):  # type: ignore[arg-type]
+            losses[name] = float(lm_loss(model, first))
+    ctx.record(loss_plain=losses["plain"], loss_padded=losses["padded"])
+    if rel(losses["padded"], losses["plain"]) > 1e-3:
+        raise Failed(f"padded head's loss {losses['padded']} differs from the plain {losses['plain']}")
+    last = len(ctx.sizes.throughput) - 1
+    notes = []
+    for size, compiled in ((0, False), (last, False), (last, True)):
+        b, t = ctx.sizes.throughput[size]
+        label = f"{b}x{t}_{'compile' if compiled else 'eager'}"
+        data = batches(ctx, 2, b, t)
+        times = {}
+        for name in ("plain", "padded"):
+            with _naming(tied, "PADDED_HEAD_DEVICES", ctx.device.type, name == "padded"):
+                tr = trainer(ctx, model, loss_fn=compiled_loss(ctx) if compiled else lm_loss)
+                times[name] = _timed_updates(ctx, tr, data, timed=10)
+        gain = times["plain"] / times["padded"]
+        ctx.record(**{f"update_s_plain_{label}": round(times["plain"], 5),
+                      f"update_s_padded_{label}": round(times["padded"], 5),
+                      f"padded_vs_plain_{label}": round(gain, 3)})
+        notes.append(f"{label} {gain:.2f}×")
+    ctx.need_cuda("the products' alignment is what this measures, on the GPU (the CPU's padding is kernels/tied.py's)")
+    return (f"padded head against plain, per update: {', '.join(notes)} "
+            "(> 1: \"cuda\" belongs in tied.PADDED_HEAD_DEVICES)")
+
+
+_throughput_checks(1, "32x512")
 
 
 # --- running checks in their own processes -------------------------------------------------------------------------
