@@ -1343,10 +1343,70 @@ def _throughput_checks(size: int, label: str) -> None:
 
 
 # The sizes in the order a cut run should lose them: 8 × 512 (an 8-GPU run's share) and 64 × 512 (the paper's batch)
-# first, 32 × 512 last. Between them the checks whose question the second H200 run answered (the compiled update's
-# kernels; the padded head, taken): after the throughput they bear on, so a cut run loses them first.
+# first, 32 × 512 last. Between them the chunked loss (the candidate for what the compiled update's kernels show),
+# then the checks whose question the second H200 run answered (those kernels; the padded head, taken).
 _throughput_checks(0, "8x512")
 _throughput_checks(2, "64x512")
+
+
+@check("chunked_loss", 240, "a bf16 update of the gpt1 preset with its output layer and loss over blocks of rows "
+       "(chunked_nll.CHUNKED_LOSS_DEVICES) against the padded product's whole logits: same loss and gradient norm, "
+       "seconds per update and peak memory eager and compiled at 64×512")
+def check_chunked_loss(ctx: Ctx) -> str:
+    """The candidate after the padded head: never writing the 64 × 512 × 40,512 logits (2.65 GB in bf16) nor their
+    gradient; ``step_profile`` puts the loss at 6 % of a compiled update's kernels and the three output products at
+    15 %. Both arms take the padded, aligned product; no dropout, so both compute one loss."""
+    import torch
+
+    from gptcli.model import chunked_nll
+    from gptcli.model.kernels import set_kernels
+    from gptcli.runtime import autocast
+    from gptcli.train.pretrain import lm_loss
+
+    if not ctx.cuda:
+        set_kernels("reference")  # the dry run: the CPU's own blockwise loss would win over the candidate
+    model = build(ctx, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+    first = batches(ctx, 1, *ctx.sizes.throughput[0])[0]
+    start = {}
+    for name in ("whole", "chunked"):  # the same weights: loss and gradient norm before any update
+        with _naming(chunked_nll, "CHUNKED_LOSS_DEVICES", ctx.device.type, name == "chunked"):
+            model.zero_grad(set_to_none=True)
+            with autocast(ctx.device, ctx.precision):  # type: ignore[arg-type]
+                loss = lm_loss(model, first)
+            ctx.record(**{f"grad_fn_{name}": type(loss.grad_fn).__name__})  # which loss really ran
+            loss.backward()
+            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+            start[name] = (float(loss), float(norm))
+    model.zero_grad(set_to_none=True)
+    if ctx.figures["grad_fn_chunked"] != "_ChunkedNLLBackward":
+        raise Failed(f"the chunked arm's loss came from {ctx.figures['grad_fn_chunked']}, not chunked_nll")
+    ctx.record(loss_whole=start["whole"][0], loss_chunked=start["chunked"][0], grad_norm_whole=start["whole"][1],
+               grad_norm_chunked=start["chunked"][1])
+    diff = max(rel(start["chunked"][0], start["whole"][0]), rel(start["chunked"][1], start["whole"][1]))
+    if diff > 1e-2:
+        raise Failed(f"the chunked loss differs from the whole logits' by {diff:.1e}: {start}")
+    last = len(ctx.sizes.throughput) - 1
+    notes = []
+    for compiled in (False, True):
+        b, t = ctx.sizes.throughput[last]
+        label = f"{b}x{t}_{'compile' if compiled else 'eager'}"
+        data = batches(ctx, 2, b, t)
+        for name in ("whole", "chunked"):
+            with _naming(chunked_nll, "CHUNKED_LOSS_DEVICES", ctx.device.type, name == "chunked"):
+                if ctx.cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                tr = trainer(ctx, model, loss_fn=compiled_loss(ctx) if compiled else lm_loss)
+                seconds = _timed_updates(ctx, tr, data, timed=10)
+                peak = torch.cuda.max_memory_allocated() / 2**30 if ctx.cuda else None
+                ctx.record(**{f"update_s_{name}_{label}": round(seconds, 5), f"peak_gib_{name}_{label}": peak})
+                del tr
+        gain = ctx.figures[f"update_s_whole_{label}"] / ctx.figures[f"update_s_chunked_{label}"]
+        ctx.record(**{f"chunked_vs_whole_{label}": round(gain, 3)})
+        notes.append(f"{label} {gain:.2f}×")
+    ctx.need_cuda("what the blocks save is GPU memory traffic and memory (the CPU has its own blockwise loss)")
+    mem = {n: ctx.figures[f"peak_gib_{n}_{b}x{t}_compile"] for n in ("whole", "chunked")}
+    return (f"chunked against whole logits, per update: {', '.join(notes)}; peak compiled {mem['whole']:.1f} → "
+            f"{mem['chunked']:.1f} GiB; loss {diff:.1e} (> 1: \"cuda\" belongs in chunked_nll.CHUNKED_LOSS_DEVICES)")
 
 
 @check("step_profile", 240, "where a compiled gpt1 bf16 update at 64×512 spends its GPU time: kernels by kind "

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptcli.model import kernels
+from gptcli.model import chunked_nll, kernels
 from gptcli.model.losses import next_token_nll
 
 
@@ -71,7 +71,12 @@ class TiedEmbeddingLM(nn.Module):
         ``next_token_nll(self.lm_logits(h), targets)``, the training loss.
 
         With the kernels on (CPU), a large batch's loss takes the padded product's logits whole, padding included
-        (``kernels/tied.py``): no slice to scatter back, and an aligned weight-gradient product."""
+        (``kernels/tied.py``): no slice to scatter back, and an aligned weight-gradient product. On a device named in
+        ``chunked_nll.CHUNKED_LOSS_DEVICES``, in training, the product and loss over blocks of rows instead
+        (:func:`~gptcli.model.chunked_nll.chunked_nll`): the same loss and gradients without the whole logits."""
+        w = self.tok_emb.weight
+        if not kernels.enabled(w.device) and chunked_nll.applies(h, w):
+            return chunked_nll.chunked_nll(h, w, targets)
         padded = self._padded_training_logits(h)
         if padded is not None:
             return next_token_nll(padded, targets, classes=self.tok_emb.weight.size(0), consume=True)

@@ -28,7 +28,7 @@ SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 CUDA_ONLY = {"gpus_refusal", "attention_kernel", "precision_steps", "host_syncs", "resume", "compile_loss",
              "throughput_8x512_eager", "throughput_8x512_compile", "throughput_32x512_eager",
              "throughput_32x512_compile", "throughput_64x512_eager", "throughput_64x512_compile",
-             "throughput_8x512_cudagraphs", "step_profile", "cudagraphs_training"}
+             "throughput_8x512_cudagraphs", "step_profile", "cudagraphs_training", "chunked_loss"}
 
 
 def load_script():
