@@ -10,7 +10,8 @@ pass only scales them by the loss's incoming gradient: the same products and the
 (``F.cross_entropy`` of ``F.linear``), without the vocabulary-wide tensors. The idea is the one of Liger Kernel's
 fused linear cross-entropy; this is plain PyTorch.
 
-Only for a mean over the targets (``lm_nll``, pretraining's loss) with gradients wanted. The devices that take it
+Only for a mean over the targets (``lm_nll``, pretraining's loss) with gradients wanted, in bf16 or fp32 (fp16's
+range is too narrow for gradients made before the loss scale reaches them: :func:`applies`). The devices that take it
 are named in :data:`CHUNKED_LOSS_DEVICES`: none until a GPU measures it (``benchmarks/gpu_check.py``'s
 ``chunked_loss``). The CPU has its own blockwise loss (``kernels/losses.py``).
 """
@@ -33,9 +34,14 @@ and each block's products (4,096 × 768 × 40,512) are still large enough to run
 
 
 def applies(h: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether the training loss of ``h`` against ``w`` takes :func:`chunked_nll`: a device it is named for, and
-    gradients wanted (validation takes the plain loss, which computes no gradients)."""
-    return (w.device.type in CHUNKED_LOSS_DEVICES and torch.is_grad_enabled()
+    """Whether the training loss of ``h`` against ``w`` takes :func:`chunked_nll`: a device it is named for,
+    gradients wanted (validation takes the plain loss, which computes no gradients), and products in bf16 or fp32.
+    Not fp16: its gradients are made in the forward pass, before a GradScaler's scale reaches them, and a token's
+    softmax gradient over 32,768 positions (about 1e-9) is below fp16's smallest value; the plain loss's backward
+    gets the scale first."""
+    device = w.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else w.dtype
+    return (device in CHUNKED_LOSS_DEVICES and dtype != torch.float16 and torch.is_grad_enabled()
             and (h.requires_grad or w.requires_grad))
 
 

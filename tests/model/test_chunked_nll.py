@@ -113,3 +113,20 @@ def test_a_device_named_in_chunked_loss_devices_trains_through_it(monkeypatch):
         assert len(calls) == 2  # validation: the plain loss
     finally:
         set_kernels("auto")
+
+
+def test_fp16_takes_the_plain_loss(monkeypatch):
+    """Under fp16 autocast the gradients would be made before a GradScaler's scale (a softmax gradient of 1e-9 is
+    below fp16's range): ``applies`` says no, as it does on an unnamed device and without gradients."""
+    monkeypatch.setattr(chunked, "CHUNKED_LOSS_DEVICES", ("cpu",))
+    h, w = torch.randn(4, 8, requires_grad=True), torch.randn(10, 8, requires_grad=True)
+    assert chunked.applies(h, w)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert chunked.applies(h, w)
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert not chunked.applies(h, w)
+    assert not chunked.applies(h.half(), w.detach().half())
+    with torch.no_grad():
+        assert not chunked.applies(h, w)
+    monkeypatch.setattr(chunked, "CHUNKED_LOSS_DEVICES", ())
+    assert not chunked.applies(h, w)
