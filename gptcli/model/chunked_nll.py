@@ -82,7 +82,9 @@ def _blocks(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, classes: in
     # Each counted target's share of the mean, 0 for an ignored one; with none counted, nan, as F.cross_entropy's
     # mean over nothing is (the run's non-finite watch then stops it, as it would the plain loss).
     weight = valid.float() / valid.sum()
-    picked = targets.clamp_min(0).unsqueeze(1)  # an ignored target's row is zeroed by its weight
+    # gather and scatter take int64 indices only (a corpus's ids may come as int32); an ignored target's row is
+    # zeroed by its weight
+    picked = targets.long().clamp_min(0).unsqueeze(1)
     loss = torch.zeros((), dtype=torch.float32, device=h.device)
     dh = torch.empty_like(h)
     dw = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
