@@ -1148,7 +1148,7 @@ def check_compile_loss(ctx: Ctx) -> str:
            f"first update {rows[0]['compiled_step_s']} s"
 
 
-@check("cudagraphs_training", 240, "CUDA graphs (torch.compile mode=\"reduce-overhead\") in the training "
+@check("cudagraphs_training", 300, "CUDA graphs (torch.compile mode=\"reduce-overhead\") in the training "
        "loop's harder cases: 2 micro-batches per update (accumulated gradients) and DDP (one process), with the "
        "gradients freed between updates (as the Trainer does) and kept and zeroed in place: losses and gradient "
        "norms against the same compiled loss without graphs")
@@ -1349,7 +1349,7 @@ _throughput_checks(0, "8x512")
 _throughput_checks(2, "64x512")
 
 
-@check("chunked_loss", 240, "a bf16 update of the gpt1 preset with its output layer and loss over blocks of rows "
+@check("chunked_loss", 300, "a bf16 update of the gpt1 preset with its output layer and loss over blocks of rows "
        "(chunked_nll.CHUNKED_LOSS_DEVICES) against the padded product's whole logits: same loss and gradient norm, "
        "seconds per update and peak memory eager and compiled at 64×512")
 def check_chunked_loss(ctx: Ctx) -> str:
