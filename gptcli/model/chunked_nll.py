@@ -39,20 +39,22 @@ def applies(h: torch.Tensor, w: torch.Tensor) -> bool:
     Not fp16: its gradients are made in the forward pass, before a GradScaler's scale reaches them, and a token's
     softmax gradient over 32,768 positions (about 1e-9) is below fp16's smallest value; the plain loss's backward
     gets the scale first."""
+    return (w.device.type in CHUNKED_LOSS_DEVICES and _product_dtype(w) != torch.float16
+            and torch.is_grad_enabled() and (h.requires_grad or w.requires_grad))
+
+
+def _product_dtype(w: torch.Tensor) -> torch.dtype:
+    """The dtype ``F.linear(h, w)`` would multiply in here: autocast's where it is on, else the weight's."""
     device = w.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else w.dtype
-    return (device in CHUNKED_LOSS_DEVICES and dtype != torch.float16 and torch.is_grad_enabled()
-            and (h.requires_grad or w.requires_grad))
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else w.dtype
 
 
 def chunked_nll(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, chunk_rows: int = CHUNK_ROWS) -> torch.Tensor:
     """Mean cross-entropy of ``targets`` (``IGNORE`` skipped) under ``h · wᵀ``: the value and gradients of
     ``F.cross_entropy(F.linear(h, w).float(), targets, ignore_index=IGNORE)``, over blocks of ``chunk_rows``
     positions. Under autocast the products take autocast's dtype, as ``F.linear`` would; the softmax is fp32."""
-    device = w.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else w.dtype
     h2 = h.reshape(-1, h.size(-1))
-    return _ChunkedNLL.apply(h2, w, targets.reshape(-1), dtype, chunk_rows)
+    return _ChunkedNLL.apply(h2, w, targets.reshape(-1), _product_dtype(w), chunk_rows)
 
 
 class _ChunkedNLL(torch.autograd.Function):
