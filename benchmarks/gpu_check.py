@@ -1236,6 +1236,37 @@ def _one_process_group(ctx: Ctx):
         dist.destroy_process_group()
 
 
+def _timed_arms(ctx: Ctx, model, module, attr: str, arms: tuple[str, str],
+                runs: tuple[tuple[int, bool], ...]) -> list[str]:
+    """An A/B of ``model``'s updates with ``module.<attr>`` not naming this device (``arms[0]``) and naming it
+    (``arms[1]``), for each (throughput size, compiled) of ``runs``: figures ``update_s_<arm>_<label>``,
+    ``peak_gib_<arm>_<label>`` (on the GPU) and ``<arms[1]>_vs_<arms[0]>_<label>`` (> 1: the named path is
+    faster); returns the ``<label> <gain>×`` notes."""
+    import torch
+
+    from gptcli.train.pretrain import lm_loss
+
+    off, on = arms
+    notes = []
+    for size, compiled in runs:
+        b, t = ctx.sizes.throughput[size]
+        label = f"{b}x{t}_{'compile' if compiled else 'eager'}"
+        data = batches(ctx, 2, b, t)
+        for name in arms:
+            with _naming(module, attr, ctx.device.type, name == on):
+                if ctx.cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                tr = trainer(ctx, model, loss_fn=compiled_loss(ctx) if compiled else lm_loss)
+                seconds = _timed_updates(ctx, tr, data, timed=10)
+                peak = torch.cuda.max_memory_allocated() / 2**30 if ctx.cuda else None
+                ctx.record(**{f"update_s_{name}_{label}": round(seconds, 5), f"peak_gib_{name}_{label}": peak})
+                del tr
+        gain = ctx.figures[f"update_s_{off}_{label}"] / ctx.figures[f"update_s_{on}_{label}"]
+        ctx.record(**{f"{on}_vs_{off}_{label}": round(gain, 3)})
+        notes.append(f"{label} {gain:.2f}×")
+    return notes
+
+
 def _timed_updates(ctx: Ctx, tr, data: list, timed: int, warm: int = 3) -> float:
     """Seconds per update over ``timed`` updates after ``warm`` ones (compilation and autotuning among them)."""
     for i in range(warm):
@@ -1386,24 +1417,10 @@ def check_chunked_loss(ctx: Ctx) -> str:
     if diff > 1e-2:
         raise Failed(f"the chunked loss differs from the whole logits' by {diff:.1e}: {start}")
     last = len(ctx.sizes.throughput) - 1
-    notes = []
-    for compiled in (False, True):
-        b, t = ctx.sizes.throughput[last]
-        label = f"{b}x{t}_{'compile' if compiled else 'eager'}"
-        data = batches(ctx, 2, b, t)
-        for name in ("whole", "chunked"):
-            with _naming(chunked_nll, "CHUNKED_LOSS_DEVICES", ctx.device.type, name == "chunked"):
-                if ctx.cuda:
-                    torch.cuda.reset_peak_memory_stats()
-                tr = trainer(ctx, model, loss_fn=compiled_loss(ctx) if compiled else lm_loss)
-                seconds = _timed_updates(ctx, tr, data, timed=10)
-                peak = torch.cuda.max_memory_allocated() / 2**30 if ctx.cuda else None
-                ctx.record(**{f"update_s_{name}_{label}": round(seconds, 5), f"peak_gib_{name}_{label}": peak})
-                del tr
-        gain = ctx.figures[f"update_s_whole_{label}"] / ctx.figures[f"update_s_chunked_{label}"]
-        ctx.record(**{f"chunked_vs_whole_{label}": round(gain, 3)})
-        notes.append(f"{label} {gain:.2f}×")
+    notes = _timed_arms(ctx, model, chunked_nll, "CHUNKED_LOSS_DEVICES", ("whole", "chunked"),
+                        ((last, False), (last, True)))
     ctx.need_cuda("what the blocks save is GPU memory traffic and memory (the CPU has its own blockwise loss)")
+    b, t = ctx.sizes.throughput[last]
     mem = {n: ctx.figures[f"peak_gib_{n}_{b}x{t}_compile"] for n in ("whole", "chunked")}
     return (f"chunked against whole logits, per update: {', '.join(notes)}; peak compiled {mem['whole']:.1f} → "
             f"{mem['chunked']:.1f} GiB; loss {diff:.1e} (> 1: \"cuda\" belongs in chunked_nll.CHUNKED_LOSS_DEVICES)")
@@ -1456,21 +1473,8 @@ def check_padded_head(ctx: Ctx) -> str:
     if rel(losses["padded"], losses["plain"]) > 1e-3:
         raise Failed(f"padded head's loss {losses['padded']} differs from the plain {losses['plain']}")
     last = len(ctx.sizes.throughput) - 1
-    notes = []
-    for size, compiled in ((0, False), (last, False), (last, True)):
-        b, t = ctx.sizes.throughput[size]
-        label = f"{b}x{t}_{'compile' if compiled else 'eager'}"
-        data = batches(ctx, 2, b, t)
-        times = {}
-        for name in ("plain", "padded"):
-            with _naming(tied, "PADDED_HEAD_DEVICES", ctx.device.type, name == "padded"):
-                tr = trainer(ctx, model, loss_fn=compiled_loss(ctx) if compiled else lm_loss)
-                times[name] = _timed_updates(ctx, tr, data, timed=10)
-        gain = times["plain"] / times["padded"]
-        ctx.record(**{f"update_s_plain_{label}": round(times["plain"], 5),
-                      f"update_s_padded_{label}": round(times["padded"], 5),
-                      f"padded_vs_plain_{label}": round(gain, 3)})
-        notes.append(f"{label} {gain:.2f}×")
+    notes = _timed_arms(ctx, model, tied, "PADDED_HEAD_DEVICES", ("plain", "padded"),
+                        ((0, False), (last, False), (last, True)))
     ctx.need_cuda("the products' alignment is what this measures, on the GPU (the CPU's padding is kernels/tied.py's)")
     return (f"padded head against plain, per update: {', '.join(notes)} "
             "(> 1: \"cuda\" belongs in tied.PADDED_HEAD_DEVICES)")

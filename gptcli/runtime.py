@@ -166,6 +166,13 @@ def autocast(device: torch.device, precision: Precision):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def product_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype a matrix product with ``t`` runs in here: autocast's where autocast is on for ``t``'s device, else
+    ``t``'s own (what code that casts its operands itself, and then turns autocast off, must cast them to)."""
+    device = t.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else t.dtype
+
+
 def shared_casts(device: torch.device, precision: Precision):
     """A disabled autocast region around all the micro-batches of one update (a no-op for fp32).
 

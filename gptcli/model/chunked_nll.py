@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from gptcli.model.losses import IGNORE
+from gptcli.runtime import product_dtype
 
 CHUNKED_LOSS_DEVICES: tuple[str, ...] = ()
 """Device types whose training loss (``TiedEmbeddingLM.lm_nll``, outside the CPU kernels) is :func:`chunked_nll`.
@@ -39,14 +40,8 @@ def applies(h: torch.Tensor, w: torch.Tensor) -> bool:
     Not fp16: its gradients are made in the forward pass, before a GradScaler's scale reaches them, and a token's
     softmax gradient over 32,768 positions (about 1e-9) is below fp16's smallest value; the plain loss's backward
     gets the scale first."""
-    return (w.device.type in CHUNKED_LOSS_DEVICES and _product_dtype(w) != torch.float16
+    return (w.device.type in CHUNKED_LOSS_DEVICES and product_dtype(w) != torch.float16
             and torch.is_grad_enabled() and (h.requires_grad or w.requires_grad))
-
-
-def _product_dtype(w: torch.Tensor) -> torch.dtype:
-    """The dtype ``F.linear(h, w)`` would multiply in here: autocast's where it is on, else the weight's."""
-    device = w.device.type
-    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else w.dtype
 
 
 def chunked_nll(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, chunk_rows: int = CHUNK_ROWS) -> torch.Tensor:
@@ -54,7 +49,7 @@ def chunked_nll(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, chunk_r
     ``F.cross_entropy(F.linear(h, w).float(), targets, ignore_index=IGNORE)``, over blocks of ``chunk_rows``
     positions. Under autocast the products take autocast's dtype, as ``F.linear`` would; the softmax is fp32."""
     h2 = h.reshape(-1, h.size(-1))
-    return _ChunkedNLL.apply(h2, w, targets.reshape(-1), _product_dtype(w), chunk_rows)
+    return _ChunkedNLL.apply(h2, w, targets.reshape(-1), product_dtype(w), chunk_rows)
 
 
 class _ChunkedNLL(torch.autograd.Function):

@@ -79,7 +79,7 @@ class TiedEmbeddingLM(nn.Module):
             return chunked_nll.chunked_nll(h, w, targets)
         padded = self._padded_training_logits(h)
         if padded is not None:
-            return next_token_nll(padded, targets, classes=self.tok_emb.weight.size(0), consume=True)
+            return next_token_nll(padded, targets, classes=w.size(0), consume=True)
         return next_token_nll(self.lm_logits(h), targets, consume=True)
 
     def lm_token_nll(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,7 @@ from torch.autograd.function import once_differentiable
 
 from gptcli.model.kernels import native
 from gptcli.model.kernels.dropout import Mask, draw_seed, threshold
+from gptcli.runtime import product_dtype
 
 PATHS: tuple[str, ...] = ("sdpa", "plain", "chunked", "fused")
 """``sdpa``: F.scaled_dot_product_attention. ``plain``: scores, mask, softmax, dropout and the product with v as
@@ -165,7 +166,7 @@ def _written_out(x: torch.Tensor, bias_of, dropout: float, path: str, block_rows
     device = x.device.type
     # Under autocast the written-out products run in the autocast dtype (as they would op by op); the function
     # itself then runs with autocast off, on inputs already in that dtype.
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    dtype = product_dtype(x)
     x = x.to(dtype)
     if path == "fused":
         if bias_of is not _causal_bias or _fused_library(device, dtype) is None:

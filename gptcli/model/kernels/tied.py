@@ -30,6 +30,7 @@ from gptcli.model import kernels
 from gptcli.model.kernels import casts, onednn
 from gptcli.model.kernels.transpose import transposed
 from gptcli.model.kernels.tied_lookup import Link
+from gptcli.runtime import product_dtype
 
 PAD_ROWS_TO = 64
 """Vocabulary rows are padded to a multiple of this for the output product."""
@@ -107,9 +108,7 @@ def padded_product(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """``F.linear(h, pad_rows(w))`` in plain PyTorch, under autocast with the weight cast to autocast's dtype before
     it is padded (the pad then copies the narrow embedding, not the fp32 one). The padded product of
     :func:`training_logits`, and of ``gptcli.model.tied.PADDED_HEAD_DEVICES`` on other devices."""
-    device = w.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else w.dtype
-    return F.linear(h, pad_rows(w.to(dtype)))
+    return F.linear(h, pad_rows(w.to(product_dtype(w))))
 
 
 def _links(h: torch.Tensor, w: torch.Tensor, link: Link | None) -> bool:
