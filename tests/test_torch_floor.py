@@ -60,3 +60,22 @@ def test_a_command_on_an_older_torch_is_one_error_line_but_help_still_shows(monk
         with pytest.raises(SystemExit) as e:
             cli.main(argv)
         assert e.value.code == 0
+
+
+def test_the_library_refuses_an_older_torch_before_training(monkeypatch) -> None:
+    """A Python user who never runs the CLI gets the same error from the Trainer both trainers use, not an
+    AttributeError at the first update's clipping."""
+    import torch
+
+    from gptcli.train.trainer import Trainer
+
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "2.4.1" if name == "torch" else real(name))
+    monkeypatch.setattr(metadata, "requires", lambda name: ["torch>=2.6"])
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    args = (model, optimizer, lambda m, b: m(b).sum(), lambda step: 0.1)
+    with pytest.raises(GPT1Error, match=r"^PyTorch 2\.4\.1 is installed; gpt1 needs torch>=2\.6"):
+        Trainer(*args, device=torch.device("cpu"))
+    monkeypatch.setattr(metadata, "version", real)
+    Trainer(*args, device=torch.device("cpu"))  # the installed torch passes

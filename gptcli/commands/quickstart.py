@@ -9,6 +9,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.markup import escape
 
+from gptcli import guide
 from gptcli.commands.options import Options, Parsed
 from gptcli.commands.render import RichProgress, stderr_console, stdout_console
 from gptcli.pipelines.quickstart import QuickstartConfig, QuickstartResult
@@ -72,6 +73,6 @@ def render_summary(console: Console, result: QuickstartResult) -> None:
                   "the pretraining run, the fine-tuned model and each stage's results.", highlight=False)
     console.print()
     console.print("[bold]What next[/] — the same pipeline at the paper's scale:")
-    for cmd, what in WHAT_NEXT:
-        console.print(f"  [cyan]{cmd}[/]\n      {what}", highlight=False)
-    console.print("  See docs/index.md for the full guide.", highlight=False)
+    for cmd, what, doc in WHAT_NEXT:
+        console.print(f"  [cyan]{cmd}[/]\n      {what} ({escape(guide.page(doc))})", highlight=False)
+    console.print(f"  See {escape(guide.page('index.md'))} for the full guide.", highlight=False)

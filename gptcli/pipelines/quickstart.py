@@ -550,13 +550,13 @@ def summary_rows(numbers: dict[str, Any]) -> list[tuple[str, str, str]]:
     ]
 
 
-WHAT_NEXT: tuple[tuple[str, str], ...] = (
-    ("gpt1 prepare books/ --out corpus", "prepare your own corpus (GPT-1 used BooksCorpus; docs/datasets.md)"),
-    ("gpt1 pretrain --data corpus --out run --gpus 8", "pretrain the full 117M GPT-1 (docs/reproducing-the-paper.md)"),
-    ("gpt1 finetune --task rte --init run --out rte", "fine-tune on one of the paper's 12 tasks (docs/finetune.md)"),
-    ("gpt1 zeroshot --task sst2 --checkpoint run", "the paper's zero-shot heuristics (docs/zeroshot.md)"),
+WHAT_NEXT: tuple[tuple[str, str, str], ...] = (
+    ("gpt1 prepare books/ --out corpus", "prepare your own corpus (GPT-1 used BooksCorpus)", "datasets.md"),
+    ("gpt1 pretrain --data corpus --out run --gpus 8", "pretrain the full 117M GPT-1", "reproducing-the-paper.md"),
+    ("gpt1 finetune --task rte --init run --out rte", "fine-tune on one of the paper's 12 tasks", "finetune.md"),
+    ("gpt1 zeroshot --task sst2 --checkpoint run", "the paper's zero-shot heuristics", "zeroshot.md"),
 )
-"""The real commands, printed at the end of the quickstart."""
+"""The real commands, printed at the end of the quickstart: (command, what it does, its guide page)."""
 
 
 __all__ = ["QuickstartConfig", "QuickstartResult", "STAGES", "WHAT_NEXT", "hold_out", "quickstart",

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
+from gptcli import guide
 from gptcli.errors import GPT1Error
 from gptcli.fsutil import regular_file_problem
 from gptcli.tasks.sources import MANUAL, SOURCES
@@ -140,10 +141,14 @@ class Task:
         """What to do when the data is missing: the command that downloads it, or where a person gets it."""
         if self.folder in SOURCES:
             return (f"fetch it with `gpt1 fetch {self.name}`, or get the official distribution: "
-                    f"{self.source_url or 'see docs/datasets.md'}")
+                    f"{self.source_url or 'see ' + guide.page('datasets.md')}")
         if self.folder in MANUAL:
             return MANUAL[self.folder]
-        return f"official distribution: {self.source_url}" if self.source_url else "see docs/datasets.md"
+        return self._where()
+
+    def _where(self) -> str:
+        """Where a person gets the data by hand: the official distribution, else the guide's datasets page."""
+        return f"official distribution: {self.source_url}" if self.source_url else f"see {guide.page('datasets.md')}"
 
     def data_dir(self, data_dir: str | os.PathLike[str] | None = None, *, root: str | Path | None = None) -> Path:
         """``data_dir`` if given, else ``<root>/<folder>`` (or under a :attr:`parent_folders` entry) with ``root``
@@ -153,7 +158,7 @@ class Task:
         if data_dir is not None:
             d = Path(data_dir)
             if not d.is_dir():
-                where = f"official distribution: {self.source_url}" if self.source_url else "see docs/datasets.md"
+                where = self._where()
                 raise GPT1Error(f"{d}: data directory for task {self.name!r} not found (expected a folder "
                                 f"{self.folder}/ holding {expected}; {where})")
             return d

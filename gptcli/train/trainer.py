@@ -24,6 +24,7 @@ from gptcli.model import kernels
 from gptcli.train.grad_norm import clip_grad_norm, grad_norm
 from gptcli.train.optim import set_lr
 from gptcli.runtime import Precision, autocast, shared_casts
+from gptcli.torch_floor import check_torch
 
 
 @dataclass
@@ -57,6 +58,9 @@ class Trainer:
         precision: Precision = "fp32",
         grad_clip: float | None = 1.0,
     ) -> None:
+        # The CLI checks the floor before any command; a library user reaches training through here, and an older
+        # torch would otherwise fail at the first update's clipping (torch_floor.py), after the data was prepared.
+        check_torch()
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
