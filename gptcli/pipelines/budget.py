@@ -13,24 +13,30 @@ from typing import Any
 
 import torch
 
+from gptcli.runtime import configure_backends
+
 
 def time_update(model_config: Any, seq_len: int, batch_size: int, device: torch.device, precision: str,
-                steps: int = 3) -> float:
+                steps: int = 3, warmup: int = 2) -> float:
     """Seconds per pretraining update of a ``model_config`` model here: the median of ``steps`` timed updates
-    after one warm-up (the first update pays for allocations and kernel selection). Random weights and tokens:
-    the cost of an update does not depend on their values."""
+    after ``warmup`` untimed ones (the first two pay for allocations and kernel selection: on a 2-core CPU the
+    quickstart's model took 190 and 110 ms, then 53). Random weights and tokens: the cost of an update does not
+    depend on their values. The backends are set up first as the run will set them (:func:`configure_backends`):
+    without glibc's allocator setting the same updates took 65-75 ms, and a quickstart timed that way planned its
+    pretraining at 96 ms per update, then ran at 48, finishing in half its minutes."""
     from gptcli.model.build import build_model
     from gptcli.train.optim import make_optimizer
     from gptcli.train.pretrain import lm_loss
     from gptcli.train.trainer import Trainer
 
+    configure_backends(device)
     g = torch.Generator().manual_seed(0)
     model = build_model(model_config).to(device)  # either architecture (gptcli.model.build)
     opt = make_optimizer(model, 1e-4, 0.01)
     trainer = Trainer(model, opt, lm_loss, lambda s: 1e-4, device=device, precision=precision, grad_clip=1.0)
     batch = torch.randint(0, model_config.vocab_size, (batch_size, seq_len + 1), generator=g).to(device)
     times = []
-    for i in range(steps + 1):
+    for i in range(warmup + steps):
         if device.type == "cuda":
             torch.cuda.synchronize()
         t = time.perf_counter()
@@ -38,7 +44,7 @@ def time_update(model_config: Any, seq_len: int, batch_size: int, device: torch.
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
-    timed = sorted(times[1:])
+    timed = sorted(times[warmup:])
     return timed[len(timed) // 2]
 
 

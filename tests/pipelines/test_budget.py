@@ -26,3 +26,17 @@ def test_time_update_measures_a_positive_time():
     cfg = ModelConfig(vocab_size=50, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32)
     s = budget.time_update(cfg, 16, 2, torch.device("cpu"), "fp32", steps=1)
     assert 0 < s < 5
+
+
+def test_time_update_times_the_run_s_backends_after_two_warmups(monkeypatch):
+    """The timed updates must run as the run will: glibc's allocator setting made before them (without it the
+    quickstart planned 96 ms per update and ran at 48), and past the two slow first updates."""
+    from gptcli.train.trainer import Trainer
+
+    events: list[str] = []
+    monkeypatch.setattr(budget, "configure_backends", lambda device: events.append(f"backends {device.type}"))
+    step = Trainer.step
+    monkeypatch.setattr(Trainer, "step", lambda self, i, mbs: (events.append(f"step {i}"), step(self, i, mbs))[1])
+    cfg = ModelConfig(vocab_size=50, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32)
+    budget.time_update(cfg, 16, 2, torch.device("cpu"), "fp32", steps=3)
+    assert events == ["backends cpu", "step 0", "step 1", "step 2", "step 3", "step 4"]
