@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -997,6 +998,101 @@ def check_resume(ctx: Ctx) -> str:
         raise Failed(f"restored step tensors on {state['step_tensor_devices']}, params on {state['param_device']}")
     return f"after resume: {after:.1e} (run-to-run before the stop {noise:.1e}); CUDA RNG restored; step on " \
            f"{state['param_device']}"
+
+
+@check("out_of_memory", 180, "a run whose update does not fit (the GPU capped at 1 GiB more than in use): one "
+       "OutOfMemory naming "
+"--micro-batch-size, and its advice followed until the run fits and finishes; the memory given back after")
+def check_out_of_memory(ctx: Ctx) -> str:
+    """PyTorch's "CUDA out of memory" inside a real update, turned into gpt1's one line (gptcli/train/run/memory.py)
+    with the GPU's figures, and the advice it gives followed until the run fits. The GPU is capped for this process
+    (``torch.cuda.set_per_process_memory_fraction``) so that a small run stands for a paper-sized one; the dry run,
+    with no memory to cap, refuses micro-batches over 2 sequences in the trainer instead."""
+    import gc
+
+    import torch
+
+    from gptcli.train.pretrain import PretrainConfig, pretrain
+    from gptcli.train.run.memory import OutOfMemory
+
+    corpus, _ = corpus_paths(ctx)
+    s = ctx.sizes
+    # The resume check's depth: the finishing run writes a checkpoint, which at 12 blocks takes seconds to hash.
+    cfg = PretrainConfig(data=corpus, out=ctx.work / "oom", preset=s.pt_preset, model={"n_layer": s.resume_layers},
+                         seq_len=s.pt_seq, batch_size=64,
+                         max_steps=2, warmup_steps=1, eval_every=0, eval_batches=1, save_every=0, log_every=1,
+                         verify_data=False, device="cuda" if ctx.cuda else "cpu", precision=ctx.precision)
+    attempts: list[dict[str, Any]] = []
+    with _memory_cap(ctx, gib=1.0):
+        micro = None
+        for _ in range(8):
+            message = _oom_message(lambda: pretrain(dataclasses.replace(cfg, micro_batch_size=micro)), OutOfMemory)
+            attempts.append({"micro_batch_size": micro or cfg.batch_size, "error": message})
+            ctx.record(attempts=attempts)
+            if message is None:
+                break
+            advice = re.search(r"pass --micro-batch-size (\d+):", message)
+            if advice is None:
+                raise Failed(f"the error names no --micro-batch-size: {message}")
+            micro = int(advice[1])
+    gc.collect()
+    if ctx.cuda:
+        torch.cuda.empty_cache()
+        ctx.record(allocated_after_gib=round(torch.cuda.memory_allocated() / 2**30, 2))
+    first = attempts[0]["error"] or ""
+    shape = r"^(cuda:\d|cpu) ran out of memory in update 1 of 2(; [\d.]+ of [\d.]+ GiB in use)? \(pass --micro-batch"
+    if not re.match(shape, first):
+        raise Failed(f"the first run's error is not the one line expected: {first!r}")
+    if attempts[-1]["error"] is not None:
+        raise Failed(f"still out of memory after {len(attempts)} runs following the advice")
+    sizes = " → ".join(str(a["micro_batch_size"]) for a in attempts)
+    ctx.need_cuda("the dry run's trainer refused the large micro-batches itself; the advice was followed")
+    if "GiB in use" not in first:
+        raise Failed(f"the CUDA error does not say how much memory was in use: {first!r}")
+    return f"micro-batches {sizes}: fitted and finished; first error: {first[:160]}"
+
+
+@contextlib.contextmanager
+def _memory_cap(ctx: Ctx, gib: float):
+    """This process's GPU allocations capped at ``gib`` more than it holds now (restored after); in the dry run, a
+    trainer that raises PyTorch's out-of-memory error for micro-batches over 2 sequences."""
+    import torch
+
+    if ctx.cuda:
+        total = torch.cuda.get_device_properties(ctx.device).total_memory
+        torch.cuda.empty_cache()
+        held = torch.cuda.memory_allocated(ctx.device)  # what earlier checks left: the cap comes on top of it
+        ctx.record(cap_gib=gib, held_before_gib=round(held / 2**30, 2))
+        torch.cuda.set_per_process_memory_fraction(min(1.0, (held + gib * 2**30) / total), ctx.device)
+        try:
+            yield
+        finally:
+            torch.cuda.set_per_process_memory_fraction(1.0, ctx.device)
+        return
+    from gptcli.train.trainer import Trainer
+
+    real = Trainer.step
+
+    def step(self, i, micro_batches):
+        if max(len(mb) for mb in micro_batches) > 2:
+            raise torch.OutOfMemoryError("CPU stand-in: out of memory (the dry run's cap)")
+        return real(self, i, micro_batches)
+
+    Trainer.step = step
+    try:
+        yield
+    finally:
+        Trainer.step = real
+
+
+def _oom_message(run: Callable[[], Any], error: type) -> str | None:
+    """``run()``; the message of the ``error`` it raised, else None. Only the text leaves this frame: the exception's
+    traceback holds the failed update's tensors, which must be freed before the next attempt."""
+    try:
+        run()
+    except error as e:
+        return str(e)
+    return None
 
 
 def restored_state(ctx: Ctx, path: Path) -> dict[str, Any]:

@@ -191,6 +191,20 @@ def os_error_line(e: OSError) -> str:
     return f"{where}{what} ({hint})"
 
 
+def _out_of_memory_line(e: BaseException) -> str | None:
+    """One line for a failed allocation outside a training run's update loop (which words its own, naming the run's
+    flags: gptcli/train/run/memory.py): in scoring, zero-shot, generation or conversion. None for anything else."""
+    if "torch" not in sys.modules:  # nothing allocated tensors: not an allocation of ours
+        return None
+    from gptcli.train.run.memory import is_out_of_memory
+
+    if not is_out_of_memory(e):
+        return None
+    what = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return (f"out of memory: {what} (score in smaller batches: --batch-size of eval and zeroshot; a smaller "
+            f"--micro-batch-size in training; --debug shows where)")
+
+
 class Terminated(BaseException):
     """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt: Python's default would end the process
     on the spot and leave the command's hidden temporaries (a half-written corpus) behind."""
@@ -248,7 +262,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     except BaseException as e:
         _record_for_launcher(e)
-        raise
+        line = _out_of_memory_line(e)
+        if line is None or _state["debug"]:
+            raise
+        _error_line(line)
+        sys.exit(1)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

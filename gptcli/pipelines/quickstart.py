@@ -26,7 +26,7 @@ Then :func:`write_summary` writes ``summary.json`` with the final numbers. Every
 marked as a quickstart (:mod:`gptcli.outputs`); an earlier quickstart there is replaced only with ``overwrite``,
 and kept aside until this run has finished (:func:`check_out`, :func:`_replacing`).
 Budget: ``minutes`` is the target for the whole run; pretraining gets what is left after preparing minus an
-estimate of the later stages. Progress is reported through :mod:`gptcli.progress`: each numbered stage is one
+estimate of the later stages, up to ``max_epochs`` passes over its corpus. Progress is reported through :mod:`gptcli.progress`: each numbered stage is one
 ``stage(title)`` … ``end(summary)``, and the library functions it calls report inside it.
 """
 
@@ -70,12 +70,12 @@ T = TypeVar("T")
 
 @dataclass
 class QuickstartConfig:
-    """Settings of ``gpt1 quickstart``. The defaults run in about ``minutes`` on a 2-core laptop CPU."""
+    """Settings of ``gpt1 quickstart``. The defaults run in at most ``minutes`` on a 2-core laptop CPU."""
 
     out: Path = Path("runs/quickstart")
     """Output directory (text, task files, corpus, runs, summary.json)."""
     minutes: float = 4.0
-    """Wall-clock target for the whole run; pretraining gets what the other stages leave."""
+    """Wall-clock target for the whole run; pretraining gets what the other stages leave, up to ``max_epochs``."""
     seed: int = 0
     """Seeds the held-out modules, the task, the BPE sample, initialisation and data order."""
     overwrite: bool = False

@@ -31,6 +31,7 @@ from gptcli.train.finetune_setup import FinetuneSetup, checkpoint_meta
 from gptcli.train.optim import lr_at, released_lr
 from gptcli.train.run.directory import read_step_checkpoint, write_step_checkpoint
 from gptcli.train.run.loop import GracefulStop, Moment, RunState, every
+from gptcli.train.run.memory import half
 from gptcli.train.trainer import Parallel, StepResult, Trainer
 
 
@@ -209,6 +210,25 @@ class FinetuneJob:
         return True
 
     # --- checkpoints ------------------------------------------------------------------------------------------------
+
+    def smaller(self, evaluating: bool) -> str:
+        """``--eval-batch-size`` halved for the dev scoring, else ``--micro-batch-size`` halved (a multiple-choice
+        example holds one sequence per answer)."""
+        c = self.setup.config
+        if evaluating:
+            now = c.eval_batch_size or 2 * c.batch_size
+            size = half(now)
+            flag, what = "--eval-batch-size", f"the dev examples are then scored {size} at a time instead of {now}"
+        else:
+            share = -(-c.batch_size // self.par.world_size)  # a rank's share, rounded up
+            now = min(c.micro_batch_size or share, share)
+            size = half(now)
+            flag, what = "--micro-batch-size", (f"each process then computes its {share} examples per update {size} "
+                                                f"at a time instead of {now}; the update is the same")
+        if size is None:
+            return ("one example per forward pass does not fit: use --precision bf16 where the device has it, or a "
+                    "smaller --n-ctx (examples are truncated to it)")
+        return f"pass {flag} {size}: {what}"
 
     def save(self) -> Path:
         """(Rank 0) ``checkpoints/step-N``: body + head + tokenizer (loadable by ``gpt1 eval``), the training state

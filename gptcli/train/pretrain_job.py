@@ -27,6 +27,7 @@ from gptcli.train.pretrain_config import PretrainConfig
 from gptcli.train.pretrain_hints import plateau_hint
 from gptcli.train.run.directory import write_step_checkpoint
 from gptcli.train.run.loop import GracefulStop, Moment, RunState, every
+from gptcli.train.run.memory import half
 from gptcli.train.runlog import Throughput, format_duration
 from gptcli.train.trainer import Parallel, StepResult, Trainer, split_micro_batches, unwrap
 
@@ -209,6 +210,22 @@ class PretrainJob:
         tokens = round(par.mean(float(ev.tokens)) * par.world_size)
         nll = par.mean(ev.loss * ev.tokens if ev.tokens else 0.0) * par.world_size
         return (nll / tokens if tokens else float("nan")), tokens
+
+    def smaller(self, evaluating: bool) -> str:
+        """``--micro-batch-size`` halved (the largest size under half that divides a process's share, as the
+        batch split requires): it sets the rows of every training and validation forward pass."""
+        c = self.plan.config
+        share = max(1, c.batch_size // self.par.world_size)
+        now = self.plan.val_micro if evaluating else min(self.plan.micro, share)
+        size = half(now, divides=share)
+        if size is None:
+            return (f"one sequence of {c.seq_len} tokens per forward pass does not fit: use --precision bf16 where "
+                    f"the device has it, a shorter --seq-len or a smaller --model")
+        if evaluating:
+            return (f"pass --micro-batch-size {size}: validation then scores {size} sequences of {c.seq_len} tokens "
+                    f"at a time instead of {now}")
+        return (f"pass --micro-batch-size {size}: each process then computes its {share} sequences of {c.seq_len} "
+                f"tokens per update {size} at a time instead of {now}; the update is the same (gradient accumulation)")
 
     def save(self) -> Path:
         """(Rank 0) checkpoint the current step with its training state; prune to ``keep_last``."""

@@ -420,3 +420,24 @@ def test_curve_reports_one_stage_per_checkpoint_and_skips_once(tiny_run, shared_
     assert top == [1, 1, 1]
     summaries = [e["summary"] for e in rec.of("end") if e["summary"].startswith("step ")]
     assert summaries == [f"step {p.step}: wsc {p.scores['wsc']:.1f}" for p in curve.points]
+
+
+def test_out_of_memory_in_scoring_is_one_line(tiny_run, shared_data, tmp_path, capsys, monkeypatch):
+    """Outside a training run's loop (which names its own flags) a failed allocation is one line too, naming the
+    batch flags, where it was PyTorch's traceback; --debug still shows the traceback."""
+    import gptcli.eval.zeroshot as zs
+
+    def hungry(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 30.00 GiB.\nmore detail")
+
+    monkeypatch.setattr(zs, "zeroshot", hungry)
+    args = ["zeroshot", "--task", "sst2", "--checkpoint", str(tiny_run), "--data-dir",
+            str(shared_data / "glue/SST-2"), "--out", str(tmp_path / "out"), "--limit", "4"]
+    code, _, err = _cli(args, capsys, monkeypatch)
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("error: out of memory: CUDA out of memory. Tried to allocate 30.00 GiB. (score in smaller "
+                          "batches: --batch-size of eval and zeroshot;"), err
+    with pytest.raises(torch.OutOfMemoryError):
+        from gptcli.cli import main
+
+        main(["--debug", *args])

@@ -20,13 +20,14 @@ name.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Hashable, Protocol, Sequence
+from typing import Any, Hashable, Iterator, Protocol, Sequence
 
 import torch
 import torch.nn as nn
@@ -35,6 +36,7 @@ from gptcli.checkpoint import read_header
 from gptcli.errors import GPT1Error
 from gptcli.progress import Progress
 from gptcli.train.run.directory import step_checkpoints
+from gptcli.train.run.memory import is_out_of_memory, out_of_memory
 from gptcli.train.runlog import RunLogger
 from gptcli.train.trainer import Parallel
 
@@ -196,6 +198,11 @@ class Job(Protocol):
     def save(self) -> Path:
         """(Rank 0) Write a step checkpoint of this position and prune to ``keep_last``; its path."""
 
+    def smaller(self, evaluating: bool) -> str:
+        """After running out of memory in an update (or, ``evaluating``, in scoring held-out data): the flag and
+        value that make each forward pass smaller, with what one holds now (``pass --micro-batch-size 16: each
+        update's 32 sequences per process are computed 16 at a time, the same update``)."""
+
 
 def stop_handler(par: Parallel, resumable: bool) -> GracefulStop:
     """How a run hears SIGINT/SIGTERM: as a flag, unless it cannot resume (then signals stay as they are); a worker
@@ -223,7 +230,8 @@ def train(job: Job, stop: GracefulStop, report: Progress, max_minutes: float | N
                         f"{job.state.total}: the learning-rate schedule did not finish", level="warn")
             _finish_early(job, report, stop, unread)
             return None
-        loss = job.update()
+        with _memory(job, f"in update {job.state.step + 1:,} of {job.state.total:,}", evaluating=False):
+            loss = job.update()
         job.state.watch.observe(job.state.step, loss)
         moment = job.moment()
         if moment.sync:
@@ -240,7 +248,7 @@ def _follow(job: Job, moment: Moment, stop: GracefulStop, report: Progress) -> s
     """What follows an update, in the one order: log, evaluate, save, and stop if a signal came."""
     if moment.log:
         job.log(report)
-    if moment.evaluate and not job.evaluate(report, stop):
+    if moment.evaluate and not _evaluate(job, report, stop):
         return stop_here(job, stop)  # a signal came during the evaluation: it is redone on resume
     if moment.save:
         save(job)
@@ -255,9 +263,30 @@ def _finish_early(job: Job, report: Progress, stop: GracefulStop, unread: bool) 
     """End at the deadline as at the end of the schedule: figures read, evaluated, saved."""
     if unread:
         settle(job)  # never checkpoint past a divergence
-    job.evaluate(report, stop)
+    _evaluate(job, report, stop)
     if job.state.saved != job.position():
         save(job)
+
+
+def _evaluate(job: Job, report: Progress, stop: GracefulStop) -> bool:
+    with _memory(job, f"scoring the held-out data after update {job.state.step:,}", evaluating=True):
+        return job.evaluate(report, stop)
+
+
+@contextlib.contextmanager
+def _memory(job: Job, during: str, evaluating: bool) -> Iterator[None]:
+    """Run the block; a failed allocation in it becomes the one out-of-memory error (memory.py), with the job's
+    advice and the checkpoint to continue from, if the run writes any (a fine-tuning run built for ``--overwrite``
+    writes none: its hidden directory goes when it fails)."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - re-raised as it is unless an allocation failed
+        if not is_out_of_memory(e):
+            raise
+        # Rank 0 knows the path it wrote; another rank knows only that a checkpoint holds a position.
+        saved = job.resumable and job.state.saved is not None
+        where = (job.state.last_checkpoint or "the run's newest checkpoint") if saved else None
+        raise out_of_memory(job.state.device, during, job.smaller(evaluating), where) from e
 
 
 def settle(job: Job) -> None:

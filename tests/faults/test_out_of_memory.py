@@ -1,0 +1,185 @@
+"""A run that runs out of memory ends with one line naming the flag and value that make it fit, and the checkpoint
+to continue from; it writes no checkpoint after the failed allocation (gptcli/train/run/memory.py).
+
+PyTorch's own error ("CUDA out of memory. Tried to allocate …", a traceback) named neither. A GPU's error cannot be
+provoked on CPU, so the tests raise PyTorch's own ``torch.OutOfMemoryError`` where an allocation would fail, and the
+host's real one (an allocation no machine has room for, refused at once by the allocator).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from corpus_helpers import random_corpus
+
+import gptcli.train.pretrain as pretrain_mod
+import gptcli.train.pretrain_job as pretrain_job_mod
+from gptcli.train.pretrain import PretrainConfig, pretrain
+from gptcli.train.run.memory import OutOfMemory, half, is_out_of_memory, out_of_memory
+from gptcli.train.trainer import Trainer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+MODEL = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 64, "n_ctx": 16}
+CUDA_WORDS = "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.10 GiB"
+
+
+def _cfg(data, out, **kw) -> PretrainConfig:
+    base = dict(data=data, out=out, preset="tiny", model=dict(MODEL), seq_len=16, batch_size=8, max_steps=6,
+                warmup_steps=1, eval_every=0, save_every=2, log_every=1, device="cpu", precision="fp32",
+                peak_flops=1e11)
+    return PretrainConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return random_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def _host_out_of_memory() -> RuntimeError:
+    """The CPU allocator's real error: 10 TB, which it refuses at once rather than paging towards."""
+    try:
+        torch.empty(10**13, dtype=torch.uint8)
+    except RuntimeError as e:
+        return e
+    pytest.skip("this machine allocated 10 TB")
+
+
+def test_what_counts_as_out_of_memory() -> None:
+    assert is_out_of_memory(torch.OutOfMemoryError(CUDA_WORDS))
+    assert is_out_of_memory(MemoryError())
+    assert is_out_of_memory(_host_out_of_memory())
+    assert not is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x8 and 16x4)"))
+    assert not is_out_of_memory(ValueError("can't allocate memory"))  # the words alone are not the allocator's
+
+
+def test_half_keeps_the_batch_split_valid() -> None:
+    assert half(64, divides=64) == 32 and half(8) == 4 and half(5) == 2
+    assert half(48, divides=48) == 24 and half(6, divides=12) == 3 and half(5, divides=10) == 2
+    assert half(3, divides=4) == 1 and half(1) is None and half(1, divides=8) is None
+
+
+def test_the_error_says_what_ran_out_when_and_what_to_pass() -> None:
+    e = out_of_memory(torch.device("cpu"), "in update 4 of 6", "pass --micro-batch-size 2: …", "run/step-2")
+    assert str(e) == ("cpu ran out of memory in update 4 of 6 (pass --micro-batch-size 2: …; then --resume "
+                      "continues from run/step-2)")
+    assert isinstance(e, OutOfMemory) and e.exit_code == 1
+
+
+def _failing_update(at: int, error: BaseException):
+    real = Trainer.step
+
+    def step(self, i, micro_batches):
+        if i == at:
+            raise error
+        return real(self, i, micro_batches)
+
+    return step
+
+
+def test_an_update_out_of_memory_names_the_micro_batch_and_the_checkpoint(corpus, tmp_path, monkeypatch) -> None:
+    run = tmp_path / "run"
+    monkeypatch.setattr(Trainer, "step", _failing_update(3, torch.OutOfMemoryError(CUDA_WORDS)))
+    with pytest.raises(OutOfMemory) as e:
+        pretrain(_cfg(corpus, run))
+    msg = str(e.value)
+    assert msg.startswith("cpu ran out of memory in update 4 of 6 (pass --micro-batch-size 4: each process then "
+                          "computes its 8 sequences of 16 tokens per update 4 at a time instead of 8; the update is "
+                          "the same (gradient accumulation); "), msg
+    assert msg.endswith(f"then --resume continues from {run / 'checkpoints' / 'step-0000002'})") and "\n" not in msg
+    assert isinstance(e.value.__cause__, torch.OutOfMemoryError)  # --debug shows PyTorch's own error under it
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0000002"]  # nothing after the failure
+    # The advice works: resumed with it, the run continues from that checkpoint and finishes.
+    monkeypatch.undo()
+    res = pretrain(_cfg(corpus, run, resume=True, micro_batch_size=4))
+    assert res.step == 6 and (run / "checkpoints" / "step-0000006").is_dir()
+
+
+def test_a_first_update_out_of_memory_has_no_checkpoint_to_name(corpus, tmp_path, monkeypatch) -> None:
+    """The host's real allocation error, in the first update of a run already split in micro-batches of 2."""
+    def hungry(model, batch):
+        torch.empty(10**13, dtype=torch.uint8)
+
+    monkeypatch.setattr(pretrain_mod, "lm_loss", hungry)
+    run = tmp_path / "run"
+    with pytest.raises(OutOfMemory) as e:
+        pretrain(_cfg(corpus, run, micro_batch_size=2))
+    msg = str(e.value)
+    assert msg.startswith("cpu ran out of memory in update 1 of 6 (pass --micro-batch-size 1:"), msg
+    assert "--resume" not in msg and not (run / "checkpoints").exists()
+
+
+def test_one_sequence_that_does_not_fit_is_told_so(corpus, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(Trainer, "step", _failing_update(0, MemoryError()))
+    with pytest.raises(OutOfMemory, match=r"one sequence of 16 tokens per forward pass does not fit: use "
+                                          r"--precision bf16 where the device has it, a shorter --seq-len"):
+        pretrain(_cfg(corpus, tmp_path / "run", micro_batch_size=1))
+
+
+def test_validation_out_of_memory_names_the_validation_batch(corpus, tmp_path, monkeypatch) -> None:
+    def hungry(*args, **kwargs):
+        raise torch.OutOfMemoryError(CUDA_WORDS)
+
+    monkeypatch.setattr(pretrain_job_mod, "evaluate_lm", hungry)
+    with pytest.raises(OutOfMemory) as e:
+        pretrain(_cfg(corpus, tmp_path / "run", eval_every=4))
+    msg = str(e.value)
+    assert msg.startswith("cpu ran out of memory scoring the held-out data after update 4 (pass "
+                          "--micro-batch-size 4: validation then scores 4 sequences of 16 tokens at a time instead "
+                          "of 8; "), msg
+    assert "then --resume continues from" in msg and "step-0000002" in msg
+
+
+def test_other_errors_pass_through_unchanged(corpus, tmp_path, monkeypatch) -> None:
+    bug = RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x8 and 16x4)")
+    monkeypatch.setattr(Trainer, "step", _failing_update(1, bug))
+    with pytest.raises(RuntimeError) as e:
+        pretrain(_cfg(corpus, tmp_path / "run"))
+    assert e.value is bug
+
+
+def test_fine_tuning_names_its_own_flags(pretrained, shared_data, tmp_path, monkeypatch) -> None:
+    from gptcli.train.finetune import FinetuneConfig, finetune
+    from gptcli.train.finetune_loss import TaskLoss
+
+    real, calls = TaskLoss.__call__, {"n": 0}
+
+    def hungry(self, model, batch):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise torch.OutOfMemoryError(CUDA_WORDS)
+        return real(self, model, batch)
+
+    monkeypatch.setattr(TaskLoss, "__call__", hungry)
+    run = tmp_path / "ft"
+    kw = dict(task="sst2", init=str(pretrained), out=str(run), data_dir=str(shared_data / "glue/SST-2"),
+              max_train_examples=40, max_eval_examples=8, batch_size=4, epochs=1, log_every=3, save_every=2,
+              device="cpu", precision="fp32")
+    with pytest.raises(OutOfMemory) as e:
+        finetune(FinetuneConfig(**kw))
+    msg = str(e.value)
+    assert msg.startswith("cpu ran out of memory in update 3 of 10 (pass --micro-batch-size 2: each process then "
+                          "computes its 4 examples per update 2 at a time instead of 4; the update is the same; "
+                          f"then --resume continues from {run / 'checkpoints' / 'step-0000002'})"), msg
+
+    import gptcli.train.finetune_job as finetune_job_mod
+
+    monkeypatch.setattr(TaskLoss, "__call__", real)
+    monkeypatch.setattr(finetune_job_mod, "predict_dev", lambda *a, **k: (_ for _ in ()).throw(MemoryError()))
+    with pytest.raises(OutOfMemory) as e:
+        finetune(FinetuneConfig(**kw, resume=True, micro_batch_size=2))
+    assert str(e.value).startswith("cpu ran out of memory scoring the held-out data after update 10 (pass "
+                                   "--eval-batch-size 4: the dev examples are then scored 4 at a time instead of 8;")
+
+
+def test_the_cli_shows_one_line(corpus, tmp_path, capsys, monkeypatch) -> None:
+    from gptcli.cli import main
+
+    monkeypatch.setattr(Trainer, "step", _failing_update(0, torch.OutOfMemoryError(CUDA_WORDS)))
+    args = ["pretrain", "--data", str(corpus), "--out", str(tmp_path / "run"), "--preset", "tiny", "--n-layer", "1",
+            "--n-embd", "32", "--n-head", "2", "--n-inner", "64", "--n-ctx", "16", "--seq-len", "16",
+            "--batch-size", "8", "--max-steps", "4", "--warmup-steps", "1", "--device", "cpu", "--precision", "fp32", "--quiet"]
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("error: cpu ran out of memory in update 1 of 4 (pass --micro-batch-size 4:"), err
