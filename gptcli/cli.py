@@ -173,6 +173,11 @@ def _record_for_launcher(e: BaseException) -> None:
     if os.environ.get("TORCHELASTIC_ERROR_FILE") and not isinstance(e, SystemExit):
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
+        if isinstance(e, GPT1Error) and type(e) is not GPT1Error:
+            # The file holds "<class name>: <message>", and the launcher shows a GPT1Error's message alone; a
+            # subclass (out of memory, a diverged run) would otherwise read "OutOfMemory: cuda:3 ran out of …".
+            e = GPT1Error(str(e))
+
         ErrorHandler().record_exception(e)
 
 

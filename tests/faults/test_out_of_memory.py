@@ -183,3 +183,20 @@ def test_the_cli_shows_one_line(corpus, tmp_path, capsys, monkeypatch) -> None:
     err = capsys.readouterr().err
     assert e.value.code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith("error: cpu ran out of memory in update 1 of 4 (pass --micro-batch-size 4:"), err
+
+
+def test_a_worker_s_error_reaches_the_launcher_as_its_message_alone(tmp_path, monkeypatch) -> None:
+    """Under `--gpus N` the launcher shows the failed rank's error from the file the worker wrote: the message,
+    not "OutOfMemory: …" (GPT1Error subclasses are recorded as their message)."""
+    from types import SimpleNamespace
+
+    from gptcli.cli import _record_for_launcher
+    from gptcli.train.distributed import _failure_message
+    from gptcli.train.run.loop import NonFiniteLossError
+
+    for error in (OutOfMemory("cuda:3 ran out of memory in update 7 of 9 (pass --micro-batch-size 4: …)"),
+                  NonFiniteLossError("loss became nan at update 5; stopping (…)")):
+        path = tmp_path / f"{type(error).__name__}.json"
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+        _record_for_launcher(error)
+        assert _failure_message(SimpleNamespace(error_file=str(path), exitcode=1)) == str(error)
