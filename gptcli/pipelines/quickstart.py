@@ -26,8 +26,9 @@ Then :func:`write_summary` writes ``summary.json`` with the final numbers. Every
 marked as a quickstart (:mod:`gptcli.outputs`); an earlier quickstart there is replaced only with ``overwrite``,
 and kept aside until this run has finished (:func:`check_out`, :func:`_replacing`).
 Budget: ``minutes`` is the target for the whole run; pretraining gets what is left after preparing minus an
-estimate of the later stages, up to ``max_epochs`` passes over its corpus. Progress is reported through :mod:`gptcli.progress`: each numbered stage is one
-``stage(title)`` … ``end(summary)``, and the library functions it calls report inside it.
+estimate of the later stages, up to ``max_epochs`` passes over its corpus. Progress is reported through
+:mod:`gptcli.progress`: each numbered stage is one ``stage(title)`` … ``end(summary)``, and the library functions it
+calls report inside it.
 """
 
 from __future__ import annotations

@@ -177,7 +177,8 @@ def test_the_cli_shows_one_line(corpus, tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.setattr(Trainer, "step", _failing_update(0, torch.OutOfMemoryError(CUDA_WORDS)))
     args = ["pretrain", "--data", str(corpus), "--out", str(tmp_path / "run"), "--preset", "tiny", "--n-layer", "1",
             "--n-embd", "32", "--n-head", "2", "--n-inner", "64", "--n-ctx", "16", "--seq-len", "16",
-            "--batch-size", "8", "--max-steps", "4", "--warmup-steps", "1", "--device", "cpu", "--precision", "fp32", "--quiet"]
+            "--batch-size", "8", "--max-steps", "4", "--warmup-steps", "1", "--device", "cpu", "--precision", "fp32",
+            "--quiet"]
     with pytest.raises(SystemExit) as e:
         main(args)
     err = capsys.readouterr().err

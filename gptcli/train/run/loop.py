@@ -201,7 +201,7 @@ class Job(Protocol):
     def smaller(self, evaluating: bool) -> str:
         """After running out of memory in an update (or, ``evaluating``, in scoring held-out data): the flag and
         value that make each forward pass smaller, with what one holds now (``pass --micro-batch-size 16: each
-        update's 32 sequences per process are computed 16 at a time, the same update``)."""
+        process then computes its 32 sequences of 512 tokens per update 16 at a time instead of 32; …``)."""
 
 
 def stop_handler(par: Parallel, resumable: bool) -> GracefulStop:
