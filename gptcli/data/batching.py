@@ -52,11 +52,15 @@ class Batch:
     packing: Packing | None = None
     """Set for a packed batch (:func:`collate_packed`): ``ids`` and ``mask`` are then one row (1, N) of the
     sequences end to end, and this says where each one starts and ends."""
+    lm_positions: torch.Tensor | None = None
+    """A padded batch's positions that predict a next token (every real token but the last of its row), as flat
+    indices into ``ids``, counted on the host by :func:`collate` (:func:`lm_positions`); None: found from ``mask``."""
 
     def to(self, device: torch.device | str) -> "Batch":
         labels = None if self.labels is None else to_device(self.labels, device)
+        positions = None if self.lm_positions is None else to_device(self.lm_positions, device)
         return Batch(to_device(self.ids, device), to_device(self.mask, device), labels, self.index, self.n_seqs,
-                     None if self.packing is None else self.packing.to(device))
+                     None if self.packing is None else self.packing.to(device), positions)
 
     @property
     def size(self) -> int:
@@ -93,7 +97,16 @@ def collate(items: Sequence[Encoded], regression: bool = False) -> Batch:
     for r, s in enumerate(rows):
         ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
         mask[r, : len(s)] = 1.0
-    return Batch(ids, mask, *_labels_and_index(items, regression), n_seqs)
+    return Batch(ids, mask, *_labels_and_index(items, regression), n_seqs, lm_positions=lm_positions(mask))
+
+
+def lm_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Flat indices into a (rows, T) batch of the positions whose next token is a real one: the inputs of the
+    auxiliary LM loss (:func:`gptcli.model.losses.lm_loss_per_sequence`). How many there are is known here, on the
+    host; found on a GPU from the mask, it would make the host wait for the device in every update."""
+    has_next = torch.zeros(mask.shape, dtype=torch.bool)
+    has_next[:, :-1] = mask[:, 1:] > 0
+    return has_next.reshape(-1).nonzero().squeeze(1)
 
 
 def collate_packed(items: Sequence[Encoded], extract_id: int, regression: bool = False) -> Batch:

@@ -68,7 +68,8 @@ def lm_loss_per_sequence_packed(
 
 
 def lm_loss_per_sequence(
-    hidden: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, lm_logits: Callable[[torch.Tensor], torch.Tensor]
+    hidden: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, lm_logits: Callable[[torch.Tensor], torch.Tensor],
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The released code's auxiliary LM loss, one value per sequence.
 
@@ -77,13 +78,19 @@ def lm_loss_per_sequence(
     targets; the caller averages over sequences (``lm_losses.mean()``), as ``tf.reduce_mean(lm_losses)`` does.
 
     Only the positions that have a target go through the (vocabulary-wide) output layer ``lm_logits``: pad
-    positions would cost a 40k-wide projection each for nothing.
+    positions would cost a 40k-wide projection each for nothing. They are ``positions``, flat indices into ``ids``
+    counted on the host when the batch was made (``gptcli.data.batching.lm_positions``); found here from ``mask``
+    when not given, which on a GPU waits for the device to say how many there are.
     """
-    n = ids.size(0)
-    if ids.size(1) < 2:
+    n, width = ids.shape
+    if width < 2:
         return torch.zeros(n, device=ids.device)
-    m = mask[:, 1:] > 0
-    rows = torch.arange(n, device=ids.device).unsqueeze(1).expand_as(m)[m]
-    nll = next_token_nll(lm_logits(hidden[:, :-1][m]), ids[:, 1:][m], reduction="none")
-    total = torch.zeros(n, device=ids.device, dtype=nll.dtype).index_add_(0, rows, nll)
-    return total / m.sum(1).clamp_min(1).to(nll.dtype)
+    if positions is None:
+        has_next = torch.zeros_like(mask, dtype=torch.bool)
+        has_next[:, :-1] = mask[:, 1:] > 0
+        positions = has_next.reshape(-1).nonzero().squeeze(1)
+    h = hidden.reshape(-1, hidden.size(-1)).index_select(0, positions)
+    targets = ids.reshape(-1).index_select(0, positions + 1)  # the next token: same row, as the position has one
+    nll = next_token_nll(lm_logits(h), targets, reduction="none")
+    total = torch.zeros(n, device=ids.device, dtype=nll.dtype).index_add_(0, positions // width, nll)
+    return total / (mask[:, 1:] > 0).sum(1).clamp_min(1).to(nll.dtype)

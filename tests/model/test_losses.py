@@ -24,6 +24,35 @@ def test_per_sequence_loss_matches_the_direct_computation():
         torch.testing.assert_close(got[row], want)
 
 
+def test_per_sequence_loss_from_positions_counted_on_the_host_is_the_same():
+    """The padded batch carries its LM positions (gptcli.data.batching.lm_positions), so that a GPU never waits to
+    count them: the same losses and gradients as the mask's own positions, and as the mask-indexed form before."""
+    from gptcli.data.batching import lm_positions
+
+    torch.manual_seed(0)
+    hidden = torch.randn(4, 9, 16, requires_grad=True)
+    ids = torch.randint(0, 50, (4, 9))
+    mask = torch.ones(4, 9)
+    mask[1, 4:] = 0
+    mask[2, 1:] = 0  # one token: no target, loss 0
+    head = torch.randn(50, 16)
+    positions = lm_positions(mask)
+    assert positions.tolist() == [r * 9 + j for r, n in enumerate([9, 4, 1, 9]) for j in range(n - 1)]
+    got = lm_loss_per_sequence(hidden, ids, mask, lambda h: h @ head.T, positions)
+    (g_got,) = torch.autograd.grad(got.sum(), hidden)
+    found = lm_loss_per_sequence(hidden, ids, mask, lambda h: h @ head.T)
+    (g_found,) = torch.autograd.grad(found.sum(), hidden)
+    m = mask[:, 1:] > 0  # the form before: boolean indexing, whose size a GPU has to report to the host
+    rows = torch.arange(4).unsqueeze(1).expand_as(m)[m]
+    nll = F.cross_entropy(hidden[:, :-1][m] @ head.T, ids[:, 1:][m], reduction="none")
+    before = torch.zeros(4).index_add_(0, rows, nll) / m.sum(1).clamp_min(1)
+    (g_before,) = torch.autograd.grad(before.sum(), hidden)
+    assert torch.equal(got, found) and torch.equal(g_got, g_found)
+    torch.testing.assert_close(got, before, rtol=0, atol=1e-6)
+    torch.testing.assert_close(g_got, g_before, rtol=0, atol=1e-6)
+    assert got[2] == 0
+
+
 @pytest.fixture(params=["compiled", "blocks"])
 def loss_path(request, monkeypatch) -> str:
     """Both ways the kernel computes: the compiled rows (loss.cpp, where the library is built with AVX-512) and the

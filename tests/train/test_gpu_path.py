@@ -156,7 +156,9 @@ def test_a_resume_loads_the_checkpoint_onto_the_cpu_then_into_the_model(tmp_path
 
 # --- 5. the host reads tensors back only on logging updates -----------------------------------------------------
 
-_READS = ("item", "tolist", "__float__", "__int__", "__bool__")
+_READS = ("item", "tolist", "__float__", "__int__", "__bool__", "nonzero")
+"""Tensor methods that read a value back (``nonzero``: its size), and below, indexing by a boolean mask, whose
+result's size the device must report to the host."""
 GPU_KERNELS = "reference"
 """The model as a GPU computes it: the CPU kernels of gptcli/model/kernels never run there (``kernels.enabled``),
 and on a CPU, where every operation is synchronous anyway, they may read a value back (the loss kernel's backward
@@ -184,6 +186,22 @@ def host_reads(monkeypatch):
             return _real(self, *a, **kw)
 
         monkeypatch.setattr(torch.Tensor, name, wrapper)
+    real_getitem = torch.Tensor.__getitem__
+
+    def getitem(self, index):
+        parts = index if isinstance(index, tuple) else (index,)
+        if any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts):
+            frame = sys._getframe(1)
+            if frame.f_globals.get("__name__", "").startswith("gptcli"):
+                chain, f = [], frame
+                while f is not None:
+                    if f.f_globals.get("__name__", "").startswith("gptcli"):
+                        chain.append(f.f_code.co_name)
+                    f = f.f_back
+                seen.append((frame.f_code.co_name, tuple(chain)))
+        return real_getitem(self, index)
+
+    monkeypatch.setattr(torch.Tensor, "__getitem__", getitem)
     return seen
 
 
@@ -209,15 +227,21 @@ def test_a_pretraining_update_reads_nothing_back_except_when_it_is_logged(tmp_pa
     assert Counter(f for f, _ in loop) == Counter({"first": syncs, "read": syncs}), loop
 
 
-def test_a_finetuning_update_reads_nothing_back_except_when_it_is_logged(tmp_path, host_reads, pretrained, shared_data):
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_a_finetuning_update_reads_nothing_back_except_when_it_is_logged(tmp_path, host_reads, pretrained, shared_data,
+                                                                         layout):
+    """Both layouts (padded is the LSTM's, and ``--layout padded``): the padded one used to index the hidden states
+    by the mask for the LM loss, two reads back per micro-batch on a GPU."""
     from gptcli.train.finetune import FinetuneConfig, finetune
 
     finetune(FinetuneConfig(task="sst2", init=str(pretrained), out=str(tmp_path / "ft"),
                             data_dir=str(shared_data / "glue/SST-2"), max_train_examples=40, max_eval_examples=8,
                             batch_size=4, epochs=1, log_every=5, device="cpu", precision="fp32",
-                            kernels=GPU_KERNELS))
-    # The head's extract-token check reads its ids on the CPU only (on a GPU it is skipped: it would wait).
-    loop = [(f, chain) for f, chain in _loop_reads(host_reads) if f != "first_extract_positions"]
+                            kernels=GPU_KERNELS, layout=layout))
+    # Reads of the batch as the host builds it, before it goes to the device (the LM positions), and the head's
+    # extract-token check, on the CPU only (on a GPU it is skipped: it would wait).
+    host_side = {"first_extract_positions", "lm_positions"}
+    loop = [(f, chain) for f, chain in _loop_reads(host_reads) if f not in host_side]
     assert not [r for r in loop if "update" in r[1] or "step" in r[1]], loop
     # 10 updates, logged at 5 and 10 (the epoch's last): the non-finite watch and the updates' figures, one
     # transfer each.
