@@ -222,6 +222,9 @@ def _start(job: FinetuneJob, where: RunDirPlan, work: Path | None, report: Progr
     c = setup.config
     scored = f"{len(setup.data.dev)} {c.eval_split} examples" if c.eval_split else "no evaluation split"
     report.note(f"{setup.task.name}: {len(setup.data.train)} training examples, {scored}; {state.total} updates")
+    warning = job.memory_warning()
+    if warning is not None:
+        report.note(warning, level="warn")
     if where.resume_from is not None:
         report.note(f"resuming from {where.resume_from.name}: update {state.step} of {state.total}, epoch {job.epoch}")
 

@@ -22,6 +22,7 @@ from gptcli.data.batching import Batch, collate, collate_packed, collate_shared,
 from gptcli.data.transforms import Encoded
 from gptcli.eval.baselines import prediction_summary
 from gptcli.eval.metrics import score_predictions
+from gptcli.model.build import TRANSFORMER, arch_of
 from gptcli.model.classifier import FinetuneModel
 from gptcli.progress import Progress
 from gptcli.train.finetune_config import FinetuneConfig
@@ -31,7 +32,7 @@ from gptcli.train.finetune_setup import FinetuneSetup, checkpoint_meta
 from gptcli.train.optim import lr_at, released_lr
 from gptcli.train.run.directory import read_step_checkpoint, write_step_checkpoint
 from gptcli.train.run.loop import GracefulStop, Moment, RunState, every
-from gptcli.train.run.memory import half
+from gptcli.train.run.memory import half, too_big_warning, update_bytes
 from gptcli.train.trainer import Parallel, StepResult, Trainer
 
 
@@ -210,6 +211,27 @@ class FinetuneJob:
         return True
 
     # --- checkpoints ------------------------------------------------------------------------------------------------
+
+    def memory_warning(self) -> str | None:
+        """On a CPU, when the epoch's largest forward/backward would not fit in the free memory (memory.py)."""
+        setup, mc = self.setup, self.model.gpt.config
+        if setup.device.type != "cpu" or arch_of(mc) != TRANSFORMER or not self.batches:
+            return None
+        c, par, enc = setup.config, self.par, setup.train_enc
+        padded = c.layout == "padded"
+        params = sum(p.numel() for p in self.model.parameters())
+
+        def tokens(chunk: list[int]) -> int:  # what the layout computes: padded rows, or the real tokens
+            seqs = [s for i in chunk for s in enc[i].seqs]
+            return len(seqs) * max(map(len, seqs)) if padded else sum(map(len, seqs))
+
+        def needed(k: int) -> int:
+            most = max(tokens(chunk) for b in self.batches for chunk, _, _ in micro_batches(b, par.rank,
+                                                                                                par.world_size, k))
+            return update_bytes(mc.n_layer, mc.n_embd, mc.total_vocab, params, most, setup.precision)
+
+        share = -(-c.batch_size // par.world_size)
+        return too_big_warning(needed, min(c.micro_batch_size or share, share), "examples")
 
     def smaller(self, evaluating: bool) -> str:
         """``--eval-batch-size`` halved for the dev scoring, else ``--micro-batch-size`` halved (a multiple-choice

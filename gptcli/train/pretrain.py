@@ -198,11 +198,12 @@ def _pretrain(config: PretrainConfig, par: Parallel, progress: Progress | None) 
 
 
 def _start_notes(job: PretrainJob) -> list[tuple[str, str]]:
-    """What the run says as it starts, as (note, level): a schedule that does not fit the run and a precision this
-    CPU only emulates (warnings), the LSTM's precision and the preset's recipe."""
+    """What the run says as it starts, as (note, level): a schedule that does not fit the run, a precision this
+    CPU only emulates and an update larger than the free memory (warnings), the LSTM's precision and the preset's
+    recipe."""
     plan, config = job.plan, job.plan.config
     notes = [(warmup_warning(plan.total_steps, config.warmup_steps, config.lr), "warn"),
-             (precision_warning(plan.precision, plan.device), "warn")]
+             (precision_warning(plan.precision, plan.device), "warn"), (job.memory_warning(), "warn")]
     if arch_of(plan.model_config) == "lstm":
         notes.append((precision_note(plan.device.type, plan.precision), "info"))
     if job.state.step == 0:

@@ -20,14 +20,14 @@ from gptcli.config import to_dict
 from gptcli.data.shards import Corpus
 from gptcli.data.windows import WindowSampler
 from gptcli.eval.perplexity import evaluate_lm
-from gptcli.model.build import AnyConfig, LanguageModel
+from gptcli.model.build import TRANSFORMER, AnyConfig, LanguageModel, arch_of
 from gptcli.progress import Progress
 from gptcli.runtime import Precision
 from gptcli.train.pretrain_config import PretrainConfig
 from gptcli.train.pretrain_hints import plateau_hint
 from gptcli.train.run.directory import write_step_checkpoint
 from gptcli.train.run.loop import GracefulStop, Moment, RunState, every
-from gptcli.train.run.memory import half
+from gptcli.train.run.memory import half, too_big_warning, update_bytes
 from gptcli.train.runlog import Throughput, format_duration
 from gptcli.train.trainer import Parallel, StepResult, Trainer, split_micro_batches, unwrap
 
@@ -210,6 +210,20 @@ class PretrainJob:
         tokens = round(par.mean(float(ev.tokens)) * par.world_size)
         nll = par.mean(ev.loss * ev.tokens if ev.tokens else 0.0) * par.world_size
         return (nll / tokens if tokens else float("nan")), tokens
+
+    def memory_warning(self) -> str | None:
+        """On a CPU, when the largest forward/backward would not fit in the free memory (memory.py)."""
+        plan, c = self.plan, self.plan.config
+        mc = plan.model_config
+        if plan.device.type != "cpu" or arch_of(mc) != TRANSFORMER:  # the estimate is the Transformer's
+            return None
+        share = max(1, c.batch_size // self.par.world_size)
+        params = sum(p.numel() for p in self.model.parameters())
+
+        def needed(rows: int) -> int:
+            return update_bytes(mc.n_layer, mc.n_embd, mc.total_vocab, params, rows * c.seq_len, plan.precision)
+
+        return too_big_warning(needed, min(plan.micro, share), f"sequences of {c.seq_len} tokens", divides=share)
 
     def smaller(self, evaluating: bool) -> str:
         """``--micro-batch-size`` halved (the largest size under half that divides a process's share, as the

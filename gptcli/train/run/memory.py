@@ -15,6 +15,7 @@ No checkpoint is written after the error: an update cut short may have changed s
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -62,4 +63,67 @@ def out_of_memory(device: torch.device, during: str, advice: str, checkpoint: Pa
     return OutOfMemory(f"{device} ran out of memory {during}{in_use(device)} ({advice}{then})")
 
 
-__all__ = ["OutOfMemory", "half", "in_use", "is_out_of_memory", "out_of_memory"]
+# --- before the first update, on a CPU -------------------------------------------------------------------------------
+# A CPU run that asks for more memory than the machine has is not told so: Linux lets the allocations through and
+# then kills the process (exit 137, "Killed"), often minutes in, with nothing said. So a CPU run estimates what its
+# largest forward/backward holds and says, before the first update, when that is more than is free.
+#
+# Bytes a training update of the Transformer holds on a CPU, measured with the kernels on (peak RSS of the second
+# update over its tokens; AMD EPYC Zen 5, torch 2.13, 2026-12-04; docs/reliability.md §6): per token, per block and
+# unit of width; per token and vocabulary entry (the output layer's logits, their gradient, the loss); and per
+# parameter, the gradients and AdamW's two moments (and, under bf16 autocast, the weights' bf16 copies).
+PER_TOKEN_BLOCK_WIDTH = {"fp32": 81, "bf16": 75}
+PER_TOKEN_VOCAB = {"fp32": 13, "bf16": 2}
+PER_PARAM = {"fp32": 12, "bf16": 14}
+
+
+def update_bytes(n_layer: int, n_embd: int, vocab: int, params: int, tokens: int, precision: str) -> int:
+    """Bytes a CPU training update of ``tokens`` tokens (its largest forward/backward) needs beyond the weights."""
+    per_token = PER_TOKEN_BLOCK_WIDTH[precision] * n_layer * n_embd + PER_TOKEN_VOCAB[precision] * vocab
+    return PER_PARAM[precision] * params + per_token * tokens
+
+
+def free_bytes() -> int | None:
+    """Memory this process can still take: the kernel's MemAvailable, or less where a cgroup (a container, a job
+    scheduler) limits the process; None where neither can be read (not Linux)."""
+    limits = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                limits.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit_file, usage_file in (("memory.max", "memory.current"), ("memory/memory.limit_in_bytes",
+                                                                      "memory/memory.usage_in_bytes")):
+        try:
+            limit = Path("/sys/fs/cgroup", limit_file).read_text().strip()
+            usage = int(Path("/sys/fs/cgroup", usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 2**60:  # "max", or v1's "no limit" of nearly 2**63
+            limits.append(int(limit) - usage)
+    return min(limits) if limits else None
+
+
+def too_big_warning(needed: Callable[[int], int], now: int, unit: str, divides: int | None = None,
+                    free: int | None = None) -> str | None:
+    """The warning a CPU run gives before its first update when ``needed(now)`` bytes (its largest forward/backward
+    at a micro-batch of ``now`` ``unit``) are more than 90 % of what is free, with the largest micro-batch that fits
+    (dividing ``divides``, where the split requires it); None when it fits or nothing is known."""
+    free = free_bytes() if free is None else free
+    if free is None or needed(now) <= 0.9 * free:
+        return None
+    sizes = (k for k in range(now - 1, 0, -1) if divides is None or divides % k == 0)
+    fit = next((k for k in sizes if needed(k) <= 0.9 * free), None)
+    advice = (f"pass --micro-batch-size {fit}: the same update, in smaller parts" if fit is not None
+              else "not even a micro-batch of 1 would fit: use a smaller model or a machine with more memory")
+    return (f"a forward/backward of {now} {unit} needs about {_size(needed(now))} here and {_size(free)} are free, "
+            f"so the system would likely stop the run without a word ({advice})")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+__all__ = ["OutOfMemory", "free_bytes", "half", "in_use", "is_out_of_memory", "out_of_memory", "too_big_warning",
+           "update_bytes"]
