@@ -218,6 +218,11 @@ def test_an_update_too_big_for_the_free_memory_is_warned_about_with_a_size_that_
                    "update, in smaller parts)")  # 18 would fit, but 64 is split in parts of 16, not 18
     assert "--micro-batch-size 18:" in too_big_warning(needed, 64, "examples", free=20 * gib)
     assert "not even a micro-batch of 1 would fit" in too_big_warning(needed, 4, "examples", free=gib // 2)
+    # `--procs 2` (CPU workers): each process holds its own forward/backward.
+    assert too_big_warning(needed, 8, "examples", free=20 * gib, processes=2) is None  # 16 GiB of 20
+    assert too_big_warning(needed, 12, "examples", free=20 * gib, processes=2).startswith(
+        "a forward/backward of 12 examples in each of 2 processes needs about 24.0 GiB here and 20.0 GiB are free")
+    assert "--micro-batch-size 9:" in too_big_warning(needed, 12, "examples", free=20 * gib, processes=2)
 
 
 def test_the_estimate_grows_with_the_model_the_tokens_and_the_precision() -> None:

@@ -14,6 +14,7 @@ No checkpoint is written after the error: an update cut short may have changed s
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -106,19 +107,22 @@ def free_bytes() -> int | None:
 
 
 def too_big_warning(needed: Callable[[int], int], now: int, unit: str, divides: int | None = None,
-                    free: int | None = None) -> str | None:
+                    free: int | None = None, processes: int | None = None) -> str | None:
     """The warning a CPU run gives before its first update when ``needed(now)`` bytes (its largest forward/backward
-    at a micro-batch of ``now`` ``unit``) are more than 90 % of what is free, with the largest micro-batch that fits
+    at a micro-batch of ``now`` ``unit``) in each of this machine's ``processes`` (default: the launcher's
+    ``LOCAL_WORLD_SIZE``, else 1) are more than 90 % of what is free, with the largest micro-batch that fits
     (dividing ``divides``, where the split requires it); None when it fits or nothing is known."""
     free = free_bytes() if free is None else free
-    if free is None or needed(now) <= 0.9 * free:
+    processes = processes or int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    if free is None or processes * needed(now) <= 0.9 * free:
         return None
     sizes = (k for k in range(now - 1, 0, -1) if divides is None or divides % k == 0)
-    fit = next((k for k in sizes if needed(k) <= 0.9 * free), None)
+    fit = next((k for k in sizes if processes * needed(k) <= 0.9 * free), None)
     advice = (f"pass --micro-batch-size {fit}: the same update, in smaller parts" if fit is not None
               else "not even a micro-batch of 1 would fit: use a smaller model or a machine with more memory")
-    return (f"a forward/backward of {now} {unit} needs about {_size(needed(now))} here and {_size(free)} are free, "
-            f"so the system would likely stop the run without a word ({advice})")
+    each = f" in each of {processes} processes" if processes > 1 else ""
+    return (f"a forward/backward of {now} {unit}{each} needs about {_size(processes * needed(now))} here and "
+            f"{_size(free)} are free, so the system would likely stop the run without a word ({advice})")
 
 
 def _size(n: int) -> str:
