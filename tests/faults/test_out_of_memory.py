@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from corpus_helpers import random_corpus
+from run_helpers import tiny_config
 
 import gptcli.train.pretrain as pretrain_mod
 import gptcli.train.pretrain_job as pretrain_job_mod
@@ -19,15 +20,11 @@ from gptcli.train.run.memory import OutOfMemory, half, is_out_of_memory, out_of_
 from gptcli.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-MODEL = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 64, "n_ctx": 16}
 CUDA_WORDS = "CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.10 GiB"
 
 
 def _cfg(data, out, **kw) -> PretrainConfig:
-    base = dict(data=data, out=out, preset="tiny", model=dict(MODEL), seq_len=16, batch_size=8, max_steps=6,
-                warmup_steps=1, eval_every=0, save_every=2, log_every=1, device="cpu", precision="fp32",
-                peak_flops=1e11)
-    return PretrainConfig(**{**base, **kw})
+    return tiny_config(data, out, **{"batch_size": 8, "max_steps": 6, **kw})
 
 
 @pytest.fixture(scope="module")
