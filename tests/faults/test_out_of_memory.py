@@ -45,6 +45,8 @@ def test_what_counts_as_out_of_memory() -> None:
     assert is_out_of_memory(torch.OutOfMemoryError(CUDA_WORDS))
     assert is_out_of_memory(MemoryError())
     assert is_out_of_memory(_host_out_of_memory())
+    assert is_out_of_memory(RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously …"))
+    assert is_out_of_memory(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"))
     assert not is_out_of_memory(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x8 and 16x4)"))
     assert not is_out_of_memory(ValueError("can't allocate memory"))  # the words alone are not the allocator's
 

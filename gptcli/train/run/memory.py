@@ -22,9 +22,12 @@ import torch
 
 from gptcli.errors import GPT1Error
 
-# How PyTorch's CPU allocator words a failed allocation: a RuntimeError, not torch.OutOfMemoryError (torch 2.13:
-# "DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes"; older: "not enough memory").
-_CPU_WORDS = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
+# Failed allocations that PyTorch raises as a plain RuntimeError, not torch.OutOfMemoryError: its CPU allocator's
+# (torch 2.13: "DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes"; older: "not enough
+# memory"), and CUDA's own where memory runs out outside PyTorch's caching allocator (a cuBLAS or cuDNN workspace,
+# a library's handle).
+_RUNTIME_WORDS = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory",
+                  "CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
 
 
 class OutOfMemory(GPT1Error):
@@ -35,7 +38,7 @@ def is_out_of_memory(e: BaseException) -> bool:
     """Whether ``e`` is an allocation that failed for want of memory, on any device."""
     if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
         return True
-    return isinstance(e, RuntimeError) and any(w in str(e) for w in _CPU_WORDS)
+    return isinstance(e, RuntimeError) and any(w in str(e) for w in _RUNTIME_WORDS)
 
 
 def in_use(device: torch.device) -> str:
