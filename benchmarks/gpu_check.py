@@ -1027,6 +1027,9 @@ def check_out_of_memory(ctx: Ctx) -> str:
         micro = None
         for _ in range(8):
             message = _oom_message(lambda: pretrain(dataclasses.replace(cfg, micro_batch_size=micro)), OutOfMemory)
+            gc.collect()  # the failed update's tensors, held in reference cycles of its frames, before the next try
+            if ctx.cuda:
+                torch.cuda.empty_cache()
             attempts.append({"micro_batch_size": micro or cfg.batch_size, "error": message})
             ctx.record(attempts=attempts)
             if message is None:
@@ -1035,9 +1038,7 @@ def check_out_of_memory(ctx: Ctx) -> str:
             if advice is None:
                 raise Failed(f"the error names no --micro-batch-size: {message}")
             micro = int(advice[1])
-    gc.collect()
     if ctx.cuda:
-        torch.cuda.empty_cache()
         ctx.record(allocated_after_gib=round(torch.cuda.memory_allocated() / 2**30, 2))
     first = attempts[0]["error"] or ""
     shape = r"^(cuda:\d|cpu) ran out of memory in update 1 of 2(; [\d.]+ of [\d.]+ GiB in use)? \(pass --micro-batch"
