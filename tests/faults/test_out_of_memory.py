@@ -242,6 +242,33 @@ def test_free_memory_is_read_on_linux() -> None:
     assert free is None or 0 < free < 2**50
 
 
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_a_cgroup_limit_above_the_process_counts(tmp_path, version) -> None:
+    """A container's or a job scheduler's limit, on the process's cgroup or one above it, under cgroup v1 or v2:
+    what is free is the tighter of it and the machine's MemAvailable."""
+    from gptcli.train.run.memory import free_bytes
+
+    gib = 2**30
+    proc, root = tmp_path / "proc", tmp_path / "cgroup"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text(f"MemTotal: {64 * gib // 1024} kB\nMemAvailable: {40 * gib // 1024} kB\n")
+    if version == "v2":
+        (proc / "self" / "cgroup").write_text("0::/slurm/job_7/step_0\n")
+        job, files = root / "slurm" / "job_7", ("memory.max", "memory.current")
+        (root / "slurm" / "job_7" / "step_0").mkdir(parents=True)
+        (root / "slurm" / "job_7" / "step_0" / "memory.max").write_text("max\n")
+        (root / "slurm" / "job_7" / "step_0" / "memory.current").write_text(f"{gib}\n")
+    else:
+        (proc / "self" / "cgroup").write_text("5:devices:/\n4:memory:/docker/abc\n0::/\n")
+        job, files = root / "memory" / "docker" / "abc", ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        job.mkdir(parents=True)
+    (job / files[0]).write_text(f"{24 * gib}\n")
+    (job / files[1]).write_text(f"{3 * gib}\n")
+    assert free_bytes(proc, root) == 21 * gib  # 24 GiB allowed, 3 in use: tighter than the 40 available
+    (job / files[0]).write_text(f"{9223372036854771712 if version == 'v1' else 'max'}\n")
+    assert free_bytes(proc, root) == 40 * gib  # no limit: the machine's
+
+
 def test_a_cpu_pretraining_run_too_big_for_this_machine_says_so_first(corpus, tmp_path, monkeypatch) -> None:
     import gptcli.train.run.memory as memory
     from gptcli.progress import RecordingProgress

@@ -87,26 +87,50 @@ def update_bytes(n_layer: int, n_embd: int, vocab: int, params: int, tokens: int
     return PER_PARAM[precision] * params + per_token * tokens
 
 
-def free_bytes() -> int | None:
+def free_bytes(proc: Path = Path("/proc"), cgroups: Path = Path("/sys/fs/cgroup")) -> int | None:
     """Memory this process can still take: the kernel's MemAvailable, or less where a cgroup (a container, a job
     scheduler) limits the process; None where neither can be read (not Linux)."""
     limits = []
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
+        for line in (proc / "meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 limits.append(int(line.split()[1]) * 1024)
     except (OSError, ValueError, IndexError):
         pass
-    for limit_file, usage_file in (("memory.max", "memory.current"), ("memory/memory.limit_in_bytes",
-                                                                      "memory/memory.usage_in_bytes")):
+    for folder, limit_file, usage_file in _cgroup_memory(proc / "self" / "cgroup", cgroups):
         try:
-            limit = Path("/sys/fs/cgroup", limit_file).read_text().strip()
-            usage = int(Path("/sys/fs/cgroup", usage_file).read_text().strip())
+            limit = (folder / limit_file).read_text().strip()
+            usage = int((folder / usage_file).read_text().strip())
         except (OSError, ValueError):
             continue
         if limit.isdigit() and int(limit) < 2**60:  # "max", or v1's "no limit" of nearly 2**63
             limits.append(int(limit) - usage)
     return min(limits) if limits else None
+
+
+def _cgroup_memory(membership: Path, root: Path) -> list[tuple[Path, str, str]]:
+    """This process's memory cgroup and each one above it, as (folder, limit file, usage file): cgroup v2's
+    ``0::PATH`` line of /proc/self/cgroup (``membership``), or v1's ``N:memory:PATH`` (a container's or a job
+    scheduler's limit is set on one of them)."""
+    try:
+        lines = membership.read_text().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            base, files = root, ("memory.max", "memory.current")
+        elif "memory" in parts[1].split(","):
+            base, files = root / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        else:
+            continue
+        path = Path(parts[2].strip() or "/")
+        for level in (path, *path.parents):
+            found.append((base / str(level).lstrip("/"), *files))
+    return found
 
 
 def too_big_warning(needed: Callable[[int], int], now: int, unit: str, divides: int | None = None,
