@@ -27,6 +27,7 @@ from typing import Iterator, Sequence, TypeVar
 import torch
 
 from gptcli.data.transforms import Encoded
+from gptcli.model.losses import lm_positions
 from gptcli.model.packed import Packing, to_device
 
 T = TypeVar("T")
@@ -54,7 +55,7 @@ class Batch:
     sequences end to end, and this says where each one starts and ends."""
     lm_positions: torch.Tensor | None = None
     """A padded batch's positions that predict a next token (every real token but the last of its row), as flat
-    indices into ``ids``, counted on the host by :func:`collate` (:func:`lm_positions`); None: found from ``mask``."""
+    indices into ``ids``, counted on the host by :func:`collate` (``losses.lm_positions``); None: found from ``mask``."""
 
     def to(self, device: torch.device | str) -> "Batch":
         labels = None if self.labels is None else to_device(self.labels, device)
@@ -97,16 +98,8 @@ def collate(items: Sequence[Encoded], regression: bool = False) -> Batch:
     for r, s in enumerate(rows):
         ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
         mask[r, : len(s)] = 1.0
+    # The LM loss's positions, counted here on the host: on a GPU, counting them would make the host wait every update.
     return Batch(ids, mask, *_labels_and_index(items, regression), n_seqs, lm_positions=lm_positions(mask))
-
-
-def lm_positions(mask: torch.Tensor) -> torch.Tensor:
-    """Flat indices into a (rows, T) batch of the positions whose next token is a real one: the inputs of the
-    auxiliary LM loss (:func:`gptcli.model.losses.lm_loss_per_sequence`). How many there are is known here, on the
-    host; found on a GPU from the mask, it would make the host wait for the device in every update."""
-    has_next = torch.zeros(mask.shape, dtype=torch.bool)
-    has_next[:, :-1] = mask[:, 1:] > 0
-    return has_next.reshape(-1).nonzero().squeeze(1)
 
 
 def collate_packed(items: Sequence[Encoded], extract_id: int, regression: bool = False) -> Batch:

@@ -67,6 +67,15 @@ def lm_loss_per_sequence_packed(
     return total / packing.lm_counts.to(nll.dtype)
 
 
+def lm_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Flat indices into a right-padded (rows, T) batch of the positions whose next token is a real one: the inputs
+    of :func:`lm_loss_per_sequence`. Its size depends on the mask's values, so on a GPU it makes the host wait for
+    the device; a batch made on the host counts them there (``gptcli.data.batching.collate``)."""
+    has_next = torch.zeros_like(mask, dtype=torch.bool)
+    has_next[:, :-1] = mask[:, 1:] > 0
+    return has_next.reshape(-1).nonzero().squeeze(1)
+
+
 def lm_loss_per_sequence(
     hidden: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, lm_logits: Callable[[torch.Tensor], torch.Tensor],
     positions: torch.Tensor | None = None,
@@ -78,17 +87,15 @@ def lm_loss_per_sequence(
     targets; the caller averages over sequences (``lm_losses.mean()``), as ``tf.reduce_mean(lm_losses)`` does.
 
     Only the positions that have a target go through the (vocabulary-wide) output layer ``lm_logits``: pad
-    positions would cost a 40k-wide projection each for nothing. They are ``positions``, flat indices into ``ids``
-    counted on the host when the batch was made (``gptcli.data.batching.lm_positions``); found here from ``mask``
-    when not given, which on a GPU waits for the device to say how many there are.
+    positions would cost a 40k-wide projection each for nothing. They are ``positions`` (:func:`lm_positions`),
+    counted on the host when the batch was made; found here from ``mask`` when not given, which on a GPU waits for
+    the device to say how many there are.
     """
     n, width = ids.shape
     if width < 2:
         return torch.zeros(n, device=ids.device)
     if positions is None:
-        has_next = torch.zeros_like(mask, dtype=torch.bool)
-        has_next[:, :-1] = mask[:, 1:] > 0
-        positions = has_next.reshape(-1).nonzero().squeeze(1)
+        positions = lm_positions(mask)
     h = hidden.reshape(-1, hidden.size(-1)).index_select(0, positions)
     targets = ids.reshape(-1).index_select(0, positions + 1)  # the next token: same row, as the position has one
     nll = next_token_nll(lm_logits(h), targets, reduction="none")

@@ -117,8 +117,8 @@ class QuickstartConfig:
     """Fixed number of pretraining updates instead of filling the budget (tests, reproducible runs)."""
     max_epochs: float = 8.0
     """Cap on passes over the pretraining corpus when the machine is fast. Measured (seeds 0-2, fixed numbers of
-    updates, docs/quickstart.md): validation perplexity is lowest at 8-10 passes (104-107) and rises past them as
-    the small model learns the docstrings by heart (117 at 13, 142 at 16, 197-207 at 20)."""
+    updates, docs/quickstart.md): validation perplexity is lowest at 8 passes (104-107; 105-113 at 10) and rises
+    past them as the small model learns the docstrings by heart (117 at 13, 142 at 16, 197-262 at 20)."""
     eval_batches: int = 16
     """Validation batches for perplexity (before and after pretraining)."""
     finetune_lr: float = 5e-4

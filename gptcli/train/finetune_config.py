@@ -155,3 +155,8 @@ class FinetuneConfig:
     overwrite: bool = False
     """Replace a finished fine-tuning run in ``out``, or start an unfinished one over (kept whole until the new one
     is complete; any other kind of directory is refused)."""
+
+    @property
+    def scoring_batch_size(self) -> int:
+        """Examples per evaluation batch: ``eval_batch_size``, by default twice ``batch_size``."""
+        return self.eval_batch_size or 2 * self.batch_size

@@ -51,7 +51,7 @@ def predict_dev(setup: FinetuneSetup, model: FinetuneModel, par: Parallel,
     the predictions, not a mean of per-rank scores. ``stop`` (one process only) abandons the evaluation by raising
     :class:`Abandoned`."""
     c, dev = setup.config, setup.dev_enc
-    size = c.eval_batch_size or 2 * c.batch_size
+    size = c.scoring_batch_size
     extract = packed_extract(setup, model)
     if par.world_size == 1:
         batches = iterate(dev, size, shuffle=False, regression=setup.regression, shared_extract=extract)

@@ -210,7 +210,13 @@ class FinetuneJob:
         self.evaluated = True
         return True
 
-    # --- checkpoints ------------------------------------------------------------------------------------------------
+    # --- memory -----------------------------------------------------------------------------------------------------
+
+    def _micro(self) -> tuple[int, int]:
+        """(this rank's share of a batch, rounded up; the examples of it per forward/backward)."""
+        c = self.setup.config
+        share = -(-c.batch_size // self.par.world_size)
+        return share, min(c.micro_batch_size or share, share)
 
     def memory_warning(self) -> str | None:
         """On a CPU, when the epoch's largest forward/backward would not fit in the free memory (memory.py)."""
@@ -230,20 +236,18 @@ class FinetuneJob:
                                                                                                 par.world_size, k))
             return update_bytes(mc.n_layer, mc.n_embd, mc.total_vocab, params, most, setup.precision)
 
-        share = -(-c.batch_size // par.world_size)
-        return too_big_warning(needed, min(c.micro_batch_size or share, share), "examples")
+        return too_big_warning(needed, self._micro()[1], "examples")
 
     def smaller(self, evaluating: bool) -> str:
         """``--eval-batch-size`` halved for the dev scoring, else ``--micro-batch-size`` halved (a multiple-choice
         example holds one sequence per answer)."""
         c = self.setup.config
         if evaluating:
-            now = c.eval_batch_size or 2 * c.batch_size
+            now = c.scoring_batch_size
             size = half(now)
             flag, what = "--eval-batch-size", f"the dev examples are then scored {size} at a time instead of {now}"
         else:
-            share = -(-c.batch_size // self.par.world_size)  # a rank's share, rounded up
-            now = min(c.micro_batch_size or share, share)
+            share, now = self._micro()
             size = half(now)
             flag, what = "--micro-batch-size", (f"each process then computes its {share} examples per update {size} "
                                                 f"at a time instead of {now}; the update is the same")
@@ -251,6 +255,8 @@ class FinetuneJob:
             return ("one example per forward pass does not fit: use --precision bf16 where the device has it, or a "
                     "smaller --n-ctx (examples are truncated to it)")
         return f"pass {flag} {size}: {what}"
+
+    # --- checkpoints ------------------------------------------------------------------------------------------------
 
     def save(self) -> Path:
         """(Rank 0) ``checkpoints/step-N``: body + head + tokenizer (loadable by ``gpt1 eval``), the training state

@@ -60,7 +60,12 @@ class RunPlan:
     @property
     def micro(self) -> int:
         """Rows per forward/backward (a rank's whole share when ``micro_batch_size`` is unset)."""
-        return self.config.micro_batch_size or self.config.batch_size
+        return self.config.micro_batch_size or self.share
+
+    @property
+    def share(self) -> int:
+        """Rows of each global batch that this rank computes."""
+        return max(1, self.config.batch_size // self.par.world_size)
 
     @property
     def val_micro(self) -> int:
@@ -217,20 +222,18 @@ class PretrainJob:
         mc = plan.model_config
         if plan.device.type != "cpu" or arch_of(mc) != TRANSFORMER:  # the estimate is the Transformer's
             return None
-        share = max(1, c.batch_size // self.par.world_size)
         params = sum(p.numel() for p in self.model.parameters())
 
         def needed(rows: int) -> int:
             return update_bytes(mc.n_layer, mc.n_embd, mc.total_vocab, params, rows * c.seq_len, plan.precision)
 
-        return too_big_warning(needed, min(plan.micro, share), f"sequences of {c.seq_len} tokens", divides=share)
+        return too_big_warning(needed, plan.micro, f"sequences of {c.seq_len} tokens", divides=plan.share)
 
     def smaller(self, evaluating: bool) -> str:
         """``--micro-batch-size`` halved (the largest size under half that divides a process's share, as the
         batch split requires): it sets the rows of every training and validation forward pass."""
-        c = self.plan.config
-        share = max(1, c.batch_size // self.par.world_size)
-        now = self.plan.val_micro if evaluating else min(self.plan.micro, share)
+        c, share = self.plan.config, self.plan.share
+        now = self.plan.val_micro if evaluating else self.plan.micro
         size = half(now, divides=share)
         if size is None:
             return (f"one sequence of {c.seq_len} tokens per forward pass does not fit: use --precision bf16 where "

@@ -27,7 +27,7 @@ def test_per_sequence_loss_matches_the_direct_computation():
 def test_per_sequence_loss_from_positions_counted_on_the_host_is_the_same():
     """The padded batch carries its LM positions (gptcli.data.batching.lm_positions), so that a GPU never waits to
     count them: the same losses and gradients as the mask's own positions, and as the mask-indexed form before."""
-    from gptcli.data.batching import lm_positions
+    from gptcli.model.losses import lm_positions
 
     torch.manual_seed(0)
     hidden = torch.randn(4, 9, 16, requires_grad=True)

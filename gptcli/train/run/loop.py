@@ -230,7 +230,7 @@ def train(job: Job, stop: GracefulStop, report: Progress, max_minutes: float | N
                         f"{job.state.total}: the learning-rate schedule did not finish", level="warn")
             _finish_early(job, report, stop, unread)
             return None
-        with _memory(job, f"in update {job.state.step + 1:,} of {job.state.total:,}", evaluating=False):
+        with _memory(job, evaluating=False):
             loss = job.update()
         job.state.watch.observe(job.state.step, loss)
         moment = job.moment()
@@ -269,20 +269,24 @@ def _finish_early(job: Job, report: Progress, stop: GracefulStop, unread: bool) 
 
 
 def _evaluate(job: Job, report: Progress, stop: GracefulStop) -> bool:
-    with _memory(job, f"scoring the held-out data after update {job.state.step:,}", evaluating=True):
+    with _memory(job, evaluating=True):
         return job.evaluate(report, stop)
 
 
 @contextlib.contextmanager
-def _memory(job: Job, during: str, evaluating: bool) -> Iterator[None]:
-    """Run the block; a failed allocation in it becomes the one out-of-memory error (memory.py), with the job's
-    advice and the checkpoint to continue from, if the run writes any (a fine-tuning run built for ``--overwrite``
-    writes none: its hidden directory goes when it fails)."""
+def _memory(job: Job, evaluating: bool) -> Iterator[None]:
+    """Run the block (an update, or with ``evaluating`` a scoring of the held-out data); a failed allocation in it
+    becomes the one out-of-memory error (memory.py), with the job's advice and the checkpoint to continue from, if
+    the run writes any (a fine-tuning run built for ``--overwrite`` writes none: its hidden directory goes when it
+    fails)."""
+    step = job.state.step  # before an update counts itself
     try:
         yield
     except Exception as e:  # noqa: BLE001 - re-raised as it is unless an allocation failed
         if not is_out_of_memory(e):
             raise
+        during = (f"scoring the held-out data after update {step:,}" if evaluating
+                  else f"in update {step + 1:,} of {job.state.total:,}")
         # Rank 0 knows the path it wrote; another rank knows only that a checkpoint holds a position.
         saved = job.resumable and job.state.saved is not None
         where = (job.state.last_checkpoint or "the run's newest checkpoint") if saved else None
