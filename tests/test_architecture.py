@@ -27,7 +27,7 @@ RANKS: dict[str, int] = {
     "commands": 5, "cli": 5, "__main__": 5,
 }
 GROUND = {"errors", "config", "runtime", "allocator", "fsutil", "progress", "outputs", "locks", "torch_floor",
-          "guide", "__init__"}
+          "guide", "padding", "__init__"}
 UI_PACKAGES = ("typer", "rich", "click")
 MAX_FUNCTION_LINES = 80
 # A module a newcomer can hold in their head (issue #28): one concept per file, split when it outgrows this.

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from gptcli.model.losses import IGNORE
+from gptcli.padding import pad_rows
 from gptcli.runtime import product_dtype
 
 CHUNKED_LOSS_DEVICES: tuple[str, ...] = ()
@@ -58,8 +59,6 @@ class _ChunkedNLL(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, dtype: torch.dtype,
                 chunk_rows: int) -> torch.Tensor:
-        from gptcli.model.kernels.tied import pad_rows  # plain PyTorch; the kernels' room holds the padding's size
-
         with torch.autocast(w.device.type, enabled=False):  # explicit dtypes below
             loss, dh, dw = _blocks(h.to(dtype), pad_rows(w.to(dtype)), targets, w.size(0), chunk_rows)
         ctx.save_for_backward(dh.to(h.dtype), dw[: w.size(0)].to(w.dtype))

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from gptcli.model import chunked_nll, kernels
 from gptcli.model.losses import next_token_nll
+from gptcli.padding import padded_product, padded_rows
 
 
 PADDED_HEAD_DEVICES: tuple[str, ...] = ("cuda",)
@@ -103,16 +104,14 @@ class TiedEmbeddingLM(nn.Module):
         """The training losses' logits of ``h`` against the embedding padded to aligned rows, the padding's columns
         included (the loss takes ``classes``), where a padded product applies; ``None`` elsewhere (the plain one).
         With the kernels on (CPU), where ``kernels/tied.py`` finds the padded product the faster one; elsewhere on a
-        device named in :data:`PADDED_HEAD_DEVICES` (``kernels/tied.py``'s ``padded_product``)."""
+        device named in :data:`PADDED_HEAD_DEVICES` (``gptcli/padding.py``'s ``padded_product``)."""
         w = self.tok_emb.weight
         if kernels.enabled(w.device):
             from gptcli.model.kernels.tied import training_logits
 
             return training_logits(h, w, self._tied_link)
         if w.device.type in PADDED_HEAD_DEVICES:
-            from gptcli.model.kernels.tied import PAD_ROWS_TO, padded_product
-
-            return padded_product(h, w) if w.size(0) % PAD_ROWS_TO else None
+            return padded_product(h, w) if padded_rows(w.size(0)) != w.size(0) else None
         return None
 
     def lm_loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

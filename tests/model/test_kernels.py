@@ -143,6 +143,12 @@ def test_reference_imports_no_kernel_module() -> None:
     assert _imported_kernels({"GPT1_KERNELS": "reference"}) == []
     assert _imported_kernels({"GPT1_KERNELS": ""}, "from gptcli.model.kernels import set_kernels; "
                                                    "set_kernels('reference')") == []
+    # The paths CUDA takes with the kernels off, the padded output product and the blockwise loss (named here for the
+    # CPU): plain PyTorch too, which used to import kernels/tied.py for its padding helper.
+    assert _imported_kernels({"GPT1_KERNELS": "reference"}, "from gptcli.model import chunked_nll, tied; "
+                             "tied.PADDED_HEAD_DEVICES = ('cpu',)") == []
+    assert _imported_kernels({"GPT1_KERNELS": "reference"}, "from gptcli.model import chunked_nll, tied; "
+                             "chunked_nll.CHUNKED_LOSS_DEVICES = ('cpu',)") == []
     assert _imported_kernels({"GPT1_KERNELS": "auto"}) == [
         "gptcli.model.kernels.attention", "gptcli.model.kernels.casts", "gptcli.model.kernels.dropout",
         "gptcli.model.kernels.gelu",

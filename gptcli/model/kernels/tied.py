@@ -30,10 +30,7 @@ from gptcli.model import kernels
 from gptcli.model.kernels import casts, onednn
 from gptcli.model.kernels.transpose import transposed
 from gptcli.model.kernels.tied_lookup import Link
-from gptcli.runtime import product_dtype
-
-PAD_ROWS_TO = 64
-"""Vocabulary rows are padded to a multiple of this for the output product."""
+from gptcli.padding import PAD_ROWS_TO, pad_rows, padded_product, padded_rows
 
 PAD_MIN_POSITIONS = 1024
 """Positions from which the padded product pays for its copy of the embedding (a 4 × 512 training batch is 2,048)."""
@@ -67,11 +64,6 @@ def padding_is_faster(h: torch.Tensor, w: torch.Tensor, training: bool = False) 
     return large and w.dtype == torch.float32 and not kernels.amx()
 
 
-def pad_rows(w: torch.Tensor) -> torch.Tensor:
-    """``w`` with zero rows appended up to a multiple of ``PAD_ROWS_TO``."""
-    return F.pad(w, (0, 0, 0, -w.size(0) % PAD_ROWS_TO))
-
-
 def output_logits(h: torch.Tensor, w: torch.Tensor, link: Link | None = None) -> torch.Tensor:
     """``F.linear(h, w)``, through the padded product when that is faster (module docstring). With the ``link`` of
     the lookup that made ``h``'s tokens (fp32 or bf16-autocast training), through :class:`_LinkedProduct`."""
@@ -102,13 +94,6 @@ def training_logits(h: torch.Tensor, w: torch.Tensor, link: Link | None = None) 
         with torch.autocast("cpu", enabled=False):
             return _LinkedProduct.apply(h.to(linked), w, link, True)
     return padded_product(h, w)
-
-
-def padded_product(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``F.linear(h, pad_rows(w))`` in plain PyTorch, under autocast with the weight cast to autocast's dtype before
-    it is padded (the pad then copies the narrow embedding, not the fp32 one). The padded product of
-    :func:`training_logits`, and of ``gptcli.model.tied.PADDED_HEAD_DEVICES`` on other devices."""
-    return F.linear(h, pad_rows(w.to(product_dtype(w))))
 
 
 def _links(h: torch.Tensor, w: torch.Tensor, link: Link | None) -> bool:
@@ -178,8 +163,7 @@ class _LinkedProduct(torch.autograd.Function):
 
 def _padded_copy(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``pad_rows(w.to(dtype))`` written in one pass (no padded float32 copy first)."""
-    rows = w.size(0) + (-w.size(0) % PAD_ROWS_TO)
-    wp = torch.empty(rows, w.size(1), dtype=dtype, device=w.device)
+    wp = torch.empty(padded_rows(w.size(0)), w.size(1), dtype=dtype, device=w.device)
     wp[: w.size(0)] = w.detach()
     wp[w.size(0):] = 0.0
     return wp
