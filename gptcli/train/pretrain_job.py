@@ -59,19 +59,14 @@ class RunPlan:
 
     @property
     def micro(self) -> int:
-        """Rows per forward/backward (a rank's whole share when ``micro_batch_size`` is unset)."""
+        """Rows per forward/backward, and per validation forward (a rank's whole share when ``micro_batch_size`` is
+        unset: never the global batch, which on every GPU of a job would be world-size times the memory)."""
         return self.config.micro_batch_size or self.share
 
     @property
     def share(self) -> int:
         """Rows of each global batch that this rank computes."""
         return max(1, self.config.batch_size // self.par.world_size)
-
-    @property
-    def val_micro(self) -> int:
-        """Rows per validation forward on each rank: the micro-batch, else the rank's share of the global batch
-        (never the global batch itself, which on every GPU of a job would be world-size times the memory)."""
-        return self.config.micro_batch_size or max(1, self.config.batch_size // self.par.world_size)
 
     @property
     def tokens_per_step(self) -> int:
@@ -206,7 +201,7 @@ class PretrainJob:
         """(mean loss per token, tokens scored) over the validation split, combined over ranks."""
         plan, par = self.plan, self.par
         ev = evaluate_lm(
-            unwrap(self.model), plan.val_arrays, plan.config.seq_len, plan.val_micro, device=plan.device,
+            unwrap(self.model), plan.val_arrays, plan.config.seq_len, plan.micro, device=plan.device,
             precision=plan.precision, max_batches=plan.config.eval_batches, rank=par.rank, world_size=par.world_size,
         )
         if par.world_size == 1:
@@ -232,8 +227,7 @@ class PretrainJob:
     def smaller(self, evaluating: bool) -> str:
         """``--micro-batch-size`` halved (the largest size under half that divides a process's share, as the
         batch split requires): it sets the rows of every training and validation forward pass."""
-        c, share = self.plan.config, self.plan.share
-        now = self.plan.val_micro if evaluating else self.plan.micro
+        c, share, now = self.plan.config, self.plan.share, self.plan.micro
         size = half(now, divides=share)
         if size is None:
             return (f"one sequence of {c.seq_len} tokens per forward pass does not fit: use --precision bf16 where "
