@@ -146,6 +146,11 @@ def show_outcome(result: FinetuneResult, console: Any) -> None:
         stdout_console().print(details_table(
             [{**r, "run": result.run_dir.name, "n": r.get("n_eval")}],
             title=f"{r['task']}: dev scores of the kept epoch ({r['select']}: epoch {r['epoch']})"))
+        if r.get("last_scores") and r["epoch"] != r["config"]["epochs"]:
+            last = r["last_scores"].get(r["metric"])
+            console.print(f"[dim]epoch {r['epoch']} was kept as the best of {r['config']['epochs']} on these dev "
+                          f"examples, so its score is optimistic; the last epoch scored {r['metric']} {last:.1f} "
+                          f"(--select last keeps it)[/]", highlight=False, soft_wrap=True)
     if r.get("skipped_rows"):
         console.print(f"[yellow]skipped {len(r['skipped_rows'])} bad rows[/] (first: {escape(r['skipped_rows'][0])})")
     console.print(f"[green]done[/]: {r['steps']} updates; checkpoint {escape(str(result.checkpoint))}; "

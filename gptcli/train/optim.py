@@ -77,8 +77,9 @@ def lr_at(
     warmup_steps: int,
     shape: Literal["cosine", "linear", "constant"] = "cosine",
 ) -> float:
-    """Learning rate for update ``step`` (0-based): linear warmup from 0 over ``warmup_steps``, then
-    ``shape`` decay to 0 at ``total_steps`` (cosine for pretraining, linear for fine-tuning)."""
+    """Learning rate for update ``step`` (0-based): linear warmup from 0 over ``warmup_steps`` (update 0 runs at
+    ``max_lr / warmup_steps``, the last warm-up update at ``max_lr``: none is spent at rate 0), then ``shape`` decay
+    towards 0 at ``total_steps`` (cosine for pretraining, linear for fine-tuning)."""
     if warmup_steps > 0 and step < warmup_steps:
         return max_lr * (step + 1) / warmup_steps
     if shape == "constant":

@@ -172,3 +172,22 @@ def test_help_lists_the_shared_layout(capsys, monkeypatch):
     row = " ".join(option_row(next(p for p in help_panels(capsys, monkeypatch, "finetune").values()
                                     if "--layout" in p), "--layout").split())
     assert "packed|padded|shared" in row and "deviation from the paper" in row and "[default: packed]" in row
+
+
+@pytest.mark.parametrize("kept, note", [(2, True), (3, False)])
+def test_a_best_epoch_is_shown_with_the_last_epochs_score(kept, note, tmp_path, capsys):
+    """A best epoch is chosen on the dev examples it is scored on: the outcome says so and gives the last epoch's
+    (unbiased) score; when the last epoch is the best there is nothing to add."""
+    from rich.console import Console
+
+    from gptcli.commands.finetune import show_outcome
+    from gptcli.train.finetune import FinetuneResult
+
+    results = {"task": "rte", "metric": "accuracy", "paper_score": 56.0, "scores": {"accuracy": 80.0}, "epoch": kept,
+               "select": "best", "last_scores": {"accuracy": 70.0}, "config": {"epochs": 3}, "steps": 9, "split": "dev"}
+    console = Console(width=200, record=True)
+    show_outcome(FinetuneResult(tmp_path, tmp_path / "final", results), console)
+    said = console.export_text()
+    expected = "epoch 2 was kept as the best of 3 on these dev examples, so its score is optimistic; the last epoch " \
+               "scored accuracy 70.0 (--select last keeps it)"
+    assert (expected in said) is note

@@ -194,6 +194,7 @@ def test_select_best_or_last(select, epoch, pretrained, shared_data, tmp_path, m
     monkeypatch.setattr(ft_job, "cpu_state", lambda m: snaps.append(real(m)) or snaps[-1])
     res = finetune(_cfg("rte", pretrained, tmp_path / select, shared_data / "glue" / "RTE", epochs=3, select=select))
     assert res.results["epoch"] == epoch and res.results["scores"] == {"accuracy": [60.0, 80.0, 70.0][epoch - 1]}
+    assert res.results["last_scores"] == {"accuracy": 70.0}  # the unbiased figure beside a best epoch's
     ck = load_checkpoint(tmp_path / select)
     assert ck.meta["epoch"] == epoch
     if select == "best":
