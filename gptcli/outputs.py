@@ -4,19 +4,27 @@ Every output directory gpt1 makes (a corpus, a pretraining run, a fine-tuning ru
 quickstart) carries a marker file, ``.gpt1-output``, naming its kind. ``--overwrite`` replaces a directory only
 when
 
-1. it is gpt1's own output of a kind the command writes (the marker, or for outputs written before markers
-   existed, the files that kind always has), and
-2. it neither contains nor lies inside an input of the same command (``prepare books --out books`` would
-   otherwise delete the books).
+1. it is gpt1's own output of a kind the command writes (the marker; a run's step checkpoints, which have none, by
+   their gpt1 ``config.json``),
+2. everything in it is what that kind writes (:data:`OWNED`): a file the user added (notes, a model card, a
+   thesis) makes the replacement refuse, naming it, instead of deleting it with the rest, and
+3. it neither contains nor lies inside an input of the same command (``prepare books --out books`` would
+   otherwise delete the books), nor lies in a run's ``checkpoints/`` (where it would become the checkpoint that
+   ``--resume`` picks).
 
 Anything else — a folder of notes, a pretraining run given to ``finetune --out``, the input itself — is refused with
 a one-line reason, before any work starts. The replacement itself stays atomic (``fsutil.move_into_place``): the
 old output survives a failed or interrupted run.
+
+Outputs are recognised by their marker alone: guessing from file names (``results.json``, a ``config.json`` with a
+``model_type``) took a user's folder, or a model downloaded from the Hub, for gpt1's and deleted it.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Iterable
 
@@ -37,6 +45,30 @@ KINDS = {
     "eval": "evaluation results",
     "task-data": "a task's data fetched by `gpt1 fetch`",
 }
+
+
+_RUN = ("config.toml", "metrics.jsonl", "checkpoints", "wandb", "tensorboard", "eval", "zeroshot")
+OWNED: dict[str, tuple[str, ...]] = {
+    "corpus": ("manifest.json", "tokenizer", "*.arrow"),
+    "pretrain-run": _RUN,
+    "finetune-run": _RUN + ("results.json",),
+    "checkpoint": ("config.json", "model.safetensors", "tokenizer", "optimizer.safetensors", "training_state.json",
+                   "best.safetensors"),
+    "hf-export": ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                  "special_tokens_map.json", "vocab.json", "merges.txt"),
+    "openai-export": ("params_*.npy", "params_shapes.json", "encoder_bpe_40000.json", "vocab_40000.bpe"),
+    "quickstart": ("text", "task", "corpus", "pretrain", "finetune", "eval", "zeroshot", "summary.json",
+                   "config.toml"),
+    "zeroshot": ("results.json", "predictions-*.jsonl", "curve.json", "curve.png"),
+    "eval": ("results.json", "predictions.jsonl", "*.tsv"),
+    "task-data": (".gpt1-fetch.json",),  # and the task's official files, which the fetch names (``owned``)
+}
+"""The top-level entries each kind of output writes (glob patterns). Besides these, a kind owns its marker, the
+hidden leftovers of an interrupted write beside an entry (``.NAME.tmp-…``, ``.NAME.partial-…``, ``.NAME.lock``)
+and subfolders that are marked outputs of its own kind (a zero-shot curve's per-checkpoint results)."""
+
+_LEFTOVER = re.compile(r"^\..+\.(lock|(partial|old|new|tmp|fetch)[-.].*)$|^\.quickstart-old-")
+_RUNS = ("pretrain-run", "finetune-run")
 
 
 def next_free(base: Path) -> Path:
@@ -73,22 +105,42 @@ def kind_of(directory: Path) -> str | None:
 
 
 def _legacy_kind(d: Path) -> str | None:
-    """Outputs written before markers existed, recognised by the files each kind always has."""
+    """A run's step or final checkpoint, which training writes without a marker: its ``config.json`` is gpt1's own
+    format (``model`` and ``format`` keys) beside ``model.safetensors``."""
     config = _json(d / "config.json")
-    if (d / "manifest.json").is_file() and (d / "tokenizer").is_dir():
-        return "corpus"
     if config is not None and "model" in config and "format" in config and (d / "model.safetensors").is_file():
         return "checkpoint"
-    if config is not None and config.get("model_type") == "openai-gpt":
-        return "hf-export"
-    if (d / "config.toml").is_file() and ((d / "checkpoints").is_dir() or (d / "metrics.jsonl").is_file()):
-        return "finetune-run" if "task" in _toml_keys(d / "config.toml") else "pretrain-run"
-    if (d / "summary.json").is_file() and (d / "corpus").is_dir():
-        return "quickstart"
-    if (d / "results.json").is_file() and (d / "predictions.jsonl").is_file():
-        return "eval"
-    if (d / "curve.json").is_file() or ((d / "results.json").is_file() and any(d.glob("predictions-*.jsonl"))):
-        return "zeroshot"
+    return None
+
+
+def foreign_entries(out: Path, kind: str, owned: Iterable[str] = ()) -> list[str]:
+    """The names in ``out`` that a ``kind`` output does not write (``owned``: more patterns it does), sorted."""
+    patterns = OWNED.get(kind, ()) + tuple(owned)
+
+    def ours(entry: Path) -> bool:
+        name = entry.name
+        if name == MARKER or _LEFTOVER.match(name) or any(fnmatch(name, p) for p in patterns):
+            return True
+        return entry.is_dir() and not entry.is_symlink() and (entry / MARKER).is_file() and kind_of(entry) == kind
+
+    return sorted(e.name for e in Path(out).iterdir() if not ours(e))
+
+
+def check_replaceable(out: Path, kind: str, *, flag: str = "--out", owned: Iterable[str] = ()) -> None:
+    """Refuse to replace ``out`` (gpt1's ``kind`` output) when it holds anything that kind does not write: the
+    replacement would delete it with the rest."""
+    foreign = foreign_entries(out, kind, owned)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise GPT1Error(f"{flag} {out} holds {KINDS[kind]} and files gpt1 did not write ({shown}); replacing it "
+                        f"would delete them (move them out of {out}, or choose another {flag})")
+
+
+def _in_run_checkpoints(out: Path) -> Path | None:
+    """The run whose ``checkpoints/`` folder ``out`` is in (its step checkpoints are what --resume reads), or None."""
+    parent = out.resolve().parent if out.exists() else out.absolute().parent
+    if parent.name == "checkpoints" and kind_of(parent.parent) in _RUNS:
+        return parent.parent
     return None
 
 
@@ -102,15 +154,6 @@ def _json(path: Path) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def _toml_keys(path: Path) -> set[str]:
-    from gptcli.config import load_file
-
-    try:
-        return set(load_file(path))
-    except GPT1Error:
-        return set()
-
-
 def _within(a: Path, b: Path) -> bool:
     """Whether ``a`` is ``b`` or lies inside it (both resolved, symlinks followed)."""
     try:
@@ -121,11 +164,14 @@ def _within(a: Path, b: Path) -> bool:
 
 
 def check_output(out: Path, kinds: str | Iterable[str], *, overwrite: bool, inputs: Iterable[Path] = (),
-                 flag: str = "--out") -> None:
+                 flag: str = "--out", replacing: bool | None = None, owned: Iterable[str] = ()) -> None:
     """Refuse an output path the command must not write to, with a one-line reason; return if it may proceed.
 
     ``kinds``: the output kinds this command writes (it may replace only those). ``inputs``: every path the
-    command reads (files or directories), which the output must neither contain nor lie inside.
+    command reads (files or directories), which the output must neither contain nor lie inside. ``replacing``
+    (default: ``overwrite``): whether an existing output will be replaced whole, so that anything in it gpt1 did
+    not write must be refused; a run directory passes False and checks when it decides to replace
+    (``train/run/directory.py``). ``owned``: more entries the output's kind writes (a task's official files).
     """
     out = Path(out)
     wanted = {kinds} if isinstance(kinds, str) else set(kinds)
@@ -136,6 +182,11 @@ def check_output(out: Path, kinds: str | Iterable[str], *, overwrite: bool, inpu
                 "contains" if _within(src, out) else "is inside")
             raise GPT1Error(f"{flag} {out} {where} the input {src}; writing there would destroy it "
                             f"(choose an {flag} outside the inputs)")
+    run = _in_run_checkpoints(out)
+    if run is not None:
+        raise GPT1Error(f"{flag} {out} is in the checkpoints folder of {KINDS[kind_of(run) or 'pretrain-run']} "
+                        f"{run}, where it would become the checkpoint that run resumes from (choose an {flag} "
+                        f"outside {run / 'checkpoints'})")
     if not out.exists():
         return
     if not out.is_dir():
@@ -153,3 +204,5 @@ def check_output(out: Path, kinds: str | Iterable[str], *, overwrite: bool, inpu
     if not overwrite:
         raise GPT1Error(f"{flag} {out} already holds {KINDS[kind]} (pass --overwrite to replace it, "
                         f"or choose another {flag})")
+    if overwrite if replacing is None else replacing:
+        check_replaceable(out, kind, flag=flag, owned=owned)

@@ -14,7 +14,7 @@ from gptcli.outputs import check_output, kind_of, mark
 def _marked(path: Path, kind: str) -> Path:
     path.mkdir(parents=True)
     mark(path, kind)
-    (path / "payload").write_text("x")
+    (path / "manifest.json").write_text("x")  # a file a corpus has
     return path
 
 
@@ -60,27 +60,54 @@ def test_a_file_is_not_an_output_directory(tmp_path: Path) -> None:
         check_output(f, "corpus", overwrite=True)
 
 
-def test_outputs_from_before_markers_are_recognised(tmp_path: Path) -> None:
+def test_only_a_marker_or_a_runs_checkpoint_is_recognised(tmp_path: Path) -> None:
+    """File names are no evidence (a folder of the user's, a model from the Hub): a marker is, and so is a
+    gpt1 checkpoint's own config.json (training writes step checkpoints without a marker)."""
     corpus = tmp_path / "corpus"
     (corpus / "tokenizer").mkdir(parents=True)
     (corpus / "manifest.json").write_text("{}")
-    assert kind_of(corpus) == "corpus"
     ck = tmp_path / "ck"
     ck.mkdir()
     (ck / "config.json").write_text(json.dumps({"format": 1, "model": {}}))
     (ck / "model.safetensors").write_bytes(b"")
-    assert kind_of(ck) == "checkpoint"
     hf = tmp_path / "hf"
     hf.mkdir()
     (hf / "config.json").write_text(json.dumps({"model_type": "openai-gpt"}))
-    assert kind_of(hf) == "hf-export"
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "config.toml").write_text('data = "corpus"\n')
-    assert kind_of(run) == "pretrain-run"
-    (run / "config.toml").write_text('task = "rte"\n')
-    assert kind_of(run) == "finetune-run"
-    assert kind_of(tmp_path / "nothing") is None
+    assert [kind_of(d) for d in (corpus, ck, hf, run, tmp_path / "nothing")] == [None, "checkpoint", None, None, None]
+
+
+def test_what_the_user_added_to_an_output_is_never_replaced_with_it(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    mark(corpus, "corpus")
+    for name in ("manifest.json", "train-00000.arrow", ".manifest.json.tmp-1a2b", ".tokenizer.partial-9-ab"):
+        (corpus / name).write_text("x")
+    (corpus / "tokenizer").mkdir()
+    check_output(corpus, "corpus", overwrite=True)  # all gpt1's, leftovers of an interrupted write included
+    check_output(corpus, "corpus", overwrite=True, replacing=False)
+    (corpus / "NOTES.md").write_text("mine")
+    (corpus / ".git").mkdir()
+    with pytest.raises(GPT1Error, match=r"files gpt1 did not write \(\.git, NOTES\.md\); replacing it would "
+                                        r"delete them \(move them out of"):
+        check_output(corpus, "corpus", overwrite=True)
+    check_output(corpus, "corpus", overwrite=True, replacing=False)  # a run that writes in place keeps them
+
+
+def test_a_zeroshot_curve_owns_its_marked_per_checkpoint_folders(tmp_path: Path) -> None:
+    curve = tmp_path / "curve"
+    curve.mkdir()
+    mark(curve, "zeroshot")
+    (curve / "curve.json").write_text("{}")
+    step = curve / "step-0000100"
+    step.mkdir()
+    mark(step, "zeroshot")
+    check_output(curve, "zeroshot", overwrite=True)
+    (curve / "mine").mkdir()  # an unmarked folder is the user's
+    with pytest.raises(GPT1Error, match=r"did not write \(mine\)"):
+        check_output(curve, "zeroshot", overwrite=True)
 
 
 def test_a_damaged_marker_counts_as_not_ours(tmp_path: Path) -> None:

@@ -62,7 +62,7 @@ def run(p: Parsed) -> None:
     out = p.given.get("out")
     if resume and out is not None:
         # Before its config.toml is read as this run's settings: it may be a pretraining run's, or not gpt1's.
-        check_output(Path(out), "finetune-run", overwrite=True)
+        check_output(Path(out), "finetune-run", overwrite=True, replacing=False)
     base = p.base(Path(out) / CONFIG_FILE if resume and out is not None else None)
     # Runs saved before the progress display left the config had `progress = true|false` in config.toml.
     quiet = p.cli["quiet"] or base.pop("progress", True) is False

@@ -102,7 +102,7 @@ def _settings_under_the_options(p: Parsed, console: Any) -> dict[str, Any]:
     if resume and out is not None:
         # Before its config.toml is read as this run's settings: it may be a fine-tuning run's, or not gpt1's.
         data = [Path(p.given["data"])] if "data" in p.given else []
-        check_output(Path(out), "pretrain-run", overwrite=True, inputs=data)
+        check_output(Path(out), "pretrain-run", overwrite=True, inputs=data, replacing=False)
     base = {**p.base(out / CONFIG_FILE if resume and out is not None else None), "resume": resume}
     if p.cli["dropout"] is not None:
         # Under the given options: --n-layer and the like merge over this table; no option names a dropout field.

@@ -115,7 +115,8 @@ def fetch_folder(source: Source, root: Path, *, revision: str | None = None, ove
     if _present(target) and not overwrite:
         return Fetched(source.folder, target, "present", "already there (--overwrite fetches it again)")
     if target.exists():  # ours to replace (an earlier fetch's folder, an empty one), or refused before any download
-        check_output(target, "task-data", overwrite=True, flag="task folder")
+        check_output(target, "task-data", overwrite=True, flag="task folder",
+                     owned={f.path.split("/")[0] for f in source.files})
     snapshot = hub_snapshot(source.repo, sorted({f.hub_pattern for f in source.files}), revision=revision,
                             repo_type="dataset")
     root.mkdir(parents=True, exist_ok=True)

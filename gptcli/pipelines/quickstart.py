@@ -164,7 +164,8 @@ def check_out(cfg: QuickstartConfig) -> Path:
             raise GPT1Error(f"{out}: holds files quickstart did not write ({', '.join(foreign[:5])}); "
                             "refusing to overwrite it (choose another --out)")
     check_output(out, "quickstart", overwrite=True, inputs=[stdlib_root(cfg.stdlib)])
-    if out.is_dir() and any(out.iterdir()) and not cfg.overwrite:
+    # An unfinished quickstart (killed before its summary was written) is nothing to keep: run again over it.
+    if out.is_dir() and any(out.iterdir()) and not cfg.overwrite and (out / "summary.json").exists():
         raise GPT1Error(f"{out}: directory is not empty; pass --overwrite to replace an earlier quickstart there "
                         "or choose another --out")
     return out
@@ -174,8 +175,9 @@ def check_out(cfg: QuickstartConfig) -> Path:
 def _replacing(out: Path) -> Iterator[Path]:
     """``out``, marked as a quickstart and empty for this run. An earlier quickstart there is moved into a hidden
     folder inside it first and deleted once this run has finished; if this run fails or is interrupted, what it
-    wrote is removed and the earlier one put back, so it is never lost to a run that did not finish."""
-    old = None
+    wrote is removed and the earlier one put back, so it is never lost to a run that did not finish (and a first
+    run leaves nothing behind)."""
+    old, existed = None, out.is_dir()
     if out.is_dir() and any(out.iterdir()):
         old = out / f"{OLD_PREFIX}{uuid.uuid4().hex[:8]}"
         old.mkdir()
@@ -187,11 +189,15 @@ def _replacing(out: Path) -> Iterator[Path]:
     try:
         yield out
     except BaseException:
+        # Nothing half-written stays: what this run wrote goes, and the folder is as it was (an earlier
+        # quickstart put back, an empty folder left empty, a new one removed).
+        _remove(p for p in out.iterdir() if p != old and not p.name.startswith(OLD_PREFIX))
         if old is not None:
-            _remove(p for p in out.iterdir() if p != old and not p.name.startswith(OLD_PREFIX))
             for p in list(old.iterdir()):
                 p.rename(out / p.name)
             old.rmdir()
+        elif not existed:
+            out.rmdir()
         raise
     _remove(p for p in out.iterdir() if p.name.startswith(OLD_PREFIX))
 
@@ -275,6 +281,10 @@ def _check(cfg: QuickstartConfig) -> None:
     from gptcli.config import check_settings
 
     check_settings(cfg)  # one rule per number, the same in every command (gptcli.config.RULES)
+    from gptcli.train.pretrain import model_overrides
+
+    # The [model] table is typed against the tiny preset's fields before the first stage, not at stage 3.
+    model_overrides(_pretrain_config(cfg, Path(), Path()))
     if cfg.minutes <= 0:
         raise GPT1Error(f"--minutes must be positive, got {cfg.minutes}")
     if not 0.05 <= cfg.task_fraction <= 0.8:

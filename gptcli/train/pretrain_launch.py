@@ -28,7 +28,7 @@ def plan_pretrain_launch(config: PretrainConfig, spec: LaunchSpec) -> PretrainCo
     all continue from the same intact one."""
     check_settings(config)
     check_launch(config, spec.nproc_per_node * spec.nnodes)
-    check_output(Path(config.out), "pretrain-run", overwrite=True, inputs=[Path(config.data)])
+    check_output(Path(config.out), "pretrain-run", overwrite=True, inputs=[Path(config.data)], replacing=False)
     damaged = False
     if config.verify_data:
         open_training_corpus(config)

@@ -67,6 +67,29 @@ def test_export_into_a_checkpoint_of_the_run_or_around_it_is_refused(run, capsys
     assert snapshot(run.parent) == before
 
 
+def test_nothing_is_written_into_a_runs_checkpoints_folder(made, run, capsys):
+    """A converted checkpoint there (over a step checkpoint, or beside them) is what --resume would pick next, and
+    it has no optimizer or training state: the run could no longer be resumed."""
+    before = snapshot(run)
+    step = next((run / "checkpoints").iterdir())
+    for out, extra in ((step, ["--overwrite"]), (run / "checkpoints" / "step-9999999", [])):
+        code, text = gpt1(capsys, "convert", "--from", "hf", made / "hf", "--out", out, *extra)
+        assert code == 1 and "checkpoints folder of a pretraining run" in text, text
+    assert snapshot(run) == before
+
+
+def test_a_model_downloaded_from_the_hub_is_never_taken_for_an_export(made, tmp_path, capsys):
+    """An unmarked folder with a Hugging Face config.json is the user's (a downloaded model), not gpt1's export."""
+    mine = tmp_path / "my-openai-gpt"
+    shutil.copytree(made / "hf", mine)
+    (mine / MARKER).unlink()
+    (mine / "README.md").write_text("card")
+    before = snapshot(mine)
+    code, text = gpt1(capsys, "convert", made / "run", "--to", "hf", "--out", mine, "--overwrite")
+    assert code == 1 and "not something gpt1 wrote" in text
+    assert snapshot(mine) == before
+
+
 def test_import_over_its_source_is_refused(made, tmp_path, capsys):
     hf = tmp_path / "hf"
     shutil.copytree(made / "hf", hf)
@@ -101,12 +124,16 @@ def test_another_kind_of_gpt1_output_is_refused(made, run, tmp_path, capsys):
 def test_an_earlier_export_or_import_is_replaced_with_overwrite(made, tmp_path, capsys):
     out = tmp_path / "hf"
     shutil.copytree(made / "hf", out)
-    (out / "stale.bin").write_bytes(b"old")  # gone after the replacement: the export is replaced whole
+    (out / "README.md").write_text("my model card")  # the user's: --overwrite refuses rather than delete it
     code, text = gpt1(capsys, "convert", made / "run", "--to", "hf", "--out", out)
     assert code == 1 and "already holds a Hugging Face export (pass --overwrite" in text
     code, text = gpt1(capsys, "convert", made / "run", "--to", "hf", "--out", out, "--overwrite")
+    assert code == 1 and "files gpt1 did not write (README.md)" in text
+    (out / "README.md").unlink()
+    (out / "merges.txt").write_text("#version: 0.2\n")  # gpt1's own (an export of an openai-BPE model): replaced
+    code, text = gpt1(capsys, "convert", made / "run", "--to", "hf", "--out", out, "--overwrite")
     assert code == 0, text
-    assert not (out / "stale.bin").exists() and json.loads((out / MARKER).read_text()) == {"kind": "hf-export"}
+    assert not (out / "merges.txt").exists() and json.loads((out / MARKER).read_text()) == {"kind": "hf-export"}
     ck = tmp_path / "ck"
     for extra in ([], ["--overwrite"]):
         code, text = gpt1(capsys, "convert", "--from", "hf", out, "--out", ck, *extra)

@@ -88,10 +88,14 @@ def test_eval_replaces_its_earlier_results_and_they_survive_a_failed_rerun(made,
     out = tmp_path / "ev"
     assert evaluate(capsys, made, "--out", out)[0] == 0
     leaf = out / "rte" / "rte-dev"
-    (leaf / MARKER).unlink()  # results from before outputs were marked are recognised too
-    (leaf / "stale.txt").write_text("x")
+    (leaf / "notes.txt").write_text("x")  # the user's: a re-run refuses rather than delete it
+    before = snapshot(out)
+    code, text = evaluate(capsys, made, "--out", out)
+    assert code == 1 and "files gpt1 did not write (notes.txt)" in text and snapshot(out) == before
+    (leaf / "notes.txt").unlink()
+    (leaf / "RTE.tsv").write_text("x")  # a submission file of an earlier run: gpt1's, replaced
     assert evaluate(capsys, made, "--out", out)[0] == 0
-    assert kind_of(leaf) == "eval" and not (leaf / "stale.txt").exists()
+    assert kind_of(leaf) == "eval" and not (leaf / "RTE.tsv").exists()
     before = snapshot(out)
 
     def late_failure(*a, **k):  # every example scored; writing the new results fails
@@ -141,9 +145,14 @@ def test_zeroshot_replaces_its_earlier_results_and_they_survive_a_failed_rerun(m
 
     out = tmp_path / "zs"
     assert zeroshot(capsys, made, "--out", out, *curve)[0] == 0
-    (out / "stale.txt").write_text("x")
+    (out / "thesis.tex").write_text("x")  # the user's: a re-run refuses rather than delete it
+    before = snapshot(out)
+    code, text = zeroshot(capsys, made, "--out", out, *curve)
+    assert code == 1 and "files gpt1 did not write (thesis.tex)" in text and snapshot(out) == before
+    (out / "thesis.tex").unlink()
+    (out / "predictions-cola.jsonl").write_text("{}")  # an earlier run's: gpt1's, replaced
     assert zeroshot(capsys, made, "--out", out, *curve)[0] == 0
-    assert kind_of(out) == "zeroshot" and not (out / "stale.txt").exists()
+    assert kind_of(out) == "zeroshot" and not (out / "predictions-cola.jsonl").exists()
     assert (out / "curve.json").is_file() == bool(curve)
     before = snapshot(out)
 
@@ -157,14 +166,18 @@ def test_zeroshot_replaces_its_earlier_results_and_they_survive_a_failed_rerun(m
     assert json.loads((out / MARKER).read_text()) == {"kind": "zeroshot"}
 
 
-def test_results_from_before_outputs_were_marked_are_recognised(tmp_path):
-    """A re-run may replace results written by an older gpt1 (no marker), and only those."""
-    ev, zs, curve, run = (tmp_path / n for n in ("ev", "zs", "curve", "run"))
+def test_only_a_marker_says_that_gpt1_wrote_a_folder(tmp_path, made, capsys):
+    """File names are no evidence: a folder of the user's that looks like results (or a model downloaded from the
+    Hub) was once taken for gpt1's and deleted by a re-run. Without a marker it is refused."""
+    ev, zs, curve, hf = (tmp_path / n for n in ("ev", "zs", "curve", "hf"))
     layouts = {ev: ("results.json", "predictions.jsonl", "RTE.tsv"), zs: ("results.json", "predictions-sst2.jsonl"),
-               curve: ("curve.json", "curve.png"), run: ("results.json", "metrics.jsonl")}
+               curve: ("curve.json", "curve.png"), hf: ("config.json", "model.safetensors", "vocab.json")}
     for d, files in layouts.items():
         d.mkdir()
         for f in files:
-            (d / f).write_text("{}")
-    assert (kind_of(ev), kind_of(zs), kind_of(curve)) == ("eval", "zeroshot", "zeroshot")
-    assert kind_of(run) is None  # a results.json alone says nothing
+            (d / f).write_text('{"model_type": "openai-gpt"}')
+    assert {kind_of(d) for d in layouts} == {None}
+    before = snapshot(tmp_path)
+    code, text = zeroshot(capsys, made, "--out", zs)
+    assert code == 1 and "not something gpt1 wrote; refusing to touch it" in text
+    assert snapshot(tmp_path) == before

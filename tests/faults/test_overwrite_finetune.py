@@ -100,9 +100,14 @@ def test_a_finished_run_needs_overwrite_and_is_then_replaced_whole(made, tmp_pat
     code, text = gpt1(capsys, *args)
     assert code == 1 and "already holds a fine-tuned checkpoint (pass --overwrite to replace it)" in text
     assert snapshot(run) == before
+    code, text = gpt1(capsys, *args, "--overwrite", "--seed", "7")  # the user's file would go with the run
+    assert code == 1 and "files gpt1 did not write (stale.txt); replacing it would delete them" in text
+    assert snapshot(run) == before
+    (run / "stale.txt").unlink()
+    (run / "eval" / "rte-dev").mkdir(parents=True)  # what `gpt1 eval` of the old run wrote goes with it
     code, text = gpt1(capsys, *args, "--overwrite", "--seed", "7")
     assert code == 0, text
-    assert kind_of(run) == "finetune-run" and not (run / "stale.txt").exists()
+    assert kind_of(run) == "finetune-run" and not (run / "eval").exists()
     results = json.loads((run / "results.json").read_text())
     assert results["config"]["seed"] == 7 and results["checkpoint"] == str(run / "checkpoints" / "final")
     assert [p.name for p in tmp_path.iterdir()] == ["rte"]  # the hidden build directory was moved into place

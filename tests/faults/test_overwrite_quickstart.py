@@ -88,6 +88,39 @@ def test_the_earlier_quickstart_survives_a_failed_or_interrupted_replacement(ear
     assert [p.name for p in earlier.parent.iterdir()] == ["out"]
 
 
+@pytest.mark.parametrize("existed", [False, True])
+def test_a_first_quickstart_that_fails_leaves_nothing_behind(tiny, tmp_path, capsys, monkeypatch, existed):
+    """Ctrl-C in a first run used to leave a half-written folder that the same command then refused as "not
+    empty"; now the folder is as it was (gone, or empty), and the command runs again as it is."""
+    import gptcli.pipelines.quickstart as qs
+
+    out = tmp_path / "qs"
+    if existed:
+        out.mkdir()
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(qs, "pretrain_model", interrupted)
+        code, text = gpt1(capsys, "quickstart", "--config", tiny, "--out", out)
+    assert code == 130 and "Traceback" not in text
+    assert (list(out.iterdir()) == [] if existed else not out.exists())
+    assert gpt1(capsys, "quickstart", "--config", tiny, "--out", out)[0] == 0
+
+
+def test_an_unfinished_quickstart_is_run_again_without_overwrite(earlier, tiny, tmp_path, capsys):
+    """A quickstart killed outright (no clean-up possible) has no summary.json: nothing to keep, no flag needed."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(earlier, out)
+    (out / "summary.json").unlink()
+    shutil.rmtree(out / "zeroshot")
+    assert gpt1(capsys, "quickstart", "--config", tiny, "--out", out)[0] == 0
+    assert (out / "summary.json").is_file() and (out / "zeroshot").is_dir()
+
+
 def test_an_earlier_quickstart_is_replaced_with_overwrite(tiny, tmp_path, capsys):
     out = tmp_path / "out"
     assert gpt1(capsys, "quickstart", "--config", tiny, "--out", out)[0] == 0

@@ -70,6 +70,10 @@ def test_a_folder_that_is_there_is_left_alone(hub, tmp_path):
     again = fetch(FetchConfig(tasks=["rte"], root=root))
     assert again[0].status == "present" and (root / "RTE" / "train.tsv").stat().st_mtime_ns == stamp
     assert fetch(FetchConfig(tasks=["rte"], root=root, overwrite=True))[0].status == "fetched"  # ours: replaced
+    (root / "RTE" / "notes.txt").write_text("mine")  # the user's, in a fetched folder: refused, not deleted
+    with pytest.raises(GPT1Error, match=r"files gpt1 did not write \(notes.txt\)"):
+        fetch(FetchConfig(tasks=["rte"], root=root, overwrite=True))
+    assert (root / "RTE" / "notes.txt").read_text() == "mine" and (root / "RTE" / "train.tsv").is_file()
     own = tmp_path / "own"
     (own / "SST-2").mkdir(parents=True)
     (own / "SST-2" / "notes.txt").write_text("mine")

@@ -28,7 +28,7 @@ from gptcli import checkpoint as ckpt
 from gptcli.config import dumps_toml, to_dict
 from gptcli.errors import GPT1Error
 from gptcli.fsutil import move_into_place, temp_sibling, write_text_atomic
-from gptcli.outputs import MARKER, check_output, kind_of, mark
+from gptcli.outputs import MARKER, check_output, check_replaceable, kind_of, mark
 from gptcli.progress import Progress
 from gptcli.tokenizers import Tokenizer
 from gptcli.train.run.resume import resume_point
@@ -99,12 +99,13 @@ def plan_run_dir(kind: RunKind, out: Path, *, resume: bool, overwrite: bool, ver
     directory. A finished run is replaced only with ``overwrite``; a run with checkpoints is continued with
     ``resume``, started over with ``overwrite``, and refused otherwise (its checkpoints are hours of work); one
     without checkpoints is simply run again."""
-    check_output(out, kind.marker, overwrite=True, inputs=inputs)
+    check_output(out, kind.marker, overwrite=True, inputs=inputs, replacing=False)  # user files: when it replaces
     steps = step_checkpoints(out)
     finished = kind.final is not None and (out / CHECKPOINTS / FINAL).exists()
     if resume and steps:
         return RunDirPlan(out, "resume", resume_point(out, steps, verify, report, overwrite=kind.overwrite))
     if overwrite and (finished or steps):
+        check_replaceable(out, kind.marker)  # a user's notes in the run would go with it
         return RunDirPlan(out, "replace")
     if finished and resume and kind.results is not None and (out / kind.results).is_file():
         return RunDirPlan(out, "done")
