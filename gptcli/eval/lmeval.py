@@ -98,6 +98,18 @@ class HarnessModelConfig:
         return cfg
 
 
+def _present(device: str) -> bool:
+    """Whether ``device`` (lm-eval's ``--device``) exists here: any non-CUDA name is passed on (and checked where
+    it is used); ``cuda``/``cuda:N`` only with that GPU."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return True
+    index = device.partition(":")[2]
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return count > (int(index) if index.isdigit() else 0)
+
+
 class GPT1LM(_LMBase):  # type: ignore[misc,valid-type]
     """A gpt1 checkpoint as an lm-eval ``LM`` (see the module docstring for what each request type computes)."""
 
@@ -121,6 +133,10 @@ class GPT1LM(_LMBase):  # type: ignore[misc,valid-type]
         """``--model_args`` over lm-eval's own ``--batch_size``/``--device`` (a setting in both is taken from
         ``--model_args``; lm-eval's ``None`` means unset)."""
         extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        if "device" not in arg_dict and not _present(str(extra.get("device", ""))):
+            # lm-eval passes its --device whether given or not (default "cuda:0"): on a machine without that GPU
+            # take the best device there is, as lm-eval's own `hf` model does (a device in --model_args is strict).
+            extra.pop("device", None)
         return cls(**{**extra, **arg_dict})
 
     @classmethod

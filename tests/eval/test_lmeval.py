@@ -259,14 +259,29 @@ def test_model_args_are_checked(checkpoint):
     assert lm.config.batch_size == 4 and lm.config.device == "cpu"
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the fallback is for machines without the GPU")
+def test_lm_evals_default_device_falls_back_where_there_is_no_gpu(checkpoint):
+    """lm-eval passes its --device even when not given (default "cuda:0"): on a CPU machine the documented command
+    failed with "no CUDA device". As lm-eval's own `hf` model does, a GPU that is not there means the best device
+    here; a device named in --model_args stays strict."""
+    from gptcli.errors import GPT1Error
+
+    for given in ("cuda:0", "cuda"):
+        lm = lmeval.GPT1LM.create_from_arg_string(f"checkpoint={checkpoint},precision=fp32", {"device": given})
+        assert lm.config.device == "auto" and lm._device.type == "cpu"
+    with pytest.raises(GPT1Error, match="no CUDA device"):
+        lmeval.GPT1LM.create_from_arg_string(f"checkpoint={checkpoint},device=cuda", {"device": "cpu"})
+
+
 def test_gpt1_lmeval_command_end_to_end(checkpoint, shared_data, tmp_path):
-    """What a user types: ``gpt1 lmeval`` (lm-eval's own command line, the gpt1 model registered) on the local tasks."""
+    """What a user types: ``gpt1 lmeval`` (lm-eval's own command line, the gpt1 model registered) on the local tasks,
+    with no device given (lm-eval then passes its default, cuda:0, which a CPU machine must survive)."""
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]),
            "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "ds"),
            "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "gptcli", "lmeval", "--model", "gpt1", "--model_args",
-                           f"checkpoint={checkpoint},{FP32}", "--tasks", "gpt1_sst2", "--local-tasks",
+                           f"checkpoint={checkpoint},precision=fp32", "--tasks", "gpt1_sst2", "--local-tasks",
                            str(shared_data), "--limit", "8", "--output_path", str(tmp_path / "out")],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
