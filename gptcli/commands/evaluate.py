@@ -25,7 +25,7 @@ OPTIONS = Options(
     panels={
         "Input": ("checkpoint", "data", "task", "verify"),
         "Data": ("split", "data_dir", "skip_bad_rows", "max_examples"),
-        "Evaluation": ("batch_size", "seq_len", "max_batches"),
+        "Evaluation": ("batch_size", "seq_len", "max_batches", "layout"),
         "Runtime": ("device", "precision", "kernels"),
         "Output": ("out",),
     },

@@ -76,6 +76,16 @@ def _sources_table(cfg: FetchConfig) -> Any:
         by_folder.setdefault(t.folder, []).append(t)
     for folder, tasks in by_folder.items():
         source = SOURCES[folder].repo if folder in SOURCES else tasks[0].how_to_get()
-        here = "yes" if any(d.is_dir() for d in tasks[0].candidate_dirs(root)) else "no"
-        table.add_row(", ".join(t.name for t in tasks), folder, source, here)
+        table.add_row(", ".join(t.name for t in tasks), folder, source, _here(tasks, root))
     return table
+
+
+def _here(tasks: list[Any], root: Any) -> str:
+    """``yes`` when the folder holds every file its tasks read, ``partly (no …)`` naming the missing ones when it
+    holds some (often the unlabeled test split), else ``no``: a folder with a README alone is not the data."""
+    found = next((d for d in tasks[0].candidate_dirs(root) if d.is_dir()), None)
+    expected = list(dict.fromkeys(f for t in tasks for f in t.files))
+    missing = [f for f in expected if found is None or not (found / f).exists()]
+    if not missing:
+        return "yes"
+    return f"partly (no {', '.join(missing)})" if len(missing) < len(expected) else "no"

@@ -25,7 +25,8 @@ OPTIONS = Options(
     panels={
         "Input": ("task", "init", "verify", "tokenizer", "model"),
         "Model": ("n_ctx", "clf_pdrop", "dropout", "transfer_layers"),
-        "Data": ("data_dir", "train_split", "max_train_examples", "skip_bad_rows", "batching", "cache", "workers"),
+        "Data": ("data_dir", "train_split", "max_train_examples", "skip_bad_rows", "batching", "layout", "cache",
+                 "workers"),
         "Optimisation": ("lr", "batch_size", "micro_batch_size", "lm_weight", "weight_decay", "decay", "grad_clip",
                          "seed"),
         "Schedule": ("epochs", "warmup", "schedule"),

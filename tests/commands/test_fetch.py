@@ -46,6 +46,12 @@ def test_fetch_into_the_default_data_root_then_finetune_finds_it(rte_hub, tmp_pa
     code, out, _ = _cli(capsys, monkeypatch, "fetch", "--list")
     row = next(line for line in out.splitlines() if "│ rte " in line)
     assert "nyu-mll/glue" in row and "yes" in row
+    (root / "RTE" / "test.tsv").unlink()  # a folder is not the data: what is missing is named
+    (root / "MNLI").mkdir()
+    (root / "MNLI" / "README.txt").write_text("GLUE's MNLI")
+    code, out, _ = _cli(capsys, monkeypatch, "fetch", "--list")
+    rows = {line.split("│")[2].strip(): line for line in out.splitlines() if line.count("│") > 3}
+    assert "partly (no test.tsv)" in rows["RTE"] and rows["MNLI"].rstrip(" │").endswith("no")
 
 
 def test_one_line_refusals(tmp_path, capsys, monkeypatch):

@@ -152,3 +152,20 @@ def test_list_fields_take_repeated_options() -> None:
 def test_has_sees_command_line_and_base() -> None:
     _, seen = _run(["--lr", "1"])
     assert seen[0].has("lr") and not seen[0].has("data") and seen[0].has("data", {"data": "x"})
+
+
+def test_every_option_of_every_command_sits_in_a_named_panel():
+    """An option left out of ``panels`` lands in the generic "Options" box beside --help (`--layout` did, in
+    finetune and eval), where nobody looks for a setting."""
+    import importlib
+    import pkgutil
+
+    import gptcli.commands as commands
+
+    for info in pkgutil.iter_modules(commands.__path__):
+        options = getattr(importlib.import_module(f"gptcli.commands.{info.name}"), "OPTIONS", None)
+        if options is None:
+            continue
+        loose = [p.name for p in options.parameters[1:]
+                 if getattr(p.default, "rich_help_panel", None) is None and "Argument" not in type(p.default).__name__]
+        assert not loose, f"gpt1 {info.name}: {loose} in no panel"
