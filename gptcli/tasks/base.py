@@ -114,10 +114,14 @@ class Task:
     extra_metrics: tuple[str, ...] = ()
     """Metrics reported besides the headline one (e.g. ``spearman`` for STS-B, ``accuracy`` for MRPC/QQP)."""
 
+    shape: str = ""
+    """The transformation in this task's own words when its kind's reads wrong for it (Story Cloze has a story
+    and an ending, no question); empty: the kind's (:data:`TRANSFORMATIONS`)."""
+
     @property
     def transformation(self) -> str:
         """The input transformation of the paper (reference §4) this task's kind uses, in words."""
-        return TRANSFORMATIONS.get(self.kind, ZERO_SHOT_ONLY)
+        return self.shape or TRANSFORMATIONS.get(self.kind, ZERO_SHOT_ONLY)
 
     @property
     def finetunable(self) -> bool:

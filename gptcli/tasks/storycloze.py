@@ -119,6 +119,7 @@ def _split_reader(part: int):
 register(Task(
     name="storycloze", title="Story Cloze Test (2016)", kind="multiple_choice", labels=LABELS, metric="accuracy",
     folder="storycloze",
+    shape="<s> story $ ending <e> per ending, softmax over the two endings",
     splits={
         "train": Split((VAL_FILE,), _split_reader(0)),
         "dev": Split((VAL_FILE,), _split_reader(1)),

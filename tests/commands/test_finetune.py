@@ -113,6 +113,7 @@ def test_cli_finetune_and_list_tasks(pretrained, shared_data, tmp_path):
     for name in ("sst2", "mnli-mm", "race-h", "storycloze", "stsb"):
         assert name in r.output
     assert "<s> premise $ hypothesis <e>" in r.output
+    assert "<s> story $ ending <e>" in r.output and "<s> context question $ answer <e>" in r.output  # Story Cloze, RACE
     cfg = tmp_path / "ft.toml"
     cfg.write_text('lr = 0.001\nbatch_size = 8\nepochs = 1\ndevice = "cpu"\nprecision = "fp32"\n')
     r = runner.invoke(app, ["finetune", "--task", "rte", "--init", str(pretrained), "--out", str(tmp_path / "run"),
