@@ -22,7 +22,7 @@ from run_helpers import (
 
 from gptcli.checkpoint import load_checkpoint, read_header, verify_checkpoint
 from gptcli.errors import GPT1Error
-from gptcli.outputs import kind_of
+from gptcli.outputs import kind_of, mark
 from gptcli.progress import RecordingProgress
 from gptcli.train.pretrain import pretrain
 
@@ -234,6 +234,7 @@ def test_a_run_directory_belongs_to_pretraining(byte_corpus, tmp_path, capsys):
     ft.mkdir()
     (ft / "config.toml").write_text('task = "rte"\ninit = "x"\n')
     (ft / "metrics.jsonl").write_text("")
+    mark(ft, "finetune-run")
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "todo.txt").write_text("mine")
