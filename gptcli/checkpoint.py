@@ -233,7 +233,8 @@ def list_checkpoints(path: str | Path) -> list[Path]:
     """Every complete checkpoint of a run directory, oldest step first (a checkpoint directory: just itself)."""
     p = Path(path)
     if not p.exists():
-        raise GPT1Error(f"{p}: checkpoint not found")
+        raise GPT1Error(f"{p}: checkpoint not found (check the path: give a checkpoint directory, or a run directory "
+                        "with checkpoints/)")
     if is_checkpoint(p):
         return [p]
     candidates = [c for c in (p / "checkpoints").glob("*") if c.is_dir() and not c.name.startswith(".") and is_checkpoint(c)]
@@ -241,7 +242,8 @@ def list_checkpoints(path: str | Path) -> list[Path]:
         if _is_hf_export(p):
             raise GPT1Error(f"{p}: this is a Hugging Face export, not a gpt1 checkpoint "
                             f"(convert it first: gpt1 convert {p} --from hf --out DIR)")
-        raise GPT1Error(f"{p}: neither a checkpoint ({CONFIG} + {WEIGHTS}) nor a run directory with checkpoints/")
+        raise GPT1Error(f"{p}: neither a checkpoint ({CONFIG} + {WEIGHTS}) nor a run directory with checkpoints/ "
+                        "(give a checkpoint directory, or the directory of a run that has saved one)")
     return sorted(candidates, key=_age)
 
 

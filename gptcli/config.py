@@ -105,6 +105,13 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
     """Build ``cls`` from a mapping, rejecting unknown keys and wrongly typed values."""
+    return cls(**coerce_fields(cls, data, prefix))
+
+
+def coerce_fields(cls: type, data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``data`` as keyword arguments of dataclass ``cls``, typed and checked as :func:`from_dict` does (unknown keys,
+    wrong types, impossible numbers refused naming ``prefix + key``), without building ``cls``: a partial set of
+    fields, such as the ``[model]`` overrides of a preset, gets the same checks as a whole config."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - names)
@@ -114,19 +121,32 @@ def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
             f"for {cls.__name__} (known: {', '.join(sorted(names))})"
         )
     kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
+    unused = inactive_settings(cls, kwargs)
     for k, v in kwargs.items():
+        if k in unused:
+            continue
         if isinstance(v, dict):
             check_settings(v, f"{prefix}{k}.")
         else:
             check_setting(prefix + k, v)
-    return cls(**kwargs)
+    return kwargs
+
+
+def inactive_settings(cls: type, settings: dict[str, Any]) -> frozenset[str]:
+    """The settings of ``cls`` that the others make unused (greedy decoding reads no temperature): their values are
+    typed but not held to their :data:`RULES`, as the help says they are ignored. A config class declares them with
+    a static method ``inactive_settings(settings) -> names``; ``settings`` may hold only some of its fields."""
+    hook = getattr(cls, "inactive_settings", None)
+    return frozenset(hook(settings)) if hook is not None else frozenset()
 
 
 def load_file(path: str | Path) -> dict[str, Any]:
     """Read a ``.toml`` or ``.json`` config file into a dict, with a one-line error on failure."""
     p = Path(path)
+    if p.is_dir():
+        raise GPT1Error(f"{p}: a directory, not a config file (give a .toml or .json file, e.g. RUN/config.toml)")
     if not p.is_file():
-        raise GPT1Error(f"{p}: config file not found")
+        raise GPT1Error(f"{p}: config file not found (check the path)")
     try:
         if p.suffix == ".json":
             return json.loads(p.read_text(encoding="utf-8"))
@@ -246,7 +266,9 @@ def check_setting(key: str, value: Any) -> None:
 def check_settings(cfg: Any, prefix: str = "") -> None:
     """:func:`check_setting` on every field of a config dataclass (or mapping), nested ones included."""
     if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
-        items = [(f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg)]
+        fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+        unused = inactive_settings(type(cfg), fields)
+        items = [(k, v) for k, v in fields.items() if k not in unused]
     elif isinstance(cfg, dict):
         items = list(cfg.items())
     else:

@@ -68,10 +68,16 @@ def output_lock(out: str | Path, *, wait: bool = False, tidy: bool = True, what:
         finally:
             _HELD[key][1] -= 1
         return
-    created = _make_parents(path.parent)
+    try:
+        created = _make_parents(path.parent)
+    except OSError as e:
+        raise _unwritable(out, e) from None
     fd = None
     try:
-        fd = _acquire(path, wait)
+        try:
+            fd = _acquire(path, wait)
+        except OSError as e:
+            raise _unwritable(out, e) from None
         if fd is None:  # held by this worker's launcher
             yield path
             return
@@ -92,6 +98,22 @@ def output_lock(out: str | Path, *, wait: bool = False, tidy: bool = True, what:
         for d in reversed(created):
             with contextlib.suppress(OSError):
                 d.rmdir()  # a parent made only for the lock, left empty by a run that failed early
+
+
+def _unwritable(out: str | Path, e: OSError) -> Exception:
+    """The lock beside ``out`` could not be made: the error names the user's path and what is wrong with it (a file
+    where a directory must be, a directory gpt1 may not write in), not the hidden lock file nobody asked for."""
+    given = Path(out).expanduser()
+    if e.errno == errno.ENOTDIR:
+        file = next((p for p in given.parents if p.exists() and not p.is_dir()), None)
+        if file is not None:
+            return GPT1Error(f"cannot write {given}: {file} is a file, not a directory (choose another path)")
+    where = given.parent if str(given.parent) != "." else Path.cwd()
+    advice = {errno.EACCES: "check its permissions, or write elsewhere", errno.EPERM: "check its permissions, or "
+              "write elsewhere", errno.EROFS: "the file system is read-only: write elsewhere"}.get(e.errno or -1)
+    if advice is None:  # another failure of the OS: said by the command line, about the user's directory
+        return OSError(e.errno, e.strerror, str(where))
+    return GPT1Error(f"cannot write in {where}: {e.strerror} ({advice})")
 
 
 class _Busy(Exception):

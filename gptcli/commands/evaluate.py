@@ -52,8 +52,9 @@ def run(p: Parsed) -> None:
     cfg.checkpoint = [defaults.model(c, console) for c in cfg.checkpoint]
     progress = RichProgress(console)
     if cfg.data is None:
-        if not cfg.task and not all(is_finetuned(c) for c in cfg.checkpoint):
-            raise GPT1Error("nothing to evaluate: give --data CORPUS_DIR for perplexity, or --task T for a task metric")
+        untasked = [] if cfg.task else [c for c in cfg.checkpoint if not is_finetuned(c)]
+        if untasked:
+            raise _nothing_to_evaluate(untasked, len(cfg.checkpoint))
         show_task_results(evaluate_tasks(cfg, progress=progress), stdout_console())
         return
     split = cfg.split or "val"
@@ -64,6 +65,17 @@ def run(p: Parsed) -> None:
 
 
 command = OPTIONS.command(run)
+
+
+def _nothing_to_evaluate(untasked: Sequence[str], given: int) -> GPT1Error:
+    """No --task and no --data: fine-tuned checkpoints know their task, these (language models) do not. Among
+    fine-tuned ones, the error names them rather than saying there is nothing to evaluate."""
+    if len(untasked) == given:
+        return GPT1Error("nothing to evaluate: give --data CORPUS_DIR for perplexity, or --task T for a task metric")
+    names = ", ".join(map(str, untasked))
+    return GPT1Error(f"{names}: not fine-tuned, so no task of its own to score, unlike the fine-tuned checkpoints "
+                     f"given (give --task T to score every checkpoint on T, or evaluate {names} apart, with --data "
+                     "CORPUS_DIR for perplexity)")
 
 
 def perplexity_table(rows: Sequence[Any], data: str | Path, split: str) -> Any:

@@ -41,11 +41,13 @@ def run(p: Parsed) -> None:
     if p.cli["inspect"] is not None:
         render_inspect(p.cli["inspect"])
         return
-    cfg = p.resolve(PrepareConfig, p.base())
+    base = p.base()
+    cfg = p.resolve(PrepareConfig, base)
     if not cfg.inputs:
         raise GPT1Error("no inputs: give text files, directories or globs (see `gpt1 prepare --help`)")
     start = time.perf_counter()
-    result = prepare(cfg, RichProgress(stderr_console()))
+    # What the user set (typed or in the --config file), which a reused tokenizer is checked against.
+    result = prepare(cfg, RichProgress(stderr_console()), given={*p.given, *base})
     _summary(stdout_console(), result, time.perf_counter() - start)
 
 

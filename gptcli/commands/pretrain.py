@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from gptcli.commands.options import CliOnly, Nested, Options, Parsed
-from gptcli.commands.render import RichProgress, WarningsOnly, stderr_console
+from gptcli.commands.render import RichProgress, WarningsOnly, held_console, release_held, stderr_console
 from gptcli.errors import GPT1Error
 from gptcli.model.build import dropout_fields
 from gptcli.model.gpt import ModelConfig
@@ -18,7 +18,7 @@ from gptcli.model.lstm import LSTMConfig
 from gptcli.locks import main_rank_lock
 from gptcli.outputs import check_output
 from gptcli.train.distributed import LaunchConfig, LaunchSpec
-from gptcli.train.pretrain import CONFIG_FILE, PretrainConfig
+from gptcli.train.pretrain import CONFIG_FILE, PretrainConfig, check_settings
 
 
 OPTIONS = Options(
@@ -58,8 +58,12 @@ def run(p: Parsed) -> None:
     from gptcli.train.distributed import join, leave, plan_launch
     from gptcli.train.pretrain import pretrain
 
-    console = stderr_console()
-    cfg = p.resolve(PretrainConfig, _settings_under_the_options(p, console))
+    console, held = stderr_console(), held_console()
+    base = _settings_under_the_options(p, held)
+    cfg = p.resolve(PretrainConfig, base)
+    _check_model_table(cfg, p.base_source if "model" in base else None)
+    check_settings(cfg)
+    release_held(held, console)  # the defaults chosen (./corpus, runs/pretrain), said once the settings are valid
     resume, out = p.given.get("resume", False), p.given.get("out")
     if resume and out is not None and "data" not in p.given and not Path(cfg.data).exists():
         raise GPT1Error(f"{Path(out) / CONFIG_FILE}: data = {str(cfg.data)!r}, the corpus this run was started with, "
@@ -91,6 +95,17 @@ def run(p: Parsed) -> None:
 
 
 command = OPTIONS.command(run)
+
+
+def _check_model_table(cfg: PretrainConfig, source: Path | None) -> None:
+    """The model overrides typed against the preset's fields now (pretrain() checks them again), so that an error
+    in a --config file's [model] table names the file, as one in its top-level keys does."""
+    from gptcli.train.pretrain import model_overrides
+
+    try:
+        model_overrides(cfg)
+    except GPT1Error as e:
+        raise GPT1Error(f"{source}: {e}" if source is not None else str(e)) from None
 
 
 def _settings_under_the_options(p: Parsed, console: Any) -> dict[str, Any]:

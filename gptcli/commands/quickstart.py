@@ -37,9 +37,10 @@ def run(p: Parsed) -> None:
     learn a BPE vocabulary, pretrain a tiny GPT, fine-tune it to tell sentences from word-shuffled ones (a
     CoLA-style task), evaluate it, and run the paper's zero-shot heuristic. Prints what each number means and
     the commands for the real thing."""
-    from gptcli.pipelines.quickstart import quickstart
+    from gptcli.pipelines.quickstart import check_out, quickstart
 
     cfg = p.resolve(QuickstartConfig, p.base())
+    check_out(cfg)  # a refused --out is the one line it prints, not a header and then the error (checked again there)
     console = stderr_console()
     console.rule("[bold]gpt1 quickstart")
     console.print(

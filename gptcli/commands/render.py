@@ -14,6 +14,7 @@ when a run's predictions are all one label: every command that shows results dra
 
 from __future__ import annotations
 
+import io
 import time
 from typing import Any, Sequence
 
@@ -341,6 +342,20 @@ def make_console(stderr: bool = False) -> Console:
 def stderr_console() -> Console:
     """The console progress, notes and warnings go to (stdout stays for results a user may pipe)."""
     return make_console(stderr=True)
+
+
+def held_console() -> Console:
+    """A console that keeps what is printed to it (as plain text) until :func:`release_held`: the notes of defaults
+    a command chose before its settings are checked, said once they are valid, so a failing command prints its
+    error line alone."""
+    return Console(file=io.StringIO(), emoji=False, soft_wrap=True, highlight=False, color_system=None)
+
+
+def release_held(held: Console, console: Console) -> None:
+    """Print on ``console`` what ``held`` (:func:`held_console`) kept."""
+    text = held.file.getvalue() if isinstance(held.file, io.StringIO) else ""
+    if text:
+        console.print(text, end="", markup=False, highlight=False, soft_wrap=True)
 
 
 def stdout_console() -> Console:

@@ -184,4 +184,5 @@ def _path_inputs(p: Path, skipped: Skipped) -> list[Path]:
         if problem is not None and problem != "missing":  # a broken link is reported when read ("cannot read")
             raise GPT1Error(f"{p}: {problem}; prepare reads only regular files (give the file itself)")
         return [p]
-    raise GPT1Error(f"{p}: no such file or directory")
+    raise GPT1Error(f"{p}: no such file or directory (check the path: give .txt, .jsonl or .parquet files, folders "
+                    "of them, or a glob)")

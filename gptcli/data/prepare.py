@@ -39,7 +39,7 @@ import random
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Collection, Iterable, Iterator, Optional
 
 import numpy as np
 
@@ -186,16 +186,19 @@ class _Reservoir:
                     self.lines[j] = line
 
 
-def prepare(cfg: PrepareConfig, progress: Progress | None = None) -> PrepareResult:
+def prepare(cfg: PrepareConfig, progress: Progress | None = None, *,
+            given: Collection[str] | None = None) -> PrepareResult:
     """Run the whole pipeline; returns the output directory and its manifest. ``out`` is locked for the run
-    (:func:`gptcli.locks.output_lock`), which also finishes or undoes what an interrupted run left beside it."""
+    (:func:`gptcli.locks.output_lock`), which also finishes or undoes what an interrupted run left beside it.
+    ``given``: the names of the settings the user set (the command line's and a --config file's), so that one
+    spelling its default is still checked against a reused tokenizer (:func:`check_reused_tokenizer`)."""
     with output_lock(_check(cfg)):
-        return _prepare(cfg, progress)
+        return _prepare(cfg, progress, given)
 
 
-def _prepare(cfg: PrepareConfig, progress: Progress | None) -> PrepareResult:
+def _prepare(cfg: PrepareConfig, progress: Progress | None, given: Collection[str] | None) -> PrepareResult:
     report = progress or SILENT
-    plan = _plan(cfg)
+    plan = _plan(cfg, given)
     problems = Problems(cfg.strict, report)
     with _partial_dir(plan.out) as tmp:
         scan = _scan(plan, problems, report)
@@ -219,13 +222,13 @@ def _check(cfg: PrepareConfig) -> Path:
     if cfg.out is None:
         raise GPT1Error("no output directory: pass --out DIR")
     if not 0.0 < cfg.val_fraction <= 0.5:
-        raise GPT1Error(f"--val-fraction must be in (0, 0.5], got {cfg.val_fraction}")
+        raise GPT1Error(f"--val-fraction {cfg.val_fraction} is impossible (pass a fraction in (0, 0.5], e.g. 0.01)")
     if cfg.workers < 0:
-        raise GPT1Error(f"--workers must be ≥ 0 (0 = all cores), got {cfg.workers}")
+        raise GPT1Error(f"--workers {cfg.workers} is impossible (pass 0 for all cores, or a number of processes)")
     if cfg.tokenizer is None and cfg.vocab_size < 16:
-        raise GPT1Error(f"--vocab-size must be at least 16, got {cfg.vocab_size}")
+        raise GPT1Error(f"--vocab-size {cfg.vocab_size} is too small for a BPE vocabulary (pass 16 or more; the paper used 40,478)")
     if cfg.sample_lines < 1 or cfg.shard_tokens < 1 or cfg.chunk_bytes < 1:
-        raise GPT1Error("sample_lines, shard_tokens and chunk_bytes must be positive")
+        raise GPT1Error("sample_lines, shard_tokens and chunk_bytes must be positive (set them to 1 or more)")
     return Path(cfg.out)
 
 
@@ -245,7 +248,7 @@ def _tokenizer_dir(path: Path) -> Path:
     raise GPT1Error(f"{p}: not a tokenizer directory (no tokenizer.json) nor a prepared corpus")
 
 
-def _plan(cfg: PrepareConfig) -> _Plan:
+def _plan(cfg: PrepareConfig, given: Collection[str] | None = None) -> _Plan:
     """Check the settings, expand the inputs and load a reused tokenizer: every error found before any work."""
     out = _check(cfg)
     skipped: list[tuple[Path, str]] = []
@@ -261,9 +264,30 @@ def _plan(cfg: PrepareConfig) -> _Plan:
                 f"{cfg.tokenizer}: prepare encodes with sentencepiece tokenizers only "
                 f"(this one is {tok.kind!r})"
             )
+        check_reused_tokenizer(cfg, tok, given)
         plan.reused = tok
-        plan.cased = tok.cased  # the tokenizer's own setting wins: its vocabulary was learned that way
+        plan.cased = tok.cased  # the tokenizer's own setting: its vocabulary was learned that way
     return plan
+
+
+_LEARNED_AS = {"vocab_size": (lambda v: f"--vocab-size {v}", lambda v: f"has {v:,} ids"),
+               "cased": (lambda v: "--cased" if v else "--no-cased", lambda v: "is cased" if v else "is uncased")}
+"""The settings of learning that a learned tokenizer records (the others, e.g. sample_lines, it does not): how the
+option of a value is spelt, and how the tokenizer's own value is said."""
+
+
+def check_reused_tokenizer(cfg: PrepareConfig, tok: LearnedBPETokenizer, given: Collection[str] | None) -> None:
+    """Refuse a setting of learning (``_LEARNED_AS``) set by the user that disagrees with the reused tokenizer: it
+    would be silently ignored. ``given`` names the settings the user set; without it (a PrepareConfig built in
+    Python) a plain dataclass cannot tell ``vocab_size=40478`` from the default, so only values other than the
+    default count as set."""
+    for name, (option, has) in _LEARNED_AS.items():
+        value, theirs = getattr(cfg, name), getattr(tok, name)
+        chosen = name in given if given is not None else value != getattr(PrepareConfig, name)
+        if chosen and value != theirs:
+            flag = option(value).split()[0]
+            raise GPT1Error(f"{option(value)} disagrees with the reused tokenizer {cfg.tokenizer}, which {has(theirs)} "
+                            f"(leave {flag} out to encode with it, or drop --tokenizer to learn a new vocabulary)")
 
 
 @contextlib.contextmanager

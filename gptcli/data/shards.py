@@ -169,6 +169,9 @@ class Corpus:
     def __init__(self, directory: str | Path) -> None:
         self.dir = Path(directory)
         mpath = self.dir / MANIFEST
+        if self.dir.exists() and not self.dir.is_dir():
+            raise GPT1Error(f"{self.dir}: a file, not a corpus directory (give the directory `gpt1 prepare` wrote, or "
+                            "prepare this file first: gpt1 prepare FILE --out DIR)")
         if not self.dir.is_dir():
             raise GPT1Error(f"{self.dir}: corpus directory not found (create one with `gpt1 prepare`)")
         if not mpath.is_file():

@@ -157,9 +157,10 @@ def corpus_perplexity(
     progress: Progress | None = None,
 ) -> list[CheckpointPerplexity]:
     """Loss and perplexity of each checkpoint on ``split`` of the prepared corpus ``data`` (windows of
-    ``seq_len``, default and at most each model's context). ``verify`` checks the shard checksums and each
+    ``seq_len``, default each model's context; a longer one is refused). ``verify`` checks the shard checksums and each
     checkpoint's file checksums first. A checkpoint trained with another tokenizer than the corpus's is refused:
-    its perplexity on these ids would mean nothing. ``kernels``: :func:`gptcli.model.kernels.set_kernels` first
+    its perplexity on these ids would mean nothing; one without a tokenizer is scored with a warning note (it cannot
+    be compared). ``kernels``: :func:`gptcli.model.kernels.set_kernels` first
     (``None``: the mode in force)."""
     report = progress or SILENT
     if kernels is not None:
@@ -175,7 +176,7 @@ def corpus_perplexity(
     vocab = _corpus_vocab(corpus)
     paths = [resolve_checkpoint(c) for c in checkpoints]
     for path in paths:  # every checkpoint before any is scored: a refusal comes first, and alone
-        _check_checkpoint(path, corpus, verify)
+        _check_checkpoint(path, corpus, verify, seq_len, report)
     rows = []
     with staged(report, f"perplexity on {split}", len(paths), unit="checkpoints"):
         for path in paths:
@@ -186,7 +187,7 @@ def corpus_perplexity(
                     "was the corpus prepared with another tokenizer?"
                 )
             corpus.check_token_ids(split, ck.config.total_vocab)
-            n = min(seq_len or ck.config.n_ctx, ck.config.n_ctx)
+            n = seq_len or ck.config.n_ctx  # at most n_ctx: _check_checkpoint refused a longer one
             res = evaluate_lm(ck.model, arrays, n, batch_size, device=dev, precision=prec, max_batches=max_batches)
             step = ck.meta.get("step")
             rows.append(CheckpointPerplexity(ck.path, None if step is None else int(step), res.loss, res.perplexity,
@@ -195,16 +196,36 @@ def corpus_perplexity(
     return rows
 
 
-def _check_checkpoint(checkpoint: Path, corpus: Corpus, verify: bool) -> None:
-    """Refuse a checkpoint with an unreadable header, (``verify``) one whose files do not match their checksums, and
-    one whose tokenizer is not the corpus's (when both have one to compare). Damage is checked first: a damaged
-    tokenizer file is named as damaged, not as another tokenizer."""
-    read_header(checkpoint)
+def _check_checkpoint(checkpoint: Path, corpus: Corpus, verify: bool, seq_len: int | None, report: Progress) -> None:
+    """Refuse a checkpoint with an unreadable header, (``verify``) one whose files do not match their checksums, one
+    whose context is shorter than ``seq_len``, and one whose tokenizer is not the corpus's (when both have one to
+    compare). Damage is checked first: a damaged tokenizer file is named as damaged, not as another tokenizer."""
+    header = read_header(checkpoint)
     problems = verify_checkpoint(checkpoint) if verify else []
     if problems:
         raise GPT1Error(f"{problems[0]} (use another checkpoint, or pass --no-verify to load it anyway)")
+    n_ctx = int(header.model.get("n_ctx", 0)) or None
+    if seq_len is not None and n_ctx is not None and seq_len > n_ctx:
+        # Refused, not shortened: the number would be another window's perplexity than the one asked for.
+        raise GPT1Error(f"--seq-len {seq_len} exceeds the context of {checkpoint} (n_ctx={n_ctx}; pass --seq-len "
+                        f"{n_ctx} or less, or leave it unset for the model's context)")
+    _check_tokenizer(checkpoint, corpus, report)
+
+
+def _check_tokenizer(checkpoint: Path, corpus: Corpus, report: Progress) -> None:
+    """Refuse a checkpoint trained with another tokenizer than the corpus's. A checkpoint without tokenizer/ (a
+    bare or converted model) cannot be compared: it is scored on the corpus's ids (the vocabulary check in
+    :func:`corpus_perplexity` still applies), with a warning saying the tokenizer was not checked. Unlike zero-shot,
+    which must encode text and so refuses such a checkpoint, the corpus here is already ids: the user vouches for
+    its tokenizer, as fine-tuning's --tokenizer does."""
     mine, theirs = tokenizer_fingerprint(checkpoint / TOKENIZER), corpus.tokenizer_fingerprint()
-    if mine is not None and theirs is not None and mine != theirs:
+    if mine is None or theirs is None:
+        lacking = checkpoint if mine is None else corpus.dir
+        report.note(f"the tokenizer could not be checked: {lacking} has no tokenizer/ (the perplexity of "
+                    f"{checkpoint} means something only if it was trained with the tokenizer of {corpus.dir})",
+                    level="warn")
+        return
+    if mine != theirs:
         raise GPT1Error(
             f"{checkpoint} was trained with another tokenizer than the corpus {corpus.dir} "
             f"({checkpoint / TOKENIZER} differs from {corpus.dir / 'tokenizer'}; a perplexity over another "

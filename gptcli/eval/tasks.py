@@ -212,7 +212,7 @@ def _evaluate_task(task_name: str | None, checkpoint: str | Path, split: str, da
     prec = resolve_precision(precision, dev)
     ck, model, tok = load_finetuned(checkpoint, dev, verify=verify)
     task = _scorable_task(task_name, ck)
-    opts = ReadOptions(skip_bad_rows=skip_bad_rows)
+    opts = ReadOptions(skip_bad_rows=skip_bad_rows, skippable=True)
     examples = subsample(task.read(split, data_dir, opts), max_examples, seed)
     _check_labels(task, split, examples)
     out_dir = Path(out) if out is not None else default_out_dir(ck.path, task.name, split)

@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 
 from gptcli.checkpoint import atomic_directory
 from gptcli.errors import DataError, GPT1Error
+from gptcli.eval.zeroshot_config import ZeroShotConfig
 from gptcli.fsutil import write_text_atomic
 from gptcli.locks import maybe_lock
 from gptcli.outputs import check_output, mark
@@ -43,44 +44,6 @@ from gptcli.progress import SILENT, Progress
 from gptcli.tasks.base import Example, Task
 
 SST2_CUE, SST2_WORDS = "very", ("negative", "positive")  # label 0, label 1
-
-
-@dataclass
-class ZeroShotConfig:
-    """Settings of ``gpt1 zeroshot`` (one checkpoint; the curve over many is in :mod:`gptcli.eval.curve`)."""
-
-    task: str = "sst2"
-    """sst2, cola, race, race-m, race-h, dprd, wsc or storycloze; a comma-separated list; or ``all`` (sst2, cola,
-    race, dprd, wsc, storycloze)."""
-    checkpoint: str = ""
-    """Checkpoint directory, or a run directory (its newest checkpoint). `gpt1 zeroshot` also takes a Hugging Face
-    Hub id (converted once) and, when empty, uses ``openai-gpt`` (OpenAI's released GPT-1)."""
-    split: str | None = None
-    """Split to score (default per task: dev; DPRD test; WSC273 its only file; Story Cloze the whole 2016 val file)."""
-    splits: dict[str, str] = field(default_factory=dict)
-    """Per-task split overrides (``{"dprd": "train"}``), applied over ``split``."""
-    data_dir: str | None = None
-    """Task folder (one task) or the root holding every task folder (``all``); default ``$GPT1_DATA``."""
-    out: str | None = None
-    """Directory for ``results.json`` and ``predictions-<task>.jsonl`` (a curve adds ``curve.json``, ``curve.png``
-    and one such folder per checkpoint); nothing is written when unset. Replaced whole, and only when it holds
-    earlier zero-shot results."""
-    threshold: float | None = None
-    """CoLA: fixed average log-probability threshold instead of fitting it on the train split (default: fitted to
-    maximise MCC on the train split)."""
-    batch_size: int = 32
-    """Rows per forward pass."""
-    limit: int | None = None
-    """Score only the first N examples of each split (the CoLA threshold split included)."""
-    precision: str = "auto"
-    """``auto`` (bf16 autocast on CUDA and on CPUs with native bf16, else fp32), ``fp32``, ``bf16`` or ``fp16``."""
-    device: str = "auto"
-    """``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1``…"""
-    kernels: str = "auto"
-    """How the model is computed, not what: auto = the fast CPU kernels of gptcli/model/kernels on CPU (PyTorch's
-    fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy)."""
-    verify: bool = True
-    """Check each checkpoint's files against their checksums before scoring (--no-verify skips it)."""
 
 
 @dataclass
@@ -275,7 +238,8 @@ def winograd(model, tokenizer, name: str, schemas, *, batch_size: int = 32, prec
         a, b = scores[2 * i].mean, scores[2 * i + 1].mean
         p = int(b > a)
         preds.append(p)
-        out.append({"uid": s.source, "label": s.label, "prediction": p, "mean_logprobs": [_fmt(a), _fmt(b)], "candidates": list(s.candidates)})
+        out.append({"uid": s.uid, "source": s.source, "label": s.label, "prediction": p,
+                    "mean_logprobs": [_fmt(a), _fmt(b)], "candidates": list(s.candidates)})
     notes = [f"{fallback} schemas end with the pronoun: whole substituted sentences scored"] if fallback else []
     n_trunc = sum(scores[2 * i].truncated or scores[2 * i + 1].truncated for i in range(len(schemas)))
     if n_trunc:
@@ -292,12 +256,17 @@ class _Job:
 
     name: str
     task: Task
+    split: str
     examples: list[Example]
     model: Any
     tokenizer: Any
     config: ZeroShotConfig
     data_dir: Path | None
     progress: Progress | None
+    note: str | None = None
+    """Said first among the result's notes (a default split that fell back to another)."""
+    train: list[Example] | None = None
+    """CoLA's train split, read with the scored one when its threshold is to be fitted."""
     started: float = field(default_factory=time.perf_counter)
     """When scoring began: ``TaskResult.seconds`` times the scoring, not the reading of files."""
 
@@ -310,17 +279,20 @@ def _run_sst2(job: _Job) -> TaskResult:
     return sst2(job.model, job.tokenizer, job.examples, **job.kw)
 
 
+def _read_cola_train(job: _Job) -> None:
+    if job.config.threshold is not None:
+        return
+    try:
+        job.train = read_labeled(job.task, "train", job.data_dir, job.config.limit)
+    except DataError:
+        raise
+    except GPT1Error as e:
+        raise GPT1Error(f"{e} — the CoLA threshold is fitted on the train split; give --threshold to skip it") from None
+
+
 def _run_cola(job: _Job) -> TaskResult:
-    train = None
-    if job.config.threshold is None:
-        try:
-            train = read_labeled(job.task, "train", job.data_dir, job.config.limit)
-        except DataError:
-            raise
-        except GPT1Error as e:
-            raise GPT1Error(f"{e} — the CoLA threshold is fitted on the train split; give --threshold to skip it") from None
-        job.started = time.perf_counter()
-    return cola(job.model, job.tokenizer, job.examples, train_examples=train, threshold=job.config.threshold, **job.kw)
+    return cola(job.model, job.tokenizer, job.examples, train_examples=job.train, threshold=job.config.threshold,
+                **job.kw)
 
 
 def _run_multiple_choice(job: _Job) -> TaskResult:
@@ -342,6 +314,8 @@ class ZeroShotTask:
     heuristic: Callable[[_Job], TaskResult]
     split: str
     """The split scored when none is given."""
+    read_more: Callable[[_Job], None] | None = None
+    """Reads what the heuristic needs besides the scored split, with it (before scoring starts)."""
     fallback: bool = False
     """When the default split's files are absent, score another split whose files exist (DPRD: many copies of the
     data set hold only ``train.c.txt``; zero-shot trains on nothing, so it is an equally unseen evaluation set)."""
@@ -349,7 +323,7 @@ class ZeroShotTask:
 
 TASKS: dict[str, ZeroShotTask] = {
     "sst2": ZeroShotTask(_run_sst2, "dev"),
-    "cola": ZeroShotTask(_run_cola, "dev"),
+    "cola": ZeroShotTask(_run_cola, "dev", read_more=_read_cola_train),
     "race": ZeroShotTask(_run_multiple_choice, "dev"),
     "race-m": ZeroShotTask(_run_multiple_choice, "dev"),
     "race-h": ZeroShotTask(_run_multiple_choice, "dev"),
@@ -379,10 +353,13 @@ def check_config(config: ZeroShotConfig) -> None:
     from gptcli.config import check_settings
 
     check_settings(config)
-    task_list(config.task)
-    for k in config.splits:
+    names = task_list(config.task)
+    for k, split in config.splits.items():
         if k not in TASKS:
             raise GPT1Error(f"--split {k}=…: unknown task {k!r} (known: {', '.join(TASKS)})")
+        if k not in names:  # it would be ignored without a word: a typo in --task or in the pair
+            raise GPT1Error(f"--split {k}={split}: {k} is not among the tasks run ({', '.join(names)}; add it to "
+                            "--task or drop the pair)")
 
 
 # --- data: everything through the task registry ------------------------------------------------------------------
@@ -436,22 +413,38 @@ def read_labeled(task: Task, split: str, data_dir: Path | None, limit: int | Non
     return examples
 
 
-def run_task(task: str, model, tokenizer, config: ZeroShotConfig, *, root: bool = False,
-             progress: Progress | None = None) -> TaskResult:
-    """Read ``task``'s split (and CoLA's train split) through the registry, run its heuristic, time it."""
+def read_task(task: str, model, tokenizer, config: ZeroShotConfig, *, root: bool = False,
+              progress: Progress | None = None) -> _Job:
+    """``task``'s split (and CoLA's train split) read through the registry, ready to score: all of a task's reading
+    comes before its progress stage, so a data error is the only line a failing run prints."""
     if task not in TASKS:
         raise GPT1Error(f"unknown zero-shot task {task!r} (known: {', '.join(TASKS)}, all)")
     t = registry_task(task)
     ddir = task_dir(t, config.data_dir, root)
     given = config.splits.get(task) or config.split  # a per-task override, then the split for every task
     split, note = (given, None) if given else default_split(task, t, ddir)
-    job = _Job(task, t, read_labeled(t, split, ddir, config.limit), model, tokenizer, config, ddir, progress)
-    res = TASKS[task].heuristic(job)
+    job = _Job(task, t, split, read_labeled(t, split, ddir, config.limit), model, tokenizer, config, ddir, progress,
+               note)
+    if TASKS[task].read_more is not None:
+        TASKS[task].read_more(job)
+    return job
+
+
+def score_task(job: _Job) -> TaskResult:
+    """Run a read task's heuristic and time it."""
+    job.started = time.perf_counter()
+    res = TASKS[job.name].heuristic(job)
     res.seconds = time.perf_counter() - job.started
-    res.task, res.split = task, split
-    if note:
-        res.notes.insert(0, note)
+    res.task, res.split = job.name, job.split
+    if job.note:
+        res.notes.insert(0, job.note)
     return res
+
+
+def run_task(task: str, model, tokenizer, config: ZeroShotConfig, *, root: bool = False,
+             progress: Progress | None = None) -> TaskResult:
+    """Read ``task`` (:func:`read_task`) and score it (:func:`score_task`)."""
+    return score_task(read_task(task, model, tokenizer, config, root=root, progress=progress))
 
 
 # --- one checkpoint, every task ----------------------------------------------------------------------------------
@@ -492,23 +485,32 @@ def evaluate(model, tokenizer, config: ZeroShotConfig, progress: Progress | None
     results: dict[str, TaskResult] = {}
     skipped: dict[str, str] = {}
     for t in (t for t in tasks if t not in exclude):
+        try:  # read before the stage is drawn: a task that cannot be read fails (or is skipped) in one line
+            job = read_task(t, model, tokenizer, config, root=several, progress=report)
+        except GPT1Error as e:
+            _skip_or_raise(e, t, several, skipped, report)
+            continue
         report.stage(f"zero-shot {t}")
         summary = ""
         try:
-            results[t] = run_task(t, model, tokenizer, config, root=several, progress=report)
+            results[t] = score_task(job)
             summary = _summary(results[t])
-        except DataError:
-            raise  # a malformed file is an error to fix, not a task to skip
         except GPT1Error as e:
-            if not several:
-                raise
-            skipped[t] = str(e)
-            report.note(f"skipped {t}: {e}", level="warn")
+            _skip_or_raise(e, t, several, skipped, report)
         finally:
             report.end(summary)
     if not results:
         raise GPT1Error("no task could be scored: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
     return results, skipped
+
+
+def _skip_or_raise(e: GPT1Error, task: str, several: bool, skipped: dict[str, str], report: Progress) -> None:
+    """With several tasks, one that cannot be scored is skipped with a warning note; alone, it is the error. A
+    malformed file is always an error to fix, not a task to skip."""
+    if isinstance(e, DataError) or not several:
+        raise e
+    skipped[task] = str(e)
+    report.note(f"skipped {task}: {e}", level="warn")
 
 
 def input_paths(config: ZeroShotConfig, checkpoints: Sequence[str | Path]) -> list[Path]:

@@ -18,11 +18,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
 from gptcli.model.build import AnyConfig, DecodeState, LanguageModel, new_cache, repeat_cache
+
+
+SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")
+"""The settings only sampling reads: ``greedy`` ignores them."""
 
 
 @dataclass
@@ -45,9 +49,16 @@ class SamplingConfig:
     """Decode with the KV cache (an LSTM: its carried state), one position per step, instead of re-running the whole
     sequence."""
 
+    @staticmethod
+    def inactive_settings(settings: Mapping[str, Any]) -> tuple[str, ...]:
+        """What greedy decoding never reads, so never checks (:func:`gptcli.config.inactive_settings`)."""
+        return SAMPLING_ONLY if settings.get("greedy") else ()
+
     def validate(self) -> None:
         if self.max_new_tokens < 0:
             raise ValueError("max_new_tokens must be >= 0")
+        if self.greedy:
+            return  # argmax decoding: the sampling settings below are ignored, as the help says, so not checked
         if not self.temperature > 0:
             raise ValueError("temperature must be > 0 (use greedy for argmax decoding)")
         if self.top_k < 0:

@@ -279,11 +279,10 @@ def quickstart(config: QuickstartConfig, progress: Progress | None = None) -> Qu
 
 def _check(cfg: QuickstartConfig) -> None:
     from gptcli.config import check_settings
-
-    check_settings(cfg)  # one rule per number, the same in every command (gptcli.config.RULES)
     from gptcli.train.pretrain import model_overrides
 
-    # The [model] table is typed against the tiny preset's fields before the first stage, not at stage 3.
+    check_settings(cfg)  # one rule per number, the same in every command (gptcli.config.RULES)
+    # The [model] table typed against the tiny preset's fields, as pretraining does, before stage 1 rather than 3.
     model_overrides(_pretrain_config(cfg, Path(), Path()))
     if cfg.minutes <= 0:
         raise GPT1Error(f"--minutes must be positive, got {cfg.minutes}")

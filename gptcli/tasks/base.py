@@ -69,6 +69,8 @@ Reader = Callable[[Path, "ReadOptions"], list[Example]]
 class ReadOptions:
     skip_bad_rows: bool = False
     """Skip (and count) malformed rows instead of stopping at the first one."""
+    skippable: bool = False
+    """The reading command has ``--skip-bad-rows``: a bad row's error suggests it (else, the task's own file)."""
     skipped: list[str] = field(default_factory=list)
     """Filled by readers: one ``path:line: reason`` per skipped row."""
     excluded: list[str] = field(default_factory=list)

@@ -18,7 +18,8 @@ from pathlib import Path
 from gptcli.errors import DataError
 from gptcli.tasks.registry import register
 from gptcli.tasks.base import Example, Reader, ReadOptions, Split, Task
-from gptcli.tasks.rows import BadRow, check_columns, column_index, iter_tsv, label_of, nonempty, reject, score_of
+from gptcli.tasks.rows import (WRONG_FILE, BadRow, advised, check_columns, column_index, iter_tsv, label_of, nonempty,
+                               reject, score_of)
 
 GLUE_URL = "https://gluebenchmark.com/tasks (download_glue_data.py from github.com/nyu-mll/GLUE-baselines)"
 GLUE_PARENTS = ("glue_data", "glue")  # download_glue_data.py writes glue_data/<TASK>/
@@ -47,7 +48,7 @@ def read_glue_tsv(path: Path, opts: ReadOptions, fmt: GlueFormat) -> list[Exampl
     rows = iter_tsv(path, opts)
     first = next(rows, None)
     if first is None:
-        raise DataError(path, "empty file (expected a header line)", 1)
+        raise DataError(path, advised("empty file (expected a header line)", WRONG_FILE), 1)
     hline, header = first
     return _read_with_header(path, opts, fmt, hline, header, rows)
 
@@ -57,11 +58,13 @@ def _read_with_header(path: Path, opts: ReadOptions, fmt: GlueFormat, hline: int
     col = column_index(path, header, hline)
     missing = [t for t in fmt.texts if t not in col]
     if missing:
-        raise DataError(path, f"header lacks column {missing[0]!r} (found: {', '.join(header)})", hline)
+        raise DataError(path, advised(f"header lacks column {missing[0]!r} (found: {', '.join(header)})", WRONG_FILE),
+                        hline)
     labeled = fmt.label in col
     if not labeled and fmt.id not in col:
-        raise DataError(path, f"header has neither the label column {fmt.label!r} nor the id column "
-                              f"{fmt.id!r} of an unlabeled test file (found: {', '.join(header)})", hline)
+        raise DataError(path, advised(f"header has neither the label column {fmt.label!r} nor the id column "
+                                      f"{fmt.id!r} of an unlabeled test file (found: {', '.join(header)})", WRONG_FILE),
+                        hline)
     n_cols = len(header)
     out: list[Example] = []
     for k, (n, cols) in enumerate(rows):
@@ -92,7 +95,7 @@ def read_cola(path: Path, opts: ReadOptions) -> list[Example]:
     rows = iter_tsv(path, opts)
     first = next(rows, None)
     if first is None:
-        raise DataError(path, "empty file", 1)
+        raise DataError(path, advised("empty file", WRONG_FILE), 1)
     if first[1] == COLA_TEST_HEADER:
         return _read_with_header(path, opts, COLA_FMT, first[0], first[1], rows)
     out: list[Example] = []

@@ -19,12 +19,29 @@ class BadRow(Exception):
     """Raised by a row parser: what is wrong with the current row (the reader adds ``path:line``)."""
 
 
+WRONG_FILE = "put the task's official file there, or point --data-dir at the task's folder"
+"""What to do about a file that is not the task's (its header, or its first line, is not the format's)."""
+
+
+def advised(reason: str, advice: str) -> str:
+    """``reason (advice)``: a user error's ``<what> (<what to do>)``. A reason that already ends in a parenthesis
+    takes the advice inside it, after a semicolon, so the line ends in one parenthesis, not two."""
+    return f"{reason[:-1]}; {advice})" if reason.endswith(")") else f"{reason} ({advice})"
+
+
 def reject(path: Path, line: int | None, reason: str, opts: ReadOptions) -> None:
-    """Apply the bad-row policy: raise ``DataError`` by default, else record ``path:line: reason`` and go on."""
-    err = DataError(path, reason, line)
-    if not opts.skip_bad_rows:
-        raise err
-    opts.skipped.append(str(err))
+    """Apply the bad-row policy: raise ``DataError`` saying what to do by default, else record ``path:line:
+    reason`` and go on."""
+    if opts.skip_bad_rows:
+        opts.skipped.append(str(DataError(path, reason, line)))
+        return
+    raise DataError(path, advised(reason, row_advice(opts)), line)
+
+
+def row_advice(opts: ReadOptions) -> str:
+    """What to do about a bad row: mend the file, or (where the command can) skip such rows."""
+    skip = "pass --skip-bad-rows to leave such rows out" if opts.skippable else "check that it is the task's file"
+    return f"fix or remove the line, or {skip}"
 
 
 def iter_lines(path: Path, opts: ReadOptions) -> Iterator[tuple[int, str]]:

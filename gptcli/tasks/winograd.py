@@ -58,13 +58,16 @@ class Schema:
     """Index of the correct candidate in ``candidates``."""
     source: str = ""
     """``path:line`` of the schema."""
+    uid: str = ""
+    """The example's id (its index in the file), as in every task's predictions."""
 
     @classmethod
     def of(cls, example: Example) -> "Schema":
         """The schema an :class:`Example` of task ``dprd``/``wsc`` holds (see :func:`as_example`)."""
         before, pronoun, after = example.texts
         first, second = example.choices
-        return cls(before, pronoun, after, (first, second), int(example.label), example.source)  # type: ignore[arg-type]
+        label = int(example.label)  # type: ignore[arg-type]
+        return cls(before, pronoun, after, (first, second), label, example.source, example.uid)
 
     @property
     def sentence(self) -> str:
@@ -146,7 +149,8 @@ def read_dprd(path: str | Path) -> list[Schema]:
         if span is None:
             raise DataError(p, f"pronoun {pronoun!r} does not occur in the sentence", start + 1)
         a, b = span
-        out.append(Schema(sentence[:a], sentence[a:b], sentence[b:], (parts[0], parts[1]), lower.index(answer.lower()), f"{p}:{start}"))
+        out.append(Schema(sentence[:a], sentence[a:b], sentence[b:], (parts[0], parts[1]),
+                          lower.index(answer.lower()), f"{p}:{start}", str(len(out))))
     if not out:
         raise DataError(p, "no schemas found")
     return out
@@ -190,7 +194,8 @@ def read_wsc(path: str | Path) -> list[Schema]:
         # Rebuild the sentence with single spaces; the XML splits it around the pronoun explicitly.
         before = (txt1 + " ") if txt1 else ""
         after = txt2 if txt2[:1] in (".", ",", "'", "?", "!", ";", ":") or not txt2 else " " + txt2
-        out.append(Schema(before, pron, after, (answers[0], answers[1]), "AB".index(correct), f"{p}:{line}"))
+        out.append(Schema(before, pron, after, (answers[0], answers[1]), "AB".index(correct), f"{p}:{line}",
+                          str(len(out))))
     if not out:
         raise DataError(p, "no <schema> elements found")
     return out

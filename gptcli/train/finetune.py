@@ -353,7 +353,7 @@ def _results(job: FinetuneJob, epoch: int, dev_scores: dict[str, Any], final: Pa
         "baseline": baseline_of(task, setup.data.train, setup.data.dev),  # what a trivial predictor scores here
         **{k: v for h in job.history if h["epoch"] == epoch for k, v in h.items() if k in PREDICTION_SUMMARY},
         "epoch": epoch,
-        "select": c.select,
+        "select": c.select if c.eval_split else "last",  # no dev split: nothing to choose by, the last is kept
         # The last epoch's scores beside the kept one's: a best epoch is chosen on the very examples it is scored
         # on, so its score is an optimistic estimate and the last epoch's is the unbiased one (docs/finetune.md).
         "last_scores": next((scores_of(h) for h in job.history if h["epoch"] == c.epochs), {}),

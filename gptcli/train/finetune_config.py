@@ -52,7 +52,8 @@ class FinetuneConfig:
     """Run directory: metrics.jsonl, config.toml, results.json, checkpoints/final (never the --init run itself).
     Not given (None): ``runs/finetune-<task>``, or the next free ``-2``, ``-3``, … (a default never reuses a run)."""
     tokenizer: str | None = None
-    """With ``init = "none"``: a tokenizer directory, or a checkpoint whose tokenizer *and* shape are used."""
+    """With ``init = "none"``: a tokenizer directory, or a checkpoint whose tokenizer *and* shape are used. With a
+    pretrained init only its own tokenizer is accepted (another, even of the same size, is refused)."""
     model: str = "gpt1"
     """With ``init = "none"`` and a bare tokenizer: the model preset, which picks the architecture too (``gpt1``,
     ``tiny``; the LSTM baseline ``lstm``, ``lstm-tiny``)."""

@@ -22,6 +22,7 @@ from gptcli import checkpoint as ckpt
 from gptcli.checkpoint import is_checkpoint, load_checkpoint, read_header
 from gptcli.data.batching import EVAL_SUBSET_SEED, subsample
 from gptcli.data.cache import encode_cached
+from gptcli.data.shards import tokenizer_fingerprint
 from gptcli.data.transforms import Encoded
 from gptcli.config import to_dict
 from gptcli.errors import GPT1Error
@@ -51,7 +52,7 @@ class FinetuneSetup:
     data: "TaskData"
     tokenizer: Tokenizer
     n_ctx: int
-    """The longest sequence: ``n_ctx`` if set, capped by the model's context."""
+    """The longest sequence: ``n_ctx`` if set (at most the model's context), else the model's context."""
     train_enc: list[Encoded]
     dev_enc: list[Encoded]
     head_config: HeadConfig
@@ -73,13 +74,22 @@ def build_setup(config: FinetuneConfig, task: Task, device: torch.device, precis
     data = read_task_data(task, config)
     seed_everything(config.seed)
     gpt, tok, source = build_body(config)
-    n_ctx = min(config.n_ctx or gpt.config.n_ctx, gpt.config.n_ctx)
+    n_ctx = sequence_limit(config, gpt.config.n_ctx)
     train_enc, dev_enc = main_rank_first(par, config.cache,
                                          lambda: encode_task_data(config, task, data, tok, n_ctx, report))
     head = HeadConfig(kind=task.kind, n_embd=gpt.config.n_embd, n_labels=max(1, len(task.labels)),
                       extract_id=tok.extract_id, pdrop=config.clf_pdrop, init_std=gpt.config.init_std)
     setup = FinetuneSetup(config, task, device, precision, data, tok, n_ctx, train_enc, dev_enc, head, source)
     return setup, gpt
+
+
+def sequence_limit(config: FinetuneConfig, model_ctx: int) -> int:
+    """The longest sequence: ``n_ctx``, default the model's context. A longer one is refused, not shortened: the run
+    would record an ``n_ctx`` its model cannot read (and its encoded-example cache key would name it)."""
+    if config.n_ctx is not None and config.n_ctx > model_ctx:
+        raise GPT1Error(f"--n-ctx {config.n_ctx} exceeds the model's context of {model_ctx} tokens (pass --n-ctx "
+                        f"{model_ctx} or less, or leave it unset for the model's context)")
+    return config.n_ctx or model_ctx
 
 
 def seed_everything(seed: int) -> None:
@@ -103,7 +113,7 @@ class TaskData:
 def read_split(task: Task, split: str, config: FinetuneConfig) -> tuple[list[Example], list[str], int]:
     """Examples of one split, the skipped bad rows (``path:line: reason``) and the count of rows the dataset's
     own rule leaves out (SNLI/MNLI ``gold_label == "-"``)."""
-    opts = ReadOptions(skip_bad_rows=config.skip_bad_rows)
+    opts = ReadOptions(skip_bad_rows=config.skip_bad_rows, skippable=True)
     examples = task.read(split, config.data_dir, opts)
     return examples, opts.skipped, len(getattr(opts, "excluded", []))
 
@@ -147,22 +157,41 @@ def reinit_after(gpt: nn.Module, keep_layers: int) -> None:
         block.apply(gpt._init_weights)
 
 
-def _load_tokenizer_from(path: str) -> tuple[Tokenizer, AnyConfig | None]:
-    """A tokenizer: from a tokenizer directory or a prepared corpus (shape unknown: None), or from a checkpoint
-    or run directory together with its model config (so a random model can have the pretrained one's shape)."""
+def _tokenizer_source(path: str) -> tuple[Path, AnyConfig | None]:
+    """Where ``--tokenizer`` finds its tokenizer directory: itself, a prepared corpus's (shape unknown: None), or a
+    checkpoint's or run directory's together with its model config (so a random model can have its shape)."""
     p = Path(path)
     if (p / "tokenizer.json").is_file():
-        return load_tokenizer(p), None
+        return p, None
     if is_checkpoint(p) or (p / "checkpoints").is_dir():
         header = read_header(p)
         if not (header.path / "tokenizer").is_dir():
-            raise GPT1Error(f"{header.path}: checkpoint has no tokenizer/")
+            raise GPT1Error(f"{header.path}: checkpoint has no tokenizer/ (pass a tokenizer directory or a prepared "
+                            "corpus to --tokenizer)")
         mcfg = config_from_dict(header.arch, header.model)
         mcfg.n_special = 0
-        return load_tokenizer(header.path / "tokenizer"), mcfg
+        return header.path / "tokenizer", mcfg
     if (p / "tokenizer" / "tokenizer.json").is_file():  # a prepared corpus directory
-        return load_tokenizer(p / "tokenizer"), None
-    raise GPT1Error(f"{p}: not a tokenizer directory, prepared corpus, checkpoint or run directory")
+        return p / "tokenizer", None
+    raise GPT1Error(f"{p}: not a tokenizer directory, prepared corpus, checkpoint or run directory (pass one of "
+                    "those to --tokenizer)")
+
+
+def _load_tokenizer_from(path: str) -> tuple[Tokenizer, AnyConfig | None]:
+    """The tokenizer ``--tokenizer`` names (:func:`_tokenizer_source`) and the model config it comes with."""
+    where, mcfg = _tokenizer_source(path)
+    return load_tokenizer(where), mcfg
+
+
+def _check_same_tokenizer(config: FinetuneConfig, init: Path) -> None:
+    """Refuse a ``--tokenizer`` other than the pretrained checkpoint's own: the model's embeddings were learned for
+    its ids, and another tokenizer's ids (even of the same vocabulary size) would silently train nonsense."""
+    where, _ = _tokenizer_source(str(config.tokenizer))
+    if tokenizer_fingerprint(where) != tokenizer_fingerprint(init / ckpt.TOKENIZER):
+        raise GPT1Error(
+            f"--tokenizer {config.tokenizer} is another tokenizer than the checkpoint {init}'s "
+            f"({where} differs from {init / ckpt.TOKENIZER}; drop --tokenizer to use the checkpoint's own, or pass "
+            "--init none to train from scratch with this tokenizer)")
 
 
 def build_body(config: FinetuneConfig) -> tuple[LanguageModel, Tokenizer, dict[str, Any]]:
@@ -186,7 +215,9 @@ def build_body(config: FinetuneConfig) -> tuple[LanguageModel, Tokenizer, dict[s
         ck = load_checkpoint(config.init, verify=config.verify)
         gpt = ck.model
         tok = ck.tokenizer
-        if config.tokenizer:
+        if config.tokenizer and tok is not None:
+            _check_same_tokenizer(config, ck.path)  # the same one by content: nothing to load twice
+        elif config.tokenizer:
             tok, _ = _load_tokenizer_from(config.tokenizer)
         if tok is None:
             raise GPT1Error(f"{ck.path}: checkpoint has no tokenizer/ (pass --tokenizer DIR)")

@@ -27,7 +27,7 @@ import torch
 
 from gptcli import checkpoint as ckpt
 from gptcli.config import check_settings as check_all_settings
-from gptcli.config import load_file
+from gptcli.config import coerce_fields, load_file
 from gptcli.data.shards import Corpus, open_corpus, tokenizer_fingerprint
 from gptcli.data.windows import WindowSampler
 from gptcli.errors import GPT1Error
@@ -83,6 +83,7 @@ def check_settings(config: PretrainConfig) -> None:
     refused, not run as one update (or none): a run of no updates has nothing to save."""
     check_mode(config.kernels)
     check_all_settings(config)  # one rule per setting, the same in every command (gptcli.config.RULES)
+    model_overrides(config)  # [model] is a free-form table here: typed against the preset's own fields
 
 
 def plan_steps(config: PretrainConfig, steps_per_epoch: int) -> int:
@@ -114,8 +115,11 @@ def lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
     return unwrap(model).lm_nll(model(batch[:, :-1]), batch[:, 1:])
 
 
-def build_model_config(config: PretrainConfig, vocab_size: int) -> AnyConfig:
-    """The preset with the ``[model]`` overrides and the corpus's vocabulary; GPT1Error for impossible settings."""
+def model_overrides(config: PretrainConfig) -> dict[str, Any]:
+    """The ``[model]`` overrides typed and checked against the fields of the preset's config class (a Transformer's
+    or an LSTM's), as the top-level settings are (:func:`gptcli.config.coerce_fields`): ``n_layer = true`` or
+    ``n_embd = 1.5`` is a one-line error naming the key, not a traceback or a model of another shape. None values
+    are dropped (:func:`gptcli.model.build.preset` ignores them)."""
     try:
         cls = preset_class(config.preset)
     except KeyError as e:
@@ -125,10 +129,17 @@ def build_model_config(config: PretrainConfig, vocab_size: int) -> AnyConfig:
     if unknown:
         raise GPT1Error(f"unknown model setting(s) {', '.join(sorted(unknown))} in [model] (preset {config.preset}, "
                         f"a {arch_of(cls())}, takes {', '.join(known)})")
+    given = {k: v for k, v in config.model.items() if v is not None}
+    return coerce_fields(cls, given, prefix="model.")
+
+
+def build_model_config(config: PretrainConfig, vocab_size: int) -> AnyConfig:
+    """The preset with the ``[model]`` overrides and the corpus's vocabulary; GPT1Error for impossible settings."""
+    overrides = model_overrides(config)
     if "vocab_size" in config.model and config.model["vocab_size"] != vocab_size:
         raise GPT1Error(f"[model] vocab_size {config.model['vocab_size']} differs from the corpus tokenizer's {vocab_size}")
     try:
-        mcfg = preset(config.preset, **{**config.model, "vocab_size": vocab_size, "n_special": 0})
+        mcfg = preset(config.preset, **{**overrides, "vocab_size": vocab_size, "n_special": 0})
     except KeyError as e:
         raise GPT1Error(str(e.args[0])) from None
     except ValueError as e:
@@ -139,6 +150,19 @@ def build_model_config(config: PretrainConfig, vocab_size: int) -> AnyConfig:
         if getattr(mcfg, key, 1) < 1:
             raise GPT1Error(f"--{key.replace('_', '-')} {getattr(mcfg, key)} is impossible (it must be at least 1)")
     return mcfg
+
+
+def validation_split(config: PretrainConfig, corpus: Corpus) -> str | None:
+    """The split validation reads: ``val_split`` when the corpus has it. Any name but the default is one the user
+    chose, so a corpus without it is refused rather than validated on another split. The default ("val") cannot be
+    told from a typed ``--val-split val`` here (the config is a plain dataclass), so it keeps its meaning: the usual
+    names in turn, and no validation for a corpus with none of them."""
+    if config.val_split in corpus.splits:
+        return config.val_split
+    if config.val_split != PretrainConfig.val_split:
+        raise GPT1Error(f"--val-split {config.val_split}: corpus {config.data} has no such split (its splits: "
+                        f"{', '.join(corpus.splits) or 'none'}; pass one of them)")
+    return next((s for s in ("validation", "valid") if s in corpus.splits), None)
 
 
 def open_training_corpus(config: PretrainConfig) -> Corpus:
@@ -228,6 +252,7 @@ def _plan(config: PretrainConfig, par: Parallel, report: Progress) -> RunPlan:
 
     corpus = open_corpus(config.data)
     mcfg = build_model_config(config, corpus.tokenizer.vocab_size)
+    val_name = validation_split(config, corpus)
     # A run directory belongs to one pretraining run: never a fine-tuning run, a corpus or a folder of notes. Before
     # the shards are hashed: a resume onto another corpus is refused at once.
     where = plan_run_dir(PRETRAIN_RUN, out, resume=config.resume, overwrite=False, verify=config.verify_data,
@@ -237,7 +262,6 @@ def _plan(config: PretrainConfig, par: Parallel, report: Progress) -> RunPlan:
             report.note(note)
     verify_corpus(corpus, config)
     train_arrays = corpus.arrays("train")
-    val_name = next((s for s in (config.val_split, "val", "validation", "valid") if s in corpus.splits), None)
     for split in ("train", val_name) if val_name is not None else ("train",):
         corpus.check_token_ids(split, mcfg.total_vocab)
     val_arrays = corpus.arrays(val_name) if val_name is not None else None  # no split: no validation

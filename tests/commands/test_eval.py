@@ -95,6 +95,10 @@ def test_cli_eval_dispatches_to_tasks(pretrained, shared_data, tmp_path):
     # A pretrained (not fine-tuned) checkpoint with neither --data nor --task is a user error.
     r = runner.invoke(app, ["eval", "--checkpoint", str(pretrained)])
     assert isinstance(r.exception, GPT1Error) and "nothing to evaluate" in str(r.exception)
+    # Beside a fine-tuned one (which knows its task), it is named: there is something to evaluate.
+    r = runner.invoke(app, ["eval", "--checkpoint", str(tmp_path / "rte"), "--checkpoint", str(pretrained)])
+    assert isinstance(r.exception, GPT1Error) and str(r.exception).startswith(f"{pretrained}: not fine-tuned")
+    assert "(give --task T to score every checkpoint on T" in str(r.exception)
     r = runner.invoke(app, ["eval", "--checkpoint", str(tmp_path / "rte"), "--task", "rte", "--data", str(tmp_path)])
     assert isinstance(r.exception, GPT1Error) and "not both" in str(r.exception)
     r = runner.invoke(app, ["eval", "--task", "rte"])

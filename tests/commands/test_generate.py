@@ -123,3 +123,24 @@ def test_samples_end_to_end(tmp_path, capsys):
     assert "8 tokens in" in cap.err
     assert run_cli("generate", *common, "--samples", "0") == 1
     assert "--samples 0 is impossible" in capsys.readouterr().err
+
+
+def test_greedy_does_not_check_the_sampling_settings_it_ignores(tmp_path, capsys):
+    """--help says --greedy ignores temperature, top_k, top_p and seed: they used to be refused all the same."""
+    import torch
+    from toy_tokenizer import ToyTokenizer
+
+    from gptcli.checkpoint import save_checkpoint
+    from gptcli.model.gpt import GPT, ModelConfig
+
+    torch.manual_seed(4)
+    save_checkpoint(tmp_path / "ck", GPT(ModelConfig(vocab_size=97, n_ctx=16, n_embd=16, n_layer=1, n_head=2,
+                                                     n_inner=32)), ToyTokenizer(97))
+    common = ("-c", str(tmp_path / "ck"), "-p", "a b c", "-n", "3", "--device", "cpu")
+    assert run_cli("generate", *common, "--greedy") == 0
+    greedy = capsys.readouterr().out
+    for ignored in (("--temperature", "0"), ("--top-p", "0"), ("--top-k", "-1"), ("--seed", "-5")):
+        assert run_cli("generate", *common, "--greedy", *ignored) == 0, ignored
+        assert capsys.readouterr().out == greedy
+    assert run_cli("generate", *common, "--temperature", "0") == 1  # sampling reads it: still refused
+    assert "--temperature 0.0 is impossible" in capsys.readouterr().err

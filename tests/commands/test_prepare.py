@@ -41,7 +41,7 @@ def captured(monkeypatch):
     """Replace the pipeline by a recorder of the config the command resolved."""
     seen: list[PrepareConfig] = []
 
-    def fake(cfg, progress=None):
+    def fake(cfg, progress=None, given=None):
         seen.append(cfg)
         manifest = {"shards": [], "splits": {}, "tokenizer": {"vocab_size": cfg.vocab_size, "learned": True},
                     "dtype": "uint16", "settings": {"workers": cfg.workers}, "warnings": []}

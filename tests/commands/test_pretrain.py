@@ -187,3 +187,27 @@ def test_missing_data_and_out_are_one_line_errors(tmp_path, capsys, monkeypatch)
     code, _, err = _cli(["pretrain", "--data", str(tmp_path), "--resume"], capsys)
     assert code == 1 and "--resume needs --out RUN" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing was made
+
+
+@pytest.mark.parametrize("setting", ['seq_len = "abc"', "seq_lenn = 64", "lr = -1.0", 'kernels = "bogus"',
+                                     '[model]\nn_layer = "x"'])
+def test_a_bad_setting_is_the_only_line_when_the_defaults_were_chosen(setting, corpus, tmp_path, capsys,
+                                                                       monkeypatch):
+    """No --data and no --out: ./corpus and runs/pretrain are said once the settings are valid, so a bad --config
+    file is one line, not the defaults' notes above an error."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(corpus, tmp_path / "corpus")
+    (tmp_path / "bad.toml").write_text(setting + "\n", encoding="utf-8")
+    code, _, err = _cli(["pretrain", "--config", "bad.toml"], capsys)
+    assert code == 1 and err.splitlines() == [err.splitlines()[-1]] and err.startswith("error: "), err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_mistyped_model_table_is_one_line_naming_the_file(corpus, tmp_path, capsys):
+    cfg = tmp_path / "bad.toml"
+    for line, message in (('n_layer = "x"', "model.n_layer: expected an integer, got 'x'"),
+                          ("n_layer = true", "model.n_layer: expected an integer, got True")):
+        cfg.write_text(f'data = "{corpus}"\nout = "{tmp_path / "run"}"\n\n[model]\n{line}\n', encoding="utf-8")
+        code, _, err = _cli(["pretrain", "--config", str(cfg), *TINY[:1], "tiny", "--max-steps", "1"], capsys)
+        assert code == 1 and err.strip() == f"error: {cfg}: {message}", err
+    assert not (tmp_path / "run").exists()

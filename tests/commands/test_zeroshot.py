@@ -106,13 +106,13 @@ def test_curve_flag_and_run_directory(calls, tmp_path, capsys, monkeypatch):
 def test_config_file_precedence(calls, tmp_path, capsys, monkeypatch):
     """defaults < --config FILE < options typed (a typed value wins even when it equals the default)."""
     cfg = tmp_path / "zs.toml"
-    cfg.write_text('task = "dprd"\ncheckpoint = "from-file"\nsplit = "train"\nlimit = 7\nbatch_size = 8\n'
+    cfg.write_text('task = "dprd,wsc"\ncheckpoint = "from-file"\nsplit = "train"\nlimit = 7\nbatch_size = 8\n'
                    'precision = "fp32"\n\n[splits]\nwsc = "test"\n', encoding="utf-8")
     code, _, err = _cli(["zeroshot", "--config", str(cfg), "--limit", "9", "--batch-size", "32", "--split", "dprd=test"],
                         capsys, monkeypatch)
     assert code == 0, err
     got = calls.pop("zeroshot")
-    assert (got.task, got.checkpoint, got.split, got.limit, got.batch_size, got.precision) == ("dprd", "from-file", "train", 9, 32, "fp32")
+    assert (got.task, got.checkpoint, got.split, got.limit, got.batch_size, got.precision) == ("dprd,wsc", "from-file", "train", 9, 32, "fp32")
     assert got.splits == {"wsc": "test", "dprd": "test"}  # the file's table, then the typed pairs
     code, _, err = _cli(["zeroshot", "--config", str(cfg), "--checkpoint", "typed", "--split", "dev"], capsys, monkeypatch)
     assert code == 0, err
@@ -123,6 +123,9 @@ def test_config_file_precedence(calls, tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize("args, message", [
     (["--checkpoint", "nowhere", "--split", "bogus=dev"], "--split bogus=…: unknown task 'bogus'"),
     (["--checkpoint", "nowhere", "--split", "=dev"], "--split: expected VALUE or TASK=VALUE, got '=dev'"),
+    # A pair for a task not run was ignored without a word.
+    (["--checkpoint", "nowhere", "--task", "sst2", "--split", "cola=train"],
+     "--split cola=train: cola is not among the tasks run (sst2; add it to --task or drop the pair)"),
     (["--checkpoint", "nowhere", "--task", "bogus"], "unknown zero-shot task 'bogus'"),
     (["--checkpoint", "nowhere", "--batch-size", "0"], "--batch-size 0 is impossible (it must be at least 1)"),
     (["--checkpoint", "nowhere", "--limit", "0"], "--limit 0 is impossible (it must be at least 1 (leave it unset for all))"),

@@ -96,11 +96,33 @@ def test_chunking_is_exact_even_with_html_state():
 
 def test_reuse_tokenizer(serial, books, tmp_path):
     rec = RecordingProgress()
-    r = prepare(_cfg(books[:2], tmp_path / "reuse", tokenizer=serial.out, vocab_size=999), rec)
+    # vocab_size at its default (40,478): not set, so the reused tokenizer's own 600 ids are used.
+    r = prepare(_cfg(books[:2], tmp_path / "reuse", tokenizer=serial.out, vocab_size=40478), rec)
     t = r.manifest["tokenizer"]
     assert t["learned"] is False and t["vocab_size"] == 600
     assert t["model_sha256"] == serial.manifest["tokenizer"]["model_sha256"]
     assert [s["name"] for s in rec.of("stage")] == ["scan", "words", "encode"]  # nothing to learn
+
+
+def test_reused_tokenizer_refuses_learning_settings_that_disagree(serial, books, tmp_path, capsys):
+    """They used to be ignored without a word (the tokenizer's 600 ids, uncased)."""
+    reuse = dict(tokenizer=serial.out)
+    with pytest.raises(GPT1Error, match=r"^--vocab-size 999 disagrees with the reused tokenizer .*, which has 600 ids "
+                                        r"\(leave --vocab-size out"):
+        prepare(_cfg(books[:1], tmp_path / "a", vocab_size=999, **reuse))
+    with pytest.raises(GPT1Error, match=r"^--cased disagrees with the reused tokenizer .*, which is uncased"):
+        prepare(_cfg(books[:1], tmp_path / "b", cased=True, **reuse))
+    # A value spelling the default is refused only when the caller says it was set (the command line does).
+    with pytest.raises(GPT1Error, match=r"^--vocab-size 40478 disagrees"):
+        prepare(_cfg(books[:1], tmp_path / "c", vocab_size=40478, **reuse), given={"vocab_size"})
+    args = ["prepare", str(books[0]), "--tokenizer", str(serial.out), "--out", str(tmp_path / "d"), "-j", "1"]
+    for extra, message in ((["--vocab-size", "40478"], "--vocab-size 40478 disagrees"),
+                           (["--no-cased", "--vocab-size", "500"], "--vocab-size 500 disagrees")):
+        with pytest.raises(SystemExit) as e:
+            main(args + extra)
+        err = capsys.readouterr().err
+        assert e.value.code == 1 and err.startswith(f"error: {message}") and len(err.strip().splitlines()) == 1
+    assert not any(tmp_path.iterdir())  # refused before any work
 
 
 def _by_stage(rec: RecordingProgress) -> dict[str, list[dict]]:

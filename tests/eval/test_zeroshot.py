@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 
 import pytest
@@ -149,6 +150,8 @@ def test_winograd_exact(tmp_path):
         assert pr["prediction"] == int(means[1] > means[0])
     preds = [x["prediction"] for x in r.predictions]
     assert r.score == pytest.approx(100 * sum(p == s.label for p, s in zip(preds, schemas)) / 2)
+    # As every task's predictions: uid = the index in the file (it was the path:line, now "source").
+    assert [(x["uid"], x["source"]) for x in r.predictions] == [("0", f"{p}:1"), ("1", f"{p}:6")]
 
 
 def test_race_through_the_registry(tmp_path):
@@ -389,12 +392,11 @@ def test_evaluate_reports_stages_scoring_passes_and_skips(tmp_path):
         encoding="latin-1")
     rec = RecordingProgress()
     results, skipped = evaluate(model, tok, ZeroShotConfig(task="sst2,wsc", data_dir=str(tmp_path), precision="fp32"), rec)
-    assert _stages(rec) == [(0, "zero-shot sst2", None), (0, "zero-shot wsc", None), (1, "scoring wsc", 2)]
-    (note,) = rec.of("note")
-    assert note["level"] == "warn" and note["message"] == f"skipped sst2: {skipped['sst2']}"
+    # A task is read before its stage begins: the skipped one is a warning note, with no stage of its own.
+    assert _stages(rec) == [(0, "zero-shot wsc", None), (1, "scoring wsc", 2)]
+    assert rec.events[0] == ("note", {"message": f"skipped sst2: {skipped['sst2']}", "level": "warn"})
     assert sum(a["n"] for a in rec.of("advance")) == 2  # both candidates of the one schema
     ends = [e["summary"] for e in rec.of("end")]
-    assert ends[0] == ""  # the skipped task's stage ends without a result
     assert ends[-1] == f"wsc (test): accuracy {results['wsc'].score:.1f} on 1 examples, {results['wsc'].examples_per_s:.1f} examples/s"
 
 
@@ -409,7 +411,7 @@ def test_curve_reports_one_stage_per_checkpoint_and_skips_once(tiny_run, shared_
     assert [s[1] for s in stages if s[0] == 1] == ["checkpoint step-0000000", "checkpoint step-0000100", "checkpoint step-0000200"]
     # RACE has no files here: skipped (one warning) at the first checkpoint, not retried at the others.
     assert [n["message"].split(":")[0] for n in rec.of("note")] == ["skipped race"]
-    assert [s[1] for s in stages if s[0] == 2] == ["zero-shot wsc", "zero-shot race", "zero-shot wsc", "zero-shot wsc"]
+    assert [s[1] for s in stages if s[0] == 2] == ["zero-shot wsc", "zero-shot wsc", "zero-shot wsc"]
     assert list(curve.skipped) == ["race"] and curve.tasks == ["wsc"]
     # The curve stage advances once per checkpoint; each checkpoint's stage ends with its scores.
     depth, top = 0, []
@@ -420,6 +422,23 @@ def test_curve_reports_one_stage_per_checkpoint_and_skips_once(tiny_run, shared_
     assert top == [1, 1, 1]
     summaries = [e["summary"] for e in rec.of("end") if e["summary"].startswith("step ")]
     assert summaries == [f"step {p.step}: wsc {p.scores['wsc']:.1f}" for p in curve.points]
+
+
+def test_a_task_that_cannot_be_read_is_the_only_line(tiny_run, shared_data, tmp_path, capsys, monkeypatch):
+    """The task's files are read before its progress stage is drawn: CoLA pointed at SST-2's folder is one error
+    line, not a blank line and a rule above it; so is CoLA without the train split its threshold is fitted on."""
+    from gptcli.eval.zeroshot import evaluate
+
+    (tmp_path / "cola").mkdir()
+    shutil.copy(shared_data / "glue" / "CoLA" / "dev.tsv", tmp_path / "cola" / "dev.tsv")
+    for data in (shared_data / "glue" / "SST-2", tmp_path / "missing", tmp_path / "cola"):
+        args = ["zeroshot", "--task", "cola", "--data-dir", str(data), "--checkpoint", str(tiny_run)]
+        code, _, err = _cli(args, capsys, monkeypatch)
+        assert code == 1 and err.startswith("error: ") and err.count("\n") == 1, err
+    rec = RecordingProgress()
+    with pytest.raises(GPT1Error, match="threshold is fitted on the train split"):
+        evaluate(None, None, ZeroShotConfig(task="cola", data_dir=str(tmp_path / "cola")), rec)
+    assert rec.events == []
 
 
 def test_out_of_memory_in_scoring_is_one_line(tiny_run, shared_data, tmp_path, capsys, monkeypatch):

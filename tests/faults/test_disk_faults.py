@@ -24,7 +24,9 @@ from tests.faults.conftest import (
     TINY_ARGS,
     assert_nothing_new,
     assert_one_line_error,
+    copy_of,
     gpt1,
+    snapshot,
     tree,
 )
 
@@ -185,6 +187,20 @@ def test_output_in_a_read_only_or_forbidden_place(command, code, corpus, run, tm
     res = gpt1(cmd, capsys)
     assert_one_line_error(res, str(ro), os.strerror(code), HINT[code])
     assert_nothing_new(tmp_path, before)
+
+
+def test_resume_into_read_only_checkpoints_trains_nothing(run, tmp_path, capsys, monkeypatch):
+    """A read-only checkpoints/ is refused before the first update (it used to train, then fail at the first save).
+    Root writes anywhere: the permission is simulated where the run directory's check asks for it."""
+    import gptcli.train.run.directory as directory
+
+    mine = copy_of(run, tmp_path)
+    real = os.access
+    monkeypatch.setattr(directory.os, "access", lambda p, m, **k: Path(p) != mine / "checkpoints" and real(p, m, **k))
+    before = snapshot(mine)
+    res = gpt1(["pretrain", "--out", mine, "--resume", "--max-steps", "6", "--quiet"], capsys)
+    assert_one_line_error(res, f"cannot write in {mine / 'checkpoints'}", "make it writable")
+    assert snapshot(mine) == before  # no update logged, no checkpoint begun
 
 
 @pytest.mark.parametrize("command", ("prepare", "pretrain", "finetune", "convert", "zeroshot"))

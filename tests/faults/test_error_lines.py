@@ -4,7 +4,9 @@ after the interrupted command removed its temporaries — and the traceback only
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -39,6 +41,73 @@ def test_os_error_messages_print_verbatim(tmp_path, capsys):
     target.write_text("mine\n")
     res = gpt1(["prepare", target, "--out", target / "corpus"], capsys)
     assert_one_line_error(res, str(target))
+
+
+# --- the shape: `error: <what> (<what to do>)`, alone on stderr --------------------------------------------------------
+
+
+def _advised(res, *fragments: str) -> str:
+    """The one error line, alone on stderr (no note, blank line or rule before it), ending in ``(what to do)``."""
+    line = assert_one_line_error(res, *fragments)
+    assert res.err.strip() == line, res.err[-3000:]
+    assert re.fullmatch(r"error: \S.* \(.+\)", line), line
+    return line
+
+
+def _bad_sst2(tmp: Path) -> Path:
+    (tmp / "sst2").mkdir()
+    (tmp / "sst2" / "dev.tsv").write_text("text\tlabel\ngood .\t1\n", encoding="utf-8")
+    return tmp / "sst2"
+
+
+ADVISED = {  # a name → (the command line, fragments its error names), from (tmp_path, the faults' corpus and run)
+    "missing input": lambda t, c, r: (["prepare", t / "nonexistent.txt", "--out", t / "o"], ["no such file", "check"]),
+    "missing checkpoint": lambda t, c, r: (["zeroshot", "--task", "sst2", "--checkpoint", t / "nosuch", "--data-dir", t],
+                                           ["checkpoint not found", "give a checkpoint directory"]),
+    "corpus as checkpoint": lambda t, c, r: (["eval", "--checkpoint", c, "--task", "rte"], ["neither a checkpoint"]),
+    "file as corpus": lambda t, c, r: (["pretrain", "--data", t / "afile", "--out", t / "run"],
+                                       ["a file, not a corpus directory", "gpt1 prepare"]),
+    "output under a file": lambda t, c, r: (["prepare", t / "afile", "--out", t / "afile" / "sub"],
+                                            [f"{t / 'afile'} is a file, not a directory", "choose another path"]),
+    "glue header": lambda t, c, r: (["zeroshot", "--task", "sst2", "--checkpoint", r, "--data-dir", _bad_sst2(t)],
+                                    ["header lacks column 'sentence'", "official file"]),
+    "tiny vocabulary": lambda t, c, r: (["prepare", t / "afile", "--vocab-size", "10", "--out", t / "o"],
+                                        ["--vocab-size 10 is too small", "pass 16 or more"]),
+    "config is a folder": lambda t, c, r: (["pretrain", "--config", t, "--out", t / "run"],
+                                           ["a directory, not a config file", "give a .toml or .json file"]),
+    "config not found": lambda t, c, r: (["finetune", "--config", t / "nosuch.toml", "--task", "rte"],
+                                         ["config file not found", "check the path"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ADVISED))
+def test_errors_say_what_to_do(case, corpus, run, tmp_path, capsys):
+    (tmp_path / "afile").write_text("hi\n", encoding="utf-8")
+    args, fragments = ADVISED[case](tmp_path, corpus, run)
+    line = _advised(gpt1(args, capsys), *fragments)
+    assert ".lock" not in line  # the user's path, never a hidden lock file of gpt1's
+
+
+@pytest.mark.parametrize("code", (errno.EACCES, errno.EROFS))
+def test_an_unwritable_output_directory_is_named_not_its_lock(code, tmp_path, capsys, monkeypatch):
+    """The lock beside --out is the first thing written: a directory gpt1 may not write in is named as such (root
+    writes anywhere, so the refusal is simulated at the lock file's creation)."""
+    import gptcli.locks as locks
+
+    real = os.open
+
+    def refuse(path, *a, **k):
+        if str(path).endswith(".lock"):
+            raise OSError(code, os.strerror(code), str(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(locks.os, "open", refuse)
+    (tmp_path / "t.txt").write_text("hi\n", encoding="utf-8")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    line = _advised(gpt1(["prepare", tmp_path / "t.txt", "--out", ro / "corpus"], capsys),
+                    f"cannot write in {ro}: {os.strerror(code)}")
+    assert ".lock" not in line
 
 
 def test_usage_errors_exit_2(capsys):

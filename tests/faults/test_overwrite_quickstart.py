@@ -49,6 +49,7 @@ def test_a_folder_of_unrelated_files_is_refused(tiny, tmp_path, capsys):
     before = snapshot(notes)
     code, text = gpt1(capsys, "quickstart", "--config", tiny, "--out", notes, "--overwrite")
     assert code == 1 and "holds files quickstart did not write (thesis.txt)" in text
+    assert [line for line in text.splitlines() if line.strip()] == [text.strip()]  # the error alone, no header first
     assert snapshot(notes) == before
 
 

@@ -274,6 +274,14 @@ def test_bad_budget_is_a_user_error(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_a_mistyped_model_table_is_refused_before_the_first_stage(tmp_path):
+    from gptcli.pipelines.quickstart import quickstart
+
+    with pytest.raises(GPT1Error, match=r"^model\.n_layer: expected an integer, got True$"):
+        quickstart(QuickstartConfig(out=tmp_path / "x", model={**QuickstartConfig().model, "n_layer": True}))
+    assert not (tmp_path / "x").exists()
+
+
 def test_the_kernels_are_built_before_the_clock_starts(tmp_path, monkeypatch):
     """A machine's first quickstart compiles the CPU kernels (about a minute on 2 cores): before ``t_start``, so that
     the pretraining budget, and with it the numbers, are those of every later run."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from gptcli.errors import DataError, GPT1Error
 from gptcli.tasks import FAMILIES, all_tasks, get_task, task_rows
 from gptcli.tasks.base import ReadOptions
+from gptcli.tasks.rows import WRONG_FILE, advised, row_advice
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -219,7 +221,7 @@ def test_storycloze_unlabeled_and_bad_rows(tmp_path):
                  "id4,A.,B.,C.,D.,E1.,E2.,2\n", encoding="utf-8")
     with pytest.raises(DataError) as e:
         get_task("storycloze").read("val", tmp_path)
-    assert str(e.value) == f"{p}:2: unknown AnswerRightEnding '3' (expected one of '1', '2')"
+    assert str(e.value) == f"{p}:2: unknown AnswerRightEnding '3' (expected one of '1', '2'; {row_advice(ReadOptions())})"
     opts = ReadOptions(skip_bad_rows=True)
     ex = get_task("storycloze").read("val", tmp_path, opts)
     assert [x.uid for x in ex] == ["id4"]
@@ -400,10 +402,17 @@ BAD_GLUE = [
 
 @pytest.mark.parametrize("name,content,line,reason", BAD_GLUE)
 def test_bad_glue_rows(tmp_path, name, content, line, reason):
+    """``path:line: what (what to do)``: a bad row is fixed or removed (or skipped where the command can); a header
+    or a first line not of the format means another file than the task's."""
     p = _write(tmp_path, "dev.tsv" if name != "mnli" else "dev_matched.tsv", content)
     with pytest.raises(DataError) as e:
         get_task(name).read("dev", tmp_path)
-    assert str(e.value) == f"{p}:{line}: {reason}"
+    advice = WRONG_FILE if "header" in reason or "empty file" in reason else row_advice(ReadOptions())
+    assert str(e.value) == f"{p}:{line}: {advised(reason, advice)}"
+    assert str(e.value).endswith(")") and str(e.value).count("(") == str(e.value).count(")")
+    with pytest.raises(DataError, match="fix or remove the line, or pass --skip-bad-rows") if advice != WRONG_FILE \
+            else pytest.raises(DataError, match=re.escape(WRONG_FILE)):
+        get_task(name).read("dev", tmp_path, ReadOptions(skippable=True))
 
 
 def test_skip_bad_rows_counts_and_keeps_the_rest(tmp_path):
@@ -437,7 +446,7 @@ def test_bad_snli_rows(tmp_path):
     ]) + "\n")
     with pytest.raises(DataError) as e:
         get_task("snli").read("dev", tmp_path)
-    assert str(e.value) == f"{p}:2: not a JSON object (Expecting property name enclosed in double quotes at column 2)"
+    assert str(e.value) == advised(f"{p}:2: not a JSON object (Expecting property name enclosed in double quotes at column 2)", row_advice(ReadOptions()))  # what to do, at the end
     opts = ReadOptions(skip_bad_rows=True)
     ex = get_task("snli").read("dev", tmp_path, opts)
     assert [e.uid for e in ex] == ["p1"]
@@ -454,7 +463,7 @@ def test_bad_scitail_rows(tmp_path):
     p = _write(tmp_path, "tsv_format/scitail_1.0_dev.tsv", "A.\tB.\tentails\nA.\tB.\tcontradicts\nA.\tB.\n")
     with pytest.raises(DataError) as e:
         get_task("scitail").read("dev", tmp_path)
-    assert str(e.value) == f"{p}:2: unknown label 'contradicts' (expected one of 'entails', 'neutral')"
+    assert str(e.value) == advised(f"{p}:2: unknown label 'contradicts' (expected one of 'entails', 'neutral')", row_advice(ReadOptions()))  # what to do, at the end
     opts = ReadOptions(skip_bad_rows=True)
     assert len(get_task("scitail").read("dev", tmp_path, opts)) == 1
     assert opts.skipped[1] == f"{p}:3: expected 3 tab-separated columns, found 2"
@@ -471,7 +480,7 @@ def test_bad_race_files(tmp_path):
     _write(tmp_path, "dev/middle/5.txt", json.dumps(obj5))
     with pytest.raises(DataError) as e:
         get_task("race-m").read("dev", tmp_path)
-    assert str(e.value) == f"{p1}:1: question 1: 3 options (expected 4)"
+    assert str(e.value) == advised(f"{p1}:1: question 1: 3 options (expected 4)", row_advice(ReadOptions()))  # what to do, at the end
     opts = ReadOptions(skip_bad_rows=True)
     ex = get_task("race-m").read("dev", tmp_path, opts)
     assert [x.uid for x in ex] == ["middle1.txt-0", "middle1.txt-0", "middle1.txt-2"]

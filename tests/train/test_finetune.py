@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -173,6 +174,19 @@ def test_init_none_is_random_with_the_checkpoint_shape(pretrained, tmp_path):
     assert gpt.config.n_layer == 4 and gpt.config.vocab_size == 97 and gpt.config.n_special == 3
 
 
+def test_tokenizer_with_a_pretrained_init_must_be_the_checkpoints_own(pretrained, tmp_path):
+    # The checkpoint's own tokenizer, named again (the checkpoint, or a copy of its folder): accepted.
+    shutil.copytree(pretrained / "tokenizer", tmp_path / "same")
+    for same in (pretrained, tmp_path / "same"):
+        _, tok, _ = build_body(FinetuneConfig(task="rte", init=str(pretrained), tokenizer=str(same)))
+        assert tok.vocab_size == 97
+    # Another tokenizer of the same vocabulary size (other content): refused, saying what to do.
+    ToyTokenizer(97).save(tmp_path / "other")
+    (tmp_path / "other" / "learned_from.txt").write_text("another text", encoding="utf-8")
+    with pytest.raises(GPT1Error, match=r"another tokenizer than the checkpoint .*drop --tokenizer.*--init none"):
+        build_body(FinetuneConfig(task="rte", init=str(pretrained), tokenizer=str(tmp_path / "other")))
+
+
 def test_lm_weight_zero_disables_the_lm_term(pretrained, shared_data, tmp_path):
     finetune(_cfg("rte", pretrained, tmp_path / "a", shared_data / "glue" / "RTE", lm_weight=0.0, epochs=1))
     finetune(_cfg("rte", pretrained, tmp_path / "b", shared_data / "glue" / "RTE", lm_weight=0.5, epochs=1))
@@ -216,6 +230,8 @@ def test_micro_batches_accumulate_to_the_same_update(shared_data, tmp_path):
     finetune(_cfg("sst2", pre, tmp_path / "full", shared_data / "glue" / "SST-2", **common))
     finetune(_cfg("sst2", pre, tmp_path / "micro", shared_data / "glue" / "SST-2", micro_batch_size=4, **common))
     a, b = load_checkpoint(tmp_path / "full"), load_checkpoint(tmp_path / "micro")
+    # No dev split: nothing to choose an epoch by, and the record says what was kept (it said "best").
+    assert json.loads((tmp_path / "full" / "results.json").read_text())["select"] == "last"
     for k, v in a.model.state_dict().items():
         torch.testing.assert_close(b.model.state_dict()[k], v, atol=2e-6, rtol=1e-4)
     torch.testing.assert_close(b.head_state["linear.weight"], a.head_state["linear.weight"], atol=2e-6, rtol=1e-4)
@@ -238,7 +254,7 @@ def test_bad_rows_stop_the_run_or_are_skipped(pretrained, shared_data, tmp_path)
     lines[5] = "\t".join(lines[5].split("\t")[:3] + ["maybe"])  # an unknown label on file line 6
     (data / "train.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (data / "dev.tsv").symlink_to(shared_data / "glue" / "RTE" / "dev.tsv")
-    with pytest.raises(DataError, match=r"train\.tsv:6: "):
+    with pytest.raises(DataError, match=r"train\.tsv:6: .*; fix or remove the line, or pass --skip-bad-rows"):
         finetune(_cfg("rte", pretrained, tmp_path / "a", data, epochs=1))
     assert not (tmp_path / "a" / "checkpoints").exists()  # no half-written output
     res = finetune(_cfg("rte", pretrained, tmp_path / "b", data, epochs=1, skip_bad_rows=True))
@@ -362,3 +378,12 @@ def test_the_dev_subset_is_evals_whatever_the_training_seed(shared_data):
         cfg = FinetuneConfig(task="rte", data_dir=data_dir, max_train_examples=8, max_eval_examples=16, seed=seed)
         dev = read_task_data(task, cfg).dev
         assert [e.uid for e in dev] == [e.uid for e in evals] and len(dev) == 16
+
+
+def test_n_ctx_above_the_models_context_is_refused(pretrained, tmp_path):
+    """It was shortened to the model's 64 silently while the run's config.toml recorded the value asked for."""
+    cfg = _cfg("qqp", pretrained, tmp_path / "run", FIXTURES / "QQP", n_ctx=65)
+    with pytest.raises(GPT1Error, match=re.escape("--n-ctx 65 exceeds the model's context of 64 tokens (pass --n-ctx "
+                                                  "64 or less, or leave it unset for the model's context)")):
+        finetune(cfg)
+    assert not (tmp_path / "run").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -235,3 +236,57 @@ def test_perplexity_scores_every_token_once():
     model = GPT(ModelConfig(vocab_size=400, n_ctx=8, n_embd=16, n_layer=1, n_head=2, n_inner=32))
     res = evaluate_lm(model, arrays, 8, batch_size=3)
     assert res.tokens == 4 + 39 + 32 and math.isfinite(res.perplexity)
+
+
+@pytest.mark.parametrize("model, message", [
+    ({"n_layer": "x"}, "model.n_layer: expected an integer, got 'x'"),  # was a TypeError traceback
+    ({"n_head": "4"}, "model.n_head: expected an integer, got '4'"),
+    ({"n_embd": 256.0}, "model.n_embd: expected an integer, got 256.0"),  # was a traceback in torch.empty
+    ({"n_embd": 1.5}, "model.n_embd: expected an integer, got 1.5"),  # was "must be divisible by n_head"
+    ({"n_layer": True}, "model.n_layer: expected an integer, got True"),  # trained a 1-layer model
+    ({"init_std": "wide"}, "model.init_std: expected a number, got 'wide'"),
+    ({"n_hidden": 64}, "unknown model setting(s) n_hidden in [model]"),  # an LSTM's field on a Transformer
+])
+def test_model_overrides_are_typed_against_the_presets_fields(model, message, corpus, tmp_path):
+    with pytest.raises(GPT1Error, match=re.escape(message)):
+        pretrain(_cfg(corpus, tmp_path / "run", model={**MODEL, **model}))
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(GPT1Error, match=re.escape("model.n_hidden: expected an integer, got True")):
+        pretrain(_cfg(corpus, tmp_path / "run", preset="lstm-tiny", model={"n_hidden": True}))
+
+
+def test_a_val_split_the_corpus_lacks_is_refused_naming_its_splits(corpus, tmp_path):
+    with pytest.raises(GPT1Error, match=r"--val-split nosuch: corpus .* has no such split \(its splits: train, val;"):
+        pretrain(_cfg(corpus, tmp_path / "run", val_split="nosuch"))
+    assert not (tmp_path / "run").exists()  # refused before training
+
+
+def _bare_lm(directory: Path, tokenizer=None) -> Path:
+    """A random 16-token-context model over the byte corpus's 256 ids, with or without a tokenizer/."""
+    from gptcli.checkpoint import save_checkpoint
+    from gptcli.model.gpt import GPT, ModelConfig
+
+    cfg = ModelConfig(vocab_size=256, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32)
+    return save_checkpoint(directory, GPT(cfg), tokenizer, meta={"step": 1})
+
+
+def test_eval_refuses_a_seq_len_over_the_models_context(corpus, tmp_path):
+    from corpus_helpers import ByteTokenizer
+    from gptcli.eval.perplexity import corpus_perplexity
+
+    ck = _bare_lm(tmp_path / "ck", ByteTokenizer())
+    with pytest.raises(GPT1Error, match=r"--seq-len 100000 exceeds the context of .* \(n_ctx=16; pass --seq-len 16"):
+        corpus_perplexity([ck], corpus, seq_len=100000, device="cpu", max_batches=1)  # was clamped to 16 silently
+    assert corpus_perplexity([ck], corpus, seq_len=16, device="cpu", max_batches=1)[0].tokens > 0
+
+
+def test_eval_of_a_tokenizerless_checkpoint_warns_that_the_tokenizer_was_not_checked(corpus, tmp_path):
+    from gptcli.eval.perplexity import corpus_perplexity
+
+    ck = _bare_lm(tmp_path / "bare")
+    progress = RecordingProgress()
+    rows = corpus_perplexity([ck], corpus, device="cpu", max_batches=1, progress=progress)
+    assert rows[0].tokens > 0  # scored: eval cannot know the tokenizer, the corpus's ids fit the model
+    warnings = [a["message"] for kind, a in progress.events if kind == "note" and a["level"] == "warn"]
+    assert len(warnings) == 1 and warnings[0].startswith("the tokenizer could not be checked:")
+    assert f"{ck} has no tokenizer/" in warnings[0]

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import re
+import shutil
 import signal
 from pathlib import Path
 from types import SimpleNamespace
@@ -240,6 +243,29 @@ def test_the_plan_for_out_is_the_same_rule_for_every_kind(tmp_path):
                                         "continue it, or --overwrite to start it over\\)"):
         plan_run_dir(fine, run, resume=False, overwrite=False, **kw)
     assert plan_run_dir(fine, run, resume=False, overwrite=True, **kw).mode == "replace"
+
+
+@pytest.mark.parametrize("locked", ["run", "checkpoints"])
+def test_an_unwritable_run_directory_is_refused_before_training(locked, tmp_path, monkeypatch):
+    """A resume (or a fresh start) into a run directory, or a checkpoints/ folder, it may not write in is refused
+    by the plan, naming it: the run used to train first and fail at its first checkpoint. Root writes anywhere,
+    so the permission is simulated (os.access, as the check asks it)."""
+    import gptcli.train.run.directory as directory
+
+    run = tmp_path / "run"
+    _step(run, 2)
+    mark(run, "pretrain-run")
+    denied = run if locked == "run" else run / "checkpoints"
+    real = os.access
+    monkeypatch.setattr(directory.os, "access", lambda p, mode, **k: Path(p) != denied and real(p, mode, **k))
+    kind = RunKind("pretrain-run", "pretraining run", overwrite=False)
+    kw = dict(overwrite=False, verify=True, inputs=[], report=RecordingProgress())
+    with pytest.raises(GPT1Error, match=f"^cannot write in {re.escape(str(denied))}: .*\\(make it writable, or copy"):
+        plan_run_dir(kind, run, resume=True, **kw)
+    shutil.rmtree(run / "checkpoints")
+    (run / "checkpoints").mkdir()  # nothing to resume: a fresh start into it is refused alike
+    with pytest.raises(GPT1Error, match="\\(make it writable, or choose another --out\\)"):
+        plan_run_dir(kind, run, resume=False, **kw)
 
 
 def test_a_resume_skips_a_damaged_checkpoint_and_says_so(tmp_path):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +104,7 @@ def plan_run_dir(kind: RunKind, out: Path, *, resume: bool, overwrite: bool, ver
     steps = step_checkpoints(out)
     finished = kind.final is not None and (out / CHECKPOINTS / FINAL).exists()
     if resume and steps:
+        check_writable(out, resume=True)
         return RunDirPlan(out, "resume", resume_point(out, steps, verify, report, overwrite=kind.overwrite))
     if overwrite and (finished or steps):
         check_replaceable(out, kind.marker)  # a user's notes in the run would go with it
@@ -115,9 +117,19 @@ def plan_run_dir(kind: RunKind, out: Path, *, resume: bool, overwrite: bool, ver
         held = f"holds an unfinished {kind.what} with checkpoints" if kind.final else "already holds checkpoints"
         how = "--overwrite to start it over" if kind.overwrite else "choose another --out"
         raise GPT1Error(f"{out}: {held} (pass --resume to continue it, or {how})")
+    check_writable(out, resume=False)
     if resume:
         report.note(f"{out}: no checkpoint to resume from; starting the run")
     return RunDirPlan(out, "fresh")
+
+
+def check_writable(out: Path, resume: bool) -> None:
+    """Refuse a run directory, or its checkpoints/, that this process may not write in, before the first update:
+    otherwise the run would train and fail only at its first checkpoint, the training it was to keep lost."""
+    for d in (out, out / CHECKPOINTS):
+        if d.is_dir() and not os.access(d, os.W_OK | os.X_OK):
+            how = "copy the run somewhere writable and resume the copy" if resume else "choose another --out"
+            raise GPT1Error(f"cannot write in {d}: no checkpoint could be saved there (make it writable, or {how})")
 
 
 @contextlib.contextmanager
