@@ -14,7 +14,7 @@ import sys
 import types
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Mapping, TypeVar
 
 from gptcli.errors import GPT1Error
 from gptcli.fsutil import write_text_atomic
@@ -103,15 +103,20 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
-def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "") -> T:
-    """Build ``cls`` from a mapping, rejecting unknown keys and wrongly typed values."""
-    return cls(**coerce_fields(cls, data, prefix))
+def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "", *,
+              context: Mapping[str, Any] | None = None) -> T:
+    """Build ``cls`` from a mapping, rejecting unknown keys and wrongly typed values (``context``: see
+    :func:`coerce_fields`)."""
+    return cls(**coerce_fields(cls, data, prefix, context=context))
 
 
-def coerce_fields(cls: type, data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def coerce_fields(cls: type, data: dict[str, Any], prefix: str = "", *,
+                  context: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``data`` as keyword arguments of dataclass ``cls``, typed and checked as :func:`from_dict` does (unknown keys,
     wrong types, impossible numbers refused naming ``prefix + key``), without building ``cls``: a partial set of
-    fields, such as the ``[model]`` overrides of a preset, gets the same checks as a whole config."""
+    fields, such as the ``[model]`` overrides of a preset, gets the same checks as a whole config. ``context``:
+    settings that will override ``data`` (the options typed over a config file), which decide, with it, what is
+    unused (:func:`inactive_settings`: a file's ``temperature = 0`` under a typed ``--greedy``)."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - names)
@@ -121,7 +126,7 @@ def coerce_fields(cls: type, data: dict[str, Any], prefix: str = "") -> dict[str
             f"for {cls.__name__} (known: {', '.join(sorted(names))})"
         )
     kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
-    unused = inactive_settings(cls, kwargs)
+    unused = inactive_settings(cls, {**kwargs, **(context or {})})
     for k, v in kwargs.items():
         if k in unused:
             continue

@@ -125,7 +125,7 @@ class Parsed:
         """``cls`` from defaults < the environment's (:data:`FIELD_ENVVARS`) < ``base`` < the options given; unknown
         or mistyped keys are one-line errors."""
         try:
-            merged = to_dict(from_dict(cls, {**self.environment, **(base or {})}))
+            merged = to_dict(from_dict(cls, {**self.environment, **(base or {})}, context=self.given))
         except GPT1Error as e:  # say where the setting came from: a --config file, or the resumed run's config.toml
             if self.base_source is None:
                 raise

@@ -144,3 +144,9 @@ def test_greedy_does_not_check_the_sampling_settings_it_ignores(tmp_path, capsys
         assert capsys.readouterr().out == greedy
     assert run_cli("generate", *common, "--temperature", "0") == 1  # sampling reads it: still refused
     assert "--temperature 0.0 is impossible" in capsys.readouterr().err
+    settings = tmp_path / "sampling.toml"  # the file's temperature is ignored when --greedy is typed over it
+    settings.write_text("temperature = 0.0\ntop_p = 0.0\n")
+    assert run_cli("generate", *common, "--config", str(settings), "--greedy") == 0
+    assert capsys.readouterr().out == greedy
+    assert run_cli("generate", *common, "--config", str(settings)) == 1
+    assert "temperature" in capsys.readouterr().err
