@@ -4,7 +4,7 @@ config its workers run.
 The launching process trains nothing: it starts the workers (:func:`gptcli.train.distributed.launch_command`), each
 of which re-runs ``gpt1 pretrain`` on the resolved config. What can be refused is refused here, once, before any
 worker starts: impossible settings, a world size the batch does not divide, an output that is not a pretraining run,
-damaged shards. ``gpt1 pretrain`` (commands/pretrain.py) renders the plan and the outcome.
+damaged shards, a validation split the corpus lacks. ``gpt1 pretrain`` (commands/pretrain.py) renders the plan and the outcome.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ import dataclasses
 from pathlib import Path
 
 from gptcli.checkpoint import newest_intact
+from gptcli.data.shards import open_corpus
 from gptcli.outputs import check_output
 from gptcli.train.distributed import LaunchSpec
-from gptcli.train.pretrain import PretrainConfig, check_launch, check_settings, open_training_corpus
+from gptcli.train.pretrain import (PretrainConfig, check_launch, check_settings, open_training_corpus,
+                                   validation_split)
 from gptcli.train.run.directory import has_checkpoints
 
 
@@ -30,10 +32,10 @@ def plan_pretrain_launch(config: PretrainConfig, spec: LaunchSpec) -> PretrainCo
     check_launch(config, spec.nproc_per_node * spec.nnodes)
     check_output(Path(config.out), "pretrain-run", overwrite=True, inputs=[Path(config.data)], replacing=False)
     damaged = False
-    if config.verify_data:
-        open_training_corpus(config)
-        if config.resume and has_checkpoints(config.out):
-            damaged = bool(newest_intact(config.out)[1])
+    corpus = open_training_corpus(config) if config.verify_data else open_corpus(config.data)
+    validation_split(config, corpus)  # a --val-split the corpus lacks: refused once, here, not by every worker
+    if config.verify_data and config.resume and has_checkpoints(config.out):
+        damaged = bool(newest_intact(config.out)[1])
     return dataclasses.replace(config, verify_data=damaged)
 
 

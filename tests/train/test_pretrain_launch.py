@@ -35,3 +35,7 @@ def test_what_cannot_run_is_refused_before_any_worker_starts(corpus, tmp_path) -
         plan_pretrain_launch(_config(corpus, tmp_path / "run"), LaunchSpec(nproc_per_node=3))
     with pytest.raises(GPT1Error, match="--kernels: expected one of auto, reference"):
         plan_pretrain_launch(_config(corpus, tmp_path / "run", kernels="fast"), LaunchSpec(nproc_per_node=2))
+    for verify in (True, False):  # refused once here, not by every worker after it started
+        with pytest.raises(GPT1Error, match="--val-split nosuch: corpus .* has no such split"):
+            plan_pretrain_launch(_config(corpus, tmp_path / "run", val_split="nosuch", verify_data=verify),
+                                 LaunchSpec(nproc_per_node=2))
