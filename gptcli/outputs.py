@@ -121,7 +121,8 @@ def foreign_entries(out: Path, kind: str, owned: Iterable[str] = ()) -> list[str
         name = entry.name
         if name == MARKER or _LEFTOVER.match(name) or any(fnmatch(name, p) for p in patterns):
             return True
-        return entry.is_dir() and not entry.is_symlink() and (entry / MARKER).is_file() and kind_of(entry) == kind
+        return (entry.is_dir() and not entry.is_symlink() and (entry / MARKER).is_file() and kind_of(entry) == kind
+                and not foreign_entries(entry, kind))  # a curve's per-checkpoint results, the user's files in it too
 
     return sorted(e.name for e in Path(out).iterdir() if not ours(e))
 

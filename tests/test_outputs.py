@@ -105,6 +105,10 @@ def test_a_zeroshot_curve_owns_its_marked_per_checkpoint_folders(tmp_path: Path)
     step.mkdir()
     mark(step, "zeroshot")
     check_output(curve, "zeroshot", overwrite=True)
+    (step / "notes.txt").write_text("mine")  # inside the marked subfolder: the user's all the same
+    with pytest.raises(GPT1Error, match=r"did not write \(step-0000100\)"):
+        check_output(curve, "zeroshot", overwrite=True)
+    (step / "notes.txt").unlink()
     (curve / "mine").mkdir()  # an unmarked folder is the user's
     with pytest.raises(GPT1Error, match=r"did not write \(mine\)"):
         check_output(curve, "zeroshot", overwrite=True)
