@@ -42,6 +42,7 @@ from safetensors.torch import load_file, save_file
 
 from gptcli.errors import GPT1Error
 from gptcli.config import from_dict
+from gptcli.outputs import foreign_entries
 from gptcli.fsutil import (fsync_dir, inside, move_into_place, read_bytes_inside, regular_file_problem, safetensors_shapes,
                            sha256_file, temp_sibling)
 from gptcli.model.build import TRANSFORMER, AnyConfig, LanguageModel, arch_of, build_model, config_class
@@ -170,12 +171,21 @@ def save_checkpoint(
     head_state: dict[str, torch.Tensor] | None = None,
     extra: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Atomically write a checkpoint directory; ``extra(tmpdir)`` may add more files (training state)."""
+    """Atomically write a checkpoint directory; ``extra(tmpdir)`` may add more files (training state).
+
+    An existing ``directory`` is replaced only when everything in it is what a checkpoint holds (an earlier or
+    damaged checkpoint): a folder of the user's, a corpus or a run is refused, not swapped away."""
+    target = Path(directory)
+    if target.is_dir() and not target.is_symlink():
+        foreign = foreign_entries(target, "checkpoint")
+        if foreign:
+            raise GPT1Error(f"{target}: holds {', '.join(foreign[:5])}, which no checkpoint holds; refusing to "
+                            "replace it with one (save the checkpoint to a new or empty directory)")
 
     def write(tmp: Path) -> None:
         write_checkpoint_files(tmp, model, tokenizer, kind=kind, meta=meta, head_state=head_state, extra=extra)
 
-    return atomic_directory(Path(directory), write)
+    return atomic_directory(target, write)
 
 
 def is_checkpoint(path: Path) -> bool:

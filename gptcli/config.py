@@ -93,6 +93,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise GPT1Error(f"{key}: expected a number, got {value!r}")
         return float(value)
     if tp is str:
+        if isinstance(value, Path):  # a path setting typed str (e.g. ``init``, which also takes Hub ids)
+            return str(value)
         if not isinstance(value, str):
             raise GPT1Error(f"{key}: expected a string, got {value!r}")
         return value
@@ -253,6 +255,21 @@ RULES: dict[str, tuple[Any, str]] = {
 }
 
 
+def check_types(cfg: Any, prefix: str = "") -> None:
+    """Hold a config dataclass built in Python to its annotations, as :func:`from_dict` holds a file: a misspelt
+    choice (``schedule="Linear"``), a number given as text (``lr="5e-4"``) or a string where a list belongs is a
+    one-line GPT1Error naming the setting, not another run or a traceback from deep inside. Values of an equivalent
+    type are normalised in place (a ``Path`` given for a ``str`` setting, an ``int`` for a ``float``)."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value, tp = getattr(cfg, f.name), hints.get(f.name, Any)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            continue  # a nested config: check_settings goes through it
+        checked = _coerce(value, tp, prefix + f.name)
+        if type(checked) is not type(value) and not isinstance(value, (list, tuple, dict)):
+            object.__setattr__(cfg, f.name, checked)
+
+
 def check_setting(key: str, value: Any) -> None:
     """Refuse ``value`` for setting ``key`` (``model.n_ctx`` is ``n_ctx``) with the one line every command gives:
     ``--KEY VALUE is impossible (it must be …)``. None (unset), strings, paths and booleans are not numbers."""
@@ -269,8 +286,10 @@ def check_setting(key: str, value: Any) -> None:
 
 
 def check_settings(cfg: Any, prefix: str = "") -> None:
-    """:func:`check_setting` on every field of a config dataclass (or mapping), nested ones included."""
+    """:func:`check_setting` on every field of a config dataclass (or mapping), nested ones included. A dataclass
+    built in Python is first held to its field types as a config file is (:func:`check_types`)."""
     if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        check_types(cfg, prefix)
         fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
         unused = inactive_settings(type(cfg), fields)
         items = [(k, v) for k, v in fields.items() if k not in unused]

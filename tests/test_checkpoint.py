@@ -67,6 +67,23 @@ def test_atomic_save_leaves_nothing_on_failure(tmp_path):
     assert [p.name for p in target.parent.iterdir()] == ["step-0000001"]  # no temp directory left
 
 
+def test_saving_over_a_folder_that_is_not_a_checkpoint_is_refused(tmp_path):
+    """save_checkpoint swapped any directory it was given away (a thesis, a corpus, a run): only an earlier or
+    damaged checkpoint, which holds nothing a checkpoint does not, may be replaced."""
+    model, _ = _trained()
+    thesis = tmp_path / "thesis"
+    thesis.mkdir()
+    (thesis / "chapter1.tex").write_text("years of work")
+    with pytest.raises(GPT1Error, match="holds chapter1.tex, which no checkpoint holds; refusing"):
+        ckpt.save_checkpoint(thesis, model)
+    assert [p.name for p in thesis.iterdir()] == ["chapter1.tex"]
+    damaged = tmp_path / "step-0000002"
+    ckpt.save_checkpoint(damaged, model, meta={"step": 2})
+    (damaged / ckpt.WEIGHTS).write_bytes(b"torn")  # a damaged one is still a checkpoint: replaced
+    ckpt.save_checkpoint(damaged, model, meta={"step": 2})
+    assert ckpt.load_checkpoint(damaged).meta["step"] == 2
+
+
 def test_resolve_newest_ignores_temp_dirs_and_prune_keeps_k(tmp_path):
     model, _ = _trained()
     run = tmp_path / "run"

@@ -132,3 +132,28 @@ def test_the_rule_is_the_field_s_wherever_it_appears(name, bad):
         check_setting(name, bad)
     with pytest.raises(GPT1Error, match="is impossible"):
         check_setting(f"model.{name}", bad)  # nested (pretraining's model table) too
+
+
+def test_every_config_built_in_python_is_held_to_its_types():
+    """A library user's config is checked as a config file is: a misspelt choice ran another schedule
+    (``schedule="Linear"`` was cosine), text for a number failed deep inside (``lr="5e-4"`` in AdamW), a Path for a
+    str setting raised AttributeError. Every config class's defaults pass, and a Path is taken for a str."""
+    from gptcli.config import check_settings
+    from gptcli.train.finetune_config import FinetuneConfig
+    from gptcli.train.pretrain_config import PretrainConfig
+
+    dummy = {str: "x", int: 8, float: 1.0, Path: Path("x")}
+    for cls in _config_classes():
+        hints = typing.get_type_hints(cls)
+        required = {f.name: dummy.get(hints[f.name], "x") for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        check_settings(cls(**required))  # the defaults are of their own types
+    for cfg, named in ((PretrainConfig(schedule="Linear"), "schedule: expected one of"),
+                       (PretrainConfig(lr="5e-4"), "lr: expected a number"),
+                       (FinetuneConfig(task="rte", select="Best"), "select: expected one of 'best', 'last'"),
+                       (FinetuneConfig(task="rte", layout="pack"), "layout: expected one of")):
+        with pytest.raises(GPT1Error, match=named):
+            check_settings(cfg)
+    cfg = FinetuneConfig(task="rte", init=Path("runs/pre"))
+    check_settings(cfg)
+    assert cfg.init == "runs/pre"
