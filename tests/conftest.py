@@ -49,8 +49,8 @@ def _compiled_kernels_built_first():
 
 @pytest.fixture(autouse=True)
 def _kernels_follow_the_environment():
-    """A run sets the kernel mode for its process (``set_kernels(config.kernels)``); the next test starts without
-    it, following $GPT1_KERNELS as code outside a run does."""
+    """A test may choose the kernel mode for the process (``set_kernels``; a run gives the caller's back itself); the
+    next test starts without it, following $GPT1_KERNELS as code outside a run does."""
     import sys
 
     yield

@@ -208,6 +208,26 @@ def test_public_names_still_import() -> None:
         assert getattr(gptcli, name) is not None
 
 
+# The library's entry points: each takes its config (and what it runs over) first, then ``progress``, positional or
+# keyword, as docs/architecture.md's progress convention says. (pretrain's progress was keyword-only, convert took none.)
+ENTRY_POINTS = [("gptcli.data.prepare", "prepare", 1), ("gptcli.train.pretrain", "pretrain", 1),
+                ("gptcli.train.finetune", "finetune", 1), ("gptcli.eval.zeroshot", "zeroshot", 1),
+                ("gptcli.eval.curve", "run_curve", 2), ("gptcli.eval.tasks", "evaluate_tasks", 1),
+                ("gptcli.pipelines.generate", "start_generation", 1), ("gptcli.pipelines.quickstart", "quickstart", 1),
+                ("gptcli.interop.convert", "convert", 1), ("gptcli.interop.datasets", "fetch", 1)]
+
+
+@pytest.mark.parametrize("module, name, at", ENTRY_POINTS, ids=[e[1] for e in ENTRY_POINTS])
+def test_entry_points_take_progress_after_their_inputs(module: str, name: str, at: int) -> None:
+    import importlib
+    import inspect
+
+    signature = inspect.signature(getattr(importlib.import_module(module), name))
+    params = list(signature.parameters.values())
+    assert params[at].name == "progress" and params[at].default is None, f"{name}{signature}"
+    assert params[at].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, f"{name}: progress must be positional too"
+
+
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("gptcli.commands.") and m not in (
     "gptcli.commands.options", "gptcli.commands.render", "gptcli.commands.defaults")))
 def test_each_command_module_defines_one_command(module: str) -> None:

@@ -1,10 +1,11 @@
 """`gpt1 eval`: evaluate checkpoints — perplexity on a prepared corpus (``--data``) or the paper's metric on a
 task (``--task``, or fine-tuned checkpoints, which know their task).
 
-Options come from :class:`gptcli.eval.tasks.EvalConfig`. The command only dispatches and renders: perplexity is
-:func:`gptcli.eval.perplexity.corpus_perplexity`, task evaluation :func:`gptcli.eval.tasks.evaluate_tasks`. With
-several checkpoints and/or tasks the task summary is one combined table like the paper's Tables 2–4, with GPT-1's
-numbers in the first row and what a trivial predictor scores (majority class / chance) in the second.
+Options come from :class:`gptcli.eval.tasks.EvalConfig`. The command turns Hub ids into checkpoints and renders;
+both modes are :func:`gptcli.eval.tasks.evaluate_tasks` (perplexity by its call of
+:func:`gptcli.eval.perplexity.corpus_perplexity`). With several checkpoints and/or tasks the task summary is one
+combined table like the paper's Tables 2–4, with GPT-1's numbers in the first row and what a trivial predictor
+scores (majority class / chance) in the second.
 """
 
 from __future__ import annotations
@@ -35,8 +36,7 @@ OPTIONS = Options(
 def run(p: Parsed) -> None:
     """Evaluate one or more checkpoints. With --data: loss and perplexity on a corpus split. With --task (or
     fine-tuned checkpoints alone): the task's metric, predictions and, for unlabeled test splits, GLUE files."""
-    from gptcli.eval.perplexity import corpus_perplexity
-    from gptcli.eval.tasks import evaluate_tasks, is_finetuned
+    from gptcli.eval.tasks import check_eval_mode, evaluate_tasks
 
     from gptcli.commands import defaults
 
@@ -46,40 +46,21 @@ def run(p: Parsed) -> None:
         # not fine-tuned on any task); `gpt1 eval --checkpoint openai-gpt --data CORPUS` names it explicitly.
         raise GPT1Error("no checkpoint to evaluate: give --checkpoint RUN_DIR (repeatable; a Hugging Face Hub id "
                         "such as openai-gpt works too)")
-    if cfg.data is not None and cfg.task:
-        raise GPT1Error("give either --data (perplexity) or --task (task metric), not both")
+    check_eval_mode(cfg)  # before a Hub id is fetched
     console = stderr_console()
     cfg.checkpoint = [defaults.model(c, console) for c in cfg.checkpoint]
-    progress = RichProgress(console)
+    results = evaluate_tasks(cfg, progress=RichProgress(console))
     if cfg.data is None:
-        untasked = [] if cfg.task else [c for c in cfg.checkpoint if not is_finetuned(c)]
-        if untasked:
-            raise _nothing_to_evaluate(untasked, len(cfg.checkpoint))
-        show_task_results(evaluate_tasks(cfg, progress=progress), stdout_console())
-        return
-    split = cfg.split or "val"
-    rows = corpus_perplexity(cfg.checkpoint, cfg.data, split, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
-                             device=cfg.device, precision=cfg.precision, max_batches=cfg.max_batches,
-                             verify=cfg.verify, kernels=cfg.kernels, progress=progress)
-    stdout_console().print(perplexity_table(rows, cfg.data, split))
+        show_task_results(results, stdout_console())
+    else:
+        stdout_console().print(perplexity_table(results, cfg.data, cfg.split or "val"))
 
 
 command = OPTIONS.command(run)
 
 
-def _nothing_to_evaluate(untasked: Sequence[str], given: int) -> GPT1Error:
-    """No --task and no --data: fine-tuned checkpoints know their task, these (language models) do not. Among
-    fine-tuned ones, the error names them rather than saying there is nothing to evaluate."""
-    if len(untasked) == given:
-        return GPT1Error("nothing to evaluate: give --data CORPUS_DIR for perplexity, or --task T for a task metric")
-    names = ", ".join(map(str, untasked))
-    return GPT1Error(f"{names}: not fine-tuned, so no task of its own to score, unlike the fine-tuned checkpoints "
-                     f"given (give --task T to score every checkpoint on T, or evaluate {names} apart, with --data "
-                     "CORPUS_DIR for perplexity)")
-
-
-def perplexity_table(rows: Sequence[Any], data: str | Path, split: str) -> Any:
-    """One row per checkpoint: step, loss, perplexity, tokens scored."""
+def perplexity_table(rows: Sequence[dict[str, Any]], data: str | Path, split: str) -> Any:
+    """One row per checkpoint (``evaluate_tasks``'s perplexity dicts): step, loss, perplexity, tokens scored."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -87,8 +68,8 @@ def perplexity_table(rows: Sequence[Any], data: str | Path, split: str) -> Any:
     for h in ("checkpoint", "step", "loss", "perplexity", "tokens"):
         table.add_column(h, justify="left" if h == "checkpoint" else "right")
     for r in rows:
-        table.add_row(escape(str(r.checkpoint)), "" if r.step is None else str(r.step), f"{r.loss:.4f}",
-                      f"{r.perplexity:.2f}", f"{r.tokens:,}")
+        table.add_row(escape(r["checkpoint"]), "" if r["step"] is None else str(r["step"]), f"{r['loss']:.4f}",
+                      f"{r['perplexity']:.2f}", f"{r['tokens']:,}")
     return table
 
 

@@ -117,7 +117,11 @@ def _launch(cfg: FinetuneConfig, spec: LaunchSpec, quiet: bool, console: Any) ->
     stopped = launch_command(spec, "finetune", cfg, resume=cfg.resume, quiet=quiet)
     if stopped:
         steps = step_checkpoints(plan.out)
-        saved = f"checkpoint {steps[-1]}" if steps else "no checkpoint yet"
+        if not steps:  # nothing to resume: `--out RUN --resume` alone would start another run from defaults
+            console.print(f"[yellow]stopped by {stopped}[/] before the first checkpoint: nothing to resume (run the "
+                          "same command again to start over)", highlight=False, soft_wrap=True)
+            raise typer.Exit(130)
+        saved = f"checkpoint {steps[-1]}"
         console.print(f"[yellow]stopped by {stopped}[/]; {escape(saved)}. Continue with: gpt1 finetune --out "
                       f"{escape(str(cfg.out))} "
                       "--resume (with any number of processes)", highlight=False, soft_wrap=True)

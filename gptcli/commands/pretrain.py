@@ -159,8 +159,10 @@ def _launch(cfg: PretrainConfig, spec: LaunchSpec, quiet: bool, console: Any) ->
     if stopped:
         try:
             saved = f"checkpoint {resolve_checkpoint(cfg.out)}"
-        except GPT1Error:
-            saved = "no checkpoint yet"
+        except GPT1Error:  # nothing to resume: `--out RUN --resume` alone would start another run from defaults
+            console.print(f"[yellow]stopped by {stopped}[/] before the first checkpoint: nothing to resume (run the "
+                          "same command again to start over)", highlight=False, soft_wrap=True)
+            raise typer.Exit(130) from None
         console.print(
             f"[yellow]stopped by {stopped}[/]; {escape(saved)}. Continue with: gpt1 pretrain --out "
             f"{escape(str(cfg.out))} --resume (with any number of processes)", highlight=False

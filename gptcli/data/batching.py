@@ -137,6 +137,13 @@ def _common_prefix(seqs: Sequence[Sequence[int]]) -> int:
     return n
 
 
+def check_batch_size(batch_size: int) -> None:
+    """Refuse a batch size below 1, which no batching can cut examples into (a programming error: settings from
+    a user are refused earlier, by ``gptcli.config.check_settings``)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size!r}")
+
+
 def bucketed_batches(
     lengths: Sequence[int], batch_size: int, *, shuffle: bool, rng: random.Random | None = None, pool: int = 50
 ) -> list[list[int]]:
@@ -146,6 +153,7 @@ def bucketed_batches(
     batches. ``shuffle=False`` (evaluation): one global sort, longest first so memory peaks at the start.
     Every example appears in exactly one batch; the last batch of a pool may be smaller.
     """
+    check_batch_size(batch_size)
     order = list(range(len(lengths)))
     if not shuffle:
         order.sort(key=lambda i: -lengths[i])
@@ -169,6 +177,7 @@ def random_batches(n: int, batch_size: int, rng: random.Random) -> list[list[int
     """Index lists of i.i.d. shuffled minibatches: one permutation of the ``n`` examples cut into consecutive
     batches of ``batch_size`` (the last one smaller when ``batch_size`` does not divide ``n``; the released code
     dropped that remainder instead)."""
+    check_batch_size(batch_size)
     order = list(range(n))
     rng.shuffle(order)
     return [order[i : i + batch_size] for i in range(0, n, batch_size)]
@@ -203,6 +212,7 @@ def filled_batches(encoded: Sequence[Encoded], batch_size: int) -> list[list[int
     ``batch_size`` keeps bounding the activations' memory, and the positions padding and repeated contexts took
     hold real work: at Story Cloze's shapes the linear layers multiply twice as many rows per call, measured faster
     per row."""
+    check_batch_size(batch_size)  # a budget of 0 would add empty batches for ever
     order = sorted(range(len(encoded)), key=lambda i: -encoded[i].length)
     batches: list[list[int]] = []
     at = 0

@@ -28,7 +28,8 @@ warnings.
 This module is the stages and what they hand each other; the parts they use live beside it, one concept each:
 which files are read (:mod:`gptcli.data.inputs`), one file's documents and the cuts inside a text
 (:mod:`gptcli.data.documents`), the worker processes and their jobs (:mod:`gptcli.data.workers`), the corpus format
-(:mod:`gptcli.data.shards`) and the BPE itself (:mod:`gptcli.tokenizers.learned`).
+(:mod:`gptcli.data.shards`) and the BPE itself (:mod:`gptcli.tokenizers.learned`, or OpenAI's original from
+:mod:`gptcli.tokenizers.openai` given with ``--tokenizer``).
 """
 
 from __future__ import annotations
@@ -47,13 +48,14 @@ from gptcli import __version__
 from gptcli.config import to_dict
 from gptcli.data.documents import Problems, SplitBy, iter_documents, tail_cut
 from gptcli.data.inputs import input_root, resolve_inputs
-from gptcli.data.shards import FORMAT_VERSION, ShardWriter, token_dtype, write_manifest
+from gptcli.data.shards import FORMAT_VERSION, ShardWriter, token_dtype, tokenizer_fingerprint, write_manifest
 from gptcli.data.workers import Executor, encode_task, text_chunks, words_task
 from gptcli.errors import GPT1Error
 from gptcli.fsutil import move_into_place, regular_file_problem, sha256_file, temp_sibling
 from gptcli.locks import output_lock
 from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress, staged
+from gptcli.tokenizers.base import Tokenizer
 from gptcli.tokenizers.learned import LearnedBPETokenizer
 
 WORDS_FILE = "words.tmp"
@@ -73,7 +75,9 @@ class PrepareConfig:
     vocab_size: int = 40478
     """BPE ids learned, newline included, specials excluded (GPT-1: 40,478)."""
     tokenizer: Optional[Path] = None
-    """Reuse this tokenizer directory (or a corpus directory's ``tokenizer/``) instead of learning one."""
+    """Encode with this tokenizer instead of learning one: a tokenizer directory, a corpus, checkpoint or run
+    directory (its tokenizer), or a folder of OpenAI's released BPE files (encoder_bpe_40000.json +
+    vocab_40000.bpe, or vocab.json + merges.txt)."""
     cased: bool = False
     """Keep case (GPT-1 lowercases every word)."""
     text_field: str = "text"
@@ -125,8 +129,8 @@ class _Plan:
     workers: int
     cased: bool
     """The case setting in force: a reused tokenizer's own wins over ``cfg.cased``."""
-    reused: Optional[LearnedBPETokenizer] = None
-    """The tokenizer given with ``cfg.tokenizer``, or None to learn one."""
+    reused: Optional[Tokenizer] = None
+    """The tokenizer given with ``cfg.tokenizer`` (a learned BPE or OpenAI's original), or None to learn one."""
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     """Inputs left out while expanding them (special files, link loops): warnings, and lines in the manifest."""
 
@@ -239,13 +243,33 @@ def _input_paths(cfg: PrepareConfig, files: list[Path]) -> list[Path]:
     return given + files + ([Path(cfg.tokenizer)] if cfg.tokenizer is not None else [])
 
 
-def _tokenizer_dir(path: Path) -> Path:
+def _reused_tokenizer(path: Path) -> Tokenizer:
+    """The tokenizer ``--tokenizer`` names: a tokenizer directory (``tokenizer.json``, any kind), the ``tokenizer/``
+    of a prepared corpus or a checkpoint, that of a run directory's newest checkpoint, or OpenAI's released BPE
+    files (:func:`gptcli.tokenizers.openai.find_bpe_files`' names)."""
+    from gptcli.tokenizers import load_tokenizer
+    from gptcli.tokenizers.openai import FILE_NAMES, OpenAIBPETokenizer
+
     p = Path(path)
-    if (p / "tokenizer.json").is_file():
-        return p
-    if (p / "tokenizer" / "tokenizer.json").is_file():  # a prepared corpus directory
-        return p / "tokenizer"
-    raise GPT1Error(f"{p}: not a tokenizer directory (no tokenizer.json) nor a prepared corpus")
+    for d in (p, p / "tokenizer"):  # a tokenizer directory; a corpus's or a checkpoint's
+        if (d / "tokenizer.json").is_file():
+            tok = load_tokenizer(d)
+            if not hasattr(tok, "encode_lines"):  # what the workers call (gptcli.data.workers.encode_task)
+                raise GPT1Error(f"{d}: prepare cannot encode with a {tok.kind!r} tokenizer (it has no encode_lines; "
+                                "pass a sentencepiece or an OpenAI BPE tokenizer)")
+            return tok
+    if any((p / v).is_file() and (p / m).is_file() for v, m in FILE_NAMES):
+        return OpenAIBPETokenizer.from_dir(p)
+    bpe_files = " or ".join(f"{v} + {m}" for v, m in FILE_NAMES)
+    if (p / "checkpoints").is_dir():  # a run directory: its newest checkpoint's tokenizer
+        from gptcli.checkpoint import resolve_checkpoint
+
+        ck = resolve_checkpoint(p)
+        if (ck / "tokenizer" / "tokenizer.json").is_file():
+            return load_tokenizer(ck / "tokenizer")
+        p = ck
+    raise GPT1Error(f"{p}: no tokenizer here (pass a tokenizer directory, a prepared corpus, a checkpoint or run "
+                    f"directory holding tokenizer/, or a folder of OpenAI's BPE files: {bpe_files})")
 
 
 def _plan(cfg: PrepareConfig, given: Collection[str] | None = None) -> _Plan:
@@ -256,27 +280,21 @@ def _plan(cfg: PrepareConfig, given: Collection[str] | None = None) -> _Plan:
     check_output(out, "corpus", overwrite=cfg.overwrite, inputs=_input_paths(cfg, files))
     plan = _Plan(cfg, out, files, workers=cfg.workers or os.cpu_count() or 1, cased=cfg.cased, skipped=skipped)
     if cfg.tokenizer is not None:
-        from gptcli.tokenizers import load_tokenizer
-
-        tok = load_tokenizer(_tokenizer_dir(cfg.tokenizer))
-        if not isinstance(tok, LearnedBPETokenizer):
-            raise GPT1Error(
-                f"{cfg.tokenizer}: prepare encodes with sentencepiece tokenizers only "
-                f"(this one is {tok.kind!r})"
-            )
+        tok = _reused_tokenizer(cfg.tokenizer)
         check_reused_tokenizer(cfg, tok, given)
         plan.reused = tok
-        plan.cased = tok.cased  # the tokenizer's own setting: its vocabulary was learned that way
+        plan.cased = tok.cased  # the tokenizer's own setting: its vocabulary was made that way
     return plan
 
 
 _LEARNED_AS = {"vocab_size": (lambda v: f"--vocab-size {v}", lambda v: f"has {v:,} ids"),
                "cased": (lambda v: "--cased" if v else "--no-cased", lambda v: "is cased" if v else "is uncased")}
-"""The settings of learning that a learned tokenizer records (the others, e.g. sample_lines, it does not): how the
-option of a value is spelt, and how the tokenizer's own value is said."""
+"""The settings of learning that every tokenizer records as ``vocab_size`` and ``cased`` (the others, e.g.
+sample_lines, it does not; OpenAI's original BPE: 40,478 ids, uncased): how the option of a value is spelt, and how
+the tokenizer's own value is said."""
 
 
-def check_reused_tokenizer(cfg: PrepareConfig, tok: LearnedBPETokenizer, given: Collection[str] | None) -> None:
+def check_reused_tokenizer(cfg: PrepareConfig, tok: Tokenizer, given: Collection[str] | None) -> None:
     """Refuse a setting of learning (``_LEARNED_AS``) set by the user that disagrees with the reused tokenizer: it
     would be silently ignored. ``given`` names the settings the user set; without it (a PrepareConfig built in
     Python) a plain dataclass cannot tell ``vocab_size=40478`` from the default, so only values other than the
@@ -409,7 +427,7 @@ def _split_words(plan: _Plan, scan: _Scan, executor: Executor, path: Path, repor
 
 
 def _learn_or_reuse(plan: _Plan, words: _Words,
-                    report: Progress) -> tuple[LearnedBPETokenizer, Optional[dict[str, int]]]:
+                    report: Progress) -> tuple[Tokenizer, Optional[dict[str, int]]]:
     """The tokenizer to encode with, and the manifest's description of the sample it was learned from."""
     if plan.reused is not None:
         return plan.reused, None
@@ -451,7 +469,7 @@ def _joined_ids(results: Iterable[tuple[bool, np.ndarray]], newline_id: int, dty
             arrays = []
 
 
-def _encode(plan: _Plan, scan: _Scan, words: _Words, tok: LearnedBPETokenizer, executor: Executor, tmp: Path,
+def _encode(plan: _Plan, scan: _Scan, words: _Words, tok: Tokenizer, executor: Executor, tmp: Path,
             report: Progress) -> _Encoded:
     """BPE-encode every document (in the pool) and write it to its split's shards."""
     dtype = token_dtype(tok.total_vocab)
@@ -476,10 +494,11 @@ def _encode(plan: _Plan, scan: _Scan, words: _Words, tok: LearnedBPETokenizer, e
     return _Encoded(shards, splits, dtype)
 
 
-def _manifest(plan: _Plan, scan: _Scan, tok: LearnedBPETokenizer, sample_info: Optional[dict[str, int]],
+def _manifest(plan: _Plan, scan: _Scan, tok: Tokenizer, sample_info: Optional[dict[str, int]],
               encoded: _Encoded, warnings: list[str], tok_dir: Path) -> dict[str, Any]:
     """What was made from what, with every setting and checksum (format: docs/formats.md)."""
     learned = plan.reused is None
+    model = tok_dir / "sentencepiece.model"
     settings = to_dict(plan.cfg)
     settings["cased"] = plan.cased
     settings["workers"] = plan.workers
@@ -498,7 +517,8 @@ def _manifest(plan: _Plan, scan: _Scan, tok: LearnedBPETokenizer, sample_info: O
             "newline_id": tok.newline_id,
             "learned": learned,
             "source": None if learned else str(plan.cfg.tokenizer),
-            "model_sha256": sha256_file(tok_dir / "sentencepiece.model"),
+            "model_sha256": sha256_file(model) if model.is_file() else None,  # OpenAI's BPE has no model file
+            "fingerprint": tokenizer_fingerprint(tok_dir),  # any kind, as `gpt1 eval` compares tokenizers
             "sample": sample_info,
         },
         "dtype": encoded.dtype.name,

@@ -261,14 +261,19 @@ class Corpus:
                 )
 
     def verify(self) -> list[str]:
-        """Check every shard's sha256, and the tokenizer model's, against the manifest; returns the problems found
-        (empty = all good). A flipped byte in the tokenizer model can still parse as another vocabulary."""
+        """Check every shard's sha256, and the tokenizer's (its model's sha256, its fingerprint), against the manifest;
+        returns the problems found (empty = all good). A flipped byte in the tokenizer model can still parse as another
+        vocabulary."""
         problems = []
         tok = self.manifest.get("tokenizer", {})
-        model = self.dir / str(tok.get("dir", "tokenizer")) / "sentencepiece.model"
+        tok_dir = self.dir / str(tok.get("dir", "tokenizer"))
+        model = tok_dir / "sentencepiece.model"
         if tok.get("model_sha256") and model.is_file() and sha256_file(model) != tok["model_sha256"]:
             problems.append(f"{model}: checksum mismatch; the tokenizer changed since `gpt1 prepare` wrote it: "
                             "re-run prepare")
+        elif tok.get("fingerprint") and tokenizer_fingerprint(tok_dir) not in (None, tok["fingerprint"]):
+            problems.append(f"{tok_dir}: not the tokenizer `gpt1 prepare` encoded this corpus with (its fingerprint "
+                            "changed): re-run prepare")
         for e in self.manifest["shards"]:
             path = self.dir / e["file"]
             if not path.is_file():
@@ -345,8 +350,9 @@ _DESCRIPTIVE_KEYS = ("pipeline",)
 def tokenizer_fingerprint(directory: str | Path) -> str | None:
     """sha256 identifying a saved tokenizer by what it does: the settings in its ``tokenizer.json`` (less the
     free-text description) and the content of its other files (for a learned tokenizer, the manifest's
-    ``model_sha256`` file). Two tokenizers of the same vocabulary size but learned from different text differ
-    here. None when ``directory`` holds no tokenizer.
+    ``model_sha256`` file; for OpenAI's BPE, its tokens and merges whatever the files' key order). Two tokenizers of
+    the same vocabulary size but learned from different text differ here. None when ``directory`` holds no
+    tokenizer.
 
     Tokenizers are written by their ``save`` alone, so a corpus's tokenizer and the copy inside every checkpoint
     trained on it have the same fingerprint."""
@@ -360,9 +366,23 @@ def tokenizer_fingerprint(directory: str | Path) -> str | None:
         meta = sha256_file(meta_path)  # unreadable here, and load_tokenizer will say so: compare the bytes
     if isinstance(meta, dict):
         meta = {k: v for k, v in meta.items() if k not in _DESCRIPTIVE_KEYS}
-    files = {p.relative_to(d).as_posix(): sha256_file(p) for p in sorted(d.rglob("*"))
-             if p.is_file() and p != meta_path}
+    files = _openai_bpe(d) if isinstance(meta, dict) and meta.get("kind") == "openai" else None
+    if files is None:
+        files = {p.relative_to(d).as_posix(): sha256_file(p) for p in sorted(d.rglob("*"))
+                 if p.is_file() and p != meta_path}
     return hashlib.sha256(json.dumps({"meta": meta, "files": files}, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _openai_bpe(d: Path) -> dict[str, str] | None:
+    """An OpenAI BPE directory's files by content (:func:`gptcli.tokenizers.openai.bpe_digest`): the same vocabulary
+    written in another key order (the released file, Hugging Face's) is the same tokenizer. None when the files do
+    not parse (damage): their bytes are compared instead, and loading the tokenizer will say what is wrong."""
+    from gptcli.tokenizers.openai import bpe_digest
+
+    try:
+        return {"bpe": bpe_digest(d)}
+    except (GPT1Error, ValueError):  # DataError, and bytes that are not UTF-8
+        return None
 
 
 def open_corpus(directory: str | Path) -> Corpus:

@@ -134,14 +134,20 @@ class _Run:
     """The folder being written (the temporary one that becomes ``config.out``), or None to write nothing."""
 
 
-def run_curve(config: ZeroShotConfig, checkpoints: Sequence[str | Path], *, sota: dict[str, float] | None = None,
-              progress: Progress | None = None) -> Curve:
+def run_curve(config: ZeroShotConfig, checkpoints: Sequence[str | Path], progress: Progress | None = None, *,
+              sota: dict[str, float] | None = None) -> Curve:
     """Score ``config.task`` (usually ``all``) at every checkpoint; write per-checkpoint results and the curve
-    files into ``config.out`` when set. Tasks whose data is missing are skipped for the whole curve."""
-    from gptcli.model.kernels import set_kernels
+    files into ``config.out`` when set. Tasks whose data is missing are skipped for the whole curve. The model
+    computes in ``config.kernels``; the caller's kernels mode is back afterwards."""
+    from gptcli.model.kernels import use_kernels
 
     check_config(config)
-    set_kernels(config.kernels)
+    with use_kernels(config.kernels):
+        return _run_curve(config, checkpoints, sota, progress)
+
+
+def _run_curve(config: ZeroShotConfig, checkpoints: Sequence[str | Path], sota: dict[str, float] | None,
+               progress: Progress | None) -> Curve:
     paths = list_checkpoints(checkpoints)
     if config.out:
         _pyplot()  # fail before hours of scoring, not after

@@ -23,7 +23,7 @@ import torch
 from gptcli.checkpoint import TOKENIZER, load_checkpoint, read_header, resolve_checkpoint, verify_checkpoint
 from gptcli.data.shards import Corpus, open_corpus, tokenizer_fingerprint
 from gptcli.errors import GPT1Error
-from gptcli.model.kernels import set_kernels
+from gptcli.model.kernels import use_kernels
 from gptcli.model.losses import IGNORE, next_token_nll
 from gptcli.progress import SILENT, Progress, staged
 from gptcli.runtime import Precision, autocast, resolve_device, resolve_precision
@@ -160,11 +160,16 @@ def corpus_perplexity(
     ``seq_len``, default each model's context; a longer one is refused). ``verify`` checks the shard checksums and each
     checkpoint's file checksums first. A checkpoint trained with another tokenizer than the corpus's is refused:
     its perplexity on these ids would mean nothing; one without a tokenizer is scored with a warning note (it cannot
-    be compared). ``kernels``: :func:`gptcli.model.kernels.set_kernels` first
-    (``None``: the mode in force)."""
-    report = progress or SILENT
-    if kernels is not None:
-        set_kernels(kernels)
+    be compared). ``kernels``: the mode the model computes in (``None``: the mode in force); the caller's is back
+    afterwards (:func:`gptcli.model.kernels.use_kernels`)."""
+    with use_kernels(kernels):
+        return _corpus_perplexity(checkpoints, data, split, batch_size, seq_len, device, precision, max_batches,
+                                  verify, progress or SILENT)
+
+
+def _corpus_perplexity(checkpoints: Sequence[str | Path], data: str | Path, split: str, batch_size: int,
+                       seq_len: int | None, device: str, precision: str, max_batches: int | None, verify: bool,
+                       report: Progress) -> list[CheckpointPerplexity]:
     corpus = open_corpus(data)
     if verify:
         problems = corpus.verify()

@@ -14,9 +14,9 @@ encodes the split with the same transformation and context the run was trained w
   strings (``SST-2.tsv``, ``MNLI-m.tsv``, ``STS-B.tsv`` ...), ready for the GLUE server.
 
 A checkpoint fine-tuned on one task may be scored on another of the same kind and labels (``mnli`` → ``mnli-mm``,
-``race`` → ``race-m``/``race-h``). :func:`evaluate_tasks` scores several checkpoints on several tasks as
-configured by an :class:`EvalConfig` (the settings of ``gpt1 eval``; its ``data`` mode, perplexity on a
-prepared corpus, is :func:`gptcli.eval.perplexity.corpus_perplexity`).
+``race`` → ``race-m``/``race-h``). :func:`evaluate_tasks` is ``gpt1 eval`` as a library call: several
+checkpoints on several tasks as configured by an :class:`EvalConfig` (the command's settings), or with its ``data``
+their perplexity on a prepared corpus (:func:`gptcli.eval.perplexity.corpus_perplexity`).
 """
 
 from __future__ import annotations
@@ -27,16 +27,18 @@ from pathlib import Path
 from typing import Any, Iterable, Literal, Sequence
 
 from gptcli.checkpoint import Checkpoint, atomic_directory, load_checkpoint, read_header, resolve_checkpoint
+from gptcli.config import check_settings
 from gptcli.data.batching import EVAL_SUBSET_SEED, iterate, subsample
 from gptcli.data.transforms import encode_examples
 from gptcli.errors import GPT1Error
 from gptcli.eval.baselines import prediction_summary, trivial_level
 from gptcli.eval.metrics import score_predictions
+from gptcli.eval.perplexity import corpus_perplexity
 from gptcli.fsutil import write_text_atomic
 from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.gpt import GPT
 from gptcli.model.heads import HeadConfig, TaskHead
-from gptcli.model.kernels import set_kernels
+from gptcli.model.kernels import config_default, use_kernels
 from gptcli.locks import maybe_lock, output_lock
 from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress, staged
@@ -80,9 +82,10 @@ class EvalConfig:
     """auto, cpu or cuda[:N]."""
     precision: str = "fp32"
     """auto, fp32, bf16 or fp16 (autocast; weights stay fp32)."""
-    kernels: str = "auto"
+    kernels: str = field(default_factory=config_default)
     """How the model is computed, not what: auto = the fast CPU kernels of gptcli/model/kernels on CPU (PyTorch's
-    fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy)."""
+    fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy). Default: the
+    process's mode when the config is made ($GPT1_KERNELS, else auto)."""
     max_batches: int | None = None
     """Perplexity on only the first N batches."""
     verify: bool = True
@@ -182,20 +185,24 @@ def evaluate_task(
     *,
     data_dir: str | Path | None = None,
     out: str | Path | None = None,
-    batch_size: int = 64,
-    device: str = "auto",
-    precision: str = "auto",
-    skip_bad_rows: bool = False,
-    max_examples: int | None = None,
+    # The settings `gpt1 eval` shares have its defaults, written once: EvalConfig's fields.
+    batch_size: int = EvalConfig.batch_size,
+    device: str = EvalConfig.device,
+    precision: str = EvalConfig.precision,
+    skip_bad_rows: bool = EvalConfig.skip_bad_rows,
+    max_examples: int | None = EvalConfig.max_examples,
     seed: int = EVAL_SUBSET_SEED,
-    verify: bool = True,
-    layout: str = "packed",
+    verify: bool = EvalConfig.verify,
+    layout: str = EvalConfig.layout,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Score ``checkpoint`` on ``split`` of a task (default: the task it was fine-tuned on); returns results.json
-    (plus ``out_dir``). ``verify`` checks the checkpoint's files first; ``layout`` is :attr:`EvalConfig.layout`.
-    ``progress`` sees one stage sized in examples. The output folder is locked while it is worked on
-    (:func:`gptcli.locks.output_lock`)."""
+    (plus ``out_dir``; ``precision`` there is the one the scoring ran in, ``auto`` resolved). The settings are the
+    :class:`EvalConfig` fields of the same names, with their defaults, and are checked as every command checks
+    them (:func:`gptcli.config.check_settings`). ``progress`` sees one stage sized in examples. The output folder
+    is locked while it is worked on (:func:`gptcli.locks.output_lock`). The model computes in the process's
+    kernels mode (:func:`gptcli.model.kernels.mode`)."""
+    check_settings({"batch_size": batch_size, "max_examples": max_examples, "seed": seed})
     if layout not in ("packed", "padded"):
         raise GPT1Error(f"--layout: expected packed or padded, got {layout!r}")
     with maybe_lock(out):  # a given folder before anything is read; the default one once the checkpoint says where
@@ -225,7 +232,8 @@ def _evaluate_task(task_name: str | None, checkpoint: str | Path, split: str, da
             batches = iterate(enc, batch_size, shuffle=False, regression=task.kind == "regression",
                               shared_extract=shared)
             preds, outs = predict(model, batches, dev, prec, progress=report)
-        results = write_outputs(out_dir, ck, task, split, examples, preds, outs, skipped=opts.skipped, n_ctx=n_ctx)
+        results = write_outputs(out_dir, ck, task, split, examples, preds, outs, skipped=opts.skipped, n_ctx=n_ctx,
+                                precision=prec)
     results["out_dir"] = str(out_dir)
     return results
 
@@ -242,9 +250,11 @@ def check_out_dir(out_dir: Path, checkpoint: Path, task: Task, data_dir: str | P
 
 
 def write_outputs(out_dir: Path, ck: Checkpoint, task: Task, split: str, examples: Sequence[Example],
-                  preds: Sequence[Any], outs: Sequence[list[float]], *, skipped: list[str], n_ctx: int) -> dict[str, Any]:
+                  preds: Sequence[Any], outs: Sequence[list[float]], *, skipped: list[str], n_ctx: int,
+                  precision: str | None = None) -> dict[str, Any]:
     """predictions.jsonl, the submission file of an unlabeled split, and results.json (returned), written in a
-    temporary folder that replaces ``out_dir`` whole once complete (earlier results survive a failed run)."""
+    temporary folder that replaces ``out_dir`` whole once complete (earlier results survive a failed run).
+    ``precision``: the one the predictions were computed in (recorded)."""
     labeled = all(e.label is not None for e in examples)
     submission = None if labeled else out_dir / submission_name(task)
     results = {
@@ -268,6 +278,7 @@ def write_outputs(out_dir: Path, ck: Checkpoint, task: Task, split: str, example
         "submission": str(submission) if submission else None,
         "skipped_rows": skipped,
         "n_ctx": n_ctx,
+        "precision": precision,
     }
 
     def write(tmp: Path) -> None:
@@ -344,23 +355,66 @@ def parse_tasks(task: str | Sequence[str] | None) -> list[str | None]:
 
 
 def evaluate_tasks(config: EvalConfig, progress: Progress | None = None) -> list[dict[str, Any]]:
-    """Every checkpoint on every task's split (default: each checkpoint's own task, split ``dev``); returns the
-    results dicts, each with ``run``: the checkpoint's label, unique in the list.
+    """What ``gpt1 eval`` computes, as configured by ``config``; returns one dict per result, each with ``run``:
+    the checkpoint's label, unique in the list.
 
-    With ``out``, checkpoint ``run`` writes to ``OUT/<run>/<task>-<split>/``; otherwise to ``RUN/eval/<task>-<split>/``.
-    ``data_dir`` is one task's folder, so it needs a single task (several tasks read ``$GPT1_DATA``).
+    Without ``data``: every checkpoint on every task's split (default: each checkpoint's own task, split ``dev``),
+    the results.json dicts of :func:`evaluate_task`. With ``out``, checkpoint ``run`` writes to
+    ``OUT/<run>/<task>-<split>/``; otherwise to ``RUN/eval/<task>-<split>/``. ``data_dir`` is one task's folder, so
+    it needs a single task (several tasks read ``$GPT1_DATA``).
+
+    With ``data`` (a prepared corpus, not with ``task``): each checkpoint's next-token loss and perplexity on the
+    corpus split (default ``val``) by :func:`gptcli.eval.perplexity.corpus_perplexity`, as ``{"run", "checkpoint",
+    "step", "data", "split", "loss", "perplexity", "tokens"}``; nothing is written.
+
+    The model computes in ``config.kernels`` and the caller's kernels mode is back afterwards
+    (:func:`gptcli.model.kernels.use_kernels`).
     """
-    from gptcli.config import check_settings
-
     check_settings(config)  # one rule per number, the same in every command (gptcli.config.RULES)
-    with maybe_lock(config.out):  # before anything is read: no second run writes there meanwhile
+    if not config.checkpoint:
+        raise GPT1Error("no checkpoint to evaluate: give --checkpoint RUN_DIR (repeatable)")
+    check_eval_mode(config)
+    if config.data is not None:
+        with use_kernels(config.kernels):
+            return _corpus_perplexities(config, progress)
+    if not config.task:
+        untasked = [c for c in config.checkpoint if not is_finetuned(c)]
+        if untasked:
+            raise _nothing_to_evaluate(untasked, len(config.checkpoint))
+    with maybe_lock(config.out), use_kernels(config.kernels):  # the lock before anything is read
         return _evaluate_tasks(config, progress)
 
 
+def check_eval_mode(config: EvalConfig) -> None:
+    """Refuse ``data`` (perplexity) and ``task`` (a task metric) together: one evaluation is one or the other."""
+    if config.data is not None and config.task:
+        raise GPT1Error("give either --data (perplexity) or --task (task metric), not both")
+
+
+def _nothing_to_evaluate(untasked: Sequence[str | Path], given: int) -> GPT1Error:
+    """No ``task`` and no ``data``: fine-tuned checkpoints know their task, these (language models) do not. Among
+    fine-tuned ones, the error names them rather than saying there is nothing to evaluate."""
+    if len(untasked) == given:
+        return GPT1Error("nothing to evaluate: give --data CORPUS_DIR for perplexity, or --task T for a task metric")
+    names = ", ".join(map(str, untasked))
+    return GPT1Error(f"{names}: not fine-tuned, so no task of its own to score, unlike the fine-tuned checkpoints "
+                     f"given (give --task T to score every checkpoint on T, or evaluate {names} apart, with --data "
+                     "CORPUS_DIR for perplexity)")
+
+
+def _corpus_perplexities(config: EvalConfig, progress: Progress | None) -> list[dict[str, Any]]:
+    """``data`` mode: :func:`corpus_perplexity` of every checkpoint, as dicts labelled like the task results."""
+    assert config.data is not None
+    split = config.split or "val"
+    rows = corpus_perplexity(config.checkpoint, config.data, split, batch_size=config.batch_size,
+                             seq_len=config.seq_len, device=config.device, precision=config.precision,
+                             max_batches=config.max_batches, verify=config.verify, progress=progress)
+    return [{"run": label, "checkpoint": str(row.checkpoint), "step": row.step, "data": str(config.data),
+             "split": split, "loss": row.loss, "perplexity": row.perplexity, "tokens": row.tokens}
+            for row, (_, label) in zip(rows, _labelled_checkpoints([row.checkpoint for row in rows]))]
+
+
 def _evaluate_tasks(config: EvalConfig, progress: Progress | None) -> list[dict[str, Any]]:
-    if not config.checkpoint:
-        raise GPT1Error("no checkpoint to evaluate: give --checkpoint RUN_DIR (repeatable)")
-    set_kernels(config.kernels)
     tasks = parse_tasks(config.task)
     if config.data_dir is not None and len(tasks) > 1:
         raise GPT1Error("--data-dir names one task's folder; with several tasks set GPT1_DATA instead")

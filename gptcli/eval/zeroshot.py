@@ -578,13 +578,12 @@ def zeroshot(config: ZeroShotConfig, progress: Progress | None = None) -> tuple[
     Returns ``(results, skipped, meta)`` with meta = checkpoint path, step and settings.
     """
     from gptcli.config import to_dict
-    from gptcli.model.kernels import set_kernels
+    from gptcli.model.kernels import use_kernels
 
     check_config(config)
-    set_kernels(config.kernels)
     if not config.checkpoint:
         raise GPT1Error("no checkpoint given (--checkpoint DIR: a checkpoint or a run directory)")
-    with maybe_lock(config.out):
+    with maybe_lock(config.out), use_kernels(config.kernels):  # the caller's kernels mode back after
         check_out(config, [config.checkpoint])
         model, tokenizer, ck = open_model(config.checkpoint, config.device, config.verify, progress)
         results, skipped = evaluate(model, tokenizer, config, progress)

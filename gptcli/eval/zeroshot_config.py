@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gptcli.model.kernels import config_default
+
 
 @dataclass
 class ZeroShotConfig:
@@ -37,8 +39,9 @@ class ZeroShotConfig:
     """``auto`` (bf16 autocast on CUDA and on CPUs with native bf16, else fp32), ``fp32``, ``bf16`` or ``fp16``."""
     device: str = "auto"
     """``auto`` (CUDA when available), ``cpu``, ``cuda``, ``cuda:1``…"""
-    kernels: str = "auto"
+    kernels: str = field(default_factory=config_default)
     """How the model is computed, not what: auto = the fast CPU kernels of gptcli/model/kernels on CPU (PyTorch's
-    fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy)."""
+    fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy). Default: the
+    process's mode when the config is made ($GPT1_KERNELS, else auto)."""
     verify: bool = True
     """Check each checkpoint's files against their checksums before scoring (--no-verify skips it)."""

@@ -32,6 +32,7 @@ from gptcli.interop.hf import config_from_hf, read_hf_config, state_dict_from_hf
 from gptcli.model.gpt import GPT, ModelConfig
 from gptcli.locks import output_lock
 from gptcli.outputs import check_output, mark
+from gptcli.progress import SILENT, Progress, staged
 
 FORMATS_IN = ("hf", "openai")
 FORMATS_OUT = ("hf",)
@@ -405,13 +406,15 @@ def _export_warnings(c: Checkpoint) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------- the command
-def convert(cfg: ConvertConfig) -> ConvertResult:
-    """Run one conversion as ``cfg`` describes it (checked first: :meth:`ConvertConfig.check`)."""
+def convert(cfg: ConvertConfig, progress: Progress | None = None) -> ConvertResult:
+    """Run one conversion as ``cfg`` describes it (checked first: :meth:`ConvertConfig.check`); ``progress`` hears
+    one stage, ``convert SRC``, without a size (reading and writing the weights is one step)."""
     cfg.check()
     assert cfg.src is not None and cfg.out is not None  # checked above
     with output_lock(cfg.out):
         cfg.check()  # again, now that no other run can be writing there
-        return _convert(cfg)
+        with staged(progress or SILENT, f"convert {cfg.src}"):
+            return _convert(cfg)
 
 
 def _convert(cfg: ConvertConfig) -> ConvertResult:

@@ -16,13 +16,14 @@ configured by :class:`GenerateConfig`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
 from gptcli.model.build import AnyConfig, DecodeState, LanguageModel, new_cache, repeat_cache
+from gptcli.model.kernels import config_default
 
 
 SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")
@@ -81,9 +82,10 @@ class GenerateConfig(SamplingConfig):
     """Text to continue (cleaned and tokenized like training text)."""
     device: str = "auto"
     """cpu, cuda, cuda:N or auto (cuda when available)."""
-    kernels: str = "auto"
+    kernels: str = field(default_factory=config_default)
     """How the model is computed, not what: auto = the fast CPU kernels of gptcli/model/kernels on CPU (PyTorch's
-    fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy)."""
+    fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy). Default: the
+    process's mode when the config is made ($GPT1_KERNELS, else auto)."""
     verify: bool = True
     """Check the checkpoint's files against their checksums before loading it (--no-verify skips it)."""
     samples: int = 1

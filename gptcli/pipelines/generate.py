@@ -3,7 +3,10 @@
 :func:`start_generation` loads the checkpoint and turns the prompt into ids (cleaned and tokenized like training
 text, trimmed to fit the context); :meth:`Generation.stream` then yields the continuation as pieces of text as
 each token is chosen (:func:`gptcli.model.generate.iter_generate`, KV-cached), and :meth:`Generation.sample_texts`
-returns ``samples`` continuations decoded together as one batch. The caller decides where the text goes::
+returns ``samples`` continuations decoded together as one batch. Both compute in the config's ``kernels`` mode,
+set around each step of the model and given back between them: the caller's code, between the pieces
+:meth:`Generation.stream` yields too, runs in the process's own mode (a generator left unfinished leaves nothing
+set). The caller decides where the text goes::
 
     gen = start_generation(GenerateConfig(checkpoint=Path("run"), prompt="The ship", max_new_tokens=20))
     print(gen.prompt_text + "".join(gen.stream()))
@@ -21,7 +24,7 @@ from typing import Any, Iterator
 
 from gptcli.errors import GPT1Error
 from gptcli.model.generate import GenerateConfig, iter_generate, iter_generate_batch
-from gptcli.model.kernels import set_kernels
+from gptcli.model.kernels import check_mode, use_kernels
 from gptcli.progress import SILENT, Progress, staged
 
 
@@ -55,8 +58,13 @@ class Generation:
         tokenizer (a BPE token's leading space depends on its neighbours)."""
         shown = len(self.prompt_text)
         t0 = time.perf_counter()
+        tokens = iter_generate(self.model, self.ids, self.config, vocab_limit=self.tokenizer.vocab_size)
         try:
-            for token in iter_generate(self.model, self.ids, self.config, vocab_limit=self.tokenizer.vocab_size):
+            while True:
+                with use_kernels(self.config.kernels):  # this step's model computes in the config's mode ...
+                    token = next(tokens, None)
+                if token is None:  # ... and the caller's code between the pieces runs in its own
+                    break
                 self.generated.append(token)
                 text = self.tokenizer.decode(self.ids + self.generated)
                 yield text[shown:]
@@ -74,7 +82,7 @@ class Generation:
         self.rows = [[] for _ in range(cfg.samples)]
         t0 = time.perf_counter()
         try:
-            with staged(report, f"sampling {cfg.samples} continuations", steps):
+            with use_kernels(cfg.kernels), staged(report, f"sampling {cfg.samples} continuations", steps):
                 for step in iter_generate_batch(self.model, self.ids, cfg, samples=cfg.samples,
                                                 vocab_limit=self.tokenizer.vocab_size):
                     for row, token in zip(self.rows, step):
@@ -107,7 +115,7 @@ def start_generation(cfg: GenerateConfig, progress: Progress | None = None) -> G
         cfg.validate()
     except ValueError as e:
         raise GPT1Error(str(e)) from None
-    set_kernels(cfg.kernels)
+    check_mode(cfg.kernels)  # applied where the model computes: each step of stream() and sample_texts()
     device = resolve_device(cfg.device)
     ckpt = load_checkpoint(cfg.checkpoint, map_location=device, verify=cfg.verify)
     tok = ckpt.tokenizer

@@ -46,6 +46,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 from gptcli.errors import GPT1Error
 from gptcli.fsutil import write_text_atomic
 from gptcli.locks import output_lock
+from gptcli.model.kernels import config_default
 from gptcli.outputs import MARKER, check_output, mark
 from gptcli.pipelines import budget
 from gptcli.pipelines.stdlib_text import hold_out, stdlib_documents, stdlib_root
@@ -86,9 +87,10 @@ class QuickstartConfig:
     """auto | cpu | cuda."""
     precision: str = "auto"
     """auto | fp32 | bf16 | fp16 (auto: bf16 on CUDA and on CPUs with native bf16)."""
-    kernels: str = "auto"
+    kernels: str = field(default_factory=config_default)
     """How the model is computed, not what: auto = the fast CPU kernels of gptcli/model/kernels on CPU (PyTorch's
-    fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy)."""
+    fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy). Default: the
+    process's mode when the config is made ($GPT1_KERNELS, else auto)."""
     workers: int = 0
     """Worker processes for the text pipeline (0 = all cores)."""
     stdlib: Path | None = None
@@ -253,14 +255,15 @@ class Pretrained:
 def quickstart(config: QuickstartConfig, progress: Progress | None = None) -> QuickstartResult:
     """Run every stage as configured; returns the numbers of the final table. Raises GPT1Error on user errors."""
     from gptcli.config import save_config
-    from gptcli.model.kernels import prepare, set_kernels
+    from gptcli.model.kernels import prepare, use_kernels
     from gptcli.runtime import resolve_device
     from gptcli.tasks import shuffled
 
     cfg = config
     _check(cfg)
-    set_kernels(cfg.kernels)  # every stage's model runs this way (the pretraining and fine-tuning configs say it too)
-    with output_lock(cfg.out), _replacing(check_out(cfg)) as out:
+    # Every stage's model runs in cfg.kernels (the pretraining and fine-tuning configs say it too); the caller's
+    # mode is back afterwards.
+    with use_kernels(cfg.kernels), output_lock(cfg.out), _replacing(check_out(cfg)) as out:
         # The compiled CPU kernels' one-time build (about a minute on 2 cores) comes before the clock starts: the
         # time budget is the pipeline's, so a machine's first run pretrains as long as every later one.
         prepare(resolve_device(cfg.device), progress or SILENT)

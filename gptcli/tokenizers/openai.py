@@ -19,14 +19,19 @@ word is merged once. On natural text the cache hit rate is > 95 %, leaving ftfy 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import ClassVar, Iterable, Sequence
+
+import numpy as np
 
 from gptcli.errors import DataError, GPT1Error
 from gptcli.tokenizers.base import SPECIAL_TOKENS, Tokenizer
 
 EOW = "</w>"
+NEWLINE_TOKEN = "\n" + EOW
+"""The released vocabulary's newline token (id 40,477): what spaCy's newline token becomes (see the docstring)."""
 MERGES_HEADER = "#version: 0.2"
 # (vocabulary file, merges file) pairs we recognise, in order of preference.
 FILE_NAMES: tuple[tuple[str, str], ...] = (
@@ -81,6 +86,16 @@ def read_merges(path: Path) -> list[tuple[str, str]]:
     return merges
 
 
+def bpe_digest(directory: str | Path) -> str:
+    """sha256 of the BPE saved in ``directory`` by what it is: its tokens in id order and its merges in rank order.
+    The released files, Hugging Face's ``vocab.json`` (keys sorted by name) and :meth:`OpenAIBPETokenizer.save`
+    (keys in the order they were read) differ byte for byte and agree here."""
+    vocab_path, merges_path = find_bpe_files(directory)
+    vocab = read_vocab(vocab_path)
+    body = {"tokens": sorted(vocab, key=vocab.__getitem__), "merges": [list(m) for m in read_merges(merges_path)]}
+    return hashlib.sha256(json.dumps(body, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
 def _pairs(word: tuple[str, ...]) -> set[tuple[str, str]]:
     return {(word[i], word[i + 1]) for i in range(len(word) - 1)}
 
@@ -89,6 +104,8 @@ class OpenAIBPETokenizer(Tokenizer):
     """The released GPT-1 BPE (40,478 ids) behind the :class:`Tokenizer` interface."""
 
     kind: ClassVar[str] = "openai"
+    cased: ClassVar[bool] = False
+    """The released pipeline lowercases every word; its vocabulary has no upper-case letters."""
 
     def __init__(self, encoder: dict[str, int], merges: Sequence[tuple[str, str]]) -> None:
         self.encoder = dict(encoder)
@@ -153,6 +170,31 @@ class OpenAIBPETokenizer(Tokenizer):
     @property
     def vocab_size(self) -> int:
         return len(self.encoder)
+
+    @property
+    def newline_id(self) -> int:
+        """The id ``encode`` gives a line break: ``\\n</w>`` (40,477), or ``<unk>`` in a vocabulary without it."""
+        return self.encoder.get(NEWLINE_TOKEN, 0)
+
+    def encode_lines(self, lines: Sequence[str]) -> np.ndarray:
+        """Pipeline lines (:func:`gptcli.tokenizers.text.word_lines`: words joined by single spaces) → ids as one
+        array, :attr:`newline_id` between consecutive lines (none at the end), as ``LearnedBPETokenizer.encode_lines``.
+
+        Each word is encoded as ``encode`` encodes a spaCy token (:meth:`word_ids`), so
+        ``encode_lines(word_lines(text)) == encode(text)`` for every text: the standardization leaves no whitespace
+        but single spaces and `` \\n `` line breaks, so spaCy's only whitespace tokens are the newline tokens that
+        ``encode`` gives :attr:`newline_id` and ``word_lines`` turns into line ends (docs/prepare.md: identical on the
+        56 books and WikiText-2's valid file)."""
+        dtype = np.uint16 if self.total_vocab <= 1 << 16 else np.uint32
+        out: list[int] = []
+        word_ids, nl = self.word_ids, self.newline_id
+        for i, line in enumerate(lines):
+            if i:
+                out.append(nl)
+            for w in line.split(" "):
+                if w:
+                    out.extend(word_ids(w))
+        return np.array(out, dtype=dtype)
 
     def encode(self, text: str) -> list[int]:
         from gptcli.tokenizers.text import clean, words

@@ -19,8 +19,9 @@ A worker that stops responding without dying (SIGSTOP, a frozen machine, a debug
 wait out the collective timeout and then fail naming *itself*. So the workers :func:`launch` starts each keep a
 heartbeat file fresh from a background thread, and a watchdog in the launcher kills a worker whose heartbeat stood
 still for half the timeout (``GPT1_DIST_TIMEOUT``): the others see the connection close at once, and the job ends
-within the timeout with an error naming the rank that stopped responding. (Under torchrun or SLURM there is no such
-launcher; there the collective timeout alone applies.)
+within the timeout with an error naming the rank that stopped responding (``gptcli/train/heartbeat.py``, which also
+ends the workers of a launcher that died). (Under torchrun or SLURM there is no such launcher; there the collective
+timeout alone applies.)
 """
 
 from __future__ import annotations
@@ -29,16 +30,14 @@ import dataclasses
 import datetime
 import os
 import shutil
-import signal
 import sys
 import tempfile
-import threading
-import time
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from gptcli.errors import GPT1Error
+from gptcli.train.heartbeat import Watchdog, heartbeat, stop_beating
 from gptcli.train.trainer import Parallel
 
 if TYPE_CHECKING:
@@ -300,95 +299,6 @@ def describe_launch(spec: LaunchSpec, batch_size: int) -> str:
     return f"launching {where}: global batch {batch_size} = {world} × {share}"
 
 
-class Watchdog(threading.Thread):
-    """In the launcher: kill (SIGKILL, which also ends a stopped process) any local worker whose heartbeat file has
-    not changed for ``limit_s`` seconds, and remember it in ``stalled`` as ``(rank, seconds silent)``.
-
-    Silence is measured on this thread's monotonic clock, from the last time it *saw* the file change, so a
-    launcher that was itself suspended (a laptop lid) does not mistake everyone for dead when it wakes up."""
-
-    def __init__(self, directory: str, limit_s: float) -> None:
-        super().__init__(name="gpt1-watchdog", daemon=True)
-        self.directory = directory
-        self.limit_s = limit_s
-        self.stalled: list[tuple[int, float]] = []
-        self._seen: dict[str, tuple[int, float]] = {}  # file → (mtime_ns, when it changed, on our clock)
-        self._done = threading.Event()
-
-    def run(self) -> None:
-        while not self._done.wait(min(1.0, self.limit_s / 10)):
-            now = time.monotonic()
-            for name in os.listdir(self.directory):
-                self._check(name, now)
-
-    def _check(self, name: str, now: float) -> None:
-        path = os.path.join(self.directory, name)
-        try:
-            mtime = os.stat(path).st_mtime_ns
-        except OSError:
-            return
-        last = self._seen.get(name)
-        if last is None or last[0] != mtime:
-            self._seen[name] = (mtime, now)
-            return
-        silent = now - last[1]
-        rank = int(name.split("-")[1])
-        if silent > self.limit_s and all(r != rank for r, _ in self.stalled):
-            try:
-                with open(path, encoding="utf-8") as f:
-                    pid = int(f.read().strip())
-            except (OSError, ValueError):
-                return  # removed by a worker that finished
-            if _is_child(pid):
-                self.stalled.append((rank, silent))
-                os.kill(pid, signal.SIGKILL)
-
-    def stop(self) -> None:
-        self._done.set()
-
-
-def _is_child(pid: int) -> bool:
-    """Whether ``pid`` is still one of this launcher's worker processes (never kill a recycled pid). Where /proc
-    does not exist, whether any process has that pid."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid()  # the field after the state: ppid
-    except FileNotFoundError:
-        if os.path.isdir("/proc"):
-            return False  # no such process
-    except (OSError, ValueError, IndexError):
-        return False
-    try:
-        os.kill(pid, 0)
-        return True
-    except OSError:
-        return False
-
-
-_beating: list[str] = []  # this worker's heartbeat file, removed by leave()
-
-
-def heartbeat(directory: str, rank: int, interval_s: float) -> threading.Thread:
-    """In a launched worker: touch ``directory/rank-<rank>`` every ``interval_s`` seconds from a daemon thread (it
-    stops with the process, and stands still while the process is stopped)."""
-    path = os.path.join(directory, f"rank-{rank}")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(str(os.getpid()))
-    _beating.append(path)
-
-    def beat() -> None:
-        while True:
-            time.sleep(interval_s)
-            try:
-                os.utime(path)
-            except OSError:
-                return  # the launcher cleaned up: the job is over
-
-    thread = threading.Thread(target=beat, name="gpt1-heartbeat", daemon=True)
-    thread.start()
-    return thread
-
-
 def _failure_message(failure) -> str:
     """The failed worker's one-line error, from the error file ``@record`` wrote, else its exit code."""
     import json
@@ -518,11 +428,7 @@ def leave(parallel: Parallel, exit_code: int = 0) -> None:
     """
     if not isinstance(parallel, DDPParallel):
         return
-    for path in _beating:  # finished, not silent: the watchdog must not take the quiet file for a stopped worker
-        try:
-            os.remove(path)
-        except OSError:
-            pass
+    stop_beating()  # finished, not silent: the watchdog must not take the quiet file for a stopped worker
     destroy_process_group()
     for stream in (sys.stdout, sys.stderr):
         try:

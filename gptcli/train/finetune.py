@@ -42,7 +42,7 @@ from gptcli.locks import main_rank_lock
 from gptcli.model.build import LanguageModel, arch_of
 from gptcli.model.classifier import FinetuneModel
 from gptcli.model.heads import TaskHead
-from gptcli.model.kernels import check_mode, set_kernels
+from gptcli.model.kernels import check_mode, use_kernels
 from gptcli.model.kernels import prepare as prepare_kernels  # the compiled kernels' first-use build, as a stage
 from gptcli.model.lstm import precision_note
 from gptcli.outputs import next_free
@@ -69,7 +69,7 @@ from gptcli.train.run.directory import (
 )
 from gptcli.train.run.loop import RunState, stop_handler, train
 from gptcli.train.run.resume import check_resume
-from gptcli.train.trainer import Parallel, Trainer, seed_rank_rng
+from gptcli.train.trainer import Parallel, Trainer
 
 RESULTS = "results.json"
 FINETUNE_RUN = RunKind("finetune-run", "fine-tuning run", overwrite=True, final="a fine-tuned checkpoint",
@@ -115,7 +115,7 @@ def finetune(config: FinetuneConfig, progress: Progress | None = None,
     Progress is reported on rank 0 only. ``out`` is locked for the run (rank 0 alone, or the job's launcher:
     :func:`gptcli.locks.output_lock`)."""
     par = parallel or Parallel()
-    with main_rank_lock(config.out, par.is_main):
+    with main_rank_lock(config.out, par.is_main), use_kernels(config.kernels):  # the caller's mode back after
         return _finetune(config, progress, par)
 
 
@@ -123,7 +123,6 @@ def _finetune(config: FinetuneConfig, progress: Progress | None, par: Parallel) 
     report = (progress or SILENT) if par.is_main else SILENT
     check_config(config)
     check_world(config, par.world_size)
-    set_kernels(config.kernels)
     task = get_task(config.task)
     if not config.out:  # what `gpt1 finetune` chooses too (it says so before calling here)
         config = dataclasses.replace(config, out=str(next_free(default_run_dir(task.name))))
@@ -218,7 +217,7 @@ def _start(job: FinetuneJob, where: RunDirPlan, work: Path | None, report: Progr
     if work is not None:
         state.logger = start_run_dir(work, setup.config, resumed=records is not None, step=state.step,
                                      records=records, report=report, wandb=setup.config.wandb)
-    seed_rank_rng(setup.config.seed, job.par.rank, state.step)
+    state.rank_seed = setup.config.seed  # each rank's dropout stream, redrawn per update (run/loop.py)
     c = setup.config
     scored = f"{len(setup.data.dev)} {c.eval_split} examples" if c.eval_split else "no evaluation split"
     report.note(f"{setup.task.name}: {len(setup.data.train)} training examples, {scored}; {state.total} updates")
@@ -338,7 +337,7 @@ def write_outputs(job: FinetuneJob, out: Path, chosen_epoch: int, work: Path | N
                     head_state=job.model.head.state_dict())
     results = _results(job, chosen_epoch, dev_scores, final)
     write_text_atomic(work / RESULTS, json.dumps(results, indent=2, default=str))
-    return FinetuneResult(out, final, results, job.history)
+    return FinetuneResult(out, final, results, job.history, None, job.state.step, job.state.total)
 
 
 def _results(job: FinetuneJob, epoch: int, dev_scores: dict[str, Any], final: Path) -> dict[str, Any]:

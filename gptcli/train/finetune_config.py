@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
+from gptcli.model.kernels import config_default
 from gptcli.train.run.resume import SettingRules
 
 # What --resume compares (gptcli.train.run.resume). The defining settings decide what the run's updates and dev
@@ -135,9 +136,10 @@ class FinetuneConfig:
     """auto, cpu or cuda[:N]."""
     precision: str = "auto"
     """auto, fp32, bf16 or fp16 (autocast; weights stay fp32)."""
-    kernels: str = "auto"
+    kernels: str = field(default_factory=config_default)
     """How the model is computed, not what: auto = the fast CPU kernels of gptcli/model/kernels on CPU (PyTorch's
-    fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy)."""
+    fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy). Default: the
+    process's mode when the config is made ($GPT1_KERNELS, else auto)."""
     log_every: int = 10
     """Write a training record to metrics.jsonl every this many updates."""
     wandb: str | None = None

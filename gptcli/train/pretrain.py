@@ -33,7 +33,7 @@ from gptcli.data.windows import WindowSampler
 from gptcli.errors import GPT1Error
 from gptcli.locks import main_rank_lock
 from gptcli.model.build import AnyConfig, arch_of, build_model, preset, preset_class
-from gptcli.model.kernels import check_mode, set_kernels
+from gptcli.model.kernels import check_mode, use_kernels
 from gptcli.model.kernels import prepare as prepare_kernels  # the compiled kernels' first-use build, as a stage
 from gptcli.model.lstm import precision_note
 from gptcli.progress import SILENT, Progress
@@ -55,7 +55,7 @@ from gptcli.train.run.directory import (
 from gptcli.train.run.loop import RunState, stop_handler, train
 from gptcli.train.run.resume import check_resume
 from gptcli.train.runlog import Throughput
-from gptcli.train.trainer import Parallel, Trainer, seed_rank_rng, unwrap
+from gptcli.train.trainer import Parallel, Trainer, unwrap
 
 PRETRAIN_RUN = RunKind("pretrain-run", "pretraining run", overwrite=False)
 
@@ -182,9 +182,8 @@ def verify_corpus(corpus: Corpus, config: PretrainConfig) -> None:
 
 def pretrain(
     config: PretrainConfig,
-    *,
-    parallel: Parallel | None = None,
     progress: Progress | None = None,
+    parallel: Parallel | None = None,
 ) -> PretrainResult:
     """Run (or resume) pretraining as configured; returns where it stopped. Raises GPT1Error on user errors.
 
@@ -198,13 +197,12 @@ def pretrain(
     :func:`gptcli.locks.output_lock`).
     """
     par = parallel or Parallel()
-    with main_rank_lock(config.out, par.is_main):
+    with main_rank_lock(config.out, par.is_main), use_kernels(config.kernels):  # the caller's mode back after
         return _pretrain(config, par, progress)
 
 
 def _pretrain(config: PretrainConfig, par: Parallel, progress: Progress | None) -> PretrainResult:
     report = (progress or SILENT) if par.is_main else SILENT
-    set_kernels(config.kernels)
     job = _start(_plan(config, par, report), report)
     state = job.state
     report.stage("pretrain", state.total, unit="updates", done=state.step)
@@ -328,7 +326,7 @@ def _start(plan: RunPlan, report: Progress) -> PretrainJob:
         records = doc.get("records")  # counted since this version; before: cut by step
         state.records = records if records is not None else 0
         state.last_checkpoint, state.saved = plan.resume_from, state.step
-    seed_rank_rng(config.seed, par.rank, state.step)
+    state.rank_seed = config.seed  # each rank's dropout stream, redrawn per update (run/loop.py)
     if par.is_main:  # a pretraining run always writes in place: it has no --overwrite to build a replacement
         with run_directory(PRETRAIN_RUN, plan.run_dir, replace=False) as work:
             state.logger = start_run_dir(work, config, resumed=plan.resume_from is not None, step=state.step,

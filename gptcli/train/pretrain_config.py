@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from gptcli.model.kernels import config_default
 from gptcli.train.run.resume import SettingRules
 
 # What --resume compares (gptcli.train.run.resume). A resumed run keeps the settings that define what its updates,
@@ -84,9 +85,10 @@ class PretrainConfig:
     """auto | cpu | cuda."""
     precision: str = "auto"
     """auto | fp32 | bf16 | fp16 (auto: bf16 on CUDA; on CPU bf16 where it has native bf16 dot products)."""
-    kernels: str = "auto"
+    kernels: str = field(default_factory=config_default)
     """How the model is computed, not what: auto = the fast CPU kernels of gptcli/model/kernels on CPU (PyTorch's
-    fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy)."""
+    fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy). Default: the
+    process's mode when the config is made ($GPT1_KERNELS, else auto)."""
     compile: bool = False
     """torch.compile the loss computation: on one H200 the gpt1 preset in bf16 trains 1.53× faster at 64 × 512
     (MFU 24.9 → 38.1 %) and 1.56× at 8 × 512, after about 20-35 s of compiling; no gain measured on CPU."""

@@ -54,12 +54,40 @@ def test_the_config_takes_the_option_or_the_environment(generation, monkeypatch,
     assert generation[-1].kernels == want
 
 
-def test_a_run_applies_its_setting_at_the_start(pretrained) -> None:
+def test_a_generation_computes_in_its_setting_and_leaves_the_callers(pretrained, monkeypatch) -> None:
+    """Each step of the stream computes in the config's mode; the caller's code between the pieces, and after,
+    runs in its own (start_generation used to set the process's mode for good)."""
+    import gptcli.pipelines.generate as pipeline
     from gptcli.model.generate import GenerateConfig
-    from gptcli.pipelines.generate import start_generation
 
-    start_generation(GenerateConfig(checkpoint=pretrained, prompt="the cat", max_new_tokens=1, kernels="reference"))
-    assert kernels.mode() == "reference"
+    monkeypatch.delenv(kernels.ENV, raising=False)
+    seen: list[str] = []
+    real = pipeline.iter_generate
+
+    def spy(*args, **kwargs):
+        for token in real(*args, **kwargs):
+            seen.append(kernels.mode())
+            yield token
+
+    monkeypatch.setattr(pipeline, "iter_generate", spy)
+    gen = pipeline.start_generation(GenerateConfig(checkpoint=pretrained, prompt="the cat", max_new_tokens=3,
+                                                   kernels="reference", device="cpu"))
+    assert kernels.mode() == "auto"
+    between = [kernels.mode() for _ in gen.stream()]
+    assert seen == ["reference"] * 3 and between == ["auto"] * 3 and kernels.mode() == "auto"
+    cfg = GenerateConfig(checkpoint=pretrained, prompt="the cat", max_new_tokens=2, samples=2, kernels="reference",
+                         device="cpu")
+    batch = pipeline.iter_generate_batch
+
+    def batch_spy(*args, **kwargs):
+        for step in batch(*args, **kwargs):
+            seen.append(kernels.mode())
+            yield step
+
+    monkeypatch.setattr(pipeline, "iter_generate_batch", batch_spy)
+    seen.clear()
+    pipeline.start_generation(cfg).sample_texts()
+    assert seen == ["reference"] * 2 and kernels.mode() == "auto"
 
 
 def test_an_unknown_mode_is_one_line_and_starts_nothing(tmp_path, capsys) -> None:
@@ -81,17 +109,21 @@ def test_a_resume_may_change_it() -> None:
     assert "kernels" in FINETUNE.adjustable
 
 
-def test_a_pretraining_run_resumes_under_the_other_mode(tmp_path, capsys) -> None:
+def test_a_pretraining_run_resumes_under_the_other_mode(tmp_path, capsys, monkeypatch) -> None:
     from corpus_helpers import random_corpus
     from run_helpers import TINY_ARGS
+
+    import gptcli.train.pretrain as pretraining
 
     corpus, out = random_corpus(tmp_path / "corpus"), tmp_path / "run"
     assert run_cli("pretrain", "--data", str(corpus), "--out", str(out), *TINY_ARGS, "--max-steps", "2") == 0
     capsys.readouterr()
+    seen: list[str] = []
+    monkeypatch.setattr(pretraining, "prepare_kernels", lambda device, report: seen.append(kernels.mode()))
     code = run_cli("pretrain", "--data", str(corpus), "--out", str(out), *TINY_ARGS, "--max-steps", "3", "--resume",
                    "--kernels", "reference")
     assert code == 0, capsys.readouterr().err
-    assert kernels.mode() == "reference"
+    assert seen == ["reference"]  # the run computed in it
     assert 'kernels = "reference"' in (out / "config.toml").read_text()
 
 

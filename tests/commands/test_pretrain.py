@@ -211,3 +211,15 @@ def test_a_mistyped_model_table_is_one_line_naming_the_file(corpus, tmp_path, ca
         code, _, err = _cli(["pretrain", "--config", str(cfg), *TINY[:1], "tiny", "--max-steps", "1"], capsys)
         assert code == 1 and err.strip() == f"error: {cfg}: {message}", err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_launch_stopped_before_its_first_checkpoint_does_not_advise_a_resume(corpus, tmp_path, capsys,
+                                                                               monkeypatch):
+    """"Continue with: gpt1 pretrain --out RUN --resume" after a stop in start-up started another run: with no
+    run there, the short form took ./corpus and the paper's model at 64 × 512."""
+    import gptcli.train.distributed as distributed
+
+    monkeypatch.setattr(distributed, "launch_command", lambda *a, **k: "SIGINT")
+    code, _, err = _cli(["pretrain", "--data", str(corpus), "--out", str(tmp_path / "r"), *TINY, "--procs", "2"],
+                        capsys)
+    assert code == 130 and "before the first checkpoint: nothing to resume" in err and "--resume" not in err

@@ -65,6 +65,36 @@ def test_eval_batches_sorted_and_order_restorable():
     assert sorted(seen) == list(range(6))
 
 
+@pytest.mark.parametrize("batch_size", [0, -1])
+def test_every_batching_refuses_a_batch_size_below_one(batch_size):
+    """A batch size of 0 gave evaluation's filled batches a budget of 0 that never advanced: empty batches without
+    end, the memory growing. Every batching refuses it at once (the settings' check names the option earlier)."""
+    import signal
+
+    from gptcli.data.batching import filled_batches
+
+    enc = [Encoded([[S, 1, 2, E]], 0, i) for i in range(4)]
+
+    def hung(*_):
+        raise TimeoutError("filled_batches did not return")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)  # without the check it never returns: fail, not hang
+    try:
+        with pytest.raises(ValueError, match="batch_size must be at least 1"):
+            filled_batches(enc, batch_size)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    with pytest.raises(ValueError, match="batch_size must be at least 1"):
+        list(iterate(enc, batch_size, shuffle=False, shared_extract=E))
+    for batches in (lambda: bucketed_batches([4] * 4, batch_size, shuffle=False),
+                    lambda: bucketed_batches([4] * 4, batch_size, shuffle=True),
+                    lambda: random_batches(4, batch_size, random.Random(0))):
+        with pytest.raises(ValueError, match="batch_size must be at least 1"):
+            batches()
+
+
 def test_lm_loss_mask_is_the_released_one():
     torch.manual_seed(0)
     V, T = 60, 7

@@ -146,6 +146,26 @@ def test_tokenizer_fingerprint_is_what_the_tokenizer_does(tmp_path):
     assert tokenizer_fingerprint(tmp_path / "none") is None
 
 
+def test_openai_tokenizer_fingerprint_is_its_bpe_whatever_the_key_order(tmp_path):
+    """OpenAI's BPE is identified by its tokens and merges: the released key order, Hugging Face's (sorted by name)
+    and gpt1's save agree; another merge list differs; unparsable files are compared by their bytes."""
+    from gptcli.data.shards import tokenizer_fingerprint
+    from gptcli.tokenizers.openai import OpenAIBPETokenizer
+
+    vocab = {"<unk>": 0, "l": 1, "o": 2, "w": 3, "lo": 4, "low</w>": 5, "o</w>": 6, "w</w>": 7, "l</w>": 8}
+    tok = OpenAIBPETokenizer(vocab, [("l", "o"), ("lo", "w</w>")])
+    tok.save(tmp_path / "a")
+    tok.save(tmp_path / "hf")
+    (tmp_path / "hf" / "vocab.json").write_text(json.dumps(vocab, sort_keys=True, indent=2))  # HF's layout
+    a = tokenizer_fingerprint(tmp_path / "a")
+    assert a == tokenizer_fingerprint(tmp_path / "hf")
+    assert (tmp_path / "a" / "vocab.json").read_bytes() != (tmp_path / "hf" / "vocab.json").read_bytes()
+    OpenAIBPETokenizer(vocab, [("l", "o")]).save(tmp_path / "b")
+    assert tokenizer_fingerprint(tmp_path / "b") != a
+    (tmp_path / "hf" / "vocab.json").write_bytes(b"\xff{")
+    assert tokenizer_fingerprint(tmp_path / "hf") not in (None, a)
+
+
 def test_corpus_fingerprint_and_largest_ids(tmp_path):
     from corpus_helpers import write_corpus
 

@@ -460,3 +460,28 @@ def test_out_of_memory_in_scoring_is_one_line(tiny_run, shared_data, tmp_path, c
         from gptcli.cli import main
 
         main(["--debug", *args])
+
+
+def test_zeroshot_and_the_curve_give_the_callers_kernels_mode_back(tiny_run, shared_data, monkeypatch):
+    """Each computes in its config's mode (here through the curve's second positional-or-keyword argument after
+    the checkpoints, progress); the caller's mode, here GPT1_KERNELS's, is back afterwards (both used to leave
+    theirs set for the rest of the process)."""
+    from gptcli.eval.curve import run_curve
+    from gptcli.eval.zeroshot import zeroshot
+    from gptcli.model import kernels
+
+    monkeypatch.setenv(kernels.ENV, "reference")
+    seen: list[str] = []
+
+    class Watch(RecordingProgress):
+        def stage(self, name, total=None, *, unit="", done=0):
+            seen.append(kernels.mode())
+
+    cfg = ZeroShotConfig(task="wsc", checkpoint=str(tiny_run), data_dir=str(shared_data / "wsc"), limit=2,
+                         precision="fp32", kernels="auto")
+    zeroshot(cfg, Watch())
+    assert seen and set(seen) == {"auto"} and kernels.mode() == "reference"
+    seen.clear()
+    run_curve(ZeroShotConfig(task="wsc", data_dir=str(shared_data / "wsc"), limit=2, precision="fp32", kernels="auto"),
+              [tiny_run / "checkpoints" / "step-0000000"], Watch())
+    assert seen and set(seen) == {"auto"} and kernels.mode() == "reference"

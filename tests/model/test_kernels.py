@@ -177,6 +177,52 @@ def test_an_unknown_mode_is_a_one_line_error(monkeypatch: pytest.MonkeyPatch) ->
         kernels.enabled("cpu")
 
 
+def test_a_run_block_gives_the_callers_mode_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``use_kernels``, around every library run: the mode holds inside, and the one before (a set_kernels choice,
+    or the environment's) is back after a return or an exception; an unknown mode changes nothing."""
+    monkeypatch.setenv(kernels.ENV, "reference")
+    with kernels.use_kernels("auto") as inside:
+        assert inside == kernels.mode() == "auto"
+    assert kernels.mode() == "reference" and kernels._chosen is None  # the environment's again, not a copy of it
+    kernels.set_kernels("auto")
+    with pytest.raises(RuntimeError, match="boom"), kernels.use_kernels("reference"):
+        assert kernels.mode() == "reference"
+        raise RuntimeError("boom")
+    assert kernels.mode() == "auto"
+    with kernels.use_kernels(None) as inside:  # None: the mode in force
+        assert inside == "auto"
+    with pytest.raises(GPT1Error, match="^--kernels: expected one of auto, reference, got 'fast'$"):
+        with kernels.use_kernels("fast"):
+            pass
+    assert kernels.mode() == "auto"
+
+
+def test_a_config_made_without_the_setting_takes_the_mode_in_force(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPT1_KERNELS (and set_kernels) reach a library run: every config's ``kernels`` defaults to the mode in force
+    when it is made, as ``--kernels`` defaults to the variable. A misspelt variable is refused when a run starts, not
+    when a config (or ``gpt1 --help``) is made."""
+    from gptcli.eval.tasks import EvalConfig
+    from gptcli.eval.zeroshot_config import ZeroShotConfig
+    from gptcli.model.generate import GenerateConfig
+    from gptcli.pipelines.quickstart import QuickstartConfig
+    from gptcli.train.finetune_config import FinetuneConfig
+    from gptcli.train.pretrain_config import PretrainConfig
+
+    configs = (EvalConfig, ZeroShotConfig, GenerateConfig, QuickstartConfig, FinetuneConfig, PretrainConfig)
+    monkeypatch.delenv(kernels.ENV, raising=False)
+    assert {cls().kernels for cls in configs} == {"auto"}
+    monkeypatch.setenv(kernels.ENV, "reference")
+    assert {cls().kernels for cls in configs} == {"reference"}
+    assert {cls(kernels="auto").kernels for cls in configs} == {"auto"}  # a setting given wins
+    kernels.set_kernels("auto")
+    assert {cls().kernels for cls in configs} == {"auto"}
+    kernels.set_kernels(None)
+    monkeypatch.setenv(kernels.ENV, "fast")
+    assert EvalConfig().kernels == "fast"
+    with pytest.raises(GPT1Error, match="^--kernels: expected one of auto, reference, got 'fast'$"):
+        kernels.use_kernels(EvalConfig().kernels).__enter__()
+
+
 def test_the_amx_forms_follow_the_cpu_flag_unless_forced(monkeypatch: pytest.MonkeyPatch) -> None:
     """``kernels.amx()`` is the CPU's ``amx_bf16`` flag, read from /proc/cpuinfo, never a timing; tests force it."""
     from gptcli import runtime

@@ -260,3 +260,31 @@ def test_tiny_vocabulary_without_shared_data(tmp_path: Path) -> None:
     tok = OpenAIBPETokenizer(vocab, [("l", "o"), ("lo", "w</w>")])
     assert tok.bpe("low") == "low</w>" and tok.bpe("lol") == "lo l</w>" and tok.bpe("wow") == "w o w</w>"
     assert tok.encode("LOW low Lol wow xyz") == [5, 5, 4, 8, 3, 2, 7, 0, 0, 0]
+
+
+# ------------------------------------------------------------------------------- encode_lines (gpt1 prepare)
+def test_encode_lines_of_word_lines_is_encode(tok: OpenAIBPETokenizer, real_sentences: list[str]) -> None:
+    """The rule docs/prepare.md states: ``encode_lines(word_lines(text)) == encode(text)`` for every text, so a
+    corpus prepared with this tokenizer holds the released ``TextEncoder.encode`` ids of its documents."""
+    import numpy as np
+
+    from gptcli.tokenizers.text import word_lines
+
+    tricky = list("ab Σ'\n\r\t .,-") + ["\u2028", "\u00a0", "\u3000", "\u200b", "\ufeff", "\x0b", "\x0c", "\x85",
+                                       "İ", "ΟΣ", "&amp;", "<", "  ", "\n\n", "\r\n", "\u202f", "\u2000", "日"]
+    rng = random.Random(0)
+    texts = real_sentences + ["".join(rng.choice(tricky) for _ in range(rng.randint(0, 30))) for _ in range(2000)]
+    bad = [t for t in texts if tok.encode_lines(word_lines(t)).tolist() != tok.encode(t)]
+    assert not bad, f"{len(bad)} texts differ, e.g. {bad[0][:200]!r}"
+    ids = tok.encode_lines(["the president", "is"])
+    assert ids.dtype == np.uint16 and ids.tolist() == [481, 4735, 40477, 544]  # the newline id between lines only
+    assert tok.newline_id == 40477 and tok.encode_lines([]).tolist() == [] and tok.encode_lines([""]).tolist() == []
+    assert tok.cased is False
+
+
+def test_encode_lines_without_a_newline_token(tmp_path: Path) -> None:
+    """A vocabulary without ``\\n</w>``: a line break is ``<unk>``, in ``encode`` and ``encode_lines`` alike."""
+    vocab = {"<unk>": 0, "l": 1, "o": 2, "w": 3, "lo": 4, "low</w>": 5, "o</w>": 6, "w</w>": 7, "l</w>": 8}
+    tok = OpenAIBPETokenizer(vocab, [("l", "o"), ("lo", "w</w>")])
+    assert tok.newline_id == 0
+    assert tok.encode_lines(["low lol", "wow"]).tolist() == tok.encode("LOW lol\n\nwow") == [5, 4, 8, 0, 3, 2, 7]

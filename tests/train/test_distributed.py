@@ -346,3 +346,80 @@ def test_the_elastic_launch_config_builds_on_a_pytorch_without_shutdown_timeout(
     monkeypatch.setattr(api, "LaunchConfig", older)
     config = elastic_config(spec)
     assert isinstance(config, older) and config.nproc_per_node == 2 and config.max_restarts == 0
+
+
+def test_a_rank_after_the_first_draws_the_same_masks_after_a_resume():
+    """Reseeded from (seed, rank, step) only when a run started, rank 1's dropout stream after a resume was another
+    than the uninterrupted run's: a 2-process run with dropout stopped and resumed ended with other weights. The
+    update loop now redraws it before every update, so the masks of update k depend on k alone."""
+    from gptcli.progress import SILENT
+    from gptcli.train.run.loop import GracefulStop, Moment, RunState, train
+    from gptcli.train.trainer import Parallel
+
+    class Rank1(Parallel):
+        rank, world_size = 1, 2
+
+        def any(self, flag: bool) -> bool:
+            return flag
+
+    class Job:  # the least of the Job protocol: each update draws a dropout mask
+        def __init__(self, start: int, total: int) -> None:
+            self.state, self.par, self.masks = RunState(torch.device("cpu"), total), Rank1(), {}
+            self.state.step, self.state.rank_seed = start, 1234
+
+        def finished(self) -> bool:
+            return self.state.step >= self.state.total
+
+        def owed(self):
+            return None
+
+        def update(self) -> torch.Tensor:
+            self.masks[self.state.step] = torch.nn.functional.dropout(torch.ones(256), p=0.5) > 0
+            self.state.step += 1
+            return torch.tensor(1.0)
+
+        def moment(self) -> Moment:
+            return Moment()
+
+        def update_done(self, report, moment) -> None:
+            pass
+
+    whole, resumed = Job(0, 6), Job(3, 6)
+    torch.manual_seed(1234)
+    train(whole, GracefulStop(signals=()), SILENT)
+    torch.manual_seed(99)  # a new process: whatever the stream was before the resume
+    train(resumed, GracefulStop(signals=()), SILENT)
+    for step in (3, 4, 5):
+        assert torch.equal(resumed.masks[step], whole.masks[step]), step
+    assert not torch.equal(whole.masks[0], whole.masks[1])  # a new mask each update, not the same one repeated
+
+
+def test_a_worker_whose_launcher_was_killed_stops(tmp_path):
+    """`kill -9` of the launcher left its workers training as orphans, outside the run lock that died with it; the
+    heartbeat thread now ends a worker whose parent is gone."""
+    worker = ("import time; from gptcli.train.heartbeat import heartbeat; "
+              f"heartbeat({str(tmp_path)!r}, 1, 0.1); time.sleep(60)")
+    launcher = ("import subprocess, sys, time; "
+                f"p = subprocess.Popen([sys.executable, '-c', {worker!r}]); print(p.pid, flush=True); time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    child = int(parent.stdout.readline())
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "rank-1").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    def ended() -> bool:  # gone, or a zombie left for an init that does not reap
+        try:
+            return Path(f"/proc/{child}/stat").read_text().split(")")[-1].split()[0] in ("Z", "X")
+        except OSError:
+            return True
+
+    while time.monotonic() < deadline:
+        if ended():
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        raise AssertionError("the orphaned worker kept running")
+    assert "the launching process is gone; stopping" in parent.stderr.read()

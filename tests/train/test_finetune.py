@@ -4,6 +4,7 @@ The command-line tests of `gpt1 finetune` and `gpt1 eval` are in tests/commands/
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -243,6 +244,28 @@ def test_existing_run_needs_overwrite(pretrained, shared_data, tmp_path):
         finetune(_cfg("rte", pretrained, tmp_path / "r", shared_data / "glue" / "RTE", epochs=1))
     finetune(_cfg("rte", pretrained, tmp_path / "r", shared_data / "glue" / "RTE", epochs=1, overwrite=True))
     assert len(_records(tmp_path / "r", "eval")) == 1  # metrics.jsonl restarted
+
+
+def test_a_finished_run_reports_its_updates_and_leaves_the_callers_kernels_mode(pretrained, shared_data, tmp_path,
+                                                                                 monkeypatch):
+    """FinetuneResult.step and .total were 0 after a run that finished normally (as a resumed finished run and a
+    stopped one said them); and the run left the process in its own kernels mode for good."""
+    from gptcli.model import kernels
+
+    monkeypatch.setenv(kernels.ENV, "reference")
+    seen: list[str] = []
+
+    class Watch(RecordingProgress):
+        def stage(self, name, total=None, *, unit="", done=0):
+            seen.append(kernels.mode())
+
+    cfg = _cfg("rte", pretrained, tmp_path / "r", shared_data / "glue" / "RTE", epochs=2, max_train_examples=16,
+               kernels="auto")
+    res = finetune(cfg, Watch())
+    assert (res.step, res.total) == (4, 4) == (res.results["steps"], res.results["steps"])  # 16 / 8 × 2 epochs
+    assert set(seen) == {"auto"} and kernels.mode() == "reference"
+    again = finetune(dataclasses.replace(cfg, resume=True))
+    assert (again.step, again.total) == (4, 4) and kernels.mode() == "reference"
 
 
 def test_bad_rows_stop_the_run_or_are_skipped(pretrained, shared_data, tmp_path):

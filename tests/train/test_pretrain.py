@@ -44,6 +44,25 @@ def corpus(tmp_path_factory) -> Path:
     return random_corpus(tmp_path_factory.mktemp("corpus"))
 
 
+def test_progress_is_the_second_argument_and_the_callers_kernels_mode_survives(corpus, tmp_path, monkeypatch):
+    """``pretrain(cfg, progress)`` as prepare, finetune, zeroshot and evaluate_tasks take it (it was keyword-only: a
+    TypeError); the run computes in its config's mode, and the caller's is back afterwards."""
+    from gptcli.model import kernels
+
+    monkeypatch.setenv(kernels.ENV, "reference")
+    seen: list[str] = []
+
+    class Watch(RecordingProgress):
+        def stage(self, name, total=None, *, unit="", done=0):
+            seen.append(kernels.mode())
+            super().stage(name, total, unit=unit, done=done)
+
+    rec = Watch()
+    res = pretrain(_cfg(corpus, tmp_path / "run", max_steps=1, kernels="auto"), rec)
+    assert res.step == 1 and rec.of("stage")[0]["name"] == "pretrain"
+    assert set(seen) == {"auto"} and kernels.mode() == "reference"
+
+
 def test_tiny_run_on_books_learns(shared_data, tmp_path):
     books = ["pg11_alice_in_wonderland.txt", "pg1952_yellow_wallpaper.txt", "pg41_legend_of_sleepy_hollow.txt"]
     texts = [(shared_data / "books" / b).read_text(encoding="utf-8-sig")[20_000:80_000] for b in books]

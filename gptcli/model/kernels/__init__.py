@@ -26,12 +26,15 @@ and, for dropout, which units a given seed drops (the law is the same):
 (``*.cpp`` here) that ``native.py`` compiles for the machine on first use; where no compiler can build them (or, for
 the loss and the softmax's backward, the CPU has neither AVX-512 nor AVX2), those kernels fall back to Python and the reference.
 
-The switch is ``--kernels auto|reference`` on every command that runs the model (the ``kernels`` field of its
-config, applied by :func:`set_kernels` when the run starts), the environment variable ``GPT1_KERNELS`` (the field's
-default, and the mode of code that runs the model outside a run), or :func:`set_kernels` from code, which wins
-over the environment. ``auto`` (the default) runs the kernels on CPU and the reference everywhere else (on CUDA the
-reference already is PyTorch's fused kernels); ``reference`` runs plain PyTorch everywhere and never imports a
-module of this folder. Why each kernel is faster, and by how much, is in docs/performance.md.
+The switch is the process's mode (:func:`mode`): the one :func:`set_kernels` chose from code, else the environment
+variable ``GPT1_KERNELS``, else ``auto``; and ``--kernels auto|reference`` on every command that runs the model, the
+``kernels`` field of its config. A config made without that field takes the mode in force when it is made
+(:func:`config_default`), so ``GPT1_KERNELS`` and :func:`set_kernels` reach library runs too. Every library entry
+point that runs the model computes in its config's mode inside :func:`use_kernels`, which gives the caller's mode
+back when the run returns or raises: a run never changes the mode of the code that called it. ``auto`` runs the
+kernels on CPU and the reference everywhere else (on CUDA the reference already is PyTorch's fused kernels);
+``reference`` runs plain PyTorch everywhere and never imports a module of this folder. Why each kernel is faster,
+and by how much, is in docs/performance.md.
 
 This package is the only place in gptcli that may use private ``torch._*`` functions (tests/test_architecture.py).
 """
@@ -40,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import Iterator
 
 import torch
 
@@ -64,22 +68,52 @@ def check_mode(mode: str, source: str = "--kernels") -> str:
 
 
 def set_kernels(mode: str | None) -> None:
-    """Choose the mode for this process (``None``: back to the environment's). Every run that computes with the
-    model (``pretrain()``, ``finetune()``, ``evaluate_tasks()``, ``zeroshot()``, ``start_generation()``, …) calls
-    it with its config's ``kernels`` when it starts."""
+    """Choose the mode for this process (``None``: back to the environment's), until it is chosen again. A run
+    uses :func:`use_kernels` instead, which gives the previous mode back."""
     global _chosen
     _chosen = None if mode is None else check_mode(mode)
 
 
+@contextlib.contextmanager
+def use_kernels(chosen: str | None) -> Iterator[str]:
+    """``with use_kernels(config.kernels):`` the block computes in ``chosen`` (``None``: the mode in force), and
+    the mode before it (:func:`set_kernels`'s choice, or none: the environment's) is back when the block exits,
+    returning or raising. Every library run that computes with the model (``pretrain()``, ``finetune()``,
+    ``evaluate_tasks()``, ``zeroshot()``, ``run_curve()``, ``corpus_perplexity()``, ``quickstart()``, each step of a
+    ``Generation``) runs inside one. Yields the mode in force inside. An unknown mode is refused before anything
+    changes."""
+    global _chosen
+    before = _chosen
+    if chosen is not None:
+        set_kernels(chosen)
+    try:
+        yield mode()
+    finally:
+        _chosen = before
+
+
+def _environment() -> str:
+    """``$GPT1_KERNELS`` as set (unchecked), else ``auto``."""
+    return os.environ.get(ENV, "") or "auto"
+
+
 def default_mode() -> str:
-    """``$GPT1_KERNELS``, else ``auto``: the mode of code that runs the model outside a run (on the command line
-    the variable is the default of ``--kernels``, under ``--config``: gptcli/commands/options.py)."""
-    return check_mode(os.environ.get(ENV, "") or "auto", source=ENV)
+    """``$GPT1_KERNELS``, else ``auto``: the mode in force when no :func:`set_kernels` chose one (on the command
+    line the variable is the default of ``--kernels``, under ``--config``: gptcli/commands/options.py)."""
+    return check_mode(_environment(), source=ENV)
 
 
 def mode() -> str:
-    """The mode in force: the one :func:`set_kernels` chose, else :func:`default_mode`."""
+    """The mode in force: the one :func:`set_kernels` (or the :func:`use_kernels` block around the caller) chose,
+    else :func:`default_mode`."""
     return _chosen if _chosen is not None else default_mode()
+
+
+def config_default() -> str:
+    """The default of every config's ``kernels`` field: the mode in force when the config is made (the one
+    :func:`set_kernels` chose, else ``$GPT1_KERNELS``, else ``auto``). Unchecked here, so that a misspelt variable
+    cannot break ``gpt1 --help``: the run refuses it when it starts, naming ``--kernels``."""
+    return _chosen if _chosen is not None else _environment()
 
 
 _amx_forced: bool | None = None  # set by force_amx() (tests); None: the CPU's own flags
@@ -151,5 +185,5 @@ def prepare(device: torch.device | str, progress: Progress = SILENT) -> None:
                       "slower; install a C++ compiler to build them)", level="warn")
 
 
-__all__ = ["ENV", "MODES", "amx", "check_mode", "default_mode", "enabled", "force_amx", "force_onednn_fp32", "mode",
-           "onednn_fp32", "prepare", "set_kernels", "shared_weight_casts"]
+__all__ = ["ENV", "MODES", "amx", "check_mode", "config_default", "default_mode", "enabled", "force_amx",
+           "force_onednn_fp32", "mode", "onednn_fp32", "prepare", "set_kernels", "shared_weight_casts", "use_kernels"]

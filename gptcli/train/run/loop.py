@@ -38,7 +38,7 @@ from gptcli.progress import Progress
 from gptcli.train.run.directory import step_checkpoints
 from gptcli.train.run.memory import is_out_of_memory, out_of_memory
 from gptcli.train.runlog import RunLogger
-from gptcli.train.trainer import Parallel
+from gptcli.train.trainer import Parallel, seed_rank_rng
 
 
 class NonFiniteLossError(GPT1Error):
@@ -131,6 +131,10 @@ class RunState:
     """The job's position (:meth:`Job.position`) that the newest step checkpoint holds: a stop there saves nothing new."""
     first_step: int = 0
     """The step this process started from (the resumed one), for rates and the ETA."""
+    rank_seed: int | None = None
+    """The run's seed: every rank but 0 redraws its dropout stream from (seed, rank, step) before each update
+    (:func:`gptcli.train.trainer.seed_rank_rng`), so that a resume at any step draws what the uninterrupted run
+    drew (rank 0's stream is the one a checkpoint saves). None: the stream is left alone."""
     started: float = field(default_factory=time.perf_counter)
     watch: NonFiniteWatch = field(init=False)
 
@@ -230,6 +234,8 @@ def train(job: Job, stop: GracefulStop, report: Progress, max_minutes: float | N
                         f"{job.state.total}: the learning-rate schedule did not finish", level="warn")
             _finish_early(job, report, stop, unread)
             return None
+        if job.state.rank_seed is not None:
+            seed_rank_rng(job.state.rank_seed, job.par.rank, job.state.step)
         with _memory(job, evaluating=False):
             loss = job.update()
         job.state.watch.observe(job.state.step, loss)

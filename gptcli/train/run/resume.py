@@ -45,7 +45,7 @@ class SettingRules:
     def setting_changes(self, config: Any, saved: Mapping[str, Any]) -> tuple[list[str], list[str]]:
         """(changed defining settings, changed adjustable ones) of ``config`` against the ``saved`` settings, each
         as ``"key old → new"``. A key missing from ``saved`` was None (TOML has no null) or did not exist yet."""
-        defaults = {f.name: f.default for f in dataclasses.fields(config)} | dict(self.older_runs)
+        defaults = {f.name: _default(f) for f in dataclasses.fields(config)} | dict(self.older_runs)
         changed, adjusted = [], []
         for key in self.defining + self.adjustable:
             was, now = saved.get(key, defaults[key]), getattr(config, key)
@@ -54,6 +54,13 @@ class SettingRules:
                 noted = key in self.adjustable and was not in values and now not in values
                 (adjusted if noted else changed).append(f"{key} {was} → {now}")
         return changed, adjusted
+
+
+def _default(f: dataclasses.Field) -> Any:
+    """A field's default, made by its factory where it has one (``kernels``: the process's mode)."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
 
 
 def model_changes(header: Header, mcfg: AnyConfig) -> tuple[list[str], list[str]]:
