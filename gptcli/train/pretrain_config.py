@@ -95,7 +95,8 @@ class PretrainConfig:
     eval_every: int = 1000
     """Validate every this many updates (and always at the end); 0 = only at the end."""
     eval_batches: int | None = None
-    """Cap on validation batches (unset: the whole validation split)."""
+    """Cap on validation, in batches of ``batch_size`` windows (unset: the whole validation split); the same windows
+    whatever the number of processes and the micro-batch size."""
     val_split: str = "val"
     """Corpus split used for validation."""
     save_every: int = 1000

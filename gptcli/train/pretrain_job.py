@@ -74,6 +74,15 @@ class RunPlan:
         return self.config.batch_size * self.config.seq_len
 
 
+def validation_batches(config: PretrainConfig, micro: int) -> int | None:
+    """``eval_batches`` (counted in global batches of ``batch_size`` windows) as the number of ``micro``-row batches
+    that validation scores over all ranks: the same windows, and so the same loss, whatever ``--procs`` and
+    ``--micro-batch-size`` (counted in micro-batches, the cap scored half the windows with two processes)."""
+    if config.eval_batches is None:
+        return None
+    return -(-config.eval_batches * config.batch_size // micro)
+
+
 class BatchFeed:
     """The sampler's batches on the training device, the next one read and sent while the current update computes.
 
@@ -202,7 +211,8 @@ class PretrainJob:
         plan, par = self.plan, self.par
         ev = evaluate_lm(
             unwrap(self.model), plan.val_arrays, plan.config.seq_len, plan.micro, device=plan.device,
-            precision=plan.precision, max_batches=plan.config.eval_batches, rank=par.rank, world_size=par.world_size,
+            precision=plan.precision, max_batches=validation_batches(plan.config, plan.micro), rank=par.rank,
+            world_size=par.world_size,
         )
         if par.world_size == 1:
             return ev.loss, ev.tokens

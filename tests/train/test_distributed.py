@@ -423,3 +423,23 @@ def test_a_worker_whose_launcher_was_killed_stops(tmp_path):
         os.kill(child, signal.SIGKILL)
         raise AssertionError("the orphaned worker kept running")
     assert "the launching process is gone; stopping" in parent.stderr.read()
+
+
+def test_a_validation_cap_scores_the_same_windows_whatever_the_processes(corpus):
+    """--eval-batches counted micro-batches: with 2 processes (or --micro-batch-size 4) validation scored half the
+    windows of one process, and another loss. It counts global batches of --batch-size windows now."""
+    from gptcli.eval.perplexity import evaluate_lm
+    from gptcli.model.gpt import GPT
+    from gptcli.train.pretrain import build_model_config
+    from gptcli.train.pretrain_job import validation_batches
+
+    cfg = _cfg(corpus, corpus, batch_size=4, eval_batches=2)
+    torch.manual_seed(0)
+    model = GPT(build_model_config(cfg, 64))
+    val = open_corpus(corpus).arrays("val")
+    one = evaluate_lm(model, val, SEQ, 4, max_batches=validation_batches(cfg, 4))
+    for world, micro in ((2, 2), (2, 1), (1, 2)):
+        parts = [evaluate_lm(model, val, SEQ, micro, max_batches=validation_batches(cfg, micro), rank=r,
+                             world_size=world) for r in range(world)]
+        assert sum(p.tokens for p in parts) == one.tokens == 8 * SEQ, (world, micro)
+        assert sum(p.loss * p.tokens for p in parts) / one.tokens == pytest.approx(one.loss, rel=1e-6)
