@@ -195,10 +195,12 @@ def _run_id(spec: LaunchSpec) -> str:
     return spec.rdzv_id or os.environ.get("SLURM_JOB_ID") or "gpt1"
 
 
-def elastic_config(spec: LaunchSpec) -> ElasticConfig:
+def elastic_config(spec: LaunchSpec, log_dir: str | None = None) -> ElasticConfig:
     """torch.distributed.elastic's configuration of the job: one attempt (no restarts), spawned workers, and
     ``spec.shutdown_timeout_s`` where this PyTorch's ``LaunchConfig`` has the field (torch 2.11's has not, and gives
-    workers a fixed 30 s: the first GPU run's ``--gpus 1`` failed there for passing it, 2026-12-04)."""
+    workers a fixed 30 s: the first GPU run's ``--gpus 1`` failed there for passing it, 2026-12-04). ``log_dir``:
+    where its per-run files go (the workers' error files), a folder the launcher removes; without it elastic makes
+    a ``/tmp/torchelastic_*`` of its own that nobody removes."""
     from torch.distributed.launcher.api import LaunchConfig as ElasticConfig
 
     backend, endpoint, configs, run_id = rendezvous(spec)
@@ -206,8 +208,13 @@ def elastic_config(spec: LaunchSpec) -> ElasticConfig:
         min_nodes=spec.nnodes, max_nodes=spec.nnodes, nproc_per_node=spec.nproc_per_node, run_id=run_id,
         rdzv_backend=backend, rdzv_endpoint=endpoint, rdzv_configs=configs, max_restarts=0, monitor_interval=0.1,
         start_method="spawn")
-    if "shutdown_timeout" in {f.name for f in dataclasses.fields(ElasticConfig)}:
+    names = {f.name for f in dataclasses.fields(ElasticConfig)}
+    if "shutdown_timeout" in names:
         options["shutdown_timeout"] = spec.shutdown_timeout_s
+    if log_dir is not None and "logs_specs" in names:
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+        options["logs_specs"] = DefaultLogsSpecs(log_dir=log_dir)
     return ElasticConfig(**options)
 
 
@@ -225,7 +232,8 @@ def launch(spec: LaunchSpec, argv: Sequence[str]) -> str | None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    config = elastic_config(spec)
+    logs = tempfile.mkdtemp(prefix="gpt1-elastic-")
+    config = elastic_config(spec, logs)
     beats = tempfile.mkdtemp(prefix="gpt1-heartbeat-")
     env = {WORKER_ENV: "1", TIMEOUT_ENV: str(spec.timeout_s), HEARTBEAT_ENV: beats}
     if "OMP_NUM_THREADS" not in os.environ:
@@ -252,6 +260,7 @@ def launch(spec: LaunchSpec, argv: Sequence[str]) -> str | None:
     finally:
         watchdog.stop()
         shutil.rmtree(beats, ignore_errors=True)
+        shutil.rmtree(logs, ignore_errors=True)  # after the failure message was read from its error file
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -282,12 +282,15 @@ def test_a_failing_rank_fails_the_whole_job_with_its_message(corpus, tmp_path):
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(FAIL_ON_RANK_1, encoding="utf-8")
-    env = {"PYTHONPATH": os.pathsep.join([str(hook), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    temp = tmp_path / "temp"  # the launcher's temporary folders: all gone when it ends (elastic's own stayed)
+    temp.mkdir()
+    env = {"PYTHONPATH": os.pathsep.join([str(hook), str(ROOT), os.environ.get("PYTHONPATH", "")]), "TMPDIR": str(temp)}
     proc = _gpt1(_cli_args(corpus, tmp_path / "run", "--procs", "2", "--max-steps", "50"), env)
     out, err = proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == 1, err[-3000:]
     assert "worker rank 1 failed" in err and "index 1000 is out of range" in err, err[-3000:]
     assert not (tmp_path / "run" / "checkpoints").exists()
+    assert [p.name for p in temp.iterdir() if p.name.startswith(("torchelastic_", "gpt1-"))] == []
 
 
 def test_two_nodes_on_one_machine_match_one_process(corpus, tmp_path):
