@@ -230,7 +230,8 @@ def _check(cfg: PrepareConfig) -> Path:
     if cfg.workers < 0:
         raise GPT1Error(f"--workers {cfg.workers} is impossible (pass 0 for all cores, or a number of processes)")
     if cfg.tokenizer is None and cfg.vocab_size < 16:
-        raise GPT1Error(f"--vocab-size {cfg.vocab_size} is too small for a BPE vocabulary (pass 16 or more; the paper used 40,478)")
+        raise GPT1Error(f"--vocab-size {cfg.vocab_size} is too small for a BPE vocabulary (pass 16 or more; the "
+                        "paper used 40,478)")
     if cfg.sample_lines < 1 or cfg.shard_tokens < 1 or cfg.chunk_bytes < 1:
         raise GPT1Error("sample_lines, shard_tokens and chunk_bytes must be positive (set them to 1 or more)")
     return Path(cfg.out)

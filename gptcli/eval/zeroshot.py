@@ -287,7 +287,8 @@ def _read_cola_train(job: _Job) -> None:
     except DataError:
         raise
     except GPT1Error as e:
-        raise GPT1Error(f"{e} — the CoLA threshold is fitted on the train split; give --threshold to skip it") from None
+        raise GPT1Error(f"{e} — the CoLA threshold is fitted on the train split; give --threshold to skip it") \
+            from None
 
 
 def _run_cola(job: _Job) -> TaskResult:

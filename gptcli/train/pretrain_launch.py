@@ -4,7 +4,8 @@ config its workers run.
 The launching process trains nothing: it starts the workers (:func:`gptcli.train.distributed.launch_command`), each
 of which re-runs ``gpt1 pretrain`` on the resolved config. What can be refused is refused here, once, before any
 worker starts: impossible settings, a world size the batch does not divide, an output that is not a pretraining run,
-damaged shards, a validation split the corpus lacks. ``gpt1 pretrain`` (commands/pretrain.py) renders the plan and the outcome.
+damaged shards, a validation split the corpus lacks. ``gpt1 pretrain`` (commands/pretrain.py) renders the plan and
+the outcome.
 """
 
 from __future__ import annotations
