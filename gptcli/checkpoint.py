@@ -281,6 +281,21 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return list_checkpoints(path)[-1]
 
 
+def tokenizer_home(path: str | Path) -> Path | None:
+    """The tokenizer directory a ``--tokenizer PATH`` names: PATH itself (it holds ``tokenizer.json``), the
+    ``tokenizer/`` of a prepared corpus or of a checkpoint, or that of a run directory's newest checkpoint; None
+    when PATH holds none of these. The one reading of the option for every command that takes it."""
+    p = Path(path)
+    for d in (p, p / TOKENIZER):
+        if (d / "tokenizer.json").is_file():
+            return d
+    if (p / "checkpoints").is_dir():
+        d = resolve_checkpoint(p) / TOKENIZER
+        if (d / "tokenizer.json").is_file():
+            return d
+    return None
+
+
 def verify_checkpoint(path: str | Path) -> list[str]:
     """What is wrong with a checkpoint's files: unreadable config, missing files, checksum mismatches (empty: intact,
     or written before checksums existed)."""

@@ -245,30 +245,24 @@ def _input_paths(cfg: PrepareConfig, files: list[Path]) -> list[Path]:
 
 
 def _reused_tokenizer(path: Path) -> Tokenizer:
-    """The tokenizer ``--tokenizer`` names: a tokenizer directory (``tokenizer.json``, any kind), the ``tokenizer/``
-    of a prepared corpus or a checkpoint, that of a run directory's newest checkpoint, or OpenAI's released BPE
-    files (:func:`gptcli.tokenizers.openai.find_bpe_files`' names)."""
+    """The tokenizer ``--tokenizer`` names (:func:`gptcli.checkpoint.tokenizer_home`: a tokenizer directory of any
+    kind, or that of a corpus, a checkpoint or a run), or OpenAI's released BPE files
+    (:func:`gptcli.tokenizers.openai.find_bpe_files`' names)."""
+    from gptcli.checkpoint import tokenizer_home
     from gptcli.tokenizers import load_tokenizer
     from gptcli.tokenizers.openai import FILE_NAMES, OpenAIBPETokenizer
 
     p = Path(path)
-    for d in (p, p / "tokenizer"):  # a tokenizer directory; a corpus's or a checkpoint's
-        if (d / "tokenizer.json").is_file():
-            tok = load_tokenizer(d)
-            if not hasattr(tok, "encode_lines"):  # what the workers call (gptcli.data.workers.encode_task)
-                raise GPT1Error(f"{d}: prepare cannot encode with a {tok.kind!r} tokenizer (it has no encode_lines; "
-                                "pass a sentencepiece or an OpenAI BPE tokenizer)")
-            return tok
+    home = tokenizer_home(p)
+    if home is not None:
+        tok = load_tokenizer(home)
+        if not hasattr(tok, "encode_lines"):  # what the workers call (gptcli.data.workers.encode_task)
+            raise GPT1Error(f"{home}: prepare cannot encode with a {tok.kind!r} tokenizer (it has no encode_lines; "
+                            "pass a sentencepiece or an OpenAI BPE tokenizer)")
+        return tok
     if any((p / v).is_file() and (p / m).is_file() for v, m in FILE_NAMES):
         return OpenAIBPETokenizer.from_dir(p)
     bpe_files = " or ".join(f"{v} + {m}" for v, m in FILE_NAMES)
-    if (p / "checkpoints").is_dir():  # a run directory: its newest checkpoint's tokenizer
-        from gptcli.checkpoint import resolve_checkpoint
-
-        ck = resolve_checkpoint(p)
-        if (ck / "tokenizer" / "tokenizer.json").is_file():
-            return load_tokenizer(ck / "tokenizer")
-        p = ck
     raise GPT1Error(f"{p}: no tokenizer here (pass a tokenizer directory, a prepared corpus, a checkpoint or run "
                     f"directory holding tokenizer/, or a folder of OpenAI's BPE files: {bpe_files})")
 

@@ -47,13 +47,13 @@ from gptcli.errors import GPT1Error
 from gptcli.fsutil import write_text_atomic
 from gptcli.locks import output_lock
 from gptcli.model.kernels import config_default
-from gptcli.outputs import MARKER, check_output, mark
+from gptcli.outputs import OWNED, check_output, foreign_entries, mark
 from gptcli.pipelines import budget
 from gptcli.pipelines.stdlib_text import hold_out, stdlib_documents, stdlib_root
 from gptcli.progress import SILENT, Progress
 
 # What quickstart writes under its output directory (``overwrite`` replaces exactly these).
-OUTPUTS = ("text", "task", "corpus", "pretrain", "finetune", "eval", "zeroshot", "summary.json", "config.toml")
+OUTPUTS = OWNED["quickstart"]  # what a quickstart writes in --out, listed once (gptcli/outputs.py)
 # The hidden folder an earlier quickstart waits in while a new one runs over it.
 OLD_PREFIX = ".quickstart-old-"
 
@@ -148,20 +148,12 @@ class QuickstartResult:
 # --------------------------------------------------------------------------------------------------- output
 
 
-def _ours(name: str) -> bool:
-    """Whether an entry of ``out`` is quickstart's: an output, the marker, or a leftover of an interrupted stage
-    (``.corpus.partial-PID``, ``.summary.json.tmp-…``) or of an interrupted replacement."""
-    if name in OUTPUTS or name == MARKER or name.startswith(OLD_PREFIX):
-        return True
-    return name.startswith(".") and any(name.startswith(f".{o}.") for o in OUTPUTS)
-
-
 def check_out(cfg: QuickstartConfig) -> Path:
     """``cfg.out`` if quickstart may write there: new, empty, or an earlier quickstart (with ``overwrite``).
     A folder holding anything quickstart did not write, or another kind of gpt1 output, is refused."""
     out = Path(cfg.out)
     if out.is_dir():
-        foreign = sorted(p.name for p in out.iterdir() if not _ours(p.name))
+        foreign = foreign_entries(out, "quickstart")  # its outputs, marker and leftovers: outputs.OWNED
         if foreign:
             raise GPT1Error(f"{out}: holds files quickstart did not write ({', '.join(foreign[:5])}); "
                             "refusing to overwrite it (choose another --out)")

@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 from gptcli import checkpoint as ckpt
-from gptcli.checkpoint import is_checkpoint, load_checkpoint, read_header
+from gptcli.checkpoint import is_checkpoint, load_checkpoint, read_header, tokenizer_home
 from gptcli.data.batching import EVAL_SUBSET_SEED, subsample
 from gptcli.data.cache import encode_cached
 from gptcli.data.shards import tokenizer_fingerprint
@@ -158,23 +158,23 @@ def reinit_after(gpt: nn.Module, keep_layers: int) -> None:
 
 
 def _tokenizer_source(path: str) -> tuple[Path, AnyConfig | None]:
-    """Where ``--tokenizer`` finds its tokenizer directory: itself, a prepared corpus's (shape unknown: None), or a
-    checkpoint's or run directory's together with its model config (so a random model can have its shape)."""
+    """Where ``--tokenizer`` finds its tokenizer directory (:func:`gptcli.checkpoint.tokenizer_home`), with the model
+    config of a checkpoint or run directory (so a random model can have its shape; a tokenizer directory or a
+    prepared corpus: None)."""
     p = Path(path)
-    if (p / "tokenizer.json").is_file():
-        return p, None
-    if is_checkpoint(p) or (p / "checkpoints").is_dir():
-        header = read_header(p)
-        if not (header.path / "tokenizer").is_dir():
-            raise GPT1Error(f"{header.path}: checkpoint has no tokenizer/ (pass a tokenizer directory or a prepared "
-                            "corpus to --tokenizer)")
-        mcfg = config_from_dict(header.arch, header.model)
-        mcfg.n_special = 0
-        return header.path / "tokenizer", mcfg
-    if (p / "tokenizer" / "tokenizer.json").is_file():  # a prepared corpus directory
-        return p / "tokenizer", None
-    raise GPT1Error(f"{p}: not a tokenizer directory, prepared corpus, checkpoint or run directory (pass one of "
-                    "those to --tokenizer)")
+    home = tokenizer_home(p)
+    if home == p or not (is_checkpoint(p) or (p / "checkpoints").is_dir()):  # no model config comes with it
+        if home is None:
+            raise GPT1Error(f"{p}: not a tokenizer directory, prepared corpus, checkpoint or run directory (pass one "
+                            "of those to --tokenizer)")
+        return home, None
+    header = read_header(p)
+    if home is None:
+        raise GPT1Error(f"{header.path}: checkpoint has no tokenizer/ (pass a tokenizer directory or a prepared "
+                        "corpus to --tokenizer)")
+    mcfg = config_from_dict(header.arch, header.model)
+    mcfg.n_special = 0
+    return home, mcfg
 
 
 def _load_tokenizer_from(path: str) -> tuple[Tokenizer, AnyConfig | None]:

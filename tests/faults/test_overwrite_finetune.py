@@ -156,3 +156,15 @@ def test_an_interrupted_first_run_is_marked_and_simply_run_again(made, tmp_path,
     code, text = gpt1(capsys, *args)  # nothing finished to lose: no --overwrite needed
     assert code == 0, text
     assert (run / "checkpoints" / "final").is_dir() and (run / "results.json").is_file()
+
+
+def test_everything_gpt1_writes_is_listed_as_its_own(made):
+    """outputs.OWNED lists what each kind writes: a file a run or a checkpoint gains without its name there would
+    make every later --overwrite refuse the run (and save_checkpoint a damaged checkpoint) as holding user files."""
+    from gptcli.outputs import foreign_entries
+
+    assert foreign_entries(made / "corpus", "corpus") == []
+    for kind, run in (("pretrain-run", made / "pre"), ("finetune-run", made / "rte")):
+        assert foreign_entries(run, kind) == []
+        for ckpt in (run / "checkpoints").iterdir():
+            assert foreign_entries(ckpt, "checkpoint") == [], ckpt
