@@ -97,9 +97,11 @@ def machine_header(peak_seconds: float = 2.0, peak_n: int = 2048) -> tuple[dict,
         "load_average": os.getloadavg()[0],
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
     }
-    line = (f"{info['cpu']}; {info['cores']} cores, {info['threads']} torch threads, torch {info['torch']}; "
-            f"measured matmul peak fp32 {peak['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.0f} GFLOP/s; "
-            f"load average {info['load_average']:.2f}; GLIBC_TUNABLES={info['glibc_tunables'] or '(default)'}")
+    line = (
+        f"{info['cpu']}; {info['cores']} cores, {info['threads']} torch threads, torch {info['torch']}; "
+        f"measured matmul peak fp32 {peak['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.0f} GFLOP/s; "
+        f"load average {info['load_average']:.2f}; GLIBC_TUNABLES={info['glibc_tunables'] or '(default)'}"
+    )
     return info, line
 
 

@@ -23,8 +23,9 @@ HIGH_SHARE = 3451 / (1436 + 3451)
 
 
 def _words(books: Path) -> list[str]:
-    text = " ".join(p.read_text(encoding="utf-8-sig", errors="replace")[20000:220000]
-                    for p in sorted(books.glob("*.txt"))[:8])
+    text = " ".join(
+        p.read_text(encoding="utf-8-sig", errors="replace")[20000:220000] for p in sorted(books.glob("*.txt"))[:8]
+    )
     return text.split()
 
 
@@ -44,10 +45,12 @@ def write_race_shaped(root: Path, books: Path, questions: int, seed: int = 0) ->
         level = "high" if rng.random() < HIGH_SHARE else "middle"
         passage, q_len, o_len = SHAPE[level]
         k = min(questions - total, rng.choice((3, 3, 4, 4)))
-        obj = {"answers": [rng.choice("ABCD") for _ in range(k)],
-               "options": [[_span(words, o_len, rng) for _ in range(4)] for _ in range(k)],
-               "questions": [_span(words, q_len, rng) + "?" for _ in range(k)],
-               "article": _span(words, passage, rng)}
+        obj = {
+            "answers": [rng.choice("ABCD") for _ in range(k)],
+            "options": [[_span(words, o_len, rng) for _ in range(4)] for _ in range(k)],
+            "questions": [_span(words, q_len, rng) + "?" for _ in range(k)],
+            "article": _span(words, passage, rng),
+        }
         made[level] += 1
         obj["id"] = f"{level}{made[level]}.txt"
         folder = root / "RACE" / "dev" / level

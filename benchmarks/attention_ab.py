@@ -81,18 +81,27 @@ import time
 
 from _machine import add_machine_args, machine_header, round_robin, start, write_json
 
-VARIANTS = {"layout": ("strided", "dense"), "softmax": ("pytorch", "compiled"), "fused": ("chunked", "fused"),
-            "linear": ("autocast", "dense"), "casts": ("each", "shared"),
-            "grid": ("heads", "rows"), "lookup": ("dense", "linked"), "bias": ("bf16-sum", "columns"),
-            "onednn": ("mkl", "onednn"), "pad": ("plain", "padded")}
+VARIANTS = {
+    "layout": ("strided", "dense"),
+    "softmax": ("pytorch", "compiled"),
+    "fused": ("chunked", "fused"),
+    "linear": ("autocast", "dense"),
+    "casts": ("each", "shared"),
+    "grid": ("heads", "rows"),
+    "lookup": ("dense", "linked"),
+    "bias": ("bf16-sum", "columns"),
+    "onednn": ("mkl", "onednn"),
+    "pad": ("plain", "padded"),
+}
 """Per change: (before, after)."""
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--change", choices=sorted(VARIANTS), default="layout", help="which change to time")
-    ap.add_argument("--precision", choices=("bf16", "fp32"), default="bf16",
-                    help="(layout: bf16 only; fused: fp32 only)")
+    ap.add_argument(
+        "--precision", choices=("bf16", "fp32"), default="bf16", help="(layout: bf16 only; fused: fp32 only)"
+    )
     ap.add_argument("--steps", type=int, default=15, help="timed rounds per part (after one warm-up)")
     ap.add_argument("--batch", type=int, default=4, help="sequences")
     ap.add_argument("--seq-len", type=int, default=512, help="tokens per sequence")
@@ -102,9 +111,15 @@ def main() -> None:
     ap.add_argument("--no-finetune", action="store_true", help="skip the fine-tuning updates")
     ap.add_argument("--finetune-size", default="gpt1", help="model preset of the fine-tuning part: gpt1 or tiny")
     ap.add_argument("--finetune-batches", type=int, default=2, help="batches of 32 timed per round")
-    ap.add_argument("--finetune-shape", default="rte", choices=("rte", "storycloze"), help="the fine-tuning part's task")
-    ap.add_argument("--finetune-micro-batch", type=int, default=0,
-                    help="examples per micro-batch of the fine-tuning part (0: the whole batch of 32)")
+    ap.add_argument(
+        "--finetune-shape", default="rte", choices=("rte", "storycloze"), help="the fine-tuning part's task"
+    )
+    ap.add_argument(
+        "--finetune-micro-batch",
+        type=int,
+        default=0,
+        help="examples per micro-batch of the fine-tuning part (0: the whole batch of 32)",
+    )
     add_machine_args(ap)
     args = ap.parse_args()
     if args.change == "layout" and args.precision != "bf16":
@@ -122,9 +137,15 @@ def main() -> None:
     start(args)
     info, line = machine_header()
     print(line)
-    parts = {"linear": _linears, "bias": lambda args: _bias_sums(args) + _linears(args), "casts": lambda args: [],
-             "grid": _packed_layer, "lookup": _tied_pair, "onednn": lambda args: _linears(args) + _tied_pair(args),
-             "pad": _tied_pair}
+    parts = {
+        "linear": _linears,
+        "bias": lambda args: _bias_sums(args) + _linears(args),
+        "casts": lambda args: [],
+        "grid": _packed_layer,
+        "lookup": _tied_pair,
+        "onednn": lambda args: _linears(args) + _tied_pair(args),
+        "pad": _tied_pair,
+    }
     rows = parts.get(args.change, _layer)(args)
     if args.change == "fused":
         rows += _layer(args, seq_len=128, batch=args.short_batch)
@@ -158,13 +179,10 @@ def variant(change: str, name: str):
     import torch
 
     import gptcli.model.gpt as gpt
-    from gptcli.model.kernels import attention as kernel
-
-    from gptcli.model.kernels import linear
-
     import gptcli.model.packed as packed
     from gptcli.model import kernels
-    from gptcli.model.kernels import tied, tied_lookup
+    from gptcli.model.kernels import attention as kernel
+    from gptcli.model.kernels import linear, tied, tied_lookup
 
     grids = packed._ToGrid, packed._FromGrid
     if name == "heads":
@@ -177,8 +195,9 @@ def variant(change: str, name: str):
         kernels.force_onednn_fp32(name == "onednn")
     elif name == "plain":  # the rule before: no bf16 autocast padding without AMX (under PAD_MIN_POSITIONS and in
         # fine-tuning's per-token loss)
-        tied.padding_is_faster = lambda h, w, training=False: pads(h, w, training) and (
-            kernels.amx() or not torch.is_autocast_enabled("cpu"))
+        tied.padding_is_faster = lambda h, w, training=False: (
+            pads(h, w, training) and (kernels.amx() or not torch.is_autocast_enabled("cpu"))
+        )
     elif name == "bf16-sum":
         linear.column_sums = lambda g: g.sum(0)
     elif name == "dense":
@@ -268,8 +287,10 @@ def _packed_layer(args) -> list[dict]:
     (y0, g0), (y1, g1) = outs.values()
     if not (torch.equal(y0, y1) and torch.equal(g0, g1)):
         raise SystemExit("error: the two grids' outputs differ (run tests/model/test_packed.py)")
-    print(f"\none attention layer of a packed row, {args.precision}, {N} tokens in 16 sequences of "
-          f"{min(lengths)}-{max(lengths)}, 12 heads, dropout 0.1, forward + backward (equal without dropout)")
+    print(
+        f"\none attention layer of a packed row, {args.precision}, {N} tokens in 16 sequences of "
+        f"{min(lengths)}-{max(lengths)}, 12 heads, dropout 0.1, forward + backward (equal without dropout)"
+    )
     return _report(args, "packed", _timed_rounds(args, run))
 
 
@@ -288,8 +309,10 @@ def _bias_sums(args) -> list[dict]:
         for x in grads:
             linear.column_sums(x)
 
-    print(f"\na block's four bias gradients (widths 2,304, 768, 3,072, 768), {args.batch * args.seq_len} positions, "
-          f"{args.precision}")
+    print(
+        f"\na block's four bias gradients (widths 2,304, 768, 3,072, 768), {args.batch * args.seq_len} positions, "
+        f"{args.precision}"
+    )
     return _report(args, "sums", _timed_rounds(args, run))
 
 
@@ -319,8 +342,10 @@ def _tied_pair(args) -> list[dict]:
             grads[name] = run()
     before, after = VARIANTS[args.change]
     rel = ((grads[after] - grads[before]).norm() / grads[before].norm()).item()
-    print(f"\nthe tied pair, {args.precision}: lookup of {args.batch}×{args.seq_len} tokens, output layer and loss, "
-          f"forward + backward; the embedding's gradient within {rel:.1e} (relative)")
+    print(
+        f"\nthe tied pair, {args.precision}: lookup of {args.batch}×{args.seq_len} tokens, output layer and loss, "
+        f"forward + backward; the embedding's gradient within {rel:.1e} (relative)"
+    )
     return _report(args, "tied", _timed_rounds(args, run))
 
 
@@ -336,14 +361,24 @@ def _report(args, part: str, times: dict) -> list[dict]:
     rows = []
     for name in (before, after):
         ms = statistics.median(times[name]) * 1e3
-        rows.append({"change": args.change, "precision": args.precision, "part": part, "variant": name, "ms": ms,
-                     "steps_s": times[name], "vs_after": ms / (base * 1e3)})
+        rows.append(
+            {
+                "change": args.change,
+                "precision": args.precision,
+                "part": part,
+                "variant": name,
+                "ms": ms,
+                "steps_s": times[name],
+                "vs_after": ms / (base * 1e3),
+            }
+        )
         print(f"  {part:6s} {name:9s} {ms:9.1f} ms  {ms / (base * 1e3):5.3f}× {after}")
     return rows
 
 
 def _timed_rounds(args, run, items: int = 1) -> dict:
     """Seconds per round of each variant: ``run(i)`` for every item ``i``, round-robin item by item."""
+
     def timed(name: str, i: int) -> float:
         with variant(args.change, name):
             t0 = time.perf_counter()
@@ -391,9 +426,11 @@ def _layer(args, seq_len: int | None = None, batch: int | None = None, backward:
         part += f"@{seq_len}"
     checked = " (checked without dropout)" if args.change == "fused" and backward else ""
     grads = f", gradients within {rel(g1, g0):.1e}" if backward else ""
-    print(f"\none attention layer, {args.precision}, {batch}×{seq_len}, 12 heads, "
-          f"{'dropout 0.1, forward + backward' if backward else 'no dropout, forward only'}: outputs within "
-          f"{rel(y1, y0):.1e}{grads} (relative){checked}")
+    print(
+        f"\none attention layer, {args.precision}, {batch}×{seq_len}, 12 heads, "
+        f"{'dropout 0.1, forward + backward' if backward else 'no dropout, forward only'}: outputs within "
+        f"{rel(y1, y0):.1e}{grads} (relative){checked}"
+    )
     return _report(args, part, _timed_rounds(args, run))
 
 
@@ -417,8 +454,10 @@ def _linears(args) -> list[dict]:
             y.backward(g)
         block.zero_grad(set_to_none=True)
 
-    print(f"\na block's four linear layers, {'bf16 autocast' if bf16 else 'fp32'}, {args.batch}×{args.seq_len}, "
-          "forward + backward")
+    print(
+        f"\na block's four linear layers, {'bf16 autocast' if bf16 else 'fp32'}, {args.batch}×{args.seq_len}, "
+        "forward + backward"
+    )
     return _report(args, "linears", _timed_rounds(args, run))
 
 
@@ -456,13 +495,23 @@ def _update(args) -> list[dict]:
 
     torch.manual_seed(0)
     model = gpt.GPT(gpt.preset("gpt1")).train()
-    trainer = Trainer(model, make_optimizer(model, lr=1e-5), lambda m, b: m.lm_loss(b[:, :-1], b[:, 1:]),
-                      lambda s: 1e-5, device=torch.device("cpu"), precision=args.precision, grad_clip=1.0)
+    trainer = Trainer(
+        model,
+        make_optimizer(model, lr=1e-5),
+        lambda m, b: m.lm_loss(b[:, :-1], b[:, 1:]),
+        lambda s: 1e-5,
+        device=torch.device("cpu"),
+        precision=args.precision,
+        grad_clip=1.0,
+    )
     g = torch.Generator().manual_seed(1)
-    batches = list(torch.randint(0, model.config.vocab_size, (args.micro_batches, args.batch, args.seq_len + 1),
-                                 generator=g))
-    print(f"\ngpt1 {args.precision} pretraining update, {args.micro_batches} micro-batches of "
-          f"{args.batch}×{args.seq_len}, {args.steps} rounds")
+    batches = list(
+        torch.randint(0, model.config.vocab_size, (args.micro_batches, args.batch, args.seq_len + 1), generator=g)
+    )
+    print(
+        f"\ngpt1 {args.precision} pretraining update, {args.micro_batches} micro-batches of "
+        f"{args.batch}×{args.seq_len}, {args.steps} rounds"
+    )
     with _timed_casts() as casts:
         rows = _report(args, "pretrain", _timed_rounds(args, lambda _: trainer.step(1, batches).read()))
     for row in rows:  # the casts themselves: what the change removes, free of the update's own spread
@@ -489,6 +538,7 @@ def _timed_casts():
             out = make(*args)
             spent[current][-1] += time.perf_counter() - t0
             return out
+
         return cast
 
     def step(self, *args, **kwargs):
@@ -510,8 +560,8 @@ def _finetune(args) -> list[dict]:
     from pathlib import Path
 
     import torch
-
     from finetune_throughput import LM_WEIGHT, build_models, real_batches
+
     from gptcli.tokenizers.openai import OpenAIBPETokenizer
     from gptcli.train.finetune_loss import TaskLoss
     from gptcli.train.optim import make_optimizer
@@ -519,15 +569,29 @@ def _finetune(args) -> list[dict]:
 
     shared = Path(os.environ.get("GPT1_SHARED", Path(__file__).resolve().parents[2] / "shared"))
     tok = OpenAIBPETokenizer.from_dir(shared / "data" / "openai-gpt-bpe")
-    opts = argparse.Namespace(batch=32, batches=args.finetune_batches, micro_batch=args.finetune_micro_batch or None,
-                              n_ctx=512, size=args.finetune_size)
+    opts = argparse.Namespace(
+        batch=32,
+        batches=args.finetune_batches,
+        micro_batch=args.finetune_micro_batch or None,
+        n_ctx=512,
+        size=args.finetune_size,
+    )
     task, _, packed, _ = real_batches(args.finetune_shape, "random", opts, tok)
     model = build_models(task, opts, tok)[0]
-    trainer = Trainer(model, make_optimizer(model, lr=6.25e-5), TaskLoss(LM_WEIGHT), lambda s: 6.25e-5,
-                      device=torch.device("cpu"), precision=args.precision, grad_clip=1.0)
+    trainer = Trainer(
+        model,
+        make_optimizer(model, lr=6.25e-5),
+        TaskLoss(LM_WEIGHT),
+        lambda s: 6.25e-5,
+        device=torch.device("cpu"),
+        precision=args.precision,
+        grad_clip=1.0,
+    )
     micro = f", micro-batches of {args.finetune_micro_batch}" if args.finetune_micro_batch else ""
-    print(f"\n{args.finetune_size} {args.precision} fine-tuning updates, {args.finetune_shape} random batches of 32"
-          f"{micro}, packed, {len(packed)} batches × {args.steps} rounds")
+    print(
+        f"\n{args.finetune_size} {args.precision} fine-tuning updates, {args.finetune_shape} random batches of 32"
+        f"{micro}, packed, {len(packed)} batches × {args.steps} rounds"
+    )
     return _report(args, "update", _timed_rounds(args, lambda i: trainer.step(1, packed[i]).read(), len(packed)))
 
 

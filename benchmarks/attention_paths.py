@@ -33,9 +33,12 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--seq-lens", default="64,128,256,512", help="comma-separated sequence lengths")
     ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--chunks", default="",
-                    help="also time the chunked path at these block counts (comma-separated, e.g. 2,8; the model's "
-                         "takes T / gptcli.model.kernels.attention.CHUNK_ROWS)")
+    ap.add_argument(
+        "--chunks",
+        default="",
+        help="also time the chunked path at these block counts (comma-separated, e.g. 2,8; the model's "
+        "takes T / gptcli.model.kernels.attention.CHUNK_ROWS)",
+    )
     ap.add_argument("--steps", type=int, default=10, help="timed rounds (after one warm-up)")
     add_machine_args(ap)
     args = ap.parse_args()
@@ -57,16 +60,27 @@ def main() -> None:
     from gptcli.runtime import measure_cpu_peak
 
     peak = {p: measure_cpu_peak(p, n=2048, seconds=2.0) / 1e9 for p in ("fp32", "bf16")}
-    print(f"{cpu_model()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
-          f"matmul peak fp32 {peak['fp32']:.0f} / bf16 {peak['bf16']:.0f} GFLOP/s, "
-          f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(default)')}")
+    print(
+        f"{cpu_model()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+        f"matmul peak fp32 {peak['fp32']:.0f} / bf16 {peak['bf16']:.0f} GFLOP/s, "
+        f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(default)')}"
+    )
     rows = []
     for t in (int(x) for x in args.seq_lens.split(",")):
         rows += bench_length(args, t, torch, paths, attention_path, causal_attention)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cpu": cpu_model(), "threads": torch.get_num_threads(), "peak_gflops": peak,
-                       "args": vars(args), "rows": rows}, f, indent=1)
+            json.dump(
+                {
+                    "cpu": cpu_model(),
+                    "threads": torch.get_num_threads(),
+                    "peak_gflops": peak,
+                    "args": vars(args),
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
 
 
 def bench_length(args, t: int, torch, paths, attention_path, causal_attention) -> list[dict]:
@@ -96,18 +110,33 @@ def bench_length(args, t: int, torch, paths, attention_path, causal_attention) -
     cases += [(dt, 0.0, "eval") for dt in (torch.float32, torch.bfloat16)]
     times = round_robin(step, [(path, *case) for case in cases for path in paths], args.steps)
     rows = []
-    print(f"\nB={shape[0]} heads={args.heads} T={t} d={args.head_dim}, median of {args.steps}; train = "
-          f"forward+backward, eval = forward under no_grad; '← model' = the path gptcli.model.kernels.attention "
-          "picks")
+    print(
+        f"\nB={shape[0]} heads={args.heads} T={t} d={args.head_dim}, median of {args.steps}; train = "
+        f"forward+backward, eval = forward under no_grad; '← model' = the path gptcli.model.kernels.attention "
+        "picks"
+    )
     for dt, p, mode in cases:
         ref = statistics.median(times[("sdpa", dt, p, mode)])
         chosen = attention_path("cpu", dt, p, t)
         for path in paths:
             ms = 1000 * statistics.median(times[(path, dt, p, mode)])
-            rows.append({"seq_len": t, "batch": shape[0], "mode": mode, "dtype": str(dt).split(".")[1],
-                         "dropout": p, "path": path, "ms": ms, "vs_sdpa": ms / (1000 * ref), "chosen": path == chosen})
-            print(f"  {mode:5s} {rows[-1]['dtype']:8s} p={p:.1f} {path:18s} {ms:8.1f} ms  "
-                  f"{ms / (1000 * ref):5.2f}× SDPA{'   ← model' if path == chosen else ''}")
+            rows.append(
+                {
+                    "seq_len": t,
+                    "batch": shape[0],
+                    "mode": mode,
+                    "dtype": str(dt).split(".")[1],
+                    "dropout": p,
+                    "path": path,
+                    "ms": ms,
+                    "vs_sdpa": ms / (1000 * ref),
+                    "chosen": path == chosen,
+                }
+            )
+            print(
+                f"  {mode:5s} {rows[-1]['dtype']:8s} p={p:.1f} {path:18s} {ms:8.1f} ms  "
+                f"{ms / (1000 * ref):5.2f}× SDPA{'   ← model' if path == chosen else ''}"
+            )
     return rows
 
 

@@ -45,7 +45,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from _machine import best_of, machine_header, write_json  # benchmarks/_machine.py (run as `python benchmarks/...`)
 
 SHARED = Path(os.environ.get("GPT1_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "data"
@@ -63,11 +62,17 @@ def build_models(task, size: str, tok):
 
     cfg = preset(size, vocab_size=tok.vocab_size, n_special=3)
     torch.manual_seed(0)
-    head_cfg = HeadConfig(kind=task.kind, n_embd=cfg.n_embd, n_labels=max(1, len(task.labels)),
-                          extract_id=tok.extract_id, init_std=cfg.init_std)
+    head_cfg = HeadConfig(
+        kind=task.kind,
+        n_embd=cfg.n_embd,
+        n_labels=max(1, len(task.labels)),
+        extract_id=tok.extract_id,
+        init_std=cfg.init_std,
+    )
     ours = FinetuneModel(GPT(cfg), TaskHead(head_cfg)).eval()
     hf_cfg = transformers.OpenAIGPTConfig(
-        **{k: v for k, v in config_to_hf(cfg).items() if k not in ("architectures", "model_type")})
+        **{k: v for k, v in config_to_hf(cfg).items() if k not in ("architectures", "model_type")}
+    )
     hf = transformers.OpenAIGPTDoubleHeadsModel(hf_cfg)
     if head_cfg.n_out != 1:  # one "choice" per example, scored by an n-class W_y
         hf.multiple_choice_head.summary = torch.nn.Linear(cfg.n_embd, head_cfg.n_out)
@@ -81,8 +86,8 @@ def build_models(task, size: str, tok):
 
 def ours_predict(model, enc, batch_size: int, precision: str, regression: bool, packed: bool = True) -> list:
     """``gpt1 eval``'s scoring: length-sorted batches into ``predict`` (predictions back in example order)."""
-    from gptcli.model.classifier import predict
     from gptcli.data.batching import iterate
+    from gptcli.model.classifier import predict
 
     shared = model.head.config.extract_id if packed else None
     batches = iterate(enc, batch_size, shuffle=False, regression=regression, shared_extract=shared)
@@ -128,7 +133,7 @@ def hf_predict(hf, groups: list[list[list[int]]], precision: str, lean: bool = F
         lengths = torch.tensor([len(r) for r in rows])
         ids = torch.zeros(len(rows), int(lengths.max()), dtype=torch.long)
         for k, r in enumerate(rows):
-            ids[k, :len(r)] = torch.tensor(r)
+            ids[k, : len(r)] = torch.tensor(r)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
             x, where = ids.view(len(group), n_seqs, -1), (lengths - 1).view(len(group), n_seqs)
             if lean:
@@ -142,7 +147,7 @@ def hf_predict(hf, groups: list[list[list[int]]], precision: str, lean: bool = F
 
 
 def dataset_order(enc, batch_size: int) -> list[list[list[int]]]:
-    return [[e.seqs for e in enc[i:i + batch_size]] for i in range(0, len(enc), batch_size)]
+    return [[e.seqs for e in enc[i : i + batch_size]] for i in range(0, len(enc), batch_size)]
 
 
 def sorted_batches(enc, batch_size: int) -> tuple[list[list[list[int]]], list[int]]:
@@ -167,8 +172,7 @@ def bench(size: str, task_name: str, tok, args: argparse.Namespace) -> dict:
     if task_name == "race":
         from _race_shaped import write_race_shaped  # benchmarks/_race_shaped.py
 
-        folder = write_race_shaped(Path(tempfile.mkdtemp(prefix="race-shaped-")), SHARED / "books",
-                                   args.limit or 500)
+        folder = write_race_shaped(Path(tempfile.mkdtemp(prefix="race-shaped-")), SHARED / "books", args.limit or 500)
     examples = task.read(SPLITS[task_name], folder)[: args.limit]
     ours, hf = build_models(task, size, tok)
     n_ctx = ours.gpt.config.n_ctx
@@ -192,8 +196,11 @@ def bench(size: str, task_name: str, tok, args: argparse.Namespace) -> dict:
             out[i] = by_position[pos]
         return out
 
-    impls = (["ours", "ours-padded", "today"] + ([] if args.no_hf else ["hf"])
-             + ([] if args.no_hf_lean or args.no_hf else ["hf-lean"]))
+    impls = (
+        ["ours", "ours-padded", "today"]
+        + ([] if args.no_hf else ["hf"])
+        + ([] if args.no_hf_lean or args.no_hf else ["hf-lean"])
+    )
     variants = [(i, p) for p in args.precisions.split(",") for i in impls]
     for impl, prec in variants:  # warm-up on two batches
         if impl in ("ours", "ours-padded"):
@@ -209,13 +216,19 @@ def bench(size: str, task_name: str, tok, args: argparse.Namespace) -> dict:
 def report(size, task_name, enc, encode_s, ours, best, preds, impls, args) -> dict:
     n = len(enc)
     tokens = sum(len(s) for e in enc for s in e.seqs)
-    print(f"\n{size} ({ours.gpt.num_params() / 1e6:.1f}M params) on {task_name} {SPLITS[task_name]}: {n} examples, "
-          f"{tokens / n:.0f} tokens/example, batch {args.batch_size}; encoding (shared, not compared) {n / encode_s:.0f} ex/s")
+    print(
+        f"\n{size} ({ours.gpt.num_params() / 1e6:.1f}M params) on {task_name} {SPLITS[task_name]}: {n} examples, "
+        f"{tokens / n:.0f} tokens/example, batch {args.batch_size}; encoding (shared, not compared) {n / encode_s:.0f} ex/s"
+    )
     # Hugging Face's columns only when it ran (``--no-hf``, ``--no-hf-lean``): no column of nan.
     hf_cols = ("hf" in impls, "hf-lean" in impls)
-    print(f"  {'precision':<10}{'ours ex/s':>11}{'padded':>8}{'today':>8}{'ours/today':>12}{'ours/padded':>13}"
-          + (f"{'HF ex/s':>9}{'ours/HF':>9}" if hf_cols[0] else "") + (f"{'HF lean':>9}" if hf_cols[1] else "")
-          + (f"{'agree HF':>10}" if hf_cols[0] else "") + f"{'= padded':>10}{'max |Δout|':>12}")
+    print(
+        f"  {'precision':<10}{'ours ex/s':>11}{'padded':>8}{'today':>8}{'ours/today':>12}{'ours/padded':>13}"
+        + (f"{'HF ex/s':>9}{'ours/HF':>9}" if hf_cols[0] else "")
+        + (f"{'HF lean':>9}" if hf_cols[1] else "")
+        + (f"{'agree HF':>10}" if hf_cols[0] else "")
+        + f"{'= padded':>10}{'max |Δout|':>12}"
+    )
     rows = []
     for prec in args.precisions.split(","):
         rate = {i: n / best[(i, prec)] if (i, prec) in best else float("nan") for i in impls + ["hf", "hf-lean"]}
@@ -223,14 +236,34 @@ def report(size, task_name, enc, encode_s, ours, best, preds, impls, args) -> di
         same = _agreement(preds[("ours", prec)], preds[("ours-padded", prec)])
         agree = _agreement(preds[("ours", prec)], preds[("hf", prec)]) if "hf" in impls else float("nan")
         diff = max(abs(a - b) for x, y in zip(OUTPUTS[(True, prec)], OUTPUTS[(False, prec)]) for a, b in zip(x, y))
-        print(f"  {prec:<10}{o:>11.1f}{p:>8.1f}{t:>8.1f}{o / t:>11.2f}×{o / p:>12.2f}×"
-              + (f"{h:>9.1f}{o / h:>8.2f}×" if hf_cols[0] else "") + (f"{rate['hf-lean']:>9.1f}" if hf_cols[1] else "")
-              + (f"{100 * agree:>9.1f}%" if hf_cols[0] else "") + f"{100 * same:>9.1f}%{diff:>12.2e}", flush=True)
-        rows.append({"preset": size, "task": task_name, "precision": prec, "examples": n, "ours_ex_per_s": o,
-                     "ours_padded_ex_per_s": p, "today_ex_per_s": t, "ours_over_today": o / t,
-                     "ours_over_padded": o / p, "agreement_packed_padded": same, "max_abs_output_diff": diff,
-                     "hf_ex_per_s": h, "ours_over_hf": o / h, "hf_lean_ex_per_s": rate["hf-lean"],
-                     "agreement_ours_hf": agree, "encode_ex_per_s": n / encode_s})
+        print(
+            f"  {prec:<10}{o:>11.1f}{p:>8.1f}{t:>8.1f}{o / t:>11.2f}×{o / p:>12.2f}×"
+            + (f"{h:>9.1f}{o / h:>8.2f}×" if hf_cols[0] else "")
+            + (f"{rate['hf-lean']:>9.1f}" if hf_cols[1] else "")
+            + (f"{100 * agree:>9.1f}%" if hf_cols[0] else "")
+            + f"{100 * same:>9.1f}%{diff:>12.2e}",
+            flush=True,
+        )
+        rows.append(
+            {
+                "preset": size,
+                "task": task_name,
+                "precision": prec,
+                "examples": n,
+                "ours_ex_per_s": o,
+                "ours_padded_ex_per_s": p,
+                "today_ex_per_s": t,
+                "ours_over_today": o / t,
+                "ours_over_padded": o / p,
+                "agreement_packed_padded": same,
+                "max_abs_output_diff": diff,
+                "hf_ex_per_s": h,
+                "ours_over_hf": o / h,
+                "hf_lean_ex_per_s": rate["hf-lean"],
+                "agreement_ours_hf": agree,
+                "encode_ex_per_s": n / encode_s,
+            }
+        )
     return {"preset": size, "task": task_name, "rows": rows}
 
 
@@ -241,8 +274,11 @@ def _agreement(a: list, b: list) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="tiny,gpt1", help="model presets: tiny (4×256), gpt1 (the paper's 12×768)")
-    ap.add_argument("--tasks", default="sst2,rte,storycloze",
-                    help="comma-separated: sst2, rte (their dev splits), storycloze (val), race (RACE-shaped dev)")
+    ap.add_argument(
+        "--tasks",
+        default="sst2,rte,storycloze",
+        help="comma-separated: sst2, rte (their dev splits), storycloze (val), race (RACE-shaped dev)",
+    )
     ap.add_argument("--limit", type=int, default=None, help="only the first N examples of each split")
     ap.add_argument("--batch-size", type=int, default=8, help="examples per forward pass (gpt1 eval's default: 8)")
     ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16 (CPU autocast)")

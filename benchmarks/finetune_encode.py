@@ -42,11 +42,27 @@ from gptcli.tokenizers import openai as openai_mod  # noqa: E402
 from gptcli.tokenizers.openai import OpenAIBPETokenizer  # noqa: E402
 
 SHARED = Path(os.environ.get("GPT1_SHARED", REPO.parent / "shared")) / "data"
-GLUE_SENTENCES = {"SST-2/train.tsv": ["sentence"], "RTE/train.tsv": ["sentence1", "sentence2"],
-                  "MRPC/train.tsv": ["#1 String", "#2 String"], "STS-B/train.tsv": ["sentence1", "sentence2"],
-                  "QNLI/dev.tsv": ["question", "sentence"]}
-HEADER = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
-          "sentence1_parse", "sentence2_parse", "sentence1", "sentence2", "label1", "gold_label"]
+GLUE_SENTENCES = {
+    "SST-2/train.tsv": ["sentence"],
+    "RTE/train.tsv": ["sentence1", "sentence2"],
+    "MRPC/train.tsv": ["#1 String", "#2 String"],
+    "STS-B/train.tsv": ["sentence1", "sentence2"],
+    "QNLI/dev.tsv": ["question", "sentence"],
+}
+HEADER = [
+    "index",
+    "promptID",
+    "pairID",
+    "genre",
+    "sentence1_binary_parse",
+    "sentence2_binary_parse",
+    "sentence1_parse",
+    "sentence2_parse",
+    "sentence1",
+    "sentence2",
+    "label1",
+    "gold_label",
+]
 LABELS = ("entailment", "neutral", "contradiction")
 
 
@@ -80,7 +96,7 @@ def build_tsv(path: Path, pairs: int, seed: int = 0) -> int:
         f.write("\t".join(HEADER) + "\n")
         for i in range(pairs):
             j = rng.randrange(len(books) - 1)
-            premise = " ".join(books[j:j + rng.choice((1, 1, 2))])
+            premise = " ".join(books[j : j + rng.choice((1, 1, 2))])
             hypothesis = rng.choice(glue)
             label = rng.choice(LABELS)
             row = [str(i), str(i), f"{i}e", "fiction", "", "", "", "", premise, hypothesis, label, label]
@@ -142,8 +158,10 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=20000, help="rows of the MNLI-shaped train.tsv (MNLI: 393,000)")
     ap.add_argument("--word-cache-pairs", type=int, default=5000, help="pairs used for the word-cache measurement")
     args = ap.parse_args()
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
-               platform.processor())
+    cpu = next(
+        (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
+        platform.processor(),
+    )
     print(f"CPU: {cpu}; cores available: {len(os.sched_getaffinity(0))}; python {platform.python_version()}")
     with tempfile.TemporaryDirectory(prefix="gpt1-encode-bench-") as d:
         folder = Path(d) / "MNLI"
@@ -161,10 +179,12 @@ def main() -> None:
         w = warm(task, folder, Path(d) / "c2")
         print("warm start (cache hit → first batch): " + ", ".join(f"{k} {v:.2f} s" for k, v in w.items()))
         wc = word_cache_effect(examples, args.word_cache_pairs)
-        print(f"word cache ({args.word_cache_pairs:,} pairs, {wc['words']:,} words, {wc['distinct']:,} distinct, "
-              f"hit rate {wc['hit rate']:.1%}): clean+spaCy {wc['clean+spaCy s']:.2f} s, BPE "
-              f"{wc['BPE with cache s']:.2f} s with the cache vs {wc['BPE without cache s']:.2f} s without "
-              f"({wc['BPE without cache s'] / max(wc['BPE with cache s'], 1e-9):.0f}x)")
+        print(
+            f"word cache ({args.word_cache_pairs:,} pairs, {wc['words']:,} words, {wc['distinct']:,} distinct, "
+            f"hit rate {wc['hit rate']:.1%}): clean+spaCy {wc['clean+spaCy s']:.2f} s, BPE "
+            f"{wc['BPE with cache s']:.2f} s with the cache vs {wc['BPE without cache s']:.2f} s without "
+            f"({wc['BPE without cache s'] / max(wc['BPE with cache s'], 1e-9):.0f}x)"
+        )
 
 
 if __name__ == "__main__":

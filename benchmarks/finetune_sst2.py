@@ -60,11 +60,11 @@ def main() -> None:
     from rich.table import Table
 
     from gptcli.commands.render import RichProgress
-    from gptcli.train.finetune import FinetuneConfig, finetune
     from gptcli.data.prepare import PrepareConfig, prepare
-    from gptcli.train.pretrain import PretrainConfig, pretrain
     from gptcli.eval.tasks import evaluate_task
     from gptcli.tasks import get_task
+    from gptcli.train.finetune import FinetuneConfig, finetune
+    from gptcli.train.pretrain import PretrainConfig, pretrain
 
     console = Console(stderr=True)
     sst2 = SHARED / "glue" / "SST-2"
@@ -78,28 +78,55 @@ def main() -> None:
         # held-out validation documents (1%) leave the rest for training.
         sents = [e.texts[0] for e in get_task("sst2").read("train", sst2)]
         text = work / "sst2-train-sentences.jsonl"
-        text.write_text("".join(json.dumps({"text": "\n".join(sents[i : i + 100])}) + "\n"
-                                for i in range(0, len(sents), 100)), encoding="utf-8")
+        text.write_text(
+            "".join(json.dumps({"text": "\n".join(sents[i : i + 100])}) + "\n" for i in range(0, len(sents), 100)),
+            encoding="utf-8",
+        )
         inputs = [str(text)]
     else:
         inputs = [str(b) for b in books]
-    out: dict = {"args": vars(args), "threads": torch.get_num_threads(),
-                 "corpus_mb": round(sum(Path(i).stat().st_size for i in inputs) / 1e6, 2)}
+    out: dict = {
+        "args": vars(args),
+        "threads": torch.get_num_threads(),
+        "corpus_mb": round(sum(Path(i).stat().st_size for i in inputs) / 1e6, 2),
+    }
 
     t = time.perf_counter()
-    prepare(PrepareConfig(inputs=inputs, out=work / "corpus", vocab_size=args.vocab,
-                          strip_gutenberg=args.corpus == "books", overwrite=True))
+    prepare(
+        PrepareConfig(
+            inputs=inputs,
+            out=work / "corpus",
+            vocab_size=args.vocab,
+            strip_gutenberg=args.corpus == "books",
+            overwrite=True,
+        )
+    )
     out["prepare_s"] = round(time.perf_counter() - t, 1)
 
     t = time.perf_counter()
-    pre = pretrain(PretrainConfig(
-        data=work / "corpus", out=work / "pre", preset="gpt1",
-        model={"n_layer": args.layers, "n_embd": args.embd, "n_head": args.heads, "n_inner": 4 * args.embd,
-               "n_ctx": args.seq_len},
-        seq_len=args.seq_len, batch_size=args.pretrain_batch, max_steps=args.pretrain_steps, lr=args.pretrain_lr,
-        warmup_steps=max(1, args.pretrain_steps // 20), eval_every=0, save_every=0, log_every=50,
-        precision=args.precision,
-    ))
+    pre = pretrain(
+        PretrainConfig(
+            data=work / "corpus",
+            out=work / "pre",
+            preset="gpt1",
+            model={
+                "n_layer": args.layers,
+                "n_embd": args.embd,
+                "n_head": args.heads,
+                "n_inner": 4 * args.embd,
+                "n_ctx": args.seq_len,
+            },
+            seq_len=args.seq_len,
+            batch_size=args.pretrain_batch,
+            max_steps=args.pretrain_steps,
+            lr=args.pretrain_lr,
+            warmup_steps=max(1, args.pretrain_steps // 20),
+            eval_every=0,
+            save_every=0,
+            log_every=50,
+            precision=args.precision,
+        )
+    )
     out["pretrain_s"] = round(time.perf_counter() - t, 1)
     out["pretrain_val_loss"] = pre.final_val_loss
 
@@ -109,14 +136,33 @@ def main() -> None:
 
     for name, init in (("pretrained", str(work / "pre")), ("random init", "none")):
         t = time.perf_counter()
-        finetune(FinetuneConfig(
-            task="sst2", init=init, tokenizer=str(work / "pre") if init == "none" else None,
-            out=str(work / name.replace(" ", "-")), data_dir=str(sst2), max_train_examples=args.train_examples,
-            epochs=args.epochs, lr=args.lr, lm_weight=args.lm_weight, precision=args.precision, select="last",
-            overwrite=True, batching="length", schedule="linear",  # what docs/finetune.md's figures were run with
-        ), progress=RichProgress(console))
-        ev = evaluate_task("sst2", work / name.replace(" ", "-"), "dev", data_dir=sst2, out=work / f"eval-{name[:3]}",
-                           precision=args.precision)
+        finetune(
+            FinetuneConfig(
+                task="sst2",
+                init=init,
+                tokenizer=str(work / "pre") if init == "none" else None,
+                out=str(work / name.replace(" ", "-")),
+                data_dir=str(sst2),
+                max_train_examples=args.train_examples,
+                epochs=args.epochs,
+                lr=args.lr,
+                lm_weight=args.lm_weight,
+                precision=args.precision,
+                select="last",
+                overwrite=True,
+                batching="length",
+                schedule="linear",  # what docs/finetune.md's figures were run with
+            ),
+            progress=RichProgress(console),
+        )
+        ev = evaluate_task(
+            "sst2",
+            work / name.replace(" ", "-"),
+            "dev",
+            data_dir=sst2,
+            out=work / f"eval-{name[:3]}",
+            precision=args.precision,
+        )
         out[name] = {"dev_acc": round(ev["scores"]["accuracy"], 2), "finetune_s": round(time.perf_counter() - t, 1)}
 
     p, r = out["pretrained"]["dev_acc"], out["random init"]["dev_acc"]

@@ -52,44 +52,67 @@ import tempfile
 import time
 from pathlib import Path
 
-from _machine import cpu_model, use_large_allocator_thresholds  # benchmarks/_machine.py (run as `python benchmarks/finetune_throughput.py`)
+from _machine import (
+    cpu_model,
+    use_large_allocator_thresholds,
+)  # benchmarks/_machine.py (run as `python benchmarks/finetune_throughput.py`)
 
 LM_WEIGHT = 0.5
 VARIANTS = ("ours", "ours-shared", "ours-padded", "hf")
 """What can be timed: ours packed, ours shared (multiple choice only), ours padded, Hugging Face."""
-SHAPES = {"rte": ("rte", "glue/RTE", "dev"), "storycloze": ("storycloze", "storycloze", "val"),
-          "race": ("race", "RACE", "dev")}
+SHAPES = {
+    "rte": ("rte", "glue/RTE", "dev"),
+    "storycloze": ("storycloze", "storycloze", "val"),
+    "race": ("race", "RACE", "dev"),
+}
 RACE_QUESTIONS = 400
 """Questions of the RACE-shaped set written for ``race`` (enough for several batches of 32 in either order)."""
-
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="tiny", help="model preset: tiny (4×256, default) or gpt1 (the paper's 12×768)")
-    ap.add_argument("--shapes", default="rte,storycloze",
-                    help="comma-separated: rte, storycloze, race (RACE-shaped, see above)")
+    ap.add_argument(
+        "--shapes", default="rte,storycloze", help="comma-separated: rte, storycloze, race (RACE-shaped, see above)"
+    )
     ap.add_argument("--batch", type=int, default=32, help="examples per update (paper: 32)")
-    ap.add_argument("--batchings", default="random,length",
-                    help="comma-separated batch orders: random (the paper's), length (length-bucketed)")
-    ap.add_argument("--micro-batch", type=int, default=None,
-                    help="examples per forward/backward, accumulated up to --batch (default: the whole batch)")
+    ap.add_argument(
+        "--batchings",
+        default="random,length",
+        help="comma-separated batch orders: random (the paper's), length (length-bucketed)",
+    )
+    ap.add_argument(
+        "--micro-batch",
+        type=int,
+        default=None,
+        help="examples per forward/backward, accumulated up to --batch (default: the whole batch)",
+    )
     ap.add_argument("--batches", type=int, default=4, help="timed updates per variant per repeat")
     ap.add_argument("--repeats", type=int, default=3, help="passes over the batches; the median is reported")
-    ap.add_argument("--settle", type=int, default=1,
-                    help="untimed updates of the same variant before each timed one (the first update after another "
-                         "variant's re-faults the memory that one freed: it times the allocator, not the update)")
+    ap.add_argument(
+        "--settle",
+        type=int,
+        default=1,
+        help="untimed updates of the same variant before each timed one (the first update after another "
+        "variant's re-faults the memory that one freed: it times the allocator, not the update)",
+    )
     ap.add_argument("--n-ctx", type=int, default=512, help="context length (longer inputs are truncated)")
     ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16 (CPU autocast)")
-    ap.add_argument("--variants", default=",".join(VARIANTS),
-                    help="comma-separated, of " + ", ".join(VARIANTS) + " (ours is always timed: every ratio is to "
-                         "it or to HF). Fewer variants, less memory: RACE-shaped batches with all of them "
-                         "exceed 24 GB")
+    ap.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="comma-separated, of " + ", ".join(VARIANTS) + " (ours is always timed: every ratio is to "
+        "it or to HF). Fewer variants, less memory: RACE-shaped batches with all of them "
+        "exceed 24 GB",
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = all cores)")
     ap.add_argument("--profile", action="store_true", help="also print a torch.profiler table of one update each")
     ap.add_argument("--profile-rows", type=int, default=12, help="(--profile) operations listed per table")
-    ap.add_argument("--profile-shapes", action="store_true",
-                    help="(--profile) also list the matrix products by their operands' shapes (the slow shapes)")
+    ap.add_argument(
+        "--profile-shapes",
+        action="store_true",
+        help="(--profile) also list the matrix products by their operands' shapes (the slow shapes)",
+    )
     ap.add_argument("--default-malloc", action="store_true", help="do not set GLIBC_TUNABLES")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args()
@@ -104,16 +127,32 @@ def main() -> None:
     from gptcli.runtime import measure_cpu_peak
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
-    print(f"{cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(default)')}, load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"{cpu_model()}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(default)')}, load average {os.getloadavg()[0]:.2f}"
+    )
     peak = {p: measure_cpu_peak(p, n=2048, seconds=2.0) for p in ("fp32", "bf16")}
     print(f"measured matmul peak: fp32 {peak['fp32'] / 1e9:.0f} GFLOP/s, bf16 {peak['bf16'] / 1e9:.0f} GFLOP/s")
-    results = [r for shape in args.shapes.split(",") for batching in args.batchings.split(",")
-               for r in bench_shape(shape, batching, args)]
+    results = [
+        r
+        for shape in args.shapes.split(",")
+        for batching in args.batchings.split(",")
+        for r in bench_shape(shape, batching, args)
+    ]
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cpu": cpu_model(), "peak": peak, "threads": torch.get_num_threads(), "args": vars(args),
-                       "load_average_end": os.getloadavg(), "results": results}, f, indent=1)
+            json.dump(
+                {
+                    "cpu": cpu_model(),
+                    "peak": peak,
+                    "threads": torch.get_num_threads(),
+                    "args": vars(args),
+                    "load_average_end": os.getloadavg(),
+                    "results": results,
+                },
+                f,
+                indent=1,
+            )
 
 
 def real_batches(shape: str, batching: str, args: argparse.Namespace, tok) -> tuple[object, list, list, list | None]:
@@ -131,8 +170,9 @@ def real_batches(shape: str, batching: str, args: argparse.Namespace, tok) -> tu
     if shape == "race":
         from _race_shaped import write_race_shaped  # benchmarks/_race_shaped.py
 
-        folder = write_race_shaped(Path(tempfile.mkdtemp(prefix="race-shaped-")), shared / "data" / "books",
-                                   RACE_QUESTIONS)
+        folder = write_race_shaped(
+            Path(tempfile.mkdtemp(prefix="race-shaped-")), shared / "data" / "books", RACE_QUESTIONS
+        )
     examples = task.read(split, folder)
     enc = encode_examples(task, examples, tok, args.n_ctx)
     order = train_batches([e.length for e in enc], args.batch, batching, random.Random(0))
@@ -159,12 +199,14 @@ def build_models(task, args: argparse.Namespace, tok):
 
     cfg = preset(args.size, vocab_size=tok.vocab_size, n_special=3)
     torch.manual_seed(0)
-    head_cfg = HeadConfig(kind=task.kind, n_embd=cfg.n_embd, n_labels=max(1, len(task.labels)),
-                          extract_id=tok.extract_id)
+    head_cfg = HeadConfig(
+        kind=task.kind, n_embd=cfg.n_embd, n_labels=max(1, len(task.labels)), extract_id=tok.extract_id
+    )
     ours = FinetuneModel(GPT(cfg), TaskHead(head_cfg))
     hf_cfg = transformers.OpenAIGPTConfig(
         **{k: v for k, v in config_to_hf(cfg).items() if k not in ("architectures", "model_type")},
-        summary_first_dropout=head_cfg.pdrop)
+        summary_first_dropout=head_cfg.pdrop,
+    )
     hf = transformers.OpenAIGPTDoubleHeadsModel(hf_cfg)
     sd = state_dict_to_hf(ours.gpt.state_dict(), cfg.n_layer)
     if head_cfg.n_out != 1:  # entailment: each example is one "choice" scored by an n-class W_y
@@ -207,14 +249,17 @@ def bench_shape(shape: str, batching: str, args: argparse.Namespace) -> list[dic
     precisions = args.precisions.split(",")
     trainers, inputs = {}, {"ours": packed, "ours-padded": batches, "hf": batches, "ours-shared": prefixed}
     chosen = {"ours", *args.variants.split(",")} - ({"ours-shared"} if prefixed is None else set())
-    models = {"ours": (ours, TaskLoss), "ours-shared": (ours, TaskLoss), "ours-padded": (ours, TaskLoss),
-              "hf": (hf, lambda _: hf_loss)}
+    models = {
+        "ours": (ours, TaskLoss),
+        "ours-shared": (ours, TaskLoss),
+        "ours-padded": (ours, TaskLoss),
+        "hf": (hf, lambda _: hf_loss),
+    }
     variants = [(name, models[name][0], models[name][1](LM_WEIGHT)) for name in VARIANTS if name in chosen]
     for name, m, loss in variants:
         opt = make_optimizer(m, lr=6.25e-5)
         for prec in precisions:  # one trainer per precision, sharing the model and optimizer
-            trainers[(name, prec)] = Trainer(m, opt, loss, lambda s: 6.25e-5, device=cpu, precision=prec,
-                                             grad_clip=1.0)
+            trainers[(name, prec)] = Trainer(m, opt, loss, lambda s: 6.25e-5, device=cpu, precision=prec, grad_clip=1.0)
     for key, tr in trainers.items():  # warm-up
         tr.step(0, inputs[key[0]][0])
     # times[key][i]: seconds of batch i in each repeat. Under contention from other processes a batch's best time
@@ -230,25 +275,45 @@ def bench_shape(shape: str, batching: str, args: argparse.Namespace) -> list[dic
                 tr.step(1, inputs[key[0]][i]).read()  # the read: the update is done when the clock stops
                 times[key][i].append(time.perf_counter() - t0)
     n_ex = len(batches) * args.batch
-    rate = {k: {"best": n_ex / sum(min(t) for t in ts), "median": n_ex / sum(statistics.median(t) for t in ts)}
-            for k, ts in times.items()}
+    rate = {
+        k: {"best": n_ex / sum(min(t) for t in ts), "median": n_ex / sum(statistics.median(t) for t in ts)}
+        for k, ts in times.items()
+    }
     pads, grid_pads, seqs, length = pad_fractions(batches, packed)
     micro = f", micro-batches of {args.micro_batch}" if args.micro_batch else ""
-    print(f"\n{shape} ({task.kind}, {batches[0][0].n_seqs} sequence(s)/example), {args.size} "
-          f"{ours.gpt.num_params() / 1e6:.1f}M params: {len(batches)} {batching} batches × {args.batch} examples{micro}, "
-          f"{seqs} sequences, padded length {length:.0f}; pad positions computed: HF and ours-padded {100 * pads:.0f}%, "
-          f"ours (packed) 0% in the linear layers, {100 * grid_pads:.0f}% of the attention grid; {args.repeats} repeats")
+    print(
+        f"\n{shape} ({task.kind}, {batches[0][0].n_seqs} sequence(s)/example), {args.size} "
+        f"{ours.gpt.num_params() / 1e6:.1f}M params: {len(batches)} {batching} batches × {args.batch} examples{micro}, "
+        f"{seqs} sequences, padded length {length:.0f}; pad positions computed: HF and ours-padded {100 * pads:.0f}%, "
+        f"ours (packed) 0% in the linear layers, {100 * grid_pads:.0f}% of the attention grid; {args.repeats} repeats"
+    )
     results = []
     if "ours-shared" in chosen:
         rows = sum(mb.packing.tokens for b in prefixed for mb in b) / sum(mb.packing.tokens for b in packed for mb in b)
-        print(f"  ours-shared (--layout shared): each example's common prefix once, {100 * rows:.0f}% of the packed "
-              f"row's tokens")
+        print(
+            f"  ours-shared (--layout shared): each example's common prefix once, {100 * rows:.0f}% of the packed "
+            f"row's tokens"
+        )
     for prec in precisions:
-        results.append(report_precision(prec, {k[0]: v for k, v in rate.items() if k[1] == prec},
-                                        {k[0]: v for k, v in times.items() if k[1] == prec}))
-        results[-1].update({"shape": shape, "batching": batching, "batch": args.batch, "micro_batch": args.micro_batch,
-                            "size": args.size, "pad_fraction_hf": pads, "pad_fraction_ours_linear": 0.0,
-                            "pad_fraction_ours_attention_grid": grid_pads})
+        results.append(
+            report_precision(
+                prec,
+                {k[0]: v for k, v in rate.items() if k[1] == prec},
+                {k[0]: v for k, v in times.items() if k[1] == prec},
+            )
+        )
+        results[-1].update(
+            {
+                "shape": shape,
+                "batching": batching,
+                "batch": args.batch,
+                "micro_batch": args.micro_batch,
+                "size": args.size,
+                "pad_fraction_hf": pads,
+                "pad_fraction_ours_linear": 0.0,
+                "pad_fraction_ours_attention_grid": grid_pads,
+            }
+        )
         if "ours-shared" in chosen:
             results[-1]["shared_row_token_fraction"] = rows
     if args.profile:
@@ -267,8 +332,14 @@ def report_precision(prec: str, rate: dict, times: dict) -> dict:
         row["ours_padded_ex_per_s"] = p
     if h is not None:
         line += f"   HF {h['best']:7.2f}   ours/HF {o['best'] / h['best']:.2f}×"
-        row.update({"hf_ex_per_s": h, "hf_times": times["hf"], "ratio_best": o["best"] / h["best"],
-                    "ratio_median": o["median"] / h["median"]})
+        row.update(
+            {
+                "hf_ex_per_s": h,
+                "hf_times": times["hf"],
+                "ratio_best": o["best"] / h["best"],
+                "ratio_median": o["median"] / h["median"],
+            }
+        )
         if p is not None:
             line += f"  padded/HF {p['best'] / h['best']:.2f}×"
             row["ratio_padded_best"] = p["best"] / h["best"]
@@ -276,9 +347,14 @@ def report_precision(prec: str, rate: dict, times: dict) -> dict:
     print(line)
     if sh is not None:
         line = f"        ours-shared {sh['best']:7.2f} ex/s   shared/packed {sh['best'] / o['best']:.2f}×"
-        row.update({"ours_shared_ex_per_s": sh, "ours_shared_times": times["ours-shared"],
-                    "ratio_shared_packed_best": sh["best"] / o["best"],
-                    "ratio_shared_packed_median": sh["median"] / o["median"]})
+        row.update(
+            {
+                "ours_shared_ex_per_s": sh,
+                "ours_shared_times": times["ours-shared"],
+                "ratio_shared_packed_best": sh["best"] / o["best"],
+                "ratio_shared_packed_median": sh["median"] / o["median"],
+            }
+        )
         if h is not None:
             line += f"  shared/HF {sh['best'] / h['best']:.2f}×"
             row["ratio_shared_hf_best"] = sh["best"] / h["best"]
@@ -303,7 +379,8 @@ PRODUCTS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 def profile(trainers: dict, first: dict, rows: int = 12, shapes: bool = False) -> None:
     """A torch.profiler table of one update of each variant (``rows`` operations by self time); with ``shapes``, its
     matrix products by operand shapes too, each with its GFLOP/s — where a product of an odd shape runs slow."""
-    from torch.profiler import ProfilerActivity, profile as torch_profile
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
 
     for key, tr in trainers.items():
         with torch_profile(activities=[ProfilerActivity.CPU], record_shapes=shapes) as prof:

@@ -84,7 +84,8 @@ def build(preset_name: str, with_hf: bool):
     import transformers
 
     hf_cfg = transformers.OpenAIGPTConfig(
-        **{k: v for k, v in config_to_hf(cfg).items() if k not in ("architectures", "model_type")})
+        **{k: v for k, v in config_to_hf(cfg).items() if k not in ("architectures", "model_type")}
+    )
     hf = transformers.OpenAIGPTLMHeadModel(hf_cfg).eval()
     hf.load_state_dict(state_dict_to_hf(ours.state_dict(), cfg.n_layer), strict=False)
     return ours, hf
@@ -95,26 +96,37 @@ def bench(args: argparse.Namespace) -> list[dict]:
     import torch
 
     ours, hf = build(args.preset, not args.no_hf)
-    prompt = torch.randint(0, ours.config.vocab_size, (args.prompt_tokens,),
-                           generator=torch.Generator().manual_seed(1)).tolist()
-    print(f"preset {args.preset}: {ours.num_params():,} parameters, prompt {args.prompt_tokens} tokens, "
-          f"{args.new_tokens} new tokens per row, {args.repeats} timed runs per variant")
+    prompt = torch.randint(
+        0, ours.config.vocab_size, (args.prompt_tokens,), generator=torch.Generator().manual_seed(1)
+    ).tolist()
+    print(
+        f"preset {args.preset}: {ours.num_params():,} parameters, prompt {args.prompt_tokens} tokens, "
+        f"{args.new_tokens} new tokens per row, {args.repeats} timed runs per variant"
+    )
     outputs: dict[tuple, list[list[int]]] = {}
 
     def step(impl: str, mode: str, batch: int, prec: str) -> float:
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if prec == "bf16" else contextlib.nullcontext()
         t0 = time.perf_counter()
         with ctx, torch.no_grad():
-            tokens = run_ours(ours, prompt, mode, batch, args.new_tokens, impl == "ours") if impl != "hf" else \
-                run_hf(hf, prompt, mode, batch, args.new_tokens)
+            tokens = (
+                run_ours(ours, prompt, mode, batch, args.new_tokens, impl == "ours")
+                if impl != "hf"
+                else run_hf(hf, prompt, mode, batch, args.new_tokens)
+            )
         seconds = time.perf_counter() - t0
         assert len(tokens) == batch and all(len(r) == args.new_tokens for r in tokens), "a run stopped early"
         outputs[(impl, mode, batch, prec)] = tokens
         return seconds
 
     impls = ["ours", *([] if args.no_hf else ["hf"]), *(["nocache"] if args.reference else [])]
-    variants = [(i, m, int(b), p) for m in args.modes.split(",") for b in args.batches.split(",")
-                for p in args.precisions.split(",") for i in impls]
+    variants = [
+        (i, m, int(b), p)
+        for m in args.modes.split(",")
+        for b in args.batches.split(",")
+        for p in args.precisions.split(",")
+        for i in impls
+    ]
     times = round_robin(step, variants, args.repeats)
     rows = []
     for mode in args.modes.split(","):
@@ -135,12 +147,20 @@ def run_ours(model, prompt: list[int], mode: str, batch: int, n: int, cache: boo
 def run_hf(model, prompt: list[int], mode: str, batch: int, n: int) -> list[list[int]]:
     import torch
 
-    sampling = {"do_sample": True, "top_k": 40, "top_p": 0.9, "temperature": 1.0} if mode == "sample" else \
-        {"do_sample": False}
+    sampling = (
+        {"do_sample": True, "top_k": 40, "top_p": 0.9, "temperature": 1.0} if mode == "sample" else {"do_sample": False}
+    )
     ids = torch.tensor([prompt] * batch)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                         use_cache=True, pad_token_id=0, **sampling)
-    return out[:, len(prompt):].tolist()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        min_new_tokens=n,
+        use_cache=True,
+        pad_token_id=0,
+        **sampling,
+    )
+    return out[:, len(prompt) :].tolist()
 
 
 def table_row(times: dict, outputs: dict, key: tuple, impls: list[str], n: int) -> dict:
@@ -175,8 +195,7 @@ def print_table(rows: list[dict], impls: list[str]) -> None:
             line += f" {r['nocache_tokens_per_s']:15.1f} {r['ours_vs_nocache']:7.2f}×"
         print(line)
         if r.get("greedy_equal_hf") is False:
-            print(f"  WARNING: greedy tokens of ours and HF differ ({r['mode']}, batch {r['batch']}, "
-                  f"{r['precision']})")
+            print(f"  WARNING: greedy tokens of ours and HF differ ({r['mode']}, batch {r['batch']}, {r['precision']})")
     checked = [r for r in rows if "greedy_equal_hf" in r]
     if checked and all(r["greedy_equal_hf"] for r in checked):
         print("greedy check: ours and HF chose the same tokens in every greedy variant")

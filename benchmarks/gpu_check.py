@@ -48,9 +48,10 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # this checkout's gptcli, not whichever one is installed
@@ -63,14 +64,22 @@ FRESH_ENV = "GPT1_GPU_CHECK_FRESH"
 """Set by ``--fresh-processes``: the dry run's commands, too, start as fresh interpreters (as on the GPU)."""
 
 NOT_TESTABLE = [
-    {"what": "gradient averaging across GPUs (the NCCL all-reduce with world size > 1)",
-     "why": "with one GPU the world size is 1 and DDP's all-reduce is an identity"},
-    {"what": "per-rank device placement (LOCAL_RANK → cuda:N, DDP device_ids, one process per GPU)",
-     "why": "only cuda:0 exists"},
-    {"what": "the launcher's heartbeat watchdog and the collective timeout with NCCL peers",
-     "why": "needs a second rank to stop responding"},
-    {"what": "all-reduce bandwidth and its overlap with the backward pass; scaling efficiency over 8 GPUs",
-     "why": "needs several GPUs (NVLink/NVSwitch)"},
+    {
+        "what": "gradient averaging across GPUs (the NCCL all-reduce with world size > 1)",
+        "why": "with one GPU the world size is 1 and DDP's all-reduce is an identity",
+    },
+    {
+        "what": "per-rank device placement (LOCAL_RANK → cuda:N, DDP device_ids, one process per GPU)",
+        "why": "only cuda:0 exists",
+    },
+    {
+        "what": "the launcher's heartbeat watchdog and the collective timeout with NCCL peers",
+        "why": "needs a second rank to stop responding",
+    },
+    {
+        "what": "all-reduce bandwidth and its overlap with the backward pass; scaling efficiency over 8 GPUs",
+        "why": "needs several GPUs (NVLink/NVSwitch)",
+    },
     {"what": "multi-node rendezvous (--nodes, --master-addr, --rdzv-endpoint)", "why": "needs several machines"},
 ]
 
@@ -121,18 +130,50 @@ class Sizes:
     each to write and hash, and the state being checked (RNG, optimizer step) is the same at any depth."""
 
 
-REAL = Sizes(preset="gpt1", lstm_preset="lstm", vocab=PAPER_VOCAB, seq=512, batch=8, updates=4,
-             throughput=((8, 512), (32, 512), (64, 512)), warm_steps=3, timed_steps=30, modules=150, text_root=None,
-             corpus_vocab=4000,
-             pt_preset="gpt1", pt_seq=256, pt_batch=8, compile_backend="inductor",
-             throughput_backend="inductor", n_layer=None,
-             compile_layers=2, resume_layers=2)
-DRY = Sizes(preset="tiny", lstm_preset="lstm-tiny", vocab=512, seq=64, batch=2, updates=2,
-            throughput=((2, 64), (4, 64), (8, 64)), warm_steps=1, timed_steps=2, modules=40, text_root="email",
-            corpus_vocab=400,
-            pt_preset="tiny", pt_seq=32, pt_batch=4, compile_backend="aot_eager",
-            throughput_backend="eager", n_layer=1,
-            compile_layers=1, resume_layers=1)
+REAL = Sizes(
+    preset="gpt1",
+    lstm_preset="lstm",
+    vocab=PAPER_VOCAB,
+    seq=512,
+    batch=8,
+    updates=4,
+    throughput=((8, 512), (32, 512), (64, 512)),
+    warm_steps=3,
+    timed_steps=30,
+    modules=150,
+    text_root=None,
+    corpus_vocab=4000,
+    pt_preset="gpt1",
+    pt_seq=256,
+    pt_batch=8,
+    compile_backend="inductor",
+    throughput_backend="inductor",
+    n_layer=None,
+    compile_layers=2,
+    resume_layers=2,
+)
+DRY = Sizes(
+    preset="tiny",
+    lstm_preset="lstm-tiny",
+    vocab=512,
+    seq=64,
+    batch=2,
+    updates=2,
+    throughput=((2, 64), (4, 64), (8, 64)),
+    warm_steps=1,
+    timed_steps=2,
+    modules=40,
+    text_root="email",
+    corpus_vocab=400,
+    pt_preset="tiny",
+    pt_seq=32,
+    pt_batch=4,
+    compile_backend="aot_eager",
+    throughput_backend="eager",
+    n_layer=1,
+    compile_layers=1,
+    resume_layers=1,
+)
 
 
 # --- what a check sees ---------------------------------------------------------------------------------------------
@@ -186,8 +227,11 @@ class Ctx:
         t0 = time.perf_counter()
         fork = self.dry and not os.environ.get(FRESH_ENV)
         proc = (forked_cli if fork else fresh_cli)(list(args), self.work, timeout)
-        print(f"$ gpt1 {' '.join(args)}\n(exit {proc.returncode}, {time.perf_counter() - t0:.1f} s)\n"
-              f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}", flush=True)
+        print(
+            f"$ gpt1 {' '.join(args)}\n(exit {proc.returncode}, {time.perf_counter() - t0:.1f} s)\n"
+            f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}",
+            flush=True,
+        )
         if check and proc.returncode != 0:
             raise Failed(f"gpt1 {args[0]} exited with {proc.returncode}:\n{tail(proc.stderr, 25)}")
         return proc
@@ -200,8 +244,14 @@ def cli_env() -> dict[str, str]:
 def fresh_cli(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
     """``python -m gptcli ARGS``; on a timeout its whole tree is killed (subprocess.run would kill the launcher
     alone and leave a `--gpus` worker, in a session of its own, holding the GPU)."""
-    proc = subprocess.Popen([sys.executable, "-m", "gptcli", *args], cwd=cwd, env=cli_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gptcli", *args],
+        cwd=cwd,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -289,7 +339,8 @@ def build(ctx: Ctx, preset: str | None = None, vocab: int | None = None, **overr
     """A freshly initialised model of ``preset`` (default: the run's) on the device, seeded."""
     import torch
 
-    from gptcli.model.build import build_model, preset as make_preset
+    from gptcli.model.build import build_model
+    from gptcli.model.build import preset as make_preset
 
     name = preset or ctx.sizes.preset
     if ctx.sizes.n_layer and not name.startswith("lstm"):
@@ -306,8 +357,15 @@ def trainer(ctx: Ctx, model, precision: str | None = None, loss_fn: Callable | N
     from gptcli.train.trainer import Trainer
 
     opt = make_optimizer(model, 2.5e-4)
-    return Trainer(model, opt, loss_fn or lm_loss, lambda s: 2.5e-4, device=ctx.device,
-                   precision=precision or ctx.precision, grad_clip=1.0)
+    return Trainer(
+        model,
+        opt,
+        loss_fn or lm_loss,
+        lambda s: 2.5e-4,
+        device=ctx.device,
+        precision=precision or ctx.precision,
+        grad_clip=1.0,
+    )
 
 
 def batches(ctx: Ctx, n: int, b: int, t: int, vocab: int | None = None, seed: int = 0) -> list:
@@ -363,8 +421,11 @@ def cuda_kernels(prof, top: int = 12) -> list[dict[str, Any]]:
 
     # A record_function range (the optimizer's "Optimizer.step#AdamW.step") is listed on the device too, over the
     # kernels it holds: a user annotation, not a kernel, so not counted twice.
-    rows = [(device_time_us(e), e.key, int(e.count)) for e in prof.key_averages()
-            if getattr(e, "device_type", None) == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)]
+    rows = [
+        (device_time_us(e), e.key, int(e.count))
+        for e in prof.key_averages()
+        if getattr(e, "device_type", None) == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+    ]
     rows.sort(reverse=True)
     return [{"kernel": k[:160], "ms": round(us / 1000, 3), "calls": c} for us, k, c in rows[:top]]
 
@@ -394,6 +455,7 @@ def check(name: str, timeout_s: int, what: str) -> Callable:
     def register(fn: Callable[[Ctx], str]) -> Callable[[Ctx], str]:
         CHECKS.append(Check(name, fn, timeout_s, what))
         return fn
+
     return register
 
 
@@ -405,10 +467,15 @@ def check_env(ctx: Ctx) -> str:
     from gptcli.runtime import GPU_PEAK_FLOPS
 
     info: dict[str, Any] = {
-        "python": platform.python_version(), "platform": platform.platform(), "torch": torch.__version__,
-        "gptcli": getattr(gptcli, "__version__", None), "cuda_runtime": torch.version.cuda,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "gptcli": getattr(gptcli, "__version__", None),
+        "cuda_runtime": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "cpu_count": os.cpu_count(), "git_commit": git_commit(), "cuda_available": torch.cuda.is_available(),
+        "cpu_count": os.cpu_count(),
+        "git_commit": git_commit(),
+        "cuda_available": torch.cuda.is_available(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
     ctx.record(**info)  # what is known before the first CUDA call: the runner reads cuda_available from here
@@ -418,14 +485,21 @@ def check_env(ctx: Ctx) -> str:
         # The row gpt1's MFU reads (runtime.peak_for_gpu_name: the exact device name), with its peaks per precision.
         key = name.strip() if name.strip() in GPU_PEAK_FLOPS else None
         info.update(
-            gpu_count=torch.cuda.device_count(), gpu=name,
+            gpu_count=torch.cuda.device_count(),
+            gpu=name,
             capability=".".join(map(str, torch.cuda.get_device_capability(0))),
-            gpu_memory_gib=round(props.total_memory / 2**30, 1), bf16_supported=torch.cuda.is_bf16_supported(),
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            bf16_supported=torch.cuda.is_bf16_supported(),
             nccl=nccl_version(),
-            driver=nvidia_smi_driver(), peak_table_key=key, peak_flops=dict(GPU_PEAK_FLOPS[key]) if key else None,
-            sdpa_backends={b: getattr(torch.backends.cuda, f"{b}_sdp_enabled")()
-                           for b in ("flash", "mem_efficient", "math", "cudnn")
-                           if hasattr(torch.backends.cuda, f"{b}_sdp_enabled")})
+            driver=nvidia_smi_driver(),
+            peak_table_key=key,
+            peak_flops=dict(GPU_PEAK_FLOPS[key]) if key else None,
+            sdpa_backends={
+                b: getattr(torch.backends.cuda, f"{b}_sdp_enabled")()
+                for b in ("flash", "mem_efficient", "math", "cudnn")
+                if hasattr(torch.backends.cuda, f"{b}_sdp_enabled")
+            },
+        )
     ctx.record(**info)
     if ctx.cuda and info.get("peak_table_key") is None:
         raise Failed(f"{info['gpu']!r} matches no row of gptcli.runtime.GPU_PEAK_FLOPS: MFU will read n/a")
@@ -457,8 +531,12 @@ def git_commit() -> str | None:
 
 def nvidia_smi_driver() -> str | None:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -469,14 +547,26 @@ def check_gpus_refusal(ctx: Ctx) -> str:
     import torch
 
     n = (torch.cuda.device_count() if torch.cuda.is_available() else 0) + 1
-    proc = ctx.cli("pretrain", "--data", str(ctx.work / "no-corpus"), "--out", str(ctx.work / "refused"),
-                   "--preset", "tiny", "--gpus", str(n), timeout=60, check=False)
+    proc = ctx.cli(
+        "pretrain",
+        "--data",
+        str(ctx.work / "no-corpus"),
+        "--out",
+        str(ctx.work / "refused"),
+        "--preset",
+        "tiny",
+        "--gpus",
+        str(n),
+        timeout=60,
+        check=False,
+    )
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("error:")]
     ctx.record(gpus=n, exit_code=proc.returncode, stderr_lines=len(lines), error=errors[0] if errors else None)
     if proc.returncode == 0 or len(errors) != 1 or "Traceback" in proc.stderr:
-        raise Failed(f"expected a non-zero exit and one `error:` line, got exit {proc.returncode}:\n"
-                     f"{tail(proc.stderr, 10)}")
+        raise Failed(
+            f"expected a non-zero exit and one `error:` line, got exit {proc.returncode}:\n{tail(proc.stderr, 10)}"
+        )
     ctx.need_cuda("without CUDA `--gpus` refuses for want of any GPU, not for too few (the refusal itself worked)")
     return errors[0]
 
@@ -502,16 +592,28 @@ def check_attention_kernel(ctx: Ctx) -> str:
     prof = profile_step(ctx, lambda: tr.step(1, [data[1]]))
     names = op_names(prof)
     sdpa_ops = matching(names, r"scaled_dot_product|flash|efficient_attention|cudnn_attention|_attention_backward")
-    kernels = matching({k["kernel"]: k["calls"] for k in cuda_kernels(prof, top=10_000)},
-                       r"flash|fmha|attention|attn|sdpa|mha")
-    ctx.record(gptcli_path=gptcli_path(), aten_ops=sdpa_ops,
-               attention_kernels=kernels, top_kernels=cuda_kernels(prof), batch=ctx.sizes.batch, seq=ctx.sizes.seq)
+    kernels = matching(
+        {k["kernel"]: k["calls"] for k in cuda_kernels(prof, top=10_000)}, r"flash|fmha|attention|attn|sdpa|mha"
+    )
+    ctx.record(
+        gptcli_path=gptcli_path(),
+        aten_ops=sdpa_ops,
+        attention_kernels=kernels,
+        top_kernels=cuda_kernels(prof),
+        batch=ctx.sizes.batch,
+        seq=ctx.sizes.seq,
+    )
     ctx.need_cuda("flash attention is a CUDA kernel; on CPU gptcli writes attention out (chunked/plain path)")
     # Any fused (flash-style) backend passes: PyTorch picks among them by GPU and version (on an H200 under torch
     # 2.11 it picked cuDNN's sm90 flash kernels over FlashAttention-2, 2026-12-04); the math fallback (the (T, T)
     # scores in memory) fails.
-    fused = {b: (any(f"_{b}_attention_forward" in k for k in sdpa_ops),
-                 any(f"_{b}_attention_backward" in k for k in sdpa_ops)) for b in ("flash", "cudnn", "efficient")}
+    fused = {
+        b: (
+            any(f"_{b}_attention_forward" in k for k in sdpa_ops),
+            any(f"_{b}_attention_backward" in k for k in sdpa_ops),
+        )
+        for b in ("flash", "cudnn", "efficient")
+    }
     both = [b for b, (fwd, bwd) in fused.items() if fwd and bwd]
     ctx.record(fused_backend=both[0] if both else None)
     if not both:
@@ -529,15 +631,21 @@ def check_fused_adamw(ctx: Ctx) -> str:
     names = op_names(prof)
     fused_ops = matching(names, r"_fused_adamw|fused_adam|FusedAdam")
     steps = {str(s["step"].device) for s in tr.optimizer.state.values() if "step" in s}
-    ctx.record(defaults_fused=tr.optimizer.defaults.get("fused"), defaults_foreach=tr.optimizer.defaults.get("foreach"),
-               fused_ops=fused_ops, step_tensor_devices=sorted(steps),
-               other_optimizer_ops=matching(names, r"_foreach_|adamw"))
+    ctx.record(
+        defaults_fused=tr.optimizer.defaults.get("fused"),
+        defaults_foreach=tr.optimizer.defaults.get("foreach"),
+        fused_ops=fused_ops,
+        step_tensor_devices=sorted(steps),
+        other_optimizer_ops=matching(names, r"_foreach_|adamw"),
+    )
     if not tr.optimizer.defaults.get("fused") or not any("_fused_adamw" in k for k in fused_ops):
         raise Failed(f"AdamW is not fused: defaults fused={tr.optimizer.defaults.get('fused')}, ops {fused_ops}")
     if ctx.cuda and steps != {str(next(model.parameters()).device)}:
         raise Failed(f"fused AdamW's step tensors are on {sorted(steps)}, not on the parameters' device")
-    return f"fused (aten::_fused_adamw_ ×{sum(v for k, v in fused_ops.items() if '_fused_adamw' in k)}), " \
-           f"step on {', '.join(sorted(steps))}"
+    return (
+        f"fused (aten::_fused_adamw_ ×{sum(v for k, v in fused_ops.items() if '_fused_adamw' in k)}), "
+        f"step on {', '.join(sorted(steps))}"
+    )
 
 
 @check("precision_steps", 120, "bf16 autocast updates and fp16 + GradScaler updates: finite losses, scaler scale")
@@ -550,8 +658,9 @@ def check_precision_steps(ctx: Ctx) -> str:
     ctx.record(bf16_losses=finite(losses), bf16_grad_norms=finite([float(r.grad_norm) for r in res]))
     if not all(math.isfinite(x) for x in losses):
         raise Failed(f"bf16 losses not finite: {losses}")
-    ctx.need_cuda("fp16 with a GradScaler is CUDA-only in gpt1 (resolve_precision refuses fp16 on CPU); "
-                  "the bf16 updates ran")
+    ctx.need_cuda(
+        "fp16 with a GradScaler is CUDA-only in gpt1 (resolve_precision refuses fp16 on CPU); the bf16 updates ran"
+    )
     fp16 = trainer(ctx, build(ctx), precision="fp16")
     scales = [fp16.scaler.get_scale()]
     res16 = []
@@ -561,14 +670,17 @@ def check_precision_steps(ctx: Ctx) -> str:
     losses16 = [float(r.loss) for r in res16]
     norms16 = [float(r.grad_norm) for r in res16]
     skipped = sum(not math.isfinite(g) for g in norms16)
-    ctx.record(fp16_losses=finite(losses16), fp16_grad_norms=finite(norms16), fp16_scales=scales,
-               fp16_skipped_updates=skipped)
+    ctx.record(
+        fp16_losses=finite(losses16), fp16_grad_norms=finite(norms16), fp16_scales=scales, fp16_skipped_updates=skipped
+    )
     if not all(math.isfinite(x) for x in losses16):
         raise Failed(f"fp16 losses not finite: {losses16}")
     if skipped == len(norms16):
         raise Failed(f"every fp16 update was skipped by the GradScaler (scales {scales})")
-    return f"bf16 loss {losses[-1]:.3f}; fp16 loss {losses16[-1]:.3f}, scale {scales[0]:g} → {scales[-1]:g}, " \
-           f"{skipped} skipped"
+    return (
+        f"bf16 loss {losses[-1]:.3f}; fp16 loss {losses16[-1]:.3f}, scale {scales[0]:g} → {scales[-1]:g}, "
+        f"{skipped} skipped"
+    )
 
 
 @check("lstm_dtype", 90, "the dtype nn.LSTM computes in when the run asks for bf16 (forward hook on its output)")
@@ -591,10 +703,16 @@ def check_lstm_dtype(ctx: Ctx) -> str:
     res = tr.step(0, [data[0]])
     sync(ctx)
     handle.remove()
-    ctx.record(asked="bf16", lstm_input=seen.get("input"), lstm_output=seen.get("output"),
-               lstm_state=seen.get("hidden_state"), weights=str(model.lstm.weight_ih_l0.dtype),
-               cudnn=bool(ctx.cuda and torch.backends.cudnn.is_available()), loss=float(res.loss),
-               step_s=round(time.perf_counter() - t0, 3))
+    ctx.record(
+        asked="bf16",
+        lstm_input=seen.get("input"),
+        lstm_output=seen.get("output"),
+        lstm_state=seen.get("hidden_state"),
+        weights=str(model.lstm.weight_ih_l0.dtype),
+        cudnn=bool(ctx.cuda and torch.backends.cudnn.is_available()),
+        loss=float(res.loss),
+        step_s=round(time.perf_counter() - t0, 3),
+    )
     if not math.isfinite(float(res.loss)):
         raise Failed(f"the LSTM's bf16 loss is {float(res.loss)}")
     from gptcli.model.lstm import recurrent_dtype
@@ -619,12 +737,19 @@ def check_kv_cache_parity(ctx: Ctx) -> str:
             out[precision] = {**logit_parity(ctx, model), **generate_parity(ctx, model)}
         out[precision].update(scoring_parity(ctx, model, precision))
         ctx.record(**out, tolerance=tol)
-    bad = [f"{p} {k} {v[k]:.2e}" for p, v in out.items() for k in ("logits_rel_diff", "score_diff_per_token")
-           if v[k] > tol[p]]
+    bad = [
+        f"{p} {k} {v[k]:.2e}"
+        for p, v in out.items()
+        for k in ("logits_rel_diff", "score_diff_per_token")
+        if v[k] > tol[p]
+    ]
     if bad:
         raise Failed(f"cached and uncached paths disagree beyond the tolerance: {', '.join(bad)}")
-    return ", ".join(f"{p}: logits {v['logits_rel_diff']:.1e}, scores {v['score_diff_per_token']:.1e}/token, "
-                     f"greedy tokens {'equal' if v['greedy_equal'] else 'differ'}" for p, v in out.items())
+    return ", ".join(
+        f"{p}: logits {v['logits_rel_diff']:.1e}, scores {v['score_diff_per_token']:.1e}/token, "
+        f"greedy tokens {'equal' if v['greedy_equal'] else 'differ'}"
+        for p, v in out.items()
+    )
 
 
 def logit_parity(ctx: Ctx, model) -> dict[str, Any]:
@@ -641,8 +766,8 @@ def logit_parity(ctx: Ctx, model) -> dict[str, Any]:
         cache = new_cache(model, 1, device=ctx.device, dtype=dtype or torch.float32, length=prompt + steps)
         cached = [model.lm_logits(model(ids[:, :prompt], cache)[:, -1:])]
         for i in range(prompt, prompt + steps - 1):
-            cached.append(model.lm_logits(model(ids[:, i:i + 1], cache)))
-        full = model.lm_logits(model(ids))[:, prompt - 1:prompt + steps - 1]
+            cached.append(model.lm_logits(model(ids[:, i : i + 1], cache)))
+        full = model.lm_logits(model(ids))[:, prompt - 1 : prompt + steps - 1]
     c = torch.cat(cached, dim=1).float()
     f = full.float()
     return {"logits_rel_diff": float((c - f).abs().max() / f.abs().max()), "positions": steps}
@@ -652,8 +777,10 @@ def generate_parity(ctx: Ctx, model) -> dict[str, Any]:
     from gptcli.model.generate import SamplingConfig, generate
 
     prompt = list(range(1, 17))
-    runs = {use: generate(model, prompt, SamplingConfig(max_new_tokens=24, greedy=True, use_cache=use))
-            for use in (True, False)}
+    runs = {
+        use: generate(model, prompt, SamplingConfig(max_new_tokens=24, greedy=True, use_cache=use))
+        for use in (True, False)
+    }
     first = next((i for i, (a, b) in enumerate(zip(runs[True], runs[False])) if a != b), None)
     # Random weights give near-tied logits, so a greedy token may flip on a rounding difference; the logits above
     # are the test, this is a figure.
@@ -673,13 +800,20 @@ def scoring_parity(ctx: Ctx, model, precision: str) -> dict[str, Any]:
     cached = score(model, reqs, precision=precision, cache_min_context=8)  # type: ignore[arg-type]
     plain = score(model, reqs, precision=precision, cache_min_context=10**9)  # type: ignore[arg-type]
     diff = max(abs(a.logprob - b.logprob) / max(a.count, 1) for a, b in zip(cached, plain))
-    return {"score_diff_per_token": diff, "scores_cached": [round(s.logprob, 4) for s in cached],
-            "scores_plain": [round(s.logprob, 4) for s in plain]}
+    return {
+        "score_diff_per_token": diff,
+        "scores_cached": [round(s.logprob, 4) for s in cached],
+        "scores_plain": [round(s.logprob, 4) for s in plain],
+    }
 
 
-@check("packed_finetune", 180, "a fine-tuning update on RTE-like ragged sequences, packed (the default layout) "
-       "against padded: same loss, speed of each; on CUDA also the packed row's attention as jagged nested tensors "
-       "(packed.JAGGED_DEVICES) against the grid: same loss, speed of each")
+@check(
+    "packed_finetune",
+    180,
+    "a fine-tuning update on RTE-like ragged sequences, packed (the default layout) "
+    "against padded: same loss, speed of each; on CUDA also the packed row's attention as jagged nested tensors "
+    "(packed.JAGGED_DEVICES) against the grid: same loss, speed of each",
+)
 def check_packed_finetune(ctx: Ctx) -> str:
     import random
 
@@ -695,13 +829,21 @@ def check_packed_finetune(ctx: Ctx) -> str:
     body = build(ctx, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)  # no dropout: the two layouts must agree
     body.add_special_tokens(3)
     extract = body.config.total_vocab - 1
-    model = FinetuneModel(body, TaskHead(HeadConfig(kind="entailment", n_embd=body.config.n_embd, n_labels=2,
-                                                    extract_id=extract, pdrop=0.0))).to(ctx.device)
+    model = FinetuneModel(
+        body,
+        TaskHead(HeadConfig(kind="entailment", n_embd=body.config.n_embd, n_labels=2, extract_id=extract, pdrop=0.0)),
+    ).to(ctx.device)
     rng = random.Random(0)
     n, top = (32, ctx.sizes.seq) if ctx.cuda else (8, ctx.sizes.seq)
     # RTE's random batches: lengths spread from a few dozen tokens to the context (61% of positions padding).
-    enc = [Encoded([[rng.randrange(ctx.sizes.vocab) for _ in range(rng.randint(top // 8, top - 1))] + [extract]],
-                   label=i % 2, index=i) for i in range(n)]
+    enc = [
+        Encoded(
+            [[rng.randrange(ctx.sizes.vocab) for _ in range(rng.randint(top // 8, top - 1))] + [extract]],
+            label=i % 2,
+            index=i,
+        )
+        for i in range(n)
+    ]
     padded, packed = collate(enc).to(ctx.device), collate_packed(enc, extract).to(ctx.device)
     ctx.record(sequences=n, real_fraction=round(packed.packing.tokens / padded.ids.numel(), 3))
     # (name, batch, the packed row's attention as jagged nested tensors): the jagged path only where CUDA runs it.
@@ -727,8 +869,10 @@ def check_packed_finetune(ctx: Ctx) -> str:
         for name, b, jagged in variants:
             with _naming(packing, "JAGGED_DEVICES", ctx.device.type, jagged):
                 times[name] = _timed_updates(ctx, tr, [b], timed=8, warm=2)
-        ctx.record(**{f"update_s_{name}{end}": round(t, 4) for name, t in times.items()},
-                   **{f"speedup{end}": round(times["padded"] / times["packed"], 2)})
+        ctx.record(
+            **{f"update_s_{name}{end}": round(t, 4) for name, t in times.items()},
+            **{f"speedup{end}": round(times["padded"] / times["packed"], 2)},
+        )
         note = f"{precision}: packed {times['padded'] / times['packed']:.2f}× padded"
         if "packed_jagged" in times:  # > 1: the jagged path is the faster, and packed.JAGGED_DEVICES should name it
             ctx.record(**{f"jagged_vs_grid{end}": round(times["packed"] / times["packed_jagged"], 3)})
@@ -765,8 +909,12 @@ def _nested_causal(ctx: Ctx) -> str:
         dtype = torch.bfloat16 if ctx.cuda else torch.float32
         with torch.autocast(ctx.device.type, dtype=dtype, enabled=ctx.cuda):
             got = _jagged_attention(x, 0.0, Packing.of([[0] * n for n in lengths])).float()
-            want = torch.cat([F.scaled_dot_product_attention(*s.permute(1, 2, 0, 3), is_causal=True)
-                              .transpose(0, 1).float() for s in x.split(lengths)])
+            want = torch.cat(
+                [
+                    F.scaled_dot_product_attention(*s.permute(1, 2, 0, 3), is_causal=True).transpose(0, 1).float()
+                    for s in x.split(lengths)
+                ]
+            )
         return f"runs, max difference {float((got - want).abs().max()):.1e}"
     except Exception as e:  # noqa: BLE001 - the answer is what went wrong
         return f"does not run: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
@@ -818,9 +966,15 @@ def check_host_syncs(ctx: Ctx) -> str:
         key = f"{Path(w.filename).name}:{w.lineno}"
         where[key] = where.get(key, 0) + 1
     total = len(syncs) + len(printed)
-    ctx.record(updates=n, sync_warnings=len(syncs), printed_sync_warnings=len(printed), per_update=total / n,
-               where=where, messages=sorted({str(w.message).splitlines()[0][:200] for w in syncs}),
-               printed=sorted(set(ln[:200] for ln in printed))[:10])
+    ctx.record(
+        updates=n,
+        sync_warnings=len(syncs),
+        printed_sync_warnings=len(printed),
+        per_update=total / n,
+        where=where,
+        messages=sorted({str(w.message).splitlines()[0][:200] for w in syncs}),
+        printed=sorted(set(ln[:200] for ln in printed))[:10],
+    )
     ctx.need_cuda("set_sync_debug_mode only watches CUDA; the updates ran")
     return sync_note(total, n, where, len(printed))
 
@@ -835,7 +989,7 @@ class captured_stderr:  # noqa: N801 - used as a context manager
     """File descriptor 2 into a temporary file for the block (C++ prints included), then back; what it caught is
     in ``text`` and is also copied to the real stderr (the check's log)."""
 
-    def __enter__(self) -> "captured_stderr":
+    def __enter__(self) -> captured_stderr:
         sys.stderr.flush()
         self.saved = os.dup(2)
         self.file = tempfile.TemporaryFile()
@@ -866,12 +1020,12 @@ def corpus_paths(ctx: Ctx) -> tuple[Path, Path]:
 
 @check("corpus", 240, "real text: stdlib docstrings → `gpt1 prepare` corpus + a CoLA-format task (as quickstart)")
 def check_corpus(ctx: Ctx) -> str:
-    from gptcli.pipelines.quickstart import QuickstartConfig, hold_out, stdlib_documents, task_splits
-    from gptcli.tasks import shuffled
-
     # The quickstart's offline text: this Python's standard-library docstrings, nothing downloaded. Held-out
     # modules' prose sentences, as written and word-shuffled, are a CoLA-format task (`--task cola`).
     import sysconfig
+
+    from gptcli.pipelines.quickstart import QuickstartConfig, hold_out, stdlib_documents, task_splits
+    from gptcli.tasks import shuffled
 
     root = Path(sysconfig.get_paths()["stdlib"])
     if ctx.sizes.text_root and (root / ctx.sizes.text_root).is_dir():
@@ -884,10 +1038,25 @@ def check_corpus(ctx: Ctx) -> str:
             f.write(json.dumps({"module": module, "text": body}) + "\n")
     _, splits = task_splits(train_docs, held_docs, QuickstartConfig())
     shuffled.write_task_files(splits, ctx.work / "task")
-    ctx.record(text=f"standard library: {root.name}", modules=len(docs), characters=sum(len(t) for _, t in train_docs),
-               task_examples={k: len(v) for k, v in splits.items()})
-    ctx.cli("prepare", str(text), "--out", str(ctx.work / "corpus"), "--vocab-size", str(ctx.sizes.corpus_vocab),
-            "--val-fraction", "0.05", "--workers", "1" if ctx.dry else "0", timeout=220)
+    ctx.record(
+        text=f"standard library: {root.name}",
+        modules=len(docs),
+        characters=sum(len(t) for _, t in train_docs),
+        task_examples={k: len(v) for k, v in splits.items()},
+    )
+    ctx.cli(
+        "prepare",
+        str(text),
+        "--out",
+        str(ctx.work / "corpus"),
+        "--vocab-size",
+        str(ctx.sizes.corpus_vocab),
+        "--val-fraction",
+        "0.05",
+        "--workers",
+        "1" if ctx.dry else "0",
+        timeout=220,
+    )
     from gptcli.data.shards import open_corpus
 
     manifest = json.loads((ctx.work / "corpus" / "manifest.json").read_text(encoding="utf-8"))
@@ -899,10 +1068,36 @@ def check_corpus(ctx: Ctx) -> str:
 
 def pretrain_args(ctx: Ctx, corpus: Path, out: Path, steps: int, *extra: str) -> list[str]:
     s = ctx.sizes
-    return ["pretrain", "--data", str(corpus), "--out", str(out), "--preset", s.pt_preset, "--seq-len", str(s.pt_seq),
-            "--batch-size", str(s.pt_batch), "--max-steps", str(steps), "--log-every", "1", "--eval-every", "0",
-            "--eval-batches", "1", "--save-every", "0", "--keep-last", "2", "--no-verify", "--quiet",
-            "--device", "cuda" if ctx.cuda else "cpu", *extra]
+    return [
+        "pretrain",
+        "--data",
+        str(corpus),
+        "--out",
+        str(out),
+        "--preset",
+        s.pt_preset,
+        "--seq-len",
+        str(s.pt_seq),
+        "--batch-size",
+        str(s.pt_batch),
+        "--max-steps",
+        str(steps),
+        "--log-every",
+        "1",
+        "--eval-every",
+        "0",
+        "--eval-batches",
+        "1",
+        "--save-every",
+        "0",
+        "--keep-last",
+        "2",
+        "--no-verify",
+        "--quiet",
+        "--device",
+        "cuda" if ctx.cuda else "cpu",
+        *extra,
+    ]
 
 
 def train_records(run: Path) -> dict[int, dict[str, Any]]:
@@ -911,25 +1106,42 @@ def train_records(run: Path) -> dict[int, dict[str, Any]]:
     return {r["step"]: r for r in recs if r.get("kind") == "train"}
 
 
-@check("launched_vs_inprocess", 180, "`gpt1 pretrain --gpus 1` (launcher, NCCL, DDP) against an in-process "
-       "Trainer step on real text: losses and gradient norms")
+@check(
+    "launched_vs_inprocess",
+    180,
+    "`gpt1 pretrain --gpus 1` (launcher, NCCL, DDP) against an in-process "
+    "Trainer step on real text: losses and gradient norms",
+)
 def check_launched(ctx: Ctx) -> str:
     corpus, _ = corpus_paths(ctx)
     steps = 3
     launch = ["--gpus", "1"] if ctx.cuda else ["--procs", "1"]
     # fp32 (TF32 matmuls on the GPU) and no dropout: both sides then compute the same function.
     run = ctx.work / "launched"
-    ctx.cli(*pretrain_args(ctx, corpus, run, steps, "--precision", "fp32", "--dropout", "0", "--warmup-steps", "2",
-                           *launch), timeout=170)
+    ctx.cli(
+        *pretrain_args(
+            ctx, corpus, run, steps, "--precision", "fp32", "--dropout", "0", "--warmup-steps", "2", *launch
+        ),
+        timeout=170,
+    )
     launched = train_records(run)
     mine = inprocess_updates(ctx, corpus, steps)
-    rows = [{"step": s, "loss": launched[s]["loss"], "loss_inprocess": mine[s - 1][0],
-             "grad_norm": launched[s]["grad_norm"], "grad_norm_inprocess": mine[s - 1][1]} for s in range(1, steps + 1)]
+    rows = [
+        {
+            "step": s,
+            "loss": launched[s]["loss"],
+            "loss_inprocess": mine[s - 1][0],
+            "grad_norm": launched[s]["grad_norm"],
+            "grad_norm_inprocess": mine[s - 1][1],
+        }
+        for s in range(1, steps + 1)
+    ]
     worst_loss = max(rel(r["loss"], r["loss_inprocess"]) for r in rows)
     worst_norm = max(rel(r["grad_norm"], r["grad_norm_inprocess"]) for r in rows)
     tol = {"loss": 1e-4, "grad_norm": 1e-3}
-    ctx.record(path=" ".join(launch), updates=rows, max_rel_loss=worst_loss, max_rel_grad_norm=worst_norm,
-               tolerance=tol)
+    ctx.record(
+        path=" ".join(launch), updates=rows, max_rel_loss=worst_loss, max_rel_grad_norm=worst_norm, tolerance=tol
+    )
     if worst_loss > tol["loss"] or worst_norm > tol["grad_norm"]:
         raise Failed(f"launched and in-process updates differ: loss {worst_loss:.2e}, grad norm {worst_norm:.2e}")
     return f"{' '.join(launch)} vs in-process, {steps} updates: loss {worst_loss:.1e}, grad norm {worst_norm:.1e}"
@@ -948,9 +1160,16 @@ def inprocess_updates(ctx: Ctx, corpus: Path, steps: int) -> list[tuple[float, f
     from gptcli.train.trainer import Trainer, split_micro_batches
 
     s = ctx.sizes
-    cfg = PretrainConfig(data=corpus, preset=s.pt_preset, seq_len=s.pt_seq, batch_size=s.pt_batch, max_steps=steps,
-                         warmup_steps=2, precision="fp32",
-                         model={"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0})
+    cfg = PretrainConfig(
+        data=corpus,
+        preset=s.pt_preset,
+        seq_len=s.pt_seq,
+        batch_size=s.pt_batch,
+        max_steps=steps,
+        warmup_steps=2,
+        precision="fp32",
+        model={"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0},
+    )
     configure_backends(ctx.device)
     data = open_corpus(corpus)
     mcfg = build_model_config(cfg, data.tokenizer.vocab_size)
@@ -959,8 +1178,15 @@ def inprocess_updates(ctx: Ctx, corpus: Path, steps: int) -> list[tuple[float, f
     torch.manual_seed(cfg.seed)
     model = build_model(mcfg).to(ctx.device)
     opt = make_optimizer(model, cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2), cfg.eps, cfg.decay)
-    tr = Trainer(model, opt, lm_loss, lambda i: lr_at(i, total, cfg.lr, cfg.warmup_steps, cfg.schedule),
-                 device=ctx.device, precision="fp32", grad_clip=cfg.grad_clip)
+    tr = Trainer(
+        model,
+        opt,
+        lm_loss,
+        lambda i: lr_at(i, total, cfg.lr, cfg.warmup_steps, cfg.schedule),
+        device=ctx.device,
+        precision="fp32",
+        grad_clip=cfg.grad_clip,
+    )
     out = []
     for i in range(steps):
         res = tr.step(i, split_micro_batches(sampler.next_batch().to(ctx.device), cfg.batch_size))
@@ -968,15 +1194,27 @@ def inprocess_updates(ctx: Ctx, corpus: Path, steps: int) -> list[tuple[float, f
     return out
 
 
-@check("resume", 240, "checkpoint → resume: next losses equal to an uninterrupted run; CUDA RNG state restored; "
-       "the fused optimizer's step tensor on the parameters' device")
+@check(
+    "resume",
+    240,
+    "checkpoint → resume: next losses equal to an uninterrupted run; CUDA RNG state restored; "
+    "the fused optimizer's step tensor on the parameters' device",
+)
 def check_resume(ctx: Ctx) -> str:
     corpus, _ = corpus_paths(ctx)
     total, stop = 6, 3
     # Dropout on (the CUDA RNG must be restored for the masks to repeat); a constant schedule after warm-up, so that
     # a run of 3 updates and one of 6 share their first learning rates.
-    common = ("--precision", "fp32", "--schedule", "constant", "--warmup-steps", "2",
-              "--n-layer", str(ctx.sizes.resume_layers))
+    common = (
+        "--precision",
+        "fp32",
+        "--schedule",
+        "constant",
+        "--warmup-steps",
+        "2",
+        "--n-layer",
+        str(ctx.sizes.resume_layers),
+    )
     whole, parts = ctx.work / "resume-whole", ctx.work / "resume-parts"
     ctx.cli(*pretrain_args(ctx, corpus, whole, total, *common), timeout=120)
     ctx.cli(*pretrain_args(ctx, corpus, parts, stop, *common), timeout=120)
@@ -985,8 +1223,13 @@ def check_resume(ctx: Ctx) -> str:
     rows = [{"step": s, "uninterrupted": a[s]["loss"], "resumed": b[s]["loss"]} for s in range(1, total + 1)]
     noise = max(rel(b[s]["loss"], a[s]["loss"]) for s in range(1, stop + 1))  # the same updates, run twice
     after = max(rel(b[s]["loss"], a[s]["loss"]) for s in range(stop + 1, total + 1))
-    ctx.record(n_layer=ctx.sizes.resume_layers, losses=rows, rel_diff_before_stop=noise, rel_diff_after_resume=after,
-               tolerance=1e-4)
+    ctx.record(
+        n_layer=ctx.sizes.resume_layers,
+        losses=rows,
+        rel_diff_before_stop=noise,
+        rel_diff_after_resume=after,
+        tolerance=1e-4,
+    )
     state = restored_state(ctx, parts / "checkpoints" / f"step-{stop:07d}")
     ctx.record(**state)
     if after > 1e-4:
@@ -996,13 +1239,19 @@ def check_resume(ctx: Ctx) -> str:
         raise Failed("the checkpoint's CUDA RNG state was not saved or not restored")
     if state["step_tensor_devices"] != [state["param_device"]]:
         raise Failed(f"restored step tensors on {state['step_tensor_devices']}, params on {state['param_device']}")
-    return f"after resume: {after:.1e} (run-to-run before the stop {noise:.1e}); CUDA RNG restored; step on " \
-           f"{state['param_device']}"
+    return (
+        f"after resume: {after:.1e} (run-to-run before the stop {noise:.1e}); CUDA RNG restored; step on "
+        f"{state['param_device']}"
+    )
 
 
-@check("out_of_memory", 180, "a run whose update does not fit (the GPU capped at 1 GiB more than in use): one "
-       "OutOfMemory naming "
-"--micro-batch-size, and its advice followed until the run fits and finishes; the memory given back after")
+@check(
+    "out_of_memory",
+    180,
+    "a run whose update does not fit (the GPU capped at 1 GiB more than in use): one "
+    "OutOfMemory naming "
+    "--micro-batch-size, and its advice followed until the run fits and finishes; the memory given back after",
+)
 def check_out_of_memory(ctx: Ctx) -> str:
     """PyTorch's "CUDA out of memory" inside a real update, turned into gpt1's one line (gptcli/train/run/memory.py)
     with the GPU's figures, and the advice it gives followed until the run fits. The GPU is capped for this process
@@ -1018,10 +1267,23 @@ def check_out_of_memory(ctx: Ctx) -> str:
     corpus, _ = corpus_paths(ctx)
     s = ctx.sizes
     # The resume check's depth: the finishing run writes a checkpoint, which at 12 blocks takes seconds to hash.
-    cfg = PretrainConfig(data=corpus, out=ctx.work / "oom", preset=s.pt_preset, model={"n_layer": s.resume_layers},
-                         seq_len=s.pt_seq, batch_size=64,
-                         max_steps=2, warmup_steps=1, eval_every=0, eval_batches=1, save_every=0, log_every=1,
-                         verify_data=False, device="cuda" if ctx.cuda else "cpu", precision=ctx.precision)
+    cfg = PretrainConfig(
+        data=corpus,
+        out=ctx.work / "oom",
+        preset=s.pt_preset,
+        model={"n_layer": s.resume_layers},
+        seq_len=s.pt_seq,
+        batch_size=64,
+        max_steps=2,
+        warmup_steps=1,
+        eval_every=0,
+        eval_batches=1,
+        save_every=0,
+        log_every=1,
+        verify_data=False,
+        device="cuda" if ctx.cuda else "cpu",
+        precision=ctx.precision,
+    )
     attempts: list[dict[str, Any]] = []
     with _memory_cap(ctx, gib=1.0):
         micro = None
@@ -1113,12 +1375,20 @@ def restored_state(ctx: Ctx, path: Path) -> dict[str, Any]:
     ckpt.restore_training_state(doc, tensors, opt)
     restored = bool(ctx.cuda and cuda_saved and torch.equal(torch.cuda.get_rng_state(0), tensors["rng.torch_cuda.0"]))
     steps = sorted({str(s["step"].device) for s in opt.state.values() if "step" in s})
-    return {"cuda_rng_saved": cuda_saved, "cuda_rng_restored": restored, "optimizer_fused": opt.defaults.get("fused"),
-            "step_tensor_devices": steps, "param_device": str(next(model.parameters()).device)}
+    return {
+        "cuda_rng_saved": cuda_saved,
+        "cuda_rng_restored": restored,
+        "optimizer_fused": opt.defaults.get("fused"),
+        "step_tensor_devices": steps,
+        "param_device": str(next(model.parameters()).device),
+    }
 
 
-@check("finetune_eval_zeroshot", 240, "`gpt1 pretrain` (tiny) → `finetune --task cola` → `eval` → `zeroshot` on "
-       "the real-text CoLA-format task")
+@check(
+    "finetune_eval_zeroshot",
+    240,
+    "`gpt1 pretrain` (tiny) → `finetune --task cola` → `eval` → `zeroshot` on the real-text CoLA-format task",
+)
 def check_finetune_eval_zeroshot(ctx: Ctx) -> str:
     corpus, task = corpus_paths(ctx)
     device = "cuda" if ctx.cuda else "cpu"
@@ -1132,22 +1402,106 @@ def check_finetune_eval_zeroshot(ctx: Ctx) -> str:
         seconds[name] = round(time.perf_counter() - t0, 1)
         ctx.record(seconds=seconds)
 
-    timed("pretrain", "pretrain", "--data", str(corpus), "--out", str(pre), "--preset", "tiny", "--seq-len", "64",
-          "--batch-size", "8", "--max-steps", str(steps), "--warmup-steps", "2", "--lr", "1e-3", "--eval-every", "0",
-          "--eval-batches", "2", "--no-verify", "--quiet", "--device", device)
-    limit = ["--max-train-examples", "16", "--max-eval-examples", "8"] if ctx.dry else \
-        ["--max-train-examples", "256", "--max-eval-examples", "64"]
-    timed("finetune", "finetune", "--task", "cola", "--init", str(pre), "--out", str(ft), "--data-dir", str(task),
-          "--epochs", "1", "--batch-size", "8", "--lr", "5e-4", *limit, "--device", device, "--quiet")
-    timed("eval", "eval", "--checkpoint", str(ft), "--task", "cola", "--split", "dev", "--data-dir", str(task),
-          "--out", str(ev), "--max-examples", "8" if ctx.dry else "64", "--device", device, "--precision", "auto")
-    timed("zeroshot", "zeroshot", "--task", "cola", "--checkpoint", str(pre), "--data-dir", str(task), "--split", "dev",
-          "--limit", "8" if ctx.dry else "64", "--out", str(zs), "--device", device)
+    timed(
+        "pretrain",
+        "pretrain",
+        "--data",
+        str(corpus),
+        "--out",
+        str(pre),
+        "--preset",
+        "tiny",
+        "--seq-len",
+        "64",
+        "--batch-size",
+        "8",
+        "--max-steps",
+        str(steps),
+        "--warmup-steps",
+        "2",
+        "--lr",
+        "1e-3",
+        "--eval-every",
+        "0",
+        "--eval-batches",
+        "2",
+        "--no-verify",
+        "--quiet",
+        "--device",
+        device,
+    )
+    limit = (
+        ["--max-train-examples", "16", "--max-eval-examples", "8"]
+        if ctx.dry
+        else ["--max-train-examples", "256", "--max-eval-examples", "64"]
+    )
+    timed(
+        "finetune",
+        "finetune",
+        "--task",
+        "cola",
+        "--init",
+        str(pre),
+        "--out",
+        str(ft),
+        "--data-dir",
+        str(task),
+        "--epochs",
+        "1",
+        "--batch-size",
+        "8",
+        "--lr",
+        "5e-4",
+        *limit,
+        "--device",
+        device,
+        "--quiet",
+    )
+    timed(
+        "eval",
+        "eval",
+        "--checkpoint",
+        str(ft),
+        "--task",
+        "cola",
+        "--split",
+        "dev",
+        "--data-dir",
+        str(task),
+        "--out",
+        str(ev),
+        "--max-examples",
+        "8" if ctx.dry else "64",
+        "--device",
+        device,
+        "--precision",
+        "auto",
+    )
+    timed(
+        "zeroshot",
+        "zeroshot",
+        "--task",
+        "cola",
+        "--checkpoint",
+        str(pre),
+        "--data-dir",
+        str(task),
+        "--split",
+        "dev",
+        "--limit",
+        "8" if ctx.dry else "64",
+        "--out",
+        str(zs),
+        "--device",
+        device,
+    )
     # eval writes one folder per checkpoint and task under --out (e2e-eval/e2e-finetune/cola-dev/results.json).
     evaluated = sorted(ev.rglob("results.json"))
-    scores = {"finetune_dev": read_scores(ft / "results.json"),
-              "eval_dev": read_scores(evaluated[0]) if evaluated else None,
-              "zeroshot_dev": read_scores(zs / "results.json")}
+    scores = {
+        "finetune_dev": read_scores(ft / "results.json"),
+        "eval_dev": read_scores(evaluated[0]) if evaluated else None,
+        "zeroshot_dev": read_scores(zs / "results.json"),
+    }
     ctx.record(scores=scores)
     return f"all four commands ran on {device} ({sum(seconds.values()):.0f} s)"
 
@@ -1174,12 +1528,18 @@ def dynamo_counts() -> dict[str, Any]:
     from torch._dynamo.utils import counters
 
     breaks = counters.get("graph_break", {})
-    return {"unique_graphs": int(counters["stats"].get("unique_graphs", 0)), "graph_breaks": int(sum(breaks.values())),
-            "break_reasons": [str(r).splitlines()[0][:200] for r in breaks]}
+    return {
+        "unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+        "graph_breaks": int(sum(breaks.values())),
+        "break_reasons": [str(r).splitlines()[0][:200] for r in breaks],
+    }
 
 
-@check("compile_loss", 240, "torch.compile of lm_loss: graph breaks and recompiles (torch._dynamo), loss and "
-       "gradient norm against eager")
+@check(
+    "compile_loss",
+    240,
+    "torch.compile of lm_loss: graph breaks and recompiles (torch._dynamo), loss and gradient norm against eager",
+)
 def check_compile_loss(ctx: Ctx) -> str:
     import torch
     import torch._dynamo
@@ -1196,9 +1556,16 @@ def check_compile_loss(ctx: Ctx) -> str:
     model = build(ctx, **layers).train()
     with autocast(ctx.device, ctx.precision):  # type: ignore[arg-type]
         ex = torch._dynamo.explain(lm_loss)(model, data[0])
-    ctx.record(n_layer=ctx.sizes.compile_layers, batch=b, seq=t,
-               explain={"graphs": ex.graph_count, "graph_breaks": ex.graph_break_count,
-                        "break_reasons": [str(r.reason).splitlines()[0][:200] for r in ex.break_reasons]})
+    ctx.record(
+        n_layer=ctx.sizes.compile_layers,
+        batch=b,
+        seq=t,
+        explain={
+            "graphs": ex.graph_count,
+            "graph_breaks": ex.graph_break_count,
+            "break_reasons": [str(r.reason).splitlines()[0][:200] for r in ex.break_reasons],
+        },
+    )
     torch._dynamo.reset()
     from torch._dynamo.utils import counters
 
@@ -1206,34 +1573,53 @@ def check_compile_loss(ctx: Ctx) -> str:
     del model
     # Equality needs the same function on both sides: no dropout (compiled dropout draws other masks).
     no_dropout = {**layers, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
-    eager, compiled = (trainer(ctx, build(ctx, **no_dropout), loss_fn=fn)
-                       for fn in (lm_loss, torch.compile(lm_loss, backend=ctx.sizes.compile_backend)))
+    eager, compiled = (
+        trainer(ctx, build(ctx, **no_dropout), loss_fn=fn)
+        for fn in (lm_loss, torch.compile(lm_loss, backend=ctx.sizes.compile_backend))
+    )
     rows, counts = [], []
     for i, d in enumerate(data):
         e = eager.step(i, [d])
         t0 = time.perf_counter()
         c = compiled.step(i, [d])
         sync(ctx)
-        rows.append({"loss_eager": float(e.loss), "loss_compiled": float(c.loss), "grad_norm_eager": float(e.grad_norm),
-                     "grad_norm_compiled": float(c.grad_norm), "compiled_step_s": round(time.perf_counter() - t0, 2)})
+        rows.append(
+            {
+                "loss_eager": float(e.loss),
+                "loss_compiled": float(c.loss),
+                "grad_norm_eager": float(e.grad_norm),
+                "grad_norm_compiled": float(c.grad_norm),
+                "compiled_step_s": round(time.perf_counter() - t0, 2),
+            }
+        )
         counts.append(dynamo_counts())
         ctx.record(updates=rows, dynamo=counts[-1])
     # The first update starts from the same weights: loss and gradient norm must agree to the tolerance. Later
     # ones drift apart as the two sides' rounding differences enter the weights: a figure, within 5× the tolerance.
     tol = {"fp32": 1e-4, "bf16": 1e-2}[ctx.precision]
-    first = max(rel(rows[0]["loss_compiled"], rows[0]["loss_eager"]),
-                rel(rows[0]["grad_norm_compiled"], rows[0]["grad_norm_eager"]))
+    first = max(
+        rel(rows[0]["loss_compiled"], rows[0]["loss_eager"]),
+        rel(rows[0]["grad_norm_compiled"], rows[0]["grad_norm_eager"]),
+    )
     later = max(rel(r["loss_compiled"], r["loss_eager"]) for r in rows)
     recompiles = counts[-1]["unique_graphs"] - counts[0]["unique_graphs"]
-    ctx.record(backend=ctx.sizes.compile_backend, precision=ctx.precision, first_update_rel_diff=first,
-               max_rel_loss_diff=later, tolerance=tol, recompiles_after_first_update=recompiles)
+    ctx.record(
+        backend=ctx.sizes.compile_backend,
+        precision=ctx.precision,
+        first_update_rel_diff=first,
+        max_rel_loss_diff=later,
+        tolerance=tol,
+        recompiles_after_first_update=recompiles,
+    )
     breaks = max(ex.graph_break_count, counts[-1]["graph_breaks"])
     if first > tol or later > 5 * tol:
         raise Failed(f"compiled vs eager differ: first update {first:.2e}, losses {later:.2e} (tolerance {tol:g})")
     # On CPU gptcli's own dropout (model/dropout.py, keep_mask: random_ and nonzero) is what breaks the graph; the
     # GPU takes F.dropout, so only there do breaks and recompiles say something about `--compile` in training.
-    ctx.need_cuda(f"compiled with {ctx.sizes.compile_backend} on CPU, where gptcli's CPU dropout breaks the graph "
-                  f"{breaks} times; the GPU takes F.dropout and inductor (compiled and eager agreed to {first:.1e})")
+    ctx.need_cuda(
+        f"compiled with {ctx.sizes.compile_backend} on CPU, where gptcli's CPU dropout breaks the graph "
+        f"{breaks} times; the GPU takes F.dropout and inductor (compiled and eager agreed to {first:.1e})"
+    )
     problems = []
     if breaks:
         problems.append(f"{breaks} graph break(s): {ctx.figures['explain']['break_reasons'][:3]}")
@@ -1241,14 +1627,20 @@ def check_compile_loss(ctx: Ctx) -> str:
         problems.append(f"{recompiles} recompile(s) after the first update")
     if problems:
         raise Failed("; ".join(problems))
-    return f"{ex.graph_count} graph, no breaks, no recompiles; compiled vs eager {first:.1e} (tolerance {tol:g}); " \
-           f"first update {rows[0]['compiled_step_s']} s"
+    return (
+        f"{ex.graph_count} graph, no breaks, no recompiles; compiled vs eager {first:.1e} (tolerance {tol:g}); "
+        f"first update {rows[0]['compiled_step_s']} s"
+    )
 
 
-@check("cudagraphs_training", 300, "CUDA graphs (torch.compile mode=\"reduce-overhead\") in the training "
-       "loop's harder cases: 2 micro-batches per update (accumulated gradients) and DDP (one process), with the "
-       "gradients freed between updates (as the Trainer does) and kept and zeroed in place: losses and gradient "
-       "norms against the same compiled loss without graphs")
+@check(
+    "cudagraphs_training",
+    300,
+    'CUDA graphs (torch.compile mode="reduce-overhead") in the training '
+    "loop's harder cases: 2 micro-batches per update (accumulated gradients) and DDP (one process), with the "
+    "gradients freed between updates (as the Trainer does) and kept and zeroed in place: losses and gradient "
+    "norms against the same compiled loss without graphs",
+)
 def check_cudagraphs_training(ctx: Ctx) -> str:
     """What ``throughput_8x512_cudagraphs`` does not show before a ``--compile-mode`` can be offered. With CUDA graph
     trees a graph's outputs live in memory its next replay overwrites, and where a parameter's ``.grad`` is None
@@ -1283,8 +1675,11 @@ def check_cudagraphs_training(ctx: Ctx) -> str:
                 del tr
                 torch._dynamo.reset()
     tol = {"fp32": 1e-4, "bf16": 1e-3}[ctx.precision]
-    diffs = {f"{case}_{arm}": _worst_rel(rows[f"{case}_{arm}"], rows[f"{case}_default"])
-             for case in ("accumulated", "ddp") for arm, _, _ in arms[1:]}
+    diffs = {
+        f"{case}_{arm}": _worst_rel(rows[f"{case}_{arm}"], rows[f"{case}_default"])
+        for case in ("accumulated", "ddp")
+        for arm, _, _ in arms[1:]
+    }
     ctx.record(max_rel_diff=diffs, tolerance=tol, micro_batches=2, batch=b, seq=t, n_layer=layers["n_layer"])
     for case in ("accumulated", "ddp"):
         if isinstance(rows[f"{case}_default"], dict):
@@ -1325,16 +1720,16 @@ def _one_process_group(ctx: Ctx):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    dist.init_process_group("nccl" if ctx.cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1)
+    dist.init_process_group("nccl" if ctx.cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     try:
         yield
     finally:
         dist.destroy_process_group()
 
 
-def _timed_arms(ctx: Ctx, model, module, attr: str, arms: tuple[str, str],
-                runs: tuple[tuple[int, bool], ...]) -> list[str]:
+def _timed_arms(
+    ctx: Ctx, model, module, attr: str, arms: tuple[str, str], runs: tuple[tuple[int, bool], ...]
+) -> list[str]:
     """An A/B of ``model``'s updates with ``module.<attr>`` not naming this device (``arms[0]``) and naming it
     (``arms[1]``), for each (throughput size, compiled) of ``runs``: figures ``update_s_<arm>_<label>``,
     ``peak_gib_<arm>_<label>`` (on the GPU) and ``<arms[1]>_vs_<arms[0]>_<label>`` (> 1: the named path is
@@ -1406,10 +1801,16 @@ def throughput(ctx: Ctx, size: int, compiled: bool, mode: str | None = None) -> 
     loss_fn = compiled_loss(ctx, mode) if compiled else lm_loss
     tr = trainer(ctx, model, loss_fn=loss_fn)
     data = batches(ctx, 4, b, t)
-    ctx.record(batch=b, seq=t, precision=ctx.precision, compiled=compiled,
-               backend=s.throughput_backend if compiled else None, mode=mode if compiled and ctx.cuda else None,
-               scope="one process, no DDP: a data-parallel run adds DDP's gradient buckets (about one more fp32 copy "
-                     "of the gradients, 0.47 GB for gpt1) and the all-reduce")
+    ctx.record(
+        batch=b,
+        seq=t,
+        precision=ctx.precision,
+        compiled=compiled,
+        backend=s.throughput_backend if compiled else None,
+        mode=mode if compiled and ctx.cuda else None,
+        scope="one process, no DDP: a data-parallel run adds DDP's gradient buckets (about one more fp32 copy "
+        "of the gradients, 0.47 GB for gpt1) and the all-reduce",
+    )
     t0 = time.perf_counter()
     for i in range(s.warm_steps):  # compilation, autotuning and the allocator's first growth
         tr.step(i, [data[i % 4]])
@@ -1424,9 +1825,16 @@ def throughput(ctx: Ctx, size: int, compiled: bool, mode: str | None = None) -> 
     peak = gpu_peak_flops(ctx.device, ctx.precision) if ctx.cuda else None  # type: ignore[arg-type]
     mfu = tps * model.flops_per_token(t) / peak if peak else None
     mem = torch.cuda.max_memory_allocated() / 2**30 if ctx.cuda else None
-    ctx.record(tokens_per_s=round(tps, 1), step_ms=round(1000 * dt / s.timed_steps, 2), mfu=mfu,
-               peak_flops=peak, max_memory_allocated_gib=mem, timed_steps=s.timed_steps, last_loss=float(res.loss),
-               **({"dynamo": dynamo_counts()} if compiled else {}))
+    ctx.record(
+        tokens_per_s=round(tps, 1),
+        step_ms=round(1000 * dt / s.timed_steps, 2),
+        mfu=mfu,
+        peak_flops=peak,
+        max_memory_allocated_gib=mem,
+        timed_steps=s.timed_steps,
+        last_loss=float(res.loss),
+        **({"dynamo": dynamo_counts()} if compiled else {}),
+    )
     if not math.isfinite(float(res.loss)):
         raise Failed(f"loss became {float(res.loss)}")
     ctx.need_cuda("tokens/s, MFU and GPU memory only mean something on the GPU (the loop ran)")
@@ -1458,16 +1866,21 @@ def _throughput_checks(size: int, label: str) -> None:
     """Register the throughput checks of one size (an index into ``Sizes.throughput``): eager, compiled, and at
     8 × 512 also with CUDA graphs."""
     for compiled in (False, True):
-        check(f"throughput_{label}_{'compile' if compiled else 'eager'}", 240 if compiled else 90,
-              f"gpt1 preset bf16 at {label.replace('x', '×')} per GPU, {'--compile' if compiled else 'eager'}: "
-              "tokens/s, MFU, torch.cuda.max_memory_allocated")(
-            lambda ctx, _s=size, _c=compiled: throughput(ctx, _s, _c))
+        check(
+            f"throughput_{label}_{'compile' if compiled else 'eager'}",
+            240 if compiled else 90,
+            f"gpt1 preset bf16 at {label.replace('x', '×')} per GPU, {'--compile' if compiled else 'eager'}: "
+            "tokens/s, MFU, torch.cuda.max_memory_allocated",
+        )(lambda ctx, _s=size, _c=compiled: throughput(ctx, _s, _c))
     if label == "8x512":
         # An eager update there is 18 ms for 4,096 tokens on an H200 (17 % MFU, the first run): launch-bound. CUDA
         # graphs (mode="reduce-overhead") replay a step's kernels without launching each.
-        check("throughput_8x512_cudagraphs", 240, "gpt1 preset bf16 at 8×512 per GPU, torch.compile "
-              "mode=\"reduce-overhead\" (CUDA graphs): tokens/s, MFU, torch.cuda.max_memory_allocated")(
-            lambda ctx: throughput(ctx, 0, True, mode="reduce-overhead"))
+        check(
+            "throughput_8x512_cudagraphs",
+            240,
+            "gpt1 preset bf16 at 8×512 per GPU, torch.compile "
+            'mode="reduce-overhead" (CUDA graphs): tokens/s, MFU, torch.cuda.max_memory_allocated',
+        )(lambda ctx: throughput(ctx, 0, True, mode="reduce-overhead"))
 
 
 # The sizes in the order a cut run should lose them: 8 × 512 (an 8-GPU run's share) and 64 × 512 (the paper's batch)
@@ -1477,9 +1890,13 @@ _throughput_checks(0, "8x512")
 _throughput_checks(2, "64x512")
 
 
-@check("chunked_loss", 300, "a bf16 update of the gpt1 preset with its output layer and loss over blocks of rows "
-       "(chunked_nll.CHUNKED_LOSS_DEVICES) against the padded product's whole logits: same loss and gradient norm, "
-       "seconds per update and peak memory eager and compiled at 64×512")
+@check(
+    "chunked_loss",
+    300,
+    "a bf16 update of the gpt1 preset with its output layer and loss over blocks of rows "
+    "(chunked_nll.CHUNKED_LOSS_DEVICES) against the padded product's whole logits: same loss and gradient norm, "
+    "seconds per update and peak memory eager and compiled at 64×512",
+)
 def check_chunked_loss(ctx: Ctx) -> str:
     """The candidate after the padded head: never writing the 64 × 512 × 40,512 logits (2.65 GB in bf16) nor their
     gradient; ``step_profile`` puts the loss at 6 % of a compiled update's kernels and the three output products at
@@ -1508,23 +1925,34 @@ def check_chunked_loss(ctx: Ctx) -> str:
     model.zero_grad(set_to_none=True)
     if ctx.figures["grad_fn_chunked"] != "_ChunkedNLLBackward":
         raise Failed(f"the chunked arm's loss came from {ctx.figures['grad_fn_chunked']}, not chunked_nll")
-    ctx.record(loss_whole=start["whole"][0], loss_chunked=start["chunked"][0], grad_norm_whole=start["whole"][1],
-               grad_norm_chunked=start["chunked"][1])
+    ctx.record(
+        loss_whole=start["whole"][0],
+        loss_chunked=start["chunked"][0],
+        grad_norm_whole=start["whole"][1],
+        grad_norm_chunked=start["chunked"][1],
+    )
     diff = max(rel(start["chunked"][0], start["whole"][0]), rel(start["chunked"][1], start["whole"][1]))
     if diff > 1e-2:
         raise Failed(f"the chunked loss differs from the whole logits' by {diff:.1e}: {start}")
     last = len(ctx.sizes.throughput) - 1
-    notes = _timed_arms(ctx, model, chunked_nll, "CHUNKED_LOSS_DEVICES", ("whole", "chunked"),
-                        ((last, False), (last, True)))
+    notes = _timed_arms(
+        ctx, model, chunked_nll, "CHUNKED_LOSS_DEVICES", ("whole", "chunked"), ((last, False), (last, True))
+    )
     ctx.need_cuda("what the blocks save is GPU memory traffic and memory (the CPU has its own blockwise loss)")
     b, t = ctx.sizes.throughput[last]
     mem = {n: ctx.figures[f"peak_gib_{n}_{b}x{t}_compile"] for n in ("whole", "chunked")}
-    return (f"chunked against whole logits, per update: {', '.join(notes)}; peak compiled {mem['whole']:.1f} → "
-            f"{mem['chunked']:.1f} GiB; loss {diff:.1e} (> 1: \"cuda\" belongs in chunked_nll.CHUNKED_LOSS_DEVICES)")
+    return (
+        f"chunked against whole logits, per update: {', '.join(notes)}; peak compiled {mem['whole']:.1f} → "
+        f'{mem["chunked"]:.1f} GiB; loss {diff:.1e} (> 1: "cuda" belongs in chunked_nll.CHUNKED_LOSS_DEVICES)'
+    )
 
 
-@check("step_profile", 240, "where a compiled gpt1 bf16 update at 64×512 spends its GPU time: kernels by kind "
-       "(matmul, attention, loss, optimizer, fused elementwise, copies) against the update's wall time")
+@check(
+    "step_profile",
+    240,
+    "where a compiled gpt1 bf16 update at 64×512 spends its GPU time: kernels by kind "
+    "(matmul, attention, loss, optimizer, fused elementwise, copies) against the update's wall time",
+)
 def check_step_profile(ctx: Ctx) -> str:
     model = build(ctx, **({} if ctx.cuda else {"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}))
     tr = trainer(ctx, model, loss_fn=compiled_loss(ctx))
@@ -1542,16 +1970,27 @@ def check_step_profile(ctx: Ctx) -> str:
     kernels = cuda_kernels(prof, top=10_000)
     kernel_ms = sum(k["ms"] for k in kernels)
     groups = kernel_groups(kernels)
-    ctx.record(batch=b, seq=t, step_ms=round(step_ms, 2), kernel_ms=round(kernel_ms, 2),
-               gpu_busy=round(kernel_ms / step_ms, 3) if step_ms else None, groups=groups, top_kernels=kernels[:30])
+    ctx.record(
+        batch=b,
+        seq=t,
+        step_ms=round(step_ms, 2),
+        kernel_ms=round(kernel_ms, 2),
+        gpu_busy=round(kernel_ms / step_ms, 3) if step_ms else None,
+        groups=groups,
+        top_kernels=kernels[:30],
+    )
     ctx.need_cuda("the GPU's kernels are what this check reads (the compiled CPU step ran)")
     shares = ", ".join(f"{g} {100 * v['ms'] / kernel_ms:.0f}%" for g, v in list(groups.items())[:4])
     return f"{kernel_ms:.1f} ms of kernels in a {step_ms:.1f} ms update; {shares}"
 
 
-@check("padded_head", 240, "a bf16 update of the gpt1 preset with its output product against the embedding padded "
-       "to aligned rows (tied.PADDED_HEAD_DEVICES) against the plain product: same loss, seconds per update "
-       "eager at 8×512 and 64×512, compiled at 64×512")
+@check(
+    "padded_head",
+    240,
+    "a bf16 update of the gpt1 preset with its output product against the embedding padded "
+    "to aligned rows (tied.PADDED_HEAD_DEVICES) against the plain product: same loss, seconds per update "
+    "eager at 8×512 and 64×512, compiled at 64×512",
+)
 def check_padded_head(ctx: Ctx) -> str:
     import torch
 
@@ -1563,18 +2002,23 @@ def check_padded_head(ctx: Ctx) -> str:
     losses = {}
     first = batches(ctx, 1, *ctx.sizes.throughput[0])[0]
     for name in ("plain", "padded"):  # the same weights: the losses before any update
-        with _naming(tied, "PADDED_HEAD_DEVICES", ctx.device.type, name == "padded"), torch.no_grad(), \
-                autocast(ctx.device, ctx.precision):  # type: ignore[arg-type]
+        with (
+            _naming(tied, "PADDED_HEAD_DEVICES", ctx.device.type, name == "padded"),
+            torch.no_grad(),
+            autocast(ctx.device, ctx.precision),
+        ):  # type: ignore[arg-type]
             losses[name] = float(lm_loss(model, first))
     ctx.record(loss_plain=losses["plain"], loss_padded=losses["padded"])
     if rel(losses["padded"], losses["plain"]) > 1e-3:
         raise Failed(f"padded head's loss {losses['padded']} differs from the plain {losses['plain']}")
     last = len(ctx.sizes.throughput) - 1
-    notes = _timed_arms(ctx, model, tied, "PADDED_HEAD_DEVICES", ("plain", "padded"),
-                        ((0, False), (last, False), (last, True)))
+    notes = _timed_arms(
+        ctx, model, tied, "PADDED_HEAD_DEVICES", ("plain", "padded"), ((0, False), (last, False), (last, True))
+    )
     ctx.need_cuda("the products' alignment is what this measures, on the GPU (the CPU's padding is kernels/tied.py's)")
-    return (f"padded head against plain, per update: {', '.join(notes)} "
-            "(> 1: \"cuda\" belongs in tied.PADDED_HEAD_DEVICES)")
+    return (
+        f'padded head against plain, per update: {", ".join(notes)} (> 1: "cuda" belongs in tied.PADDED_HEAD_DEVICES)'
+    )
 
 
 _throughput_checks(1, "32x512")
@@ -1599,8 +2043,11 @@ def run_check(name: str, dry: bool, work: str, result_path: str | None) -> dict[
     except Failed as e:
         result = {"status": "fail", "error": str(e).splitlines()[-30:]}
     except BaseException as e:  # noqa: BLE001 - anything a check raises is its result, not the runner's end
-        result = {"status": "fail", "error": traceback.format_exc().splitlines()[-25:],
-                  "exception": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+        result = {
+            "status": "fail",
+            "error": traceback.format_exc().splitlines()[-25:],
+            "exception": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",
+        }
     result.update(figures=finite(ctx.figures if ctx else {}), seconds=round(time.perf_counter() - t0, 2))
     if path is not None:
         write_json_atomic(path, result)
@@ -1680,11 +2127,19 @@ class Runner:
         self.current: int | None = None
         """The pid of the running check's process."""
         self.record: dict[str, Any] = {
-            "tool": "benchmarks/gpu_check.py", "format": 1, "mode": "dry-run" if args.dry_run else "gpu",
-            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "deadline_s": args.deadline,
-            "sizes": asdict(DRY if args.dry_run else REAL), "logs": os.path.relpath(self.logs, out.parent),
-            "env": None, "checks": [],
-            "not_testable_here": NOT_TESTABLE, "summary": {}, "finished": False, "total_s": 0.0,
+            "tool": "benchmarks/gpu_check.py",
+            "format": 1,
+            "mode": "dry-run" if args.dry_run else "gpu",
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "deadline_s": args.deadline,
+            "sizes": asdict(DRY if args.dry_run else REAL),
+            "logs": os.path.relpath(self.logs, out.parent),
+            "env": None,
+            "checks": [],
+            "not_testable_here": NOT_TESTABLE,
+            "summary": {},
+            "finished": False,
+            "total_s": 0.0,
         }
         self.save()
 
@@ -1700,8 +2155,11 @@ class Runner:
         stop = None
         own = chk.timeout_s * self.args.timeout_scale
         if left < 5:
-            res: dict[str, Any] = {"status": "skipped", "reason": f"the global deadline ({self.args.deadline:.0f} s) "
-                                   "was reached before this check could start", "figures": {}}
+            res: dict[str, Any] = {
+                "status": "skipped",
+                "reason": f"the global deadline ({self.args.deadline:.0f} s) was reached before this check could start",
+                "figures": {},
+            }
         else:
             try:
                 res = self.run_process(chk, min(own, left))
@@ -1729,8 +2187,11 @@ class Runner:
             kill_tree(self.current)
         paths = self.paths(chk)
         log = tail(detail or read_text(paths[1]), 20).splitlines()
-        return {"status": "timeout" if "interrupted" in why else "fail",
-                "figures": read_result(paths[0]).get("figures", {}), "error": [why, *log]}
+        return {
+            "status": "timeout" if "interrupted" in why else "fail",
+            "figures": read_result(paths[0]).get("figures", {}),
+            "error": [why, *log],
+        }
 
     def paths(self, chk: Check) -> tuple[Path, Path]:
         return self.logs / f"{chk.name}.json", self.logs / f"{chk.name}.log"
@@ -1750,28 +2211,53 @@ class Runner:
         res = read_result(result_path)
         seconds = round(time.monotonic() - t0, 2)
         if timed_out:
-            return {"status": "timeout", "figures": res.get("figures", {}), "seconds": seconds,
-                    "error": [f"killed after {timeout:.0f} s"] + tail(read_text(log_path), 20).splitlines()}
+            return {
+                "status": "timeout",
+                "figures": res.get("figures", {}),
+                "seconds": seconds,
+                "error": [f"killed after {timeout:.0f} s"] + tail(read_text(log_path), 20).splitlines(),
+            }
         if res.get("status") in ("ok", "fail", "skipped"):
             return {**res, "seconds": seconds}
         why = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        return {"status": "fail", "figures": res.get("figures", {}), "seconds": seconds,
-                "error": [f"the check's process died ({why}) before reporting",
-                          *tail(read_text(log_path), 25).splitlines()]}
+        return {
+            "status": "fail",
+            "figures": res.get("figures", {}),
+            "seconds": seconds,
+            "error": [
+                f"the check's process died ({why}) before reporting",
+                *tail(read_text(log_path), 25).splitlines(),
+            ],
+        }
 
     def start(self, chk: Check, result_path: Path, log_path: Path, timeout: float) -> tuple[int, Callable]:
         """Start the check's process; returns its pid and ``wait(seconds) -> exit code or None (still running)``."""
         if self.mp is not None:
-            proc = self.mp.Process(target=_child, name=f"gpu_check-{chk.name}",
-                                   args=(chk.name, self.args.dry_run, str(self.work), str(result_path), str(log_path),
-                                         timeout))
+            proc = self.mp.Process(
+                target=_child,
+                name=f"gpu_check-{chk.name}",
+                args=(chk.name, self.args.dry_run, str(self.work), str(result_path), str(log_path), timeout),
+            )
             proc.start()
             assert proc.pid is not None
             return proc.pid, lambda s: (proc.join(s), proc.exitcode)[1]
         with open(log_path, "ab") as log:
-            popen = subprocess.Popen([sys.executable, __file__, "--child", chk.name, "--work", str(self.work),
-                                      "--result", str(result_path), *(["--dry-run"] if self.args.dry_run else [])],
-                                     stdout=log, stderr=log, start_new_session=True)
+            popen = subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    chk.name,
+                    "--work",
+                    str(self.work),
+                    "--result",
+                    str(result_path),
+                    *(["--dry-run"] if self.args.dry_run else []),
+                ],
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
         return popen.pid, lambda s: _poll(popen, s)
 
 
@@ -1798,12 +2284,33 @@ def read_text(path: Path) -> str:
 
 # What the checks and the commands they run import (a missing one is skipped by the server): the biggest are
 # torch._dynamo (imported by the first model built) and spacy (the text pipeline), seconds each on a slow CPU.
-PRELOAD = ["torch", "torch._dynamo", "torch.profiler", "torch.distributed.elastic.multiprocessing", "spacy", "ftfy",
-           "gptcli.cli", "gptcli.commands.pretrain", "gptcli.commands.finetune", "gptcli.commands.evaluate",
-           "gptcli.commands.zeroshot", "gptcli.commands.prepare", "gptcli.commands.render", "gptcli.train.pretrain",
-           "gptcli.train.finetune", "gptcli.train.distributed", "gptcli.data.prepare", "gptcli.eval.tasks",
-           "gptcli.eval.perplexity", "gptcli.eval.zeroshot", "gptcli.eval.scoring", "gptcli.model.generate",
-           "gptcli.tokenizers.text", "gptcli.interop.hub", "gptcli.pipelines.quickstart"]
+PRELOAD = [
+    "torch",
+    "torch._dynamo",
+    "torch.profiler",
+    "torch.distributed.elastic.multiprocessing",
+    "spacy",
+    "ftfy",
+    "gptcli.cli",
+    "gptcli.commands.pretrain",
+    "gptcli.commands.finetune",
+    "gptcli.commands.evaluate",
+    "gptcli.commands.zeroshot",
+    "gptcli.commands.prepare",
+    "gptcli.commands.render",
+    "gptcli.train.pretrain",
+    "gptcli.train.finetune",
+    "gptcli.train.distributed",
+    "gptcli.data.prepare",
+    "gptcli.eval.tasks",
+    "gptcli.eval.perplexity",
+    "gptcli.eval.zeroshot",
+    "gptcli.eval.scoring",
+    "gptcli.model.generate",
+    "gptcli.tokenizers.text",
+    "gptcli.interop.hub",
+    "gptcli.pipelines.quickstart",
+]
 
 
 def forkserver():
@@ -1851,9 +2358,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="comma-separated check names (default: all, in order)")
     ap.add_argument("--list", action="store_true", help="print the checks and exit")
     ap.add_argument("--work", help="working folder (default: a fresh temporary one, removed afterwards)")
-    ap.add_argument("--fresh-processes", action="store_true",
-                    help="start each check (and in the dry run each gpt1 command) as a fresh interpreter instead of "
-                         "forking it from one that has imported torch: slower, the GPU run's way of starting commands")
+    ap.add_argument(
+        "--fresh-processes",
+        action="store_true",
+        help="start each check (and in the dry run each gpt1 command) as a fresh interpreter instead of "
+        "forking it from one that has imported torch: slower, the GPU run's way of starting commands",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -1893,8 +2403,11 @@ def run_all(args: argparse.Namespace) -> int:
         work = Path(args.work).resolve() if args.work else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         runner = Runner(args, work, out, logs)
-        print(f"gpu_check ({runner.record['mode']}): {len(checks)} checks, deadline {args.deadline:.0f} s, "
-              f"record in {out}, logs in {logs}", flush=True)
+        print(
+            f"gpu_check ({runner.record['mode']}): {len(checks)} checks, deadline {args.deadline:.0f} s, "
+            f"record in {out}, logs in {logs}",
+            flush=True,
+        )
         try:
             for chk in checks:
                 entry = runner.run(chk)
@@ -1915,11 +2428,16 @@ def run_all(args: argparse.Namespace) -> int:
         runner.record["rerun"] = rerun_command(runner.record["checks"], out)
         runner.save()
     s = runner.record["summary"]
-    print(f"gpu_check: {s['ok']} ok, {s['fail']} failed, {s['timeout']} timed out, {s['skipped']} skipped in "
-          f"{runner.record['total_s']:.0f} s; record: {out}", flush=True)
+    print(
+        f"gpu_check: {s['ok']} ok, {s['fail']} failed, {s['timeout']} timed out, {s['skipped']} skipped in "
+        f"{runner.record['total_s']:.0f} s; record: {out}",
+        flush=True,
+    )
     if runner.record["rerun"]:
-        print(f"gpu_check: the deadline cut checks short; to finish them in another call: {runner.record['rerun']}",
-              flush=True)
+        print(
+            f"gpu_check: the deadline cut checks short; to finish them in another call: {runner.record['rerun']}",
+            flush=True,
+        )
     return 1 if s["fail"] or s["timeout"] else 0
 
 

@@ -14,8 +14,13 @@ import random
 import tempfile
 from pathlib import Path
 
-GLUE = (("SST-2/dev.tsv", (0,), 1), ("RTE/dev.tsv", (1, 2), 1), ("CoLA/dev.tsv", (3,), 0), ("MRPC/dev.tsv", (3, 4), 1),
-        ("STS-B/dev.tsv", (7, 8), 1))
+GLUE = (
+    ("SST-2/dev.tsv", (0,), 1),
+    ("RTE/dev.tsv", (1, 2), 1),
+    ("CoLA/dev.tsv", (3,), 0),
+    ("MRPC/dev.tsv", (3, 4), 1),
+    ("STS-B/dev.tsv", (7, 8), 1),
+)
 
 
 def texts(data: Path) -> dict[str, list[str]]:
@@ -56,8 +61,11 @@ def exported(tok, where: Path):
     from gptcli.interop.convert import to_hf
     from gptcli.model.gpt import GPT, ModelConfig
 
-    save_checkpoint(where / "ck", GPT(ModelConfig(vocab_size=tok.vocab_size, n_ctx=32, n_embd=16, n_layer=1, n_head=1,
-                                                  n_inner=64)), tok)
+    save_checkpoint(
+        where / "ck",
+        GPT(ModelConfig(vocab_size=tok.vocab_size, n_ctx=32, n_embd=16, n_layer=1, n_head=1, n_inner=64)),
+        tok,
+    )
     return AutoTokenizer.from_pretrained(to_hf(where / "ck", where / "hf")[0])
 
 

@@ -41,7 +41,9 @@ def main() -> None:
     builds = {"now": native.library()}
     if builds["now"] is None:
         raise SystemExit(f"error: the compiled library is not available here ({native.unavailable()})")
-    print(f"now: {native.build_name()} (flags {' '.join(native.flags())}; vector row loops: {builds['now'].vector_isa() or 'none'})")
+    print(
+        f"now: {native.build_name()} (flags {' '.join(native.flags())}; vector row loops: {builds['now'].vector_isa() or 'none'})"
+    )
     if args.before is not None:
         builds["before"] = _load(args.before)
         _check_identical(builds["now"], builds["before"])
@@ -56,8 +58,14 @@ def main() -> None:
             ms = statistics.median(times[(case, impl)]) * 1e3
             rows.append({"case": case, "impl": impl, "ms": ms, "stock_over_impl": stock / ms})
             print(f"  {case:32s} {impl:6s} {ms:8.1f} ms  {stock / ms:5.2f}× stock")
-    write_json(args.json, info, rows=rows, args={**vars(args), "before": str(args.before) if args.before else None},
-               build=native.build_name(), flags=native.flags())
+    write_json(
+        args.json,
+        info,
+        rows=rows,
+        args={**vars(args), "before": str(args.before) if args.before else None},
+        build=native.build_name(),
+        flags=native.flags(),
+    )
 
 
 def _load(path: Path):
@@ -87,9 +95,14 @@ def _check_identical(now, before) -> None:
     x = _inputs()
     for dtype in (torch.float32, torch.bfloat16):
         a, b, t = x["mlp"].to(dtype), x["mlp"].flip(0).to(dtype), x["attention"].to(dtype)
-        pairs = [(now.gelu_forward(a), before.gelu_forward(a)), (now.gelu_backward(b, a), before.gelu_backward(b, a)),
-                 (now.dropout_apply(t, 99, threshold(0.1), 1 / 0.9, torch.empty_like(t)),
-                  before.dropout_apply(t, 99, threshold(0.1), 1 / 0.9, torch.empty_like(t)))]
+        pairs = [
+            (now.gelu_forward(a), before.gelu_forward(a)),
+            (now.gelu_backward(b, a), before.gelu_backward(b, a)),
+            (
+                now.dropout_apply(t, 99, threshold(0.1), 1 / 0.9, torch.empty_like(t)),
+                before.dropout_apply(t, 99, threshold(0.1), 1 / 0.9, torch.empty_like(t)),
+            ),
+        ]
         for p, q in pairs:
             if not torch.equal(p, q):
                 raise SystemExit(f"error: the two builds differ in {dtype} (the compiled code changed its results)")
@@ -106,8 +119,12 @@ def _cases(builds: dict) -> dict:
     t = threshold(0.1)
     for dtype, tag in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
         a, b = x["mlp"].to(dtype), x["mlp"].flip(0).to(dtype)
-        gelu = {"stock": lambda a=a, b=b: (F.gelu(a, approximate="tanh"),
-                                           torch.ops.aten.gelu_backward(b, a, approximate="tanh"))}
+        gelu = {
+            "stock": lambda a=a, b=b: (
+                F.gelu(a, approximate="tanh"),
+                torch.ops.aten.gelu_backward(b, a, approximate="tanh"),
+            )
+        }
         for name, lib in builds.items():
             gelu[name] = lambda a=a, b=b, lib=lib: (lib.gelu_forward(a), lib.gelu_backward(b, a))
         cases[f"gelu {tag}"] = gelu
@@ -115,7 +132,9 @@ def _cases(builds: dict) -> dict:
             y = x[part].to(dtype)
             drop = {"stock": lambda y=y: (F.dropout(y, 0.1, True), F.dropout(y, 0.1, True))}
             for name, lib in builds.items():
-                drop[name] = lambda y=y, lib=lib: [lib.dropout_apply(y, s, t, 1 / 0.9, torch.empty_like(y)) for s in (1, 2)]
+                drop[name] = lambda y=y, lib=lib: [
+                    lib.dropout_apply(y, s, t, 1 / 0.9, torch.empty_like(y)) for s in (1, 2)
+                ]
             cases[f"dropout {part} {tag}"] = drop
     return cases
 

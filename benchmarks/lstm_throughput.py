@@ -31,8 +31,12 @@ from _machine import add_machine_args, cpu_model, round_robin, start  # benchmar
 
 # pair -> (Transformer preset + overrides, LSTM preset + overrides, batch, seq_len)
 PAIRS = {
-    "cpu": (("tiny", dict(vocab_size=4096, n_layer=4, n_embd=192, n_head=4, n_inner=768, n_ctx=128)),
-            ("lstm-tiny", dict(vocab_size=4096, n_embd=192, n_hidden=560, n_ctx=128)), 16, 128),
+    "cpu": (
+        ("tiny", dict(vocab_size=4096, n_layer=4, n_embd=192, n_head=4, n_inner=768, n_ctx=128)),
+        ("lstm-tiny", dict(vocab_size=4096, n_embd=192, n_hidden=560, n_ctx=128)),
+        16,
+        128,
+    ),
     "tiny": (("tiny", {}), ("lstm-tiny", {}), 4, 512),
     "paper": (("gpt1", {}), ("lstm", dict(n_embd=2048)), 4, 512),
 }
@@ -50,13 +54,18 @@ def main() -> None:
     import torch
 
     load = os.getloadavg()
-    print(f"{cpu_model()}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start")
+    print(
+        f"{cpu_model()}, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start"
+    )
     results = [r for pair in args.pairs.split(",") for r in bench_pair(pair, args)]
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"cpu": cpu_model(), "threads": torch.get_num_threads(), "load_average": load,
-                       "results": results}, f, indent=1)
+            json.dump(
+                {"cpu": cpu_model(), "threads": torch.get_num_threads(), "load_average": load, "results": results},
+                f,
+                indent=1,
+            )
 
 
 def bench_pair(pair: str, args: argparse.Namespace) -> list[dict]:
@@ -94,16 +103,29 @@ def bench_pair(pair: str, args: argparse.Namespace) -> list[dict]:
 
 def _report(pair: str, models: dict, times: dict, batch_size: int, seq_len: int) -> list[dict]:
     tokens = batch_size * seq_len
-    print(f"\n{pair}: batch {batch_size}×{seq_len}, " + ", ".join(
-        f"{a} {m.num_params() / 1e6:.2f}M params {m.flops_per_token(seq_len) / 1e6:.1f} MFLOP/token"
-        for a, (m, _) in models.items()))
+    print(
+        f"\n{pair}: batch {batch_size}×{seq_len}, "
+        + ", ".join(
+            f"{a} {m.num_params() / 1e6:.2f}M params {m.flops_per_token(seq_len) / 1e6:.1f} MFLOP/token"
+            for a, (m, _) in models.items()
+        )
+    )
     results = []
     for (arch, prec), ts in times.items():
         med = statistics.median(ts)
         base = statistics.median(times[("transformer", prec)])
         m = models[arch][0]
-        results.append({"pair": pair, "arch": arch, "precision": prec, "params": m.num_params(), "median_s": med,
-                        "tokens_per_s": tokens / med, "vs_transformer": base / med})
+        results.append(
+            {
+                "pair": pair,
+                "arch": arch,
+                "precision": prec,
+                "params": m.num_params(),
+                "median_s": med,
+                "tokens_per_s": tokens / med,
+                "vs_transformer": base / med,
+            }
+        )
         print(f"  {arch:11s} {prec}: {med:7.3f} s/step  {tokens / med:9.1f} tok/s  {base / med:5.2f}× the Transformer")
     return results
 

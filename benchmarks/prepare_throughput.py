@@ -47,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _machine import machine_header, write_json  # noqa: E402  benchmarks/_machine.py
+
 from gptcli.data.prepare import PrepareConfig, prepare  # noqa: E402
 from gptcli.progress import Progress  # noqa: E402
 
@@ -102,6 +103,7 @@ def pick_books(data: Path, limit_mb: float | None) -> list[Path]:
 # ------------------------------------------------------------------------------------ the released pipeline
 # Written for this benchmark after openai/finetune-transformer-lm text_utils.py (MIT): the same operations in
 # the same order, including its costs (per-call regexes, the list-scanning merge loop, a string cache).
+
 
 def released_standardize(text: str) -> str:
     """The released ``text_standardize``. Its punctuation pattern is a non-raw string, so the regex engine sees
@@ -192,16 +194,25 @@ def released_encode(texts, nlp, bpe: ReleasedBPE) -> list[list[int]]:
 
 # ---------------------------------------------------------------------------------------------- measurements
 
+
 def row(name: str, mb: float, wall: float, cpu: float, **extra) -> dict:
-    return {"stage": name, "seconds": wall, "cpu_seconds": cpu, "mb_per_s": mb / wall,
-            "mb_per_cpu_s": mb / cpu if cpu > 0 else float("nan"), **extra}
+    return {
+        "stage": name,
+        "seconds": wall,
+        "cpu_seconds": cpu,
+        "mb_per_s": mb / wall,
+        "mb_per_cpu_s": mb / cpu if cpu > 0 else float("nan"),
+        **extra,
+    }
 
 
 def print_rows(title: str, rows: list[dict]) -> None:
     print(f"{title:<44}{'seconds':>9}{'CPU s':>8}{'MB/s':>8}{'MB/s/core':>11}")
     for r in rows:
-        print(f"{r['stage']:<44}{r['seconds']:>9.2f}{r['cpu_seconds']:>8.2f}{r['mb_per_s']:>8.2f}"
-              f"{r['mb_per_cpu_s']:>11.2f}")
+        print(
+            f"{r['stage']:<44}{r['seconds']:>9.2f}{r['cpu_seconds']:>8.2f}{r['mb_per_s']:>8.2f}"
+            f"{r['mb_per_cpu_s']:>11.2f}"
+        )
     print()
 
 
@@ -268,14 +279,18 @@ def hf_tokenizers(lines: list[str], mb: float, vocab_size: int) -> tuple[list[di
 
     tok = Tokenizer(models.BPE(unk_token="<unk>", end_of_word_suffix="</w>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<unk>"], end_of_word_suffix="</w>",
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<unk>"], end_of_word_suffix="</w>", show_progress=False
+    )
     _, w, c = timed(tok.train_from_iterator, lines, trainer=trainer)
     rows = [row(f"HF tokenizers: BPE learning ({vocab_size} ids)", mb, w, c)]
     enc, w, c = timed(tok.encode_batch, lines, add_special_tokens=False)
     rows.append(row("HF tokenizers: BPE encode", mb, w, c))
-    return rows, {"vocab": tok.get_vocab_size(), "tokens": sum(len(e.ids) for e in enc),
-                  "parallelism": os.environ.get("TOKENIZERS_PARALLELISM")}
+    return rows, {
+        "vocab": tok.get_vocab_size(),
+        "tokens": sum(len(e.ids) for e in enc),
+        "parallelism": os.environ.get("TOKENIZERS_PARALLELISM"),
+    }
 
 
 def end_to_end(books: list[Path], vocab_size: int) -> dict[int, dict]:
@@ -288,13 +303,22 @@ def end_to_end(books: list[Path], vocab_size: int) -> dict[int, dict]:
         tmp = Path(tempfile.mkdtemp(prefix="gpt1-bench-"))
         try:
             timer = Timer()
-            cfg = PrepareConfig(inputs=[str(b) for b in books], out=tmp / "corpus", vocab_size=vocab_size,
-                                strip_gutenberg=True, workers=workers)
+            cfg = PrepareConfig(
+                inputs=[str(b) for b in books],
+                out=tmp / "corpus",
+                vocab_size=vocab_size,
+                strip_gutenberg=True,
+                workers=workers,
+            )
             cpu0 = _cpu()
             res, total, _ = timed(prepare, cfg, progress=timer)
-            results[workers] = {"seconds": total, "cpu_seconds": _cpu() - cpu0, "stages": timer.times,
-                                "shards": [s["sha256"] for s in res.manifest["shards"]],
-                                "sample": res.manifest["tokenizer"]["sample"]}
+            results[workers] = {
+                "seconds": total,
+                "cpu_seconds": _cpu() - cpu0,
+                "stages": timer.times,
+                "shards": [s["sha256"] for s in res.manifest["shards"]],
+                "sample": res.manifest["tokenizer"]["sample"],
+            }
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return results
@@ -304,16 +328,24 @@ def print_end_to_end(mb: float, results: dict[int, dict]) -> dict:
     print(f"{'end to end':<14}{'total s':>9}{'MB/s':>8}{'CPU s':>8}   stage seconds")
     for w, r in results.items():
         st = "  ".join(f"{k} {v:.2f}" for k, v in r["stages"].items())
-        print(f"{str(w) + ' worker' + ('s' if w > 1 else ''):<14}{r['seconds']:>9.2f}{mb / r['seconds']:>8.2f}"
-              f"{r['cpu_seconds']:>8.1f}   {st}")
+        print(
+            f"{str(w) + ' worker' + ('s' if w > 1 else ''):<14}{r['seconds']:>9.2f}{mb / r['seconds']:>8.2f}"
+            f"{r['cpu_seconds']:>8.1f}   {st}"
+        )
     r1, r2 = results[1], results[2]
     s1, s2 = r1["stages"], r2["stages"]
-    summary = {"speedup_words": s1["words"] / s2["words"], "speedup_encode": s1["encode"] / s2["encode"],
-               "speedup_total": r1["seconds"] / r2["seconds"], "cpu_ratio": r2["cpu_seconds"] / r1["cpu_seconds"],
-               "identical_shards": r1["shards"] == r2["shards"]}
+    summary = {
+        "speedup_words": s1["words"] / s2["words"],
+        "speedup_encode": s1["encode"] / s2["encode"],
+        "speedup_total": r1["seconds"] / r2["seconds"],
+        "cpu_ratio": r2["cpu_seconds"] / r1["cpu_seconds"],
+        "identical_shards": r1["shards"] == r2["shards"],
+    }
     print(f"CPU time with 2 workers / 1 worker: {summary['cpu_ratio']:.2f} (the cost of parallelism)")
-    print(f"speed-up 2 vs 1 workers: words {summary['speedup_words']:.2f}x, encode {summary['speedup_encode']:.2f}x, "
-          f"end to end {summary['speedup_total']:.2f}x; identical shards: {summary['identical_shards']}\n")
+    print(
+        f"speed-up 2 vs 1 workers: words {summary['speedup_words']:.2f}x, encode {summary['speedup_encode']:.2f}x, "
+        f"end to end {summary['speedup_total']:.2f}x; identical shards: {summary['identical_shards']}\n"
+    )
     return summary
 
 
@@ -327,21 +359,35 @@ def projection(mb: float, results: dict[int, dict], shard_mb_per_s: float | None
     scan = BOOKSCORPUS_MB / (mb / s1["scan"])
     other = results[1]["seconds"] - sum(s1.values())  # pool start-up, manifest, moving into place
     shard = BOOKSCORPUS_MB / shard_mb_per_s if shard_mb_per_s else 0.0
-    out = {"assumptions": {"bookscorpus_mb": BOOKSCORPUS_MB, "rate_mb_per_s_per_worker": rate,
-                           "efficiency_at_2_workers": eff, "bpe_sample_lines": SAMPLE_LINES,
-                           "measured_lines": lines},
-           "cores": {}}
+    out = {
+        "assumptions": {
+            "bookscorpus_mb": BOOKSCORPUS_MB,
+            "rate_mb_per_s_per_worker": rate,
+            "efficiency_at_2_workers": eff,
+            "bpe_sample_lines": SAMPLE_LINES,
+            "measured_lines": lines,
+        },
+        "cores": {},
+    }
     print(f"PROJECTION, not a measurement: BooksCorpus (~{BOOKSCORPUS_MB / 1000:.1f} GB) with `gpt1 prepare`.")
-    print(f"  assumptions: parallel stages (words, encode) run at the 1-worker rates measured here "
-          f"(words {rate['words']:.2f}, encode {rate['encode']:.2f} MB/s per worker) × N workers × the efficiency "
-          f"measured at 2 workers (words {eff['words']:.2f}, encode {eff['encode']:.2f}; at most 1), held constant "
-          f"up to N;")
-    print(f"  serial: scan at its measured rate ({mb / s1['scan']:.0f} MB/s), BPE learning on a {SAMPLE_LINES:,}-line "
-          f"sample (measured {s1.get('learn BPE', 0.0):.1f} s on {lines:,} lines, scaled linearly: {learn:.0f} s), "
-          + (f"shard writing in the main process ({shard:.0f} s at the measured rate; it overlaps encoding, so "
-             f"encoding takes at least that long)" if shard else "shard writing not measured (--skip-stages)")
-          + f", other fixed costs {other:.1f} s; disk I/O and the main process's other work "
-          f"assumed not to limit.")
+    print(
+        f"  assumptions: parallel stages (words, encode) run at the 1-worker rates measured here "
+        f"(words {rate['words']:.2f}, encode {rate['encode']:.2f} MB/s per worker) × N workers × the efficiency "
+        f"measured at 2 workers (words {eff['words']:.2f}, encode {eff['encode']:.2f}; at most 1), held constant "
+        f"up to N;"
+    )
+    print(
+        f"  serial: scan at its measured rate ({mb / s1['scan']:.0f} MB/s), BPE learning on a {SAMPLE_LINES:,}-line "
+        f"sample (measured {s1.get('learn BPE', 0.0):.1f} s on {lines:,} lines, scaled linearly: {learn:.0f} s), "
+        + (
+            f"shard writing in the main process ({shard:.0f} s at the measured rate; it overlaps encoding, so "
+            f"encoding takes at least that long)"
+            if shard
+            else "shard writing not measured (--skip-stages)"
+        )
+        + f", other fixed costs {other:.1f} s; disk I/O and the main process's other work "
+        f"assumed not to limit."
+    )
     print(f"  {'cores':>6}{'scan s':>9}{'words s':>9}{'learn s':>9}{'encode s':>10}{'total s':>9}{'total min':>11}")
     for n in (16, 64):
         words = BOOKSCORPUS_MB / (rate["words"] * n * eff["words"])
@@ -383,8 +429,10 @@ def main() -> None:
     if not args.skip_released:
         rows, info = released_stages(docs, mb, args.data / "openai-gpt-bpe")
         print_rows("released pipeline (one process)", rows)
-        print(f"released loop and gptcli's encoder give identical ids: {info['identical_ids']} "
-              f"({info['tokens']:,} tokens)\n")
+        print(
+            f"released loop and gptcli's encoder give identical ids: {info['identical_ids']} "
+            f"({info['tokens']:,} tokens)\n"
+        )
         out["released"] = {"rows": rows, **info}
     if not args.skip_hf:
         lines = lines if lines is not None else [x for d in docs for x in word_lines(d)]

@@ -24,31 +24,56 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from _machine import cpu_model
+
 from gptcli.data.shards import open_corpus
 from gptcli.train.pretrain import PretrainConfig, pretrain
 from gptcli.train.pretrain_hints import unigram_loss
 
 
-def run_one(corpus: Path, out: Path, preset: str, lr: float, init_std: float, seed: int, a: argparse.Namespace) -> dict[str, Any]:
+def run_one(
+    corpus: Path, out: Path, preset: str, lr: float, init_std: float, seed: int, a: argparse.Namespace
+) -> dict[str, Any]:
     """One pretraining run (or its stored result): the validation curve and the seconds it took."""
     name = f"{preset}-lr{lr:g}-init{init_std:g}-seed{seed}"
     done = out / "runs" / name / "sweep-result.json"
     if done.is_file():
         return json.loads(done.read_text())
-    cfg = PretrainConfig(data=corpus, out=out / "runs" / name, preset=preset, model={"init_std": init_std},
-                         seq_len=a.seq_len, batch_size=a.batch_size, lr=lr, max_steps=a.updates, epochs=1000.0,
-                         warmup_steps=a.warmup, seed=seed, device="cpu", precision="fp32", eval_every=a.eval_every,
-                         eval_batches=a.eval_batches, save_every=0, keep_last=1, log_every=a.eval_every,
-                         resume=True)
+    cfg = PretrainConfig(
+        data=corpus,
+        out=out / "runs" / name,
+        preset=preset,
+        model={"init_std": init_std},
+        seq_len=a.seq_len,
+        batch_size=a.batch_size,
+        lr=lr,
+        max_steps=a.updates,
+        epochs=1000.0,
+        warmup_steps=a.warmup,
+        seed=seed,
+        device="cpu",
+        precision="fp32",
+        eval_every=a.eval_every,
+        eval_batches=a.eval_batches,
+        save_every=0,
+        keep_last=1,
+        log_every=a.eval_every,
+        resume=True,
+    )
     t0 = time.perf_counter()
     pretrain(cfg)
     seconds = time.perf_counter() - t0
     rows = [json.loads(line) for line in (cfg.out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     curve = [(r["step"], r["loss"]) for r in rows if r.get("kind") == "eval"]
-    res = {"name": name, "preset": preset, "lr": lr, "init_std": init_std, "seed": seed, "val_curve": curve,
-           "seconds": round(seconds, 1)}
+    res = {
+        "name": name,
+        "preset": preset,
+        "lr": lr,
+        "init_std": init_std,
+        "seed": seed,
+        "val_curve": curve,
+        "seconds": round(seconds, 1),
+    }
     done.write_text(json.dumps(res))
     return res
 
@@ -66,10 +91,19 @@ def summarise(results: list[dict[str, Any]], unigram: float, margin: float) -> l
     rows = []
     for (preset, lr, init), rs in sorted(groups.items()):
         finals = [r["val_curve"][-1][1] for r in rs]
-        rows.append({"preset": preset, "lr": lr, "init_std": init, "seeds": len(rs),
-                     "final_val_mean": float(np.mean(finals)), "final_val_min": min(finals),
-                     "final_val_max": max(finals), "below_unigram": unigram - max(finals),
-                     "left_plateau": all(f < unigram - margin for f in finals)})
+        rows.append(
+            {
+                "preset": preset,
+                "lr": lr,
+                "init_std": init,
+                "seeds": len(rs),
+                "final_val_mean": float(np.mean(finals)),
+                "final_val_min": min(finals),
+                "final_val_max": max(finals),
+                "below_unigram": unigram - max(finals),
+                "left_plateau": all(f < unigram - margin for f in finals),
+            }
+        )
     return rows
 
 
@@ -90,8 +124,9 @@ def plot(results: list[dict[str, Any]], unigram: float, path: Path) -> None:
             for r in results:
                 if r["preset"] == preset and r["init_std"] == init:
                     xs, ys = zip(*r["val_curve"])
-                    ax.plot(xs, ys, color=colours[r["lr"]], alpha=0.85,
-                            label=f"lr {r['lr']:g}" if r["seed"] == 0 else None)
+                    ax.plot(
+                        xs, ys, color=colours[r["lr"]], alpha=0.85, label=f"lr {r['lr']:g}" if r["seed"] == 0 else None
+                    )
             ax.axhline(unigram, color="red", ls="--", lw=1, label="unigram loss")
             ax.set_title(f"{preset}, init_std {init:g}")
             ax.set_xlabel("update")
@@ -116,15 +151,23 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=25)
     ap.add_argument("--eval-batches", type=int, default=8)
     ap.add_argument("--threads", type=int, default=int(os.environ.get("SWEEP_THREADS", "2")))
-    ap.add_argument("--report-only", action="store_true",
-                    help="train nothing: summarise and plot every finished run in OUT/runs (grids of several calls)")
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="train nothing: summarise and plot every finished run in OUT/runs (grids of several calls)",
+    )
     ap.add_argument("--margin", type=float, default=0.1, help="nats below the unigram loss that count as learning")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     a.out.mkdir(parents=True, exist_ok=True)
     unigram = corpus_unigram(a.corpus)
-    grid = [(p, float(lr), float(i), int(s)) for p in a.presets.split(",") for lr in a.lrs.split(",")
-            for i in a.inits.split(",") for s in a.seeds.split(",")]
+    grid = [
+        (p, float(lr), float(i), int(s))
+        for p in a.presets.split(",")
+        for lr in a.lrs.split(",")
+        for i in a.inits.split(",")
+        for s in a.seeds.split(",")
+    ]
     results = []
     if a.report_only:
         grid = []
@@ -132,19 +175,31 @@ def main() -> None:
         results.sort(key=lambda r: (r["preset"], r["init_std"], r["lr"], r["seed"]))
     for preset, lr, init, seed in grid:
         r = run_one(a.corpus, a.out, preset, lr, init, seed, a)
-        print(f"{r['name']}: val {r['val_curve'][0][1]:.3f} → {r['val_curve'][-1][1]:.3f} "
-              f"(unigram {unigram:.3f}; {r['seconds']} s)", flush=True)
+        print(
+            f"{r['name']}: val {r['val_curve'][0][1]:.3f} → {r['val_curve'][-1][1]:.3f} "
+            f"(unigram {unigram:.3f}; {r['seconds']} s)",
+            flush=True,
+        )
         results.append(r)
     summary = summarise(results, unigram, a.margin)
     settings = {k: v for k, v in vars(a).items() if k not in ("corpus", "out", "report_only", "lrs", "inits", "seeds")}
-    report = {"cpu": cpu_model(), "threads": a.threads, "torch": torch.__version__, "unigram_loss": unigram,
-              "settings": settings,
-              "corpus": str(a.corpus), "summary": summary, "runs": results}
+    report = {
+        "cpu": cpu_model(),
+        "threads": a.threads,
+        "torch": torch.__version__,
+        "unigram_loss": unigram,
+        "settings": settings,
+        "corpus": str(a.corpus),
+        "summary": summary,
+        "runs": results,
+    }
     (a.out / "sweep.json").write_text(json.dumps(report, indent=1))
     plot(results, unigram, a.out / "sweep.png")
     for row in summary:
-        print(f"{row['preset']:6} lr {row['lr']:<7g} init {row['init_std']:<5g} final val {row['final_val_mean']:.3f} "
-              f"({row['below_unigram']:+.3f} below unigram at worst) {'LEARNS' if row['left_plateau'] else 'plateau'}")
+        print(
+            f"{row['preset']:6} lr {row['lr']:<7g} init {row['init_std']:<5g} final val {row['final_val_mean']:.3f} "
+            f"({row['below_unigram']:+.3f} below unigram at worst) {'LEARNS' if row['left_plateau'] else 'plateau'}"
+        )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,11 @@ from _machine import add_machine_args, machine_header, round_robin, start, write
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=7, help="timed rounds (after one warm-up)")
-    ap.add_argument("--precisions", default="fp32,bf16",
-                    help="comma-separated: fp32, bf16 (a CPU without native bf16 emulates its products: fp32 only)")
+    ap.add_argument(
+        "--precisions",
+        default="fp32,bf16",
+        help="comma-separated: fp32, bf16 (a CPU without native bf16 emulates its products: fp32 only)",
+    )
     add_machine_args(ap)
     args = ap.parse_args()
     start(args)
@@ -83,6 +86,7 @@ def _cases(precisions: list[str]) -> dict:
         def run():
             x.grad = None
             fn(x).float().sum().backward()
+
         return run
 
     for prec, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
@@ -90,16 +94,26 @@ def _cases(precisions: list[str]) -> dict:
             continue
         for part, shape in (("dropout probs", (probs_n,)), ("dropout resid", resid_shape)):
             x = torch.randn(shape, generator=g).to(dtype).requires_grad_()
-            cases[(part, prec)] = {"stock": fwd_bwd(lambda t: F.dropout(t, 0.1, True), x),
-                                   "ours": fwd_bwd(lambda t: gd.dropout(t, 0.1), x)}
+            cases[(part, prec)] = {
+                "stock": fwd_bwd(lambda t: F.dropout(t, 0.1, True), x),
+                "ours": fwd_bwd(lambda t: gd.dropout(t, 0.1), x),
+            }
         logits = torch.randn(2048, model.config.total_vocab, generator=g).to(dtype).requires_grad_()
         targets = torch.randint(0, model.config.total_vocab, (2048,), generator=g)
         ours = fwd_bwd(lambda t, y=targets: next_token_nll(t, y), logits)
-        cases[("loss", prec)] = {"stock": fwd_bwd(lambda t, y=targets: F.cross_entropy(t.float(), y), logits),
-                                 "blocks": _without_compiled_loss(ours), "ours": ours}
-        cases[("head", prec)] = {"stock": _head(model, h, prec, padded=False), "ours": _head(model, h, prec, padded=True)}
-    cases[("mask", "-")] = {"stock": lambda: torch.empty(probs_n).bernoulli_(0.9),
-                            "ours": lambda: gd.keep_mask((probs_n,), 0.1)}
+        cases[("loss", prec)] = {
+            "stock": fwd_bwd(lambda t, y=targets: F.cross_entropy(t.float(), y), logits),
+            "blocks": _without_compiled_loss(ours),
+            "ours": ours,
+        }
+        cases[("head", prec)] = {
+            "stock": _head(model, h, prec, padded=False),
+            "ours": _head(model, h, prec, padded=True),
+        }
+    cases[("mask", "-")] = {
+        "stock": lambda: torch.empty(probs_n).bernoulli_(0.9),
+        "ours": lambda: gd.keep_mask((probs_n,), 0.1),
+    }
     return cases
 
 
@@ -113,6 +127,7 @@ def _without_compiled_loss(run):
             run()
         finally:
             losses._compiled = compiled
+
     return blocks
 
 
@@ -142,6 +157,7 @@ def _head(model, h, prec: str, padded: bool):
         finally:
             model.zero_grad(set_to_none=True)
             x.grad = None
+
     return run
 
 

@@ -28,15 +28,24 @@ import json
 import statistics
 import time
 
-from _machine import add_machine_args, machine_header, round_robin, start  # benchmarks/_machine.py (run as `python benchmarks/train_throughput.py`)
+from _machine import (
+    add_machine_args,
+    machine_header,
+    round_robin,
+    start,
+)  # benchmarks/_machine.py (run as `python benchmarks/train_throughput.py`)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="gpt1,tiny", help="comma-separated presets (gpt1, tiny)")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per variant (after one warm-up step)")
-    ap.add_argument("--settle", type=int, default=1,
-                    help="untimed steps of the same variant before each timed one (_machine.round_robin)")
+    ap.add_argument(
+        "--settle",
+        type=int,
+        default=1,
+        help="untimed steps of the same variant before each timed one (_machine.round_robin)",
+    )
     ap.add_argument("--batch", type=int, default=4, help="sequences per step")
     ap.add_argument("--seq-len", type=int, default=512, help="tokens per sequence")
     ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16")
@@ -112,8 +121,10 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
     tokens = args.batch * args.seq_len
     fpt = ours.flops_per_token(args.seq_len)
     base = statistics.median(times[("hf", "fp32")]) if ("hf", "fp32") in times else None
-    print(f"\n{size}: {ours.num_params() / 1e6:.1f}M params, batch {args.batch}×{args.seq_len}, "
-          f"{fpt / 1e6:.0f} MFLOP/token, {args.steps} steps")
+    print(
+        f"\n{size}: {ours.num_params() / 1e6:.1f}M params, batch {args.batch}×{args.seq_len}, "
+        f"{fpt / 1e6:.0f} MFLOP/token, {args.steps} steps"
+    )
     results = []
     for (name, prec), ts in times.items():
         med = statistics.median(ts)
@@ -121,10 +132,23 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
         mfu = tps * fpt / peak[prec]
         ratio = base / med if base else float("nan")
         same = statistics.median(times[("hf", prec)]) / med if ("hf", prec) in times else float("nan")
-        results.append({"size": size, "impl": name, "precision": prec, "median_s": med, "steps_s": ts,
-                        "tokens_per_s": tps, "mfu": mfu, "vs_hf_fp32": ratio, "vs_hf_same_precision": same})
-        print(f"  {name:10s} {prec}: {med:7.3f} s/step  {tps:8.1f} tok/s  MFU {100 * mfu:5.1f}% of the {prec} peak  "
-              f"{ratio:.2f}× HF fp32  {same:.2f}× HF {prec}")
+        results.append(
+            {
+                "size": size,
+                "impl": name,
+                "precision": prec,
+                "median_s": med,
+                "steps_s": ts,
+                "tokens_per_s": tps,
+                "mfu": mfu,
+                "vs_hf_fp32": ratio,
+                "vs_hf_same_precision": same,
+            }
+        )
+        print(
+            f"  {name:10s} {prec}: {med:7.3f} s/step  {tps:8.1f} tok/s  MFU {100 * mfu:5.1f}% of the {prec} peak  "
+            f"{ratio:.2f}× HF fp32  {same:.2f}× HF {prec}"
+        )
     return results
 
 

@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from _machine import add_machine_args, machine_header, start, write_json  # benchmarks/_machine.py
 from _race_shaped import write_race_shaped
 
@@ -68,8 +67,13 @@ def run(model, reqs: list, side: str, precision: str, args) -> tuple[float, list
             if args.per_pass_autocast:
                 scoring._autocast = per_pass
         t0 = time.perf_counter()
-        scores = scoring.score(model, reqs, batch_size=args.batch_size, precision=precision,
-                               cache_min_context=None if side == "packed" else 64)
+        scores = scoring.score(
+            model,
+            reqs,
+            batch_size=args.batch_size,
+            precision=precision,
+            cache_min_context=None if side == "packed" else 64,
+        )
         return time.perf_counter() - t0, [s.logprob for s in scores]
     finally:
         scoring._packs, scoring._autocast = packs, autocast
@@ -107,12 +111,22 @@ def main() -> None:
                     best[side] = min(best.get(side, t), t)
                     logps[side] = lp
             diff = max(abs(a - b) for a, b in zip(logps["before"], logps["packed"]))
-            r = {"task": task, "precision": prec, "examples": n, "requests": len(reqs),
-                 "packed_ex_per_s": n / best["packed"], "before_ex_per_s": n / best["before"],
-                 "ratio": best["before"] / best["packed"], "max_abs_logprob_diff": diff}
+            r = {
+                "task": task,
+                "precision": prec,
+                "examples": n,
+                "requests": len(reqs),
+                "packed_ex_per_s": n / best["packed"],
+                "before_ex_per_s": n / best["before"],
+                "ratio": best["before"] / best["packed"],
+                "max_abs_logprob_diff": diff,
+            }
             rows.append(r)
-            print(f"{args.preset} {task} {prec}: before {r['before_ex_per_s']:.1f} ex/s, packed "
-                  f"{r['packed_ex_per_s']:.1f} ex/s, {r['ratio']:.2f}×; max |Δ log-prob| {diff:.1e}", flush=True)
+            print(
+                f"{args.preset} {task} {prec}: before {r['before_ex_per_s']:.1f} ex/s, packed "
+                f"{r['packed_ex_per_s']:.1f} ex/s, {r['ratio']:.2f}×; max |Δ log-prob| {diff:.1e}",
+                flush=True,
+            )
     write_json(args.json, header, args=vars(args), results=rows)
 
 

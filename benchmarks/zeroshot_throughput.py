@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 import torch
-
 from _machine import best_of, machine_header, write_json  # benchmarks/_machine.py (run as `python benchmarks/...`)
+
 from gptcli.eval.scoring import Request
 from gptcli.eval.zeroshot import SST2_CUE, SST2_WORDS, sst2
 from gptcli.model.gpt import GPT, preset
@@ -45,8 +45,8 @@ def tokenizer_for(name: str):
         from gptcli.tokenizers.openai import OpenAIBPETokenizer
 
         return OpenAIBPETokenizer.from_dir(SHARED / "openai-gpt-bpe")
-    from gptcli.tokenizers.text import word_lines
     from gptcli.tokenizers.learned import LearnedBPETokenizer
+    from gptcli.tokenizers.text import word_lines
 
     text = (SHARED / "books" / "pg1342_pride_and_prejudice.txt").read_text(encoding="utf-8-sig")
     return LearnedBPETokenizer.train(word_lines(text), vocab_size=preset("tiny").vocab_size)
@@ -60,7 +60,8 @@ def hf_model(model: GPT):
 
     cfg = model.config
     hf_cfg = transformers.OpenAIGPTConfig(
-        **{k: v for k, v in config_to_hf(cfg).items() if k not in ("architectures", "model_type")})
+        **{k: v for k, v in config_to_hf(cfg).items() if k not in ("architectures", "model_type")}
+    )
     hf = transformers.OpenAIGPTLMHeadModel(hf_cfg).eval()
     missing, unexpected = hf.load_state_dict(state_dict_to_hf(model.state_dict(), cfg.n_layer), strict=False)
     assert not unexpected and all(k == "lm_head.weight" for k in missing), (missing, unexpected)  # tied to wte
@@ -78,7 +79,7 @@ def hf_sst2(hf, tok, sentences: list[str], batch_size: int, precision: str) -> l
     words = [tok.encode(w) for w in SST2_WORDS]
     preds: list[int] = []
     for i in range(0, len(prompts), batch_size):
-        chunk = prompts[i:i + batch_size]
+        chunk = prompts[i : i + batch_size]
         if all(len(w) == 1 for w in words):  # one pass: both words are read off the last position
             lp = _last_logprobs(hf, chunk, precision)
             scores = [lp[:, w[0]] for w in words]
@@ -92,7 +93,7 @@ def _padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     lengths = torch.tensor([len(r) for r in rows])
     ids = torch.zeros(len(rows), int(lengths.max()), dtype=torch.long)
     for k, r in enumerate(rows):
-        ids[k, :len(r)] = torch.tensor(r)
+        ids[k, : len(r)] = torch.tensor(r)
     mask = (torch.arange(ids.size(1))[None, :] < lengths[:, None]).long()
     return ids, mask, lengths
 
@@ -149,25 +150,43 @@ def bench_preset(name: str, exs: list, args: argparse.Namespace) -> dict:
         run(*v, n=2 * args.batch_size)
     best, preds = best_of(run, variants, args.repeats)
     cue, words = tok.encode(SST2_CUE), [tok.encode(w) for w in SST2_WORDS]
-    ref_reqs = [Request.of(c + cue, w) for c in tok.encode_batch(sentences[:args.ref_limit]) for w in words]
+    ref_reqs = [Request.of(c + cue, w) for c in tok.encode_batch(sentences[: args.ref_limit]) for w in words]
     ref_rate = args.ref_limit / reference(model, ref_reqs) if args.ref_limit else float("nan")
     n = len(exs)
-    print(f"\n{name}: {model.num_params() / 1e6:.1f}M params, {n} SST-2 dev examples, batch {args.batch_size}, "
-          f"tokens very/positive/negative = {lens}; reference (batch 1, fp32): {ref_rate:.1f} ex/s "
-          f"({args.ref_limit} ex)")
-    print(f"  {'precision':<10}{'ours ex/s':>11}{'HF ex/s':>10}{'ours/HF':>9}{'ours/ref':>10}{'agree':>9}"
-          f"{'ours vs fp32':>14}{'HF vs fp32':>12}")
+    print(
+        f"\n{name}: {model.num_params() / 1e6:.1f}M params, {n} SST-2 dev examples, batch {args.batch_size}, "
+        f"tokens very/positive/negative = {lens}; reference (batch 1, fp32): {ref_rate:.1f} ex/s "
+        f"({args.ref_limit} ex)"
+    )
+    print(
+        f"  {'precision':<10}{'ours ex/s':>11}{'HF ex/s':>10}{'ours/HF':>9}{'ours/ref':>10}{'agree':>9}"
+        f"{'ours vs fp32':>14}{'HF vs fp32':>12}"
+    )
     rows = []
     for prec in args.precisions.split(","):
         o, h = n / best[("ours", prec)], n / best[("hf", prec)]
         agree = _agreement(preds[("ours", prec)], preds[("hf", prec)])
         o32 = _agreement(preds[("ours", prec)], preds.get(("ours", "fp32"), preds[("ours", prec)]))
         h32 = _agreement(preds[("hf", prec)], preds.get(("hf", "fp32"), preds[("hf", prec)]))
-        print(f"  {prec:<10}{o:>11.1f}{h:>10.1f}{o / h:>8.2f}×{o / ref_rate:>9.1f}×{100 * agree:>8.1f}%"
-              f"{100 * o32:>13.1f}%{100 * h32:>11.1f}%", flush=True)
-        rows.append({"preset": name, "precision": prec, "examples": n, "ours_ex_per_s": o, "hf_ex_per_s": h,
-                     "ours_over_hf": o / h, "reference_ex_per_s": ref_rate, "agreement_ours_hf": agree,
-                     "agreement_ours_vs_ours_fp32": o32, "agreement_hf_vs_hf_fp32": h32})
+        print(
+            f"  {prec:<10}{o:>11.1f}{h:>10.1f}{o / h:>8.2f}×{o / ref_rate:>9.1f}×{100 * agree:>8.1f}%"
+            f"{100 * o32:>13.1f}%{100 * h32:>11.1f}%",
+            flush=True,
+        )
+        rows.append(
+            {
+                "preset": name,
+                "precision": prec,
+                "examples": n,
+                "ours_ex_per_s": o,
+                "hf_ex_per_s": h,
+                "ours_over_hf": o / h,
+                "reference_ex_per_s": ref_rate,
+                "agreement_ours_hf": agree,
+                "agreement_ours_vs_ours_fp32": o32,
+                "agreement_hf_vs_hf_fp32": h32,
+            }
+        )
     return {"preset": name, "tokens_cue_words": lens, "rows": rows}
 
 

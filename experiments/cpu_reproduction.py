@@ -71,10 +71,11 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, TypeVar
 
 # Probes run to choose the model (see the module docstring), as measured.
 # Each: 4 × 192 post-LN (4 heads, 768 inner, no dropout), 250 updates of 16 × 128 tokens, 50 warm-up updates then a
@@ -102,15 +103,20 @@ TABLE5: tuple[str, ...] = VARIANTS + (LSTM_VARIANT,)
 """Every row of Table 5, in the paper's order."""
 LABELS: dict[str, str] = {LSTM_VARIANT: "LSTM w/ aux LM"}
 """Row names in the report where a variant's directory name is not the paper's."""
-METRIC: dict[str, str] = {"sst2": "accuracy", "cola": "mcc", "rte": "accuracy", "mrpc": "f1", "stsb": "pearson",
-                          "storycloze": "accuracy"}
+METRIC: dict[str, str] = {
+    "sst2": "accuracy",
+    "cola": "mcc",
+    "rte": "accuracy",
+    "mrpc": "f1",
+    "stsb": "pearson",
+    "storycloze": "accuracy",
+}
 # Training examples per fine-tuning run at a 60-minute budget (scaled linearly with the budget, capped by the
 # split's size). SST-2 (67k), CoLA (8.5k), STS-B (5.7k) are subsampled; RTE (2.5k, long pairs), MRPC (3.7k,
 # two sequences per example) too; Story Cloze's 1,497 training stories are kept whole.
 # Measured cost here (4 × 192 model, one epoch at these sizes, dev scoring included): SST-2 7.7 s, CoLA 3.9 s,
 # RTE ≈ 7 s, MRPC ≈ 13 s, STS-B ≈ 13 s (its 1,500 dev pairs), Story Cloze ≈ 12 s → ≈ 3 min per variant and seed.
-TRAIN_EXAMPLES: dict[str, int] = {"sst2": 1500, "cola": 1500, "rte": 500, "mrpc": 500, "stsb": 800,
-                                  "storycloze": 600}
+TRAIN_EXAMPLES: dict[str, int] = {"sst2": 1500, "cola": 1500, "rte": 500, "mrpc": 500, "stsb": 800, "storycloze": 600}
 
 # The paper's numbers (reference §6): Table 5 ablations and the single-model results. Story Cloze has no
 # ablation numbers in the paper.
@@ -149,12 +155,30 @@ class ReproConfig:
     """Learned BPE ids (GPT-1: 40,478; a CPU-sized softmax)."""
     val_fraction: float = 0.04
     """Share of the books held out for validation (whole books)."""
-    model: dict[str, Any] = field(default_factory=lambda: {
-        "n_layer": 4, "n_embd": 192, "n_head": 4, "n_inner": 768, "n_ctx": 128,
-        "embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0, "init_std": 0.06})
+    model: dict[str, Any] = field(
+        default_factory=lambda: {
+            "n_layer": 4,
+            "n_embd": 192,
+            "n_head": 4,
+            "n_inner": 768,
+            "n_ctx": 128,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+            "resid_pdrop": 0.0,
+            "init_std": 0.06,
+        }
+    )
     """Overrides of the ``tiny`` preset; chosen by the probes in PROBES."""
-    lstm_model: dict[str, Any] = field(default_factory=lambda: {
-        "n_embd": 192, "n_hidden": 560, "n_ctx": 128, "embd_pdrop": 0.0, "out_pdrop": 0.0, "init_std": 0.06})
+    lstm_model: dict[str, Any] = field(
+        default_factory=lambda: {
+            "n_embd": 192,
+            "n_hidden": 560,
+            "n_ctx": 128,
+            "embd_pdrop": 0.0,
+            "out_pdrop": 0.0,
+            "init_std": 0.06,
+        }
+    )
     """Overrides of the ``lstm-tiny`` preset for the LSTM of Table 5 (pretrain-lstm): one layer of 560 units and the
     Transformer's 192-wide embedding (tied output layer, 560 → 192 projection) = 2,583,104 parameters over 4,096 ids,
     matched to the Transformer's 2,590,464 (tests/model/test_lstm.py). No dropout and N(0, 0.06) as the Transformer
@@ -192,8 +216,9 @@ class ReproConfig:
     tell a trend from seed noise)."""
     zeroshot_limit: int | None = None
     """Examples per zero-shot split (None = all; the CoLA threshold fit uses the same cap)."""
-    labeled_sizes: dict[str, list[int]] = field(default_factory=lambda: {
-        "sst2": [250, 500, 1000, 2000, 4000, 8000], "storycloze": [250, 500, 1497]})
+    labeled_sizes: dict[str, list[int]] = field(
+        default_factory=lambda: {"sst2": [250, 500, 1000, 2000, 4000, 8000], "storycloze": [250, 500, 1497]}
+    )
     """Labeled-data curve: training examples per run, per task (nested subsamples; a size at or above the split's
     size is the whole split). Story Cloze's training split has 1,497 stories. Not scaled by ``budget_minutes``.
     Estimated cost at the defaults (2 idle cores; from the Table 5 runs, SST-2 ≈ 4 s + 6.7 ms per row and Story Cloze
@@ -276,9 +301,38 @@ def mean_std(xs: list[float]) -> tuple[float, float]:
 
 
 # Two-sided 5 % critical values of Student's t for 1-30 degrees of freedom (to read Welch's t without scipy).
-T975: tuple[float, ...] = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
-                           2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
-                           2.052, 2.048, 2.045, 2.042)
+T975: tuple[float, ...] = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 
 
 def t_critical(df: int, conservative: bool = True) -> float:
@@ -345,12 +399,19 @@ class PretrainedModel:
 
 PRETRAINED: dict[str, Callable[[Path], PretrainedModel]] = {
     # The post-LN GPT of the pretrain stage. Its variants keep Table 5's names (full, no-pretraining).
-    "gpt": lambda out: PretrainedModel("gpt", out / "pretrain-init", out / "pretrain", out / "pretrain-done.json",
-                                       out / "corpus", out / "zeroshot"),
+    "gpt": lambda out: PretrainedModel(
+        "gpt", out / "pretrain-init", out / "pretrain", out / "pretrain-done.json", out / "corpus", out / "zeroshot"
+    ),
     # The LSTM of Table 5's fourth row (stages pretrain-lstm, zeroshot-lstm, finetune-lstm): the same names with
     # "-lstm" after the Transformer's.
-    "lstm": lambda out: PretrainedModel("lstm", out / "pretrain-lstm-init", out / "pretrain-lstm",
-                                        out / "pretrain-lstm-done.json", out / "corpus", out / "zeroshot-lstm"),
+    "lstm": lambda out: PretrainedModel(
+        "lstm",
+        out / "pretrain-lstm-init",
+        out / "pretrain-lstm",
+        out / "pretrain-lstm-done.json",
+        out / "corpus",
+        out / "zeroshot-lstm",
+    ),
 }
 MODEL_LABELS: dict[str, str] = {"gpt": "Transformer", "lstm": "LSTM"}
 """How the report names each pretrained model."""
@@ -451,12 +512,24 @@ def stage_prepare(cfg: ReproConfig, out: Path) -> Path:
     if cfg.books is not None:
         books = sorted(books, key=lambda p: p.stat().st_size)[: cfg.books]
     t0 = time.perf_counter()
-    res = prepare(PrepareConfig(inputs=[str(p) for p in books], out=corpus, vocab_size=cfg.vocab_size,
-                                strip_gutenberg=True, val_fraction=cfg.val_fraction, seed=0, workers=cfg.threads,
-                                sample_lines=300_000, overwrite=True))
+    res = prepare(
+        PrepareConfig(
+            inputs=[str(p) for p in books],
+            out=corpus,
+            vocab_size=cfg.vocab_size,
+            strip_gutenberg=True,
+            val_fraction=cfg.val_fraction,
+            seed=0,
+            workers=cfg.threads,
+            sample_lines=300_000,
+            overwrite=True,
+        )
+    )
     st = res.manifest["splits"]
-    log(f"prepare: {len(books)} books → {st['train']['tokens']:,} train / {st['val']['tokens']:,} val tokens "
-        f"({time.perf_counter() - t0:.0f} s)")
+    log(
+        f"prepare: {len(books)} books → {st['train']['tokens']:,} train / {st['val']['tokens']:,} val tokens "
+        f"({time.perf_counter() - t0:.0f} s)"
+    )
     return corpus
 
 
@@ -466,12 +539,27 @@ def _pretrain_config(cfg: ReproConfig, out: Path, corpus: Path, steps: int, mode
 
     preset, shape = ("tiny", cfg.model) if model == "gpt" else ("lstm-tiny", cfg.lstm_model)
     # Intervals rounded up: ``checkpoints`` saves in all with the final one, not an extra one a few updates before it.
-    return PretrainConfig(data=corpus, out=pretrained_model(out, model).run, preset=preset, model=dict(shape),
-                          seq_len=cfg.seq_len, batch_size=cfg.batch_size, lr=cfg.lr, seed=0, device=cfg.device,
-                          precision="fp32", max_steps=steps, epochs=1000.0, warmup_steps=max(1, steps // 20),
-                          eval_every=-(-steps // cfg.val_points), eval_batches=cfg.eval_batches,
-                          save_every=-(-steps // cfg.checkpoints), keep_last=0, log_every=max(1, steps // 50),
-                          resume=True)
+    return PretrainConfig(
+        data=corpus,
+        out=pretrained_model(out, model).run,
+        preset=preset,
+        model=dict(shape),
+        seq_len=cfg.seq_len,
+        batch_size=cfg.batch_size,
+        lr=cfg.lr,
+        seed=0,
+        device=cfg.device,
+        precision="fp32",
+        max_steps=steps,
+        epochs=1000.0,
+        warmup_steps=max(1, steps // 20),
+        eval_every=-(-steps // cfg.val_points),
+        eval_batches=cfg.eval_batches,
+        save_every=-(-steps // cfg.checkpoints),
+        keep_last=0,
+        log_every=max(1, steps // 50),
+        resume=True,
+    )
 
 
 def stage_plan(cfg: ReproConfig, out: Path, corpus: Path) -> dict[str, Any]:
@@ -495,13 +583,19 @@ def stage_plan(cfg: ReproConfig, out: Path, corpus: Path) -> dict[str, Any]:
     steps = cfg.pretrain_steps or budget.updates_that_fit(share_s, step_s, minimum=50, slowdown=1.1)
     scale = cfg.budget_minutes / 60.0 if cfg.pretrain_steps is None else 1.0
     train_tokens = oc.manifest["splits"]["train"]["tokens"]
-    plan = {"pretrain_steps": steps, "update_ms": round(1000 * step_s, 1), "train_tokens": train_tokens,
-            "epochs": round(budget.epochs(steps, cfg.batch_size, cfg.seq_len, train_tokens), 2),
-            "params": sum(p.numel() for p in GPT(mcfg).parameters()),
-            "train_examples": {t: max(8, int(n * scale)) for t, n in cfg.train_examples.items()}}
+    plan = {
+        "pretrain_steps": steps,
+        "update_ms": round(1000 * step_s, 1),
+        "train_tokens": train_tokens,
+        "epochs": round(budget.epochs(steps, cfg.batch_size, cfg.seq_len, train_tokens), 2),
+        "params": sum(p.numel() for p in GPT(mcfg).parameters()),
+        "train_examples": {t: max(8, int(n * scale)) for t, n in cfg.train_examples.items()},
+    }
     write_json(path, plan)
-    log(f"plan: {step_s * 1000:.0f} ms per update → {steps} pretraining updates ({plan['epochs']} epochs); "
-        f"fine-tuning subsamples {plan['train_examples']}")
+    log(
+        f"plan: {step_s * 1000:.0f} ms per update → {steps} pretraining updates ({plan['epochs']} epochs); "
+        f"fine-tuning subsamples {plan['train_examples']}"
+    )
     return plan
 
 
@@ -510,10 +604,10 @@ def stage_pretrain(cfg: ReproConfig, out: Path, corpus: Path, plan: dict[str, An
     import torch
 
     from gptcli.checkpoint import is_checkpoint, save_checkpoint
+    from gptcli.data.shards import open_corpus
     from gptcli.eval.perplexity import evaluate_lm
     from gptcli.model.build import build_model
     from gptcli.train.pretrain import build_model_config, pretrain
-    from gptcli.data.shards import open_corpus
 
     pm, stage = pretrained_model(out, model), "pretrain" if model == "gpt" else f"pretrain-{model}"
     run, done, init = pm.run, pm.done, pm.init
@@ -522,8 +616,15 @@ def stage_pretrain(cfg: ReproConfig, out: Path, corpus: Path, plan: dict[str, An
         oc = open_corpus(corpus)
         torch.manual_seed(pc.seed)  # the same initial weights pretrain() draws
         net = build_model(build_model_config(pc, oc.tokenizer.vocab_size))
-        ev = evaluate_lm(net, oc.arrays("val"), cfg.seq_len, cfg.batch_size, device="cpu", precision="fp32",
-                         max_batches=cfg.eval_batches)
+        ev = evaluate_lm(
+            net,
+            oc.arrays("val"),
+            cfg.seq_len,
+            cfg.batch_size,
+            device="cpu",
+            precision="fp32",
+            max_batches=cfg.eval_batches,
+        )
         save_checkpoint(init, net, oc.tokenizer, meta={"step": 0, "val_loss": ev.loss})
     if done.is_file():
         log(f"{stage}: done already, skipped")
@@ -551,8 +652,8 @@ def _param_count(header: Any) -> int:
 
 def stage_zeroshot(cfg: ReproConfig, out: Path, model: str = "gpt") -> None:
     """The zero-shot curve of ``model``: every checkpoint of its run, step 0 included."""
-    from gptcli.eval.zeroshot import ZeroShotConfig
     from gptcli.eval.curve import run_curve
+    from gptcli.eval.zeroshot import ZeroShotConfig
 
     pm = pretrained_model(out, model)
     zs, stage = pm.zeroshot, "zeroshot" if model == "gpt" else f"zeroshot-{model}"
@@ -560,31 +661,63 @@ def stage_zeroshot(cfg: ReproConfig, out: Path, model: str = "gpt") -> None:
         log(f"{stage}: done already, skipped")
         return
     t0 = time.perf_counter()
-    zc = ZeroShotConfig(task=",".join(ZEROSHOT_TASKS), data_dir=str(cfg.data), out=str(zs), splits={"dprd": "train"},
-                        limit=cfg.zeroshot_limit, precision="fp32", device=cfg.device, batch_size=64)
+    zc = ZeroShotConfig(
+        task=",".join(ZEROSHOT_TASKS),
+        data_dir=str(cfg.data),
+        out=str(zs),
+        splits={"dprd": "train"},
+        limit=cfg.zeroshot_limit,
+        precision="fp32",
+        device=cfg.device,
+        batch_size=64,
+    )
     curve = run_curve(zc, [pm.init, pm.run])
     if curve.skipped:
         log(f"{stage}: skipped tasks {curve.skipped}")
     log(f"{stage}: {len(curve.points)} checkpoints × {len(curve.tasks)} tasks ({time.perf_counter() - t0:.0f} s)")
 
 
-def _finetune_one(cfg: ReproConfig, run_dir: Path, task: str, seed: int, init: str, tokenizer: str | None,
-                  lm_weight: float, n_train: int | None, transfer: int | None = None,
-                  n_ctx: int | None = None) -> dict[str, Any]:
+def _finetune_one(
+    cfg: ReproConfig,
+    run_dir: Path,
+    task: str,
+    seed: int,
+    init: str,
+    tokenizer: str | None,
+    lm_weight: float,
+    n_train: int | None,
+    transfer: int | None = None,
+    n_ctx: int | None = None,
+) -> dict[str, Any]:
     from gptcli.train.finetune import FinetuneConfig, finetune
 
     results = run_dir / "results.json"
     if results.is_file():
         return read_json(results)
-    fc = FinetuneConfig(task=task, init=init, tokenizer=tokenizer, out=str(run_dir), lr=cfg.finetune_lr,
-                        batch_size=cfg.finetune_batch_size, epochs=cfg.finetune_epochs, warmup=0.05, seed=seed,
-                        # What the recorded results were measured with (before the defaults became the released
-                        # code's random batches and warmup_linear): kept so that they stay reproducible.
-                        batching="length", schedule="linear",
-                        lm_weight=lm_weight, transfer_layers=transfer, select="last",
-                        n_ctx=n_ctx or cfg.model.get("n_ctx"),
-                        max_train_examples=n_train, max_eval_examples=cfg.max_eval_examples, device=cfg.device,
-                        precision="fp32", overwrite=True)
+    fc = FinetuneConfig(
+        task=task,
+        init=init,
+        tokenizer=tokenizer,
+        out=str(run_dir),
+        lr=cfg.finetune_lr,
+        batch_size=cfg.finetune_batch_size,
+        epochs=cfg.finetune_epochs,
+        warmup=0.05,
+        seed=seed,
+        # What the recorded results were measured with (before the defaults became the released
+        # code's random batches and warmup_linear): kept so that they stay reproducible.
+        batching="length",
+        schedule="linear",
+        lm_weight=lm_weight,
+        transfer_layers=transfer,
+        select="last",
+        n_ctx=n_ctx or cfg.model.get("n_ctx"),
+        max_train_examples=n_train,
+        max_eval_examples=cfg.max_eval_examples,
+        device=cfg.device,
+        precision="fp32",
+        overwrite=True,
+    )
     res = finetune(fc)
     if res.stopped_by:  # a signal: no scores to record; the run restarts from scratch when the command is rerun
         sys.exit(f"{run_dir}: fine-tuning stopped by {res.stopped_by}; rerun the same command to continue")
@@ -605,9 +738,11 @@ def stage_finetune(cfg: ReproConfig, out: Path, run: Path, plan: dict[str, Any])
                 init, tok = ("none", final) if variant == "no-pretraining" else (final, None)
                 lam = 0.0 if variant == "no-aux-lm" else cfg.lm_weight
                 r = _finetune_one(cfg, d, task, seed, init, tok, lam, plan["train_examples"][task])
-                log(f"finetune {task:10s} {variant:14s} seed {seed}: {METRIC[task]} "
+                log(
+                    f"finetune {task:10s} {variant:14s} seed {seed}: {METRIC[task]} "
                     f"{r['scores'].get(METRIC[task], float('nan')):.1f} (n_train {r['n_train']}, "
-                    f"{time.perf_counter() - t0:.0f} s)")
+                    f"{time.perf_counter() - t0:.0f} s)"
+                )
 
 
 def stage_finetune_model(cfg: ReproConfig, out: Path, plan: dict[str, Any], model: str) -> None:
@@ -637,12 +772,15 @@ def stage_layers(cfg: ReproConfig, out: Path, run: Path, plan: dict[str, Any]) -
                 continue
             t0 = time.perf_counter()
             r = _finetune_one(cfg, d, task, seed, final, None, cfg.lm_weight, plan["train_examples"][task], k)
-            log(f"layers {task} transfer {k} seed {seed}: {METRIC[task]} "
-                f"{r['scores'].get(METRIC[task], float('nan')):.1f} ({time.perf_counter() - t0:.0f} s)")
+            log(
+                f"layers {task} transfer {k} seed {seed}: {METRIC[task]} "
+                f"{r['scores'].get(METRIC[task], float('nan')):.1f} ({time.perf_counter() - t0:.0f} s)"
+            )
 
 
-def _finetune_nested(cfg: ReproConfig, run_dir: Path, task: str, n: int, seed: int, init: str,
-                     tokenizer: str | None) -> dict[str, Any]:
+def _finetune_nested(
+    cfg: ReproConfig, run_dir: Path, task: str, n: int, seed: int, init: str, tokenizer: str | None
+) -> dict[str, Any]:
     """One curve run: ``task``'s nested n-row subsample, λ = ``lm_weight``, otherwise as the finetune stage."""
     if (run_dir / "results.json").is_file():
         return read_json(run_dir / "results.json")
@@ -678,8 +816,10 @@ def budget_dir(out: Path, task: str, model: str, n: int, step: int, seed: int) -
 
 
 def _log_run(what: str, task: str, r: dict[str, Any], t0: float) -> None:
-    log(f"{what}: {METRIC[task]} {r['scores'].get(METRIC[task], float('nan')):.1f} (n_train {r['n_train']}, "
-        f"{time.perf_counter() - t0:.0f} s)")
+    log(
+        f"{what}: {METRIC[task]} {r['scores'].get(METRIC[task], float('nan')):.1f} (n_train {r['n_train']}, "
+        f"{time.perf_counter() - t0:.0f} s)"
+    )
 
 
 def stage_labeled(cfg: ReproConfig, out: Path) -> None:
@@ -735,8 +875,9 @@ def val_loss_path(out: Path, model: str) -> Path:
     return out / "budget" / f"val-loss-{model}.json"
 
 
-def checkpoint_val_losses(cfg: ReproConfig, out: Path, pm: PretrainedModel,
-                          points: list[tuple[int, Path]]) -> list[dict[str, Any]]:
+def checkpoint_val_losses(
+    cfg: ReproConfig, out: Path, pm: PretrainedModel, points: list[tuple[int, Path]]
+) -> list[dict[str, Any]]:
     """Validation loss of every checkpoint of the budget curve (the same batches as pretraining's validations),
     kept in ``budget/val-loss-<model>.json``; a checkpoint already there is not scored again."""
     path = val_loss_path(out, pm.name)
@@ -751,8 +892,15 @@ def checkpoint_val_losses(cfg: ReproConfig, out: Path, pm: PretrainedModel,
     for step, ckpt in points:
         if step not in have:
             model = load_checkpoint(ckpt, load_tokenizer=False).model
-            ev = evaluate_lm(model, val, cfg.seq_len, cfg.batch_size, device=cfg.device, precision="fp32",
-                             max_batches=cfg.eval_batches)
+            ev = evaluate_lm(
+                model,
+                val,
+                cfg.seq_len,
+                cfg.batch_size,
+                device=cfg.device,
+                precision="fp32",
+                max_batches=cfg.eval_batches,
+            )
             have[step] = {"step": step, "checkpoint": ckpt.name, "val_loss": ev.loss, "tokens": ev.tokens}
             write_json(path, sorted(have.values(), key=lambda p: p["step"]))
     log(f"budget: validation loss of {len(points)} {pm.name} checkpoints → {path}")
@@ -777,10 +925,19 @@ def collect_runs(out: Path) -> list[dict[str, Any]]:
 def _record(r: dict[str, Any], task: str, variant: str, seed: int, transfer: int | None) -> dict[str, Any]:
     metric = METRIC.get(task, r.get("metric", ""))
     score = r.get("scores", {}).get(metric)
-    return {"task": task, "variant": variant, "seed": seed, "transfer_layers": transfer, "metric": metric,
-            "score": score if isinstance(score, (int, float)) and math.isfinite(score) else None,
-            "n_train": r.get("n_train"), "n_eval": r.get("n_eval"), "epoch": r.get("epoch"),
-            "steps": r.get("steps"), "seconds": r.get("elapsed_s")}
+    return {
+        "task": task,
+        "variant": variant,
+        "seed": seed,
+        "transfer_layers": transfer,
+        "metric": metric,
+        "score": score if isinstance(score, (int, float)) and math.isfinite(score) else None,
+        "n_train": r.get("n_train"),
+        "n_eval": r.get("n_eval"),
+        "epoch": r.get("epoch"),
+        "steps": r.get("steps"),
+        "seconds": r.get("elapsed_s"),
+    }
 
 
 def aggregate(recs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -827,8 +984,9 @@ def collect_labeled(out: Path) -> list[dict[str, Any]]:
     recs = []
     for res in sorted((out / "labeled").glob("*/*/n-*/seed-*/results.json")):
         seed_dir, n_dir = res.parent, res.parent.parent
-        recs.append(_curve_record(res, n_dir.parent.parent.name, n_dir.parent.name, int(seed_dir.name[5:]),
-                                  int(n_dir.name[2:])))
+        recs.append(
+            _curve_record(res, n_dir.parent.parent.name, n_dir.parent.name, int(seed_dir.name[5:]), int(n_dir.name[2:]))
+        )
     return sorted(recs, key=lambda r: (r["task"], r["variant"], r["size"], r["seed"]))
 
 
@@ -838,9 +996,15 @@ def labeled_curves(recs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
     groups: dict[tuple[str, str], dict[int, list[float | None]]] = {}
     for r in recs:
         groups.setdefault((r["task"], r["variant"]), {}).setdefault(r["size"], []).append(r["score"])
-    curves = [{"task": t, "variant": v, "model": model_of_variant(v),
-               "points": [{"size": n, **score_cell(sc)} for n, sc in sorted(by_n.items())]}
-              for (t, v), by_n in sorted(groups.items())]
+    curves = [
+        {
+            "task": t,
+            "variant": v,
+            "model": model_of_variant(v),
+            "points": [{"size": n, **score_cell(sc)} for n, sc in sorted(by_n.items())],
+        }
+        for (t, v), by_n in sorted(groups.items())
+    ]
     gaps = []
     for (t, v), by_n in sorted(groups.items()):
         model = model_of_variant(v)
@@ -850,9 +1014,19 @@ def labeled_curves(recs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
         for n in sorted(set(by_n) & set(groups[(t, rnd)])):
             a, b = score_cell(by_n[n]), score_cell(groups[(t, rnd)][n])
             if a["n"] and b["n"]:
-                gaps.append({"task": t, "model": model, "size": n, "pretrained": pre, "random": rnd,
-                             "gap": a["mean"] - b["mean"], "t": welch_t(a["scores"], b["scores"]),
-                             "n_pretrained": a["n"], "n_random": b["n"]})
+                gaps.append(
+                    {
+                        "task": t,
+                        "model": model,
+                        "size": n,
+                        "pretrained": pre,
+                        "random": rnd,
+                        "gap": a["mean"] - b["mean"],
+                        "t": welch_t(a["scores"], b["scores"]),
+                        "n_pretrained": a["n"],
+                        "n_random": b["n"],
+                    }
+                )
     return {"curves": curves, "gaps": gaps}
 
 
@@ -891,12 +1065,15 @@ def budget_curves(out: Path, recs: list[dict[str, Any]]) -> dict[str, Any]:
     groups: dict[tuple[str, str, int], dict[int, list[float | None]]] = {}
     for r in recs:
         groups.setdefault((r["task"], r["model"], r["size"]), {}).setdefault(r["step"], []).append(r["score"])
-    curves = [{"task": t, "model": m, "size": n, "points": [{"step": k, **score_cell(sc)} for k, sc in sorted(pts.items())]}
-              for (t, m, n), pts in sorted(groups.items())]
+    curves = [
+        {"task": t, "model": m, "size": n, "points": [{"step": k, **score_cell(sc)} for k, sc in sorted(pts.items())]}
+        for (t, m, n), pts in sorted(groups.items())
+    ]
     val = {}
     for path in sorted((out / "budget").glob("val-loss-*.json")):
-        val[path.stem[len("val-loss-"):]] = [{**v, "perplexity": math.exp(min(float(v["val_loss"]), 700))}
-                                              for v in read_json(path)]
+        val[path.stem[len("val-loss-") :]] = [
+            {**v, "perplexity": math.exp(min(float(v["val_loss"]), 700))} for v in read_json(path)
+        ]
     return {"curves": curves, "val": val}
 
 
@@ -948,7 +1125,9 @@ def sst2_margin_auc(zs_dir: Path) -> dict[int, float]:
     return out
 
 
-def markdown_tables(recs: list[dict[str, Any]], agg: dict, meta: dict[str, Any], curves: list[str] | None = None) -> str:
+def markdown_tables(
+    recs: list[dict[str, Any]], agg: dict, meta: dict[str, Any], curves: list[str] | None = None
+) -> str:
     """The Markdown report: Table 5 at small scale (ours, mean ± std, then the paper's), differences, then
     ``curves`` (the labeled-data and pretraining-budget sections, :func:`curves_markdown`), every run."""
     lines: list[str] = []
@@ -960,7 +1139,9 @@ def markdown_tables(recs: list[dict[str, Any]], agg: dict, meta: dict[str, Any],
     ours = [v for v in TABLE5 if v in VARIANTS or v in agg]
     for v in ours:
         cells = agg.get(v, {})
-        row = [fmt(cells[t]["mean"], cells[t]["std"], cells[t]["n"]) if t in cells and cells[t]["n"] else "–" for t in cols]
+        row = [
+            fmt(cells[t]["mean"], cells[t]["std"], cells[t]["n"]) if t in cells and cells[t]["n"] else "–" for t in cols
+        ]
         glue = [cells[t]["mean"] for t in GLUE_TASKS if t in cells and cells[t]["n"]]
         avg = fmt(statistics.fmean(glue)) if len(glue) == len(GLUE_TASKS) else "–"
         lines.append(f"| {LABELS.get(v, v)} (ours) | " + " | ".join(row) + f" | {avg} |")
@@ -972,66 +1153,116 @@ def markdown_tables(recs: list[dict[str, Any]], agg: dict, meta: dict[str, Any],
         p = PAPER[v]
         glue = [p[t] for t in GLUE_TASKS]
         avg = fmt(statistics.fmean(glue)) if all(x is not None for x in glue) else "–"
-        lines.append(f"| {LABELS.get(v, v)} (paper) | " + " | ".join(fmt(p[t]) if p[t] is not None else "–" for t in cols)
-                     + f" | {avg} |")
-    uneven = [f"{v}/{t}: {agg[v][t]['n']}" for v in TABLE5 for t in cols
-              if t in agg.get(v, {}) and agg[v][t]["n"] != meta.get("seeds")]
+        lines.append(
+            f"| {LABELS.get(v, v)} (paper) | "
+            + " | ".join(fmt(p[t]) if p[t] is not None else "–" for t in cols)
+            + f" | {avg} |"
+        )
+    uneven = [
+        f"{v}/{t}: {agg[v][t]['n']}"
+        for v in TABLE5
+        for t in cols
+        if t in agg.get(v, {}) and agg[v][t]["n"] != meta.get("seeds")
+    ]
     if uneven:  # an unfinished run, or a run that produced no score
         lines += ["", f"Cells with other than {meta.get('seeds')} scored seeds: " + ", ".join(uneven) + "."]
-    lines += ["", "Paper: reference §6 (Table 5; Story Cloze from the main results, no ablation reported). "
-              "GLUE-5 avg = mean over SST-2, CoLA, RTE, MRPC, STS-B (the paper's Avg also has QQP, MNLI, QNLI). "
-              "Majority class: the dev score of always predicting the most frequent training label (STS-B: none, a "
-              "constant has no correlation)."
-              + (" LSTM w/ aux LM: the `full` fine-tuning from a single-layer LSTM pretrained like the Transformer "
-                 "(same parameter count, corpus, updates and tokens; the paper: 2048 units)." if LSTM_VARIANT in agg
-                 else ""), ""]
+    lines += [
+        "",
+        "Paper: reference §6 (Table 5; Story Cloze from the main results, no ablation reported). "
+        "GLUE-5 avg = mean over SST-2, CoLA, RTE, MRPC, STS-B (the paper's Avg also has QQP, MNLI, QNLI). "
+        "Majority class: the dev score of always predicting the most frequent training label (STS-B: none, a "
+        "constant has no correlation)."
+        + (
+            " LSTM w/ aux LM: the `full` fine-tuning from a single-layer LSTM pretrained like the Transformer "
+            "(same parameter count, corpus, updates and tokens; the paper: 2048 units)."
+            if LSTM_VARIANT in agg
+            else ""
+        ),
+        "",
+    ]
     others = [v for v in ours if v != "full"]
-    lines += ["## Differences of means (ours), with Welch's t", "",
-              "| task | " + " | ".join(f"full − {LABELS.get(v, v)}" for v in others) + " |",
-              "|---|" + "---|" * len(others)]
+    lines += [
+        "## Differences of means (ours), with Welch's t",
+        "",
+        "| task | " + " | ".join(f"full − {LABELS.get(v, v)}" for v in others) + " |",
+        "|---|" + "---|" * len(others),
+    ]
     for t in cols:
+
         def diff(a: str, b: str) -> str:
             ca, cb = agg.get(a, {}).get(t), agg.get(b, {}).get(t)
             if not ca or not cb or not ca["n"] or not cb["n"]:
                 return "–"
             tval = welch_t(ca["scores"], cb["scores"])
             return f"{ca['mean'] - cb['mean']:+.1f}" + ("" if tval is None else f" (t = {tval:+.1f})")
+
         lines.append(f"| {t} | " + " | ".join(diff("full", v) for v in others) + " |")
     n = int(meta.get("seeds") or 0)
     if n >= 2:
         hi, lo = t_critical(n - 1), t_critical(2 * n - 2, conservative=False)
-        lines += ["", f"t: Welch's t statistic of the two groups of seeds. With {n} seeds a side its degrees of freedom "
-                  f"are {n - 1}-{2 * n - 2}, so |t| > {hi:.2f} is significant at the 5 % level (two-sided) whatever the "
-                  f"variances, and |t| < {lo:.2f} is not."]
+        lines += [
+            "",
+            f"t: Welch's t statistic of the two groups of seeds. With {n} seeds a side its degrees of freedom "
+            f"are {n - 1}-{2 * n - 2}, so |t| > {hi:.2f} is significant at the 5 % level (two-sided) whatever the "
+            f"variances, and |t| < {lo:.2f} is not.",
+        ]
     pre = meta.get("pretrained") or {}
     if pre:
-        lines += ["", "## Pretrained models (same corpus, batches, updates, optimiser, schedule and seed)", "",
-                  "| model | parameters | updates | final validation perplexity | minutes |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Pretrained models (same corpus, batches, updates, optimiser, schedule and seed)",
+            "",
+            "| model | parameters | updates | final validation perplexity | minutes |",
+            "|---|---|---|---|---|",
+        ]
         for m, d in pre.items():
-            ppl = f"{math.exp(min(float(d['final_val_loss']), 700)):,.1f}" if d.get("final_val_loss") is not None else "–"
+            ppl = (
+                f"{math.exp(min(float(d['final_val_loss']), 700)):,.1f}" if d.get("final_val_loss") is not None else "–"
+            )
             mins = f"{d['seconds'] / 60:.1f}" if isinstance(d.get("seconds"), (int, float)) else "–"
             params = f"{d['params']:,}" if isinstance(d.get("params"), int) else "–"
             lines.append(f"| {MODEL_LABELS.get(m, m)} | {params} | {d.get('step', '–')} | {ppl} | {mins} |")
     auc = meta.get("sst2_margin_auc") or {}
     more = {m: a for m, a in (meta.get("sst2_margin_auc_models") or {}).items() if a}  # the LSTM's, by model
     if auc:
-        lines += ["", "## Zero-shot SST-2: does the margin carry signal? (ROC AUC of log p(positive) − log p(negative))",
-                  "", "| step | AUC |" + "".join(f" AUC ({MODEL_LABELS.get(m, m)}) |" for m in more),
-                  "|---|---|" + "---|" * len(more)]
-        lines += [f"| {k} | {v:.3f} |" + "".join(f" {a[k]:.3f} |" if k in a else " – |" for a in more.values())
-                  for k, v in sorted(auc.items())]
+        lines += [
+            "",
+            "## Zero-shot SST-2: does the margin carry signal? (ROC AUC of log p(positive) − log p(negative))",
+            "",
+            "| step | AUC |" + "".join(f" AUC ({MODEL_LABELS.get(m, m)}) |" for m in more),
+            "|---|---|" + "---|" * len(more),
+        ]
+        lines += [
+            f"| {k} | {v:.3f} |" + "".join(f" {a[k]:.3f} |" if k in a else " – |" for a in more.values())
+            for k, v in sorted(auc.items())
+        ]
     curve = layers_curve(recs)
     if curve:
         task = next(r["task"] for r in recs if r["variant"] == "layers")
-        lines += ["", f"## Layers transferred ({task}, {METRIC[task]})", "", "| layers | score | seeds |", "|---|---|---|"]
+        lines += [
+            "",
+            f"## Layers transferred ({task}, {METRIC[task]})",
+            "",
+            "| layers | score | seeds |",
+            "|---|---|---|",
+        ]
         lines += [f"| {k} | {fmt(m, s, n)} | {n} |" for k, (m, s, n) in curve.items()]
     lines += curves or []
-    lines += ["", "## Every run", "", "| task | variant | layers | seed | metric | score | train ex. | dev ex. | "
-              "updates | seconds |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted(recs, key=lambda r: (r["variant"] == "layers", r["task"], r["variant"], r["transfer_layers"] or 0, r["seed"])):
-        lines.append(f"| {r['task']} | {r['variant']} | {'' if r['transfer_layers'] is None else r['transfer_layers']} | "
-                     f"{r['seed']} | {r['metric']} | {fmt(r['score']) if r['score'] is not None else 'failed'} | "
-                     f"{r['n_train']} | {r['n_eval']} | {r['steps']} | {r['seconds']} |")
+    lines += [
+        "",
+        "## Every run",
+        "",
+        "| task | variant | layers | seed | metric | score | train ex. | dev ex. | updates | seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(
+        recs, key=lambda r: (r["variant"] == "layers", r["task"], r["variant"], r["transfer_layers"] or 0, r["seed"])
+    ):
+        lines.append(
+            f"| {r['task']} | {r['variant']} | {'' if r['transfer_layers'] is None else r['transfer_layers']} | "
+            f"{r['seed']} | {r['metric']} | {fmt(r['score']) if r['score'] is not None else 'failed'} | "
+            f"{r['n_train']} | {r['n_eval']} | {r['steps']} | {r['seconds']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -1043,8 +1274,11 @@ def _t_note(n: int) -> list[str]:
     if n < 2:
         return []
     hi, lo = t_critical(n - 1), t_critical(2 * n - 2, conservative=False)
-    return ["", f"t: Welch's t of the two groups of {n} seeds ({n - 1}-{2 * n - 2} degrees of freedom): |t| > {hi:.2f} "
-            f"is significant at the 5 % level (two-sided) whatever the variances, |t| < {lo:.2f} is not."]
+    return [
+        "",
+        f"t: Welch's t of the two groups of {n} seeds ({n - 1}-{2 * n - 2} degrees of freedom): |t| > {hi:.2f} "
+        f"is significant at the 5 % level (two-sided) whatever the variances, |t| < {lo:.2f} is not.",
+    ]
 
 
 def labeled_markdown(lab: dict[str, Any], meta: dict[str, Any]) -> list[str]:
@@ -1059,15 +1293,23 @@ def labeled_markdown(lab: dict[str, Any], meta: dict[str, Any]) -> list[str]:
         at = {(c["variant"], p["size"]): p for c in curves for p in c["points"]}
         gap_at = {(g["model"], g["size"]): g for g in gaps}
         cols = [c["variant"] for c in curves]
-        lines += ["", f"## Labeled-data curve: {task} ({METRIC[task]}, dev; mean ± std over seeds; nested subsamples)",
-                  "", "| labeled examples | " + " | ".join(cols)
-                  + "".join(f" | {' − '.join(curve_variants(m))} (t)" for m in models) + " |",
-                  "|---|" + "---|" * (len(cols) + len(models))]
+        lines += [
+            "",
+            f"## Labeled-data curve: {task} ({METRIC[task]}, dev; mean ± std over seeds; nested subsamples)",
+            "",
+            "| labeled examples | "
+            + " | ".join(cols)
+            + "".join(f" | {' − '.join(curve_variants(m))} (t)" for m in models)
+            + " |",
+            "|---|" + "---|" * (len(cols) + len(models)),
+        ]
         for n in sizes:
             row = [_cell_text(at.get((v, n))) for v in cols]
             for m in models:
                 g = gap_at.get((m, n))
-                row.append("–" if g is None else f"{g['gap']:+.1f}" + ("" if g["t"] is None else f" (t = {g['t']:+.1f})"))
+                row.append(
+                    "–" if g is None else f"{g['gap']:+.1f}" + ("" if g["t"] is None else f" (t = {g['t']:+.1f})")
+                )
             lines.append(f"| {n:,} | " + " | ".join(row) + " |")
         if base.get(task) is not None:
             lines += ["", f"Majority class ({task} dev): {base[task]:.1f}."]
@@ -1086,37 +1328,61 @@ def budget_markdown(bud: dict[str, Any], lab: dict[str, Any], meta: dict[str, An
         val = {int(v["step"]): v for v in bud["val"].get(model, [])}
         steps = sorted({p["step"] for c in curves for p in c["points"]} | set(val))
         at = {(i, p["step"]): p for i, c in enumerate(curves) for p in c["points"]}
-        lines += ["", f"## Pretraining-budget curve ({model}: {curve_variants(model)[0]} fine-tuning from every kept "
-                  "checkpoint; dev; mean ± std over seeds)", "",
-                  "| pretraining updates | validation perplexity | "
-                  + " | ".join(f"{c['task']} {METRIC[c['task']]} ({c['size']:,} ex.)" for c in curves) + " |",
-                  "|---|---|" + "---|" * len(curves)]
+        lines += [
+            "",
+            f"## Pretraining-budget curve ({model}: {curve_variants(model)[0]} fine-tuning from every kept "
+            "checkpoint; dev; mean ± std over seeds)",
+            "",
+            "| pretraining updates | validation perplexity | "
+            + " | ".join(f"{c['task']} {METRIC[c['task']]} ({c['size']:,} ex.)" for c in curves)
+            + " |",
+            "|---|---|" + "---|" * len(curves),
+        ]
         for k in steps:
             ppl = f"{math.exp(min(float(val[k]['val_loss']), 700)):,.1f}" if k in val else "–"
-            lines.append(f"| {k:,} | {ppl} | " + " | ".join(_cell_text(at.get((i, k))) for i in range(len(curves))) + " |")
+            lines.append(
+                f"| {k:,} | {ppl} | " + " | ".join(_cell_text(at.get((i, k))) for i in range(len(curves))) + " |"
+            )
         rnd = curve_variants(model)[1]
         ref = {(c["task"], p["size"]): p for c in lab["curves"] if c["variant"] == rnd for p in c["points"]}
-        lines.append(f"| {rnd} (random init, same size) | – | "
-                     + " | ".join(_cell_text(ref.get((c["task"], c["size"]))) for c in curves) + " |")
-        lines.append("| majority class | – | " + " | ".join(fmt(base[c["task"]]) if base.get(c["task"]) is not None
-                                                         else "–" for c in curves) + " |")
+        lines.append(
+            f"| {rnd} (random init, same size) | – | "
+            + " | ".join(_cell_text(ref.get((c["task"], c["size"]))) for c in curves)
+            + " |"
+        )
+        lines.append(
+            "| majority class | – | "
+            + " | ".join(fmt(base[c["task"]]) if base.get(c["task"]) is not None else "–" for c in curves)
+            + " |"
+        )
     return lines
 
 
 def curve_runs_markdown(lrecs: list[dict[str, Any]], brecs: list[dict[str, Any]]) -> list[str]:
     """Every run of the two curves, one row each (failed runs included)."""
     lines: list[str] = []
-    row = lambda r: (f"{fmt(r['score']) if r['score'] is not None else 'failed'} | {r['n_train']} | {r['n_eval']} | "  # noqa: E731
-                     f"{r['steps']} | {r['seconds']} |")
+    row = lambda r: (
+        f"{fmt(r['score']) if r['score'] is not None else 'failed'} | {r['n_train']} | {r['n_eval']} | "  # noqa: E731
+        f"{r['steps']} | {r['seconds']} |"
+    )
     if lrecs:
-        lines += ["", "## Every run of the labeled-data curve", "",
-                  "| task | variant | labeled ex. | seed | score | train ex. | dev ex. | updates | seconds |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Every run of the labeled-data curve",
+            "",
+            "| task | variant | labeled ex. | seed | score | train ex. | dev ex. | updates | seconds |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         lines += [f"| {r['task']} | {r['variant']} | {r['size']} | {r['seed']} | " + row(r) for r in lrecs]
     if brecs:
-        lines += ["", "## Every run of the pretraining-budget curve", "",
-                  "| task | model | labeled ex. | pretraining updates | seed | score | train ex. | dev ex. | updates | "
-                  "seconds |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Every run of the pretraining-budget curve",
+            "",
+            "| task | model | labeled ex. | pretraining updates | seed | score | train ex. | dev ex. | updates | "
+            "seconds |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         lines += [f"| {r['task']} | {r['model']} | {r['size']} | {r['step']} | {r['seed']} | " + row(r) for r in brecs]
     return lines
 
@@ -1161,8 +1427,15 @@ def plot_zeroshot(curves: dict[str, dict[str, Any]], path: Path, plt: Any) -> No
             if not pts:
                 continue
             label = TASK_LABELS.get(t, t) + ("" if len(curves) == 1 else f" ({MODEL_LABELS.get(model, model)})")
-            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", markersize=4 if model != "gpt" else 6,
-                    color=f"C{i}", linestyle="-" if model == "gpt" else "--", label=label)
+            ax.plot(
+                [x for x, _ in pts],
+                [y for _, y in pts],
+                marker="o",
+                markersize=4 if model != "gpt" else 6,
+                color=f"C{i}",
+                linestyle="-" if model == "gpt" else "--",
+                label=label,
+            )
     ax.axhline(0.0, color="grey", lw=0.8, ls="--")
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
     ax.set_xlabel("pretraining updates")
@@ -1189,8 +1462,13 @@ def plots(out: Path, recs: list[dict[str, Any]], baselines: dict[str, float | No
     if vcs:
         fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
         for i, (m, vc) in enumerate(vcs.items()):
-            ax.plot([s for s, _ in vc], [math.exp(min(l, 50)) for _, l in vc], marker="o", color=f"C{i}",
-                    label=MODEL_LABELS.get(m, m))
+            ax.plot(
+                [s for s, _ in vc],
+                [math.exp(min(l, 50)) for _, l in vc],
+                marker="o",
+                color=f"C{i}",
+                label=MODEL_LABELS.get(m, m),
+            )
         if len(vcs) > 1:
             ax.legend(fontsize=8)
         ax.set_yscale("log")
@@ -1216,8 +1494,15 @@ def plots(out: Path, recs: list[dict[str, Any]], baselines: dict[str, float | No
                 cell = agg.get(v, {}).get(t)
                 if not cell or not cell["n"]:
                     continue
-                ax.bar(i, cell["mean"], yerr=cell["std"] if cell["n"] > 1 else None, color=colors[v], alpha=0.75,
-                       capsize=3, label=LABELS.get(v, v))
+                ax.bar(
+                    i,
+                    cell["mean"],
+                    yerr=cell["std"] if cell["n"] > 1 else None,
+                    color=colors[v],
+                    alpha=0.75,
+                    capsize=3,
+                    label=LABELS.get(v, v),
+                )
                 ax.scatter([i] * cell["n"], cell["scores"], s=9, color="black", zorder=3)
             if baselines and baselines.get(t) is not None:
                 ax.axhline(baselines[t], color="black", linestyle=":", linewidth=1, label="majority class")
@@ -1235,15 +1520,28 @@ def plots(out: Path, recs: list[dict[str, Any]], baselines: dict[str, float | No
         task = next(r["task"] for r in recs if r["variant"] == "layers")
         fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
         ks = list(lc)
-        ax.errorbar(ks, [lc[k][0] for k in ks], yerr=[lc[k][1] for k in ks], marker="o", capsize=3,
-                    label="mean ± std over seeds")
-        seeds = [(r["transfer_layers"], r["score"]) for r in recs if r["variant"] == "layers" and r["score"] is not None]
+        ax.errorbar(
+            ks,
+            [lc[k][0] for k in ks],
+            yerr=[lc[k][1] for k in ks],
+            marker="o",
+            capsize=3,
+            label="mean ± std over seeds",
+        )
+        seeds = [
+            (r["transfer_layers"], r["score"]) for r in recs if r["variant"] == "layers" and r["score"] is not None
+        ]
         ax.scatter([k for k, _ in seeds], [v for _, v in seeds], s=12, color="gray", zorder=3, label="each seed")
         # References a reader needs to judge the curve: the same fine-tuning from random weights, and the floor.
-        nopre = [r["score"] for r in recs if r["variant"] == "no-pretraining" and r["task"] == task and r["score"] is not None]
+        nopre = [
+            r["score"]
+            for r in recs
+            if r["variant"] == "no-pretraining" and r["task"] == task and r["score"] is not None
+        ]
         if nopre:
-            ax.axhline(statistics.fmean(nopre), color="tab:red", linestyle="--", linewidth=1,
-                       label="no pretraining (mean)")
+            ax.axhline(
+                statistics.fmean(nopre), color="tab:red", linestyle="--", linewidth=1, label="no pretraining (mean)"
+            )
         if baselines and baselines.get(task) is not None:
             ax.axhline(baselines[task], color="black", linestyle=":", linewidth=1, label="majority class")
         ax.legend(fontsize=8)
@@ -1263,8 +1561,17 @@ def _curve_line(ax, xs: list[float], points: list[dict[str, Any]], label: str, c
     ok = [(x, p) for x, p in zip(xs, points) if p["n"]]
     if not ok:
         return
-    ax.errorbar([x for x, _ in ok], [p["mean"] for _, p in ok], yerr=[p["std"] for _, p in ok], marker="o",
-                markersize=4, capsize=3, color=color, linestyle="--" if dashed else "-", label=label)
+    ax.errorbar(
+        [x for x, _ in ok],
+        [p["mean"] for _, p in ok],
+        yerr=[p["std"] for _, p in ok],
+        marker="o",
+        markersize=4,
+        capsize=3,
+        color=color,
+        linestyle="--" if dashed else "-",
+        label=label,
+    )
     dots = [(x, v) for x, p in ok for v in p["scores"]]
     ax.scatter([x for x, _ in dots], [v for _, v in dots], s=9, color=color, alpha=0.45, zorder=3)
 
@@ -1290,8 +1597,14 @@ def plot_curves(out: Path, lab: dict[str, Any], bud: dict[str, Any], baselines: 
         fig, axes = plt.subplots(1, len(tasks), figsize=(5.2 * len(tasks), 4.0), dpi=120, squeeze=False)
         for ax, task in zip(axes[0], tasks):
             for i, c in enumerate(c for c in lab["curves"] if c["task"] == task):
-                _curve_line(ax, [p["size"] for p in c["points"]], c["points"], c["variant"], _color(c["variant"], i),
-                            c["variant"].endswith("no-pretraining"))
+                _curve_line(
+                    ax,
+                    [p["size"] for p in c["points"]],
+                    c["points"],
+                    c["variant"],
+                    _color(c["variant"], i),
+                    c["variant"].endswith("no-pretraining"),
+                )
             if baselines.get(task) is not None:
                 ax.axhline(baselines[task], color="black", linestyle=":", linewidth=1, label="majority class")
             sizes = sorted({p["size"] for c in lab["curves"] if c["task"] == task for p in c["points"]})
@@ -1320,22 +1633,35 @@ def plot_curves(out: Path, lab: dict[str, Any], bud: dict[str, Any], baselines: 
         ax.legend(fontsize=8)
         for ax, task in zip(axes[0][1:], btasks):
             for i, c in enumerate(c for c in bud["curves"] if c["task"] == task):
-                _curve_line(ax, [p["step"] for p in c["points"]], c["points"],
-                            f"{curve_variants(c['model'])[0]}, {c['size']:,} ex.", f"C{i}", False)
+                _curve_line(
+                    ax,
+                    [p["step"] for p in c["points"]],
+                    c["points"],
+                    f"{curve_variants(c['model'])[0]}, {c['size']:,} ex.",
+                    f"C{i}",
+                    False,
+                )
                 rnd = curve_variants(c["model"])[1]
-                ref = [p for r in lab["curves"] if r["task"] == task and r["variant"] == rnd for p in r["points"]
-                       if p["size"] == c["size"] and p["n"]]
+                ref = [
+                    p
+                    for r in lab["curves"]
+                    if r["task"] == task and r["variant"] == rnd
+                    for p in r["points"]
+                    if p["size"] == c["size"] and p["n"]
+                ]
                 if ref:
-                    ax.axhline(ref[0]["mean"], color="tab:red", linestyle="--", linewidth=1,
-                               label=f"{rnd} (mean, same size)")
+                    ax.axhline(
+                        ref[0]["mean"], color="tab:red", linestyle="--", linewidth=1, label=f"{rnd} (mean, same size)"
+                    )
             if baselines.get(task) is not None:
                 ax.axhline(baselines[task], color="black", linestyle=":", linewidth=1, label="majority class")
             ax.set_xlabel("pretraining updates of the checkpoint fine-tuned")
             ax.set_ylabel(f"{task} dev {METRIC[task]}")
             ax.set_title(task, fontsize=10)
             ax.legend(fontsize=8)
-        fig.suptitle("Pretraining-budget curve: fine-tuned score from each checkpoint (mean ± std; dots: seeds)",
-                     fontsize=10)
+        fig.suptitle(
+            "Pretraining-budget curve: fine-tuned score from each checkpoint (mean ± std; dots: seeds)", fontsize=10
+        )
         fig.tight_layout()
         fig.savefig(d / "budget.png")
         plt.close(fig)
@@ -1353,66 +1679,129 @@ def stage_report(cfg: ReproConfig, out: Path) -> dict[str, Any]:
     done = {m: read_json(pretrained_model(out, m).done) for m in PRETRAINED if pretrained_model(out, m).ready()}
     if "gpt" in done and "params" in plan:
         done["gpt"] = {**done["gpt"], "params": plan["params"]}
-    meta = {"seeds": cfg.seeds, "budget_minutes": cfg.budget_minutes, "config": asdict(cfg), "plan": plan,
-            "pretrain": read_json(out / "pretrain-done.json") if (out / "pretrain-done.json").is_file() else None,
-            "pretrained": done,
-            "seconds": read_json(out / "seconds.json") if (out / "seconds.json").is_file() else {},
-            "baselines": majority_baselines(), "sst2_margin_auc": sst2_margin_auc(out / "zeroshot"),
-            "sst2_margin_auc_models": {m: sst2_margin_auc(pretrained_model(out, m).zeroshot)
-                                       for m in PRETRAINED if m != "gpt"},
-            "labeled_seeds": cfg.labeled_seeds, "budget_seeds": cfg.budget_seeds}
+    meta = {
+        "seeds": cfg.seeds,
+        "budget_minutes": cfg.budget_minutes,
+        "config": asdict(cfg),
+        "plan": plan,
+        "pretrain": read_json(out / "pretrain-done.json") if (out / "pretrain-done.json").is_file() else None,
+        "pretrained": done,
+        "seconds": read_json(out / "seconds.json") if (out / "seconds.json").is_file() else {},
+        "baselines": majority_baselines(),
+        "sst2_margin_auc": sst2_margin_auc(out / "zeroshot"),
+        "sst2_margin_auc_models": {
+            m: sst2_margin_auc(pretrained_model(out, m).zeroshot) for m in PRETRAINED if m != "gpt"
+        },
+        "labeled_seeds": cfg.labeled_seeds,
+        "budget_seeds": cfg.budget_seeds,
+    }
     lrecs, brecs = collect_labeled(out), collect_budget(out)
     lab, bud = labeled_curves(lrecs), budget_curves(out, brecs)
     made = plots(out, recs, meta["baselines"]) + plot_curves(out, lab, bud, meta["baselines"])
-    result = {"meta": meta, "runs": recs, "table5": {v: {t: {k: c[k] for k in ("mean", "std", "n", "scores", "failed")}
-                                                        for t, c in ts.items()} for v, ts in agg.items()},
-              "paper": PAPER, "layers": {str(k): {"mean": m, "std": s, "n": n} for k, (m, s, n) in layers_curve(recs).items()},
-              "val_curve": [{"step": s, "loss": l, "perplexity": math.exp(min(l, 700))} for s, l in val_curve(out)],
-              "zeroshot": zs, "labeled": {**lab, "runs": lrecs}, "budget": {**bud, "runs": brecs}, "plots": made,
-              # Every pretrained model side by side (the Transformer's entries repeat val_curve and zeroshot above).
-              "models": {m: {"pretrain": done.get(m),
-                             "val_curve": [{"step": s, "loss": l, "perplexity": math.exp(min(l, 700))}
-                                           for s, l in val_curve(out, m)],
-                             "zeroshot": zeroshot_curves(out).get(m)} for m in PRETRAINED
-                         if m == "gpt" or pretrained_model(out, m).init.exists()}}
+    result = {
+        "meta": meta,
+        "runs": recs,
+        "table5": {
+            v: {t: {k: c[k] for k in ("mean", "std", "n", "scores", "failed")} for t, c in ts.items()}
+            for v, ts in agg.items()
+        },
+        "paper": PAPER,
+        "layers": {str(k): {"mean": m, "std": s, "n": n} for k, (m, s, n) in layers_curve(recs).items()},
+        "val_curve": [{"step": s, "loss": l, "perplexity": math.exp(min(l, 700))} for s, l in val_curve(out)],
+        "zeroshot": zs,
+        "labeled": {**lab, "runs": lrecs},
+        "budget": {**bud, "runs": brecs},
+        "plots": made,
+        # Every pretrained model side by side (the Transformer's entries repeat val_curve and zeroshot above).
+        "models": {
+            m: {
+                "pretrain": done.get(m),
+                "val_curve": [
+                    {"step": s, "loss": l, "perplexity": math.exp(min(l, 700))} for s, l in val_curve(out, m)
+                ],
+                "zeroshot": zeroshot_curves(out).get(m),
+            }
+            for m in PRETRAINED
+            if m == "gpt" or pretrained_model(out, m).init.exists()
+        },
+    }
     write_json(out / "results.json", json.loads(json.dumps(result, default=str).replace("NaN", "null")))
     md = markdown_tables(recs, agg, meta, labeled_markdown(lab, meta) + budget_markdown(bud, lab, meta))
     write_text_atomic(out / "tables.md", md + "\n".join(curve_runs_markdown(lrecs, brecs) + [""]))
-    log(f"report: {len(recs)} + {len(lrecs)} + {len(brecs)} runs → {out / 'results.json'}, {out / 'tables.md'}, "
-        f"{', '.join(made)}")
+    log(
+        f"report: {len(recs)} + {len(lrecs)} + {len(brecs)} runs → {out / 'results.json'}, {out / 'tables.md'}, "
+        f"{', '.join(made)}"
+    )
     return result
 
 
 # ------------------------------------------------------------------------------------------------- main
 
-STAGES: tuple[str, ...] = ("prepare", "pretrain", "pretrain-lstm", "zeroshot", "zeroshot-lstm", "finetune",
-                           "finetune-lstm", "layers", "labeled", "budget", "report")
+STAGES: tuple[str, ...] = (
+    "prepare",
+    "pretrain",
+    "pretrain-lstm",
+    "zeroshot",
+    "zeroshot-lstm",
+    "finetune",
+    "finetune-lstm",
+    "layers",
+    "labeled",
+    "budget",
+    "report",
+)
 """In the order they run. The ``-lstm`` stages do nothing unless the configuration wants the LSTM
 (:func:`pretrained_models`)."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", type=Path, default=ReproConfig.out, help="output directory (rerun to continue)")
-    ap.add_argument("--data", type=Path, default=ReproConfig.data, help="real data root (books/, glue/, storycloze/, dprd/)")
-    ap.add_argument("--budget-minutes", type=float, default=ReproConfig.budget_minutes,
-                    help="wall-clock target for the whole run on 2 cores (pretraining gets 45%%)")
+    ap.add_argument(
+        "--data", type=Path, default=ReproConfig.data, help="real data root (books/, glue/, storycloze/, dprd/)"
+    )
+    ap.add_argument(
+        "--budget-minutes",
+        type=float,
+        default=ReproConfig.budget_minutes,
+        help="wall-clock target for the whole run on 2 cores (pretraining gets 45%%)",
+    )
     ap.add_argument("--seeds", type=int, default=ReproConfig.seeds, help="fine-tuning seeds per task and variant")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: checks the pipeline in about a minute")
-    ap.add_argument("--stages", default=",".join(STAGES),
-                    help="comma-separated stages to run (each skips work already done)")
-    ap.add_argument("--variants", default=",".join(TABLE5),
-                    help="Table 5 rows to fine-tune; lstm-full (\"LSTM w/ aux LM\") also pretrains the LSTM and scores "
-                         "it zero-shot (stages pretrain-lstm, zeroshot-lstm, finetune-lstm)")
-    ap.add_argument("--tasks", default=",".join(TASKS),
-                    help="tasks of the finetune and finetune-lstm stages (default: all six); never give two invocations "
-                         "on one directory the same task")
-    ap.add_argument("--threads", type=int, default=ReproConfig.threads,
-                    help="torch threads (default: 2, this machine's cores; 1 beside another run, e.g. the LSTM's stages)")
-    ap.add_argument("--lstm-threads", type=int, default=None,
-                    help="torch threads for the LSTM's stages (default: as the others; 1 on a busy machine)")
-    ap.add_argument("--full-sizes", action="store_true",
-                    help="labeled-data curve: add each task's whole training split (SST-2 67,349 rows: ≈ 45 min more)")
+    ap.add_argument(
+        "--stages", default=",".join(STAGES), help="comma-separated stages to run (each skips work already done)"
+    )
+    ap.add_argument(
+        "--variants",
+        default=",".join(TABLE5),
+        help='Table 5 rows to fine-tune; lstm-full ("LSTM w/ aux LM") also pretrains the LSTM and scores '
+        "it zero-shot (stages pretrain-lstm, zeroshot-lstm, finetune-lstm)",
+    )
+    ap.add_argument(
+        "--tasks",
+        default=",".join(TASKS),
+        help="tasks of the finetune and finetune-lstm stages (default: all six); never give two invocations "
+        "on one directory the same task",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=ReproConfig.threads,
+        help="torch threads (default: 2, this machine's cores; 1 beside another run, e.g. the LSTM's stages)",
+    )
+    ap.add_argument(
+        "--lstm-threads",
+        type=int,
+        default=None,
+        help="torch threads for the LSTM's stages (default: as the others; 1 on a busy machine)",
+    )
+    ap.add_argument(
+        "--full-sizes",
+        action="store_true",
+        help="labeled-data curve: add each task's whole training split (SST-2 67,349 rows: ≈ 45 min more)",
+    )
     a = ap.parse_args(argv)
     variants = [v.strip() for v in a.variants.split(",") if v.strip()]
     if set(variants) - set(TABLE5):
@@ -1420,8 +1809,16 @@ def main(argv: list[str] | None = None) -> int:
     tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
     if set(tasks) - set(TASKS):
         ap.error(f"--tasks: unknown {', '.join(sorted(set(tasks) - set(TASKS)))} (known: {', '.join(TASKS)})")
-    cfg = ReproConfig(out=a.out, data=a.data, budget_minutes=a.budget_minutes, seeds=a.seeds, full_sizes=a.full_sizes,
-                      variants=variants, threads=a.threads, tasks=tasks)
+    cfg = ReproConfig(
+        out=a.out,
+        data=a.data,
+        budget_minutes=a.budget_minutes,
+        seeds=a.seeds,
+        full_sizes=a.full_sizes,
+        variants=variants,
+        threads=a.threads,
+        tasks=tasks,
+    )
     if a.smoke:
         smoke(cfg)
     if a.lstm_threads is not None:

@@ -33,19 +33,28 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from gptcli.errors import GPT1Error
 from gptcli.config import from_dict
-from gptcli.outputs import foreign_entries
-from gptcli.fsutil import (fsync_dir, inside, move_into_place, read_bytes_inside, regular_file_problem, safetensors_shapes,
-                           sha256_file, temp_sibling)
+from gptcli.errors import GPT1Error
+from gptcli.fsutil import (
+    fsync_dir,
+    inside,
+    move_into_place,
+    read_bytes_inside,
+    regular_file_problem,
+    safetensors_shapes,
+    sha256_file,
+    temp_sibling,
+)
 from gptcli.model.build import TRANSFORMER, AnyConfig, LanguageModel, arch_of, build_model, config_class
+from gptcli.outputs import foreign_entries
 
 FORMAT = 1
 CONFIG = "config.json"
@@ -110,8 +119,14 @@ def write_checkpoint_files(
         tokenizer.save(directory / TOKENIZER)
     if extra is not None:
         extra(directory)
-    config = {"format": FORMAT, "kind": kind, "arch": arch_of(model.config), "model": dataclasses.asdict(model.config),
-              "meta": meta or {}, "files": _checksums(directory)}
+    config = {
+        "format": FORMAT,
+        "kind": kind,
+        "arch": arch_of(model.config),
+        "model": dataclasses.asdict(model.config),
+        "meta": meta or {},
+        "files": _checksums(directory),
+    }
     config[CONFIG_DIGEST] = _config_digest(config)
     (directory / CONFIG).write_text(json.dumps(config, indent=2), encoding="utf-8")
 
@@ -179,8 +194,10 @@ def save_checkpoint(
     if target.is_dir() and not target.is_symlink():
         foreign = foreign_entries(target, "checkpoint")
         if foreign:
-            raise GPT1Error(f"{target}: holds {', '.join(foreign[:5])}, which no checkpoint holds; refusing to "
-                            "replace it with one (save the checkpoint to a new or empty directory)")
+            raise GPT1Error(
+                f"{target}: holds {', '.join(foreign[:5])}, which no checkpoint holds; refusing to "
+                "replace it with one (save the checkpoint to a new or empty directory)"
+            )
 
     def write(tmp: Path) -> None:
         write_checkpoint_files(tmp, model, tokenizer, kind=kind, meta=meta, head_state=head_state, extra=extra)
@@ -227,8 +244,14 @@ def _read_config(p: Path) -> Any:
 def _read_header(p: Path) -> Header:
     try:
         config = _read_config(p)
-        header = Header(p, config.get("kind", "lm"), dict(config["model"]), dict(config.get("meta", {})),
-                        dict(config.get("files", {})), config.get("arch", TRANSFORMER))
+        header = Header(
+            p,
+            config.get("kind", "lm"),
+            dict(config["model"]),
+            dict(config.get("meta", {})),
+            dict(config.get("files", {})),
+            config.get("arch", TRANSFORMER),
+        )
         for name, value in (("kind", header.kind), ("arch", header.arch)):
             if not isinstance(value, str):
                 raise TypeError(f"{name} is {value!r}, not a string")
@@ -236,24 +259,34 @@ def _read_header(p: Path) -> Header:
             raise TypeError("the files table maps something other than paths to checksums")
         return header
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as e:
-        raise GPT1Error(f"{p / CONFIG}: unreadable checkpoint config ({e}) (restore the file or use another checkpoint)") from None
+        raise GPT1Error(
+            f"{p / CONFIG}: unreadable checkpoint config ({e}) (restore the file or use another checkpoint)"
+        ) from None
 
 
 def list_checkpoints(path: str | Path) -> list[Path]:
     """Every complete checkpoint of a run directory, oldest step first (a checkpoint directory: just itself)."""
     p = Path(path)
     if not p.exists():
-        raise GPT1Error(f"{p}: checkpoint not found (check the path: give a checkpoint directory, or a run directory "
-                        "with checkpoints/)")
+        raise GPT1Error(
+            f"{p}: checkpoint not found (check the path: give a checkpoint directory, or a run directory "
+            "with checkpoints/)"
+        )
     if is_checkpoint(p):
         return [p]
-    candidates = [c for c in (p / "checkpoints").glob("*") if c.is_dir() and not c.name.startswith(".") and is_checkpoint(c)]
+    candidates = [
+        c for c in (p / "checkpoints").glob("*") if c.is_dir() and not c.name.startswith(".") and is_checkpoint(c)
+    ]
     if not candidates:
         if _is_hf_export(p):
-            raise GPT1Error(f"{p}: this is a Hugging Face export, not a gpt1 checkpoint "
-                            f"(convert it first: gpt1 convert {p} --from hf --out DIR)")
-        raise GPT1Error(f"{p}: neither a checkpoint ({CONFIG} + {WEIGHTS}) nor a run directory with checkpoints/ "
-                        "(give a checkpoint directory, or the directory of a run that has saved one)")
+            raise GPT1Error(
+                f"{p}: this is a Hugging Face export, not a gpt1 checkpoint "
+                f"(convert it first: gpt1 convert {p} --from hf --out DIR)"
+            )
+        raise GPT1Error(
+            f"{p}: neither a checkpoint ({CONFIG} + {WEIGHTS}) nor a run directory with checkpoints/ "
+            "(give a checkpoint directory, or the directory of a run that has saved one)"
+        )
     return sorted(candidates, key=_age)
 
 
@@ -311,8 +344,10 @@ def verify_checkpoint(path: str | Path) -> list[str]:
     # link out of it, a FIFO or a device), and nothing is hashed until all of them are known to be such files.
     outside = [rel for rel in header.files if inside(p, rel) is None]
     if outside:
-        return [f"{p / CONFIG}: its checksum table names {outside[0]!r}, which is not a file inside the checkpoint "
-                f"(the config is damaged or was tampered with)"]
+        return [
+            f"{p / CONFIG}: its checksum table names {outside[0]!r}, which is not a file inside the checkpoint "
+            f"(the config is damaged or was tampered with)"
+        ]
     problems = []
     for rel, expected in header.files.items():
         f = p / rel
@@ -324,9 +359,7 @@ def verify_checkpoint(path: str | Path) -> list[str]:
     return problems
 
 
-def newest_intact(
-    path: str | Path, candidates: Sequence[Path] | None = None
-) -> tuple[Path, list[tuple[Path, str]]]:
+def newest_intact(path: str | Path, candidates: Sequence[Path] | None = None) -> tuple[Path, list[tuple[Path, str]]]:
     """The newest checkpoint of a run whose files verify, and the newer ones skipped with the reason for each.
     ``candidates`` (oldest first) narrows the search, e.g. to the step checkpoints that hold training state."""
     skipped: list[tuple[Path, str]] = []
@@ -385,12 +418,16 @@ def model_config(p: Path, header: Header) -> AnyConfig:
     try:
         mcfg = from_dict(config_class(header.arch), header.model, prefix="model.")
     except GPT1Error as e:
-        raise GPT1Error(f"{p / CONFIG}: unreadable checkpoint config ({e}) (restore the file or use another "
-                        "checkpoint)") from None
+        raise GPT1Error(
+            f"{p / CONFIG}: unreadable checkpoint config ({e}) (restore the file or use another checkpoint)"
+        ) from None
     except (TypeError, ValueError, KeyError) as e:
         raise GPT1Error(f"{p / CONFIG}: unreadable checkpoint config ({e})") from None
-    bad = [f"{f.name} = {getattr(mcfg, f.name)!r}" for f in dataclasses.fields(mcfg)
-           if _out_of_range(f.name, getattr(mcfg, f.name))]
+    bad = [
+        f"{f.name} = {getattr(mcfg, f.name)!r}"
+        for f in dataclasses.fields(mcfg)
+        if _out_of_range(f.name, getattr(mcfg, f.name))
+    ]
     if bad:
         raise GPT1Error(f"{p / CONFIG}: impossible model settings: {', '.join(bad)} (the checkpoint config is damaged)")
     return mcfg
@@ -409,8 +446,10 @@ def _check_finite(weights: Path, tensors: dict[str, torch.Tensor]) -> None:
     meaning (a zero-shot accuracy, a ``nan`` perplexity), reported as if it were one."""
     bad = [k for k, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if bad:
-        raise GPT1Error(f"{weights}: {len(bad)} tensor(s) hold NaN or infinite values (first: {bad[0]}); nothing "
-                        "computed from them would mean anything (the run diverged: use an earlier checkpoint)")
+        raise GPT1Error(
+            f"{weights}: {len(bad)} tensor(s) hold NaN or infinite values (first: {bad[0]}); nothing "
+            "computed from them would mean anything (the run diverged: use an earlier checkpoint)"
+        )
 
 
 def check_weights_fit(weights: Path, mcfg: AnyConfig) -> None:
@@ -428,9 +467,11 @@ def check_weights_fit(weights: Path, mcfg: AnyConfig) -> None:
     elems = per[0][1] + (layers - 1) * (per[1][1] - per[0][1])
     have = sum(math.prod(s) for s in shapes.values())
     if (keys, elems) != (len(shapes), have):
-        raise GPT1Error(f"{weights}: weights do not match the config (it describes {keys:,} tensors of {elems:,} "
-                        f"values, the file holds {len(shapes):,} of {have:,}) (the checkpoint is damaged or "
-                        f"mixed from two; use another)")
+        raise GPT1Error(
+            f"{weights}: weights do not match the config (it describes {keys:,} tensors of {elems:,} "
+            f"values, the file holds {len(shapes):,} of {have:,}) (the checkpoint is damaged or "
+            f"mixed from two; use another)"
+        )
 
 
 # --- training state (resumable runs) ---------------------------------------------------------------------------
@@ -515,7 +556,9 @@ def read_training_state(path: str | Path, *, verify: bool = True) -> tuple[dict[
     if verify:
         _check(p)
     if not has_training_state(p):
-        raise GPT1Error(f"{p}: checkpoint has no training state ({TRAINING_STATE} + {OPTIMIZER}); cannot resume from it")
+        raise GPT1Error(
+            f"{p}: checkpoint has no training state ({TRAINING_STATE} + {OPTIMIZER}); cannot resume from it"
+        )
     try:
         doc = json.loads((p / TRAINING_STATE).read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:

@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -37,22 +37,44 @@ from gptcli.torch_floor import check_torch
 # A module is imported only when its subcommand runs or shows its own --help: torch and spaCy load in seconds,
 # and `gpt1 --help` should not wait for them.
 COMMANDS: list[tuple[str, str, str]] = [
-    ("quickstart", "quickstart", "Run the whole pipeline at toy scale in minutes, offline: prepare → pretrain → "
-                                 "fine-tune → eval → zero-shot."),
+    (
+        "quickstart",
+        "quickstart",
+        "Run the whole pipeline at toy scale in minutes, offline: prepare → pretrain → fine-tune → eval → zero-shot.",
+    ),
     ("prepare", "prepare", "Clean text, learn a BPE vocabulary and encode it into token shards (GPT-1's pipeline)."),
     ("inspect", "inspect", "Summarise a prepared corpus and verify every shard's checksum."),
     ("pretrain", "pretrain", "Pretrain a GPT-1 language model on a prepared corpus (paper §4.1 defaults)."),
-    ("fetch", "fetch", "Download task data (GLUE, SNLI, SciTail, RACE) from the Hugging Face Hub into its official "
-                       "layout under the data root."),
-    ("finetune", "finetune", "Fine-tune a pretrained checkpoint on one of the paper's tasks (paper §3.2, §4.1 defaults)."),
-    ("eval", "evaluate", "Evaluate checkpoints: perplexity on a prepared corpus (--data) or the paper's metric on a "
-                         "task (--task)."),
-    ("zeroshot", "zeroshot", "Zero-shot heuristics of the paper (SST-2, CoLA, RACE, DPRD, WSC, Story Cloze) and their "
-                             "curve over pretraining."),
+    (
+        "fetch",
+        "fetch",
+        "Download task data (GLUE, SNLI, SciTail, RACE) from the Hugging Face Hub into its official "
+        "layout under the data root.",
+    ),
+    (
+        "finetune",
+        "finetune",
+        "Fine-tune a pretrained checkpoint on one of the paper's tasks (paper §3.2, §4.1 defaults).",
+    ),
+    (
+        "eval",
+        "evaluate",
+        "Evaluate checkpoints: perplexity on a prepared corpus (--data) or the paper's metric on a task (--task).",
+    ),
+    (
+        "zeroshot",
+        "zeroshot",
+        "Zero-shot heuristics of the paper (SST-2, CoLA, RACE, DPRD, WSC, Story Cloze) and their "
+        "curve over pretraining.",
+    ),
     ("convert", "convert", "Convert weights: OpenAI's released GPT-1 and Hugging Face checkpoints in and out."),
     ("generate", "generate", "Generate text from a checkpoint (KV cache; greedy, temperature, top-k, top-p)."),
-    ("lmeval", "lmeval", "Score a checkpoint with EleutherAI's lm-evaluation-harness (lm_eval's arguments, the gpt1 "
-                         "model registered; needs gpt1[eval])."),
+    (
+        "lmeval",
+        "lmeval",
+        "Score a checkpoint with EleutherAI's lm-evaluation-harness (lm_eval's arguments, the gpt1 "
+        "model registered; needs gpt1[eval]).",
+    ),
 ]
 
 
@@ -115,7 +137,7 @@ class _LazyCommands(typer.core.TyperGroup):
             self._overview = False
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load(name: str, module: str, summary: str) -> Any:
     mod = importlib.import_module(f"gptcli.commands.{module}")
     single = typer.Typer(rich_markup_mode="rich", pretty_exceptions_enable=False, add_completion=False)
@@ -152,7 +174,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Optional[bool] = typer.Option(
+    version: bool | None = typer.Option(
         None, "--version", callback=_version, is_eager=True, metavar="", help="Print the version and exit."
     ),
     debug: bool = typer.Option(
@@ -163,8 +185,6 @@ def _root(
     # Before any subcommand (`gpt1 --help` and `--version` are eager and still answer): an older torch than gpt1's
     # floor would fail minutes into a run.
     check_torch()
-
-
 
 
 def _record_for_launcher(e: BaseException) -> None:
@@ -206,8 +226,10 @@ def _out_of_memory_line(e: BaseException) -> str | None:
     if not is_out_of_memory(e):
         return None
     what = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    return (f"out of memory: {what} (score in smaller batches: --batch-size of eval and zeroshot; a smaller "
-            f"--micro-batch-size in training; --debug shows where)")
+    return (
+        f"out of memory: {what} (score in smaller batches: --batch-size of eval and zeroshot; a smaller "
+        f"--micro-batch-size in training; --debug shows where)"
+    )
 
 
 class Terminated(BaseException):

@@ -13,8 +13,9 @@ import math
 import sys
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from gptcli.errors import GPT1Error
 from gptcli.fsutil import write_text_atomic
@@ -105,15 +106,15 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
-def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "", *,
-              context: Mapping[str, Any] | None = None) -> T:
+def from_dict(cls: type[T], data: dict[str, Any], prefix: str = "", *, context: Mapping[str, Any] | None = None) -> T:
     """Build ``cls`` from a mapping, rejecting unknown keys and wrongly typed values (``context``: see
     :func:`coerce_fields`)."""
     return cls(**coerce_fields(cls, data, prefix, context=context))
 
 
-def coerce_fields(cls: type, data: dict[str, Any], prefix: str = "", *,
-                  context: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def coerce_fields(
+    cls: type, data: dict[str, Any], prefix: str = "", *, context: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """``data`` as keyword arguments of dataclass ``cls``, typed and checked as :func:`from_dict` does (unknown keys,
     wrong types, impossible numbers refused naming ``prefix + key``), without building ``cls``: a partial set of
     fields, such as the ``[model]`` overrides of a preset, gets the same checks as a whole config. ``context``:
@@ -216,6 +217,7 @@ def save_config(cfg: Any, path: str | Path) -> None:
 # and --config files alike, before any work) and by the library entry points (:func:`check_settings`). NaN and the
 # infinities are refused for every number.
 
+
 def _between(lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> Any:
     return lambda v: (lo < v if lo_open else lo <= v) and (v < hi if hi_open else v <= hi)
 
@@ -227,11 +229,17 @@ _PROBABILITY = (_between(0, 1, hi_open=True), "a probability in [0, 1)")
 _UNSET_ALL = (lambda v: v >= 1, "at least 1 (leave it unset for all)")
 SEED_LIMIT = 2**32
 RULES: dict[str, tuple[Any, str]] = {
-    **dict.fromkeys("batch_size eval_batch_size finetune_batch_size seq_len n_ctx n_embd n_head n_inner n_layer "
-                    "n_hidden n_labels vocab_size chunk_bytes shard_tokens sample_lines finetune_epochs nodes "
-                    "zeroshot_fit_examples pretrain_steps max_modules log_every".split(), _AT_LEAST_1),
-    **dict.fromkeys("n_special warmup_steps eval_every save_every keep_last workers top_k node_rank extract_id "
-                    "transfer_layers max_new_tokens weight_decay lm_weight init_std".split(), _AT_LEAST_0),
+    **dict.fromkeys(
+        "batch_size eval_batch_size finetune_batch_size seq_len n_ctx n_embd n_head n_inner n_layer "
+        "n_hidden n_labels vocab_size chunk_bytes shard_tokens sample_lines finetune_epochs nodes "
+        "zeroshot_fit_examples pretrain_steps max_modules log_every".split(),
+        _AT_LEAST_1,
+    ),
+    **dict.fromkeys(
+        "n_special warmup_steps eval_every save_every keep_last workers top_k node_rank extract_id "
+        "transfer_layers max_new_tokens weight_decay lm_weight init_std".split(),
+        _AT_LEAST_0,
+    ),
     **dict.fromkeys("lr finetune_lr epochs eps minutes max_minutes max_epochs layer_norm_eps".split(), _POSITIVE),
     **dict.fromkeys("embd_pdrop attn_pdrop resid_pdrop out_pdrop clf_pdrop pdrop dropout".split(), _PROBABILITY),
     **dict.fromkeys("max_examples max_train_examples max_eval_examples max_batches limit".split(), _UNSET_ALL),

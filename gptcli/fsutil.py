@@ -194,8 +194,15 @@ def regular_file_problem(path: Path, limit: int | None = None) -> str | None:
     except OSError as e:
         return "missing" if e.errno == errno.ENOENT else (e.strerror or str(e))
     if not stat.S_ISREG(st.st_mode):
-        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or
-                stat.S_ISBLK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode) else "a socket")
+        kind = (
+            "a FIFO"
+            if stat.S_ISFIFO(st.st_mode)
+            else "a device"
+            if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+            else "a directory"
+            if stat.S_ISDIR(st.st_mode)
+            else "a socket"
+        )
         return f"not a regular file ({kind})"
     if limit is not None and st.st_size > limit:
         return f"{st.st_size:,} bytes, more than the {limit:,} such a file can be"
@@ -209,8 +216,9 @@ def read_bytes_inside(directory: str | Path, rel: object, limit: int, what: str)
 
     path = inside(directory, rel)
     if path is None:
-        raise GPT1Error(f"{directory}: {what} names {rel!r}, which is not a file inside {directory} (restore the "
-                        f"directory)")
+        raise GPT1Error(
+            f"{directory}: {what} names {rel!r}, which is not a file inside {directory} (restore the directory)"
+        )
     problem = regular_file_problem(path, limit)
     if problem is not None:
         raise GPT1Error(f"{path}: {problem} (restore the {what})")
@@ -219,8 +227,23 @@ def read_bytes_inside(directory: str | Path, rel: object, limit: int, what: str)
 
 
 SAFETENSORS_HEADER_LIMIT = 100 << 20
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-                "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 
 
 def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
@@ -253,6 +276,8 @@ def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, OSError) as e:
         raise GPT1Error(f"{path}: unreadable weights ({e}) (restore the file)") from None
     if 8 + n + end != size:
-        raise GPT1Error(f"{path}: unreadable weights (its header describes {8 + n + end:,} bytes, the file has "
-                        f"{size:,}: truncated or padded) (restore the file)")
+        raise GPT1Error(
+            f"{path}: unreadable weights (its header describes {8 + n + end:,} bytes, the file has "
+            f"{size:,}: truncated or padded) (restore the file)"
+        )
     return shapes

@@ -29,8 +29,8 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from gptcli.errors import GPT1Error
 from gptcli.fsutil import recover
@@ -92,8 +92,10 @@ def output_lock(out: str | Path, *, wait: bool = False, tidy: bool = True, what:
             _release(path, fd)
     except _Busy as busy:
         label = what or str(out)
-        raise GPT1Error(f"{label} is in use by {describe(busy.info)} (wait for that run to end, or choose another "
-                        f"output; the lock is {path})") from None
+        raise GPT1Error(
+            f"{label} is in use by {describe(busy.info)} (wait for that run to end, or choose another "
+            f"output; the lock is {path})"
+        ) from None
     finally:
         for d in reversed(created):
             with contextlib.suppress(OSError):
@@ -109,8 +111,11 @@ def _unwritable(out: str | Path, e: OSError) -> Exception:
         if file is not None:
             return GPT1Error(f"cannot write {given}: {file} is a file, not a directory (choose another path)")
     where = given.parent if str(given.parent) != "." else Path.cwd()
-    advice = {errno.EACCES: "check its permissions, or write elsewhere", errno.EPERM: "check its permissions, or "
-              "write elsewhere", errno.EROFS: "the file system is read-only: write elsewhere"}.get(e.errno or -1)
+    advice = {
+        errno.EACCES: "check its permissions, or write elsewhere",
+        errno.EPERM: "check its permissions, or write elsewhere",
+        errno.EROFS: "the file system is read-only: write elsewhere",
+    }.get(e.errno or -1)
     if advice is None:  # another failure of the OS: said by the command line, about the user's directory
         return OSError(e.errno, e.strerror, str(where))
     return GPT1Error(f"cannot write in {where}: {e.strerror} ({advice})")

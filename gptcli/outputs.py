@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Iterable
 
 from gptcli.errors import GPT1Error
 from gptcli.fsutil import regular_file_problem, write_text_atomic
@@ -52,13 +52,25 @@ OWNED: dict[str, tuple[str, ...]] = {
     "corpus": ("manifest.json", "tokenizer", "*.arrow"),
     "pretrain-run": _RUN,
     "finetune-run": _RUN + ("results.json",),
-    "checkpoint": ("config.json", "model.safetensors", "tokenizer", "optimizer.safetensors", "training_state.json",
-                   "best.safetensors"),
-    "hf-export": ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                  "special_tokens_map.json", "vocab.json", "merges.txt"),
+    "checkpoint": (
+        "config.json",
+        "model.safetensors",
+        "tokenizer",
+        "optimizer.safetensors",
+        "training_state.json",
+        "best.safetensors",
+    ),
+    "hf-export": (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "vocab.json",
+        "merges.txt",
+    ),
     "openai-export": ("params_*.npy", "params_shapes.json", "encoder_bpe_40000.json", "vocab_40000.bpe"),
-    "quickstart": ("text", "task", "corpus", "pretrain", "finetune", "eval", "zeroshot", "summary.json",
-                   "config.toml"),
+    "quickstart": ("text", "task", "corpus", "pretrain", "finetune", "eval", "zeroshot", "summary.json", "config.toml"),
     "zeroshot": ("results.json", "predictions-*.jsonl", "curve.json", "curve.png"),
     "eval": ("results.json", "predictions.jsonl", "*.tsv"),
     "task-data": (".gpt1-fetch.json",),  # and the task's official files, which the fetch names (``owned``)
@@ -121,8 +133,13 @@ def foreign_entries(out: Path, kind: str, owned: Iterable[str] = ()) -> list[str
         name = entry.name
         if name == MARKER or _LEFTOVER.match(name) or any(fnmatch(name, p) for p in patterns):
             return True
-        return (entry.is_dir() and not entry.is_symlink() and (entry / MARKER).is_file() and kind_of(entry) == kind
-                and not foreign_entries(entry, kind))  # a curve's per-checkpoint results, the user's files in it too
+        return (
+            entry.is_dir()
+            and not entry.is_symlink()
+            and (entry / MARKER).is_file()
+            and kind_of(entry) == kind
+            and not foreign_entries(entry, kind)
+        )  # a curve's per-checkpoint results, the user's files in it too
 
     return sorted(e.name for e in Path(out).iterdir() if not ours(e))
 
@@ -133,8 +150,10 @@ def check_replaceable(out: Path, kind: str, *, flag: str = "--out", owned: Itera
     foreign = foreign_entries(out, kind, owned)
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        raise GPT1Error(f"{flag} {out} holds {KINDS[kind]} and files gpt1 did not write ({shown}); replacing it "
-                        f"would delete them (move them out of {out}, or choose another {flag})")
+        raise GPT1Error(
+            f"{flag} {out} holds {KINDS[kind]} and files gpt1 did not write ({shown}); replacing it "
+            f"would delete them (move them out of {out}, or choose another {flag})"
+        )
 
 
 def _in_run_checkpoints(out: Path) -> Path | None:
@@ -164,8 +183,16 @@ def _within(a: Path, b: Path) -> bool:
         return False
 
 
-def check_output(out: Path, kinds: str | Iterable[str], *, overwrite: bool, inputs: Iterable[Path] = (),
-                 flag: str = "--out", replacing: bool | None = None, owned: Iterable[str] = ()) -> None:
+def check_output(
+    out: Path,
+    kinds: str | Iterable[str],
+    *,
+    overwrite: bool,
+    inputs: Iterable[Path] = (),
+    flag: str = "--out",
+    replacing: bool | None = None,
+    owned: Iterable[str] = (),
+) -> None:
     """Refuse an output path the command must not write to, with a one-line reason; return if it may proceed.
 
     ``kinds``: the output kinds this command writes (it may replace only those). ``inputs``: every path the
@@ -179,15 +206,20 @@ def check_output(out: Path, kinds: str | Iterable[str], *, overwrite: bool, inpu
     for src in inputs:
         src = Path(src)
         if src.exists() and (_within(src, out) or _within(out, src)):
-            where = "is" if _within(out, src) and _within(src, out) else (
-                "contains" if _within(src, out) else "is inside")
-            raise GPT1Error(f"{flag} {out} {where} the input {src}; writing there would destroy it "
-                            f"(choose an {flag} outside the inputs)")
+            where = (
+                "is" if _within(out, src) and _within(src, out) else ("contains" if _within(src, out) else "is inside")
+            )
+            raise GPT1Error(
+                f"{flag} {out} {where} the input {src}; writing there would destroy it "
+                f"(choose an {flag} outside the inputs)"
+            )
     run = _in_run_checkpoints(out)
     if run is not None:
-        raise GPT1Error(f"{flag} {out} is in the checkpoints folder of {KINDS[kind_of(run) or 'pretrain-run']} "
-                        f"{run}, where it would become the checkpoint that run resumes from (choose an {flag} "
-                        f"outside {run / 'checkpoints'})")
+        raise GPT1Error(
+            f"{flag} {out} is in the checkpoints folder of {KINDS[kind_of(run) or 'pretrain-run']} "
+            f"{run}, where it would become the checkpoint that run resumes from (choose an {flag} "
+            f"outside {run / 'checkpoints'})"
+        )
     if not out.exists():
         return
     if not out.is_dir():
@@ -197,13 +229,17 @@ def check_output(out: Path, kinds: str | Iterable[str], *, overwrite: bool, inpu
     kind = kind_of(out)
     label = " or ".join(KINDS[k] for k in sorted(wanted))
     if kind is None:
-        raise GPT1Error(f"{flag} {out} exists and is not something gpt1 wrote; refusing to touch it "
-                        f"(choose another {flag}, or move it away yourself)")
+        raise GPT1Error(
+            f"{flag} {out} exists and is not something gpt1 wrote; refusing to touch it "
+            f"(choose another {flag}, or move it away yourself)"
+        )
     if kind not in wanted:
-        raise GPT1Error(f"{flag} {out} holds {KINDS[kind]}, not {label}; refusing to replace it "
-                        f"(choose another {flag})")
+        raise GPT1Error(
+            f"{flag} {out} holds {KINDS[kind]}, not {label}; refusing to replace it (choose another {flag})"
+        )
     if not overwrite:
-        raise GPT1Error(f"{flag} {out} already holds {KINDS[kind]} (pass --overwrite to replace it, "
-                        f"or choose another {flag})")
+        raise GPT1Error(
+            f"{flag} {out} already holds {KINDS[kind]} (pass --overwrite to replace it, or choose another {flag})"
+        )
     if overwrite if replacing is None else replacing:
         check_replaceable(out, kind, flag=flag, owned=owned)

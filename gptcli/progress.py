@@ -13,8 +13,9 @@ the work inside fails (use :func:`staged`).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 Level = Literal["info", "warn"]
 
@@ -42,7 +43,9 @@ SILENT = Progress()
 
 
 @contextlib.contextmanager
-def staged(progress: Progress, name: str, total: float | None = None, *, unit: str = "", done: float = 0) -> Iterator[None]:
+def staged(
+    progress: Progress, name: str, total: float | None = None, *, unit: str = "", done: float = 0
+) -> Iterator[None]:
     """``with staged(p, "encode", total): ...``: a stage that is ended however the block exits."""
     progress.stage(name, total, unit=unit, done=done)
     try:

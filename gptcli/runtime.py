@@ -25,6 +25,7 @@ from gptcli.errors import GPT1Error
 
 Precision = Literal["fp32", "bf16", "fp16"]
 
+
 def _peaks(bf16: float, fp32: float, fp16: float | None = None) -> dict[str, float]:
     """A device's dense peaks in TFLOP/s → FLOP/s (fp16 as bf16 unless given; 0: no such tensor cores)."""
     return {"bf16": bf16 * 1e12, "fp16": (bf16 if fp16 is None else fp16) * 1e12, "fp32": fp32 * 1e12}
@@ -144,8 +145,10 @@ def precision_warning(precision: str, device: torch.device) -> str | None:
     (docs/performance.md), so a run that looks hung is in fact crawling. ``auto`` never picks it."""
     if device.type != "cpu" or precision != "bf16" or cpu_has_bf16():
         return None
-    return ("--precision bf16 on a CPU without native bf16 dot products (no avx512_bf16 or amx_bf16 flag): its "
-            "matrix products are emulated, far slower than fp32 (use --precision fp32, or auto, which picks it here)")
+    return (
+        "--precision bf16 on a CPU without native bf16 dot products (no avx512_bf16 or amx_bf16 flag): its "
+        "matrix products are emulated, far slower than fp32 (use --precision fp32, or auto, which picks it here)"
+    )
 
 
 def cuda_has_bf16(device: torch.device | None = None) -> bool:
@@ -225,8 +228,10 @@ def measure_cpu_peak(precision: str = "fp32", n: int = 1024, seconds: float = 0.
     # float32 has two libraries: MKL (torch.mm) and oneDNN (a linear layer on oneDNN's own layout), and on an AMD
     # Zen 5 oneDNN's is twice MKL's (gptcli/model/kernels/onednn.py); the peak is the faster one's.
     am, bm = a.to_mkldnn(), b.to_mkldnn()
-    fastest = min(_median_time(lambda: torch.mm(a, b), seconds / 2),
-                  _median_time(lambda: torch.nn.functional.linear(am, bm), seconds / 2))
+    fastest = min(
+        _median_time(lambda: torch.mm(a, b), seconds / 2),
+        _median_time(lambda: torch.nn.functional.linear(am, bm), seconds / 2),
+    )
     return 2.0 * n**3 / fastest
 
 

@@ -51,9 +51,11 @@ def check_torch(installed: str | None = None, floor: str | None = None) -> None:
             return
     except (metadata.PackageNotFoundError, ValueError):
         return
-    raise GPT1Error(f"PyTorch {installed} is installed; gpt1 needs torch>={floor} "
-                    f"(upgrade it: pip install \"torch>={floor}\", or for a CUDA build the command pytorch.org "
-                    f"gives for your CUDA version)")
+    raise GPT1Error(
+        f"PyTorch {installed} is installed; gpt1 needs torch>={floor} "
+        f'(upgrade it: pip install "torch>={floor}", or for a CUDA build the command pytorch.org '
+        f"gives for your CUDA version)"
+    )
 
 
 __all__ = ["check_torch", "release", "torch_floor"]

@@ -38,8 +38,9 @@ print(json.dumps({"faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt -
 
 def _child(mode: str, **env: str) -> dict:
     clean = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "GPT1_DEFAULT_MALLOC")}
-    out = subprocess.run([sys.executable, "-c", _CHILD, mode], env={**clean, **env}, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, mode], env={**clean, **env}, capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

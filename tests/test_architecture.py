@@ -1,6 +1,6 @@
 """The package's shape, checked: rooms import downwards only, no cycles, UI stays in the command layer, private
 torch/Typer names and the fast CPU kernels stay in the model's kernels room, no function over 80 lines and no module
-over 600.
+over 750 (an alarm, not a reason to split).
 
 Every rule reads the source with ``ast`` (function-local imports included), so it holds whether or not a code path
 runs. docs/architecture.md draws the same rooms; when a rule here changes, change the picture too.
@@ -20,18 +20,38 @@ PKG = Path(__file__).resolve().parents[1] / "gptcli"
 # "ground" is the shared floor (errors, config, runtime, filesystem, progress protocol).
 RANKS: dict[str, int] = {
     "ground": 0,
-    "model": 1, "tokenizers": 1,
-    "checkpoint": 2, "data": 2, "tasks": 2,
-    "train": 3, "eval": 3, "interop": 3,
+    "model": 1,
+    "tokenizers": 1,
+    "checkpoint": 2,
+    "data": 2,
+    "tasks": 2,
+    "train": 3,
+    "eval": 3,
+    "interop": 3,
     "pipelines": 4,
-    "commands": 5, "cli": 5, "__main__": 5,
+    "commands": 5,
+    "cli": 5,
+    "__main__": 5,
 }
-GROUND = {"errors", "config", "runtime", "allocator", "fsutil", "progress", "outputs", "locks", "torch_floor",
-          "guide", "padding", "__init__"}
+GROUND = {
+    "errors",
+    "config",
+    "runtime",
+    "allocator",
+    "fsutil",
+    "progress",
+    "outputs",
+    "locks",
+    "torch_floor",
+    "guide",
+    "padding",
+    "__init__",
+}
 UI_PACKAGES = ("typer", "rich", "click")
 MAX_FUNCTION_LINES = 80
-# A module a newcomer can hold in their head (issue #28): one concept per file, split when it outgrows this.
-MAX_MODULE_LINES = 600
+# An alarm for a module that may hold more than one concept (lines as `ruff format` lays them out); files are split by
+# concept, never to get under this number.
+MAX_MODULE_LINES = 750
 # The run machinery (gptcli/train/run/): what every training run shares is defined there once, each job supplying
 # only what differs (its inputs, its loss, its checkpoint's extra state) — never a second copy of the rule itself.
 ONE_DEFINITION = {
@@ -103,7 +123,9 @@ def _internal_graph() -> dict[str, set[str]]:
 
 def test_every_module_is_in_a_known_room() -> None:
     unknown = sorted({_room(m) for m in MODULES} - set(RANKS))
-    assert not unknown, f"modules outside the rooms of RANKS: {unknown} (add the room, with its rank, and to docs/architecture.md)"
+    assert not unknown, (
+        f"modules outside the rooms of RANKS: {unknown} (add the room, with its rank, and to docs/architecture.md)"
+    )
 
 
 def test_rooms_import_downwards_only() -> None:
@@ -112,7 +134,9 @@ def test_rooms_import_downwards_only() -> None:
         rank = RANKS[_room(mod)]
         for imported, line in _imports(path, mod):
             if imported.startswith("gptcli") and imported in MODULES and RANKS[_room(imported)] > rank:
-                bad.append(f"{path.relative_to(PKG.parent)}:{line}: {_room(mod)} imports {imported} ({_room(imported)})")
+                bad.append(
+                    f"{path.relative_to(PKG.parent)}:{line}: {_room(mod)} imports {imported} ({_room(imported)})"
+                )
     assert not bad, "a lower room imports a higher one:\n" + "\n".join(bad)
 
 
@@ -127,7 +151,7 @@ def test_no_import_cycles() -> None:
         stack.append(m)
         for n in sorted(graph[m]):
             if state.get(n) == 1:
-                cycles.append(" -> ".join(stack[stack.index(n):] + [n]))
+                cycles.append(" -> ".join(stack[stack.index(n) :] + [n]))
             elif n not in state:
                 visit(n)
         stack.pop()
@@ -169,11 +193,12 @@ def test_library_functions_fit_on_a_screen() -> None:
 
 def test_modules_fit_in_a_head() -> None:
     """No module over MAX_MODULE_LINES lines: one a newcomer can hold in their head."""
-    sizes = {path.relative_to(PKG.parent).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
-             for path in MODULES.values()}
+    sizes = {
+        path.relative_to(PKG.parent).as_posix(): len(path.read_text(encoding="utf-8").splitlines())
+        for path in MODULES.values()
+    }
     long = [f"{name}: {n} lines" for name, n in sorted(sizes.items()) if n > MAX_MODULE_LINES]
-    assert not long, (f"modules over {MAX_MODULE_LINES} lines (split them by concept, one per file):\n"
-                      + "\n".join(long))
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by concept, one per file):\n" + "\n".join(long)
 
 
 def _definitions() -> dict[str, list[str]]:
@@ -210,11 +235,18 @@ def test_public_names_still_import() -> None:
 
 # The library's entry points: each takes its config (and what it runs over) first, then ``progress``, positional or
 # keyword, as docs/architecture.md's progress convention says. (pretrain's progress was keyword-only, convert took none.)
-ENTRY_POINTS = [("gptcli.data.prepare", "prepare", 1), ("gptcli.train.pretrain", "pretrain", 1),
-                ("gptcli.train.finetune", "finetune", 1), ("gptcli.eval.zeroshot", "zeroshot", 1),
-                ("gptcli.eval.curve", "run_curve", 2), ("gptcli.eval.tasks", "evaluate_tasks", 1),
-                ("gptcli.pipelines.generate", "start_generation", 1), ("gptcli.pipelines.quickstart", "quickstart", 1),
-                ("gptcli.interop.convert", "convert", 1), ("gptcli.interop.datasets", "fetch", 1)]
+ENTRY_POINTS = [
+    ("gptcli.data.prepare", "prepare", 1),
+    ("gptcli.train.pretrain", "pretrain", 1),
+    ("gptcli.train.finetune", "finetune", 1),
+    ("gptcli.eval.zeroshot", "zeroshot", 1),
+    ("gptcli.eval.curve", "run_curve", 2),
+    ("gptcli.eval.tasks", "evaluate_tasks", 1),
+    ("gptcli.pipelines.generate", "start_generation", 1),
+    ("gptcli.pipelines.quickstart", "quickstart", 1),
+    ("gptcli.interop.convert", "convert", 1),
+    ("gptcli.interop.datasets", "fetch", 1),
+]
 
 
 @pytest.mark.parametrize("module, name, at", ENTRY_POINTS, ids=[e[1] for e in ENTRY_POINTS])
@@ -228,8 +260,15 @@ def test_entry_points_take_progress_after_their_inputs(module: str, name: str, a
     assert params[at].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, f"{name}: progress must be positional too"
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("gptcli.commands.") and m not in (
-    "gptcli.commands.options", "gptcli.commands.render", "gptcli.commands.defaults")))
+@pytest.mark.parametrize(
+    "module",
+    sorted(
+        m
+        for m in MODULES
+        if m.startswith("gptcli.commands.")
+        and m not in ("gptcli.commands.options", "gptcli.commands.render", "gptcli.commands.defaults")
+    ),
+)
 def test_each_command_module_defines_one_command(module: str) -> None:
     import importlib
 
@@ -249,8 +288,12 @@ def test_config_fields_are_documented() -> None:
             continue
         m = importlib.import_module(mod)
         for name, obj in vars(m).items():
-            if (isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == mod
-                    and name.endswith("Config")):
+            if (
+                isinstance(obj, type)
+                and dataclasses.is_dataclass(obj)
+                and obj.__module__ == mod
+                and name.endswith("Config")
+            ):
                 docs = field_docs(obj)
                 undocumented += [f"{mod}.{name}.{f.name}" for f in dataclasses.fields(obj) if f.name not in docs]
     assert not undocumented, "config fields without a docstring:\n" + "\n".join(undocumented)
@@ -271,8 +314,9 @@ def _private_uses(path: Path) -> list[tuple[str, int]]:
         if isinstance(node, ast.Import):
             found += [(a.name, node.lineno) for a in node.names if _is_private(a.name)]
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            found += [(f"{node.module}.{a.name}", node.lineno) for a in node.names
-                      if _is_private(f"{node.module}.{a.name}")]
+            found += [
+                (f"{node.module}.{a.name}", node.lineno) for a in node.names if _is_private(f"{node.module}.{a.name}")
+            ]
         elif isinstance(node, ast.Attribute):
             chain, base = [node.attr], node.value
             while isinstance(base, ast.Attribute):
@@ -289,8 +333,10 @@ def test_private_torch_and_typer_names_only_in_the_kernels_room() -> None:
         if mod == KERNELS or mod.startswith(KERNELS + "."):
             continue
         bad += [f"{path.relative_to(PKG.parent)}:{line}: {name}" for name, line in _private_uses(path)]
-    assert not bad, ("private torch/typer/click names outside gptcli/model/kernels/ (use the public API, or move "
-                     "the fast path into the kernels room):\n" + "\n".join(sorted(set(bad))))
+    assert not bad, (
+        "private torch/typer/click names outside gptcli/model/kernels/ (use the public API, or move "
+        "the fast path into the kernels room):\n" + "\n".join(sorted(set(bad)))
+    )
 
 
 def test_the_rule_sees_private_names() -> None:
@@ -298,20 +344,31 @@ def test_the_rule_sees_private_names() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         probe = Path(tmp) / "probe.py"
-        probe.write_text("import torch\nfrom typer._click import core\nimport torch._dynamo\n"
-                         "x = torch._softmax_backward_data\ny = torch.__version__\nz = torch.nn.functional.gelu\n")
+        probe.write_text(
+            "import torch\nfrom typer._click import core\nimport torch._dynamo\n"
+            "x = torch._softmax_backward_data\ny = torch.__version__\nz = torch.nn.functional.gelu\n"
+        )
         assert sorted(name for name, _ in _private_uses(probe)) == [
-            "torch._dynamo", "torch._softmax_backward_data", "typer._click.core"]
+            "torch._dynamo",
+            "torch._softmax_backward_data",
+            "typer._click.core",
+        ]
 
 
 def _top_level_imports(path: Path, module: str) -> set[str]:
     """The modules ``path`` imports outside any function (what importing it imports)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    nested = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-              for n in ast.walk(f)}
-    return {m for m, line in _imports(path, module)
-            if any(isinstance(n, (ast.Import, ast.ImportFrom)) and n.lineno == line and id(n) not in nested
-                   for n in ast.walk(tree))}
+    nested = {
+        id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)
+    }
+    return {
+        m
+        for m, line in _imports(path, module)
+        if any(
+            isinstance(n, (ast.Import, ast.ImportFrom)) and n.lineno == line and id(n) not in nested
+            for n in ast.walk(tree)
+        )
+    }
 
 
 def test_kernel_modules_load_only_when_the_switch_says_so() -> None:
@@ -324,11 +381,17 @@ def test_kernel_modules_load_only_when_the_switch_says_so() -> None:
         inside = mod == KERNELS or mod.startswith(KERNELS + ".")
         for imported, line in _imports(path, mod):
             if not imported.startswith(KERNELS + "."):
-                if inside and imported.startswith("gptcli") and imported in MODULES and not (
-                        imported == KERNELS or _room(imported) == "ground"):
+                if (
+                    inside
+                    and imported.startswith("gptcli")
+                    and imported in MODULES
+                    and not (imported == KERNELS or _room(imported) == "ground")
+                ):
                     bad.append(f"{path.relative_to(PKG.parent)}:{line}: the kernels import {imported}")
                 continue
             if not inside and (_room(mod) != "model" or imported in _top_level_imports(path, mod)):
-                bad.append(f"{path.relative_to(PKG.parent)}:{line}: imports {imported} "
-                           "(only the model may, inside the function that asked kernels.enabled)")
+                bad.append(
+                    f"{path.relative_to(PKG.parent)}:{line}: imports {imported} "
+                    "(only the model may, inside the function that asked kernels.enabled)"
+                )
     assert not bad, "\n".join(bad)

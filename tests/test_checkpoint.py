@@ -31,8 +31,12 @@ def _trained():
 def test_training_state_round_trip(tmp_path):
     model, opt = _trained()
     path = ckpt.save_checkpoint(
-        tmp_path / "c", model, meta={"step": 2},
-        extra=lambda d: ckpt.write_training_state(d, opt, {"step": 2, "sampler": {"seed": 0, "epoch": 1, "position": 4}}),
+        tmp_path / "c",
+        model,
+        meta={"step": 2},
+        extra=lambda d: ckpt.write_training_state(
+            d, opt, {"step": 2, "sampler": {"seed": 0, "epoch": 1, "position": 4}}
+        ),
     )
     expected_draw = (torch.rand(3), random.random(), np.random.rand())
     torch.manual_seed(123), random.seed(1), np.random.seed(2)  # disturb every RNG
@@ -43,7 +47,10 @@ def test_training_state_round_trip(tmp_path):
     model2.load_state_dict(ckpt.load_checkpoint(path).model.state_dict())
     opt2 = make_optimizer(model2, lr=1e-3)
     ckpt.restore_training_state(doc, tensors, opt2)
-    assert (torch.rand(3).tolist(), random.random(), np.random.rand()) == (expected_draw[0].tolist(), *expected_draw[1:])
+    assert (torch.rand(3).tolist(), random.random(), np.random.rand()) == (
+        expected_draw[0].tolist(),
+        *expected_draw[1:],
+    )
     s1, s2 = opt.state_dict(), opt2.state_dict()
     assert s1["param_groups"] == s2["param_groups"]
     for i in s1["state"]:
@@ -130,8 +137,9 @@ def test_a_flipped_byte_is_caught_by_the_checksums(tmp_path):
 
 def test_checksums_cover_training_state_and_tokenizer_files(tmp_path):
     model, opt = _trained()
-    path = ckpt.save_checkpoint(tmp_path / "c", model, meta={"step": 1},
-                                extra=lambda d: ckpt.write_training_state(d, opt, {"step": 1}))
+    path = ckpt.save_checkpoint(
+        tmp_path / "c", model, meta={"step": 1}, extra=lambda d: ckpt.write_training_state(d, opt, {"step": 1})
+    )
     assert {ckpt.WEIGHTS, ckpt.TRAINING_STATE, ckpt.OPTIMIZER} <= set(ckpt.read_header(path).files)
     (path / ckpt.TRAINING_STATE).write_text((path / ckpt.TRAINING_STATE).read_text().replace('"step": 1', '"step": 2'))
     with pytest.raises(GPT1Error, match="training_state.json: checksum mismatch"):

@@ -38,8 +38,9 @@ def test_an_lstm_checkpoint_round_trips(tmp_path):
 
 
 def test_a_transformer_checkpoint_records_its_arch(tmp_path):
-    path = ckpt.save_checkpoint(tmp_path / "t", GPT(ModelConfig(vocab_size=50, n_ctx=8, n_embd=16, n_layer=1,
-                                                                  n_head=2, n_inner=32)))
+    path = ckpt.save_checkpoint(
+        tmp_path / "t", GPT(ModelConfig(vocab_size=50, n_ctx=8, n_embd=16, n_layer=1, n_head=2, n_inner=32))
+    )
     assert json.loads((path / ckpt.CONFIG).read_text())["arch"] == "transformer"
 
 
@@ -66,7 +67,10 @@ def test_old_transformer_checkpoints_without_the_field_load_as_transformers(era,
 def test_an_unknown_or_mismatched_arch_is_one_line(tmp_path):
     path = ckpt.save_checkpoint(tmp_path / "c", LSTMLM(LSTM))
     config = json.loads((path / ckpt.CONFIG).read_text())
-    for arch, message in (("mamba", "unknown model architecture 'mamba'"), ("transformer", "unreadable checkpoint config")):
+    for arch, message in (
+        ("mamba", "unknown model architecture 'mamba'"),
+        ("transformer", "unreadable checkpoint config"),
+    ):
         config["arch"] = arch
         config[ckpt.CONFIG_DIGEST] = ckpt._config_digest(config)
         (path / ckpt.CONFIG).write_text(json.dumps(config))

@@ -11,8 +11,10 @@ from gptcli import cli
 
 def test_os_errors_become_one_line_with_advice() -> None:
     line = cli.os_error_line(OSError(errno.ENOSPC, "No space left on device", "/runs/x/model.safetensors"))
-    assert line == ("/runs/x/model.safetensors: No space left on device "
-                    "(free some space or write elsewhere; outputs already in place were kept)")
+    assert line == (
+        "/runs/x/model.safetensors: No space left on device "
+        "(free some space or write elsewhere; outputs already in place were kept)"
+    )
     assert "read-only" in cli.os_error_line(OSError(errno.EROFS, "Read-only file system", "/ro"))
 
 
@@ -49,11 +51,18 @@ def test_the_overview_lists_every_command_without_importing_them(capsys) -> None
     import subprocess
     import sys
 
-    code = ("import sys; from gptcli import cli\n"
-            "try:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "print('torch' in sys.modules, [m for m in sys.modules if m.startswith('gptcli.commands.')])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"COLUMNS": "200",
-                         "PATH": "/usr/bin:/bin"}, check=True).stdout
+    code = (
+        "import sys; from gptcli import cli\n"
+        "try:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules, [m for m in sys.modules if m.startswith('gptcli.commands.')])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+        check=True,
+    ).stdout
     for name, _, _ in cli.COMMANDS:
         assert name in out
     assert out.strip().splitlines()[-1] == "False []"

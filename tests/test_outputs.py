@@ -90,8 +90,11 @@ def test_what_the_user_added_to_an_output_is_never_replaced_with_it(tmp_path: Pa
     check_output(corpus, "corpus", overwrite=True, replacing=False)
     (corpus / "NOTES.md").write_text("mine")
     (corpus / ".git").mkdir()
-    with pytest.raises(GPT1Error, match=r"files gpt1 did not write \(\.git, NOTES\.md\); replacing it would "
-                                        r"delete them \(move them out of"):
+    with pytest.raises(
+        GPT1Error,
+        match=r"files gpt1 did not write \(\.git, NOTES\.md\); replacing it would "
+        r"delete them \(move them out of",
+    ):
         check_output(corpus, "corpus", overwrite=True)
     check_output(corpus, "corpus", overwrite=True, replacing=False)  # a run that writes in place keeps them
 

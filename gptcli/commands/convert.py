@@ -28,7 +28,6 @@ OPTIONS = Options(
 def run(p: Parsed) -> None:
     """Convert GPT-1 weights: [bold]--from hf|openai SRC --out CKPT[/] or [bold]--to hf CKPT --out DIR[/]."""
     from gptcli.interop.convert import convert
-
     from gptcli.interop.hub import convert_from_hub, hub_id_of
 
     cfg = p.resolve(ConvertConfig)
@@ -53,13 +52,17 @@ def render(console: Console, result: ConvertResult) -> None:
     for w in result.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
     if result.format == "hf":
-        console.print(f"wrote Hugging Face openai-gpt directory [bold]{escape(str(result.path))}[/]", highlight=False,
-                      soft_wrap=True)
+        console.print(
+            f"wrote Hugging Face openai-gpt directory [bold]{escape(str(result.path))}[/]",
+            highlight=False,
+            soft_wrap=True,
+        )
         return
     c = result.config
     assert c is not None  # an import always reports its model
     console.print(
         f"wrote gpt1 checkpoint [bold]{escape(str(result.path))}[/] ({result.params:,} parameters, {c.n_layer} layers, "
         f"d={c.n_embd}, vocab {c.vocab_size}+{c.n_special}, context {c.n_ctx})",
-        highlight=False, soft_wrap=True,
+        highlight=False,
+        soft_wrap=True,
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
 from rich.console import Console
 
 from gptcli.errors import GPT1Error
@@ -44,13 +45,16 @@ def task_data(task: Task, data_dir: str | os.PathLike[str] | None, console: Cons
     naming ``gpt1 fetch``, rather than after the download; without, the library reports it when it reads."""
     from gptcli.tasks.base import DATA_ENV, data_root
     from gptcli.tasks.sources import SOURCES
-
     from gptcli.train.distributed import env_world
 
     user_chosen = data_dir is not None or bool(os.environ.get(DATA_ENV))
     # One process of a torchrun/SLURM job does not download for the others: `gpt1 fetch` first.
-    if user_chosen or env_world() is not None or task.folder not in SOURCES or any(
-            d.is_dir() for d in task.candidate_dirs()):
+    if (
+        user_chosen
+        or env_world() is not None
+        or task.folder not in SOURCES
+        or any(d.is_dir() for d in task.candidate_dirs())
+    ):
         if check:
             task.data_dir(data_dir)  # there, or the line saying what is missing and how to get it
         return
@@ -58,9 +62,13 @@ def task_data(task: Task, data_dir: str | os.PathLike[str] | None, console: Cons
     from gptcli.interop.datasets import fetch_folder
 
     source = SOURCES[task.folder]
-    console.print(f"data: {task.folder} is not in {data_root()} (the default data root; GPT1_DATA is not set): "
-                  f"fetching it from the Hugging Face Hub ({source.repo}), once", highlight=False, markup=False,
-                  soft_wrap=True)
+    console.print(
+        f"data: {task.folder} is not in {data_root()} (the default data root; GPT1_DATA is not set): "
+        f"fetching it from the Hugging Face Hub ({source.repo}), once",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
     fetch_folder(source, data_root(), progress=RichProgress(console))
 
 
@@ -76,8 +84,10 @@ def run_dir(base: str | Path, console: Console, flag: str = "--out") -> Path:
     from gptcli.train.distributed import env_world
 
     if env_world() is not None:
-        raise GPT1Error(f"{flag} is required when the command is started by torchrun or SLURM (every process must "
-                        "name the same run directory)")
+        raise GPT1Error(
+            f"{flag} is required when the command is started by torchrun or SLURM (every process must "
+            "name the same run directory)"
+        )
     base = Path(base)
     out = next_free(base)
     taken = f" ({base} exists; a default never reuses a run)" if out != base else ""

@@ -10,8 +10,9 @@ scores (majority class / chance) in the second.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from rich.console import Console
 
@@ -19,7 +20,6 @@ from gptcli.commands.options import Options, Parsed
 from gptcli.commands.render import RichProgress, details_table, results_table, stderr_console, stdout_console
 from gptcli.errors import GPT1Error
 from gptcli.eval.tasks import EvalConfig
-
 
 OPTIONS = Options(
     EvalConfig,
@@ -36,16 +36,17 @@ OPTIONS = Options(
 def run(p: Parsed) -> None:
     """Evaluate one or more checkpoints. With --data: loss and perplexity on a corpus split. With --task (or
     fine-tuned checkpoints alone): the task's metric, predictions and, for unlabeled test splits, GLUE files."""
-    from gptcli.eval.tasks import check_eval_mode, evaluate_tasks
-
     from gptcli.commands import defaults
+    from gptcli.eval.tasks import check_eval_mode, evaluate_tasks
 
     cfg: EvalConfig = p.resolve(EvalConfig, p.base())
     if not cfg.checkpoint:
         # No default model here: evaluating means evaluating *your* run (the released GPT-1 is a language model,
         # not fine-tuned on any task); `gpt1 eval --checkpoint openai-gpt --data CORPUS` names it explicitly.
-        raise GPT1Error("no checkpoint to evaluate: give --checkpoint RUN_DIR (repeatable; a Hugging Face Hub id "
-                        "such as openai-gpt works too)")
+        raise GPT1Error(
+            "no checkpoint to evaluate: give --checkpoint RUN_DIR (repeatable; a Hugging Face Hub id "
+            "such as openai-gpt works too)"
+        )
     check_eval_mode(cfg)  # before a Hub id is fetched
     console = stderr_console()
     cfg.checkpoint = [defaults.model(c, console) for c in cfg.checkpoint]
@@ -68,8 +69,13 @@ def perplexity_table(rows: Sequence[dict[str, Any]], data: str | Path, split: st
     for h in ("checkpoint", "step", "loss", "perplexity", "tokens"):
         table.add_column(h, justify="left" if h == "checkpoint" else "right")
     for r in rows:
-        table.add_row(escape(r["checkpoint"]), "" if r["step"] is None else str(r["step"]), f"{r['loss']:.4f}",
-                      f"{r['perplexity']:.2f}", f"{r['tokens']:,}")
+        table.add_row(
+            escape(r["checkpoint"]),
+            "" if r["step"] is None else str(r["step"]),
+            f"{r['loss']:.4f}",
+            f"{r['perplexity']:.2f}",
+            f"{r['tokens']:,}",
+        )
     return table
 
 
@@ -79,8 +85,10 @@ def show_task_results(results: Sequence[dict[str, Any]], console: Console, detai
 
     for r in results:
         if r.get("skipped_rows"):
-            console.print(f"[yellow]{escape(r['run'])} · {r['task']}: skipped {len(r['skipped_rows'])} bad rows[/] "
-                          f"(first: {escape(r['skipped_rows'][0])})")
+            console.print(
+                f"[yellow]{escape(r['run'])} · {r['task']}: skipped {len(r['skipped_rows'])} bad rows[/] "
+                f"(first: {escape(r['skipped_rows'][0])})"
+            )
     console.print(results_table(results))  # its caption says which runs answered one label throughout
     if details:
         console.print(details_table(results, notes=False))

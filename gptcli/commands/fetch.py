@@ -19,9 +19,15 @@ OPTIONS = Options(
     # What to fetch is named on the command line; a config file of four settings would be ceremony.
     config_option=False,
     cli_only=[
-        CliOnly("list", bool, False, ("--list",),
-                "Show which tasks can be fetched, from where, and which are already under the data root.",
-                why="an action (look), not a setting of a download", panel="Input"),
+        CliOnly(
+            "list",
+            bool,
+            False,
+            ("--list",),
+            "Show which tasks can be fetched, from where, and which are already under the data root.",
+            why="an action (look), not a setting of a download",
+            panel="Input",
+        ),
     ],
 )
 
@@ -51,12 +57,18 @@ def _say(console: Console, r: Fetched) -> None:
 
     if r.status == "fetched":
         counts = ", ".join(f"{name} {n:,}" for name, n in r.rows.items())
-        console.print(f"[green]fetched[/] {escape(str(r.path))} from {escape(r.detail)}: {escape(counts)} rows "
-                      "(the official release's counts)", highlight=False, soft_wrap=True)
+        console.print(
+            f"[green]fetched[/] {escape(str(r.path))} from {escape(r.detail)}: {escape(counts)} rows "
+            "(the official release's counts)",
+            highlight=False,
+            soft_wrap=True,
+        )
     elif r.status == "present":
         console.print(f"{escape(str(r.path))}: {escape(r.detail)}", highlight=False, soft_wrap=True)
     else:
-        console.print(f"[yellow]{escape(r.folder)}: not fetched[/]: {escape(r.detail)}", highlight=False, soft_wrap=True)
+        console.print(
+            f"[yellow]{escape(r.folder)}: not fetched[/]: {escape(r.detail)}", highlight=False, soft_wrap=True
+        )
 
 
 def _sources_table(cfg: FetchConfig) -> Any:

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import typer
-
 from rich.markup import escape
 
 from gptcli.commands.options import CliOnly, Options, Parsed
@@ -18,17 +17,35 @@ from gptcli.outputs import check_output
 from gptcli.train.distributed import LaunchConfig, LaunchSpec
 from gptcli.train.finetune import CONFIG_FILE, RESULTS, FinetuneConfig, FinetuneResult, default_run_dir
 
-COMMAND_SETTINGS = {"help": "Fine-tune a pretrained checkpoint on one of the paper's tasks (paper §3.2, §4.1 defaults)."}
+COMMAND_SETTINGS = {
+    "help": "Fine-tune a pretrained checkpoint on one of the paper's tasks (paper §3.2, §4.1 defaults)."
+}
 
 OPTIONS = Options(
     FinetuneConfig,
     panels={
         "Input": ("task", "init", "verify", "tokenizer", "model"),
         "Model": ("n_ctx", "clf_pdrop", "dropout", "transfer_layers"),
-        "Data": ("data_dir", "train_split", "max_train_examples", "skip_bad_rows", "batching", "layout", "cache",
-                 "workers"),
-        "Optimisation": ("lr", "batch_size", "micro_batch_size", "lm_weight", "weight_decay", "decay", "grad_clip",
-                         "seed"),
+        "Data": (
+            "data_dir",
+            "train_split",
+            "max_train_examples",
+            "skip_bad_rows",
+            "batching",
+            "layout",
+            "cache",
+            "workers",
+        ),
+        "Optimisation": (
+            "lr",
+            "batch_size",
+            "micro_batch_size",
+            "lm_weight",
+            "weight_decay",
+            "decay",
+            "grad_clip",
+            "seed",
+        ),
         "Schedule": ("epochs", "warmup", "schedule"),
         "Evaluation": ("eval_split", "max_eval_examples", "eval_batch_size", "select"),
         "Checkpointing": ("out", "save_every", "keep_last", "resume", "overwrite"),
@@ -39,11 +56,23 @@ OPTIONS = Options(
     flags={"clf_pdrop": ("--clf-dropout", "--clf-pdrop")},
     sections={"launch": (LaunchConfig, "Distributed")},
     cli_only=[
-        CliOnly("list_tasks", bool, False, ("--list-tasks",),
-                "Print the task registry (transformation, labels, metric, expected data) and exit.",
-                why="an action (show the registry), not a setting of a run", panel="Input"),
-        CliOnly("quiet", bool, False, ("--quiet", "-q"), "No progress bar; only the final summary.",
-                why="a display choice; the run is the same"),
+        CliOnly(
+            "list_tasks",
+            bool,
+            False,
+            ("--list-tasks",),
+            "Print the task registry (transformation, labels, metric, expected data) and exit.",
+            why="an action (show the registry), not a setting of a run",
+            panel="Input",
+        ),
+        CliOnly(
+            "quiet",
+            bool,
+            False,
+            ("--quiet", "-q"),
+            "No progress bar; only the final summary.",
+            why="a display choice; the run is the same",
+        ),
     ],
 )
 
@@ -69,9 +98,11 @@ def run(p: Parsed) -> None:
     quiet = p.cli["quiet"] or base.pop("progress", True) is False
     cfg = p.resolve(FinetuneConfig, {**base, "resume": resume})
     if not cfg.task and resume and out is not None and not (Path(out) / CONFIG_FILE).is_file():
-        raise GPT1Error(f"--resume: {out} has no {CONFIG_FILE}, so there is no fine-tuning run there to continue nor a "
-                        f"task to take from it (give the --out of a run that was started, or start one with --task "
-                        f"NAME)")
+        raise GPT1Error(
+            f"--resume: {out} has no {CONFIG_FILE}, so there is no fine-tuning run there to continue nor a "
+            f"task to take from it (give the --out of a run that was started, or start one with --task "
+            f"NAME)"
+        )
     if not cfg.task:
         raise GPT1Error("--task is required (see `gpt1 finetune --list-tasks`)")
     if resume and not cfg.out:
@@ -90,10 +121,13 @@ def run(p: Parsed) -> None:
     if not parallel.is_main:
         leave(parallel, 130 if result.stopped_by else 0)
     if result.stopped_by:
-        console.print(f"[yellow]stopped by {result.stopped_by}[/] at update {result.step}/{result.total}; "
-                      f"checkpoint {escape(str(result.checkpoint))}. Continue with: gpt1 finetune --out "
-                      f"{escape(str(result.run_dir))} --resume",
-                      highlight=False, soft_wrap=True)
+        console.print(
+            f"[yellow]stopped by {result.stopped_by}[/] at update {result.step}/{result.total}; "
+            f"checkpoint {escape(str(result.checkpoint))}. Continue with: gpt1 finetune --out "
+            f"{escape(str(result.run_dir))} --resume",
+            highlight=False,
+            soft_wrap=True,
+        )
         leave(parallel, 130)
         raise typer.Exit(130)
     show_outcome(result, console)
@@ -118,13 +152,21 @@ def _launch(cfg: FinetuneConfig, spec: LaunchSpec, quiet: bool, console: Any) ->
     if stopped:
         steps = step_checkpoints(plan.out)
         if not steps:  # nothing to resume: `--out RUN --resume` alone would start another run from defaults
-            console.print(f"[yellow]stopped by {stopped}[/] before the first checkpoint: nothing to resume (run the "
-                          "same command again to start over)", highlight=False, soft_wrap=True)
+            console.print(
+                f"[yellow]stopped by {stopped}[/] before the first checkpoint: nothing to resume (run the "
+                "same command again to start over)",
+                highlight=False,
+                soft_wrap=True,
+            )
             raise typer.Exit(130)
         saved = f"checkpoint {steps[-1]}"
-        console.print(f"[yellow]stopped by {stopped}[/]; {escape(saved)}. Continue with: gpt1 finetune --out "
-                      f"{escape(str(cfg.out))} "
-                      "--resume (with any number of processes)", highlight=False, soft_wrap=True)
+        console.print(
+            f"[yellow]stopped by {stopped}[/]; {escape(saved)}. Continue with: gpt1 finetune --out "
+            f"{escape(str(cfg.out))} "
+            "--resume (with any number of processes)",
+            highlight=False,
+            soft_wrap=True,
+        )
         raise typer.Exit(130)
 
 
@@ -148,18 +190,28 @@ def show_outcome(result: FinetuneResult, console: Any) -> None:
     """The kept epoch's dev scores beside the paper's, skipped rows, and where everything went."""
     r = result.results
     if r.get("scores"):
-        stdout_console().print(details_table(
-            [{**r, "run": result.run_dir.name, "n": r.get("n_eval")}],
-            title=f"{r['task']}: dev scores of the kept epoch ({r['select']}: epoch {r['epoch']})"))
+        stdout_console().print(
+            details_table(
+                [{**r, "run": result.run_dir.name, "n": r.get("n_eval")}],
+                title=f"{r['task']}: dev scores of the kept epoch ({r['select']}: epoch {r['epoch']})",
+            )
+        )
         if r.get("last_scores") and r["epoch"] != r["config"]["epochs"]:
             last = r["last_scores"].get(r["metric"])
-            console.print(f"[dim]epoch {r['epoch']} was kept as the best of {r['config']['epochs']} on these dev "
-                          f"examples, so its score is optimistic; the last epoch scored {r['metric']} {last:.1f} "
-                          f"(--select last keeps it)[/]", highlight=False, soft_wrap=True)
+            console.print(
+                f"[dim]epoch {r['epoch']} was kept as the best of {r['config']['epochs']} on these dev "
+                f"examples, so its score is optimistic; the last epoch scored {r['metric']} {last:.1f} "
+                f"(--select last keeps it)[/]",
+                highlight=False,
+                soft_wrap=True,
+            )
     if r.get("skipped_rows"):
         console.print(f"[yellow]skipped {len(r['skipped_rows'])} bad rows[/] (first: {escape(r['skipped_rows'][0])})")
-    console.print(f"[green]done[/]: {r['steps']} updates; checkpoint {escape(str(result.checkpoint))}; "
-                  f"results {escape(str(result.run_dir / RESULTS))}", highlight=False)
+    console.print(
+        f"[green]done[/]: {r['steps']} updates; checkpoint {escape(str(result.checkpoint))}; "
+        f"results {escape(str(result.run_dir / RESULTS))}",
+        highlight=False,
+    )
 
 
 def list_tasks(console: Any) -> None:
@@ -167,7 +219,6 @@ def list_tasks(console: Any) -> None:
     from rich.table import Table
 
     from gptcli.tasks import all_tasks
-
     from gptcli.tasks.base import data_root
     from gptcli.tasks.sources import SOURCES
 
@@ -193,12 +244,18 @@ def list_tasks(console: Any) -> None:
             labels = f"{t.n_choices} answers: {labels}"
         metric = t.metric + (f" (+ {', '.join(t.extra_metrics)})" if getattr(t, "extra_metrics", ()) else "")
         paper = "–" if t.paper_score is None else f"{t.paper_score:.1f}"
-        table.add_row(f"[bold]{t.name}[/]\n{t.title}", f"{t.kind}\n[dim]{t.transformation}[/]", labels, metric, paper, where)
+        table.add_row(
+            f"[bold]{t.name}[/]\n{t.title}", f"{t.kind}\n[dim]{t.transformation}[/]", labels, metric, paper, where
+        )
     console.print(table)
     console.print("[bold]Official distributions[/]")
     for url, folders in sources.items():
         console.print(f"  {', '.join(f + '/' for f in folders)}: {url}", highlight=False, soft_wrap=True)
     if not root:
-        console.print(f"GPT1_DATA is not set: task folders are looked for in {data_root()} (where `gpt1 fetch` "
-                      "puts them); set GPT1_DATA to the parent of your own copies, or pass --data-dir (the task's "
-                      "folder).", highlight=False, soft_wrap=True)
+        console.print(
+            f"GPT1_DATA is not set: task folders are looked for in {data_root()} (where `gpt1 fetch` "
+            "puts them); set GPT1_DATA to the parent of your own copies, or pass --data-dir (the task's "
+            "folder).",
+            highlight=False,
+            soft_wrap=True,
+        )

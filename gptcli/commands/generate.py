@@ -14,7 +14,6 @@ from gptcli.commands.options import Options, Parsed
 from gptcli.commands.render import RichProgress, stderr_console
 from gptcli.model.generate import GenerateConfig
 
-
 OPTIONS = Options(
     GenerateConfig,
     panels={
@@ -35,9 +34,8 @@ OPTIONS = Options(
 
 def run(p: Parsed) -> None:
     """Generate text from a prompt (greedy, temperature, top-k, top-p), streaming it as it is produced."""
-    from gptcli.pipelines.generate import start_generation
-
     from gptcli.commands import defaults
+    from gptcli.pipelines.generate import start_generation
 
     cfg = p.resolve(GenerateConfig, p.base())
     err = stderr_console()
@@ -53,8 +51,12 @@ def run(p: Parsed) -> None:
     rate = n / dt if dt > 0 else float("inf")
     mode = "greedy" if cfg.greedy else f"T={cfg.temperature} top-k={cfg.top_k} top-p={cfg.top_p}"
     batch = f", {cfg.samples} samples as one batch" if cfg.samples > 1 else ""
-    err.print(f"[dim]{n} tokens in {dt:.2f} s ({rate:.1f} tokens/s, {mode}{batch}, "
-              f"{'KV cache' if cfg.use_cache else 'no cache'}, {gen.device})[/]", highlight=False, soft_wrap=True)
+    err.print(
+        f"[dim]{n} tokens in {dt:.2f} s ({rate:.1f} tokens/s, {mode}{batch}, "
+        f"{'KV cache' if cfg.use_cache else 'no cache'}, {gen.device})[/]",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _stream(gen) -> int:

@@ -12,6 +12,7 @@ from rich.markup import escape
 from gptcli.commands.options import CliOnly, Options, Parsed
 from gptcli.errors import GPT1Error
 
+
 @dataclass
 class InspectConfig:
     """What `gpt1 inspect` shows (a display command: nothing here changes the corpus)."""
@@ -27,8 +28,15 @@ OPTIONS = Options(
     panels={"Output": ("sample_tokens", "verify")},
     config_option=False,  # two display settings: a config file would be ceremony
     cli_only=[
-        CliOnly("directory", Path, ..., (), "A corpus directory written by `gpt1 prepare`.",
-                why="the corpus to look at is the subject of the command, not a setting", argument=True),
+        CliOnly(
+            "directory",
+            Path,
+            ...,
+            (),
+            "A corpus directory written by `gpt1 prepare`.",
+            why="the corpus to look at is the subject of the command, not a setting",
+            argument=True,
+        ),
     ],
 )
 
@@ -77,8 +85,9 @@ def _print_sample(console: Console, corpus: Any, sample_tokens: int) -> None:
         return
     ids = doc[:sample_tokens].tolist()
     console.print(
-        Panel(corpus.tokenizer.decode(ids), title=f"first {len(ids)} tokens of the first {split} document",
-              expand=False),
+        Panel(
+            corpus.tokenizer.decode(ids), title=f"first {len(ids)} tokens of the first {split} document", expand=False
+        ),
         highlight=False,
         markup=False,
     )

@@ -14,23 +14,25 @@ gpt1 parses.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 COMMAND_SETTINGS = {
     "context_settings": {"allow_extra_args": True, "ignore_unknown_options": True},
     "help": "lm-evaluation-harness with the gpt1 model: [bold]gpt1 lmeval --model gpt1 --model_args "
-            "checkpoint=RUN --tasks …[/] (every argument is lm-eval's; see docs/lmeval.md).",
+    "checkpoint=RUN --tasks …[/] (every argument is lm-eval's; see docs/lmeval.md).",
 }
 
 
 def command(
     ctx: typer.Context,
-    local_tasks: Optional[Path] = typer.Option(
-        None, "--local-tasks", metavar="ROOT",
+    local_tasks: Path | None = typer.Option(
+        None,
+        "--local-tasks",
+        metavar="ROOT",
         help="Data root (e.g. ../shared/data): add the offline tasks gpt1_sst2, gpt1_storycloze and gpt1_wikitext2 "
-             "over its files (written to a temporary --include_path folder for this run)."),
+        "over its files (written to a temporary --include_path folder for this run).",
+    ),
 ) -> None:
     """lm-evaluation-harness ([bold]lm_eval[/]'s arguments, unchanged) with the gpt1 model registered."""
     from gptcli.eval.lmeval import run_cli

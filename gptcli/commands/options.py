@@ -26,9 +26,10 @@ import inspect
 import textwrap
 import types
 import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -43,11 +44,22 @@ from gptcli.errors import GPT1Error
 FIELD_ENVVARS: dict[str, str] = {"kernels": "GPT1_KERNELS"}
 
 # --help panels, in the order they are shown; a command uses those it needs.
-PANELS = ("Input", "Model", "Sampling", "Data", "Optimisation", "Schedule", "Evaluation", "Checkpointing", "Distributed",
-          "Runtime", "Output")
+PANELS = (
+    "Input",
+    "Model",
+    "Sampling",
+    "Data",
+    "Optimisation",
+    "Schedule",
+    "Evaluation",
+    "Checkpointing",
+    "Distributed",
+    "Runtime",
+    "Output",
+)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def field_docs(cls: type) -> dict[str, str]:
     """Attribute docstrings (the string literal under each field) of a dataclass and its bases."""
     docs: dict[str, str] = {}
@@ -60,8 +72,13 @@ def field_docs(cls: type) -> dict[str, str]:
             continue
         body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
         for node, nxt in zip(body, body[1:]):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
-                    and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
                 docs[node.target.id] = " ".join(nxt.value.value.split())
     return docs
 
@@ -223,16 +240,33 @@ class Options:
             shints, sdocs = typing.get_type_hints(scls), field_docs(scls)
             for f in dataclasses.fields(scls):
                 tp, _ = _option_type(shints[f.name])
-                params.append(self._raw(f.name, tp, f.default, self._spellings(f.name, tp is bool),
-                                        sdocs.get(f.name, ""), panel))
+                params.append(
+                    self._raw(f.name, tp, f.default, self._spellings(f.name, tp is bool), sdocs.get(f.name, ""), panel)
+                )
                 self._dest[f.name] = ("@" + section, f.name)
         if self.config_option:
-            params.append(self._raw("config", typing.Optional[Path], None, ("--config",),
-                                    f"TOML/JSON file of {self.cls.__name__} settings; options given here override it.",
-                                    "Input"))
+            params.append(
+                self._raw(
+                    "config",
+                    typing.Optional[Path],
+                    None,
+                    ("--config",),
+                    f"TOML/JSON file of {self.cls.__name__} settings; options given here override it.",
+                    "Input",
+                )
+            )
         for extra in self.cli_only:
-            params.append(self._raw(extra.name, extra.annotation, extra.default, extra.flags, extra.help,
-                                    extra.panel, argument=extra.argument))
+            params.append(
+                self._raw(
+                    extra.name,
+                    extra.annotation,
+                    extra.default,
+                    extra.flags,
+                    extra.help,
+                    extra.panel,
+                    argument=extra.argument,
+                )
+            )
         return [params[0], *sorted(params[1:], key=_panel_rank)]  # --help shows panels in PANELS order
 
     def _nested_params(self, name: str, spec: Nested) -> list[inspect.Parameter]:
@@ -242,8 +276,16 @@ class Options:
             cls = next(c for c in classes if sub in {f.name for f in dataclasses.fields(c)})
             tp, _ = _option_type(typing.get_type_hints(cls)[sub])
             help_ = f"{field_docs(cls).get(sub, '')} [default: {spec.default_note}]"
-            out.append(self._raw(sub, typing.Optional[tp] if typing.get_origin(tp) is not typing.Union else tp,
-                                 None, self._spellings(sub), help_, spec.panel))
+            out.append(
+                self._raw(
+                    sub,
+                    typing.Optional[tp] if typing.get_origin(tp) is not typing.Union else tp,
+                    None,
+                    self._spellings(sub),
+                    help_,
+                    spec.panel,
+                )
+            )
             self._dest[sub] = (name, sub)
         return out
 
@@ -256,12 +298,27 @@ class Options:
         is_bool = tp is bool or tp == typing.Optional[bool]
         if name in self.arguments:
             return self._raw(name, tp, default, (), doc, None, argument=True)
-        return self._raw(name, tp, list(default) if isinstance(default, tuple) else default,
-                         self._spellings(name, is_bool), doc, panel, envvar=FIELD_ENVVARS.get(name))
+        return self._raw(
+            name,
+            tp,
+            list(default) if isinstance(default, tuple) else default,
+            self._spellings(name, is_bool),
+            doc,
+            panel,
+            envvar=FIELD_ENVVARS.get(name),
+        )
 
     @staticmethod
-    def _raw(name: str, tp: Any, default: Any, flags: Sequence[str], help_: str, panel: str | None,
-             argument: bool = False, envvar: str | None = None) -> inspect.Parameter:
+    def _raw(
+        name: str,
+        tp: Any,
+        default: Any,
+        flags: Sequence[str],
+        help_: str,
+        panel: str | None,
+        argument: bool = False,
+        envvar: str | None = None,
+    ) -> inspect.Parameter:
         is_bool = tp is bool or tp == typing.Optional[bool]
         kw: dict[str, Any] = {"help": escape(help_.replace("``", "`")), "show_default": _default_text(default)}
         if envvar is not None:

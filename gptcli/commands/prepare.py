@@ -24,9 +24,14 @@ OPTIONS = Options(
     },
     flags={"out": ("--out", "-o"), "workers": ("--workers", "-j")},
     cli_only=[
-        CliOnly("inspect", Optional[Path], None, ("--inspect",),
-                "Do not prepare: summarise and verify this corpus directory (= `gpt1 inspect DIR`).",
-                why="an action (look at an existing corpus) instead of a setting of the preparation"),
+        CliOnly(
+            "inspect",
+            Optional[Path],
+            None,
+            ("--inspect",),
+            "Do not prepare: summarise and verify this corpus directory (= `gpt1 inspect DIR`).",
+            why="an action (look at an existing corpus) instead of a setting of the preparation",
+        ),
     ],
 )
 

@@ -6,28 +6,36 @@ from pathlib import Path
 from typing import Any
 
 import typer
-
 from rich.markup import escape
 
 from gptcli.commands.options import CliOnly, Nested, Options, Parsed
 from gptcli.commands.render import RichProgress, WarningsOnly, held_console, release_held, stderr_console
 from gptcli.errors import GPT1Error
+from gptcli.locks import main_rank_lock
 from gptcli.model.build import dropout_fields
 from gptcli.model.gpt import ModelConfig
 from gptcli.model.lstm import LSTMConfig
-from gptcli.locks import main_rank_lock
 from gptcli.outputs import check_output
 from gptcli.train.distributed import LaunchConfig, LaunchSpec
 from gptcli.train.pretrain import CONFIG_FILE, PretrainConfig, check_settings
-
 
 OPTIONS = Options(
     PretrainConfig,
     panels={
         "Input": ("data", "verify_data", "val_split"),
         "Model": ("preset", "seq_len", "compile"),
-        "Optimisation": ("lr", "batch_size", "micro_batch_size", "weight_decay", "decay", "beta1", "beta2", "eps",
-                         "grad_clip", "seed"),
+        "Optimisation": (
+            "lr",
+            "batch_size",
+            "micro_batch_size",
+            "weight_decay",
+            "decay",
+            "beta1",
+            "beta2",
+            "eps",
+            "grad_clip",
+            "seed",
+        ),
         "Schedule": ("epochs", "max_steps", "max_tokens", "max_minutes", "warmup_steps", "schedule"),
         "Evaluation": ("eval_every", "eval_batches"),
         "Checkpointing": ("out", "save_every", "keep_last", "resume"),
@@ -36,17 +44,32 @@ OPTIONS = Options(
     },
     flags={"verify_data": ("--verify/--no-verify", "--verify-data/--no-verify-data")},
     # The Transformer's fields, then the LSTM's own (--n-hidden); a preset of the other architecture refuses them.
-    nested={"model": Nested((ModelConfig, LSTMConfig),
-                            ("n_layer", "n_embd", "n_head", "n_inner", "n_hidden", "n_ctx", "init_std"))},
+    nested={
+        "model": Nested(
+            (ModelConfig, LSTMConfig), ("n_layer", "n_embd", "n_head", "n_inner", "n_hidden", "n_ctx", "init_std")
+        )
+    },
     sections={"launch": (LaunchConfig, "Distributed")},
     cli_only=[
-        CliOnly("dropout", float | None, None, ("--dropout",),
-                "Set every dropout of the model together (paper: 0.1): a Transformer's embedding, attention and "
-                "residual dropout; an LSTM's embedding and output dropout.",
-                why="a shorthand for the preset's dropout fields (embd_pdrop, attn_pdrop, resid_pdrop; an LSTM's "
-                    "embd_pdrop, out_pdrop)", panel="Model"),
-        CliOnly("quiet", bool, False, ("--quiet", "-q"), "No live display; only the final summary.",
-                why="a display choice; the run is the same"),
+        CliOnly(
+            "dropout",
+            float | None,
+            None,
+            ("--dropout",),
+            "Set every dropout of the model together (paper: 0.1): a Transformer's embedding, attention and "
+            "residual dropout; an LSTM's embedding and output dropout.",
+            why="a shorthand for the preset's dropout fields (embd_pdrop, attn_pdrop, resid_pdrop; an LSTM's "
+            "embd_pdrop, out_pdrop)",
+            panel="Model",
+        ),
+        CliOnly(
+            "quiet",
+            bool,
+            False,
+            ("--quiet", "-q"),
+            "No live display; only the final summary.",
+            why="a display choice; the run is the same",
+        ),
     ],
 )
 
@@ -66,9 +89,11 @@ def run(p: Parsed) -> None:
     release_held(held, console)  # the defaults chosen (./corpus, runs/pretrain), said once the settings are valid
     resume, out = p.given.get("resume", False), p.given.get("out")
     if resume and out is not None and "data" not in p.given and not Path(cfg.data).exists():
-        raise GPT1Error(f"{Path(out) / CONFIG_FILE}: data = {str(cfg.data)!r}, the corpus this run was started with, "
-                        f"is not there from {Path.cwd()} (a relative path is relative to where the run was started: "
-                        f"resume from there, or pass --data CORPUS)")
+        raise GPT1Error(
+            f"{Path(out) / CONFIG_FILE}: data = {str(cfg.data)!r}, the corpus this run was started with, "
+            f"is not there from {Path.cwd()} (a relative path is relative to where the run was started: "
+            f"resume from there, or pass --data CORPUS)"
+        )
     spec = plan_launch(p.sections["launch"])
     if spec is not None:
         with main_rank_lock(cfg.out, spec.node_rank == 0):  # once for the job: its workers run under it
@@ -84,13 +109,15 @@ def run(p: Parsed) -> None:
         console.print(
             f"[yellow]stopped by {result.stopped_by}[/] at update {result.step}/{result.total_steps}; "
             f"checkpoint {escape(str(result.last_checkpoint))}. Continue with: gpt1 pretrain --out "
-            f"{escape(str(result.run_dir))} --resume", highlight=False
+            f"{escape(str(result.run_dir))} --resume",
+            highlight=False,
         )
         leave(parallel, 130)
         raise typer.Exit(130)
     val = f", validation loss {result.final_val_loss:.4f}" if result.final_val_loss is not None else ""
-    console.print(f"[green]done[/]: {result.step} updates{val}; checkpoint {escape(str(result.last_checkpoint))}",
-                  highlight=False)
+    console.print(
+        f"[green]done[/]: {result.step} updates{val}; checkpoint {escape(str(result.last_checkpoint))}", highlight=False
+    )
     leave(parallel, 0)
 
 
@@ -135,8 +162,10 @@ def _short_form_defaults(p: Parsed, base: dict[str, Any], resume: bool, console:
     default_data = PretrainConfig.data
     if not p.has("data", base):
         if not default_data.is_dir():
-            raise GPT1Error(f"--data is required: there is no ./{default_data} here (`gpt1 prepare TEXT...` writes one "
-                            "there; or pass --data CORPUS_DIR)")
+            raise GPT1Error(
+                f"--data is required: there is no ./{default_data} here (`gpt1 prepare TEXT...` writes one "
+                "there; or pass --data CORPUS_DIR)"
+            )
         console.print(f"corpus: ./{default_data} (no --data given)", highlight=False, markup=False)
         filled["data"] = default_data
     if not p.has("out", base):
@@ -160,11 +189,16 @@ def _launch(cfg: PretrainConfig, spec: LaunchSpec, quiet: bool, console: Any) ->
         try:
             saved = f"checkpoint {resolve_checkpoint(cfg.out)}"
         except GPT1Error:  # nothing to resume: `--out RUN --resume` alone would start another run from defaults
-            console.print(f"[yellow]stopped by {stopped}[/] before the first checkpoint: nothing to resume (run the "
-                          "same command again to start over)", highlight=False, soft_wrap=True)
+            console.print(
+                f"[yellow]stopped by {stopped}[/] before the first checkpoint: nothing to resume (run the "
+                "same command again to start over)",
+                highlight=False,
+                soft_wrap=True,
+            )
             raise typer.Exit(130) from None
         console.print(
             f"[yellow]stopped by {stopped}[/]; {escape(saved)}. Continue with: gpt1 pretrain --out "
-            f"{escape(str(cfg.out))} --resume (with any number of processes)", highlight=False
+            f"{escape(str(cfg.out))} --resume (with any number of processes)",
+            highlight=False,
         )
         raise typer.Exit(130)

@@ -14,7 +14,6 @@ from gptcli.commands.options import Options, Parsed
 from gptcli.commands.render import RichProgress, stderr_console, stdout_console
 from gptcli.pipelines.quickstart import QuickstartConfig, QuickstartResult
 
-
 OPTIONS = Options(
     QuickstartConfig,
     panels={
@@ -61,8 +60,11 @@ def render_summary(console: Console, result: QuickstartResult) -> None:
     from gptcli.pipelines.quickstart import WHAT_NEXT, summary_rows
 
     n = result.numbers
-    table = Table(title=f"gpt1 quickstart: results ({n['seconds_total']:.0f} s, seed {n['seed']})",
-                  title_justify="left", show_lines=False)
+    table = Table(
+        title=f"gpt1 quickstart: results ({n['seconds_total']:.0f} s, seed {n['seed']})",
+        title_justify="left",
+        show_lines=False,
+    )
     table.add_column("number")
     table.add_column("value", justify="right", style="bold")
     table.add_column("what it means")
@@ -70,8 +72,11 @@ def render_summary(console: Console, result: QuickstartResult) -> None:
         table.add_row(what, value, meaning)
     console.print()
     console.print(table)
-    console.print(f"Everything is in [bold]{escape(str(result.out))}[/]: summary.json, the task files (task/), the corpus, "
-                  "the pretraining run, the fine-tuned model and each stage's results.", highlight=False)
+    console.print(
+        f"Everything is in [bold]{escape(str(result.out))}[/]: summary.json, the task files (task/), the corpus, "
+        "the pretraining run, the fine-tuned model and each stage's results.",
+        highlight=False,
+    )
     console.print()
     console.print("[bold]What next[/] — the same pipeline at the paper's scale:")
     for cmd, what, doc in WHAT_NEXT:

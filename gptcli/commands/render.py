@@ -16,12 +16,24 @@ from __future__ import annotations
 
 import io
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console, Group
 from rich.markup import escape
-from rich.progress import (BarColumn, Progress as Bars, ProgressColumn, Task as BarTask, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn)
+from rich.progress import (
+    BarColumn,
+    ProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.progress import (
+    Progress as Bars,
+)
+from rich.progress import (
+    Task as BarTask,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -48,8 +60,12 @@ def _column_title(r: dict[str, Any]) -> str:
 def _level_name(results: Sequence[dict[str, Any]], headline_only: bool = False) -> str:
     """``majority``, ``chance`` or ``majority / chance``: which trivial levels these results are read against (for
     every score shown, or only the headline metric's)."""
-    names = {level(r["baseline"], k)[0] for r in results if r.get("baseline")
-             for k in ([r["metric"]] if headline_only else r.get("scores") or {})}
+    names = {
+        level(r["baseline"], k)[0]
+        for r in results
+        if r.get("baseline")
+        for k in ([r["metric"]] if headline_only else r.get("scores") or {})
+    }
     return " / ".join(n for n in ("majority", "chance") if n in names) or "majority"
 
 
@@ -62,7 +78,9 @@ def _level_cell(r: dict[str, Any], key: str, mixed: bool) -> str:
     name, value = level(base, key)
     if value is None:
         return "n/a"
-    return _fmt(value) + (" chance" if mixed and name == "chance" else "") + ("†" if base.get("source") == "eval" else "")
+    return (
+        _fmt(value) + (" chance" if mixed and name == "chance" else "") + ("†" if base.get("source") == "eval" else "")
+    )
 
 
 def _ours_cell(r: dict[str, Any], key: str) -> str:
@@ -114,8 +132,7 @@ def _with_notes(table: Table, results: Sequence[dict[str, Any]], notes: bool) ->
     return Group(table, text)
 
 
-def results_table(results: Sequence[dict[str, Any]], title: str | None = None, *,
-                  notes: bool = True) -> Table | Group:
+def results_table(results: Sequence[dict[str, Any]], title: str | None = None, *, notes: bool = True) -> Table | Group:
     """Runs × tasks, headline metric ×100; the first row is GPT-1's published score (reference §6), the second what
     a trivial predictor scores on the same split (majority class of the training labels, or chance); a score no
     better than that is marked, and (``notes``) the legend and the runs whose predictions are all one label are said
@@ -158,33 +175,57 @@ def results_table(results: Sequence[dict[str, Any]], title: str | None = None, *
     return _with_notes(table, results, notes)
 
 
-def details_table(results: Sequence[dict[str, Any]], title: str | None = None, *,
-                  notes: bool = True) -> Table | Group:
+def details_table(results: Sequence[dict[str, Any]], title: str | None = None, *, notes: bool = True) -> Table | Group:
     """One row per (run, task, metric) with every metric reported, ours marked when no better than a trivial
     predictor, that level beside it (column ``majority``, ``chance`` or both), the paper's headline and the
     difference; ``notes``: the same notes under it as :func:`results_table` (off where a results table above already
     says them)."""
     table = Table(title=title or "Task metrics (×100)")
     level_name = _level_name(results)
-    for name, just in (("run", "left"), ("task", "left"), ("split", "left"), ("metric", "left"), ("ours", "right"),
-                       (level_name, "right"), ("paper", "right"), ("Δ", "right"), ("n", "right")):
+    for name, just in (
+        ("run", "left"),
+        ("task", "left"),
+        ("split", "left"),
+        ("metric", "left"),
+        ("ours", "right"),
+        (level_name, "right"),
+        ("paper", "right"),
+        ("Δ", "right"),
+        ("n", "right"),
+    ):
         table.add_column(name, justify=just)
     for r in results:
         scores = r.get("scores") or {}
         if not scores:
             what = "unlabeled: submission file" if r.get("submission") else "unlabeled"
-            table.add_row(escape(r.get("run", "")), r["task"], r.get("split", ""), what, "–", "–",
-                          _fmt(r.get("paper_score")), "", str(r.get("n", "")))
+            table.add_row(
+                escape(r.get("run", "")),
+                r["task"],
+                r.get("split", ""),
+                what,
+                "–",
+                "–",
+                _fmt(r.get("paper_score")),
+                "",
+                str(r.get("n", "")),
+            )
             continue
         for i, (metric, value) in enumerate(scores.items()):
             headline = metric == r["metric"]
             paper = r.get("paper_score") if headline else None
             delta = "" if paper is None else f"{value - paper:+.1f}"
             first = i == 0
-            table.add_row(escape(r.get("run", "")) if first else "", r["task"] if first else "",
-                          r.get("split", "") if first else "", metric + (" *" if headline else ""),
-                          _ours_cell(r, metric), _level_cell(r, metric, "/" in level_name),
-                          _fmt(paper) if headline else "", delta, str(r.get("n", "")) if first else "")
+            table.add_row(
+                escape(r.get("run", "")) if first else "",
+                r["task"] if first else "",
+                r.get("split", "") if first else "",
+                metric + (" *" if headline else ""),
+                _ours_cell(r, metric),
+                _level_cell(r, metric, "/" in level_name),
+                _fmt(paper) if headline else "",
+                delta,
+                str(r.get("n", "")) if first else "",
+            )
     return _with_notes(table, results, notes)
 
 
@@ -236,8 +277,7 @@ class RichProgress(Progress):
 
     # -- the protocol
     def stage(self, name: str, total: float | None = None, *, unit: str = "", done: float = 0) -> None:
-        entry = {"name": name, "total": total, "unit": unit, "t0": time.perf_counter(), "task": None,
-                 "completed": done}
+        entry = {"name": name, "total": total, "unit": unit, "t0": time.perf_counter(), "task": None, "completed": done}
         if total is not None and self.console.is_terminal:
             bars = self._ensure_bars()
             entry["task"] = bars.add_task(escape(name), total=total, completed=done, status="", unit=unit)
@@ -280,16 +320,20 @@ class RichProgress(Progress):
         elif top["task"] is None and top["total"] is not None:
             # In a log a sized stage ends on a line of its own: without it the stage's last words were its start's
             # "0 of 64 examples" (the first GPU run's eval and zeroshot logs read so).
-            self._plain(f"{top['name']}: {_of(top['completed'], top['total'], top['unit'], ' of ')} "
-                        f"({seconds:.1f} s)")
+            self._plain(f"{top['name']}: {_of(top['completed'], top['total'], top['unit'], ' of ')} ({seconds:.1f} s)")
 
     # -- helpers
     def _ensure_bars(self) -> Bars:
         if self._bars is None:
             self._bars = Bars(
-                TextColumn("[bold]{task.description}"), BarColumn(bar_width=20), _AmountColumn(),
-                TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[status]}"),
-                console=self.console, transient=False,
+                TextColumn("[bold]{task.description}"),
+                BarColumn(bar_width=20),
+                _AmountColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[status]}"),
+                console=self.console,
+                transient=False,
             )
             self._bars.start()
         return self._bars

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 from gptcli.commands.options import CliOnly, Options, Parsed
 from gptcli.commands.render import RichProgress, stderr_console, stdout_console
 from gptcli.errors import GPT1Error
 from gptcli.eval.zeroshot import ZeroShotConfig
-
 
 OPTIONS = Options(
     ZeroShotConfig,
@@ -28,25 +27,48 @@ OPTIONS = Options(
     # Both are repeatable on the command line (CliOnly below); the config file keeps their plain fields.
     hidden=("checkpoint", "split"),
     cli_only=[
-        CliOnly("checkpoint", List[Path], [], ("--checkpoint",),
-                "Checkpoint directory, run directory or Hugging Face Hub id (openai-gpt, owner/name[@revision]: "
-                "converted once); repeat for several (a curve). With --task all a run directory means every "
-                "checkpoint in it. [default: the --config file's, else openai-gpt, OpenAI's released GPT-1]",
-                why="repeatable: several checkpoints make the curve, while ZeroShotConfig.checkpoint is the one "
-                    "checkpoint of a single run (a --config file may set it)", panel="Input"),
-        CliOnly("split", List[str], [], ("--split",),
-                "Split to score: SPLIT for every task, or TASK=SPLIT (repeatable). Defaults: dev; dprd test (train "
-                "when only train.c.txt exists); wsc test (its only file); storycloze val.",
-                why="one repeatable option fills two fields: SPLIT sets ZeroShotConfig.split, TASK=SPLIT adds to "
-                    "ZeroShotConfig.splits", panel="Input"),
-        CliOnly("curve", Optional[bool], None, ("--curve/--no-curve",),
-                "Force or prevent the curve over checkpoints (default: on for --task all over a run directory, or "
-                "several --checkpoint).",
-                why="chooses between two library calls (zeroshot or run_curve); not a setting of the scoring",
-                panel="Evaluation"),
-        CliOnly("sota", List[str], [], ("--sota",),
-                "Curve normalisation: TASK=SCORE replaces the state-of-the-art value (percent; CoLA MCC x100).",
-                why="an argument of run_curve (the plot's normalisation), not of the scoring", panel="Evaluation"),
+        CliOnly(
+            "checkpoint",
+            list[Path],
+            [],
+            ("--checkpoint",),
+            "Checkpoint directory, run directory or Hugging Face Hub id (openai-gpt, owner/name[@revision]: "
+            "converted once); repeat for several (a curve). With --task all a run directory means every "
+            "checkpoint in it. [default: the --config file's, else openai-gpt, OpenAI's released GPT-1]",
+            why="repeatable: several checkpoints make the curve, while ZeroShotConfig.checkpoint is the one "
+            "checkpoint of a single run (a --config file may set it)",
+            panel="Input",
+        ),
+        CliOnly(
+            "split",
+            list[str],
+            [],
+            ("--split",),
+            "Split to score: SPLIT for every task, or TASK=SPLIT (repeatable). Defaults: dev; dprd test (train "
+            "when only train.c.txt exists); wsc test (its only file); storycloze val.",
+            why="one repeatable option fills two fields: SPLIT sets ZeroShotConfig.split, TASK=SPLIT adds to "
+            "ZeroShotConfig.splits",
+            panel="Input",
+        ),
+        CliOnly(
+            "curve",
+            Optional[bool],
+            None,
+            ("--curve/--no-curve",),
+            "Force or prevent the curve over checkpoints (default: on for --task all over a run directory, or "
+            "several --checkpoint).",
+            why="chooses between two library calls (zeroshot or run_curve); not a setting of the scoring",
+            panel="Evaluation",
+        ),
+        CliOnly(
+            "sota",
+            list[str],
+            [],
+            ("--sota",),
+            "Curve normalisation: TASK=SCORE replaces the state-of-the-art value (percent; CoLA MCC x100).",
+            why="an argument of run_curve (the plot's normalisation), not of the scoring",
+            panel="Evaluation",
+        ),
     ],
 )
 
@@ -76,8 +98,11 @@ def resolve(p: Parsed) -> tuple[ZeroShotConfig, list[str]]:
     checkpoints = [str(c) for c in p.cli["checkpoint"]]
     # The command-line-only options fill config fields as if typed (``splits`` is merged over the --config file's
     # table by Parsed.resolve), in a copy: ``p`` stays as parsed.
-    typed = {**({"split": plain} if plain is not None else {}), **({"splits": pairs} if pairs else {}),
-             **({"checkpoint": checkpoints[0]} if checkpoints else {})}
+    typed = {
+        **({"split": plain} if plain is not None else {}),
+        **({"splits": pairs} if pairs else {}),
+        **({"checkpoint": checkpoints[0]} if checkpoints else {}),
+    }
     p = dataclasses.replace(p, given={**p.given, **typed})
     cfg = p.resolve(ZeroShotConfig, p.base())
     check_config(cfg)  # a mistyped setting, or missing data, is one line before any model is downloaded
@@ -85,15 +110,16 @@ def resolve(p: Parsed) -> tuple[ZeroShotConfig, list[str]]:
     console = stderr_console()
     specs = checkpoints or [cfg.checkpoint]
     if len(names) == 1:  # one task: its data first (fetched into the default data root when missing there)
-        defaults.task_data(registry_task(names[0]), cfg.data_dir, console,
-                           check=any(defaults.from_hub(c) for c in specs))
+        defaults.task_data(
+            registry_task(names[0]), cfg.data_dir, console, check=any(defaults.from_hub(c) for c in specs)
+        )
     # No checkpoint anywhere: the paper's model (OpenAI's released GPT-1); Hub ids become converted checkpoints.
     checkpoints = [defaults.model(c, console) for c in specs]
     cfg.checkpoint = checkpoints[0]
     return cfg, checkpoints
 
 
-def _parse_pairs(values: list[str], what: str) -> tuple[Optional[str], dict[str, str]]:
+def _parse_pairs(values: list[str], what: str) -> tuple[str | None, dict[str, str]]:
     """``["dev", "dprd=train"]`` → (``"dev"``, ``{"dprd": "train"}``)."""
     plain, pairs = None, {}
     for v in values:
@@ -129,8 +155,9 @@ def _run_one(cfg: ZeroShotConfig, progress: RichProgress) -> None:
     for h in ("task", "split", "metric", "score", "n", "examples/s", "notes"):
         table.add_column(h, justify="right" if h in ("score", "n", "examples/s") else "left")
     for name, r in results.items():
-        table.add_row(name, r.split, r.metric, f"{r.score:.1f}", str(r.n), f"{r.examples_per_s:.1f}",
-                      escape("; ".join(r.notes)))
+        table.add_row(
+            name, r.split, r.metric, f"{r.score:.1f}", str(r.n), f"{r.examples_per_s:.1f}", escape("; ".join(r.notes))
+        )
     console = stdout_console()
     console.print(table)
     if cfg.out:
@@ -146,8 +173,9 @@ def _run_curve(cfg: ZeroShotConfig, checkpoints: list[str], sota: dict[str, floa
     for line in _curve_notes(curve, sota):
         console.print(line, highlight=False)
     if cfg.out:
-        console.print(f"wrote {Path(cfg.out) / 'curve.json'} and {Path(cfg.out) / 'curve.png'}", highlight=False,
-                      markup=False)
+        console.print(
+            f"wrote {Path(cfg.out) / 'curve.json'} and {Path(cfg.out) / 'curve.png'}", highlight=False, markup=False
+        )
 
 
 def _curve_table(curve: Any) -> Any:
@@ -170,6 +198,9 @@ def _curve_notes(curve: Any, sota: dict[str, float]) -> list[str]:
     from gptcli.eval.curve import RANDOM, SOTA
 
     table_sota = {**SOTA, **sota}
-    notes = sorted({n for p in curve.points for ns in p.notes.values() for n in ns if n.startswith("multi-token words")})
+    notes = sorted(
+        {n for p in curve.points for ns in p.notes.values() for n in ns if n.startswith("multi-token words")}
+    )
     return [f"note (sst2): {n}" for n in notes] + [
-        "normalisation: " + "; ".join(f"{t}: random {RANDOM[t]:g}, SOTA {table_sota[t]:g}" for t in curve.tasks)]
+        "normalisation: " + "; ".join(f"{t}: random {RANDOM[t]:g}, SOTA {table_sota[t]:g}" for t in curve.tasks)
+    ]

@@ -21,8 +21,9 @@ change neither the extract state nor the LM loss of the real tokens (they are ma
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence, TypeVar
+from typing import TypeVar
 
 import torch
 
@@ -57,11 +58,18 @@ class Batch:
     """A padded batch's positions that predict a next token (every real token but the last of its row), as flat
     indices into ``ids``, counted on the host by :func:`collate` (``losses.lm_positions``); None: found from ``mask``."""
 
-    def to(self, device: torch.device | str) -> "Batch":
+    def to(self, device: torch.device | str) -> Batch:
         labels = None if self.labels is None else to_device(self.labels, device)
         positions = None if self.lm_positions is None else to_device(self.lm_positions, device)
-        return Batch(to_device(self.ids, device), to_device(self.mask, device), labels, self.index, self.n_seqs,
-                     None if self.packing is None else self.packing.to(device), positions)
+        return Batch(
+            to_device(self.ids, device),
+            to_device(self.mask, device),
+            labels,
+            self.index,
+            self.n_seqs,
+            None if self.packing is None else self.packing.to(device),
+            positions,
+        )
 
     @property
     def size(self) -> int:
@@ -107,8 +115,13 @@ def collate_packed(items: Sequence[Encoded], extract_id: int, regression: bool =
     sequences, labels and order as :func:`collate`, laid out so that no layer computes on a pad."""
     n_seqs, rows = _rows(items)
     ids = torch.tensor([t for s in rows for t in s], dtype=torch.long).unsqueeze(0)
-    return Batch(ids, torch.ones_like(ids, dtype=torch.float32), *_labels_and_index(items, regression), n_seqs,
-                 Packing.of(rows, extract_id))
+    return Batch(
+        ids,
+        torch.ones_like(ids, dtype=torch.float32),
+        *_labels_and_index(items, regression),
+        n_seqs,
+        Packing.of(rows, extract_id),
+    )
 
 
 def collate_shared(items: Sequence[Encoded], extract_id: int, regression: bool = False) -> Batch:
@@ -124,8 +137,13 @@ def collate_shared(items: Sequence[Encoded], extract_id: int, regression: bool =
         answers.append([s[cut:] for s in it.seqs])
     ids, packing = Packing.shared(prefixes, answers, extract_id)
     row = torch.tensor(ids, dtype=torch.long).unsqueeze(0)
-    return Batch(row, torch.ones_like(row, dtype=torch.float32), *_labels_and_index(items, regression),
-                 len(items[0].seqs), packing)
+    return Batch(
+        row,
+        torch.ones_like(row, dtype=torch.float32),
+        *_labels_and_index(items, regression),
+        len(items[0].seqs),
+        packing,
+    )
 
 
 def _common_prefix(seqs: Sequence[Sequence[int]]) -> int:
@@ -246,7 +264,9 @@ def iterate(
         order = bucketed_batches([e.length for e in encoded], batch_size, shuffle=shuffle, rng=rng)
     for idx in order:
         items = [encoded[i] for i in idx]
-        yield collate(items, regression) if shared_extract is None else collate_shared(items, shared_extract, regression)
+        yield (
+            collate(items, regression) if shared_extract is None else collate_shared(items, shared_extract, regression)
+        )
 
 
 def num_batches(n: int, batch_size: int, pool: int = 50, batching: str = "length") -> int:

@@ -39,9 +39,10 @@ import os
 import tempfile
 import uuid
 import weakref
+from collections.abc import Iterator, Sequence
 from itertools import chain
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +58,7 @@ FORMAT = 1
 ENV = "GPT1_CACHE"
 _SOURCES = ("tokenizers/text.py", "tokenizers/openai.py", "tokenizers/learned.py", "data/transforms.py")
 _LIBRARIES = ("ftfy", "spacy", "sentencepiece")
-_fingerprints: "weakref.WeakKeyDictionary[Tokenizer, str | None]" = weakref.WeakKeyDictionary()
+_fingerprints: weakref.WeakKeyDictionary[Tokenizer, str | None] = weakref.WeakKeyDictionary()
 
 
 def default_root() -> Path:
@@ -91,7 +92,9 @@ def _code_and_libraries() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     pkg = Path(__file__).resolve().parents[1]
-    out = {name: hashlib.sha256((pkg / name).read_bytes()).hexdigest()[:16] for name in _SOURCES if (pkg / name).is_file()}
+    out = {
+        name: hashlib.sha256((pkg / name).read_bytes()).hexdigest()[:16] for name in _SOURCES if (pkg / name).is_file()
+    }
     for lib in _LIBRARIES:
         try:
             out[lib] = version(lib)
@@ -111,15 +114,25 @@ def examples_sha256(examples: Sequence[Example]) -> str:
     return h.hexdigest()
 
 
-def cache_key(task: Task, examples: Sequence[Example], tokenizer: Tokenizer,
-              n_ctx: int) -> tuple[str, dict[str, Any]] | None:
+def cache_key(
+    task: Task, examples: Sequence[Example], tokenizer: Tokenizer, n_ctx: int
+) -> tuple[str, dict[str, Any]] | None:
     """(entry name, what it was made from), or None when the tokenizer has no fingerprint."""
     fp = tokenizer_id(tokenizer)
     if fp is None:
         return None
-    parts = {"format": FORMAT, "task": task.name, "kind": task.kind, "n_choices": getattr(task, "n_choices", 0),
-             "truncation": truncation_rule(task), "n_ctx": n_ctx, "tokenizer": fp,
-             "examples": examples_sha256(examples), "n_examples": len(examples), "code": dict(_code_and_libraries())}
+    parts = {
+        "format": FORMAT,
+        "task": task.name,
+        "kind": task.kind,
+        "n_choices": getattr(task, "n_choices", 0),
+        "truncation": truncation_rule(task),
+        "n_ctx": n_ctx,
+        "tokenizer": fp,
+        "examples": examples_sha256(examples),
+        "n_examples": len(examples),
+        "code": dict(_code_and_libraries()),
+    }
     name = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:40]
     return name, parts
 
@@ -227,9 +240,18 @@ def _nest(flat: list[int], bounds: list[int], starts: list[int]) -> list[list[li
 # --------------------------------------------------------------------------------------------- the entry point
 
 
-def encode_cached(task: Task, examples: Sequence[Example], tokenizer: Tokenizer, n_ctx: int, *, cache: bool = True,
-                  workers: int = 0, root: str | Path | None = None, progress: Progress | None = None,
-                  what: str = "examples") -> list[Encoded]:
+def encode_cached(
+    task: Task,
+    examples: Sequence[Example],
+    tokenizer: Tokenizer,
+    n_ctx: int,
+    *,
+    cache: bool = True,
+    workers: int = 0,
+    root: str | Path | None = None,
+    progress: Progress | None = None,
+    what: str = "examples",
+) -> list[Encoded]:
     """:func:`gptcli.data.transforms.encode_examples` through the cache (see the module docstring): the same
     :class:`Encoded` list, ids byte-identical, read from the cache when an intact entry for exactly these inputs
     exists, else encoded over ``workers`` processes (0 = all cores) and stored. ``what`` names the examples in
@@ -245,12 +267,16 @@ def encode_cached(task: Task, examples: Sequence[Example], tokenizer: Tokenizer,
         with _gc_paused():
             return [Encoded(s, ex.label, i, ex.uid, dict(ex.extra)) for i, (s, ex) in enumerate(zip(found, examples))]
     if isinstance(found, str):
-        report.note(f"encoding cache entry {base / name}.arrow for {what} is damaged ({found}): encoding again",
-                    level="warn")
+        report.note(
+            f"encoding cache entry {base / name}.arrow for {what} is damaged ({found}): encoding again", level="warn"
+        )
     enc = encode_examples(task, examples, tokenizer, n_ctx, workers)
     try:
         write_entry(base, name, parts, [e.seqs for e in enc])
     except OSError as e:
-        report.note(f"cannot write the encoding cache in {base} ({e.strerror or e}): set {ENV} to a writable "
-                    "folder, or pass --no-cache", level="warn")
+        report.note(
+            f"cannot write the encoding cache in {base} ({e.strerror or e}): set {ENV} to a writable "
+            "folder, or pass --no-cache",
+            level="warn",
+        )
     return enc

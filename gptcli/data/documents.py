@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Literal, Optional, Protocol
+from typing import Literal, Protocol
 
 from gptcli.data.inputs import TEXT_SUFFIXES
 from gptcli.errors import DataError, GPT1Error
@@ -49,7 +50,7 @@ class Problems:
         self.report = report
         self.messages: list[str] = []
 
-    def __call__(self, path: Path, message: str, line: Optional[int] = None) -> None:
+    def __call__(self, path: Path, message: str, line: int | None = None) -> None:
         err = DataError(path, message, line)
         if self.strict:
             raise err
@@ -109,7 +110,7 @@ def _looks_usable(path: Path, suffix: str, problem: Problem) -> bool:
     return True
 
 
-def _finish(text: str, cfg: Reading, no_header: Optional[Callable[[], None]] = None) -> Optional[str]:
+def _finish(text: str, cfg: Reading, no_header: Callable[[], None] | None = None) -> str | None:
     """A document as stored: Gutenberg boilerplate removed if asked (``no_header`` is told when there was none),
     None when no text is left."""
     if cfg.strip_gutenberg:
@@ -180,7 +181,7 @@ def _wikitext_articles(text: str) -> Iterator[str]:
     yield "\n".join(lines[start:])
 
 
-def tail_cut(text: str, fraction: float) -> Optional[int]:
+def tail_cut(text: str, fraction: float) -> int | None:
     """Where a single document's validation tail starts: the paragraph break nearest to the point that leaves
     ``fraction`` of its characters to the tail, if one lies within half the tail's length of it, else the nearest
     line break; None when no break leaves text on both sides. The tail is then contiguous and disjoint from the
@@ -197,7 +198,7 @@ def tail_cut(text: str, fraction: float) -> Optional[int]:
     return None
 
 
-def _jsonl_record(raw: bytes, lineno: int, text_field: str) -> tuple[Optional[str], Optional[str]]:
+def _jsonl_record(raw: bytes, lineno: int, text_field: str) -> tuple[str | None, str | None]:
     """One .jsonl line → ``(text, None)``, or ``(None, what is wrong with it)``."""
     try:
         rec = json.loads(raw.decode("utf-8-sig" if lineno == 1 else "utf-8"))

@@ -15,8 +15,8 @@ from __future__ import annotations
 import fnmatch
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from gptcli.errors import GPT1Error
 from gptcli.fsutil import regular_file_problem
@@ -178,11 +178,15 @@ def _path_inputs(p: Path, skipped: Skipped) -> list[Path]:
         return files
     if os.path.lexists(p):
         if p.suffix.lower() not in NAMED_SUFFIXES:
-            raise GPT1Error(f"{p}: unsupported file type {p.suffix or '(none)'!r}; expected .txt, .jsonl or .parquet "
-                            "(or WikiText's .raw / .tokens)")
+            raise GPT1Error(
+                f"{p}: unsupported file type {p.suffix or '(none)'!r}; expected .txt, .jsonl or .parquet "
+                "(or WikiText's .raw / .tokens)"
+            )
         problem = regular_file_problem(p)
         if problem is not None and problem != "missing":  # a broken link is reported when read ("cannot read")
             raise GPT1Error(f"{p}: {problem}; prepare reads only regular files (give the file itself)")
         return [p]
-    raise GPT1Error(f"{p}: no such file or directory (check the path: give .txt, .jsonl or .parquet files, folders "
-                    "of them, or a glob)")
+    raise GPT1Error(
+        f"{p}: no such file or directory (check the path: give .txt, .jsonl or .parquet files, folders "
+        "of them, or a glob)"
+    )

@@ -38,9 +38,10 @@ import contextlib
 import os
 import random
 import shutil
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Collection, Iterable, Iterator, Optional
+from typing import Any
 
 import numpy as np
 
@@ -69,12 +70,12 @@ class PrepareConfig:
     """Text files (.txt: one document each, or as --split-by cuts it; .jsonl / .parquet: one per record / row;
     .raw / .tokens named directly: text, as WikiText's files), directories (searched recursively for .txt, .jsonl
     and .parquet) or glob patterns."""
-    out: Optional[Path] = Path("corpus")
+    out: Path | None = Path("corpus")
     """Output corpus directory (must not exist unless ``overwrite``; never one of the inputs, nor around them).
     The default, ``./corpus``, is where `gpt1 pretrain` looks when given no --data."""
     vocab_size: int = 40478
     """BPE ids learned, newline included, specials excluded (GPT-1: 40,478)."""
-    tokenizer: Optional[Path] = None
+    tokenizer: Path | None = None
     """Encode with this tokenizer instead of learning one: a tokenizer directory, a corpus, checkpoint or run
     directory (its tokenizer), or a folder of OpenAI's released BPE files (encoder_bpe_40000.json +
     vocab_40000.bpe, or vocab.json + merges.txt)."""
@@ -129,7 +130,7 @@ class _Plan:
     workers: int
     cased: bool
     """The case setting in force: a reused tokenizer's own wins over ``cfg.cased``."""
-    reused: Optional[Tokenizer] = None
+    reused: Tokenizer | None = None
     """The tokenizer given with ``cfg.tokenizer`` (a learned BPE or OpenAI's original), or None to learn one."""
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     """Inputs left out while expanding them (special files, link loops): warnings, and lines in the manifest."""
@@ -144,7 +145,7 @@ class _Scan:
     n_docs: int
     """Documents as stored: a single input document counts twice, as its training head and validation tail."""
     val: set[int]
-    tail_at: Optional[int] = None
+    tail_at: int | None = None
     """With a single input document: the character where its validation tail starts (:func:`tail_cut`)."""
 
 
@@ -157,7 +158,7 @@ class _Words:
     """``(offset, length)`` of each document's words in the file."""
     text_bytes: list[int] = field(default_factory=list)
     """Bytes of input text each document came from."""
-    sample: Optional["_Reservoir"] = None
+    sample: _Reservoir | None = None
 
 
 @dataclass
@@ -190,8 +191,9 @@ class _Reservoir:
                     self.lines[j] = line
 
 
-def prepare(cfg: PrepareConfig, progress: Progress | None = None, *,
-            given: Collection[str] | None = None) -> PrepareResult:
+def prepare(
+    cfg: PrepareConfig, progress: Progress | None = None, *, given: Collection[str] | None = None
+) -> PrepareResult:
     """Run the whole pipeline; returns the output directory and its manifest. ``out`` is locked for the run
     (:func:`gptcli.locks.output_lock`), which also finishes or undoes what an interrupted run left beside it.
     ``given``: the names of the settings the user set (the command line's and a --config file's), so that one
@@ -230,8 +232,9 @@ def _check(cfg: PrepareConfig) -> Path:
     if cfg.workers < 0:
         raise GPT1Error(f"--workers {cfg.workers} is impossible (pass 0 for all cores, or a number of processes)")
     if cfg.tokenizer is None and cfg.vocab_size < 16:
-        raise GPT1Error(f"--vocab-size {cfg.vocab_size} is too small for a BPE vocabulary (pass 16 or more; the "
-                        "paper used 40,478)")
+        raise GPT1Error(
+            f"--vocab-size {cfg.vocab_size} is too small for a BPE vocabulary (pass 16 or more; the paper used 40,478)"
+        )
     if cfg.sample_lines < 1 or cfg.shard_tokens < 1 or cfg.chunk_bytes < 1:
         raise GPT1Error("sample_lines, shard_tokens and chunk_bytes must be positive (set them to 1 or more)")
     return Path(cfg.out)
@@ -257,14 +260,18 @@ def _reused_tokenizer(path: Path) -> Tokenizer:
     if home is not None:
         tok = load_tokenizer(home)
         if not hasattr(tok, "encode_lines"):  # what the workers call (gptcli.data.workers.encode_task)
-            raise GPT1Error(f"{home}: prepare cannot encode with a {tok.kind!r} tokenizer (it has no encode_lines; "
-                            "pass a sentencepiece or an OpenAI BPE tokenizer)")
+            raise GPT1Error(
+                f"{home}: prepare cannot encode with a {tok.kind!r} tokenizer (it has no encode_lines; "
+                "pass a sentencepiece or an OpenAI BPE tokenizer)"
+            )
         return tok
     if any((p / v).is_file() and (p / m).is_file() for v, m in FILE_NAMES):
         return OpenAIBPETokenizer.from_dir(p)
     bpe_files = " or ".join(f"{v} + {m}" for v, m in FILE_NAMES)
-    raise GPT1Error(f"{p}: no tokenizer here (pass a tokenizer directory, a prepared corpus, a checkpoint or run "
-                    f"directory holding tokenizer/, or a folder of OpenAI's BPE files: {bpe_files})")
+    raise GPT1Error(
+        f"{p}: no tokenizer here (pass a tokenizer directory, a prepared corpus, a checkpoint or run "
+        f"directory holding tokenizer/, or a folder of OpenAI's BPE files: {bpe_files})"
+    )
 
 
 def _plan(cfg: PrepareConfig, given: Collection[str] | None = None) -> _Plan:
@@ -282,8 +289,10 @@ def _plan(cfg: PrepareConfig, given: Collection[str] | None = None) -> _Plan:
     return plan
 
 
-_LEARNED_AS = {"vocab_size": (lambda v: f"--vocab-size {v}", lambda v: f"has {v:,} ids"),
-               "cased": (lambda v: "--cased" if v else "--no-cased", lambda v: "is cased" if v else "is uncased")}
+_LEARNED_AS = {
+    "vocab_size": (lambda v: f"--vocab-size {v}", lambda v: f"has {v:,} ids"),
+    "cased": (lambda v: "--cased" if v else "--no-cased", lambda v: "is cased" if v else "is uncased"),
+}
 """The settings of learning that every tokenizer records as ``vocab_size`` and ``cased`` (the others, e.g.
 sample_lines, it does not; OpenAI's original BPE: 40,478 ids, uncased): how the option of a value is spelt, and how
 the tokenizer's own value is said."""
@@ -299,8 +308,10 @@ def check_reused_tokenizer(cfg: PrepareConfig, tok: Tokenizer, given: Collection
         chosen = name in given if given is not None else value != getattr(PrepareConfig, name)
         if chosen and value != theirs:
             flag = option(value).split()[0]
-            raise GPT1Error(f"{option(value)} disagrees with the reused tokenizer {cfg.tokenizer}, which {has(theirs)} "
-                            f"(leave {flag} out to encode with it, or drop --tokenizer to learn a new vocabulary)")
+            raise GPT1Error(
+                f"{option(value)} disagrees with the reused tokenizer {cfg.tokenizer}, which {has(theirs)} "
+                f"(leave {flag} out to encode with it, or drop --tokenizer to learn a new vocabulary)"
+            )
 
 
 @contextlib.contextmanager
@@ -421,8 +432,7 @@ def _split_words(plan: _Plan, scan: _Scan, executor: Executor, path: Path, repor
     return words
 
 
-def _learn_or_reuse(plan: _Plan, words: _Words,
-                    report: Progress) -> tuple[Tokenizer, Optional[dict[str, int]]]:
+def _learn_or_reuse(plan: _Plan, words: _Words, report: Progress) -> tuple[Tokenizer, dict[str, int] | None]:
     """The tokenizer to encode with, and the manifest's description of the sample it was learned from."""
     if plan.reused is not None:
         return plan.reused, None
@@ -464,8 +474,9 @@ def _joined_ids(results: Iterable[tuple[bool, np.ndarray]], newline_id: int, dty
             arrays = []
 
 
-def _encode(plan: _Plan, scan: _Scan, words: _Words, tok: Tokenizer, executor: Executor, tmp: Path,
-            report: Progress) -> _Encoded:
+def _encode(
+    plan: _Plan, scan: _Scan, words: _Words, tok: Tokenizer, executor: Executor, tmp: Path, report: Progress
+) -> _Encoded:
     """BPE-encode every document (in the pool) and write it to its split's shards."""
     dtype = token_dtype(tok.total_vocab)
     writers = {s: ShardWriter(tmp, s, dtype, plan.cfg.shard_tokens) for s in ("train", "val")}
@@ -489,8 +500,15 @@ def _encode(plan: _Plan, scan: _Scan, words: _Words, tok: Tokenizer, executor: E
     return _Encoded(shards, splits, dtype)
 
 
-def _manifest(plan: _Plan, scan: _Scan, tok: Tokenizer, sample_info: Optional[dict[str, int]],
-              encoded: _Encoded, warnings: list[str], tok_dir: Path) -> dict[str, Any]:
+def _manifest(
+    plan: _Plan,
+    scan: _Scan,
+    tok: Tokenizer,
+    sample_info: dict[str, int] | None,
+    encoded: _Encoded,
+    warnings: list[str],
+    tok_dir: Path,
+) -> dict[str, Any]:
     """What was made from what, with every setting and checksum (format: docs/formats.md)."""
     learned = plan.reused is None
     model = tok_dir / "sentencepiece.model"

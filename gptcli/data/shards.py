@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -39,8 +40,21 @@ def shard_name(split: str, index: int) -> str:
 
 MANIFEST_DIGEST = "manifest_sha256"
 # Every top-level key a manifest has; another one can only be damage (a flipped byte in a key such as the digest's).
-MANIFEST_KEYS = frozenset({"dtype", "format_version", "inputs", "settings", "shards", "splits", "tokenizer", "tool",
-                           "warnings", "vocab_size", MANIFEST_DIGEST})
+MANIFEST_KEYS = frozenset(
+    {
+        "dtype",
+        "format_version",
+        "inputs",
+        "settings",
+        "shards",
+        "splits",
+        "tokenizer",
+        "tool",
+        "warnings",
+        "vocab_size",
+        MANIFEST_DIGEST,
+    }
+)
 
 
 def _manifest_digest(manifest: dict[str, Any]) -> str:
@@ -170,8 +184,10 @@ class Corpus:
         self.dir = Path(directory)
         mpath = self.dir / MANIFEST
         if self.dir.exists() and not self.dir.is_dir():
-            raise GPT1Error(f"{self.dir}: a file, not a corpus directory (give the directory `gpt1 prepare` wrote, or "
-                            "prepare this file first: gpt1 prepare FILE --out DIR)")
+            raise GPT1Error(
+                f"{self.dir}: a file, not a corpus directory (give the directory `gpt1 prepare` wrote, or "
+                "prepare this file first: gpt1 prepare FILE --out DIR)"
+            )
         if not self.dir.is_dir():
             raise GPT1Error(f"{self.dir}: corpus directory not found (create one with `gpt1 prepare`)")
         if not mpath.is_file():
@@ -269,11 +285,14 @@ class Corpus:
         tok_dir = self.dir / str(tok.get("dir", "tokenizer"))
         model = tok_dir / "sentencepiece.model"
         if tok.get("model_sha256") and model.is_file() and sha256_file(model) != tok["model_sha256"]:
-            problems.append(f"{model}: checksum mismatch; the tokenizer changed since `gpt1 prepare` wrote it: "
-                            "re-run prepare")
+            problems.append(
+                f"{model}: checksum mismatch; the tokenizer changed since `gpt1 prepare` wrote it: re-run prepare"
+            )
         elif tok.get("fingerprint") and tokenizer_fingerprint(tok_dir) not in (None, tok["fingerprint"]):
-            problems.append(f"{tok_dir}: not the tokenizer `gpt1 prepare` encoded this corpus with (its fingerprint "
-                            "changed): re-run prepare")
+            problems.append(
+                f"{tok_dir}: not the tokenizer `gpt1 prepare` encoded this corpus with (its fingerprint "
+                "changed): re-run prepare"
+            )
         for e in self.manifest["shards"]:
             path = self.dir / e["file"]
             if not path.is_file():
@@ -323,9 +342,15 @@ def summarize(manifest: dict[str, Any]) -> CorpusSummary:
     splits = []
     for name in sorted(set(stats) | {e["split"] for e in shards}):
         entries = [e for e in shards if e.get("split") == name]
-        splits.append(SplitSummary(name, sum(int(e["documents"]) for e in entries),
-                                   sum(int(e["tokens"]) for e in entries), len(entries),
-                                   stats.get(name, {}).get("text_bytes")))
+        splits.append(
+            SplitSummary(
+                name,
+                sum(int(e["documents"]) for e in entries),
+                sum(int(e["tokens"]) for e in entries),
+                len(entries),
+                stats.get(name, {}).get("text_bytes"),
+            )
+        )
     tok, settings, inputs = manifest.get("tokenizer", {}), manifest.get("settings", {}), manifest.get("inputs", [])
     return CorpusSummary(
         splits=splits,
@@ -368,8 +393,9 @@ def tokenizer_fingerprint(directory: str | Path) -> str | None:
         meta = {k: v for k, v in meta.items() if k not in _DESCRIPTIVE_KEYS}
     files = _openai_bpe(d) if isinstance(meta, dict) and meta.get("kind") == "openai" else None
     if files is None:
-        files = {p.relative_to(d).as_posix(): sha256_file(p) for p in sorted(d.rglob("*"))
-                 if p.is_file() and p != meta_path}
+        files = {
+            p.relative_to(d).as_posix(): sha256_file(p) for p in sorted(d.rglob("*")) if p.is_file() and p != meta_path
+        }
     return hashlib.sha256(json.dumps({"meta": meta, "files": files}, sort_keys=True).encode("utf-8")).hexdigest()
 
 

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import os
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from gptcli.data.workers import quiet_worker
 from gptcli.errors import GPT1Error
@@ -69,7 +70,7 @@ class SpecialIds:
     extract: int
 
     @classmethod
-    def of(cls, tokenizer: Tokenizer) -> "SpecialIds":
+    def of(cls, tokenizer: Tokenizer) -> SpecialIds:
         return cls(tokenizer.start_id, tokenizer.delim_id, tokenizer.extract_id)
 
 
@@ -149,7 +150,7 @@ def multiple_choice(
             c, ans_cut = truncate_head(context, room), [list(a) for a in answers]
         else:
             c = []
-            q = q[len(q) - max(0, budget - longest):] if budget - longest < len(q) else q
+            q = q[len(q) - max(0, budget - longest) :] if budget - longest < len(q) else q
             ans_cut = [truncate_head(a, budget - len(q)) for a in answers]
         for ans in ans_cut:
             out.append([sp.start, *c, *q, sp.delim, *ans, sp.extract])
@@ -218,7 +219,7 @@ def _encode_range(bounds: tuple[int, int]) -> tuple[array, array]:
     assert _WORK is not None
     tokenizer, texts = _WORK
     flat, lengths = array("q"), array("q")
-    for ids in tokenizer.encode_batch(texts[bounds[0]:bounds[1]]):
+    for ids in tokenizer.encode_batch(texts[bounds[0] : bounds[1]]):
         flat.extend(ids)
         lengths.append(len(ids))
     return flat, lengths
@@ -247,23 +248,32 @@ def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], workers: int = 1) -
     for flat, lengths in parts:
         ids, pos = flat.tolist(), 0
         for k in lengths:
-            out.append(ids[pos:pos + k])
+            out.append(ids[pos : pos + k])
             pos += k
     return out
 
 
-def encode_examples(task: Task, examples: Sequence[Example], tokenizer: Tokenizer, n_ctx: int,
-                    workers: int = 1) -> list[Encoded]:
+def encode_examples(
+    task: Task, examples: Sequence[Example], tokenizer: Tokenizer, n_ctx: int, workers: int = 1
+) -> list[Encoded]:
     """Tokenize every field of ``examples`` (deduplicated, through ``encode_batch`` over ``workers`` processes, 0 =
     all cores) and lay them out."""
     if n_ctx < 8:
         raise GPT1Error(f"context of {n_ctx} tokens is too short for the task transformations")
     kind = task.kind
-    expected = {"classification": (1,), "entailment": (2,), "similarity": (2,), "regression": (2,), "multiple_choice": (1, 2)}
+    expected = {
+        "classification": (1,),
+        "entailment": (2,),
+        "similarity": (2,),
+        "regression": (2,),
+        "multiple_choice": (1, 2),
+    }
     texts: dict[str, int] = {}
     for ex in examples:
         if len(ex.texts) not in expected[kind]:
-            raise GPT1Error(f"{ex.source or task.name}: a {kind} example needs {' or '.join(map(str, expected[kind]))} text field(s), got {len(ex.texts)}")
+            raise GPT1Error(
+                f"{ex.source or task.name}: a {kind} example needs {' or '.join(map(str, expected[kind]))} text field(s), got {len(ex.texts)}"
+            )
         if kind == "multiple_choice" and task.n_choices and len(ex.choices) != task.n_choices:
             raise GPT1Error(f"{ex.source or task.name}: expected {task.n_choices} answers, got {len(ex.choices)}")
         for t in (*ex.texts, *ex.choices):

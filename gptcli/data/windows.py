@@ -17,7 +17,7 @@ cross shard boundaries. A final partial batch of an epoch is dropped (at most ``
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

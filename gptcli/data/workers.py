@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 from collections import deque
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -145,7 +146,7 @@ class Executor:
         while pending:
             yield from drain_one()
 
-    def __enter__(self) -> "Executor":
+    def __enter__(self) -> Executor:
         return self
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:

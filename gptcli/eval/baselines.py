@@ -73,8 +73,9 @@ def prediction_summary(task: Task, preds: Sequence[Any]) -> dict[str, Any]:
     return {"prediction_counts": counts, "constant_prediction": used[0] if one else None}
 
 
-def trivial_level(task: Task, examples: Sequence[Example],
-                  train_counts: dict[str, int] | None = None) -> dict[str, Any] | None:
+def trivial_level(
+    task: Task, examples: Sequence[Example], train_counts: dict[str, int] | None = None
+) -> dict[str, Any] | None:
     """The trivial predictors' scores on the labeled ``examples`` (×100, keys as :func:`score_predictions`).
 
     ``train_counts`` (from :func:`label_counts` of the training examples) picks the majority label; without it the
@@ -83,8 +84,14 @@ def trivial_level(task: Task, examples: Sequence[Example],
     if not examples or any(e.label is None for e in examples):
         return None
     chance = 100.0 / task.n_choices if task.kind == "multiple_choice" and task.n_choices else None
-    base: dict[str, Any] = {"source": "train", "label_counts": train_counts, "majority_label": None,
-                            "majority": None, "chance": chance, "margin": MARGIN}
+    base: dict[str, Any] = {
+        "source": "train",
+        "label_counts": train_counts,
+        "majority_label": None,
+        "majority": None,
+        "chance": chance,
+        "margin": MARGIN,
+    }
     if task.kind == "regression":
         return {**base, "source": None, "label_counts": None}  # a constant has no correlation: n/a
     if not train_counts or list(train_counts) != list(task.labels) or not any(train_counts.values()):

@@ -30,21 +30,48 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from gptcli.errors import GPT1Error
 from gptcli.checkpoint import atomic_directory
-from gptcli.eval.zeroshot import (TaskResult, ZeroShotConfig, check_config, check_out, evaluate, json_safe, open_model,
-                                  write_results)
+from gptcli.errors import GPT1Error
+from gptcli.eval.zeroshot import (
+    TaskResult,
+    ZeroShotConfig,
+    check_config,
+    check_out,
+    evaluate,
+    json_safe,
+    open_model,
+    write_results,
+)
 from gptcli.fsutil import write_text_atomic
 from gptcli.locks import output_lock
 from gptcli.outputs import mark
 from gptcli.progress import SILENT, Progress, staged
 
-RANDOM: dict[str, float] = {"sst2": 50.0, "cola": 0.0, "race": 25.0, "race-m": 25.0, "race-h": 25.0, "storycloze": 50.0, "dprd": 50.0, "wsc": 50.0}
-SOTA: dict[str, float] = {"sst2": 93.2, "cola": 35.0, "race": 53.3, "race-m": 60.2, "race-h": 50.3, "storycloze": 77.6, "dprd": 76.4, "wsc": 63.7}
+RANDOM: dict[str, float] = {
+    "sst2": 50.0,
+    "cola": 0.0,
+    "race": 25.0,
+    "race-m": 25.0,
+    "race-h": 25.0,
+    "storycloze": 50.0,
+    "dprd": 50.0,
+    "wsc": 50.0,
+}
+SOTA: dict[str, float] = {
+    "sst2": 93.2,
+    "cola": 35.0,
+    "race": 53.3,
+    "race-m": 60.2,
+    "race-h": 50.3,
+    "storycloze": 77.6,
+    "dprd": 76.4,
+    "wsc": 63.7,
+}
 SOTA_SOURCE: dict[str, str] = {
     "sst2": "reference §6 previous best (paper Table 4)",
     "cola": "reference §6 previous best (paper Table 4)",
@@ -55,9 +82,16 @@ SOTA_SOURCE: dict[str, str] = {
     "dprd": "Peng, Khashabi & Roth 2015 (not in the reference; replace with --sota dprd=X)",
     "wsc": "Trinh & Le 2018, LM ensemble (not in the reference; replace with --sota wsc=X)",
 }
-LABELS = {"sst2": "Sentiment analysis (SST-2)", "cola": "Linguistic acceptability (CoLA)", "race": "Question answering (RACE)",
-          "race-m": "RACE-m", "race-h": "RACE-h", "dprd": "Winograd schemas (DPRD)", "wsc": "Winograd schemas (WSC273)",
-          "storycloze": "Story Cloze"}
+LABELS = {
+    "sst2": "Sentiment analysis (SST-2)",
+    "cola": "Linguistic acceptability (CoLA)",
+    "race": "Question answering (RACE)",
+    "race-m": "RACE-m",
+    "race-h": "RACE-h",
+    "dprd": "Winograd schemas (DPRD)",
+    "wsc": "Winograd schemas (WSC273)",
+    "storycloze": "Story Cloze",
+}
 
 
 def normalize(task: str, score: float, sota: dict[str, float] | None = None) -> float:
@@ -113,7 +147,10 @@ class Curve:
     def to_dict(self) -> dict[str, Any]:
         return {
             "tasks": self.tasks,
-            "normalization": {t: {"random": RANDOM[t], "sota": self.sota[t], "sota_source": SOTA_SOURCE.get(t, "given")} for t in self.tasks},
+            "normalization": {
+                t: {"random": RANDOM[t], "sota": self.sota[t], "sota_source": SOTA_SOURCE.get(t, "given")}
+                for t in self.tasks
+            },
             "points": [p.__dict__ for p in self.points],
             "skipped": self.skipped,
         }
@@ -134,8 +171,13 @@ class _Run:
     """The folder being written (the temporary one that becomes ``config.out``), or None to write nothing."""
 
 
-def run_curve(config: ZeroShotConfig, checkpoints: Sequence[str | Path], progress: Progress | None = None, *,
-              sota: dict[str, float] | None = None) -> Curve:
+def run_curve(
+    config: ZeroShotConfig,
+    checkpoints: Sequence[str | Path],
+    progress: Progress | None = None,
+    *,
+    sota: dict[str, float] | None = None,
+) -> Curve:
     """Score ``config.task`` (usually ``all``) at every checkpoint; write per-checkpoint results and the curve
     files into ``config.out`` when set. Tasks whose data is missing are skipped for the whole curve. The model
     computes in ``config.kernels``; the caller's kernels mode is back afterwards."""
@@ -146,8 +188,9 @@ def run_curve(config: ZeroShotConfig, checkpoints: Sequence[str | Path], progres
         return _run_curve(config, checkpoints, sota, progress)
 
 
-def _run_curve(config: ZeroShotConfig, checkpoints: Sequence[str | Path], sota: dict[str, float] | None,
-               progress: Progress | None) -> Curve:
+def _run_curve(
+    config: ZeroShotConfig, checkpoints: Sequence[str | Path], sota: dict[str, float] | None, progress: Progress | None
+) -> Curve:
     paths = list_checkpoints(checkpoints)
     if config.out:
         _pyplot()  # fail before hours of scoring, not after
@@ -196,7 +239,9 @@ def _score_checkpoint(run: _Run, path: Path, report: Progress) -> None:
             name = ck.path.name if ck.path.name not in run.names else f"{ck.path.parent.parent.name}-{ck.path.name}"
             run.names.add(name)
             write_results(run.out / name, results, {"checkpoint": str(ck.path), "step": point.step}, skip)
-        summary = f"step {point.step if point.step is not None else '?'}: " + ", ".join(f"{t} {v:.1f}" for t, v in point.scores.items())
+        summary = f"step {point.step if point.step is not None else '?'}: " + ", ".join(
+            f"{t} {v:.1f}" for t, v in point.scores.items()
+        )
     finally:
         report.end(summary)
 
@@ -238,7 +283,9 @@ def _pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise GPT1Error("the zero-shot curve plot needs matplotlib: pip install matplotlib (or pip install 'gpt1[plot]')") from None
+        raise GPT1Error(
+            "the zero-shot curve plot needs matplotlib: pip install matplotlib (or pip install 'gpt1[plot]')"
+        ) from None
     return plt
 
 

@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from gptcli.errors import GPT1Error
 from gptcli.tokenizers.base import Tokenizer
@@ -79,20 +80,23 @@ class HarnessModelConfig:
     """Check the checkpoint's files against their checksums before loading it."""
 
     @classmethod
-    def of(cls, kwargs: dict[str, Any]) -> "HarnessModelConfig":
+    def of(cls, kwargs: dict[str, Any]) -> HarnessModelConfig:
         """From lm-eval's parsed ``model_args`` plus its ``batch_size``/``device``; unknown names are an error."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - known - {"max_batch_size"})
         if unknown:
-            raise GPT1Error(f"--model_args {', '.join(unknown)}: unknown for --model {MODEL_NAME} "
-                            f"(known: {', '.join(sorted(known))})")
+            raise GPT1Error(
+                f"--model_args {', '.join(unknown)}: unknown for --model {MODEL_NAME} "
+                f"(known: {', '.join(sorted(known))})"
+            )
         cfg = cls(**{k: v for k, v in kwargs.items() if k in known and v is not None})
         cfg.checkpoint = str(cfg.checkpoint)
         if isinstance(cfg.batch_size, str):  # lm-eval passes the CLI's text: "8", "auto", "auto:4"
             cfg.batch_size = int(cfg.batch_size) if cfg.batch_size.isdigit() else cls.batch_size
         if not cfg.checkpoint:
-            raise GPT1Error(f"--model_args checkpoint=DIR is required for --model {MODEL_NAME} (a checkpoint or run "
-                            "directory)")
+            raise GPT1Error(
+                f"--model_args checkpoint=DIR is required for --model {MODEL_NAME} (a checkpoint or run directory)"
+            )
         if int(cfg.batch_size) < 1 or int(cfg.max_gen_toks) < 1:  # checked before anything is loaded
             raise GPT1Error("batch_size and max_gen_toks must be at least 1")
         return cfg
@@ -194,18 +198,18 @@ class GPT1LM(_LMBase):  # type: ignore[misc,valid-type]
     def _score(self, requests: list) -> list:
         from gptcli.eval.scoring import score
 
-        return score(self.model, requests, batch_size=int(self.config.batch_size),
-                     precision=self.config.precision)  # type: ignore[arg-type]
+        return score(self.model, requests, batch_size=int(self.config.batch_size), precision=self.config.precision)  # type: ignore[arg-type]
 
     def _generate(self, prompt: list[int], kw: dict[str, Any]) -> str:
         from gptcli.model.generate import SamplingConfig, iter_generate
 
         n_ctx = self.model.config.n_ctx
         max_new = int(kw.get("max_gen_toks", self.config.max_gen_toks))
-        prompt = prompt[-max(1, n_ctx - max_new):] if prompt else []
+        prompt = prompt[-max(1, n_ctx - max_new) :] if prompt else []
         if not prompt:
-            raise GPT1Error("generate_until: the context is empty after cleaning; GPT-1 has no start-of-text token "
-                            "to generate from")
+            raise GPT1Error(
+                "generate_until: the context is empty after cleaning; GPT-1 has no start-of-text token to generate from"
+            )
         stops = stop_forms(self.tokenizer, kw.get("until"))
         sampling = SamplingConfig(max_new_tokens=max_new, greedy=True)
         generated: list[int] = []
@@ -289,6 +293,8 @@ def run_cli(argv: Sequence[str], local_tasks: str | Path | None = None) -> None:
 def _with_include_path(args: list[str], path: str) -> list[str]:
     """``args`` with ``--include_path path``; lm-eval takes one folder, so a second one is refused."""
     if any(a == "--include_path" or a.startswith("--include_path=") for a in args):
-        raise GPT1Error("--local-tasks writes its own --include_path folder; give one of them (or write the local "
-                        "tasks into your folder with gptcli.eval.lmeval_tasks.write_local_tasks)")
+        raise GPT1Error(
+            "--local-tasks writes its own --include_path folder; give one of them (or write the local "
+            "tasks into your folder with gptcli.eval.lmeval_tasks.write_local_tasks)"
+        )
     return args + ["--include_path", path]

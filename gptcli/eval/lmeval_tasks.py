@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from gptcli.errors import GPT1Error
 from gptcli.fsutil import write_text_atomic
@@ -51,16 +52,20 @@ def _sst2_rows(root: Path) -> list[dict[str, Any]]:
     from gptcli.eval.zeroshot import read_labeled, registry_task
 
     task = registry_task("sst2")
-    return [{"sentence": ex.texts[0], "label": int(ex.label)}  # type: ignore[arg-type]
-            for ex in read_labeled(task, "dev", task.data_dir(root=root), None)]
+    return [
+        {"sentence": ex.texts[0], "label": int(ex.label)}  # type: ignore[arg-type]
+        for ex in read_labeled(task, "dev", task.data_dir(root=root), None)
+    ]
 
 
 def _storycloze_rows(root: Path) -> list[dict[str, Any]]:
     from gptcli.eval.zeroshot import read_labeled, registry_task
 
     task = registry_task("storycloze")
-    return [{"story": ex.texts[0], "endings": list(ex.choices), "label": int(ex.label), "uid": ex.uid}  # type: ignore[arg-type]
-            for ex in read_labeled(task, "val", task.data_dir(root=root), None)]
+    return [
+        {"story": ex.texts[0], "endings": list(ex.choices), "label": int(ex.label), "uid": ex.uid}  # type: ignore[arg-type]
+        for ex in read_labeled(task, "val", task.data_dir(root=root), None)
+    ]
 
 
 def _wikitext_rows(root: Path) -> list[dict[str, Any]]:
@@ -69,23 +74,45 @@ def _wikitext_rows(root: Path) -> list[dict[str, Any]]:
 
 _COMMON = {"output_type": "multiple_choice", "test_split": "validation", "target_delimiter": " "}
 TASKS: dict[str, tuple[Callable[[Path], list[dict[str, Any]]], dict[str, Any]]] = {
-    "gpt1_sst2": (_sst2_rows, {**_COMMON, "doc_to_text": "{{sentence}} very", "doc_to_target": "{{label}}",
-                               "doc_to_choice": ["negative", "positive"],
-                               "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}]}),
-    "gpt1_storycloze": (_storycloze_rows, {**_COMMON, "doc_to_text": "{{story}}", "doc_to_target": "{{label}}",
-                                           "doc_to_choice": "{{endings}}",
-                                           "metric_list": [{"metric": m, "aggregation": "mean", "higher_is_better": True}
-                                                           for m in ("acc", "acc_norm")]}),
-    "gpt1_wikitext2": (_wikitext_rows, {"output_type": "loglikelihood_rolling", "test_split": "validation",
-                                        "doc_to_text": "", "doc_to_target": "{{page}}",
-                                        "metric_list": [{"metric": m} for m in
-                                                        ("word_perplexity", "byte_perplexity", "bits_per_byte")]}),
+    "gpt1_sst2": (
+        _sst2_rows,
+        {
+            **_COMMON,
+            "doc_to_text": "{{sentence}} very",
+            "doc_to_target": "{{label}}",
+            "doc_to_choice": ["negative", "positive"],
+            "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
+        },
+    ),
+    "gpt1_storycloze": (
+        _storycloze_rows,
+        {
+            **_COMMON,
+            "doc_to_text": "{{story}}",
+            "doc_to_target": "{{label}}",
+            "doc_to_choice": "{{endings}}",
+            "metric_list": [
+                {"metric": m, "aggregation": "mean", "higher_is_better": True} for m in ("acc", "acc_norm")
+            ],
+        },
+    ),
+    "gpt1_wikitext2": (
+        _wikitext_rows,
+        {
+            "output_type": "loglikelihood_rolling",
+            "test_split": "validation",
+            "doc_to_text": "",
+            "doc_to_target": "{{page}}",
+            "metric_list": [{"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")],
+        },
+    ),
 }
 """Local task name → (rows from a data root, the rest of its lm-eval config)."""
 
 
-def write_local_tasks(data_root: str | Path, out: str | Path, tasks: list[str] | None = None,
-                      limit: int | None = None) -> list[str]:
+def write_local_tasks(
+    data_root: str | Path, out: str | Path, tasks: list[str] | None = None, limit: int | None = None
+) -> list[str]:
     """Write the local lm-eval tasks whose data is under ``data_root`` into ``out`` (for ``--include_path out``);
     returns the task names written. ``tasks`` (default: every one whose files exist) picks some; ``limit`` keeps the
     first N rows of each. A task asked for by name whose files are missing is an error; with ``tasks`` unset it is
@@ -109,12 +136,17 @@ def write_local_tasks(data_root: str | Path, out: str | Path, tasks: list[str] |
             continue
         data = d / f"{name}.jsonl"
         write_text_atomic(data, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-        body = {"task": name, "dataset_path": "json",
-                "dataset_kwargs": {"data_files": {"validation": str(data.resolve())}}, **config}
+        body = {
+            "task": name,
+            "dataset_path": "json",
+            "dataset_kwargs": {"data_files": {"validation": str(data.resolve())}},
+            **config,
+        }
         # JSON is YAML: lm-eval's loader reads it as is, and no YAML writer is needed here.
         write_text_atomic(d / f"{name}.yaml", json.dumps(body, indent=2, ensure_ascii=False) + "\n")
         written.append(name)
     if not written:
-        raise GPT1Error(f"{root}: none of the local lm-eval tasks' files found (SST-2/dev.tsv, the Story Cloze val "
-                        f"csv, {WIKITEXT})")
+        raise GPT1Error(
+            f"{root}: none of the local lm-eval tasks' files found (SST-2/dev.tsv, the Story Cloze val csv, {WIKITEXT})"
+        )
     return written

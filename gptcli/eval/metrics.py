@@ -51,7 +51,7 @@ def mcc(preds: ArrayLike, labels: ArrayLike) -> float:
     p, y = _pair(preds, labels)
     classes, inv = np.unique(np.concatenate([y, p]), return_inverse=True)
     k = len(classes)
-    yi, pi = inv[: len(y)], inv[len(y):]
+    yi, pi = inv[: len(y)], inv[len(y) :]
     c = np.zeros((k, k), dtype=np.float64)
     np.add.at(c, (yi, pi), 1.0)
     t_k, p_k = c.sum(axis=1), c.sum(axis=0)

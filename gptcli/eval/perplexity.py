@@ -13,9 +13,9 @@ corpus and scores checkpoints on one of its splits (``gpt1 eval --data``).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -114,8 +114,9 @@ def eval_batches(
         yield pending
 
 
-def _batch_nll(model: torch.nn.Module, items: list[tuple[np.ndarray, int]], device: torch.device,
-               precision: Precision) -> tuple[torch.Tensor, int]:
+def _batch_nll(
+    model: torch.nn.Module, items: list[tuple[np.ndarray, int]], device: torch.device, precision: Precision
+) -> tuple[torch.Tensor, int]:
     """Summed next-token NLL (float64, on ``device``) of one batch of windows, and the number of targets scored."""
     x = torch.stack([torch.from_numpy(w[:-1]) for w, _ in items]).to(device)
     y = torch.stack([torch.from_numpy(w[1:]) for w, _ in items]).clone()
@@ -163,13 +164,23 @@ def corpus_perplexity(
     be compared). ``kernels``: the mode the model computes in (``None``: the mode in force); the caller's is back
     afterwards (:func:`gptcli.model.kernels.use_kernels`)."""
     with use_kernels(kernels):
-        return _corpus_perplexity(checkpoints, data, split, batch_size, seq_len, device, precision, max_batches,
-                                  verify, progress or SILENT)
+        return _corpus_perplexity(
+            checkpoints, data, split, batch_size, seq_len, device, precision, max_batches, verify, progress or SILENT
+        )
 
 
-def _corpus_perplexity(checkpoints: Sequence[str | Path], data: str | Path, split: str, batch_size: int,
-                       seq_len: int | None, device: str, precision: str, max_batches: int | None, verify: bool,
-                       report: Progress) -> list[CheckpointPerplexity]:
+def _corpus_perplexity(
+    checkpoints: Sequence[str | Path],
+    data: str | Path,
+    split: str,
+    batch_size: int,
+    seq_len: int | None,
+    device: str,
+    precision: str,
+    max_batches: int | None,
+    verify: bool,
+    report: Progress,
+) -> list[CheckpointPerplexity]:
     corpus = open_corpus(data)
     if verify:
         problems = corpus.verify()
@@ -195,8 +206,9 @@ def _corpus_perplexity(checkpoints: Sequence[str | Path], data: str | Path, spli
             n = seq_len or ck.config.n_ctx  # at most n_ctx: _check_checkpoint refused a longer one
             res = evaluate_lm(ck.model, arrays, n, batch_size, device=dev, precision=prec, max_batches=max_batches)
             step = ck.meta.get("step")
-            rows.append(CheckpointPerplexity(ck.path, None if step is None else int(step), res.loss, res.perplexity,
-                                             res.tokens))
+            rows.append(
+                CheckpointPerplexity(ck.path, None if step is None else int(step), res.loss, res.perplexity, res.tokens)
+            )
             report.advance(1, loss=res.loss)
     return rows
 
@@ -212,8 +224,10 @@ def _check_checkpoint(checkpoint: Path, corpus: Corpus, verify: bool, seq_len: i
     n_ctx = int(header.model.get("n_ctx", 0)) or None
     if seq_len is not None and n_ctx is not None and seq_len > n_ctx:
         # Refused, not shortened: the number would be another window's perplexity than the one asked for.
-        raise GPT1Error(f"--seq-len {seq_len} exceeds the context of {checkpoint} (n_ctx={n_ctx}; pass --seq-len "
-                        f"{n_ctx} or less, or leave it unset for the model's context)")
+        raise GPT1Error(
+            f"--seq-len {seq_len} exceeds the context of {checkpoint} (n_ctx={n_ctx}; pass --seq-len "
+            f"{n_ctx} or less, or leave it unset for the model's context)"
+        )
     _check_tokenizer(checkpoint, corpus, report)
 
 
@@ -226,15 +240,18 @@ def _check_tokenizer(checkpoint: Path, corpus: Corpus, report: Progress) -> None
     mine, theirs = tokenizer_fingerprint(checkpoint / TOKENIZER), corpus.tokenizer_fingerprint()
     if mine is None or theirs is None:
         lacking = checkpoint if mine is None else corpus.dir
-        report.note(f"the tokenizer could not be checked: {lacking} has no tokenizer/ (the perplexity of "
-                    f"{checkpoint} means something only if it was trained with the tokenizer of {corpus.dir})",
-                    level="warn")
+        report.note(
+            f"the tokenizer could not be checked: {lacking} has no tokenizer/ (the perplexity of "
+            f"{checkpoint} means something only if it was trained with the tokenizer of {corpus.dir})",
+            level="warn",
+        )
         return
     if mine != theirs:
         raise GPT1Error(
             f"{checkpoint} was trained with another tokenizer than the corpus {corpus.dir} "
             f"({checkpoint / TOKENIZER} differs from {corpus.dir / 'tokenizer'}; a perplexity over another "
-            f"tokenizer's ids means nothing: evaluate on a corpus prepared with --tokenizer {checkpoint / TOKENIZER})")
+            f"tokenizer's ids means nothing: evaluate on a corpus prepared with --tokenizer {checkpoint / TOKENIZER})"
+        )
 
 
 def _corpus_vocab(corpus: Corpus) -> int | None:

@@ -30,8 +30,9 @@ Rules (documented in ``docs/zeroshot.md``):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +50,7 @@ class Request:
     continuation: tuple[int, ...]
 
     @staticmethod
-    def of(context: Sequence[int], continuation: Sequence[int]) -> "Request":
+    def of(context: Sequence[int], continuation: Sequence[int]) -> Request:
         return Request(tuple(int(i) for i in context), tuple(int(i) for i in continuation))
 
 
@@ -188,8 +189,15 @@ def score(
         # One autocast region around every pass: it keeps its low-precision copy of each weight from the first pass
         # to the last (the weights do not change here) instead of casting the model again for every pass.
         with staged(progress or SILENT, stage, total=len(requests)), _autocast(_device(model), precision):
-            return _score(model, requests, batch_size, max_tokens or batch_size * 128, precision, cache_min_context,
-                          progress or SILENT)
+            return _score(
+                model,
+                requests,
+                batch_size,
+                max_tokens or batch_size * 128,
+                precision,
+                cache_min_context,
+                progress or SILENT,
+            )
     finally:
         model.train(was_training)
 
@@ -226,8 +234,10 @@ def _score(model, requests, batch_size, max_tokens, precision, cache_min_context
         _score_cached(model, cached, batch_size, precision, totals)
     if totals.reported < len(requests):
         totals.finished(len(requests) - totals.reported)  # requests with no token to score are done too
-    return [Score(float(s), int(c), t, m == 0)
-            for s, c, t, m in zip(totals.sums.tolist(), totals.counts.tolist(), truncated, totals.misses.tolist())]
+    return [
+        Score(float(s), int(c), t, m == 0)
+        for s, c, t, m in zip(totals.sums.tolist(), totals.counts.tolist(), truncated, totals.misses.tolist())
+    ]
 
 
 def _read_at(model, h: torch.Tensor, reads: list[tuple[int, int, int, int]], totals: _Totals) -> None:
@@ -236,8 +246,9 @@ def _read_at(model, h: torch.Tensor, reads: list[tuple[int, int, int, int]], tot
         return
     device = h.device
     rows, pos, tgt, req = (list(x) for x in zip(*reads))
-    read = _read(model, h[torch.tensor(rows, device=device), torch.tensor(pos, device=device)],
-                 torch.tensor(tgt, device=device))
+    read = _read(
+        model, h[torch.tensor(rows, device=device), torch.tensor(pos, device=device)], torch.tensor(tgt, device=device)
+    )
     totals.add(req, read)
 
 
@@ -306,8 +317,11 @@ def _score_packed_row(model, groups, precision: str, totals: _Totals) -> None:
             at += len(c) - 1
     ids, packing = Packing.shared(prefixes, answers, extract_id=-1)
     with _autocast(device, precision):
-        h = model(torch.tensor([ids], device=device), packing=packing.to(device),
-                  rows=torch.tensor(rows, dtype=torch.long, device=device))
+        h = model(
+            torch.tensor([ids], device=device),
+            packing=packing.to(device),
+            rows=torch.tensor(rows, dtype=torch.long, device=device),
+        )
     _read_at(model, h, [(0, r, t, i) for r, t, i in reads], totals)
     totals.finished(sum(len(m) for _, m in groups))
 
@@ -331,8 +345,9 @@ def _score_cached(model, cached, batch_size: int, precision: str, totals: _Total
             totals.finished(len(chunk))
 
 
-def _continue_from_cache(model, cache, chunk: list[tuple[int, tuple[int, ...]]], precision: str,
-                         totals: _Totals) -> None:
+def _continue_from_cache(
+    model, cache, chunk: list[tuple[int, tuple[int, ...]]], precision: str, totals: _Totals
+) -> None:
     """Tokens 2… of every continuation in ``chunk``, run together on copies of the context's cache."""
     from gptcli.model.build import repeat_cache
 

@@ -22,9 +22,10 @@ their perplexity on a prepared corpus (:func:`gptcli.eval.perplexity.corpus_perp
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Literal
 
 from gptcli.checkpoint import Checkpoint, atomic_directory, load_checkpoint, read_header, resolve_checkpoint
 from gptcli.config import check_settings
@@ -35,11 +36,11 @@ from gptcli.eval.baselines import prediction_summary, trivial_level
 from gptcli.eval.metrics import score_predictions
 from gptcli.eval.perplexity import corpus_perplexity
 from gptcli.fsutil import write_text_atomic
+from gptcli.locks import maybe_lock, output_lock
 from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.gpt import GPT
 from gptcli.model.heads import HeadConfig, TaskHead
 from gptcli.model.kernels import config_default, use_kernels
-from gptcli.locks import maybe_lock, output_lock
 from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress, staged
 from gptcli.runtime import resolve_device, resolve_precision
@@ -148,13 +149,16 @@ def trained_task(checkpoint: str | Path) -> str:
     return str(header.meta["task"])
 
 
-def load_finetuned(checkpoint: str | Path, device: Any = "cpu", *, verify: bool = True
-                   ) -> tuple[Checkpoint, FinetuneModel, Any]:
+def load_finetuned(
+    checkpoint: str | Path, device: Any = "cpu", *, verify: bool = True
+) -> tuple[Checkpoint, FinetuneModel, Any]:
     """(checkpoint, FinetuneModel on ``device`` in eval mode, tokenizer) of a fine-tuned checkpoint; ``verify``
     checks its files against their checksums first."""
     ck = load_checkpoint(checkpoint, verify=verify)
     if ck.kind != "finetuned" or "head" not in ck.meta:
-        raise GPT1Error(f"{ck.path}: not a fine-tuned checkpoint (kind {ck.kind!r}); run `gpt1 finetune --task ...` first")
+        raise GPT1Error(
+            f"{ck.path}: not a fine-tuned checkpoint (kind {ck.kind!r}); run `gpt1 finetune --task ...` first"
+        )
     if ck.tokenizer is None:
         raise GPT1Error(f"{ck.path}: checkpoint has no tokenizer/")
     head = TaskHead(HeadConfig.from_dict(ck.meta["head"]))
@@ -206,14 +210,40 @@ def evaluate_task(
     if layout not in ("packed", "padded"):
         raise GPT1Error(f"--layout: expected packed or padded, got {layout!r}")
     with maybe_lock(out):  # a given folder before anything is read; the default one once the checkpoint says where
-        return _evaluate_task(task_name, checkpoint, split, data_dir, out, batch_size, device, precision,
-                              skip_bad_rows, max_examples, seed, verify, layout, progress)
+        return _evaluate_task(
+            task_name,
+            checkpoint,
+            split,
+            data_dir,
+            out,
+            batch_size,
+            device,
+            precision,
+            skip_bad_rows,
+            max_examples,
+            seed,
+            verify,
+            layout,
+            progress,
+        )
 
 
-def _evaluate_task(task_name: str | None, checkpoint: str | Path, split: str, data_dir: str | Path | None,
-                   out: str | Path | None, batch_size: int, device: str, precision: str, skip_bad_rows: bool,
-                   max_examples: int | None, seed: int, verify: bool, layout: str,
-                   progress: Progress | None) -> dict[str, Any]:
+def _evaluate_task(
+    task_name: str | None,
+    checkpoint: str | Path,
+    split: str,
+    data_dir: str | Path | None,
+    out: str | Path | None,
+    batch_size: int,
+    device: str,
+    precision: str,
+    skip_bad_rows: bool,
+    max_examples: int | None,
+    seed: int,
+    verify: bool,
+    layout: str,
+    progress: Progress | None,
+) -> dict[str, Any]:
     report = progress or SILENT
     dev = resolve_device(device)
     prec = resolve_precision(precision, dev)
@@ -229,11 +259,13 @@ def _evaluate_task(task_name: str | None, checkpoint: str | Path, split: str, da
         enc = encode_examples(task, examples, tok, n_ctx)
         with staged(report, f"evaluate {run_label(ck.path)} on {task.name} ({split})", len(enc), unit="examples"):
             shared = tok.extract_id if layout == "packed" and isinstance(model.gpt, GPT) else None
-            batches = iterate(enc, batch_size, shuffle=False, regression=task.kind == "regression",
-                              shared_extract=shared)
+            batches = iterate(
+                enc, batch_size, shuffle=False, regression=task.kind == "regression", shared_extract=shared
+            )
             preds, outs = predict(model, batches, dev, prec, progress=report)
-        results = write_outputs(out_dir, ck, task, split, examples, preds, outs, skipped=opts.skipped, n_ctx=n_ctx,
-                                precision=prec)
+        results = write_outputs(
+            out_dir, ck, task, split, examples, preds, outs, skipped=opts.skipped, n_ctx=n_ctx, precision=prec
+        )
     results["out_dir"] = str(out_dir)
     return results
 
@@ -249,9 +281,19 @@ def check_out_dir(out_dir: Path, checkpoint: Path, task: Task, data_dir: str | P
     check_output(out_dir, "eval", overwrite=True, inputs=inputs)
 
 
-def write_outputs(out_dir: Path, ck: Checkpoint, task: Task, split: str, examples: Sequence[Example],
-                  preds: Sequence[Any], outs: Sequence[list[float]], *, skipped: list[str], n_ctx: int,
-                  precision: str | None = None) -> dict[str, Any]:
+def write_outputs(
+    out_dir: Path,
+    ck: Checkpoint,
+    task: Task,
+    split: str,
+    examples: Sequence[Example],
+    preds: Sequence[Any],
+    outs: Sequence[list[float]],
+    *,
+    skipped: list[str],
+    n_ctx: int,
+    precision: str | None = None,
+) -> dict[str, Any]:
     """predictions.jsonl, the submission file of an unlabeled split, and results.json (returned), written in a
     temporary folder that replaces ``out_dir`` whole once complete (earlier results survive a failed run).
     ``precision``: the one the predictions were computed in (recorded)."""
@@ -319,8 +361,14 @@ def _label_string(task: Task, pred: Any) -> str:
     return str(task.labels[pred]) if task.labels else str(pred)
 
 
-def write_predictions(path: Path, task: Task, examples: Sequence[Example], preds: Sequence[Any],
-                      outs: Sequence[list[float]], labeled: bool) -> Path:
+def write_predictions(
+    path: Path,
+    task: Task,
+    examples: Sequence[Example],
+    preds: Sequence[Any],
+    outs: Sequence[list[float]],
+    labeled: bool,
+) -> Path:
     """``predictions.jsonl``: index, uid, predicted label string (and index), gold label, head outputs."""
     lines = []
     for i, (ex, p, o) in enumerate(zip(examples, preds, outs)):
@@ -397,21 +445,42 @@ def _nothing_to_evaluate(untasked: Sequence[str | Path], given: int) -> GPT1Erro
     if len(untasked) == given:
         return GPT1Error("nothing to evaluate: give --data CORPUS_DIR for perplexity, or --task T for a task metric")
     names = ", ".join(map(str, untasked))
-    return GPT1Error(f"{names}: not fine-tuned, so no task of its own to score, unlike the fine-tuned checkpoints "
-                     f"given (give --task T to score every checkpoint on T, or evaluate {names} apart, with --data "
-                     "CORPUS_DIR for perplexity)")
+    return GPT1Error(
+        f"{names}: not fine-tuned, so no task of its own to score, unlike the fine-tuned checkpoints "
+        f"given (give --task T to score every checkpoint on T, or evaluate {names} apart, with --data "
+        "CORPUS_DIR for perplexity)"
+    )
 
 
 def _corpus_perplexities(config: EvalConfig, progress: Progress | None) -> list[dict[str, Any]]:
     """``data`` mode: :func:`corpus_perplexity` of every checkpoint, as dicts labelled like the task results."""
     assert config.data is not None
     split = config.split or "val"
-    rows = corpus_perplexity(config.checkpoint, config.data, split, batch_size=config.batch_size,
-                             seq_len=config.seq_len, device=config.device, precision=config.precision,
-                             max_batches=config.max_batches, verify=config.verify, progress=progress)
-    return [{"run": label, "checkpoint": str(row.checkpoint), "step": row.step, "data": str(config.data),
-             "split": split, "loss": row.loss, "perplexity": row.perplexity, "tokens": row.tokens}
-            for row, (_, label) in zip(rows, _labelled_checkpoints([row.checkpoint for row in rows]))]
+    rows = corpus_perplexity(
+        config.checkpoint,
+        config.data,
+        split,
+        batch_size=config.batch_size,
+        seq_len=config.seq_len,
+        device=config.device,
+        precision=config.precision,
+        max_batches=config.max_batches,
+        verify=config.verify,
+        progress=progress,
+    )
+    return [
+        {
+            "run": label,
+            "checkpoint": str(row.checkpoint),
+            "step": row.step,
+            "data": str(config.data),
+            "split": split,
+            "loss": row.loss,
+            "perplexity": row.perplexity,
+            "tokens": row.tokens,
+        }
+        for row, (_, label) in zip(rows, _labelled_checkpoints([row.checkpoint for row in rows]))
+    ]
 
 
 def _evaluate_tasks(config: EvalConfig, progress: Progress | None) -> list[dict[str, Any]]:
@@ -419,18 +488,33 @@ def _evaluate_tasks(config: EvalConfig, progress: Progress | None) -> list[dict[
     if config.data_dir is not None and len(tasks) > 1:
         raise GPT1Error("--data-dir names one task's folder; with several tasks set GPT1_DATA instead")
     split = config.split or "dev"
-    jobs = [(path, label, t or trained_task(path)) for path, label in _labelled_checkpoints(config.checkpoint)
-            for t in tasks]
-    targets = [Path(config.out) / label / f"{name}-{split}" if config.out is not None else None
-               for _, label, name in jobs]
+    jobs = [
+        (path, label, t or trained_task(path))
+        for path, label in _labelled_checkpoints(config.checkpoint)
+        for t in tasks
+    ]
+    targets = [
+        Path(config.out) / label / f"{name}-{split}" if config.out is not None else None for _, label, name in jobs
+    ]
     for (path, _, name), target in zip(jobs, targets):  # every output folder checked before any scoring
         check_out_dir(target or default_out_dir(path, name, split), path, get_task(name), config.data_dir)
     results = []
     for (path, label, name), target in zip(jobs, targets):
-        r = evaluate_task(name, path, split, data_dir=config.data_dir, out=target, batch_size=config.batch_size,
-                          device=config.device, precision=config.precision, skip_bad_rows=config.skip_bad_rows,
-                          max_examples=config.max_examples, verify=config.verify, layout=config.layout,
-                          progress=progress)
+        r = evaluate_task(
+            name,
+            path,
+            split,
+            data_dir=config.data_dir,
+            out=target,
+            batch_size=config.batch_size,
+            device=config.device,
+            precision=config.precision,
+            skip_bad_rows=config.skip_bad_rows,
+            max_examples=config.max_examples,
+            verify=config.verify,
+            layout=config.layout,
+            progress=progress,
+        )
         r["run"] = label
         results.append(r)
     return results

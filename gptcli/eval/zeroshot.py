@@ -30,9 +30,10 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from gptcli.checkpoint import atomic_directory
 from gptcli.errors import DataError, GPT1Error
@@ -81,8 +82,14 @@ def _encode(tokenizer, texts: Sequence[str]) -> list[list[int]]:
 def _score(model, requests, batch_size: int, precision: str, progress: Progress | None = None, what: str = ""):
     from gptcli.eval.scoring import score
 
-    return score(model, requests, batch_size=batch_size, precision=precision, progress=progress,  # type: ignore[arg-type]
-                 stage=f"scoring {what}" if what else "scoring")
+    return score(
+        model,
+        requests,
+        batch_size=batch_size,
+        precision=precision,
+        progress=progress,  # type: ignore[arg-type]
+        stage=f"scoring {what}" if what else "scoring",
+    )
 
 
 def _metric(name: str, preds: Sequence[int], labels: Sequence[int]) -> float:
@@ -101,7 +108,9 @@ def _fmt(x: float) -> float | None:
 # --- the heuristics ---------------------------------------------------------------------------------------------
 
 
-def sst2(model, tokenizer, examples, *, batch_size: int = 32, precision: str = "auto", progress: Progress | None = None) -> TaskResult:
+def sst2(
+    model, tokenizer, examples, *, batch_size: int = 32, precision: str = "auto", progress: Progress | None = None
+) -> TaskResult:
     """``<sentence> very`` → compare log p(positive) with log p(negative) as the next word(s).
 
     When both words are single tokens, one forward pass of ``<sentence> very`` gives both probabilities. A word
@@ -112,7 +121,9 @@ def sst2(model, tokenizer, examples, *, batch_size: int = 32, precision: str = "
 
     cue = _encode(tokenizer, [SST2_CUE])[0]
     words = _encode(tokenizer, list(SST2_WORDS))
-    split_words = [f"'{w}' = {len(ids)} tokens" for w, ids in zip((SST2_CUE, *SST2_WORDS), (cue, *words)) if len(ids) != 1]
+    split_words = [
+        f"'{w}' = {len(ids)} tokens" for w, ids in zip((SST2_CUE, *SST2_WORDS), (cue, *words)) if len(ids) != 1
+    ]
     notes = [f"multi-token words scored as full token sequences: {', '.join(split_words)}"] if split_words else []
     contexts = [ids + cue for ids in _encode(tokenizer, [ex.texts[0] for ex in examples])]
     requests = [Request.of(c, w) for c in contexts for w in words]
@@ -122,7 +133,16 @@ def sst2(model, tokenizer, examples, *, batch_size: int = 32, precision: str = "
         neg, pos = scores[2 * k], scores[2 * k + 1]
         p = int(pos.logprob > neg.logprob)
         preds.append(p)
-        preds_out.append({"uid": ex.uid, "label": ex.label, "prediction": p, "logprob_negative": neg.logprob, "logprob_positive": pos.logprob, "truncated": pos.truncated})
+        preds_out.append(
+            {
+                "uid": ex.uid,
+                "label": ex.label,
+                "prediction": p,
+                "logprob_negative": neg.logprob,
+                "logprob_positive": pos.logprob,
+                "truncated": pos.truncated,
+            }
+        )
     labels = [int(ex.label) for ex in examples]
     n_trunc = sum(p["truncated"] for p in preds_out)
     if n_trunc:
@@ -130,11 +150,22 @@ def sst2(model, tokenizer, examples, *, batch_size: int = 32, precision: str = "
     return TaskResult("sst2", "", "accuracy", _metric("accuracy", preds, labels), len(examples), preds_out, notes)
 
 
-def sentence_scores(model, tokenizer, sentences: Sequence[str], *, batch_size: int = 32, precision: str = "auto", progress: Progress | None = None, what: str = "") -> list[float]:
+def sentence_scores(
+    model,
+    tokenizer,
+    sentences: Sequence[str],
+    *,
+    batch_size: int = 32,
+    precision: str = "auto",
+    progress: Progress | None = None,
+    what: str = "",
+) -> list[float]:
     """Average token log-probability of each sentence (tokens 2…n: nothing predicts the first one)."""
     from gptcli.eval.scoring import Request
 
-    scores = _score(model, [Request.of((), ids) for ids in _encode(tokenizer, sentences)], batch_size, precision, progress, what)
+    scores = _score(
+        model, [Request.of((), ids) for ids in _encode(tokenizer, sentences)], batch_size, precision, progress, what
+    )
     # A one-token sentence has nothing scored: treat it as unsurprising (0.0, the highest possible average).
     return [s.mean if s.count else 0.0 for s in scores]
 
@@ -163,26 +194,68 @@ def fit_threshold(scores: Sequence[float], labels: Sequence[int], max_candidates
     return best_t, 100.0 * best_m
 
 
-def cola(model, tokenizer, examples, *, train_examples=None, threshold: float | None = None, batch_size: int = 32, precision: str = "auto", progress: Progress | None = None) -> TaskResult:
+def cola(
+    model,
+    tokenizer,
+    examples,
+    *,
+    train_examples=None,
+    threshold: float | None = None,
+    batch_size: int = 32,
+    precision: str = "auto",
+    progress: Progress | None = None,
+) -> TaskResult:
     """Average token log-probability per sentence, thresholded; MCC. The threshold comes from ``threshold`` or is
     fitted on ``train_examples``."""
     notes = []
     if threshold is None:
         if not train_examples:
             raise GPT1Error("cola: a threshold is needed: give --threshold or make the train split available")
-        tr = sentence_scores(model, tokenizer, [ex.texts[0] for ex in train_examples], batch_size=batch_size, precision=precision, progress=progress, what="cola (train: threshold)")
+        tr = sentence_scores(
+            model,
+            tokenizer,
+            [ex.texts[0] for ex in train_examples],
+            batch_size=batch_size,
+            precision=precision,
+            progress=progress,
+            what="cola (train: threshold)",
+        )
         threshold, train_mcc = fit_threshold(tr, [int(ex.label) for ex in train_examples])
-        notes.append(f"threshold {threshold:.4f} fitted on {len(train_examples)} train sentences (train MCC {train_mcc:.1f})")
+        notes.append(
+            f"threshold {threshold:.4f} fitted on {len(train_examples)} train sentences (train MCC {train_mcc:.1f})"
+        )
     else:
         notes.append(f"threshold {threshold:.4f} given")
-    sc = sentence_scores(model, tokenizer, [ex.texts[0] for ex in examples], batch_size=batch_size, precision=precision, progress=progress, what="cola")
+    sc = sentence_scores(
+        model,
+        tokenizer,
+        [ex.texts[0] for ex in examples],
+        batch_size=batch_size,
+        precision=precision,
+        progress=progress,
+        what="cola",
+    )
     preds = [int(v > threshold) for v in sc]
     labels = [int(ex.label) for ex in examples]
-    out = [{"uid": ex.uid, "label": ex.label, "prediction": p, "mean_logprob": v} for ex, p, v in zip(examples, preds, sc)]
+    out = [
+        {"uid": ex.uid, "label": ex.label, "prediction": p, "mean_logprob": v} for ex, p, v in zip(examples, preds, sc)
+    ]
     return TaskResult("cola", "", "mcc", _metric("mcc", preds, labels), len(examples), out, notes, threshold=threshold)
 
 
-def multiple_choice(model, tokenizer, name: str, contexts: Sequence[str | Sequence[str]], choices: Sequence[Sequence[str]], labels: Sequence[int | None], uids: Sequence[str] = (), *, batch_size: int = 32, precision: str = "auto", progress: Progress | None = None) -> TaskResult:
+def multiple_choice(
+    model,
+    tokenizer,
+    name: str,
+    contexts: Sequence[str | Sequence[str]],
+    choices: Sequence[Sequence[str]],
+    labels: Sequence[int | None],
+    uids: Sequence[str] = (),
+    *,
+    batch_size: int = 32,
+    precision: str = "auto",
+    progress: Progress | None = None,
+) -> TaskResult:
     """Pick the choice with the highest average token log-probability after its context (RACE, Story Cloze).
 
     A context given as several strings (RACE: document, question) is tokenized piece by piece and concatenated.
@@ -210,14 +283,30 @@ def multiple_choice(model, tokenizer, name: str, contexts: Sequence[str | Sequen
         valid = [(m, j) for j, m in enumerate(means) if not math.isnan(m)]
         p = max(valid, key=lambda t: (t[0], -t[1]))[1] if valid else 0
         preds.append(p)
-        out.append({"uid": uids[i] if uids else str(i), "label": labels[i], "prediction": p, "mean_logprobs": [_fmt(m) for m in means]})
+        out.append(
+            {
+                "uid": uids[i] if uids else str(i),
+                "label": labels[i],
+                "prediction": p,
+                "mean_logprobs": [_fmt(m) for m in means],
+            }
+        )
     notes = [f"{n_trunc} contexts left-truncated to fit the context window"] if n_trunc else []
     labeled = [(p, l) for p, l in zip(preds, labels) if l is not None]
     score = _metric("accuracy", [p for p, _ in labeled], [int(l) for _, l in labeled]) if labeled else float("nan")
     return TaskResult(name, "", "accuracy", score, len(preds), out, notes)
 
 
-def winograd(model, tokenizer, name: str, schemas, *, batch_size: int = 32, precision: str = "auto", progress: Progress | None = None) -> TaskResult:
+def winograd(
+    model,
+    tokenizer,
+    name: str,
+    schemas,
+    *,
+    batch_size: int = 32,
+    precision: str = "auto",
+    progress: Progress | None = None,
+) -> TaskResult:
     """Substitute each candidate for the pronoun; the higher average log-probability of the rest of the sentence
     wins. When nothing follows the pronoun, the whole substituted sentence is scored instead (noted)."""
     from gptcli.eval.scoring import Request
@@ -238,13 +327,23 @@ def winograd(model, tokenizer, name: str, schemas, *, batch_size: int = 32, prec
         a, b = scores[2 * i].mean, scores[2 * i + 1].mean
         p = int(b > a)
         preds.append(p)
-        out.append({"uid": s.uid, "source": s.source, "label": s.label, "prediction": p,
-                    "mean_logprobs": [_fmt(a), _fmt(b)], "candidates": list(s.candidates)})
+        out.append(
+            {
+                "uid": s.uid,
+                "source": s.source,
+                "label": s.label,
+                "prediction": p,
+                "mean_logprobs": [_fmt(a), _fmt(b)],
+                "candidates": list(s.candidates),
+            }
+        )
     notes = [f"{fallback} schemas end with the pronoun: whole substituted sentences scored"] if fallback else []
     n_trunc = sum(scores[2 * i].truncated or scores[2 * i + 1].truncated for i in range(len(schemas)))
     if n_trunc:
         notes.append(f"{n_trunc} schemas left-truncated to fit the context window")
-    return TaskResult(name, "", "accuracy", _metric("accuracy", preds, [s.label for s in schemas]), len(schemas), out, notes)
+    return TaskResult(
+        name, "", "accuracy", _metric("accuracy", preds, [s.label for s in schemas]), len(schemas), out, notes
+    )
 
 
 # --- zero-shot tasks: the registry's data, scored by one heuristic each --------------------------------------------
@@ -287,19 +386,27 @@ def _read_cola_train(job: _Job) -> None:
     except DataError:
         raise
     except GPT1Error as e:
-        raise GPT1Error(f"{e} — the CoLA threshold is fitted on the train split; give --threshold to skip it") \
-            from None
+        raise GPT1Error(f"{e} — the CoLA threshold is fitted on the train split; give --threshold to skip it") from None
 
 
 def _run_cola(job: _Job) -> TaskResult:
-    return cola(job.model, job.tokenizer, job.examples, train_examples=job.train, threshold=job.config.threshold,
-                **job.kw)
+    return cola(
+        job.model, job.tokenizer, job.examples, train_examples=job.train, threshold=job.config.threshold, **job.kw
+    )
 
 
 def _run_multiple_choice(job: _Job) -> TaskResult:
     exs = job.examples
-    return multiple_choice(job.model, job.tokenizer, job.name, [tuple(ex.texts) for ex in exs], [ex.choices for ex in exs],
-                           [ex.label for ex in exs], [ex.uid for ex in exs], **job.kw)
+    return multiple_choice(
+        job.model,
+        job.tokenizer,
+        job.name,
+        [tuple(ex.texts) for ex in exs],
+        [ex.choices for ex in exs],
+        [ex.label for ex in exs],
+        [ex.uid for ex in exs],
+        **job.kw,
+    )
 
 
 def _run_winograd(job: _Job) -> TaskResult:
@@ -359,8 +466,10 @@ def check_config(config: ZeroShotConfig) -> None:
         if k not in TASKS:
             raise GPT1Error(f"--split {k}=…: unknown task {k!r} (known: {', '.join(TASKS)})")
         if k not in names:  # it would be ignored without a word: a typo in --task or in the pair
-            raise GPT1Error(f"--split {k}={split}: {k} is not among the tasks run ({', '.join(names)}; add it to "
-                            "--task or drop the pair)")
+            raise GPT1Error(
+                f"--split {k}={split}: {k} is not among the tasks run ({', '.join(names)}; add it to "
+                "--task or drop the pair)"
+            )
 
 
 # --- data: everything through the task registry ------------------------------------------------------------------
@@ -414,8 +523,9 @@ def read_labeled(task: Task, split: str, data_dir: Path | None, limit: int | Non
     return examples
 
 
-def read_task(task: str, model, tokenizer, config: ZeroShotConfig, *, root: bool = False,
-              progress: Progress | None = None) -> _Job:
+def read_task(
+    task: str, model, tokenizer, config: ZeroShotConfig, *, root: bool = False, progress: Progress | None = None
+) -> _Job:
     """``task``'s split (and CoLA's train split) read through the registry, ready to score: all of a task's reading
     comes before its progress stage, so a data error is the only line a failing run prints."""
     if task not in TASKS:
@@ -424,8 +534,9 @@ def read_task(task: str, model, tokenizer, config: ZeroShotConfig, *, root: bool
     ddir = task_dir(t, config.data_dir, root)
     given = config.splits.get(task) or config.split  # a per-task override, then the split for every task
     split, note = (given, None) if given else default_split(task, t, ddir)
-    job = _Job(task, t, split, read_labeled(t, split, ddir, config.limit), model, tokenizer, config, ddir, progress,
-               note)
+    job = _Job(
+        task, t, split, read_labeled(t, split, ddir, config.limit), model, tokenizer, config, ddir, progress, note
+    )
     if TASKS[task].read_more is not None:
         TASKS[task].read_more(job)
     return job
@@ -442,8 +553,9 @@ def score_task(job: _Job) -> TaskResult:
     return res
 
 
-def run_task(task: str, model, tokenizer, config: ZeroShotConfig, *, root: bool = False,
-             progress: Progress | None = None) -> TaskResult:
+def run_task(
+    task: str, model, tokenizer, config: ZeroShotConfig, *, root: bool = False, progress: Progress | None = None
+) -> TaskResult:
     """Read ``task`` (:func:`read_task`) and score it (:func:`score_task`)."""
     return score_task(read_task(task, model, tokenizer, config, root=root, progress=progress))
 
@@ -461,12 +573,16 @@ def open_model(checkpoint: str | Path, device: str = "auto", verify: bool = True
 
     ck = load_checkpoint(checkpoint, verify=verify)
     if ck.tokenizer is None:
-        raise GPT1Error(f"{ck.path}: checkpoint has no tokenizer/ directory; zero-shot scoring needs the tokenizer it was trained with")
+        raise GPT1Error(
+            f"{ck.path}: checkpoint has no tokenizer/ directory; zero-shot scoring needs the tokenizer it was trained with"
+        )
     if ck.kind == "finetuned":
         (progress or SILENT).note(
             f"{ck.path} is fine-tuned (on {ck.meta.get('task', 'a task')}): the zero-shot heuristics are meant for "
             "pretrained language models (the paper's Figure 2); its task head is ignored and the scores say little "
-            "about either", level="warn")
+            "about either",
+            level="warn",
+        )
     model = ck.model.to(resolve_device(device)).eval()
     return model, ck.tokenizer, ck
 
@@ -475,8 +591,9 @@ def _summary(r: TaskResult) -> str:
     return f"{r.task} ({r.split}): {r.metric} {r.score:.1f} on {r.n} examples, {r.examples_per_s:.1f} examples/s"
 
 
-def evaluate(model, tokenizer, config: ZeroShotConfig, progress: Progress | None = None, *,
-             exclude: Sequence[str] = ()) -> tuple[dict[str, TaskResult], dict[str, str]]:
+def evaluate(
+    model, tokenizer, config: ZeroShotConfig, progress: Progress | None = None, *, exclude: Sequence[str] = ()
+) -> tuple[dict[str, TaskResult], dict[str, str]]:
     """Run every task of ``config.task`` (but those in ``exclude``) on an open model, one progress stage each. With
     several tasks, a task whose data is missing is skipped (a warning note; its reason returned) instead of stopping
     the others, and ``data_dir`` is the root holding every task folder; with one task it raises."""
@@ -536,14 +653,18 @@ def check_out(config: ZeroShotConfig, checkpoints: Sequence[str | Path]) -> None
         check_output(Path(config.out), "zeroshot", overwrite=True, inputs=input_paths(config, checkpoints))
 
 
-def write_results(out: str | Path, results: dict[str, TaskResult], meta: dict[str, Any], skipped: dict[str, str] | None = None) -> Path:
+def write_results(
+    out: str | Path, results: dict[str, TaskResult], meta: dict[str, Any], skipped: dict[str, str] | None = None
+) -> Path:
     """``results.json`` and ``predictions-<task>.jsonl`` in ``out``, written in a temporary folder that replaces
     ``out`` whole once complete (only earlier zero-shot results are ever replaced)."""
     d = Path(out)
     check_output(d, "zeroshot", overwrite=True)  # callers check with their inputs first; this guards the rest
     files: dict[str, str] = {}
     for name, r in results.items():
-        files[f"predictions-{name}.jsonl"] = "".join(json.dumps(json_safe(p), default=_json_default, allow_nan=False) + "\n" for p in r.predictions)
+        files[f"predictions-{name}.jsonl"] = "".join(
+            json.dumps(json_safe(p), default=_json_default, allow_nan=False) + "\n" for p in r.predictions
+        )
     body = {**meta, "tasks": {k: r.summary() for k, r in results.items()}, "skipped": skipped or {}}
     files["results.json"] = json.dumps(json_safe(body), indent=2, default=_json_default, allow_nan=False) + "\n"
 
@@ -573,7 +694,9 @@ def json_safe(o):
     return o
 
 
-def zeroshot(config: ZeroShotConfig, progress: Progress | None = None) -> tuple[dict[str, TaskResult], dict[str, str], dict[str, Any]]:
+def zeroshot(
+    config: ZeroShotConfig, progress: Progress | None = None
+) -> tuple[dict[str, TaskResult], dict[str, str], dict[str, Any]]:
     """Library entry point: open ``config.checkpoint``, run its task(s), write ``config.out`` if set.
 
     Returns ``(results, skipped, meta)`` with meta = checkpoint path, step and settings.

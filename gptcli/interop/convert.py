@@ -29,8 +29,8 @@ import torch
 from gptcli.checkpoint import Checkpoint, atomic_directory, load_checkpoint, read_header, save_checkpoint, save_tensors
 from gptcli.errors import DataError, GPT1Error
 from gptcli.interop.hf import config_from_hf, read_hf_config, state_dict_from_hf, state_dict_to_hf, write_hf_config
-from gptcli.model.gpt import GPT, ModelConfig
 from gptcli.locks import output_lock
+from gptcli.model.gpt import GPT, ModelConfig
 from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress, staged
 
@@ -38,10 +38,18 @@ FORMATS_IN = ("hf", "openai")
 FORMATS_OUT = ("hf",)
 
 _BLOCK_PARAMS = (  # the released per-block order, as Hugging Face names (Conv1D [in, out] weights)
-    "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
-    "ln_1.weight", "ln_1.bias",
-    "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias",
-    "ln_2.weight", "ln_2.bias",
+    "attn.c_attn.weight",
+    "attn.c_attn.bias",
+    "attn.c_proj.weight",
+    "attn.c_proj.bias",
+    "ln_1.weight",
+    "ln_1.bias",
+    "mlp.c_fc.weight",
+    "mlp.c_fc.bias",
+    "mlp.c_proj.weight",
+    "mlp.c_proj.bias",
+    "ln_2.weight",
+    "ln_2.bias",
 )
 
 
@@ -125,12 +133,16 @@ def _build(config: ModelConfig, hf_state: dict[str, torch.Tensor], where: Path) 
         raise GPT1Error(f"{where}: weight {e.args[0]!r} is missing") from None
     with torch.device("meta"):  # the config against the weights' shapes before the model is allocated
         expected = {k: tuple(v.shape) for k, v in GPT(config).state_dict().items()}
-    wrong = sorted(k for k in expected.keys() | ours.keys() if expected.get(k) != (tuple(ours[k].shape) if k in ours else None))
+    wrong = sorted(
+        k for k in expected.keys() | ours.keys() if expected.get(k) != (tuple(ours[k].shape) if k in ours else None)
+    )
     if wrong:
         k = wrong[0]
-        raise GPT1Error(f"{where}: weights do not match the config ({k}: the config asks for "
-                        f"{list(expected[k]) if k in expected else 'no such tensor'}, the weights have "
-                        f"{list(ours[k].shape) if k in ours else 'none'}; {len(wrong)} tensor(s) differ)")
+        raise GPT1Error(
+            f"{where}: weights do not match the config ({k}: the config asks for "
+            f"{list(expected[k]) if k in expected else 'no such tensor'}, the weights have "
+            f"{list(ours[k].shape) if k in ours else 'none'}; {len(wrong)} tensor(s) differ)"
+        )
     model = GPT(config)
     try:
         model.load_state_dict({k: v.float() for k, v in ours.items()}, strict=True)
@@ -166,7 +178,9 @@ def read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
         try:
             return torch.load(pt, map_location="cpu", weights_only=True)
         except Exception as e:
-            raise GPT1Error(f"{pt}: not loadable as plain tensors with weights_only=True ({str(e).splitlines()[0]})") from None
+            raise GPT1Error(
+                f"{pt}: not loadable as plain tensors with weights_only=True ({str(e).splitlines()[0]})"
+            ) from None
     raise GPT1Error(f"{directory}: no model.safetensors or pytorch_model.bin")
 
 
@@ -198,8 +212,10 @@ def _hf_directory(src: str | Path) -> Path:
     :func:`gptcli.interop.hub.download`), so the library only reads files."""
     d = Path(src)
     if not d.is_dir():
-        raise GPT1Error(f"{src}: not a directory (expected a Hugging Face checkpoint directory; for a Hub id use "
-                        "`gpt1 convert --from hf OWNER/NAME` or gptcli.interop.hub)")
+        raise GPT1Error(
+            f"{src}: not a directory (expected a Hugging Face checkpoint directory; for a Hub id use "
+            "`gpt1 convert --from hf OWNER/NAME` or gptcli.interop.hub)"
+        )
     return d
 
 
@@ -248,10 +264,14 @@ def read_openai_params(directory: Path) -> list[torch.Tensor]:
             " (a shard missing?)"
         )
     offsets = np.cumsum(sizes)[:-1]
-    return [torch.from_numpy(np.ascontiguousarray(a.reshape(s))).float() for a, s in zip(np.split(flat, offsets), shapes)]
+    return [
+        torch.from_numpy(np.ascontiguousarray(a.reshape(s))).float() for a, s in zip(np.split(flat, offsets), shapes)
+    ]
 
 
-def from_openai(src: str | Path, *, n_head: int = 12, tokenizer_dir: str | Path | None = None, n_special: int = 3) -> Converted:
+def from_openai(
+    src: str | Path, *, n_head: int = 12, tokenizer_dir: str | Path | None = None, n_special: int = 3
+) -> Converted:
     """The original release (``params_*.npy`` + ``params_shapes.json`` + the two BPE files) as our model.
 
     ``n_head`` is not recorded in the release (12 for GPT-1). ``n_special`` matters only for a params file saved
@@ -267,20 +287,36 @@ def from_openai(src: str | Path, *, n_head: int = 12, tokenizer_dir: str | Path 
     n_layer = len(parts.blocks) // 12
     n_embd = parts.tokens.size(1)
     if tok is None:
-        warnings = [f"{tok_dir}: no BPE files (encoder_bpe_40000.json + vocab_40000.bpe or vocab.json + merges.txt);"
-                    " the checkpoint is written without a tokenizer"]
+        warnings = [
+            f"{tok_dir}: no BPE files (encoder_bpe_40000.json + vocab_40000.bpe or vocab.json + merges.txt);"
+            " the checkpoint is written without a tokenizer"
+        ]
     else:
         warnings = []
         if tok.vocab_size != parts.tokens.size(0):
-            raise GPT1Error(f"{tok_dir}: tokenizer has {tok.vocab_size} ids but the token embedding has "
-                            f"{parts.tokens.size(0)} rows")
+            raise GPT1Error(
+                f"{tok_dir}: tokenizer has {tok.vocab_size} ids but the token embedding has {parts.tokens.size(0)} rows"
+            )
     _check_heads(n_embd, n_head, where)
     inner = parts.blocks[6].shape[-1] if n_layer else 4 * n_embd
-    config = ModelConfig(vocab_size=parts.tokens.size(0), n_special=parts.specials.size(0), n_ctx=parts.pos.size(0),
-                         n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_inner=int(inner))
+    config = ModelConfig(
+        vocab_size=parts.tokens.size(0),
+        n_special=parts.specials.size(0),
+        n_ctx=parts.pos.size(0),
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_inner=int(inner),
+    )
     model = _build(config, parts.hf_state(), where)
-    meta = {"source": {"format": "openai", "path": str(d), "layout": parts.layout,
-                       "shards": len(list(d.glob("params_*.npy")))}}
+    meta = {
+        "source": {
+            "format": "openai",
+            "path": str(d),
+            "layout": parts.layout,
+            "shards": len(list(d.glob("params_*.npy"))),
+        }
+    }
     return Converted(model, tok, meta, warnings)
 
 
@@ -291,8 +327,10 @@ def _check_heads(n_embd: int, n_head: int, where: Path) -> None:
     fits = [h for h in range(1, n_embd + 1) if n_embd % h == 0]
     # GPT-1's heads are 64 wide: suggest that count when it fits, else the divisor nearest the one given.
     guess = n_embd // 64 if n_embd % 64 == 0 else min(fits, key=lambda h: (abs(h - n_head), h))
-    raise GPT1Error(f"{where}: the model is {n_embd} wide, which --n-head {n_head} does not divide "
-                    f"(pass --n-head with a divisor of {n_embd}, e.g. --n-head {guess})")
+    raise GPT1Error(
+        f"{where}: the model is {n_embd} wide, which --n-head {n_head} does not divide "
+        f"(pass --n-head with a divisor of {n_embd}, e.g. --n-head {guess})"
+    )
 
 
 @dataclass
@@ -316,8 +354,9 @@ class _ReleaseParts:
         return state
 
 
-def _release_parts(params: list[torch.Tensor], tok: Any | None, tok_dir: Path, n_special: int,
-                   where: Path) -> _ReleaseParts:
+def _release_parts(
+    params: list[torch.Tensor], tok: Any | None, tok_dir: Path, n_special: int, where: Path
+) -> _ReleaseParts:
     """Tell the two layouts apart by their first arrays and cut the embeddings out."""
     if len(params) >= 2 and params[0].dim() == 2 and params[1].dim() == 2 and (len(params) - 2) % 12 == 0:
         pos, tokens = params[0], params[1]  # the pretrained release: positions first, then tokens
@@ -328,10 +367,13 @@ def _release_parts(params: list[torch.Tensor], tok: Any | None, tok_dir: Path, n
         we = params[0]
         n_vocab = tok.vocab_size
         if we.size(0) <= n_vocab + n_special:
-            raise DataError(where, f"first matrix has {we.size(0)} rows, too few for {n_vocab} tokens + {n_special} "
-                                   "specials + positions")
-        return _ReleaseParts(we[:n_vocab], we[n_vocab : n_vocab + n_special], we[n_vocab + n_special :], params[1:],
-                             "stacked")
+            raise DataError(
+                where,
+                f"first matrix has {we.size(0)} rows, too few for {n_vocab} tokens + {n_special} specials + positions",
+            )
+        return _ReleaseParts(
+            we[:n_vocab], we[n_vocab : n_vocab + n_special], we[n_vocab + n_special :], params[1:], "stacked"
+        )
     raise DataError(where, f"{len(params)} arrays do not match the GPT-1 layout (2 embeddings + 12 per block)")
 
 
@@ -343,8 +385,9 @@ def convert_to_checkpoint(converted: Converted, out: str | Path) -> Path:
     source = Path(str(meta.get("source", {}).get("resolved") or meta.get("source", {}).get("path") or ""))
     # The CLI checked already (with its --overwrite); this guards library callers: never replace a foreign folder.
     check_output(Path(out), "checkpoint", overwrite=True, inputs=[source] if source.parts else [])
-    return save_checkpoint(out, converted.model, converted.tokenizer, kind="lm", meta=meta,
-                           extra=lambda tmp: mark(tmp, "checkpoint"))
+    return save_checkpoint(
+        out, converted.model, converted.tokenizer, kind="lm", meta=meta, extra=lambda tmp: mark(tmp, "checkpoint")
+    )
 
 
 def to_hf(ckpt: str | Path, out: str | Path) -> tuple[Path, list[str]]:
@@ -359,8 +402,10 @@ def to_hf(ckpt: str | Path, out: str | Path) -> tuple[Path, list[str]]:
     check_output(Path(out), "hf-export", overwrite=True, inputs=[Path(ckpt)])  # library callers too
     header = read_header(ckpt)
     if header.arch != "transformer":
-        raise GPT1Error(f"{header.path}: an {header.arch} checkpoint cannot be exported (Hugging Face openai-gpt is "
-                        "the GPT-1 Transformer; only Transformer checkpoints convert)")
+        raise GPT1Error(
+            f"{header.path}: an {header.arch} checkpoint cannot be exported (Hugging Face openai-gpt is "
+            "the GPT-1 Transformer; only Transformer checkpoints convert)"
+        )
     c = load_checkpoint(ckpt)
     cfg = c.config
     if cfg.n_inner != 4 * cfg.n_embd:
@@ -395,13 +440,17 @@ def _export_warnings(c: Checkpoint) -> list[str]:
     if c.kind != "lm" or c.head_state:
         warnings.append(f"{c.path}: kind {c.kind!r}; only the language model is exported, not the task head")
     if cfg.n_special:
-        warnings.append(f"{cfg.n_special} special-token rows are exported as ids {cfg.vocab_size}…"
-                        f"{cfg.total_vocab - 1} (vocab_size {cfg.total_vocab}); the tokenizer files do not name them")
+        warnings.append(
+            f"{cfg.n_special} special-token rows are exported as ids {cfg.vocab_size}…"
+            f"{cfg.total_vocab - 1} (vocab_size {cfg.total_vocab}); the tokenizer files do not name them"
+        )
     if tok is None:
         warnings.append(f"{c.path}: the checkpoint has no tokenizer; none is exported")
     elif getattr(tok, "kind", None) not in ("openai", "sentencepiece"):
-        warnings.append(f"tokenizer kind {tok.kind!r} is not exported (only the original BPE and a learned sentencepiece "
-                        f"BPE have a Hugging Face form); keep using {c.path}/tokenizer with gpt1")
+        warnings.append(
+            f"tokenizer kind {tok.kind!r} is not exported (only the original BPE and a learned sentencepiece "
+            f"BPE have a Hugging Face form); keep using {c.path}/tokenizer with gpt1"
+        )
     return warnings
 
 

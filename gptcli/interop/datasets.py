@@ -26,8 +26,8 @@ from typing import Any, Literal
 
 from gptcli.errors import GPT1Error
 from gptcli.fsutil import move_into_place, sha256_file, temp_sibling, write_text_atomic
-from gptcli.locks import output_lock
 from gptcli.interop.hub import hub_snapshot
+from gptcli.locks import output_lock
 from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress
 from gptcli.tasks.base import data_root
@@ -102,23 +102,30 @@ def fetch(cfg: FetchConfig, progress: Progress | None = None) -> list[Fetched]:
     folders, manual = folders_for(cfg.tasks)
     out = [Fetched(folder, root / folder, "manual", how) for folder, how in manual]
     for folder in folders:
-        out.append(fetch_folder(SOURCES[folder], root, revision=cfg.revision, overwrite=cfg.overwrite,
-                                progress=report))
+        out.append(fetch_folder(SOURCES[folder], root, revision=cfg.revision, overwrite=cfg.overwrite, progress=report))
     return out
 
 
-def fetch_folder(source: Source, root: Path, *, revision: str | None = None, overwrite: bool = False,
-                 progress: Progress | None = None) -> Fetched:
+def fetch_folder(
+    source: Source,
+    root: Path,
+    *,
+    revision: str | None = None,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> Fetched:
     """Download ``source`` and write its official folder ``root/<folder>`` whole (or leave one that is there)."""
     report = progress or SILENT
     target = root / source.folder
     if _present(target) and not overwrite:
         return Fetched(source.folder, target, "present", "already there (--overwrite fetches it again)")
     if target.exists():  # ours to replace (an earlier fetch's folder, an empty one), or refused before any download
-        check_output(target, "task-data", overwrite=True, flag="task folder",
-                     owned={f.path.split("/")[0] for f in source.files})
-    snapshot = hub_snapshot(source.repo, sorted({f.hub_pattern for f in source.files}), revision=revision,
-                            repo_type="dataset")
+        check_output(
+            target, "task-data", overwrite=True, flag="task folder", owned={f.path.split("/")[0] for f in source.files}
+        )
+    snapshot = hub_snapshot(
+        source.repo, sorted({f.hub_pattern for f in source.files}), revision=revision, repo_type="dataset"
+    )
     root.mkdir(parents=True, exist_ok=True)
     with output_lock(target, wait=True):  # a second fetch of the folder waits, then finds it there
         return _write_folder(source, snapshot, target, overwrite, report)
@@ -153,8 +160,11 @@ def _write_all(source: Source, snapshot: Path, tmp: Path, report: Progress) -> d
             written = write_file(source, spec, read_split(source, spec, snapshot), tmp)
             rows[spec.path] = written.rows
             if written.cleaned:
-                report.note(f"{source.folder}/{spec.path}: {written.cleaned} texts held a tab or line break, "
-                            "written as a space (a TSV line cannot hold them)", level="warn")
+                report.note(
+                    f"{source.folder}/{spec.path}: {written.cleaned} texts held a tab or line break, "
+                    "written as a space (a TSV line cannot hold them)",
+                    level="warn",
+                )
             report.advance(1)
     finally:
         report.end(f"{sum(rows.values()):,} rows")
@@ -167,15 +177,19 @@ def read_split(source: Source, spec: OfficialFile, snapshot: Path) -> list[dict[
 
     shards = sorted((snapshot / spec.config).glob(f"{spec.split}-*.parquet"))
     if not shards:
-        raise GPT1Error(f"{source.repo}: no {spec.hub_pattern} in the downloaded snapshot {snapshot} (the Hub's "
-                        "layout changed? pin an older --revision, or get the official distribution)")
+        raise GPT1Error(
+            f"{source.repo}: no {spec.hub_pattern} in the downloaded snapshot {snapshot} (the Hub's "
+            "layout changed? pin an older --revision, or get the official distribution)"
+        )
     records: list[dict[str, Any]] = []
     for shard in shards:
         try:
             records.extend(pq.read_table(shard).to_pylist())
         except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for a damaged file
-            raise GPT1Error(f"{shard}: unreadable parquet file ({type(e).__name__}: {e}) (delete it from the Hugging "
-                            "Face cache and fetch again)") from None
+            raise GPT1Error(
+                f"{shard}: unreadable parquet file ({type(e).__name__}: {e}) (delete it from the Hugging "
+                "Face cache and fetch again)"
+            ) from None
     return records
 
 

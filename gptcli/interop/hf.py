@@ -144,8 +144,13 @@ def write_hf_config(directory: Path, cfg: ModelConfig, *, special_tokens: dict[s
     gpt1's fine-tuning tokens and their ids; GPT-1 has no BOS, EOS or padding token. (The tokenizer's files are
     :mod:`gptcli.interop.hf_tokenizer`'s.) ``directory`` is a fresh temporary directory that is renamed into place
     whole, so plain writes suffice."""
-    body = {**config_to_hf(cfg), "model_max_length": cfg.n_ctx, "bos_token_id": None, "eos_token_id": None,
-            "pad_token_id": None}
+    body = {
+        **config_to_hf(cfg),
+        "model_max_length": cfg.n_ctx,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
+    }
     if special_tokens:
         body["gpt1_special_tokens"] = special_tokens
     (directory / HF_CONFIG).write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")

@@ -41,42 +41,109 @@ EXPORTABLE = ("openai", "sentencepiece")
 HF_TOKENIZER = "tokenizer.json"
 NEWLINE = "\n"
 UNK_SURFACE = "\u2047"  # "⁇", sentencepiece's rendering of its unknown piece (tokenizers/learned.py)
-PRE_TOKENIZER = {"type": "Sequence", "pretokenizers": [
-    {"type": "Split", "pattern": {"String": " "}, "behavior": "Removed", "invert": False},
-    {"type": "Split", "pattern": {"String": NEWLINE}, "behavior": "Isolated", "invert": False}]}
+PRE_TOKENIZER = {
+    "type": "Sequence",
+    "pretokenizers": [
+        {"type": "Split", "pattern": {"String": " "}, "behavior": "Removed", "invert": False},
+        {"type": "Split", "pattern": {"String": NEWLINE}, "behavior": "Isolated", "invert": False},
+    ],
+}
 """Words at single spaces (the normalizer leaves no other), each line break a word of its own (the newline id)."""
 WORD_END = "\u2581"  # sentencepiece's "▁"
 
-_STANDARD_PUNCT = "-~!\";?+,)(/*[]}{|_"  # the released standardisation pads runs of these (tokenizers/text.py)
+_STANDARD_PUNCT = '-~!";?+,)(/*[]}{|_'  # the released standardisation pads runs of these (tokenizers/text.py)
 _CHAR_MAP = (("—", "-"), ("–", "-"), ("―", "-"), ("…", "..."), ("´", "'"))
 # ftfy's default fixes that are plain character maps: curly quotes, Latin ligatures, line breaks.
-_FTFY_MAP = (tuple((c, '"') for c in "“”„‟") + tuple((c, "'") for c in "‘’‚‛")
-             + (("ﬀ", "ff"), ("ﬁ", "fi"), ("ﬂ", "fl"), ("ﬃ", "ffi"), ("ﬄ", "ffl"), ("ﬅ", "ſt"), ("ﬆ", "st"))
-             + (("\r\n", "\n"), ("\r", "\n"), ("\u2028", "\n"), ("\u2029", "\n"), ("\x85", "\n")))
+_FTFY_MAP = (
+    tuple((c, '"') for c in "“”„‟")
+    + tuple((c, "'") for c in "‘’‚‛")
+    + (("ﬀ", "ff"), ("ﬁ", "fi"), ("ﬂ", "fl"), ("ﬃ", "ffi"), ("ﬄ", "ffl"), ("ﬅ", "ſt"), ("ﬆ", "st"))
+    + (("\r\n", "\n"), ("\r", "\n"), ("\u2028", "\n"), ("\u2029", "\n"), ("\x85", "\n"))
+)
 # Words spaCy's exception table keeps whole with their final period (the common ones in English prose).
-_ABBREVIATIONS = ("mr", "mrs", "ms", "dr", "st", "jr", "sr", "vs", "inc", "co", "ltd", "corp", "bros", "mt", "gen",
-                  "gov", "rev", "prof", "capt", "col", "lt", "sen", "rep", "jan", "feb", "aug", "sep", "sept", "oct",
-                  "nov", "dec", "adm", "messrs")
+_ABBREVIATIONS = (
+    "mr",
+    "mrs",
+    "ms",
+    "dr",
+    "st",
+    "jr",
+    "sr",
+    "vs",
+    "inc",
+    "co",
+    "ltd",
+    "corp",
+    "bros",
+    "mt",
+    "gen",
+    "gov",
+    "rev",
+    "prof",
+    "capt",
+    "col",
+    "lt",
+    "sen",
+    "rep",
+    "jan",
+    "feb",
+    "aug",
+    "sep",
+    "sept",
+    "oct",
+    "nov",
+    "dec",
+    "adm",
+    "messrs",
+)
 _PRONOUNS = ("i", "you", "he", "she", "it", "we", "they", "that", "there", "who", "what", "where", "how", "here")
-_UNITS = ("km", "m", "dm", "cm", "mm", "ha", "nm", "yd", "ft", "kg", "g", "mg", "lb", "lbs", "oz", "mph", "mb", "kb",
-          "gb", "tb", "k")
+_UNITS = (
+    "km",
+    "m",
+    "dm",
+    "cm",
+    "mm",
+    "ha",
+    "nm",
+    "yd",
+    "ft",
+    "kg",
+    "g",
+    "mg",
+    "lb",
+    "lbs",
+    "oz",
+    "mph",
+    "mb",
+    "kb",
+    "gb",
+    "tb",
+    "k",
+)
 
 # Where spaCy's English rules split a standardised word, as zero-width patterns (Oniguruma, the engine of
 # tokenizers: ``^``/``$`` match at line ends, ``\z`` at the end of the text). Case-insensitive.
 _END = r"(?:\s|$)"
 _SPACY_SPLITS = (
-    rf"(?<=\p{{L}})(?=n't{_END})", r"(?<=\bcan)(?=not\b)",  # do|n't, ca|n't, can|not
+    rf"(?<=\p{{L}})(?=n't{_END})",
+    r"(?<=\bcan)(?=not\b)",  # do|n't, ca|n't, can|not
     rf"(?<=[\p{{L}}\p{{N}}])(?='s{_END})",  # it|'s, john|'s
     *(rf"(?<=\b{w})(?='(?:m|d|ll|re|ve){_END})" for w in _PRONOUNS),  # i|'m, they|'ll (spaCy's exceptions)
     rf"(?<=[^\s'])(?='{_END})",  # dogs|'
     rf"(?<=(?:^|\s)')(?!(?:s|(?-i:d|ll|re|em|cause|bout)){_END})(?=[^\s'])",  # '|hello (spaCy keeps 's 're 'em…)
-    r"(?<=[\p{L}\p{N}%'])(?<!\.\p{L})(?<!\b\p{L})" + "".join(rf"(?<!\b(?-i:{a.title()}))" for a in _ABBREVIATIONS)
+    r"(?<=[\p{L}\p{N}%'])(?<!\.\p{L})(?<!\b\p{L})"
+    + "".join(rf"(?<!\b(?-i:{a.title()}))" for a in _ABBREVIATIONS)
     + rf"(?=\.['\"]?{_END})",  # end|.  (but U.S., e.g., E., Mr. stay whole)
-    r"(?<=[^.\s])(?=\.\.\.)", r"(?<=\.\.\.)(?=[^.\s])",  # wait|...|what
-    rf"(?<=\S)(?=:{_END})", r"(?<=\p{L})(?=:\p{L})", r"(?<=\p{L}:)(?=\p{L})",  # said|:  x|:|y
+    r"(?<=[^.\s])(?=\.\.\.)",
+    r"(?<=\.\.\.)(?=[^.\s])",  # wait|...|what
+    rf"(?<=\S)(?=:{_END})",
+    r"(?<=\p{L})(?=:\p{L})",
+    r"(?<=\p{L}:)(?=\p{L})",  # said|:  x|:|y
     r"(?<=(?:^|\s)[$£€#])(?=\S)",  # $|5
-    r"(?<=\p{N})(?=%)", rf"(?<=\p{{N}})(?=(?:{'|'.join(_UNITS)}){_END})",  # 5|%  40|km
-    r"(?<=\S)(?=[<>`=])", r"(?<=[<>`=])(?=\S)",  # <|unk|>  `|`  =|2
+    r"(?<=\p{N})(?=%)",
+    rf"(?<=\p{{N}})(?=(?:{'|'.join(_UNITS)}){_END})",  # 5|%  40|km
+    r"(?<=\S)(?=[<>`=])",
+    r"(?<=[<>`=])(?=\S)",  # <|unk|>  `|`  =|2
 )
 
 
@@ -99,15 +166,21 @@ def normalizer(cased: bool, word_end: str | None) -> dict[str, Any]:
     sentencepiece export) every word and the text then end in it."""
     steps: list[dict[str, Any]] = [{"type": "NFC"}]
     steps += [{"type": "Replace", "pattern": {"String": a}, "content": b} for a, b in _FTFY_MAP + _CHAR_MAP]
-    steps += [_regex_replace(_standardize_pattern(), " "), _regex_replace(r"[^\S\n]*\n\s*", "\n"),
-              _regex_replace(r"[^\S\n]+", " "), {"type": "Strip", "strip_left": True, "strip_right": True}]
+    steps += [
+        _regex_replace(_standardize_pattern(), " "),
+        _regex_replace(r"[^\S\n]*\n\s*", "\n"),
+        _regex_replace(r"[^\S\n]+", " "),
+        {"type": "Strip", "strip_left": True, "strip_right": True},
+    ]
     steps += [_regex_replace("(?i)" + "|".join(_SPACY_SPLITS), " "), _regex_replace(r"[^\S\n]+", " ")]
     if not cased:  # after the splits, as gpt1 lowercases spaCy's words (its exceptions are case-sensitive)
         steps.append({"type": "Lowercase"})
     if word_end:
-        steps += [{"type": "Replace", "pattern": {"String": " "}, "content": word_end + " "},
-                  {"type": "Replace", "pattern": {"String": "\n"}, "content": word_end + "\n"},
-                  _regex_replace(rf"(?<=[^\s{word_end}])\z", word_end)]
+        steps += [
+            {"type": "Replace", "pattern": {"String": " "}, "content": word_end + " "},
+            {"type": "Replace", "pattern": {"String": "\n"}, "content": word_end + "\n"},
+            _regex_replace(rf"(?<=[^\s{word_end}])\z", word_end),
+        ]
     return {"type": "Sequence", "normalizers": steps}
 
 
@@ -126,9 +199,18 @@ def sentencepiece_merges(pieces: list[str], scores: list[float]) -> list[str]:
 
 
 def _bpe(vocab: dict[str, int], merges: list[str], unk: str | None, suffix: str | None) -> dict[str, Any]:
-    return {"type": "BPE", "dropout": None, "unk_token": unk, "continuing_subword_prefix": None,
-            "end_of_word_suffix": suffix, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-            "vocab": vocab, "merges": merges}
+    return {
+        "type": "BPE",
+        "dropout": None,
+        "unk_token": unk,
+        "continuing_subword_prefix": None,
+        "end_of_word_suffix": suffix,
+        "fuse_unk": False,
+        "byte_fallback": False,
+        "ignore_merges": False,
+        "vocab": vocab,
+        "merges": merges,
+    }
 
 
 def tokenizer_json(tok: Any) -> dict[str, Any]:
@@ -157,11 +239,20 @@ def tokenizer_json(tok: Any) -> dict[str, Any]:
         model = _bpe(vocab, [f"{a} {b}" for a, b in tok.merges], unk, EOW)
         norm, suffix = normalizer(False, None), EOW
     else:
-        raise GPT1Error(f"tokenizer kind {kind!r} cannot be written as a Hugging Face tokenizer "
-                        f"(known: {', '.join(EXPORTABLE)})")
-    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": norm,
-            "pre_tokenizer": PRE_TOKENIZER, "post_processor": None,
-            "decoder": decoder(suffix, newline_spaced=kind == "openai"), "model": model}
+        raise GPT1Error(
+            f"tokenizer kind {kind!r} cannot be written as a Hugging Face tokenizer (known: {', '.join(EXPORTABLE)})"
+        )
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [],
+        "normalizer": norm,
+        "pre_tokenizer": PRE_TOKENIZER,
+        "post_processor": None,
+        "decoder": decoder(suffix, newline_spaced=kind == "openai"),
+        "model": model,
+    }
 
 
 def decoder(suffix: str, newline_spaced: bool) -> dict[str, Any]:
@@ -192,11 +283,16 @@ def write_hf_tokenizer(directory: Path, tok: Any, n_ctx: int) -> None:
         "model_max_length": n_ctx,
         **({"unk_token": unk} if unk else {}),
         "clean_up_tokenization_spaces": False,
-        "gpt1": {"kind": tok.kind, "cased": bool(getattr(tok, "cased", False)), "newline_id": newline,
-                 "special_tokens": special_token_ids(tok)},
+        "gpt1": {
+            "kind": tok.kind,
+            "cased": bool(getattr(tok, "cased", False)),
+            "newline_id": newline,
+            "special_tokens": special_token_ids(tok),
+        },
     }
     (directory / HF_TOKENIZER).write_text(json.dumps(body, ensure_ascii=False) + "\n", encoding="utf-8")
-    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n",
-                                                     encoding="utf-8")
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
     specials = {"unk_token": unk} if unk else {}
     (directory / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", encoding="utf-8")

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from gptcli.errors import GPT1Error
 from gptcli.fsutil import write_text_atomic
-from gptcli.interop.convert import ConvertConfig, ConvertResult, Converted, convert_to_checkpoint, from_hf
+from gptcli.interop.convert import ConvertConfig, Converted, ConvertResult, convert_to_checkpoint, from_hf
 from gptcli.progress import SILENT, Progress
 
 DEFAULT_MODEL = "openai-gpt"
@@ -116,7 +116,9 @@ def model_dir(hub: HubId, commit: str) -> Path:
     return _repo_dir(hub) / commit
 
 
-def resolve_checkpoint(spec: str | os.PathLike[str], *, progress: Progress | None = None) -> tuple[str, HubModel | None]:
+def resolve_checkpoint(
+    spec: str | os.PathLike[str], *, progress: Progress | None = None
+) -> tuple[str, HubModel | None]:
     """``spec`` as a local checkpoint path: itself when it is (or must be) a path, else the Hub model it names,
     converted once (:func:`fetch_model`). Returns the path and, for a Hub id, the :class:`HubModel`."""
     hub = hub_id_of(spec)
@@ -130,8 +132,9 @@ def pretrained(spec: str = DEFAULT_MODEL, *, progress: Progress | None = None) -
     """The local gpt1 checkpoint of Hub model ``spec`` (downloaded and converted on first use)."""
     hub = parse_hub_id(spec)
     if hub is None:
-        raise GPT1Error(f"{spec}: not a Hugging Face Hub model id (expected owner/name[@revision] or "
-                        f"{', '.join(SHORT_NAMES)})")
+        raise GPT1Error(
+            f"{spec}: not a Hugging Face Hub model id (expected owner/name[@revision] or {', '.join(SHORT_NAMES)})"
+        )
     return fetch_model(hub, progress=progress).path
 
 
@@ -194,8 +197,13 @@ def _convert_once(hub: HubId, snapshot: Path, target: Path, report: Progress) ->
 
 def _converted(hub: HubId, snapshot: Path, commit: str) -> Converted:
     converted = from_hf(snapshot)
-    converted.meta["source"] = {"format": "hf", "hub": hub.repo_id, "revision": hub.revision or "main",
-                                "commit": commit, "resolved": str(snapshot)}
+    converted.meta["source"] = {
+        "format": "hf",
+        "hub": hub.repo_id,
+        "revision": hub.revision or "main",
+        "commit": commit,
+        "resolved": str(snapshot),
+    }
     return converted
 
 
@@ -226,8 +234,10 @@ def hub_snapshot(repo_id: str, patterns: list[str], *, revision: str | None = No
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        raise GPT1Error(f"{repo_id}: reading from the Hugging Face Hub needs the package huggingface_hub "
-                        "(pip install huggingface_hub)") from None
+        raise GPT1Error(
+            f"{repo_id}: reading from the Hugging Face Hub needs the package huggingface_hub "
+            "(pip install huggingface_hub)"
+        ) from None
     try:
         return Path(snapshot_download(repo_id, repo_type=repo_type, revision=revision, allow_patterns=patterns))
     except Exception as e:  # noqa: BLE001 - every Hub failure becomes one line naming what to do
@@ -250,19 +260,27 @@ def _hub_error(repo_id: str, revision: str | None, repo_type: str, e: BaseExcept
     spec = repo_id + (f"@{revision}" if revision else "")
     local = "pass a local checkpoint directory" if repo_type == "model" else "get the official distribution"
     if "LocalEntryNotFoundError" in names and hf_offline():
-        return GPT1Error(f"{repo_id} is not in the Hugging Face cache and HF_HUB_OFFLINE is set (run once with a "
-                         f"network to download it, or unset HF_HUB_OFFLINE; or {local})")
+        return GPT1Error(
+            f"{repo_id} is not in the Hugging Face cache and HF_HUB_OFFLINE is set (run once with a "
+            f"network to download it, or unset HF_HUB_OFFLINE; or {local})"
+        )
     if "LocalEntryNotFoundError" in names:
-        return GPT1Error(f"{spec}: the Hugging Face Hub could not be reached and it is not in the Hugging Face cache "
-                         f"({cause}) (check the network, a proxy or HF_ENDPOINT; or {local})")
+        return GPT1Error(
+            f"{spec}: the Hugging Face Hub could not be reached and it is not in the Hugging Face cache "
+            f"({cause}) (check the network, a proxy or HF_ENDPOINT; or {local})"
+        )
     if "RevisionNotFoundError" in names:
         return GPT1Error(f"{spec}: the Hugging Face Hub has no revision {revision!r} of {repo_id}")
     if "GatedRepoError" in names:
-        return GPT1Error(f"{repo_id} is gated on the Hugging Face Hub: accept its terms on its page, then log in "
-                         "(`hf auth login`, or set HF_TOKEN)")
+        return GPT1Error(
+            f"{repo_id} is gated on the Hugging Face Hub: accept its terms on its page, then log in "
+            "(`hf auth login`, or set HF_TOKEN)"
+        )
     if "RepositoryNotFoundError" in names:
-        return GPT1Error(f"{spec}: no such local path, and no {repo_type} {repo_id} on the Hugging Face Hub (a "
-                         "private one needs `hf auth login` or HF_TOKEN)")
+        return GPT1Error(
+            f"{spec}: no such local path, and no {repo_type} {repo_id} on the Hugging Face Hub (a "
+            "private one needs `hf auth login` or HF_TOKEN)"
+        )
     if "HFValidationError" in names:
         return GPT1Error(f"{spec}: not a local path, nor a valid Hugging Face Hub id ({cause})")
     return GPT1Error(f"{spec}: download from the Hugging Face Hub failed ({type(e).__name__}: {cause})")
@@ -274,6 +292,20 @@ def describe(model: HubModel) -> str:
     return f"{model.hub.repo_id}@{model.commit[:8]} ({how}: {model.path})"
 
 
-__all__ = ["DEFAULT_MODEL", "SHORT_NAMES", "HubId", "HubModel", "convert_from_hub", "describe", "download",
-           "fetch_model", "hf_offline", "hub_id_of", "hub_snapshot", "models_root", "parse_hub_id", "pretrained", "resolve_checkpoint"]
-
+__all__ = [
+    "DEFAULT_MODEL",
+    "SHORT_NAMES",
+    "HubId",
+    "HubModel",
+    "convert_from_hub",
+    "describe",
+    "download",
+    "fetch_model",
+    "hf_offline",
+    "hub_id_of",
+    "hub_snapshot",
+    "models_root",
+    "parse_hub_id",
+    "pretrained",
+    "resolve_checkpoint",
+]

@@ -68,8 +68,9 @@ def preset(name: str, **overrides: Any) -> AnyConfig:
     given = {k: v for k, v in overrides.items() if v is not None}
     unknown = set(given) - {f.name for f in dataclasses.fields(cls)}
     if unknown:
-        raise ValueError(f"unknown model setting(s) {', '.join(sorted(unknown))} for the {arch_of(PRESETS[name])} "
-                         f"preset {name!r}")
+        raise ValueError(
+            f"unknown model setting(s) {', '.join(sorted(unknown))} for the {arch_of(PRESETS[name])} preset {name!r}"
+        )
     return dataclasses.replace(PRESETS[name], **given)
 
 
@@ -100,8 +101,14 @@ def build_model(config: AnyConfig) -> LanguageModel:
     return ARCHS[arch_of(config)][1](config)
 
 
-def new_cache(model: LanguageModel, batch_size: int = 1, *, device: Any = None,
-              dtype: torch.dtype | None = None, length: int | None = None) -> DecodeState:
+def new_cache(
+    model: LanguageModel,
+    batch_size: int = 1,
+    *,
+    device: Any = None,
+    dtype: torch.dtype | None = None,
+    length: int | None = None,
+) -> DecodeState:
     """An empty incremental-decoding state: the Transformer's KV cache (preallocated to ``length`` positions,
     default ``n_ctx``, in ``dtype`` on ``device``) or the LSTM's recurrent state (created by its first call, in the
     dtype the LSTM computes in; it has no length)."""
@@ -124,6 +131,21 @@ def repeat_cache(model: LanguageModel, cache: DecodeState, n: int) -> DecodeStat
     return big
 
 
-__all__ = ["ARCHS", "PRESETS", "TRANSFORMER", "AnyConfig", "DecodeState", "LanguageModel", "arch_of", "build_model",
-           "config_class", "config_from_dict", "dropout_fields", "new_cache", "preset", "preset_class", "with_dropout",
-           "repeat_cache"]
+__all__ = [
+    "ARCHS",
+    "PRESETS",
+    "TRANSFORMER",
+    "AnyConfig",
+    "DecodeState",
+    "LanguageModel",
+    "arch_of",
+    "build_model",
+    "config_class",
+    "config_from_dict",
+    "dropout_fields",
+    "new_cache",
+    "preset",
+    "preset_class",
+    "with_dropout",
+    "repeat_cache",
+]

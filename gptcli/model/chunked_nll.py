@@ -41,8 +41,12 @@ def applies(h: torch.Tensor, w: torch.Tensor) -> bool:
     Not fp16: its gradients are made in the forward pass, before a GradScaler's scale reaches them, and a token's
     softmax gradient over 32,768 positions (about 1e-9) is below fp16's smallest value; the plain loss's backward
     gets the scale first."""
-    return (w.device.type in CHUNKED_LOSS_DEVICES and product_dtype(w) != torch.float16
-            and torch.is_grad_enabled() and (h.requires_grad or w.requires_grad))
+    return (
+        w.device.type in CHUNKED_LOSS_DEVICES
+        and product_dtype(w) != torch.float16
+        and torch.is_grad_enabled()
+        and (h.requires_grad or w.requires_grad)
+    )
 
 
 def chunked_nll(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, chunk_rows: int = CHUNK_ROWS) -> torch.Tensor:
@@ -57,8 +61,9 @@ class _ChunkedNLL(torch.autograd.Function):
     """Loss and both gradients in the forward pass, block by block (module docstring); backward scales them."""
 
     @staticmethod
-    def forward(ctx: Any, h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, dtype: torch.dtype,
-                chunk_rows: int) -> torch.Tensor:
+    def forward(
+        ctx: Any, h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, dtype: torch.dtype, chunk_rows: int
+    ) -> torch.Tensor:
         with torch.autocast(w.device.type, enabled=False):  # explicit dtypes below
             loss, dh, dw = _blocks(h.to(dtype), pad_rows(w.to(dtype)), targets, w.size(0), chunk_rows)
         ctx.save_for_backward(dh.to(h.dtype), dw[: w.size(0)].to(w.dtype))
@@ -70,8 +75,9 @@ class _ChunkedNLL(torch.autograd.Function):
         return dh * grad.to(dh.dtype), dw * grad.to(dw.dtype), None, None, None
 
 
-def _blocks(h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, classes: int,
-            chunk_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _blocks(
+    h: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, classes: int, chunk_rows: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(mean loss, its gradient for ``h``, for the padded ``w`` in fp32) of ``h · wᵀ``'s first ``classes`` columns.
     The count of targets stays a tensor: nothing here waits on the device."""
     valid = targets != IGNORE

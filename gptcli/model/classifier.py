@@ -11,7 +11,8 @@ needs nothing from the data room.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -31,7 +32,9 @@ class FinetuneModel(nn.Module):
         self.gpt = gpt
         self.head = head
 
-    def forward(self, ids: torch.Tensor, n_seqs: int, packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, ids: torch.Tensor, n_seqs: int, packing: Packing | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(head outputs, final hidden states): the states also feed the auxiliary LM loss while training. With
         ``packing``, ``ids`` is one row of the batch's sequences end to end (``gptcli.model.packed``); packed and
         in eval mode, the states are the extract tokens' only."""

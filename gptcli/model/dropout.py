@@ -14,8 +14,9 @@ import torch.nn.functional as F
 from gptcli.model import kernels
 
 
-def dropout(x: torch.Tensor, p: float, training: bool = True,
-            noise_shape: torch.Size | tuple[int, ...] | None = None) -> torch.Tensor:
+def dropout(
+    x: torch.Tensor, p: float, training: bool = True, noise_shape: torch.Size | tuple[int, ...] | None = None
+) -> torch.Tensor:
     """``F.dropout(x, p, training)``. ``noise_shape``: one mask of that shape (1 along the shared dimensions),
     broadcast over ``x``, as the released code's multiple-choice head shares a mask between an example's answers."""
     if kernels.enabled(x.device):

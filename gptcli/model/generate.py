@@ -16,15 +16,15 @@ configured by :class:`GenerateConfig`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
 from gptcli.model.build import AnyConfig, DecodeState, LanguageModel, new_cache, repeat_cache
 from gptcli.model.kernels import config_default
-
 
 SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")
 """The settings only sampling reads: ``greedy`` ignores them."""

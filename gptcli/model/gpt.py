@@ -92,7 +92,9 @@ class KVCache:
     context length; generation passes prompt + new tokens, so a short run does not allocate and zero the whole
     context for every row)."""
 
-    def __init__(self, config: ModelConfig, batch_size: int, device=None, dtype=None, length: int | None = None) -> None:
+    def __init__(
+        self, config: ModelConfig, batch_size: int, device=None, dtype=None, length: int | None = None
+    ) -> None:
         hd = config.n_embd // config.n_head
         shape = (batch_size, config.n_head, length or config.n_ctx, hd)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.n_layer)]
@@ -117,8 +119,14 @@ class CausalSelfAttention(nn.Module):
         self.attn_pdrop = config.attn_pdrop
         self.resid_drop = Dropout(config.resid_pdrop)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
-                packing: Packing | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        packing: Packing | None = None,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The block's attention output at every position, or at positions ``rows`` of a one-row batch only (every
         position is still attended to: ``rows`` saves the output projection of the others)."""
         B, T, C = x.shape
@@ -177,8 +185,14 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0,
-                packing: Packing | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        packing: Packing | None = None,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The block's output, at positions ``rows`` of a one-row batch only when given (what a last block whose
         other states nobody reads computes: every row-wise layer after the attention runs on ``rows`` alone)."""
         a = self.attn(x, cache, layer, packing, rows)
@@ -221,8 +235,13 @@ class GPT(TiedEmbeddingLM):
             n -= self.tok_emb.weight.numel() + self.pos_emb.weight.numel()
         return n
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, packing: Packing | None = None,
-                rows: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        idx: torch.Tensor,
+        cache: KVCache | None = None,
+        packing: Packing | None = None,
+        rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Hidden states of the last block for token ids ``idx`` (B, T). With ``packing``, ``idx`` is one row of
         sequences end to end (1, N), each with its own positions and attending to itself only. ``rows`` (R,), for
         one row: return only those positions' states (1, R, d), which the last block then computes alone — an

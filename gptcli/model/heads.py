@@ -53,7 +53,7 @@ class HeadConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "HeadConfig":
+    def from_dict(cls, d: dict) -> HeadConfig:
         d = dict(d)
         if "target_range" in d:
             d["target_range"] = tuple(d["target_range"])
@@ -89,7 +89,9 @@ class TaskHead(nn.Module):
         pos = first_extract_positions(ids, self.config.extract_id)
         return hidden[torch.arange(hidden.size(0), device=hidden.device), pos]
 
-    def forward(self, hidden: torch.Tensor, ids: torch.Tensor, n_seqs: int, packing: Packing | None = None) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, ids: torch.Tensor, n_seqs: int, packing: Packing | None = None
+    ) -> torch.Tensor:
         """Logits (B, n_labels), answer scores (B, n_choices) or regression outputs (B,) in [0, 1] units."""
         return self.score(self.pooled(hidden, ids, packing), n_seqs)
 

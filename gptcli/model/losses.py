@@ -8,7 +8,8 @@ fp32 loss of its bf16 logits.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +23,14 @@ IGNORE = -100
 """Target id that contributes nothing (a window's overlap with the previous one, padding)."""
 
 
-def next_token_nll(logits: torch.Tensor, targets: torch.Tensor, *, reduction: str = "mean",
-                   classes: int | None = None, consume: bool = False) -> torch.Tensor:
+def next_token_nll(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    reduction: str = "mean",
+    classes: int | None = None,
+    consume: bool = False,
+) -> torch.Tensor:
     """Cross-entropy of ``targets`` (already shifted; ``IGNORE`` skipped) under ``logits`` of shape ``(..., V)``:
     ``F.cross_entropy`` of the fp32 logits, with ``reduction`` "mean", "sum" or "none" (0 for ignored targets).
 
@@ -43,7 +50,9 @@ def next_token_nll(logits: torch.Tensor, targets: torch.Tensor, *, reduction: st
 
 
 def lm_loss_per_sequence_packed(
-    hidden: torch.Tensor, ids: torch.Tensor, packing: "Packing",
+    hidden: torch.Tensor,
+    ids: torch.Tensor,
+    packing: Packing,
     token_nll: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> torch.Tensor:
     """:func:`lm_loss_per_sequence` of a packed row (``gptcli.model.packed``): the same targets — every token after
@@ -77,7 +86,10 @@ def lm_positions(mask: torch.Tensor) -> torch.Tensor:
 
 
 def lm_loss_per_sequence(
-    hidden: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, lm_logits: Callable[[torch.Tensor], torch.Tensor],
+    hidden: torch.Tensor,
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    lm_logits: Callable[[torch.Tensor], torch.Tensor],
     positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The released code's auxiliary LM loss, one value per sequence.

@@ -137,13 +137,18 @@ def precision_note(device_type: str, precision: str) -> str | None:
     actual = recurrent_dtype(device_type, asked)
     if asked is None or actual == asked:
         return None
-    why = ("CUDA's autocast would run it in float16 without a loss scaler" if device_type == "cuda"
-           else "this CPU's oneDNN has no bf16 LSTM")
-    return (f"the LSTM layer computes in {str(actual).removeprefix('torch.')} on {device_type} in this {precision} run "
-            f"({why}); the rest of the model runs in {precision}")
+    why = (
+        "CUDA's autocast would run it in float16 without a loss scaler"
+        if device_type == "cuda"
+        else "this CPU's oneDNN has no bf16 LSTM"
+    )
+    return (
+        f"the LSTM layer computes in {str(actual).removeprefix('torch.')} on {device_type} in this {precision} run "
+        f"({why}); the rest of the model runs in {precision}"
+    )
 
 
-def _reflatten(module: "LSTMLM", incompatible_keys) -> None:  # noqa: ARG001 (the load_state_dict hook signature)
+def _reflatten(module: LSTMLM, incompatible_keys) -> None:  # noqa: ARG001 (the load_state_dict hook signature)
     if next(module.lstm.parameters()).is_cuda:
         module.lstm.flatten_parameters()
 
@@ -161,7 +166,7 @@ class LSTMState:
         self.c: torch.Tensor | None = None
         self.pos = 0
 
-    def repeat(self, n: int) -> "LSTMState":
+    def repeat(self, n: int) -> LSTMState:
         """A state for ``n`` rows that all continue this single-row state (scoring several continuations)."""
         out = LSTMState(n)
         if self.h is not None and self.c is not None:
@@ -183,8 +188,13 @@ class LSTMLM(TiedEmbeddingLM):
         self.config = config
         self.tok_emb = nn.Embedding(config.total_vocab, config.n_embd)
         self.drop_in = Dropout(config.embd_pdrop)
-        self.lstm = nn.LSTM(config.n_embd, config.n_hidden, num_layers=config.n_layer, batch_first=True,
-                            dropout=config.out_pdrop if config.n_layer > 1 else 0.0)
+        self.lstm = nn.LSTM(
+            config.n_embd,
+            config.n_hidden,
+            num_layers=config.n_layer,
+            batch_first=True,
+            dropout=config.out_pdrop if config.n_layer > 1 else 0.0,
+        )
         self.drop_out = Dropout(config.out_pdrop)
         self.proj = nn.Linear(config.n_hidden, config.n_embd) if config.projected else None
         self.reset_parameters()
@@ -205,7 +215,7 @@ class LSTMLM(TiedEmbeddingLM):
         last layer's output); the embedding always keeps its values (the ``transfer_layers`` ablation: 0 keeps the
         embeddings only, as the released code's ``n_transfer``)."""
         c = self.config
-        bound = c.n_hidden ** -0.5
+        bound = c.n_hidden**-0.5
         for name, p in self.lstm.named_parameters():
             if int(name.rsplit("_l", 1)[1]) < keep_layers:
                 continue
@@ -246,7 +256,10 @@ class LSTMLM(TiedEmbeddingLM):
         """``self.lstm(x, state)`` in :func:`recurrent_dtype`: outside autocast, in fp32, where autocast would
         run it in another precision than the run asked for."""
         device = x.device.type
-        if torch.is_autocast_enabled(device) and recurrent_dtype(device, torch.get_autocast_dtype(device)) == torch.float32:
+        if (
+            torch.is_autocast_enabled(device)
+            and recurrent_dtype(device, torch.get_autocast_dtype(device)) == torch.float32
+        ):
             with torch.autocast(device, enabled=False):
                 state = None if state is None else (state[0].float(), state[1].float())
                 return self.lstm(x.float(), state)

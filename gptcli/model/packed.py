@@ -31,8 +31,8 @@ the same dropout masks on the prefix's positions, where separate sequences draw 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -79,7 +79,7 @@ class Packing:
     """:meth:`grid` per device, made once per batch and shared by every layer."""
 
     @staticmethod
-    def of(seqs: Sequence[Sequence[int]], extract_id: int | None = None) -> "Packing":
+    def of(seqs: Sequence[Sequence[int]], extract_id: int | None = None) -> Packing:
         """The packing of ``seqs`` end to end (host tensors); ``extract_id`` locates each sequence's first extract
         token (0 where a sequence has none: only evaluation without a head reads without one)."""
         lengths = [len(s) for s in seqs]
@@ -100,8 +100,9 @@ class Packing:
         )
 
     @staticmethod
-    def shared(prefixes: Sequence[Sequence[int]], answers: Sequence[Sequence[Sequence[int]]],
-               extract_id: int) -> tuple[list[int], "Packing"]:
+    def shared(
+        prefixes: Sequence[Sequence[int]], answers: Sequence[Sequence[Sequence[int]]], extract_id: int
+    ) -> tuple[list[int], Packing]:
         """(row ids, packing) of examples whose sequences are ``prefix + answer`` for each of their answers: every
         prefix once, followed by its answers, each answer attending to its prefix. ``extract`` lists the answers'
         extract tokens, example by example, as the padded batch's rows; the LM targets are every full sequence's
@@ -131,16 +132,23 @@ class Packing:
                 sequences.append((parent, seg))
                 counts.append(max(1, len(prefix) + len(answer) - 1))
         long = dict(dtype=torch.long)
-        return ids, Packing(lengths, torch.tensor(positions, **long), torch.tensor(extract, **long),
-                            torch.tensor(inputs, **long), torch.tensor(owners, **long),
-                            torch.tensor(counts, dtype=torch.float32), parents, torch.tensor(targets, **long),
-                            torch.tensor(sequences, **long).view(-1, 2))
+        return ids, Packing(
+            lengths,
+            torch.tensor(positions, **long),
+            torch.tensor(extract, **long),
+            torch.tensor(inputs, **long),
+            torch.tensor(owners, **long),
+            torch.tensor(counts, dtype=torch.float32),
+            parents,
+            torch.tensor(targets, **long),
+            torch.tensor(sequences, **long).view(-1, 2),
+        )
 
     @property
     def tokens(self) -> int:
         return sum(self.lengths)
 
-    def grid(self, device: torch.device) -> "Grid":
+    def grid(self, device: torch.device) -> Grid:
         """The :class:`Grid` of this row's sequences on ``device``, made once per batch for every layer."""
         if device not in self._grids:
             self._grids[device] = Grid.of(self.lengths).to(device)
@@ -154,7 +162,7 @@ class Packing:
             self._grids[key] = to_device(torch.tensor([*_starts(self.lengths), self.tokens]), device)
         return self._grids[key]
 
-    def shared_grid(self, device: torch.device) -> "SharedGrid":
+    def shared_grid(self, device: torch.device) -> SharedGrid:
         """The :class:`SharedGrid` of a shared-prefix row on ``device``, made once per batch for every layer."""
         key = ("shared", device)
         if key not in self._grids:
@@ -170,9 +178,10 @@ class Packing:
             return max(self.lengths, default=0)
         return max((n + (self.lengths[p] if p >= 0 else 0) for n, p in zip(self.lengths, self.parents)), default=0)
 
-    def to(self, device: torch.device | str) -> "Packing":
-        moved = [to_device(t, device) for t in (self.positions, self.extract, self.lm_inputs, self.lm_rows,
-                                                 self.lm_counts)]
+    def to(self, device: torch.device | str) -> Packing:
+        moved = [
+            to_device(t, device) for t in (self.positions, self.extract, self.lm_inputs, self.lm_rows, self.lm_counts)
+        ]
         shared = [None if t is None else to_device(t, device) for t in (self.lm_targets, self.sequences)]
         return Packing(self.lengths, *moved, self.parents, *shared)
 
@@ -221,13 +230,13 @@ class Grid:
     """(N,) each row token's cell in the flattened grid."""
 
     @staticmethod
-    def of(lengths: Sequence[int]) -> "Grid":
+    def of(lengths: Sequence[int]) -> Grid:
         cells = _layout(_starts(lengths), lengths, [[s] for s in range(len(lengths))])
         width = cells.size(1)
         back = [s * width + j for s, n in enumerate(lengths) for j in range(n)]
         return Grid(cells, torch.tensor(back, dtype=torch.long))
 
-    def to(self, device: torch.device) -> "Grid":
+    def to(self, device: torch.device) -> Grid:
         return Grid(self.cells.to(device), self.back.to(device))
 
 
@@ -263,7 +272,7 @@ class SharedGrid:
         return self._biases[key]
 
     @staticmethod
-    def of(lengths: Sequence[int], parents: Sequence[int]) -> "SharedGrid":
+    def of(lengths: Sequence[int], parents: Sequence[int]) -> SharedGrid:
         """The grid of a row of segments ``lengths`` whose answers name their prefix in ``parents`` (host)."""
         starts = _starts(lengths)
         roots = [s for s, p in enumerate(parents) if p < 0]
@@ -286,7 +295,7 @@ class SharedGrid:
         mask = causal & ((owner.unsqueeze(1) == -1) | (owner.unsqueeze(1) == owner.unsqueeze(2)))
         return SharedGrid(cells, mask.unsqueeze(1), back)
 
-    def to(self, device: torch.device) -> "SharedGrid":
+    def to(self, device: torch.device) -> SharedGrid:
         return SharedGrid(self.cells.to(device), self.mask.to(device), self.back.to(device))
 
 
@@ -374,8 +383,10 @@ def _jagged_attention(x: torch.Tensor, dropout: float, packing: Packing) -> torc
     ``lengths``, so that nothing reads them back from the device. Each of q, k and v is made contiguous first, the
     form the GPU probe of ``gpu_check.py`` ran."""
     offsets, lo, hi = packing.offsets(x.device), min(packing.lengths), max(packing.lengths)
-    q, k, v = (torch.nested.nested_tensor_from_jagged(t.contiguous(), offsets, min_seqlen=lo, max_seqlen=hi)
-               .transpose(1, 2) for t in x.unbind(1))
+    q, k, v = (
+        torch.nested.nested_tensor_from_jagged(t.contiguous(), offsets, min_seqlen=lo, max_seqlen=hi).transpose(1, 2)
+        for t in x.unbind(1)
+    )
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True).transpose(1, 2).values()
 
 

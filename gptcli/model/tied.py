@@ -17,7 +17,6 @@ from gptcli.model import chunked_nll, kernels
 from gptcli.model.losses import next_token_nll
 from gptcli.padding import padded_product, padded_rows
 
-
 PADDED_HEAD_DEVICES: tuple[str, ...] = ("cuda",)
 """Device types whose training losses (outside the CPU kernels, which decide for themselves) take the output product
 against the embedding padded to aligned rows (:meth:`TiedEmbeddingLM._padded_training_logits`): the same loss and,

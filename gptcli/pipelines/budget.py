@@ -16,8 +16,15 @@ import torch
 from gptcli.runtime import configure_backends
 
 
-def time_update(model_config: Any, seq_len: int, batch_size: int, device: torch.device, precision: str,
-                steps: int = 3, warmup: int = 2) -> float:
+def time_update(
+    model_config: Any,
+    seq_len: int,
+    batch_size: int,
+    device: torch.device,
+    precision: str,
+    steps: int = 3,
+    warmup: int = 2,
+) -> float:
     """Seconds per pretraining update of a ``model_config`` model here: the median of ``steps`` timed updates
     after ``warmup`` untimed ones (the first two pay for allocations and kernel selection: on a 2-core CPU the
     quickstart's model took 190 and 110 ms, then 53). Random weights and tokens: the cost of an update does not
@@ -48,8 +55,9 @@ def time_update(model_config: Any, seq_len: int, batch_size: int, device: torch.
     return timed[len(timed) // 2]
 
 
-def updates_that_fit(seconds: float, step_s: float, *, minimum: int, maximum: int | None = None,
-                     slowdown: float = 1.0) -> int:
+def updates_that_fit(
+    seconds: float, step_s: float, *, minimum: int, maximum: int | None = None, slowdown: float = 1.0
+) -> int:
     """Updates of ``step_s`` seconds that fit into ``seconds``, at least ``minimum`` (a run too short to leave the
     warmup teaches nothing) and at most ``maximum``. ``slowdown``: how much slower an update inside the run is than
     the timed one (data loading, logging)."""

@@ -19,8 +19,9 @@ set). The caller decides where the text goes::
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from gptcli.errors import GPT1Error
 from gptcli.model.generate import GenerateConfig, iter_generate, iter_generate_batch
@@ -83,8 +84,9 @@ class Generation:
         t0 = time.perf_counter()
         try:
             with use_kernels(cfg.kernels), staged(report, f"sampling {cfg.samples} continuations", steps):
-                for step in iter_generate_batch(self.model, self.ids, cfg, samples=cfg.samples,
-                                                vocab_limit=self.tokenizer.vocab_size):
+                for step in iter_generate_batch(
+                    self.model, self.ids, cfg, samples=cfg.samples, vocab_limit=self.tokenizer.vocab_size
+                ):
                     for row, token in zip(self.rows, step):
                         row.append(token)
                     report.advance(1)
@@ -101,9 +103,8 @@ def start_generation(cfg: GenerateConfig, progress: Progress | None = None) -> G
     context keeps its last ``n_ctx - 1`` tokens (one position is left to generate into) and says so as a warning
     note."""
     from gptcli.checkpoint import load_checkpoint
-    from gptcli.runtime import resolve_device
-
     from gptcli.config import check_settings
+    from gptcli.runtime import resolve_device
 
     report = progress or SILENT
     check_settings(cfg)  # one rule per number (gptcli.config.RULES): --samples 100000 is refused before any work
@@ -126,9 +127,10 @@ def start_generation(cfg: GenerateConfig, progress: Progress | None = None) -> G
         raise GPT1Error("the prompt is empty after cleaning; GPT-1 needs at least one token to continue")
     n_ctx = ckpt.config.n_ctx
     if len(ids) >= n_ctx:
-        report.note(f"prompt has {len(ids)} tokens; keeping the last {n_ctx - 1} of the {n_ctx}-token context",
-                    level="warn")
-        ids = ids[-(n_ctx - 1):]
+        report.note(
+            f"prompt has {len(ids)} tokens; keeping the last {n_ctx - 1} of the {n_ctx}-token context", level="warn"
+        )
+        ids = ids[-(n_ctx - 1) :]
     return Generation(cfg, ckpt.model, tok, device, ids)
 
 

@@ -39,9 +39,10 @@ import math
 import shutil
 import time
 import uuid
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 from gptcli.errors import GPT1Error
 from gptcli.fsutil import write_text_atomic
@@ -102,8 +103,17 @@ class QuickstartConfig:
     vocab_size: int = 3000
     """BPE vocabulary learned by prepare (GPT-1: 40,478)."""
     model: dict[str, Any] = field(
-        default_factory=lambda: {"n_layer": 3, "n_embd": 192, "n_head": 4, "n_inner": 768, "n_ctx": 128,
-                                 "embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0, "init_std": 0.06}
+        default_factory=lambda: {
+            "n_layer": 3,
+            "n_embd": 192,
+            "n_head": 4,
+            "n_inner": 768,
+            "n_ctx": 128,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+            "resid_pdrop": 0.0,
+            "init_std": 0.06,
+        }
     )
     """Overrides of the ``tiny`` preset (4 layers × 256): smaller still, so that minutes of CPU teach it something;
     no dropout (GPT-1: 0.1), which only slows learning in a run that sees its data a few times; and a wider
@@ -155,13 +165,17 @@ def check_out(cfg: QuickstartConfig) -> Path:
     if out.is_dir():
         foreign = foreign_entries(out, "quickstart")  # its outputs, marker and leftovers: outputs.OWNED
         if foreign:
-            raise GPT1Error(f"{out}: holds files quickstart did not write ({', '.join(foreign[:5])}); "
-                            "refusing to overwrite it (choose another --out)")
+            raise GPT1Error(
+                f"{out}: holds files quickstart did not write ({', '.join(foreign[:5])}); "
+                "refusing to overwrite it (choose another --out)"
+            )
     check_output(out, "quickstart", overwrite=True, inputs=[stdlib_root(cfg.stdlib)])
     # An unfinished quickstart (killed before its summary was written) is nothing to keep: run again over it.
     if out.is_dir() and any(out.iterdir()) and not cfg.overwrite and (out / "summary.json").exists():
-        raise GPT1Error(f"{out}: directory is not empty; pass --overwrite to replace an earlier quickstart there "
-                        "or choose another --out")
+        raise GPT1Error(
+            f"{out}: directory is not empty; pass --overwrite to replace an earlier quickstart there "
+            "or choose another --out"
+        )
     return out
 
 
@@ -316,17 +330,24 @@ def collect_text(run: _Stages) -> tuple[TaskText, str]:
     n_sentences, splits = task_splits(train_docs, held_docs, cfg)
     task_dir = shuffled.write_task_files(splits, run.out / "task")
     n_chars = sum(len(t) for _, t in train_docs)
-    run.numbers.update(modules=len(docs), pretrain_modules=len(train_docs), task_modules=len(held_docs),
-                       pretrain_chars=n_chars, **{f"task_{k}": len(v) for k, v in splits.items()})
+    run.numbers.update(
+        modules=len(docs),
+        pretrain_modules=len(train_docs),
+        task_modules=len(held_docs),
+        pretrain_chars=n_chars,
+        **{f"task_{k}": len(v) for k, v in splits.items()},
+    )
     run.paths.update(text=str(corpus_file), task=str(task_dir))
     return TaskText(corpus_file, task_dir, splits), (
         f"{len(train_docs)} modules ({n_chars / 1e6:.2f} M characters) for pretraining; "
         f"{len(held_docs)} held out → {n_sentences:,} task sentences, as written and shuffled: "
-        f"{len(splits['train'])}/{len(splits['dev'])}/{len(splits['test'])} train/dev/test examples")
+        f"{len(splits['train'])}/{len(splits['dev'])}/{len(splits['test'])} train/dev/test examples"
+    )
 
 
-def task_splits(train_docs: list[tuple[str, str]], held_docs: list[tuple[str, str]],
-                cfg: QuickstartConfig) -> tuple[int, dict[str, list[Any]]]:
+def task_splits(
+    train_docs: list[tuple[str, str]], held_docs: list[tuple[str, str]], cfg: QuickstartConfig
+) -> tuple[int, dict[str, list[Any]]]:
     """The toy task's rows per split from the held-out modules' prose, and how many sentences they came from."""
     from gptcli.tasks import shuffled
 
@@ -339,8 +360,10 @@ def task_splits(train_docs: list[tuple[str, str]], held_docs: list[tuple[str, st
     if cfg.max_train_examples is not None:
         splits["train"] = splits["train"][: cfg.max_train_examples]
     if min(len(v) for v in splits.values()) < 4:
-        raise GPT1Error(f"only {len(groups)} prose sentences in the held-out modules: too few for the task "
-                        "(use more modules or a larger task_fraction)")
+        raise GPT1Error(
+            f"only {len(groups)} prose sentences in the held-out modules: too few for the task "
+            "(use more modules or a larger task_fraction)"
+        )
     return len(groups), splits
 
 
@@ -350,14 +373,22 @@ def prepare_corpus(run: _Stages, text: TaskText) -> tuple[Path, str]:
 
     cfg = run.cfg
     corpus_dir = run.out / "corpus"
-    pc = PrepareConfig(inputs=[str(text.corpus_file)], out=corpus_dir, vocab_size=cfg.vocab_size, val_fraction=0.05,
-                       seed=cfg.seed, workers=cfg.workers)
+    pc = PrepareConfig(
+        inputs=[str(text.corpus_file)],
+        out=corpus_dir,
+        vocab_size=cfg.vocab_size,
+        val_fraction=0.05,
+        seed=cfg.seed,
+        workers=cfg.workers,
+    )
     prep = prepare(pc, progress=run.progress)
     st = prep.manifest["splits"]
     run.numbers.update(train_tokens=st["train"]["tokens"], val_tokens=st["val"]["tokens"], vocab_size=cfg.vocab_size)
     run.paths["corpus"] = str(corpus_dir)
-    return corpus_dir, (f"{st['train']['tokens']:,} training and {st['val']['tokens']:,} validation tokens, "
-                        f"vocabulary {cfg.vocab_size:,}")
+    return corpus_dir, (
+        f"{st['train']['tokens']:,} training and {st['val']['tokens']:,} validation tokens, "
+        f"vocabulary {cfg.vocab_size:,}"
+    )
 
 
 def pretrain_model(run: _Stages, text: TaskText, corpus_dir: Path) -> tuple[Pretrained, str]:
@@ -379,8 +410,15 @@ def pretrain_model(run: _Stages, text: TaskText, corpus_dir: Path) -> tuple[Pret
     val_arrays = corpus.arrays("val")
     torch.manual_seed(cfg.seed)  # the same initial weights pretrain() draws
     init_model = GPT(mcfg).to(device)
-    before = evaluate_lm(init_model, val_arrays, cfg.seq_len, cfg.batch_size, device=device, precision=precision,
-                         max_batches=cfg.eval_batches)
+    before = evaluate_lm(
+        init_model,
+        val_arrays,
+        cfg.seq_len,
+        cfg.batch_size,
+        device=device,
+        precision=precision,
+        max_batches=cfg.eval_batches,
+    )
     step_s = _plan_updates(run, text, pc, mcfg, device, precision, before.perplexity)
     res = pretrain(pc, progress=run.progress)
     if res.final_val_loss is None or res.last_checkpoint is None:
@@ -388,12 +426,20 @@ def pretrain_model(run: _Stages, text: TaskText, corpus_dir: Path) -> tuple[Pret
     after_ppl = math.exp(min(res.final_val_loss, 700))
     if res.step < res.total_steps:  # the deadline stopped it (pretrain() warned with the numbers)
         run.numbers["pretrain_stopped_at_deadline"] = True
-        run.progress.note(f"pretraining stopped at the quickstart's deadline after {res.step} of {res.total_steps} "
-                          f"planned updates: this machine ran slower than the timed updates promised (other "
-                          f"processes?); the quickstart keeps to its {cfg.minutes:g} minutes", level="warn")
-    run.numbers.update(pretrain_steps=res.step, update_ms=round(1000 * step_s, 1),
-                       pretrain_tokens=res.step * cfg.batch_size * cfg.seq_len, val_ppl_before=before.perplexity,
-                       val_ppl_after=after_ppl, params=sum(p.numel() for p in init_model.parameters()))
+        run.progress.note(
+            f"pretraining stopped at the quickstart's deadline after {res.step} of {res.total_steps} "
+            f"planned updates: this machine ran slower than the timed updates promised (other "
+            f"processes?); the quickstart keeps to its {cfg.minutes:g} minutes",
+            level="warn",
+        )
+    run.numbers.update(
+        pretrain_steps=res.step,
+        update_ms=round(1000 * step_s, 1),
+        pretrain_tokens=res.step * cfg.batch_size * cfg.seq_len,
+        val_ppl_before=before.perplexity,
+        val_ppl_after=after_ppl,
+        params=sum(p.numel() for p in init_model.parameters()),
+    )
     run.paths["pretrain"] = str(res.last_checkpoint)
     pre = Pretrained(res.last_checkpoint, init_model, corpus.tokenizer, device, precision)
     return pre, f"{res.step} updates; validation perplexity {before.perplexity:,.1f} → {after_ppl:,.1f}"
@@ -402,14 +448,28 @@ def pretrain_model(run: _Stages, text: TaskText, corpus_dir: Path) -> tuple[Pret
 def _pretrain_config(cfg: QuickstartConfig, corpus_dir: Path, run_dir: Path) -> Any:
     from gptcli.train.pretrain import PretrainConfig
 
-    return PretrainConfig(data=corpus_dir, out=run_dir, preset="tiny", model=dict(cfg.model), seq_len=cfg.seq_len,
-                          batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, device=cfg.device,
-                          precision=cfg.precision, kernels=cfg.kernels, eval_every=0, eval_batches=cfg.eval_batches,
-                          save_every=0, keep_last=1)
+    return PretrainConfig(
+        data=corpus_dir,
+        out=run_dir,
+        preset="tiny",
+        model=dict(cfg.model),
+        seq_len=cfg.seq_len,
+        batch_size=cfg.batch_size,
+        lr=cfg.lr,
+        seed=cfg.seed,
+        device=cfg.device,
+        precision=cfg.precision,
+        kernels=cfg.kernels,
+        eval_every=0,
+        eval_batches=cfg.eval_batches,
+        save_every=0,
+        keep_last=1,
+    )
 
 
-def _plan_updates(run: _Stages, text: TaskText, pc: Any, mcfg: Any, device: Any, precision: str,
-                  ppl_before: float) -> float:
+def _plan_updates(
+    run: _Stages, text: TaskText, pc: Any, mcfg: Any, device: Any, precision: str, ppl_before: float
+) -> float:
     """Time one update here, size pretraining to the budget (or ``pretrain_steps``), set ``pc``'s schedule;
     returns the seconds per update."""
     cfg = run.cfg
@@ -431,7 +491,8 @@ def _plan_updates(run: _Stages, text: TaskText, pc: Any, mcfg: Any, device: Any,
     run.progress.note(
         f"one update of {cfg.batch_size}×{cfg.seq_len} tokens takes {step_s * 1000:.0f} ms here → {steps} updates "
         f"(~{steps * step_s:.0f} s, {budget.epochs(steps, cfg.batch_size, cfg.seq_len, train_tokens):.1f} epochs); "
-        f"validation perplexity before pretraining {ppl_before:,.1f}")
+        f"validation perplexity before pretraining {ppl_before:,.1f}"
+    )
     return step_s
 
 
@@ -441,9 +502,11 @@ def _later_stages_seconds(cfg: QuickstartConfig, splits: dict[str, list[Any]], s
     # evaluation and zero-shot scoring forward-only, ~⅓), plus a few fixed seconds.
     n_task_tokens = sum(len(r.sentence.split()) * 1.4 + 2 for r in splits["train"])
     avg = n_task_tokens / max(1, len(splits["train"]))
-    later_tokens = (1.5 * cfg.finetune_epochs * n_task_tokens
-                    + 0.35 * avg * (cfg.finetune_epochs * len(splits["dev"]) + 2 * len(splits["test"])
-                                    + 2 * (min(len(splits["train"]), cfg.zeroshot_fit_examples) + len(splits["test"]))))
+    later_tokens = 1.5 * cfg.finetune_epochs * n_task_tokens + 0.35 * avg * (
+        cfg.finetune_epochs * len(splits["dev"])
+        + 2 * len(splits["test"])
+        + 2 * (min(len(splits["train"]), cfg.zeroshot_fit_examples) + len(splits["test"]))
+    )
     return budget.seconds_for_tokens(later_tokens, step_s, cfg.batch_size, cfg.seq_len) + 8.0
 
 
@@ -453,17 +516,31 @@ def finetune_model(run: _Stages, text: TaskText, pre: Pretrained) -> tuple[Path,
     from gptcli.train.finetune import FinetuneConfig, finetune
 
     cfg = run.cfg
-    fc = FinetuneConfig(task=shuffled.NAME, init=str(pre.checkpoint), out=str(run.out / "finetune"),
-                        data_dir=str(text.task_dir), lr=cfg.finetune_lr, batch_size=cfg.finetune_batch_size,
-                        epochs=cfg.finetune_epochs, warmup=0.05, seed=cfg.seed, n_ctx=cfg.model.get("n_ctx"),
-                        device=cfg.device, precision=cfg.precision, kernels=cfg.kernels, overwrite=True)
+    fc = FinetuneConfig(
+        task=shuffled.NAME,
+        init=str(pre.checkpoint),
+        out=str(run.out / "finetune"),
+        data_dir=str(text.task_dir),
+        lr=cfg.finetune_lr,
+        batch_size=cfg.finetune_batch_size,
+        epochs=cfg.finetune_epochs,
+        warmup=0.05,
+        seed=cfg.seed,
+        n_ctx=cfg.model.get("n_ctx"),
+        device=cfg.device,
+        precision=cfg.precision,
+        kernels=cfg.kernels,
+        overwrite=True,
+    )
     ft = finetune(fc, progress=run.progress)
     if ft.stopped_by:  # a signal: fine-tuning checkpointed and stopped, but a quickstart is all or nothing
         raise GPT1Error(f"{fc.out}: fine-tuning stopped early ({ft.stopped_by})")
     dev = ft.results["scores"]
     run.paths["finetune"] = str(ft.checkpoint)
-    return ft.checkpoint, (f"{ft.results['steps']} updates; best dev MCC {dev.get('mcc', float('nan')):.1f}, "
-                           f"accuracy {dev.get('accuracy', float('nan')):.1f}% (epoch {ft.results['epoch']})")
+    return ft.checkpoint, (
+        f"{ft.results['steps']} updates; best dev MCC {dev.get('mcc', float('nan')):.1f}, "
+        f"accuracy {dev.get('accuracy', float('nan')):.1f}% (epoch {ft.results['epoch']})"
+    )
 
 
 def evaluate_model(run: _Stages, text: TaskText, checkpoint: Path) -> tuple[None, str]:
@@ -472,21 +549,35 @@ def evaluate_model(run: _Stages, text: TaskText, checkpoint: Path) -> tuple[None
     from gptcli.tasks import shuffled
 
     cfg = run.cfg
-    ev = evaluate_task(shuffled.NAME, checkpoint, "test", data_dir=text.task_dir, out=run.out / "eval",
-                       device=cfg.device, precision=cfg.precision)
+    ev = evaluate_task(
+        shuffled.NAME,
+        checkpoint,
+        "test",
+        data_dir=text.task_dir,
+        out=run.out / "eval",
+        device=cfg.device,
+        precision=cfg.precision,
+    )
     test_labels = [r.label for r in text.splits["test"]]
     maj_label, maj_acc = _majority(test_labels)
-    run.numbers.update(finetuned_accuracy=ev["scores"]["accuracy"], finetuned_mcc=ev["scores"]["mcc"],
-                       majority_accuracy=maj_acc, majority_label=maj_label, test_examples=len(test_labels))
+    run.numbers.update(
+        finetuned_accuracy=ev["scores"]["accuracy"],
+        finetuned_mcc=ev["scores"]["mcc"],
+        majority_accuracy=maj_acc,
+        majority_label=maj_label,
+        test_examples=len(test_labels),
+    )
     run.paths["eval"] = str(run.out / "eval")
-    return None, (f"test accuracy {ev['scores']['accuracy']:.1f}% (majority class {maj_acc:.1f}%), "
-                  f"MCC {ev['scores']['mcc']:.1f}")
+    return None, (
+        f"test accuracy {ev['scores']['accuracy']:.1f}% (majority class {maj_acc:.1f}%), MCC {ev['scores']['mcc']:.1f}"
+    )
 
 
 def zeroshot_models(run: _Stages, text: TaskText, pre: Pretrained) -> tuple[None, str]:
     """Stage 6: the paper's zero-shot CoLA heuristic on the test split, before and after pretraining."""
     from gptcli.checkpoint import load_checkpoint
-    from gptcli.eval.zeroshot import cola as zeroshot_cola, write_results
+    from gptcli.eval.zeroshot import cola as zeroshot_cola
+    from gptcli.eval.zeroshot import write_results
     from gptcli.tasks import shuffled
 
     train_ex = shuffled.SHUFFLED.read("train", text.task_dir)[: run.cfg.zeroshot_fit_examples]
@@ -495,15 +586,27 @@ def zeroshot_models(run: _Stages, text: TaskText, pre: Pretrained) -> tuple[None
     pre.init_model.eval()
     zs: dict[str, Any] = {}
     for name, model in (("before", pre.init_model), ("after", after)):
-        r = zeroshot_cola(model, pre.tokenizer, test_ex, train_examples=train_ex, batch_size=64,
-                          precision=pre.precision, progress=run.progress)
+        r = zeroshot_cola(
+            model,
+            pre.tokenizer,
+            test_ex,
+            train_examples=train_ex,
+            batch_size=64,
+            precision=pre.precision,
+            progress=run.progress,
+        )
         r.task, r.split = f"{shuffled.NAME}-{name}-pretraining", "test"
         zs[name] = r
         run.numbers[f"zeroshot_mcc_{name}"] = r.score
         run.numbers[f"zeroshot_accuracy_{name}"] = _accuracy(r.predictions)
-    write_results(run.out / "zeroshot", {r.task: r for r in zs.values()},
-                  {"checkpoint": str(pre.checkpoint), "heuristic": "cola (average token log-probability, "
-                   "threshold fitted on the train split)"})
+    write_results(
+        run.out / "zeroshot",
+        {r.task: r for r in zs.values()},
+        {
+            "checkpoint": str(pre.checkpoint),
+            "heuristic": "cola (average token log-probability, threshold fitted on the train split)",
+        },
+    )
     run.paths["zeroshot"] = str(run.out / "zeroshot")
     return None, f"MCC {zs['before'].score:.1f} before pretraining → {zs['after'].score:.1f} after"
 
@@ -513,8 +616,12 @@ def write_summary(run: _Stages) -> QuickstartResult:
     from gptcli.config import to_dict
 
     run.numbers["seconds_total"] = round(time.perf_counter() - run.t_start, 1)
-    summary = {"numbers": {k: (_finite(v) if isinstance(v, float) else v) for k, v in run.numbers.items()},
-               "seconds": run.seconds, "paths": run.paths, "config": to_dict(run.cfg)}
+    summary = {
+        "numbers": {k: (_finite(v) if isinstance(v, float) else v) for k, v in run.numbers.items()},
+        "seconds": run.seconds,
+        "paths": run.paths,
+        "config": to_dict(run.cfg),
+    }
     write_text_atomic(run.out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
     return QuickstartResult(run.out, run.numbers, run.seconds, run.paths)
 
@@ -538,22 +645,40 @@ def summary_rows(numbers: dict[str, Any]) -> list[tuple[str, str, str]]:
     n = numbers
     ppl_uniform = n.get("vocab_size", 0)
     return [
-        ("validation perplexity, before pretraining", f"{n['val_ppl_before']:,.1f}",
-         f"the untrained model: of the order of the vocabulary size ({ppl_uniform:,} ids) — it knows nothing yet"),
-        ("validation perplexity, after pretraining", f"{n['val_ppl_after']:,.1f}",
-         f"after {n['pretrain_steps']:,} updates ({n['pretrain_tokens'] / 1e6:.1f} M tokens) on held-out docstrings; "
-         "lower is better (GPT-1 reached 18.4 on BooksCorpus)"),
-        ("fine-tuned test accuracy", f"{n['finetuned_accuracy']:.1f}%",
-         f"original vs word-shuffled sentences it never saw; always answering the majority class scores "
-         f"{n['majority_accuracy']:.1f}%"),
-        ("fine-tuned test MCC", f"{n['finetuned_mcc']:.1f}",
-         "Matthews correlation × 100 (CoLA's metric): 0 = chance or majority class, 100 = perfect"),
-        ("zero-shot MCC, before pretraining", f"{n['zeroshot_mcc_before']:.1f}",
-         "no fine-tuning: average token log-probability above a threshold = 'original' (the paper's CoLA "
-         "heuristic); a random model knows nothing"),
-        ("zero-shot MCC, after pretraining", f"{n['zeroshot_mcc_after']:.1f}",
-         f"the same heuristic on the pretrained model (accuracy {n['zeroshot_accuracy_after']:.1f}%): what "
-         "pretraining alone learned about word order"),
+        (
+            "validation perplexity, before pretraining",
+            f"{n['val_ppl_before']:,.1f}",
+            f"the untrained model: of the order of the vocabulary size ({ppl_uniform:,} ids) — it knows nothing yet",
+        ),
+        (
+            "validation perplexity, after pretraining",
+            f"{n['val_ppl_after']:,.1f}",
+            f"after {n['pretrain_steps']:,} updates ({n['pretrain_tokens'] / 1e6:.1f} M tokens) on held-out docstrings; "
+            "lower is better (GPT-1 reached 18.4 on BooksCorpus)",
+        ),
+        (
+            "fine-tuned test accuracy",
+            f"{n['finetuned_accuracy']:.1f}%",
+            f"original vs word-shuffled sentences it never saw; always answering the majority class scores "
+            f"{n['majority_accuracy']:.1f}%",
+        ),
+        (
+            "fine-tuned test MCC",
+            f"{n['finetuned_mcc']:.1f}",
+            "Matthews correlation × 100 (CoLA's metric): 0 = chance or majority class, 100 = perfect",
+        ),
+        (
+            "zero-shot MCC, before pretraining",
+            f"{n['zeroshot_mcc_before']:.1f}",
+            "no fine-tuning: average token log-probability above a threshold = 'original' (the paper's CoLA "
+            "heuristic); a random model knows nothing",
+        ),
+        (
+            "zero-shot MCC, after pretraining",
+            f"{n['zeroshot_mcc_after']:.1f}",
+            f"the same heuristic on the pretrained model (accuracy {n['zeroshot_accuracy_after']:.1f}%): what "
+            "pretraining alone learned about word order",
+        ),
     ]
 
 
@@ -566,5 +691,13 @@ WHAT_NEXT: tuple[tuple[str, str, str], ...] = (
 """The real commands, printed at the end of the quickstart: (command, what it does, its guide page)."""
 
 
-__all__ = ["QuickstartConfig", "QuickstartResult", "STAGES", "WHAT_NEXT", "hold_out", "quickstart",
-           "stdlib_documents", "summary_rows"]
+__all__ = [
+    "QuickstartConfig",
+    "QuickstartResult",
+    "STAGES",
+    "WHAT_NEXT",
+    "hold_out",
+    "quickstart",
+    "stdlib_documents",
+    "summary_rows",
+]

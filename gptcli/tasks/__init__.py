@@ -9,5 +9,16 @@ from __future__ import annotations
 from gptcli.tasks.base import Example, ReadOptions, Split, Task
 from gptcli.tasks.registry import FAMILIES, PAPER_ORDER, all_tasks, get_task, register, task_rows, unregister
 
-__all__ = ["FAMILIES", "PAPER_ORDER", "Example", "ReadOptions", "Split", "Task", "all_tasks", "get_task", "register",
-           "task_rows", "unregister"]
+__all__ = [
+    "FAMILIES",
+    "PAPER_ORDER",
+    "Example",
+    "ReadOptions",
+    "Split",
+    "Task",
+    "all_tasks",
+    "get_task",
+    "register",
+    "task_rows",
+    "unregister",
+]

@@ -7,9 +7,10 @@ and registers them; the training loop never branches on a task's name, only on i
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 from gptcli import guide
 from gptcli.errors import GPT1Error
@@ -146,8 +147,10 @@ class Task:
     def how_to_get(self) -> str:
         """What to do when the data is missing: the command that downloads it, or where a person gets it."""
         if self.folder in SOURCES:
-            return (f"fetch it with `gpt1 fetch {self.name}`, or get the official distribution: "
-                    f"{self.source_url or 'see ' + guide.page('datasets.md')}")
+            return (
+                f"fetch it with `gpt1 fetch {self.name}`, or get the official distribution: "
+                f"{self.source_url or 'see ' + guide.page('datasets.md')}"
+            )
         if self.folder in MANUAL:
             return MANUAL[self.folder]
         return self._where()
@@ -165,8 +168,10 @@ class Task:
             d = Path(data_dir)
             if not d.is_dir():
                 where = self._where()
-                raise GPT1Error(f"{d}: data directory for task {self.name!r} not found (expected a folder "
-                                f"{self.folder}/ holding {expected}; {where})")
+                raise GPT1Error(
+                    f"{d}: data directory for task {self.name!r} not found (expected a folder "
+                    f"{self.folder}/ holding {expected}; {where})"
+                )
             return d
         candidates = self.candidate_dirs(root)
         for d in candidates:
@@ -201,12 +206,16 @@ class Task:
                 )
             problem = None if path.is_dir() else regular_file_problem(path)
             if problem is not None:  # a FIFO would block forever, /dev/zero never ends
-                raise GPT1Error(f"{path}: {problem}; task files are read only when they are regular files "
-                                f"(put the official file there)")
+                raise GPT1Error(
+                    f"{path}: {problem}; task files are read only when they are regular files "
+                    f"(put the official file there)"
+                )
             out.extend(sp.reader(path, opts))
         if not out:  # header-only, blank or CR-only: every command refuses it alike (fine-tuning used to score nothing)
             bad = len(opts.skipped) - skipped_before
             why = f"all {bad} rows were bad and skipped" if bad else "only a header, blank lines or no line breaks"
-            raise GPT1Error(f"{d / sp.files[0]}: split {split!r} of task {self.name!r} has no examples ({why}; "
-                            f"put the official file there)")
+            raise GPT1Error(
+                f"{d / sp.files[0]}: split {split!r} of task {self.name!r} has no examples ({why}; "
+                f"put the official file there)"
+            )
         return out

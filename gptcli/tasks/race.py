@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gptcli.tasks.registry import register
 from gptcli.tasks.base import Example, ReadOptions, Split, Task
+from gptcli.tasks.registry import register
 from gptcli.tasks.rows import BadRow, label_of, nonempty, reject
 
 LETTERS = ("A", "B", "C", "D")
@@ -72,8 +72,16 @@ def read_race_file(path: Path, opts: ReadOptions, level: str) -> list[Example]:
         except BadRow as e:
             reject(path, 1, f"question {qi}: {e}", opts)
             continue
-        out.append(Example(texts=(obj["article"], q), choices=choices, label=label, uid=f"{rid}-{qi}",
-                           source=f"{path}:1", extra={"level": level, "question": qi}))
+        out.append(
+            Example(
+                texts=(obj["article"], q),
+                choices=choices,
+                label=label,
+                uid=f"{rid}-{qi}",
+                source=f"{path}:1",
+                extra={"level": level, "question": qi},
+            )
+        )
     return out
 
 
@@ -87,20 +95,37 @@ def read_race_dir(path: Path, opts: ReadOptions) -> list[Example]:
 
 
 URL = "https://www.cs.cmu.edu/~glai1/data/race/ (RACE.tar.gz, by request form)"
-NOTES = ("Truncation (ours; the paper's is unpublished; done by fine-tuning): question and answer are kept "
-         "whole and the article keeps its head, so that <s> article question $ answer <e> fits the context. "
-         "Paper score is the test set. ")
+NOTES = (
+    "Truncation (ours; the paper's is unpublished; done by fine-tuning): question and answer are kept "
+    "whole and the article keeps its head, so that <s> article question $ answer <e> fits the context. "
+    "Paper score is the test set. "
+)
 
 
 def _race(name: str, title: str, levels: tuple[str, ...], paper: float, note: str) -> None:
-    register(Task(
-        name=name, title=title, kind="multiple_choice", labels=LETTERS, metric="accuracy", folder="RACE",
-        splits={s: Split(tuple(f"{s}/{lv}" for lv in levels), read_race_dir) for s in ("train", "dev", "test")},
-        source_url=URL, paper_score=paper, n_choices=4, notes=NOTES + note,
-    ))
+    register(
+        Task(
+            name=name,
+            title=title,
+            kind="multiple_choice",
+            labels=LETTERS,
+            metric="accuracy",
+            folder="RACE",
+            splits={s: Split(tuple(f"{s}/{lv}" for lv in levels), read_race_dir) for s in ("train", "dev", "test")},
+            source_url=URL,
+            paper_score=paper,
+            n_choices=4,
+            notes=NOTES + note,
+        )
+    )
 
 
-_race("race", "RACE (all)", ("middle", "high"), 59.0, "Reads middle and high; fine-tune here, then evaluate on "
-      "race-m and race-h.")
+_race(
+    "race",
+    "RACE (all)",
+    ("middle", "high"),
+    59.0,
+    "Reads middle and high; fine-tune here, then evaluate on race-m and race-h.",
+)
 _race("race-m", "RACE middle school", ("middle",), 62.9, "Middle-school questions only.")
 _race("race-h", "RACE high school", ("high",), 57.4, "High-school questions only.")

@@ -51,10 +51,24 @@ def all_tasks(*, zero_shot: bool = False) -> list[Task]:
 
 # The paper's table order (Tables 2-4), used by ``all_tasks`` and ``--list-tasks``.
 PAPER_ORDER: tuple[str, ...] = (
-    "mnli", "mnli-mm", "snli", "scitail", "qnli", "rte", "wnli",
-    "storycloze", "race-m", "race-h", "race",
-    "cola", "sst2", "mrpc", "stsb", "qqp",
-    "dprd", "wsc",
+    "mnli",
+    "mnli-mm",
+    "snli",
+    "scitail",
+    "qnli",
+    "rte",
+    "wnli",
+    "storycloze",
+    "race-m",
+    "race-h",
+    "race",
+    "cola",
+    "sst2",
+    "mrpc",
+    "stsb",
+    "qqp",
+    "dprd",
+    "wsc",
 )
 
 
@@ -71,19 +85,21 @@ def task_rows() -> list[dict]:
     """
     rows = []
     for t in all_tasks():
-        rows.append({
-            "name": t.name,
-            "title": t.title,
-            "kind": t.kind,
-            "transformation": t.transformation,
-            "labels": ", ".join(t.labels) if t.labels else "score in [0, 5]",
-            "metric": " / ".join((t.metric, *t.extra_metrics)),
-            "paper": t.paper_score,
-            "location": f"$GPT1_DATA/{t.folder}",
-            "files": ", ".join(t.files),
-            "splits": ", ".join(t.splits),
-            "source": t.source_url,
-        })
+        rows.append(
+            {
+                "name": t.name,
+                "title": t.title,
+                "kind": t.kind,
+                "transformation": t.transformation,
+                "labels": ", ".join(t.labels) if t.labels else "score in [0, 5]",
+                "metric": " / ".join((t.metric, *t.extra_metrics)),
+                "paper": t.paper_score,
+                "location": f"$GPT1_DATA/{t.folder}",
+                "files": ", ".join(t.files),
+                "splits": ", ".join(t.splits),
+                "source": t.source_url,
+            }
+        )
     return rows
 
 
@@ -96,10 +112,24 @@ def get_task(name: str, *, zero_shot: bool = False) -> Task:
     if task is not None and (zero_shot or task.finetunable):
         return task
     if task is not None:
-        raise GPT1Error(f"task {name!r} is scored zero-shot only: the paper gives {task.title} no fine-tuning "
-                        f"transformation (use `gpt1 zeroshot --task {key}`)")
+        raise GPT1Error(
+            f"task {name!r} is scored zero-shot only: the paper gives {task.title} no fine-tuning "
+            f"transformation (use `gpt1 zeroshot --task {key}`)"
+        )
     known = sorted(n for n, t in _REGISTRY.items() if zero_shot or t.finetunable)
     raise GPT1Error(f"unknown task {name!r} (known: {', '.join(known)}; see `gpt1 finetune --list-tasks`)")
 
 
-__all__ = ["FAMILIES", "PAPER_ORDER", "Example", "ReadOptions", "Split", "Task", "all_tasks", "get_task", "register", "task_rows", "unregister"]
+__all__ = [
+    "FAMILIES",
+    "PAPER_ORDER",
+    "Example",
+    "ReadOptions",
+    "Split",
+    "Task",
+    "all_tasks",
+    "get_task",
+    "register",
+    "task_rows",
+    "unregister",
+]

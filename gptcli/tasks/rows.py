@@ -79,8 +79,12 @@ def column_index(path: Path, header: list[str], line: int) -> dict[str, int]:
     col: dict[str, int] = {}
     for i, name in enumerate(header):
         if name in col:
-            raise DataError(path, f"the header repeats column {name!r} (columns {col[name] + 1} and {i + 1}); "
-                                  "which one holds the data is ambiguous (rename or remove one)", line)
+            raise DataError(
+                path,
+                f"the header repeats column {name!r} (columns {col[name] + 1} and {i + 1}); "
+                "which one holds the data is ambiguous (rename or remove one)",
+                line,
+            )
         col[name] = i
     return col
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gptcli.tasks.registry import register
 from gptcli.tasks.base import Example, ReadOptions, Split, Task
+from gptcli.tasks.registry import register
 from gptcli.tasks.rows import BadRow, check_columns, iter_tsv, label_of, nonempty, reject
 
 LABELS = ("entails", "neutral")
@@ -29,12 +29,18 @@ def read_scitail_tsv(path: Path, opts: ReadOptions) -> list[Example]:
     return out
 
 
-register(Task(
-    name="scitail", title="SciTail (science entailment)", kind="entailment", labels=LABELS, metric="accuracy",
-    folder="SciTailV1.1",
-    splits={s: Split((f"tsv_format/scitail_1.0_{s}.tsv",), read_scitail_tsv) for s in ("train", "dev", "test")},
-    source_url="https://allenai.org/data/scitail (http://data.allenai.org.s3.amazonaws.com/downloads/SciTailV1.1.zip)",
-    paper_score=88.3,
-    notes="Truncation (done by fine-tuning): the longer of premise/hypothesis loses tokens from its end until "
-          "<s> premise $ hypothesis <e> fits; sentences are short. Paper score is the test set.",
-))
+register(
+    Task(
+        name="scitail",
+        title="SciTail (science entailment)",
+        kind="entailment",
+        labels=LABELS,
+        metric="accuracy",
+        folder="SciTailV1.1",
+        splits={s: Split((f"tsv_format/scitail_1.0_{s}.tsv",), read_scitail_tsv) for s in ("train", "dev", "test")},
+        source_url="https://allenai.org/data/scitail (http://data.allenai.org.s3.amazonaws.com/downloads/SciTailV1.1.zip)",
+        paper_score=88.3,
+        notes="Truncation (done by fine-tuning): the longer of premise/hypothesis loses tokens from its end until "
+        "<s> premise $ hypothesis <e> fits; sentences are short. Paper score is the test set.",
+    )
+)

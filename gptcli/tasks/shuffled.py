@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 from gptcli.tasks.base import Split, Task
 from gptcli.tasks.glue import read_cola
@@ -124,7 +124,9 @@ def make_rows(sentences: Iterable[tuple[str, str]], seed: int) -> list[list[Task
     return groups
 
 
-def split_rows(groups: Sequence[Sequence[TaskRow]], fractions: tuple[float, float, float] = (0.6, 0.1, 0.3)) -> dict[str, list[TaskRow]]:
+def split_rows(
+    groups: Sequence[Sequence[TaskRow]], fractions: tuple[float, float, float] = (0.6, 0.1, 0.3)
+) -> dict[str, list[TaskRow]]:
     """Consecutive train/dev/test slices of the groups of :func:`make_rows` (already shuffled), flattened."""
     n = len(groups)
     n_train = int(fractions[0] * n)
@@ -142,7 +144,9 @@ def write_task_files(splits: dict[str, Sequence[TaskRow]], directory: str | Path
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     for name, rows in splits.items():
-        lines = [f"{_clean(r.source) or '-'}\t{r.label}\t{'' if r.label else '*'}\t{_clean(r.sentence)}\n" for r in rows]
+        lines = [
+            f"{_clean(r.source) or '-'}\t{r.label}\t{'' if r.label else '*'}\t{_clean(r.sentence)}\n" for r in rows
+        ]
         (d / f"{name}.tsv").write_text("".join(lines), encoding="utf-8")
     return d
 
@@ -150,8 +154,8 @@ def write_task_files(splits: dict[str, Sequence[TaskRow]], directory: str | Path
 @contextmanager
 def registered(task: Task = SHUFFLED) -> Iterator[Task]:
     """Make ``task`` visible to :func:`gptcli.tasks.get_task` inside the block (a no-op if it already is)."""
-    from gptcli.tasks import registry
     from gptcli.errors import GPT1Error
+    from gptcli.tasks import registry
 
     try:
         registry.get_task(task.name)
@@ -170,5 +174,14 @@ def registered(task: Task = SHUFFLED) -> Iterator[Task]:
         registry.unregister(task.name)
 
 
-__all__ = ["NAME", "SHUFFLED", "TaskRow", "make_rows", "prose_sentences", "registered", "shuffle_words",
-           "split_rows", "write_task_files"]
+__all__ = [
+    "NAME",
+    "SHUFFLED",
+    "TaskRow",
+    "make_rows",
+    "prose_sentences",
+    "registered",
+    "shuffle_words",
+    "split_rows",
+    "write_task_files",
+]

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gptcli.tasks.registry import register
 from gptcli.tasks.base import Example, ReadOptions, Split, Task
 from gptcli.tasks.glue import NLI3
+from gptcli.tasks.registry import register
 from gptcli.tasks.rows import BadRow, iter_lines, label_of, nonempty, reject
 
 
@@ -46,18 +46,31 @@ def read_snli_jsonl(path: Path, opts: ReadOptions) -> list[Example]:
         except BadRow as e:
             reject(path, n, str(e), opts)
             continue
-        out.append(Example(texts=texts, label=label, uid=str(obj.get("pairID", n)), source=f"{path}:{n}",
-                           extra={"captionID": obj.get("captionID", "")}))
+        out.append(
+            Example(
+                texts=texts,
+                label=label,
+                uid=str(obj.get("pairID", n)),
+                source=f"{path}:{n}",
+                extra={"captionID": obj.get("captionID", "")},
+            )
+        )
     return out
 
 
-register(Task(
-    name="snli", title="SNLI (Stanford NLI)", kind="entailment", labels=NLI3, metric="accuracy",
-    folder="snli_1.0",
-    splits={s: Split((f"snli_1.0_{s}.jsonl",), read_snli_jsonl) for s in ("train", "dev", "test")},
-    source_url="https://nlp.stanford.edu/projects/snli/snli_1.0.zip",
-    paper_score=89.9,
-    notes="Truncation (done by fine-tuning): the longer of premise/hypothesis loses tokens from its end until "
-          "<s> premise $ hypothesis <e> fits; captions are short, so it never triggers at 512. "
-          "gold_label '-' rows are left out by rule (counted). Paper score is the public test set.",
-))
+register(
+    Task(
+        name="snli",
+        title="SNLI (Stanford NLI)",
+        kind="entailment",
+        labels=NLI3,
+        metric="accuracy",
+        folder="snli_1.0",
+        splits={s: Split((f"snli_1.0_{s}.jsonl",), read_snli_jsonl) for s in ("train", "dev", "test")},
+        source_url="https://nlp.stanford.edu/projects/snli/snli_1.0.zip",
+        paper_score=89.9,
+        notes="Truncation (done by fine-tuning): the longer of premise/hypothesis loses tokens from its end until "
+        "<s> premise $ hypothesis <e> fits; captions are short, so it never triggers at 512. "
+        "gold_label '-' rows are left out by rule (counted). Paper score is the public test set.",
+    )
+)

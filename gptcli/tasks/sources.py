@@ -78,42 +78,81 @@ class Source:
 
 
 GLUE_REPO = "nyu-mll/glue"
-NLI_HUB = ("entailment", "neutral", "contradiction")  # the Hub's class ids for MNLI and SNLI (GLUE's files order them differently)
-MNLI_IDS = ("index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
-            "sentence1_parse", "sentence2_parse", "sentence1", "sentence2")
+NLI_HUB = (
+    "entailment",
+    "neutral",
+    "contradiction",
+)  # the Hub's class ids for MNLI and SNLI (GLUE's files order them differently)
+MNLI_IDS = (
+    "index",
+    "promptID",
+    "pairID",
+    "genre",
+    "sentence1_binary_parse",
+    "sentence2_binary_parse",
+    "sentence1_parse",
+    "sentence2_parse",
+    "sentence1",
+    "sentence2",
+)
 STSB = ("index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2")
 MRPC = ("#1 ID", "#2 ID", "#1 String", "#2 String")
 
 
-def _glue(folder: str, config: str, counts: tuple[int, int, int], columns: tuple[str, ...], test: tuple[str, ...],
-          fields: dict[str, str], label: str, labels: tuple[str, ...] | None, **kw: Any) -> Source:
+def _glue(
+    folder: str,
+    config: str,
+    counts: tuple[int, int, int],
+    columns: tuple[str, ...],
+    test: tuple[str, ...],
+    fields: dict[str, str],
+    label: str,
+    labels: tuple[str, ...] | None,
+    **kw: Any,
+) -> Source:
     """A GLUE task with ``train.tsv``, ``dev.tsv`` and ``test.tsv`` (``kw``: options of train/dev)."""
     train, dev, tst = counts
-    files = (OfficialFile("train.tsv", config, "train", train, columns, **kw),
-             OfficialFile("dev.tsv", config, "validation", dev, columns, **kw),
-             OfficialFile("test.tsv", config, "test", tst, test))
+    files = (
+        OfficialFile("train.tsv", config, "train", train, columns, **kw),
+        OfficialFile("dev.tsv", config, "validation", dev, columns, **kw),
+        OfficialFile("test.tsv", config, "test", tst, test),
+    )
     return Source(folder, GLUE_REPO, "glue", files, {"index": "idx", **fields}, label, labels)
 
 
 def _mnli() -> Source:
     train = (*MNLI_IDS, "label1", "gold_label")
     dev = (*MNLI_IDS, "label1", "label2", "label3", "label4", "label5", "gold_label")
-    files = (OfficialFile("train.tsv", "mnli", "train", 392702, train),
-             OfficialFile("dev_matched.tsv", "mnli", "validation_matched", 9815, dev),
-             OfficialFile("dev_mismatched.tsv", "mnli", "validation_mismatched", 9832, dev),
-             OfficialFile("test_matched.tsv", "mnli", "test_matched", 9796, MNLI_IDS),
-             OfficialFile("test_mismatched.tsv", "mnli", "test_mismatched", 9847, MNLI_IDS))
-    return Source("MNLI", GLUE_REPO, "glue", files, {"index": "idx", "sentence1": "premise", "sentence2": "hypothesis"},
-                  "gold_label", NLI_HUB)
+    files = (
+        OfficialFile("train.tsv", "mnli", "train", 392702, train),
+        OfficialFile("dev_matched.tsv", "mnli", "validation_matched", 9815, dev),
+        OfficialFile("dev_mismatched.tsv", "mnli", "validation_mismatched", 9832, dev),
+        OfficialFile("test_matched.tsv", "mnli", "test_matched", 9796, MNLI_IDS),
+        OfficialFile("test_mismatched.tsv", "mnli", "test_mismatched", 9847, MNLI_IDS),
+    )
+    return Source(
+        "MNLI",
+        GLUE_REPO,
+        "glue",
+        files,
+        {"index": "idx", "sentence1": "premise", "sentence2": "hypothesis"},
+        "gold_label",
+        NLI_HUB,
+    )
 
 
 def _race() -> Source:
-    counts = {"train": {"middle": (25421, 6409), "high": (62445, 18728)},
-              "dev": {"middle": (1436, 368), "high": (3451, 1021)},
-              "test": {"middle": (1436, 362), "high": (3498, 1045)}}
+    counts = {
+        "train": {"middle": (25421, 6409), "high": (62445, 18728)},
+        "dev": {"middle": (1436, 368), "high": (3451, 1021)},
+        "test": {"middle": (1436, 362), "high": (3498, 1045)},
+    }
     hub_split = {"train": "train", "dev": "validation", "test": "test"}
-    files = tuple(OfficialFile(f"{s}/{lv}", lv, hub_split[s], q, passages=p)
-                  for s, levels in counts.items() for lv, (q, p) in levels.items())
+    files = tuple(
+        OfficialFile(f"{s}/{lv}", lv, hub_split[s], q, passages=p)
+        for s, levels in counts.items()
+        for lv, (q, p) in levels.items()
+    )
     return Source("RACE", "ehovy/race", "race", files)
 
 
@@ -122,6 +161,7 @@ def _sources() -> dict[str, Source]:
     1.0; SciTail 1.1's tsv_format; RACE paper Table 2 — questions and passages per level)."""
     binary, nli2 = ("0", "1"), ("entailment", "not_entailment")
     pair = {"sentence1": "sentence1", "sentence2": "sentence2"}
+    # fmt: off
     sources = [
         _glue("CoLA", "cola", (8551, 1043, 1063), ("source", "label", "star", "sentence"), ("index", "sentence"),
               {"sentence": "sentence"}, "label", binary, header=False),
@@ -150,6 +190,7 @@ def _sources() -> dict[str, Source]:
             for s, h, n in (("train", "train", 23097), ("dev", "validation", 1304), ("test", "test", 2126)))),
         _race(),
     ]
+    # fmt: on
     return {s.folder: s for s in sources}
 
 
@@ -158,8 +199,8 @@ SOURCES: dict[str, Source] = _sources()
 
 MANUAL: dict[str, str] = {
     "storycloze": "Story Cloze is given out through a request form, not on the Hub: fill it in at "
-                  "https://cs.rochester.edu/nlp/rocstories/ and put the spring 2016 val and test CSVs in "
-                  "<data root>/storycloze/",
+    "https://cs.rochester.edu/nlp/rocstories/ and put the spring 2016 val and test CSVs in "
+    "<data root>/storycloze/",
 }
 """Folders a person must ask for, and how (the others that cannot be fetched name their source in the task)."""
 
@@ -196,9 +237,11 @@ def check_count(source: Source, spec: OfficialFile, n: int, what: str, expected:
     """The download's size against the official release's: a truncated or changed file is an error."""
     want = spec.rows if expected is None else expected
     if n != want:
-        raise GPT1Error(f"{source.repo} ({spec.config}/{spec.split}) has {n:,} {what} where the official "
-                        f"{source.folder}/{spec.path} has {want:,}: a truncated or changed download; nothing was "
-                        "written (try again, or pin a --revision)")
+        raise GPT1Error(
+            f"{source.repo} ({spec.config}/{spec.split}) has {n:,} {what} where the official "
+            f"{source.folder}/{spec.path} has {want:,}: a truncated or changed download; nothing was "
+            "written (try again, or pin a --revision)"
+        )
 
 
 def _clean(text: Any, done: Written) -> str:
@@ -250,8 +293,9 @@ def _snli_lines(source: Source, spec: OfficialFile, rows: list[dict[str, Any]]) 
 
     def line(r: dict[str, Any]) -> str:
         gold = "-" if int(r["label"]) < 0 else _label(source, r["label"], spec.path)
-        return json.dumps({"gold_label": gold, "sentence1": r["premise"], "sentence2": r["hypothesis"]},
-                          ensure_ascii=False)
+        return json.dumps(
+            {"gold_label": gold, "sentence1": r["premise"], "sentence2": r["hypothesis"]}, ensure_ascii=False
+        )
 
     return (line(r) for r in rows), Written(rows=len(rows))
 
@@ -262,8 +306,10 @@ def _write_race(spec: OfficialFile, rows: list[dict[str, Any]], out: Path) -> Wr
     _require(source, spec, rows, ["example_id", "article", "question", "options", "answer"])
     passages: dict[str, dict[str, Any]] = {}
     for r in rows:
-        p = passages.setdefault(r["example_id"], {"answers": [], "options": [], "questions": [],
-                                                   "article": r["article"], "id": r["example_id"]})
+        p = passages.setdefault(
+            r["example_id"],
+            {"answers": [], "options": [], "questions": [], "article": r["article"], "id": r["example_id"]},
+        )
         p["answers"].append(r["answer"])
         p["options"].append(list(r["options"]))
         p["questions"].append(r["question"])
@@ -272,7 +318,7 @@ def _write_race(spec: OfficialFile, rows: list[dict[str, Any]], out: Path) -> Wr
     level = out.name
     out.mkdir(parents=True, exist_ok=True)
     for pid, obj in passages.items():
-        name = pid[len(level):] if pid.startswith(level) else pid
+        name = pid[len(level) :] if pid.startswith(level) else pid
         if not name.endswith(".txt"):
             name += ".txt"
         (out / Path(name).name).write_text(json.dumps(obj, ensure_ascii=False), encoding="utf-8")
@@ -285,9 +331,11 @@ def _require(source: Source, spec: OfficialFile, rows: list[dict[str, Any]], col
         return
     missing = [c for c in columns if c not in rows[0]]
     if missing:
-        raise GPT1Error(f"{source.repo} ({spec.config}/{spec.split}) has columns {', '.join(rows[0])}, not "
-                        f"{', '.join(missing)}: the Hub's copy changed (pin an older --revision, or fetch the "
-                        "official distribution)")
+        raise GPT1Error(
+            f"{source.repo} ({spec.config}/{spec.split}) has columns {', '.join(rows[0])}, not "
+            f"{', '.join(missing)}: the Hub's copy changed (pin an older --revision, or fetch the "
+            "official distribution)"
+        )
 
 
 __all__ = ["MANUAL", "SOURCES", "OfficialFile", "Source", "Written", "check_count", "write_file"]

@@ -19,8 +19,8 @@ import io
 from pathlib import Path
 
 from gptcli.errors import DataError
-from gptcli.tasks.registry import register
 from gptcli.tasks.base import Example, ReadOptions, Split, Task
+from gptcli.tasks.registry import register
 from gptcli.tasks.rows import BadRow, column_index, label_of, nonempty, reject
 
 VAL_FILE = "cloze_test_val__spring2016 - cloze_test_ALL_val.csv"
@@ -75,8 +75,16 @@ def _read_csv(path: Path, opts: ReadOptions) -> tuple[list[Example], int, list[t
             except BadRow as e:
                 bad.append((k, start, str(e)))
                 continue
-            out.append(Example(texts=(" ".join(sents),), choices=choices, label=label,
-                               uid=row[col["InputStoryid"]], source=f"{path}:{start}", extra={"row": k}))
+            out.append(
+                Example(
+                    texts=(" ".join(sents),),
+                    choices=choices,
+                    label=label,
+                    uid=row[col["InputStoryid"]],
+                    source=f"{path}:{start}",
+                    extra={"row": k},
+                )
+            )
     except csv.Error as e:
         raise DataError(path, f"malformed CSV ({e})", reader.line_num) from None
     return out, k + 1, bad
@@ -116,20 +124,27 @@ def _split_reader(part: int):
     return read
 
 
-register(Task(
-    name="storycloze", title="Story Cloze Test (2016)", kind="multiple_choice", labels=LABELS, metric="accuracy",
-    folder="storycloze",
-    shape="<s> story $ ending <e> per ending, softmax over the two endings",
-    splits={
-        "train": Split((VAL_FILE,), _split_reader(0)),
-        "dev": Split((VAL_FILE,), _split_reader(1)),
-        "test": Split((TEST_FILE,), read_storycloze),
-        "val": Split((VAL_FILE,), read_storycloze),
-    },
-    source_url="https://cs.rochester.edu/nlp/rocstories/ (request form; the spring 2016 val and test CSVs)",
-    paper_score=86.5, n_choices=2,
-    notes="Splits as the released code: train/dev = 1,497/374 rows of the 2016 validation file (its "
-          "train_test_split, random_state 3535999445); test = the 2016 test file; val = the whole validation "
-          "file. Truncation as the released code (done by fine-tuning): story and ending each keep their first "
-          "n_ctx//2 - 2 tokens (254 at 512).",
-))
+register(
+    Task(
+        name="storycloze",
+        title="Story Cloze Test (2016)",
+        kind="multiple_choice",
+        labels=LABELS,
+        metric="accuracy",
+        folder="storycloze",
+        shape="<s> story $ ending <e> per ending, softmax over the two endings",
+        splits={
+            "train": Split((VAL_FILE,), _split_reader(0)),
+            "dev": Split((VAL_FILE,), _split_reader(1)),
+            "test": Split((TEST_FILE,), read_storycloze),
+            "val": Split((VAL_FILE,), read_storycloze),
+        },
+        source_url="https://cs.rochester.edu/nlp/rocstories/ (request form; the spring 2016 val and test CSVs)",
+        paper_score=86.5,
+        n_choices=2,
+        notes="Splits as the released code: train/dev = 1,497/374 rows of the 2016 validation file (its "
+        "train_test_split, random_state 3535999445); test = the 2016 test file; val = the whole validation "
+        "file. Truncation as the released code (done by fine-tuning): story and ending each keep their first "
+        "n_ctx//2 - 2 tokens (254 at 512).",
+    )
+)

@@ -39,10 +39,58 @@ from gptcli.tasks.registry import register
 POSSESSIVE = {"his", "its", "their", "whose", "hers", "theirs"}
 # Words after "her" that show it is an object ("took her to …", "gave her a present"), not a determiner.
 _OBJECT_FOLLOWERS = {
-    "to", "in", "at", "on", "for", "with", "from", "by", "about", "into", "onto", "and", "but", "or", "so",
-    "because", "that", "as", "up", "down", "out", "off", "over", "a", "an", "the", "this", "again",
-    "away", "too", "when", "if", "since", "before", "after", "while", "until", "than", "what", "how", "why",
-    "not", "anything", "something", "nothing", "everything", "some", "any", "very", "much", "all", "first",
+    "to",
+    "in",
+    "at",
+    "on",
+    "for",
+    "with",
+    "from",
+    "by",
+    "about",
+    "into",
+    "onto",
+    "and",
+    "but",
+    "or",
+    "so",
+    "because",
+    "that",
+    "as",
+    "up",
+    "down",
+    "out",
+    "off",
+    "over",
+    "a",
+    "an",
+    "the",
+    "this",
+    "again",
+    "away",
+    "too",
+    "when",
+    "if",
+    "since",
+    "before",
+    "after",
+    "while",
+    "until",
+    "than",
+    "what",
+    "how",
+    "why",
+    "not",
+    "anything",
+    "something",
+    "nothing",
+    "everything",
+    "some",
+    "any",
+    "very",
+    "much",
+    "all",
+    "first",
 }
 
 
@@ -62,7 +110,7 @@ class Schema:
     """The example's id (its index in the file), as in every task's predictions."""
 
     @classmethod
-    def of(cls, example: Example) -> "Schema":
+    def of(cls, example: Example) -> Schema:
         """The schema an :class:`Example` of task ``dprd``/``wsc`` holds (see :func:`as_example`)."""
         before, pronoun, after = example.texts
         first, second = example.choices
@@ -136,7 +184,9 @@ def read_dprd(path: str | Path) -> list[Schema]:
             block.append(lines[i].strip())
             i += 1
         if len(block) != 4:
-            raise DataError(p, f"expected a block of 4 lines (sentence, pronoun, candidates, answer), got {len(block)}", start)
+            raise DataError(
+                p, f"expected a block of 4 lines (sentence, pronoun, candidates, answer), got {len(block)}", start
+            )
         sentence, pronoun, cands, answer = block
         parts = [c.strip() for c in cands.split(",")]
         if len(parts) != 2 or not all(parts):
@@ -149,8 +199,17 @@ def read_dprd(path: str | Path) -> list[Schema]:
         if span is None:
             raise DataError(p, f"pronoun {pronoun!r} does not occur in the sentence", start + 1)
         a, b = span
-        out.append(Schema(sentence[:a], sentence[a:b], sentence[b:], (parts[0], parts[1]),
-                          lower.index(answer.lower()), f"{p}:{start}", str(len(out))))
+        out.append(
+            Schema(
+                sentence[:a],
+                sentence[a:b],
+                sentence[b:],
+                (parts[0], parts[1]),
+                lower.index(answer.lower()),
+                f"{p}:{start}",
+                str(len(out)),
+            )
+        )
     if not out:
         raise DataError(p, "no schemas found")
     return out
@@ -194,8 +253,9 @@ def read_wsc(path: str | Path) -> list[Schema]:
         # Rebuild the sentence with single spaces; the XML splits it around the pronoun explicitly.
         before = (txt1 + " ") if txt1 else ""
         after = txt2 if txt2[:1] in (".", ",", "'", "?", "!", ";", ":") or not txt2 else " " + txt2
-        out.append(Schema(before, pron, after, (answers[0], answers[1]), "AB".index(correct), f"{p}:{line}",
-                          str(len(out))))
+        out.append(
+            Schema(before, pron, after, (answers[0], answers[1]), "AB".index(correct), f"{p}:{line}", str(len(out)))
+        )
     if not out:
         raise DataError(p, "no <schema> elements found")
     return out
@@ -206,8 +266,13 @@ def read_wsc(path: str | Path) -> list[Schema]:
 
 def as_example(schema: Schema, index: int) -> Example:
     """A schema as a registry :class:`Example`: ``texts = (before, pronoun, after)``, the candidates as choices."""
-    return Example(texts=(schema.before, schema.pronoun, schema.after), label=schema.label,
-                   choices=schema.candidates, uid=str(index), source=schema.source)
+    return Example(
+        texts=(schema.before, schema.pronoun, schema.after),
+        label=schema.label,
+        choices=schema.candidates,
+        uid=str(index),
+        source=schema.source,
+    )
 
 
 def read_dprd_examples(path: Path, opts: ReadOptions) -> list[Example]:
@@ -221,23 +286,35 @@ def read_wsc_examples(path: Path, opts: ReadOptions) -> list[Example]:
 DPRD_FILES = {"train": "train.c.txt", "test": "test.c.txt"}
 WSC_FILE = "WSCollection.xml"
 
-register(Task(
-    name="dprd", title="Definite Pronoun Resolution (Rahman & Ng 2012)", kind="pronoun_resolution",
-    labels=("A", "B"), metric="accuracy", folder="dprd",
-    splits={split: Split((name,), read_dprd_examples) for split, name in DPRD_FILES.items()},
-    source_url="http://www.hlt.utdallas.edu/~vince/data/emnlp12/ (train.c.txt, test.c.txt)",
-    n_choices=2,
-    notes="Zero-shot only (paper §5, Figure 2). 1,322 train / 564 test sentences in twin pairs; label A/B = the "
-          "first/second candidate. Zero-shot trains on nothing, so the train file is an unseen evaluation set "
-          "too (scored when test.c.txt is absent).",
-))
+register(
+    Task(
+        name="dprd",
+        title="Definite Pronoun Resolution (Rahman & Ng 2012)",
+        kind="pronoun_resolution",
+        labels=("A", "B"),
+        metric="accuracy",
+        folder="dprd",
+        splits={split: Split((name,), read_dprd_examples) for split, name in DPRD_FILES.items()},
+        source_url="http://www.hlt.utdallas.edu/~vince/data/emnlp12/ (train.c.txt, test.c.txt)",
+        n_choices=2,
+        notes="Zero-shot only (paper §5, Figure 2). 1,322 train / 564 test sentences in twin pairs; label A/B = the "
+        "first/second candidate. Zero-shot trains on nothing, so the train file is an unseen evaluation set "
+        "too (scored when test.c.txt is absent).",
+    )
+)
 
-register(Task(
-    name="wsc", title="Winograd Schema Challenge (WSC273)", kind="pronoun_resolution",
-    labels=("A", "B"), metric="accuracy", folder="wsc",
-    splits={"test": Split((WSC_FILE,), read_wsc_examples)},
-    source_url="https://cs.nyu.edu/~davise/papers/WinogradSchemas/WS.html (WSCollection.xml)",
-    n_choices=2,
-    notes="Zero-shot only (paper §5, Figure 2). The 273-schema collection; the XML marks the pronoun, and "
-          "<correctAnswer> A/B is the label.",
-))
+register(
+    Task(
+        name="wsc",
+        title="Winograd Schema Challenge (WSC273)",
+        kind="pronoun_resolution",
+        labels=("A", "B"),
+        metric="accuracy",
+        folder="wsc",
+        splits={"test": Split((WSC_FILE,), read_wsc_examples)},
+        source_url="https://cs.nyu.edu/~davise/papers/WinogradSchemas/WS.html (WSCollection.xml)",
+        n_choices=2,
+        notes="Zero-shot only (paper §5, Figure 2). The 273-schema collection; the XML marks the pronoun, and "
+        "<correctAnswer> A/B is the label.",
+    )
+)

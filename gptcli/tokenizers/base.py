@@ -9,8 +9,9 @@ from __future__ import annotations
 import importlib
 import json
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import ClassVar, Iterable, Sequence
+from typing import ClassVar
 
 from gptcli.errors import GPT1Error
 from gptcli.fsutil import read_bytes_inside
@@ -84,7 +85,7 @@ class Tokenizer(ABC):
 
     @classmethod
     @abstractmethod
-    def load(cls, directory: Path) -> "Tokenizer":
+    def load(cls, directory: Path) -> Tokenizer:
         """Read a tokenizer written by :meth:`save`."""
 
 
@@ -99,8 +100,10 @@ def load_tokenizer(directory: str | Path) -> Tokenizer:
         kind = meta["kind"]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
         # Binary junk (a pickle, a truncated write) is as unreadable as bad JSON; it is never unpickled.
-        raise GPT1Error(f"{meta_path}: unreadable tokenizer description (expected JSON with a 'kind'; "
-                        f"restore the tokenizer directory)") from None
+        raise GPT1Error(
+            f"{meta_path}: unreadable tokenizer description (expected JSON with a 'kind'; "
+            f"restore the tokenizer directory)"
+        ) from None
     if not isinstance(kind, str) or kind not in _KINDS:
         raise GPT1Error(f"{meta_path}: unknown tokenizer kind {kind!r} (known: {', '.join(_KINDS)})")
     module, cls_name = _KINDS[kind].split(":")

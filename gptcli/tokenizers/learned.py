@@ -17,8 +17,9 @@ from __future__ import annotations
 import io
 import json
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import ClassVar, Iterable, Sequence
+from typing import ClassVar
 
 import numpy as np
 
@@ -68,7 +69,9 @@ def _training_error(e: RuntimeError, vocab_size: int) -> GPT1Error:
     if "Vocabulary size" in msg:
         limit = re.search(r"<= (\d+)", msg)
         most = f" (at most {int(limit.group(1)) + 1} here)" if limit else ""
-        return GPT1Error(f"cannot learn {vocab_size} BPE ids from this text{most}; lower --vocab-size or give more text")
+        return GPT1Error(
+            f"cannot learn {vocab_size} BPE ids from this text{most}; lower --vocab-size or give more text"
+        )
     return GPT1Error(f"sentencepiece could not learn a vocabulary: {msg}")
 
 
@@ -117,7 +120,7 @@ class LearnedBPETokenizer(Tokenizer):
         cased: bool = False,
         seed: int = 0,
         character_coverage: float = 1.0,
-    ) -> "LearnedBPETokenizer":
+    ) -> LearnedBPETokenizer:
         """Learn a BPE vocabulary of exactly ``vocab_size`` ids (newline included) from pipeline lines.
 
         ``lines`` must already be in the form :func:`gptcli.tokenizers.text.word_lines` produces (lowercased unless
@@ -256,7 +259,7 @@ class LearnedBPETokenizer(Tokenizer):
         (d / "tokenizer.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
 
     @classmethod
-    def load(cls, directory: Path) -> "LearnedBPETokenizer":
+    def load(cls, directory: Path) -> LearnedBPETokenizer:
         d = Path(directory)
         try:
             meta = json.loads(read_bytes_inside(d, "tokenizer.json", DESCRIPTION_LIMIT, "tokenizer description"))
@@ -267,8 +270,10 @@ class LearnedBPETokenizer(Tokenizer):
         try:
             tok = cls(proto, cased=bool(meta.get("cased", False)))
         except RuntimeError as e:  # sentencepiece's parser rejects a truncated or damaged model file
-            raise GPT1Error(f"{d / meta.get('model_file', MODEL_FILE)}: damaged sentencepiece model "
-                            f"({str(e).splitlines()[0] if str(e) else 'does not parse'}; restore the tokenizer directory)") from None
+            raise GPT1Error(
+                f"{d / meta.get('model_file', MODEL_FILE)}: damaged sentencepiece model "
+                f"({str(e).splitlines()[0] if str(e) else 'does not parse'}; restore the tokenizer directory)"
+            ) from None
         if "vocab_size" in meta and meta["vocab_size"] != tok.vocab_size:
             raise GPT1Error(f"{d}: tokenizer.json says vocab_size {meta['vocab_size']}, model has {tok.vocab_size}")
         return tok

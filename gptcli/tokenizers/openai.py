@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import ClassVar, Iterable, Sequence
+from typing import ClassVar
 
 import numpy as np
 
@@ -116,12 +117,12 @@ class OpenAIBPETokenizer(Tokenizer):
 
     # ----------------------------------------------------------------------------------------- construction
     @classmethod
-    def from_files(cls, vocab_path: str | Path, merges_path: str | Path) -> "OpenAIBPETokenizer":
+    def from_files(cls, vocab_path: str | Path, merges_path: str | Path) -> OpenAIBPETokenizer:
         """Build from a vocabulary JSON and a merges file (original or Hugging Face names)."""
         return cls(read_vocab(Path(vocab_path)), read_merges(Path(merges_path)))
 
     @classmethod
-    def from_dir(cls, directory: str | Path) -> "OpenAIBPETokenizer":
+    def from_dir(cls, directory: str | Path) -> OpenAIBPETokenizer:
         """Build from a directory holding ``vocab.json`` + ``merges.txt`` or the original
         ``encoder_bpe_40000.json`` + ``vocab_40000.bpe``."""
         return cls.from_files(*find_bpe_files(directory))
@@ -244,8 +245,13 @@ class OpenAIBPETokenizer(Tokenizer):
     def save(self, directory: str | Path) -> None:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        meta = {"kind": self.kind, "vocab_size": self.vocab_size, "special_tokens": list(SPECIAL_TOKENS),
-                "vocab": "vocab.json", "merges": "merges.txt"}
+        meta = {
+            "kind": self.kind,
+            "vocab_size": self.vocab_size,
+            "special_tokens": list(SPECIAL_TOKENS),
+            "vocab": "vocab.json",
+            "merges": "merges.txt",
+        }
         (d / "tokenizer.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         self.save_bpe_files(d)
 
@@ -258,5 +264,5 @@ class OpenAIBPETokenizer(Tokenizer):
         (d / "merges.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
     @classmethod
-    def load(cls, directory: Path) -> "OpenAIBPETokenizer":
+    def load(cls, directory: Path) -> OpenAIBPETokenizer:
         return cls.from_dir(directory)

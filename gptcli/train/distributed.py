@@ -33,8 +33,9 @@ import shutil
 import sys
 import tempfile
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from gptcli.errors import GPT1Error
 from gptcli.train.heartbeat import Watchdog, heartbeat, stop_beating
@@ -157,12 +158,15 @@ def pick_cuda_device(local_rank: int, visible: int) -> int:
     if visible == 1:
         return 0
     if visible == 0:
-        raise GPT1Error(f"local rank {local_rank} sees no CUDA device (check CUDA_VISIBLE_DEVICES and the job's GPU "
-                        "allocation, or train on CPU with --procs)")
+        raise GPT1Error(
+            f"local rank {local_rank} sees no CUDA device (check CUDA_VISIBLE_DEVICES and the job's GPU "
+            "allocation, or train on CPU with --procs)"
+        )
     raise GPT1Error(
         f"local rank {local_rank} sees {visible} CUDA devices and none is its own (LOCAL_RANK must be below the "
         f"number of visible devices, or each process must see exactly one: start at most {visible} processes per "
-        f"node, or give each rank one GPU through CUDA_VISIBLE_DEVICES / --gpus-per-task=1)")
+        f"node, or give each rank one GPU through CUDA_VISIBLE_DEVICES / --gpus-per-task=1)"
+    )
 
 
 def destroy_process_group() -> None:
@@ -205,9 +209,17 @@ def elastic_config(spec: LaunchSpec, log_dir: str | None = None) -> ElasticConfi
 
     backend, endpoint, configs, run_id = rendezvous(spec)
     options: dict[str, Any] = dict(
-        min_nodes=spec.nnodes, max_nodes=spec.nnodes, nproc_per_node=spec.nproc_per_node, run_id=run_id,
-        rdzv_backend=backend, rdzv_endpoint=endpoint, rdzv_configs=configs, max_restarts=0, monitor_interval=0.1,
-        start_method="spawn")
+        min_nodes=spec.nnodes,
+        max_nodes=spec.nnodes,
+        nproc_per_node=spec.nproc_per_node,
+        run_id=run_id,
+        rdzv_backend=backend,
+        rdzv_endpoint=endpoint,
+        rdzv_configs=configs,
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
     names = {f.name for f in dataclasses.fields(ElasticConfig)}
     if "shutdown_timeout" in names:
         options["shutdown_timeout"] = spec.shutdown_timeout_s
@@ -302,7 +314,9 @@ def describe_launch(spec: LaunchSpec, batch_size: int) -> str:
     world = spec.nproc_per_node * spec.nnodes
     where = f"{spec.nproc_per_node} {'GPU' if spec.use_cuda else 'CPU'} worker(s)"
     if spec.nnodes > 1:
-        where += f" on one of {spec.nnodes} nodes" if spec.rdzv_endpoint else f" on node {spec.node_rank} of {spec.nnodes}"
+        where += (
+            f" on one of {spec.nnodes} nodes" if spec.rdzv_endpoint else f" on node {spec.node_rank} of {spec.nnodes}"
+        )
     low, high = batch_size // world, -(-batch_size // world)
     share = str(low) if low == high else f"{low}-{high}"
     return f"launching {where}: global batch {batch_size} = {world} × {share}"
@@ -348,7 +362,7 @@ class DDPParallel(Parallel):
     process group's timeout instead of waiting forever for a dead peer.
     """
 
-    def __init__(self, info: DistInfo, device: "torch.device") -> None:
+    def __init__(self, info: DistInfo, device: torch.device) -> None:
         self.info = info
         self.rank = info.rank
         self.world_size = info.world_size

@@ -33,8 +33,8 @@ from typing import Any
 
 from gptcli import checkpoint as ckpt
 from gptcli.checkpoint import read_header, save_checkpoint
-from gptcli.data.batching import num_batches
 from gptcli.config import check_settings, to_dict
+from gptcli.data.batching import num_batches
 from gptcli.errors import GPT1Error
 from gptcli.eval.baselines import baseline_of
 from gptcli.fsutil import write_text_atomic
@@ -72,10 +72,20 @@ from gptcli.train.run.resume import check_resume
 from gptcli.train.trainer import Parallel, Trainer
 
 RESULTS = "results.json"
-FINETUNE_RUN = RunKind("finetune-run", "fine-tuning run", overwrite=True, final="a fine-tuned checkpoint",
-                       results=RESULTS)
-__all__ = ["CONFIG_FILE", "FINAL", "RESULTS", "FinetuneConfig", "FinetuneResult", "default_run_dir", "finetune",
-           "plan_launch_run", "step_checkpoints"]
+FINETUNE_RUN = RunKind(
+    "finetune-run", "fine-tuning run", overwrite=True, final="a fine-tuned checkpoint", results=RESULTS
+)
+__all__ = [
+    "CONFIG_FILE",
+    "FINAL",
+    "RESULTS",
+    "FinetuneConfig",
+    "FinetuneResult",
+    "default_run_dir",
+    "finetune",
+    "plan_launch_run",
+    "step_checkpoints",
+]
 
 
 @dataclass
@@ -104,8 +114,9 @@ def default_run_dir(task: str) -> Path:
     return Path("runs") / f"finetune-{task}"
 
 
-def finetune(config: FinetuneConfig, progress: Progress | None = None,
-             parallel: Parallel | None = None) -> FinetuneResult:
+def finetune(
+    config: FinetuneConfig, progress: Progress | None = None, parallel: Parallel | None = None
+) -> FinetuneResult:
     """Run (or, with ``resume``, continue) one fine-tuning job as configured; returns where the checkpoint and
     results went, or, when a signal stopped it, the checkpoint to resume from.
 
@@ -148,8 +159,15 @@ def _finetune(config: FinetuneConfig, progress: Progress | None, par: Parallel) 
         _start(job, where, work, report)
         stopped_by = _train(job, report)
         if stopped_by is not None:
-            return FinetuneResult(where.out, job.state.last_checkpoint or where.out, {}, job.history, stopped_by,
-                                  job.state.step, job.state.total)
+            return FinetuneResult(
+                where.out,
+                job.state.last_checkpoint or where.out,
+                {},
+                job.history,
+                stopped_by,
+                job.state.step,
+                job.state.total,
+            )
         return _finish(job, where.out)
 
 
@@ -161,11 +179,20 @@ def _decide_out(config: FinetuneConfig, task: Task, report: Progress) -> RunDirP
         inputs.append(task.data_dir(config.data_dir))
     except GPT1Error:
         pass  # missing data is reported when it is read, with the task's own advice
-    return plan_run_dir(FINETUNE_RUN, Path(config.out), resume=config.resume, overwrite=config.overwrite,
-                        verify=config.verify, inputs=inputs, report=report)
+    return plan_run_dir(
+        FINETUNE_RUN,
+        Path(config.out),
+        resume=config.resume,
+        overwrite=config.overwrite,
+        verify=config.verify,
+        inputs=inputs,
+        report=report,
+    )
 
 
-def _build_job(setup: FinetuneSetup, gpt: LanguageModel, par: Parallel, where: RunDirPlan, report: Progress) -> FinetuneJob:
+def _build_job(
+    setup: FinetuneSetup, gpt: LanguageModel, par: Parallel, where: RunDirPlan, report: Progress
+) -> FinetuneJob:
     """Put the head on the body (its init draws from the RNG after the body's special tokens), set up the optimizer,
     schedule and trainer (the model wrapped for the ranks), restore a resumed run and check that it is the same."""
     c = setup.config
@@ -173,8 +200,15 @@ def _build_job(setup: FinetuneSetup, gpt: LanguageModel, par: Parallel, where: R
     total = num_batches(len(setup.train_enc), c.batch_size, batching=c.batching) * c.epochs
     optimizer = make_optimizer(model, c.lr, c.weight_decay, decay=c.decay, report=report)
     loss = TaskLoss(c.lm_weight)
-    trainer = Trainer(par.wrap(model), optimizer, loss, lr_schedule(c, total), device=setup.device,
-                      precision=setup.precision, grad_clip=c.grad_clip or None)
+    trainer = Trainer(
+        par.wrap(model),
+        optimizer,
+        loss,
+        lr_schedule(c, total),
+        device=setup.device,
+        precision=setup.precision,
+        grad_clip=c.grad_clip or None,
+    )
     resumable = where.mode != "replace"  # a replacement is built in a hidden directory that a stop removes
     if resumable:
         setup.identity = run_identity(setup)
@@ -194,13 +228,18 @@ def _resume_notes(job: FinetuneJob, path: Path) -> list[str]:
     inputs = []
     if ident.get("init_sha256") != setup.identity.get("init_sha256"):
         was = old.get("init", "?")
-        inputs.append(f"init {c.init} (its weights changed since the run started)" if was == c.init
-                      else f"init {was} → {c.init} (other weights)")
+        inputs.append(
+            f"init {c.init} (its weights changed since the run started)"
+            if was == c.init
+            else f"init {was} → {c.init} (other weights)"
+        )
     inputs += changed_data(ident, setup.identity)
     unexplained = None
     if ident.get("examples_sha256") != setup.identity.get("examples_sha256"):
-        unexplained = (f"tokenizer {old.get('tokenizer') or 'of the init checkpoint'} → "
-                       f"{c.tokenizer or 'of the init checkpoint'} (it encodes the examples differently)")
+        unexplained = (
+            f"tokenizer {old.get('tokenizer') or 'of the init checkpoint'} → "
+            f"{c.tokenizer or 'of the init checkpoint'} (it encodes the examples differently)"
+        )
     return check_resume(c.out, RULES, c, old, header, job.model.gpt.config, inputs, unexplained)
 
 
@@ -215,8 +254,15 @@ def _start(job: FinetuneJob, where: RunDirPlan, work: Path | None, report: Progr
     job.begin()
     job.work = work
     if work is not None:
-        state.logger = start_run_dir(work, setup.config, resumed=records is not None, step=state.step,
-                                     records=records, report=report, wandb=setup.config.wandb)
+        state.logger = start_run_dir(
+            work,
+            setup.config,
+            resumed=records is not None,
+            step=state.step,
+            records=records,
+            report=report,
+            wandb=setup.config.wandb,
+        )
     state.rank_seed = setup.config.seed  # each rank's dropout stream, redrawn per update (run/loop.py)
     c = setup.config
     scored = f"{len(setup.data.dev)} {c.eval_split} examples" if c.eval_split else "no evaluation split"
@@ -251,7 +297,9 @@ def check_config(c: FinetuneConfig) -> None:
     if c.init.lower() == "none" and not c.tokenizer:
         raise GPT1Error("--init none needs --tokenizer DIR (a tokenizer directory or a checkpoint) to encode the task")
     if c.transfer_layers is not None and c.init.lower() == "none":
-        raise GPT1Error("--transfer-layers needs a pretrained --init checkpoint (with --init none nothing is transferred)")
+        raise GPT1Error(
+            "--transfer-layers needs a pretrained --init checkpoint (with --init none nothing is transferred)"
+        )
     if c.resume and c.overwrite:
         raise GPT1Error("--resume continues the run in --out and --overwrite starts it over (pass one of them)")
 
@@ -262,8 +310,10 @@ def check_world(c: FinetuneConfig, world_size: int) -> None:
     one example and the loss is weighted by example counts); one smaller than the processes would leave some of
     them without examples in every update."""
     if world_size > 1 and c.batch_size < world_size:
-        raise GPT1Error(f"--batch-size {c.batch_size} is smaller than the {world_size} processes: every update would "
-                        f"leave a process without examples (use a batch of at least {world_size}, or fewer processes)")
+        raise GPT1Error(
+            f"--batch-size {c.batch_size} is smaller than the {world_size} processes: every update would "
+            f"leave a process without examples (use a batch of at least {world_size}, or fewer processes)"
+        )
 
 
 def plan_launch_run(config: FinetuneConfig, world_size: int) -> RunDirPlan:
@@ -283,18 +333,20 @@ def finished_run(config: FinetuneConfig, out: Path, report: Progress, tidy: bool
         results = json.loads((out / RESULTS).read_text(encoding="utf-8"))
         old = dict(results["config"])
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise GPT1Error(f"{out / RESULTS}: unreadable results of a finished run ({e}) (pass --overwrite to run it "
-                        "again)") from None
+        raise GPT1Error(
+            f"{out / RESULTS}: unreadable results of a finished run ({e}) (pass --overwrite to run it again)"
+        ) from None
     changed, _ = RULES.setting_changes(config, old)
     if changed:
-        raise GPT1Error(f"{out}: the run is finished with other settings: {', '.join(changed)} (pass --overwrite to "
-                        "run it again with these, or choose another --out)")
+        raise GPT1Error(
+            f"{out}: the run is finished with other settings: {', '.join(changed)} (pass --overwrite to "
+            "run it again with these, or choose another --out)"
+        )
     if tidy:  # rank 0 of a data-parallel job alone
         ckpt.remove_step_checkpoints(out / CHECKPOINTS)
     report.note(f"{out}: the run is already finished; nothing to resume")
     steps = int(results.get("steps", 0))
-    return FinetuneResult(out, out / CHECKPOINTS / FINAL, results, list(results.get("history", [])), None, steps,
-                          steps)
+    return FinetuneResult(out, out / CHECKPOINTS / FINAL, results, list(results.get("history", [])), None, steps, steps)
 
 
 # --------------------------------------------------------------------------------------------- outputs
@@ -332,9 +384,14 @@ def write_outputs(job: FinetuneJob, out: Path, chosen_epoch: int, work: Path | N
     dev_scores = scores_of(chosen)
     job.model.cpu()
     final = out / CHECKPOINTS / FINAL
-    save_checkpoint(work / CHECKPOINTS / FINAL, job.model.gpt, setup.tokenizer, kind="finetuned",
-                    meta=checkpoint_meta(setup, chosen_epoch, chosen.get("step", job.state.step), dev_scores),
-                    head_state=job.model.head.state_dict())
+    save_checkpoint(
+        work / CHECKPOINTS / FINAL,
+        job.model.gpt,
+        setup.tokenizer,
+        kind="finetuned",
+        meta=checkpoint_meta(setup, chosen_epoch, chosen.get("step", job.state.step), dev_scores),
+        head_state=job.model.head.state_dict(),
+    )
     results = _results(job, chosen_epoch, dev_scores, final)
     write_text_atomic(work / RESULTS, json.dumps(results, indent=2, default=str))
     return FinetuneResult(out, final, results, job.history, None, job.state.step, job.state.total)

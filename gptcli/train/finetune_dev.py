@@ -8,7 +8,8 @@ that always predicts one class as such instead of just scoring it.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Protocol, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
 
 import torch
 import torch.nn as nn
@@ -44,8 +45,9 @@ def packed_extract(setup: FinetuneSetup, model: FinetuneModel) -> int | None:
     return model.head.config.extract_id if packed else None
 
 
-def predict_dev(setup: FinetuneSetup, model: FinetuneModel, par: Parallel,
-                stop: GracefulStop | None = None) -> list[Any]:
+def predict_dev(
+    setup: FinetuneSetup, model: FinetuneModel, par: Parallel, stop: GracefulStop | None = None
+) -> list[Any]:
     """The model's prediction for every dev example, in the split's order. Under data parallelism each rank scores
     its share (:func:`eval_shard`) and the shares are gathered on every rank: MCC, F1 and correlations need all
     the predictions, not a mean of per-rank scores. ``stop`` (one process only) abandons the evaluation by raising
@@ -55,12 +57,17 @@ def predict_dev(setup: FinetuneSetup, model: FinetuneModel, par: Parallel,
     extract = packed_extract(setup, model)
     if par.world_size == 1:
         batches = iterate(dev, size, shuffle=False, regression=setup.regression, shared_extract=extract)
-        preds, _ = predict(model, batches if stop is None else _until_stopped(batches, stop), setup.device,
-                           setup.precision)
+        preds, _ = predict(
+            model, batches if stop is None else _until_stopped(batches, stop), setup.device, setup.precision
+        )
         return preds
     mine = [dev[i] for i in eval_shard([e.length for e in dev], par.rank, par.world_size)]
-    preds, _ = predict(model, iterate(mine, size, shuffle=False, regression=setup.regression, shared_extract=extract),
-                       setup.device, setup.precision)
+    preds, _ = predict(
+        model,
+        iterate(mine, size, shuffle=False, regression=setup.regression, shared_extract=extract),
+        setup.device,
+        setup.precision,
+    )
     merged: dict[int, Any] = {}
     for shard in par.gather(list(zip(sorted(e.index for e in mine), preds))):  # predict orders by index
         merged.update(shard)

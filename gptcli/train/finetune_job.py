@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -61,8 +62,9 @@ def lr_schedule(config: FinetuneConfig, total: int) -> Callable[[int], float]:
     return lambda s: lr_at(s, total, config.lr, warmup_steps, config.schedule)
 
 
-def epoch_batches(config: FinetuneConfig, lengths: Sequence[int], shuffle: random.Random,
-                  epoch_rng: Any) -> list[list[int]]:
+def epoch_batches(
+    config: FinetuneConfig, lengths: Sequence[int], shuffle: random.Random, epoch_rng: Any
+) -> list[list[int]]:
     """An epoch's batches (index lists) in ``batching`` order, rebuilt from the shuffling RNG's state at the epoch's
     start; ``shuffle`` is left where the uninterrupted run leaves it, ready for the next epoch."""
     shuffle.setstate(epoch_rng)
@@ -87,8 +89,16 @@ class FinetuneJob:
     parallelism each rank takes its share), a metrics line every ``log_every`` updates, a step checkpoint every
     ``save_every``, and after each epoch's last update a dev score and a checkpoint."""
 
-    def __init__(self, setup: FinetuneSetup, model: FinetuneModel, trainer: Trainer, loss: TaskLoss, state: RunState,
-                 par: Parallel, resumable: bool) -> None:
+    def __init__(
+        self,
+        setup: FinetuneSetup,
+        model: FinetuneModel,
+        trainer: Trainer,
+        loss: TaskLoss,
+        state: RunState,
+        par: Parallel,
+        resumable: bool,
+    ) -> None:
         self.setup, self.model, self.trainer, self.loss, self.state, self.par = setup, model, trainer, loss, state, par
         self.resumable = resumable
         self.work: Path | None = None
@@ -117,8 +127,9 @@ class FinetuneJob:
 
     def begin(self) -> None:
         """Rebuild the current epoch's batch order (after a restore, or for the first epoch)."""
-        self.batches = epoch_batches(self.setup.config, [e.length for e in self.setup.train_enc], self.shuffle,
-                                     self.epoch_rng)
+        self.batches = epoch_batches(
+            self.setup.config, [e.length for e in self.setup.train_enc], self.shuffle, self.epoch_rng
+        )
 
     def _epoch_done(self) -> bool:
         return self.done_in_epoch == len(self.batches)
@@ -137,8 +148,7 @@ class FinetuneJob:
             self.epoch_rng = self.shuffle.getstate()
             self.begin()
         setup, par = self.setup, self.par
-        parts = micro_batches(self.batches[self.done_in_epoch], par.rank, par.world_size,
-                              setup.config.micro_batch_size)
+        parts = micro_batches(self.batches[self.done_in_epoch], par.rank, par.world_size, setup.config.micro_batch_size)
         enc, lay_out = setup.train_enc, training_collate(setup, self.model)
         host = [lay_out([enc[i] for i in chunk]) for chunk, _, _ in parts]
         # Real tokens, from the encoded lengths (what the mask sums to): no tensor is read.
@@ -152,8 +162,11 @@ class FinetuneJob:
 
     def moment(self) -> Moment:
         c, step, end = self.setup.config, self.state.step, self._epoch_done()
-        return Moment(log=every(step, c.log_every) or step == self.state.total, evaluate=end,
-                      save=every(step, c.save_every) or end)
+        return Moment(
+            log=every(step, c.log_every) or step == self.state.total,
+            evaluate=end,
+            save=every(step, c.save_every) or end,
+        )
 
     def position(self) -> tuple[int, bool]:
         return self.state.step, self.evaluated
@@ -166,8 +179,12 @@ class FinetuneJob:
         if not self.pending:
             return
         pending, self.pending = self.pending, []
-        values = torch.cat([torch.stack([p.result.loss, p.result.grad_norm, *(t for v in p.terms.values() for t in v)])
-                            for p in pending]).tolist()
+        values = torch.cat(
+            [
+                torch.stack([p.result.loss, p.result.grad_norm, *(t for v in p.terms.values() for t in v)])
+                for p in pending
+            ]
+        ).tolist()
         local, norms, at = [], [], 0
         for p in pending:
             loss, norm, *flat = values[at : at + 2 + sum(len(v) for v in p.terms.values())]
@@ -191,10 +208,20 @@ class FinetuneJob:
 
     def log(self, report: Progress) -> None:
         now, c, state = time.perf_counter(), self.setup.config, self.state
-        state.log({"kind": "train", "step": state.step, "epoch": self.epoch, "loss": self.window_loss / self.window_n,
-                   **self.loss.means(), "lr": self.last_lr, "grad_norm": self.grad_norm, "tokens": self.tokens,
-                   "tokens_per_s": round(self.window_tokens / max(now - self.t_log, 1e-9), 1),
-                   "elapsed_s": round(now - state.started, 3)})
+        state.log(
+            {
+                "kind": "train",
+                "step": state.step,
+                "epoch": self.epoch,
+                "loss": self.window_loss / self.window_n,
+                **self.loss.means(),
+                "lr": self.last_lr,
+                "grad_norm": self.grad_norm,
+                "tokens": self.tokens,
+                "tokens_per_s": round(self.window_tokens / max(now - self.t_log, 1e-9), 1),
+                "elapsed_s": round(now - state.started, 3),
+            }
+        )
         report.advance(1, epoch=f"{self.epoch}/{c.epochs}", loss=self.last_loss, lr=self.last_lr)
         self.window_loss, self.window_n, self.window_tokens, self.t_log = 0.0, 0, 0, now
 
@@ -232,8 +259,9 @@ class FinetuneJob:
             return len(seqs) * max(map(len, seqs)) if padded else sum(map(len, seqs))
 
         def needed(k: int) -> int:
-            most = max(tokens(chunk) for b in self.batches for chunk, _, _ in micro_batches(b, par.rank,
-                                                                                                par.world_size, k))
+            most = max(
+                tokens(chunk) for b in self.batches for chunk, _, _ in micro_batches(b, par.rank, par.world_size, k)
+            )
             return update_bytes(mc.n_layer, mc.n_embd, mc.total_vocab, params, most, setup.precision)
 
         return too_big_warning(needed, self._micro()[1], "examples")
@@ -249,11 +277,18 @@ class FinetuneJob:
         else:
             share, now = self._micro()
             size = half(now)
-            flag, what = "--micro-batch-size", (f"each process then computes its {share} examples per update {size} "
-                                                f"at a time instead of {now}; the update is the same")
+            flag, what = (
+                "--micro-batch-size",
+                (
+                    f"each process then computes its {share} examples per update {size} "
+                    f"at a time instead of {now}; the update is the same"
+                ),
+            )
         if size is None:
-            return ("one example per forward pass does not fit: use --precision bf16 where the device has it, or a "
-                    "smaller --n-ctx (examples are truncated to it)")
+            return (
+                "one example per forward pass does not fit: use --precision bf16 where the device has it, or a "
+                "smaller --n-ctx (examples are truncated to it)"
+            )
         return f"pass {flag} {size}: {what}"
 
     # --- checkpoints ------------------------------------------------------------------------------------------------
@@ -263,21 +298,41 @@ class FinetuneJob:
         and, when they are no longer the model's, the best epoch's weights; pruned to ``keep_last``."""
         assert self.work is not None
         best = self.best[2] if self.best is not None else {}
-        meta = {**checkpoint_meta(self.setup, self.epoch, self.state.step, {}), "stage": "finetune",
-                "resume_identity": self.setup.identity}
+        meta = {
+            **checkpoint_meta(self.setup, self.epoch, self.state.step, {}),
+            "stage": "finetune",
+            "resume_identity": self.setup.identity,
+        }
         return write_step_checkpoint(
-            self.work / "checkpoints", self.state.step, self.trainer, self.model.gpt, self.setup.tokenizer,
-            kind="finetuned", meta=meta, state={"step": self.state.step, "finetune": self.position_state()},
-            keep_last=self.setup.config.keep_last, head_state=self.model.head.state_dict(),
-            extra=(lambda d: ckpt.save_tensors(best, d / BEST)) if best else None)
+            self.work / "checkpoints",
+            self.state.step,
+            self.trainer,
+            self.model.gpt,
+            self.setup.tokenizer,
+            kind="finetuned",
+            meta=meta,
+            state={"step": self.state.step, "finetune": self.position_state()},
+            keep_last=self.setup.config.keep_last,
+            head_state=self.model.head.state_dict(),
+            extra=(lambda d: ckpt.save_tensors(best, d / BEST)) if best else None,
+        )
 
     def position_state(self) -> dict[str, Any]:
         """Where the run stands, as JSON (floats round-trip exactly)."""
         version, state, gauss = self.epoch_rng
-        return {"epoch": self.epoch, "done_in_epoch": self.done_in_epoch, "evaluated": self.evaluated,
-                "epoch_rng": [version, list(state), gauss], "tokens": self.tokens, "window_loss": self.window_loss,
-                "window_n": self.window_n, "records": self.state.records, "history": self.history,
-                "best": None if self.best is None else [self.best[0], self.best[1]], "total": self.state.total}
+        return {
+            "epoch": self.epoch,
+            "done_in_epoch": self.done_in_epoch,
+            "evaluated": self.evaluated,
+            "epoch_rng": [version, list(state), gauss],
+            "tokens": self.tokens,
+            "window_loss": self.window_loss,
+            "window_n": self.window_n,
+            "records": self.state.records,
+            "history": self.history,
+            "best": None if self.best is None else [self.best[0], self.best[1]],
+            "total": self.state.total,
+        }
 
     def restore(self, path: Path) -> None:
         """Load a step checkpoint into the freshly built job: weights, optimizer (and loss scaler), every RNG, the

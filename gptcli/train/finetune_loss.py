@@ -3,7 +3,7 @@ the batch is split into micro-batches and processes, and the figures that are lo
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
@@ -75,8 +75,9 @@ def rank_share(idx: Sequence[int], rank: int, world_size: int) -> list[int]:
     return list(idx[rank * n // world_size : (rank + 1) * n // world_size])
 
 
-def micro_batches(idx: Sequence[int], rank: int, world_size: int,
-                  micro: int | None) -> list[tuple[list[int], float, float]]:
+def micro_batches(
+    idx: Sequence[int], rank: int, world_size: int, micro: int | None
+) -> list[tuple[list[int], float, float]]:
     """This rank's micro-batches of the global batch ``idx``, each as (examples, loss factor, share of the batch).
 
     The update must follow the mean loss over the whole global batch. The trainer divides each micro-batch's loss by
@@ -93,8 +94,9 @@ def micro_batches(idx: Sequence[int], rank: int, world_size: int,
     return [(chunk, n * world_size * len(chunk) / total, len(chunk) / total) for chunk in chunks]
 
 
-def global_figures(par: Parallel, updates: list[tuple[float, int, dict[str, float]]]
-                   ) -> list[tuple[float, int, dict[str, float]]]:
+def global_figures(
+    par: Parallel, updates: list[tuple[float, int, dict[str, float]]]
+) -> list[tuple[float, int, dict[str, float]]]:
     """Each update's (loss, real tokens, loss terms) over the global batch from this process's figures, added up
     over the ranks in one collective for all of them."""
     if par.world_size == 1:

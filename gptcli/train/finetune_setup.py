@@ -10,9 +10,10 @@ from __future__ import annotations
 import hashlib
 import random
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -20,11 +21,11 @@ import torch.nn as nn
 
 from gptcli import checkpoint as ckpt
 from gptcli.checkpoint import is_checkpoint, load_checkpoint, read_header, tokenizer_home
+from gptcli.config import to_dict
 from gptcli.data.batching import EVAL_SUBSET_SEED, subsample
 from gptcli.data.cache import encode_cached
 from gptcli.data.shards import tokenizer_fingerprint
 from gptcli.data.transforms import Encoded
-from gptcli.config import to_dict
 from gptcli.errors import GPT1Error
 from gptcli.eval.baselines import label_counts
 from gptcli.fsutil import sha256_file
@@ -49,7 +50,7 @@ class FinetuneSetup:
     task: Task
     device: torch.device
     precision: str
-    data: "TaskData"
+    data: TaskData
     tokenizer: Tokenizer
     n_ctx: int
     """The longest sequence: ``n_ctx`` if set (at most the model's context), else the model's context."""
@@ -67,18 +68,26 @@ class FinetuneSetup:
         return self.task.kind == "regression"
 
 
-def build_setup(config: FinetuneConfig, task: Task, device: torch.device, precision: str, par: Parallel,
-                report: Progress) -> tuple[FinetuneSetup, LanguageModel]:
+def build_setup(
+    config: FinetuneConfig, task: Task, device: torch.device, precision: str, par: Parallel, report: Progress
+) -> tuple[FinetuneSetup, LanguageModel]:
     """Read the task's data, seed every RNG, build the body (which draws the special tokens' rows) and encode the
     examples; returns the setup and the body."""
     data = read_task_data(task, config)
     seed_everything(config.seed)
     gpt, tok, source = build_body(config)
     n_ctx = sequence_limit(config, gpt.config.n_ctx)
-    train_enc, dev_enc = main_rank_first(par, config.cache,
-                                         lambda: encode_task_data(config, task, data, tok, n_ctx, report))
-    head = HeadConfig(kind=task.kind, n_embd=gpt.config.n_embd, n_labels=max(1, len(task.labels)),
-                      extract_id=tok.extract_id, pdrop=config.clf_pdrop, init_std=gpt.config.init_std)
+    train_enc, dev_enc = main_rank_first(
+        par, config.cache, lambda: encode_task_data(config, task, data, tok, n_ctx, report)
+    )
+    head = HeadConfig(
+        kind=task.kind,
+        n_embd=gpt.config.n_embd,
+        n_labels=max(1, len(task.labels)),
+        extract_id=tok.extract_id,
+        pdrop=config.clf_pdrop,
+        init_std=gpt.config.init_std,
+    )
     setup = FinetuneSetup(config, task, device, precision, data, tok, n_ctx, train_enc, dev_enc, head, source)
     return setup, gpt
 
@@ -87,8 +96,10 @@ def sequence_limit(config: FinetuneConfig, model_ctx: int) -> int:
     """The longest sequence: ``n_ctx``, default the model's context. A longer one is refused, not shortened: the run
     would record an ``n_ctx`` its model cannot read (and its encoded-example cache key would name it)."""
     if config.n_ctx is not None and config.n_ctx > model_ctx:
-        raise GPT1Error(f"--n-ctx {config.n_ctx} exceeds the model's context of {model_ctx} tokens (pass --n-ctx "
-                        f"{model_ctx} or less, or leave it unset for the model's context)")
+        raise GPT1Error(
+            f"--n-ctx {config.n_ctx} exceeds the model's context of {model_ctx} tokens (pass --n-ctx "
+            f"{model_ctx} or less, or leave it unset for the model's context)"
+        )
     return config.n_ctx or model_ctx
 
 
@@ -165,13 +176,17 @@ def _tokenizer_source(path: str) -> tuple[Path, AnyConfig | None]:
     home = tokenizer_home(p)
     if home == p or not (is_checkpoint(p) or (p / "checkpoints").is_dir()):  # no model config comes with it
         if home is None:
-            raise GPT1Error(f"{p}: not a tokenizer directory, prepared corpus, checkpoint or run directory (pass one "
-                            "of those to --tokenizer)")
+            raise GPT1Error(
+                f"{p}: not a tokenizer directory, prepared corpus, checkpoint or run directory (pass one "
+                "of those to --tokenizer)"
+            )
         return home, None
     header = read_header(p)
     if home is None:
-        raise GPT1Error(f"{header.path}: checkpoint has no tokenizer/ (pass a tokenizer directory or a prepared "
-                        "corpus to --tokenizer)")
+        raise GPT1Error(
+            f"{header.path}: checkpoint has no tokenizer/ (pass a tokenizer directory or a prepared "
+            "corpus to --tokenizer)"
+        )
     mcfg = config_from_dict(header.arch, header.model)
     mcfg.n_special = 0
     return home, mcfg
@@ -191,7 +206,8 @@ def _check_same_tokenizer(config: FinetuneConfig, init: Path) -> None:
         raise GPT1Error(
             f"--tokenizer {config.tokenizer} is another tokenizer than the checkpoint {init}'s "
             f"({where} differs from {init / ckpt.TOKENIZER}; drop --tokenizer to use the checkpoint's own, or pass "
-            "--init none to train from scratch with this tokenizer)")
+            "--init none to train from scratch with this tokenizer)"
+        )
 
 
 def build_body(config: FinetuneConfig) -> tuple[LanguageModel, Tokenizer, dict[str, Any]]:
@@ -199,7 +215,9 @@ def build_body(config: FinetuneConfig) -> tuple[LanguageModel, Tokenizer, dict[s
     n_sp = 3
     if config.init.lower() == "none":
         if not config.tokenizer:
-            raise GPT1Error("--init none needs --tokenizer DIR (a tokenizer directory or a checkpoint) to encode the task")
+            raise GPT1Error(
+                "--init none needs --tokenizer DIR (a tokenizer directory or a checkpoint) to encode the task"
+            )
         tok, mcfg = _load_tokenizer_from(config.tokenizer)
         if mcfg is None:
             try:
@@ -239,13 +257,16 @@ def build_body(config: FinetuneConfig) -> tuple[LanguageModel, Tokenizer, dict[s
     return gpt, tok, source
 
 
-def encode_task_data(config: FinetuneConfig, task: Task, data: TaskData, tok: Tokenizer, n_ctx: int,
-                     progress: Progress | None = None) -> tuple[list[Encoded], list[Encoded]]:
+def encode_task_data(
+    config: FinetuneConfig, task: Task, data: TaskData, tok: Tokenizer, n_ctx: int, progress: Progress | None = None
+) -> tuple[list[Encoded], list[Encoded]]:
     """The training and dev examples encoded (through the encoding cache unless ``cache`` is off, over ``workers``
     processes): the same ids whichever way they were obtained, so the run is the same."""
     opts = dict(cache=config.cache, workers=config.workers, progress=progress)
     train_enc = encode_cached(task, data.train, tok, n_ctx, what=f"{task.name} {config.train_split}", **opts)
-    dev_enc = encode_cached(task, data.dev, tok, n_ctx, what=f"{task.name} {config.eval_split}", **opts) if data.dev else []
+    dev_enc = (
+        encode_cached(task, data.dev, tok, n_ctx, what=f"{task.name} {config.eval_split}", **opts) if data.dev else []
+    )
     return train_enc, dev_enc
 
 
@@ -283,8 +304,12 @@ def run_identity(setup: FinetuneSetup) -> dict[str, Any]:
         for seq in e.seqs:  # length-prefixed, so the boundaries are part of what is hashed
             h.update(len(seq).to_bytes(4, "little") + array("q", seq).tobytes())
         h.update(repr(e.label).encode() + b";")
-    return {"data_dir": str(folder.resolve()), "data_files": files, "init_sha256": setup.source.get("init_sha256"),
-            "examples_sha256": h.hexdigest()}
+    return {
+        "data_dir": str(folder.resolve()),
+        "data_files": files,
+        "init_sha256": setup.source.get("init_sha256"),
+        "examples_sha256": h.hexdigest(),
+    }
 
 
 def changed_data(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

@@ -17,7 +17,7 @@ On CPU, two things cost and one is wrong, on GPT-1's 116.5 M fp32 gradients (doc
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

@@ -9,7 +9,8 @@ choice stays explicit if a model grows other parameters.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Literal
+from collections.abc import Iterable
+from typing import Literal
 
 import torch
 import torch.nn as nn
@@ -65,8 +66,11 @@ def make_optimizer(
     except (RuntimeError, TypeError) as e:  # fused unsupported for this device/dtype/torch
         if fused:
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-            report.note(f"the fused AdamW kernel is not available here ({reason}); using the slower for-each "
-                        f"AdamW (same update)", level="warn")
+            report.note(
+                f"the fused AdamW kernel is not available here ({reason}); using the slower for-each "
+                f"AdamW (same update)",
+                level="warn",
+            )
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
 
 

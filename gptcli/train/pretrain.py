@@ -37,8 +37,13 @@ from gptcli.model.kernels import check_mode, use_kernels
 from gptcli.model.kernels import prepare as prepare_kernels  # the compiled kernels' first-use build, as a stage
 from gptcli.model.lstm import precision_note
 from gptcli.progress import SILENT, Progress
-from gptcli.runtime import (Precision, configure_backends, peak_flops, precision_warning, resolve_device,
-                            resolve_precision)
+from gptcli.runtime import (
+    configure_backends,
+    peak_flops,
+    precision_warning,
+    resolve_device,
+    resolve_precision,
+)
 from gptcli.train.optim import lr_at, make_optimizer
 from gptcli.train.pretrain_config import RULES, PretrainConfig
 from gptcli.train.pretrain_hints import unigram_loss, warmup_warning
@@ -58,7 +63,6 @@ from gptcli.train.runlog import Throughput
 from gptcli.train.trainer import Parallel, Trainer, unwrap
 
 PRETRAIN_RUN = RunKind("pretrain-run", "pretraining run", overwrite=False)
-
 
 
 @dataclass
@@ -127,8 +131,10 @@ def model_overrides(config: PretrainConfig) -> dict[str, Any]:
     known = [f.name for f in dataclasses.fields(cls) if f.name not in ("vocab_size", "n_special")]
     unknown = set(config.model) - {*known, "vocab_size", "n_special"}
     if unknown:
-        raise GPT1Error(f"unknown model setting(s) {', '.join(sorted(unknown))} in [model] (preset {config.preset}, "
-                        f"a {arch_of(cls())}, takes {', '.join(known)})")
+        raise GPT1Error(
+            f"unknown model setting(s) {', '.join(sorted(unknown))} in [model] (preset {config.preset}, "
+            f"a {arch_of(cls())}, takes {', '.join(known)})"
+        )
     given = {k: v for k, v in config.model.items() if v is not None}
     return coerce_fields(cls, given, prefix="model.")
 
@@ -137,7 +143,9 @@ def build_model_config(config: PretrainConfig, vocab_size: int) -> AnyConfig:
     """The preset with the ``[model]`` overrides and the corpus's vocabulary; GPT1Error for impossible settings."""
     overrides = model_overrides(config)
     if "vocab_size" in config.model and config.model["vocab_size"] != vocab_size:
-        raise GPT1Error(f"[model] vocab_size {config.model['vocab_size']} differs from the corpus tokenizer's {vocab_size}")
+        raise GPT1Error(
+            f"[model] vocab_size {config.model['vocab_size']} differs from the corpus tokenizer's {vocab_size}"
+        )
     try:
         mcfg = preset(config.preset, **{**overrides, "vocab_size": vocab_size, "n_special": 0})
     except KeyError as e:
@@ -160,8 +168,10 @@ def validation_split(config: PretrainConfig, corpus: Corpus) -> str | None:
     if config.val_split in corpus.splits:
         return config.val_split
     if config.val_split != PretrainConfig.val_split:
-        raise GPT1Error(f"--val-split {config.val_split}: corpus {config.data} has no such split (its splits: "
-                        f"{', '.join(corpus.splits) or 'none'}; pass one of them)")
+        raise GPT1Error(
+            f"--val-split {config.val_split}: corpus {config.data} has no such split (its splits: "
+            f"{', '.join(corpus.splits) or 'none'}; pass one of them)"
+        )
     return next((s for s in ("validation", "valid") if s in corpus.splits), None)
 
 
@@ -224,8 +234,11 @@ def _start_notes(job: PretrainJob) -> list[tuple[str, str]]:
     CPU only emulates and an update larger than the free memory (warnings), the LSTM's precision and the preset's
     recipe."""
     plan, config = job.plan, job.plan.config
-    notes = [(warmup_warning(plan.total_steps, config.warmup_steps, config.lr), "warn"),
-             (precision_warning(plan.precision, plan.device), "warn"), (job.memory_warning(), "warn")]
+    notes = [
+        (warmup_warning(plan.total_steps, config.warmup_steps, config.lr), "warn"),
+        (precision_warning(plan.precision, plan.device), "warn"),
+        (job.memory_warning(), "warn"),
+    ]
     if arch_of(plan.model_config) == "lstm":
         notes.append((precision_note(plan.device.type, plan.precision), "info"))
     if job.state.step == 0:
@@ -253,8 +266,15 @@ def _plan(config: PretrainConfig, par: Parallel, report: Progress) -> RunPlan:
     val_name = validation_split(config, corpus)
     # A run directory belongs to one pretraining run: never a fine-tuning run, a corpus or a folder of notes. Before
     # the shards are hashed: a resume onto another corpus is refused at once.
-    where = plan_run_dir(PRETRAIN_RUN, out, resume=config.resume, overwrite=False, verify=config.verify_data,
-                         inputs=[Path(config.data)], report=report)
+    where = plan_run_dir(
+        PRETRAIN_RUN,
+        out,
+        resume=config.resume,
+        overwrite=False,
+        verify=config.verify_data,
+        inputs=[Path(config.data)],
+        report=report,
+    )
     if where.resume_from is not None:
         for note in _resume_notes(config, corpus, mcfg, where.resume_from):
             report.note(note)
@@ -267,8 +287,20 @@ def _plan(config: PretrainConfig, par: Parallel, report: Progress) -> RunPlan:
     total_steps = plan_steps(config, sampler.steps_per_epoch)
     unigram = unigram_loss(train_arrays, val_arrays, mcfg.total_vocab) if par.is_main and val_arrays else None
     par.barrier()  # every rank has checked the run directory before rank 0 writes to it
-    return RunPlan(config, par, device, precision, corpus, mcfg, sampler, val_name, val_arrays, total_steps,
-                   where.resume_from, unigram)
+    return RunPlan(
+        config,
+        par,
+        device,
+        precision,
+        corpus,
+        mcfg,
+        sampler,
+        val_name,
+        val_arrays,
+        total_steps,
+        where.resume_from,
+        unigram,
+    )
 
 
 def _saved_settings(header: ckpt.Header, run_dir: Path) -> dict[str, Any]:
@@ -291,14 +323,18 @@ def _resume_notes(config: PretrainConfig, corpus: Corpus, mcfg: AnyConfig, path:
         raise GPT1Error(
             f"--data {config.data} was prepared with another tokenizer than the run {config.out} "
             f"({corpus.dir / 'tokenizer'} differs from {path / ckpt.TOKENIZER}; resume on the run's own corpus, or "
-            f"start a new run with another --out)")
+            f"start a new run with another --out)"
+        )
     old = _saved_settings(header, Path(config.out))
     inputs = []
     saved_corpus = header.meta.get("corpus_sha256")
     if saved_corpus is not None and saved_corpus != corpus.fingerprint():
         same_place = "data" in old and Path(old["data"]).resolve() == Path(config.data).resolve()
-        inputs.append(f"data {config.data} (its shards changed since the run started)" if same_place
-                      else f"data {old.get('data', '?')} → {config.data} (another corpus)")
+        inputs.append(
+            f"data {config.data} (its shards changed since the run started)"
+            if same_place
+            else f"data {old.get('data', '?')} → {config.data} (another corpus)"
+        )
     elif saved_corpus is None and "data" in old and Path(old["data"]).resolve() != Path(config.data).resolve():
         inputs.append(f"data {old['data']} → {config.data}")
     return check_resume(config.out, RULES, config, old, header, mcfg, inputs)
@@ -329,9 +365,16 @@ def _start(plan: RunPlan, report: Progress) -> PretrainJob:
     state.rank_seed = config.seed  # each rank's dropout stream, redrawn per update (run/loop.py)
     if par.is_main:  # a pretraining run always writes in place: it has no --overwrite to build a replacement
         with run_directory(PRETRAIN_RUN, plan.run_dir, replace=False) as work:
-            state.logger = start_run_dir(work, config, resumed=plan.resume_from is not None, step=state.step,
-                                         records=records, report=report, tensorboard=config.tensorboard,
-                                         wandb=config.wandb)
+            state.logger = start_run_dir(
+                work,
+                config,
+                resumed=plan.resume_from is not None,
+                step=state.step,
+                records=records,
+                report=report,
+                tensorboard=config.tensorboard,
+                wandb=config.wandb,
+            )
     meter = _throughput_meter(plan, model, report)
     return PretrainJob(plan, model, trainer, state, BatchFeed(plan.sampler, plan.device), meter)
 
@@ -359,6 +402,9 @@ def _throughput_meter(plan: RunPlan, model: torch.nn.Module, report: Progress) -
     # tokens_per_step is the global batch, so the meter reads global tokens/s; MFU divides by all devices' peak.
     peak = peak_flops(plan.device, plan.precision, config.peak_flops) if par.is_main else None
     if par.is_main and peak is None:
-        report.note(f"unknown GPU {torch.cuda.get_device_name(plan.device)!r} for {plan.precision}: MFU not shown "
-                    "(pass --peak-flops with its dense peak FLOP/s)", level="warn")
+        report.note(
+            f"unknown GPU {torch.cuda.get_device_name(plan.device)!r} for {plan.precision}: MFU not shown "
+            "(pass --peak-flops with its dense peak FLOP/s)",
+            level="warn",
+        )
     return Throughput(fpt, peak * par.world_size if peak else None)

@@ -20,10 +20,38 @@ from gptcli.train.run.resume import SettingRules
 # is computed or watched, not what it computes, and is taken silently.
 RULES = SettingRules(
     defining=("seq_len", "batch_size", "seed", "decay", "weight_decay", "beta1", "beta2", "eps"),
-    adjustable=("epochs", "max_steps", "max_tokens", "lr", "warmup_steps", "schedule", "grad_clip",
-                "micro_batch_size", "val_split", "eval_batches"),
-    silent=("data", "out", "preset", "model", "device", "precision", "kernels", "compile", "eval_every", "save_every",
-            "keep_last", "log_every", "tensorboard", "wandb", "resume", "verify_data", "peak_flops", "max_minutes"),
+    adjustable=(
+        "epochs",
+        "max_steps",
+        "max_tokens",
+        "lr",
+        "warmup_steps",
+        "schedule",
+        "grad_clip",
+        "micro_batch_size",
+        "val_split",
+        "eval_batches",
+    ),
+    silent=(
+        "data",
+        "out",
+        "preset",
+        "model",
+        "device",
+        "precision",
+        "kernels",
+        "compile",
+        "eval_every",
+        "save_every",
+        "keep_last",
+        "log_every",
+        "tensorboard",
+        "wandb",
+        "resume",
+        "verify_data",
+        "peak_flops",
+        "max_minutes",
+    ),
 )
 
 

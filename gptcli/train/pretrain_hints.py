@@ -24,9 +24,11 @@ def warmup_warning(total_steps: int, warmup_steps: int, lr: float) -> str | None
     if warmup_steps <= total_steps:
         return None
     reached = lr * total_steps / warmup_steps
-    return (f"the run has {total_steps:,} updates but --warmup-steps {warmup_steps:,}: the learning rate only "
-            f"reaches {reached:.3g} ({100 * total_steps / warmup_steps:.0f}% of --lr {lr:g}) and never decays "
-            f"(pass --warmup-steps {max(1, total_steps // 10):,}, about a tenth of the run, or train longer)")
+    return (
+        f"the run has {total_steps:,} updates but --warmup-steps {warmup_steps:,}: the learning rate only "
+        f"reaches {reached:.3g} ({100 * total_steps / warmup_steps:.0f}% of --lr {lr:g}) and never decays "
+        f"(pass --warmup-steps {max(1, total_steps // 10):,}, about a tenth of the run, or train longer)"
+    )
 
 
 def token_counts(arrays: list[np.ndarray], vocab: int) -> np.ndarray:
@@ -34,7 +36,7 @@ def token_counts(arrays: list[np.ndarray], vocab: int) -> np.ndarray:
     counts = np.zeros(vocab, dtype=np.int64)
     for a in arrays:
         for start in range(0, len(a), _COUNT_CHUNK):
-            counts += np.bincount(a[start:start + _COUNT_CHUNK], minlength=vocab)[:vocab]
+            counts += np.bincount(a[start : start + _COUNT_CHUNK], minlength=vocab)[:vocab]
     return counts
 
 
@@ -56,8 +58,10 @@ def plateau_hint(step: int, val_loss: float, unigram: float | None) -> str | Non
         return None
     if val_loss < unigram - PLATEAU_MARGIN:
         return None
-    return (f"hint: after {step:,} updates the validation loss {val_loss:.2f} is still at the unigram loss "
-            f"{unigram:.2f} (predicting each token by its frequency alone): the model has not learned to use "
-            f"context yet (small post-LN models stall at a high --lr, a short warm-up or a narrow init: try "
-            f"--warmup-steps 30 or more, a lower --lr, --init-std 0.06 (the tiny preset's), or more updates; "
-            f"docs/presets.md)")
+    return (
+        f"hint: after {step:,} updates the validation loss {val_loss:.2f} is still at the unigram loss "
+        f"{unigram:.2f} (predicting each token by its frequency alone): the model has not learned to use "
+        f"context yet (small post-LN models stall at a high --lr, a short warm-up or a narrow init: try "
+        f"--warmup-steps 30 or more, a lower --lr, --init-std 0.06 (the tiny preset's), or more updates; "
+        f"docs/presets.md)"
+    )

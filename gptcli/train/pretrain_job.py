@@ -120,9 +120,17 @@ class PretrainJob:
 
     resumable = True
 
-    def __init__(self, plan: RunPlan, model: LanguageModel, trainer: Trainer, state: RunState, feed: BatchFeed,
-                 meter: Throughput) -> None:
-        self.plan, self.model, self.trainer, self.state, self.feed, self.meter = plan, model, trainer, state, feed, meter
+    def __init__(
+        self, plan: RunPlan, model: LanguageModel, trainer: Trainer, state: RunState, feed: BatchFeed, meter: Throughput
+    ) -> None:
+        self.plan, self.model, self.trainer, self.state, self.feed, self.meter = (
+            plan,
+            model,
+            trainer,
+            state,
+            feed,
+            meter,
+        )
         self.par = plan.par
         self.result: StepResult | None = None
         """The update just queued (its figures still on the device until a sync point reads them)."""
@@ -150,8 +158,11 @@ class PretrainJob:
 
     def moment(self) -> Moment:
         config, step, last = self.plan.config, self.state.step, self.state.step == self.state.total
-        return Moment(log=every(step, config.log_every) or last, evaluate=every(step, config.eval_every) or last,
-                      save=every(step, config.save_every) or last)
+        return Moment(
+            log=every(step, config.log_every) or last,
+            evaluate=every(step, config.eval_every) or last,
+            save=every(step, config.save_every) or last,
+        )
 
     def owed(self) -> Moment | None:
         """A run resumed at its last update has no update left: it still ends as every run does, validated (its
@@ -179,12 +190,28 @@ class PretrainJob:
         elapsed = time.perf_counter() - state.started
         rate = (state.step - state.first_step) / elapsed if elapsed > 0 else 0.0
         eta = (state.total - state.step) / rate if rate > 0 else float("inf")
-        state.log({"kind": "train", "step": state.step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                   "tokens": state.step * self.plan.tokens_per_step, "tokens_per_s": tps, "mfu": mfu,
-                   "elapsed_s": round(elapsed, 3)})
-        report.advance(state.step - self.advanced_to, loss=loss, lr=lr, grad_norm=grad_norm,
-                       **{"tok/s": round(tps)}, MFU="n/a" if mfu is None else f"{100 * mfu:.1f}%",
-                       ETA=format_duration(eta))
+        state.log(
+            {
+                "kind": "train",
+                "step": state.step,
+                "loss": loss,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "tokens": state.step * self.plan.tokens_per_step,
+                "tokens_per_s": tps,
+                "mfu": mfu,
+                "elapsed_s": round(elapsed, 3),
+            }
+        )
+        report.advance(
+            state.step - self.advanced_to,
+            loss=loss,
+            lr=lr,
+            grad_norm=grad_norm,
+            **{"tok/s": round(tps)},
+            MFU="n/a" if mfu is None else f"{100 * mfu:.1f}%",
+            ETA=format_duration(eta),
+        )
         self.advanced_to = state.step
 
     def evaluate(self, report: Progress, stop: GracefulStop) -> bool:
@@ -196,8 +223,17 @@ class PretrainJob:
             return True
         loss, tokens = self._validation_loss()
         perplexity = math.exp(min(loss, 700))
-        self.state.log({"kind": "eval", "step": self.state.step, "split": plan.val_name, "loss": loss,
-                        "perplexity": perplexity, "tokens": tokens, "unigram_loss": plan.unigram_loss})
+        self.state.log(
+            {
+                "kind": "eval",
+                "step": self.state.step,
+                "split": plan.val_name,
+                "loss": loss,
+                "perplexity": perplexity,
+                "tokens": tokens,
+                "unigram_loss": plan.unigram_loss,
+            }
+        )
         report.note(f"validation at update {self.state.step}: loss {loss:.4f}, perplexity {perplexity:.2f}")
         hint = None if self.plateau_noted else plateau_hint(self.state.step, loss, plan.unigram_loss)
         if hint is not None:
@@ -210,8 +246,14 @@ class PretrainJob:
         """(mean loss per token, tokens scored) over the validation split, combined over ranks."""
         plan, par = self.plan, self.par
         ev = evaluate_lm(
-            unwrap(self.model), plan.val_arrays, plan.config.seq_len, plan.micro, device=plan.device,
-            precision=plan.precision, max_batches=validation_batches(plan.config, plan.micro), rank=par.rank,
+            unwrap(self.model),
+            plan.val_arrays,
+            plan.config.seq_len,
+            plan.micro,
+            device=plan.device,
+            precision=plan.precision,
+            max_batches=validation_batches(plan.config, plan.micro),
+            rank=par.rank,
             world_size=par.world_size,
         )
         if par.world_size == 1:
@@ -240,13 +282,19 @@ class PretrainJob:
         c, share, now = self.plan.config, self.plan.share, self.plan.micro
         size = half(now, divides=share)
         if size is None:
-            return (f"one sequence of {c.seq_len} tokens per forward pass does not fit: use --precision bf16 where "
-                    f"the device has it, a shorter --seq-len or a smaller --model")
+            return (
+                f"one sequence of {c.seq_len} tokens per forward pass does not fit: use --precision bf16 where "
+                f"the device has it, a shorter --seq-len or a smaller --model"
+            )
         if evaluating:
-            return (f"pass --micro-batch-size {size}: validation then scores {size} sequences of {c.seq_len} tokens "
-                    f"at a time instead of {now}")
-        return (f"pass --micro-batch-size {size}: each process then computes its {share} sequences of {c.seq_len} "
-                f"tokens per update {size} at a time instead of {now}; the update is the same (gradient accumulation)")
+            return (
+                f"pass --micro-batch-size {size}: validation then scores {size} sequences of {c.seq_len} tokens "
+                f"at a time instead of {now}"
+            )
+        return (
+            f"pass --micro-batch-size {size}: each process then computes its {share} sequences of {c.seq_len} "
+            f"tokens per update {size} at a time instead of {now}; the update is the same (gradient accumulation)"
+        )
 
     def save(self) -> Path:
         """(Rank 0) checkpoint the current step with its training state; prune to ``keep_last``."""
@@ -254,12 +302,27 @@ class PretrainJob:
         tokens = at * plan.tokens_per_step
         assert self.state.checkpoints is not None
         return write_step_checkpoint(
-            self.state.checkpoints, at, self.trainer, self.model, plan.corpus.tokenizer, kind="lm",
-            meta={"step": at, "tokens": tokens, "stage": "pretrain", "seq_len": plan.config.seq_len,
-                  # What the resume check compares a later --resume against.
-                  "pretrain_config": to_dict(dataclasses.replace(plan.config, resume=False)),
-                  "corpus_sha256": plan.corpus.fingerprint()},
-            state={"step": at, "total_steps": plan.total_steps, "tokens": tokens, "sampler": self.feed.state_dict(),
-                   "records": self.state.records},
+            self.state.checkpoints,
+            at,
+            self.trainer,
+            self.model,
+            plan.corpus.tokenizer,
+            kind="lm",
+            meta={
+                "step": at,
+                "tokens": tokens,
+                "stage": "pretrain",
+                "seq_len": plan.config.seq_len,
+                # What the resume check compares a later --resume against.
+                "pretrain_config": to_dict(dataclasses.replace(plan.config, resume=False)),
+                "corpus_sha256": plan.corpus.fingerprint(),
+            },
+            state={
+                "step": at,
+                "total_steps": plan.total_steps,
+                "tokens": tokens,
+                "sampler": self.feed.state_dict(),
+                "records": self.state.records,
+            },
             keep_last=plan.config.keep_last,
         )

@@ -36,7 +36,9 @@ class Recipe:
     """Where the numbers come from."""
 
     def pretrain_flags(self) -> str:
-        return f"--lr {sci(self.lr)} --batch-size {self.batch_size} --seq-len {self.seq_len} --warmup-steps {self.warmup}"
+        return (
+            f"--lr {sci(self.lr)} --batch-size {self.batch_size} --seq-len {self.seq_len} --warmup-steps {self.warmup}"
+        )
 
     def finetune_flags(self) -> str:
         return f"--lr {sci(self.finetune_lr)} --batch-size {self.finetune_batch_size} --epochs {self.finetune_epochs}"
@@ -49,18 +51,33 @@ def sci(x: float) -> str:
 
 
 RECIPES: dict[str, Recipe] = {
-    "gpt1": Recipe(lr=2.5e-4, batch_size=64, seq_len=512, warmup="2000", finetune_lr=6.25e-5, finetune_batch_size=32,
-                   finetune_epochs=3, evidence="the paper (§4.1)"),
+    "gpt1": Recipe(
+        lr=2.5e-4,
+        batch_size=64,
+        seq_len=512,
+        warmup="2000",
+        finetune_lr=6.25e-5,
+        finetune_batch_size=32,
+        finetune_epochs=3,
+        evidence="the paper (§4.1)",
+    ),
     # Sweep (docs/presets.md): two books, 300 updates of 16 × 128 tokens, warm-up 30. With init_std 0.06 (the
     # preset's) every learning rate from 2.5e-4 to 2e-3 left the unigram plateau; with GPT-1's 0.02, 1e-3 did not.
     # Fine-tuning: the CPU reproduction's 4 × 192 model (docs/reproduction.md) at lr 5e-4, batch 32, 3 epochs.
     # Warm-up: at least 30 updates whatever the run's length: a 150-update run warmed up over 15 stayed on the
     # plateau (6.11 against a unigram loss of 6.11), over 30 it left it (5.86; tests/train/test_recipes.py). The post-LN
     # block needs its warm-up in updates, not in a share of the run (Xiong et al. 2020).
-    "tiny": Recipe(lr=1e-3, batch_size=16, seq_len=128, warmup="30 (at least; ≈ 10% of a longer run)", finetune_lr=5e-4,
-                   finetune_batch_size=32, finetune_epochs=3,
-                   evidence="benchmarks/preset_sweep.py on two books (docs/presets.md); fine-tuning: "
-                            "the CPU reproduction's 4 × 192 model (docs/reproduction.md)"),
+    "tiny": Recipe(
+        lr=1e-3,
+        batch_size=16,
+        seq_len=128,
+        warmup="30 (at least; ≈ 10% of a longer run)",
+        finetune_lr=5e-4,
+        finetune_batch_size=32,
+        finetune_epochs=3,
+        evidence="benchmarks/preset_sweep.py on two books (docs/presets.md); fine-tuning: "
+        "the CPU reproduction's 4 × 192 model (docs/reproduction.md)",
+    ),
 }
 
 
@@ -72,6 +89,8 @@ def recipe_note(preset: str, lr: float, batch_size: int, seq_len: int) -> str | 
     recipe = RECIPES.get(preset)
     if preset == "gpt1" or recipe is None or (lr, batch_size, seq_len) != (paper.lr, paper.batch_size, paper.seq_len):
         return None
-    return (f"preset {preset} trains with the paper's recipe for the 117M model (batch {batch_size} × {seq_len}, "
-            f"lr {lr:g}); its own, measured: {recipe.pretrain_flags()}; fine-tune with {recipe.finetune_flags()} "
-            f"(docs/presets.md)")
+    return (
+        f"preset {preset} trains with the paper's recipe for the 117M model (batch {batch_size} × {seq_len}, "
+        f"lr {lr:g}); its own, measured: {recipe.pretrain_flags()}; fine-tune with {recipe.finetune_flags()} "
+        f"(docs/presets.md)"
+    )

@@ -82,12 +82,20 @@ class WandbTracker:
         run_id = id_file.read_text(encoding="utf-8").strip() if id_file.is_file() else secrets.token_hex(4)
         write_text_atomic(id_file, run_id + "\n")
         try:
-            self.run = wandb.init(project=project or DEFAULT_WANDB_PROJECT, dir=str(self.run_dir), id=run_id,
-                                  resume="allow", name=self.run_dir.name, config=config or {},
-                                  settings=wandb.Settings(silent=True))
+            self.run = wandb.init(
+                project=project or DEFAULT_WANDB_PROJECT,
+                dir=str(self.run_dir),
+                id=run_id,
+                resume="allow",
+                name=self.run_dir.name,
+                config=config or {},
+                settings=wandb.Settings(silent=True),
+            )
         except Exception as e:  # wandb raises its own errors (no login, no network) as one line
-            raise GPT1Error(f"--wandb: W&B could not start a run ({str(e).splitlines()[0] if str(e) else e}; "
-                            "set WANDB_MODE=offline to log locally)") from None
+            raise GPT1Error(
+                f"--wandb: W&B could not start a run ({str(e).splitlines()[0] if str(e) else e}; "
+                "set WANDB_MODE=offline to log locally)"
+            ) from None
 
     def log(self, record: dict[str, Any]) -> None:
         kind = record.get("kind", "train")
@@ -117,16 +125,20 @@ DEFAULT_WANDB_PROJECT = "gpt1"
 
 def _scalars(record: dict[str, Any], kind: str) -> dict[str, float]:
     """A record's finite numbers as ``kind/name`` (what TensorBoard and W&B plot)."""
-    return {f"{kind}/{k}": v for k, v in record.items()
-            if k not in ("kind", "step") and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    return {
+        f"{kind}/{k}": v
+        for k, v in record.items()
+        if k not in ("kind", "step") and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 class RunLogger:
     """Appends metrics to ``RUN/metrics.jsonl`` and, if asked and installed, TensorBoard event files and a W&B run
     (``wandb``: the project name, ``""`` for the default one, None for none; ``config``: the run's settings)."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = False, wandb: str | None = None,
-                 config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, run_dir: Path, tensorboard: bool = False, wandb: str | None = None, config: dict[str, Any] | None = None
+    ) -> None:
         self.path = Path(run_dir) / METRICS
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tb = None

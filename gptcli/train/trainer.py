@@ -14,17 +14,18 @@ the caller decides which rank writes (``is_main``).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn as nn
 
 from gptcli.model import kernels
-from gptcli.train.grad_norm import clip_grad_norm, grad_norm
-from gptcli.train.optim import set_lr
 from gptcli.runtime import Precision, autocast, shared_casts
 from gptcli.torch_floor import check_torch
+from gptcli.train.grad_norm import clip_grad_norm, grad_norm
+from gptcli.train.optim import set_lr
 
 
 @dataclass

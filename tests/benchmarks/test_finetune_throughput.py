@@ -19,10 +19,38 @@ def test_profile_runs_for_a_shape_without_shared_prefixes(shared_data: Path) -> 
     every variant that ran; it used to fail indexing the absent shared-prefix batches."""
     env = {**os.environ, "GPT1_SHARED": str(shared_data.parent)}
     out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--size", "tiny", "--shapes", "rte", "--batchings", "length", "--batches", "1",
-         "--repeats", "1", "--settle", "0", "--variants", "ours", "--precisions", "fp32", "--profile",
-         "--profile-shapes", "--profile-rows", "5", "--default-malloc", "--threads", "1"],
-        capture_output=True, text=True, env=env, timeout=600)
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--size",
+            "tiny",
+            "--shapes",
+            "rte",
+            "--batchings",
+            "length",
+            "--batches",
+            "1",
+            "--repeats",
+            "1",
+            "--settle",
+            "0",
+            "--variants",
+            "ours",
+            "--precisions",
+            "fp32",
+            "--profile",
+            "--profile-shapes",
+            "--profile-rows",
+            "5",
+            "--default-malloc",
+            "--threads",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "--- profile: ours fp32 ---" in out.stdout and "ours/HF" not in out.stdout
     products = [line.split() for line in out.stdout.splitlines() if line.startswith("  aten::")]

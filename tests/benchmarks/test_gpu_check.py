@@ -25,10 +25,24 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 
 # Checks whose figures mean nothing without CUDA: the dry run runs their code, then must report them skipped.
-CUDA_ONLY = {"gpus_refusal", "attention_kernel", "precision_steps", "host_syncs", "resume", "compile_loss",
-             "throughput_8x512_eager", "throughput_8x512_compile", "throughput_32x512_eager",
-             "throughput_32x512_compile", "throughput_64x512_eager", "throughput_64x512_compile",
-             "throughput_8x512_cudagraphs", "step_profile", "cudagraphs_training", "chunked_loss"}
+CUDA_ONLY = {
+    "gpus_refusal",
+    "attention_kernel",
+    "precision_steps",
+    "host_syncs",
+    "resume",
+    "compile_loss",
+    "throughput_8x512_eager",
+    "throughput_8x512_compile",
+    "throughput_32x512_eager",
+    "throughput_32x512_compile",
+    "throughput_64x512_eager",
+    "throughput_64x512_compile",
+    "throughput_8x512_cudagraphs",
+    "step_profile",
+    "cudagraphs_training",
+    "chunked_loss",
+}
 
 
 def load_script():
@@ -48,8 +62,14 @@ def load_script():
 def test_dry_run_records_every_check_and_none_fails(tmp_path):
     out = tmp_path / "dry.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--json", str(out), "--work", str(tmp_path / "w")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--dry-run", "--json", str(out), "--work", str(tmp_path / "w")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     record = json.loads(out.read_text(encoding="utf-8"))
     checks = {c["name"]: c for c in record["checks"]}
     names = [c.name for c in load_script().CHECKS]
@@ -110,10 +130,13 @@ def _fine(ctx):
 @pytest.fixture
 def runner(tmp_path, monkeypatch):
     gc = load_script()
-    checks = [gc.Check("raises", _raises, 30, "raises"), gc.Check("crashes", _crashes, 30, "segfaults"),
-              gc.Check("hangs", _hangs, 3, "sleeps past its timeout"),
-              gc.Check("hangs_with_grandchild", _child_process_hangs, 3, "leaves a process behind"),
-              gc.Check("after", _fine, 30, "still runs")]
+    checks = [
+        gc.Check("raises", _raises, 30, "raises"),
+        gc.Check("crashes", _crashes, 30, "segfaults"),
+        gc.Check("hangs", _hangs, 3, "sleeps past its timeout"),
+        gc.Check("hangs_with_grandchild", _child_process_hangs, 3, "leaves a process behind"),
+        gc.Check("after", _fine, 30, "still runs"),
+    ]
     monkeypatch.setattr(gc, "CHECKS", checks)
     args = argparse.Namespace(deadline=120.0, timeout_scale=1.0, fresh_processes=True, dry_run=True)
     r = gc.Runner(args, tmp_path / "work", tmp_path / "record.json", tmp_path / "record-logs")
@@ -131,8 +154,10 @@ def test_the_record_holds_no_path_of_this_machine(runner, tmp_path):
     assert record["logs"] == "record-logs"
     error = "\n".join(record["checks"][-1]["error"])
     assert 'File "benchmarks/gpu_check.py"' in error and str(gc.ROOT) not in error
-    assert gc.portable('  File "/opt/x/lib/python3.12/site-packages/typer/main.py", line 9') == \
-        '  File "site-packages/typer/main.py", line 9'
+    assert (
+        gc.portable('  File "/opt/x/lib/python3.12/site-packages/typer/main.py", line 9')
+        == '  File "site-packages/typer/main.py", line 9'
+    )
 
 
 def test_every_failure_is_recorded_and_the_next_check_runs(runner, tmp_path):
@@ -142,8 +167,13 @@ def test_every_failure_is_recorded_and_the_next_check_runs(runner, tmp_path):
         r.run(chk)
         seen.append(json.loads((tmp_path / "record.json").read_text())["checks"][-1])  # rewritten after each
     status = {c["name"]: c["status"] for c in seen}
-    assert status == {"raises": "fail", "crashes": "fail", "hangs": "timeout", "hangs_with_grandchild": "timeout",
-                      "after": "ok"}
+    assert status == {
+        "raises": "fail",
+        "crashes": "fail",
+        "hangs": "timeout",
+        "hangs_with_grandchild": "timeout",
+        "after": "ok",
+    }
     by_name = {c["name"]: c for c in seen}
     assert any("ValueError: a check that raises" in line for line in by_name["raises"]["error"])
     assert "signal 11" in by_name["crashes"]["error"][0] and by_name["crashes"]["figures"] == {"before_crash": 1}
@@ -160,9 +190,23 @@ def test_fresh_processes_run_a_check_too(tmp_path):
     gpt1 command a fresh ``python -m gptcli``, as on the GPU."""
     out = tmp_path / "r.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--fresh-processes",
-                           "--only", "gpus_refusal,fused_adamw", "--json", str(out)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--dry-run",
+            "--fresh-processes",
+            "--only",
+            "gpus_refusal,fused_adamw",
+            "--json",
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     record = json.loads(out.read_text(encoding="utf-8"))
     statuses = [(c["name"], c["status"]) for c in record["checks"]]
     assert statuses == [("env", "ok"), ("gpus_refusal", "skipped"), ("fused_adamw", "ok")], proc.stdout
@@ -200,9 +244,22 @@ def test_sigterm_records_the_running_check_and_stops(tmp_path):
     """The lent machine may be taken back mid-run: the record still says what ran and what was cut short."""
     out = tmp_path / "r.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--dry-run", "--only", "compile_loss,throughput_32x512_eager",
-                             "--json", str(out)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--dry-run",
+            "--only",
+            "compile_loss,throughput_32x512_eager",
+            "--json",
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         for _ in range(1200):  # until env is recorded and compile_loss (seconds of tracing) has started
             if out.is_file() and json.loads(out.read_text(encoding="utf-8"))["checks"]:
@@ -230,9 +287,14 @@ def test_env_on_a_cuda_device_finds_the_peak_row(tmp_path, monkeypatch):
 
     gc = load_script()
     props = type("Props", (), {"total_memory": 141 * 2**30})()
-    for name, value in {"is_available": lambda: True, "device_count": lambda: 1,
-                        "get_device_name": lambda i=0: "NVIDIA H200", "get_device_properties": lambda i=0: props,
-                        "get_device_capability": lambda i=0: (9, 0), "is_bf16_supported": lambda: True}.items():
+    for name, value in {
+        "is_available": lambda: True,
+        "device_count": lambda: 1,
+        "get_device_name": lambda i=0: "NVIDIA H200",
+        "get_device_properties": lambda i=0: props,
+        "get_device_capability": lambda i=0: (9, 0),
+        "is_bf16_supported": lambda: True,
+    }.items():
         monkeypatch.setattr(torch.cuda, name, value)
     precision = torch.get_float32_matmul_precision()
     try:
@@ -277,8 +339,10 @@ def test_the_sync_line_names_places_only_when_there_are_any():
     """The H200's clean run read "0 syncs per update at -"; now "0 syncs per update", and the places when any."""
     gc = load_script()
     assert gc.sync_note(0, 4, {}, 0) == "0 syncs per update"
-    assert gc.sync_note(6, 4, {"trainer.py:90": 4, "loop.py:12": 2}, 2) == \
-        "1.5 syncs per update at trainer.py:90 ×1, loop.py:12 ×0.5 + 0.5 in the backward pass"
+    assert (
+        gc.sync_note(6, 4, {"trainer.py:90": 4, "loop.py:12": 2}, 2)
+        == "1.5 syncs per update at trainer.py:90 ×1, loop.py:12 ×0.5 + 0.5 in the backward pass"
+    )
 
 
 def test_kept_gradients_give_the_trainers_update():
@@ -301,8 +365,9 @@ def test_kept_gradients_give_the_trainers_update():
         if kept:
             gc._keep_gradients(opt)
         tr = Trainer(model, opt, lm_loss, lambda s: 1e-3, device=torch.device("cpu"), precision="fp32", grad_clip=1.0)
-        results.append([(float(r.loss), float(r.grad_norm)) for r in
-                        (tr.step(i, list(d.chunk(2))) for i, d in enumerate(data))])
+        results.append(
+            [(float(r.loss), float(r.grad_norm)) for r in (tr.step(i, list(d.chunk(2))) for i, d in enumerate(data))]
+        )
         if kept:
             assert all(p.grad is not None and not p.grad.any() for p in model.parameters())  # zeroed, not freed
     assert results[0] == results[1]

@@ -22,8 +22,13 @@ def seen(monkeypatch) -> list[ConvertConfig]:
     def fake(cfg: ConvertConfig) -> ConvertResult:
         cfg.check()
         configs.append(cfg)
-        return ConvertResult(Path(cfg.out), "hf" if cfg.to_format else "gpt1", ["a warning"],
-                             conv.ModelConfig(vocab_size=10, n_ctx=8, n_embd=8, n_layer=1, n_head=2), 1234)
+        return ConvertResult(
+            Path(cfg.out),
+            "hf" if cfg.to_format else "gpt1",
+            ["a warning"],
+            conv.ModelConfig(vocab_size=10, n_ctx=8, n_embd=8, n_layer=1, n_head=2),
+            1234,
+        )
 
     monkeypatch.setattr(conv, "convert", fake)
     return configs
@@ -43,8 +48,21 @@ def test_help_groups_options_in_panels_with_defaults(capsys, monkeypatch):
 
 def test_old_spellings_parse(seen, tmp_path, capsys):
     src, tok = tmp_path / "release", tmp_path / "bpe"
-    assert run_cli("convert", "--from", "openai", str(src), "--out", str(tmp_path / "a"), "--n-head", "4",
-                   "--tokenizer", str(tok)) == 0
+    assert (
+        run_cli(
+            "convert",
+            "--from",
+            "openai",
+            str(src),
+            "--out",
+            str(tmp_path / "a"),
+            "--n-head",
+            "4",
+            "--tokenizer",
+            str(tok),
+        )
+        == 0
+    )
     cfg = seen[-1]
     assert (cfg.src, cfg.from_format, cfg.to_format, cfg.out) == (str(src), "openai", None, tmp_path / "a")
     assert (cfg.n_head, cfg.tokenizer, cfg.overwrite) == (4, tok, False)
@@ -54,7 +72,13 @@ def test_old_spellings_parse(seen, tmp_path, capsys):
     (tmp_path / "b").mkdir()
     assert run_cli("convert", "--to", "hf", str(src), "-o", str(tmp_path / "b"), "--overwrite") == 0
     cfg = seen[-1]
-    assert (cfg.to_format, cfg.from_format, cfg.out, cfg.overwrite, cfg.n_head) == ("hf", None, tmp_path / "b", True, 12)
+    assert (cfg.to_format, cfg.from_format, cfg.out, cfg.overwrite, cfg.n_head) == (
+        "hf",
+        None,
+        tmp_path / "b",
+        True,
+        12,
+    )
     assert "wrote Hugging Face openai-gpt directory" in capsys.readouterr().err
 
 

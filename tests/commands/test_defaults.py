@@ -29,8 +29,9 @@ def test_run_dir_is_the_next_free_one(tmp_path, monkeypatch):
     (tmp_path / "runs" / "finetune-rte").mkdir(parents=True)
     (tmp_path / "runs" / "finetune-rte-2").mkdir()
     assert run_dir(tmp_path / "runs" / "finetune-rte", console) == tmp_path / "runs" / "finetune-rte-3"
-    assert console.lines[-1].endswith("finetune-rte-3 (" + str(tmp_path / "runs" / "finetune-rte")
-                                      + " exists; a default never reuses a run)")
+    assert console.lines[-1].endswith(
+        "finetune-rte-3 (" + str(tmp_path / "runs" / "finetune-rte") + " exists; a default never reuses a run)"
+    )
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")  # a torchrun worker: every rank must agree, so no guessing
     with pytest.raises(GPT1Error, match="--out is required when the command is started by torchrun or SLURM"):
@@ -50,7 +51,9 @@ def test_prepare_then_pretrain_chain_through_corpus(tmp_path, capsys, monkeypatc
     def pretrain(cfg, parallel=None, progress=None):
         seen.append(cfg)
         Path(cfg.out).mkdir(parents=True)
-        return SimpleNamespace(stopped_by=None, step=1, final_val_loss=None, last_checkpoint=Path(cfg.out), run_dir=cfg.out)
+        return SimpleNamespace(
+            stopped_by=None, step=1, final_val_loss=None, last_checkpoint=Path(cfg.out), run_dir=cfg.out
+        )
 
     monkeypatch.setattr("gptcli.train.pretrain.pretrain", pretrain)
     for expected in ("runs/pretrain", "runs/pretrain-2"):

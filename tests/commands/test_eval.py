@@ -17,10 +17,20 @@ from gptcli.train.finetune import FinetuneConfig, finetune
 WIDE = {"COLUMNS": "200"}
 
 
-
 def _finetune(pretrained: Path, out: Path, data: Path, **kw) -> None:
-    base = dict(task="rte", init=str(pretrained), out=str(out), data_dir=str(data), max_train_examples=24,
-                max_eval_examples=16, batch_size=8, epochs=1, lr=1e-3, device="cpu", precision="fp32")
+    base = dict(
+        task="rte",
+        init=str(pretrained),
+        out=str(out),
+        data_dir=str(data),
+        max_train_examples=24,
+        max_eval_examples=16,
+        batch_size=8,
+        epochs=1,
+        lr=1e-3,
+        device="cpu",
+        precision="fp32",
+    )
     finetune(FinetuneConfig(**{**base, **kw}))
 
 
@@ -55,15 +65,50 @@ def test_help_groups_options_in_panels_with_defaults():
         assert f"─ {panel} " in r.output, panel
     for default in ("[default: 8]", "[default: fp32]", "[default: auto]", "[default: verify]"):
         assert default in r.output, default
-    for flag in ("--checkpoint", "--data", "--task", "--split", "--data-dir", "--out", "--skip-bad-rows",
-                 "--max-examples", "--batch-size", "--seq-len", "--max-batches", "--no-verify", "--config"):
+    for flag in (
+        "--checkpoint",
+        "--data",
+        "--task",
+        "--split",
+        "--data-dir",
+        "--out",
+        "--skip-bad-rows",
+        "--max-examples",
+        "--batch-size",
+        "--seq-len",
+        "--max-batches",
+        "--no-verify",
+        "--config",
+    ):
         assert flag in r.output, flag
 
 
 def test_old_spellings_parse(capture):
-    cfg = capture("--checkpoint", "a", "--checkpoint", "b", "--task", "mnli,mnli-mm", "--task", "rte",
-                  "--split", "test", "--data-dir", "d", "--out", "o", "--skip-bad-rows", "--max-examples", "5",
-                  "--batch-size", "4", "--device", "cpu", "--precision", "bf16")
+    cfg = capture(
+        "--checkpoint",
+        "a",
+        "--checkpoint",
+        "b",
+        "--task",
+        "mnli,mnli-mm",
+        "--task",
+        "rte",
+        "--split",
+        "test",
+        "--data-dir",
+        "d",
+        "--out",
+        "o",
+        "--skip-bad-rows",
+        "--max-examples",
+        "5",
+        "--batch-size",
+        "4",
+        "--device",
+        "cpu",
+        "--precision",
+        "bf16",
+    )
     assert cfg.checkpoint == ["a", "b"] and cfg.task == ["mnli,mnli-mm", "rte"]
     assert (cfg.split, cfg.data_dir, cfg.out) == ("test", "d", "o")
     assert cfg.skip_bad_rows and cfg.max_examples == 5 and cfg.batch_size == 4
@@ -86,8 +131,11 @@ def test_cli_eval_dispatches_to_tasks(pretrained, shared_data, tmp_path):
     _finetune(pretrained, tmp_path / "rte", shared_data / "glue" / "RTE")
     runner = CliRunner()
     rte = str(shared_data / "glue" / "RTE")
-    r = runner.invoke(app, ["eval", "--checkpoint", str(tmp_path / "rte"), "--data-dir", rte, "--max-examples", "8",
-                            "--device", "cpu"], env=WIDE)
+    r = runner.invoke(
+        app,
+        ["eval", "--checkpoint", str(tmp_path / "rte"), "--data-dir", rte, "--max-examples", "8", "--device", "cpu"],
+        env=WIDE,
+    )
     assert r.exit_code == 0, r.output
     res = json.loads((tmp_path / "rte" / "eval" / "rte-dev" / "results.json").read_text())
     assert res["task"] == "rte" and res["n"] == 8
@@ -114,8 +162,15 @@ def test_combined_table_of_several_runs(pretrained, shared_data, tmp_path):
     rte = shared_data / "glue" / "RTE"
     _finetune(pretrained, tmp_path / "rte", rte)
     _finetune(pretrained, tmp_path / "rte-nolm", rte, lm_weight=0.0)
-    cfg = EvalConfig(checkpoint=[str(tmp_path / "rte"), str(tmp_path / "rte-nolm")], task=["rte"], split="dev",
-                     data_dir=str(rte), out=str(tmp_path / "evals"), device="cpu", max_examples=8)
+    cfg = EvalConfig(
+        checkpoint=[str(tmp_path / "rte"), str(tmp_path / "rte-nolm")],
+        task=["rte"],
+        split="dev",
+        data_dir=str(rte),
+        out=str(tmp_path / "evals"),
+        device="cpu",
+        max_examples=8,
+    )
     results = evaluate_tasks(cfg)
     console = Console(record=True, width=200)
     show_task_results(results, console)
@@ -131,8 +186,9 @@ def test_combined_table_of_several_runs(pretrained, shared_data, tmp_path):
         lines = [json.loads(x) for x in Path(r["predictions"]).read_text().splitlines()]
         share = 100 * sum(x["label"] == base["majority_label"] for x in lines) / len(lines)
         assert base["majority"] == {"accuracy": share}
-        assert r["prediction_counts"] == {lab: sum(x["prediction"] == lab for x in lines)
-                                          for lab in ("entailment", "not_entailment")}
+        assert r["prediction_counts"] == {
+            lab: sum(x["prediction"] == lab for x in lines) for lab in ("entailment", "not_entailment")
+        }
     level_rows = [line for line in text.splitlines() if line.startswith("│ majority ")]
     assert len(level_rows) == 1 and f"{results[0]['baseline']['majority']['accuracy']:.1f}" in level_rows[0]
     assert "┃ majority ┃" in text  # the details table's column
@@ -144,8 +200,13 @@ def test_same_run_names_stay_apart_and_data_dir_needs_one_task(pretrained, share
     rte = shared_data / "glue" / "RTE"
     _finetune(pretrained, tmp_path / "a" / "run", rte)
     _finetune(pretrained, tmp_path / "b" / "run", rte)
-    cfg = EvalConfig(checkpoint=[str(tmp_path / "a" / "run"), str(tmp_path / "b" / "run")], data_dir=str(rte),
-                     out=str(tmp_path / "evals"), device="cpu", max_examples=4)
+    cfg = EvalConfig(
+        checkpoint=[str(tmp_path / "a" / "run"), str(tmp_path / "b" / "run")],
+        data_dir=str(rte),
+        out=str(tmp_path / "evals"),
+        device="cpu",
+        max_examples=4,
+    )
     assert [r["run"] for r in evaluate_tasks(cfg)] == ["run", "run#2"]
     assert (tmp_path / "evals" / "run#2" / "rte-dev" / "predictions.jsonl").is_file()
     with pytest.raises(GPT1Error, match="--data-dir names one task"):

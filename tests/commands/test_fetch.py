@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from hub_standin import glue_tables, use_cache, write_dataset_repo
 
 pytest.importorskip("huggingface_hub")
@@ -36,8 +35,12 @@ def test_fetch_into_the_default_data_root_then_finetune_finds_it(rte_hub, tmp_pa
     monkeypatch.setenv("HOME", str(tmp_path))
     code, _, err = _cli(capsys, monkeypatch, "fetch", "rte")
     root = tmp_path / ".cache" / "gpt1" / "data"
-    assert code == 0 and f"fetched {root / 'RTE'} from nyu-mll/glue@1a2b3c4d: train.tsv 2,490, dev.tsv 277, test.tsv " \
-                          "3,000 rows (the official release's counts)" in err, err
+    assert (
+        code == 0
+        and f"fetched {root / 'RTE'} from nyu-mll/glue@1a2b3c4d: train.tsv 2,490, dev.tsv 277, test.tsv "
+        "3,000 rows (the official release's counts)"
+        in err
+    ), err
     from gptcli.tasks import get_task
 
     assert get_task("rte").data_dir() == root / "RTE"  # where every command looks
@@ -57,8 +60,11 @@ def test_fetch_into_the_default_data_root_then_finetune_finds_it(rte_hub, tmp_pa
 def test_one_line_refusals(tmp_path, capsys, monkeypatch):
     use_cache(monkeypatch, tmp_path / "empty")
     code, _, err = _cli(capsys, monkeypatch, "fetch", "storycloze", "--root", tmp_path / "d")
-    assert code == 1 and err.startswith("error: storycloze cannot be fetched: Story Cloze is given out through a "
-                                        "request form") and "https://cs.rochester.edu/nlp/rocstories/" in err
+    assert (
+        code == 1
+        and err.startswith("error: storycloze cannot be fetched: Story Cloze is given out through a request form")
+        and "https://cs.rochester.edu/nlp/rocstories/" in err
+    )
     code, _, err = _cli(capsys, monkeypatch, "fetch", "--root", tmp_path / "d")
     assert code == 1 and "name the tasks to fetch, e.g. `gpt1 fetch rte`" in err
     code, _, err = _cli(capsys, monkeypatch, "fetch", "race", "--root", tmp_path / "d")

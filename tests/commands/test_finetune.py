@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 from typer.testing import CliRunner
 
@@ -12,7 +11,6 @@ from gptcli.errors import GPT1Error
 from gptcli.train.finetune import FinetuneConfig
 
 WIDE = {"COLUMNS": "200"}
-
 
 
 class Captured(Exception):
@@ -44,24 +42,76 @@ def test_help_groups_options_in_panels_with_defaults():
     r = CliRunner().invoke(app, ["finetune", "--help"], env=WIDE)
     assert r.exit_code == 0, r.output
     text = r.output
-    for panel in ("Input", "Model", "Data", "Optimisation", "Schedule", "Evaluation", "Checkpointing", "Runtime", "Output"):
+    for panel in (
+        "Input",
+        "Model",
+        "Data",
+        "Optimisation",
+        "Schedule",
+        "Evaluation",
+        "Checkpointing",
+        "Runtime",
+        "Output",
+    ):
         assert f"─ {panel} " in text, panel
     # Panels appear in PANELS order.
-    assert text.index("─ Input ") < text.index("─ Optimisation ") < text.index("─ Evaluation ") < text.index("─ Output ")
-    for default in ("[default: 6.25e-05]", "[default: 32]", "[default: 0.002]", "[default: warmup_linear]",
-                    "[default: random]", "[default: 0.1]", "[default: 0.5]", "[default: best]", "[default: 42]",
-                    "[default: dev]"):
+    assert (
+        text.index("─ Input ") < text.index("─ Optimisation ") < text.index("─ Evaluation ") < text.index("─ Output ")
+    )
+    for default in (
+        "[default: 6.25e-05]",
+        "[default: 32]",
+        "[default: 0.002]",
+        "[default: warmup_linear]",
+        "[default: random]",
+        "[default: 0.1]",
+        "[default: 0.5]",
+        "[default: best]",
+        "[default: 42]",
+        "[default: dev]",
+    ):
         assert default in text, default
-    for flag in ("--clf-dropout", "--list-tasks", "--init", "--data-dir", "--skip-bad-rows", "--no-skip-bad-rows",
-                 "--quiet", "--overwrite", "--transfer-layers", "--micro-batch-size", "--config", "--batching"):
+    for flag in (
+        "--clf-dropout",
+        "--list-tasks",
+        "--init",
+        "--data-dir",
+        "--skip-bad-rows",
+        "--no-skip-bad-rows",
+        "--quiet",
+        "--overwrite",
+        "--transfer-layers",
+        "--micro-batch-size",
+        "--config",
+        "--batching",
+    ):
         assert flag in text, flag
     assert "Show a Rich progress bar" not in text  # a display choice is no longer a config field
 
 
 def test_old_spellings_parse(capture):
-    c = capture("--task", "rte", "--init", "pre", "--out", "o", "--clf-dropout", "0.2", "--data-dir", "d",
-                "--skip-bad-rows", "--lm-weight", "0", "--transfer-layers", "1", "--schedule", "cosine",
-                "--eval-split", "", "-q")
+    c = capture(
+        "--task",
+        "rte",
+        "--init",
+        "pre",
+        "--out",
+        "o",
+        "--clf-dropout",
+        "0.2",
+        "--data-dir",
+        "d",
+        "--skip-bad-rows",
+        "--lm-weight",
+        "0",
+        "--transfer-layers",
+        "1",
+        "--schedule",
+        "cosine",
+        "--eval-split",
+        "",
+        "-q",
+    )
     cfg = c.config
     assert (cfg.task, cfg.init, cfg.out, cfg.data_dir) == ("rte", "pre", "o", "d")
     assert cfg.clf_pdrop == 0.2 and cfg.skip_bad_rows and cfg.lm_weight == 0.0 and cfg.transfer_layers == 1
@@ -116,9 +166,29 @@ def test_cli_finetune_and_list_tasks(pretrained, shared_data, tmp_path):
     assert "<s> story $ ending <e>" in r.output and "<s> context question $ answer <e>" in r.output  # Story Cloze, RACE
     cfg = tmp_path / "ft.toml"
     cfg.write_text('lr = 0.001\nbatch_size = 8\nepochs = 1\ndevice = "cpu"\nprecision = "fp32"\n')
-    r = runner.invoke(app, ["finetune", "--task", "rte", "--init", str(pretrained), "--out", str(tmp_path / "run"),
-                            "--data-dir", str(shared_data / "glue" / "RTE"), "--config", str(cfg),
-                            "--max-train-examples", "16", "--max-eval-examples", "8", "--lm-weight", "0", "-q"])
+    r = runner.invoke(
+        app,
+        [
+            "finetune",
+            "--task",
+            "rte",
+            "--init",
+            str(pretrained),
+            "--out",
+            str(tmp_path / "run"),
+            "--data-dir",
+            str(shared_data / "glue" / "RTE"),
+            "--config",
+            str(cfg),
+            "--max-train-examples",
+            "16",
+            "--max-eval-examples",
+            "8",
+            "--lm-weight",
+            "0",
+            "-q",
+        ],
+    )
     assert r.exit_code == 0, r.output
     saved = (tmp_path / "run" / "config.toml").read_text()
     assert "lm_weight = 0.0" in saved and "lr = 0.001" in saved and "batch_size = 8" in saved
@@ -128,17 +198,43 @@ def test_cli_finetune_and_list_tasks(pretrained, shared_data, tmp_path):
 
 
 def test_cli_shows_progress_and_epoch_scores(pretrained, shared_data, tmp_path):
-    r = CliRunner().invoke(app, ["finetune", "--task", "rte", "--init", str(pretrained), "--out", str(tmp_path / "run"),
-                                 "--data-dir", str(shared_data / "glue" / "RTE"), "--max-train-examples", "16",
-                                 "--max-eval-examples", "8", "--batch-size", "8", "--epochs", "2", "--lr", "1e-3",
-                                 "--device", "cpu", "--precision", "fp32"], env=WIDE)
+    r = CliRunner().invoke(
+        app,
+        [
+            "finetune",
+            "--task",
+            "rte",
+            "--init",
+            str(pretrained),
+            "--out",
+            str(tmp_path / "run"),
+            "--data-dir",
+            str(shared_data / "glue" / "RTE"),
+            "--max-train-examples",
+            "16",
+            "--max-eval-examples",
+            "8",
+            "--batch-size",
+            "8",
+            "--epochs",
+            "2",
+            "--lr",
+            "1e-3",
+            "--device",
+            "cpu",
+            "--precision",
+            "fp32",
+        ],
+        env=WIDE,
+    )
     assert r.exit_code == 0, r.output
     assert "epoch 1 (update 2): dev accuracy" in r.output and "epoch 2 (update 4): dev accuracy" in r.output
 
 
 @pytest.mark.parametrize("kernels", ["auto", "reference"])
-def test_layout_shared_trains_story_cloze_and_a_resume_may_not_leave_it(kernels, pretrained, shared_data, tmp_path,
-                                                                       capsys, monkeypatch):
+def test_layout_shared_trains_story_cloze_and_a_resume_may_not_leave_it(
+    kernels, pretrained, shared_data, tmp_path, capsys, monkeypatch
+):
     """``--layout shared`` on the tiny preset: a Story Cloze run stopped after its first epoch (SIGINT at the dev
     score) resumes under the same layout, and a resume that switches to packed is refused by name (shared-prefix
     training shares dropout masks: it changes what the run computes, not only how)."""
@@ -149,11 +245,45 @@ def test_layout_shared_trains_story_cloze_and_a_resume_may_not_leave_it(kernels,
 
     signal_at_dev_score(monkeypatch)
     run = tmp_path / "run"
-    assert run_cli("finetune", "--task", "storycloze", "--init", "none", "--model", "tiny", "--tokenizer",
-                   str(pretrained / "tokenizer"), "--out", str(run), "--data-dir", str(shared_data / "storycloze"),
-                   "--max-train-examples", "16", "--max-eval-examples", "8", "--batch-size", "8", "--epochs", "2",
-                   "--lr", "1e-3", "--device", "cpu", "--precision", "fp32", "--kernels", kernels,
-                   "--layout", "shared", "--log-every", "1", "-q") == 130
+    assert (
+        run_cli(
+            "finetune",
+            "--task",
+            "storycloze",
+            "--init",
+            "none",
+            "--model",
+            "tiny",
+            "--tokenizer",
+            str(pretrained / "tokenizer"),
+            "--out",
+            str(run),
+            "--data-dir",
+            str(shared_data / "storycloze"),
+            "--max-train-examples",
+            "16",
+            "--max-eval-examples",
+            "8",
+            "--batch-size",
+            "8",
+            "--epochs",
+            "2",
+            "--lr",
+            "1e-3",
+            "--device",
+            "cpu",
+            "--precision",
+            "fp32",
+            "--kernels",
+            kernels,
+            "--layout",
+            "shared",
+            "--log-every",
+            "1",
+            "-q",
+        )
+        == 130
+    )
     assert 'layout = "shared"' in (run / "config.toml").read_text()
     capsys.readouterr()
     assert run_cli("finetune", "--out", str(run), "--resume", "--layout", "packed", "-q") == 1
@@ -170,8 +300,11 @@ def test_layout_shared_trains_story_cloze_and_a_resume_may_not_leave_it(kernels,
 def test_help_lists_the_shared_layout(capsys, monkeypatch):
     from help_panels import help_panels, option_row
 
-    row = " ".join(option_row(next(p for p in help_panels(capsys, monkeypatch, "finetune").values()
-                                    if "--layout" in p), "--layout").split())
+    row = " ".join(
+        option_row(
+            next(p for p in help_panels(capsys, monkeypatch, "finetune").values() if "--layout" in p), "--layout"
+        ).split()
+    )
     assert "packed|padded|shared" in row and "deviation from the paper" in row and "[default: packed]" in row
 
 
@@ -184,11 +317,23 @@ def test_a_best_epoch_is_shown_with_the_last_epochs_score(kept, note, tmp_path, 
     from gptcli.commands.finetune import show_outcome
     from gptcli.train.finetune import FinetuneResult
 
-    results = {"task": "rte", "metric": "accuracy", "paper_score": 56.0, "scores": {"accuracy": 80.0}, "epoch": kept,
-               "select": "best", "last_scores": {"accuracy": 70.0}, "config": {"epochs": 3}, "steps": 9, "split": "dev"}
+    results = {
+        "task": "rte",
+        "metric": "accuracy",
+        "paper_score": 56.0,
+        "scores": {"accuracy": 80.0},
+        "epoch": kept,
+        "select": "best",
+        "last_scores": {"accuracy": 70.0},
+        "config": {"epochs": 3},
+        "steps": 9,
+        "split": "dev",
+    }
     console = Console(width=200, record=True)
     show_outcome(FinetuneResult(tmp_path, tmp_path / "final", results), console)
     said = console.export_text()
-    expected = "epoch 2 was kept as the best of 3 on these dev examples, so its score is optimistic; the last epoch " \
-               "scored accuracy 70.0 (--select last keeps it)"
+    expected = (
+        "epoch 2 was kept as the best of 3 on these dev examples, so its score is optimistic; the last epoch "
+        "scored accuracy 70.0 (--select last keeps it)"
+    )
     assert (expected in said) is note

@@ -43,7 +43,9 @@ def test_help_groups_options_in_panels_with_defaults(capsys, monkeypatch):
     assert {"Input", "Sampling", "Runtime"} <= set(panels)
     assert "-c" in option_row(panels["Input"], "--checkpoint") and "-p" in option_row(panels["Input"], "--prompt")
     sampling = panels["Sampling"]
-    assert "-n" in option_row(sampling, "--max-new-tokens") and "[default: 64]" in option_row(sampling, "--max-new-tokens")
+    assert "-n" in option_row(sampling, "--max-new-tokens") and "[default: 64]" in option_row(
+        sampling, "--max-new-tokens"
+    )
     assert "--sample" in option_row(sampling, "--greedy") and "[default: sample]" in option_row(sampling, "--greedy")
     assert "-t" in option_row(sampling, "--temperature") and "[default: 1.0]" in option_row(sampling, "--temperature")
     assert "[default: 0]" in option_row(sampling, "--top-k")
@@ -55,8 +57,30 @@ def test_help_groups_options_in_panels_with_defaults(capsys, monkeypatch):
 
 
 def test_old_spellings_parse_and_stream(seen, capsys):
-    assert run_cli("generate", "-c", "ck", "-p", "Hello there", "-n", "5", "--greedy", "-t", "0.7", "--top-k", "3",
-                   "--top-p", "0.9", "--seed", "11", "--no-cache", "--device", "cpu") == 0
+    assert (
+        run_cli(
+            "generate",
+            "-c",
+            "ck",
+            "-p",
+            "Hello there",
+            "-n",
+            "5",
+            "--greedy",
+            "-t",
+            "0.7",
+            "--top-k",
+            "3",
+            "--top-p",
+            "0.9",
+            "--seed",
+            "11",
+            "--no-cache",
+            "--device",
+            "cpu",
+        )
+        == 0
+    )
     cfg = seen[-1]
     assert (cfg.checkpoint, cfg.prompt, cfg.max_new_tokens, cfg.greedy) == (Path("ck"), "Hello there", 5, True)
     assert (cfg.temperature, cfg.top_k, cfg.top_p, cfg.seed) == (0.7, 3, 0.9, 11)
@@ -95,8 +119,9 @@ def test_samples_option_prints_each_sample_under_a_header(monkeypatch, capsys, t
     assert run_cli("generate", "-c", "ck", "-p", "x", "--samples", "3", "--seed", "1") == 0
     assert configs[-1].samples == 3
     cap = capsys.readouterr()
-    assert cap.out == ("--- sample 1/3 ---\nthe prompt one\n--- sample 2/3 ---\nthe prompt two\n"
-                       "--- sample 3/3 ---\nthe prompt three\n")
+    assert cap.out == (
+        "--- sample 1/3 ---\nthe prompt one\n--- sample 2/3 ---\nthe prompt two\n--- sample 3/3 ---\nthe prompt three\n"
+    )
     assert "6 tokens in 0.50 s" in cap.err and "3 samples as one batch" in cap.err
     (tmp_path / "s.toml").write_text("samples = 2\n")
     assert run_cli("generate", "-c", "ck", "-p", "x", "--config", str(tmp_path / "s.toml")) == 0
@@ -134,8 +159,11 @@ def test_greedy_does_not_check_the_sampling_settings_it_ignores(tmp_path, capsys
     from gptcli.model.gpt import GPT, ModelConfig
 
     torch.manual_seed(4)
-    save_checkpoint(tmp_path / "ck", GPT(ModelConfig(vocab_size=97, n_ctx=16, n_embd=16, n_layer=1, n_head=2,
-                                                     n_inner=32)), ToyTokenizer(97))
+    save_checkpoint(
+        tmp_path / "ck",
+        GPT(ModelConfig(vocab_size=97, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32)),
+        ToyTokenizer(97),
+    )
     common = ("-c", str(tmp_path / "ck"), "-p", "a b c", "-n", "3", "--device", "cpu")
     assert run_cli("generate", *common, "--greedy") == 0
     greedy = capsys.readouterr().out

@@ -16,8 +16,11 @@ def corpus(tmp_path_factory):
     d = tmp_path_factory.mktemp("inspect")
     for i, text in enumerate(("The first document.\nTwo lines.\n", "A second, shorter one.\n")):
         (d / f"d{i}.txt").write_text(text)
-    return prepare(PrepareConfig(inputs=[str(d / "d0.txt"), str(d / "d1.txt")], out=d / "corpus", vocab_size=40,
-                                 val_fraction=0.5, workers=1)).out
+    return prepare(
+        PrepareConfig(
+            inputs=[str(d / "d0.txt"), str(d / "d1.txt")], out=d / "corpus", vocab_size=40, val_fraction=0.5, workers=1
+        )
+    ).out
 
 
 def test_help_shows_defaults_and_the_old_flags():

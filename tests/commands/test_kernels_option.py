@@ -39,12 +39,15 @@ def generation(monkeypatch) -> list:
     return configs
 
 
-@pytest.mark.parametrize("args, env, want", [
-    ((), None, "auto"),
-    (("--kernels", "reference"), None, "reference"),
-    ((), "reference", "reference"),
-    (("--kernels", "auto"), "reference", "auto"),  # the command line wins over the environment
-])
+@pytest.mark.parametrize(
+    "args, env, want",
+    [
+        ((), None, "auto"),
+        (("--kernels", "reference"), None, "reference"),
+        ((), "reference", "reference"),
+        (("--kernels", "auto"), "reference", "auto"),  # the command line wins over the environment
+    ],
+)
 def test_the_config_takes_the_option_or_the_environment(generation, monkeypatch, args, env, want) -> None:
     if env is None:
         monkeypatch.delenv(kernels.ENV, raising=False)
@@ -70,13 +73,15 @@ def test_a_generation_computes_in_its_setting_and_leaves_the_callers(pretrained,
             yield token
 
     monkeypatch.setattr(pipeline, "iter_generate", spy)
-    gen = pipeline.start_generation(GenerateConfig(checkpoint=pretrained, prompt="the cat", max_new_tokens=3,
-                                                   kernels="reference", device="cpu"))
+    gen = pipeline.start_generation(
+        GenerateConfig(checkpoint=pretrained, prompt="the cat", max_new_tokens=3, kernels="reference", device="cpu")
+    )
     assert kernels.mode() == "auto"
     between = [kernels.mode() for _ in gen.stream()]
     assert seen == ["reference"] * 3 and between == ["auto"] * 3 and kernels.mode() == "auto"
-    cfg = GenerateConfig(checkpoint=pretrained, prompt="the cat", max_new_tokens=2, samples=2, kernels="reference",
-                         device="cpu")
+    cfg = GenerateConfig(
+        checkpoint=pretrained, prompt="the cat", max_new_tokens=2, samples=2, kernels="reference", device="cpu"
+    )
     batch = pipeline.iter_generate_batch
 
     def batch_spy(*args, **kwargs):
@@ -120,8 +125,19 @@ def test_a_pretraining_run_resumes_under_the_other_mode(tmp_path, capsys, monkey
     capsys.readouterr()
     seen: list[str] = []
     monkeypatch.setattr(pretraining, "prepare_kernels", lambda device, report: seen.append(kernels.mode()))
-    code = run_cli("pretrain", "--data", str(corpus), "--out", str(out), *TINY_ARGS, "--max-steps", "3", "--resume",
-                   "--kernels", "reference")
+    code = run_cli(
+        "pretrain",
+        "--data",
+        str(corpus),
+        "--out",
+        str(out),
+        *TINY_ARGS,
+        "--max-steps",
+        "3",
+        "--resume",
+        "--kernels",
+        "reference",
+    )
     assert code == 0, capsys.readouterr().err
     assert seen == ["reference"]  # the run computed in it
     assert 'kernels = "reference"' in (out / "config.toml").read_text()

@@ -33,9 +33,32 @@ def lstm_run(tmp_path_factory, shared_data) -> Path:
     text = " ".join(_sentences(shared_data / "glue" / "SST-2" / "train.tsv", 300))
     ids = np.frombuffer(text.encode(), dtype=np.uint8).astype(np.int64)
     corpus = write_corpus(root / "corpus", {"train": [[ids[:-2000]]], "val": [[ids[-2000:]]]})
-    code = run_cli("pretrain", "--data", str(corpus), "--out", str(root / "run"), "--preset", "lstm-tiny", *SHAPE,
-                   "--dropout", "0.2", "--seq-len", "64", "--batch-size", "4", "--max-steps", "4", "--warmup-steps",
-                   "1", "--eval-batches", "2", "--peak-flops", "1e11", "--quiet", *RUNTIME)
+    code = run_cli(
+        "pretrain",
+        "--data",
+        str(corpus),
+        "--out",
+        str(root / "run"),
+        "--preset",
+        "lstm-tiny",
+        *SHAPE,
+        "--dropout",
+        "0.2",
+        "--seq-len",
+        "64",
+        "--batch-size",
+        "4",
+        "--max-steps",
+        "4",
+        "--warmup-steps",
+        "1",
+        "--eval-batches",
+        "2",
+        "--peak-flops",
+        "1e11",
+        "--quiet",
+        *RUNTIME,
+    )
     assert code == 0
     return root / "run"
 
@@ -61,8 +84,21 @@ def test_help_offers_the_lstm_settings(capsys, monkeypatch):
 def test_settings_of_the_other_architecture_and_resumes_onto_it_are_refused(lstm_run, tmp_path, capsys):
     corpus = lstm_run.parent / "corpus"
     capsys.readouterr()
-    assert run_cli("pretrain", "--data", str(corpus), "--out", str(tmp_path / "x"), "--preset", "lstm-tiny",
-                   "--n-head", "4", *RUNTIME) == 1
+    assert (
+        run_cli(
+            "pretrain",
+            "--data",
+            str(corpus),
+            "--out",
+            str(tmp_path / "x"),
+            "--preset",
+            "lstm-tiny",
+            "--n-head",
+            "4",
+            *RUNTIME,
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert "unknown model setting(s) n_head" in err and "n_hidden" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists()
@@ -70,23 +106,71 @@ def test_settings_of_the_other_architecture_and_resumes_onto_it_are_refused(lstm
     toml = (lstm_run / "config.toml").read_text().replace('preset = "lstm-tiny"', 'preset = "tiny"')
     toml = toml.replace("n_hidden = 24", "n_head = 2").replace("out_pdrop", "resid_pdrop")
     (tmp_path / "t.toml").write_text(toml)
-    assert run_cli("pretrain", "--config", str(tmp_path / "t.toml"), "--out", str(lstm_run), "--max-steps", "6",
-                   "--resume", *RUNTIME) == 1
+    assert (
+        run_cli(
+            "pretrain",
+            "--config",
+            str(tmp_path / "t.toml"),
+            "--out",
+            str(lstm_run),
+            "--max-steps",
+            "6",
+            "--resume",
+            *RUNTIME,
+        )
+        == 1
+    )
     assert "architecture lstm → transformer" in capsys.readouterr().err
 
 
 def test_finetune_eval_on_real_sst2_rows(lstm_run, shared_data, tmp_path):
     sst2 = shared_data / "glue" / "SST-2"
     out = tmp_path / "ft"
-    assert run_cli("finetune", "--task", "sst2", "--init", str(lstm_run), "--out", str(out), "--data-dir", str(sst2),
-                   "--max-train-examples", "16", "--max-eval-examples", "8", "--batch-size", "8", "--epochs", "1",
-                   "--lr", "1e-3", "-q", *RUNTIME) == 0
+    assert (
+        run_cli(
+            "finetune",
+            "--task",
+            "sst2",
+            "--init",
+            str(lstm_run),
+            "--out",
+            str(out),
+            "--data-dir",
+            str(sst2),
+            "--max-train-examples",
+            "16",
+            "--max-eval-examples",
+            "8",
+            "--batch-size",
+            "8",
+            "--epochs",
+            "1",
+            "--lr",
+            "1e-3",
+            "-q",
+            *RUNTIME,
+        )
+        == 0
+    )
     final = out / "checkpoints" / "final"
     header = read_header(final)
     assert header.arch == "lstm" and header.kind == "finetuned" and header.model["n_special"] == 3
     assert "accuracy" in json.loads((out / "results.json").read_text())["scores"]
-    assert run_cli("eval", "--checkpoint", str(out), "--data-dir", str(sst2), "--max-examples", "8",
-                   "--out", str(tmp_path / "ev"), *RUNTIME) == 0
+    assert (
+        run_cli(
+            "eval",
+            "--checkpoint",
+            str(out),
+            "--data-dir",
+            str(sst2),
+            "--max-examples",
+            "8",
+            "--out",
+            str(tmp_path / "ev"),
+            *RUNTIME,
+        )
+        == 0
+    )
     res = json.loads(next((tmp_path / "ev").rglob("results.json")).read_text())
     assert res["task"] == "sst2" and "accuracy" in res["scores"]
 
@@ -95,32 +179,83 @@ def test_finetune_without_pretraining_builds_an_lstm(lstm_run, shared_data, tmp_
     """--init none with a checkpoint as --tokenizer takes its shape (and architecture); --model lstm-tiny with a bare
     tokenizer directory picks the preset's. --transfer-layers counts LSTM layers."""
     sst2 = shared_data / "glue" / "SST-2"
-    common = ["--task", "sst2", "--data-dir", str(sst2), "--max-train-examples", "8", "--max-eval-examples", "8",
-              "--batch-size", "8", "--epochs", "1", "-q", *RUNTIME]
-    assert run_cli("finetune", "--init", "none", "--tokenizer", str(lstm_run), "--out", str(tmp_path / "a"),
-                   *common) == 0
+    common = [
+        "--task",
+        "sst2",
+        "--data-dir",
+        str(sst2),
+        "--max-train-examples",
+        "8",
+        "--max-eval-examples",
+        "8",
+        "--batch-size",
+        "8",
+        "--epochs",
+        "1",
+        "-q",
+        *RUNTIME,
+    ]
+    assert (
+        run_cli("finetune", "--init", "none", "--tokenizer", str(lstm_run), "--out", str(tmp_path / "a"), *common) == 0
+    )
     a = read_header(tmp_path / "a" / "checkpoints" / "final")
     assert a.arch == "lstm" and a.model["n_hidden"] == 24
     tokenizer = lstm_run.parent / "corpus" / "tokenizer"
-    assert run_cli("finetune", "--init", "none", "--model", "lstm-tiny", "--tokenizer", str(tokenizer), "--out",
-                   str(tmp_path / "p"), *common) == 0
+    assert (
+        run_cli(
+            "finetune",
+            "--init",
+            "none",
+            "--model",
+            "lstm-tiny",
+            "--tokenizer",
+            str(tokenizer),
+            "--out",
+            str(tmp_path / "p"),
+            *common,
+        )
+        == 0
+    )
     p = read_header(tmp_path / "p" / "checkpoints" / "final")
     assert p.arch == "lstm" and p.model["n_hidden"] == 768 and p.model["vocab_size"] == 256
-    assert run_cli("finetune", "--init", str(lstm_run), "--transfer-layers", "0", "--out", str(tmp_path / "b"),
-                   *common) == 0
-    assert run_cli("finetune", "--init", str(lstm_run), "--transfer-layers", "2", "--out", str(tmp_path / "c"),
-                   *common) == 1
+    assert (
+        run_cli("finetune", "--init", str(lstm_run), "--transfer-layers", "0", "--out", str(tmp_path / "b"), *common)
+        == 0
+    )
+    assert (
+        run_cli("finetune", "--init", str(lstm_run), "--transfer-layers", "2", "--out", str(tmp_path / "c"), *common)
+        == 1
+    )
 
 
 def test_zeroshot_and_generate(lstm_run, shared_data, tmp_path, capsys):
     out = tmp_path / "zs"
-    assert run_cli("zeroshot", "--task", "sst2", "--checkpoint", str(lstm_run), "--data-dir",
-                   str(shared_data / "glue" / "SST-2"), "--limit", "12", "--out", str(out), *RUNTIME) == 0
+    assert (
+        run_cli(
+            "zeroshot",
+            "--task",
+            "sst2",
+            "--checkpoint",
+            str(lstm_run),
+            "--data-dir",
+            str(shared_data / "glue" / "SST-2"),
+            "--limit",
+            "12",
+            "--out",
+            str(out),
+            *RUNTIME,
+        )
+        == 0
+    )
     res = json.loads((out / "results.json").read_text())
     assert res["tasks"]["sst2"]["n"] == 12
     capsys.readouterr()
-    assert run_cli("generate", "--checkpoint", str(lstm_run), "--prompt", "it is a", "-n", "8", "--greedy",
-                   "--device", "cpu") == 0
+    assert (
+        run_cli(
+            "generate", "--checkpoint", str(lstm_run), "--prompt", "it is a", "-n", "8", "--greedy", "--device", "cpu"
+        )
+        == 0
+    )
     assert capsys.readouterr().out.strip()
 
 

@@ -166,6 +166,9 @@ def test_every_option_of_every_command_sits_in_a_named_panel():
         options = getattr(importlib.import_module(f"gptcli.commands.{info.name}"), "OPTIONS", None)
         if options is None:
             continue
-        loose = [p.name for p in options.parameters[1:]
-                 if getattr(p.default, "rich_help_panel", None) is None and "Argument" not in type(p.default).__name__]
+        loose = [
+            p.name
+            for p in options.parameters[1:]
+            if getattr(p.default, "rich_help_panel", None) is None and "Argument" not in type(p.default).__name__
+        ]
         assert not loose, f"gpt1 {info.name}: {loose} in no panel"

@@ -30,9 +30,25 @@ def test_help_has_panels_and_derived_defaults():
     for default in ("40478", "text", "0.01", "1000000", "67108864"):
         assert f"[default: {default}]" in text
     assert text.count("default: 40478") == 1  # derived once from the field, not also written into the help string
-    for spelling in ("--out", "-o", "--workers", "-j", "--vocab-size", "--tokenizer", "--cased", "--text-field",
-                     "--strip-gutenberg", "--val-fraction", "--seed", "--sample-lines", "--shard-tokens", "--strict",
-                     "--overwrite", "--config", "--inspect"):
+    for spelling in (
+        "--out",
+        "-o",
+        "--workers",
+        "-j",
+        "--vocab-size",
+        "--tokenizer",
+        "--cased",
+        "--text-field",
+        "--strip-gutenberg",
+        "--val-fraction",
+        "--seed",
+        "--sample-lines",
+        "--shard-tokens",
+        "--strict",
+        "--overwrite",
+        "--config",
+        "--inspect",
+    ):
         assert re.search(rf"(?<![\w-]){re.escape(spelling)}(?![\w-])", text), spelling
 
 
@@ -43,8 +59,14 @@ def captured(monkeypatch):
 
     def fake(cfg, progress=None, given=None):
         seen.append(cfg)
-        manifest = {"shards": [], "splits": {}, "tokenizer": {"vocab_size": cfg.vocab_size, "learned": True},
-                    "dtype": "uint16", "settings": {"workers": cfg.workers}, "warnings": []}
+        manifest = {
+            "shards": [],
+            "splits": {},
+            "tokenizer": {"vocab_size": cfg.vocab_size, "learned": True},
+            "dtype": "uint16",
+            "settings": {"workers": cfg.workers},
+            "warnings": [],
+        }
         return PrepareResult(Path(cfg.out), manifest)
 
     monkeypatch.setattr(prep, "prepare", fake)
@@ -56,15 +78,44 @@ def _run(args: list[str]):
 
 
 def test_old_short_spellings_still_parse(captured, tmp_path):
-    r = _run(["a.txt", "b.txt", "-o", str(tmp_path / "c"), "-j", "3", "--cased", "--strict", "--overwrite",
-              "--strip-gutenberg", "--vocab-size", "100", "--text-field", "body", "--val-fraction", "0.2",
-              "--seed", "7", "--sample-lines", "50", "--shard-tokens", "1000"])
+    r = _run(
+        [
+            "a.txt",
+            "b.txt",
+            "-o",
+            str(tmp_path / "c"),
+            "-j",
+            "3",
+            "--cased",
+            "--strict",
+            "--overwrite",
+            "--strip-gutenberg",
+            "--vocab-size",
+            "100",
+            "--text-field",
+            "body",
+            "--val-fraction",
+            "0.2",
+            "--seed",
+            "7",
+            "--sample-lines",
+            "50",
+            "--shard-tokens",
+            "1000",
+        ]
+    )
     assert r.exit_code == 0, r.output
     cfg = captured[-1]
     assert cfg.inputs == ["a.txt", "b.txt"] and cfg.out == tmp_path / "c" and cfg.workers == 3
     assert cfg.cased and cfg.strict and cfg.overwrite and cfg.strip_gutenberg
     assert (cfg.vocab_size, cfg.text_field, cfg.val_fraction, cfg.seed, cfg.sample_lines, cfg.shard_tokens) == (
-        100, "body", 0.2, 7, 50, 1000)
+        100,
+        "body",
+        0.2,
+        7,
+        50,
+        1000,
+    )
     r = _run(["a.txt", "--out", str(tmp_path / "d"), "--workers", "2"])
     assert r.exit_code == 0, r.output
     assert captured[-1].workers == 2 and captured[-1] == PrepareConfig(inputs=["a.txt"], out=tmp_path / "d", workers=2)
@@ -72,8 +123,9 @@ def test_old_short_spellings_still_parse(captured, tmp_path):
 
 def test_config_file_then_command_line(captured, tmp_path):
     cfg_file = tmp_path / "prep.toml"
-    cfg_file.write_text('inputs = ["x.txt", "y.txt"]\nvocab_size = 40\nseed = 1\nworkers = 2\ncased = true\n'
-                        'val_fraction = 0.5\n')
+    cfg_file.write_text(
+        'inputs = ["x.txt", "y.txt"]\nvocab_size = 40\nseed = 1\nworkers = 2\ncased = true\nval_fraction = 0.5\n'
+    )
     r = _run(["--config", str(cfg_file), "-o", str(tmp_path / "c"), "--seed", "3", "--workers", "0"])
     assert r.exit_code == 0, r.output
     cfg = captured[-1]
@@ -97,8 +149,21 @@ def test_command_runs_the_pipeline_and_prints_the_summary(tmp_path, capsys):
         (tmp_path / f"d{i}.txt").write_text(text)
     out = tmp_path / "corpus"
     with pytest.raises(SystemExit) as e:
-        main(["prepare", str(tmp_path / "d0.txt"), str(tmp_path / "d1.txt"), "-o", str(out), "-j", "1",
-              "--vocab-size", "40", "--val-fraction", "0.5"])
+        main(
+            [
+                "prepare",
+                str(tmp_path / "d0.txt"),
+                str(tmp_path / "d1.txt"),
+                "-o",
+                str(out),
+                "-j",
+                "1",
+                "--vocab-size",
+                "40",
+                "--val-fraction",
+                "0.5",
+            ]
+        )
     assert e.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # Rich wraps long lines at the console width
     assert text.startswith("prepared ") and "bytes/token" in text and "with 1 workers" in text

@@ -9,17 +9,52 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from corpus_helpers import random_corpus
+
 from gptcli.commands.pretrain import OPTIONS
 from gptcli.config import load_file
 from gptcli.train.pretrain import PretrainConfig
 
-PANELS = ("Input", "Model", "Optimisation", "Schedule", "Evaluation", "Checkpointing", "Distributed", "Runtime",
-          "Output")
-TINY = ["--preset", "tiny", "--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--n-inner", "64", "--n-ctx", "16",
-        "--seq-len", "16", "--batch-size", "4", "--warmup-steps", "1", "--eval-batches", "1", "--device", "cpu",
-        "--precision", "fp32", "--peak-flops", "1e11", "--quiet"]
+PANELS = (
+    "Input",
+    "Model",
+    "Optimisation",
+    "Schedule",
+    "Evaluation",
+    "Checkpointing",
+    "Distributed",
+    "Runtime",
+    "Output",
+)
+TINY = [
+    "--preset",
+    "tiny",
+    "--n-layer",
+    "1",
+    "--n-embd",
+    "32",
+    "--n-head",
+    "2",
+    "--n-inner",
+    "64",
+    "--n-ctx",
+    "16",
+    "--seq-len",
+    "16",
+    "--batch-size",
+    "4",
+    "--warmup-steps",
+    "1",
+    "--eval-batches",
+    "1",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+    "--peak-flops",
+    "1e11",
+    "--quiet",
+]
 
 
 def _cli(args: list[str], capsys) -> tuple[int, str, str]:
@@ -119,19 +154,58 @@ def _parse(args: list[str]):
 
 
 def test_old_spellings_parse():
-    p = _parse(["--data", "c", "--out", "r", "--procs", "2", "--nodes", "2", "--node-rank", "1", "--master-addr",
-                "node0", "--master-port", "1234", "--rdzv-endpoint", "node0:29400", "--dropout", "0.2", "-q",
-                "--n-layer", "3", "--n-ctx", "64", "--compile", "--tensorboard", "--resume", "--lr", "1e-3"])
+    p = _parse(
+        [
+            "--data",
+            "c",
+            "--out",
+            "r",
+            "--procs",
+            "2",
+            "--nodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--master-addr",
+            "node0",
+            "--master-port",
+            "1234",
+            "--rdzv-endpoint",
+            "node0:29400",
+            "--dropout",
+            "0.2",
+            "-q",
+            "--n-layer",
+            "3",
+            "--n-ctx",
+            "64",
+            "--compile",
+            "--tensorboard",
+            "--resume",
+            "--lr",
+            "1e-3",
+        ]
+    )
     launch = p.sections["launch"]
-    assert (launch.procs, launch.nodes, launch.node_rank, launch.master_addr, launch.master_port,
-            launch.rdzv_endpoint) == (2, 2, 1, "node0", 1234, "node0:29400")
+    assert (
+        launch.procs,
+        launch.nodes,
+        launch.node_rank,
+        launch.master_addr,
+        launch.master_port,
+        launch.rdzv_endpoint,
+    ) == (2, 2, 1, "node0", 1234, "node0:29400")
     assert p.cli["dropout"] == 0.2 and p.cli["quiet"] is True
     assert p.given["model"] == {"n_layer": 3, "n_ctx": 64}
     assert p.given["compile"] is True and p.given["tensorboard"] is True and p.given["resume"] is True
     assert p.given["lr"] == 1e-3 and p.given["data"] == Path("c")
     assert _parse(["--gpus", "4", "--quiet"]).sections["launch"].gpus == 4
-    for flag, value in (("--verify", True), ("--no-verify", False), ("--verify-data", True),
-                        ("--no-verify-data", False)):
+    for flag, value in (
+        ("--verify", True),
+        ("--no-verify", False),
+        ("--verify-data", True),
+        ("--no-verify-data", False),
+    ):
         assert _parse([flag]).given["verify_data"] is value, flag
     assert "verify_data" not in _parse([]).given  # not typed: a config file's value stays
 
@@ -144,8 +218,11 @@ def corpus(tmp_path_factory) -> Path:
 def test_config_file_is_kept_unless_an_option_is_typed(corpus, tmp_path, capsys):
     run = tmp_path / "run"
     cfg = tmp_path / "my.toml"
-    cfg.write_text(f'data = "{corpus}"\nout = "{run}"\nmax_steps = 3\nlr = 0.001\nwarmup_steps = 1\nseed = 7\n'
-                   'schedule = "linear"\nkeep_last = 1\n\n[model]\nn_embd = 32\nn_layer = 2\n', encoding="utf-8")
+    cfg.write_text(
+        f'data = "{corpus}"\nout = "{run}"\nmax_steps = 3\nlr = 0.001\nwarmup_steps = 1\nseed = 7\n'
+        'schedule = "linear"\nkeep_last = 1\n\n[model]\nn_embd = 32\nn_layer = 2\n',
+        encoding="utf-8",
+    )
     # Typed options win even when they spell the default (--lr 0.00025); --n-layer merges into the [model] table.
     args = ["pretrain", "--config", str(cfg), *TINY, "--max-steps", "2", "--lr", "0.00025", "--n-layer", "1"]
     code, _, err = _cli(args, capsys)
@@ -160,8 +237,9 @@ def test_config_file_is_kept_unless_an_option_is_typed(corpus, tmp_path, capsys)
 def test_verify_and_no_verify_both_run(corpus, tmp_path, capsys):
     for flag in ("--verify", "--no-verify"):
         run = tmp_path / flag.strip("-")
-        code, _, err = _cli(["pretrain", "--data", str(corpus), "--out", str(run), *TINY, "--max-steps", "1", flag],
-                            capsys)
+        code, _, err = _cli(
+            ["pretrain", "--data", str(corpus), "--out", str(run), *TINY, "--max-steps", "1", flag], capsys
+        )
         assert code == 0, err
         assert load_file(run / "config.toml")["verify_data"] is (flag == "--verify")
 
@@ -189,10 +267,10 @@ def test_missing_data_and_out_are_one_line_errors(tmp_path, capsys, monkeypatch)
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing was made
 
 
-@pytest.mark.parametrize("setting", ['seq_len = "abc"', "seq_lenn = 64", "lr = -1.0", 'kernels = "bogus"',
-                                     '[model]\nn_layer = "x"'])
-def test_a_bad_setting_is_the_only_line_when_the_defaults_were_chosen(setting, corpus, tmp_path, capsys,
-                                                                       monkeypatch):
+@pytest.mark.parametrize(
+    "setting", ['seq_len = "abc"', "seq_lenn = 64", "lr = -1.0", 'kernels = "bogus"', '[model]\nn_layer = "x"']
+)
+def test_a_bad_setting_is_the_only_line_when_the_defaults_were_chosen(setting, corpus, tmp_path, capsys, monkeypatch):
     """No --data and no --out: ./corpus and runs/pretrain are said once the settings are valid, so a bad --config
     file is one line, not the defaults' notes above an error."""
     monkeypatch.chdir(tmp_path)
@@ -205,21 +283,23 @@ def test_a_bad_setting_is_the_only_line_when_the_defaults_were_chosen(setting, c
 
 def test_a_mistyped_model_table_is_one_line_naming_the_file(corpus, tmp_path, capsys):
     cfg = tmp_path / "bad.toml"
-    for line, message in (('n_layer = "x"', "model.n_layer: expected an integer, got 'x'"),
-                          ("n_layer = true", "model.n_layer: expected an integer, got True")):
+    for line, message in (
+        ('n_layer = "x"', "model.n_layer: expected an integer, got 'x'"),
+        ("n_layer = true", "model.n_layer: expected an integer, got True"),
+    ):
         cfg.write_text(f'data = "{corpus}"\nout = "{tmp_path / "run"}"\n\n[model]\n{line}\n', encoding="utf-8")
         code, _, err = _cli(["pretrain", "--config", str(cfg), *TINY[:1], "tiny", "--max-steps", "1"], capsys)
         assert code == 1 and err.strip() == f"error: {cfg}: {message}", err
     assert not (tmp_path / "run").exists()
 
 
-def test_a_launch_stopped_before_its_first_checkpoint_does_not_advise_a_resume(corpus, tmp_path, capsys,
-                                                                               monkeypatch):
-    """"Continue with: gpt1 pretrain --out RUN --resume" after a stop in start-up started another run: with no
+def test_a_launch_stopped_before_its_first_checkpoint_does_not_advise_a_resume(corpus, tmp_path, capsys, monkeypatch):
+    """ "Continue with: gpt1 pretrain --out RUN --resume" after a stop in start-up started another run: with no
     run there, the short form took ./corpus and the paper's model at 64 × 512."""
     import gptcli.train.distributed as distributed
 
     monkeypatch.setattr(distributed, "launch_command", lambda *a, **k: "SIGINT")
-    code, _, err = _cli(["pretrain", "--data", str(corpus), "--out", str(tmp_path / "r"), *TINY, "--procs", "2"],
-                        capsys)
+    code, _, err = _cli(
+        ["pretrain", "--data", str(corpus), "--out", str(tmp_path / "r"), *TINY, "--procs", "2"], capsys
+    )
     assert code == 130 and "before the first checkpoint: nothing to resume" in err and "--resume" not in err

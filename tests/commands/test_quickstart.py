@@ -48,8 +48,25 @@ def test_help_groups_options_in_panels_with_defaults(capsys, monkeypatch):
 
 def test_old_spellings_parse(seen, tmp_path):
     out = tmp_path / "qs"
-    assert run_cli("quickstart", "--out", str(out), "--minutes", "2.5", "--seed", "7", "--overwrite",
-                   "--device", "cpu", "--precision", "fp32", "--workers", "1") == 0
+    assert (
+        run_cli(
+            "quickstart",
+            "--out",
+            str(out),
+            "--minutes",
+            "2.5",
+            "--seed",
+            "7",
+            "--overwrite",
+            "--device",
+            "cpu",
+            "--precision",
+            "fp32",
+            "--workers",
+            "1",
+        )
+        == 0
+    )
     cfg = seen[-1]
     assert (cfg.out, cfg.minutes, cfg.seed, cfg.overwrite) == (out, 2.5, 7, True)
     assert (cfg.device, cfg.precision, cfg.workers) == ("cpu", "fp32", 1)
@@ -58,7 +75,7 @@ def test_old_spellings_parse(seen, tmp_path):
 
 def test_config_file_under_the_command_line(seen, tmp_path):
     f = tmp_path / "qs.toml"
-    f.write_text('minutes = 3.0\nseed = 9\nvocab_size = 500\noverwrite = true\n\n[model]\nn_layer = 1\n')
+    f.write_text("minutes = 3.0\nseed = 9\nvocab_size = 500\noverwrite = true\n\n[model]\nn_layer = 1\n")
     assert run_cli("quickstart", "--config", str(f), "--seed", "0", "--lr", "0.01") == 0
     cfg = seen[-1]
     assert cfg.minutes == 3.0 and cfg.vocab_size == 500 and cfg.overwrite  # from the file

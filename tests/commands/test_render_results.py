@@ -26,10 +26,20 @@ def _text(renderable) -> str:
 
 def _result(task_name: str, run: str, train, dev, preds, model: str, **extra) -> dict:
     task = get_task(task_name)
-    return {"task": task.name, "title": task.title, "split": "dev", "metric": task.metric,
-            "paper_score": task.paper_score, "n": len(dev), "run": run, "model": model,
-            "scores": score_predictions(task, preds, dev), "baseline": baseline_of(task, train, dev),
-            **prediction_summary(task, preds), **extra}
+    return {
+        "task": task.name,
+        "title": task.title,
+        "split": "dev",
+        "metric": task.metric,
+        "paper_score": task.paper_score,
+        "n": len(dev),
+        "run": run,
+        "model": model,
+        "scores": score_predictions(task, preds, dev),
+        "baseline": baseline_of(task, train, dev),
+        **prediction_summary(task, preds),
+        **extra,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +62,10 @@ def test_combined_table_shows_levels_and_flags_the_constant_run(real):
         _result("mrpc", "small-mrpc", mrpc_train, mrpc_dev, [1] * len(mrpc_dev), "small"),  # 79.9-style trap
         _result("sst2", "small-sst2", sst_train, sst_dev, [int(e.label) for e in sst_dev], "small"),
         _result("stsb", "small-stsb", sts_train, sts_dev, [float(e.label) for e in sts_dev], "small"),
-        {**_result("race", "small-race", race_dev, race_dev, [0, 1, 2, 3, 1, 2, 3, 0], "small"),
-         "baseline": trivial_level(race, race_dev, {"A": 9, "B": 1, "C": 1, "D": 1})},
+        {
+            **_result("race", "small-race", race_dev, race_dev, [0, 1, 2, 3, 1, 2, 3, 0], "small"),
+            "baseline": trivial_level(race, race_dev, {"A": 9, "B": 1, "C": 1, "D": 1}),
+        },
         _result("mrpc", "big-mrpc", mrpc_train, mrpc_dev, [int(e.label) for e in mrpc_dev], "big"),
     ]
     text = _text(results_table(results))
@@ -73,12 +85,16 @@ def test_combined_table_shows_levels_and_flags_the_constant_run(real):
     assert "all 408 predictions" not in _text(details_table(results, notes=False))
     notes = results_table(results).renderables[1].plain  # the table, then its notes: the legend, one-label runs
     assert notes.splitlines()[1:] == [
-        'small-mrpc · mrpc (dev): all 408 predictions are "1": a constant predictor, whatever its scores look like.']
+        'small-mrpc · mrpc (dev): all 408 predictions are "1": a constant predictor, whatever its scores look like.'
+    ]
 
 
 def _rows(text: str) -> dict[str, list[str]]:
-    return {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
-            for line in text.splitlines() if line.startswith("│")}
+    return {
+        line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+        for line in text.splitlines()
+        if line.startswith("│")
+    }
 
 
 def test_a_table_of_good_runs_has_no_marks_and_names_its_level_plainly(real):
@@ -113,25 +129,56 @@ def test_the_per_epoch_line_shows_the_level():
     assert _epoch_line({**record, "accuracy": 80.0}, run).endswith("accuracy 80.00 (majority 60.00)")
     assert _epoch_line({**record, "accuracy": 40.0}, run).endswith("(< majority 60.00)")
     assert _epoch_line(record) == "epoch 2 (update 6): dev accuracy 60.00"
-    stsb = SimpleNamespace(task=get_task("stsb"), data=SimpleNamespace(train=[Example(("a", "b"), 1.0)],
-                                                                      dev=[Example(("a", "b"), 2.0)]))
+    stsb = SimpleNamespace(
+        task=get_task("stsb"), data=SimpleNamespace(train=[Example(("a", "b"), 1.0)], dev=[Example(("a", "b"), 2.0)])
+    )
     sts_record = {"kind": "eval", "step": 6, "epoch": 2, "split": "dev", "pearson": 0.0, "spearman": 0.0}
     assert _epoch_line(sts_record, stsb).endswith("pearson 0.00, spearman 0.00 (majority n/a)")
     assert _epoch_line({"kind": "eval", "step": 3, "epoch": 1, "split": ""}, run) == "epoch 1 (update 3): no eval"
-    one_class = {**record, "prediction_counts": {"entailment": 5, "not_entailment": 0},
-                 "constant_prediction": "entailment"}
-    assert _epoch_line(one_class, run) == ("epoch 2 (update 6): dev accuracy 60.00 (≈ majority 60.00); all 5 "
-                                           'predictions are "entailment": a constant predictor, whatever its scores '
-                                           "look like")
+    one_class = {
+        **record,
+        "prediction_counts": {"entailment": 5, "not_entailment": 0},
+        "constant_prediction": "entailment",
+    }
+    assert _epoch_line(one_class, run) == (
+        "epoch 2 (update 6): dev accuracy 60.00 (≈ majority 60.00); all 5 "
+        'predictions are "entailment": a constant predictor, whatever its scores '
+        "look like"
+    )
     mixed = {**record, "prediction_counts": {"entailment": 3, "not_entailment": 2}, "constant_prediction": None}
     assert _epoch_line(mixed, run) == "epoch 2 (update 6): dev accuracy 60.00 (≈ majority 60.00)"
 
 
 def test_gpt1_finetune_shows_the_level_per_epoch_and_in_its_table(pretrained, shared_data, tmp_path):
-    r = CliRunner().invoke(app, ["finetune", "--task", "rte", "--init", str(pretrained), "--out", str(tmp_path / "run"),
-                                 "--data-dir", str(shared_data / "glue" / "RTE"), "--max-train-examples", "16",
-                                 "--max-eval-examples", "8", "--batch-size", "8", "--epochs", "1", "--lr", "1e-3",
-                                 "--device", "cpu", "--precision", "fp32"], env={"COLUMNS": "200"})
+    r = CliRunner().invoke(
+        app,
+        [
+            "finetune",
+            "--task",
+            "rte",
+            "--init",
+            str(pretrained),
+            "--out",
+            str(tmp_path / "run"),
+            "--data-dir",
+            str(shared_data / "glue" / "RTE"),
+            "--max-train-examples",
+            "16",
+            "--max-eval-examples",
+            "8",
+            "--batch-size",
+            "8",
+            "--epochs",
+            "1",
+            "--lr",
+            "1e-3",
+            "--device",
+            "cpu",
+            "--precision",
+            "fp32",
+        ],
+        env={"COLUMNS": "200"},
+    )
     assert r.exit_code == 0, r.output
     res = json.loads((tmp_path / "run" / "results.json").read_text())
     base = res["baseline"]

@@ -50,8 +50,23 @@ def test_help_shows_panels_and_defaults(capsys, monkeypatch):
     panels = re.findall(r"╭─ (\w+) ─", out)
     assert panels == ["Options", "Input", "Evaluation", "Runtime", "Output"]
     text = " ".join(out.split())
-    for flag in ("--task", "--checkpoint", "--split", "--data-dir", "--out", "--threshold", "--batch-size", "--limit",
-                 "--precision", "--device", "--kernels", "--curve", "--no-curve", "--sota", "--config"):
+    for flag in (
+        "--task",
+        "--checkpoint",
+        "--split",
+        "--data-dir",
+        "--out",
+        "--threshold",
+        "--batch-size",
+        "--limit",
+        "--precision",
+        "--device",
+        "--kernels",
+        "--curve",
+        "--no-curve",
+        "--sota",
+        "--config",
+    ):
         assert flag in out, flag
     assert "[default: sst2]" in text and "[default: 32]" in text and text.count("[default: auto]") == 3
     assert "dprd test (train when only train.c.txt exists)" in text
@@ -63,13 +78,50 @@ def test_help_shows_panels_and_defaults(capsys, monkeypatch):
 
 
 def test_every_old_spelling_parses_into_the_config(calls, capsys, monkeypatch):
-    code, out, err = _cli(["zeroshot", "--task", "dprd,wsc", "--checkpoint", "runs/a", "--split", "dev", "--split", "DPRD=train",
-                           "--data-dir", "data", "--out", "zs", "--threshold", "-3.5", "--batch-size", "4", "--limit", "7",
-                           "--precision", "fp32", "--device", "cpu", "--no-curve"], capsys, monkeypatch)
+    code, out, err = _cli(
+        [
+            "zeroshot",
+            "--task",
+            "dprd,wsc",
+            "--checkpoint",
+            "runs/a",
+            "--split",
+            "dev",
+            "--split",
+            "DPRD=train",
+            "--data-dir",
+            "data",
+            "--out",
+            "zs",
+            "--threshold",
+            "-3.5",
+            "--batch-size",
+            "4",
+            "--limit",
+            "7",
+            "--precision",
+            "fp32",
+            "--device",
+            "cpu",
+            "--no-curve",
+        ],
+        capsys,
+        monkeypatch,
+    )
     assert code == 0, err
-    assert calls["zeroshot"] == ZeroShotConfig(task="dprd,wsc", checkpoint="runs/a", split="dev", splits={"dprd": "train"},
-                                               data_dir="data", out="zs", threshold=-3.5, batch_size=4, limit=7,
-                                               precision="fp32", device="cpu")
+    assert calls["zeroshot"] == ZeroShotConfig(
+        task="dprd,wsc",
+        checkpoint="runs/a",
+        split="dev",
+        splits={"dprd": "train"},
+        data_dir="data",
+        out="zs",
+        threshold=-3.5,
+        batch_size=4,
+        limit=7,
+        precision="fp32",
+        device="cpu",
+    )
     assert type(calls["progress"]).__name__ == "RichProgress"
     assert "step 7" in out and "wrote zs/results.json" in out
 
@@ -81,8 +133,25 @@ def test_defaults_when_only_the_checkpoint_is_given(calls, capsys, monkeypatch):
 
 
 def test_several_checkpoints_make_a_curve_with_sota_overrides(calls, capsys, monkeypatch):
-    code, out, err = _cli(["zeroshot", "--task", "all", "--checkpoint", "a", "--checkpoint", "b", "--sota", "dprd=70",
-                           "--sota", "wsc=61.5", "--split", "dprd=train"], capsys, monkeypatch)
+    code, out, err = _cli(
+        [
+            "zeroshot",
+            "--task",
+            "all",
+            "--checkpoint",
+            "a",
+            "--checkpoint",
+            "b",
+            "--sota",
+            "dprd=70",
+            "--sota",
+            "wsc=61.5",
+            "--split",
+            "dprd=train",
+        ],
+        capsys,
+        monkeypatch,
+    )
     assert code == 0, err
     cfg, checkpoints, sota = calls["curve"]
     assert checkpoints == ["a", "b"] and sota == {"dprd": 70.0, "wsc": 61.5}
@@ -106,31 +175,54 @@ def test_curve_flag_and_run_directory(calls, tmp_path, capsys, monkeypatch):
 def test_config_file_precedence(calls, tmp_path, capsys, monkeypatch):
     """defaults < --config FILE < options typed (a typed value wins even when it equals the default)."""
     cfg = tmp_path / "zs.toml"
-    cfg.write_text('task = "dprd,wsc"\ncheckpoint = "from-file"\nsplit = "train"\nlimit = 7\nbatch_size = 8\n'
-                   'precision = "fp32"\n\n[splits]\nwsc = "test"\n', encoding="utf-8")
-    code, _, err = _cli(["zeroshot", "--config", str(cfg), "--limit", "9", "--batch-size", "32", "--split", "dprd=test"],
-                        capsys, monkeypatch)
+    cfg.write_text(
+        'task = "dprd,wsc"\ncheckpoint = "from-file"\nsplit = "train"\nlimit = 7\nbatch_size = 8\n'
+        'precision = "fp32"\n\n[splits]\nwsc = "test"\n',
+        encoding="utf-8",
+    )
+    code, _, err = _cli(
+        ["zeroshot", "--config", str(cfg), "--limit", "9", "--batch-size", "32", "--split", "dprd=test"],
+        capsys,
+        monkeypatch,
+    )
     assert code == 0, err
     got = calls.pop("zeroshot")
-    assert (got.task, got.checkpoint, got.split, got.limit, got.batch_size, got.precision) == ("dprd,wsc", "from-file", "train", 9, 32, "fp32")
+    assert (got.task, got.checkpoint, got.split, got.limit, got.batch_size, got.precision) == (
+        "dprd,wsc",
+        "from-file",
+        "train",
+        9,
+        32,
+        "fp32",
+    )
     assert got.splits == {"wsc": "test", "dprd": "test"}  # the file's table, then the typed pairs
-    code, _, err = _cli(["zeroshot", "--config", str(cfg), "--checkpoint", "typed", "--split", "dev"], capsys, monkeypatch)
+    code, _, err = _cli(
+        ["zeroshot", "--config", str(cfg), "--checkpoint", "typed", "--split", "dev"], capsys, monkeypatch
+    )
     assert code == 0, err
     got = calls.pop("zeroshot")
     assert (got.checkpoint, got.split, got.limit) == ("typed", "dev", 7)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--checkpoint", "nowhere", "--split", "bogus=dev"], "--split bogus=…: unknown task 'bogus'"),
-    (["--checkpoint", "nowhere", "--split", "=dev"], "--split: expected VALUE or TASK=VALUE, got '=dev'"),
-    # A pair for a task not run was ignored without a word.
-    (["--checkpoint", "nowhere", "--task", "sst2", "--split", "cola=train"],
-     "--split cola=train: cola is not among the tasks run (sst2; add it to --task or drop the pair)"),
-    (["--checkpoint", "nowhere", "--task", "bogus"], "unknown zero-shot task 'bogus'"),
-    (["--checkpoint", "nowhere", "--batch-size", "0"], "--batch-size 0 is impossible (it must be at least 1)"),
-    (["--checkpoint", "nowhere", "--limit", "0"], "--limit 0 is impossible (it must be at least 1 (leave it unset for all))"),
-    (["--checkpoint", "a", "--checkpoint", "b", "--sota", "wsc=high"], "--sota wsc=high: not a number"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--checkpoint", "nowhere", "--split", "bogus=dev"], "--split bogus=…: unknown task 'bogus'"),
+        (["--checkpoint", "nowhere", "--split", "=dev"], "--split: expected VALUE or TASK=VALUE, got '=dev'"),
+        # A pair for a task not run was ignored without a word.
+        (
+            ["--checkpoint", "nowhere", "--task", "sst2", "--split", "cola=train"],
+            "--split cola=train: cola is not among the tasks run (sst2; add it to --task or drop the pair)",
+        ),
+        (["--checkpoint", "nowhere", "--task", "bogus"], "unknown zero-shot task 'bogus'"),
+        (["--checkpoint", "nowhere", "--batch-size", "0"], "--batch-size 0 is impossible (it must be at least 1)"),
+        (
+            ["--checkpoint", "nowhere", "--limit", "0"],
+            "--limit 0 is impossible (it must be at least 1 (leave it unset for all))",
+        ),
+        (["--checkpoint", "a", "--checkpoint", "b", "--sota", "wsc=high"], "--sota wsc=high: not a number"),
+    ],
+)
 def test_user_errors_are_one_line(args, message, capsys, monkeypatch):
     """Checked before any checkpoint is opened (``nowhere`` does not exist)."""
     code, _, err = _cli(["zeroshot", *args], capsys, monkeypatch)

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from gptcli.data.batching import PAD_ID, bucketed_batches, collate, iterate, num_batches, random_batches, train_batches
-from gptcli.model.losses import lm_loss_per_sequence
-from gptcli.model.heads import HeadConfig, TaskHead, first_extract_positions
-from gptcli.model.gpt import GPT, ModelConfig
 from gptcli.data.transforms import Encoded
+from gptcli.model.gpt import GPT, ModelConfig
+from gptcli.model.heads import HeadConfig, TaskHead, first_extract_positions
+from gptcli.model.losses import lm_loss_per_sequence
 
 S, D, E = 50, 51, 52
 
@@ -43,6 +43,7 @@ def test_bucketed_batches_cover_every_example_once_and_group_lengths():
     flat = sorted(i for b in batches for i in b)
     assert flat == list(range(1000))
     assert len(batches) == num_batches(1000, 32, pool=10)
+
     # Padding waste: far less than with random batches.
     def waste(bs):
         return sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in bs)
@@ -88,9 +89,11 @@ def test_every_batching_refuses_a_batch_size_below_one(batch_size):
         signal.signal(signal.SIGALRM, previous)
     with pytest.raises(ValueError, match="batch_size must be at least 1"):
         list(iterate(enc, batch_size, shuffle=False, shared_extract=E))
-    for batches in (lambda: bucketed_batches([4] * 4, batch_size, shuffle=False),
-                    lambda: bucketed_batches([4] * 4, batch_size, shuffle=True),
-                    lambda: random_batches(4, batch_size, random.Random(0))):
+    for batches in (
+        lambda: bucketed_batches([4] * 4, batch_size, shuffle=False),
+        lambda: bucketed_batches([4] * 4, batch_size, shuffle=True),
+        lambda: random_batches(4, batch_size, random.Random(0)),
+    ):
         with pytest.raises(ValueError, match="batch_size must be at least 1"):
             batches()
 
@@ -180,8 +183,12 @@ def test_multiple_choice_head_and_lm_loss_match_transformers_double_heads():
     cfg = ModelConfig(vocab_size=50, n_special=3, n_ctx=16, n_embd=32, n_layer=2, n_head=2, n_inner=128)  # HF: 4·d
     hf_cfg = transformers.OpenAIGPTConfig(
         **{k: v for k, v in config_to_hf(cfg).items() if k not in ("architectures", "model_type")},
-        num_labels=1, summary_type="cls_index", summary_use_proj=True, summary_proj_to_labels=True,
-        summary_activation=None, summary_first_dropout=0.1,
+        num_labels=1,
+        summary_type="cls_index",
+        summary_use_proj=True,
+        summary_proj_to_labels=True,
+        summary_activation=None,
+        summary_first_dropout=0.1,
     )
     torch.manual_seed(3)
     hf = transformers.OpenAIGPTDoubleHeadsModel(hf_cfg).eval()
@@ -213,7 +220,9 @@ def test_subsample_is_seeded_and_keeps_the_order():
     a = subsample(items, 10, seed=3)
     assert len(a) == 10 and a == sorted(a) and a == subsample(items, 10, seed=3)
     assert a != subsample(items, 10, seed=4)
-    assert subsample(items, None, 0) is items and subsample(items, 100, 0) is items and subsample(items, 500, 0) is items
+    assert (
+        subsample(items, None, 0) is items and subsample(items, 100, 0) is items and subsample(items, 500, 0) is items
+    )
     assert subsample(items, 0, 0) == []
 
 
@@ -277,4 +286,5 @@ def test_length_batching_pads_less_than_random():
         return sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in bs)
 
     assert pads(train_batches(lengths, 32, "length", random.Random(0))) < 0.2 * pads(
-        train_batches(lengths, 32, "random", random.Random(0)))
+        train_batches(lengths, 32, "random", random.Random(0))
+    )

@@ -33,8 +33,12 @@ def learned_tok(shared_data):
     return LearnedBPETokenizer.train(word_lines(book), vocab_size=400, seed=0)
 
 
-REAL = {"rte": ("glue/RTE", "dev"), "mrpc": ("glue/MRPC", "dev"), "stsb": ("glue/STS-B", "dev"),
-        "storycloze": ("storycloze", "dev")}
+REAL = {
+    "rte": ("glue/RTE", "dev"),
+    "mrpc": ("glue/MRPC", "dev"),
+    "stsb": ("glue/STS-B", "dev"),
+    "storycloze": ("storycloze", "dev"),
+}
 
 
 def real(shared_data: Path, name: str, n: int = 150) -> tuple[object, list]:
@@ -44,7 +48,9 @@ def real(shared_data: Path, name: str, n: int = 150) -> tuple[object, list]:
 
 
 def same(a, b) -> None:
-    assert [(e.seqs, e.label, e.index, e.uid, e.extra) for e in a] == [(e.seqs, e.label, e.index, e.uid, e.extra) for e in b]
+    assert [(e.seqs, e.label, e.index, e.uid, e.extra) for e in a] == [
+        (e.seqs, e.label, e.index, e.uid, e.extra) for e in b
+    ]
     for e in b:  # the same Python types as the plain path (lists of ints), not numpy scalars
         assert all(type(s) is list and all(type(i) is int for i in s) for s in e.seqs)
 
@@ -97,7 +103,7 @@ def _damage(path: Path, how: str) -> None:
         path.write_bytes(data[: len(data) // 2])
     elif how == "flip":
         i = len(data) // 2
-        path.write_bytes(data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1:])
+        path.write_bytes(data[:i] + bytes([data[i] ^ 0x01]) + data[i + 1 :])
     elif how == "no-sidecar":
         path.with_suffix(".json").unlink()
     elif how == "bad-sidecar":
@@ -196,8 +202,18 @@ def test_finetune_fills_the_cache_reuses_it_and_no_cache_bypasses_it(pretrained,
 
     root = tmp_path / "cache"
     monkeypatch.setenv("GPT1_CACHE", str(root))
-    base = dict(task="rte", init=str(pretrained), data_dir=str(shared_data / "glue/RTE"), max_train_examples=16,
-                max_eval_examples=8, batch_size=8, epochs=1, lr=1e-3, device="cpu", precision="fp32")
+    base = dict(
+        task="rte",
+        init=str(pretrained),
+        data_dir=str(shared_data / "glue/RTE"),
+        max_train_examples=16,
+        max_eval_examples=8,
+        batch_size=8,
+        epochs=1,
+        lr=1e-3,
+        device="cpu",
+        precision="fp32",
+    )
     first = finetune(FinetuneConfig(out=str(tmp_path / "a"), **base))
     assert len(list(root.glob("*.arrow"))) == 2  # train and dev
     monkeypatch.setattr(cache_mod, "encode_examples", lambda *a, **k: pytest.fail("encoded again"))
@@ -231,8 +247,9 @@ def test_the_gc_pause_of_a_warm_start_restores_the_collectors_state():
             gc.enable()
 
 
-def test_parallel_encoding_under_the_command_line_prints_no_worker_traceback(shared_data, openai_tok, monkeypatch,
-                                                                             capfd):
+def test_parallel_encoding_under_the_command_line_prints_no_worker_traceback(
+    shared_data, openai_tok, monkeypatch, capfd
+):
     """The pool's workers are forked with the command line's SIGTERM handler (raise ``Terminated``); leaving the
     ``with Pool()`` block terminates them with SIGTERM, and every `gpt1 finetune` that encoded in parallel printed a
     worker's traceback. The workers now take SIGTERM's default."""

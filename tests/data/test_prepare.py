@@ -107,8 +107,11 @@ def test_reuse_tokenizer(serial, books, tmp_path):
 def test_reused_tokenizer_refuses_learning_settings_that_disagree(serial, books, tmp_path, capsys):
     """They used to be ignored without a word (the tokenizer's 600 ids, uncased)."""
     reuse = dict(tokenizer=serial.out)
-    with pytest.raises(GPT1Error, match=r"^--vocab-size 999 disagrees with the reused tokenizer .*, which has 600 ids "
-                                        r"\(leave --vocab-size out"):
+    with pytest.raises(
+        GPT1Error,
+        match=r"^--vocab-size 999 disagrees with the reused tokenizer .*, which has 600 ids "
+        r"\(leave --vocab-size out",
+    ):
         prepare(_cfg(books[:1], tmp_path / "a", vocab_size=999, **reuse))
     with pytest.raises(GPT1Error, match=r"^--cased disagrees with the reused tokenizer .*, which is uncased"):
         prepare(_cfg(books[:1], tmp_path / "b", cased=True, **reuse))
@@ -116,8 +119,10 @@ def test_reused_tokenizer_refuses_learning_settings_that_disagree(serial, books,
     with pytest.raises(GPT1Error, match=r"^--vocab-size 40478 disagrees"):
         prepare(_cfg(books[:1], tmp_path / "c", vocab_size=40478, **reuse), given={"vocab_size"})
     args = ["prepare", str(books[0]), "--tokenizer", str(serial.out), "--out", str(tmp_path / "d"), "-j", "1"]
-    for extra, message in ((["--vocab-size", "40478"], "--vocab-size 40478 disagrees"),
-                           (["--no-cased", "--vocab-size", "500"], "--vocab-size 500 disagrees")):
+    for extra, message in (
+        (["--vocab-size", "40478"], "--vocab-size 40478 disagrees"),
+        (["--no-cased", "--vocab-size", "500"], "--vocab-size 500 disagrees"),
+    ):
         with pytest.raises(SystemExit) as e:
             main(args + extra)
         err = capsys.readouterr().err

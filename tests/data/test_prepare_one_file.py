@@ -50,7 +50,7 @@ def test_one_file_is_cut_into_a_training_head_and_a_validation_tail(one_file, sh
     text = shakespeare.read_text(encoding="utf-8")
     first_line = val[: val.index(tok.newline_id)]
     starts = [i + 1 for i, c in enumerate(text) if c == "\n" and len(text) - i < 0.05 * len(text)]
-    starts = [s for s in starts if text[s:s + 1].strip() and tok.encode(text[s:text.index("\n", s)]) == first_line]
+    starts = [s for s in starts if text[s : s + 1].strip() and tok.encode(text[s : text.index("\n", s)]) == first_line]
     tail_starts = [s for s in starts if tok.encode(text[s:]) == val]
     assert len(tail_starts) == 1, tail_starts
     at = tail_starts[0]
@@ -61,8 +61,10 @@ def test_one_file_is_cut_into_a_training_head_and_a_validation_tail(one_file, sh
 
 def test_one_file_is_the_same_whatever_the_worker_count(shared_data, tmp_path):
     book = shared_data / "books" / "pg1952_yellow_wallpaper.txt"
-    runs = [prepare(_cfg([book], tmp_path / f"w{w}", workers=w, chunk_bytes=5_000, strip_gutenberg=True,
-                         val_fraction=0.1)) for w in (1, 2)]
+    runs = [
+        prepare(_cfg([book], tmp_path / f"w{w}", workers=w, chunk_bytes=5_000, strip_gutenberg=True, val_fraction=0.1))
+        for w in (1, 2)
+    ]
     hashes = [[(s["file"], s["sha256"]) for s in r.manifest["shards"]] for r in runs]
     assert hashes[0] == hashes[1]
     assert runs[0].manifest["tokenizer"]["model_sha256"] == runs[1].manifest["tokenizer"]["model_sha256"]
@@ -74,10 +76,26 @@ def test_one_file_inspects_and_pretrains(one_file, tmp_path, capsys):
         main(["inspect", str(one_file.out)])
     assert e.value.code in (0, None), capsys.readouterr().err
     assert "val" in capsys.readouterr().out
-    res = pretrain(PretrainConfig(data=one_file.out, out=tmp_path / "run", preset="tiny", model=dict(MODEL),
-                                  seq_len=32, batch_size=8, max_steps=6, warmup_steps=2, lr=3e-3, eval_every=0,
-                                  eval_batches=4, save_every=0, log_every=3, device="cpu", precision="fp32",
-                                  peak_flops=1e11))
+    res = pretrain(
+        PretrainConfig(
+            data=one_file.out,
+            out=tmp_path / "run",
+            preset="tiny",
+            model=dict(MODEL),
+            seq_len=32,
+            batch_size=8,
+            max_steps=6,
+            warmup_steps=2,
+            lr=3e-3,
+            eval_every=0,
+            eval_batches=4,
+            save_every=0,
+            log_every=3,
+            device="cpu",
+            precision="fp32",
+            peak_flops=1e11,
+        )
+    )
     assert res.step == 6 and res.final_val_loss is not None and math.isfinite(res.final_val_loss)
     assert res.final_val_loss < math.log(400)  # 6 updates already beat a uniform guess over the 400 ids
 
@@ -113,8 +131,11 @@ def test_split_text_paragraphs_lines_and_articles():
     assert list(split_text(text, "paragraph")) == ["one a\r\none b\r", "two", "three\n"]
     assert list(split_text(text, "line")) == ["one a\r", "one b\r", "two", "three"]
     wiki = "preface\n = A = \n a text \n = = Sub = = \n more \n\n = B = \n b text \n"
-    assert list(split_text(wiki, "wikitext")) == ["preface", " = A = \n a text \n = = Sub = = \n more \n",
-                                                  " = B = \n b text \n"]
+    assert list(split_text(wiki, "wikitext")) == [
+        "preface",
+        " = A = \n a text \n = = Sub = = \n more \n",
+        " = B = \n b text \n",
+    ]
 
 
 def test_tail_cut_prefers_a_paragraph_break_near_the_target():
@@ -122,7 +143,7 @@ def test_tail_cut_prefers_a_paragraph_break_near_the_target():
     at = tail_cut(text, 0.1)
     assert text[:at].endswith("\n\n") and text[at:].startswith("line 90\n")
     no_paragraphs = "".join(f"line {i}\n" for i in range(100))
-    assert no_paragraphs[tail_cut(no_paragraphs, 0.1):].startswith("line 90\n")
+    assert no_paragraphs[tail_cut(no_paragraphs, 0.1) :].startswith("line 90\n")
     assert tail_cut("a single line with no break", 0.1) is None
     assert tail_cut("\n\ntext only after breaks\n\n", 0.5) is None  # no cut leaves text on both sides
 
@@ -142,8 +163,22 @@ def test_cli_split_by(tmp_path, capsys):
     src = tmp_path / "stories.txt"
     src.write_text("".join(f"Story {i} begins.\nIt ends.\n\n" for i in range(10)), encoding="utf-8")
     with pytest.raises(SystemExit) as e:
-        main(["prepare", str(src), "--split-by", "paragraph", "--vocab-size", "40", "-j", "1", "--out",
-              str(tmp_path / "c"), "--val-fraction", "0.2"])
+        main(
+            [
+                "prepare",
+                str(src),
+                "--split-by",
+                "paragraph",
+                "--vocab-size",
+                "40",
+                "-j",
+                "1",
+                "--out",
+                str(tmp_path / "c"),
+                "--val-fraction",
+                "0.2",
+            ]
+        )
     assert e.value.code in (0, None), capsys.readouterr().err
     assert open_corpus(tmp_path / "c").manifest["splits"]["val"]["documents"] == 2
     with pytest.raises(SystemExit) as e:

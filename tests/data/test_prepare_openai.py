@@ -46,15 +46,22 @@ def test_prepare_with_the_released_bpe_stores_what_encode_gives(wiki_slice, rele
     assert len(docs) > 3
     val = set(random.Random(0).sample(range(len(docs)), max(1, round(0.2 * len(docs)))))  # docs/formats.md's draw
     corpus = open_corpus(runs[0].out)
-    for split, wanted in (("train", [d for i, d in enumerate(docs) if i not in val]),
-                          ("val", [d for i, d in enumerate(docs) if i in val])):
+    for split, wanted in (
+        ("train", [d for i, d in enumerate(docs) if i not in val]),
+        ("val", [d for i, d in enumerate(docs) if i in val]),
+    ):
         assert [d.tolist() for d in corpus.documents(split)] == [tok.encode(d) for d in wanted], split
     assert corpus.tokenizer.newline_id == 40477 and 40477 in next(iter(corpus.documents("train"))).tolist()
     m = runs[0].manifest
     assert m["settings"]["cased"] is False and m["dtype"] == "uint16"
     t = m["tokenizer"]
-    assert (t["kind"], t["vocab_size"], t["total_vocab"], t["newline_id"], t["learned"]) == ("openai", 40478, 40481,
-                                                                                           40477, False)
+    assert (t["kind"], t["vocab_size"], t["total_vocab"], t["newline_id"], t["learned"]) == (
+        "openai",
+        40478,
+        40481,
+        40477,
+        False,
+    )
     assert t["model_sha256"] is None and t["source"] == str(released)
     tok.save(tmp_path / "saved")
     fingerprint = tokenizer_fingerprint(runs[0].out / "tokenizer")
@@ -79,9 +86,15 @@ def test_a_checkpoint_or_run_directory_gives_its_tokenizer(wiki_slice, released,
     shutil.copytree(ck, tmp_path / "run" / "checkpoints" / "step-1")
     small = tmp_path / "small.tokens"
     small.write_text(wiki_slice.read_text(encoding="utf-8")[:8_000], encoding="utf-8")
-    runs = {name: prepare(_cfg(small, tmp_path / f"c-{name}", src, split_by="paragraph"))
-            for name, src in (("released", released), ("ck", ck), ("run", tmp_path / "run"),
-                              ("tokenizer", ck / "tokenizer"))}
+    runs = {
+        name: prepare(_cfg(small, tmp_path / f"c-{name}", src, split_by="paragraph"))
+        for name, src in (
+            ("released", released),
+            ("ck", ck),
+            ("run", tmp_path / "run"),
+            ("tokenizer", ck / "tokenizer"),
+        )
+    }
     shards = {name: [s["sha256"] for s in r.manifest["shards"]] for name, r in runs.items()}
     assert len({tuple(s) for s in shards.values()}) == 1
     assert {r.manifest["tokenizer"]["fingerprint"] for r in runs.values()} == {tokenizer_fingerprint(ck / "tokenizer")}
@@ -95,6 +108,9 @@ def test_settings_that_disagree_with_the_openai_bpe_are_refused(wiki_slice, rele
     r = prepare(_cfg(wiki_slice, tmp_path / "c", released, vocab_size=500), given={"inputs", "tokenizer"})
     assert r.manifest["tokenizer"]["vocab_size"] == 40478  # a value the user did not set follows the tokenizer
     (tmp_path / "nothing").mkdir()
-    with pytest.raises(GPT1Error, match=r"nothing: no tokenizer here \(pass a tokenizer directory, .* "
-                                        r"encoder_bpe_40000\.json \+ vocab_40000\.bpe\)$"):
+    with pytest.raises(
+        GPT1Error,
+        match=r"nothing: no tokenizer here \(pass a tokenizer directory, .* "
+        r"encoder_bpe_40000\.json \+ vocab_40000\.bpe\)$",
+    ):
         prepare(_cfg(wiki_slice, tmp_path / "d", tmp_path / "nothing"))

@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 
-from gptcli.errors import GPT1Error
 from gptcli.data.shards import (
     ShardWriter,
     open_corpus,
@@ -19,6 +18,7 @@ from gptcli.data.shards import (
     write_manifest,
     write_shard,
 )
+from gptcli.errors import GPT1Error
 
 
 def _docs(rng, n, vocab, max_len=50):
@@ -112,17 +112,23 @@ def test_summarize_reads_the_manifest_for_the_commands(tmp_path):
     v = ShardWriter(tmp_path, "val", np.uint16)
     v.add(np.arange(2))
     manifest = {
-        "format_version": 1, "dtype": "uint16", "tool": {"name": "gpt1", "version": "9.9"},
-        "settings": {"seed": 3, "workers": 2}, "inputs": [{"bytes": 10}, {"bytes": 32}],
+        "format_version": 1,
+        "dtype": "uint16",
+        "tool": {"name": "gpt1", "version": "9.9"},
+        "settings": {"seed": 3, "workers": 2},
+        "inputs": [{"bytes": 10}, {"bytes": 32}],
         "tokenizer": {"vocab_size": 40, "learned": False, "source": "elsewhere"},
         "splits": {"train": {"text_bytes": 52}, "val": {"text_bytes": 8}},
-        "shards": w.close() + v.close(), "warnings": ["a: empty file"],
+        "shards": w.close() + v.close(),
+        "warnings": ["a: empty file"],
     }
     write_manifest(tmp_path, manifest)
     s = open_corpus(tmp_path).summary()
     assert s == summarize(manifest)
     assert [(x.name, x.documents, x.tokens, x.shards, x.text_bytes) for x in s.splits] == [
-        ("train", 3, 13, 2, 52), ("val", 1, 2, 1, 8)]
+        ("train", 3, 13, 2, 52),
+        ("val", 1, 2, 1, 8),
+    ]
     assert (s.vocab_size, s.learned, s.tokenizer_source, s.inputs, s.input_bytes) == (40, False, "elsewhere", 2, 42)
     assert (s.tool_version, s.seed, s.workers, s.warnings, s.dtype) == ("9.9", 3, 2, 1, "uint16")
     old = summarize({"shards": manifest["shards"]})  # a bare manifest: what it lacks shows as unknown

@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from toy_tokenizer import ToyTokenizer
 
-from gptcli.tasks.base import Example, Task
 from gptcli.data.transforms import (
     SpecialIds,
     encode_examples,
@@ -15,15 +15,23 @@ from gptcli.data.transforms import (
     transform_ids,
     truncate_pair,
 )
-from toy_tokenizer import ToyTokenizer
+from gptcli.tasks.base import Example, Task
 
 S, D, E = 1000, 1001, 1002
 SP = SpecialIds(S, D, E)
 
 
 def _task(kind: str, n_choices: int = 0, labels=("0", "1")) -> Task:
-    return Task(name=f"toy-{kind}", title="toy", kind=kind, labels=labels, metric="accuracy", folder="toy",
-                splits={}, n_choices=n_choices)
+    return Task(
+        name=f"toy-{kind}",
+        title="toy",
+        kind=kind,
+        labels=labels,
+        metric="accuracy",
+        folder="toy",
+        splits={},
+        n_choices=n_choices,
+    )
 
 
 def test_classification_layout():
@@ -157,8 +165,12 @@ def test_encode_examples_validates_field_counts():
     with pytest.raises(GPT1Error, match="2 text field"):
         encode_examples(_task("entailment"), [Example(("only one",), label=0, source="f.tsv:3")], tok, 64)
     with pytest.raises(GPT1Error, match="f.tsv:9: expected 4 answers"):
-        encode_examples(_task("multiple_choice", 4, ("A", "B", "C", "D")),
-                        [Example(("ctx", "q"), choices=("a", "b"), label=0, source="f.tsv:9")], tok, 64)
+        encode_examples(
+            _task("multiple_choice", 4, ("A", "B", "C", "D")),
+            [Example(("ctx", "q"), choices=("a", "b"), label=0, source="f.tsv:9")],
+            tok,
+            64,
+        )
 
 
 def test_every_sequence_fits_random_lengths():
@@ -170,7 +182,12 @@ def test_every_sequence_fits_random_lengths():
         a = list(range(rng.randint(0, 60)))
         b = list(range(rng.randint(0, 60)))
         answers = [list(range(rng.randint(1, 30))) for _ in range(4)]
-        for kind, texts, ch in (("classification", [a], []), ("entailment", [a, b], []), ("similarity", [a, b], []),
-                                ("multiple_choice", [a, b], answers), ("multiple_choice", [a], answers)):
+        for kind, texts, ch in (
+            ("classification", [a], []),
+            ("entailment", [a, b], []),
+            ("similarity", [a, b], []),
+            ("multiple_choice", [a, b], answers),
+            ("multiple_choice", [a], answers),
+        ):
             for s in transform_ids(kind, texts, ch, SP, n_ctx):
                 assert len(s) <= n_ctx and s[0] == S and s[-1] == E and s.count(E) == 1

@@ -5,15 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gptcli.errors import GPT1Error
 from gptcli.data.windows import WindowSampler
+from gptcli.errors import GPT1Error
 
 L = 8
 
 
 def _arrays():
     # Three "shards" of distinct token ranges so a window's content identifies where it came from.
-    return [np.arange(0, 100, dtype=np.uint16), np.arange(1000, 1037, dtype=np.uint16), np.arange(2000, 2091, dtype=np.uint16)]
+    return [
+        np.arange(0, 100, dtype=np.uint16),
+        np.arange(1000, 1037, dtype=np.uint16),
+        np.arange(2000, 2091, dtype=np.uint16),
+    ]
 
 
 def _epoch_windows(s: WindowSampler) -> list[tuple[int, int]]:

@@ -34,7 +34,7 @@ def _column(path: Path, col: int, header: bool) -> list[str]:
     """One column of a GLUE .tsv, read with csv alone (no quoting: GLUE's sentences hold bare quote marks)."""
     with path.open(encoding="utf-8-sig", newline="") as f:
         rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
-    return [r[col] for r in rows[1 if header else 0:] if r]
+    return [r[col] for r in rows[1 if header else 0 :] if r]
 
 
 def _real(shared_data: Path, name: str, folder: str) -> tuple:
@@ -73,8 +73,12 @@ def test_the_real_levels(shared_data):
     for name, folder, _, _ in GLUE:
         task, train, dev, _ = _real(shared_data, name, folder)
         got[name] = {k: round(v, 2) for k, v in baseline_of(task, train, dev)["majority"].items()}
-    assert got == {"sst2": {"accuracy": 50.92}, "cola": {"mcc": 0.0, "accuracy": 69.13},
-                   "rte": {"accuracy": 52.71}, "mrpc": {"f1": 81.22, "accuracy": 68.38}}
+    assert got == {
+        "sst2": {"accuracy": 50.92},
+        "cola": {"mcc": 0.0, "accuracy": 69.13},
+        "rte": {"accuracy": 52.71},
+        "mrpc": {"f1": 81.22, "accuracy": 68.38},
+    }
 
 
 def test_stsb_has_no_level(shared_data):
@@ -88,9 +92,19 @@ def test_stsb_has_no_level(shared_data):
 def test_multiple_choice_chance_and_majority_position():
     race = get_task("race")
     train = [Example(("c", "q"), label=y, choices=tuple("abcd")) for y in [3, 3, 3, 0, 1, 2]]
-    dev = [Example(("c", "q"), label=y, choices=tuple("abcd"), extra={"level": lv})
-           for y, lv in [(3, "middle"), (3, "middle"), (3, "high"), (0, "high"), (1, "high"), (2, "middle"),
-                         (0, "middle"), (1, "high")]]
+    dev = [
+        Example(("c", "q"), label=y, choices=tuple("abcd"), extra={"level": lv})
+        for y, lv in [
+            (3, "middle"),
+            (3, "middle"),
+            (3, "high"),
+            (0, "high"),
+            (1, "high"),
+            (2, "middle"),
+            (0, "middle"),
+            (1, "high"),
+        ]
+    ]
     base = trivial_level(race, dev, label_counts(race, train))
     assert base["chance"] == 25.0 and base["majority_label"] == "D"
     assert base["majority"] == pytest.approx({"accuracy": 37.5, "accuracy_high": 25.0, "accuracy_middle": 50.0})
@@ -126,8 +140,15 @@ def test_without_training_labels_the_evaluated_split_says_and_is_marked():
 def _mrpc_result(shared_data: Path, preds_of) -> dict:
     task, train, dev, _ = _real(shared_data, "mrpc", "MRPC")
     preds = preds_of(dev)
-    return {"task": "mrpc", "split": "dev", "metric": "f1", "n": len(dev), "scores": score_predictions(task, preds, dev),
-            "baseline": baseline_of(task, train, dev), **prediction_summary(task, preds)}
+    return {
+        "task": "mrpc",
+        "split": "dev",
+        "metric": "f1",
+        "n": len(dev),
+        "scores": score_predictions(task, preds, dev),
+        "baseline": baseline_of(task, train, dev),
+        **prediction_summary(task, preds),
+    }
 
 
 def test_a_constant_predictor_is_flagged_and_a_good_one_is_not(shared_data):
@@ -136,7 +157,9 @@ def test_a_constant_predictor_is_flagged_and_a_good_one_is_not(shared_data):
     assert const["scores"] == const["baseline"]["majority"]  # exactly the majority level: that is what it is
     assert verdict(const["scores"]["f1"], const["baseline"], "f1") == "≈ majority"
     assert verdict(const["scores"]["accuracy"], const["baseline"], "accuracy") == "≈ majority"
-    assert constant_sentence(const) == 'all 408 predictions are "1": a constant predictor, whatever its scores look like'
+    assert (
+        constant_sentence(const) == 'all 408 predictions are "1": a constant predictor, whatever its scores look like'
+    )
     assert level_note(const["scores"], const["baseline"], "f1") == "≈ majority 81.22"
     minority = _mrpc_result(shared_data, lambda dev: [0] * len(dev))
     assert verdict(minority["scores"]["f1"], minority["baseline"], "f1") == "< majority"
@@ -144,14 +167,22 @@ def test_a_constant_predictor_is_flagged_and_a_good_one_is_not(shared_data):
     good = _mrpc_result(shared_data, lambda dev: [int(e.label) for e in dev])
     assert good["constant_prediction"] is None and constant_sentence(good) is None
     assert good["prediction_counts"] == {"0": 129, "1": 279}
-    assert verdict(good["scores"]["f1"], good["baseline"], "f1") == "" and level_note(good["scores"], good["baseline"], "f1") == "majority 81.22"
+    assert (
+        verdict(good["scores"]["f1"], good["baseline"], "f1") == ""
+        and level_note(good["scores"], good["baseline"], "f1") == "majority 81.22"
+    )
 
 
 def test_margin_edges():
     base = {"majority": {"accuracy": 50.0}, "chance": None, "margin": MARGIN}
     assert MARGIN == 1.0
-    assert [verdict(s, base, "accuracy") for s in (48.9, 49.0, 50.0, 51.0, 51.1)] == \
-        ["< majority", "≈ majority", "≈ majority", "≈ majority", ""]
+    assert [verdict(s, base, "accuracy") for s in (48.9, 49.0, 50.0, 51.0, 51.1)] == [
+        "< majority",
+        "≈ majority",
+        "≈ majority",
+        "≈ majority",
+        "",
+    ]
     assert verdict(None, base, "accuracy") == "" and verdict(40.0, None, "accuracy") == ""
 
 
@@ -160,7 +191,12 @@ def test_regression_prediction_summary():
     s = prediction_summary(stsb, [2.5, 2.5, 2.5])
     assert s["constant_prediction"] == "2.500" and s["prediction_stats"]["std"] == 0.0
     s = prediction_summary(stsb, [1.0, 3.0])
-    assert s["constant_prediction"] is None and s["prediction_stats"] == {"mean": 2.0, "std": 1.0, "min": 1.0, "max": 3.0}
+    assert s["constant_prediction"] is None and s["prediction_stats"] == {
+        "mean": 2.0,
+        "std": 1.0,
+        "min": 1.0,
+        "max": 3.0,
+    }
     assert prediction_summary(get_task("sst2"), [1])["constant_prediction"] is None  # one example says nothing
 
 
@@ -170,8 +206,10 @@ def test_eval_results_json_carries_level_and_prediction_distribution(shared_data
     from gptcli.eval.tasks import write_outputs
 
     task, train, dev, _ = _real(shared_data, "rte", "RTE")
-    ck = SimpleNamespace(path=tmp_path / "run" / "checkpoints" / "final",
-                         meta={"task": "rte", "init": "pre", "train_label_counts": label_counts(task, train)})
+    ck = SimpleNamespace(
+        path=tmp_path / "run" / "checkpoints" / "final",
+        meta={"task": "rte", "init": "pre", "train_label_counts": label_counts(task, train)},
+    )
     preds = [1] * len(dev)
     res = write_outputs(tmp_path / "ev", ck, task, "dev", dev, preds, [[0.0, 1.0]] * len(dev), skipped=[], n_ctx=64)
     saved = json.loads((tmp_path / "ev" / "results.json").read_text())
@@ -182,15 +220,22 @@ def test_eval_results_json_carries_level_and_prediction_distribution(shared_data
     assert saved["constant_prediction"] == "not_entailment"
     lines = [json.loads(x) for x in (tmp_path / "ev" / "predictions.jsonl").read_text().splitlines()]
     assert Counter(x["prediction"] for x in lines) == Counter({"not_entailment": 277})
-    skewed = SimpleNamespace(path=ck.path, meta={**ck.meta, "train_label_counts": {"entailment": 1, "not_entailment": 5}})
-    res = write_outputs(tmp_path / "ev1", skewed, task, "dev", dev, preds, [[0.0, 1.0]] * len(dev), skipped=[], n_ctx=64)
+    skewed = SimpleNamespace(
+        path=ck.path, meta={**ck.meta, "train_label_counts": {"entailment": 1, "not_entailment": 5}}
+    )
+    res = write_outputs(
+        tmp_path / "ev1", skewed, task, "dev", dev, preds, [[0.0, 1.0]] * len(dev), skipped=[], n_ctx=64
+    )
     assert res["baseline"]["majority_label"] == "not_entailment"  # the training labels decide, not the dev split's
     assert res["scores"] == res["baseline"]["majority"] == pytest.approx({"accuracy": 100 * 131 / 277})
     old = SimpleNamespace(path=ck.path, meta={"task": "rte", "init": "pre"})  # fine-tuned before the record existed
-    res = write_outputs(tmp_path / "ev2", old, task, "dev", dev, [0, 1] * 138 + [0], [[0.0, 1.0]] * len(dev),
-                        skipped=[], n_ctx=64)
+    res = write_outputs(
+        tmp_path / "ev2", old, task, "dev", dev, [0, 1] * 138 + [0], [[0.0, 1.0]] * len(dev), skipped=[], n_ctx=64
+    )
     assert res["baseline"]["source"] == "eval" and res["baseline"]["majority_label"] == "entailment"
     assert res["constant_prediction"] is None and res["prediction_counts"] == {"entailment": 139, "not_entailment": 138}
     unlabeled = [Example(e.texts, uid=e.uid) for e in dev[:3]]
-    res = write_outputs(tmp_path / "ev3", ck, task, "test", unlabeled, [0, 0, 0], [[1.0, 0.0]] * 3, skipped=[], n_ctx=64)
+    res = write_outputs(
+        tmp_path / "ev3", ck, task, "test", unlabeled, [0, 0, 0], [[1.0, 0.0]] * 3, skipped=[], n_ctx=64
+    )
     assert res["baseline"] is None and res["constant_prediction"] == "entailment"  # said before a GLUE submission

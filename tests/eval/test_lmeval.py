@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,9 +81,14 @@ def tasks(tmp_path_factory, shared_data) -> Path:
 def harness(model: str, model_args: str, task_names: list[str], tasks: Path) -> dict:
     from lm_eval.tasks import TaskManager
 
-    return lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=task_names, log_samples=True,
-                                   task_manager=TaskManager(include_path=str(tasks), include_defaults=False),
-                                   bootstrap_iters=0)
+    return lm_eval.simple_evaluate(
+        model=model,
+        model_args=model_args,
+        tasks=task_names,
+        log_samples=True,
+        task_manager=TaskManager(include_path=str(tasks), include_defaults=False),
+        bootstrap_iters=0,
+    )
 
 
 def lls(result: dict, task: str) -> list[list[float]]:
@@ -100,8 +105,16 @@ def gpt1_result(checkpoint, tasks) -> dict:
 def test_sst2_matches_gpt1_zeroshot(gpt1_result, checkpoint, shared_data, tmp_path):
     """``<sentence> very`` → ``negative``/``positive``: lm-eval's per-choice log-likelihoods and accuracy are gpt1
     zeroshot's (both words are one-or-more tokens scored as sums on both sides)."""
-    results, _, _ = zeroshot(ZeroShotConfig(task="sst2", checkpoint=str(checkpoint), data_dir=str(shared_data / "glue" / "SST-2"),
-                                            limit=LIMIT, precision="fp32", device="cpu"))
+    results, _, _ = zeroshot(
+        ZeroShotConfig(
+            task="sst2",
+            checkpoint=str(checkpoint),
+            data_dir=str(shared_data / "glue" / "SST-2"),
+            limit=LIMIT,
+            precision="fp32",
+            device="cpu",
+        )
+    )
     ours = results["sst2"].predictions
     theirs = lls(gpt1_result, "gpt1_sst2")
     assert len(theirs) == len(ours) == LIMIT
@@ -115,12 +128,25 @@ def test_storycloze_matches_gpt1_zeroshot_per_token(gpt1_result, checkpoint, lea
     """lm-eval's ``acc`` ranks endings by summed log-probability and ``acc_norm`` per character; gpt1 zeroshot ranks
     them per token (the paper's heuristic). The numbers underneath are the same: lm-eval's log-likelihood of an ending
     divided by its token count is zeroshot's mean, and the per-token choice is zeroshot's prediction."""
-    results, _, _ = zeroshot(ZeroShotConfig(task="storycloze", checkpoint=str(checkpoint),
-                                            data_dir=str(shared_data / "storycloze"), limit=LIMIT, precision="fp32",
-                                            device="cpu"))
+    results, _, _ = zeroshot(
+        ZeroShotConfig(
+            task="storycloze",
+            checkpoint=str(checkpoint),
+            data_dir=str(shared_data / "storycloze"),
+            limit=LIMIT,
+            precision="fp32",
+            device="cpu",
+        )
+    )
     res = results["storycloze"]
-    docs = [json.loads(line) for line in (Path(gpt1_result["configs"]["gpt1_storycloze"]["dataset_kwargs"]["data_files"]
-                                                ["validation"]).read_text().splitlines())]
+    docs = [
+        json.loads(line)
+        for line in (
+            Path(gpt1_result["configs"]["gpt1_storycloze"]["dataset_kwargs"]["data_files"]["validation"])
+            .read_text()
+            .splitlines()
+        )
+    ]
     theirs = lls(gpt1_result, "gpt1_storycloze")
     correct = 0
     for p, doc, ll in zip(res.predictions, docs, theirs):
@@ -159,9 +185,9 @@ def test_hf_export_scores_as_gpt1_on_the_released_weights_stand_in(tmp_path, sha
     by transformers, the real 40,478-token BPE) equals ``lm_eval --model gpt1`` on the imported checkpoint, on every
     example whose ids the exported tokenizer reproduces (``prefix_token_id``: GPT-1 has no BOS/EOS, which lm-eval's
     hf model asks for; it is unused on these tasks, whose contexts are never empty)."""
+    from hub_standin import write_gpt1_repo
     from transformers import AutoTokenizer
 
-    from hub_standin import write_gpt1_repo
     from gptcli.interop.convert import convert_to_checkpoint, from_hf, to_hf
 
     snap = write_gpt1_repo(tmp_path / "hub", shared_data / "openai-gpt-bpe")
@@ -176,12 +202,17 @@ def test_hf_export_scores_as_gpt1_on_the_released_weights_stand_in(tmp_path, sha
     tok = load_checkpoint(ck).tokenizer
     for name in names:
         samples = sorted(ours["samples"][name], key=lambda s: s["doc_id"])
+
         def hf_ids(text: str) -> list[int]:
             return hf_tok.encode(text, add_special_tokens=False)
 
         # lm-eval's hf model encodes the context and context + continuation; gpt1 the two apart (then concatenated).
-        agree = [all(hf_ids(c) == tok.encode(c) and hf_ids(c + k) == tok.encode(c) + tok.encode(k)
-                     for c, k in s["arguments"]) for s in samples]
+        agree = [
+            all(
+                hf_ids(c) == tok.encode(c) and hf_ids(c + k) == tok.encode(c) + tok.encode(k) for c, k in s["arguments"]
+            )
+            for s in samples
+        ]
         assert sum(agree) >= 0.9 * len(samples), f"{name}: tokenization agrees on {sum(agree)}/{len(samples)} only"
         for same, a, b in zip(agree, lls(ours, name), lls(theirs, name)):
             if same:
@@ -190,9 +221,8 @@ def test_hf_export_scores_as_gpt1_on_the_released_weights_stand_in(tmp_path, sha
             assert ours["results"][name]["acc,none"] == theirs["results"][name]["acc,none"]
 
     # checkpoint=openai-gpt: the Hub id (here the stand-in in a local Hugging Face cache) is converted once and scored.
-    from lm_eval.api.instance import Instance
-
     from hub_standin import use_cache
+    from lm_eval.api.instance import Instance
 
     use_cache(monkeypatch, tmp_path / "hub")
     by_id = lmeval.GPT1LM(checkpoint="openai-gpt", precision="fp32", device="cpu")
@@ -212,14 +242,20 @@ def test_generate_until_is_gpt1_greedy_generation_cut_at_the_stop(checkpoint):
     lm = lmeval.GPT1LM(checkpoint=str(checkpoint), precision="fp32", device="cpu")
     ck = load_checkpoint(checkpoint)
     prompt = "Alice was beginning to get very tired"
-    ids = generate(ck.model.eval(), ck.tokenizer.encode(prompt), SamplingConfig(max_new_tokens=12, greedy=True),
-                   vocab_limit=ck.tokenizer.vocab_size)
+    ids = generate(
+        ck.model.eval(),
+        ck.tokenizer.encode(prompt),
+        SamplingConfig(max_new_tokens=12, greedy=True),
+        vocab_limit=ck.tokenizer.vocab_size,
+    )
     full = ck.tokenizer.decode(ids)
     words = full.split()
     assert len(words) >= 3
     stop = words[2].upper()  # a stop typed in another case still matches the lowercased text
-    reqs = [Instance("generate_until", {}, (prompt, {"until": [stop], "max_gen_toks": 12}), 0),
-            Instance("generate_until", {}, (prompt, {"until": ["\n\n"], "max_gen_toks": 12}), 1)]
+    reqs = [
+        Instance("generate_until", {}, (prompt, {"until": [stop], "max_gen_toks": 12}), 0),
+        Instance("generate_until", {}, (prompt, {"until": ["\n\n"], "max_gen_toks": 12}), 1),
+    ]
     cut, whole = lm.generate_until(reqs)
     assert whole == full
     assert cut == full[: full.find(words[2])]
@@ -229,7 +265,7 @@ def test_an_lstm_checkpoint_is_scored_too(tmp_path, learned_tok):
     from lm_eval.api.instance import Instance
 
     from gptcli.eval.scoring import Request, score
-    from gptcli.model.lstm import LSTMConfig, LSTMLM
+    from gptcli.model.lstm import LSTMLM, LSTMConfig
 
     torch.manual_seed(0)
     model = LSTMLM(LSTMConfig(vocab_size=learned_tok.vocab_size, n_ctx=32, n_embd=16, n_hidden=24))
@@ -241,9 +277,10 @@ def test_an_lstm_checkpoint_is_scored_too(tmp_path, learned_tok):
     assert len(ids) > 64
     ref = evaluate_lm(model.eval(), [np.asarray(ids)], 32, precision="fp32")
     assert -rolled / ref.tokens == pytest.approx(ref.loss, abs=1e-4)
-    (ll, greedy), = lm.loglikelihood([Instance("loglikelihood", {}, ("the queen said", " off with"), 0)])
-    (s,) = score(model, [Request.of(learned_tok.encode("the queen said"), learned_tok.encode("off with"))],
-                 precision="fp32")
+    ((ll, greedy),) = lm.loglikelihood([Instance("loglikelihood", {}, ("the queen said", " off with"), 0)])
+    (s,) = score(
+        model, [Request.of(learned_tok.encode("the queen said"), learned_tok.encode("off with"))], precision="fp32"
+    )
     assert ll == pytest.approx(s.logprob, abs=1e-5) and greedy == s.greedy
 
 
@@ -254,8 +291,9 @@ def test_model_args_are_checked(checkpoint):
         lmeval.GPT1LM(checkpoint=str(checkpoint), temprature=0.5)
     with pytest.raises(GPT1Error, match="checkpoint=DIR is required"):
         lmeval.GPT1LM()
-    lm = lmeval.GPT1LM.create_from_arg_string(f"checkpoint={checkpoint},batch_size=4",
-                                              {"batch_size": "auto", "device": "cpu", "max_batch_size": None})
+    lm = lmeval.GPT1LM.create_from_arg_string(
+        f"checkpoint={checkpoint},batch_size=4", {"batch_size": "auto", "device": "cpu", "max_batch_size": None}
+    )
     assert lm.config.batch_size == 4 and lm.config.device == "cpu"
 
 
@@ -277,13 +315,38 @@ def test_gpt1_lmeval_command_end_to_end(checkpoint, shared_data, tmp_path):
     """What a user types: ``gpt1 lmeval`` (lm-eval's own command line, the gpt1 model registered) on the local tasks,
     with no device given (lm-eval then passes its default, cuda:0, which a CPU machine must survive)."""
     repo = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]),
-           "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "ds"),
-           "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "gptcli", "lmeval", "--model", "gpt1", "--model_args",
-                           f"checkpoint={checkpoint},precision=fp32", "--tasks", "gpt1_sst2", "--local-tasks",
-                           str(shared_data), "--limit", "8", "--output_path", str(tmp_path / "out")],
-                          capture_output=True, text=True, env=env, timeout=300)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]),
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_CACHE": str(tmp_path / "ds"),
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gptcli",
+            "lmeval",
+            "--model",
+            "gpt1",
+            "--model_args",
+            f"checkpoint={checkpoint},precision=fp32",
+            "--tasks",
+            "gpt1_sst2",
+            "--local-tasks",
+            str(shared_data),
+            "--limit",
+            "8",
+            "--output_path",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (results,) = (tmp_path / "out").rglob("results_*.json")
     body = json.loads(results.read_text())

@@ -80,8 +80,20 @@ def test_eval_data_scores_an_openai_bpe_checkpoint_as_hugging_face_does(shared_d
         return out.out
 
     run("convert", str(hf), "--from", "hf", "--out", str(ck))
-    run("prepare", str(src), "--split-by", "wikitext", "--tokenizer", str(ck), "--val-fraction", "0.1",
-        "--workers", "1", "--out", str(corpus))
+    run(
+        "prepare",
+        str(src),
+        "--split-by",
+        "wikitext",
+        "--tokenizer",
+        str(ck),
+        "--val-fraction",
+        "0.1",
+        "--workers",
+        "1",
+        "--out",
+        str(corpus),
+    )
     assert "perplexity" in run("eval", "--checkpoint", str(ck), "--data", str(corpus), "--device", "cpu")
 
     from gptcli.eval.perplexity import corpus_perplexity
@@ -96,11 +108,33 @@ def test_eval_data_scores_an_openai_bpe_checkpoint_as_hugging_face_does(shared_d
 
     # A corpus prepared with another tokenizer is refused, and the advice given is a command that works.
     other = tmp_path / "other"
-    run("prepare", str(src), "--split-by", "wikitext", "--vocab-size", "300", "--val-fraction", "0.1", "--workers",
-        "1", "--out", str(other))
+    run(
+        "prepare",
+        str(src),
+        "--split-by",
+        "wikitext",
+        "--vocab-size",
+        "300",
+        "--val-fraction",
+        "0.1",
+        "--workers",
+        "1",
+        "--out",
+        str(other),
+    )
     with pytest.raises(GPT1Error, match=r"was trained with another tokenizer .* --tokenizer (\S+)\)$") as e:
         corpus_perplexity([ck], other, device="cpu")
     advised = str(e.value).rsplit("--tokenizer ", 1)[1].rstrip(")")
-    run("prepare", str(src), "--tokenizer", advised, "--val-fraction", "0.1", "--workers", "1", "--out",
-        str(tmp_path / "again"))
+    run(
+        "prepare",
+        str(src),
+        "--tokenizer",
+        advised,
+        "--val-fraction",
+        "0.1",
+        "--workers",
+        "1",
+        "--out",
+        str(tmp_path / "again"),
+    )
     assert corpus_perplexity([ck], tmp_path / "again", device="cpu", max_batches=1)[0].tokens > 0

@@ -7,11 +7,11 @@ import random
 
 import pytest
 import torch
-
-from gptcli.model.gpt import GPT, ModelConfig
-from gptcli.eval.scoring import Request, score
-from gptcli.progress import RecordingProgress
 from zs_toy_tokenizer import BagLM
+
+from gptcli.eval.scoring import Request, score
+from gptcli.model.gpt import GPT, ModelConfig
+from gptcli.progress import RecordingProgress
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -132,9 +132,13 @@ def test_gpt_packs_shared_contexts_with_their_candidates_as_a_kv_cache_continues
     reqs = []
     for _ in range(9):
         ctx = [rnd.randrange(50) for _ in range(rnd.randrange(1, 26))]
-        reqs += [Request.of(ctx, [rnd.randrange(50) for _ in range(rnd.randrange(1, 6))]) for _ in range(rnd.choice([2, 4]))]
+        reqs += [
+            Request.of(ctx, [rnd.randrange(50) for _ in range(rnd.randrange(1, 6))]) for _ in range(rnd.choice([2, 4]))
+        ]
     calls = []
-    hook = model.register_forward_hook(lambda m, args, kwargs, out: calls.append(kwargs.get("packing")), with_kwargs=True)
+    hook = model.register_forward_hook(
+        lambda m, args, kwargs, out: calls.append(kwargs.get("packing")), with_kwargs=True
+    )
     packed = score(model, reqs, batch_size=64, precision="fp32")
     hook.remove()
     assert len(calls) == 1 and calls[0] is not None  # every group in one packed row
@@ -161,12 +165,24 @@ def test_progress_is_one_stage_advanced_to_its_total(cache_min_context):
     model = _bag()
     reqs = _requests(10) + [Request.of([], [4])]  # the last has no token to score: counted at the end
     rec = RecordingProgress()
-    got = score(model, reqs, batch_size=3, precision="fp32", cache_min_context=cache_min_context, progress=rec,
-                stage="scoring x")
+    got = score(
+        model,
+        reqs,
+        batch_size=3,
+        precision="fp32",
+        cache_min_context=cache_min_context,
+        progress=rec,
+        stage="scoring x",
+    )
     assert rec.events[0] == ("stage", {"name": "scoring x", "total": len(reqs), "unit": "", "done": 0})
     assert len(rec.of("stage")) == 1 and rec.events[-1] == ("end", {"summary": ""})
-    assert all(kind == "advance" for kind, _ in rec.events[1:-1]) and sum(a["n"] for a in rec.of("advance")) == len(reqs)
-    assert [(s.logprob, s.count) for s in got] == [(s.logprob, s.count) for s in score(model, reqs, batch_size=3, precision="fp32", cache_min_context=cache_min_context)]
+    assert all(kind == "advance" for kind, _ in rec.events[1:-1]) and sum(a["n"] for a in rec.of("advance")) == len(
+        reqs
+    )
+    assert [(s.logprob, s.count) for s in got] == [
+        (s.logprob, s.count)
+        for s in score(model, reqs, batch_size=3, precision="fp32", cache_min_context=cache_min_context)
+    ]
     assert score(model, [], progress=rec) == [] and len(rec.of("stage")) == 1  # nothing to score: no stage
 
 
@@ -180,11 +196,19 @@ def test_parity_with_hugging_face():
 
     cfg = ModelConfig(vocab_size=60, n_ctx=16, n_embd=32, n_layer=2, n_head=2, n_inner=128)  # HF: 4·d
     ours = GPT(cfg).eval()
-    hf_cfg = transformers.OpenAIGPTConfig(**{k: v for k, v in config_to_hf(cfg).items() if k not in ("architectures", "model_type")})
+    hf_cfg = transformers.OpenAIGPTConfig(
+        **{k: v for k, v in config_to_hf(cfg).items() if k not in ("architectures", "model_type")}
+    )
     hf = transformers.OpenAIGPTLMHeadModel(hf_cfg).eval()
     hf.load_state_dict(state_dict_to_hf(ours.state_dict(), cfg.n_layer))
     rnd = random.Random(5)
-    reqs = [Request.of([rnd.randrange(60) for _ in range(rnd.randrange(0, 25))], [rnd.randrange(60) for _ in range(rnd.randrange(1, 4))]) for _ in range(10)]
+    reqs = [
+        Request.of(
+            [rnd.randrange(60) for _ in range(rnd.randrange(0, 25))],
+            [rnd.randrange(60) for _ in range(rnd.randrange(1, 4))],
+        )
+        for _ in range(10)
+    ]
     got = score(ours, reqs, batch_size=3, precision="fp32", cache_min_context=1)
     for r, s in zip(reqs, got):
         # The reference: Hugging Face on the same left-truncated ids, one sequence at a time, no padding.

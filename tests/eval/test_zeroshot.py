@@ -10,13 +10,13 @@ import sys
 
 import pytest
 import torch
+from zs_toy_tokenizer import BagLM, ToyTokenizer
 
 from gptcli.errors import GPT1Error
+from gptcli.eval.zeroshot import ZeroShotConfig, cola, fit_threshold, multiple_choice, run_task, sst2, winograd
 from gptcli.progress import RecordingProgress
 from gptcli.tasks.base import Example
 from gptcli.tasks.winograd import read_dprd
-from gptcli.eval.zeroshot import ZeroShotConfig, cola, fit_threshold, multiple_choice, run_task, sst2, winograd
-from zs_toy_tokenizer import BagLM, ToyTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -42,8 +42,12 @@ def test_sst2_exact():
     w[_id(tok, "good"), _id(tok, "positive")] = 5.0
     w[_id(tok, "bad"), _id(tok, "negative")] = 5.0
     model = BagLM(w, n_ctx)
-    exs = [Example(("a good movie",), 1, uid="0"), Example(("a bad film",), 0, uid="1"), Example(("a good film",), 0, uid="2"),
-           Example(("good and bad",), 1, uid="3")]
+    exs = [
+        Example(("a good movie",), 1, uid="0"),
+        Example(("a bad film",), 0, uid="1"),
+        Example(("a good film",), 0, uid="2"),
+        Example(("good and bad",), 1, uid="3"),
+    ]
     seen = RecordingProgress()
     r = sst2(model, tok, exs, precision="fp32", progress=seen)
     assert [p["prediction"] for p in r.predictions] == [1, 0, 1, 0]  # the last is a tie: negative
@@ -63,14 +67,18 @@ def test_sst2_multi_token_words_scored_as_sequences():
     tok, w, n_ctx = _setup([x for x in WORDS if x not in ("positive", "negative")])
     g = torch.Generator().manual_seed(0)
     model = BagLM(torch.randn(w.shape, generator=g), n_ctx)
-    exs = [Example((t,), i % 2, uid=str(i)) for i, t in enumerate(["a good movie", "a bad film", "the end", "red ball"])]
+    exs = [
+        Example((t,), i % 2, uid=str(i)) for i, t in enumerate(["a good movie", "a bad film", "the end", "red ball"])
+    ]
     r = sst2(model, tok, exs, precision="fp32")
     assert r.notes == ["multi-token words scored as full token sequences: 'negative' = 8 tokens, 'positive' = 8 tokens"]
     for ex, p in zip(exs, r.predictions):
         ctx = tok.encode(ex.texts[0]) + tok.encode("very")
         pos, _ = model.reference(ctx, tok.encode("positive"))
         neg, _ = model.reference(ctx, tok.encode("negative"))
-        assert p["logprob_positive"] == pytest.approx(pos, abs=1e-4) and p["logprob_negative"] == pytest.approx(neg, abs=1e-4)
+        assert p["logprob_positive"] == pytest.approx(pos, abs=1e-4) and p["logprob_negative"] == pytest.approx(
+            neg, abs=1e-4
+        )
         assert p["prediction"] == int(pos > neg)
 
 
@@ -132,8 +140,11 @@ def test_multiple_choice_exact():
 def test_winograd_exact(tmp_path):
     tok, w, n_ctx = _setup()
     p = tmp_path / "train.c.txt"
-    p.write_text("The ball hit the film because it was red.\nit\nThe ball,the film\nthe ball\n\n"
-                 "He saw the film because she was good.\nshe\nHe,the film\nthe film\n", encoding="utf-8")
+    p.write_text(
+        "The ball hit the film because it was red.\nit\nThe ball,the film\nthe ball\n\n"
+        "He saw the film because she was good.\nshe\nHe,the film\nthe film\n",
+        encoding="utf-8",
+    )
     schemas = read_dprd(p)
     w[_id(tok, "ball"), _id(tok, "red")] = 4.0
     w[_id(tok, "he"), _id(tok, "good")] = 4.0
@@ -160,11 +171,18 @@ def test_race_through_the_registry(tmp_path):
     for level, n in (("middle", 1), ("high", 2)):
         d = tmp_path / "RACE" / "dev" / level
         d.mkdir(parents=True)
-        (d / f"{n}.txt").write_text(json.dumps({
-            "id": f"{level}{n}.txt", "article": "The ball was red. " * 20,
-            "questions": ["What was red?", "What color?"],
-            "options": [["the ball", "the film", "he", "a story"], ["red", "blue", "good", "bad"]],
-            "answers": ["A", "A"]}), encoding="utf-8")
+        (d / f"{n}.txt").write_text(
+            json.dumps(
+                {
+                    "id": f"{level}{n}.txt",
+                    "article": "The ball was red. " * 20,
+                    "questions": ["What was red?", "What color?"],
+                    "options": [["the ball", "the film", "he", "a story"], ["red", "blue", "good", "bad"]],
+                    "answers": ["A", "A"],
+                }
+            ),
+            encoding="utf-8",
+        )
     cfg = ZeroShotConfig(task="race", data_dir=str(tmp_path / "RACE"), precision="fp32")
     r = run_task("race", model, tok, cfg)
     assert r.n == 4 and r.split == "dev" and len(r.predictions) == 4
@@ -212,8 +230,24 @@ def _cli(args, capsys, monkeypatch):
 )
 def test_cli_on_real_files(task, folder, extra, n, tiny_run, shared_data, tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
-    code, stdout, err = _cli(["zeroshot", "--task", task, "--checkpoint", str(tiny_run), "--data-dir", str(shared_data / folder),
-                              "--out", str(out), "--precision", "fp32", *extra], capsys, monkeypatch)
+    code, stdout, err = _cli(
+        [
+            "zeroshot",
+            "--task",
+            task,
+            "--checkpoint",
+            str(tiny_run),
+            "--data-dir",
+            str(shared_data / folder),
+            "--out",
+            str(out),
+            "--precision",
+            "fp32",
+            *extra,
+        ],
+        capsys,
+        monkeypatch,
+    )
     assert code == 0, err
     res = json.loads((out / "results.json").read_text())
     assert res["step"] == 200  # a run directory means its newest checkpoint
@@ -231,8 +265,27 @@ def test_cli_on_real_files(task, folder, extra, n, tiny_run, shared_data, tmp_pa
 
 def test_curve_over_a_run(tiny_run, shared_data, tmp_path, capsys, monkeypatch):
     out = tmp_path / "curve"
-    code, stdout, err = _cli(["zeroshot", "--task", "all", "--checkpoint", str(tiny_run), "--data-dir", str(shared_data),
-                              "--split", "dprd=train", "--limit", "12", "--out", str(out), "--precision", "fp32"], capsys, monkeypatch)
+    code, stdout, err = _cli(
+        [
+            "zeroshot",
+            "--task",
+            "all",
+            "--checkpoint",
+            str(tiny_run),
+            "--data-dir",
+            str(shared_data),
+            "--split",
+            "dprd=train",
+            "--limit",
+            "12",
+            "--out",
+            str(out),
+            "--precision",
+            "fp32",
+        ],
+        capsys,
+        monkeypatch,
+    )
     assert code == 0, err
     png = (out / "curve.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -240,7 +293,11 @@ def test_curve_over_a_run(tiny_run, shared_data, tmp_path, capsys, monkeypatch):
     assert [p["step"] for p in curve["points"]] == [0, 100, 200]
     assert curve["tasks"] == ["sst2", "cola", "dprd", "wsc", "storycloze"]
     assert "race" in curve["skipped"]  # no RACE files here: skipped, said so, the rest still scored
-    assert curve["normalization"]["sst2"] == {"random": 50.0, "sota": 93.2, "sota_source": "reference §6 previous best (paper Table 4)"}
+    assert curve["normalization"]["sst2"] == {
+        "random": 50.0,
+        "sota": 93.2,
+        "sota_source": "reference §6 previous best (paper Table 4)",
+    }
     for p in curve["points"]:
         assert p["normalized"]["sst2"] == pytest.approx((p["scores"]["sst2"] - 50.0) / 43.2)
         assert all(v == 12 for v in p["n"].values())
@@ -260,11 +317,17 @@ def test_curve_needs_matplotlib(tiny_run, tmp_path, monkeypatch):
 
 
 def test_user_errors(tiny_run, tmp_path, capsys, monkeypatch):
-    code, _, err = _cli(["zeroshot", "--task", "sst2", "--checkpoint", str(tiny_run), "--data-dir", str(tmp_path / "nope")], capsys, monkeypatch)
+    code, _, err = _cli(
+        ["zeroshot", "--task", "sst2", "--checkpoint", str(tiny_run), "--data-dir", str(tmp_path / "nope")],
+        capsys,
+        monkeypatch,
+    )
     assert code == 1 and "data directory for task 'sst2' not found" in err
     code, _, err = _cli(["zeroshot", "--task", "bogus", "--checkpoint", str(tiny_run)], capsys, monkeypatch)
     assert code == 1 and "unknown zero-shot task 'bogus'" in err
-    code, _, err = _cli(["zeroshot", "--task", "dprd", "--checkpoint", str(tiny_run), "--data-dir", str(tmp_path)], capsys, monkeypatch)
+    code, _, err = _cli(
+        ["zeroshot", "--task", "dprd", "--checkpoint", str(tiny_run), "--data-dir", str(tmp_path)], capsys, monkeypatch
+    )
     assert code == 1 and "test.c.txt" in err
 
 
@@ -277,7 +340,11 @@ def test_sst2_with_the_original_bpe_reads_both_words_from_one_pass(shared_data):
     model = GPT(ModelConfig(vocab_size=tok.vocab_size, n_ctx=64, n_embd=8, n_layer=1, n_head=1, n_inner=16)).eval()
     rows = []
     model.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[0]))
-    exs = [Example(("a gorgeous, witty, seductive movie.",), 1), Example(("the story is flat.",), 0), Example(("fine",), 1)]
+    exs = [
+        Example(("a gorgeous, witty, seductive movie.",), 1),
+        Example(("the story is flat.",), 0),
+        Example(("fine",), 1),
+    ]
     r = sst2(model, tok, exs, precision="fp32")
     assert r.notes == [] and sum(rows) == 3  # one row per example, no multi-token note
 
@@ -286,11 +353,30 @@ def test_config_file_and_overrides(tiny_run, shared_data, tmp_path, capsys, monk
     cfg = tmp_path / "zs.toml"
     cfg.write_text('task = "dprd"\nsplit = "train"\nlimit = 7\nprecision = "fp32"\n', encoding="utf-8")
     out = tmp_path / "o"
-    code, _, err = _cli(["zeroshot", "--config", str(cfg), "--checkpoint", str(tiny_run), "--data-dir", str(shared_data / "dprd"),
-                         "--limit", "9", "--out", str(out)], capsys, monkeypatch)
+    code, _, err = _cli(
+        [
+            "zeroshot",
+            "--config",
+            str(cfg),
+            "--checkpoint",
+            str(tiny_run),
+            "--data-dir",
+            str(shared_data / "dprd"),
+            "--limit",
+            "9",
+            "--out",
+            str(out),
+        ],
+        capsys,
+        monkeypatch,
+    )
     assert code == 0, err
     res = json.loads((out / "results.json").read_text())
-    assert res["tasks"]["dprd"]["n"] == 9 and res["config"]["precision"] == "fp32" and res["tasks"]["dprd"]["split"] == "train"
+    assert (
+        res["tasks"]["dprd"]["n"] == 9
+        and res["config"]["precision"] == "fp32"
+        and res["tasks"]["dprd"]["split"] == "train"
+    )
 
 
 def test_heuristics_match_hugging_face_directly(tmp_path):
@@ -302,8 +388,11 @@ def test_heuristics_match_hugging_face_directly(tmp_path):
     tok = ToyTokenizer(WORDS)
     cfg = ModelConfig(vocab_size=tok.vocab_size, n_ctx=48, n_embd=32, n_layer=2, n_head=2, n_inner=128)
     ours = GPT(cfg).eval()
-    hf = transformers.OpenAIGPTLMHeadModel(transformers.OpenAIGPTConfig(
-        **{k: v for k, v in config_to_hf(cfg).items() if k not in ("architectures", "model_type")})).eval()
+    hf = transformers.OpenAIGPTLMHeadModel(
+        transformers.OpenAIGPTConfig(
+            **{k: v for k, v in config_to_hf(cfg).items() if k not in ("architectures", "model_type")}
+        )
+    ).eval()
     hf.load_state_dict(state_dict_to_hf(ours.state_dict(), cfg.n_layer))
 
     def hf_logprobs(ids):
@@ -323,7 +412,7 @@ def test_heuristics_match_hugging_face_directly(tmp_path):
     r = winograd(ours, tok, "dprd", [s], precision="fp32")
     for j in range(2):
         ctx, rest = (tok.encode(x) for x in s.substitute(j))
-        ctx = ctx[-(cfg.n_ctx + 1 - len(rest)):]  # the documented left truncation (these byte sequences are long)
+        ctx = ctx[-(cfg.n_ctx + 1 - len(rest)) :]  # the documented left truncation (these byte sequences are long)
         lp = hf_logprobs(ctx + rest[:-1])
         want = sum(float(lp[len(ctx) - 1 + k, t]) for k, t in enumerate(rest)) / len(rest)
         assert r.predictions[0]["mean_logprobs"][j] == pytest.approx(want, abs=1e-4)
@@ -336,24 +425,46 @@ def test_several_tasks_skip_missing_data_but_not_bad_files(tmp_path):
     tok, w, n_ctx = _setup()
     model = BagLM(w, n_ctx)
     (tmp_path / "dprd").mkdir()
-    (tmp_path / "dprd" / "train.c.txt").write_text("The ball was red.\nit\nThe ball,the film\nthe ball\n", encoding="utf-8")
+    (tmp_path / "dprd" / "train.c.txt").write_text(
+        "The ball was red.\nit\nThe ball,the film\nthe ball\n", encoding="utf-8"
+    )
     (tmp_path / "wsc").mkdir()
     (tmp_path / "wsc" / "WSCollection.xml").write_text(
         "<collection><schema><text><txt1>The ball hit the film because</txt1><pron>it</pron><txt2>was red.</txt2></text>"
         "<answers><answer>the ball</answer><answer>the film</answer></answers><correctAnswer>A</correctAnswer></schema></collection>",
-        encoding="latin-1")
+        encoding="latin-1",
+    )
     cfg = ZeroShotConfig(task="sst2,wsc", data_dir=str(tmp_path), precision="fp32")
     results, skipped = evaluate(model, tok, cfg)
     assert list(results) == ["wsc"] and results["wsc"].n == 1 and "sst2" in skipped
     with pytest.raises(DataError, match=r"train\.c\.txt:2: pronoun 'it' does not occur"):
-        evaluate(model, tok, ZeroShotConfig(task="dprd,wsc", split="train", splits={"wsc": "test"}, data_dir=str(tmp_path)))
+        evaluate(
+            model, tok, ZeroShotConfig(task="dprd,wsc", split="train", splits={"wsc": "test"}, data_dir=str(tmp_path))
+        )
 
 
 def test_dprd_falls_back_to_the_split_that_exists(tiny_run, shared_data, tmp_path, capsys, monkeypatch):
     """Only DPRD's train file ships here: without --split it is scored (zero-shot trains on nothing) and said so."""
     out = tmp_path / "out"
-    code, _, err = _cli(["zeroshot", "--task", "dprd", "--checkpoint", str(tiny_run), "--data-dir", str(shared_data / "dprd"),
-                         "--out", str(out), "--limit", "6", "--precision", "fp32"], capsys, monkeypatch)
+    code, _, err = _cli(
+        [
+            "zeroshot",
+            "--task",
+            "dprd",
+            "--checkpoint",
+            str(tiny_run),
+            "--data-dir",
+            str(shared_data / "dprd"),
+            "--out",
+            str(out),
+            "--limit",
+            "6",
+            "--precision",
+            "fp32",
+        ],
+        capsys,
+        monkeypatch,
+    )
     assert code == 0, err
     t = json.loads((out / "results.json").read_text())["tasks"]["dprd"]
     assert t["split"] == "train" and t["n"] == 6
@@ -389,15 +500,21 @@ def test_evaluate_reports_stages_scoring_passes_and_skips(tmp_path):
     (tmp_path / "wsc" / "WSCollection.xml").write_text(
         "<collection><schema><text><txt1>The ball hit the film because</txt1><pron>it</pron><txt2>was red.</txt2></text>"
         "<answers><answer>the ball</answer><answer>the film</answer></answers><correctAnswer>A</correctAnswer></schema></collection>",
-        encoding="latin-1")
+        encoding="latin-1",
+    )
     rec = RecordingProgress()
-    results, skipped = evaluate(model, tok, ZeroShotConfig(task="sst2,wsc", data_dir=str(tmp_path), precision="fp32"), rec)
+    results, skipped = evaluate(
+        model, tok, ZeroShotConfig(task="sst2,wsc", data_dir=str(tmp_path), precision="fp32"), rec
+    )
     # A task is read before its stage begins: the skipped one is a warning note, with no stage of its own.
     assert _stages(rec) == [(0, "zero-shot wsc", None), (1, "scoring wsc", 2)]
     assert rec.events[0] == ("note", {"message": f"skipped sst2: {skipped['sst2']}", "level": "warn"})
     assert sum(a["n"] for a in rec.of("advance")) == 2  # both candidates of the one schema
     ends = [e["summary"] for e in rec.of("end")]
-    assert ends[-1] == f"wsc (test): accuracy {results['wsc'].score:.1f} on 1 examples, {results['wsc'].examples_per_s:.1f} examples/s"
+    assert (
+        ends[-1]
+        == f"wsc (test): accuracy {results['wsc'].score:.1f} on 1 examples, {results['wsc'].examples_per_s:.1f} examples/s"
+    )
 
 
 def test_curve_reports_one_stage_per_checkpoint_and_skips_once(tiny_run, shared_data):
@@ -408,7 +525,11 @@ def test_curve_reports_one_stage_per_checkpoint_and_skips_once(tiny_run, shared_
     curve = run_curve(cfg, [tiny_run], progress=rec)
     stages = _stages(rec)
     assert stages[0] == (0, "zero-shot curve", 3) and rec.events[0][1]["unit"] == "checkpoints"
-    assert [s[1] for s in stages if s[0] == 1] == ["checkpoint step-0000000", "checkpoint step-0000100", "checkpoint step-0000200"]
+    assert [s[1] for s in stages if s[0] == 1] == [
+        "checkpoint step-0000000",
+        "checkpoint step-0000100",
+        "checkpoint step-0000200",
+    ]
     # RACE has no files here: skipped (one warning) at the first checkpoint, not retried at the others.
     assert [n["message"].split(":")[0] for n in rec.of("note")] == ["skipped race"]
     assert [s[1] for s in stages if s[0] == 2] == ["zero-shot wsc", "zero-shot wsc", "zero-shot wsc"]
@@ -450,12 +571,25 @@ def test_out_of_memory_in_scoring_is_one_line(tiny_run, shared_data, tmp_path, c
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 30.00 GiB.\nmore detail")
 
     monkeypatch.setattr(zs, "zeroshot", hungry)
-    args = ["zeroshot", "--task", "sst2", "--checkpoint", str(tiny_run), "--data-dir",
-            str(shared_data / "glue/SST-2"), "--out", str(tmp_path / "out"), "--limit", "4"]
+    args = [
+        "zeroshot",
+        "--task",
+        "sst2",
+        "--checkpoint",
+        str(tiny_run),
+        "--data-dir",
+        str(shared_data / "glue/SST-2"),
+        "--out",
+        str(tmp_path / "out"),
+        "--limit",
+        "4",
+    ]
     code, _, err = _cli(args, capsys, monkeypatch)
     assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
-    assert err.startswith("error: out of memory: CUDA out of memory. Tried to allocate 30.00 GiB. (score in smaller "
-                          "batches: --batch-size of eval and zeroshot;"), err
+    assert err.startswith(
+        "error: out of memory: CUDA out of memory. Tried to allocate 30.00 GiB. (score in smaller "
+        "batches: --batch-size of eval and zeroshot;"
+    ), err
     with pytest.raises(torch.OutOfMemoryError):
         from gptcli.cli import main
 
@@ -477,11 +611,20 @@ def test_zeroshot_and_the_curve_give_the_callers_kernels_mode_back(tiny_run, sha
         def stage(self, name, total=None, *, unit="", done=0):
             seen.append(kernels.mode())
 
-    cfg = ZeroShotConfig(task="wsc", checkpoint=str(tiny_run), data_dir=str(shared_data / "wsc"), limit=2,
-                         precision="fp32", kernels="auto")
+    cfg = ZeroShotConfig(
+        task="wsc",
+        checkpoint=str(tiny_run),
+        data_dir=str(shared_data / "wsc"),
+        limit=2,
+        precision="fp32",
+        kernels="auto",
+    )
     zeroshot(cfg, Watch())
     assert seen and set(seen) == {"auto"} and kernels.mode() == "reference"
     seen.clear()
-    run_curve(ZeroShotConfig(task="wsc", data_dir=str(shared_data / "wsc"), limit=2, precision="fp32", kernels="auto"),
-              [tiny_run / "checkpoints" / "step-0000000"], Watch())
+    run_curve(
+        ZeroShotConfig(task="wsc", data_dir=str(shared_data / "wsc"), limit=2, precision="fp32", kernels="auto"),
+        [tiny_run / "checkpoints" / "step-0000000"],
+        Watch(),
+    )
     assert seen and set(seen) == {"auto"} and kernels.mode() == "reference"

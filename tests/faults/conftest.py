@@ -23,17 +23,58 @@ REPO = Path(__file__).resolve().parents[2]
 VOCAB = 64
 # The smallest model that still has every part (embeddings, one block, tied head) and that Hugging Face can
 # represent (n_inner = 4·n_embd, for `convert --to hf`); no dropout, so runs with any number of processes agree.
-MODEL = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 128, "n_ctx": 16,
-         "embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
-TINY_ARGS = ["--preset", "tiny", "--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--n-inner", "128",
-             "--n-ctx", "16", "--dropout", "0", "--seq-len", "16", "--batch-size", "4", "--warmup-steps", "1",
-             "--eval-every", "0", "--eval-batches", "1", "--log-every", "1", "--device", "cpu", "--precision", "fp32",
-             "--peak-flops", "1e11", "--quiet"]
+MODEL = {
+    "n_layer": 1,
+    "n_embd": 32,
+    "n_head": 2,
+    "n_inner": 128,
+    "n_ctx": 16,
+    "embd_pdrop": 0.0,
+    "attn_pdrop": 0.0,
+    "resid_pdrop": 0.0,
+}
+TINY_ARGS = [
+    "--preset",
+    "tiny",
+    "--n-layer",
+    "1",
+    "--n-embd",
+    "32",
+    "--n-head",
+    "2",
+    "--n-inner",
+    "128",
+    "--n-ctx",
+    "16",
+    "--dropout",
+    "0",
+    "--seq-len",
+    "16",
+    "--batch-size",
+    "4",
+    "--warmup-steps",
+    "1",
+    "--eval-every",
+    "0",
+    "--eval-batches",
+    "1",
+    "--log-every",
+    "1",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+    "--peak-flops",
+    "1e11",
+    "--quiet",
+]
 
 
-WORDS = ("the quick brown fox jumps over a lazy dog and runs far away from home while small birds sing in tall "
-         "green trees near old river where children play with red ball every sunny morning before school starts "
-         "but nobody knows why clever cat sleeps under warm blanket during cold winter nights").split()
+WORDS = (
+    "the quick brown fox jumps over a lazy dog and runs far away from home while small birds sing in tall "
+    "green trees near old river where children play with red ball every sunny morning before school starts "
+    "but nobody knows why clever cat sleeps under warm blanket during cold winter nights"
+).split()
 
 
 @pytest.fixture(scope="session")
@@ -51,8 +92,9 @@ def corpus(tmp_path_factory) -> Path:
     for i in range(4):
         lines = [" ".join(rng.choice(WORDS) for _ in range(12)) + "." for _ in range(60)]
         (texts / f"doc{i}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return prepare(PrepareConfig(inputs=[str(texts)], out=root / "corpus", vocab_size=VOCAB, workers=1,
-                                 val_fraction=0.25)).out
+    return prepare(
+        PrepareConfig(inputs=[str(texts)], out=root / "corpus", vocab_size=VOCAB, workers=1, val_fraction=0.25)
+    ).out
 
 
 @pytest.fixture(scope="session")
@@ -61,9 +103,26 @@ def run(corpus, tmp_path_factory) -> Path:
     from gptcli.train.pretrain import PretrainConfig, pretrain
 
     out = tmp_path_factory.mktemp("faults-run") / "run"
-    pretrain(PretrainConfig(data=corpus, out=out, preset="tiny", model=dict(MODEL), seq_len=16, batch_size=4,
-                            max_steps=4, warmup_steps=1, eval_every=0, eval_batches=1, save_every=2, keep_last=0,
-                            log_every=1, device="cpu", precision="fp32", peak_flops=1e11))
+    pretrain(
+        PretrainConfig(
+            data=corpus,
+            out=out,
+            preset="tiny",
+            model=dict(MODEL),
+            seq_len=16,
+            batch_size=4,
+            max_steps=4,
+            warmup_steps=1,
+            eval_every=0,
+            eval_batches=1,
+            save_every=2,
+            keep_last=0,
+            log_every=1,
+            device="cpu",
+            precision="fp32",
+            peak_flops=1e11,
+        )
+    )
     return out
 
 
@@ -189,8 +248,12 @@ KILL_TIMEOUT = 120  # a guard against hangs only
 
 def one_thread_env() -> dict[str, str]:
     """One thread everywhere: the reference and every resumed piece must do the same float arithmetic."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
 
 
 def finish(proc: subprocess.Popen) -> None:

@@ -30,8 +30,14 @@ from tests.faults.conftest import (
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-FILES = ("model.safetensors", "optimizer.safetensors", "training_state.json", "config.json",
-         "tokenizer/sentencepiece.model", "tokenizer/tokenizer.json")
+FILES = (
+    "model.safetensors",
+    "optimizer.safetensors",
+    "training_state.json",
+    "config.json",
+    "tokenizer/sentencepiece.model",
+    "tokenizer/tokenizer.json",
+)
 DPRD = """The bee landed on the flower because it had pollen.
 it
 The bee,the flower
@@ -50,14 +56,56 @@ def _commands(run: Path, corpus: Path, tmp: Path) -> dict[str, list]:
     return {
         "resume": ["pretrain", "--out", run, "--resume", "--max-steps", "6", "--quiet"],
         "eval": ["eval", "--checkpoint", run, "--data", corpus, "--device", "cpu"],
-        "generate": ["generate", "--checkpoint", run, "--prompt", "the quick fox", "-n", "2", "--greedy",
-                     "--device", "cpu"],
-        "zeroshot": ["zeroshot", "--checkpoint", run, "--task", "dprd", "--data-dir", tmp / "tasks" / "dprd",
-                     "--device", "cpu", "--precision", "fp32"],
+        "generate": [
+            "generate",
+            "--checkpoint",
+            run,
+            "--prompt",
+            "the quick fox",
+            "-n",
+            "2",
+            "--greedy",
+            "--device",
+            "cpu",
+        ],
+        "zeroshot": [
+            "zeroshot",
+            "--checkpoint",
+            run,
+            "--task",
+            "dprd",
+            "--data-dir",
+            tmp / "tasks" / "dprd",
+            "--device",
+            "cpu",
+            "--precision",
+            "fp32",
+        ],
         "convert": ["convert", run, "--to", "hf", "--out", tmp / "hf"],
-        "finetune": ["finetune", "--task", "scitail", "--init", run, "--out", tmp / "ft", "--data-dir", SCITAIL,
-                     "--max-train-examples", "8", "--max-eval-examples", "4", "--batch-size", "4", "--epochs", "1",
-                     "--device", "cpu", "--precision", "fp32", "-q"],
+        "finetune": [
+            "finetune",
+            "--task",
+            "scitail",
+            "--init",
+            run,
+            "--out",
+            tmp / "ft",
+            "--data-dir",
+            SCITAIL,
+            "--max-train-examples",
+            "8",
+            "--max-eval-examples",
+            "4",
+            "--batch-size",
+            "4",
+            "--epochs",
+            "1",
+            "--device",
+            "cpu",
+            "--precision",
+            "fp32",
+            "-q",
+        ],
     }
 
 
@@ -147,8 +195,16 @@ def test_missing_checkpoint_file_is_a_one_line_error(run, corpus, tmp_path, caps
 # --- pickles are never loaded ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("rel", ("model.safetensors", "optimizer.safetensors", "tokenizer/sentencepiece.model",
-                                 "tokenizer/tokenizer.json", "training_state.json"))
+@pytest.mark.parametrize(
+    "rel",
+    (
+        "model.safetensors",
+        "optimizer.safetensors",
+        "tokenizer/sentencepiece.model",
+        "tokenizer/tokenizer.json",
+        "training_state.json",
+    ),
+)
 @pytest.mark.parametrize("command", ("resume", "eval", "generate"))
 def test_pickle_in_place_of_a_checkpoint_file_never_runs(command, rel, run, corpus, tmp_path, capsys):
     mine = copy_of(run, tmp_path)

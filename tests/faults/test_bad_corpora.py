@@ -29,8 +29,13 @@ from tests.faults.conftest import (
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-FILES = ("train-00000.arrow", "val-00000.arrow", "manifest.json", "tokenizer/tokenizer.json",
-         "tokenizer/sentencepiece.model")
+FILES = (
+    "train-00000.arrow",
+    "val-00000.arrow",
+    "manifest.json",
+    "tokenizer/tokenizer.json",
+    "tokenizer/sentencepiece.model",
+)
 
 
 def _commands(data: Path, run: Path, tmp: Path) -> dict[str, list]:
@@ -102,8 +107,15 @@ def test_damaged_corpus_file_is_a_one_line_error(command, rel, how, corpus, run,
     assert_nothing_new(tmp_path, before)
 
 
-@pytest.mark.parametrize("command,rel", [("inspect", "val-00000.arrow"), ("eval", "val-00000.arrow"),
-                                         ("pretrain", "train-00000.arrow"), ("pretrain", "val-00000.arrow")])
+@pytest.mark.parametrize(
+    "command,rel",
+    [
+        ("inspect", "val-00000.arrow"),
+        ("eval", "val-00000.arrow"),
+        ("pretrain", "train-00000.arrow"),
+        ("pretrain", "val-00000.arrow"),
+    ],
+)
 def test_truncated_shard_without_verification_is_a_one_line_error(command, rel, corpus, run, tmp_path, capsys):
     data = copy_of(corpus, tmp_path)
     truncate(data / rel)
@@ -143,12 +155,15 @@ def test_out_of_range_token_id_is_caught_by_the_checksum(corpus, tmp_path, capsy
     assert_nothing_new(tmp_path, before)
 
 
-@pytest.mark.parametrize("text,message", [
-    ("", "corrupt manifest"),
-    ('{"format": 1}', "lists no shards"),
-    ("[1, 2]", "lists no shards"),
-    ("\x00\xff\xfe binary", "corrupt manifest"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("", "corrupt manifest"),
+        ('{"format": 1}', "lists no shards"),
+        ("[1, 2]", "lists no shards"),
+        ("\x00\xff\xfe binary", "corrupt manifest"),
+    ],
+)
 @pytest.mark.parametrize("command", COMMANDS)
 def test_manifest_that_is_not_one(command, text, message, corpus, run, tmp_path, capsys):
     data = copy_of(corpus, tmp_path)
@@ -223,8 +238,10 @@ def test_pickle_as_a_corpus_tokenizer_is_a_one_line_error(command, corpus, tmp_p
     marker = tmp_path / "pwned"
     (data / "tokenizer" / "tokenizer.json").unlink()
     malicious_pickle(data / "tokenizer" / "tokenizer.json", marker)
-    cmd = {"inspect": ["inspect", data],
-           "pretrain": ["pretrain", "--data", data, "--out", tmp_path / "r", "--max-steps", "1", *TINY_ARGS]}[command]
+    cmd = {
+        "inspect": ["inspect", data],
+        "pretrain": ["pretrain", "--data", data, "--out", tmp_path / "r", "--max-steps", "1", *TINY_ARGS],
+    }[command]
     before = tree(tmp_path)
     res = gpt1(cmd, capsys)
     assert not marker.exists()

@@ -61,13 +61,24 @@ def _write(d: Path, name: str) -> Path:
     return p
 
 
-BAD = ("empty.txt", "blank.txt", "binary.txt", "latin1.txt", "utf16.txt", "bad-rows.jsonl", "not-json.jsonl",
-       "bad-rows.parquet", "numbers.parquet", "no-text-column.parquet", "not-parquet.parquet", "truncated.parquet")
+BAD = (
+    "empty.txt",
+    "blank.txt",
+    "binary.txt",
+    "latin1.txt",
+    "utf16.txt",
+    "bad-rows.jsonl",
+    "not-json.jsonl",
+    "bad-rows.parquet",
+    "numbers.parquet",
+    "no-text-column.parquet",
+    "not-parquet.parquet",
+    "truncated.parquet",
+)
 
 
 def _prepare(inputs, out: Path, *extra: str) -> list:
-    return ["prepare", *inputs, "--out", out, "--vocab-size", "40", "--workers", "1", "--val-fraction", "0.3",
-            *extra]
+    return ["prepare", *inputs, "--out", out, "--vocab-size", "40", "--workers", "1", "--val-fraction", "0.3", *extra]
 
 
 def _goods(d: Path) -> list[Path]:
@@ -151,11 +162,14 @@ def test_a_text_field_the_records_lack(tmp_path, capsys):
     assert res.code == 0, res.err[-3000:]
 
 
-@pytest.mark.parametrize("spec,message", [
-    ("missing.txt", "no such file or directory"),
-    ("*.nothing", "no files match"),
-    ("table.csv", "unsupported file type"),
-])
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("missing.txt", "no such file or directory"),
+        ("*.nothing", "no files match"),
+        ("table.csv", "unsupported file type"),
+    ],
+)
 def test_inputs_that_name_nothing(spec, message, tmp_path, capsys):
     (tmp_path / "table.csv").write_text("a,b\n")
     before = tree(tmp_path)

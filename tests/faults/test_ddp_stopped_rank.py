@@ -20,8 +20,10 @@ import pytest
 
 from tests.faults.conftest import REPO, TINY_ARGS, assert_one_line_error, gpt1
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the workers through /proc")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the workers through /proc"),
+]
 
 TIMEOUT_S = 20
 
@@ -55,10 +57,29 @@ def _logged(run: Path) -> int:
 
 def test_a_stopped_rank_ends_the_job_within_the_timeout_naming_it(corpus, tmp_path, capsys):
     run = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GPT1_DIST_TIMEOUT": str(TIMEOUT_S),
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "gptcli", "pretrain", "--data", str(corpus), "--out", str(run), "--procs", "2",
-           "--max-steps", "100000", "--save-every", "5", *TINY_ARGS]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "GPT1_DIST_TIMEOUT": str(TIMEOUT_S),
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "gptcli",
+        "pretrain",
+        "--data",
+        str(corpus),
+        "--out",
+        str(run),
+        "--procs",
+        "2",
+        "--max-steps",
+        "100000",
+        "--save-every",
+        "5",
+        *TINY_ARGS,
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120

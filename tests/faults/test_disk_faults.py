@@ -55,9 +55,30 @@ def _prepare(inputs, out: Path) -> list:
 
 def _finetune(init: Path, out: Path) -> list:
     fixtures = Path(__file__).resolve().parents[1] / "tasks" / "fixtures" / "SciTailV1.1"
-    return ["finetune", "--task", "scitail", "--init", init, "--out", out, "--data-dir", fixtures,
-            "--max-train-examples", "8", "--max-eval-examples", "4", "--batch-size", "4", "--epochs", "1",
-            "--device", "cpu", "--precision", "fp32", "-q"]
+    return [
+        "finetune",
+        "--task",
+        "scitail",
+        "--init",
+        init,
+        "--out",
+        out,
+        "--data-dir",
+        fixtures,
+        "--max-train-examples",
+        "8",
+        "--max-eval-examples",
+        "4",
+        "--batch-size",
+        "4",
+        "--epochs",
+        "1",
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+        "-q",
+    ]
 
 
 # --- a full disk ----------------------------------------------------------------------------------------------------
@@ -210,12 +231,26 @@ def test_out_naming_an_existing_file(command, corpus, run, tmp_path, capsys):
     cmds = _outputs(corpus, run, tmp_path, tmp_path)
     dprd = tmp_path / "dprd"
     dprd.mkdir()
-    (dprd / "train.c.txt").write_text("The bee landed on the flower because it had pollen.\nit\nThe bee,the flower\n"
-                                      "the flower\n", encoding="utf-8")
-    cmds["zeroshot"] = ["zeroshot", "--checkpoint", run, "--task", "dprd", "--data-dir", dprd, "--out", target,
-                        "--device", "cpu"]
-    cmd = [target if isinstance(a, Path) and a.parent == tmp_path and a.name in (
-        "corpus", "run", "ft", "hf") else a for a in cmds[command]]
+    (dprd / "train.c.txt").write_text(
+        "The bee landed on the flower because it had pollen.\nit\nThe bee,the flower\nthe flower\n", encoding="utf-8"
+    )
+    cmds["zeroshot"] = [
+        "zeroshot",
+        "--checkpoint",
+        run,
+        "--task",
+        "dprd",
+        "--data-dir",
+        dprd,
+        "--out",
+        target,
+        "--device",
+        "cpu",
+    ]
+    cmd = [
+        target if isinstance(a, Path) and a.parent == tmp_path and a.name in ("corpus", "run", "ft", "hf") else a
+        for a in cmds[command]
+    ]
     before = tree(tmp_path)
     res = gpt1(cmd, capsys)
     assert_one_line_error(res, str(target))

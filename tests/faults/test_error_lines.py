@@ -62,21 +62,35 @@ def _bad_sst2(tmp: Path) -> Path:
 
 ADVISED = {  # a name → (the command line, fragments its error names), from (tmp_path, the faults' corpus and run)
     "missing input": lambda t, c, r: (["prepare", t / "nonexistent.txt", "--out", t / "o"], ["no such file", "check"]),
-    "missing checkpoint": lambda t, c, r: (["zeroshot", "--task", "sst2", "--checkpoint", t / "nosuch", "--data-dir", t],
-                                           ["checkpoint not found", "give a checkpoint directory"]),
+    "missing checkpoint": lambda t, c, r: (
+        ["zeroshot", "--task", "sst2", "--checkpoint", t / "nosuch", "--data-dir", t],
+        ["checkpoint not found", "give a checkpoint directory"],
+    ),
     "corpus as checkpoint": lambda t, c, r: (["eval", "--checkpoint", c, "--task", "rte"], ["neither a checkpoint"]),
-    "file as corpus": lambda t, c, r: (["pretrain", "--data", t / "afile", "--out", t / "run"],
-                                       ["a file, not a corpus directory", "gpt1 prepare"]),
-    "output under a file": lambda t, c, r: (["prepare", t / "afile", "--out", t / "afile" / "sub"],
-                                            [f"{t / 'afile'} is a file, not a directory", "choose another path"]),
-    "glue header": lambda t, c, r: (["zeroshot", "--task", "sst2", "--checkpoint", r, "--data-dir", _bad_sst2(t)],
-                                    ["header lacks column 'sentence'", "official file"]),
-    "tiny vocabulary": lambda t, c, r: (["prepare", t / "afile", "--vocab-size", "10", "--out", t / "o"],
-                                        ["--vocab-size 10 is too small", "pass 16 or more"]),
-    "config is a folder": lambda t, c, r: (["pretrain", "--config", t, "--out", t / "run"],
-                                           ["a directory, not a config file", "give a .toml or .json file"]),
-    "config not found": lambda t, c, r: (["finetune", "--config", t / "nosuch.toml", "--task", "rte"],
-                                         ["config file not found", "check the path"]),
+    "file as corpus": lambda t, c, r: (
+        ["pretrain", "--data", t / "afile", "--out", t / "run"],
+        ["a file, not a corpus directory", "gpt1 prepare"],
+    ),
+    "output under a file": lambda t, c, r: (
+        ["prepare", t / "afile", "--out", t / "afile" / "sub"],
+        [f"{t / 'afile'} is a file, not a directory", "choose another path"],
+    ),
+    "glue header": lambda t, c, r: (
+        ["zeroshot", "--task", "sst2", "--checkpoint", r, "--data-dir", _bad_sst2(t)],
+        ["header lacks column 'sentence'", "official file"],
+    ),
+    "tiny vocabulary": lambda t, c, r: (
+        ["prepare", t / "afile", "--vocab-size", "10", "--out", t / "o"],
+        ["--vocab-size 10 is too small", "pass 16 or more"],
+    ),
+    "config is a folder": lambda t, c, r: (
+        ["pretrain", "--config", t, "--out", t / "run"],
+        ["a directory, not a config file", "give a .toml or .json file"],
+    ),
+    "config not found": lambda t, c, r: (
+        ["finetune", "--config", t / "nosuch.toml", "--task", "rte"],
+        ["config file not found", "check the path"],
+    ),
 }
 
 
@@ -105,8 +119,10 @@ def test_an_unwritable_output_directory_is_named_not_its_lock(code, tmp_path, ca
     (tmp_path / "t.txt").write_text("hi\n", encoding="utf-8")
     ro = tmp_path / "ro"
     ro.mkdir()
-    line = _advised(gpt1(["prepare", tmp_path / "t.txt", "--out", ro / "corpus"], capsys),
-                    f"cannot write in {ro}: {os.strerror(code)}")
+    line = _advised(
+        gpt1(["prepare", tmp_path / "t.txt", "--out", ro / "corpus"], capsys),
+        f"cannot write in {ro}: {os.strerror(code)}",
+    )
     assert ".lock" not in line
 
 
@@ -122,17 +138,26 @@ def test_debug_shows_the_traceback(tmp_path, capsys):
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
 
 
 def _interrupt(cmd: list[str], ready, sig: int, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run ``gpt1 CMD``, send ``sig`` once ``ready()`` holds, and return how it ended."""
     # Ctrl-C as from a terminal: a test run started in the background of a non-interactive shell (`cmd &`)
     # inherits SIGINT ignored, and so would gpt1 (POSIX keeps an ignored signal ignored across exec).
-    proc = subprocess.Popen([sys.executable, "-m", "gptcli", *map(str, cmd)], cwd=REPO, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gptcli", *map(str, cmd)],
+        cwd=REPO,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + timeout
     while not ready():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
@@ -153,8 +178,9 @@ def test_an_interrupted_prepare_leaves_nothing(sig, code, word, tmp_path):
         (inputs / f"t{i}.txt").write_text(TEXT * 8000 + f"document {i}\n")
     before = tree(tmp_path)
     started = lambda: any(p.name.startswith(".corpus.partial-") for p in tmp_path.iterdir())  # noqa: E731
-    done = _interrupt(["prepare", inputs, "--out", tmp_path / "corpus", "--vocab-size", "40", "--workers", "1"],
-                      started, sig)
+    done = _interrupt(
+        ["prepare", inputs, "--out", tmp_path / "corpus", "--vocab-size", "40", "--workers", "1"], started, sig
+    )
     assert done.returncode == code, done.stderr[-3000:]
     if word is not None:
         assert done.stderr.strip().splitlines()[-1] == word, done.stderr and "Traceback" not in done.stderr

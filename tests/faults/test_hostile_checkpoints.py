@@ -35,8 +35,19 @@ def _edit_config(c: Path, edit) -> None:
 
 
 def _generate(run: Path, *extra) -> list:
-    return ["generate", "--checkpoint", run, "--prompt", "the quick fox", "-n", "2", "--greedy", "--device", "cpu",
-            *extra]
+    return [
+        "generate",
+        "--checkpoint",
+        run,
+        "--prompt",
+        "the quick fox",
+        "-n",
+        "2",
+        "--greedy",
+        "--device",
+        "cpu",
+        *extra,
+    ]
 
 
 @pytest.fixture
@@ -56,8 +67,9 @@ def no_real_build(monkeypatch):
     monkeypatch.setattr(ckpt, "build_model", build)
 
 
-@pytest.mark.parametrize("target", ["../../../../etc/passwd", "/etc/passwd", "/dev/zero", "big", "link-out",
-                                    "fifo", "tokenizer/../../x"])
+@pytest.mark.parametrize(
+    "target", ["../../../../etc/passwd", "/etc/passwd", "/dev/zero", "big", "link-out", "fifo", "tokenizer/../../x"]
+)
 def test_the_checksum_table_names_only_files_inside_the_checkpoint(mine, tmp_path, capsys, target):
     c = _newest(mine)
     if target == "big":
@@ -78,20 +90,33 @@ def test_the_checksum_table_names_only_files_inside_the_checkpoint(mine, tmp_pat
     assert ("not a file inside the checkpoint" in line) or ("not a regular file" in line), line
 
 
-@pytest.mark.parametrize("field,value", [("n_layer", 100_000), ("n_embd", 1 << 20), ("vocab_size", 10**12),
-                                         ("n_ctx", 10**9)])
+@pytest.mark.parametrize(
+    "field,value", [("n_layer", 100_000), ("n_embd", 1 << 20), ("vocab_size", 10**12), ("n_ctx", 10**9)]
+)
 @pytest.mark.parametrize("verify", [True, False])
-def test_a_config_claiming_a_huge_model_is_refused_from_the_weights_header(mine, capsys, no_real_build, field,
-                                                                          value, verify):
+def test_a_config_claiming_a_huge_model_is_refused_from_the_weights_header(
+    mine, capsys, no_real_build, field, value, verify
+):
     c = _newest(mine)
     _edit_config(c, lambda cfg: cfg["model"].__setitem__(field, value))
     res = gpt1(_generate(mine, *([] if verify else ["--no-verify"])), capsys)
     assert_one_line_error(res, "weights do not match the config")
 
 
-@pytest.mark.parametrize("field,value", [("n_embd", "32"), ("n_embd", 32.0), ("n_layer", True), ("n_head", None),
-                                         ("n_layer", 0), ("n_ctx", -3), ("embd_pdrop", float("nan")),
-                                         ("n_inner", [128]), ("layer_norm_eps", "1e-5")])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("n_embd", "32"),
+        ("n_embd", 32.0),
+        ("n_layer", True),
+        ("n_head", None),
+        ("n_layer", 0),
+        ("n_ctx", -3),
+        ("embd_pdrop", float("nan")),
+        ("n_inner", [128]),
+        ("layer_norm_eps", "1e-5"),
+    ],
+)
 def test_every_model_field_is_type_and_range_checked(mine, capsys, field, value):
     c = _newest(mine)
     config = json.loads((c / ckpt.CONFIG).read_text())
@@ -157,11 +182,21 @@ def hf_export(run, tmp_path, capsys) -> Path:
     return out
 
 
-@pytest.mark.parametrize("edit", [{"n_layer": 48, "n_embd": 4096, "n_head": 32}, {"n_layer": 100_000},
-                                  {"n_embd": "32"}, {"n_layer": 1.7}, {"n_head": 0}, {"vocab_size": True},
-                                  {"attn_pdrop": "0.1"}])
-def test_convert_from_hf_checks_the_config_against_the_weights_before_allocating(hf_export, tmp_path, capsys,
-                                                                                monkeypatch, edit):
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"n_layer": 48, "n_embd": 4096, "n_head": 32},
+        {"n_layer": 100_000},
+        {"n_embd": "32"},
+        {"n_layer": 1.7},
+        {"n_head": 0},
+        {"vocab_size": True},
+        {"attn_pdrop": "0.1"},
+    ],
+)
+def test_convert_from_hf_checks_the_config_against_the_weights_before_allocating(
+    hf_export, tmp_path, capsys, monkeypatch, edit
+):
     import gptcli.interop.convert as convert
 
     real = convert.GPT

@@ -22,10 +22,27 @@ def test_pretraining_stops_at_its_time_limit_saved_validated_and_said(corpus, tm
 
     rec = RecordingProgress()
     out = tmp_path / "run"
-    res = pretrain(PretrainConfig(data=corpus, out=out, preset="tiny", model=dict(MODEL), seq_len=16, batch_size=4,
-                                  max_steps=1_000_000, warmup_steps=1, eval_every=0, eval_batches=1, save_every=0,
-                                  log_every=1000, device="cpu", precision="fp32", peak_flops=1e11,
-                                  max_minutes=1e-6), progress=rec)
+    res = pretrain(
+        PretrainConfig(
+            data=corpus,
+            out=out,
+            preset="tiny",
+            model=dict(MODEL),
+            seq_len=16,
+            batch_size=4,
+            max_steps=1_000_000,
+            warmup_steps=1,
+            eval_every=0,
+            eval_batches=1,
+            save_every=0,
+            log_every=1000,
+            device="cpu",
+            precision="fp32",
+            peak_flops=1e11,
+            max_minutes=1e-6,
+        ),
+        progress=rec,
+    )
     assert res.step < res.total_steps and res.stopped_by is None
     assert res.final_val_loss is not None and res.last_checkpoint is not None and res.last_checkpoint.is_dir()
     notes = [n["message"] for n in rec.of("note") if n.get("level") == "warn"]

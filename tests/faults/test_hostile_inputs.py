@@ -91,8 +91,14 @@ def test_a_recursive_glob_over_a_folder_loop_ends(tmp_path, pattern):
     files = resolve_inputs([f"{d}/{pattern}"], skipped)
     names = sorted(p.name for p in files)
     assert len(names) == len(set(names))  # each file once
-    expect = {"**/*.txt": ["a.txt", "b.txt", "c.txt"], "*/**/*.txt": ["c.txt"], "**": ["a.txt", "b.txt", "c.txt"],
-              "sub/**/c.txt": ["c.txt"], "[ab].txt": ["a.txt", "b.txt"], "?.txt": ["a.txt", "b.txt"]}[pattern]
+    expect = {
+        "**/*.txt": ["a.txt", "b.txt", "c.txt"],
+        "*/**/*.txt": ["c.txt"],
+        "**": ["a.txt", "b.txt", "c.txt"],
+        "sub/**/c.txt": ["c.txt"],
+        "[ab].txt": ["a.txt", "b.txt"],
+        "?.txt": ["a.txt", "b.txt"],
+    }[pattern]
     assert names == expect
 
 

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tests.faults.conftest import assert_one_line_error, gpt1, one_thread_env
 
-NAMES = ["train.tsv:1234:", "dev.tsv:100:", "exp:warning:", "[draft] (v2)", "[bold]x[dim]", ":smile: [red]",
-         "a:+1::100:"]
+NAMES = [
+    "train.tsv:1234:",
+    "dev.tsv:100:",
+    "exp:warning:",
+    "[draft] (v2)",
+    "[bold]x[dim]",
+    ":smile: [red]",
+    "a:+1::100:",
+]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -59,8 +65,13 @@ def test_piped_output_keeps_a_long_path_on_one_line(tmp_path, capsys):
 
 def test_piped_output_of_a_real_process_has_no_emoji_and_no_cut_paths(tmp_path):
     deep = tmp_path / ("exp:warning:" + "w" * 90) / "dev.tsv:100:"
-    r = subprocess.run([sys.executable, "-m", "gptcli", "prepare", str(deep), "--out", str(tmp_path / "o")],
-                       env={**one_thread_env(), "COLUMNS": "80"}, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "gptcli", "prepare", str(deep), "--out", str(tmp_path / "o")],
+        env={**one_thread_env(), "COLUMNS": "80"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1
     assert str(deep) in r.stderr, r.stderr  # whole, on one line, no ⚠ or 💯
     assert "⚠" not in r.stderr and "💯" not in r.stderr
@@ -73,9 +84,26 @@ def test_prepare_workers_end_quietly_when_the_pool_is_terminated(tmp_path):
     for i in range(4):
         (d / f"t{i}.txt").write_text("the quick brown fox jumps over the lazy dog. " * 200, encoding="utf-8")
     (d / "bad.txt").write_bytes(b"\xff\xfe\x00binary\x00" * 100)
-    r = subprocess.run([sys.executable, "-m", "gptcli", "prepare", str(d), "--out", str(tmp_path / "o"),
-                        "--vocab-size", "40", "--workers", "2", "--strict"],
-                       env=one_thread_env(), capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gptcli",
+            "prepare",
+            str(d),
+            "--out",
+            str(tmp_path / "o"),
+            "--vocab-size",
+            "40",
+            "--workers",
+            "2",
+            "--strict",
+        ],
+        env=one_thread_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
     lines = [x for x in r.stderr.splitlines() if x.strip()]
@@ -85,8 +113,10 @@ def test_prepare_workers_end_quietly_when_the_pool_is_terminated(tmp_path):
 def test_a_prepare_worker_does_not_keep_the_command_s_sigterm_handler(tmp_path):
     """The cause, checked directly: a forked worker inherits the command line's SIGTERM handler (which raises, and
     would print the worker's traceback when the pool terminates it); the worker's initializer restores the default."""
-    code = ("import signal\nfrom gptcli import cli\nfrom gptcli.data import workers\ncli._catch_sigterm()\n"
-            "assert signal.getsignal(signal.SIGTERM) is cli._on_sigterm\nworkers._worker_init()\n"
-            "print(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)")
+    code = (
+        "import signal\nfrom gptcli import cli\nfrom gptcli.data import workers\ncli._catch_sigterm()\n"
+        "assert signal.getsignal(signal.SIGTERM) is cli._on_sigterm\nworkers._worker_init()\n"
+        "print(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)"
+    )
     r = subprocess.run([sys.executable, "-c", code], env=one_thread_env(), capture_output=True, text=True, timeout=120)
     assert r.stdout.strip() == "True", r.stderr

@@ -28,8 +28,20 @@ def _base(command: str, corpus: Path, run: Path, tmp: Path) -> list:
     return {
         "prepare": ["prepare", corpus / "manifest.json", "--out", tmp / "o"],
         "pretrain": ["pretrain", "--data", corpus, "--out", tmp / "o", *TINY_ARGS, "--max-steps", "1"],
-        "finetune": ["finetune", "--task", "scitail", "--init", run, "--out", tmp / "o", "--data-dir", SCITAIL,
-                     "--device", "cpu", "-q"],
+        "finetune": [
+            "finetune",
+            "--task",
+            "scitail",
+            "--init",
+            run,
+            "--out",
+            tmp / "o",
+            "--data-dir",
+            SCITAIL,
+            "--device",
+            "cpu",
+            "-q",
+        ],
         "eval": ["eval", "--checkpoint", run, "--data", corpus, "--device", "cpu"],
         "zeroshot": ["zeroshot", "--checkpoint", run, "--task", "dprd", "--device", "cpu"],
         "generate": ["generate", "--checkpoint", run, "--prompt", "the", "--device", "cpu"],
@@ -97,8 +109,12 @@ def _config_classes():
         if ".commands" in m.name or m.name.endswith("__main__"):
             continue
         for name, obj in vars(importlib.import_module(m.name)).items():
-            if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == m.name \
-                    and name.endswith("Config"):
+            if (
+                isinstance(obj, type)
+                and dataclasses.is_dataclass(obj)
+                and obj.__module__ == m.name
+                and name.endswith("Config")
+            ):
                 yield obj
 
 
@@ -124,9 +140,22 @@ def test_every_rule_accepts_the_default_of_every_field_it_governs():
                 check_setting(f.name, f.default)  # raises if a rule contradicts a default
 
 
-@pytest.mark.parametrize("name,bad", [("seed", SEED_LIMIT), ("seed", -1), ("batch_size", 0), ("n_ctx", 0),
-                                      ("samples", 1025), ("top_p", 1.5), ("attn_pdrop", 1.0), ("master_port", 0),
-                                      ("max_examples", 0), ("log_every", 0), ("lr", 0.0)])
+@pytest.mark.parametrize(
+    "name,bad",
+    [
+        ("seed", SEED_LIMIT),
+        ("seed", -1),
+        ("batch_size", 0),
+        ("n_ctx", 0),
+        ("samples", 1025),
+        ("top_p", 1.5),
+        ("attn_pdrop", 1.0),
+        ("master_port", 0),
+        ("max_examples", 0),
+        ("log_every", 0),
+        ("lr", 0.0),
+    ],
+)
 def test_the_rule_is_the_field_s_wherever_it_appears(name, bad):
     with pytest.raises(GPT1Error, match=f"--{name.replace('_', '-')} .* is impossible"):
         check_setting(name, bad)
@@ -145,13 +174,18 @@ def test_every_config_built_in_python_is_held_to_its_types():
     dummy = {str: "x", int: 8, float: 1.0, Path: Path("x")}
     for cls in _config_classes():
         hints = typing.get_type_hints(cls)
-        required = {f.name: dummy.get(hints[f.name], "x") for f in dataclasses.fields(cls)
-                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        required = {
+            f.name: dummy.get(hints[f.name], "x")
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        }
         check_settings(cls(**required))  # the defaults are of their own types
-    for cfg, named in ((PretrainConfig(schedule="Linear"), "schedule: expected one of"),
-                       (PretrainConfig(lr="5e-4"), "lr: expected a number"),
-                       (FinetuneConfig(task="rte", select="Best"), "select: expected one of 'best', 'last'"),
-                       (FinetuneConfig(task="rte", layout="pack"), "layout: expected one of")):
+    for cfg, named in (
+        (PretrainConfig(schedule="Linear"), "schedule: expected one of"),
+        (PretrainConfig(lr="5e-4"), "lr: expected a number"),
+        (FinetuneConfig(task="rte", select="Best"), "select: expected one of 'best', 'last'"),
+        (FinetuneConfig(task="rte", layout="pack"), "layout: expected one of"),
+    ):
         with pytest.raises(GPT1Error, match=named):
             check_settings(cfg)
     cfg = FinetuneConfig(task="rte", init=Path("runs/pre"))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +23,6 @@ from pathlib import Path
 
 import pytest
 
-from gptcli import fsutil
 from gptcli.locks import lock_path, output_lock
 from tests.faults.conftest import REPO, assert_one_line_error, copy_of, gpt1, one_thread_env, snapshot
 
@@ -79,8 +77,13 @@ def _two_outputs(where: Path) -> tuple[Path, Path]:
 @pytest.mark.parametrize("way,killed_after", [("exchange", 1), ("renames", 1), ("renames", 2), ("renames", 3)])
 def test_a_swap_killed_after_any_step_is_finished_or_undone_by_the_next_run(tmp_path, way, killed_after):
     out, tmp = _two_outputs(tmp_path)
-    r = subprocess.run([sys.executable, "-c", KILLER, str(tmp), str(out), way, str(killed_after)],
-                       env=one_thread_env(), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", KILLER, str(tmp), str(out), way, str(killed_after)],
+        env=one_thread_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode in (0, 9), r.stderr
     if (out / "which").exists():
         seen_before = (out / "which").read_text()
@@ -169,8 +172,21 @@ def _commands(corpus: Path, run: Path, tmp: Path, shared: Path) -> dict[str, tup
     """(the output, the command) for every command that writes one."""
     from tests.faults.conftest import TINY_ARGS
 
-    ft = ["--task", "rte", "--data-dir", shared / "glue" / "RTE", "--max-train-examples", "4",
-          "--max-eval-examples", "4", "--epochs", "1", "--device", "cpu", "--quiet"]
+    ft = [
+        "--task",
+        "rte",
+        "--data-dir",
+        shared / "glue" / "RTE",
+        "--max-train-examples",
+        "4",
+        "--max-eval-examples",
+        "4",
+        "--epochs",
+        "1",
+        "--device",
+        "cpu",
+        "--quiet",
+    ]
     out = tmp / "out"
     return {
         "prepare": (out, _prepare(_texts(tmp), out)),
@@ -178,18 +194,48 @@ def _commands(corpus: Path, run: Path, tmp: Path, shared: Path) -> dict[str, tup
         "pretrain --resume": (run, ["pretrain", "--data", corpus, "--out", run, "--resume", "--quiet"]),
         "finetune": (out, ["finetune", "--init", run, "--out", out, *ft]),
         "convert": (out, ["convert", run, "--to", "hf", "--out", out]),
-        "eval": (out, ["eval", "--checkpoint", run, "--task", "rte", "--data-dir", shared / "glue" / "RTE",
-                       "--out", out, "--device", "cpu"]),
-        "zeroshot": (out, ["zeroshot", "--checkpoint", run, "--task", "sst2", "--data-dir",
-                           shared / "glue" / "SST-2", "--out", out, "--device", "cpu"]),
+        "eval": (
+            out,
+            [
+                "eval",
+                "--checkpoint",
+                run,
+                "--task",
+                "rte",
+                "--data-dir",
+                shared / "glue" / "RTE",
+                "--out",
+                out,
+                "--device",
+                "cpu",
+            ],
+        ),
+        "zeroshot": (
+            out,
+            [
+                "zeroshot",
+                "--checkpoint",
+                run,
+                "--task",
+                "sst2",
+                "--data-dir",
+                shared / "glue" / "SST-2",
+                "--out",
+                out,
+                "--device",
+                "cpu",
+            ],
+        ),
         "quickstart": (out, ["quickstart", "--out", out, "--minutes", "1"]),
     }
 
 
-@pytest.mark.parametrize("command", ["prepare", "pretrain", "pretrain --resume", "finetune", "convert", "eval",
-                                     "zeroshot", "quickstart"])
-def test_a_second_run_on_a_locked_output_is_refused_naming_the_holder(corpus, run, tmp_path, shared_data, capsys,
-                                                                       held, command):
+@pytest.mark.parametrize(
+    "command", ["prepare", "pretrain", "pretrain --resume", "finetune", "convert", "eval", "zeroshot", "quickstart"]
+)
+def test_a_second_run_on_a_locked_output_is_refused_naming_the_holder(
+    corpus, run, tmp_path, shared_data, capsys, held, command
+):
     mine = copy_of(run, tmp_path) if command == "pretrain --resume" else run
     out, args = _commands(corpus, mine, tmp_path, shared_data)[command]
     before = snapshot(out) if out.exists() else None
@@ -227,18 +273,26 @@ def test_the_lock_is_reentrant_and_a_launchers_workers_run_under_it(tmp_path):
     with output_lock(out):
         with output_lock(out):  # a pipeline stage locking what its pipeline holds
             pass
-        child = ("import sys\nfrom gptcli.locks import output_lock\nwith output_lock(sys.argv[1]): print('ran')")
-        r = subprocess.run([sys.executable, "-c", child, str(out)], env=one_thread_env(), capture_output=True,
-                           text=True, timeout=60)
+        child = "import sys\nfrom gptcli.locks import output_lock\nwith output_lock(sys.argv[1]): print('ran')"
+        r = subprocess.run(
+            [sys.executable, "-c", child, str(out)], env=one_thread_env(), capture_output=True, text=True, timeout=60
+        )
         assert r.returncode == 0 and r.stdout.strip() == "ran", r.stderr  # a child of the holder: its worker
         info = json.loads(lock_path(out).read_text())
         assert info["pid"] == os.getpid() and info["host"] and "since" in info
-    grandchild = ("import subprocess, sys\nfrom gptcli.locks import output_lock\nwith output_lock(sys.argv[1]):\n"
-                  "    r = subprocess.run([sys.executable, '-c', 'import sys; sys.path.insert(0, sys.argv[2]);"
-                  "from gptcli.locks import output_lock\\nwith output_lock(sys.argv[1]): pass', sys.argv[1], "
-                  "sys.argv[2]]); print(r.returncode)")
-    r = subprocess.run([sys.executable, "-c", grandchild, str(out), str(REPO)], env=one_thread_env(),
-                       capture_output=True, text=True, timeout=60)
+    grandchild = (
+        "import subprocess, sys\nfrom gptcli.locks import output_lock\nwith output_lock(sys.argv[1]):\n"
+        "    r = subprocess.run([sys.executable, '-c', 'import sys; sys.path.insert(0, sys.argv[2]);"
+        "from gptcli.locks import output_lock\\nwith output_lock(sys.argv[1]): pass', sys.argv[1], "
+        "sys.argv[2]]); print(r.returncode)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", grandchild, str(out), str(REPO)],
+        env=one_thread_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.stdout.strip() == "0", r.stderr
 
 

@@ -15,7 +15,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
 from gptcli import checkpoint as ckpt
@@ -50,12 +49,33 @@ def test_non_finite_weights_are_refused_not_scored(run, corpus, tmp_path, capsys
     (tmp_path / "dprd").mkdir()
     (tmp_path / "dprd" / "train.c.txt").write_text(DPRD)
     args = {
-        "zeroshot": ["zeroshot", "--checkpoint", mine, "--task", "dprd", "--data-dir", tmp_path / "dprd",
-                     "--device", "cpu"],
+        "zeroshot": [
+            "zeroshot",
+            "--checkpoint",
+            mine,
+            "--task",
+            "dprd",
+            "--data-dir",
+            tmp_path / "dprd",
+            "--device",
+            "cpu",
+        ],
         "eval": ["eval", "--checkpoint", mine, "--data", corpus, "--device", "cpu"],
         "generate": ["generate", "--checkpoint", mine, "--prompt", "the", "--device", "cpu"],
-        "finetune": ["finetune", "--task", "scitail", "--init", mine, "--out", tmp_path / "ft", "--data-dir",
-                     SCITAIL, "--device", "cpu", "-q"],
+        "finetune": [
+            "finetune",
+            "--task",
+            "scitail",
+            "--init",
+            mine,
+            "--out",
+            tmp_path / "ft",
+            "--data-dir",
+            SCITAIL,
+            "--device",
+            "cpu",
+            "-q",
+        ],
     }[command]
     assert_one_line_error(gpt1(args, capsys), "NaN or infinite values", "use an earlier checkpoint")
     assert not (tmp_path / "ft").exists()
@@ -63,35 +83,65 @@ def test_non_finite_weights_are_refused_not_scored(run, corpus, tmp_path, capsys
 
 def test_zeroshot_of_a_fine_tuned_checkpoint_says_the_heuristics_are_for_language_models(run, tmp_path, capsys):
     ft = tmp_path / "ft"
-    res = gpt1(["finetune", "--task", "scitail", "--init", run, "--out", ft, "--data-dir", SCITAIL,
-                "--max-train-examples", "8", "--max-eval-examples", "4", "--batch-size", "4", "--epochs", "1",
-                "--device", "cpu", "--precision", "fp32", "-q"], capsys)
+    res = gpt1(
+        [
+            "finetune",
+            "--task",
+            "scitail",
+            "--init",
+            run,
+            "--out",
+            ft,
+            "--data-dir",
+            SCITAIL,
+            "--max-train-examples",
+            "8",
+            "--max-eval-examples",
+            "4",
+            "--batch-size",
+            "4",
+            "--epochs",
+            "1",
+            "--device",
+            "cpu",
+            "--precision",
+            "fp32",
+            "-q",
+        ],
+        capsys,
+    )
     assert res.code == 0, res.err[-2000:]
     (tmp_path / "dprd").mkdir()
     (tmp_path / "dprd" / "train.c.txt").write_text(DPRD)
-    res = gpt1(["zeroshot", "--checkpoint", ft, "--task", "dprd", "--data-dir", tmp_path / "dprd", "--device", "cpu"],
-               capsys)
+    res = gpt1(
+        ["zeroshot", "--checkpoint", ft, "--task", "dprd", "--data-dir", tmp_path / "dprd", "--device", "cpu"], capsys
+    )
     assert res.code == 0, res.err[-2000:]
-    assert "is fine-tuned (on scitail): the zero-shot heuristics are meant for pretrained language models" in \
-        res.err.replace("\n", " ")
+    assert (
+        "is fine-tuned (on scitail): the zero-shot heuristics are meant for pretrained language models"
+        in res.err.replace("\n", " ")
+    )
 
 
 # --- 9 ---------------------------------------------------------------------------------------------------------------
 
 
-def test_a_resumed_run_names_its_config_toml_when_its_relative_data_is_not_found(corpus, tmp_path, capsys,
-                                                                                   monkeypatch):
+def test_a_resumed_run_names_its_config_toml_when_its_relative_data_is_not_found(corpus, tmp_path, capsys, monkeypatch):
     started = tmp_path / "started-here"
     started.mkdir()
     shutil.copytree(corpus, started / "corpus")
     monkeypatch.chdir(started)
-    res = gpt1(["pretrain", "--data", "corpus", "--out", started / "run", *TINY_ARGS, "--max-steps", "2",
-                "--save-every", "1"], capsys)
+    res = gpt1(
+        ["pretrain", "--data", "corpus", "--out", started / "run", *TINY_ARGS, "--max-steps", "2", "--save-every", "1"],
+        capsys,
+    )
     assert res.code == 0, res.err[-2000:]
     monkeypatch.chdir(tmp_path)  # resumed from another folder
-    line = assert_one_line_error(gpt1(["pretrain", "--out", started / "run", "--resume", "--max-steps", "3"], capsys),
-                                 f"{started / 'run' / 'config.toml'}: data = 'corpus'",
-                                 "relative to where the run was started")
+    line = assert_one_line_error(
+        gpt1(["pretrain", "--out", started / "run", "--resume", "--max-steps", "3"], capsys),
+        f"{started / 'run' / 'config.toml'}: data = 'corpus'",
+        "relative to where the run was started",
+    )
     assert "--data" in line
 
 

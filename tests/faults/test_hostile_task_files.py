@@ -39,8 +39,25 @@ def _rte(tmp: Path, train: str | None = None, dev: str | None = None) -> Path:
 
 
 def _finetune(run: Path, data: Path, tmp: Path, *extra) -> list:
-    return ["finetune", "--task", "rte", "--init", run, "--out", tmp / "ft", "--data-dir", data, "--epochs", "1",
-            "--batch-size", "2", "--device", "cpu", "-q", *extra]
+    return [
+        "finetune",
+        "--task",
+        "rte",
+        "--init",
+        run,
+        "--out",
+        tmp / "ft",
+        "--data-dir",
+        data,
+        "--epochs",
+        "1",
+        "--batch-size",
+        "2",
+        "--device",
+        "cpu",
+        "-q",
+        *extra,
+    ]
 
 
 DUPLICATE = "index\tsentence1\tsentence2\tsentence2\tlabel\n" + "0\ta b.\tc d.\te f.\tentailment\n"
@@ -49,14 +66,23 @@ DUPLICATE = "index\tsentence1\tsentence2\tsentence2\tlabel\n" + "0\ta b.\tc d.\t
 @pytest.mark.parametrize("which", ["train", "dev"])
 def test_a_header_repeating_a_column_is_refused(run, tmp_path, capsys, which):
     data = _rte(tmp_path, **{which: DUPLICATE})
-    line = assert_one_line_error(gpt1(_finetune(run, data, tmp_path), capsys),
-                                 f"{which}.tsv:1: the header repeats column 'sentence2'")
+    line = assert_one_line_error(
+        gpt1(_finetune(run, data, tmp_path), capsys), f"{which}.tsv:1: the header repeats column 'sentence2'"
+    )
     assert "columns 3 and 4" in line
     assert not (tmp_path / "ft").exists()
 
 
-@pytest.mark.parametrize("dev", [RTE_HEADER + "\n", "", "\n\n\n", RTE_HEADER.replace("\t", "\t") + "\r" +
-                                 "\r".join(ROWS[:3]) + "\r", RTE_HEADER + "\n" + "\t\t\t\n"])
+@pytest.mark.parametrize(
+    "dev",
+    [
+        RTE_HEADER + "\n",
+        "",
+        "\n\n\n",
+        RTE_HEADER.replace("\t", "\t") + "\r" + "\r".join(ROWS[:3]) + "\r",
+        RTE_HEADER + "\n" + "\t\t\t\n",
+    ],
+)
 def test_a_dev_split_without_examples_is_refused_by_finetune_as_by_eval(run, tmp_path, capsys, dev):
     data = _rte(tmp_path, dev=dev)
     res = gpt1(_finetune(run, data, tmp_path, "--skip-bad-rows"), capsys)
@@ -86,8 +112,16 @@ def test_rows_of_only_tabs_are_counted_and_named(tmp_path):
 
 # --- Story Cloze --------------------------------------------------------------------------------------------------
 
-HEADER = ["InputStoryid", "InputSentence1", "InputSentence2", "InputSentence3", "InputSentence4",
-          "RandomFifthSentenceQuiz1", "RandomFifthSentenceQuiz2", "AnswerRightEnding"]
+HEADER = [
+    "InputStoryid",
+    "InputSentence1",
+    "InputSentence2",
+    "InputSentence3",
+    "InputSentence4",
+    "RandomFifthSentenceQuiz1",
+    "RandomFifthSentenceQuiz2",
+    "AnswerRightEnding",
+]
 
 
 def _cloze(tmp: Path, n: int, bad: int, stray_cr_before: bool = True, header=HEADER) -> tuple[Path, int]:

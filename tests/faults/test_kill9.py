@@ -41,13 +41,12 @@ STEPS = 200
 ARGS = ["--max-steps", str(STEPS), "--save-every", "1", "--keep-last", "2", *TINY_ARGS]
 
 
-
 def _start(data: Path, out: Path) -> subprocess.Popen:
     # --resume from the very first start: with no checkpoint yet it starts fresh, so every start is the same line.
     cmd = [sys.executable, "-m", "gptcli", "pretrain", "--data", str(data), "--out", str(out), *ARGS, "--resume"]
-    return subprocess.Popen(cmd, cwd=REPO, env=one_thread_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
+    return subprocess.Popen(
+        cmd, cwd=REPO, env=one_thread_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _final(run: Path) -> tuple[dict, list, list]:
@@ -57,8 +56,11 @@ def _final(run: Path) -> tuple[dict, list, list]:
 
     newest = list_checkpoints(run)[-1]
     assert verify_checkpoint(newest) == []
-    files: dict = {p.relative_to(newest).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-                   for p in newest.rglob("*") if p.is_file() and p.name not in ("config.json", "training_state.json")}
+    files: dict = {
+        p.relative_to(newest).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in newest.rglob("*")
+        if p.is_file() and p.name not in ("config.json", "training_state.json")
+    }
     state = json.loads((newest / "training_state.json").read_text())
     # Python's and numpy's global RNGs are recorded but never seeded or used by pretraining, so their state differs
     # between any two runs (interrupted or not); torch's, which dropout uses, is in optimizer.safetensors above.
@@ -86,21 +88,22 @@ def _assert_clean(run: Path) -> None:
     assert [p.name for p in run.iterdir() if p.name.startswith(".")] == [MARKER]  # gpt1's marker, no temporaries
 
 
-
 def test_kill_at_random_points_then_resume_is_bitwise_identical(corpus, reference, tmp_path):
     rng = random.Random(17)
     # (when, delay): "start" = seconds after launch (importing, opening the corpus, building the model, resuming);
     # "train" = seconds after the process saved its first new checkpoint (updates, checkpoint writes, pruning).
-    schedule = [("start", rng.uniform(0.3, 2.0)) for _ in range(2)] + [("train", rng.uniform(0.0, 0.12))
-                                                                        for _ in range(10)]
+    schedule = [("start", rng.uniform(0.3, 2.0)) for _ in range(2)] + [
+        ("train", rng.uniform(0.0, 0.12)) for _ in range(10)
+    ]
     rng.shuffle(schedule)
     run = tmp_path / "run"
     kills, mid_write = [], 0
     for when, delay in schedule:
         resumed_from = max(step_numbers(run), default=0)
         proc = _start(corpus, run)
-        if when == "train" and not wait_for(lambda: max(step_numbers(run), default=0) > resumed_from, proc,
-                                             "a first checkpoint"):
+        if when == "train" and not wait_for(
+            lambda: max(step_numbers(run), default=0) > resumed_from, proc, "a first checkpoint"
+        ):
             break  # finished before the kill: the run is over
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
@@ -179,8 +182,14 @@ def test_kill_inside_each_step_of_a_checkpoint_write(corpus, reference, tmp_path
     run = tmp_path / "run"
     args = ["pretrain", "--data", str(corpus), "--out", str(run), *ARGS, "--resume"]
     for what, at in KILLS:
-        proc = subprocess.run([sys.executable, "-c", SCRIPT, *args], cwd=REPO, env={**one_thread_env(), "KILL_IN": f"{what}:{at}"},
-                              capture_output=True, text=True, timeout=KILL_TIMEOUT)
+        proc = subprocess.run(
+            [sys.executable, "-c", SCRIPT, *args],
+            cwd=REPO,
+            env={**one_thread_env(), "KILL_IN": f"{what}:{at}"},
+            capture_output=True,
+            text=True,
+            timeout=KILL_TIMEOUT,
+        )
         assert proc.returncode == -signal.SIGKILL, (what, proc.stderr[-3000:])
         from gptcli.checkpoint import list_checkpoints, verify_checkpoint
 

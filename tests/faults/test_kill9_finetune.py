@@ -45,7 +45,6 @@ STEPS = EPOCHS * N_TRAIN // BATCH  # 48
 TIMING = ("tokens_per_s", "elapsed_s")
 
 
-
 @pytest.fixture(scope="module")
 def inputs(corpus, tmp_path_factory) -> tuple[Path, Path]:
     """(a "pretrained" checkpoint with the corpus's real tokenizer, so a subprocess can load it; an SST-2 folder)."""
@@ -65,8 +64,9 @@ def inputs(corpus, tmp_path_factory) -> tuple[Path, Path]:
     data.mkdir()
     rng = random.Random(1)
     for name, n in (("train.tsv", N_TRAIN), ("dev.tsv", 16)):
-        rows = ["sentence\tlabel"] + [f"{' '.join(rng.choice(WORDS) for _ in range(rng.randint(3, 14)))}\t"
-                                      f"{rng.randint(0, 1)}" for _ in range(n)]
+        rows = ["sentence\tlabel"] + [
+            f"{' '.join(rng.choice(WORDS) for _ in range(rng.randint(3, 14)))}\t{rng.randint(0, 1)}" for _ in range(n)
+        ]
         (data / name).write_text("\n".join(rows) + "\n", encoding="utf-8")
     return pre, data
 
@@ -74,16 +74,46 @@ def inputs(corpus, tmp_path_factory) -> tuple[Path, Path]:
 def _args(inputs: tuple[Path, Path], out: Path) -> list[str]:
     pre, data = inputs
     # --resume from the very first start: with no checkpoint yet it starts fresh, so every start is the same line.
-    return ["finetune", "--task", "sst2", "--init", str(pre), "--data-dir", str(data), "--out", str(out),
-            "--batch-size", str(BATCH), "--epochs", str(EPOCHS), "--lr", "1e-3", "--log-every", "1",
-            "--save-every", "1", "--keep-last", "2", "--device", "cpu", "--precision", "fp32", "--quiet", "--resume"]
+    return [
+        "finetune",
+        "--task",
+        "sst2",
+        "--init",
+        str(pre),
+        "--data-dir",
+        str(data),
+        "--out",
+        str(out),
+        "--batch-size",
+        str(BATCH),
+        "--epochs",
+        str(EPOCHS),
+        "--lr",
+        "1e-3",
+        "--log-every",
+        "1",
+        "--save-every",
+        "1",
+        "--keep-last",
+        "2",
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+        "--quiet",
+        "--resume",
+    ]
 
 
 def _start(inputs, out: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "gptcli", *_args(inputs, out)], cwd=REPO, env=one_thread_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
+    return subprocess.Popen(
+        [sys.executable, "-m", "gptcli", *_args(inputs, out)],
+        cwd=REPO,
+        env=one_thread_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _final(run: Path) -> tuple[dict, dict, list]:
@@ -93,12 +123,17 @@ def _final(run: Path) -> tuple[dict, dict, list]:
 
     final = run / "checkpoints" / "final"
     assert verify_checkpoint(final) == []
-    files = {p.relative_to(final).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-             for p in final.rglob("*") if p.is_file() and p.name != "config.json"}
+    files = {
+        p.relative_to(final).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in final.rglob("*")
+        if p.is_file() and p.name != "config.json"
+    }
     r = json.loads((run / "results.json").read_text())
     results = {k: r[k] for k in ("scores", "history", "epoch", "steps")}
-    records = [{k: v for k, v in json.loads(x).items() if k not in TIMING}
-               for x in (run / "metrics.jsonl").read_text().splitlines()]
+    records = [
+        {k: v for k, v in json.loads(x).items() if k not in TIMING}
+        for x in (run / "metrics.jsonl").read_text().splitlines()
+    ]
     return files, results, records
 
 
@@ -118,21 +153,22 @@ def _assert_clean(run: Path) -> None:
     assert [p.name for p in run.iterdir() if p.name.startswith(".")] == [MARKER]  # gpt1's marker, no temporaries
 
 
-
 def test_kill_at_random_points_then_resume_is_bitwise_identical(inputs, reference, tmp_path):
     rng = random.Random(13)
     # First a kill a random time after launch (importing, reading and encoding the task, building the model). Then
     # three in training: once the newest checkpoint reaches a random update in each third of the run (so the kills
     # land where they should however fast this machine is), a random 0-40 ms later — in an update, a dev score
     # (update 24 ends epoch 1), or, most of the time with --save-every 1, writing or pruning a checkpoint.
-    schedule = [("start", 0, rng.uniform(0.3, 1.5))] + [("train", rng.randint(lo, lo + 9), rng.uniform(0.0, 0.04))
-                                                         for lo in (3, 18, 33)]
+    schedule = [("start", 0, rng.uniform(0.3, 1.5))] + [
+        ("train", rng.randint(lo, lo + 9), rng.uniform(0.0, 0.04)) for lo in (3, 18, 33)
+    ]
     run = tmp_path / "run"
     kills, mid_write = [], 0
     for when, target, delay in schedule:
         proc = _start(inputs, run)
-        if when == "train" and not wait_for(lambda: max(step_numbers(run), default=0) >= target, proc, "a checkpoint",
-                                            poll=0.001):
+        if when == "train" and not wait_for(
+            lambda: max(step_numbers(run), default=0) >= target, proc, "a checkpoint", poll=0.001
+        ):
             break  # finished before the kill: the run is over
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
@@ -142,8 +178,9 @@ def test_kill_at_random_points_then_resume_is_bitwise_identical(inputs, referenc
         kills.append((when, target, round(delay, 3), max(step_numbers(run), default=0)))
         if run.is_dir() and any(p.name.startswith(".step-") for p in (run / "checkpoints").glob(".*")):
             mid_write += 1  # died while a checkpoint was being written (its temporary directory is left)
-    print(f"kills (when, target update, delay s, newest checkpoint after): {kills}; {mid_write} during a checkpoint "
-          "write")
+    print(
+        f"kills (when, target update, delay s, newest checkpoint after): {kills}; {mid_write} during a checkpoint write"
+    )
     assert len(kills) == len(schedule), kills
     assert all(0 <= k[3] < STEPS for k in kills) and kills[-1][3] > 0  # every kill landed in training
     finish(_start(inputs, run))
@@ -207,9 +244,15 @@ main(sys.argv[1:])
 # from update 25 on every checkpoint also holds epoch 1's weights (best.safetensors) unless epoch 2 beat it.
 # step-0000021 is pruned while step-0000023 is saved (--keep-last 2); "final" is written after update 48, and the
 # step checkpoints are removed (47 first) once results.json is written.
-KILLS = [("model.safetensors", "step-0000005", 4), ("optimizer.safetensors", "step-0000009", 8),
-         ("rename", "step-0000014", 13), ("prune", "step-0000021", 23), ("best.safetensors", "step-0000030", 29),
-         ("model.safetensors", "final", 48), ("prune", "step-0000047", 48)]
+KILLS = [
+    ("model.safetensors", "step-0000005", 4),
+    ("optimizer.safetensors", "step-0000009", 8),
+    ("rename", "step-0000014", 13),
+    ("prune", "step-0000021", 23),
+    ("best.safetensors", "step-0000030", 29),
+    ("model.safetensors", "final", 48),
+    ("prune", "step-0000047", 48),
+]
 
 
 def test_kill_inside_each_step_of_a_checkpoint_write(inputs, reference, tmp_path):
@@ -217,9 +260,14 @@ def test_kill_inside_each_step_of_a_checkpoint_write(inputs, reference, tmp_path
 
     run = tmp_path / "run"
     for what, at, newest in KILLS:
-        proc = subprocess.run([sys.executable, "-c", SCRIPT, *_args(inputs, run)], cwd=REPO,
-                              env={**one_thread_env(), "KILL_IN": f"{what}:{at}"}, capture_output=True, text=True,
-                              timeout=KILL_TIMEOUT)
+        proc = subprocess.run(
+            [sys.executable, "-c", SCRIPT, *_args(inputs, run)],
+            cwd=REPO,
+            env={**one_thread_env(), "KILL_IN": f"{what}:{at}"},
+            capture_output=True,
+            text=True,
+            timeout=KILL_TIMEOUT,
+        )
         assert proc.returncode == -signal.SIGKILL, (what, at, proc.stderr[-3000:])
         # The checkpoint being written is not visible; the one before it is whole and is where --resume goes.
         assert max(step_numbers(run)) == newest, (what, at, step_numbers(run))

@@ -59,8 +59,9 @@ def test_half_keeps_the_batch_split_valid() -> None:
 
 def test_the_error_says_what_ran_out_when_and_what_to_pass() -> None:
     e = out_of_memory(torch.device("cpu"), "in update 4 of 6", "pass --micro-batch-size 2: …", "run/step-2")
-    assert str(e) == ("cpu ran out of memory in update 4 of 6 (pass --micro-batch-size 2: …; then --resume "
-                      "continues from run/step-2)")
+    assert str(e) == (
+        "cpu ran out of memory in update 4 of 6 (pass --micro-batch-size 2: …; then --resume continues from run/step-2)"
+    )
     assert isinstance(e, OutOfMemory) and e.exit_code == 1
 
 
@@ -81,9 +82,11 @@ def test_an_update_out_of_memory_names_the_micro_batch_and_the_checkpoint(corpus
     with pytest.raises(OutOfMemory) as e:
         pretrain(_cfg(corpus, run))
     msg = str(e.value)
-    assert msg.startswith("cpu ran out of memory in update 4 of 6 (pass --micro-batch-size 4: each process then "
-                          "computes its 8 sequences of 16 tokens per update 4 at a time instead of 8; the update is "
-                          "the same (gradient accumulation); "), msg
+    assert msg.startswith(
+        "cpu ran out of memory in update 4 of 6 (pass --micro-batch-size 4: each process then "
+        "computes its 8 sequences of 16 tokens per update 4 at a time instead of 8; the update is "
+        "the same (gradient accumulation); "
+    ), msg
     assert msg.endswith(f"then --resume continues from {run / 'checkpoints' / 'step-0000002'})") and "\n" not in msg
     assert isinstance(e.value.__cause__, torch.OutOfMemoryError)  # --debug shows PyTorch's own error under it
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0000002"]  # nothing after the failure
@@ -95,6 +98,7 @@ def test_an_update_out_of_memory_names_the_micro_batch_and_the_checkpoint(corpus
 
 def test_a_first_update_out_of_memory_has_no_checkpoint_to_name(corpus, tmp_path, monkeypatch) -> None:
     """The host's real allocation error, in the first update of a run already split in micro-batches of 2."""
+
     def hungry(model, batch):
         torch.empty(10**13, dtype=torch.uint8)
 
@@ -109,8 +113,11 @@ def test_a_first_update_out_of_memory_has_no_checkpoint_to_name(corpus, tmp_path
 
 def test_one_sequence_that_does_not_fit_is_told_so(corpus, tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(Trainer, "step", _failing_update(0, MemoryError()))
-    with pytest.raises(OutOfMemory, match=r"one sequence of 16 tokens per forward pass does not fit: use "
-                                          r"--precision bf16 where the device has it, a shorter --seq-len"):
+    with pytest.raises(
+        OutOfMemory,
+        match=r"one sequence of 16 tokens per forward pass does not fit: use "
+        r"--precision bf16 where the device has it, a shorter --seq-len",
+    ):
         pretrain(_cfg(corpus, tmp_path / "run", micro_batch_size=1))
 
 
@@ -122,9 +129,11 @@ def test_validation_out_of_memory_names_the_validation_batch(corpus, tmp_path, m
     with pytest.raises(OutOfMemory) as e:
         pretrain(_cfg(corpus, tmp_path / "run", eval_every=4))
     msg = str(e.value)
-    assert msg.startswith("cpu ran out of memory scoring the held-out data after update 4 (pass "
-                          "--micro-batch-size 4: validation then scores 4 sequences of 16 tokens at a time instead "
-                          "of 8; "), msg
+    assert msg.startswith(
+        "cpu ran out of memory scoring the held-out data after update 4 (pass "
+        "--micro-batch-size 4: validation then scores 4 sequences of 16 tokens at a time instead "
+        "of 8; "
+    ), msg
     assert "then --resume continues from" in msg and "step-0000002" in msg
 
 
@@ -150,15 +159,28 @@ def test_fine_tuning_names_its_own_flags(pretrained, shared_data, tmp_path, monk
 
     monkeypatch.setattr(TaskLoss, "__call__", hungry)
     run = tmp_path / "ft"
-    kw = dict(task="sst2", init=str(pretrained), out=str(run), data_dir=str(shared_data / "glue/SST-2"),
-              max_train_examples=40, max_eval_examples=8, batch_size=4, epochs=1, log_every=3, save_every=2,
-              device="cpu", precision="fp32")
+    kw = dict(
+        task="sst2",
+        init=str(pretrained),
+        out=str(run),
+        data_dir=str(shared_data / "glue/SST-2"),
+        max_train_examples=40,
+        max_eval_examples=8,
+        batch_size=4,
+        epochs=1,
+        log_every=3,
+        save_every=2,
+        device="cpu",
+        precision="fp32",
+    )
     with pytest.raises(OutOfMemory) as e:
         finetune(FinetuneConfig(**kw))
     msg = str(e.value)
-    assert msg.startswith("cpu ran out of memory in update 3 of 10 (pass --micro-batch-size 2: each process then "
-                          "computes its 4 examples per update 2 at a time instead of 4; the update is the same; "
-                          f"then --resume continues from {run / 'checkpoints' / 'step-0000002'})"), msg
+    assert msg.startswith(
+        "cpu ran out of memory in update 3 of 10 (pass --micro-batch-size 2: each process then "
+        "computes its 4 examples per update 2 at a time instead of 4; the update is the same; "
+        f"then --resume continues from {run / 'checkpoints' / 'step-0000002'})"
+    ), msg
 
     import gptcli.train.finetune_job as finetune_job_mod
 
@@ -166,18 +188,48 @@ def test_fine_tuning_names_its_own_flags(pretrained, shared_data, tmp_path, monk
     monkeypatch.setattr(finetune_job_mod, "predict_dev", lambda *a, **k: (_ for _ in ()).throw(MemoryError()))
     with pytest.raises(OutOfMemory) as e:
         finetune(FinetuneConfig(**kw, resume=True, micro_batch_size=2))
-    assert str(e.value).startswith("cpu ran out of memory scoring the held-out data after update 10 (pass "
-                                   "--eval-batch-size 4: the dev examples are then scored 4 at a time instead of 8;")
+    assert str(e.value).startswith(
+        "cpu ran out of memory scoring the held-out data after update 10 (pass "
+        "--eval-batch-size 4: the dev examples are then scored 4 at a time instead of 8;"
+    )
 
 
 def test_the_cli_shows_one_line(corpus, tmp_path, capsys, monkeypatch) -> None:
     from gptcli.cli import main
 
     monkeypatch.setattr(Trainer, "step", _failing_update(0, torch.OutOfMemoryError(CUDA_WORDS)))
-    args = ["pretrain", "--data", str(corpus), "--out", str(tmp_path / "run"), "--preset", "tiny", "--n-layer", "1",
-            "--n-embd", "32", "--n-head", "2", "--n-inner", "64", "--n-ctx", "16", "--seq-len", "16",
-            "--batch-size", "8", "--max-steps", "4", "--warmup-steps", "1", "--device", "cpu", "--precision", "fp32",
-            "--quiet"]
+    args = [
+        "pretrain",
+        "--data",
+        str(corpus),
+        "--out",
+        str(tmp_path / "run"),
+        "--preset",
+        "tiny",
+        "--n-layer",
+        "1",
+        "--n-embd",
+        "32",
+        "--n-head",
+        "2",
+        "--n-inner",
+        "64",
+        "--n-ctx",
+        "16",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "8",
+        "--max-steps",
+        "4",
+        "--warmup-steps",
+        "1",
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+        "--quiet",
+    ]
     with pytest.raises(SystemExit) as e:
         main(args)
     err = capsys.readouterr().err
@@ -194,8 +246,10 @@ def test_a_worker_s_error_reaches_the_launcher_as_its_message_alone(tmp_path, mo
     from gptcli.train.distributed import _failure_message
     from gptcli.train.run.loop import NonFiniteLossError
 
-    for error in (OutOfMemory("cuda:3 ran out of memory in update 7 of 9 (pass --micro-batch-size 4: …)"),
-                  NonFiniteLossError("loss became nan at update 5; stopping (…)")):
+    for error in (
+        OutOfMemory("cuda:3 ran out of memory in update 7 of 9 (pass --micro-batch-size 4: …)"),
+        NonFiniteLossError("loss became nan at update 5; stopping (…)"),
+    ):
         path = tmp_path / f"{type(error).__name__}.json"
         monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
         _record_for_launcher(error)
@@ -212,15 +266,18 @@ def test_an_update_too_big_for_the_free_memory_is_warned_about_with_a_size_that_
     needed = lambda k: k * gib  # noqa: E731 - one GiB per sequence
     assert too_big_warning(needed, 8, "sequences", free=10 * gib) is None  # 8 GiB ≤ 90 % of 10
     msg = too_big_warning(needed, 64, "sequences of 512 tokens", divides=64, free=20 * gib)
-    assert msg == ("a forward/backward of 64 sequences of 512 tokens needs about 64.0 GiB here and 20.0 GiB are free, "
-                   "so the system would likely stop the run without a word (pass --micro-batch-size 16: the same "
-                   "update, in smaller parts)")  # 18 would fit, but 64 is split in parts of 16, not 18
+    assert msg == (
+        "a forward/backward of 64 sequences of 512 tokens needs about 64.0 GiB here and 20.0 GiB are free, "
+        "so the system would likely stop the run without a word (pass --micro-batch-size 16: the same "
+        "update, in smaller parts)"
+    )  # 18 would fit, but 64 is split in parts of 16, not 18
     assert "--micro-batch-size 18:" in too_big_warning(needed, 64, "examples", free=20 * gib)
     assert "not even a micro-batch of 1 would fit" in too_big_warning(needed, 4, "examples", free=gib // 2)
     # `--procs 2` (CPU workers): each process holds its own forward/backward.
     assert too_big_warning(needed, 8, "examples", free=20 * gib, processes=2) is None  # 16 GiB of 20
     assert too_big_warning(needed, 12, "examples", free=20 * gib, processes=2).startswith(
-        "a forward/backward of 12 examples in each of 2 processes needs about 24.0 GiB here and 20.0 GiB are free")
+        "a forward/backward of 12 examples in each of 2 processes needs about 24.0 GiB here and 20.0 GiB are free"
+    )
     assert "--micro-batch-size 9:" in too_big_warning(needed, 12, "examples", free=20 * gib, processes=2)
 
 
@@ -277,10 +334,14 @@ def test_a_cpu_pretraining_run_too_big_for_this_machine_says_so_first(corpus, tm
     report = RecordingProgress()
     pretrain(_cfg(corpus, tmp_path / "run", max_steps=1), progress=report)  # a warning: the run still goes on
     warnings = [n["message"] for n in report.of("note") if n.get("level") == "warn"]
-    assert any(w.startswith("a forward/backward of 8 sequences of 16 tokens needs about ") and
-               w.endswith("MiB are free, so the system would likely stop the run without a word (not even a "
-                          "micro-batch of 1 would fit: use a smaller model or a machine with more memory)")
-               for w in warnings), warnings
+    assert any(
+        w.startswith("a forward/backward of 8 sequences of 16 tokens needs about ")
+        and w.endswith(
+            "MiB are free, so the system would likely stop the run without a word (not even a "
+            "micro-batch of 1 would fit: use a smaller model or a machine with more memory)"
+        )
+        for w in warnings
+    ), warnings
 
 
 def test_a_cpu_finetuning_run_names_its_largest_micro_batch(pretrained, shared_data, tmp_path, monkeypatch) -> None:
@@ -288,8 +349,17 @@ def test_a_cpu_finetuning_run_names_its_largest_micro_batch(pretrained, shared_d
     from gptcli.progress import RecordingProgress
     from gptcli.train.finetune import FinetuneConfig, finetune
 
-    kw = dict(task="sst2", init=str(pretrained), data_dir=str(shared_data / "glue/SST-2"), max_train_examples=16,
-              max_eval_examples=8, batch_size=8, epochs=1, device="cpu", precision="fp32")
+    kw = dict(
+        task="sst2",
+        init=str(pretrained),
+        data_dir=str(shared_data / "glue/SST-2"),
+        max_train_examples=16,
+        max_eval_examples=8,
+        batch_size=8,
+        epochs=1,
+        device="cpu",
+        precision="fp32",
+    )
     report = RecordingProgress()
     finetune(FinetuneConfig(**kw, out=str(tmp_path / "fits")), progress=report)
     assert not [n for n in report.of("note") if "forward/backward" in n["message"]]  # a toy model fits anywhere

@@ -17,9 +17,33 @@ from gptcli.outputs import MARKER, kind_of
 from tests.faults.conftest import cli_text as gpt1
 from tests.faults.conftest import snapshot
 
-TINY = ["--preset", "tiny", "--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--n-inner", "128", "--n-ctx", "32",
-        "--seq-len", "32", "--batch-size", "4", "--warmup-steps", "1", "--eval-batches", "1", "--device", "cpu",
-        "--precision", "fp32", "--quiet"]
+TINY = [
+    "--preset",
+    "tiny",
+    "--n-layer",
+    "1",
+    "--n-embd",
+    "32",
+    "--n-head",
+    "2",
+    "--n-inner",
+    "128",
+    "--n-ctx",
+    "32",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "4",
+    "--warmup-steps",
+    "1",
+    "--eval-batches",
+    "1",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+    "--quiet",
+]
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +55,11 @@ def made(shared_data, tmp_path_factory) -> Path:
     for name in ("pg11_alice_in_wonderland.txt", "pg84_frankenstein.txt"):
         text = (shared_data / "books" / name).read_text(encoding="utf-8-sig")[2000:6000]
         (books / name).write_text(text, encoding="utf-8")
-    for args in (["prepare", books, "--out", root / "corpus", "--vocab-size", "120", "--workers", "1"],
-                 ["pretrain", "--data", root / "corpus", "--out", root / "run", *TINY, "--max-steps", "2"],
-                 ["convert", root / "run", "--to", "hf", "--out", root / "hf"]):
+    for args in (
+        ["prepare", books, "--out", root / "corpus", "--vocab-size", "120", "--workers", "1"],
+        ["pretrain", "--data", root / "corpus", "--out", root / "run", *TINY, "--max-steps", "2"],
+        ["convert", root / "run", "--to", "hf", "--out", root / "hf"],
+    ):
         with pytest.raises(SystemExit) as e:
             main([str(a) for a in args])
         assert e.value.code == 0, args
@@ -105,7 +131,7 @@ def test_a_folder_of_unrelated_files_is_refused(made, tmp_path, capsys, directio
     notes.mkdir()
     (notes / "thesis.txt").write_text("years of work\n")
     before = snapshot(notes)
-    args = (["--to", "hf", made / "run"] if direction == "to-hf" else ["--from", "hf", made / "hf"])
+    args = ["--to", "hf", made / "run"] if direction == "to-hf" else ["--from", "hf", made / "hf"]
     for overwrite in ([], ["--overwrite"]):
         code, text = gpt1(capsys, "convert", *args, "--out", notes, *overwrite)
         assert code == 1 and "not something gpt1 wrote; refusing to touch it" in text
@@ -142,10 +168,12 @@ def test_an_earlier_export_or_import_is_replaced_with_overwrite(made, tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "hf"]
 
 
-@pytest.mark.parametrize("fault, exit_code", [(OSError(errno.ENOSPC, "No space left on device"), 1),
-                                              (KeyboardInterrupt(), 130)])
-def test_the_old_export_survives_a_failed_or_interrupted_replacement(made, tmp_path, capsys, monkeypatch, fault,
-                                                                     exit_code):
+@pytest.mark.parametrize(
+    "fault, exit_code", [(OSError(errno.ENOSPC, "No space left on device"), 1), (KeyboardInterrupt(), 130)]
+)
+def test_the_old_export_survives_a_failed_or_interrupted_replacement(
+    made, tmp_path, capsys, monkeypatch, fault, exit_code
+):
     import gptcli.interop.convert as conv
 
     out = tmp_path / "hf"
@@ -166,8 +194,20 @@ def test_release_whose_width_the_default_n_head_does_not_divide(tmp_path, capsys
     rel = tmp_path / "release"
     rel.mkdir()
     n_vocab, n_ctx, d = 50, 8, 40
-    shapes = [[n_ctx, d], [n_vocab, d]] + [[1, d, 3 * d], [3 * d], [1, d, d], [d], [d], [d], [1, d, 4 * d], [4 * d],
-                                           [1, 4 * d, d], [d], [d], [d]]
+    shapes = [[n_ctx, d], [n_vocab, d]] + [
+        [1, d, 3 * d],
+        [3 * d],
+        [1, d, d],
+        [d],
+        [d],
+        [d],
+        [1, d, 4 * d],
+        [4 * d],
+        [1, 4 * d, d],
+        [d],
+        [d],
+        [d],
+    ]
     rng = np.random.default_rng(0)
     flat = np.concatenate([rng.normal(0, 0.02, int(np.prod(s))).astype(np.float32) for s in shapes])
     for i, part in enumerate(np.array_split(flat, 10)):

@@ -18,11 +18,50 @@ from tests.faults.conftest import snapshot
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY = ["--preset", "tiny", "--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--n-inner", "64", "--n-ctx", "32",
-        "--seq-len", "32", "--batch-size", "4", "--warmup-steps", "1", "--eval-batches", "1", "--device", "cpu",
-        "--precision", "fp32", "--quiet"]
-FT = ["--task", "rte", "--max-train-examples", "8", "--max-eval-examples", "4", "--batch-size", "4", "--epochs", "1",
-      "--device", "cpu", "--precision", "fp32", "--quiet"]
+TINY = [
+    "--preset",
+    "tiny",
+    "--n-layer",
+    "1",
+    "--n-embd",
+    "32",
+    "--n-head",
+    "2",
+    "--n-inner",
+    "64",
+    "--n-ctx",
+    "32",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "4",
+    "--warmup-steps",
+    "1",
+    "--eval-batches",
+    "1",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+    "--quiet",
+]
+FT = [
+    "--task",
+    "rte",
+    "--max-train-examples",
+    "8",
+    "--max-eval-examples",
+    "4",
+    "--batch-size",
+    "4",
+    "--epochs",
+    "1",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+    "--quiet",
+]
 RUNTIME = ["--device", "cpu", "--precision", "fp32"]
 
 
@@ -41,9 +80,11 @@ def made(shared_data, tmp_path_factory) -> Path:
         for split in ("train", "dev"):
             lines = (shared_data / "glue" / task / f"{split}.tsv").read_text(encoding="utf-8").splitlines(True)
             (root / folder / f"{split}.tsv").write_text("".join(lines[:13]), encoding="utf-8")
-    for args in (["prepare", books, "--out", root / "corpus", "--vocab-size", "120", "--workers", "1"],
-                 ["pretrain", "--data", root / "corpus", "--out", root / "pre", *TINY, "--max-steps", "2"],
-                 ["finetune", "--init", root / "pre", "--out", root / "rte", "--data-dir", root / "RTE", *FT]):
+    for args in (
+        ["prepare", books, "--out", root / "corpus", "--vocab-size", "120", "--workers", "1"],
+        ["pretrain", "--data", root / "corpus", "--out", root / "pre", *TINY, "--max-steps", "2"],
+        ["finetune", "--init", root / "pre", "--out", root / "rte", "--data-dir", root / "RTE", *FT],
+    ):
         with pytest.raises(SystemExit) as e:
             main([str(a) for a in args])
         assert e.value.code == 0, args
@@ -111,8 +152,20 @@ def test_eval_replaces_its_earlier_results_and_they_survive_a_failed_rerun(made,
 
 
 def zeroshot(capsys, made: Path, *args) -> tuple[int, str]:
-    return gpt1(capsys, "zeroshot", "--checkpoint", made / "pre", "--task", "sst2", "--data-dir", made / "SST-2",
-                "--limit", "6", *RUNTIME, *args)
+    return gpt1(
+        capsys,
+        "zeroshot",
+        "--checkpoint",
+        made / "pre",
+        "--task",
+        "sst2",
+        "--data-dir",
+        made / "SST-2",
+        "--limit",
+        "6",
+        *RUNTIME,
+        *args,
+    )
 
 
 def test_zeroshot_out_holding_or_inside_an_input_is_refused(made, capsys):
@@ -139,8 +192,9 @@ def test_zeroshot_never_replaces_another_kind_or_a_folder_it_did_not_write(made,
 
 
 @pytest.mark.parametrize("curve", [[], ["--curve"]])
-def test_zeroshot_replaces_its_earlier_results_and_they_survive_a_failed_rerun(made, tmp_path, capsys, monkeypatch,
-                                                                               curve):
+def test_zeroshot_replaces_its_earlier_results_and_they_survive_a_failed_rerun(
+    made, tmp_path, capsys, monkeypatch, curve
+):
     import gptcli.eval.zeroshot as zs
 
     out = tmp_path / "zs"
@@ -170,8 +224,12 @@ def test_only_a_marker_says_that_gpt1_wrote_a_folder(tmp_path, made, capsys):
     """File names are no evidence: a folder of the user's that looks like results (or a model downloaded from the
     Hub) was once taken for gpt1's and deleted by a re-run. Without a marker it is refused."""
     ev, zs, curve, hf = (tmp_path / n for n in ("ev", "zs", "curve", "hf"))
-    layouts = {ev: ("results.json", "predictions.jsonl", "RTE.tsv"), zs: ("results.json", "predictions-sst2.jsonl"),
-               curve: ("curve.json", "curve.png"), hf: ("config.json", "model.safetensors", "vocab.json")}
+    layouts = {
+        ev: ("results.json", "predictions.jsonl", "RTE.tsv"),
+        zs: ("results.json", "predictions-sst2.jsonl"),
+        curve: ("curve.json", "curve.png"),
+        hf: ("config.json", "model.safetensors", "vocab.json"),
+    }
     for d, files in layouts.items():
         d.mkdir()
         for f in files:

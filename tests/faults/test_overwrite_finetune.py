@@ -18,11 +18,50 @@ from tests.faults.conftest import snapshot
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY = ["--preset", "tiny", "--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--n-inner", "64", "--n-ctx", "32",
-        "--seq-len", "32", "--batch-size", "4", "--warmup-steps", "1", "--eval-batches", "1", "--device", "cpu",
-        "--precision", "fp32", "--quiet"]
-FT = ["--task", "rte", "--max-train-examples", "8", "--max-eval-examples", "4", "--batch-size", "4", "--epochs", "1",
-      "--device", "cpu", "--precision", "fp32", "--quiet"]
+TINY = [
+    "--preset",
+    "tiny",
+    "--n-layer",
+    "1",
+    "--n-embd",
+    "32",
+    "--n-head",
+    "2",
+    "--n-inner",
+    "64",
+    "--n-ctx",
+    "32",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "4",
+    "--warmup-steps",
+    "1",
+    "--eval-batches",
+    "1",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+    "--quiet",
+]
+FT = [
+    "--task",
+    "rte",
+    "--max-train-examples",
+    "8",
+    "--max-eval-examples",
+    "4",
+    "--batch-size",
+    "4",
+    "--epochs",
+    "1",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+    "--quiet",
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +75,11 @@ def made(shared_data, tmp_path_factory) -> Path:
         text = (shared_data / "books" / name).read_text(encoding="utf-8-sig")[2000:6000]
         (books / name).write_text(text, encoding="utf-8")
     shutil.copytree(shared_data / "glue" / "RTE", root / "RTE")
-    for args in (["prepare", books, "--out", root / "corpus", "--vocab-size", "120", "--workers", "1"],
-                 ["pretrain", "--data", root / "corpus", "--out", root / "pre", *TINY, "--max-steps", "2"],
-                 ["finetune", "--init", root / "pre", "--out", root / "rte", "--data-dir", root / "RTE", *FT]):
+    for args in (
+        ["prepare", books, "--out", root / "corpus", "--vocab-size", "120", "--workers", "1"],
+        ["pretrain", "--data", root / "corpus", "--out", root / "pre", *TINY, "--max-steps", "2"],
+        ["finetune", "--init", root / "pre", "--out", root / "rte", "--data-dir", root / "RTE", *FT],
+    ):
         with pytest.raises(SystemExit) as e:
             main([str(a) for a in args])
         assert e.value.code == 0, args
@@ -85,8 +126,9 @@ def test_a_folder_of_unrelated_files_is_refused(made, tmp_path, capsys):
     (notes / "thesis.txt").write_text("years of work\n")
     (notes / "config.toml").write_text('task = "mine"\n')
     before = snapshot(notes)
-    code, text = gpt1(capsys, "finetune", "--init", made / "pre", "--out", notes, "--data-dir", made / "RTE", *FT,
-                      "--overwrite")
+    code, text = gpt1(
+        capsys, "finetune", "--init", made / "pre", "--out", notes, "--data-dir", made / "RTE", *FT, "--overwrite"
+    )
     assert code == 1 and "not something gpt1 wrote; refusing to touch it" in text
     assert snapshot(notes) == before
 
@@ -113,10 +155,12 @@ def test_a_finished_run_needs_overwrite_and_is_then_replaced_whole(made, tmp_pat
     assert [p.name for p in tmp_path.iterdir()] == ["rte"]  # the hidden build directory was moved into place
 
 
-@pytest.mark.parametrize("fault, exit_code", [(OSError(errno.ENOSPC, "No space left on device"), 1),
-                                              (KeyboardInterrupt(), 130)])
-def test_the_old_run_survives_a_failed_or_interrupted_replacement(made, tmp_path, capsys, monkeypatch, fault,
-                                                                  exit_code):
+@pytest.mark.parametrize(
+    "fault, exit_code", [(OSError(errno.ENOSPC, "No space left on device"), 1), (KeyboardInterrupt(), 130)]
+)
+def test_the_old_run_survives_a_failed_or_interrupted_replacement(
+    made, tmp_path, capsys, monkeypatch, fault, exit_code
+):
     import gptcli.train.finetune as ft
 
     run = tmp_path / "rte"
@@ -131,14 +175,25 @@ def test_the_old_run_survives_a_failed_or_interrupted_replacement(made, tmp_path
         return real(path, text)
 
     monkeypatch.setattr(ft, "write_text_atomic", late_failure)
-    code, text = gpt1(capsys, "finetune", "--init", made / "pre", "--out", run, "--data-dir", made / "RTE", *FT,
-                      "--overwrite", "--seed", "7")
+    code, text = gpt1(
+        capsys,
+        "finetune",
+        "--init",
+        made / "pre",
+        "--out",
+        run,
+        "--data-dir",
+        made / "RTE",
+        *FT,
+        "--overwrite",
+        "--seed",
+        "7",
+    )
     assert code == exit_code and "Traceback" not in text
     assert snapshot(run) == before and [p.name for p in tmp_path.iterdir()] == ["rte"]
 
 
 def test_an_interrupted_first_run_is_marked_and_simply_run_again(made, tmp_path, capsys, monkeypatch):
-    import gptcli.train.finetune as ft
 
     run = tmp_path / "rte"
     import gptcli.train.finetune_job as ft_job

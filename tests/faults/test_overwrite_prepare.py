@@ -112,10 +112,12 @@ def test_a_corpus_needs_overwrite_and_is_then_replaced(prepared, tmp_path, capsy
     assert no_leftovers(tmp_path)
 
 
-@pytest.mark.parametrize("fault, exit_code", [(OSError(errno.ENOSPC, "No space left on device"), 1),
-                                              (KeyboardInterrupt(), 130)])
-def test_the_old_corpus_survives_a_failed_or_interrupted_replacement(prepared, tmp_path, capsys, monkeypatch,
-                                                                       fault, exit_code):
+@pytest.mark.parametrize(
+    "fault, exit_code", [(OSError(errno.ENOSPC, "No space left on device"), 1), (KeyboardInterrupt(), 130)]
+)
+def test_the_old_corpus_survives_a_failed_or_interrupted_replacement(
+    prepared, tmp_path, capsys, monkeypatch, fault, exit_code
+):
     import gptcli.data.prepare as prep
 
     src, made = prepared

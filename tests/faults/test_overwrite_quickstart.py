@@ -19,10 +19,22 @@ from tests.faults.conftest import snapshot
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # As tests/pipelines/test_quickstart.py: a whole run in a few seconds on 2 CPU cores.
-TINY = {"minutes": 1.0, "max_modules": 80, "vocab_size": 400,
-        "model": {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 64, "n_ctx": 48}, "seq_len": 48,
-        "batch_size": 8, "pretrain_steps": 4, "eval_batches": 2, "finetune_epochs": 1, "max_train_examples": 48,
-        "zeroshot_fit_examples": 32, "workers": 1, "device": "cpu", "precision": "fp32"}
+TINY = {
+    "minutes": 1.0,
+    "max_modules": 80,
+    "vocab_size": 400,
+    "model": {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 64, "n_ctx": 48},
+    "seq_len": 48,
+    "batch_size": 8,
+    "pretrain_steps": 4,
+    "eval_batches": 2,
+    "finetune_epochs": 1,
+    "max_train_examples": 48,
+    "zeroshot_fit_examples": 32,
+    "workers": 1,
+    "device": "cpu",
+    "precision": "fp32",
+}
 
 
 @pytest.fixture(scope="module")
@@ -69,12 +81,16 @@ def test_an_earlier_quickstart_needs_overwrite(earlier, tiny, capsys):
     assert snapshot(earlier) == before and kind_of(earlier) == "quickstart"
 
 
-@pytest.mark.parametrize("stage, fault, exit_code", [
-    ("zeroshot_models", OSError(errno.ENOSPC, "No space left on device"), 1),
-    ("prepare_corpus", KeyboardInterrupt(), 130),
-])
-def test_the_earlier_quickstart_survives_a_failed_or_interrupted_replacement(earlier, tiny, capsys, monkeypatch,
-                                                                               stage, fault, exit_code):
+@pytest.mark.parametrize(
+    "stage, fault, exit_code",
+    [
+        ("zeroshot_models", OSError(errno.ENOSPC, "No space left on device"), 1),
+        ("prepare_corpus", KeyboardInterrupt(), 130),
+    ],
+)
+def test_the_earlier_quickstart_survives_a_failed_or_interrupted_replacement(
+    earlier, tiny, capsys, monkeypatch, stage, fault, exit_code
+):
     import gptcli.pipelines.quickstart as qs
 
     before = snapshot(earlier)
@@ -106,7 +122,7 @@ def test_a_first_quickstart_that_fails_leaves_nothing_behind(tiny, tmp_path, cap
         m.setattr(qs, "pretrain_model", interrupted)
         code, text = gpt1(capsys, "quickstart", "--config", tiny, "--out", out)
     assert code == 130 and "Traceback" not in text
-    assert (list(out.iterdir()) == [] if existed else not out.exists())
+    assert list(out.iterdir()) == [] if existed else not out.exists()
     assert gpt1(capsys, "quickstart", "--config", tiny, "--out", out)[0] == 0
 
 

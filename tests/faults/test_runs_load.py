@@ -48,12 +48,44 @@ def _damaged(setup, tmp_path, how):
 def _commands(corpus, run, sst2, tmp_path):
     """Every command that opens a run's newest checkpoint, as it is typed."""
     return {
-        "finetune": ["finetune", "--init", str(run), "--task", "sst2", "--data-dir", str(sst2), "--out",
-                     str(tmp_path / "ft"), "--epochs", "1", "--batch-size", "4", "--eval-split", "", "--device", "cpu",
-                     "--precision", "fp32", "--quiet"],
+        "finetune": [
+            "finetune",
+            "--init",
+            str(run),
+            "--task",
+            "sst2",
+            "--data-dir",
+            str(sst2),
+            "--out",
+            str(tmp_path / "ft"),
+            "--epochs",
+            "1",
+            "--batch-size",
+            "4",
+            "--eval-split",
+            "",
+            "--device",
+            "cpu",
+            "--precision",
+            "fp32",
+            "--quiet",
+        ],
         "eval": ["eval", "--checkpoint", str(run), "--data", str(corpus), "--device", "cpu"],
-        "zeroshot": ["zeroshot", "--checkpoint", str(run), "--task", "sst2", "--data-dir", str(sst2), "--limit", "4",
-                     "--device", "cpu", "--precision", "fp32"],
+        "zeroshot": [
+            "zeroshot",
+            "--checkpoint",
+            str(run),
+            "--task",
+            "sst2",
+            "--data-dir",
+            str(sst2),
+            "--limit",
+            "4",
+            "--device",
+            "cpu",
+            "--precision",
+            "fp32",
+        ],
         "generate": ["generate", "--checkpoint", str(run), "--prompt", "hello", "-n", "3", "--device", "cpu"],
     }
 
@@ -96,9 +128,23 @@ def test_eval_on_tasks_honours_no_verify(setup, tmp_path, capsys):
 
 def test_a_curve_over_a_run_honours_no_verify(setup, tmp_path, capsys):
     corpus, run, sst2 = _damaged(setup, tmp_path, "weights")
-    args = ["zeroshot", "--checkpoint", str(run / "checkpoints" / "step-0000002"), "--checkpoint",
-            str(run / "checkpoints" / "step-0000004"), "--task", "sst2", "--data-dir", str(sst2), "--limit", "4",
-            "--device", "cpu", "--precision", "fp32"]
+    args = [
+        "zeroshot",
+        "--checkpoint",
+        str(run / "checkpoints" / "step-0000002"),
+        "--checkpoint",
+        str(run / "checkpoints" / "step-0000004"),
+        "--task",
+        "sst2",
+        "--data-dir",
+        str(sst2),
+        "--limit",
+        "4",
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+    ]
     code, _, err = cli(args, capsys)
     assert code == 1 and "step-0000004/model.safetensors: checksum mismatch" in err and "Traceback" not in err
     code, _, err = cli(args + ["--no-verify"], capsys)
@@ -111,8 +157,10 @@ def test_a_hugging_face_export_is_sent_to_convert(setup, tmp_path, capsys):
     export.mkdir()
     (export / "config.json").write_text(json.dumps({"model_type": "openai-gpt", "n_embd": 32}), encoding="utf-8")
     shutil.copy(setup[1] / "checkpoints" / "step-0000004" / "model.safetensors", export / "model.safetensors")
-    for args in (["generate", "--checkpoint", str(export), "--prompt", "hi"],
-                 ["eval", "--checkpoint", str(export), "--data", str(setup[0])],
-                 ["zeroshot", "--checkpoint", str(export), "--task", "sst2", "--data-dir", str(setup[2])]):
+    for args in (
+        ["generate", "--checkpoint", str(export), "--prompt", "hi"],
+        ["eval", "--checkpoint", str(export), "--data", str(setup[0])],
+        ["zeroshot", "--checkpoint", str(export), "--task", "sst2", "--data-dir", str(setup[2])],
+    ):
         code, _, err = cli(args, capsys)
         one_line_error(code, err, "Hugging Face export", f"gpt1 convert {export} --from hf")

@@ -13,9 +13,9 @@ import torch
 from corpus_helpers import random_corpus
 
 import gptcli.train.pretrain as pretrain_mod
-from gptcli.train.run.loop import NonFiniteLossError
 from gptcli.checkpoint import load_checkpoint
 from gptcli.train.pretrain import PretrainConfig, pretrain
+from gptcli.train.run.loop import NonFiniteLossError
 from gptcli.train.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -23,9 +23,22 @@ MODEL = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 64, "n_ctx": 16}
 
 
 def _cfg(data, out, **kw) -> PretrainConfig:
-    base = dict(data=data, out=out, preset="tiny", model=dict(MODEL), seq_len=16, batch_size=4, max_steps=8,
-                warmup_steps=1, eval_every=0, save_every=2, log_every=1, device="cpu", precision="fp32",
-                peak_flops=1e11)
+    base = dict(
+        data=data,
+        out=out,
+        preset="tiny",
+        model=dict(MODEL),
+        seq_len=16,
+        batch_size=4,
+        max_steps=8,
+        warmup_steps=1,
+        eval_every=0,
+        save_every=2,
+        log_every=1,
+        device="cpu",
+        precision="fp32",
+        peak_flops=1e11,
+    )
     return PretrainConfig(**{**base, **kw})
 
 
@@ -93,10 +106,46 @@ def test_the_cli_shows_the_guard_as_one_line(corpus, tmp_path, capsys):
 
     # A learning rate this large overflows the weights within a few updates (found by trying; fp32, tiny model).
     run = tmp_path / "run"
-    args = ["pretrain", "--data", str(corpus), "--out", str(run), "--preset", "tiny", "--n-layer", "1",
-            "--n-embd", "32", "--n-head", "2", "--n-inner", "64", "--n-ctx", "16", "--seq-len", "16",
-            "--batch-size", "4", "--max-steps", "40", "--warmup-steps", "0", "--lr", "1e30", "--grad-clip", "0",
-            "--save-every", "1", "--device", "cpu", "--precision", "fp32", "--peak-flops", "1e11", "--quiet"]
+    args = [
+        "pretrain",
+        "--data",
+        str(corpus),
+        "--out",
+        str(run),
+        "--preset",
+        "tiny",
+        "--n-layer",
+        "1",
+        "--n-embd",
+        "32",
+        "--n-head",
+        "2",
+        "--n-inner",
+        "64",
+        "--n-ctx",
+        "16",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "4",
+        "--max-steps",
+        "40",
+        "--warmup-steps",
+        "0",
+        "--lr",
+        "1e30",
+        "--grad-clip",
+        "0",
+        "--save-every",
+        "1",
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+        "--peak-flops",
+        "1e11",
+        "--quiet",
+    ]
     with pytest.raises(SystemExit) as e:
         main(args)
     err = capsys.readouterr().err

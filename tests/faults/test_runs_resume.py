@@ -74,10 +74,17 @@ def test_the_two_tokenizers_really_differ_only_in_ids(corpora):
 def test_resume_onto_another_tokenizer_is_refused_naming_both(corpora, finished, tmp_path, capsys):
     run = _copy(finished, tmp_path)
     before = snapshot(run)
-    code, _, err = cli(["pretrain", "--out", str(run), "--resume", "--data", str(corpora[1]), "--max-steps", "4",
-                        "--quiet"], capsys)
-    one_line_error(code, err, f"--data {corpora[1]}", "another tokenizer", f"{corpora[1]}/tokenizer",
-                   f"{run}/checkpoints/step-0000002/tokenizer")
+    code, _, err = cli(
+        ["pretrain", "--out", str(run), "--resume", "--data", str(corpora[1]), "--max-steps", "4", "--quiet"], capsys
+    )
+    one_line_error(
+        code,
+        err,
+        f"--data {corpora[1]}",
+        "another tokenizer",
+        f"{corpora[1]}/tokenizer",
+        f"{run}/checkpoints/step-0000002/tokenizer",
+    )
     assert snapshot(run) == before  # config.toml not rewritten, no checkpoint added
 
 
@@ -110,14 +117,19 @@ def test_resume_onto_another_corpus_with_the_same_tokenizer_is_refused(byte_corp
     assert snapshot(run) == before
 
 
-@pytest.mark.parametrize("flags, named", [
-    (["--seq-len", "8"], ["seq_len 16 → 8"]),
-    (["--batch-size", "8"], ["batch_size 4 → 8"]),
-    (["--seed", "3", "--n-layer", "2"], ["seed 0 → 3", "n_layer 1 → 2"]),
-    (["--weight-decay", "0.1", "--decay", "released", "--beta2", "0.99"],
-     ["weight_decay 0.01 → 0.1", "decay paper → released", "beta2 0.999 → 0.99"]),
-    (["--n-head", "4", "--n-inner", "128"], ["n_head 2 → 4", "n_inner 64 → 128"]),
-])
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--seq-len", "8"], ["seq_len 16 → 8"]),
+        (["--batch-size", "8"], ["batch_size 4 → 8"]),
+        (["--seed", "3", "--n-layer", "2"], ["seed 0 → 3", "n_layer 1 → 2"]),
+        (
+            ["--weight-decay", "0.1", "--decay", "released", "--beta2", "0.99"],
+            ["weight_decay 0.01 → 0.1", "decay paper → released", "beta2 0.999 → 0.99"],
+        ),
+        (["--n-head", "4", "--n-inner", "128"], ["n_head 2 → 4", "n_inner 64 → 128"]),
+    ],
+)
 def test_resume_with_settings_that_define_the_run_is_refused(finished, tmp_path, capsys, flags, named):
     run = _copy(finished, tmp_path)
     before = snapshot(run)
@@ -130,19 +142,42 @@ def test_resume_with_settings_that_define_the_run_is_refused(finished, tmp_path,
 def test_resume_may_extend_the_run_and_adjust_its_recipe(corpora, finished, tmp_path):
     run = _copy(finished, tmp_path)
     rec = RecordingProgress()
-    res = pretrain(tiny_config(corpora[0], run, max_steps=4, lr=1e-4, micro_batch_size=2, log_every=2,
-                               model={**tiny_config(corpora[0], run).model, "embd_pdrop": 0.0}, resume=True),
-                   progress=rec)
+    res = pretrain(
+        tiny_config(
+            corpora[0],
+            run,
+            max_steps=4,
+            lr=1e-4,
+            micro_batch_size=2,
+            log_every=2,
+            model={**tiny_config(corpora[0], run).model, "embd_pdrop": 0.0},
+            resume=True,
+        ),
+        progress=rec,
+    )
     assert res.step == 4
     notes = [n["message"] for n in rec.of("note") if n["message"].startswith("resuming with changed settings")]
-    assert len(notes) == 1 and all(s in notes[0] for s in ("max_steps 2 → 4", "lr 0.00025 → 0.0001",
-                                                           "micro_batch_size None → 2", "embd_pdrop 0.1 → 0.0"))
+    assert len(notes) == 1 and all(
+        s in notes[0]
+        for s in ("max_steps 2 → 4", "lr 0.00025 → 0.0001", "micro_batch_size None → 2", "embd_pdrop 0.1 → 0.0")
+    )
     assert "log_every" not in notes[0]  # how a run is watched is not worth a note
     # The new values are the run's from now on: a later resume compares against them.
     assert read_header(run).meta["pretrain_config"]["lr"] == 1e-4
-    assert pretrain(tiny_config(corpora[0], run, max_steps=5, lr=1e-4, micro_batch_size=2,
-                                model={**tiny_config(corpora[0], run).model, "embd_pdrop": 0.0},
-                                resume=True)).step == 5
+    assert (
+        pretrain(
+            tiny_config(
+                corpora[0],
+                run,
+                max_steps=5,
+                lr=1e-4,
+                micro_batch_size=2,
+                model={**tiny_config(corpora[0], run).model, "embd_pdrop": 0.0},
+                resume=True,
+            )
+        ).step
+        == 5
+    )
 
 
 def test_a_legacy_checkpoint_is_compared_with_the_runs_config_toml(finished, corpora, tmp_path, capsys):
@@ -238,18 +273,25 @@ def test_a_run_directory_belongs_to_pretraining(byte_corpus, tmp_path, capsys):
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "todo.txt").write_text("mine")
-    for out, why in ((ft, "holds a fine-tuning run"), (notes, "is not something gpt1 wrote"),
-                     (byte_corpus, "is the input"), (byte_corpus / "sub", "is inside the input")):
+    for out, why in (
+        (ft, "holds a fine-tuning run"),
+        (notes, "is not something gpt1 wrote"),
+        (byte_corpus, "is the input"),
+        (byte_corpus / "sub", "is inside the input"),
+    ):
         before = snapshot(out) if out.exists() else None
         for resume in ([], ["--resume"]):
-            code, _, err = cli(["pretrain", "--data", str(byte_corpus), "--out", str(out), *TINY_ARGS,
-                                "--max-steps", "1", *resume], capsys)
+            code, _, err = cli(
+                ["pretrain", "--data", str(byte_corpus), "--out", str(out), *TINY_ARGS, "--max-steps", "1", *resume],
+                capsys,
+            )
             one_line_error(code, err, f"--out {out}", why)
         assert (snapshot(out) if out.exists() else None) == before
     # Existing checkpoints without --resume stay refused (pretraining has no --overwrite).
     before = snapshot(run)
-    code, _, err = cli(["pretrain", "--data", str(byte_corpus), "--out", str(run), *TINY_ARGS, "--max-steps", "1"],
-                       capsys)
+    code, _, err = cli(
+        ["pretrain", "--data", str(byte_corpus), "--out", str(run), *TINY_ARGS, "--max-steps", "1"], capsys
+    )
     one_line_error(code, err, "already holds checkpoints", "--resume")
     assert snapshot(run) == before
 
@@ -267,8 +309,27 @@ def test_a_launched_resume_skips_the_damaged_checkpoint_on_every_rank(corpora, t
     pretrain(tiny_config(corpora[0], run, max_steps=4))  # a sentencepiece corpus: workers need no test imports
     flip_byte(run / "checkpoints" / "step-0000004" / "model.safetensors")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GPT1_DIST_TIMEOUT": "60", "PYTHONPATH": str(root)}
-    proc = subprocess.run([sys.executable, "-m", "gptcli", "pretrain", "--out", str(run), "--resume", "--max-steps", "6", "--procs", "2", "--quiet"],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gptcli",
+            "pretrain",
+            "--out",
+            str(run),
+            "--resume",
+            "--max-steps",
+            "6",
+            "--procs",
+            "2",
+            "--quiet",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "warning: skipping checkpoint step-0000004" in proc.stderr, proc.stderr[-3000:]
     assert read_header(run).step == 6 and verify_checkpoint(run / "checkpoints" / "step-0000006") == []

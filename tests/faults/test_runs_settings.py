@@ -23,45 +23,59 @@ def corpus(tmp_path_factory):
     return random_corpus(tmp_path_factory.mktemp("corpus"))
 
 
-@pytest.mark.parametrize("flags, named", [
-    (["--lr", "-0.001"], "--lr -0.001 is impossible (it must be a positive number)"),
-    (["--lr", "0"], "--lr 0.0 is impossible"),
-    (["--lr", "nan"], "--lr nan is impossible"),
-    (["--warmup-steps", "-5"], "--warmup-steps -5 is impossible (it must be 0 or more)"),
-    (["--batch-size", "0"], "--batch-size 0 is impossible (it must be at least 1)"),
-    (["--micro-batch-size", "0"], "--micro-batch-size 0 is impossible"),  # was taken as "unset"
-    (["--seq-len", "0"], "--seq-len 0 is impossible (it must be at least 1)"),
-    (["--dropout", "1.5"], "--embd-pdrop 1.5 is impossible (it must be a probability in [0, 1))"),
-    (["--dropout", "-0.1"], "--embd-pdrop -0.1 is impossible"),
-    (["--weight-decay", "-1"], "--weight-decay -1.0 is impossible"),
-    (["--beta1", "1"], "--beta1 1.0 is impossible (it must be in [0, 1))"),
-    (["--eps", "0"], "--eps 0.0 is impossible"),
-    (["--grad-clip", "-1"], "--grad-clip -1.0 is impossible"),
-    (["--epochs", "0"], "--epochs 0.0 is impossible"),
-    (["--epochs", "inf"], "--epochs inf is impossible"),
-    (["--max-steps", "0"], "--max-steps 0 is impossible (it must be at least 1 (leave it unset for no cap))"),
-    (["--max-tokens", "-3"], "--max-tokens -3 is impossible"),
-    (["--seed", "-1"], "--seed -1 is impossible"),
-    (["--save-every", "-1"], "--save-every -1 is impossible"),
-    (["--keep-last", "-2"], "--keep-last -2 is impossible"),
-    (["--eval-batches", "0"], "--eval-batches 0 is impossible"),
-    (["--n-layer", "0"], "--n-layer 0 is impossible (it must be at least 1)"),
-])
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--lr", "-0.001"], "--lr -0.001 is impossible (it must be a positive number)"),
+        (["--lr", "0"], "--lr 0.0 is impossible"),
+        (["--lr", "nan"], "--lr nan is impossible"),
+        (["--warmup-steps", "-5"], "--warmup-steps -5 is impossible (it must be 0 or more)"),
+        (["--batch-size", "0"], "--batch-size 0 is impossible (it must be at least 1)"),
+        (["--micro-batch-size", "0"], "--micro-batch-size 0 is impossible"),  # was taken as "unset"
+        (["--seq-len", "0"], "--seq-len 0 is impossible (it must be at least 1)"),
+        (["--dropout", "1.5"], "--embd-pdrop 1.5 is impossible (it must be a probability in [0, 1))"),
+        (["--dropout", "-0.1"], "--embd-pdrop -0.1 is impossible"),
+        (["--weight-decay", "-1"], "--weight-decay -1.0 is impossible"),
+        (["--beta1", "1"], "--beta1 1.0 is impossible (it must be in [0, 1))"),
+        (["--eps", "0"], "--eps 0.0 is impossible"),
+        (["--grad-clip", "-1"], "--grad-clip -1.0 is impossible"),
+        (["--epochs", "0"], "--epochs 0.0 is impossible"),
+        (["--epochs", "inf"], "--epochs inf is impossible"),
+        (["--max-steps", "0"], "--max-steps 0 is impossible (it must be at least 1 (leave it unset for no cap))"),
+        (["--max-tokens", "-3"], "--max-tokens -3 is impossible"),
+        (["--seed", "-1"], "--seed -1 is impossible"),
+        (["--save-every", "-1"], "--save-every -1 is impossible"),
+        (["--keep-last", "-2"], "--keep-last -2 is impossible"),
+        (["--eval-batches", "0"], "--eval-batches 0 is impossible"),
+        (["--n-layer", "0"], "--n-layer 0 is impossible (it must be at least 1)"),
+    ],
+)
 def test_impossible_numbers_are_one_line_and_create_nothing(corpus, tmp_path, capsys, flags, named):
     out = tmp_path / "run"
-    code, _, err = cli(["pretrain", "--data", str(corpus), "--out", str(out), *TINY_ARGS, "--max-steps", "2", *flags],
-                       capsys)
+    code, _, err = cli(
+        ["pretrain", "--data", str(corpus), "--out", str(out), *TINY_ARGS, "--max-steps", "2", *flags], capsys
+    )
     one_line_error(code, err, named)
     assert not out.exists()
 
 
 def test_every_impossible_number_is_caught_by_the_library_too(corpus, tmp_path):
-    for kw in ({"lr": -1e-3}, {"warmup_steps": -1}, {"max_steps": 0}, {"beta2": 1.5}, {"log_every": -1},
-               {"peak_flops": 0.0}, {"model": {"attn_pdrop": 1.0}}):
+    for kw in (
+        {"lr": -1e-3},
+        {"warmup_steps": -1},
+        {"max_steps": 0},
+        {"beta2": 1.5},
+        {"log_every": -1},
+        {"peak_flops": 0.0},
+        {"model": {"attn_pdrop": 1.0}},
+    ):
         with pytest.raises(GPT1Error, match="is impossible"):
             check_settings(tiny_config(corpus, tmp_path / "run", **kw))
-    check_settings(tiny_config(corpus, tmp_path / "run", warmup_steps=0, grad_clip=0.0, keep_last=0, seed=0,
-                               model={"embd_pdrop": 0.0}))
+    check_settings(
+        tiny_config(
+            corpus, tmp_path / "run", warmup_steps=0, grad_clip=0.0, keep_last=0, seed=0, model={"embd_pdrop": 0.0}
+        )
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -75,18 +89,19 @@ def _out_of_range_corpus(directory):
     rng = np.random.default_rng(0)
     bad = rng.integers(0, 256, 1500)
     bad[700] = 1000
-    return write_corpus(directory, {"train": [[rng.integers(0, 256, 1500)], [bad]],
-                                    "val": [[rng.integers(0, 256, 600)]]})
+    return write_corpus(
+        directory, {"train": [[rng.integers(0, 256, 1500)], [bad]], "val": [[rng.integers(0, 256, 600)]]}
+    )
 
 
 @pytest.mark.parametrize("verify", [[], ["--no-verify"]])
 def test_out_of_range_token_ids_are_one_line_and_leave_no_run(tmp_path, capsys, verify):
     data = _out_of_range_corpus(tmp_path / "corpus")
     out = tmp_path / "run"
-    code, _, err = cli(["pretrain", "--data", str(data), "--out", str(out), *TINY_ARGS, "--max-steps", "2", *verify],
-                       capsys)
-    one_line_error(code, err, f"{data}/train-00001.arrow: holds token id 1000", "vocabulary of 256 ids",
-                   "gpt1 inspect")
+    code, _, err = cli(
+        ["pretrain", "--data", str(data), "--out", str(out), *TINY_ARGS, "--max-steps", "2", *verify], capsys
+    )
+    one_line_error(code, err, f"{data}/train-00001.arrow: holds token id 1000", "vocabulary of 256 ids", "gpt1 inspect")
     assert not out.exists()
 
 
@@ -101,8 +116,9 @@ def test_a_damaged_shard_with_no_verify_is_one_line(corpus, tmp_path, capsys):
     raw[600:640] = b"\xff" * 40  # inside the uint16 ids: 0xffff, far outside 256
     shard.write_bytes(bytes(raw))
     out = tmp_path / "run"
-    code, _, err = cli(["pretrain", "--data", str(data), "--out", str(out), *TINY_ARGS, "--max-steps", "2",
-                        "--no-verify"], capsys)
+    code, _, err = cli(
+        ["pretrain", "--data", str(data), "--out", str(out), *TINY_ARGS, "--max-steps", "2", "--no-verify"], capsys
+    )
     one_line_error(code, err, "train-00000.arrow: holds token id 65535")
     assert not out.exists()
     code, _, err = cli(["pretrain", "--data", str(data), "--out", str(out), *TINY_ARGS, "--max-steps", "2"], capsys)

@@ -7,8 +7,8 @@ tokenizer is a byte-level one registered under the kind ``test-bytes`` so checkp
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -43,7 +43,7 @@ class ByteTokenizer(Tokenizer):
         (d / "tokenizer.json").write_text(json.dumps({"kind": self.kind}), encoding="utf-8")
 
     @classmethod
-    def load(cls, directory: Path) -> "ByteTokenizer":
+    def load(cls, directory: Path) -> ByteTokenizer:
         return cls()
 
 
@@ -71,7 +71,9 @@ def write_corpus(
     return d
 
 
-def random_corpus(directory: Path, train_tokens: Sequence[int] = (3000, 2000), val_tokens: int = 600, seed: int = 0) -> Path:
+def random_corpus(
+    directory: Path, train_tokens: Sequence[int] = (3000, 2000), val_tokens: int = 600, seed: int = 0
+) -> Path:
     """Random byte ids in a few shards (for sampler/resume/error tests where learning is irrelevant)."""
     rng = np.random.default_rng(seed)
     train = [[rng.integers(0, 256, n // 2), rng.integers(0, 256, n - n // 2)] for n in train_tokens]

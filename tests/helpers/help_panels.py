@@ -45,7 +45,7 @@ def option_row(panel: str, flag: str) -> str:
     for i, row in enumerate(rows):
         if re.match(rf"^{re.escape(flag)}(\s|$)", row):
             more = []
-            for nxt in rows[i + 1:]:
+            for nxt in rows[i + 1 :]:
                 if nxt.startswith("-"):
                     break
                 more.append(nxt)

@@ -33,8 +33,13 @@ def snapshot_dir(cache: Path, repo_id: str, commit: str, repo_type: str = "model
     return snap
 
 
-def write_gpt1_repo(cache: Path, bpe_dir: Path, repo_id: str = "openai-community/openai-gpt",
-                    commit: str = MODEL_COMMIT, n_positions: int = 128) -> Path:
+def write_gpt1_repo(
+    cache: Path,
+    bpe_dir: Path,
+    repo_id: str = "openai-community/openai-gpt",
+    commit: str = MODEL_COMMIT,
+    n_positions: int = 128,
+) -> Path:
     """A small random ``OpenAIGPTLMHeadModel`` (the real 40,478-token vocabulary, 2 layers × 32 dims) saved by
     transformers itself, with the released BPE files as ``vocab.json``/``merges.txt``; returns its snapshot."""
     import torch
@@ -109,9 +114,11 @@ def glue_tables(glue: Path, rte_dev_rows: int | None = None, sst2: bool = True) 
     if sst2:
         sst_train = glue_rows(glue / "SST-2" / "train.tsv", {"sentence": "sentence"}, ("0", "1"))
         sst_dev = glue_rows(glue / "SST-2" / "dev.tsv", {"sentence": "sentence"}, ("0", "1"))
-        tables.update({
-            "sst2/train-00000-of-00001.parquet": table(sst_train),
-            "sst2/validation-00000-of-00001.parquet": table(sst_dev),
-            "sst2/test-00000-of-00001.parquet": table(_test_split(sst_train, 1821, ("sentence",))),
-        })
+        tables.update(
+            {
+                "sst2/train-00000-of-00001.parquet": table(sst_train),
+                "sst2/validation-00000-of-00001.parquet": table(sst_dev),
+                "sst2/test-00000-of-00001.parquet": table(_test_split(sst_train, 1821, ("sentence",))),
+            }
+        )
     return tables

@@ -12,24 +12,61 @@ import random
 import signal
 from pathlib import Path
 
+import corpus_helpers  # noqa: F401  (registers the byte tokenizer of the corpora written there)
 import pytest
 
-import corpus_helpers  # noqa: F401  (registers the byte tokenizer of the corpora written there)
 import gptcli.train.finetune_dev as ft_dev
 from gptcli.train.pretrain import PretrainConfig
 
 MODEL = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 64, "n_ctx": 16}
 # The same run on the command line.
-TINY_ARGS = ["--preset", "tiny", "--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--n-inner", "64", "--n-ctx",
-             "16", "--seq-len", "16", "--batch-size", "4", "--warmup-steps", "1", "--device", "cpu", "--precision",
-             "fp32", "--peak-flops", "1e11", "--quiet"]
+TINY_ARGS = [
+    "--preset",
+    "tiny",
+    "--n-layer",
+    "1",
+    "--n-embd",
+    "32",
+    "--n-head",
+    "2",
+    "--n-inner",
+    "64",
+    "--n-ctx",
+    "16",
+    "--seq-len",
+    "16",
+    "--batch-size",
+    "4",
+    "--warmup-steps",
+    "1",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+    "--peak-flops",
+    "1e11",
+    "--quiet",
+]
 
 
 def tiny_config(data: Path, out: Path, **kw) -> PretrainConfig:
     """A pretraining run of a 1-layer, 32-wide model on 16-token windows, fp32 on the CPU."""
-    base = dict(data=data, out=out, preset="tiny", model=dict(MODEL), seq_len=16, batch_size=4, max_steps=4,
-                warmup_steps=1, eval_every=0, save_every=2, log_every=1, device="cpu", precision="fp32",
-                peak_flops=1e11)
+    base = dict(
+        data=data,
+        out=out,
+        preset="tiny",
+        model=dict(MODEL),
+        seq_len=16,
+        batch_size=4,
+        max_steps=4,
+        warmup_steps=1,
+        eval_every=0,
+        save_every=2,
+        log_every=1,
+        device="cpu",
+        precision="fp32",
+        peak_flops=1e11,
+    )
     return PretrainConfig(**{**base, **kw})
 
 
@@ -70,8 +107,11 @@ def one_line_error(code: int, err: str, *needles: str) -> str:
 
 def snapshot(directory: Path) -> dict[str, str]:
     """sha256 of every file under ``directory`` by relative path (to show a refusal changed nothing)."""
-    return {p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(directory.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
 def flip_byte(path: Path, offset: int = -64) -> None:

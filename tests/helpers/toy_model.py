@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from toy_tokenizer import ToyTokenizer
 
 from gptcli.checkpoint import save_checkpoint
 from gptcli.model.gpt import GPT, ModelConfig
-from toy_tokenizer import ToyTokenizer
 
 TINY = ModelConfig(vocab_size=97, n_ctx=64, n_embd=32, n_layer=2, n_head=2, n_inner=64)
 """Two blocks of width 32 over the toy tokenizer's 97 ids: fine-tunes in well under a second per task."""

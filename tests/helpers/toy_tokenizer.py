@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from gptcli.tokenizers import Tokenizer, register_tokenizer
 
@@ -50,6 +50,6 @@ class ToyTokenizer(Tokenizer):
         (d / "tokenizer.json").write_text(json.dumps({"kind": self.kind, "vocab_size": self._v}), encoding="utf-8")
 
     @classmethod
-    def load(cls, directory: Path) -> "ToyTokenizer":
+    def load(cls, directory: Path) -> ToyTokenizer:
         meta = json.loads((Path(directory) / "tokenizer.json").read_text(encoding="utf-8"))
         return cls(int(meta["vocab_size"]))

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from gptcli.tokenizers.base import SPECIAL_TOKENS, Tokenizer, register_tokenizer
 
@@ -62,7 +62,7 @@ class ToyTokenizer(Tokenizer):
         (d / "tokenizer.json").write_text(json.dumps({"kind": self.kind, "words": self.words}), encoding="utf-8")
 
     @classmethod
-    def load(cls, directory: Path) -> "ToyTokenizer":
+    def load(cls, directory: Path) -> ToyTokenizer:
         return cls(json.loads((Path(directory) / "tokenizer.json").read_text(encoding="utf-8"))["words"])
 
 

@@ -22,7 +22,18 @@ N_CTX, N_EMBD, N_LAYER, N_HEAD = 16, 32, 2, 4
 def tiny_tokenizer() -> OpenAIBPETokenizer:
     """A 60-entry BPE in the original format (needs no ../shared data)."""
     letters = "abcdefghijklmnopqrstuvwxyz"
-    vocab = ["<unk>", *letters, *(c + "</w>" for c in letters), ".</w>", ",</w>", "\n</w>", "th", "the</w>", "an", "and</w>"]
+    vocab = [
+        "<unk>",
+        *letters,
+        *(c + "</w>" for c in letters),
+        ".</w>",
+        ",</w>",
+        "\n</w>",
+        "th",
+        "the</w>",
+        "an",
+        "and</w>",
+    ]
     merges = [("t", "h"), ("th", "e</w>"), ("a", "n"), ("an", "d</w>")]
     return OpenAIBPETokenizer({t: i for i, t in enumerate(vocab)}, merges)
 
@@ -30,8 +41,9 @@ def tiny_tokenizer() -> OpenAIBPETokenizer:
 def hf_model(vocab_size: int) -> OpenAIGPTLMHeadModel:
     """A random tiny OpenAIGPTLMHeadModel; every tensor (LayerNorm gains and biases too) perturbed, so any
     mis-mapped or untransposed tensor changes the logits."""
-    cfg = OpenAIGPTConfig(vocab_size=vocab_size, n_positions=N_CTX, n_embd=N_EMBD, n_layer=N_LAYER, n_head=N_HEAD,
-                          afn="gelu")
+    cfg = OpenAIGPTConfig(
+        vocab_size=vocab_size, n_positions=N_CTX, n_embd=N_EMBD, n_layer=N_LAYER, n_head=N_HEAD, afn="gelu"
+    )
     torch.manual_seed(1)
     m = OpenAIGPTLMHeadModel(cfg).eval()
     with torch.no_grad():
@@ -91,8 +103,11 @@ def test_from_hf_pytorch_bin(tmp_path: Path) -> None:
 def test_to_hf_loads_in_transformers(tmp_path: Path) -> None:
     tok = tiny_tokenizer()
     torch.manual_seed(2)
-    model = GPT(ModelConfig(vocab_size=tok.vocab_size, n_ctx=N_CTX, n_embd=N_EMBD, n_layer=N_LAYER, n_head=N_HEAD,
-                            n_inner=4 * N_EMBD)).eval()
+    model = GPT(
+        ModelConfig(
+            vocab_size=tok.vocab_size, n_ctx=N_CTX, n_embd=N_EMBD, n_layer=N_LAYER, n_head=N_HEAD, n_inner=4 * N_EMBD
+        )
+    ).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
@@ -156,8 +171,12 @@ def test_from_openai_release_layout(tmp_path: Path) -> None:
     # The original file names are accepted too.
     (tmp_path / "rel" / "vocab.json").rename(tmp_path / "rel" / "encoder_bpe_40000.json")
     (tmp_path / "rel" / "merges.txt").rename(tmp_path / "rel" / "vocab_40000.bpe")
-    assert run_cli("convert", "--from", "openai", str(tmp_path / "rel"), "--out", str(tmp_path / "ck"),
-                   "--n-head", str(N_HEAD)) == 0
+    assert (
+        run_cli(
+            "convert", "--from", "openai", str(tmp_path / "rel"), "--out", str(tmp_path / "ck"), "--n-head", str(N_HEAD)
+        )
+        == 0
+    )
     with torch.no_grad():
         assert torch.allclose(ours_logits(tmp_path / "ck", IDX), hf(IDX).logits, atol=1e-4)
     c = load_checkpoint(tmp_path / "ck")
@@ -170,8 +189,12 @@ def test_from_openai_stacked_finetuning_matrix(tmp_path: Path) -> None:
     hf = hf_model(tok.vocab_size + 3)  # 3 special rows after the vocabulary, as the fine-tuning graph has
     write_openai_release(hf, tmp_path / "rel", stacked_specials=3)
     tok.save_bpe_files(tmp_path / "rel")
-    assert run_cli("convert", "--from", "openai", str(tmp_path / "rel"), "--out", str(tmp_path / "ck"),
-                   "--n-head", str(N_HEAD)) == 0
+    assert (
+        run_cli(
+            "convert", "--from", "openai", str(tmp_path / "rel"), "--out", str(tmp_path / "ck"), "--n-head", str(N_HEAD)
+        )
+        == 0
+    )
     c = load_checkpoint(tmp_path / "ck")
     assert (c.config.vocab_size, c.config.n_special, c.config.n_ctx) == (tok.vocab_size, 3, N_CTX)
     with torch.no_grad():
@@ -207,10 +230,14 @@ def test_cli_errors(tmp_path: Path, capsys) -> None:
     assert "needs" in err("convert", "--from", "openai", str(tmp_path / "rel"), "--out", out)
     # An HF directory without weights; and --out is never clobbered silently.
     hf_model(tok.vocab_size).config.save_pretrained(tmp_path / "hf")
-    assert "no model.safetensors or pytorch_model.bin" in err("convert", "--from", "hf", str(tmp_path / "hf"), "--out", out)
+    assert "no model.safetensors or pytorch_model.bin" in err(
+        "convert", "--from", "hf", str(tmp_path / "hf"), "--out", out
+    )
     hf = str(tmp_path / "hf")
     assert "contains the input" in err("convert", "--from", "hf", hf, "--out", str(tmp_path), "--overwrite")
-    assert "not something gpt1 wrote" in err("convert", "--from", "hf", hf, "--out", str(tmp_path / "rel"), "--overwrite")
+    assert "not something gpt1 wrote" in err(
+        "convert", "--from", "hf", hf, "--out", str(tmp_path / "rel"), "--overwrite"
+    )
     assert not (tmp_path / "out").exists() and (tmp_path / "rel" / "params_0.npy").exists()
 
 

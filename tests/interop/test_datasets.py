@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from hub_standin import DATASET_COMMIT, glue_tables, use_cache, write_dataset_repo
 
 pytest.importorskip("huggingface_hub")
@@ -56,7 +55,9 @@ def test_fetched_files_are_the_official_ones(hub, shared_data, tmp_path):
     assert (root / "RTE" / "test.tsv").read_text().split("\n", 1)[0] == "index\tsentence1\tsentence2"
     assert kind_of(root / "RTE") == "task-data"
     info = json.loads((root / "RTE" / ".gpt1-fetch.json").read_text())
-    assert info["repo"] == "nyu-mll/glue" and info["commit"] == DATASET_COMMIT and info["files"]["dev.tsv"]["rows"] == 277
+    assert (
+        info["repo"] == "nyu-mll/glue" and info["commit"] == DATASET_COMMIT and info["files"]["dev.tsv"]["rows"] == 277
+    )
     assert sorted(p.name for p in root.iterdir()) == ["RTE", "SST-2"]  # no temporaries left
 
 
@@ -88,8 +89,9 @@ def test_a_truncated_download_fails_loudly_and_writes_nothing(shared_data, tmp_p
     from gptcli.interop.datasets import FetchConfig, fetch
 
     cache = tmp_path / "hf"
-    write_dataset_repo(cache, "nyu-mll/glue", {k: v for k, v in glue_tables(shared_data / "glue", 200).items()
-                                               if k.startswith("rte/")})
+    write_dataset_repo(
+        cache, "nyu-mll/glue", {k: v for k, v in glue_tables(shared_data / "glue", 200).items() if k.startswith("rte/")}
+    )
     use_cache(monkeypatch, cache)
     root = tmp_path / "data"
     with pytest.raises(GPT1Error) as e:

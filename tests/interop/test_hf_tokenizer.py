@@ -33,7 +33,8 @@ def real_texts(shared_data: Path, n: int = 250) -> dict[str, list[str]]:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "hf_tokenizer_agreement", Path(__file__).resolve().parents[2] / "benchmarks" / "hf_tokenizer_agreement.py")
+        "hf_tokenizer_agreement", Path(__file__).resolve().parents[2] / "benchmarks" / "hf_tokenizer_agreement.py"
+    )
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)  # type: ignore[union-attr]
     rng = random.Random(1)
@@ -66,7 +67,9 @@ def test_exported_tokenizer_reproduces_gpt1_ids_on_real_text(kind, learned, shar
     shares = {}
     for source, texts in real_texts(shared_data).items():
         ours = tok.encode_batch(texts)
-        shares[source] = 100 * sum(a == hf.encode(t, add_special_tokens=False) for a, t in zip(ours, texts)) / len(texts)
+        shares[source] = (
+            100 * sum(a == hf.encode(t, add_special_tokens=False) for a, t in zip(ours, texts)) / len(texts)
+        )
     assert min(shares.values()) >= FLOOR, shares
 
 
@@ -99,8 +102,14 @@ def pretrained_on_a_book(tmp_path_factory, shared_data) -> Path:
     (d / "books").mkdir()
     (d / "books" / BOOK).write_text(book_text(shared_data), encoding="utf-8")
     prepare(PrepareConfig(inputs=[str(d / "books")], out=d / "corpus", vocab_size=600, workers=1, val_fraction=0.05))
-    cfg = tiny_config(d / "corpus", d / "run", model={"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 128,
-                                                      "n_ctx": 32}, seq_len=32, max_steps=6, save_every=6)
+    cfg = tiny_config(
+        d / "corpus",
+        d / "run",
+        model={"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 128, "n_ctx": 32},
+        seq_len=32,
+        max_steps=6,
+        save_every=6,
+    )
     pretrain(cfg)
     return d / "run"
 
@@ -114,15 +123,16 @@ def test_export_of_a_pretrained_model_generates_as_gpt1_generate(pretrained_on_a
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
     compared = 0
     for prompt in ("Alice was beginning to get very tired", "The Queen said", "Down the rabbit hole, she went!"):
-        gen = start_generation(GenerateConfig(checkpoint=pretrained_on_a_book, prompt=prompt, greedy=True,
-                                              max_new_tokens=12, device="cpu"))
+        gen = start_generation(
+            GenerateConfig(checkpoint=pretrained_on_a_book, prompt=prompt, greedy=True, max_new_tokens=12, device="cpu")
+        )
         list(gen.stream())
         ids = hf_tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
         if ids[0].tolist() != gen.ids:
             continue  # the tokenizations differ: the comparison would be meaningless
         with torch.no_grad():
             out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12)
-        assert out[0, ids.size(1):].tolist() == gen.generated, prompt
+        assert out[0, ids.size(1) :].tolist() == gen.generated, prompt
         compared += 1
     assert compared >= 2
     pipe = transformers.pipeline("text-generation", model=str(path), tokenizer=str(path))

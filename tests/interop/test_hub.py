@@ -15,7 +15,6 @@ import traceback
 from pathlib import Path
 
 import pytest
-
 from hub_standin import MODEL_COMMIT, glue_tables, use_cache, write_dataset_repo, write_gpt1_repo
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -146,8 +145,19 @@ def test_zeroshot_sst2_uses_the_released_model_and_its_cache(hub, data_root, con
     assert code == 0 and f"@{MODEL_COMMIT[:8]} (cached:" in err and len(conversions) == 1, err
     code, _, err = gpt1(capsys, "convert", "--from", "hf", hub, "--out", tmp_path / "ck")
     assert code == 0, err
-    code, _, err = gpt1(capsys, "zeroshot", "--task", "sst2", "--limit", "24", "--checkpoint", tmp_path / "ck",
-                        "--out", tmp_path / "zs3", *CPU)
+    code, _, err = gpt1(
+        capsys,
+        "zeroshot",
+        "--task",
+        "sst2",
+        "--limit",
+        "24",
+        "--checkpoint",
+        tmp_path / "ck",
+        "--out",
+        tmp_path / "zs3",
+        *CPU,
+    )
     assert code == 0 and "model:" not in err, err
     a, b, c = (_scores(tmp_path / d)["tasks"]["sst2"] for d in ("zs1", "zs2", "zs3"))
     assert a["n"] == 24 and a["score"] == b["score"] == c["score"]
@@ -172,7 +182,11 @@ def test_finetune_rte_with_no_init_and_no_out(hub, data_root, conversions, tmp_p
     assert gpt1(capsys, "convert", "--from", "hf", hub, "--out", tmp_path / "ck")[0] == 0
     code, _, err = gpt1(capsys, *short, "--init", tmp_path / "ck", "--out", tmp_path / "explicit")
     assert code == 0, err
-    assert _scores(tmp_path / "explicit")["scores"] == first["scores"] == _scores(tmp_path / "runs" / "finetune-rte-2")["scores"]
+    assert (
+        _scores(tmp_path / "explicit")["scores"]
+        == first["scores"]
+        == _scores(tmp_path / "runs" / "finetune-rte-2")["scores"]
+    )
     saved = (tmp_path / "runs" / "finetune-rte" / "config.toml").read_text()
     assert f"openai-community--openai-gpt/{MODEL_COMMIT}" in saved  # the run records which commit it started from
 
@@ -180,12 +194,18 @@ def test_finetune_rte_with_no_init_and_no_out(hub, data_root, conversions, tmp_p
 def test_offline_and_not_cached_is_one_line(tmp_path, data_root, capsys, monkeypatch):
     use_cache(monkeypatch, tmp_path / "empty-hf-cache")
     monkeypatch.chdir(tmp_path)
-    for args in (["zeroshot", "--task", "sst2"], ["finetune", "--task", "rte"], ["generate", "--prompt", "hello"],
-                 ["convert", "--from", "hf", "openai-gpt", "--out", tmp_path / "ck"]):
+    for args in (
+        ["zeroshot", "--task", "sst2"],
+        ["finetune", "--task", "rte"],
+        ["generate", "--prompt", "hello"],
+        ["convert", "--from", "hf", "openai-gpt", "--out", tmp_path / "ck"],
+    ):
         code, out, err = gpt1(capsys, *args)
         assert code == 1 and "Traceback" not in err, err
-        assert err.startswith("error: openai-community/openai-gpt is not in the Hugging Face cache and HF_HUB_OFFLINE "
-                              "is set (run once with a network"), err
+        assert err.startswith(
+            "error: openai-community/openai-gpt is not in the Hugging Face cache and HF_HUB_OFFLINE "
+            "is set (run once with a network"
+        ), err
         assert err.count("error:") == 1
     assert not (tmp_path / "ck").exists() and not (tmp_path / "runs").exists()
 
@@ -205,8 +225,19 @@ def test_hub_ids_wherever_a_checkpoint_is_taken(hub, conversions, tmp_path, caps
     code, _, err = gpt1(capsys, "convert", "--from", "hf", "openai-gpt", "--out", tmp_path / "ck")
     assert code == 0 and "wrote gpt1 checkpoint" in err and conversions == [tmp_path / "ck"], err  # not the cache
     assert load_checkpoint(tmp_path / "ck").meta["source"]["commit"] == MODEL_COMMIT
-    code, out, err = gpt1(capsys, "generate", "--checkpoint", "openai-community/openai-gpt", "--prompt", "the ship",
-                          "-n", "3", "--greedy", "--device", "cpu")
+    code, out, err = gpt1(
+        capsys,
+        "generate",
+        "--checkpoint",
+        "openai-community/openai-gpt",
+        "--prompt",
+        "the ship",
+        "-n",
+        "3",
+        "--greedy",
+        "--device",
+        "cpu",
+    )
     assert code == 0 and out.startswith("the ship") and "model: openai-community/openai-gpt →" in err, err
     code, out, err = gpt1(capsys, "generate", "--prompt", "the ship", "-n", "3", "--greedy", "--device", "cpu")
     assert code == 0 and "(no --checkpoint given" in err and "(cached:" in err and len(conversions) == 2
@@ -215,8 +246,9 @@ def test_hub_ids_wherever_a_checkpoint_is_taken(hub, conversions, tmp_path, caps
     (tmp_path / "openai-community").mkdir()
     (tmp_path / "ck").rename(tmp_path / "openai-community" / "openai-gpt")
     monkeypatch.setattr("gptcli.interop.hub.download", lambda hub: pytest.fail("looked up a local path on the Hub"))
-    code, _, err = gpt1(capsys, "generate", "--checkpoint", "openai-community/openai-gpt", "--prompt", "a", "-n", "1",
-                        "--device", "cpu")
+    code, _, err = gpt1(
+        capsys, "generate", "--checkpoint", "openai-community/openai-gpt", "--prompt", "a", "-n", "1", "--device", "cpu"
+    )
     assert code == 0 and "model:" not in err, err
 
 
@@ -230,13 +262,28 @@ def test_missing_task_data_is_fetched_into_the_default_root_only(hub_cache, shar
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("GPT1_DATA", raising=False)
     monkeypatch.chdir(tmp_path)
-    args = ["finetune", "--task", "rte", "--epochs", "1", "--batch-size", "4", "--max-train-examples", "4",
-            "--max-eval-examples", "4", "-q", *CPU]
+    args = [
+        "finetune",
+        "--task",
+        "rte",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "4",
+        "--max-train-examples",
+        "4",
+        "--max-eval-examples",
+        "4",
+        "-q",
+        *CPU,
+    ]
     code, _, err = gpt1(capsys, *args)
     root = tmp_path / "home" / ".cache" / "gpt1" / "data"
     assert code == 0, err
-    assert f"data: RTE is not in {root} (the default data root; GPT1_DATA is not set): fetching it from the Hugging " \
-           "Face Hub (nyu-mll/glue), once" in err
+    assert (
+        f"data: RTE is not in {root} (the default data root; GPT1_DATA is not set): fetching it from the Hugging "
+        "Face Hub (nyu-mll/glue), once" in err
+    )
     assert err.index("data: RTE") < err.index("model: openai-gpt")  # the data first
     assert (root / "RTE" / "dev.tsv").read_bytes() == (shared_data / "glue" / "RTE" / "dev.tsv").read_bytes()
     assert _scores(tmp_path / "runs" / "finetune-rte")["n_eval"] == 4

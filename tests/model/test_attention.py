@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from compiled_helpers import assert_runs_eagerly_between_graphs
 
 import gptcli.model.kernels.attention as attention
-from gptcli.model.kernels.attention import PATHS, attention_path, causal_attention
 from gptcli.model.gpt import GPT, ModelConfig
-from compiled_helpers import assert_runs_eagerly_between_graphs
+from gptcli.model.kernels.attention import PATHS, attention_path, causal_attention
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

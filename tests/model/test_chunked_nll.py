@@ -73,8 +73,9 @@ def test_compiled_as_pretrain_compile_does():
     h, w = torch.randn(40, 16), torch.randn(70, 16)
     targets = torch.randint(0, 70, (40,))
     torch._dynamo.reset()
-    compiled = torch.compile(lambda h, w, t: chunked.chunked_nll(h, w, t, chunk_rows=16), backend="aot_eager",
-                             fullgraph=True)
+    compiled = torch.compile(
+        lambda h, w, t: chunked.chunked_nll(h, w, t, chunk_rows=16), backend="aot_eager", fullgraph=True
+    )
     got = _loss_and_grads(compiled, h, w, targets)
     ref = _loss_and_grads(_reference, h, w, targets)
     for a, b in zip(got, ref):

@@ -53,7 +53,6 @@ def test_regression_outputs_are_one_column_scores_in_range():
     assert all(0.0 <= p <= 5.0 for p in preds) and all(len(o) == 1 for o in outs)
 
 
-
 def test_one_autocast_region_for_every_batch_computes_what_one_per_batch_does():
     # predict keeps autocast's bf16 copies of the weights from the first batch to the last: the same casts, once.
     from gptcli.runtime import autocast

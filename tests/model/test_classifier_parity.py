@@ -25,7 +25,8 @@ def _pair(kind: str, n_labels: int = 2):
     head = TaskHead(HeadConfig(kind, CFG.n_embd, n_labels=n_labels, extract_id=E))
     ours = FinetuneModel(GPT(CFG), head).eval()
     hf_cfg = transformers.OpenAIGPTConfig(
-        **{k: v for k, v in config_to_hf(CFG).items() if k not in ("architectures", "model_type")})
+        **{k: v for k, v in config_to_hf(CFG).items() if k not in ("architectures", "model_type")}
+    )
     hf = transformers.OpenAIGPTDoubleHeadsModel(hf_cfg).eval()
     if head.config.n_out != 1:  # entailment: one "choice" per example, scored by an n-class W_y
         hf.multiple_choice_head.summary = torch.nn.Linear(CFG.n_embd, head.config.n_out)
@@ -59,12 +60,15 @@ def _losses(ours, hf, ids: torch.Tensor, n_seqs: int, labels: torch.Tensor):
 def _check_grads(ours, hf, our_loss, hf_loss) -> None:
     our_loss.backward()
     hf_loss.backward()
-    torch.testing.assert_close(ours.head.linear.weight.grad, hf.multiple_choice_head.summary.weight.grad,
-                               rtol=1e-4, atol=1e-6)
-    torch.testing.assert_close(ours.gpt.blocks[0].attn.qkv.weight.grad,
-                               hf.transformer.h[0].attn.c_attn.weight.grad.t(), rtol=1e-4, atol=1e-6)
-    torch.testing.assert_close(ours.gpt.tok_emb.weight.grad, hf.transformer.tokens_embed.weight.grad,
-                               rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(
+        ours.head.linear.weight.grad, hf.multiple_choice_head.summary.weight.grad, rtol=1e-4, atol=1e-6
+    )
+    torch.testing.assert_close(
+        ours.gpt.blocks[0].attn.qkv.weight.grad, hf.transformer.h[0].attn.c_attn.weight.grad.t(), rtol=1e-4, atol=1e-6
+    )
+    torch.testing.assert_close(
+        ours.gpt.tok_emb.weight.grad, hf.transformer.tokens_embed.weight.grad, rtol=1e-4, atol=1e-6
+    )
 
 
 def test_multiple_choice_matches_double_heads_model():

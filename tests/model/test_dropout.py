@@ -12,8 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptcli.model.dropout import Dropout
-from gptcli.model.kernels.dropout import dropout, keep_mask
 from gptcli.model.gpt import GPT, preset
+from gptcli.model.kernels.dropout import dropout, keep_mask
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])

@@ -17,7 +17,18 @@ from gptcli.tokenizers.openai import OpenAIBPETokenizer
 def tiny_tokenizer() -> OpenAIBPETokenizer:
     """A 60-entry BPE in the original format (needs no ../shared data); same as in test_convert."""
     letters = "abcdefghijklmnopqrstuvwxyz"
-    vocab = ["<unk>", *letters, *(c + "</w>" for c in letters), ".</w>", ",</w>", "\n</w>", "th", "the</w>", "an", "and</w>"]
+    vocab = [
+        "<unk>",
+        *letters,
+        *(c + "</w>" for c in letters),
+        ".</w>",
+        ",</w>",
+        "\n</w>",
+        "th",
+        "the</w>",
+        "an",
+        "and</w>",
+    ]
     merges = [("t", "h"), ("th", "e</w>"), ("a", "n"), ("an", "d</w>")]
     return OpenAIBPETokenizer({t: i for i, t in enumerate(vocab)}, merges)
 
@@ -28,6 +39,7 @@ def run_cli(*args: str) -> int:
     with pytest.raises(SystemExit) as e:
         main(list(args))
     return int(e.value.code or 0)
+
 
 V = 60  # tiny_tokenizer's vocabulary
 
@@ -51,7 +63,7 @@ def naive_greedy(model: GPT, prompt: list[int], n: int) -> list[int]:
         for _ in range(n):
             logits = model.lm_logits(model(torch.tensor([seq])))[0, -1, :V]
             seq.append(int(logits.argmax()))
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 def test_greedy_with_cache_equals_without() -> None:
@@ -96,7 +108,9 @@ def test_top_k_restricts_samples() -> None:
     with torch.no_grad():
         first = m.lm_logits(m(torch.tensor([PROMPT])))[0, -1, :V]
     top3 = set(torch.topk(first, 3).indices.tolist())
-    seen = {generate(m, PROMPT, SamplingConfig(max_new_tokens=1, top_k=3, temperature=5.0, seed=s))[0] for s in range(40)}
+    seen = {
+        generate(m, PROMPT, SamplingConfig(max_new_tokens=1, top_k=3, temperature=5.0, seed=s))[0] for s in range(40)
+    }
     assert seen <= top3 and len(seen) > 1
 
 
@@ -151,8 +165,21 @@ def test_iter_generate_yields_what_generate_returns_one_at_a_time() -> None:
 def test_cli_generate_streams(tmp_path: Path, capsys) -> None:
     tok = tiny_tokenizer()
     save_checkpoint(tmp_path / "ck", tiny_model(), tok)
-    assert run_cli("generate", "--checkpoint", str(tmp_path / "ck"), "--prompt", "The band and the", "-n", "6",
-                   "--greedy", "--device", "cpu") == 0
+    assert (
+        run_cli(
+            "generate",
+            "--checkpoint",
+            str(tmp_path / "ck"),
+            "--prompt",
+            "The band and the",
+            "-n",
+            "6",
+            "--greedy",
+            "--device",
+            "cpu",
+        )
+        == 0
+    )
     cap = capsys.readouterr()
     assert cap.out.startswith("the band and the")
     assert "6 tokens in" in cap.err and "tokens/s" in cap.err
@@ -168,7 +195,10 @@ def test_cli_generate_errors(tmp_path: Path, capsys) -> None:
     assert run_cli("generate", "--checkpoint", str(tmp_path / "notok"), "--prompt", "hi", "--device", "cpu") == 1
     assert "no tokenizer" in capsys.readouterr().err
     save_checkpoint(tmp_path / "ck", tiny_model(), tiny_tokenizer())
-    assert run_cli("generate", "--checkpoint", str(tmp_path / "ck"), "--prompt", "hi", "--top-p", "0", "--device", "cpu") == 1
+    assert (
+        run_cli("generate", "--checkpoint", str(tmp_path / "ck"), "--prompt", "hi", "--top-p", "0", "--device", "cpu")
+        == 1
+    )
     assert "--top-p 0.0 is impossible" in capsys.readouterr().err
 
 
@@ -186,7 +216,9 @@ def test_real_openai_gpt_golden_generation(tmp_path: Path) -> None:
     convert_to_checkpoint(from_hf(src), tmp_path / "ck")
     c = load_checkpoint(tmp_path / "ck")
     assert c.tokenizer.encode("the president is") == HF_GOLDEN[:3]
-    out = generate(c.model, HF_GOLDEN[:3], SamplingConfig(max_new_tokens=17, greedy=True), vocab_limit=c.tokenizer.vocab_size)
+    out = generate(
+        c.model, HF_GOLDEN[:3], SamplingConfig(max_new_tokens=17, greedy=True), vocab_limit=c.tokenizer.vocab_size
+    )
     assert HF_GOLDEN[:3] + out == HF_GOLDEN
 
 
@@ -209,8 +241,9 @@ def test_greedy_matches_transformers_generate(tmp_path: Path) -> None:
     convert_to_checkpoint(from_hf(tmp_path / "hf"), tmp_path / "ck")
     ours = generate(load_checkpoint(tmp_path / "ck").model, PROMPT, SamplingConfig(max_new_tokens=16, greedy=True))
     with torch.no_grad():
-        theirs = hf.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=16, min_new_tokens=16,
-                             pad_token_id=0)[0, len(PROMPT):].tolist()
+        theirs = hf.generate(
+            torch.tensor([PROMPT]), do_sample=False, max_new_tokens=16, min_new_tokens=16, pad_token_id=0
+        )[0, len(PROMPT) :].tolist()
     assert ours == theirs and len(set(ours)) > 1
 
 
@@ -219,8 +252,20 @@ def test_cli_config_file_and_long_prompt(tmp_path: Path, capsys) -> None:
     save_checkpoint(tmp_path / "ck", tiny_model(n_ctx=8), tok)
     (tmp_path / "s.toml").write_text("max_new_tokens = 3\ngreedy = true\n")
     prompt = "a b c d e f g h i j"  # 10 tokens > the 8-token context: the last 7 are kept
-    assert run_cli("generate", "-c", str(tmp_path / "ck"), "-p", prompt, "--config", str(tmp_path / "s.toml"),
-                   "--device", "cpu") == 0
+    assert (
+        run_cli(
+            "generate",
+            "-c",
+            str(tmp_path / "ck"),
+            "-p",
+            prompt,
+            "--config",
+            str(tmp_path / "s.toml"),
+            "--device",
+            "cpu",
+        )
+        == 0
+    )
     cap = capsys.readouterr()
     assert "keeping the last 7" in cap.err and "1 tokens in" in cap.err  # 7 + 1 fills the context
     assert cap.out.startswith("d e f g h i j")

@@ -48,8 +48,9 @@ def test_batch_shapes_and_seed_determinism(arch):
     assert all(0 <= t < V for r in rows for t in r)
     assert rows == generate_batch(m, PROMPT, cfg, samples=5)  # same seed, same samples
     assert len({tuple(r) for r in rows}) > 1  # rows are sampled independently
-    assert rows != generate_batch(m, PROMPT, SamplingConfig(max_new_tokens=12, temperature=2.0, top_k=20,
-                                                             top_p=0.95, seed=8), samples=5)
+    assert rows != generate_batch(
+        m, PROMPT, SamplingConfig(max_new_tokens=12, temperature=2.0, top_k=20, top_p=0.95, seed=8), samples=5
+    )
     full = SamplingConfig(max_new_tokens=12, temperature=2.0, seed=7)  # no top-k: the full-vocabulary sampler
     assert generate_batch(m, PROMPT, full, samples=3) == generate_batch(m, PROMPT, full, samples=3)
 
@@ -64,7 +65,8 @@ def test_greedy_rows_equal_the_single_run_and_the_uncached_reference(arch):
     assert uncached == rows
     sampled = SamplingConfig(max_new_tokens=10, top_k=30, seed=3)
     assert generate_batch(m, PROMPT, sampled, samples=3) == generate_batch(
-        m, PROMPT, SamplingConfig(max_new_tokens=10, top_k=30, seed=3, use_cache=False), samples=3)
+        m, PROMPT, SamplingConfig(max_new_tokens=10, top_k=30, seed=3, use_cache=False), samples=3
+    )
 
 
 def test_batch_of_one_is_the_single_prompt_path_and_limits_hold():
@@ -73,8 +75,11 @@ def test_batch_of_one_is_the_single_prompt_path_and_limits_hold():
     assert generate_batch(m, PROMPT, cfg, samples=1) == [generate(m, PROMPT, cfg)]
     steps = list(iter_generate_batch(m, list(range(28)), SamplingConfig(max_new_tokens=50, greedy=True), samples=3))
     assert len(steps) == 4 and all(len(s) == 3 for s in steps)  # stops at the 32-token context
-    assert all(t < V - 10 for r in generate_batch(m, PROMPT, SamplingConfig(max_new_tokens=8, seed=0), samples=4,
-                                                  vocab_limit=V - 10) for t in r)
+    assert all(
+        t < V - 10
+        for r in generate_batch(m, PROMPT, SamplingConfig(max_new_tokens=8, seed=0), samples=4, vocab_limit=V - 10)
+        for t in r
+    )
     with pytest.raises(ValueError, match="samples"):
         list(iter_generate_batch(m, PROMPT, cfg, samples=0))
     with pytest.raises(ValueError, match="samples"):
@@ -137,12 +142,14 @@ def test_greedy_tokens_equal_transformers_generate(batch):
     ours = tiny(n_special=0)  # HF's vocabulary would include special rows, which we never emit
     cfg = ours.config
     hf_cfg = transformers.OpenAIGPTConfig(
-        **{k: v for k, v in config_to_hf(cfg).items() if k not in ("architectures", "model_type")})
+        **{k: v for k, v in config_to_hf(cfg).items() if k not in ("architectures", "model_type")}
+    )
     hf = transformers.OpenAIGPTLMHeadModel(hf_cfg).eval()
     hf.load_state_dict(state_dict_to_hf(ours.state_dict(), cfg.n_layer), strict=False)
     n = 16
     rows = generate_batch(ours, PROMPT, SamplingConfig(max_new_tokens=n, greedy=True), samples=batch)
     with torch.no_grad():
-        theirs = hf.generate(torch.tensor([PROMPT] * batch), do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                             pad_token_id=0)[:, len(PROMPT):].tolist()
+        theirs = hf.generate(
+            torch.tensor([PROMPT] * batch), do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0
+        )[:, len(PROMPT) :].tolist()
     assert rows == theirs and len(set(rows[0])) > 1

@@ -70,7 +70,9 @@ transformers = pytest.importorskip("transformers")
 
 
 def _hf_pair(cfg: ModelConfig):
-    hf_cfg = transformers.OpenAIGPTConfig(**{k: v for k, v in config_to_hf(cfg).items() if k not in ("architectures", "model_type")})
+    hf_cfg = transformers.OpenAIGPTConfig(
+        **{k: v for k, v in config_to_hf(cfg).items() if k not in ("architectures", "model_type")}
+    )
     torch.manual_seed(1)
     hf = transformers.OpenAIGPTLMHeadModel(hf_cfg).eval()
     ours = GPT(cfg).eval()

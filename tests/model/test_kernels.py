@@ -45,8 +45,17 @@ def test_the_model_is_the_same_function_both_ways_fp32(monkeypatch: pytest.Monke
     monkeypatch.setattr(losses, "CHUNK_ELEMENTS", 1000)
     monkeypatch.setattr(tied, "PAD_MIN_POSITIONS", 8)
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=101, n_ctx=t + 1, n_embd=16, n_layer=2, n_head=2, n_inner=32,
-                      embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+    cfg = ModelConfig(
+        vocab_size=101,
+        n_ctx=t + 1,
+        n_embd=16,
+        n_layer=2,
+        n_head=2,
+        n_inner=32,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        resid_pdrop=0.0,
+    )
     model = GPT(cfg).train()
     ids = torch.randint(0, 101, (2, t + 1))
     ref_loss, ref_grads = _loss_and_grads("reference", model, ids)
@@ -67,8 +76,17 @@ def test_the_model_is_the_same_function_both_ways_bf16(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(tied, "PAD_MIN_POSITIONS", 8)
     torch.manual_seed(1)
-    cfg = ModelConfig(vocab_size=101, n_ctx=33, n_embd=32, n_layer=1, n_head=2, n_inner=64,
-                      embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+    cfg = ModelConfig(
+        vocab_size=101,
+        n_ctx=33,
+        n_embd=32,
+        n_layer=1,
+        n_head=2,
+        n_inner=64,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        resid_pdrop=0.0,
+    )
     model = GPT(cfg).train()
     ids = torch.randint(0, 101, (2, 33))
     ref_loss, ref_grads = _loss_and_grads("reference", model, ids, autocast=True)
@@ -141,20 +159,41 @@ def test_reference_imports_no_kernel_module() -> None:
     layers' forms on every CPU (the float32 column sums as well as the AMX bf16 form: this test expected ``linear``
     on AMX CPUs only and failed on an AMD Zen 5 after the float32 form came in), with their oneDNN products."""
     assert _imported_kernels({"GPT1_KERNELS": "reference"}) == []
-    assert _imported_kernels({"GPT1_KERNELS": ""}, "from gptcli.model.kernels import set_kernels; "
-                                                   "set_kernels('reference')") == []
+    assert (
+        _imported_kernels(
+            {"GPT1_KERNELS": ""}, "from gptcli.model.kernels import set_kernels; set_kernels('reference')"
+        )
+        == []
+    )
     # The paths CUDA takes with the kernels off, the padded output product and the blockwise loss (named here for the
     # CPU): plain PyTorch too, which used to import kernels/tied.py for its padding helper.
-    assert _imported_kernels({"GPT1_KERNELS": "reference"}, "from gptcli.model import chunked_nll, tied; "
-                             "tied.PADDED_HEAD_DEVICES = ('cpu',)") == []
-    assert _imported_kernels({"GPT1_KERNELS": "reference"}, "from gptcli.model import chunked_nll, tied; "
-                             "chunked_nll.CHUNKED_LOSS_DEVICES = ('cpu',)") == []
+    assert (
+        _imported_kernels(
+            {"GPT1_KERNELS": "reference"},
+            "from gptcli.model import chunked_nll, tied; tied.PADDED_HEAD_DEVICES = ('cpu',)",
+        )
+        == []
+    )
+    assert (
+        _imported_kernels(
+            {"GPT1_KERNELS": "reference"},
+            "from gptcli.model import chunked_nll, tied; chunked_nll.CHUNKED_LOSS_DEVICES = ('cpu',)",
+        )
+        == []
+    )
     assert _imported_kernels({"GPT1_KERNELS": "auto"}) == [
-        "gptcli.model.kernels.attention", "gptcli.model.kernels.casts", "gptcli.model.kernels.dropout",
+        "gptcli.model.kernels.attention",
+        "gptcli.model.kernels.casts",
+        "gptcli.model.kernels.dropout",
         "gptcli.model.kernels.gelu",
-        "gptcli.model.kernels.linear", "gptcli.model.kernels.losses",
-        "gptcli.model.kernels.native", "gptcli.model.kernels.onednn", "gptcli.model.kernels.tied",
-        "gptcli.model.kernels.tied_lookup", "gptcli.model.kernels.transpose"]
+        "gptcli.model.kernels.linear",
+        "gptcli.model.kernels.losses",
+        "gptcli.model.kernels.native",
+        "gptcli.model.kernels.onednn",
+        "gptcli.model.kernels.tied",
+        "gptcli.model.kernels.tied_lookup",
+        "gptcli.model.kernels.transpose",
+    ]
 
 
 def test_the_mode_comes_from_set_kernels_then_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from compiled_helpers import assert_runs_eagerly_between_graphs, built_library
 
 from gptcli.model import kernels
 from gptcli.model.kernels import linear as amx
 from gptcli.model.kernels import native
 from gptcli.model.linear import Linear
-from compiled_helpers import assert_runs_eagerly_between_graphs, built_library
 
 
 @pytest.fixture
@@ -45,8 +45,9 @@ def _ulp_close(a: torch.Tensor, b: torch.Tensor) -> None:
     torch.testing.assert_close(a, b, rtol=2.0**-7, atol=1e-6)
 
 
-@pytest.mark.parametrize("features", [(768, 2304), (96, 40), (40, 96), (64, 64)], ids=["qkv", "narrow", "wide",
-                                                                                          "square"])
+@pytest.mark.parametrize(
+    "features", [(768, 2304), (96, 40), (40, 96), (64, 64)], ids=["qkv", "narrow", "wide", "square"]
+)
 @pytest.mark.parametrize("bias", [True, False])
 def test_the_amx_form_is_autocasts_linear(lib, features: tuple[int, int], bias: bool) -> None:
     """Every shape class of ``weight_grad`` (in < out: the input transposed, out < in: the gradient, square:
@@ -196,4 +197,3 @@ def test_the_float32_form_is_autograds_linear_with_column_sums(lib, features: tu
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert amx.fp32_linear(x, layer.weight, layer.bias) is None
     assert amx.fp32_linear(x[:, :1], layer.weight, layer.bias) is None  # 3 positions: autograd's own
-

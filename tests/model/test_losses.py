@@ -76,8 +76,9 @@ def test_next_token_nll_is_f_cross_entropy_of_the_fp32_logits(monkeypatch, loss_
         weights[3], weights[7] = 0.0, -0.5
     got = next_token_nll(logits, targets, reduction=reduction)
     (grad,) = torch.autograd.grad((got * weights).sum(), logits)
-    want = F.cross_entropy(logits.reshape(-1, 101).float(), targets.reshape(-1), ignore_index=IGNORE,
-                           reduction=reduction)
+    want = F.cross_entropy(
+        logits.reshape(-1, 101).float(), targets.reshape(-1), ignore_index=IGNORE, reduction=reduction
+    )
     (grad_want,) = torch.autograd.grad((want * weights).sum(), logits)
     assert got.dtype == torch.float32 and grad.dtype == dtype
     torch.testing.assert_close(got, want)

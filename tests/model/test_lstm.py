@@ -117,7 +117,7 @@ def test_initialisation_and_layer_reinitialisation():
         b_ih, b_hh = getattr(m.lstm, f"bias_ih_l{layer}"), getattr(m.lstm, f"bias_hh_l{layer}")
         assert torch.all(b_ih[H : 2 * H] == 1) and torch.all(b_ih[:H] == 0) and torch.all(b_ih[2 * H :] == 0)
         assert torch.all(b_hh == 0)
-        assert getattr(m.lstm, f"weight_hh_l{layer}").abs().max() <= H ** -0.5
+        assert getattr(m.lstm, f"weight_hh_l{layer}").abs().max() <= H**-0.5
     assert abs(float(m.tok_emb.weight.detach().std()) - 0.02) < 0.005
     before = {k: v.clone() for k, v in m.state_dict().items()}
     m.reinit_layers(2)  # keep every layer: nothing changes
@@ -161,7 +161,7 @@ def test_greedy_generation_with_the_carried_state_equals_recomputing():
     with torch.no_grad():
         for _ in range(20):
             seq.append(int(m.lm_logits(m(torch.tensor([seq])))[0, -1].argmax()))
-    assert cached == uncached == seq[len(prompt):]
+    assert cached == uncached == seq[len(prompt) :]
     assert len(set(cached)) > 1
     sampled = [generate(m, prompt, SamplingConfig(max_new_tokens=12, seed=5, use_cache=c)) for c in (True, False)]
     assert sampled[0] == sampled[1]
@@ -197,11 +197,30 @@ def test_learns_a_tiny_corpus_well_below_the_unigram_loss(tmp_path):
 
     train, val = text(600), text(60)
     corpus = write_corpus(tmp_path / "corpus", {"train": [[train]], "val": [[val]]})
-    cfg = PretrainConfig(data=corpus, out=tmp_path / "run", preset="lstm-tiny",
-                         model={"n_embd": 32, "n_hidden": 64, "n_ctx": 64, "embd_pdrop": 0.0, "out_pdrop": 0.0,
-                                "init_std": 0.3},  # a wider init learns a 32-wide model faster
-                         seq_len=64, batch_size=8, lr=1e-2, warmup_steps=5, max_steps=80, eval_every=0,
-                         save_every=0, log_every=20, device="cpu", precision="fp32", peak_flops=1e11)
+    cfg = PretrainConfig(
+        data=corpus,
+        out=tmp_path / "run",
+        preset="lstm-tiny",
+        model={
+            "n_embd": 32,
+            "n_hidden": 64,
+            "n_ctx": 64,
+            "embd_pdrop": 0.0,
+            "out_pdrop": 0.0,
+            "init_std": 0.3,
+        },  # a wider init learns a 32-wide model faster
+        seq_len=64,
+        batch_size=8,
+        lr=1e-2,
+        warmup_steps=5,
+        max_steps=80,
+        eval_every=0,
+        save_every=0,
+        log_every=20,
+        device="cpu",
+        precision="fp32",
+        peak_flops=1e11,
+    )
     result = pretrain(cfg)
     unigram = unigram_loss([train], [val], 256)
     assert result.final_val_loss < unigram - 1.0, (result.final_val_loss, unigram)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from compiled_helpers import assert_runs_eagerly_between_graphs, built_library
 
 from gptcli.errors import GPT1Error
 from gptcli.model import kernels
@@ -23,7 +24,6 @@ from gptcli.model.kernels import native
 from gptcli.model.kernels.dropout import Mask, dropout, threshold
 from gptcli.model.kernels.gelu import gelu as compiled_gelu
 from gptcli.progress import RecordingProgress
-from compiled_helpers import assert_runs_eagerly_between_graphs, built_library
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +65,10 @@ def test_gelu_bf16_is_within_one_bf16_rounding(lib) -> None:
     g = torch.randn_like(x)
     # Below x ≈ −4 the slope is ~1e-6 and both kernels lose it to the cancellation in 1 + tanh(u) (PyTorch's is
     # 20 % from the exact value at x = −5): the backward's absolute tolerance covers that tail.
-    for got, ref, atol in ((lib.gelu_forward(x), F.gelu(x, approximate="tanh"), 1e-6),
-                           (lib.gelu_backward(g, x), torch.ops.aten.gelu_backward(g, x, approximate="tanh"), 3e-5)):
+    for got, ref, atol in (
+        (lib.gelu_forward(x), F.gelu(x, approximate="tanh"), 1e-6),
+        (lib.gelu_backward(g, x), torch.ops.aten.gelu_backward(g, x, approximate="tanh"), 3e-5),
+    ):
         assert got.dtype == torch.bfloat16
         got, ref = got.float(), ref.float()
         assert (got == ref).float().mean().item() > 0.9  # most round to the same bf16 value
@@ -139,8 +141,9 @@ def test_seeded_mask_units_are_independent(lib) -> None:
     for i in range(3):
         both = (m[:, i] * m[:, i + 1]).mean().item()
         assert abs(both - 0.25) < 5 * math.sqrt(0.25 * 0.75 / 500_000)
-    assert not torch.equal(Mask((1000,), 0.5, "cpu", torch.float32).dense(),
-                           Mask((1000,), 0.5, "cpu", torch.float32).dense())
+    assert not torch.equal(
+        Mask((1000,), 0.5, "cpu", torch.float32).dense(), Mask((1000,), 0.5, "cpu", torch.float32).dense()
+    )
 
 
 def test_seeded_mask_is_reproducible_and_independent_of_threads(lib) -> None:
@@ -253,8 +256,13 @@ def test_the_avx2_forms_pass_these_tests_on_an_avx512_cpu() -> None:
     if native.isa() == "avx2":
         pytest.skip("this run is the AVX2 one")
     env = {**os.environ, native.ISA_ENV: "avx2"}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", __file__,
-                          "-k", "not avx2_forms_pass"], env=env, capture_output=True, text=True, timeout=1800)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", __file__, "-k", "not avx2_forms_pass"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-4000:]
     assert "built without AVX-512 or AVX2" not in out and " passed" in out, out[-4000:]
@@ -266,7 +274,13 @@ def test_float_comparisons_may_be_vectorised_without_masked_instructions() -> No
     # speed (docs/performance.md). -ffast-math would change values: none of its other parts may come in.
     flags = native.flags()
     assert "-fno-trapping-math" in flags
-    assert not {"-ffast-math", "-Ofast", "-ffinite-math-only", "-fassociative-math", "-funsafe-math-optimizations"} & set(flags)
+    assert not {
+        "-ffast-math",
+        "-Ofast",
+        "-ffinite-math-only",
+        "-fassociative-math",
+        "-funsafe-math-optimizations",
+    } & set(flags)
 
 
 def test_the_cache_folder_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
@@ -355,8 +369,9 @@ def test_the_vector_loop_draws_the_scalar_loops_bits(lib, dtype: torch.dtype) ->
 @pytest.fixture(scope="module")
 def loss_lib(lib):
     if not lib.vectorised():
-        pytest.skip("built without AVX-512 or AVX2: kernels/losses.py computes with PyTorch's ops "
-                    "(tests/model/test_losses.py)")
+        pytest.skip(
+            "built without AVX-512 or AVX2: kernels/losses.py computes with PyTorch's ops (tests/model/test_losses.py)"
+        )
     return lib
 
 
@@ -426,8 +441,9 @@ def test_the_softmax_backward_is_pytorchs_through_the_dropout_mask(lib, dtype: t
         dp = torch.randn(6, 5, n).to(dtype)
         for mask in (None, (torch.rand(6, 5, n) > 0.2).to(dtype)):
             d = p if mask is None else p * mask
-            want = torch._softmax_backward_data(dp.float() * (1 if mask is None else mask.float()), p.float(), -1,
-                                                torch.float32)
+            want = torch._softmax_backward_data(
+                dp.float() * (1 if mask is None else mask.float()), p.float(), -1, torch.float32
+            )
             got = lib.softmax_backward(dp.clone(), d, p)
             tol = dict(atol=1e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
             torch.testing.assert_close(got.float(), want.to(dtype).float(), **tol, msg=f"n={n}")
@@ -454,8 +470,16 @@ def test_the_softmax_forward_is_pytorchs_with_the_causal_mask_and_dropout(lib, d
     if not lib.vectorised():
         pytest.skip("built without AVX-512 or AVX2: attention.py keeps PyTorch's ops")
     torch.manual_seed(0)
-    for n, rows, offset in [(1, 1, 0), (15, 15, 0), (17, 9, 8), (37, 9, 28), (70, 5, -1), (128, 128, 0),
-                            (512, 128, 384), (33, 33, -1)]:
+    for n, rows, offset in [
+        (1, 1, 0),
+        (15, 15, 0),
+        (17, 9, 8),
+        (37, 9, 28),
+        (70, 5, -1),
+        (128, 128, 0),
+        (512, 128, 384),
+        (33, 33, -1),
+    ]:
         s = (3 * torch.randn(4, rows, n)).to(dtype)
         want = _softmax_reference(s, offset)
         for p_drop in (0.0, 0.3):
@@ -557,8 +581,10 @@ def test_the_transposed_copy_is_exact_at_every_shape(lib, shape: tuple[int, int]
     x.view(-1)[: special.numel()] = special
     out = torch.full((shape[1], shape[0]), 7.0, dtype=out_dtype)
     assert lib.transpose_bf16(x, out) is not None
-    assert torch.equal(out.view(torch.int32 if out_dtype == torch.float32 else torch.int16),
-                       x.t().to(out_dtype).view(torch.int32 if out_dtype == torch.float32 else torch.int16))
+    assert torch.equal(
+        out.view(torch.int32 if out_dtype == torch.float32 else torch.int16),
+        x.t().to(out_dtype).view(torch.int32 if out_dtype == torch.float32 else torch.int16),
+    )
 
 
 @pytest.mark.parametrize("rows", [40, 64])  # 64: whole float32 lines, written with streaming stores
@@ -601,4 +627,3 @@ def test_the_column_sums_are_each_column_summed_in_row_order(lib) -> None:
         lib.column_sums(torch.randn(8, 4).t(), torch.empty(8))
     with pytest.raises(RuntimeError, match="float32 vector"):
         lib.column_sums(torch.randn(4, 8), torch.empty(7))
-

@@ -44,8 +44,11 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> None:
     assert (a - b).abs().max().item() <= 1e-5 * scale
 
 
-@pytest.mark.parametrize("cpu, takes", [(ZEN5, True), (ZEN4, False), (XEON, False), (ZEN3, False), ("", False)],
-                         ids=["zen5", "zen4", "xeon", "zen3", "unknown"])
+@pytest.mark.parametrize(
+    "cpu, takes",
+    [(ZEN5, True), (ZEN4, False), (XEON, False), (ZEN3, False), ("", False)],
+    ids=["zen5", "zen4", "xeon", "zen3", "unknown"],
+)
 def test_only_a_zen5_takes_onednn_a_flag_read_that_tests_can_force(monkeypatch, cpu: str, takes: bool) -> None:
     monkeypatch.setattr(runtime, "_cpu_flags", lambda: cpu)
     assert runtime.cpu_has_full_width_avx512() is takes and kernels.onednn_fp32() is takes
@@ -83,8 +86,9 @@ def test_the_transposed_copy_is_exact_and_fresh(monkeypatch, library: bool) -> N
     torch.manual_seed(0)
     for rows, cols in [(1, 1), (16, 16), (33, 50), (64, 40512 // 64), (257, 129)]:
         x = torch.randn(rows, cols)
-        x.view(-1)[: min(6, x.numel())] = torch.tensor([float("nan"), -0.0, float("inf"), -float("inf"), 1e-40,
-                                                          -1e-42])[: min(6, x.numel())]
+        x.view(-1)[: min(6, x.numel())] = torch.tensor(
+            [float("nan"), -0.0, float("inf"), -float("inf"), 1e-40, -1e-42]
+        )[: min(6, x.numel())]
         t = onednn.transposed(x)
         assert t.shape == (cols, rows) and t.is_contiguous() and t._base is None
         assert torch.equal(t.view(torch.int32), x.t().contiguous().view(torch.int32))
@@ -163,8 +167,11 @@ def test_a_gpt1_block_trains_alike_on_either_library(calls) -> None:
     rounding, so a run's losses stay those of MKL's products to the digits a log shows."""
     config = preset("gpt1")
     torch.manual_seed(0)
-    model = GPT(ModelConfig(vocab_size=503, n_ctx=300, n_embd=config.n_embd, n_layer=1, n_head=config.n_head,
-                            n_inner=config.n_inner)).train()
+    model = GPT(
+        ModelConfig(
+            vocab_size=503, n_ctx=300, n_embd=config.n_embd, n_layer=1, n_head=config.n_head, n_inner=config.n_inner
+        )
+    ).train()
     ids = torch.randint(0, 503, (1, 300))
 
     def run(dnn: bool):

@@ -18,8 +18,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from gptcli.data.batching import (FILL_TOKENS, collate, collate_packed, collate_shared, filled_batches, iterate,
-                                  shared_tokens)
+from gptcli.data.batching import (
+    FILL_TOKENS,
+    collate,
+    collate_packed,
+    collate_shared,
+    filled_batches,
+    iterate,
+    shared_tokens,
+)
 from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.heads import HeadConfig, TaskHead
 from gptcli.model.losses import lm_loss_per_sequence, lm_loss_per_sequence_packed
@@ -37,14 +44,30 @@ RACE = Path(__file__).resolve().parents[1] / "tasks" / "fixtures" / "RACE"
 
 def _encoded(task_name, pretrained, shared_data, n_ctx=None, n=24, data_dir=None):
     data_dir = data_dir or shared_data / TASKS[task_name]
-    cfg = FinetuneConfig(task=task_name, init=str(pretrained), data_dir=str(data_dir),
-                         max_train_examples=n, eval_split="", cache=False, workers=1, seed=3)
+    cfg = FinetuneConfig(
+        task=task_name,
+        init=str(pretrained),
+        data_dir=str(data_dir),
+        max_train_examples=n,
+        eval_split="",
+        cache=False,
+        workers=1,
+        seed=3,
+    )
     task = get_task(task_name)
     gpt, tok, _ = build_body(cfg)
     data = read_task_data(task, cfg)
     train, _ = encode_task_data(cfg, task, data, tok, n_ctx or gpt.config.n_ctx)
-    head = TaskHead(HeadConfig(kind=task.kind, n_embd=gpt.config.n_embd, n_labels=max(1, len(task.labels)),
-                               extract_id=tok.extract_id, pdrop=0.0, init_std=0.02))
+    head = TaskHead(
+        HeadConfig(
+            kind=task.kind,
+            n_embd=gpt.config.n_embd,
+            n_labels=max(1, len(task.labels)),
+            extract_id=tok.extract_id,
+            pdrop=0.0,
+            init_std=0.02,
+        )
+    )
     for m in gpt.modules():  # no dropout: the two layouts draw different masks
         for name in ("p", "attn_pdrop"):
             if hasattr(m, name) and isinstance(getattr(m, name), float):
@@ -239,11 +262,13 @@ def test_shared_grid_mask_is_a_kv_cache_continuation_per_answer():
     g = SharedGrid.of(packing.lengths, packing.parents)
     assert g.cells.tolist() == [[0, 1, 2, 3, 4], [5, 6, 7, 5, 5]]
     m = g.mask[:, 0].int().tolist()
-    assert m[0] == [[1, 0, 0, 0, 0],   # prefix: causal within itself
-                    [1, 1, 0, 0, 0],
-                    [1, 1, 1, 0, 0],   # answer [12]: the prefix and itself
-                    [1, 1, 0, 1, 0],   # answer [13, 14]: the prefix, not [12], and causally itself
-                    [1, 1, 0, 1, 1]]
+    assert m[0] == [
+        [1, 0, 0, 0, 0],  # prefix: causal within itself
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0],  # answer [12]: the prefix and itself
+        [1, 1, 0, 1, 0],  # answer [13, 14]: the prefix, not [12], and causally itself
+        [1, 1, 0, 1, 1],
+    ]
     assert m[1][:3] == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0]]
     assert all(row[i] == 1 for i, row in enumerate(m[1]))  # pads see themselves: no empty softmax row
     flat = g.cells.view(-1)[g.back]
@@ -269,8 +294,9 @@ def _full_rows(packing: Packing) -> torch.Tensor:
     starts = [0]
     for n in packing.lengths[:-1]:
         starts.append(starts[-1] + n)
-    return torch.tensor([starts[seg] + j for pair in packing.sequences.tolist() for seg in pair
-                         for j in range(packing.lengths[seg])])
+    return torch.tensor(
+        [starts[seg] + j for pair in packing.sequences.tolist() for seg in pair for j in range(packing.lengths[seg])]
+    )
 
 
 def _assert_shared_trains_as_packed(model, items, extract_id, regression, kernel_mode, monkeypatch):
@@ -298,8 +324,9 @@ def _assert_shared_trains_as_packed(model, items, extract_id, regression, kernel
 
 
 @pytest.mark.parametrize("kernel_mode", ["auto", "reference"])
-def test_a_shared_prefix_training_row_of_real_story_cloze_rows_equals_the_packed_one(kernel_mode, pretrained,
-                                                                                     shared_data, monkeypatch):
+def test_a_shared_prefix_training_row_of_real_story_cloze_rows_equals_the_packed_one(
+    kernel_mode, pretrained, shared_data, monkeypatch
+):
     model, enc, extract_id, regression = _encoded("storycloze", pretrained, shared_data)
     batch = _assert_shared_trains_as_packed(model, enc[:8], extract_id, regression, kernel_mode, monkeypatch)
     assert batch.packing.tokens < 0.75 * sum(len(s) for e in enc[:8] for s in e.seqs)  # the stories run once

@@ -39,8 +39,13 @@ def _lm_loss(model: GPT, ids: torch.Tensor) -> None:
 
 # (forced AMX flag, PAD_MIN_POSITIONS, autocast): the plain fp32 product, the padded fp32 one (no AMX), the AMX
 # padded bf16 one, the bf16 product padded without AMX (at any size), and the plain bf16 one (AMX under its bound).
-PATHS = {"fp32 plain": (True, 10**9, False), "fp32 padded": (False, 8, False), "bf16 amx": (True, 8, True),
-         "bf16 padded": (False, 10**9, True), "bf16 plain": (True, 10**9, True)}
+PATHS = {
+    "fp32 plain": (True, 10**9, False),
+    "fp32 padded": (False, 8, False),
+    "bf16 amx": (True, 8, True),
+    "bf16 padded": (False, 10**9, True),
+    "bf16 plain": (True, 10**9, True),
+}
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))

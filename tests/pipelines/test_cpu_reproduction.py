@@ -29,8 +29,20 @@ def _write_run(root: Path, rel: str, task: str, metric: str, score: float | None
     d = root / rel
     d.mkdir(parents=True)
     scores = {} if score is None else {metric: score}
-    (d / "results.json").write_text(json.dumps({"task": task, "metric": metric, "scores": scores, "n_train": n_train,
-                                                "n_eval": 50, "epoch": 3, "steps": 12, "elapsed_s": 1.5}))
+    (d / "results.json").write_text(
+        json.dumps(
+            {
+                "task": task,
+                "metric": metric,
+                "scores": scores,
+                "n_train": n_train,
+                "n_eval": 50,
+                "epoch": 3,
+                "steps": 12,
+                "elapsed_s": 1.5,
+            }
+        )
+    )
 
 
 def test_aggregation_and_tables_on_synthetic_runs(repro, tmp_path):
@@ -63,8 +75,12 @@ def test_aggregation_and_tables_on_synthetic_runs(repro, tmp_path):
 
 def test_lstm_row_aggregate_and_welch_t_against_full(repro, tmp_path):
     """Table 5's fourth row: the LSTM's ``full`` runs aggregate as the other variants, with Welch's t against full."""
-    scores = {"full": [80.0, 82.0, 84.0], "no-pretraining": [60.0, 61.0, 62.0], "no-aux-lm": [79.0, 81.0, 83.0],
-              "lstm-full": [70.0, 71.0, 72.0]}
+    scores = {
+        "full": [80.0, 82.0, 84.0],
+        "no-pretraining": [60.0, 61.0, 62.0],
+        "no-aux-lm": [79.0, 81.0, 83.0],
+        "lstm-full": [70.0, 71.0, 72.0],
+    }
     for variant, vals in scores.items():
         for seed, v in enumerate(vals):
             _write_run(tmp_path, f"finetune/sst2/{variant}/seed-{seed}", "sst2", "accuracy", v)
@@ -74,8 +90,13 @@ def test_lstm_row_aggregate_and_welch_t_against_full(repro, tmp_path):
     agg = repro.aggregate(recs)
     lstm = agg["lstm-full"]["sst2"]
     assert lstm["n"] == 3 and lstm["mean"] == pytest.approx(71.0) and lstm["std"] == pytest.approx(1.0)
-    assert agg["lstm-full"]["cola"] == {"scores": [], "failed": 1, "mean": pytest.approx(math.nan, nan_ok=True),
-                                        "std": pytest.approx(math.nan, nan_ok=True), "n": 0}
+    assert agg["lstm-full"]["cola"] == {
+        "scores": [],
+        "failed": 1,
+        "mean": pytest.approx(math.nan, nan_ok=True),
+        "std": pytest.approx(math.nan, nan_ok=True),
+        "n": 0,
+    }
 
     md = repro.markdown_tables(recs, agg, {"seeds": 3})
     assert "| LSTM w/ aux LM (ours) | 71.0 ± 1.0 | – |" in md
@@ -103,8 +124,12 @@ def test_variants_select_the_models_pretrained(repro):
     cfg.curve_models = ["gpt", "lstm"]  # a curve from the LSTM needs it pretrained too
     assert repro.pretrained_models(cfg) == ["gpt", "lstm"]
     pm = repro.pretrained_model(Path("/r"), "lstm")
-    assert (pm.init, pm.run, pm.done, pm.zeroshot) == (Path("/r/pretrain-lstm-init"), Path("/r/pretrain-lstm"),
-                                                       Path("/r/pretrain-lstm-done.json"), Path("/r/zeroshot-lstm"))
+    assert (pm.init, pm.run, pm.done, pm.zeroshot) == (
+        Path("/r/pretrain-lstm-init"),
+        Path("/r/pretrain-lstm"),
+        Path("/r/pretrain-lstm-done.json"),
+        Path("/r/zeroshot-lstm"),
+    )
     # the LSTM is pretrained like the Transformer but for its preset and shape
     gpt_pc = repro._pretrain_config(cfg, Path("/r"), Path("/r/corpus"), 5127)
     lstm_pc = repro._pretrain_config(cfg, Path("/r"), Path("/r/corpus"), 5127, "lstm")
@@ -142,9 +167,13 @@ def test_nested_task_cuts_only_the_training_split(repro, shared_data, monkeypatc
 
 
 def test_labeled_curve_gap_and_welch_t_per_size(repro, tmp_path):
-    scores = {("full", 250): [60.0, 62.0, 64.0], ("no-pretraining", 250): [50.0, 51.0, 52.0],
-              ("full", 500): [70.0, 71.0, 72.0], ("no-pretraining", 500): [69.0, 70.0, 71.0],
-              ("full", 1000): [80.0]}  # no random-init side: a point, but no gap
+    scores = {
+        ("full", 250): [60.0, 62.0, 64.0],
+        ("no-pretraining", 250): [50.0, 51.0, 52.0],
+        ("full", 500): [70.0, 71.0, 72.0],
+        ("no-pretraining", 500): [69.0, 70.0, 71.0],
+        ("full", 1000): [80.0],
+    }  # no random-init side: a point, but no gap
     for (variant, n), vals in scores.items():
         for seed, v in enumerate(vals):
             _write_run(tmp_path, f"labeled/sst2/{variant}/n-{n}/seed-{seed}", "sst2", "accuracy", v, n_train=n)
@@ -173,12 +202,21 @@ def test_labeled_curve_gap_and_welch_t_per_size(repro, tmp_path):
 def test_budget_curve_shares_the_final_checkpoints_labeled_runs(repro, tmp_path):
     for step in (0, 10):
         for seed in (0, 1):
-            _write_run(tmp_path, f"budget/sst2/gpt/n-500/step-{step}/seed-{seed}", "sst2", "accuracy",
-                       55.0 + step + seed, n_train=500)
+            _write_run(
+                tmp_path,
+                f"budget/sst2/gpt/n-500/step-{step}/seed-{seed}",
+                "sst2",
+                "accuracy",
+                55.0 + step + seed,
+                n_train=500,
+            )
     for seed in (0, 1, 2):  # the final checkpoint's runs: the labeled curve's (seed 2 is not on the budget curve)
         _write_run(tmp_path, f"labeled/sst2/full/n-500/seed-{seed}", "sst2", "accuracy", 70.0 + seed, n_train=500)
-    (tmp_path / "budget" / "val-loss-gpt.json").write_text(json.dumps(
-        [{"step": k, "checkpoint": f"step-{k}", "val_loss": loss} for k, loss in ((0, 8.0), (10, 5.0), (20, 4.0))]))
+    (tmp_path / "budget" / "val-loss-gpt.json").write_text(
+        json.dumps(
+            [{"step": k, "checkpoint": f"step-{k}", "val_loss": loss} for k, loss in ((0, 8.0), (10, 5.0), (20, 4.0))]
+        )
+    )
 
     recs = repro.collect_budget(tmp_path)
     assert [(r["step"], r["seed"]) for r in recs] == [(0, 0), (0, 1), (10, 0), (10, 1), (20, 0), (20, 1)]
@@ -220,7 +258,10 @@ def test_sst2_margin_auc_is_threshold_free(repro, tmp_path):
     zs = tmp_path / "zeroshot"
     points = []
     # every margin is positive (accuracy would be the positive share at both steps); step 10 orders them perfectly
-    for step, margins in ((0, [(1, 2.0), (0, 3.0), (1, 1.0), (0, 4.0)]), (10, [(1, 5.0), (0, 3.0), (1, 4.0), (0, 1.0)])):
+    for step, margins in (
+        (0, [(1, 2.0), (0, 3.0), (1, 1.0), (0, 4.0)]),
+        (10, [(1, 5.0), (0, 3.0), (1, 4.0), (0, 1.0)]),
+    ):
         d = zs / f"step-{step:07d}"
         d.mkdir(parents=True)
         rows = [{"label": y, "logprob_positive": m - 10.0, "logprob_negative": -10.0} for y, m in margins]
@@ -241,8 +282,13 @@ def test_smoke_end_to_end(repro, shared_data, tmp_path, monkeypatch):
     assert repro.main(args + ["--variants", "full,no-pretraining,no-aux-lm"]) == 0
     assert not any(p.name.startswith(("pretrain-lstm", "zeroshot-lstm")) for p in out.iterdir())
     assert "lstm-full" not in json.loads((out / "results.json").read_text())["table5"]
-    transformer = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != "seconds.json"
-                   and not {"plots", "results.json", "tables.md", "config.json"} & {p.name, *p.relative_to(out).parts}}
+    transformer = {
+        p: p.stat().st_mtime_ns
+        for p in out.rglob("*")
+        if p.is_file()
+        and p.name != "seconds.json"
+        and not {"plots", "results.json", "tables.md", "config.json"} & {p.name, *p.relative_to(out).parts}
+    }
     assert any("pretrain" in p.parts for p in transformer) and any("labeled" in p.parts for p in transformer)
 
     assert repro.main(args) == 0  # the default variants add the LSTM to that directory
@@ -267,7 +313,10 @@ def test_smoke_end_to_end(repro, shared_data, tmp_path, monkeypatch):
     assert set(zs["tasks"]) == set(repro.ZEROSHOT_TASKS) and [p["step"] for p in zs["points"]] == [0, 10, 20, 30]
     assert all("pretrain-lstm" in p["checkpoint"] for p in zs["points"])
     assert all(set(p["scores"]) == set(repro.ZEROSHOT_TASKS) for p in zs["points"])
-    assert json.loads((out / "pretrain-lstm" / "checkpoints" / "step-0000030" / "config.json").read_text())["arch"] == "lstm"
+    assert (
+        json.loads((out / "pretrain-lstm" / "checkpoints" / "step-0000030" / "config.json").read_text())["arch"]
+        == "lstm"
+    )
     assert [p["step"] for p in res["val_curve"]][0] == 0 and res["val_curve"][-1]["step"] == 30
     assert set(res["zeroshot"]["tasks"]) == set(repro.ZEROSHOT_TASKS)
     assert len(res["zeroshot"]["points"]) == 1 + 3  # step 0 + three checkpoints
@@ -286,8 +335,10 @@ def test_smoke_end_to_end(repro, shared_data, tmp_path, monkeypatch):
     assert {(g["task"], g["size"]) for g in lab["gaps"]} == {(t, n) for t in ("sst2", "storycloze") for n in (8, 16)}
     # the budget curve: steps 0, 10, 20, 30 per task, the last one being the labeled curve's run
     bud = res["budget"]
-    assert {c["task"]: [p["step"] for p in c["points"]] for c in bud["curves"]} == {"sst2": [0, 10, 20, 30],
-                                                                                   "storycloze": [0, 10, 20, 30]}
+    assert {c["task"]: [p["step"] for p in c["points"]] for c in bud["curves"]} == {
+        "sst2": [0, 10, 20, 30],
+        "storycloze": [0, 10, 20, 30],
+    }
     assert [v["step"] for v in bud["val"]["gpt"]] == [0, 10, 20, 30]
     assert sum(r["dir"].startswith("labeled/") for r in bud["runs"]) == 2
     for png in ("labeled.png", "budget.png"):
@@ -296,10 +347,16 @@ def test_smoke_end_to_end(repro, shared_data, tmp_path, monkeypatch):
     assert "## Every run of the pretraining-budget curve" in md
 
     # resumable: a rerun finds every stage's outputs and trains nothing (the LSTM's stages included)
-    before = {p: p.stat().st_mtime_ns for p in out.rglob("results.json") if {"finetune", "layers", "labeled", "budget"} & set(p.parts)}
+    before = {
+        p: p.stat().st_mtime_ns
+        for p in out.rglob("results.json")
+        if {"finetune", "layers", "labeled", "budget"} & set(p.parts)
+    }
     assert any("lstm-full" in p.parts for p in before)
     before.update({p: p.stat().st_mtime_ns for p in (out / "pretrain-lstm").rglob("*") if p.is_file()})
-    before.update({p: p.stat().st_mtime_ns for p in (out / "pretrain-lstm-done.json", out / "zeroshot-lstm" / "curve.json")})
+    before.update(
+        {p: p.stat().st_mtime_ns for p in (out / "pretrain-lstm-done.json", out / "zeroshot-lstm" / "curve.json")}
+    )
     assert repro.main(args) == 0
     assert {p: p.stat().st_mtime_ns for p in before} == before
 
@@ -322,8 +379,11 @@ def test_a_signalled_finetune_run_stops_the_script_with_a_message(repro, tmp_pat
 def test_tasks_option_limits_the_finetune_stage(repro, tmp_path, monkeypatch):
     """--tasks: an invocation fine-tunes only its tasks (two on disjoint tasks share a directory)."""
     seen = []
-    monkeypatch.setattr(repro, "_finetune_one", lambda cfg, d, task, *a, **k: seen.append(task) or
-                        {"scores": {"accuracy": 50.0}, "n_train": 8})
+    monkeypatch.setattr(
+        repro,
+        "_finetune_one",
+        lambda cfg, d, task, *a, **k: seen.append(task) or {"scores": {"accuracy": 50.0}, "n_train": 8},
+    )
     import gptcli.checkpoint as ckpt
 
     monkeypatch.setattr(ckpt, "resolve_checkpoint", lambda run: run)

@@ -42,8 +42,9 @@ def test_long_prompt_keeps_its_end_and_warns(checkpoint):
     progress = RecordingProgress()
     gen = start_generation(GenerateConfig(checkpoint=path, prompt="a b c d e f g h i j", device="cpu"), progress)
     assert gen.ids == ToyTokenizer(V).encode("d e f g h i j")  # the last n_ctx - 1 = 7
-    assert progress.of("note") == [{"message": "prompt has 10 tokens; keeping the last 7 of the 8-token context",
-                                    "level": "warn"}]
+    assert progress.of("note") == [
+        {"message": "prompt has 10 tokens; keeping the last 7 of the 8-token context", "level": "warn"}
+    ]
     assert len(list(gen.stream())) == 1  # 7 + 1 fills the context
 
 
@@ -63,8 +64,7 @@ def test_sample_texts_decodes_every_sample_as_one_batch(checkpoint):
     from gptcli.model.generate import generate_batch
 
     path, model = checkpoint
-    cfg = GenerateConfig(checkpoint=path, prompt="a b c", max_new_tokens=3, samples=4, top_k=10, seed=5,
-                         device="cpu")
+    cfg = GenerateConfig(checkpoint=path, prompt="a b c", max_new_tokens=3, samples=4, top_k=10, seed=5, device="cpu")
     progress = RecordingProgress()
     gen = start_generation(cfg, progress)
     texts = gen.sample_texts(progress)

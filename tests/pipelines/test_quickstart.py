@@ -10,8 +10,7 @@ import pytest
 
 from gptcli.errors import GPT1Error
 from gptcli.pipelines.quickstart import OUTPUTS, QuickstartConfig, summary_rows
-from gptcli.tasks import all_tasks, get_task
-from gptcli.tasks import shuffled
+from gptcli.tasks import all_tasks, get_task, shuffled
 
 # A model and budget small enough for a whole run in well under a minute on 2 CPU cores.
 TINY = {
@@ -68,8 +67,10 @@ def shuffle_words_checked(s: str, rng: random.Random) -> str:
 
 
 def test_rows_pair_each_sentence_with_its_shuffle_and_splits_do_not_share_sentences(tmp_path):
-    sents = [("m", f"Sentence number {w} says something rather plain here.") for w in
-             ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")]
+    sents = [
+        ("m", f"Sentence number {w} says something rather plain here.")
+        for w in ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+    ]
     sents.append(("m", sents[0][1]))  # a duplicate is dropped
     groups = shuffled.make_rows(sents, seed=1)
     assert len(groups) == 10 and all(sorted(r.label for r in g) == [0, 1] for g in groups)
@@ -147,16 +148,37 @@ def run(tmp_path_factory):
 
 def test_run_writes_every_stage_and_finite_numbers(run):
     out, stdout, stderr, _ = run
-    for rel in ("text/stdlib-docstrings.jsonl", "task/train.tsv", "task/dev.tsv", "task/test.tsv",
-                "corpus/manifest.json", "corpus/tokenizer/tokenizer.json", "pretrain/metrics.jsonl",
-                "pretrain/checkpoints/step-0000012", "finetune/results.json", "finetune/checkpoints/final",
-                "eval/results.json", "eval/predictions.jsonl", "zeroshot/results.json", "summary.json", "config.toml"):
+    for rel in (
+        "text/stdlib-docstrings.jsonl",
+        "task/train.tsv",
+        "task/dev.tsv",
+        "task/test.tsv",
+        "corpus/manifest.json",
+        "corpus/tokenizer/tokenizer.json",
+        "pretrain/metrics.jsonl",
+        "pretrain/checkpoints/step-0000012",
+        "finetune/results.json",
+        "finetune/checkpoints/final",
+        "eval/results.json",
+        "eval/predictions.jsonl",
+        "zeroshot/results.json",
+        "summary.json",
+        "config.toml",
+    ):
         assert (out / rel).exists(), rel
     summary = json.loads((out / "summary.json").read_text())
     n = summary["numbers"]
     assert n["seed"] == 3 and n["pretrain_steps"] == 12 and n["vocab_size"] == 400
-    for key in ("val_ppl_before", "val_ppl_after", "finetuned_accuracy", "finetuned_mcc", "majority_accuracy",
-                "zeroshot_mcc_before", "zeroshot_mcc_after", "zeroshot_accuracy_after"):
+    for key in (
+        "val_ppl_before",
+        "val_ppl_after",
+        "finetuned_accuracy",
+        "finetuned_mcc",
+        "majority_accuracy",
+        "zeroshot_mcc_before",
+        "zeroshot_mcc_after",
+        "zeroshot_accuracy_after",
+    ):
         assert isinstance(n[key], float) and math.isfinite(n[key]), key
     assert n["val_ppl_after"] < n["val_ppl_before"] < 3 * 400  # 12 updates already beat the random model
     assert n["majority_accuracy"] == 50.0  # every sentence is there as written and shuffled
@@ -168,7 +190,11 @@ def test_run_writes_every_stage_and_finite_numbers(run):
     test_sents = [ln.split("\t")[3] for ln in (out / "task" / "test.tsv").read_text().splitlines()]
     docs = [json.loads(line)["text"] for line in (out / "text" / "stdlib-docstrings.jsonl").read_text().splitlines()]
     corpus_text = " ".join(" ".join(d.split()) for d in docs).lower()
-    originals = [s for s, y in zip(test_sents, [ln.split("\t")[1] for ln in (out / "task" / "test.tsv").read_text().splitlines()]) if y == "1"]
+    originals = [
+        s
+        for s, y in zip(test_sents, [ln.split("\t")[1] for ln in (out / "task" / "test.tsv").read_text().splitlines()])
+        if y == "1"
+    ]
     assert originals and not any(s.lower() in corpus_text for s in originals)
     # the final table and the next steps are printed, on stdout
     for what, value, _ in summary_rows(n):

@@ -21,8 +21,12 @@ def test_stdlib_documents_are_deterministic_docstrings(tmp_path):
     (tmp_path / "tests" / "t.py").write_text('"""Test doc."""\n')
     (tmp_path / "z.py").write_text('"""Zed doc."""\n')
     docs = stdlib_documents(tmp_path)
-    assert docs == [("a", "Function doc."), ("b", "Module doc.\n\nClass doc.\n\nMethod doc."),
-                    ("pkg", "Package doc."), ("z", "Zed doc.")]
+    assert docs == [
+        ("a", "Function doc."),
+        ("b", "Module doc.\n\nClass doc.\n\nMethod doc."),
+        ("pkg", "Package doc."),
+        ("z", "Zed doc."),
+    ]
     train, held = hold_out(docs, 0.25, seed=0)
     assert len(held) == 1 and sorted(train + held) == sorted(docs)
 

@@ -15,8 +15,24 @@ from gptcli.tasks.rows import WRONG_FILE, advised, row_advice
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
-NAMES = {"sst2", "cola", "mrpc", "qqp", "stsb", "mnli", "mnli-mm", "qnli", "rte", "wnli", "snli", "scitail",
-         "race", "race-m", "race-h", "storycloze"}
+NAMES = {
+    "sst2",
+    "cola",
+    "mrpc",
+    "qqp",
+    "stsb",
+    "mnli",
+    "mnli-mm",
+    "qnli",
+    "rte",
+    "wnli",
+    "snli",
+    "scitail",
+    "race",
+    "race-m",
+    "race-h",
+    "storycloze",
+}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -59,7 +75,12 @@ def test_registry_labels_kinds_metrics_match_glue_and_the_paper():
     for name, metrics in {"stsb": ("pearson", "spearman"), "mrpc": ("f1", "accuracy"), "rte": ("accuracy",)}.items():
         assert (get_task(name).metric, *get_task(name).extra_metrics) == metrics, name  # headline first
     assert get_task("mnli").labels[0] == "contradiction"
-    assert [get_task(n).glue_name for n in ("mnli", "mnli-mm", "sst2", "stsb")] == ["MNLI-m", "MNLI-mm", "SST-2", "STS-B"]
+    assert [get_task(n).glue_name for n in ("mnli", "mnli-mm", "sst2", "stsb")] == [
+        "MNLI-m",
+        "MNLI-mm",
+        "SST-2",
+        "STS-B",
+    ]
 
 
 def test_task_rows_are_plain_data_for_list_tasks():
@@ -82,17 +103,29 @@ def test_zero_shot_only_tasks_are_found_only_when_asked_for():
     assert all(t.finetunable for t in all_tasks())
     assert "dprd" not in {r["name"] for r in task_rows()} and "wsc" not in {r["name"] for r in task_rows()}
     for name in ("dprd", "wsc", "DPRD"):
-        with pytest.raises(GPT1Error, match=rf"task '{name}' is scored zero-shot only: .* \(use `gpt1 zeroshot --task {name.lower()}`\)"):
+        with pytest.raises(
+            GPT1Error,
+            match=rf"task '{name}' is scored zero-shot only: .* \(use `gpt1 zeroshot --task {name.lower()}`\)",
+        ):
             get_task(name)
     with pytest.raises(GPT1Error) as e:
         get_task("nope")
     assert "dprd" not in str(e.value)  # fine-tuning's list of known tasks
     dprd, wsc = get_task("dprd", zero_shot=True), get_task("WSC", zero_shot=True)
     for t in (dprd, wsc):
-        assert (t.kind, t.metric, t.n_choices, t.labels, t.paper_score) == ("pronoun_resolution", "accuracy", 2, ("A", "B"), None)
+        assert (t.kind, t.metric, t.n_choices, t.labels, t.paper_score) == (
+            "pronoun_resolution",
+            "accuracy",
+            2,
+            ("A", "B"),
+            None,
+        )
         assert not t.finetunable and t.transformation.startswith("none: zero-shot only")
         assert t.source_url and t.notes and "Zero-shot only" in t.notes
-    assert (dprd.folder, dict((k, v.files) for k, v in dprd.splits.items())) == ("dprd", {"train": ("train.c.txt",), "test": ("test.c.txt",)})
+    assert (dprd.folder, dict((k, v.files) for k, v in dprd.splits.items())) == (
+        "dprd",
+        {"train": ("train.c.txt",), "test": ("test.c.txt",)},
+    )
     assert (wsc.folder, dict((k, v.files) for k, v in wsc.splits.items())) == ("wsc", {"test": ("WSCollection.xml",)})
     assert get_task("rte", zero_shot=True) is get_task("rte")
 
@@ -104,7 +137,10 @@ def test_real_winograd_files_through_the_registry(shared_data, monkeypatch):
     train = dprd.read("train", shared_data / "dprd")
     assert len(train) == 1322 and sum(e.label for e in train) == 661
     assert [Schema.of(e) for e in train] == read_dprd(shared_data / "dprd" / "train.c.txt")
-    assert train[0].texts[1] in ("it", "he", "she", "they", "him", "his", "her", "them", "its") and len(train[0].choices) == 2
+    assert (
+        train[0].texts[1] in ("it", "he", "she", "they", "him", "his", "her", "them", "its")
+        and len(train[0].choices) == 2
+    )
     with pytest.raises(GPT1Error, match=r"test\.c\.txt: missing test file for task 'dprd'"):
         dprd.read("test", shared_data / "dprd")  # only the train file ships here
     monkeypatch.setenv("GPT1_DATA", str(shared_data))  # $GPT1_DATA/wsc/WSCollection.xml, found by the registry
@@ -196,9 +232,11 @@ def test_storycloze_real_file_and_released_split(shared_data):
     assert {e.label for e in val} == {0, 1} and all(len(e.choices) == 2 for e in val)
     assert val[0].uid == "138d5bfb-05cc-41e3-bf2c-fa85ebad14e2"
     # The story is the four sentences joined by single spaces (the released code's ' '.join(line[1:5])).
-    assert val[0].texts == ("Rick grew up in a troubled household. He never found good support in family, and "
-                            "turned to gangs. It wasn't long before Rick got shot in a robbery. The incident "
-                            "caused him to turn a new leaf.",)
+    assert val[0].texts == (
+        "Rick grew up in a troubled household. He never found good support in family, and "
+        "turned to gangs. It wasn't long before Rick got shot in a robbery. The incident "
+        "caused him to turn a new leaf.",
+    )
     assert val[0].choices == ("He is happy now.", "He joined a gang.") and val[0].label == 0
     train, dev = t.read("train", d), t.read("dev", d)
     assert (len(train), len(dev)) == (1497, 374)
@@ -208,20 +246,27 @@ def test_storycloze_real_file_and_released_split(shared_data):
 
 
 def test_storycloze_unlabeled_and_bad_rows(tmp_path):
-    head = ("InputStoryid,InputSentence1,InputSentence2,InputSentence3,InputSentence4,"
-            "RandomFifthSentenceQuiz1,RandomFifthSentenceQuiz2")
+    head = (
+        "InputStoryid,InputSentence1,InputSentence2,InputSentence3,InputSentence4,"
+        "RandomFifthSentenceQuiz1,RandomFifthSentenceQuiz2"
+    )
     p = tmp_path / "cloze_test_val__spring2016 - cloze_test_ALL_val.csv"
-    p.write_text(head + "\nid1,A.,\"B, with a comma.\",C.,D.,E1.,E2.\n", encoding="utf-8")
+    p.write_text(head + '\nid1,A.,"B, with a comma.",C.,D.,E1.,E2.\n', encoding="utf-8")
     ex = get_task("storycloze").read("val", tmp_path)
     assert ex[0].label is None and ex[0].texts == ("A. B, with a comma. C. D.",) and ex[0].uid == "id1"
-    p.write_text(head + ",AnswerRightEnding\n"
-                 "id1,A.,B.,C.,D.,E1.,E2.,3\n"
-                 "id2,A.,\"B spans\ntwo lines.\",C.,D.,E1.,E2.\n"
-                 "id3,A.,B.,C.,,E1.,E2.,1\n"
-                 "id4,A.,B.,C.,D.,E1.,E2.,2\n", encoding="utf-8")
+    p.write_text(
+        head + ",AnswerRightEnding\n"
+        "id1,A.,B.,C.,D.,E1.,E2.,3\n"
+        'id2,A.,"B spans\ntwo lines.",C.,D.,E1.,E2.\n'
+        "id3,A.,B.,C.,,E1.,E2.,1\n"
+        "id4,A.,B.,C.,D.,E1.,E2.,2\n",
+        encoding="utf-8",
+    )
     with pytest.raises(DataError) as e:
         get_task("storycloze").read("val", tmp_path)
-    assert str(e.value) == f"{p}:2: unknown AnswerRightEnding '3' (expected one of '1', '2'; {row_advice(ReadOptions())})"
+    assert (
+        str(e.value) == f"{p}:2: unknown AnswerRightEnding '3' (expected one of '1', '2'; {row_advice(ReadOptions())})"
+    )
     opts = ReadOptions(skip_bad_rows=True)
     ex = get_task("storycloze").read("val", tmp_path, opts)
     assert [x.uid for x in ex] == ["id4"]
@@ -236,15 +281,36 @@ def test_storycloze_unlabeled_and_bad_rows(tmp_path):
 # Unlabeled GLUE test files
 
 
-@pytest.mark.parametrize("name,folder,n,uid0,text0", [
-    ("sst2", "SST-2", 2, "0", ("a quiet , lovely film .",)),
-    ("cola", "CoLA", 2, "0", ("The cat sat on the mat.",)),
-    ("mrpc", "MRPC", 2, "0", ("The company said profits rose 5 percent .", "Profits rose 5 percent , the company said .")),
-    ("stsb", "STS-B", 2, "0", ("A girl is styling her hair.", "A girl is brushing her hair.")),
-    ("qnli", "QNLI", 1, "0", ("When was the bridge built?", "The bridge was completed in 1932 after four years of work.")),
-    ("rte", "RTE", 2, "0", ("The museum reopened after a two-year renovation.", "The museum was renovated.")),
-    ("wnli", "WNLI", 1, "0", ("The trophy doesn't fit in the suitcase because it is too big.", "The trophy is too big.")),
-])
+@pytest.mark.parametrize(
+    "name,folder,n,uid0,text0",
+    [
+        ("sst2", "SST-2", 2, "0", ("a quiet , lovely film .",)),
+        ("cola", "CoLA", 2, "0", ("The cat sat on the mat.",)),
+        (
+            "mrpc",
+            "MRPC",
+            2,
+            "0",
+            ("The company said profits rose 5 percent .", "Profits rose 5 percent , the company said ."),
+        ),
+        ("stsb", "STS-B", 2, "0", ("A girl is styling her hair.", "A girl is brushing her hair.")),
+        (
+            "qnli",
+            "QNLI",
+            1,
+            "0",
+            ("When was the bridge built?", "The bridge was completed in 1932 after four years of work."),
+        ),
+        ("rte", "RTE", 2, "0", ("The museum reopened after a two-year renovation.", "The museum was renovated.")),
+        (
+            "wnli",
+            "WNLI",
+            1,
+            "0",
+            ("The trophy doesn't fit in the suitcase because it is too big.", "The trophy is too big."),
+        ),
+    ],
+)
 def test_unlabeled_glue_test_files(name, folder, n, uid0, text0):
     t = get_task(name)
     assert t.splits["test"].labeled is False
@@ -268,7 +334,13 @@ def test_mnli_fixture_matched_and_mismatched():
     d = FIXTURES / "MNLI"
     train = m.read("train", d)
     assert len(train) == 5 and mm.read("train", d) == train
-    assert [m.labels[e.label] for e in train] == ["entailment", "contradiction", "neutral", "entailment", "contradiction"]
+    assert [m.labels[e.label] for e in train] == [
+        "entailment",
+        "contradiction",
+        "neutral",
+        "entailment",
+        "contradiction",
+    ]
     assert train[1].texts == ('She said "never again" and left the room.', "She stayed in the room all night.")
     assert train[0].extra == {"promptID": "10001", "pairID": "10001e", "genre": "government"}
     dev_m, dev_mm = m.read("dev", d), mm.read("dev", d)
@@ -317,8 +389,14 @@ def test_race_fixture_levels_order_and_fields():
     d = FIXTURES / "RACE"
     race = get_task("race").read("train", d)
     # middle first, files in numeric order (1, 2, 10), one example per question; then high.
-    assert [e.uid for e in race] == ["middle1.txt-0", "middle1.txt-1", "middle2.txt-0", "middle10.txt-0",
-                                     "high1.txt-0", "high1.txt-1"]
+    assert [e.uid for e in race] == [
+        "middle1.txt-0",
+        "middle1.txt-1",
+        "middle2.txt-0",
+        "middle10.txt-0",
+        "high1.txt-0",
+        "high1.txt-1",
+    ]
     assert [e.label for e in race] == [1, 2, 1, 2, 1, 0]
     e = race[0]
     assert e.texts[1] == "Where does Tom live?" and e.texts[0].startswith("Tom lives in a small town")
@@ -378,22 +456,44 @@ RTE_HEAD = "index\tsentence1\tsentence2\tlabel\n"
 
 BAD_GLUE = [
     ("rte", RTE_HEAD + "0\tA.\tB.\tentailment\n1\tA.\tB.\n", 3, "expected 4 tab-separated columns, found 3"),
-    ("rte", RTE_HEAD + "0\tA.\tB.\tmaybe\n", 2, "unknown label 'maybe' (expected one of 'entailment', 'not_entailment')"),
+    (
+        "rte",
+        RTE_HEAD + "0\tA.\tB.\tmaybe\n",
+        2,
+        "unknown label 'maybe' (expected one of 'entailment', 'not_entailment')",
+    ),
     ("rte", RTE_HEAD + "0\tA.\t  \tentailment\n", 2, "empty sentence2"),
     ("rte", "index\tsentence1\tlabel\n", 1, "header lacks column 'sentence2' (found: index, sentence1, label)"),
-    ("rte", "idx\tsentence1\tsentence2\n", 1, "header has neither the label column 'label' nor the id column 'index' "
-                                              "of an unlabeled test file (found: idx, sentence1, sentence2)"),
-    ("rte", b"index\tsentence1\tsentence2\tlabel\n0\tA\xff.\tB.\tentailment\n", 2,
-     "not valid UTF-8 (invalid start byte at byte 3)"),
+    (
+        "rte",
+        "idx\tsentence1\tsentence2\n",
+        1,
+        "header has neither the label column 'label' nor the id column 'index' "
+        "of an unlabeled test file (found: idx, sentence1, sentence2)",
+    ),
+    (
+        "rte",
+        b"index\tsentence1\tsentence2\tlabel\n0\tA\xff.\tB.\tentailment\n",
+        2,
+        "not valid UTF-8 (invalid start byte at byte 3)",
+    ),
     ("rte", "", 1, "empty file (expected a header line)"),
     ("sst2", "sentence\tlabel\ngood .\t2\n", 2, "unknown label '2' (expected one of '0', '1')"),
     ("stsb", "index\tsentence1\tsentence2\tscore\n0\tA.\tB.\t5.5\n", 2, "score '5.5' is outside [0, 5]"),
     ("stsb", "index\tsentence1\tsentence2\tscore\n0\tA.\tB.\thigh\n", 2, "score 'high' is not a number"),
     ("mrpc", "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\t\tB .\n", 2, "empty #1 String"),
-    ("qqp", "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n0\t1\t2\tA?\tB?\tyes\n", 2,
-     "unknown is_duplicate 'yes' (expected one of '0', '1')"),
-    ("mnli", "index\tsentence1\tsentence2\tgold_label\n0\tA.\tB.\tentails\n", 2,
-     "unknown gold_label 'entails' (expected one of 'contradiction', 'entailment', 'neutral')"),
+    (
+        "qqp",
+        "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n0\t1\t2\tA?\tB?\tyes\n",
+        2,
+        "unknown is_duplicate 'yes' (expected one of '0', '1')",
+    ),
+    (
+        "mnli",
+        "index\tsentence1\tsentence2\tgold_label\n0\tA.\tB.\tentails\n",
+        2,
+        "unknown gold_label 'entails' (expected one of 'contradiction', 'entailment', 'neutral')",
+    ),
     ("cola", "gj04\t1\t\tGood.\ngj04\t1\tGood.\n", 2, "expected 4 tab-separated columns, found 3"),
     ("cola", "gj04\t7\t\tGood.\n", 1, "unknown label '7' (expected one of '0', '1')"),
     ("cola", "gj04\t0\t*\t\n", 1, "empty sentence"),
@@ -410,18 +510,25 @@ def test_bad_glue_rows(tmp_path, name, content, line, reason):
     advice = WRONG_FILE if "header" in reason or "empty file" in reason else row_advice(ReadOptions())
     assert str(e.value) == f"{p}:{line}: {advised(reason, advice)}"
     assert str(e.value).endswith(")") and str(e.value).count("(") == str(e.value).count(")")
-    with pytest.raises(DataError, match="fix or remove the line, or pass --skip-bad-rows") if advice != WRONG_FILE \
-            else pytest.raises(DataError, match=re.escape(WRONG_FILE)):
+    with (
+        pytest.raises(DataError, match="fix or remove the line, or pass --skip-bad-rows")
+        if advice != WRONG_FILE
+        else pytest.raises(DataError, match=re.escape(WRONG_FILE))
+    ):
         get_task(name).read("dev", tmp_path, ReadOptions(skippable=True))
 
 
 def test_skip_bad_rows_counts_and_keeps_the_rest(tmp_path):
-    p = _write(tmp_path, "dev.tsv", RTE_HEAD + "0\tA.\tB.\tentailment\n"
-               "1\tA.\tB.\n"
-               "2\tA.\tB.\tmaybe\n"
-               "\n"
-               "3\tA.\tB.\tnot_entailment\r\n"
-               "4\t\tB.\tentailment")
+    p = _write(
+        tmp_path,
+        "dev.tsv",
+        RTE_HEAD + "0\tA.\tB.\tentailment\n"
+        "1\tA.\tB.\n"
+        "2\tA.\tB.\tmaybe\n"
+        "\n"
+        "3\tA.\tB.\tnot_entailment\r\n"
+        "4\t\tB.\tentailment",
+    )
     opts = ReadOptions(skip_bad_rows=True)
     ex = get_task("rte").read("dev", tmp_path, opts)
     assert [(e.uid, e.label) for e in ex] == [("0", 0), ("3", 1)]
@@ -435,18 +542,28 @@ def test_skip_bad_rows_counts_and_keeps_the_rest(tmp_path):
 
 def test_bad_snli_rows(tmp_path):
     good = {"gold_label": "neutral", "sentence1": "A.", "sentence2": "B.", "pairID": "p1"}
-    p = _write(tmp_path, "snli_1.0_dev.jsonl", "\n".join([
-        json.dumps(good),
-        "{not json",
-        json.dumps({**good, "gold_label": "maybe"}),
-        json.dumps({k: v for k, v in good.items() if k != "sentence2"}),
-        json.dumps({**good, "sentence1": ""}),
-        json.dumps({**good, "gold_label": "-"}),
-        "[1, 2]",
-    ]) + "\n")
+    p = _write(
+        tmp_path,
+        "snli_1.0_dev.jsonl",
+        "\n".join(
+            [
+                json.dumps(good),
+                "{not json",
+                json.dumps({**good, "gold_label": "maybe"}),
+                json.dumps({k: v for k, v in good.items() if k != "sentence2"}),
+                json.dumps({**good, "sentence1": ""}),
+                json.dumps({**good, "gold_label": "-"}),
+                "[1, 2]",
+            ]
+        )
+        + "\n",
+    )
     with pytest.raises(DataError) as e:
         get_task("snli").read("dev", tmp_path)
-    assert str(e.value) == advised(f"{p}:2: not a JSON object (Expecting property name enclosed in double quotes at column 2)", row_advice(ReadOptions()))  # what to do, at the end
+    assert str(e.value) == advised(
+        f"{p}:2: not a JSON object (Expecting property name enclosed in double quotes at column 2)",
+        row_advice(ReadOptions()),
+    )  # what to do, at the end
     opts = ReadOptions(skip_bad_rows=True)
     ex = get_task("snli").read("dev", tmp_path, opts)
     assert [e.uid for e in ex] == ["p1"]
@@ -463,15 +580,22 @@ def test_bad_scitail_rows(tmp_path):
     p = _write(tmp_path, "tsv_format/scitail_1.0_dev.tsv", "A.\tB.\tentails\nA.\tB.\tcontradicts\nA.\tB.\n")
     with pytest.raises(DataError) as e:
         get_task("scitail").read("dev", tmp_path)
-    assert str(e.value) == advised(f"{p}:2: unknown label 'contradicts' (expected one of 'entails', 'neutral')", row_advice(ReadOptions()))  # what to do, at the end
+    assert str(e.value) == advised(
+        f"{p}:2: unknown label 'contradicts' (expected one of 'entails', 'neutral')", row_advice(ReadOptions())
+    )  # what to do, at the end
     opts = ReadOptions(skip_bad_rows=True)
     assert len(get_task("scitail").read("dev", tmp_path, opts)) == 1
     assert opts.skipped[1] == f"{p}:3: expected 3 tab-separated columns, found 2"
 
 
 def test_bad_race_files(tmp_path):
-    obj = {"article": "Text.", "questions": ["Q1?", "Q2?", "Q3?"], "id": "middle1.txt",
-           "options": [["a", "b", "c", "d"], ["a", "b", "c"], ["a", "b", "", "d"]], "answers": ["A", "B", "E"]}
+    obj = {
+        "article": "Text.",
+        "questions": ["Q1?", "Q2?", "Q3?"],
+        "id": "middle1.txt",
+        "options": [["a", "b", "c", "d"], ["a", "b", "c"], ["a", "b", "", "d"]],
+        "answers": ["A", "B", "E"],
+    }
     p1 = _write(tmp_path, "dev/middle/1.txt", json.dumps(obj))
     p2 = _write(tmp_path, "dev/middle/2.txt", json.dumps({**obj, "answers": ["A"]}))
     p3 = _write(tmp_path, "dev/middle/3.txt", "{oops")
@@ -480,7 +604,9 @@ def test_bad_race_files(tmp_path):
     _write(tmp_path, "dev/middle/5.txt", json.dumps(obj5))
     with pytest.raises(DataError) as e:
         get_task("race-m").read("dev", tmp_path)
-    assert str(e.value) == advised(f"{p1}:1: question 1: 3 options (expected 4)", row_advice(ReadOptions()))  # what to do, at the end
+    assert str(e.value) == advised(
+        f"{p1}:1: question 1: 3 options (expected 4)", row_advice(ReadOptions())
+    )  # what to do, at the end
     opts = ReadOptions(skip_bad_rows=True)
     ex = get_task("race-m").read("dev", tmp_path, opts)
     assert [x.uid for x in ex] == ["middle1.txt-0", "middle1.txt-0", "middle1.txt-2"]

@@ -23,9 +23,11 @@ def write(folder: str, path: str, rows: list[dict], out: Path):
 
 
 def test_mnli_columns_labels_and_both_dev_files(tmp_path):
-    hub = [{"premise": "A man sleeps.", "hypothesis": "A man rests.", "label": 0, "idx": 0},
-           {"premise": 'He said "no.', "hypothesis": "He agreed.", "label": 2, "idx": 1},
-           {"premise": "It rains.", "hypothesis": "It is wet.", "label": 1, "idx": 2}]
+    hub = [
+        {"premise": "A man sleeps.", "hypothesis": "A man rests.", "label": 0, "idx": 0},
+        {"premise": 'He said "no.', "hypothesis": "He agreed.", "label": 2, "idx": 1},
+        {"premise": "It rains.", "hypothesis": "It is wet.", "label": 1, "idx": 2},
+    ]
     for path in ("train.tsv", "dev_matched.tsv", "dev_mismatched.tsv"):
         write("MNLI", path, hub, tmp_path)
     write("MNLI", "test_matched.tsv", [{**r, "label": -1} for r in hub], tmp_path)
@@ -44,48 +46,89 @@ def test_mrpc_bom_cola_without_header_stsb_scores_and_qqp(tmp_path):
     raw = (tmp_path / "MRPC" / "train.tsv").read_bytes()
     assert raw.startswith(b"\xef\xbb\xbfQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t\t\ta b\tb a\n")
     assert get_task("mrpc").read("train", tmp_path / "MRPC")[0].label == 1
-    write("CoLA", "train.tsv", [{"sentence": "The cat sat.", "label": 1, "idx": 0},
-                                {"sentence": "Cat the sat.", "label": 0, "idx": 1}], tmp_path)
+    write(
+        "CoLA",
+        "train.tsv",
+        [{"sentence": "The cat sat.", "label": 1, "idx": 0}, {"sentence": "Cat the sat.", "label": 0, "idx": 1}],
+        tmp_path,
+    )
     assert (tmp_path / "CoLA" / "train.tsv").read_text() == "\t1\t\tThe cat sat.\n\t0\t\tCat the sat.\n"
     assert [e.label for e in get_task("cola").read("train", tmp_path / "CoLA")] == [1, 0]
     import numpy as np
 
     scores = [float(np.float32(x)) for x in (3.8, 5.0, 0.6)]  # as parquet float32 columns come back
-    write("STS-B", "dev.tsv", [{"sentence1": "x", "sentence2": "y", "label": s, "idx": i} for i, s in enumerate(scores)],
-          tmp_path)
+    write(
+        "STS-B",
+        "dev.tsv",
+        [{"sentence1": "x", "sentence2": "y", "label": s, "idx": i} for i, s in enumerate(scores)],
+        tmp_path,
+    )
     assert [line.rsplit("\t", 1)[1] for line in (tmp_path / "STS-B" / "dev.tsv").read_text().splitlines()[1:]] == [
-        "3.8", "5.0", "0.6"]
+        "3.8",
+        "5.0",
+        "0.6",
+    ]
     assert [e.label for e in get_task("stsb").read("dev", tmp_path / "STS-B")] == pytest.approx([3.8, 5.0, 0.6])
     write("QQP", "test.tsv", [{"question1": "Why?", "question2": "How?", "label": -1, "idx": 9}], tmp_path)
     assert (tmp_path / "QQP" / "test.tsv").read_text() == "id\tquestion1\tquestion2\n9\tWhy?\tHow?\n"
 
 
 def test_snli_no_consensus_rows_and_scitail(tmp_path):
-    write("snli_1.0", "snli_1.0_dev.jsonl", [{"premise": "A dog runs.", "hypothesis": "An animal moves.", "label": 0},
-                                             {"premise": "A dog runs.", "hypothesis": "A cat.", "label": -1}], tmp_path)
+    write(
+        "snli_1.0",
+        "snli_1.0_dev.jsonl",
+        [
+            {"premise": "A dog runs.", "hypothesis": "An animal moves.", "label": 0},
+            {"premise": "A dog runs.", "hypothesis": "A cat.", "label": -1},
+        ],
+        tmp_path,
+    )
     first = json.loads((tmp_path / "snli_1.0" / "snli_1.0_dev.jsonl").read_text().splitlines()[0])
     assert first == {"gold_label": "entailment", "sentence1": "A dog runs.", "sentence2": "An animal moves."}
     from gptcli.tasks.base import ReadOptions
 
     opts = ReadOptions()
     assert len(get_task("snli").read("dev", tmp_path / "snli_1.0", opts)) == 1 and len(opts.excluded) == 1
-    written = write("SciTailV1.1", "tsv_format/scitail_1.0_test.tsv",
-                    [{"premise": "Plants\tuse light.", "hypothesis": "Plants need light.", "label": "entails"}], tmp_path)
+    written = write(
+        "SciTailV1.1",
+        "tsv_format/scitail_1.0_test.tsv",
+        [{"premise": "Plants\tuse light.", "hypothesis": "Plants need light.", "label": "entails"}],
+        tmp_path,
+    )
     assert written.cleaned == 1  # a tab cannot stay inside a TSV cell
     ex = get_task("scitail").read("test", tmp_path / "SciTailV1.1")
     assert ex[0].texts == ("Plants use light.", "Plants need light.") and ex[0].label == 0
 
 
 def test_race_passages_grouped_into_their_files(tmp_path):
-    rows = [{"example_id": "middle12.txt", "article": "Tom has a dog.", "question": "What does Tom have?",
-             "options": ["A cat", "A dog", "A fish", "A bird"], "answer": "B"},
-            {"example_id": "middle12.txt", "article": "Tom has a dog.", "question": "Who has a dog?",
-             "options": ["Tom", "Ann", "Bob", "Sue"], "answer": "A"},
-            {"example_id": "middle3.txt", "article": "It rains.", "question": "What is the weather?",
-             "options": ["Sun", "Rain", "Snow", "Wind"], "answer": "B"}]
+    rows = [
+        {
+            "example_id": "middle12.txt",
+            "article": "Tom has a dog.",
+            "question": "What does Tom have?",
+            "options": ["A cat", "A dog", "A fish", "A bird"],
+            "answer": "B",
+        },
+        {
+            "example_id": "middle12.txt",
+            "article": "Tom has a dog.",
+            "question": "Who has a dog?",
+            "options": ["Tom", "Ann", "Bob", "Sue"],
+            "answer": "A",
+        },
+        {
+            "example_id": "middle3.txt",
+            "article": "It rains.",
+            "question": "What is the weather?",
+            "options": ["Sun", "Rain", "Snow", "Wind"],
+            "answer": "B",
+        },
+    ]
     written = write("RACE", "dev/middle", rows, tmp_path)
     assert written.passages == 2 and sorted(p.name for p in (tmp_path / "RACE" / "dev" / "middle").iterdir()) == [
-        "12.txt", "3.txt"]
+        "12.txt",
+        "3.txt",
+    ]
     obj = json.loads((tmp_path / "RACE" / "dev" / "middle" / "12.txt").read_text())
     assert list(obj) == ["answers", "options", "questions", "article", "id"] and obj["answers"] == ["B", "A"]
     (tmp_path / "RACE" / "dev" / "high").mkdir()
@@ -102,4 +145,7 @@ def test_counts_must_be_the_official_releases(tmp_path):
     assert not (tmp_path / "dev.tsv").exists()
     race = SOURCES["RACE"]
     assert sum(f.rows for f in race.files if f.split == "train") == 87866
-    assert {f.path: f.passages for f in race.files if f.path.startswith("test")} == {"test/middle": 362, "test/high": 1045}
+    assert {f.path: f.passages for f in race.files if f.path.startswith("test")} == {
+        "test/middle": 362,
+        "test/high": 1045,
+    }

@@ -114,7 +114,9 @@ def test_wsc_xml(tmp_path):
 
 def test_wsc_errors(tmp_path):
     p = tmp_path / "w.xml"
-    p.write_text(WSC.replace("<correctAnswer> A  </correctAnswer>", "<correctAnswer>C</correctAnswer>"), encoding="latin-1")
+    p.write_text(
+        WSC.replace("<correctAnswer> A  </correctAnswer>", "<correctAnswer>C</correctAnswer>"), encoding="latin-1"
+    )
     with pytest.raises(DataError, match=r"w\.xml:3: schema 1: <correctAnswer> must be A or B"):
         read_wsc(p)
     p.write_text("<collection><schema>", encoding="latin-1")

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from gptcli.errors import GPT1Error
-from gptcli.tokenizers.text import strip_gutenberg, word_lines
 from gptcli.tokenizers import SPECIAL_TOKENS, load_tokenizer
 from gptcli.tokenizers.learned import LearnedBPETokenizer, training_pieces
+from gptcli.tokenizers.text import strip_gutenberg, word_lines
 
 
 @pytest.fixture(scope="module")

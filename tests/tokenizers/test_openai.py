@@ -19,12 +19,103 @@ from gptcli.tokenizers.openai import OpenAIBPETokenizer
 # are our own, chosen where that path and the released code agree (no backslashes; see the divergence tests).
 HF_SPACY_GOLDEN = [
     ("the president is", [481, 4735, 544]),
-    ("It was a very good movie, and I'd watch it again!", [507, 509, 246, 963, 870, 4121, 240, 488, 249, 656, 1832, 507, 833, 267]),
-    ("“Smart quotes” — and an em-dash… plus ´acute´ accents.", [244, 3919, 23919, 244, 260, 488, 531, 3525, 260, 9241, 749, 4733, 256, 17261, 256, 23442, 239]),
-    ("First line.\n\nSecond line after a blank line.\r\nThird (CRLF) line.", [929, 1584, 239, 40477, 1420, 1584, 861, 246, 5252, 1584, 239, 40477, 2981, 276, 1248, 26, 250, 275, 1584, 239]),
-    ("Numbers: 3.14, 1,000,000 and 42nd; emails a@b.co; URLs http://x.org/a_b.", [4878, 271, 19243, 7765, 240, 277, 240, 7397, 240, 7397, 488, 44, 22473, 270, 15650, 8, 67, 28901, 3833, 270, 543, 911, 12739, 271, 11240, 34, 1, 31963, 278, 246, 279, 11512]),
+    (
+        "It was a very good movie, and I'd watch it again!",
+        [507, 509, 246, 963, 870, 4121, 240, 488, 249, 656, 1832, 507, 833, 267],
+    ),
+    (
+        "“Smart quotes” — and an em-dash… plus ´acute´ accents.",
+        [244, 3919, 23919, 244, 260, 488, 531, 3525, 260, 9241, 749, 4733, 256, 17261, 256, 23442, 239],
+    ),
+    (
+        "First line.\n\nSecond line after a blank line.\r\nThird (CRLF) line.",
+        [929, 1584, 239, 40477, 1420, 1584, 861, 246, 5252, 1584, 239, 40477, 2981, 276, 1248, 26, 250, 275, 1584, 239],
+    ),
+    (
+        "Numbers: 3.14, 1,000,000 and 42nd; emails a@b.co; URLs http://x.org/a_b.",
+        [
+            4878,
+            271,
+            19243,
+            7765,
+            240,
+            277,
+            240,
+            7397,
+            240,
+            7397,
+            488,
+            44,
+            22473,
+            270,
+            15650,
+            8,
+            67,
+            28901,
+            3833,
+            270,
+            543,
+            911,
+            12739,
+            271,
+            11240,
+            34,
+            1,
+            31963,
+            278,
+            246,
+            279,
+            11512,
+        ],
+    ),
     ("Café naïve résumé coöperate — façade.", [13550, 24213, 17, 62, 6414, 300, 588, 133, 750, 746, 260, 28409, 239]),
-    ("He said: \"don't\", she'd've; they're (not) [really] {sure} | maybe ~ok~ _x_ *y* +z+ a/b?!", [487, 603, 271, 244, 587, 538, 244, 240, 520, 656, 880, 270, 600, 761, 276, 595, 275, 293, 976, 294, 309, 881, 310, 323, 1096, 283, 773, 283, 279, 272, 279, 269, 253, 269, 306, 274, 306, 246, 278, 259, 257, 267]),
+    (
+        "He said: \"don't\", she'd've; they're (not) [really] {sure} | maybe ~ok~ _x_ *y* +z+ a/b?!",
+        [
+            487,
+            603,
+            271,
+            244,
+            587,
+            538,
+            244,
+            240,
+            520,
+            656,
+            880,
+            270,
+            600,
+            761,
+            276,
+            595,
+            275,
+            293,
+            976,
+            294,
+            309,
+            881,
+            310,
+            323,
+            1096,
+            283,
+            773,
+            283,
+            279,
+            272,
+            279,
+            269,
+            253,
+            269,
+            306,
+            274,
+            306,
+            246,
+            278,
+            259,
+            257,
+            267,
+        ],
+    ),
     ("Mojibake: donâ€™t worry.", [593, 7823, 19007, 271, 587, 538, 2177, 239]),
     ("Tabs\tand   multiple    spaces   collapse.", [21082, 488, 9163, 12696, 9823, 239]),
     ("日本語 text and emoji 🙂 become unknowns.", [0, 0, 0, 4830, 488, 2241, 8117, 0, 2150, 38764, 239]),
@@ -63,7 +154,9 @@ class ReleasedTextEncoder:
         # The released source writes this pattern in a non-raw string; "\\\\+" there is the *value* "\\+", which
         # re reads as a second literal plus, so backslashes are not split. (Written here with each backslash
         # doubled so the string value is identical.)
-        text = re.sub("""(-+|~+|!+|"+|;+|\\?+|\\++|,+|\\)+|\\(+|\\+|\\/+|\\*+|\\[+|\\]+|}+|{+|\\|+|_+)""", r" \1 ", text)
+        text = re.sub(
+            """(-+|~+|!+|"+|;+|\\?+|\\++|,+|\\)+|\\(+|\\+|\\/+|\\*+|\\[+|\\]+|}+|{+|\\|+|_+)""", r" \1 ", text
+        )
         text = re.sub("\\s*\\n\\s*", " \n ", text)
         text = re.sub("[^\\S\\n]+", " ", text)
         return text.strip()
@@ -162,7 +255,7 @@ def test_matches_hf_spacy_path_golden(tok: OpenAIBPETokenizer, text: str, ids: l
 def test_matches_released_code_on_real_text(tok: OpenAIBPETokenizer, bpe_dir: Path, real_sentences: list[str]) -> None:
     ref = ReleasedTextEncoder(bpe_dir / "encoder_bpe_40000.json", bpe_dir / "vocab_40000.bpe")
     assert len(real_sentences) > 2500
-    texts = real_sentences + ["C:\\Users\\me and a\\\\b", "escaped \\n newline \\\"quote\\\"", "x \\+ y"]
+    texts = real_sentences + ["C:\\Users\\me and a\\\\b", 'escaped \\n newline \\"quote\\"', "x \\+ y"]
     mismatches = [s for s in texts if tok.encode(s) != ref.encode(s)]
     assert not mismatches, f"{len(mismatches)} texts differ, e.g. {mismatches[0][:200]!r}"
     assert tok.encode_batch(real_sentences[:300]) == [ref.encode(s) for s in real_sentences[:300]]
@@ -206,8 +299,21 @@ def test_lowercase_before_spacy_divergence_is_pinned(tok: OpenAIBPETokenizer) ->
 def test_backslashes_are_not_split(tok: OpenAIBPETokenizer) -> None:
     text = "a path C:\\dir\\file and a\\\\b"
     ids = tok.encode(text)
-    assert [tok.id_to_token(i) for i in ids] == ["a</w>", "path</w>", "c", ":", "\\", "dir", "\\", "file</w>",
-                                                 "and</w>", "a", "\\", "\\", "b</w>"]
+    assert [tok.id_to_token(i) for i in ids] == [
+        "a</w>",
+        "path</w>",
+        "c",
+        ":",
+        "\\",
+        "dir",
+        "\\",
+        "file</w>",
+        "and</w>",
+        "a",
+        "\\",
+        "\\",
+        "b</w>",
+    ]
     # transformers 4.46.3 (raw-string regex) pads backslashes with spaces and so gets different ids:
     assert ids != [246, 2757, 263, 271, 365, 24711, 365, 4135, 488, 246, 127, 365, 259]
 
@@ -270,8 +376,26 @@ def test_encode_lines_of_word_lines_is_encode(tok: OpenAIBPETokenizer, real_sent
 
     from gptcli.tokenizers.text import word_lines
 
-    tricky = list("ab Σ'\n\r\t .,-") + ["\u2028", "\u00a0", "\u3000", "\u200b", "\ufeff", "\x0b", "\x0c", "\x85",
-                                       "İ", "ΟΣ", "&amp;", "<", "  ", "\n\n", "\r\n", "\u202f", "\u2000", "日"]
+    tricky = list("ab Σ'\n\r\t .,-") + [
+        "\u2028",
+        "\u00a0",
+        "\u3000",
+        "\u200b",
+        "\ufeff",
+        "\x0b",
+        "\x0c",
+        "\x85",
+        "İ",
+        "ΟΣ",
+        "&amp;",
+        "<",
+        "  ",
+        "\n\n",
+        "\r\n",
+        "\u202f",
+        "\u2000",
+        "日",
+    ]
     rng = random.Random(0)
     texts = real_sentences + ["".join(rng.choice(tricky) for _ in range(rng.randint(0, 30))) for _ in range(2000)]
     bad = [t for t in texts if tok.encode_lines(word_lines(t)).tolist() != tok.encode(t)]

@@ -109,7 +109,7 @@ def test_fast_patterns_match_the_released_code_exactly():
     import random
 
     rng = random.Random(0)
-    alphabet = list('-~!";?+,)(/*[]}{|_\\ab .\'') + ["\n", "\r\n", "\t", "  ", "\u00a0", "\u2003", "—", "…", "´"]
+    alphabet = list("-~!\";?+,)(/*[]}{|_\\ab .'") + ["\n", "\r\n", "\t", "  ", "\u00a0", "\u2003", "—", "…", "´"]
     for _ in range(20000):
         s = "".join(rng.choice(alphabet) for _ in range(rng.randrange(30)))
         assert standardize(s) == _released_text_standardize(s), repr(s)
@@ -123,8 +123,33 @@ def test_fast_fix_equals_ftfy_fix_text():
     import ftfy
 
     rng = random.Random(1)
-    pieces = ["plain words", " ", "\t", "\n", "\r\n", "\r", "&amp;", "&lt;", "<b>", "<", "\x0c", "\x0b", "\x1b[31m",
-              "’", "“quoted”", "Ã©", "ﬁ", "ｗｉｄｅ", "\u2028", "\x85", "\x00", "café", "Â\xa0", "&", ";"]
+    pieces = [
+        "plain words",
+        " ",
+        "\t",
+        "\n",
+        "\r\n",
+        "\r",
+        "&amp;",
+        "&lt;",
+        "<b>",
+        "<",
+        "\x0c",
+        "\x0b",
+        "\x1b[31m",
+        "’",
+        "“quoted”",
+        "Ã©",
+        "ﬁ",
+        "ｗｉｄｅ",
+        "\u2028",
+        "\x85",
+        "\x00",
+        "café",
+        "Â\xa0",
+        "&",
+        ";",
+    ]
     for _ in range(3000):
         s = "".join(rng.choice(pieces) for _ in range(rng.randrange(12)))
         assert fix(s) == ftfy.fix_text(s), repr(s)

@@ -19,21 +19,42 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from corpus_helpers import write_corpus
-from gptcli.train.pretrain import PretrainConfig, pretrain
-from gptcli.data.windows import WindowSampler
+
 from gptcli.data.shards import open_corpus
+from gptcli.data.windows import WindowSampler
+from gptcli.train.pretrain import PretrainConfig, pretrain
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 64, "n_ctx": 16,
-         "embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}  # no dropout: 1 and 2 processes see equal math
+MODEL = {
+    "n_layer": 1,
+    "n_embd": 32,
+    "n_head": 2,
+    "n_inner": 64,
+    "n_ctx": 16,
+    "embd_pdrop": 0.0,
+    "attn_pdrop": 0.0,
+    "resid_pdrop": 0.0,
+}  # no dropout: 1 and 2 processes see equal math
 SEQ, BATCH, MICRO, SEED = 16, 8, 2, 3
 # Constant schedule after warmup: a run's learning rates do not depend on where it stops, so a run stopped by
 # SIGTERM at an unknown update compares step by step with a reference of any length.
-COMMON = dict(preset="tiny", seq_len=SEQ, batch_size=BATCH, micro_batch_size=MICRO, seed=SEED, lr=1e-2,
-              warmup_steps=2, schedule="constant", eval_every=0, eval_batches=2, log_every=1, device="cpu",
-              precision="fp32", peak_flops=1e11)
+COMMON = dict(
+    preset="tiny",
+    seq_len=SEQ,
+    batch_size=BATCH,
+    micro_batch_size=MICRO,
+    seed=SEED,
+    lr=1e-2,
+    warmup_steps=2,
+    schedule="constant",
+    eval_every=0,
+    eval_batches=2,
+    log_every=1,
+    device="cpu",
+    precision="fp32",
+    peak_flops=1e11,
+)
 TIMEOUT = 240  # a guard against hangs only; nothing asserts on time
 
 
@@ -65,11 +86,52 @@ def _cfg(data: Path, out: Path, **kw) -> PretrainConfig:
 
 
 def _cli_args(data: Path, out: Path, *extra: str) -> list[str]:
-    args = ["pretrain", "--data", str(data), "--out", str(out), "--preset", "tiny", "--n-layer", "1", "--n-embd",
-            "32", "--n-head", "2", "--n-inner", "64", "--n-ctx", "16", "--dropout", "0", "--seq-len", str(SEQ),
-            "--batch-size", str(BATCH), "--micro-batch-size", str(MICRO), "--seed", str(SEED), "--lr", "1e-2",
-            "--warmup-steps", "2", "--eval-every", "0", "--eval-batches", "2", "--log-every", "1",
-            "--device", "cpu", "--precision", "fp32", "--peak-flops", "1e11", "--quiet"]
+    args = [
+        "pretrain",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--preset",
+        "tiny",
+        "--n-layer",
+        "1",
+        "--n-embd",
+        "32",
+        "--n-head",
+        "2",
+        "--n-inner",
+        "64",
+        "--n-ctx",
+        "16",
+        "--dropout",
+        "0",
+        "--seq-len",
+        str(SEQ),
+        "--batch-size",
+        str(BATCH),
+        "--micro-batch-size",
+        str(MICRO),
+        "--seed",
+        str(SEED),
+        "--lr",
+        "1e-2",
+        "--warmup-steps",
+        "2",
+        "--eval-every",
+        "0",
+        "--eval-batches",
+        "2",
+        "--log-every",
+        "1",
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+        "--peak-flops",
+        "1e11",
+        "--quiet",
+    ]
     # --schedule comes from a config file here, so the launched workers also exercise --config below typed options.
     cfg = out.parent / f"{out.name}.toml"
     cfg.write_text('schedule = "constant"\n', encoding="utf-8")
@@ -78,8 +140,14 @@ def _cli_args(data: Path, out: Path, *extra: str) -> list[str]:
 
 def _gpt1(args: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GPT1_DIST_TIMEOUT": "60", **(extra_env or {})}
-    return subprocess.Popen([sys.executable, "-m", "gptcli", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "gptcli", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _losses(run: Path) -> dict[int, float]:
@@ -301,8 +369,27 @@ def test_two_nodes_on_one_machine_match_one_process(corpus, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     run = tmp_path / "run"
-    nodes = [_gpt1(_cli_args(corpus, run, "--procs", "1", "--max-steps", "3", "--nodes", "2", "--node-rank", str(r),
-                             "--master-addr", "127.0.0.1", "--master-port", str(port))) for r in (0, 1)]
+    nodes = [
+        _gpt1(
+            _cli_args(
+                corpus,
+                run,
+                "--procs",
+                "1",
+                "--max-steps",
+                "3",
+                "--nodes",
+                "2",
+                "--node-rank",
+                str(r),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+            )
+        )
+        for r in (0, 1)
+    ]
     for p in nodes:
         out, err = p.communicate(timeout=TIMEOUT)
         assert p.returncode == 0, err[-3000:]
@@ -344,8 +431,9 @@ def test_the_elastic_launch_config_builds_on_a_pytorch_without_shutdown_timeout(
     if "shutdown_timeout" in {f.name for f in dataclasses.fields(api.LaunchConfig)}:
         assert elastic_config(spec).shutdown_timeout == spec.shutdown_timeout_s
     older = dataclasses.make_dataclass(
-        "LaunchConfig", [(f.name, f.type, f) for f in dataclasses.fields(api.LaunchConfig)
-                         if f.name != "shutdown_timeout"])
+        "LaunchConfig",
+        [(f.name, f.type, f) for f in dataclasses.fields(api.LaunchConfig) if f.name != "shutdown_timeout"],
+    )
     monkeypatch.setattr(api, "LaunchConfig", older)
     config = elastic_config(spec)
     assert isinstance(config, older) and config.nproc_per_node == 2 and config.max_restarts == 0
@@ -400,18 +488,24 @@ def test_a_rank_after_the_first_draws_the_same_masks_after_a_resume():
 def test_a_worker_whose_launcher_was_killed_stops(tmp_path):
     """`kill -9` of the launcher left its workers training as orphans, outside the run lock that died with it; the
     heartbeat thread now ends a worker whose parent is gone."""
-    worker = ("import time; from gptcli.train.heartbeat import heartbeat; "
-              f"heartbeat({str(tmp_path)!r}, 1, 0.1); time.sleep(60)")
-    launcher = ("import subprocess, sys, time; "
-                f"p = subprocess.Popen([sys.executable, '-c', {worker!r}]); print(p.pid, flush=True); time.sleep(60)")
-    parent = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
+    worker = (
+        "import time; from gptcli.train.heartbeat import heartbeat; "
+        f"heartbeat({str(tmp_path)!r}, 1, 0.1); time.sleep(60)"
+    )
+    launcher = (
+        "import subprocess, sys, time; "
+        f"p = subprocess.Popen([sys.executable, '-c', {worker!r}]); print(p.pid, flush=True); time.sleep(60)"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", launcher], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     child = int(parent.stdout.readline())
     deadline = time.monotonic() + 30
     while not (tmp_path / "rank-1").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
+
     def ended() -> bool:  # gone, or a zombie left for an init that does not reap
         try:
             return Path(f"/proc/{child}/stat").read_text().split(")")[-1].split()[0] in ("Z", "X")
@@ -442,7 +536,9 @@ def test_a_validation_cap_scores_the_same_windows_whatever_the_processes(corpus)
     val = open_corpus(corpus).arrays("val")
     one = evaluate_lm(model, val, SEQ, 4, max_batches=validation_batches(cfg, 4))
     for world, micro in ((2, 2), (2, 1), (1, 2)):
-        parts = [evaluate_lm(model, val, SEQ, micro, max_batches=validation_batches(cfg, micro), rank=r,
-                             world_size=world) for r in range(world)]
+        parts = [
+            evaluate_lm(model, val, SEQ, micro, max_batches=validation_batches(cfg, micro), rank=r, world_size=world)
+            for r in range(world)
+        ]
         assert sum(p.tokens for p in parts) == one.tokens == 8 * SEQ, (world, micro)
         assert sum(p.loss * p.tokens for p in parts) / one.tokens == pytest.approx(one.loss, rel=1e-6)

@@ -12,26 +12,36 @@ from pathlib import Path
 
 import pytest
 import torch
+from toy_model import TINY
+from toy_tokenizer import ToyTokenizer
 
 from gptcli.checkpoint import load_checkpoint, save_checkpoint
 from gptcli.errors import GPT1Error
+from gptcli.eval.tasks import evaluate_task, load_results
+from gptcli.model.gpt import GPT
+from gptcli.progress import RecordingProgress
 from gptcli.train.finetune import FinetuneConfig, finetune
 from gptcli.train.finetune_setup import build_body
-from gptcli.model.gpt import GPT
-from gptcli.eval.tasks import evaluate_task, load_results
-from gptcli.progress import RecordingProgress
-from toy_model import TINY
-from toy_tokenizer import ToyTokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "tasks" / "fixtures"
 
 
-
 def _cfg(task: str, init, out: Path, data_dir, **kw) -> FinetuneConfig:
-    base = dict(task=task, init=str(init), out=str(out), data_dir=str(data_dir), max_train_examples=24,
-                max_eval_examples=16, batch_size=8, epochs=2, lr=1e-3, device="cpu", precision="fp32",
-                log_every=1)
+    base = dict(
+        task=task,
+        init=str(init),
+        out=str(out),
+        data_dir=str(data_dir),
+        max_train_examples=24,
+        max_eval_examples=16,
+        batch_size=8,
+        epochs=2,
+        lr=1e-3,
+        device="cpu",
+        precision="fp32",
+        log_every=1,
+    )
     base.update(kw)
     return FinetuneConfig(**base)
 
@@ -67,26 +77,48 @@ def test_finetune_each_kind_end_to_end(task, folder, kind, metric, pretrained, s
     assert ck.kind == "finetuned" and ck.config.n_special == 3 and ck.meta["kind"] == kind
     assert ck.meta["head"]["extract_id"] == 99 and set(ck.head_state) == {"linear.weight", "linear.bias"}
     # eval reads the run back and scores the same dev subset identically.
-    ev = evaluate_task(task, run, "dev", data_dir=shared_data / folder, out=tmp_path / "ev", device="cpu",
-                       precision="fp32", max_examples=16)
+    ev = evaluate_task(
+        task,
+        run,
+        "dev",
+        data_dir=shared_data / folder,
+        out=tmp_path / "ev",
+        device="cpu",
+        precision="fp32",
+        max_examples=16,
+    )
     assert ev["scores"][metric] == pytest.approx(results["scores"][metric])
     preds = [json.loads(x) for x in (tmp_path / "ev" / "predictions.jsonl").read_text().splitlines()]
     assert len(preds) == 16 and all("prediction" in p and "label" in p for p in preds)
     assert json.loads((tmp_path / "ev" / "results.json").read_text())["scores"] == ev["scores"]
     assert load_results([tmp_path / "ev", run / "results.json"]) == [
-        json.loads((tmp_path / "ev" / "results.json").read_text()), results]
+        json.loads((tmp_path / "ev" / "results.json").read_text()),
+        results,
+    ]
 
 
 def test_race_fixture_multiple_choice_and_levels(pretrained, tmp_path):
-    res = finetune(_cfg("race", pretrained, tmp_path / "race", FIXTURES / "RACE", max_train_examples=None,
-                        max_eval_examples=None, batch_size=2, epochs=1))
+    res = finetune(
+        _cfg(
+            "race",
+            pretrained,
+            tmp_path / "race",
+            FIXTURES / "RACE",
+            max_train_examples=None,
+            max_eval_examples=None,
+            batch_size=2,
+            epochs=1,
+        )
+    )
     assert res.results["n_train"] > 0
     ck = load_checkpoint(tmp_path / "race")
     assert ck.meta["head"]["kind"] == "multiple_choice"
     ev = evaluate_task("race", tmp_path / "race", "test", data_dir=FIXTURES / "RACE", out=tmp_path / "ev", device="cpu")
     assert {"accuracy", "accuracy_middle", "accuracy_high"} <= set(ev["scores"])
     # A run fine-tuned on `race` scores `race-m` (same kind and labels).
-    ev_m = evaluate_task("race-m", tmp_path / "race", "test", data_dir=FIXTURES / "RACE", out=tmp_path / "evm", device="cpu")
+    ev_m = evaluate_task(
+        "race-m", tmp_path / "race", "test", data_dir=FIXTURES / "RACE", out=tmp_path / "evm", device="cpu"
+    )
     assert set(ev_m["scores"]) == {"accuracy"}
 
 
@@ -215,7 +247,9 @@ def test_select_best_or_last(select, epoch, pretrained, shared_data, tmp_path, m
     if select == "best":
         # The kept weights are the ones snapshotted after epoch 2 (epoch 1 was snapshotted first).
         torch.testing.assert_close(ck.head_state["linear.weight"], snaps[-1]["head.linear.weight"])
-        torch.testing.assert_close(ck.model.state_dict()["blocks.0.mlp.fc.weight"], snaps[-1]["gpt.blocks.0.mlp.fc.weight"])
+        torch.testing.assert_close(
+            ck.model.state_dict()["blocks.0.mlp.fc.weight"], snaps[-1]["gpt.blocks.0.mlp.fc.weight"]
+        )
     else:
         assert not snaps  # nothing to keep in memory
 
@@ -246,8 +280,9 @@ def test_existing_run_needs_overwrite(pretrained, shared_data, tmp_path):
     assert len(_records(tmp_path / "r", "eval")) == 1  # metrics.jsonl restarted
 
 
-def test_a_finished_run_reports_its_updates_and_leaves_the_callers_kernels_mode(pretrained, shared_data, tmp_path,
-                                                                                 monkeypatch):
+def test_a_finished_run_reports_its_updates_and_leaves_the_callers_kernels_mode(
+    pretrained, shared_data, tmp_path, monkeypatch
+):
     """FinetuneResult.step and .total were 0 after a run that finished normally (as a resumed finished run and a
     stopped one said them); and the run left the process in its own kernels mode for good."""
     from gptcli.model import kernels
@@ -259,8 +294,9 @@ def test_a_finished_run_reports_its_updates_and_leaves_the_callers_kernels_mode(
         def stage(self, name, total=None, *, unit="", done=0):
             seen.append(kernels.mode())
 
-    cfg = _cfg("rte", pretrained, tmp_path / "r", shared_data / "glue" / "RTE", epochs=2, max_train_examples=16,
-               kernels="auto")
+    cfg = _cfg(
+        "rte", pretrained, tmp_path / "r", shared_data / "glue" / "RTE", epochs=2, max_train_examples=16, kernels="auto"
+    )
     res = finetune(cfg, Watch())
     assert (res.step, res.total) == (4, 4) == (res.results["steps"], res.results["steps"])  # 16 / 8 × 2 epochs
     assert set(seen) == {"auto"} and kernels.mode() == "reference"
@@ -285,8 +321,18 @@ def test_bad_rows_stop_the_run_or_are_skipped(pretrained, shared_data, tmp_path)
 
 
 def test_snli_fixture_leaves_out_no_consensus_rows(pretrained, tmp_path):
-    res = finetune(_cfg("snli", pretrained, tmp_path / "snli", FIXTURES / "snli_1.0", max_train_examples=None,
-                        max_eval_examples=None, batch_size=4, epochs=1))
+    res = finetune(
+        _cfg(
+            "snli",
+            pretrained,
+            tmp_path / "snli",
+            FIXTURES / "snli_1.0",
+            max_train_examples=None,
+            max_eval_examples=None,
+            batch_size=4,
+            epochs=1,
+        )
+    )
     assert res.results["excluded_rows"] > 0 and res.results["n_train"] > 0
 
 
@@ -307,8 +353,10 @@ def test_finetune_reports_through_the_progress_protocol(pretrained, shared_data,
     acc = [h["accuracy"] for h in res.history]
     assert notes[0].startswith("rte: 24 training examples, 16 dev examples; 6 updates")
     level = res.results["baseline"]["majority"]["accuracy"]  # the trivial level beside each (eval/baselines.py)
-    assert [n.rsplit(" (", 1)[0] for n in notes[1:]] == [f"epoch 1 (update 3): dev accuracy {acc[0]:.2f}",
-                                                         f"epoch 2 (update 6): dev accuracy {acc[1]:.2f}"]
+    assert [n.rsplit(" (", 1)[0] for n in notes[1:]] == [
+        f"epoch 1 (update 3): dev accuracy {acc[0]:.2f}",
+        f"epoch 2 (update 6): dev accuracy {acc[1]:.2f}",
+    ]
     assert all(n.endswith(f"majority {level:.2f})") for n in notes[1:])
 
 
@@ -328,17 +376,29 @@ def test_finetune_ends_its_stage_when_training_fails(pretrained, shared_data, tm
 def test_evaluate_task_reports_one_stage_in_examples(pretrained, shared_data, tmp_path):
     finetune(_cfg("rte", pretrained, tmp_path / "run", shared_data / "glue" / "RTE", epochs=1))
     rec = RecordingProgress()
-    evaluate_task("rte", tmp_path / "run", "dev", data_dir=shared_data / "glue" / "RTE", out=tmp_path / "ev",
-                  device="cpu", max_examples=10, batch_size=4, progress=rec)
+    evaluate_task(
+        "rte",
+        tmp_path / "run",
+        "dev",
+        data_dir=shared_data / "glue" / "RTE",
+        out=tmp_path / "ev",
+        device="cpu",
+        max_examples=10,
+        batch_size=4,
+        progress=rec,
+    )
     assert rec.of("stage") == [{"name": "evaluate run on rte (dev)", "total": 10, "unit": "examples", "done": 0}]
     assert [a["n"] for a in rec.of("advance")] == [4, 4, 2] and len(rec.of("end")) == 1
 
 
-@pytest.mark.parametrize("setting, message", [
-    ({"log_every": 0}, "--log-every 0 is impossible (it must be at least 1)"),  # was a ZeroDivisionError traceback
-    ({"save_every": -1}, "--save-every -1 is impossible (it must be 0 or more)"),
-    ({"keep_last": -2}, "--keep-last -2 is impossible (it must be 0 or more)"),
-])
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ({"log_every": 0}, "--log-every 0 is impossible (it must be at least 1)"),  # was a ZeroDivisionError traceback
+        ({"save_every": -1}, "--save-every -1 is impossible (it must be 0 or more)"),
+        ({"keep_last": -2}, "--keep-last -2 is impossible (it must be 0 or more)"),
+    ],
+)
 def test_impossible_cadences_are_one_line_errors(setting, message, pretrained, tmp_path):
     with pytest.raises(GPT1Error, match=re.escape(message)):
         finetune(FinetuneConfig(task="rte", init=str(pretrained), out=str(tmp_path / "run"), **setting))
@@ -354,8 +414,11 @@ def test_with_dropout_0_the_layouts_train_alike_update_for_update(task, folder, 
     for layout in ("packed", "padded"):
         run = tmp_path / layout
         res = finetune(_cfg(task, pretrained, run, shared_data / folder, dropout=0.0, clf_pdrop=0.0, layout=layout))
-        runs[layout] = ([(r["loss"], r["lm_loss"], r["clf_loss"]) for r in _records(run, "train")],
-                        json.loads((run / "results.json").read_text())["scores"], res)
+        runs[layout] = (
+            [(r["loss"], r["lm_loss"], r["clf_loss"]) for r in _records(run, "train")],
+            json.loads((run / "results.json").read_text())["scores"],
+            res,
+        )
         ck = load_checkpoint(run)
         assert (ck.config.embd_pdrop, ck.config.attn_pdrop, ck.config.resid_pdrop) == (0.0, 0.0, 0.0)
     (packed, packed_scores, _), (padded, padded_scores, _) = runs["packed"], runs["padded"]
@@ -364,8 +427,10 @@ def test_with_dropout_0_the_layouts_train_alike_update_for_update(task, folder, 
         assert a == pytest.approx(b, rel=2e-5, abs=1e-6)
     assert packed_scores == pytest.approx(padded_scores, abs=1e-9)
     # With the body's dropout on (the checkpoint's 0.1), the same two runs part.
-    lossy = [finetune(_cfg(task, pretrained, tmp_path / f"on-{layout}", shared_data / folder, clf_pdrop=0.0,
-                           layout=layout)) for layout in ("packed", "padded")]
+    lossy = [
+        finetune(_cfg(task, pretrained, tmp_path / f"on-{layout}", shared_data / folder, clf_pdrop=0.0, layout=layout))
+        for layout in ("packed", "padded")
+    ]
     first = [_records(tmp_path / f"on-{layout}", "train")[0]["loss"] for layout in ("packed", "padded")]
     assert first[0] != pytest.approx(first[1], rel=2e-5) and lossy[0].checkpoint != lossy[1].checkpoint
 
@@ -389,8 +454,8 @@ def test_the_dev_subset_is_evals_whatever_the_training_seed(shared_data):
     """``finetune --max-eval-examples N`` scores the dev examples ``eval --max-examples N`` scores, for any
     ``--seed`` (it drew them with seed + 1: the first GPU run's finetune and eval scored different CoLA subsets)."""
     from gptcli.data.batching import EVAL_SUBSET_SEED, subsample
-    from gptcli.tasks.registry import get_task
     from gptcli.tasks.base import ReadOptions
+    from gptcli.tasks.registry import get_task
     from gptcli.train.finetune_setup import read_task_data
 
     task = get_task("rte")
@@ -406,7 +471,12 @@ def test_the_dev_subset_is_evals_whatever_the_training_seed(shared_data):
 def test_n_ctx_above_the_models_context_is_refused(pretrained, tmp_path):
     """It was shortened to the model's 64 silently while the run's config.toml recorded the value asked for."""
     cfg = _cfg("qqp", pretrained, tmp_path / "run", FIXTURES / "QQP", n_ctx=65)
-    with pytest.raises(GPT1Error, match=re.escape("--n-ctx 65 exceeds the model's context of 64 tokens (pass --n-ctx "
-                                                  "64 or less, or leave it unset for the model's context)")):
+    with pytest.raises(
+        GPT1Error,
+        match=re.escape(
+            "--n-ctx 65 exceeds the model's context of 64 tokens (pass --n-ctx "
+            "64 or less, or leave it unset for the model's context)"
+        ),
+    ):
         finetune(cfg)
     assert not (tmp_path / "run").exists()

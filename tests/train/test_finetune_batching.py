@@ -11,11 +11,11 @@ import signal
 import pytest
 
 import gptcli.train.finetune as ft
-from gptcli.train.finetune_job import epoch_batches, lr_schedule
 from gptcli.data.batching import bucketed_batches, random_batches
 from gptcli.errors import GPT1Error
 from gptcli.progress import Progress
 from gptcli.train.finetune import FinetuneConfig, finetune
+from gptcli.train.finetune_job import epoch_batches, lr_schedule
 from gptcli.train.optim import lr_at
 from tests.train.test_finetune_resume import SignalAt, _cfg, _write_sst2, outcome
 
@@ -46,10 +46,15 @@ def test_epoch_batches_follow_the_batching_setting(batching):
     lengths = [random.Random(i).randint(3, 90) for i in range(100)]
     rng = random.Random(42)
     config, start = FinetuneConfig(batching=batching, batch_size=8), rng.getstate()
-    want = (random_batches(100, 8, random.Random(42)) if batching == "random"
-            else bucketed_batches(lengths, 8, shuffle=True, rng=random.Random(42)))
+    want = (
+        random_batches(100, 8, random.Random(42))
+        if batching == "random"
+        else bucketed_batches(lengths, 8, shuffle=True, rng=random.Random(42))
+    )
     assert epoch_batches(config, lengths, rng, start) == want
-    assert epoch_batches(config, lengths, rng, start) == want  # rebuilt from the epoch's saved RNG state, as a resume does
+    assert (
+        epoch_batches(config, lengths, rng, start) == want
+    )  # rebuilt from the epoch's saved RNG state, as a resume does
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +98,10 @@ def test_a_resume_onto_the_other_architecture_is_refused_by_name(pretrained, dat
     architecture does (the bug: it was not compared)."""
     tok = str(next(pretrained.rglob("tokenizer")))  # a bare tokenizer directory: the preset gives the shape
     run = tmp_path / "run"
-    res = finetune(_cfg(pretrained, data, run, init="none", tokenizer=tok, model="tiny", save_every=1),
-                   progress=SignalAt(2, signum=signal.SIGINT))
+    res = finetune(
+        _cfg(pretrained, data, run, init="none", tokenizer=tok, model="tiny", save_every=1),
+        progress=SignalAt(2, signum=signal.SIGINT),
+    )
     assert res.stopped_by == "SIGINT"
     with pytest.raises(GPT1Error, match="architecture transformer → lstm"):
-        finetune(_cfg(pretrained, data, run, init="none", tokenizer=tok, model="lstm-tiny", save_every=1,
-                      resume=True))
+        finetune(_cfg(pretrained, data, run, init="none", tokenizer=tok, model="lstm-tiny", save_every=1, resume=True))

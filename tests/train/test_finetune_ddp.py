@@ -34,8 +34,20 @@ from tests.faults.conftest import REPO, assert_one_line_error, gpt1, one_thread_
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 N_TRAIN, N_DEV = 33, 20
-SETTINGS = dict(task="sst2", batch_size=8, micro_batch_size=3, epochs=3, lr=5e-3, clf_pdrop=0.0, seed=7,
-                log_every=1, save_every=0, device="cpu", precision="fp32", workers=1)
+SETTINGS = dict(
+    task="sst2",
+    batch_size=8,
+    micro_batch_size=3,
+    epochs=3,
+    lr=5e-3,
+    clf_pdrop=0.0,
+    seed=7,
+    log_every=1,
+    save_every=0,
+    device="cpu",
+    precision="fp32",
+    workers=1,
+)
 UPDATES = 15  # 5 per epoch: 8, 8, 8, 8, 1
 TIMEOUT = 180  # a guard against hangs only
 
@@ -61,8 +73,19 @@ def inputs(shared_data, tmp_path_factory) -> tuple[Path, Path]:
     lines = [x.split("\t")[0].lower() for x in (src / "train.tsv").read_text(encoding="utf-8").splitlines()[1:400]]
     tok = LearnedBPETokenizer.train(lines, 200)
     torch.manual_seed(0)
-    gpt = GPT(ModelConfig(vocab_size=tok.vocab_size, n_ctx=48, n_embd=32, n_layer=1, n_head=2, n_inner=64,
-                          embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0))
+    gpt = GPT(
+        ModelConfig(
+            vocab_size=tok.vocab_size,
+            n_ctx=48,
+            n_embd=32,
+            n_layer=1,
+            n_head=2,
+            n_inner=64,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            resid_pdrop=0.0,
+        )
+    )
     pre = save_checkpoint(root / "pre", gpt, tok, meta={"step": 1})
     return pre, _copy_rows(src, root / "SST-2", N_TRAIN, N_DEV)
 
@@ -79,8 +102,14 @@ def _cli(inputs: tuple[Path, Path], out: Path, *extra: str) -> list[str]:
 
 
 def _start(args: list[str], **env: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "gptcli", *args], cwd=REPO, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**one_thread_env(), "GPT1_DIST_TIMEOUT": "60", **env})
+    return subprocess.Popen(
+        [sys.executable, "-m", "gptcli", *args],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**one_thread_env(), "GPT1_DIST_TIMEOUT": "60", **env},
+    )
 
 
 def _records(run: Path) -> list[dict]:
@@ -218,8 +247,9 @@ def test_two_processes_stop_together_and_one_process_finishes_the_run(inputs, re
     (hook / "sitecustomize.py").write_text(HOOK, encoding="utf-8")
     run, writes, cache = tmp_path / "two", tmp_path / "writes.log", tmp_path / "cache"
     path = os.pathsep.join([str(hook), str(REPO), os.environ.get("PYTHONPATH", "")])
-    proc = _start(_cli(inputs, run, "--procs", "2"), PYTHONPATH=path, GPT1_TEST_WRITES=str(writes),
-                  GPT1_CACHE=str(cache))
+    proc = _start(
+        _cli(inputs, run, "--procs", "2"), PYTHONPATH=path, GPT1_TEST_WRITES=str(writes), GPT1_CACHE=str(cache)
+    )
     _, err = proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == 130, err[-3000:]
     assert "launching 2 CPU worker(s): global batch 8 = 2 × 4" in err

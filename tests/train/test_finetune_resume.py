@@ -18,6 +18,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from run_helpers import signal_at_dev_score
 
 import gptcli.train.finetune as ft
 import gptcli.train.finetune_dev as ft_dev
@@ -27,12 +28,12 @@ from gptcli.errors import GPT1Error
 from gptcli.progress import Progress, RecordingProgress
 from gptcli.train.finetune import FinetuneConfig, finetune
 from gptcli.train.finetune_config import RULES
-from run_helpers import signal_at_dev_score
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-WORDS = ("good bad fine awful great poor nice dull bright dark warm cold happy sad calm loud fresh stale "
-         "clever silly").split()
+WORDS = (
+    "good bad fine awful great poor nice dull bright dark warm cold happy sad calm loud fresh stale clever silly"
+).split()
 TIMING = ("tokens_per_s", "elapsed_s")
 
 
@@ -57,8 +58,20 @@ def data(tmp_path_factory) -> Path:
 def _cfg(pretrained: Path, data: Path, out: Path, **kw) -> FinetuneConfig:
     # 40 examples in batches of 8: 5 updates per epoch, 15 in all; records every 2 updates, so a resume must carry
     # the mean loss of an unlogged update across; the toy model has dropout, so the torch RNG must be restored.
-    base = dict(task="sst2", init=str(pretrained), out=str(out), data_dir=str(data), batch_size=8, epochs=3, lr=1e-3,
-                device="cpu", precision="fp32", log_every=2, save_every=0, keep_last=2)
+    base = dict(
+        task="sst2",
+        init=str(pretrained),
+        out=str(out),
+        data_dir=str(data),
+        batch_size=8,
+        epochs=3,
+        lr=1e-3,
+        device="cpu",
+        precision="fp32",
+        log_every=2,
+        save_every=0,
+        keep_last=2,
+    )
     base.update(kw)
     return FinetuneConfig(**base)
 
@@ -67,12 +80,17 @@ def outcome(run: Path) -> dict:
     """What must be bitwise equal: the final weights, results.json's scores, history and kept epoch, and the
     metrics records without their timing fields; and the run must be clean (only ``final`` left)."""
     results = json.loads((run / "results.json").read_text())
-    records = [{k: v for k, v in json.loads(x).items() if k not in TIMING}
-               for x in (run / "metrics.jsonl").read_text().splitlines()]
+    records = [
+        {k: v for k, v in json.loads(x).items() if k not in TIMING}
+        for x in (run / "metrics.jsonl").read_text().splitlines()
+    ]
     return {
         "weights": hashlib.sha256((run / "checkpoints" / "final" / "model.safetensors").read_bytes()).hexdigest(),
-        "scores": results["scores"], "history": results["history"], "epoch": results["epoch"],
-        "steps": results["steps"], "records": records,
+        "scores": results["scores"],
+        "history": results["history"],
+        "epoch": results["epoch"],
+        "steps": results["steps"],
+        "records": records,
         "checkpoints": sorted(p.name for p in (run / "checkpoints").iterdir()),
     }
 
@@ -160,8 +178,7 @@ def test_signal_at_an_epoch_boundary_before_its_dev_score(pretrained, data, refe
     assert outcome(run) == reference
 
 
-def test_signal_during_the_dev_evaluation_abandons_it_and_redoes_it(pretrained, data, reference, tmp_path,
-                                                                   monkeypatch):
+def test_signal_during_the_dev_evaluation_abandons_it_and_redoes_it(pretrained, data, reference, tmp_path, monkeypatch):
     real = signal_at_dev_score(monkeypatch, nth=2)  # epoch 2's evaluation: the signal lands before its first batch
     run = tmp_path / "run"
     res = finetune(_cfg(pretrained, data, run), progress=RecordingProgress())
@@ -173,8 +190,9 @@ def test_signal_during_the_dev_evaluation_abandons_it_and_redoes_it(pretrained, 
     assert outcome(run) == reference
 
 
-def test_signal_after_the_dev_score_stops_at_the_epoch_end_checkpoint(pretrained, data, reference, tmp_path,
-                                                                      monkeypatch):
+def test_signal_after_the_dev_score_stops_at_the_epoch_end_checkpoint(
+    pretrained, data, reference, tmp_path, monkeypatch
+):
     real = ft_job.score_predictions
 
     def score(*a, **k):
@@ -190,8 +208,9 @@ def test_signal_after_the_dev_score_stops_at_the_epoch_end_checkpoint(pretrained
     assert outcome(run) == reference
 
 
-def test_crash_between_an_epoch_score_and_its_checkpoint_logs_the_score_once(pretrained, data, reference, tmp_path,
-                                                                             monkeypatch):
+def test_crash_between_an_epoch_score_and_its_checkpoint_logs_the_score_once(
+    pretrained, data, reference, tmp_path, monkeypatch
+):
     """Stopped before epoch 1's dev score (a checkpoint at update 5, not evaluated), resumed, and killed after the
     score was logged but before the epoch-end checkpoint replaced step 5: the record has update 5's step, yet the
     checkpoint had not seen it, so the next resume must drop it (records are kept by count, not by step)."""
@@ -298,14 +317,30 @@ def stopped(pretrained, data, tmp_path) -> Path:
 
 def test_changed_settings_are_refused_naming_each(pretrained, data, stopped):
     before = {p: p.read_bytes() for p in stopped.rglob("*") if p.is_file()}
-    cfg = _cfg(pretrained, data, stopped, resume=True, batch_size=4, seed=7, lm_weight=0.0, epochs=4, lr=2e-3,
-               max_train_examples=32)
+    cfg = _cfg(
+        pretrained,
+        data,
+        stopped,
+        resume=True,
+        batch_size=4,
+        seed=7,
+        lm_weight=0.0,
+        epochs=4,
+        lr=2e-3,
+        max_train_examples=32,
+    )
     with pytest.raises(GPT1Error) as e:
         finetune(cfg)
     msg = str(e.value)
     assert msg.startswith(f"{stopped}: cannot resume with changed settings: ") and "\n" not in msg
-    for change in ("batch_size 8 → 4", "seed 42 → 7", "lm_weight 0.5 → 0.0", "epochs 3 → 4", "lr 0.001 → 0.002",
-                   "max_train_examples None → 32"):
+    for change in (
+        "batch_size 8 → 4",
+        "seed 42 → 7",
+        "lm_weight 0.5 → 0.0",
+        "epochs 3 → 4",
+        "lr 0.001 → 0.002",
+        "max_train_examples None → 32",
+    ):
         assert change in msg, change
     assert msg.endswith("(these define the run: resume without changing them, or start a new run with another --out)")
     assert {p: p.read_bytes() for p in stopped.rglob("*") if p.is_file()} == before  # nothing was touched
@@ -327,9 +362,9 @@ def test_changed_data_file_is_refused(pretrained, data, stopped, tmp_path):
 
 def test_changed_init_checkpoint_is_refused(pretrained, data, stopped, tmp_path):
     import torch
+    from toy_model import save_tiny_pretrained
 
     from gptcli.checkpoint import load_checkpoint, save_checkpoint
-    from toy_model import save_tiny_pretrained
 
     # The same weights in another place are the same init: allowed.
     other = save_tiny_pretrained(tmp_path / "other")  # seeded inside: the fixture's weights
@@ -350,8 +385,20 @@ def test_changed_init_checkpoint_is_refused(pretrained, data, stopped, tmp_path)
 
 def test_harmless_settings_may_change(pretrained, data, stopped, reference):
     rec = RecordingProgress()
-    res = finetune(_cfg(pretrained, data, stopped, resume=True, eval_batch_size=5, log_every=2, save_every=3,
-                        keep_last=1, verify=False), progress=rec)
+    res = finetune(
+        _cfg(
+            pretrained,
+            data,
+            stopped,
+            resume=True,
+            eval_batch_size=5,
+            log_every=2,
+            save_every=3,
+            keep_last=1,
+            verify=False,
+        ),
+        progress=rec,
+    )
     assert res.stopped_by is None
     assert "resuming with changed settings: eval_batch_size None → 5" in [n["message"] for n in rec.of("note")]
     # log_every, save_every, keep_last and verify are not even mentioned; the weights are the reference's.
@@ -368,8 +415,11 @@ def test_every_setting_is_classified_for_resume():
 
 
 def test_an_unfinished_run_with_checkpoints_needs_resume_or_overwrite(pretrained, data, stopped, reference):
-    with pytest.raises(GPT1Error, match=r"unfinished fine-tuning run with checkpoints \(pass --resume to continue "
-                                        r"it, or --overwrite to start it over\)"):
+    with pytest.raises(
+        GPT1Error,
+        match=r"unfinished fine-tuning run with checkpoints \(pass --resume to continue "
+        r"it, or --overwrite to start it over\)",
+    ):
         finetune(_cfg(pretrained, data, stopped))
     with pytest.raises(GPT1Error, match="pass one of them"):
         finetune(_cfg(pretrained, data, stopped, resume=True, overwrite=True))
@@ -406,15 +456,39 @@ def test_step_checkpoints_are_loadable_task_models(pretrained, data, stopped):
     assert (stopped / "config.toml").read_text().count("resume = false") == 1
 
 
-def test_sigint_through_the_command_line_exits_130_and_says_how_to_continue(pretrained, data, reference, tmp_path,
-                                                                           capsys, monkeypatch):
+def test_sigint_through_the_command_line_exits_130_and_says_how_to_continue(
+    pretrained, data, reference, tmp_path, capsys, monkeypatch
+):
     from gptcli.cli import main
 
     real = signal_at_dev_score(monkeypatch)
     run = tmp_path / "run"
-    args = ["finetune", "--task", "sst2", "--init", pretrained, "--out", run, "--data-dir", data, "--batch-size", "8",
-            "--epochs", "3", "--lr", "1e-3", "--device", "cpu", "--precision", "fp32", "--log-every", "2",
-            "--save-every", "0", "-q"]
+    args = [
+        "finetune",
+        "--task",
+        "sst2",
+        "--init",
+        pretrained,
+        "--out",
+        run,
+        "--data-dir",
+        data,
+        "--batch-size",
+        "8",
+        "--epochs",
+        "3",
+        "--lr",
+        "1e-3",
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+        "--log-every",
+        "2",
+        "--save-every",
+        "0",
+        "-q",
+    ]
     with pytest.raises(SystemExit) as e:
         main([str(a) for a in args])
     err = capsys.readouterr().err

@@ -10,22 +10,21 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-
 from corpus_helpers import random_corpus
+
 from gptcli.errors import GPT1Error
-from gptcli.model.lstm import PRESETS, LSTMLM, precision_note, recurrent_dtype
+from gptcli.model.lstm import LSTMLM, PRESETS, precision_note, recurrent_dtype
 from gptcli.progress import RecordingProgress
 from gptcli.runtime import peak_for_gpu_name, resolve_precision
 from gptcli.train import distributed
 from gptcli.train import pretrain as pretrain_mod
-from gptcli.train.run.loop import NonFiniteLossError
 from gptcli.train.optim import make_optimizer
 from gptcli.train.pretrain import PretrainConfig, RunPlan, pretrain
+from gptcli.train.run.loop import NonFiniteLossError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 MODEL = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 64, "n_ctx": 16}
@@ -122,10 +121,23 @@ def test_a_cuda_bf16_lstm_run_says_what_its_lstm_computes_in(tmp_path, monkeypat
     monkeypatch.setattr(pretrain_mod, "precision_note", lambda d, p: lstm_mod.precision_note("cuda", p))
     corpus = random_corpus(tmp_path / "corpus")
     report = RecordingProgress()
-    pretrain(PretrainConfig(data=corpus, out=tmp_path / "run", preset="lstm-tiny",
-                            model={"n_embd": 16, "n_hidden": 24, "n_ctx": 16}, seq_len=16, batch_size=4, max_steps=1,
-                            warmup_steps=0, eval_every=0, device="cpu", precision="bf16", peak_flops=1e11),
-             progress=report)
+    pretrain(
+        PretrainConfig(
+            data=corpus,
+            out=tmp_path / "run",
+            preset="lstm-tiny",
+            model={"n_embd": 16, "n_hidden": 24, "n_ctx": 16},
+            seq_len=16,
+            batch_size=4,
+            max_steps=1,
+            warmup_steps=0,
+            eval_every=0,
+            device="cpu",
+            precision="bf16",
+            peak_flops=1e11,
+        ),
+        progress=report,
+    )
     assert any("LSTM layer computes in float32" in n["message"] for n in report.of("note"))
 
 
@@ -134,15 +146,28 @@ def test_a_cuda_bf16_lstm_run_says_what_its_lstm_computes_in(tmp_path, monkeypat
 
 @pytest.mark.parametrize("world, micro, rows", [(8, None, 8), (1, None, 64), (8, 4, 4), (3, None, 21)])
 def test_validation_reads_a_ranks_share_not_the_global_batch(world, micro, rows):
-    plan = SimpleNamespace(config=SimpleNamespace(batch_size=64, micro_batch_size=micro), par=SimpleNamespace(world_size=world))
+    plan = SimpleNamespace(
+        config=SimpleNamespace(batch_size=64, micro_batch_size=micro), par=SimpleNamespace(world_size=world)
+    )
     plan.share = RunPlan.share.fget(plan)
     assert RunPlan.micro.fget(plan) == rows
 
 
 def test_a_resume_loads_the_checkpoint_onto_the_cpu_then_into_the_model(tmp_path, monkeypatch):
     corpus = random_corpus(tmp_path / "corpus")
-    cfg = dict(data=corpus, out=tmp_path / "run", preset="tiny", model=dict(MODEL), seq_len=16, batch_size=4,
-               warmup_steps=0, eval_every=0, device="cpu", precision="fp32", peak_flops=1e11)
+    cfg = dict(
+        data=corpus,
+        out=tmp_path / "run",
+        preset="tiny",
+        model=dict(MODEL),
+        seq_len=16,
+        batch_size=4,
+        warmup_steps=0,
+        eval_every=0,
+        device="cpu",
+        precision="fp32",
+        peak_flops=1e11,
+    )
     pretrain(PretrainConfig(**cfg, max_steps=2))
     real, where = pretrain_mod.ckpt.load_checkpoint, []
 
@@ -209,17 +234,33 @@ def host_reads(monkeypatch):
 def _loop_reads(seen) -> list[tuple[str, tuple[str, ...]]]:
     """The reads the update loop makes for its updates: not those of an evaluation or of the weights' check before a
     checkpoint, which the loop also runs (at the end, and on their cadences)."""
-    return [(f, chain) for f, chain in seen
-            if "train" in chain and "evaluate" not in chain and "check_weights" not in chain]
+    return [
+        (f, chain) for f, chain in seen if "train" in chain and "evaluate" not in chain and "check_weights" not in chain
+    ]
 
 
 @pytest.mark.parametrize("log_every", [1, 4])
 def test_a_pretraining_update_reads_nothing_back_except_when_it_is_logged(tmp_path, host_reads, log_every):
     corpus = random_corpus(tmp_path / "corpus")
-    pretrain(PretrainConfig(data=corpus, out=tmp_path / "run", preset="tiny", model=dict(MODEL), seq_len=16,
-                            batch_size=4, max_steps=12, warmup_steps=0, eval_every=0, save_every=0,
-                            log_every=log_every, device="cpu", precision="fp32", peak_flops=1e11,
-                            kernels=GPU_KERNELS))
+    pretrain(
+        PretrainConfig(
+            data=corpus,
+            out=tmp_path / "run",
+            preset="tiny",
+            model=dict(MODEL),
+            seq_len=16,
+            batch_size=4,
+            max_steps=12,
+            warmup_steps=0,
+            eval_every=0,
+            save_every=0,
+            log_every=log_every,
+            device="cpu",
+            precision="fp32",
+            peak_flops=1e11,
+            kernels=GPU_KERNELS,
+        )
+    )
     loop = _loop_reads(host_reads)
     assert loop, "the loop reads its figures somewhere"
     assert not [r for r in loop if "update" in r[1] or "step" in r[1]], loop  # queued updates never wait
@@ -229,20 +270,37 @@ def test_a_pretraining_update_reads_nothing_back_except_when_it_is_logged(tmp_pa
 
 
 @pytest.mark.parametrize("layout", ["packed", "padded"])
-def test_a_finetuning_update_reads_nothing_back_except_when_it_is_logged(tmp_path, host_reads, pretrained, shared_data,
-                                                                         layout):
+def test_a_finetuning_update_reads_nothing_back_except_when_it_is_logged(
+    tmp_path, host_reads, pretrained, shared_data, layout
+):
     """Both layouts (padded is the LSTM's, and ``--layout padded``): the padded one used to index the hidden states
     by the mask for the LM loss, two reads back per micro-batch on a GPU."""
     from gptcli.train.finetune import FinetuneConfig, finetune
 
-    finetune(FinetuneConfig(task="sst2", init=str(pretrained), out=str(tmp_path / "ft"),
-                            data_dir=str(shared_data / "glue/SST-2"), max_train_examples=40, max_eval_examples=8,
-                            batch_size=4, epochs=1, log_every=5, device="cpu", precision="fp32",
-                            kernels=GPU_KERNELS, layout=layout))
+    finetune(
+        FinetuneConfig(
+            task="sst2",
+            init=str(pretrained),
+            out=str(tmp_path / "ft"),
+            data_dir=str(shared_data / "glue/SST-2"),
+            max_train_examples=40,
+            max_eval_examples=8,
+            batch_size=4,
+            epochs=1,
+            log_every=5,
+            device="cpu",
+            precision="fp32",
+            kernels=GPU_KERNELS,
+            layout=layout,
+        )
+    )
     # Reads of the batch as the host builds it, before it goes to the device (the LM positions counted in
     # `collate`, not in the loss), and the head's extract-token check, on the CPU only (on a GPU it is skipped).
-    loop = [(f, chain) for f, chain in _loop_reads(host_reads)
-            if f != "first_extract_positions" and not (f == "lm_positions" and "collate" in chain)]
+    loop = [
+        (f, chain)
+        for f, chain in _loop_reads(host_reads)
+        if f != "first_extract_positions" and not (f == "lm_positions" and "collate" in chain)
+    ]
     assert not [r for r in loop if "update" in r[1] or "step" in r[1]], loop
     # 10 updates, logged at 5 and 10 (the epoch's last): the non-finite watch and the updates' figures, one
     # transfer each.
@@ -261,12 +319,30 @@ def test_a_nan_between_logged_updates_is_caught_at_the_next_and_named_exactly(tm
     corpus = random_corpus(tmp_path / "corpus")
     run = tmp_path / "run"
     with pytest.raises(NonFiniteLossError) as e:
-        pretrain(PretrainConfig(data=corpus, out=run, preset="tiny", model=dict(MODEL), seq_len=16, batch_size=4,
-                                max_steps=20, warmup_steps=0, eval_every=0, save_every=4, log_every=8,
-                                device="cpu", precision="fp32", peak_flops=1e11))
+        pretrain(
+            PretrainConfig(
+                data=corpus,
+                out=run,
+                preset="tiny",
+                model=dict(MODEL),
+                seq_len=16,
+                batch_size=4,
+                max_steps=20,
+                warmup_steps=0,
+                eval_every=0,
+                save_every=4,
+                log_every=8,
+                device="cpu",
+                precision="fp32",
+                peak_flops=1e11,
+            )
+        )
     msg = str(e.value)
     # Read at update 8 (the save at 4 checked earlier updates only): update 6's loss, and step-4 is the good one.
-    assert "loss became nan at update 6" in msg and f"before the divergence is {run / 'checkpoints' / 'step-0000004'}" in msg
+    assert (
+        "loss became nan at update 6" in msg
+        and f"before the divergence is {run / 'checkpoints' / 'step-0000004'}" in msg
+    )
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0000004"]
 
 
@@ -297,8 +373,11 @@ def test_the_lstm_flattens_its_weights_after_a_load_not_on_every_forward(monkeyp
     monkeypatch.setattr(model.lstm, "flatten_parameters", lambda: calls.append(1))
     model(torch.randint(0, 50, (1, 4)))
     assert calls == []
-    fake = SimpleNamespace(lstm=SimpleNamespace(parameters=lambda: iter([SimpleNamespace(is_cuda=True)]),
-                                                flatten_parameters=lambda: calls.append(2)))
+    fake = SimpleNamespace(
+        lstm=SimpleNamespace(
+            parameters=lambda: iter([SimpleNamespace(is_cuda=True)]), flatten_parameters=lambda: calls.append(2)
+        )
+    )
     lstm_mod._reflatten(fake, None)
     assert calls == [2]
     model.load_state_dict(model.state_dict(), assign=True)  # the hook runs on CPU too, and does nothing there
@@ -325,9 +404,23 @@ def test_bf16_asked_on_a_cpu_that_only_emulates_it_is_warned_about(monkeypatch, 
     assert runtime.precision_warning("bf16", torch.device("cuda")) is None
     # The run says it as it starts (pretrain's start notes; finetune calls the same function once it has a device).
     report = RecordingProgress()
-    pretrain(PretrainConfig(data=random_corpus(tmp_path / "corpus"), out=tmp_path / "run", preset="tiny",
-                            model=dict(MODEL), seq_len=16, batch_size=4, max_steps=1, warmup_steps=0, eval_every=0,
-                            device="cpu", precision="bf16", peak_flops=1e11), progress=report)
+    pretrain(
+        PretrainConfig(
+            data=random_corpus(tmp_path / "corpus"),
+            out=tmp_path / "run",
+            preset="tiny",
+            model=dict(MODEL),
+            seq_len=16,
+            batch_size=4,
+            max_steps=1,
+            warmup_steps=0,
+            eval_every=0,
+            device="cpu",
+            precision="bf16",
+            peak_flops=1e11,
+        ),
+        progress=report,
+    )
     assert any("emulated" in n["message"] and n["level"] == "warn" for n in report.of("note"))
     monkeypatch.setattr(runtime, "_cpu_flags", lambda: "flags\t: avx512f avx512_bf16")  # Zen 4: native
     assert runtime.precision_warning("bf16", cpu) is None
@@ -367,13 +460,21 @@ def test_the_cpu_peak_measurement_stays_short_where_products_are_emulated(monkey
     assert clock.now <= 2.0 + 3 * 2.0 * side**3 / rate  # the time asked, plus at most the three timed products
 
 
-@pytest.mark.parametrize("name, precision, peak", [
-    ("NVIDIA H100 80GB HBM3", "bf16", 989.4e12), ("NVIDIA H100 NVL", "bf16", 835.5e12),
-    ("NVIDIA H100 PCIe", "fp32", 378e12), ("NVIDIA L40", "bf16", 181e12), ("NVIDIA L4", "bf16", 121e12),
-    ("NVIDIA H200", "bf16", 989.4e12), ("Tesla V100-SXM2-16GB", "fp16", 125e12),
-    ("Tesla V100-SXM2-16GB", "bf16", None), ("NVIDIA H100 SXM5 Engineering Sample", "bf16", None),
-    ("Some Future GPU", "bf16", None),
-])
+@pytest.mark.parametrize(
+    "name, precision, peak",
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.4e12),
+        ("NVIDIA H100 NVL", "bf16", 835.5e12),
+        ("NVIDIA H100 PCIe", "fp32", 378e12),
+        ("NVIDIA L40", "bf16", 181e12),
+        ("NVIDIA L4", "bf16", 121e12),
+        ("NVIDIA H200", "bf16", 989.4e12),
+        ("Tesla V100-SXM2-16GB", "fp16", 125e12),
+        ("Tesla V100-SXM2-16GB", "bf16", None),
+        ("NVIDIA H100 SXM5 Engineering Sample", "bf16", None),
+        ("Some Future GPU", "bf16", None),
+    ],
+)
 def test_gpu_peaks_match_the_exact_device_name(name, precision, peak):
     got = peak_for_gpu_name(name, precision)
     assert got == pytest.approx(peak) if peak else got is None
@@ -397,4 +498,3 @@ def test_a_fused_adamw_fallback_is_said_once(monkeypatch):
     monkeypatch.setattr(torch.optim, "AdamW", real)
     make_optimizer(torch.nn.Linear(2, 2), 1e-3, report=quiet)
     assert quiet.of("note") == []
-

@@ -53,7 +53,13 @@ def test_make_optimizer_paper_hyperparameters():
 def test_paper_defaults_and_step_planning():
     c = PretrainConfig()
     assert (c.batch_size, c.seq_len, c.lr, c.warmup_steps, c.weight_decay, c.grad_clip, c.epochs) == (
-        64, 512, 2.5e-4, 2000, 0.01, 1.0, 100.0
+        64,
+        512,
+        2.5e-4,
+        2000,
+        0.01,
+        1.0,
+        100.0,
     )
     assert (c.beta1, c.beta2, c.eps, c.schedule, c.decay) == (0.9, 0.999, 1e-8, "cosine", "paper")
     assert plan_steps(c, steps_per_epoch=50) == 5000
@@ -83,7 +89,8 @@ def test_released_schedule_shape():
     total, peak = 1000, 1.0
     # Warm-up over t ≤ 2 (x ≤ 0.002, the boundary included), its ramp multiplied by 1 − x; then 1 − x from there.
     assert [released_lr(t, total, peak, 0.002) for t in range(4)] == pytest.approx(
-        [0.0, 0.5 * 0.999, 1.0 * 0.998, 0.997])
+        [0.0, 0.5 * 0.999, 1.0 * 0.998, 0.997]
+    )
     assert released_lr(500, total, peak, 0.002) == pytest.approx(0.5)  # decay over the whole run, not from warm-up
     assert released_lr(5, total, peak, 0.0) == pytest.approx(0.995)  # no warm-up (the released code divides by 0)
     assert warmup_linear(0.001) == pytest.approx(0.5 * 0.999)

@@ -13,23 +13,37 @@ from pathlib import Path
 
 import pytest
 import torch
+from corpus_helpers import random_corpus, text_corpus
 
 import gptcli.train.pretrain as pretrain_mod
-from gptcli.train.run.loop import NonFiniteLossError
-from corpus_helpers import random_corpus, text_corpus
 from gptcli.checkpoint import load_checkpoint
 from gptcli.errors import GPT1Error
 from gptcli.progress import Progress, RecordingProgress
 from gptcli.train.pretrain import PretrainConfig, pretrain
+from gptcli.train.run.loop import NonFiniteLossError
 
 TESTS = Path(__file__).resolve().parents[1] / "helpers"
 MODEL = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_inner": 256, "n_ctx": 32}
 
 
 def _cfg(data: Path, out: Path, **kw) -> PretrainConfig:
-    base = dict(data=data, out=out, preset="tiny", model=dict(MODEL), seq_len=32, batch_size=8, micro_batch_size=4,
-                max_steps=8, warmup_steps=2, eval_every=0, save_every=0, log_every=1, device="cpu",
-                precision="fp32", peak_flops=1e11)
+    base = dict(
+        data=data,
+        out=out,
+        preset="tiny",
+        model=dict(MODEL),
+        seq_len=32,
+        batch_size=8,
+        micro_batch_size=4,
+        max_steps=8,
+        warmup_steps=2,
+        eval_every=0,
+        save_every=0,
+        log_every=1,
+        device="cpu",
+        precision="fp32",
+        peak_flops=1e11,
+    )
     base.update(kw)
     return PretrainConfig(**base)
 
@@ -68,8 +82,20 @@ def test_tiny_run_on_books_learns(shared_data, tmp_path):
     texts = [(shared_data / "books" / b).read_text(encoding="utf-8-sig")[20_000:80_000] for b in books]
     data = text_corpus(tmp_path / "books", texts)
     run = tmp_path / "run"
-    res = pretrain(_cfg(data, run, max_steps=60, batch_size=16, micro_batch_size=16, lr=3e-3, warmup_steps=5,
-                        eval_every=20, eval_batches=8, log_every=10))
+    res = pretrain(
+        _cfg(
+            data,
+            run,
+            max_steps=60,
+            batch_size=16,
+            micro_batch_size=16,
+            lr=3e-3,
+            warmup_steps=5,
+            eval_every=20,
+            eval_batches=8,
+            log_every=10,
+        )
+    )
     evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"eval"' in line]
     assert [e["step"] for e in evals] == [20, 40, 60]
     assert math.log(256) - 1.0 > evals[-1]["loss"]  # far below a uniform byte model (5.55 nats)
@@ -103,8 +129,11 @@ def test_pretrain_reports_through_progress(corpus, tmp_path):
     assert rec.of("stage")[0] == {"name": "pretrain", "total": 4, "unit": "updates", "done": 0}
     advances = rec.of("advance")
     assert [a["n"] for a in advances] == [2, 2]  # one per logged update; positions 2 and 4
-    logged = [r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
-              if r["kind"] == "train"]
+    logged = [
+        r
+        for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+        if r["kind"] == "train"
+    ]
     for a, r in zip(advances, logged):
         assert (a["loss"], a["lr"], a["grad_norm"]) == (r["loss"], r["lr"], r["grad_norm"])
         assert a["tok/s"] == round(r["tokens_per_s"]) and {"MFU", "ETA"} <= set(a)
@@ -157,9 +186,23 @@ def test_resume_after_kill_mid_save(corpus, tmp_path):
     full = tmp_path / "full"
     pretrain(_cfg(corpus, full, max_steps=9, save_every=3))
     run = tmp_path / "killed"
-    kw = dict(data=str(corpus), out=str(run), preset="tiny", model=MODEL, seq_len=32, batch_size=8,
-              micro_batch_size=4, max_steps=9, warmup_steps=2, eval_every=0, save_every=3, log_every=1,
-              device="cpu", precision="fp32", peak_flops=1e11)
+    kw = dict(
+        data=str(corpus),
+        out=str(run),
+        preset="tiny",
+        model=MODEL,
+        seq_len=32,
+        batch_size=8,
+        micro_batch_size=4,
+        max_steps=9,
+        warmup_steps=2,
+        eval_every=0,
+        save_every=3,
+        log_every=1,
+        device="cpu",
+        precision="fp32",
+        peak_flops=1e11,
+    )
     script = KILL_SCRIPT.format(tests=str(TESTS), cfg=f"{kw!r}", threads=torch.get_num_threads())
     proc = subprocess.run([sys.executable, "-c", script], cwd=TESTS.parent, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
@@ -199,17 +242,61 @@ def _cli(args, capsys):
 
 def test_cli_pretrain_then_eval_perplexity(corpus, tmp_path, capsys):
     run = tmp_path / "run"
-    args = ["pretrain", "--data", str(corpus), "--out", str(run), "--preset", "tiny", "--n-layer", "2",
-            "--n-embd", "64", "--n-head", "4", "--n-inner", "256", "--n-ctx", "32", "--seq-len", "32",
-            "--batch-size", "8", "--max-steps", "3", "--warmup-steps", "1", "--device", "cpu",
-            "--precision", "fp32", "--peak-flops", "1e11", "--quiet"]
+    args = [
+        "pretrain",
+        "--data",
+        str(corpus),
+        "--out",
+        str(run),
+        "--preset",
+        "tiny",
+        "--n-layer",
+        "2",
+        "--n-embd",
+        "64",
+        "--n-head",
+        "4",
+        "--n-inner",
+        "256",
+        "--n-ctx",
+        "32",
+        "--seq-len",
+        "32",
+        "--batch-size",
+        "8",
+        "--max-steps",
+        "3",
+        "--warmup-steps",
+        "1",
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+        "--peak-flops",
+        "1e11",
+        "--quiet",
+    ]
     code, _, err = _cli(args, capsys)
     assert code == 0, err
     saved = (run / "config.toml").read_text()
     assert "max_steps = 3" in saved and "n_layer = 2" in saved
     final = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"eval"' in x][-1]
-    code, out, err = _cli(["eval", "--checkpoint", str(run), "--data", str(corpus), "--split", "val",
-                           "--seq-len", "32", "--device", "cpu"], capsys)
+    code, out, err = _cli(
+        [
+            "eval",
+            "--checkpoint",
+            str(run),
+            "--data",
+            str(corpus),
+            "--split",
+            "val",
+            "--seq-len",
+            "32",
+            "--device",
+            "cpu",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert f"{final['perplexity']:.2f}" in out  # same windows, same number
     # Resuming a finished run with its saved config extends it.
@@ -232,8 +319,20 @@ def test_cli_errors_are_one_line(corpus, tmp_path, capsys):
     assert code == 1 and "checkpoint not found" in err
     code, _, err = _cli(["pretrain", "--data", str(corpus), "--out", str(tmp_path / "r"), "--precision", "fp8"], capsys)
     assert code == 1 and "--precision" in err
-    code, _, err = _cli(["pretrain", "--data", str(corpus), "--out", str(tmp_path / "r"), "--batch-size", "6",
-                         "--micro-batch-size", "4"], capsys)
+    code, _, err = _cli(
+        [
+            "pretrain",
+            "--data",
+            str(corpus),
+            "--out",
+            str(tmp_path / "r"),
+            "--batch-size",
+            "6",
+            "--micro-batch-size",
+            "4",
+        ],
+        capsys,
+    )
     assert code == 1 and "multiple of --micro-batch-size" in err
     bad_cfg = tmp_path / "run.toml"
     bad_cfg.write_text('data = "x"\nout = "y"\nlearning_rate = 1.0\n')
@@ -257,15 +356,18 @@ def test_perplexity_scores_every_token_once():
     assert res.tokens == 4 + 39 + 32 and math.isfinite(res.perplexity)
 
 
-@pytest.mark.parametrize("model, message", [
-    ({"n_layer": "x"}, "model.n_layer: expected an integer, got 'x'"),  # was a TypeError traceback
-    ({"n_head": "4"}, "model.n_head: expected an integer, got '4'"),
-    ({"n_embd": 256.0}, "model.n_embd: expected an integer, got 256.0"),  # was a traceback in torch.empty
-    ({"n_embd": 1.5}, "model.n_embd: expected an integer, got 1.5"),  # was "must be divisible by n_head"
-    ({"n_layer": True}, "model.n_layer: expected an integer, got True"),  # trained a 1-layer model
-    ({"init_std": "wide"}, "model.init_std: expected a number, got 'wide'"),
-    ({"n_hidden": 64}, "unknown model setting(s) n_hidden in [model]"),  # an LSTM's field on a Transformer
-])
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ({"n_layer": "x"}, "model.n_layer: expected an integer, got 'x'"),  # was a TypeError traceback
+        ({"n_head": "4"}, "model.n_head: expected an integer, got '4'"),
+        ({"n_embd": 256.0}, "model.n_embd: expected an integer, got 256.0"),  # was a traceback in torch.empty
+        ({"n_embd": 1.5}, "model.n_embd: expected an integer, got 1.5"),  # was "must be divisible by n_head"
+        ({"n_layer": True}, "model.n_layer: expected an integer, got True"),  # trained a 1-layer model
+        ({"init_std": "wide"}, "model.init_std: expected a number, got 'wide'"),
+        ({"n_hidden": 64}, "unknown model setting(s) n_hidden in [model]"),  # an LSTM's field on a Transformer
+    ],
+)
 def test_model_overrides_are_typed_against_the_presets_fields(model, message, corpus, tmp_path):
     with pytest.raises(GPT1Error, match=re.escape(message)):
         pretrain(_cfg(corpus, tmp_path / "run", model={**MODEL, **model}))
@@ -291,6 +393,7 @@ def _bare_lm(directory: Path, tokenizer=None) -> Path:
 
 def test_eval_refuses_a_seq_len_over_the_models_context(corpus, tmp_path):
     from corpus_helpers import ByteTokenizer
+
     from gptcli.eval.perplexity import corpus_perplexity
 
     ck = _bare_lm(tmp_path / "ck", ByteTokenizer())

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from corpus_helpers import random_corpus, write_corpus
 
 import gptcli.train.pretrain_hints as hints_mod
-from corpus_helpers import random_corpus, write_corpus
 from gptcli.progress import RecordingProgress
 from gptcli.train.pretrain import PretrainConfig, pretrain
 from gptcli.train.pretrain_hints import unigram_loss, warmup_warning
@@ -22,9 +22,22 @@ MODEL = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 64, "n_ctx": 16}
 
 
 def _cfg(data: Path, out: Path, **kw) -> PretrainConfig:
-    base = dict(data=data, out=out, preset="tiny", model=dict(MODEL), seq_len=16, batch_size=8, max_steps=8,
-                warmup_steps=2, eval_every=4, save_every=0, log_every=4, device="cpu", precision="fp32",
-                peak_flops=1e11)
+    base = dict(
+        data=data,
+        out=out,
+        preset="tiny",
+        model=dict(MODEL),
+        seq_len=16,
+        batch_size=8,
+        max_steps=8,
+        warmup_steps=2,
+        eval_every=4,
+        save_every=0,
+        log_every=4,
+        device="cpu",
+        precision="fp32",
+        peak_flops=1e11,
+    )
     return PretrainConfig(**{**base, **kw})
 
 

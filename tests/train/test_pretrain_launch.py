@@ -19,8 +19,17 @@ def corpus(tmp_path_factory):
 
 
 def _config(corpus, out, **kw) -> PretrainConfig:
-    return PretrainConfig(data=corpus, out=out, preset="tiny", model={"n_layer": 1, "n_embd": 32, "n_head": 2,
-                          "n_inner": 64, "n_ctx": 16}, seq_len=16, batch_size=4, max_steps=2, device="cpu", **kw)
+    return PretrainConfig(
+        data=corpus,
+        out=out,
+        preset="tiny",
+        model={"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 64, "n_ctx": 16},
+        seq_len=16,
+        batch_size=4,
+        max_steps=2,
+        device="cpu",
+        **kw,
+    )
 
 
 def test_the_workers_get_the_settings_less_the_verification_done_here(corpus, tmp_path) -> None:
@@ -37,5 +46,6 @@ def test_what_cannot_run_is_refused_before_any_worker_starts(corpus, tmp_path) -
         plan_pretrain_launch(_config(corpus, tmp_path / "run", kernels="fast"), LaunchSpec(nproc_per_node=2))
     for verify in (True, False):  # refused once here, not by every worker after it started
         with pytest.raises(GPT1Error, match="--val-split nosuch: corpus .* has no such split"):
-            plan_pretrain_launch(_config(corpus, tmp_path / "run", val_split="nosuch", verify_data=verify),
-                                 LaunchSpec(nproc_per_node=2))
+            plan_pretrain_launch(
+                _config(corpus, tmp_path / "run", val_split="nosuch", verify_data=verify), LaunchSpec(nproc_per_node=2)
+            )

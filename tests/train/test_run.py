@@ -52,8 +52,11 @@ class Job:
 
     def moment(self):
         s, last = self.state.step, self.state.step == self.state.total
-        return Moment(log=s % self.log_every == 0 or last, evaluate=s % self.eval_every == 0 or last,
-                      save=s % self.save_every == 0 or last)
+        return Moment(
+            log=s % self.log_every == 0 or last,
+            evaluate=s % self.eval_every == 0 or last,
+            save=s % self.save_every == 0 or last,
+        )
 
     def owed(self):
         return self.owes
@@ -87,9 +90,25 @@ def _run(job, **kw) -> str | None:
 def test_the_loop_reads_only_at_sync_points_and_follows_one_order():
     job = Job([1.0] * 6)
     assert _run(job) is None
-    assert job.calls == ["update 1", "update 2", "read 2", "log 2", "update 3", "read 3", "evaluate 3",
-                         "update 4", "read 4", "log 4", "save 4", "update 5",
-                         "update 6", "read 6", "log 6", "evaluate 6", "save 6"]
+    assert job.calls == [
+        "update 1",
+        "update 2",
+        "read 2",
+        "log 2",
+        "update 3",
+        "read 3",
+        "evaluate 3",
+        "update 4",
+        "read 4",
+        "log 4",
+        "save 4",
+        "update 5",
+        "update 6",
+        "read 6",
+        "log 6",
+        "evaluate 6",
+        "save 6",
+    ]
     assert job.state.saved == 6 and job.state.last_checkpoint == Path("step-6")
 
 
@@ -159,8 +178,9 @@ class Cfg:
     log_every: int = 10
 
 
-RULES = SettingRules(defining=("seed", "new"), adjustable=("lr",), silent=("out", "log_every"),
-                     older_runs={"new": "old"})
+RULES = SettingRules(
+    defining=("seed", "new"), adjustable=("lr",), silent=("out", "log_every"), older_runs={"new": "old"}
+)
 
 
 def _header(**model):
@@ -173,18 +193,22 @@ def test_a_resume_names_every_defining_change_and_notes_the_adjustable_ones():
     mcfg = ModelConfig(n_layer=2, attn_pdrop=0.1)
     saved = {"seed": 0, "lr": 1.0, "new": "x"}
     assert check_resume("run", RULES, Cfg(lr=0.5), saved, _header(), mcfg) == [
-        "resuming with changed settings: lr 1.0 → 0.5"]
+        "resuming with changed settings: lr 1.0 → 0.5"
+    ]
     with pytest.raises(GPT1Error) as e:
         check_resume("run", RULES, Cfg(seed=3), saved, _header(n_layer=4), mcfg, inputs=["data a → b"])
-    assert str(e.value) == ("run: cannot resume with changed settings: data a → b, model n_layer 4 → 2, seed 0 → 3 "
-                            "(these define the run: resume without changing them, or start a new run with another "
-                            "--out)")
+    assert str(e.value) == (
+        "run: cannot resume with changed settings: data a → b, model n_layer 4 → 2, seed 0 → 3 "
+        "(these define the run: resume without changing them, or start a new run with another "
+        "--out)"
+    )
     # A setting a run recorded before it existed is compared against what such runs did, not today's default.
     with pytest.raises(GPT1Error, match="new old → x"):
         check_resume("run", RULES, Cfg(), {"seed": 0, "lr": 1.0}, _header(), mcfg)
     # Dropout is regularisation, not shape: noted. A difference the job cannot attribute, only when nothing else is.
     assert check_resume("run", RULES, Cfg(), saved, _header(attn_pdrop=0.0), mcfg) == [
-        "resuming with changed settings: model attn_pdrop 0.0 → 0.1"]
+        "resuming with changed settings: model attn_pdrop 0.0 → 0.1"
+    ]
     with pytest.raises(GPT1Error, match="changed settings: tokenizer a → b"):
         check_resume("run", RULES, Cfg(), saved, _header(), mcfg, unexplained="tokenizer a → b")
     with pytest.raises(GPT1Error, match="changed settings: seed 0 → 3 \\("):
@@ -197,7 +221,8 @@ def test_a_defining_value_of_an_adjustable_setting_is_refused_to_and_from():
     rules = dataclasses.replace(RULES, defining_values={"lr": (9.0,)})
     mcfg, saved = ModelConfig(n_layer=2, attn_pdrop=0.1), {"seed": 0, "lr": 1.0, "new": "x"}
     assert check_resume("run", rules, Cfg(lr=0.5), saved, _header(), mcfg) == [
-        "resuming with changed settings: lr 1.0 → 0.5"]
+        "resuming with changed settings: lr 1.0 → 0.5"
+    ]
     with pytest.raises(GPT1Error, match=r"changed settings: lr 1\.0 → 9\.0 \(these define the run"):
         check_resume("run", rules, Cfg(lr=9.0), saved, _header(), mcfg)
     with pytest.raises(GPT1Error, match=r"changed settings: lr 9\.0 → 1\.0 \(these define the run"):
@@ -227,8 +252,9 @@ def _step(out: Path, step: int) -> Path:
 
 def test_the_plan_for_out_is_the_same_rule_for_every_kind(tmp_path):
     pre = RunKind("pretrain-run", "pretraining run", overwrite=False)
-    fine = RunKind("finetune-run", "fine-tuning run", overwrite=True, final="a fine-tuned checkpoint",
-                   results="results.json")
+    fine = RunKind(
+        "finetune-run", "fine-tuning run", overwrite=True, final="a fine-tuned checkpoint", results="results.json"
+    )
     kw = dict(verify=True, inputs=[], report=RecordingProgress())
     assert plan_run_dir(pre, tmp_path / "new", resume=False, overwrite=False, **kw).mode == "fresh"
     run = tmp_path / "run"
@@ -239,8 +265,11 @@ def test_the_plan_for_out_is_the_same_rule_for_every_kind(tmp_path):
     mark(run, "finetune-run")
     plan = plan_run_dir(fine, run, resume=True, overwrite=False, **kw)
     assert plan.mode == "resume" and plan.resume_from.name == "step-0000004"
-    with pytest.raises(GPT1Error, match="holds an unfinished fine-tuning run with checkpoints \\(pass --resume to "
-                                        "continue it, or --overwrite to start it over\\)"):
+    with pytest.raises(
+        GPT1Error,
+        match="holds an unfinished fine-tuning run with checkpoints \\(pass --resume to "
+        "continue it, or --overwrite to start it over\\)",
+    ):
         plan_run_dir(fine, run, resume=False, overwrite=False, **kw)
     assert plan_run_dir(fine, run, resume=False, overwrite=True, **kw).mode == "replace"
 
@@ -287,8 +316,12 @@ def test_a_resume_skips_a_damaged_checkpoint_and_says_so(tmp_path):
 
 def test_metrics_are_cut_back_to_what_the_checkpoint_had_seen(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    lines = [{"kind": "train", "step": 2}, {"kind": "eval", "step": 2}, {"kind": "train", "step": 4},
-             {"kind": "eval", "step": 4}]
+    lines = [
+        {"kind": "train", "step": 2},
+        {"kind": "eval", "step": 2},
+        {"kind": "train", "step": 4},
+        {"kind": "eval", "step": 4},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     reopen_metrics(path, 3, 4, RecordingProgress())  # counted: an eval of step 4 the checkpoint never saw goes
     assert [json.loads(x) for x in path.read_text().splitlines()] == lines[:3]
@@ -317,9 +350,20 @@ def test_fine_tuning_stops_on_a_nan_naming_the_checkpoint_before_it(pretrained, 
 
     monkeypatch.setattr(TaskLoss, "__call__", poisoned)
     run = tmp_path / "ft"
-    cfg = FinetuneConfig(task="sst2", init=str(pretrained), out=str(run), data_dir=str(shared_data / "glue/SST-2"),
-                         max_train_examples=40, max_eval_examples=8, batch_size=4, epochs=1, log_every=3,
-                         save_every=2, device="cpu", precision="fp32")
+    cfg = FinetuneConfig(
+        task="sst2",
+        init=str(pretrained),
+        out=str(run),
+        data_dir=str(shared_data / "glue/SST-2"),
+        max_train_examples=40,
+        max_eval_examples=8,
+        batch_size=4,
+        epochs=1,
+        log_every=3,
+        save_every=2,
+        device="cpu",
+        precision="fp32",
+    )
     with pytest.raises(NonFiniteLossError) as e:
         finetune(cfg)
     msg = str(e.value)
@@ -334,10 +378,21 @@ def _tiny_pretraining(tmp_path: Path) -> tuple[Path, dict]:
     from corpus_helpers import random_corpus
 
     corpus, run = random_corpus(tmp_path / "corpus"), tmp_path / "run"
-    return run, dict(data=corpus, out=run, preset="tiny", model={"n_layer": 1, "n_embd": 32, "n_head": 2,
-                                                                 "n_inner": 64, "n_ctx": 16},
-                     seq_len=16, batch_size=4, warmup_steps=1, eval_every=2, save_every=2, log_every=1, device="cpu",
-                     precision="fp32", peak_flops=1e11)
+    return run, dict(
+        data=corpus,
+        out=run,
+        preset="tiny",
+        model={"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 64, "n_ctx": 16},
+        seq_len=16,
+        batch_size=4,
+        warmup_steps=1,
+        eval_every=2,
+        save_every=2,
+        log_every=1,
+        device="cpu",
+        precision="fp32",
+        peak_flops=1e11,
+    )
 
 
 def test_a_finished_pretraining_run_resumed_as_it_was_validates_and_writes_nothing_new(tmp_path):

@@ -78,8 +78,22 @@ def logged(run_dir: Path) -> tuple[dict[int, dict], dict, dict]:
 def test_pretrain_logs_the_same_scalars_config_and_checkpoints_offline(tmp_path, capsys):
     data = random_corpus(tmp_path / "corpus")
     run = tmp_path / "run"
-    args = ["pretrain", "--data", str(data), "--out", str(run), *TINY_ARGS, "--max-steps", "4", "--save-every", "2",
-            "--eval-every", "2", "--log-every", "1"]
+    args = [
+        "pretrain",
+        "--data",
+        str(data),
+        "--out",
+        str(run),
+        *TINY_ARGS,
+        "--max-steps",
+        "4",
+        "--save-every",
+        "2",
+        "--eval-every",
+        "2",
+        "--log-every",
+        "1",
+    ]
     code, _, err = cli([*args, "--wandb"], capsys)
     assert code == 0, err
     history, summary, config = logged(run)
@@ -97,8 +111,9 @@ def test_pretrain_logs_the_same_scalars_config_and_checkpoints_offline(tmp_path,
 
     # Resumed for two more updates: the same W&B run (its id is kept in RUN/wandb); a project given by name.
     run_id = summary["_run_id"]
-    code, _, err = cli([*args[:-6], "--max-steps", "6", "--save-every", "2", "--log-every", "1", "--resume",
-                        "--wandb=gpt1"], capsys)
+    code, _, err = cli(
+        [*args[:-6], "--max-steps", "6", "--save-every", "2", "--log-every", "1", "--resume", "--wandb=gpt1"], capsys
+    )
     assert code == 0, err
     history, summary, _ = logged(run)
     assert summary["_run_id"] == run_id and summary["_project"] == "gpt1"
@@ -128,9 +143,32 @@ def test_finetune_logs_the_same_records(pretrained, tmp_path, capsys):
     from run_helpers import sst2_folder
 
     run = tmp_path / "ft"
-    code, _, err = cli(["finetune", "--task", "sst2", "--init", str(pretrained), "--out", str(run), "--data-dir",
-                        str(sst2_folder(tmp_path / "SST-2")), "--epochs", "2", "--batch-size", "4", "--log-every", "1",
-                        "--device", "cpu", "--precision", "fp32", "-q", "--wandb=ft"], capsys)
+    code, _, err = cli(
+        [
+            "finetune",
+            "--task",
+            "sst2",
+            "--init",
+            str(pretrained),
+            "--out",
+            str(run),
+            "--data-dir",
+            str(sst2_folder(tmp_path / "SST-2")),
+            "--epochs",
+            "2",
+            "--batch-size",
+            "4",
+            "--log-every",
+            "1",
+            "--device",
+            "cpu",
+            "--precision",
+            "fp32",
+            "-q",
+            "--wandb=ft",
+        ],
+        capsys,
+    )
     assert code == 0, err
     history, summary, config = logged(run)
     assert summary["_project"] == "ft" and config["task"] == "sst2"
@@ -143,12 +181,15 @@ def test_finetune_logs_the_same_records(pretrained, tmp_path, capsys):
     assert summary["run_dir"] == str(run) and Path(summary["last_checkpoint"]).name.startswith("step-")
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["pretrain", "--wandb"], ["pretrain", "--wandb=gpt1"]),
-    (["pretrain", "--wandb", "--quiet"], ["pretrain", "--wandb=gpt1", "--quiet"]),
-    (["pretrain", "--wandb", "mine"], ["pretrain", "--wandb", "mine"]),
-    (["pretrain", "--wandb=mine"], ["pretrain", "--wandb=mine"]),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["pretrain", "--wandb"], ["pretrain", "--wandb=gpt1"]),
+        (["pretrain", "--wandb", "--quiet"], ["pretrain", "--wandb=gpt1", "--quiet"]),
+        (["pretrain", "--wandb", "mine"], ["pretrain", "--wandb", "mine"]),
+        (["pretrain", "--wandb=mine"], ["pretrain", "--wandb=mine"]),
+    ],
+)
 def test_wandb_alone_means_the_default_project(argv, expected):
     from gptcli.cli import _optional_values
     from gptcli.train.runlog import DEFAULT_WANDB_PROJECT

@@ -18,12 +18,16 @@ def _casts(fn) -> int:
 
     with profile(record_shapes=True) as prof:
         fn()
-    return sum(e.count for e in prof.key_averages(group_by_input_shape=True)
-               if e.key == "aten::_to_copy" and e.input_shapes and e.input_shapes[0])
+    return sum(
+        e.count
+        for e in prof.key_averages(group_by_input_shape=True)
+        if e.key == "aten::_to_copy" and e.input_shapes and e.input_shapes[0]
+    )
 
 
 def test_bf16_micro_batches_share_one_cast_of_each_weight_and_sum_the_same_gradients(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Trainer.step casts each weight to bf16 once per update, not once per micro-batch (the casts stay in
     autocast's cache until the update's last backward pass), the tied output layer's padded bf16 copy of the
     embedding too (kernels/casts.py), and accumulates the gradients a loop with one autocast region per
@@ -36,8 +40,17 @@ def test_bf16_micro_batches_share_one_cast_of_each_weight_and_sum_the_same_gradi
     real_copy = tied._padded_copy
     monkeypatch.setattr(tied, "_padded_copy", lambda w, dtype: padded.append(1) or real_copy(w, dtype))
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=101, n_ctx=16, n_embd=32, n_layer=2, n_head=2, n_inner=64,
-                      embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+    cfg = ModelConfig(
+        vocab_size=101,
+        n_ctx=16,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        n_inner=64,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        resid_pdrop=0.0,
+    )
     model = GPT(cfg).train()
     batches = list(torch.randint(0, 101, (3, 2, 17)))
 
@@ -61,8 +74,15 @@ def test_bf16_micro_batches_share_one_cast_of_each_weight_and_sum_the_same_gradi
         def step(self, closure=None):  # the gradients as the update sees them; the weights stay as they are
             captured.update({n: p.grad.clone() for n, p in model.named_parameters()})
 
-    trainer = Trainer(model, Capture(model.parameters(), lr=0.0), loss_fn, lambda step: 0.0,
-                      device=torch.device("cpu"), precision="bf16", grad_clip=None)
+    trainer = Trainer(
+        model,
+        Capture(model.parameters(), lr=0.0),
+        loss_fn,
+        lambda step: 0.0,
+        device=torch.device("cpu"),
+        precision="bf16",
+        grad_clip=None,
+    )
     model.zero_grad(set_to_none=True)
     shared_casts = _casts(lambda: trainer.step(0, batches))
     weights = sum(1 for n, _ in model.named_parameters() if "ln_" not in n and "emb" not in n)
@@ -73,12 +93,14 @@ def test_bf16_micro_batches_share_one_cast_of_each_weight_and_sum_the_same_gradi
 
 
 def test_the_amx_forms_cast_each_weight_once_per_update_and_sum_the_same_gradients(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The AMX forms (kernels/linear.py, kernels/tied.py) cast their weights outside autocast, where its cache does
     not reach: inside Trainer.step each linear weight and the padded embedding are cast once per update
     (kernels/casts.py), not once per micro-batch as a loop of autocast regions does, and the gradients are the
     same bit for bit."""
     from compiled_helpers import built_library
+
     from gptcli.model import kernels
     from gptcli.model.kernels import linear, tied
 
@@ -91,14 +113,24 @@ def test_the_amx_forms_cast_each_weight_once_per_update_and_sum_the_same_gradien
         def wrapper(*args):
             made[kind] += 1
             return make(*args)
+
         return wrapper
 
     monkeypatch.setattr(linear, "_bf16", counted("linear", linear._bf16))
     monkeypatch.setattr(tied, "_padded_copy", counted("head", tied._padded_copy))
     torch.manual_seed(0)
     # 4 × 256 positions per micro-batch: enough for the AMX linear form (256) and the padded head (1,024).
-    cfg = ModelConfig(vocab_size=101, n_ctx=256, n_embd=32, n_layer=2, n_head=2, n_inner=64,
-                      embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+    cfg = ModelConfig(
+        vocab_size=101,
+        n_ctx=256,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        n_inner=64,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        resid_pdrop=0.0,
+    )
     model = GPT(cfg).train()
     batches = list(torch.randint(0, 101, (3, 4, 257)))
     n_linear = 4 * cfg.n_layer
@@ -120,8 +152,15 @@ def test_the_amx_forms_cast_each_weight_once_per_update_and_sum_the_same_gradien
         def step(self, closure=None):
             captured.update({n: p.grad.clone() for n, p in model.named_parameters()})
 
-    trainer = Trainer(model, Capture(model.parameters(), lr=0.0), loss_fn, lambda step: 0.0,
-                      device=torch.device("cpu"), precision="bf16", grad_clip=None)
+    trainer = Trainer(
+        model,
+        Capture(model.parameters(), lr=0.0),
+        loss_fn,
+        lambda step: 0.0,
+        device=torch.device("cpu"),
+        precision="bf16",
+        grad_clip=None,
+    )
     made.update(linear=0, head=0)
     model.zero_grad(set_to_none=True)
     trainer.step(0, batches)

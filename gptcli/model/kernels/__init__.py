@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -181,9 +181,27 @@ def prepare(device: torch.device | str, progress: Progress = SILENT) -> None:
         with staged(progress, "compile the CPU kernels for this machine (once)"):
             native.library()
     if native.unavailable() is not None:
-        progress.note(f"compiled CPU kernels unavailable: {native.unavailable()} (the Python kernels run instead, "
-                      "slower; install a C++ compiler to build them)", level="warn")
+        progress.note(
+            f"compiled CPU kernels unavailable: {native.unavailable()} (the Python kernels run instead, "
+            "slower; install a C++ compiler to build them)",
+            level="warn",
+        )
 
 
-__all__ = ["ENV", "MODES", "amx", "check_mode", "config_default", "default_mode", "enabled", "force_amx",
-           "force_onednn_fp32", "mode", "onednn_fp32", "prepare", "set_kernels", "shared_weight_casts", "use_kernels"]
+__all__ = [
+    "ENV",
+    "MODES",
+    "amx",
+    "check_mode",
+    "config_default",
+    "default_mode",
+    "enabled",
+    "force_amx",
+    "force_onednn_fp32",
+    "mode",
+    "onednn_fp32",
+    "prepare",
+    "set_kernels",
+    "shared_weight_casts",
+    "use_kernels",
+]

@@ -119,8 +119,14 @@ def _causal_bias(t: int, device: torch.device, dtype: torch.dtype) -> torch.Tens
     return bias[:t, :t]
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float = 0.0,
-                     path: str | None = None, block_rows: int | None = None) -> torch.Tensor:
+def causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout: float = 0.0,
+    path: str | None = None,
+    block_rows: int | None = None,
+) -> torch.Tensor:
     """Causal attention of ``q``, ``k``, ``v`` (B, H, T, d) with dropout ``dropout`` on the probabilities.
 
     ``dropout`` is applied as given (the caller passes 0 outside training). ``path`` forces a path, ``block_rows``
@@ -132,8 +138,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout:
     return stacked_causal_attention(torch.stack((q, k, v)), dropout, path, block_rows)
 
 
-def stacked_causal_attention(x: torch.Tensor, dropout: float = 0.0, path: str | None = None,
-                             block_rows: int | None = None) -> torch.Tensor:
+def stacked_causal_attention(
+    x: torch.Tensor, dropout: float = 0.0, path: str | None = None, block_rows: int | None = None
+) -> torch.Tensor:
     """:func:`causal_attention` of ``x`` (3, B, H, T, d): q, k and v stacked, any strides. A view of the fused
     projection (``qkv.view(B, T, 3, H, d).permute(2, 0, 3, 1, 4)``) gets its gradient in that projection's layout,
     with no copy to assemble it (in bf16, :class:`_DenseBlockedAttention`)."""
@@ -189,8 +196,17 @@ def _written_out(x: torch.Tensor, bias_of, dropout: float, path: str, block_rows
     return out.view(B, H, t, d)
 
 
-def _probabilities(q: torch.Tensor, kt: torch.Tensor, bias: torch.Tensor | None, a: int, alpha: float,
-                   dropout: float, probs: list, masks: list, dropped: list) -> torch.Tensor:
+def _probabilities(
+    q: torch.Tensor,
+    kt: torch.Tensor,
+    bias: torch.Tensor | None,
+    a: int,
+    alpha: float,
+    dropout: float,
+    probs: list,
+    masks: list,
+    dropped: list,
+) -> torch.Tensor:
     """A block's attention probabilities from its queries ``q`` (N, rows, d) and keys ``kt`` (N, d, keys), the
     block's first query at position ``a``: appended to ``probs`` (and, with dropout, its :class:`Mask` to ``masks``
     and the dropped-out probabilities, unscaled, to ``dropped``); returns what multiplies v.
@@ -207,7 +223,7 @@ def _probabilities(q: torch.Tensor, kt: torch.Tensor, bias: torch.Tensor | None,
     if bias is None:
         scores = torch.baddbmm(q.new_empty(q.size(0), q.size(1), kt.size(2)), q, kt, beta=0.0, alpha=alpha)
     else:
-        scores = torch.baddbmm(bias[..., a:a + q.size(1), :kt.size(2)], q, kt, alpha=alpha)
+        scores = torch.baddbmm(bias[..., a : a + q.size(1), : kt.size(2)], q, kt, alpha=alpha)
     mask = Mask(scores.shape, dropout, scores.device, scores.dtype) if dropout > 0.0 else None
     if COMPILED_SOFTMAX and lib is not None and (mask is None or mask.seed is not None):
         d = torch.empty_like(scores) if mask is not None else None
@@ -351,8 +367,9 @@ class _FusedAttention(torch.autograd.Function):
         if grad.stride(-1) != 1:
             grad = grad.contiguous()
         dx = torch.empty_strided(ctx.layout.shape, ctx.layout.stride(), dtype=grad.dtype, device=grad.device)
-        native.library().fused_attention_backward(*x.unbind(0), out, grad, lse, *dx.unbind(0), ctx.seed, ctx.limit,
-                                                  ctx.scale, FUSED_ROWS)
+        native.library().fused_attention_backward(
+            *x.unbind(0), out, grad, lse, *dx.unbind(0), ctx.seed, ctx.limit, ctx.scale, FUSED_ROWS
+        )
         return dx, None
 
 
@@ -408,7 +425,7 @@ class _DenseBlockedAttention(torch.autograd.Function):
     def backward(ctx, grad):
         n, pairs = len(ctx.pairs), ctx.pairs
         saved = ctx.saved_tensors
-        qs, ks, vs, probs, dropped = (saved[i * n:(i + 1) * n] for i in range(5))
+        qs, ks, vs, probs, dropped = (saved[i * n : (i + 1) * n] for i in range(5))
         B, H, T, d = grad.shape
         dx = torch.empty_strided(ctx.layout.shape, ctx.layout.stride(), dtype=grad.dtype, device=grad.device)
         dq, dk, dv = dx.unbind(0)

@@ -18,7 +18,7 @@ update's last backward pass has used them, before the optimizer changes the weig
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 

@@ -33,9 +33,9 @@ from torch.autograd.function import once_differentiable
 from gptcli.model.kernels import native
 
 
-
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu",
-              dtype: torch.dtype = torch.bool) -> torch.Tensor:
+def keep_mask(
+    shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu", dtype: torch.dtype = torch.bool
+) -> torch.Tensor:
     """A tensor of ``shape``, each entry independently 1 (True) with probability ``1 − p`` and 0 otherwise (module
     docstring), in ``dtype``: a float mask multiplies an activation of its dtype in one vectorised pass, where a
     ``bool`` one is converted element by element on every use (several times slower in bf16).
@@ -62,8 +62,9 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.devic
 
 
 @torch.compiler.disable  # under torch.compile (--compile), run eagerly between graphs: a pybind call is opaque to it
-def dropout(x: torch.Tensor, p: float, training: bool = True,
-            noise_shape: torch.Size | tuple[int, ...] | None = None) -> torch.Tensor:
+def dropout(
+    x: torch.Tensor, p: float, training: bool = True, noise_shape: torch.Size | tuple[int, ...] | None = None
+) -> torch.Tensor:
     """``F.dropout(x, p, training)`` with the mask drawn by ``dropout.cpp`` from a seed where the compiled library
     is built (:class:`Mask`), else by :func:`keep_mask`; ``noise_shape``: one :func:`keep_mask` of that shape
     broadcast over ``x`` (the reference's ``noise_shape``, gptcli/model/dropout.py)."""
@@ -94,8 +95,9 @@ class Mask:
     else is kept), else by :func:`keep_mask` as a tensor."""
 
     @torch.compiler.disable
-    def __init__(self, shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self, shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str, dtype: torch.dtype
+    ) -> None:
         self.shape, self.p, self.dtype = torch.Size(shape), p, dtype
         self._lib = native.library_for(device, dtype)
         self.seed = draw_seed(device) if self._lib is not None else None

@@ -14,6 +14,7 @@ from torch.autograd.function import once_differentiable
 
 from gptcli.model.kernels import native
 
+
 @torch.compiler.disable  # under torch.compile (--compile), run eagerly between graphs: a pybind call is opaque to it
 def gelu(x: torch.Tensor) -> torch.Tensor | None:
     """``F.gelu(x, approximate="tanh")`` by the compiled kernel; ``None`` when it cannot compute it here (another

@@ -49,10 +49,17 @@ take autocast's form."""
 
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether :func:`amx_linear` computes this product (module docstring)."""
-    return (torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
-            and kernels.amx() and x.device.type == "cpu" and torch.is_grad_enabled() and weight.requires_grad
-            and weight.dtype in (torch.float32, torch.bfloat16) and x.numel() >= MIN_POSITIONS * x.size(-1)
-            and not torch.compiler.is_compiling())
+    return (
+        torch.is_autocast_enabled("cpu")
+        and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        and kernels.amx()
+        and x.device.type == "cpu"
+        and torch.is_grad_enabled()
+        and weight.requires_grad
+        and weight.dtype in (torch.float32, torch.bfloat16)
+        and x.numel() >= MIN_POSITIONS * x.size(-1)
+        and not torch.compiler.is_compiling()
+    )
 
 
 def amx_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -71,9 +78,16 @@ def fp32_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     """``F.linear(x, weight, bias)`` in float32 training by :class:`_Fp32Linear`: autograd's products, and the bias
     gradient as :func:`column_sums` (module docstring); ``None`` where it does not apply (no bias, autocast, evaluation, few positions, ``torch.compile``) or
     the library lacks its AVX-512 loops (the only build measured)."""
-    if (bias is None or torch.is_autocast_enabled("cpu") or x.device.type != "cpu" or not torch.is_grad_enabled()
-            or not (weight.requires_grad or bias.requires_grad) or x.numel() < MIN_POSITIONS * x.size(-1)
-            or not x.dtype == weight.dtype == bias.dtype == torch.float32 or torch.compiler.is_compiling()):
+    if (
+        bias is None
+        or torch.is_autocast_enabled("cpu")
+        or x.device.type != "cpu"
+        or not torch.is_grad_enabled()
+        or not (weight.requires_grad or bias.requires_grad)
+        or x.numel() < MIN_POSITIONS * x.size(-1)
+        or not x.dtype == weight.dtype == bias.dtype == torch.float32
+        or torch.compiler.is_compiling()
+    ):
         return None
     lib = native.library_for(x.device, torch.float32)
     if lib is None or lib.vector_isa() != "avx512":
@@ -165,4 +179,3 @@ class _Fp32Linear(torch.autograd.Function):
             dw = torch.mm(g.t(), flat) if ctx.needs_input_grad[1] else None
         db = column_sums(g) if ctx.needs_input_grad[2] else None
         return dx, dw, db, None
-

@@ -21,8 +21,9 @@ REDUCTIONS = ("mean", "sum", "none")
 
 
 @torch.compiler.disable  # under torch.compile (--compile), run eagerly between graphs: a pybind call is opaque to it
-def next_token_nll(logits: torch.Tensor, targets: torch.Tensor, reduction: str, classes: int | None,
-                   ignore: int, consume: bool = False) -> torch.Tensor:
+def next_token_nll(
+    logits: torch.Tensor, targets: torch.Tensor, reduction: str, classes: int | None, ignore: int, consume: bool = False
+) -> torch.Tensor:
     """``F.cross_entropy(logits[:, :classes].float(), targets, ignore_index=ignore, reduction=reduction)`` for 2-D
     ``logits`` and 1-D ``targets``; the padding columns past ``classes`` get a zero gradient. ``consume``: the
     backward pass writes the logits' gradient over the logits themselves (gptcli/model/losses.py)."""
@@ -75,8 +76,9 @@ class _RowBlockNLL(torch.autograd.Function):
     ``F.cross_entropy``'s (tests/model/test_losses.py)."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, classes: int, ignore: int,
-                consume: bool) -> torch.Tensor:
+    def forward(
+        ctx, logits: torch.Tensor, targets: torch.Tensor, classes: int, ignore: int, consume: bool
+    ) -> torch.Tensor:
         valid = targets != ignore
         # int64 indices: torch 2.6's gather and scatter_add_ refuse int32 ones (tests/model/test_losses.py)
         targets = targets.long()

@@ -31,8 +31,16 @@ import torch
 
 from gptcli.errors import GPT1Error
 
-SOURCES: tuple[str, ...] = ("bindings.cpp", "column_sums.cpp", "dropout.cpp", "fused_attention.cpp", "gelu.cpp",
-                             "loss.cpp", "softmax.cpp", "transpose.cpp")
+SOURCES: tuple[str, ...] = (
+    "bindings.cpp",
+    "column_sums.cpp",
+    "dropout.cpp",
+    "fused_attention.cpp",
+    "gelu.cpp",
+    "loss.cpp",
+    "softmax.cpp",
+    "transpose.cpp",
+)
 HEADERS: tuple[str, ...] = ("elementwise.h", "mask_bits.h", "vector.h", "vexp.h")
 """The C++ files of this folder compiled into the one library (with :data:`HEADERS`, the headers they share)."""
 
@@ -131,9 +139,14 @@ def library() -> ModuleType | None:
         from torch.utils import cpp_extension
 
         folder.mkdir(parents=True, exist_ok=True)
-        return cpp_extension.load(name=name, sources=[str(Path(__file__).with_name(s)) for s in SOURCES],
-                                  extra_cflags=flags(), extra_ldflags=["-fopenmp"], build_directory=str(folder),
-                                  verbose=False)
+        return cpp_extension.load(
+            name=name,
+            sources=[str(Path(__file__).with_name(s)) for s in SOURCES],
+            extra_cflags=flags(),
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(folder),
+            verbose=False,
+        )
     except Exception as e:  # any failure to build or load means: compute the reference instead
         lines = [line for line in str(e).strip().splitlines() if line.strip()]
         _failure = f"{type(e).__name__}: {lines[-1] if lines else ''}".strip()
@@ -187,5 +200,20 @@ def unavailable() -> str | None:
     return _failure if library() is None else None
 
 
-__all__ = ["CACHE_ENV", "DTYPES", "HEADERS", "ISAS", "ISA_ENV", "SOURCES", "build_name", "cache_root", "flags", "is_built",
-           "isa", "library", "library_for", "unavailable", "vector_library_for"]
+__all__ = [
+    "CACHE_ENV",
+    "DTYPES",
+    "HEADERS",
+    "ISAS",
+    "ISA_ENV",
+    "SOURCES",
+    "build_name",
+    "cache_root",
+    "flags",
+    "is_built",
+    "isa",
+    "library",
+    "library_for",
+    "unavailable",
+    "vector_library_for",
+]

@@ -42,16 +42,23 @@ def available() -> bool:
 def applies(*tensors: torch.Tensor) -> bool:
     """Whether the float32 products of ``tensors`` run here: the CPU takes oneDNN's (``kernels.onednn_fp32()``),
     all are float32 CPU tensors, outside autocast and ``torch.compile``."""
-    return (kernels.onednn_fp32() and available() and not torch.is_autocast_enabled("cpu")
-            and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
-            and not torch.compiler.is_compiling())
+    return (
+        kernels.onednn_fp32()
+        and available()
+        and not torch.is_autocast_enabled("cpu")
+        and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+        and not torch.compiler.is_compiling()
+    )
 
 
 def inference_applies(x: torch.Tensor, weight: torch.Tensor, min_positions: int) -> bool:
     """Whether ``F.linear(x, weight)`` without gradients (evaluation, scoring, a prompt) runs here: :func:`applies`,
     from ``min_positions`` rows of ``x`` (a decoding step's few rows keep MKL's)."""
-    return (not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-            and x.numel() >= min_positions * x.size(-1) and applies(x, weight))
+    return (
+        not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+        and x.numel() >= min_positions * x.size(-1)
+        and applies(x, weight)
+    )
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -28,8 +28,8 @@ from torch.autograd.function import once_differentiable
 
 from gptcli.model import kernels
 from gptcli.model.kernels import casts, onednn
-from gptcli.model.kernels.transpose import transposed
 from gptcli.model.kernels.tied_lookup import Link
+from gptcli.model.kernels.transpose import transposed
 from gptcli.padding import PAD_ROWS_TO, pad_rows, padded_product, padded_rows
 
 PAD_MIN_POSITIONS = 1024
@@ -165,7 +165,7 @@ def _padded_copy(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``pad_rows(w.to(dtype))`` written in one pass (no padded float32 copy first)."""
     wp = torch.empty(padded_rows(w.size(0)), w.size(1), dtype=dtype, device=w.device)
     wp[: w.size(0)] = w.detach()
-    wp[w.size(0):] = 0.0
+    wp[w.size(0) :] = 0.0
     return wp
 
 

@@ -65,8 +65,7 @@ class Link:
 
 def applies(weight: torch.Tensor) -> bool:
     """Whether :func:`lookup` links: in training, for a leaf weight, outside ``torch.compile``."""
-    return (torch.is_grad_enabled() and weight.requires_grad and weight.is_leaf
-            and not torch.compiler.is_compiling())
+    return torch.is_grad_enabled() and weight.requires_grad and weight.is_leaf and not torch.compiler.is_compiling()
 
 
 def lookup(idx: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, Link | None]:

@@ -19,9 +19,10 @@ import contextlib
 import dataclasses
 import os
 import shutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch.nn as nn
 
@@ -94,8 +95,9 @@ def has_checkpoints(out: str | Path) -> bool:
     return bool(step_checkpoints(out))
 
 
-def plan_run_dir(kind: RunKind, out: Path, *, resume: bool, overwrite: bool, verify: bool, inputs: list[Path],
-                 report: Progress) -> RunDirPlan:
+def plan_run_dir(
+    kind: RunKind, out: Path, *, resume: bool, overwrite: bool, verify: bool, inputs: list[Path], report: Progress
+) -> RunDirPlan:
     """Decide what to do with ``out`` (see :class:`RunDirPlan`): never write into an input or another kind of
     directory. A finished run is replaced only with ``overwrite``; a run with checkpoints is continued with
     ``resume``, started over with ``overwrite``, and refused otherwise (its checkpoints are hours of work); one
@@ -154,8 +156,17 @@ def run_directory(kind: RunKind, out: Path, replace: bool) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)  # a no-op after a successful move
 
 
-def start_run_dir(work: Path, config: Any, *, resumed: bool, step: int, records: int | None, report: Progress,
-                  tensorboard: bool = False, wandb: str | None = None) -> RunLogger:
+def start_run_dir(
+    work: Path,
+    config: Any,
+    *,
+    resumed: bool,
+    step: int,
+    records: int | None,
+    report: Progress,
+    tensorboard: bool = False,
+    wandb: str | None = None,
+) -> RunLogger:
     """(Rank 0) Record the config, bring metrics.jsonl to what the resumed checkpoint had seen (a fresh run starts it
     afresh) and open the run's log."""
     for stale in work.glob(".*.tmp-*"):  # a file write (config, metrics, results) cut short by a kill
@@ -182,14 +193,25 @@ def reopen_metrics(path: Path, records: int | None, step: int, report: Progress)
         return
     kept = keep_first_records(path, records)
     if kept < records:
-        report.note(f"{path}: {records - kept} of the {records} records the checkpoint had seen are missing",
-                    level="warn")
+        report.note(
+            f"{path}: {records - kept} of the {records} records the checkpoint had seen are missing", level="warn"
+        )
 
 
-def write_step_checkpoint(checkpoints: Path, step: int, trainer: Trainer, body: nn.Module, tokenizer: Tokenizer, *,
-                          kind: str, meta: dict[str, Any], state: dict[str, Any], keep_last: int,
-                          head_state: dict[str, Any] | None = None,
-                          extra: Callable[[Path], None] | None = None) -> Path:
+def write_step_checkpoint(
+    checkpoints: Path,
+    step: int,
+    trainer: Trainer,
+    body: nn.Module,
+    tokenizer: Tokenizer,
+    *,
+    kind: str,
+    meta: dict[str, Any],
+    state: dict[str, Any],
+    keep_last: int,
+    head_state: dict[str, Any] | None = None,
+    extra: Callable[[Path], None] | None = None,
+) -> Path:
     """``checkpoints/step-N``: the model (body, and head), the tokenizer and ``meta`` as any checkpoint (so ``gpt1
     eval`` can load it), plus the training state — the job's ``state`` (JSON), the optimizer and loss scaler, every
     RNG — and whatever ``extra`` writes; then keep only the newest ``keep_last`` (0: all)."""
@@ -199,14 +221,22 @@ def write_step_checkpoint(checkpoints: Path, step: int, trainer: Trainer, body: 
         if extra is not None:
             extra(d)
 
-    path = ckpt.save_checkpoint(checkpoints / ckpt.step_dir_name(step), body, tokenizer, kind=kind, meta=meta,
-                           head_state=head_state, extra=training_state)
+    path = ckpt.save_checkpoint(
+        checkpoints / ckpt.step_dir_name(step),
+        body,
+        tokenizer,
+        kind=kind,
+        meta=meta,
+        head_state=head_state,
+        extra=training_state,
+    )
     ckpt.prune_checkpoints(checkpoints, keep_last)
     return path
 
 
-def read_step_checkpoint(path: Path, trainer: Trainer, body: nn.Module, head: nn.Module | None = None
-                         ) -> dict[str, Any]:
+def read_step_checkpoint(
+    path: Path, trainer: Trainer, body: nn.Module, head: nn.Module | None = None
+) -> dict[str, Any]:
     """Load a step checkpoint into a freshly built run: the weights, the optimizer and loss scaler, every RNG; returns
     the job's JSON state. Its files were verified when it was chosen (:func:`gptcli.train.run.resume.resume_point`)
     or ``--no-verify`` said not to.
@@ -219,8 +249,10 @@ def read_step_checkpoint(path: Path, trainer: Trainer, body: nn.Module, head: nn
         if head is not None:
             head.load_state_dict(saved.head_state, strict=True)
     except RuntimeError as e:
-        raise GPT1Error(f"{path}: checkpoint does not match the configured model ({str(e).splitlines()[0]}); "
-                        "resume with the run's own settings") from None
+        raise GPT1Error(
+            f"{path}: checkpoint does not match the configured model ({str(e).splitlines()[0]}); "
+            "resume with the run's own settings"
+        ) from None
     del saved
     doc, tensors = ckpt.read_training_state(path, verify=False)
     ckpt.restore_training_state(doc, tensors, trainer.optimizer, scaler=trainer.scaler)

@@ -25,9 +25,10 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Hashable, Iterator, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 import torch.nn as nn
@@ -88,7 +89,7 @@ class GracefulStop:
             return
         self.requested = signum
 
-    def __enter__(self) -> "GracefulStop":
+    def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():
             for s in self.signals:
                 self._old[s] = signal.signal(s, self._handle)
@@ -230,8 +231,11 @@ def train(job: Job, stop: GracefulStop, report: Progress, max_minutes: float | N
     unread = False
     while not job.finished():
         if deadline is not None and job.par.any(time.monotonic() >= deadline):  # every rank stops at the same update
-            report.note(f"stopped at the time limit ({max_minutes:g} min) after update {job.state.step} of "
-                        f"{job.state.total}: the learning-rate schedule did not finish", level="warn")
+            report.note(
+                f"stopped at the time limit ({max_minutes:g} min) after update {job.state.step} of "
+                f"{job.state.total}: the learning-rate schedule did not finish",
+                level="warn",
+            )
             _finish_early(job, report, stop, unread)
             return None
         if job.state.rank_seed is not None:
@@ -291,8 +295,11 @@ def _memory(job: Job, evaluating: bool) -> Iterator[None]:
     except Exception as e:  # noqa: BLE001 - re-raised as it is unless an allocation failed
         if not is_out_of_memory(e):
             raise
-        during = (f"scoring the held-out data after update {step:,}" if evaluating
-                  else f"in update {step + 1:,} of {job.state.total:,}")
+        during = (
+            f"scoring the held-out data after update {step:,}"
+            if evaluating
+            else f"in update {step + 1:,} of {job.state.total:,}"
+        )
         # Rank 0 knows the path it wrote; another rank knows only that a checkpoint holds a position.
         saved = job.resumable and job.state.saved is not None
         where = (job.state.last_checkpoint or "the run's newest checkpoint") if saved else None
@@ -358,8 +365,10 @@ def diverged(state: RunState, what: str) -> NonFiniteLossError:
         where = f"no checkpoint was saved before the divergence; start a new run with another --out, {advice}"
     else:
         first = f"move away the later {', '.join(later)}, then " if later else ""
-        where = f"the newest checkpoint from before the divergence is {good}; to continue from it, {first}" \
-                f"resume with --resume, {advice}"
+        where = (
+            f"the newest checkpoint from before the divergence is {good}; to continue from it, {first}"
+            f"resume with --resume, {advice}"
+        )
     return NonFiniteLossError(f"{what}; stopping ({where})")
 
 

@@ -15,8 +15,8 @@ No checkpoint is written after the error: an update cut short may have changed s
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -26,8 +26,13 @@ from gptcli.errors import GPT1Error
 # (torch 2.13: "DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes"; older: "not enough
 # memory"), and CUDA's own where memory runs out outside PyTorch's caching allocator (a cuBLAS or cuDNN workspace,
 # a library's handle).
-_RUNTIME_WORDS = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory",
-                  "CUDA error: out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
+_RUNTIME_WORDS = (
+    "DefaultCPUAllocator: can't allocate memory",
+    "DefaultCPUAllocator: not enough memory",
+    "CUDA error: out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+)
 
 
 class OutOfMemory(GPT1Error):
@@ -133,8 +138,14 @@ def _cgroup_memory(membership: Path, root: Path) -> list[tuple[Path, str, str]]:
     return found
 
 
-def too_big_warning(needed: Callable[[int], int], now: int, unit: str, divides: int | None = None,
-                    free: int | None = None, processes: int | None = None) -> str | None:
+def too_big_warning(
+    needed: Callable[[int], int],
+    now: int,
+    unit: str,
+    divides: int | None = None,
+    free: int | None = None,
+    processes: int | None = None,
+) -> str | None:
     """The warning a CPU run gives before its first update when ``needed(now)`` bytes (its largest forward/backward
     at a micro-batch of ``now`` ``unit``) in each of this machine's ``processes`` (default: the launcher's
     ``LOCAL_WORLD_SIZE``, else 1) are more than 90 % of what is free, with the largest micro-batch that fits
@@ -145,16 +156,29 @@ def too_big_warning(needed: Callable[[int], int], now: int, unit: str, divides: 
         return None
     sizes = (k for k in range(now - 1, 0, -1) if divides is None or divides % k == 0)
     fit = next((k for k in sizes if processes * needed(k) <= 0.9 * free), None)
-    advice = (f"pass --micro-batch-size {fit}: the same update, in smaller parts" if fit is not None
-              else "not even a micro-batch of 1 would fit: use a smaller model or a machine with more memory")
+    advice = (
+        f"pass --micro-batch-size {fit}: the same update, in smaller parts"
+        if fit is not None
+        else "not even a micro-batch of 1 would fit: use a smaller model or a machine with more memory"
+    )
     each = f" in each of {processes} processes" if processes > 1 else ""
-    return (f"a forward/backward of {now} {unit}{each} needs about {_size(processes * needed(now))} here and "
-            f"{_size(free)} are free, so the system would likely stop the run without a word ({advice})")
+    return (
+        f"a forward/backward of {now} {unit}{each} needs about {_size(processes * needed(now))} here and "
+        f"{_size(free)} are free, so the system would likely stop the run without a word ({advice})"
+    )
 
 
 def _size(n: int) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-__all__ = ["OutOfMemory", "free_bytes", "half", "in_use", "is_out_of_memory", "out_of_memory", "too_big_warning",
-           "update_bytes"]
+__all__ = [
+    "OutOfMemory",
+    "free_bytes",
+    "half",
+    "in_use",
+    "is_out_of_memory",
+    "out_of_memory",
+    "too_big_warning",
+    "update_bytes",
+]

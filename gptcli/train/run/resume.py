@@ -11,9 +11,10 @@ fine-tuning's init weights, data files and encoded examples).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from gptcli.checkpoint import Header, newest_intact
 from gptcli.errors import GPT1Error
@@ -75,8 +76,16 @@ def model_changes(header: Header, mcfg: AnyConfig) -> tuple[list[str], list[str]
     return changed, adjusted
 
 
-def check_resume(out: str | Path, rules: SettingRules, config: Any, saved: Mapping[str, Any], header: Header,
-                 mcfg: AnyConfig, inputs: Sequence[str] = (), unexplained: str | None = None) -> list[str]:
+def check_resume(
+    out: str | Path,
+    rules: SettingRules,
+    config: Any,
+    saved: Mapping[str, Any],
+    header: Header,
+    mcfg: AnyConfig,
+    inputs: Sequence[str] = (),
+    unexplained: str | None = None,
+) -> list[str]:
     """Refuse a resume from the checkpoint with ``header`` that would change what the run is — a changed input
     (``inputs``, named by the job), architecture or shape, or defining setting — naming every change with its old
     and new value; returns a note for the adjustable ones that changed. ``unexplained`` is a difference the job saw
@@ -87,8 +96,10 @@ def check_resume(out: str | Path, rules: SettingRules, config: Any, saved: Mappi
     if not changed and unexplained is not None:
         changed.append(unexplained)
     if changed:
-        raise GPT1Error(f"{out}: cannot resume with changed settings: {', '.join(changed)} (these define the run: "
-                        "resume without changing them, or start a new run with another --out)")
+        raise GPT1Error(
+            f"{out}: cannot resume with changed settings: {', '.join(changed)} (these define the run: "
+            "resume without changing them, or start a new run with another --out)"
+        )
     notes = [*dropouts, *adjusted]
     return [f"resuming with changed settings: {', '.join(notes)}"] if notes else []
 
