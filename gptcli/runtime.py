@@ -238,7 +238,7 @@ def measure_cpu_peak(precision: str = "fp32", n: int = 1024, seconds: float = 0.
 def _median_time(product, seconds: float) -> float:
     """The median time of ``product()`` over about ``seconds`` (at least three timings, after a warm-up)."""
     product()
-    times = []
+    times: list[float] = []
     end = time.perf_counter() + seconds
     while time.perf_counter() < end or len(times) < 3:
         t0 = time.perf_counter()

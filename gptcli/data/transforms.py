@@ -272,7 +272,8 @@ def encode_examples(
     for ex in examples:
         if len(ex.texts) not in expected[kind]:
             raise GPT1Error(
-                f"{ex.source or task.name}: a {kind} example needs {' or '.join(map(str, expected[kind]))} text field(s), got {len(ex.texts)}"
+                f"{ex.source or task.name}: a {kind} example needs {' or '.join(map(str, expected[kind]))} "
+                f"text field(s), got {len(ex.texts)}"
             )
         if kind == "multiple_choice" and task.n_choices and len(ex.choices) != task.n_choices:
             raise GPT1Error(f"{ex.source or task.name}: expected {task.n_choices} answers, got {len(ex.choices)}")

@@ -77,6 +77,7 @@ class WindowSampler:
             self._offset = int(rng.integers(0, self.seq_len))
             self._perm = rng.permutation(self.num_windows)
             self._perm_epoch = self.epoch
+        assert self._perm is not None  # drawn with _perm_epoch, which starts as no epoch
         return self._perm, self._offset
 
     def window_starts(self, indices: np.ndarray, offset: int) -> list[tuple[int, int]]:

@@ -82,7 +82,8 @@ _TOKENIZERS: dict[str, Any] = {}
 def encode_task(task: tuple[str, str]) -> np.ndarray:
     """Worker: pipeline lines → ids (newline ids between lines) with the tokenizer saved at ``model_dir``."""
     model_dir, text = task
-    tok = _TOKENIZERS.get(model_dir)
+    # Any tokenizer with ``encode_lines``: prepare refuses the kinds without it before starting workers.
+    tok: Any = _TOKENIZERS.get(model_dir)
     if tok is None:
         from gptcli.tokenizers import load_tokenizer
 

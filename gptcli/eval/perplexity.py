@@ -16,6 +16,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -27,6 +28,9 @@ from gptcli.model.kernels import use_kernels
 from gptcli.model.losses import IGNORE, next_token_nll
 from gptcli.progress import SILENT, Progress, staged
 from gptcli.runtime import Precision, autocast, resolve_device, resolve_precision
+
+if TYPE_CHECKING:
+    from gptcli.model.build import LanguageModel
 
 
 @dataclass
@@ -124,7 +128,8 @@ def _batch_nll(
         y[row, :skip] = IGNORE
     y = y.to(device)
     with autocast(device, precision):
-        logits = model.lm_logits(model(x))
+        # Any module with the GPT interface (GPT or LSTMLM, possibly unwrapped from DDP) has lm_logits.
+        logits = cast("LanguageModel", model).lm_logits(model(x))
     nll = next_token_nll(logits, y, reduction="sum")
     return nll.double(), int((y != IGNORE).sum())
 

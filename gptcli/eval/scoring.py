@@ -32,12 +32,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
 
 from gptcli.progress import SILENT, Progress, staged
+
+if TYPE_CHECKING:
+    from gptcli import runtime
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
@@ -132,7 +135,7 @@ def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def _precision(device: torch.device, precision: str) -> str:
+def _precision(device: torch.device, precision: str) -> runtime.Precision:
     from gptcli.runtime import resolve_precision
 
     return resolve_precision(precision, device)
@@ -141,7 +144,7 @@ def _precision(device: torch.device, precision: str) -> str:
 def _autocast(device: torch.device, precision: str):
     from gptcli.runtime import autocast
 
-    return autocast(device, _precision(device, precision))  # type: ignore[arg-type]
+    return autocast(device, _precision(device, precision))
 
 
 def _read(model, h: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -302,7 +305,11 @@ def _score_packed_row(model, groups, precision: str, totals: _Totals) -> None:
     from gptcli.model.packed import Packing
 
     device = _device(model)
-    prefixes, answers, rows, reads, at = [], [], [], [], 0
+    prefixes: list[Sequence[int]] = []
+    answers: list[list[Sequence[int]]] = []
+    rows: list[int] = []
+    reads: list[tuple[int, int, int]] = []
+    at = 0
     for ctx, members in groups:
         prefixes.append(ctx)
         answers.append([c[:-1] for _, c in members if len(c) > 1])

@@ -398,7 +398,7 @@ def parse_tasks(task: str | Sequence[str] | None) -> list[str | None]:
     if task is None:
         return [None]
     items = [task] if isinstance(task, str) else list(task)
-    names = [t.strip() for item in items for t in str(item).split(",") if t.strip()]
+    names: list[str | None] = [t.strip() for item in items for t in str(item).split(",") if t.strip()]
     return names or [None]
 
 

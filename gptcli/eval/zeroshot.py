@@ -30,10 +30,10 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from gptcli.checkpoint import atomic_directory
 from gptcli.errors import DataError, GPT1Error
@@ -80,14 +80,14 @@ def _encode(tokenizer, texts: Sequence[str]) -> list[list[int]]:
 
 
 def _score(model, requests, batch_size: int, precision: str, progress: Progress | None = None, what: str = ""):
-    from gptcli.eval.scoring import score
+    from gptcli.eval.scoring import Precision, score
 
     return score(
         model,
         requests,
         batch_size=batch_size,
-        precision=precision,
-        progress=progress,  # type: ignore[arg-type]
+        precision=cast(Precision, precision),  # the CLI's name; score resolves it and refuses unknown ones
+        progress=progress,
         stage=f"scoring {what}" if what else "scoring",
     )
 
@@ -292,8 +292,8 @@ def multiple_choice(
             }
         )
     notes = [f"{n_trunc} contexts left-truncated to fit the context window"] if n_trunc else []
-    labeled = [(p, l) for p, l in zip(preds, labels) if l is not None]
-    score = _metric("accuracy", [p for p, _ in labeled], [int(l) for _, l in labeled]) if labeled else float("nan")
+    labeled = [(p, y) for p, y in zip(preds, labels) if y is not None]
+    score = _metric("accuracy", [p for p, _ in labeled], [int(y) for _, y in labeled]) if labeled else float("nan")
     return TaskResult(name, "", "accuracy", score, len(preds), out, notes)
 
 
@@ -403,7 +403,7 @@ def _run_multiple_choice(job: _Job) -> TaskResult:
         job.name,
         [tuple(ex.texts) for ex in exs],
         [ex.choices for ex in exs],
-        [ex.label for ex in exs],
+        cast(list[int | None], [ex.label for ex in exs]),  # a multiple-choice label is a choice index
         [ex.uid for ex in exs],
         **job.kw,
     )
@@ -537,8 +537,9 @@ def read_task(
     job = _Job(
         task, t, split, read_labeled(t, split, ddir, config.limit), model, tokenizer, config, ddir, progress, note
     )
-    if TASKS[task].read_more is not None:
-        TASKS[task].read_more(job)
+    read_more = TASKS[task].read_more
+    if read_more is not None:
+        read_more(job)
     return job
 
 
@@ -574,7 +575,8 @@ def open_model(checkpoint: str | Path, device: str = "auto", verify: bool = True
     ck = load_checkpoint(checkpoint, verify=verify)
     if ck.tokenizer is None:
         raise GPT1Error(
-            f"{ck.path}: checkpoint has no tokenizer/ directory; zero-shot scoring needs the tokenizer it was trained with"
+            f"{ck.path}: checkpoint has no tokenizer/ directory; "
+            "zero-shot scoring needs the tokenizer it was trained with"
         )
     if ck.kind == "finetuned":
         (progress or SILENT).note(
@@ -592,7 +594,7 @@ def _summary(r: TaskResult) -> str:
 
 
 def evaluate(
-    model, tokenizer, config: ZeroShotConfig, progress: Progress | None = None, *, exclude: Sequence[str] = ()
+    model, tokenizer, config: ZeroShotConfig, progress: Progress | None = None, *, exclude: Collection[str] = ()
 ) -> tuple[dict[str, TaskResult], dict[str, str]]:
     """Run every task of ``config.task`` (but those in ``exclude``) on an open model, one progress stage each. With
     several tasks, a task whose data is missing is skipped (a warning note; its reason returned) instead of stopping

@@ -9,11 +9,11 @@ a laptop CPU and a GPU, and a fixed number of updates would either waste the bud
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from gptcli.runtime import configure_backends
+from gptcli.runtime import Precision, configure_backends
 
 
 def time_update(
@@ -40,7 +40,9 @@ def time_update(
     g = torch.Generator().manual_seed(0)
     model = build_model(model_config).to(device)  # either architecture (gptcli.model.build)
     opt = make_optimizer(model, 1e-4, 0.01)
-    trainer = Trainer(model, opt, lm_loss, lambda s: 1e-4, device=device, precision=precision, grad_clip=1.0)
+    # Callers pass a precision already resolved (fp32, bf16 or fp16), never "auto".
+    resolved = cast(Precision, precision)
+    trainer = Trainer(model, opt, lm_loss, lambda s: 1e-4, device=device, precision=resolved, grad_clip=1.0)
     batch = torch.randint(0, model_config.vocab_size, (batch_size, seq_len + 1), generator=g).to(device)
     times = []
     for i in range(warmup + steps):

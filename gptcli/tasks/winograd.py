@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from gptcli.errors import DataError
@@ -133,7 +134,7 @@ def is_possessive(pronoun: str, after: str) -> bool:
         return True
     if p == "her":
         m = re.match(r"\s*([A-Za-z']+)", after)
-        return bool(m) and m.group(1).lower() not in _OBJECT_FOLLOWERS
+        return m is not None and m.group(1).lower() not in _OBJECT_FOLLOWERS
     return False
 
 
@@ -234,13 +235,7 @@ def read_wsc(path: str | Path) -> list[Schema]:
     for n, schema in enumerate(root.iter("schema"), 1):
         line, cursor = _line_of(text, "<schema>", cursor)
         cursor += 1
-
-        def need(xpath: str) -> str:
-            el = schema.find(xpath)
-            if el is None:
-                raise DataError(p, f"schema {n} has no <{xpath.split('/')[-1]}>", line)
-            return " ".join((el.text or "").split())
-
+        need = partial(_need, schema, p=p, n=n, line=line)
         txt1, pron, txt2 = need("text/txt1"), need("text/pron"), need("text/txt2")
         answers = [" ".join((a.text or "").split()) for a in schema.findall("answers/answer")]
         if len(answers) != 2 or not all(answers):
@@ -259,6 +254,14 @@ def read_wsc(path: str | Path) -> list[Schema]:
     if not out:
         raise DataError(p, "no <schema> elements found")
     return out
+
+
+def _need(schema: ET.Element, xpath: str, *, p: Path, n: int, line: int) -> str:
+    """The whitespace-normalised text at ``xpath`` of schema ``n`` (at ``line`` of ``p``); missing is an error."""
+    el = schema.find(xpath)
+    if el is None:
+        raise DataError(p, f"schema {n} has no <{xpath.split('/')[-1]}>", line)
+    return " ".join((el.text or "").split())
 
 
 # --- the registry family -------------------------------------------------------------------------------------------
