@@ -1,22 +1,14 @@
 """Evaluate a fine-tuned checkpoint on a task split: metrics, per-example predictions, GLUE submission files.
 
-``evaluate_task("rte", "runs/rte", split="dev")`` loads ``RUN/checkpoints/final`` (body + head + tokenizer),
-encodes the split with the same transformation and context the run was trained with, and writes to ``out``:
+``evaluate_task("rte", "runs/rte", split="dev")`` loads ``RUN/checkpoints/final`` (body, head, tokenizer), encodes
+the split with the transformation and context the run was trained with, and writes ``results.json`` (metrics ×100,
+headline first, beside the paper's number and the trivial predictor's level), ``predictions.jsonl`` and, for an
+unlabeled GLUE test split, the ``<GLUE name>.tsv`` the GLUE server takes (the layout is in docs/eval.md).
+:func:`evaluate_tasks` is ``gpt1 eval`` as a library call over an :class:`EvalConfig`: several checkpoints on
+several tasks, or with ``data`` their perplexity on a prepared corpus.
 
-- ``results.json``: the task's metrics ×100 (the paper's headline metric first, e.g. ``f1`` then ``accuracy``
-  for MRPC/QQP, ``pearson`` and ``spearman`` for STS-B; RACE adds ``accuracy_middle``/``accuracy_high`` when a
-  split holds both levels), with the paper's number for comparison (:func:`load_results` reads it back), the
-  trivial predictor's level on the same examples (``baseline``: majority class of the training labels recorded in
-  the checkpoint, or of the evaluated split when it records none; chance for multiple choice; see
-  :mod:`gptcli.eval.baselines`) and the prediction distribution (``prediction_counts``, ``constant_prediction``);
-- ``predictions.jsonl``: one line per example (``uid``, predicted label string or score, gold label, head outputs);
-- for an unlabeled split (GLUE test files), ``<GLUE name>.tsv`` with ``index\\tprediction`` and GLUE's label
-  strings (``SST-2.tsv``, ``MNLI-m.tsv``, ``STS-B.tsv`` ...), ready for the GLUE server.
-
-A checkpoint fine-tuned on one task may be scored on another of the same kind and labels (``mnli`` → ``mnli-mm``,
-``race`` → ``race-m``/``race-h``). :func:`evaluate_tasks` is ``gpt1 eval`` as a library call: several
-checkpoints on several tasks as configured by an :class:`EvalConfig` (the command's settings), or with its ``data``
-their perplexity on a prepared corpus (:func:`gptcli.eval.perplexity.corpus_perplexity`).
+A checkpoint may be scored on another task of the same kind and labels (``mnli`` → ``mnli-mm``, ``race`` →
+``race-m``), because those tasks differ only in their data, not in the head.
 """
 
 from __future__ import annotations

@@ -1,28 +1,17 @@
-"""The paper's zero-shot heuristics (§5, Figure 2 right): task performance of a language model that was never
-fine-tuned, read off its next-token probabilities.
+"""The paper's zero-shot heuristics (§5, Figure 2 right): task scores of a language model never fine-tuned.
 
-- SST-2: append ``very`` to the sentence; predict positive when p(``positive``) > p(``negative``) next.
-- CoLA: average token log-probability of the sentence; acceptable above a threshold chosen on the train split to
-  maximise Matthews correlation (or given); the score is MCC.
-- RACE: the answer with the highest average token log-probability given the document and the question.
-- DPRD / WSC273: substitute each candidate for the pronoun; the candidate under which the rest of the sentence
-  has the higher average token log-probability wins (see :mod:`gptcli.tasks.winograd` for locating the pronoun).
-- Story Cloze (bonus): the ending with the higher average token log-probability given the four-sentence story.
+SST-2 compares p(``positive``) with p(``negative``) after ``<sentence> very``; CoLA thresholds the average token
+log-probability (MCC); RACE and Story Cloze pick the choice with the highest average token log-probability; DPRD
+and WSC273 substitute each candidate for the pronoun and score the rest of the sentence. Averages are per token;
+ties go to the first choice.
 
-Averages are per token (not per character). Every heuristic builds :class:`gptcli.eval.scoring.Request` objects from
-separately tokenized context and continuation and lets :func:`gptcli.eval.scoring.score` batch them; truncation rules
-live there. Ties (equal scores) go to the first choice (SST-2: negative; CoLA: unacceptable).
+:func:`zeroshot` is the library entry point over a :class:`ZeroShotConfig`; the per-task functions take a model, a
+tokenizer and examples, so they run on anything (the tests use a stub model). All of them build
+:class:`gptcli.eval.scoring.Request` objects and let :func:`gptcli.eval.scoring.score` batch them.
 
-The library entry point is :func:`zeroshot` over a :class:`ZeroShotConfig`; the per-task functions
-(:func:`sst2`, :func:`cola`, :func:`multiple_choice`, :func:`winograd`) take a model, a tokenizer and examples,
-so they can be run on anything (the tests use a stub model with known log-probabilities).
-
-Every task's data comes from the task registry (:mod:`gptcli.tasks`: folder, files per split, the ``$GPT1_DATA``
-lookup; DPRD and WSC273 are registered there as zero-shot-only tasks). What is zero-shot's own stays here, in
-:data:`TASKS`: which heuristic scores each registry task and which split it scores by default. Those are facts of
-the paper's §5 protocol, not of the data sets, and the heuristics are code of this room, which the task room below
-it cannot name. Progress is reported through :class:`gptcli.progress.Progress`: one stage per task, holding one
-stage per scoring pass (advanced by the requests it finishes); skipped tasks are warning notes.
+Task data comes from the registry (:mod:`gptcli.tasks`). Which heuristic scores a task, and on which split, lives
+here in :data:`TASKS`: these are facts of the paper's §5 protocol, not of the data sets, and the task room below
+cannot name this room's heuristics.
 """
 
 from __future__ import annotations

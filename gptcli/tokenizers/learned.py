@@ -29,7 +29,8 @@ from gptcli.tokenizers.base import SPECIAL_TOKENS, Tokenizer
 
 MODEL_FILE = "sentencepiece.model"
 MODEL_LIMIT = 1 << 30
-"""The largest sentencepiece model read (a 1M-piece model is ~20 MB): a description naming a huge file is refused."""
+"""The largest sentencepiece model read (far above any real vocabulary's): a description naming a huge file is
+refused."""
 DESCRIPTION_LIMIT = 1 << 24
 NEWLINE = "\n"
 # Sentencepiece's BPE trainer gives (slightly) different merges for different thread counts; pinning the
