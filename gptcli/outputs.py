@@ -187,11 +187,10 @@ def check_output(
 ) -> None:
     """Refuse an output path the command must not write to, with a one-line reason; return if it may proceed.
 
-    ``kinds``: the output kinds this command writes (it may replace only those). ``inputs``: every path the
-    command reads (files or directories), which the output must neither contain nor lie inside. ``replacing``
-    (default: ``overwrite``): whether an existing output will be replaced whole, so that anything in it gpt1 did
-    not write must be refused; a run directory passes False and checks when it decides to replace
-    (``train/run/directory.py``). ``owned``: more entries the output's kind writes (a task's official files).
+    ``kinds``: the output kinds this command writes (it may replace only those). ``inputs``: every path the command
+    reads, which the output must neither contain nor lie inside. ``replacing`` (default: ``overwrite``): whether an
+    existing output will be replaced whole, so that anything in it gpt1 did not write must be refused (a run directory
+    passes False and checks when it decides to replace). ``owned``: more entries the output's kind writes.
     """
     out = Path(out)
     wanted = {kinds} if isinstance(kinds, str) else set(kinds)

@@ -179,10 +179,10 @@ def product_dtype(t: torch.Tensor) -> torch.dtype:
 def shared_casts(device: torch.device, precision: Precision):
     """A disabled autocast region around all the micro-batches of one update (a no-op for fp32).
 
-    Autocast keeps the low-precision copy of each weight it casts until its outermost region ends; with one
-    ``autocast(...)`` per micro-batch that is every micro-batch, so a weight was cast once per micro-batch. Inside this
-    region the copies live until the update's last backward pass and are cast once per update; the weights change
-    only after it (the optimizer step), and the backward passes still run with autocast off."""
+    Autocast keeps the low-precision copy of each weight it casts until its outermost region ends. With one region per
+    micro-batch, every weight would be cast once per micro-batch; inside this region the copies live until the
+    update's last backward pass, so each weight is cast once per update (the weights change only at the optimizer
+    step, after it)."""
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, enabled=False)

@@ -162,12 +162,11 @@ def corpus_perplexity(
     kernels: str | None = None,
     progress: Progress | None = None,
 ) -> list[CheckpointPerplexity]:
-    """Loss and perplexity of each checkpoint on ``split`` of the prepared corpus ``data`` (windows of
-    ``seq_len``, default each model's context; a longer one is refused). ``verify`` checks the shard checksums and each
-    checkpoint's file checksums first. A checkpoint trained with another tokenizer than the corpus's is refused:
-    its perplexity on these ids would mean nothing; one without a tokenizer is scored with a warning note (it cannot
-    be compared). ``kernels``: the mode the model computes in (``None``: the mode in force); the caller's is back
-    afterwards (:func:`gptcli.model.kernels.use_kernels`)."""
+    """Loss and perplexity of each checkpoint on ``split`` of the prepared corpus ``data`` (windows of ``seq_len``,
+    default each model's context). ``verify`` checks the shard and checkpoint checksums first. A checkpoint trained
+    with another tokenizer than the corpus's is refused, since its perplexity on these ids would mean nothing.
+    ``kernels``: the mode the model computes in (``None``: the mode in force); the caller's is back afterwards
+    (:func:`gptcli.model.kernels.use_kernels`)."""
     with use_kernels(kernels):
         return _corpus_perplexity(
             checkpoints, data, split, batch_size, seq_len, device, precision, max_batches, verify, progress or SILENT
@@ -237,11 +236,9 @@ def _check_checkpoint(checkpoint: Path, corpus: Corpus, verify: bool, seq_len: i
 
 
 def _check_tokenizer(checkpoint: Path, corpus: Corpus, report: Progress) -> None:
-    """Refuse a checkpoint trained with another tokenizer than the corpus's. A checkpoint without tokenizer/ (a
-    bare or converted model) cannot be compared: it is scored on the corpus's ids (the vocabulary check in
-    :func:`corpus_perplexity` still applies), with a warning saying the tokenizer was not checked. Unlike zero-shot,
-    which must encode text and so refuses such a checkpoint, the corpus here is already ids: the user vouches for
-    its tokenizer, as fine-tuning's --tokenizer does."""
+    """Refuse a checkpoint trained with another tokenizer than the corpus's. One without tokenizer/ (a bare or
+    converted model) is scored with a warning that the tokenizer was not checked: unlike zero-shot, which must encode
+    text, the corpus here is already ids, so the user vouches for its tokenizer (as fine-tuning's --tokenizer does)."""
     mine, theirs = tokenizer_fingerprint(checkpoint / TOKENIZER), corpus.tokenizer_fingerprint()
     if mine is None or theirs is None:
         lacking = checkpoint if mine is None else corpus.dir

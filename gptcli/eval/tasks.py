@@ -193,11 +193,10 @@ def evaluate_task(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Score ``checkpoint`` on ``split`` of a task (default: the task it was fine-tuned on); returns results.json
-    (plus ``out_dir``; ``precision`` there is the one the scoring ran in, ``auto`` resolved). The settings are the
-    :class:`EvalConfig` fields of the same names, with their defaults, and are checked as every command checks
-    them (:func:`gptcli.config.check_settings`). ``progress`` sees one stage sized in examples. The output folder
-    is locked while it is worked on (:func:`gptcli.locks.output_lock`). The model computes in the process's
-    kernels mode (:func:`gptcli.model.kernels.mode`)."""
+    plus ``out_dir`` (``precision`` there is the one the scoring ran in). The settings are the :class:`EvalConfig`
+    fields of the same names, checked as every command checks them; ``progress`` sees one stage sized in examples.
+    The output folder is locked while it is worked on. The model computes in the process's kernels mode
+    (:func:`gptcli.model.kernels.mode`)."""
     check_settings({"batch_size": batch_size, "max_examples": max_examples, "seed": seed})
     if layout not in ("packed", "padded"):
         raise GPT1Error(f"--layout: expected packed or padded, got {layout!r}")
@@ -395,17 +394,13 @@ def parse_tasks(task: str | Sequence[str] | None) -> list[str | None]:
 
 
 def evaluate_tasks(config: EvalConfig, progress: Progress | None = None) -> list[dict[str, Any]]:
-    """What ``gpt1 eval`` computes, as configured by ``config``; returns one dict per result, each with ``run``:
-    the checkpoint's label, unique in the list.
+    """What ``gpt1 eval`` computes, as configured by ``config``: one dict per result, each with ``run``, the
+    checkpoint's label, unique in the list.
 
-    Without ``data``: every checkpoint on every task's split (default: each checkpoint's own task, split ``dev``),
-    the results.json dicts of :func:`evaluate_task`. With ``out``, checkpoint ``run`` writes to
-    ``OUT/<run>/<task>-<split>/``; otherwise to ``RUN/eval/<task>-<split>/``. ``data_dir`` is one task's folder, so
-    it needs a single task (several tasks read ``$GPT1_DATA``).
-
-    With ``data`` (a prepared corpus, not with ``task``): each checkpoint's next-token loss and perplexity on the
-    corpus split (default ``val``) by :func:`gptcli.eval.perplexity.corpus_perplexity`, as ``{"run", "checkpoint",
-    "step", "data", "split", "loss", "perplexity", "tokens"}``; nothing is written.
+    Without ``data``: every checkpoint on every task's split (default: its own task, split ``dev``), as
+    :func:`evaluate_task`'s results, written under ``OUT/<run>/<task>-<split>/`` with ``out``, else under
+    ``RUN/eval/<task>-<split>/``. With ``data`` (a prepared corpus): each checkpoint's loss and perplexity on the
+    corpus split (default ``val``) by :func:`gptcli.eval.perplexity.corpus_perplexity`; nothing is written.
 
     The model computes in ``config.kernels`` and the caller's kernels mode is back afterwards
     (:func:`gptcli.model.kernels.use_kernels`).
