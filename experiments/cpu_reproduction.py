@@ -1187,16 +1187,16 @@ def markdown_tables(
         "| task | " + " | ".join(f"full − {LABELS.get(v, v)}" for v in others) + " |",
         "|---|" + "---|" * len(others),
     ]
+
+    def diff(t: str, a: str, b: str) -> str:
+        ca, cb = agg.get(a, {}).get(t), agg.get(b, {}).get(t)
+        if not ca or not cb or not ca["n"] or not cb["n"]:
+            return "–"
+        tval = welch_t(ca["scores"], cb["scores"])
+        return f"{ca['mean'] - cb['mean']:+.1f}" + ("" if tval is None else f" (t = {tval:+.1f})")
+
     for t in cols:
-
-        def diff(a: str, b: str) -> str:
-            ca, cb = agg.get(a, {}).get(t), agg.get(b, {}).get(t)
-            if not ca or not cb or not ca["n"] or not cb["n"]:
-                return "–"
-            tval = welch_t(ca["scores"], cb["scores"])
-            return f"{ca['mean'] - cb['mean']:+.1f}" + ("" if tval is None else f" (t = {tval:+.1f})")
-
-        lines.append(f"| {t} | " + " | ".join(diff("full", v) for v in others) + " |")
+        lines.append(f"| {t} | " + " | ".join(diff(t, "full", v) for v in others) + " |")
     n = int(meta.get("seeds") or 0)
     if n >= 2:
         hi, lo = t_critical(n - 1), t_critical(2 * n - 2, conservative=False)
@@ -1361,10 +1361,11 @@ def budget_markdown(bud: dict[str, Any], lab: dict[str, Any], meta: dict[str, An
 def curve_runs_markdown(lrecs: list[dict[str, Any]], brecs: list[dict[str, Any]]) -> list[str]:
     """Every run of the two curves, one row each (failed runs included)."""
     lines: list[str] = []
-    row = lambda r: (
-        f"{fmt(r['score']) if r['score'] is not None else 'failed'} | {r['n_train']} | {r['n_eval']} | "  # noqa: E731
-        f"{r['steps']} | {r['seconds']} |"
-    )
+
+    def row(r: dict[str, Any]) -> str:
+        score = fmt(r["score"]) if r["score"] is not None else "failed"
+        return f"{score} | {r['n_train']} | {r['n_eval']} | {r['steps']} | {r['seconds']} |"
+
     if lrecs:
         lines += [
             "",
@@ -1464,7 +1465,7 @@ def plots(out: Path, recs: list[dict[str, Any]], baselines: dict[str, float | No
         for i, (m, vc) in enumerate(vcs.items()):
             ax.plot(
                 [s for s, _ in vc],
-                [math.exp(min(l, 50)) for _, l in vc],
+                [math.exp(min(loss, 50)) for _, loss in vc],
                 marker="o",
                 color=f"C{i}",
                 label=MODEL_LABELS.get(m, m),
@@ -1707,7 +1708,7 @@ def stage_report(cfg: ReproConfig, out: Path) -> dict[str, Any]:
         },
         "paper": PAPER,
         "layers": {str(k): {"mean": m, "std": s, "n": n} for k, (m, s, n) in layers_curve(recs).items()},
-        "val_curve": [{"step": s, "loss": l, "perplexity": math.exp(min(l, 700))} for s, l in val_curve(out)],
+        "val_curve": [{"step": s, "loss": v, "perplexity": math.exp(min(v, 700))} for s, v in val_curve(out)],
         "zeroshot": zs,
         "labeled": {**lab, "runs": lrecs},
         "budget": {**bud, "runs": brecs},
@@ -1717,7 +1718,7 @@ def stage_report(cfg: ReproConfig, out: Path) -> dict[str, Any]:
             m: {
                 "pretrain": done.get(m),
                 "val_curve": [
-                    {"step": s, "loss": l, "perplexity": math.exp(min(l, 700))} for s, l in val_curve(out, m)
+                    {"step": s, "loss": v, "perplexity": math.exp(min(v, 700))} for s, v in val_curve(out, m)
                 ],
                 "zeroshot": zeroshot_curves(out).get(m),
             }

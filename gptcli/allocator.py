@@ -1,19 +1,16 @@
 """glibc's malloc told to keep large freed blocks, for training on CPU.
 
-By default glibc serves every allocation over its mmap threshold (128 kB at first, raised as blocks are freed, to
-32 MB at most) with a fresh ``mmap`` and returns it to the kernel on ``free``; a freed top of the heap past 128 kB
-is trimmed too. A training step allocates and frees the same few gigabytes of activations every step, so every step
-page-faults them in again: some 400,000 minor faults per GPT-1 step, a large share of a CPU step's time (the
-measurements: docs/performance.md, "The glibc allocator setting" and "The allocator inside gpt1").
+By default glibc serves every allocation over its mmap threshold with a fresh ``mmap`` and returns it to the kernel
+on ``free``, and trims a freed top of the heap. A training step allocates and frees the same gigabytes of
+activations every step, so every step page-faults them in again, a large share of a CPU step's time (the
+measurements: docs/performance.md).
 
-:func:`keep_freed_memory` raises both thresholds with ``mallopt`` for the rest of the process: every allocation
-comes from the heap and freed memory stays mapped for the next step. It is what the benchmarks get from
-``GLIBC_TUNABLES`` (benchmarks/_machine.py), set from inside the process, so that ``gpt1 pretrain`` and ``gpt1
-finetune`` get it without an environment variable. The cost: the process keeps its peak heap mapped until it
-exits, which a training process reaches again at every step anyway.
-
-It is left alone where it does not apply or the user chose otherwise: not Linux with glibc (macOS, musl), a
-``GLIBC_TUNABLES`` that already sets a ``glibc.malloc`` parameter, or ``GPT1_DEFAULT_MALLOC=1``.
+:func:`keep_freed_memory` raises both thresholds with ``mallopt`` for the rest of the process, so freed memory stays
+mapped for the next step. It is what the benchmarks get from ``GLIBC_TUNABLES``, set from inside the process so
+that ``gpt1 pretrain`` and ``gpt1 finetune`` get it without an environment variable; the cost, keeping the peak
+heap mapped, is one a training process pays at every step anyway. It is left alone where it does not apply or the
+user chose otherwise: not glibc, a ``GLIBC_TUNABLES`` that already sets a ``glibc.malloc`` parameter, or
+``GPT1_DEFAULT_MALLOC=1``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
 """One run per output: an exclusive lock on every output a command writes, held for the whole run.
 
-A command that writes an output (a corpus, a pretraining or fine-tuning run, an export, evaluation or zero-shot
-results, a quickstart, fetched task data, a shared cache) first takes :func:`output_lock` on it: an ``flock`` on a
-hidden file *beside* the output, ``.NAME.lock`` (beside, not inside: replacing the output swaps the folder, and a
-lock inside it would go with the old one). The lock file holds who took it (pid, host, command, time), so a second
-run on the same output is refused at once, before any work, with one line naming the holder::
-
-    error: runs/a is in use by another gpt1 run: pid 4242 on host gpu3, `gpt1 pretrain --out runs/a`, since …
-
-The operating system releases the lock when its process dies, however it dies (``kill -9`` included): a stale lock
-file never blocks anyone. A symlinked output is locked at its target, so a run through the link and one through
-the target exclude each other.
+A command that writes an output (a corpus, a run, an export, evaluation results, fetched task data, a shared cache)
+first takes :func:`output_lock` on it: an ``flock`` on a hidden file ``.NAME.lock`` *beside* the output, because
+replacing the output swaps the folder and a lock inside it would go with the old one. The lock file names its
+holder (pid, host, command, time), so a second run on the same output is refused at once, before any work, with
+one line naming the holder. The operating system releases the lock when its process dies, however it dies, so a
+stale lock file never blocks anyone; a symlinked output is locked at its target.
 
 Taking the lock also tidies what an interrupted earlier run left beside the output (:func:`gptcli.fsutil.recover`):
-only the lock's holder may, since nobody else is writing there.
-
-A multi-process job takes it once: its launcher (``--procs``/``--gpus``) or, under torchrun or SLURM, rank 0. A
-worker whose launcher holds the lock (the holder is its parent process) proceeds under it.
+only the lock's holder may, since nobody else is writing there. A multi-process job takes it once, in its launcher
+or rank 0; a worker whose parent holds the lock proceeds under it.
 """
 
 from __future__ import annotations

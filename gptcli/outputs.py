@@ -1,23 +1,15 @@
 """What gpt1 wrote, and may therefore replace: ``--overwrite`` never deletes anything else.
 
-Every output directory gpt1 makes (a corpus, a pretraining run, a fine-tuning run, a checkpoint, an export, a
-quickstart) carries a marker file, ``.gpt1-output``, naming its kind. ``--overwrite`` replaces a directory only
-when
+Every output directory gpt1 makes (a corpus, a run, a checkpoint, an export, a quickstart) carries a marker file,
+``.gpt1-output``, naming its kind. ``--overwrite`` replaces a directory only when it is gpt1's own output of a kind
+the command writes (a run's step checkpoints, which have no marker, by their gpt1 ``config.json``); when everything
+in it is what that kind writes (:data:`OWNED`: a file the user added is named and refused, not deleted with the
+rest); and when it neither contains nor lies inside an input of the command, nor lies in a run's ``checkpoints/``
+(where ``--resume`` would pick it). Anything else is refused with a one-line reason before any work starts, and
+the replacement stays atomic (``fsutil.move_into_place``).
 
-1. it is gpt1's own output of a kind the command writes (the marker; a run's step checkpoints, which have none, by
-   their gpt1 ``config.json``),
-2. everything in it is what that kind writes (:data:`OWNED`): a file the user added (notes, a model card, a
-   thesis) makes the replacement refuse, naming it, instead of deleting it with the rest, and
-3. it neither contains nor lies inside an input of the same command (``prepare books --out books`` would
-   otherwise delete the books), nor lies in a run's ``checkpoints/`` (where it would become the checkpoint that
-   ``--resume`` picks).
-
-Anything else — a folder of notes, a pretraining run given to ``finetune --out``, the input itself — is refused with
-a one-line reason, before any work starts. The replacement itself stays atomic (``fsutil.move_into_place``): the
-old output survives a failed or interrupted run.
-
-Outputs are recognised by their marker alone: guessing from file names (``results.json``, a ``config.json`` with a
-``model_type``) took a user's folder, or a model downloaded from the Hub, for gpt1's and deleted it.
+Why a marker: guessing from file names (``results.json``, a ``config.json`` with a ``model_type``) once took a
+user's folder, or a model downloaded from the Hub, for gpt1's and deleted it.
 """
 
 from __future__ import annotations
@@ -195,11 +187,10 @@ def check_output(
 ) -> None:
     """Refuse an output path the command must not write to, with a one-line reason; return if it may proceed.
 
-    ``kinds``: the output kinds this command writes (it may replace only those). ``inputs``: every path the
-    command reads (files or directories), which the output must neither contain nor lie inside. ``replacing``
-    (default: ``overwrite``): whether an existing output will be replaced whole, so that anything in it gpt1 did
-    not write must be refused; a run directory passes False and checks when it decides to replace
-    (``train/run/directory.py``). ``owned``: more entries the output's kind writes (a task's official files).
+    ``kinds``: the output kinds this command writes (it may replace only those). ``inputs``: every path the command
+    reads, which the output must neither contain nor lie inside. ``replacing`` (default: ``overwrite``): whether an
+    existing output will be replaced whole, so that anything in it gpt1 did not write must be refused (a run directory
+    passes False and checks when it decides to replace). ``owned``: more entries the output's kind writes.
     """
     out = Path(out)
     wanted = {kinds} if isinstance(kinds, str) else set(kinds)

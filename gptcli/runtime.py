@@ -141,8 +141,8 @@ def resolve_precision(name: str, device: torch.device) -> Precision:
 
 def precision_warning(precision: str, device: torch.device) -> str | None:
     """What a run asking for bf16 on a CPU without native bf16 dot products should know (None otherwise): there
-    oneDNN emulates the bf16 products, on the AVX2-only AMD Zen 3 of 2026-12-02 hundreds of times slower than fp32
-    (docs/performance.md), so a run that looks hung is in fact crawling. ``auto`` never picks it."""
+    oneDNN emulates the bf16 products, far slower than fp32 (docs/performance.md), so a run that looks hung is in
+    fact crawling. ``auto`` never picks it."""
     if device.type != "cpu" or precision != "bf16" or cpu_has_bf16():
         return None
     return (
@@ -153,7 +153,7 @@ def precision_warning(precision: str, device: torch.device) -> str | None:
 
 def cuda_has_bf16(device: torch.device | None = None) -> bool:
     """Whether the GPU computes bf16 natively (Ampere and newer). ``torch.cuda.is_bf16_supported()`` alone also
-    says yes where bf16 is only emulated (V100, T4), many times slower than their fp16 tensor cores."""
+    says yes where bf16 is only emulated on older GPUs, far slower than their fp16 tensor cores."""
     with torch.cuda.device(device) if device is not None and device.index is not None else contextlib.nullcontext():
         try:
             return torch.cuda.is_bf16_supported(including_emulation=False)
@@ -179,17 +179,17 @@ def product_dtype(t: torch.Tensor) -> torch.dtype:
 def shared_casts(device: torch.device, precision: Precision):
     """A disabled autocast region around all the micro-batches of one update (a no-op for fp32).
 
-    Autocast keeps the low-precision copy of each weight it casts until its outermost region ends; with one
-    ``autocast(...)`` per micro-batch that is every micro-batch, so a weight was cast once per micro-batch. Inside this
-    region the copies live until the update's last backward pass and are cast once per update; the weights change
-    only after it (the optimizer step), and the backward passes still run with autocast off."""
+    Autocast keeps the low-precision copy of each weight it casts until its outermost region ends. With one region per
+    micro-batch, every weight would be cast once per micro-batch; inside this region the copies live until the
+    update's last backward pass, so each weight is cast once per update (the weights change only at the optimizer
+    step, after it)."""
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, enabled=False)
 
 
 def configure_backends(device: torch.device) -> None:
-    """TF32 matmuls/convolutions on CUDA (fp32 inputs, 10-bit mantissa products: ~8× faster on A100/H100); on CPU,
+    """TF32 matmuls/convolutions on CUDA (fp32 inputs, 10-bit mantissa products, several times faster); on CPU,
     glibc's malloc keeps the freed activations of one step for the next (gptcli/allocator.py)."""
     if device.type == "cpu":
         keep_freed_memory()
@@ -215,9 +215,9 @@ def measure_cpu_peak(precision: str = "fp32", n: int = 1024, seconds: float = 0.
     """Measured matmul FLOP/s of this CPU with the current thread count (median of several square matmuls of
     side ``n``, for about ``seconds``; in float32 the faster of MKL's and oneDNN's).
 
-    A CPU without native bf16 products (no ``avx512_bf16``/AMX: oneDNN emulates them at ~0.3 GFLOP/s, 200× below
-    fp32) would need a minute per 2048² product; the side then shrinks to what fits the time asked
-    (:func:`_affordable_side`), since such a peak only has to show how slow the precision is here."""
+    Where oneDNN emulates bf16 products (no ``avx512_bf16``/AMX), a full-size product would take minutes, so the side
+    shrinks to what fits the time asked (:func:`_affordable_side`): such a peak only has to show how slow the
+    precision is here."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     g = torch.Generator().manual_seed(0)  # never touch the global RNG: training runs must stay reproducible
     n = _affordable_side(dtype, n, seconds, g)
@@ -225,8 +225,8 @@ def measure_cpu_peak(precision: str = "fp32", n: int = 1024, seconds: float = 0.
     b = torch.randn(n, n, generator=g).to(dtype)
     if dtype == torch.bfloat16 or not torch.backends.mkldnn.is_available():
         return 2.0 * n**3 / _median_time(lambda: torch.mm(a, b), seconds)
-    # float32 has two libraries: MKL (torch.mm) and oneDNN (a linear layer on oneDNN's own layout), and on an AMD
-    # Zen 5 oneDNN's is twice MKL's (gptcli/model/kernels/onednn.py); the peak is the faster one's.
+    # float32 has two libraries: MKL (torch.mm) and oneDNN (a linear layer on oneDNN's own layout); on some CPUs
+    # oneDNN's is far above MKL's (gptcli/model/kernels/onednn.py), so the peak is the faster one's.
     am, bm = a.to_mkldnn(), b.to_mkldnn()
     fastest = min(
         _median_time(lambda: torch.mm(a, b), seconds / 2),
@@ -238,7 +238,7 @@ def measure_cpu_peak(precision: str = "fp32", n: int = 1024, seconds: float = 0.
 def _median_time(product, seconds: float) -> float:
     """The median time of ``product()`` over about ``seconds`` (at least three timings, after a warm-up)."""
     product()
-    times = []
+    times: list[float] = []
     end = time.perf_counter() + seconds
     while time.perf_counter() < end or len(times) < 3:
         t0 = time.perf_counter()
@@ -248,15 +248,14 @@ def _median_time(product, seconds: float) -> float:
     return times[len(times) // 2]
 
 
-# The probe's side: 34 MFLOP, 0.1 s where bf16 is emulated, a millisecond where it is not.
+# The probe's side: a product small enough to time quickly even where bf16 is emulated.
 _PROBE_SIDE = 256
 
 
 def _affordable_side(dtype: torch.dtype, n: int, seconds: float, g: torch.Generator) -> int:
     """``n``, unless one ``n``-sided product would take longer than all of ``seconds`` at the rate a small probe
     product runs: then the largest multiple of 64 (at least the probe's side) whose product takes a quarter of it,
-    so that the warm-up and three timed products fit. A native BLAS is never near that bound (a 2048² fp32 product
-    in 2 s would be 9 GFLOP/s; the probe underestimates the rate of large products by at most 2-3×)."""
+    so that the warm-up and three timed products fit. A native BLAS never comes near that bound."""
     if n <= _PROBE_SIDE:
         return n
     a = torch.randn(_PROBE_SIDE, _PROBE_SIDE, generator=g).to(dtype)

@@ -234,7 +234,8 @@ def test_public_names_still_import() -> None:
 
 
 # The library's entry points: each takes its config (and what it runs over) first, then ``progress``, positional or
-# keyword, as docs/architecture.md's progress convention says. (pretrain's progress was keyword-only, convert took none.)
+# keyword, as docs/architecture.md's progress convention says. (pretrain's progress was keyword-only, convert took
+# none.)
 ENTRY_POINTS = [
     ("gptcli.data.prepare", "prepare", 1),
     ("gptcli.train.pretrain", "pretrain", 1),

@@ -1,31 +1,17 @@
 """The encoded-example cache: a task's examples, once tokenized and laid out, kept for the next run.
 
-Tokenizing is the slow part of starting a fine-tuning run on a big task (the ``openai`` tokenizer — ftfy, spaCy, BPE —
-runs at about 0.3 MB/s on one core: minutes for MNLI). :func:`encode_cached` encodes a split once and keeps its
-token ids; a later run with the same inputs memory-maps them instead.
+Why: tokenizing is the slow part of starting a fine-tuning run on a big task (the ``openai`` tokenizer runs ftfy,
+spaCy and BPE), so :func:`encode_cached` encodes a split once and a later run with the same inputs memory-maps the
+ids. Entries live in ``$GPT1_CACHE`` (else ``~/.cache/gpt1/encoded``) and are never evicted; ``--no-cache`` skips it.
 
-**Where.** ``$GPT1_CACHE`` if set, else ``~/.cache/gpt1/encoded``. Entries are never evicted: delete the folder to
-reclaim the space (a run rebuilds what it needs). ``cache = False`` (``--no-cache``) neither reads nor writes it.
+The key holds everything that decides the ids, so a changed input is a miss, never a stale hit: the examples' texts
+and answers (standing for the data files and every setting that picks them), the task's name, kind, answer count,
+truncation rule and ``n_ctx``, the tokenizer's fingerprint, the versions of ftfy, spaCy and sentencepiece, and the
+source of the modules that tokenize and lay out. Labels, uids and extras come from the examples just read.
 
-**The key** — everything that decides the ids, so a changed input is a miss, never a stale hit:
-
-- the examples' texts and answers, in order (sha256): this stands for the data files' content and for every setting
-  that chooses what is encoded — the split, ``skip_bad_rows``, a random subset — since they all act through it;
-- the task's name, kind, answer count and truncation rule, and ``n_ctx``;
-- the tokenizer's fingerprint (:func:`gptcli.data.shards.tokenizer_fingerprint` of what its ``save`` writes);
-- the versions of ftfy, spaCy and sentencepiece, and the source of the modules that tokenize and lay out
-  (``tokenizers/text.py``, ``openai.py``, ``learned.py``, ``data/transforms.py``): a gpt1 or library upgrade that
-  could change the ids starts a new entry.
-
-**Format.** ``<key>.arrow``: one Arrow IPC file with a single column ``seqs`` (``list<list<int32>>``: an example's
-sequences), read memory-mapped; ``<key>.json`` beside it: the key's parts, the counts and the ``.arrow`` file's
-sha256. Labels, uids and extras are not stored: they come from the examples just read, so only ids can be stale.
-
-**Safety.** The ``.arrow`` file is written under a temporary name and renamed into place, then the sidecar (also
-atomically): a reader sees a whole entry or none. On open the file's sha256 is checked against the sidecar (about
-0.1 s per 100 MB); a truncated, flipped or half-written entry is reported with a one-line warning through the
-progress protocol and rebuilt, never used. A cache that cannot be written (read-only, full disk) is a warning too:
-the run goes on with the ids it just encoded.
+An entry (``<key>.arrow`` plus its ``<key>.json`` sidecar, docs/formats.md) is written atomically and checked
+against its sha256 on open: a damaged entry is a one-line warning and is rebuilt, never used; a cache that cannot be
+written is a warning too.
 """
 
 from __future__ import annotations
@@ -215,9 +201,9 @@ def read_entry(root: Path, name: str, n_examples: int) -> list[list[list[int]]] 
 
 @contextlib.contextmanager
 def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a warm start builds its hundreds of thousands of small objects
-    (lists of ids, Encoded records; none can form a cycle): otherwise it walks the growing heap again and again.
-    Measured (benchmarks/finetune_encode.py, MNLI-sized: 393k pairs): warm start 7.45 s → 3.49 s."""
+    """Pause the cyclic garbage collector while a warm start builds its many small objects (lists of ids, Encoded
+    records; none can form a cycle): otherwise it walks the growing heap again and again (the gain:
+    benchmarks/finetune_encode.py)."""
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -1,31 +1,14 @@
 """The paper's input transformations (§3.3, Figure 1): task examples → token-id sequences.
 
 Every sequence starts with the start token ``<s>`` and ends with the extract token ``<e>``, whose final hidden
-state the task head reads. One layout per task *kind*, never per task name:
+state the task head reads. The layout depends on the task's *kind*, never its name: classification
+``<s> text <e>``; entailment ``<s> premise $ hypothesis <e>``; similarity and regression both orders
+``<s> a $ b <e>`` and ``<s> b $ a <e>``; multiple choice one ``<s> context question $ answer <e>`` per answer.
+Each kind has its truncation rule so every sequence fits ``n_ctx`` (the table: docs/finetune.md).
 
-==================  =======================================================  ===================================
-kind                sequences per example                                    truncation (keeps every seq ≤ n_ctx)
-==================  =======================================================  ===================================
-classification      ``<s> text <e>``                                         text keeps its head
-entailment          ``<s> premise $ hypothesis <e>``                         "pair": the longer field loses its
-                                                                             tail first, one token at a time
-similarity          ``<s> a $ b <e>`` and ``<s> b $ a <e>`` (states summed)  "pair" (both orders share the cut)
-regression          as similarity, with a 1-output head (STS-B)              "pair"
-multiple_choice     one per answer: ``<s> context question $ answer <e>``    see below
-==================  =======================================================  ===================================
-
-Multiple-choice truncation is chosen from the example's shape, so the training loop needs no task names:
-
-- ``texts == (context,)`` — Story Cloze. The released code (openai/finetune-transformer-lm ``transform_roc``):
-  the story and each ending are cut independently, keeping their heads, to ``n_ctx // 2 - 2`` tokens
-  (254 for 512), so ``3 + 2·254 = 511 ≤ n_ctx``.
-- ``texts == (context, question)`` — RACE. Unpublished in the paper; ours: the question and every answer stay
-  whole and the article keeps its head, cut to ``n_ctx - 3 - len(question) - max(len(answer))`` tokens, the same
-  article for every answer so the answers compete on equal context. In the (never observed) case that question
-  plus the longest answer alone overflow, the question keeps its *tail* (the part next to the answer) and then
-  answers keep their heads.
-
-A task may override the rule with an attribute ``truncation`` (``"pair"``, ``"released_roc"``, ``"keep_qa"``).
+Multiple-choice truncation is chosen from the example's shape (one text field: Story Cloze, the released code's
+rule; two: RACE, ours), so the training loop needs no task names; a task may override it with a ``truncation``
+attribute (``"pair"``, ``"released_roc"``, ``"keep_qa"``).
 """
 
 from __future__ import annotations
@@ -130,7 +113,13 @@ def multiple_choice(
     n_ctx: int,
     rule: str = "auto",
 ) -> list[list[int]]:
-    """One ``<s> context question $ answer <e>`` sequence per answer (see the module docstring for the rules)."""
+    """One ``<s> context question $ answer <e>`` sequence per answer.
+
+    ``released_roc`` (Story Cloze, the released ``transform_roc``): context and each answer keep their first
+    ``n_ctx // 2 - 2`` tokens. ``keep_qa`` (RACE, not published in the paper): question and answers stay whole and the
+    context keeps its head, cut the same for every answer so the answers compete on equal context; should question
+    and longest answer alone overflow, the question keeps its tail (next to the answer), then answers their heads.
+    """
     if rule == "auto":
         rule = "released_roc" if question is None else "keep_qa"
     q = list(question or [])
@@ -272,7 +261,8 @@ def encode_examples(
     for ex in examples:
         if len(ex.texts) not in expected[kind]:
             raise GPT1Error(
-                f"{ex.source or task.name}: a {kind} example needs {' or '.join(map(str, expected[kind]))} text field(s), got {len(ex.texts)}"
+                f"{ex.source or task.name}: a {kind} example needs {' or '.join(map(str, expected[kind]))} "
+                f"text field(s), got {len(ex.texts)}"
             )
         if kind == "multiple_choice" and task.n_choices and len(ex.choices) != task.n_choices:
             raise GPT1Error(f"{ex.source or task.name}: expected {task.n_choices} answers, got {len(ex.choices)}")

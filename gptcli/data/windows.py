@@ -1,18 +1,16 @@
 """Random contiguous token windows for pretraining: without replacement within an epoch, resumable, rank-aware.
 
 Paper (reference §3): minibatches of randomly sampled contiguous sequences. Each shard's flat token array is cut
-into windows of ``seq_len + 1`` tokens (inputs plus the shifted targets) on a grid of stride ``seq_len``; the grid
-is shifted by a random offset in ``[0, seq_len)`` each epoch so that successive epochs see different boundaries.
-Every shard has the same number of windows whatever the offset (``len // seq_len - 1``), so an epoch always has
-the same length and the run's step count is known up front (the cosine schedule needs it).
+into windows of ``seq_len + 1`` tokens (inputs plus the shifted targets) on a grid of stride ``seq_len``, shifted by
+a random offset in ``[0, seq_len)`` each epoch so that successive epochs see different boundaries. Every shard has
+the same number of windows whatever the offset, so the run's step count is known up front (the cosine schedule
+needs it).
 
-An epoch is one permutation of all windows of the split, drawn from ``(seed, epoch)`` alone. The sampler's whole
-state is ``{"seed", "epoch", "position"}``: the *global* position in that permutation. Under data parallelism
-rank ``r`` of ``W`` takes the ``r``-th of ``W`` equal slices of each global batch, so ranks draw disjoint windows
-and a run can resume with a different world size as long as the global batch is unchanged.
-
-Windows may cross document boundaries inside a shard, as in GPT-1's contiguous-text pretraining; they never
-cross shard boundaries. A final partial batch of an epoch is dropped (at most ``batch - 1`` windows).
+An epoch is one permutation of all windows of the split, drawn from ``(seed, epoch)`` alone, so the sampler's whole
+state is ``{"seed", "epoch", "position"}`` (the *global* position in that permutation). Rank ``r`` of ``W`` takes
+the ``r``-th of ``W`` equal slices of each global batch: ranks draw disjoint windows and a run can resume with
+another world size as long as the global batch is unchanged. Windows may cross documents inside a shard, never
+shards; an epoch's final partial batch is dropped.
 """
 
 from __future__ import annotations
@@ -77,6 +75,7 @@ class WindowSampler:
             self._offset = int(rng.integers(0, self.seq_len))
             self._perm = rng.permutation(self.num_windows)
             self._perm_epoch = self.epoch
+        assert self._perm is not None  # drawn with _perm_epoch, which starts as no epoch
         return self._perm, self._offset
 
     def window_starts(self, indices: np.ndarray, offset: int) -> list[tuple[int, int]]:

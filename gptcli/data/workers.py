@@ -1,16 +1,11 @@
-"""The worker processes of `gpt1 prepare`: how a document becomes units of work, the pool that runs them in order,
-its signal handling, and the two jobs a worker does.
+"""The worker processes of ``gpt1 prepare``: units of work, the pool that runs them in order, and the two jobs.
 
-- **Units of work** (:func:`text_chunks`): a document cut after line breaks into pieces of about ``chunk_bytes``;
-  each piece carries the one bit of state the text pipeline has across lines (whether ftfy has seen a ``<``), so
-  the pieces' results joined in order equal the whole document's.
-- **The pool** (:class:`Executor`): warm processes (spaCy is loaded once, before forking), an ordered map with a
-  bounded number of batches in flight, small tasks batched together. One worker means no pool: the jobs run in
-  this process, with the same results.
-- **Signals**: a worker ignores Ctrl-C (the main process handles it: it terminates the pool and removes the partial
-  output) and dies quietly on SIGTERM (how the pool's ``terminate`` stops it).
-- **The jobs**: :func:`words_task` (raw text → pipeline lines) and :func:`encode_task` (pipeline lines → BPE ids
-  with a saved tokenizer, loaded once per worker).
+:func:`text_chunks` cuts a document after line breaks into pieces, each carrying the one bit of state the text
+pipeline has across lines (whether ftfy has seen a ``<``), so the pieces' results joined in order equal the whole
+document's. :class:`Executor` is an ordered map over warm processes (spaCy is loaded once, before forking) with
+small tasks batched together; one worker means no pool, with the same results. A worker ignores Ctrl-C (the main
+process terminates the pool and removes the partial output) and dies quietly on SIGTERM. The jobs are
+:func:`words_task` (raw text → pipeline lines) and :func:`encode_task` (pipeline lines → BPE ids).
 """
 
 from __future__ import annotations
@@ -53,10 +48,9 @@ def _warm() -> None:
 
 
 def quiet_worker() -> None:
-    """A pool worker's signals (its ``initializer``). Workers leave Ctrl-C to the main process, which terminates the
-    pool and removes the partial output; and SIGTERM (how the pool's ``terminate`` stops them, also when a
-    ``with Pool()`` block ends) ends a worker quietly: a forked worker inherits the command line's handler, which
-    would raise in it and print the worker's traceback."""
+    """A pool worker's signals (its ``initializer``): Ctrl-C is left to the main process, which terminates the pool
+    and removes the partial output; SIGTERM (how ``terminate`` stops a worker) ends it quietly, because a forked
+    worker inherits the command line's handler, which would print the worker's traceback."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -82,7 +76,8 @@ _TOKENIZERS: dict[str, Any] = {}
 def encode_task(task: tuple[str, str]) -> np.ndarray:
     """Worker: pipeline lines → ids (newline ids between lines) with the tokenizer saved at ``model_dir``."""
     model_dir, text = task
-    tok = _TOKENIZERS.get(model_dir)
+    # Any tokenizer with ``encode_lines``: prepare refuses the kinds without it before starting workers.
+    tok: Any = _TOKENIZERS.get(model_dir)
     if tok is None:
         from gptcli.tokenizers import load_tokenizer
 

@@ -1,26 +1,17 @@
 """What a trivial predictor scores: the level every task result is read against.
 
-A score means little without the score of answering without looking. On real MRPC dev a model that answers
-"paraphrase" every time gets F1 81.2 — two points under the paper's 82.3 — and a CoLA model that always answers
-"acceptable" gets MCC 0. This module computes those levels from the data, once, for every place that shows a
-result (``results.json`` of ``gpt1 eval`` and ``gpt1 finetune``, the per-epoch line, the tables in
-:mod:`gptcli.commands.render`):
+A score means little without the score of answering without looking (on MRPC, always answering "paraphrase"
+comes close to the paper's F1; docs/eval.md). This module computes those levels from the data, once, for every
+place that shows a result: ``results.json`` of ``gpt1 eval`` and ``gpt1 finetune``, the per-epoch line, the tables.
 
-- **majority**: always answering the most frequent label of the *training* labels (ties: the label listed first),
-  scored on the evaluated split with the task's headline metric and its extra ones (MRPC/QQP: F1 *and* accuracy;
-  CoLA: MCC, 0 for any constant, and accuracy). For multiple choice (RACE, Story Cloze) the label is the answer's
-  position, so this is always answering the most frequent right position.
-- **chance**: multiple choice only, 1/number of answers (accuracy). A table compares against the higher of the
-  two (:func:`level`), naming which.
-- STS-B (regression): no level — a constant prediction has no correlation ("n/a").
+- **majority**: always the most frequent *training* label (ties: the first listed), scored with the task's
+  metrics on the evaluated split; for multiple choice, the most frequent right position. Without the training
+  labels, the evaluated split's own (``source = "eval"``, an upper bound; tables mark it).
+- **chance**: multiple choice only, 1/number of answers. A table compares against the higher of the two.
+- STS-B (regression) has none: a constant prediction has no correlation.
 
-When the training labels are not known (``gpt1 eval`` on a checkpoint fine-tuned before its meta recorded them),
-the majority comes from the evaluated split's own labels (``source = "eval"``), an upper bound for any constant
-answer's accuracy; tables mark it.
-
-A score within :data:`MARGIN` points of the level is "≈ majority" (or "≈ chance"), one more than that below it is
-"< majority": :func:`verdict`. :func:`prediction_summary` counts the predicted labels, so a run whose predictions
-are all one label can say so (:func:`constant_sentence`).
+:func:`verdict` reads a score within :data:`MARGIN` of its level as "≈ majority", below that as "< majority";
+:func:`prediction_summary` counts the predicted labels so a run that always answers one label can say so.
 """
 
 from __future__ import annotations

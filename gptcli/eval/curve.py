@@ -1,29 +1,14 @@
 """The zero-shot learning curve (paper Figure 2, right): every heuristic scored at every pretraining checkpoint.
 
 Each task's score is normalised between random guessing (0) and the single-model state of the art before GPT-1
-(1): ``(score - random) / (sota - random)``. The values used (percent; MCC × 100 for CoLA):
-
-=============  ======  =====  =====================================================================
-task           random  SOTA   source of the SOTA value
-=============  ======  =====  =====================================================================
-sst2           50.0    93.2   reference §6 "previous best" for SST-2 (paper Table 4)
-cola           0.0     35.0   reference §6 "previous best" for CoLA (paper Table 4)
-race           25.0    53.3   reference §6 "previous best" for RACE (paper Table 3)
-race-m         25.0    60.2   reference §6
-race-h         25.0    50.3   reference §6
-storycloze     50.0    77.6   reference §6 "previous best" for Story Cloze (paper Table 3)
-dprd           50.0    76.4   not in the reference: Peng, Khashabi & Roth (2015) on Rahman & Ng's test set
-wsc            50.0    63.7   not in the reference: Trinh & Le (2018) on WSC273 (an ensemble of LMs)
-=============  ======  =====  =====================================================================
-
-The paper's Figure 2 gives no numbers; its caption says "normalized between random guessing and state of the art".
-The DPRD and WSC values are our choice and can be replaced (``sota={...}``, ``--sota task=value``).
+(1): ``(score - random) / (sota - random)``, with the values of :data:`RANDOM` and :data:`SOTA` (each one's source
+in :data:`SOTA_SOURCE`). The paper's Figure 2 gives no numbers, only "normalized between random guessing and state
+of the art"; the DPRD and WSC values are not in the reference, so they can be replaced (``--sota task=value``).
 
 Outputs: ``curve.json`` (raw and normalised scores per checkpoint and task, the constants used, skipped tasks),
-``curve.png`` (matplotlib, an optional dependency) and one ``results.json`` + predictions per checkpoint under
-``<out>/<checkpoint name>/``, built in a temporary folder that replaces ``<out>`` whole once the curve is complete
-(only earlier zero-shot results are ever replaced). Progress: one stage over the checkpoints, holding one stage per
-checkpoint (its summary line gives the raw scores) with :func:`gptcli.eval.zeroshot.evaluate`'s stages inside.
+``curve.png`` (matplotlib, optional) and one folder of zero-shot results per checkpoint under ``<out>``, built in a
+temporary folder that replaces ``<out>`` whole once the curve is complete, so an interrupted curve never leaves a
+mix of old and new points. Progress: one stage over the checkpoints, one per checkpoint inside it.
 """
 
 from __future__ import annotations

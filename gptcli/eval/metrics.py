@@ -13,7 +13,7 @@ constant input is 0 (scipy returns nan: no linear relation can be measured).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -114,10 +114,11 @@ def compute(names: Sequence[str], preds: ArrayLike, labels: ArrayLike) -> dict[s
 
 def score_predictions(task: Task, preds: Sequence[Any], examples: Sequence[Example]) -> dict[str, float]:
     """The task's metrics ×100 (headline first), plus per-level accuracy for RACE-style ``extra["level"]``."""
-    labels = [e.label for e in examples]
+    # Only labeled examples are scored, so every label is a number here.
+    labels = cast(list[float], [e.label for e in examples])
     names = list(dict.fromkeys((task.metric, *getattr(task, "extra_metrics", ()))))
     scores = {k: 100.0 * v for k, v in compute(names, list(preds), labels).items()}
-    levels = sorted({e.extra.get("level") for e in examples if e.extra.get("level")})
+    levels = sorted({lv for e in examples if (lv := e.extra.get("level"))})
     if len(levels) > 1:
         for lv in levels:
             idx = [i for i, e in enumerate(examples) if e.extra.get("level") == lv]

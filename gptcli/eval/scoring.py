@@ -1,43 +1,30 @@
 """Batched log-probability scoring: how likely is a continuation given a context, under a language model.
 
-Every zero-shot heuristic of the paper (§5) reduces to one question asked many times: *the sum (and count) of the
-log-probabilities of these continuation tokens after this context*. :func:`score` answers it for a whole list of
-:class:`Request` objects at once.
+Every zero-shot heuristic (paper §5) and lm-eval's ``loglikelihood`` ask one question many times: the sum and count
+of the log-probabilities of these continuation tokens after this context. :func:`score` answers it for a list of
+:class:`Request` objects at once; the rules are in docs/zeroshot.md. Context and continuation come as separately
+tokenized ids, so their boundary never shifts with the tokenizer's merges. Too long an input loses tokens from the
+left of its context, and requests sharing a context are truncated together so every candidate sees the same one.
+With no context the first continuation token is not scored (nothing predicts it).
 
-Rules (documented in ``docs/zeroshot.md``):
-
-- **Ids, not strings.** Context and continuation are tokenized separately by the caller and concatenated as ids,
-  so the boundary between them never shifts with the tokenizer's merges.
-- **Left truncation.** The model reads at most ``n_ctx`` tokens, i.e. a scored sequence holds at most ``n_ctx + 1``
-  (the last one is only predicted). Longer inputs lose tokens from the LEFT of the context; the continuation is
-  kept whole. Requests that share a context are truncated *together*, by the budget of their longest continuation,
-  so every candidate answer sees exactly the same context. A continuation longer than the window on its own is cut
-  to its first ``n_ctx`` tokens (after one context token) and flagged; none of the paper's tasks come close.
-- **Empty context.** With no context the first continuation token has nothing to be predicted from and is not
-  scored (CoLA scores a sentence's tokens 2…n this way).
-- **Speed.** No gradients; rows sorted by length and padded dynamically (on the right, which a causal model never
-  attends to); logits are computed only at the positions that are read, never over the whole sequence × vocabulary.
-  Requests with the same context share one forward pass of it: when every continuation is a single token the
-  context row alone gives all their log-probabilities (SST-2's ``positive``/``negative`` after ``very``); when
-  they are longer, a GPT packs many contexts into one row, each once and followed by its candidates, which attend
-  to it as from a KV cache (``gptcli.model.packed.Packing.shared``: Story Cloze's two endings after one story,
-  RACE's four answers after one document, all in one attention call per layer); an LSTM runs a long shared
-  context once into its recurrent state, which all candidates continue from. ``precision`` follows :func:`gptcli.runtime.resolve_precision`
-  (``auto``: bf16 autocast on CUDA and on CPUs with native bf16, fp32 otherwise); log-softmax is always fp32.
-- **Greedy.** Each :class:`Score` also says whether every scored token was the argmax where it was read (lm-eval's
-  ``is_greedy``; :mod:`gptcli.eval.lmeval`).
+Why it is fast: no gradients, rows sorted by length and padded per batch, logits only where they are read, and a
+shared context run once — packed with its candidates in one GPT row (``Packing.shared``), or into an LSTM's state
+that each candidate continues. Log-softmax is always fp32, so close candidates stay apart.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
 
 from gptcli.progress import SILENT, Progress, staged
+
+if TYPE_CHECKING:
+    from gptcli import runtime
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
@@ -132,7 +119,7 @@ def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def _precision(device: torch.device, precision: str) -> str:
+def _precision(device: torch.device, precision: str) -> runtime.Precision:
     from gptcli.runtime import resolve_precision
 
     return resolve_precision(precision, device)
@@ -141,7 +128,7 @@ def _precision(device: torch.device, precision: str) -> str:
 def _autocast(device: torch.device, precision: str):
     from gptcli.runtime import autocast
 
-    return autocast(device, _precision(device, precision))  # type: ignore[arg-type]
+    return autocast(device, _precision(device, precision))
 
 
 def _read(model, h: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,13 +158,11 @@ def score(
 ) -> list[Score]:
     """Score every request; results come back in the order of ``requests``.
 
-    ``model`` is a :class:`gptcli.model.gpt.GPT` or :class:`gptcli.model.lstm.LSTMLM` (anything with ``config.n_ctx``,
-    ``forward(idx, cache)`` and ``lm_logits(h)`` whose cache :mod:`gptcli.model.build` makes). ``batch_size`` caps rows per forward pass and ``max_tokens`` (default ``batch_size × 128``)
-    caps padded tokens per pass. Groups of requests sharing a context of at least ``cache_min_context`` tokens run
-    it once (default: any context for a GPT, whose shared contexts are packed with their candidates; 64 tokens for
-    an LSTM, whose candidates continue a copy of its state). ``progress`` sees one stage named ``stage`` with
-    ``len(requests)`` as its total,
-    advanced by the requests each forward pass finishes (requests with nothing to score count at the end).
+    ``model`` is a :class:`gptcli.model.gpt.GPT` or :class:`gptcli.model.lstm.LSTMLM` (``config.n_ctx``,
+    ``forward(idx, cache)``, ``lm_logits(h)``). ``batch_size`` caps rows per forward pass and ``max_tokens`` (default
+    ``batch_size × 128``) padded tokens per pass. Requests sharing a context of at least ``cache_min_context`` tokens
+    run it once (default: any context for a GPT, 64 tokens for an LSTM). ``progress`` sees one stage named ``stage``
+    of ``len(requests)``, advanced by the requests each pass finishes.
     """
     if not requests:
         return []
@@ -302,7 +287,11 @@ def _score_packed_row(model, groups, precision: str, totals: _Totals) -> None:
     from gptcli.model.packed import Packing
 
     device = _device(model)
-    prefixes, answers, rows, reads, at = [], [], [], [], 0
+    prefixes: list[Sequence[int]] = []
+    answers: list[list[Sequence[int]]] = []
+    rows: list[int] = []
+    reads: list[tuple[int, int, int]] = []
+    at = 0
     for ctx, members in groups:
         prefixes.append(ctx)
         answers.append([c[:-1] for _, c in members if len(c) > 1])

@@ -1,22 +1,14 @@
 """Evaluate a fine-tuned checkpoint on a task split: metrics, per-example predictions, GLUE submission files.
 
-``evaluate_task("rte", "runs/rte", split="dev")`` loads ``RUN/checkpoints/final`` (body + head + tokenizer),
-encodes the split with the same transformation and context the run was trained with, and writes to ``out``:
+``evaluate_task("rte", "runs/rte", split="dev")`` loads ``RUN/checkpoints/final`` (body, head, tokenizer), encodes
+the split with the transformation and context the run was trained with, and writes ``results.json`` (metrics ×100,
+headline first, beside the paper's number and the trivial predictor's level), ``predictions.jsonl`` and, for an
+unlabeled GLUE test split, the ``<GLUE name>.tsv`` the GLUE server takes (the layout is in docs/eval.md).
+:func:`evaluate_tasks` is ``gpt1 eval`` as a library call over an :class:`EvalConfig`: several checkpoints on
+several tasks, or with ``data`` their perplexity on a prepared corpus.
 
-- ``results.json``: the task's metrics ×100 (the paper's headline metric first, e.g. ``f1`` then ``accuracy``
-  for MRPC/QQP, ``pearson`` and ``spearman`` for STS-B; RACE adds ``accuracy_middle``/``accuracy_high`` when a
-  split holds both levels), with the paper's number for comparison (:func:`load_results` reads it back), the
-  trivial predictor's level on the same examples (``baseline``: majority class of the training labels recorded in
-  the checkpoint, or of the evaluated split when it records none; chance for multiple choice; see
-  :mod:`gptcli.eval.baselines`) and the prediction distribution (``prediction_counts``, ``constant_prediction``);
-- ``predictions.jsonl``: one line per example (``uid``, predicted label string or score, gold label, head outputs);
-- for an unlabeled split (GLUE test files), ``<GLUE name>.tsv`` with ``index\\tprediction`` and GLUE's label
-  strings (``SST-2.tsv``, ``MNLI-m.tsv``, ``STS-B.tsv`` ...), ready for the GLUE server.
-
-A checkpoint fine-tuned on one task may be scored on another of the same kind and labels (``mnli`` → ``mnli-mm``,
-``race`` → ``race-m``/``race-h``). :func:`evaluate_tasks` is ``gpt1 eval`` as a library call: several
-checkpoints on several tasks as configured by an :class:`EvalConfig` (the command's settings), or with its ``data``
-their perplexity on a prepared corpus (:func:`gptcli.eval.perplexity.corpus_perplexity`).
+A checkpoint may be scored on another task of the same kind and labels (``mnli`` → ``mnli-mm``, ``race`` →
+``race-m``), because those tasks differ only in their data, not in the head.
 """
 
 from __future__ import annotations
@@ -201,11 +193,10 @@ def evaluate_task(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Score ``checkpoint`` on ``split`` of a task (default: the task it was fine-tuned on); returns results.json
-    (plus ``out_dir``; ``precision`` there is the one the scoring ran in, ``auto`` resolved). The settings are the
-    :class:`EvalConfig` fields of the same names, with their defaults, and are checked as every command checks
-    them (:func:`gptcli.config.check_settings`). ``progress`` sees one stage sized in examples. The output folder
-    is locked while it is worked on (:func:`gptcli.locks.output_lock`). The model computes in the process's
-    kernels mode (:func:`gptcli.model.kernels.mode`)."""
+    plus ``out_dir`` (``precision`` there is the one the scoring ran in). The settings are the :class:`EvalConfig`
+    fields of the same names, checked as every command checks them; ``progress`` sees one stage sized in examples.
+    The output folder is locked while it is worked on. The model computes in the process's kernels mode
+    (:func:`gptcli.model.kernels.mode`)."""
     check_settings({"batch_size": batch_size, "max_examples": max_examples, "seed": seed})
     if layout not in ("packed", "padded"):
         raise GPT1Error(f"--layout: expected packed or padded, got {layout!r}")
@@ -398,22 +389,18 @@ def parse_tasks(task: str | Sequence[str] | None) -> list[str | None]:
     if task is None:
         return [None]
     items = [task] if isinstance(task, str) else list(task)
-    names = [t.strip() for item in items for t in str(item).split(",") if t.strip()]
+    names: list[str | None] = [t.strip() for item in items for t in str(item).split(",") if t.strip()]
     return names or [None]
 
 
 def evaluate_tasks(config: EvalConfig, progress: Progress | None = None) -> list[dict[str, Any]]:
-    """What ``gpt1 eval`` computes, as configured by ``config``; returns one dict per result, each with ``run``:
-    the checkpoint's label, unique in the list.
+    """What ``gpt1 eval`` computes, as configured by ``config``: one dict per result, each with ``run``, the
+    checkpoint's label, unique in the list.
 
-    Without ``data``: every checkpoint on every task's split (default: each checkpoint's own task, split ``dev``),
-    the results.json dicts of :func:`evaluate_task`. With ``out``, checkpoint ``run`` writes to
-    ``OUT/<run>/<task>-<split>/``; otherwise to ``RUN/eval/<task>-<split>/``. ``data_dir`` is one task's folder, so
-    it needs a single task (several tasks read ``$GPT1_DATA``).
-
-    With ``data`` (a prepared corpus, not with ``task``): each checkpoint's next-token loss and perplexity on the
-    corpus split (default ``val``) by :func:`gptcli.eval.perplexity.corpus_perplexity`, as ``{"run", "checkpoint",
-    "step", "data", "split", "loss", "perplexity", "tokens"}``; nothing is written.
+    Without ``data``: every checkpoint on every task's split (default: its own task, split ``dev``), as
+    :func:`evaluate_task`'s results, written under ``OUT/<run>/<task>-<split>/`` with ``out``, else under
+    ``RUN/eval/<task>-<split>/``. With ``data`` (a prepared corpus): each checkpoint's loss and perplexity on the
+    corpus split (default ``val``) by :func:`gptcli.eval.perplexity.corpus_perplexity`; nothing is written.
 
     The model computes in ``config.kernels`` and the caller's kernels mode is back afterwards
     (:func:`gptcli.model.kernels.use_kernels`).

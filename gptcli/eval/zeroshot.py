@@ -1,28 +1,17 @@
-"""The paper's zero-shot heuristics (§5, Figure 2 right): task performance of a language model that was never
-fine-tuned, read off its next-token probabilities.
+"""The paper's zero-shot heuristics (§5, Figure 2 right): task scores of a language model never fine-tuned.
 
-- SST-2: append ``very`` to the sentence; predict positive when p(``positive``) > p(``negative``) next.
-- CoLA: average token log-probability of the sentence; acceptable above a threshold chosen on the train split to
-  maximise Matthews correlation (or given); the score is MCC.
-- RACE: the answer with the highest average token log-probability given the document and the question.
-- DPRD / WSC273: substitute each candidate for the pronoun; the candidate under which the rest of the sentence
-  has the higher average token log-probability wins (see :mod:`gptcli.tasks.winograd` for locating the pronoun).
-- Story Cloze (bonus): the ending with the higher average token log-probability given the four-sentence story.
+SST-2 compares p(``positive``) with p(``negative``) after ``<sentence> very``; CoLA thresholds the average token
+log-probability (MCC); RACE and Story Cloze pick the choice with the highest average token log-probability; DPRD
+and WSC273 substitute each candidate for the pronoun and score the rest of the sentence. Averages are per token;
+ties go to the first choice.
 
-Averages are per token (not per character). Every heuristic builds :class:`gptcli.eval.scoring.Request` objects from
-separately tokenized context and continuation and lets :func:`gptcli.eval.scoring.score` batch them; truncation rules
-live there. Ties (equal scores) go to the first choice (SST-2: negative; CoLA: unacceptable).
+:func:`zeroshot` is the library entry point over a :class:`ZeroShotConfig`; the per-task functions take a model, a
+tokenizer and examples, so they run on anything (the tests use a stub model). All of them build
+:class:`gptcli.eval.scoring.Request` objects and let :func:`gptcli.eval.scoring.score` batch them.
 
-The library entry point is :func:`zeroshot` over a :class:`ZeroShotConfig`; the per-task functions
-(:func:`sst2`, :func:`cola`, :func:`multiple_choice`, :func:`winograd`) take a model, a tokenizer and examples,
-so they can be run on anything (the tests use a stub model with known log-probabilities).
-
-Every task's data comes from the task registry (:mod:`gptcli.tasks`: folder, files per split, the ``$GPT1_DATA``
-lookup; DPRD and WSC273 are registered there as zero-shot-only tasks). What is zero-shot's own stays here, in
-:data:`TASKS`: which heuristic scores each registry task and which split it scores by default. Those are facts of
-the paper's §5 protocol, not of the data sets, and the heuristics are code of this room, which the task room below
-it cannot name. Progress is reported through :class:`gptcli.progress.Progress`: one stage per task, holding one
-stage per scoring pass (advanced by the requests it finishes); skipped tasks are warning notes.
+Task data comes from the registry (:mod:`gptcli.tasks`). Which heuristic scores a task, and on which split, lives
+here in :data:`TASKS`: these are facts of the paper's §5 protocol, not of the data sets, and the task room below
+cannot name this room's heuristics.
 """
 
 from __future__ import annotations
@@ -30,10 +19,10 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from gptcli.checkpoint import atomic_directory
 from gptcli.errors import DataError, GPT1Error
@@ -80,14 +69,14 @@ def _encode(tokenizer, texts: Sequence[str]) -> list[list[int]]:
 
 
 def _score(model, requests, batch_size: int, precision: str, progress: Progress | None = None, what: str = ""):
-    from gptcli.eval.scoring import score
+    from gptcli.eval.scoring import Precision, score
 
     return score(
         model,
         requests,
         batch_size=batch_size,
-        precision=precision,
-        progress=progress,  # type: ignore[arg-type]
+        precision=cast(Precision, precision),  # the CLI's name; score resolves it and refuses unknown ones
+        progress=progress,
         stage=f"scoring {what}" if what else "scoring",
     )
 
@@ -292,8 +281,8 @@ def multiple_choice(
             }
         )
     notes = [f"{n_trunc} contexts left-truncated to fit the context window"] if n_trunc else []
-    labeled = [(p, l) for p, l in zip(preds, labels) if l is not None]
-    score = _metric("accuracy", [p for p, _ in labeled], [int(l) for _, l in labeled]) if labeled else float("nan")
+    labeled = [(p, y) for p, y in zip(preds, labels) if y is not None]
+    score = _metric("accuracy", [p for p, _ in labeled], [int(y) for _, y in labeled]) if labeled else float("nan")
     return TaskResult(name, "", "accuracy", score, len(preds), out, notes)
 
 
@@ -403,7 +392,7 @@ def _run_multiple_choice(job: _Job) -> TaskResult:
         job.name,
         [tuple(ex.texts) for ex in exs],
         [ex.choices for ex in exs],
-        [ex.label for ex in exs],
+        cast(list[int | None], [ex.label for ex in exs]),  # a multiple-choice label is a choice index
         [ex.uid for ex in exs],
         **job.kw,
     )
@@ -537,8 +526,9 @@ def read_task(
     job = _Job(
         task, t, split, read_labeled(t, split, ddir, config.limit), model, tokenizer, config, ddir, progress, note
     )
-    if TASKS[task].read_more is not None:
-        TASKS[task].read_more(job)
+    read_more = TASKS[task].read_more
+    if read_more is not None:
+        read_more(job)
     return job
 
 
@@ -574,7 +564,8 @@ def open_model(checkpoint: str | Path, device: str = "auto", verify: bool = True
     ck = load_checkpoint(checkpoint, verify=verify)
     if ck.tokenizer is None:
         raise GPT1Error(
-            f"{ck.path}: checkpoint has no tokenizer/ directory; zero-shot scoring needs the tokenizer it was trained with"
+            f"{ck.path}: checkpoint has no tokenizer/ directory; "
+            "zero-shot scoring needs the tokenizer it was trained with"
         )
     if ck.kind == "finetuned":
         (progress or SILENT).note(
@@ -592,7 +583,7 @@ def _summary(r: TaskResult) -> str:
 
 
 def evaluate(
-    model, tokenizer, config: ZeroShotConfig, progress: Progress | None = None, *, exclude: Sequence[str] = ()
+    model, tokenizer, config: ZeroShotConfig, progress: Progress | None = None, *, exclude: Collection[str] = ()
 ) -> tuple[dict[str, TaskResult], dict[str, str]]:
     """Run every task of ``config.task`` (but those in ``exclude``) on an open model, one progress stage each. With
     several tasks, a task whose data is missing is skipped (a warning note; its reason returned) instead of stopping

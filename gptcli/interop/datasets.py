@@ -1,19 +1,15 @@
 """Fetch the paper's datasets from the Hugging Face Hub into their official layout under the data root.
 
-``fetch(FetchConfig(tasks=["rte"]))`` (what ``gpt1 fetch rte`` runs) downloads the task's parquet files from its
-Hub dataset (:data:`gptcli.tasks.sources.SOURCES`: GLUE from ``nyu-mll/glue``, SNLI, SciTail, RACE) through
-``huggingface_hub`` — so ``HF_HOME``, ``HF_HUB_OFFLINE``, ``HF_ENDPOINT`` and tokens apply, and a second fetch
-reads the Hugging Face cache — and writes the official files (``RTE/train.tsv``, …) that the task loaders read,
-so every other command finds them where it always looks (:func:`gptcli.tasks.base.data_root`).
+``fetch(FetchConfig(tasks=["rte"]))`` (what ``gpt1 fetch rte`` runs) downloads the task's parquet files
+(:data:`gptcli.tasks.sources.SOURCES`) through ``huggingface_hub``, so ``HF_HOME``, ``HF_HUB_OFFLINE``,
+``HF_ENDPOINT`` and tokens apply and a second fetch reads the Hugging Face cache. It writes the official files
+(``RTE/train.tsv``, …) because that is what the task loaders read, so every other command finds them where it
+always looks (:func:`gptcli.tasks.base.data_root`).
 
-**Checked.** Each file's row count must be the official release's (the table in :mod:`gptcli.tasks.sources`); a
-truncated or changed download is an error and nothing is written.
-
-**Whole or not at all.** A task folder is written under a hidden temporary name beside it and renamed into place
-when every file is written and checked; an interrupted or failed fetch leaves no task folder (and no temporary).
-A folder that is already there is left alone (``overwrite`` replaces one that an earlier fetch wrote; data gpt1
-did not write is never replaced). The folder carries the output marker (kind ``task-data``) and
-``.gpt1-fetch.json``: the Hub repository, the commit and each file's rows and sha256.
+Each file's row count must be the official release's, else nothing is written. A task folder is built under a
+hidden temporary name and renamed into place once every file is checked, so a failed fetch leaves no folder; one
+already there is left alone (``overwrite`` replaces only what an earlier fetch wrote). The folder carries the
+output marker (kind ``task-data``) and ``.gpt1-fetch.json`` (Hub repository, commit, each file's rows and sha256).
 """
 
 from __future__ import annotations

@@ -1,19 +1,19 @@
 """Time budgets: how many pretraining updates fit into the minutes a pipeline was given.
 
 The quickstart (``--minutes``) and ``experiments/cpu_reproduction.py`` (``--budget-minutes``) both size their
-pretraining run the same way: time one update of the model on this machine, then divide the seconds left for
-pretraining by it. Both measure rather than guess because an update's cost varies by an order of magnitude between
-a laptop CPU and a GPU, and a fixed number of updates would either waste the budget or overrun it.
+pretraining run the same way: time one update of the model here, then divide the seconds left for pretraining by
+it. They measure rather than guess because an update's cost varies widely from one CPU or GPU to another, and a
+fixed number of updates would either waste the budget or overrun it.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from gptcli.runtime import configure_backends
+from gptcli.runtime import Precision, configure_backends
 
 
 def time_update(
@@ -26,11 +26,10 @@ def time_update(
     warmup: int = 2,
 ) -> float:
     """Seconds per pretraining update of a ``model_config`` model here: the median of ``steps`` timed updates
-    after ``warmup`` untimed ones (the first two pay for allocations and kernel selection: on a 2-core CPU the
-    quickstart's model took 190 and 110 ms, then 53). Random weights and tokens: the cost of an update does not
-    depend on their values. The backends are set up first as the run will set them (:func:`configure_backends`):
-    without glibc's allocator setting the same updates took 65-75 ms, and a quickstart timed that way planned its
-    pretraining at 96 ms per update, then ran at 48, finishing in half its minutes."""
+    after ``warmup`` untimed ones, which pay for allocations and kernel selection. Random weights and tokens: an
+    update's cost does not depend on their values. The backends are set up first as the run will set them
+    (:func:`configure_backends`): without glibc's allocator setting updates time much slower than the run then
+    goes, and the budget would be planned too small."""
     from gptcli.model.build import build_model
     from gptcli.train.optim import make_optimizer
     from gptcli.train.pretrain import lm_loss
@@ -40,7 +39,9 @@ def time_update(
     g = torch.Generator().manual_seed(0)
     model = build_model(model_config).to(device)  # either architecture (gptcli.model.build)
     opt = make_optimizer(model, 1e-4, 0.01)
-    trainer = Trainer(model, opt, lm_loss, lambda s: 1e-4, device=device, precision=precision, grad_clip=1.0)
+    # Callers pass a precision already resolved (fp32, bf16 or fp16), never "auto".
+    resolved = cast(Precision, precision)
+    trainer = Trainer(model, opt, lm_loss, lambda s: 1e-4, device=device, precision=resolved, grad_clip=1.0)
     batch = torch.randint(0, model_config.vocab_size, (batch_size, seq_len + 1), generator=g).to(device)
     times = []
     for i in range(warmup + steps):

@@ -211,7 +211,7 @@ class Task:
                     f"(put the official file there)"
                 )
             out.extend(sp.reader(path, opts))
-        if not out:  # header-only, blank or CR-only: every command refuses it alike (fine-tuning used to score nothing)
+        if not out:  # header-only, blank or CR-only: every command refuses it alike, none scores nothing
             bad = len(opts.skipped) - skipped_before
             why = f"all {bad} rows were bad and skipped" if bad else "only a header, blank lines or no line breaks"
             raise GPT1Error(

@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 
 from gptcli.errors import DataError
-from gptcli.tasks.base import Example, Reader, ReadOptions, Split, Task
+from gptcli.tasks.base import Example, Kind, Reader, ReadOptions, Split, Task
 from gptcli.tasks.registry import register
 from gptcli.tasks.rows import (
     WRONG_FILE,
@@ -176,7 +176,7 @@ SINGLE_TRUNC = "Truncation (done by fine-tuning): the text keeps its head so tha
 def _glue(
     name: str,
     title: str,
-    kind: str,
+    kind: Kind,
     fmt: GlueFormat,
     metric: str,
     folder: str,

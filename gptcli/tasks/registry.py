@@ -3,10 +3,9 @@
 ``get_task("rte")`` returns a :class:`Task`; ``all_tasks()`` lists them. Each family module registers its tasks
 when imported; the registry imports them on first use.
 
-Two tasks are registered for zero-shot scoring only: DPRD and WSC273 (paper §5, Figure 2), which the paper never
-fine-tunes on (their kind, ``pronoun_resolution``, has no input transformation: ``Task.finetunable`` is False).
-Lookups serve fine-tuning unless asked otherwise, so ``gpt1 finetune --task dprd``, ``--list-tasks`` and
-``gpt1 eval`` behave as before these tasks existed; ``gpt1 zeroshot`` asks with ``zero_shot=True``.
+DPRD and WSC273 (paper §5, Figure 2) are registered for zero-shot scoring only: their kind, ``pronoun_resolution``,
+has no input transformation. Lookups serve fine-tuning unless asked with ``zero_shot=True`` (as ``gpt1 zeroshot``
+does), so ``gpt1 finetune``, ``--list-tasks`` and ``gpt1 eval`` never offer a task they cannot train or score.
 """
 
 from __future__ import annotations

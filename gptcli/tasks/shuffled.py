@@ -1,17 +1,13 @@
 """A toy acceptability task for the quickstart: a sentence as written (acceptable) or with its words shuffled.
 
-In the spirit of CoLA (binary acceptability, Matthews correlation): a language model that has learned English
-word order should tell ``Return whether the file supports seeking.`` from ``Seeking the return file whether
-supports.``. The task needs no download: :func:`prose_sentences` picks clean prose sentences out of any text
-(the quickstart uses docstrings of the Python standard library), :func:`make_rows` pairs each with a copy whose
-words are shuffled, and :func:`write_task_files` writes them in
-CoLA's own train/dev file format (``source \\t label \\t star \\t sentence``, no header; label ``1`` =
-acceptable, ``0`` = shuffled, ``star`` is ``*`` on unacceptable rows), so the task is read back by the same
-reader as CoLA and goes through the same transformation (``<s> sentence <e>``) and metrics.
+In the spirit of CoLA: a language model that has learned English word order should tell ``Return whether the file
+supports seeking.`` from ``Seeking the return file whether supports.``. It needs no download:
+:func:`prose_sentences` picks clean prose out of any text (the quickstart uses the standard library's docstrings),
+:func:`make_rows` pairs each sentence with a shuffled copy, and :func:`write_task_files` writes CoLA's own file
+format, so CoLA's reader, transformation and metrics serve it unchanged.
 
-The task is not in the registry's families (it is not one of the paper's benchmarks, and ``--list-tasks``
-lists those); :func:`registered` makes it visible to :func:`gptcli.tasks.get_task` for the duration of a
-``with`` block, which is what ``gpt1 finetune``'s library function and ``evaluate_task`` look tasks up with.
+It is not one of the paper's benchmarks, so it stays out of the registry's families (and ``--list-tasks``);
+:func:`registered` makes it visible to :func:`gptcli.tasks.get_task` inside a ``with`` block.
 """
 
 from __future__ import annotations

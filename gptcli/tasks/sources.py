@@ -1,25 +1,16 @@
 """Where each benchmark's data can be fetched from, and how it is written back in its official format.
 
 The paper's datasets are on the Hugging Face Hub as parquet files (``nyu-mll/glue``, ``stanfordnlp/snli``,
-``allenai/scitail``, ``ehovy/race``). :data:`SOURCES` says, per official task folder (the one the loaders look
-for under the data root), which Hub files hold each official file, how many rows the official release has
-(the check a download must pass), and how rows become the official layout:
+``allenai/scitail``, ``ehovy/race``). :data:`SOURCES` says, per official task folder, which Hub files hold each
+official file, how many rows the official release has (the check a download must pass) and how rows become the
+official layout: GLUE's TSVs with their file names, headers and column order (columns the Hub lacks written
+empty), SNLI 1.0's jsonl, SciTail 1.1's tsv_format, RACE's one JSON file per passage (details: docs/datasets.md).
 
-- GLUE: the TSVs of GLUE's ``download_glue_data.py`` — same file names, header rows and column order (MRPC's
-  train/dev with their UTF-8 BOM, CoLA's train/dev without a header), tab-separated without quoting. Columns the
-  Hub copy does not carry (CoLA's source and original mark, MRPC's and QQP's pair ids, STS-B's genre/file/year,
-  MNLI's ids, genre, parses and single annotator labels) are written empty; QQP's ``id`` and every ``index`` is
-  the Hub's ``idx``; labels are GLUE's strings; an STS-B score is written in the shortest form of the Hub's
-  float32 (``3.8`` for ``3.800``).
-- SNLI 1.0: ``snli_1.0_{train,dev,test}.jsonl`` objects with ``gold_label`` (``-`` where the Hub has -1, no
-  consensus), ``sentence1``, ``sentence2`` (the Hub has no pair/caption ids or parses).
-- SciTail 1.1: ``tsv_format/scitail_1.0_{train,dev,test}.tsv`` (premise, hypothesis, ``entails``/``neutral``).
-- RACE: ``{train,dev,test}/{middle,high}/<n>.txt``, one JSON object per passage (``answers``, ``options``,
-  ``questions``, ``article``, ``id``; no final newline), questions in the Hub's order.
-
-A text holding a tab or line break (which a TSV line cannot) has it replaced by a space and is counted. Story
-Cloze needs a request form (:data:`MANUAL`); DPRD and WSC273 are not on the Hub in their official form (their
-tasks' ``source_url`` says where they are). Nothing here touches the network; :mod:`gptcli.interop.datasets` downloads and calls :func:`write_file`.
+Why the official layout rather than the Hub's: the loaders read one format whichever way the data arrived, so a
+manual download and ``gpt1 fetch`` give the same examples. A tab or line break inside a text (which a TSV line
+cannot hold) becomes a space and is counted. Story Cloze needs a request form (:data:`MANUAL`); DPRD and WSC273
+are not on the Hub in their official form. Nothing here touches the network: :mod:`gptcli.interop.datasets`
+downloads and calls :func:`write_file`.
 """
 
 from __future__ import annotations

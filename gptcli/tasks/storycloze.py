@@ -35,12 +35,10 @@ ANSWER = "AnswerRightEnding"
 
 
 def _read_csv(path: Path, opts: ReadOptions) -> tuple[list[Example], int, list[tuple[int, int, str]]]:
-    """All examples of one Story Cloze CSV, the number of data rows in it (bad ones included), and the bad rows as
-    (row index, line, reason), not yet put to the bad-row policy: a split reader applies it to its own rows only
-    (the train and dev splits read the same file; each bad row is counted once, by the split it belongs to).
-
-    Lines are counted on ``\n`` alone, as every other reader counts them (:mod:`gptcli.tasks.rows`): a stray ``\r``
-    does not shift the line numbers of the rows after it."""
+    """All examples of one Story Cloze CSV, its number of data rows (bad ones included) and its bad rows as (row
+    index, line, reason), not yet put to the bad-row policy: the train and dev splits read the same file, so each
+    split applies the policy to its own rows and a bad row is counted once. Lines are counted on ``\\n`` alone, as
+    every reader counts them (:mod:`gptcli.tasks.rows`)."""
     out: list[Example] = []
     bad: list[tuple[int, int, str]] = []
     k = -1

@@ -3,26 +3,14 @@
 Both become :class:`Schema` objects: the sentence split around the pronoun to resolve (``before``, ``pronoun``,
 ``after``), the two candidate referents and the index of the correct one. The zero-shot heuristic (paper §5)
 replaces the pronoun by each candidate and compares the language model's average log-probability of ``after``.
+Possessives (his, its, their, whose; ``her`` before a noun) become the candidate with ``'s``, as Trinh & Le (2018)
+do; candidates keep their capitalisation, since every tokenizer here lowercases.
 
-Locating the pronoun (DPRD gives only the sentence and the pronoun's text; WSC273 marks it in the XML):
-the pronoun is matched as a whole word, case-insensitively. When it occurs more than once (36 of DPRD's 1,322
-sentences, e.g. "Ryan won … against Tom because he feels he was …"), the occurrence taken is the first one after
-the end of the later-mentioned candidate — the referring pronoun follows both antecedents in every such sentence
-of the dataset; when a candidate cannot be found in the sentence, the first occurrence is taken. A pronoun that is
-not in the sentence is a ``path:line:`` error.
-
-Possessive pronouns (his, its, their, whose; ``her`` when a noun follows it) are replaced by the candidate with
-``'s`` ("… looked at his groceries" → "… looked at Nick's groceries"), as Trinh & Le (2018) do; object ``her``
-("took her to the hospital") is replaced by the bare candidate. Candidate capitalisation is kept as written: every
-tokenizer here lowercases.
-
-This module is also the registry family of the two data sets: tasks ``dprd`` (splits ``train``/``test``:
-``train.c.txt``/``test.c.txt`` under ``$GPT1_DATA/dprd``) and ``wsc`` (split ``test``: ``WSCollection.xml`` under
-``$GPT1_DATA/wsc``). Their kind, ``pronoun_resolution``, has no fine-tuning transformation: the paper scores them
-zero-shot only (§5, Figure 2). Through the registry a schema is an :class:`~gptcli.tasks.base.Example` with
-``texts = (before, pronoun, after)``, ``choices`` = the two candidates and ``label`` = the correct one's index;
-:meth:`Schema.of` turns it back. A malformed block always stops with its ``path:line:`` (no skipping: each schema
-is one half of a twin pair).
+This module is also the registry family of the two data sets: tasks ``dprd`` (splits ``train``/``test``) and
+``wsc`` (split ``test``), of kind ``pronoun_resolution``, which has no fine-tuning transformation because the paper
+scores them zero-shot only. Through the registry a schema is an :class:`~gptcli.tasks.base.Example` with
+``texts = (before, pronoun, after)`` and the candidates as ``choices``; :meth:`Schema.of` turns it back. A
+malformed block always stops with its ``path:line:``: each schema is one half of a twin pair, so none is skipped.
 """
 
 from __future__ import annotations
@@ -30,6 +18,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from gptcli.errors import DataError
@@ -133,7 +122,7 @@ def is_possessive(pronoun: str, after: str) -> bool:
         return True
     if p == "her":
         m = re.match(r"\s*([A-Za-z']+)", after)
-        return bool(m) and m.group(1).lower() not in _OBJECT_FOLLOWERS
+        return m is not None and m.group(1).lower() not in _OBJECT_FOLLOWERS
     return False
 
 
@@ -149,7 +138,12 @@ def _word(text: str) -> re.Pattern:
 
 
 def locate(sentence: str, pronoun: str, candidates: tuple[str, ...]) -> tuple[int, int] | None:
-    """Span of the pronoun occurrence to substitute (see the module docstring), or None if absent."""
+    """Span of the pronoun occurrence to substitute, or None if absent.
+
+    The pronoun is matched as a whole word, case-insensitively. When it occurs more than once ("Ryan won … against Tom
+    because he feels he was …"), the first occurrence after the later-mentioned candidate is taken, since the
+    referring pronoun follows both antecedents in every such sentence of DPRD; when a candidate is not found in the
+    sentence, the first occurrence."""
     hits = [m.span() for m in _word(pronoun).finditer(sentence)]
     if not hits:
         return None
@@ -234,13 +228,7 @@ def read_wsc(path: str | Path) -> list[Schema]:
     for n, schema in enumerate(root.iter("schema"), 1):
         line, cursor = _line_of(text, "<schema>", cursor)
         cursor += 1
-
-        def need(xpath: str) -> str:
-            el = schema.find(xpath)
-            if el is None:
-                raise DataError(p, f"schema {n} has no <{xpath.split('/')[-1]}>", line)
-            return " ".join((el.text or "").split())
-
+        need = partial(_need, schema, p=p, n=n, line=line)
         txt1, pron, txt2 = need("text/txt1"), need("text/pron"), need("text/txt2")
         answers = [" ".join((a.text or "").split()) for a in schema.findall("answers/answer")]
         if len(answers) != 2 or not all(answers):
@@ -259,6 +247,14 @@ def read_wsc(path: str | Path) -> list[Schema]:
     if not out:
         raise DataError(p, "no <schema> elements found")
     return out
+
+
+def _need(schema: ET.Element, xpath: str, *, p: Path, n: int, line: int) -> str:
+    """The whitespace-normalised text at ``xpath`` of schema ``n`` (at ``line`` of ``p``); missing is an error."""
+    el = schema.find(xpath)
+    if el is None:
+        raise DataError(p, f"schema {n} has no <{xpath.split('/')[-1]}>", line)
+    return " ".join((el.text or "").split())
 
 
 # --- the registry family -------------------------------------------------------------------------------------------

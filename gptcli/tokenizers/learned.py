@@ -19,7 +19,7 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -29,7 +29,8 @@ from gptcli.tokenizers.base import SPECIAL_TOKENS, Tokenizer
 
 MODEL_FILE = "sentencepiece.model"
 MODEL_LIMIT = 1 << 30
-"""The largest sentencepiece model read (a 1M-piece model is ~20 MB): a description naming a huge file is refused."""
+"""The largest sentencepiece model read (far above any real vocabulary's): a description naming a huge file is
+refused."""
 DESCRIPTION_LIMIT = 1 << 24
 NEWLINE = "\n"
 # Sentencepiece's BPE trainer gives (slightly) different merges for different thread counts; pinning the
@@ -43,7 +44,7 @@ TRAIN_CHUNK_BYTES = 4096
 
 # How sentencepiece learns GPT-1's BPE (see the module docstring): words split at spaces and ending in "▁", the
 # text taken as given (the pipeline already normalised it), no BOS/EOS/PAD pieces, every line of the sample used.
-TRAINER_SETTINGS = dict(
+TRAINER_SETTINGS: dict[str, Any] = dict(
     model_type="bpe",
     treat_whitespace_as_suffix=True,
     split_by_whitespace=True,
@@ -83,7 +84,9 @@ def training_pieces(line: str, limit: int = TRAIN_CHUNK_BYTES) -> list[str]:
     """
     if len(line) * 4 <= limit or len(line.encode("utf-8")) <= limit:
         return [line]
-    out, cur, size = [], [], 0
+    out: list[str] = []
+    cur: list[str] = []
+    size = 0
     for w in line.split(" "):
         n = len(w.encode("utf-8")) + 1
         if cur and size + n > limit:

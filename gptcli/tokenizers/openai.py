@@ -4,17 +4,13 @@ Pipeline: ``ftfy.fix_text`` → the released ``text_standardize`` → spaCy's En
 BPE with an end-of-word marker ``</w>`` on the last symbol → ids, unknown symbols → 0 (``<unk>``). The three
 fine-tuning tokens sit after the 40,478 BPE ids (start 40478, delimiter 40479, extract 40480).
 
-Faithfulness details kept on purpose (each one changes ids on real text):
+Faithfulness details are kept on purpose, because each one changes ids on real text: BPE symbols are joined with
+spaces and split again on ``' '`` as the released code does (a spaCy token holding whitespace yields the same
+pieces and ``0``s); spaCy's newline token ``"\\n "`` becomes ``'\\n</w>'`` (id 40477) as in the released code;
+backslashes are not split off (see :mod:`gptcli.tokenizers.text`).
 
-- BPE symbols are joined with spaces and split again on ``' '``, as the released code does, so a spaCy token that
-  contains whitespace yields the same pieces (and the same ``0``s) as the original.
-- spaCy emits a newline as the token ``"\\n "``; its BPE is ``'\\n  </w>'``, which the released code rewrites to
-  ``'\\n</w>'`` (id 40477). We do the same.
-- Backslashes are not split off (the released regex never matched them; Hugging Face's port does) — see
-  :mod:`gptcli.tokenizers.text`.
-
-Speed: a word → ids cache (the released code caches word → BPE string; we cache the final ids), so each distinct
-word is merged once. On natural text the cache hit rate is > 95 %, leaving ftfy and spaCy as the main costs.
+A word → ids cache (the released code caches word → BPE string; we cache the final ids) merges each distinct word
+once, leaving ftfy and spaCy as the main costs.
 """
 
 from __future__ import annotations
@@ -182,10 +178,9 @@ class OpenAIBPETokenizer(Tokenizer):
         array, :attr:`newline_id` between consecutive lines (none at the end), as ``LearnedBPETokenizer.encode_lines``.
 
         Each word is encoded as ``encode`` encodes a spaCy token (:meth:`word_ids`), so
-        ``encode_lines(word_lines(text)) == encode(text)`` for every text: the standardization leaves no whitespace
-        but single spaces and `` \\n `` line breaks, so spaCy's only whitespace tokens are the newline tokens that
-        ``encode`` gives :attr:`newline_id` and ``word_lines`` turns into line ends (docs/prepare.md: identical on the
-        56 books and WikiText-2's valid file)."""
+        ``encode_lines(word_lines(text)) == encode(text)``: the standardization leaves no whitespace but single spaces
+        and `` \\n `` line breaks, so spaCy's only whitespace tokens are the newline tokens that ``encode`` gives
+        :attr:`newline_id` and ``word_lines`` turns into line ends (checked on real corpora: docs/prepare.md)."""
         dtype = np.uint16 if self.total_vocab <= 1 << 16 else np.uint32
         out: list[int] = []
         word_ids, nl = self.word_ids, self.newline_id

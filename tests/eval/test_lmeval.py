@@ -162,8 +162,8 @@ def test_storycloze_matches_gpt1_zeroshot_per_token(gpt1_result, checkpoint, lea
 def test_wikitext_rolling_matches_gpt1_eval_perplexity(gpt1_result, checkpoint, learned_tok, shared_data):
     """``loglikelihood_rolling`` scores gpt1 eval's windows (n_ctx + 1 tokens on a stride of n_ctx, the first token of
     a document unscored): its summed log-likelihood over the articles is ``evaluate_lm``'s token loss (the function
-    behind ``gpt1 eval --data``) times its token count, so the token perplexities agree; lm-eval's word perplexity is the
-    same sum over the words."""
+    behind ``gpt1 eval --data``) times its token count, so the token perplexities agree; lm-eval's word perplexity is
+    the same sum over the words."""
     from gptcli.checkpoint import load_checkpoint
 
     articles = wikitext_articles(shared_data / "wikitext-2" / "wiki.valid.tokens")[:LIMIT]

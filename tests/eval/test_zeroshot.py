@@ -257,7 +257,7 @@ def test_cli_on_real_files(task, folder, extra, n, tiny_run, shared_data, tmp_pa
     preds = [json.loads(line) for line in (out / f"predictions-{task}.jsonl").read_text().splitlines()]
     assert len(preds) == n and all(p["prediction"] in (0, 1) for p in preds)
     labels = [p["label"] for p in preds]
-    acc = 100 * sum(p["prediction"] == l for p, l in zip(preds, labels)) / n
+    acc = 100 * sum(p["prediction"] == y for p, y in zip(preds, labels)) / n
     if task != "cola":
         assert t["score"] == pytest.approx(acc)
     assert task in stdout and f"{t['score']:.1f}" in stdout
@@ -430,8 +430,10 @@ def test_several_tasks_skip_missing_data_but_not_bad_files(tmp_path):
     )
     (tmp_path / "wsc").mkdir()
     (tmp_path / "wsc" / "WSCollection.xml").write_text(
-        "<collection><schema><text><txt1>The ball hit the film because</txt1><pron>it</pron><txt2>was red.</txt2></text>"
-        "<answers><answer>the ball</answer><answer>the film</answer></answers><correctAnswer>A</correctAnswer></schema></collection>",
+        "<collection><schema><text><txt1>The ball hit the film because</txt1><pron>it</pron>"
+        "<txt2>was red.</txt2></text>"
+        "<answers><answer>the ball</answer><answer>the film</answer></answers><correctAnswer>A</correctAnswer>"
+        "</schema></collection>",
         encoding="latin-1",
     )
     cfg = ZeroShotConfig(task="sst2,wsc", data_dir=str(tmp_path), precision="fp32")
@@ -498,8 +500,10 @@ def test_evaluate_reports_stages_scoring_passes_and_skips(tmp_path):
     model = BagLM(w, n_ctx)
     (tmp_path / "wsc").mkdir()
     (tmp_path / "wsc" / "WSCollection.xml").write_text(
-        "<collection><schema><text><txt1>The ball hit the film because</txt1><pron>it</pron><txt2>was red.</txt2></text>"
-        "<answers><answer>the ball</answer><answer>the film</answer></answers><correctAnswer>A</correctAnswer></schema></collection>",
+        "<collection><schema><text><txt1>The ball hit the film because</txt1><pron>it</pron>"
+        "<txt2>was red.</txt2></text>"
+        "<answers><answer>the ball</answer><answer>the film</answer></answers><correctAnswer>A</correctAnswer>"
+        "</schema></collection>",
         encoding="latin-1",
     )
     rec = RecordingProgress()
@@ -512,8 +516,8 @@ def test_evaluate_reports_stages_scoring_passes_and_skips(tmp_path):
     assert sum(a["n"] for a in rec.of("advance")) == 2  # both candidates of the one schema
     ends = [e["summary"] for e in rec.of("end")]
     assert (
-        ends[-1]
-        == f"wsc (test): accuracy {results['wsc'].score:.1f} on 1 examples, {results['wsc'].examples_per_s:.1f} examples/s"
+        ends[-1] == f"wsc (test): accuracy {results['wsc'].score:.1f} on 1 examples, "
+        f"{results['wsc'].examples_per_s:.1f} examples/s"
     )
 
 

@@ -43,7 +43,7 @@ def test_os_error_messages_print_verbatim(tmp_path, capsys):
     assert_one_line_error(res, str(target))
 
 
-# --- the shape: `error: <what> (<what to do>)`, alone on stderr --------------------------------------------------------
+# --- the shape: `error: <what> (<what to do>)`, alone on stderr -------------------------------------------------------
 
 
 def _advised(res, *fragments: str) -> str:

@@ -102,7 +102,7 @@ def test_kill_at_random_points_then_resume_is_bitwise_identical(corpus, referenc
         resumed_from = max(step_numbers(run), default=0)
         proc = _start(corpus, run)
         if when == "train" and not wait_for(
-            lambda: max(step_numbers(run), default=0) > resumed_from, proc, "a first checkpoint"
+            lambda done=resumed_from: max(step_numbers(run), default=0) > done, proc, "a first checkpoint"
         ):
             break  # finished before the kill: the run is over
         time.sleep(delay)

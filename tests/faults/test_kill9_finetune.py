@@ -167,7 +167,7 @@ def test_kill_at_random_points_then_resume_is_bitwise_identical(inputs, referenc
     for when, target, delay in schedule:
         proc = _start(inputs, run)
         if when == "train" and not wait_for(
-            lambda: max(step_numbers(run), default=0) >= target, proc, "a checkpoint", poll=0.001
+            lambda due=target: max(step_numbers(run), default=0) >= due, proc, "a checkpoint", poll=0.001
         ):
             break  # finished before the kill: the run is over
         time.sleep(delay)

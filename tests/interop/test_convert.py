@@ -47,7 +47,7 @@ def hf_model(vocab_size: int) -> OpenAIGPTLMHeadModel:
     torch.manual_seed(1)
     m = OpenAIGPTLMHeadModel(cfg).eval()
     with torch.no_grad():
-        for name, p in m.named_parameters():
+        for _, p in m.named_parameters():
             p.add_(torch.randn_like(p) * 0.1)
     return m
 

@@ -197,7 +197,7 @@ def test_run_writes_every_stage_and_finite_numbers(run):
     ]
     assert originals and not any(s.lower() in corpus_text for s in originals)
     # the final table and the next steps are printed, on stdout
-    for what, value, _ in summary_rows(n):
+    for what, _, _ in summary_rows(n):
         assert what.split(",")[0] in " ".join(stdout.split())
     assert "gpt1 pretrain --data corpus --out run --gpus 8" in stdout
     assert "gpt1 finetune --task rte" in stdout and "gpt1 zeroshot --task sst2" in stdout

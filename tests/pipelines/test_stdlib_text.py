@@ -13,7 +13,8 @@ def test_stdlib_documents_are_deterministic_docstrings(tmp_path):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text('"""Package doc."""\n')
     (tmp_path / "b.py").write_text(
-        '"""Module doc.\n\n>>> 1 + 1\n2\n"""\nclass C:\n    """Class doc."""\n    def f(self):\n        """Method doc."""\n'
+        '"""Module doc.\n\n>>> 1 + 1\n2\n"""\n'
+        'class C:\n    """Class doc."""\n    def f(self):\n        """Method doc."""\n'
     )
     (tmp_path / "a.py").write_text('def g():\n    """Function doc."""\n')
     (tmp_path / "bad.py").write_text("print 'python 2'\n")
