@@ -310,7 +310,7 @@ def test_env_on_a_cuda_device_finds_the_peak_row(tmp_path, monkeypatch):
 def test_kernel_groups_sort_the_h200_runs_kernels():
     """step_profile's grouping on the kernel names the first H200 run recorded (an eager bf16 update at 8×512)."""
     gc = load_script()
-    record = json.loads((REPO / "docs/performance/h200_2026-12-04_gpu_check.json").read_text(encoding="utf-8"))
+    record = json.loads((REPO / "docs/performance/h200_gpu_check_8x512_32x512.json").read_text(encoding="utf-8"))
     kernels = next(c for c in record["checks"] if c["name"] == "attention_kernel")["figures"]["top_kernels"]
     kernels = [k for k in kernels if "#" not in k["kernel"]]  # that run still listed the optimizer's annotation
     groups = gc.kernel_groups(kernels)
