@@ -43,7 +43,11 @@ def rows(folder: Path) -> list[tuple[str, str, float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("folder", type=Path, help="folder with zen4_pretrain.json, zen4_generate.json, zen4_zeroshot.json, zen4_eval.json")
+    ap.add_argument(
+        "folder",
+        type=Path,
+        help="folder with zen4_pretrain.json, zen4_generate.json, zen4_zeroshot.json, zen4_eval.json",
+    )
     ap.add_argument("--out", type=Path, required=True, help="PNG to write")
     args = ap.parse_args()
     import matplotlib

@@ -1,4 +1,4 @@
-"""Every relative link and #anchor in README.md and the guide (docs/**/*.md) points at something that exists.
+"""Every relative link and #anchor in README.md, benchmarks/README.md and the guide (docs/**/*.md) resolves.
 
 Pages are read as GitHub renders them: a heading's anchor is its text lowercased, spaces turned into '-', and
 punctuation other than '-' and '_' dropped; a repeated heading gets '-1', '-2', ... The guide ships in the wheel
@@ -14,7 +14,7 @@ from urllib.parse import unquote
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+PAGES = sorted([ROOT / "README.md", ROOT / "benchmarks" / "README.md", *(ROOT / "docs").rglob("*.md")])
 
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
 CODE_SPAN = re.compile(r"`[^`\n]*`")
