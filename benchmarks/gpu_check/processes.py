@@ -13,8 +13,10 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from . import ROOT
+
 PACKAGE = Path(__file__).resolve().parent
+"""This suite's folder: ``python PACKAGE`` runs it (a check's fresh interpreter)."""
 
 
 def cli_env() -> dict[str, str]:
