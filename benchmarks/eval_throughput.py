@@ -218,7 +218,8 @@ def report(size, task_name, enc, encode_s, ours, best, preds, impls, args) -> di
     tokens = sum(len(s) for e in enc for s in e.seqs)
     print(
         f"\n{size} ({ours.gpt.num_params() / 1e6:.1f}M params) on {task_name} {SPLITS[task_name]}: {n} examples, "
-        f"{tokens / n:.0f} tokens/example, batch {args.batch_size}; encoding (shared, not compared) {n / encode_s:.0f} ex/s"
+        f"{tokens / n:.0f} tokens/example, batch {args.batch_size}; "
+        f"encoding (shared, not compared) {n / encode_s:.0f} ex/s"
     )
     # Hugging Face's columns only when it ran (``--no-hf``, ``--no-hf-lean``): no column of nan.
     hf_cols = ("hf" in impls, "hf-lean" in impls)

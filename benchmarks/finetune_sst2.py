@@ -1,6 +1,6 @@
 """Learning actually happens: a small pretrained-then-fine-tuned model beats the majority class on SST-2 dev.
 
-An experiment, not a timed test (issue 5). In one run, on CPU:
+An experiment, not a timed test. In one run, on CPU:
 
 1. ``prepare``: learn a small BPE (``--vocab``) on the pretraining text: by default (``--corpus sst2``) the SST-2
    *training* sentences without their labels (unlabeled in-domain text, the semi-supervised setting at a size a

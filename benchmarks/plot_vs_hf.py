@@ -1,7 +1,7 @@
 """One picture of the pipeline against Hugging Face: ours / HF per stage and precision, from the benchmarks' JSON.
 
 Reads the ``--json`` outputs of train_throughput.py, generate_throughput.py, zeroshot_throughput.py and
-eval_throughput.py (all from one session on one machine: docs/performance.md) and draws one horizontal bar per
+eval_throughput.py (all from one machine: docs/performance.md) and draws one horizontal bar per
 comparison at the paper's size (``gpt1``), fp32 and bf16 side by side, with a line at 1× (parity).
 
     python benchmarks/plot_vs_hf.py docs/performance --out docs/performance/vs_hf.png
@@ -17,20 +17,20 @@ from pathlib import Path
 def rows(folder: Path) -> list[tuple[str, str, float]]:
     """(label, precision, ours / HF) for every gpt1-size comparison in the folder's JSON files."""
     out: list[tuple[str, str, float]] = []
-    train = json.loads((folder / "train.json").read_text())
+    train = json.loads((folder / "zen4_pretrain.json").read_text())
     for r in train["results"]:
         if r["size"] == "gpt1" and r["impl"] == "ours":
             out.append(("pretraining step, 4×512 (vs HF, same precision)", r["precision"], r["vs_hf_same_precision"]))
-    gen = json.loads((folder / "generate.json").read_text())
+    gen = json.loads((folder / "zen4_generate.json").read_text())
     for r in gen["results"]:
         label = f"generate, {'greedy' if r['mode'] == 'greedy' else 'top-k/top-p'}, batch {r['batch']}"
         out.append((label, r["precision"], r["ours_vs_hf"]))
-    zs = json.loads((folder / "zeroshot.json").read_text())
+    zs = json.loads((folder / "zen4_zeroshot.json").read_text())
     for block in zs["results"]:
         for r in block["rows"]:
             if r["preset"] == "gpt1":
                 out.append(("zero-shot SST-2 (vs a plain HF loop)", r["precision"], r["ours_over_hf"]))
-    ev = json.loads((folder / "eval.json").read_text())
+    ev = json.loads((folder / "zen4_eval.json").read_text())
     for block in ev["results"]:
         for r in block["rows"]:
             if r["preset"] == "gpt1":
@@ -43,7 +43,11 @@ def rows(folder: Path) -> list[tuple[str, str, float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("folder", type=Path, help="folder with train.json, generate.json, zeroshot.json, eval.json")
+    ap.add_argument(
+        "folder",
+        type=Path,
+        help="folder with zen4_pretrain.json, zen4_generate.json, zen4_zeroshot.json, zen4_eval.json",
+    )
     ap.add_argument("--out", type=Path, required=True, help="PNG to write")
     args = ap.parse_args()
     import matplotlib

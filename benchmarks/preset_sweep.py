@@ -1,11 +1,12 @@
 """Do the small presets leave the unigram plateau? A sweep over learning rate × initialisation × seed.
 
-Issue #14: the ``tiny`` preset at lr 1e-3 sat on the unigram plateau (validation loss 6.50 → 6.49 over 300 updates on
-two books) while the same run at 2.5e-4 left it. This script measures which (lr, init_std) pairs leave it, for each
-small preset, on a corpus a new user would have (two real books), so that the presets' defaults and the recommended
-settings in ``gpt1 pretrain --help`` rest on evidence. Every run is a plain ``gptcli.train.pretrain`` call; results
-(the validation curve of every run, the corpus's unigram loss, the machine) go to ``OUT/sweep.json`` and a plot to
-``OUT/sweep.png``. Runs already in ``OUT/runs`` are reused, so an interrupted sweep continues where it stopped.
+With its earlier initialisation the ``tiny`` preset at lr 1e-3 sat on the unigram plateau (validation loss 6.50 →
+6.49 over 300 updates on two books) while the same run at 2.5e-4 left it. This script measures which (lr, init_std)
+pairs leave it, for each small preset, on a corpus a new user would have (two real books), so that the presets'
+defaults and the recommended settings in ``gpt1 pretrain --help`` rest on evidence. Every run is a plain
+``gptcli.train.pretrain`` call; results (the validation curve of every run, the corpus's unigram loss, the machine)
+go to ``OUT/sweep.json`` and a plot to ``OUT/sweep.png``. Runs already in ``OUT/runs`` are reused, so an interrupted
+sweep continues where it stopped.
 
     python benchmarks/preset_sweep.py --corpus runs/sweep/corpus --out runs/sweep          # the documented sweep
     python benchmarks/preset_sweep.py --corpus C --out O --presets tiny --lrs 1e-3 --inits 0.02,0.06 --seeds 0

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py: the one-shot GPU check must work the first time it meets a GPU.
+"""benchmarks/gpu_check: the one-shot GPU check must work the first time it meets a GPU.
 
 The dry run executes every check on CPU at toy sizes (a check that only means something on CUDA must say
 ``skipped``, never ``ok``); the runner tests feed it checks that raise, crash and hang, and expect each to be
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
+import importlib
 import json
 import multiprocessing
 import os
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "gpu_check.py"
+SCRIPT = REPO / "benchmarks" / "gpu_check"  # a package folder: `python benchmarks/gpu_check` runs it
 
 # Checks whose figures mean nothing without CUDA: the dry run runs their code, then must report them skipped.
 CUDA_ONLY = {
@@ -46,16 +46,11 @@ CUDA_ONLY = {
 
 
 def load_script():
-    """The script as a module (registered before it runs: its dataclasses look their module up)."""
-    name = "gpu_check_under_test"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The suite's package as its command imports it (``gpu_check`` from benchmarks/), every module loaded."""
+    if str(SCRIPT.parent) not in sys.path:
+        sys.path.insert(0, str(SCRIPT.parent))
+    importlib.import_module("gpu_check.cli")  # the runner, the suite and every check module with it
+    return importlib.import_module("gpu_check")
 
 
 @pytest.mark.slow
@@ -72,7 +67,7 @@ def test_dry_run_records_every_check_and_none_fails(tmp_path):
     )
     record = json.loads(out.read_text(encoding="utf-8"))
     checks = {c["name"]: c for c in record["checks"]}
-    names = [c.name for c in load_script().CHECKS]
+    names = [c.name for c in load_script().suite.CHECKS]
     assert list(checks) == names, proc.stdout[-3000:]
     failed = {n: c.get("error") for n, c in checks.items() if c["status"] not in ("ok", "skipped")}
     assert not failed, json.dumps(failed, indent=1)[-4000:]
@@ -95,7 +90,7 @@ def test_dry_run_records_every_check_and_none_fails(tmp_path):
     assert checks["throughput_8x512_compile"]["figures"]["tokens_per_s"] > 0
 
 
-# --- the runner: what a lent machine must never lose ----------------------------------------------------------------
+# --- the runner: what a short GPU run must never lose-------------------------------------------------------------
 
 
 def _raises(ctx):
@@ -131,15 +126,15 @@ def _fine(ctx):
 def runner(tmp_path, monkeypatch):
     gc = load_script()
     checks = [
-        gc.Check("raises", _raises, 30, "raises"),
-        gc.Check("crashes", _crashes, 30, "segfaults"),
-        gc.Check("hangs", _hangs, 3, "sleeps past its timeout"),
-        gc.Check("hangs_with_grandchild", _child_process_hangs, 3, "leaves a process behind"),
-        gc.Check("after", _fine, 30, "still runs"),
+        gc.registry.Check("raises", _raises, 30, "raises"),
+        gc.registry.Check("crashes", _crashes, 30, "segfaults"),
+        gc.registry.Check("hangs", _hangs, 3, "sleeps past its timeout"),
+        gc.registry.Check("hangs_with_grandchild", _child_process_hangs, 3, "leaves a process behind"),
+        gc.registry.Check("after", _fine, 30, "still runs"),
     ]
-    monkeypatch.setattr(gc, "CHECKS", checks)
+    monkeypatch.setattr(gc.suite, "CHECKS", checks)
     args = argparse.Namespace(deadline=120.0, timeout_scale=1.0, fresh_processes=True, dry_run=True)
-    r = gc.Runner(args, tmp_path / "work", tmp_path / "record.json", tmp_path / "record-logs")
+    r = gc.runner.Runner(args, tmp_path / "work", tmp_path / "record.json", tmp_path / "record-logs")
     r.mp = multiprocessing.get_context("fork")  # the children see the checks patched in above
     return gc, r, checks
 
@@ -149,13 +144,13 @@ def test_the_record_holds_no_path_of_this_machine(runner, tmp_path):
     relative to the checkout (gptcli/…) or to their site-packages (the first GPU run's named the checkout's and a
     virtual environment's absolute paths)."""
     gc, r, checks = runner
-    r.run(checks[0])  # raises: its traceback passes through this checkout's benchmarks/gpu_check.py
+    r.run(checks[0])  # raises: its traceback passes through this checkout's benchmarks/gpu_check/runner.py
     record = json.loads((tmp_path / "record.json").read_text())
     assert record["logs"] == "record-logs"
     error = "\n".join(record["checks"][-1]["error"])
-    assert 'File "benchmarks/gpu_check.py"' in error and str(gc.ROOT) not in error
+    assert 'File "benchmarks/gpu_check/runner.py"' in error and str(gc.ROOT) not in error
     assert (
-        gc.portable('  File "/opt/x/lib/python3.12/site-packages/typer/main.py", line 9')
+        gc.runner.portable('  File "/opt/x/lib/python3.12/site-packages/typer/main.py", line 9')
         == '  File "site-packages/typer/main.py", line 9'
     )
 
@@ -235,13 +230,13 @@ def test_the_deadline_leaves_a_command_for_what_it_cut(runner, tmp_path):
     assert hung["status"] == "timeout" and not hung["cut_by_deadline"]
     assert cut["status"] == "timeout" and cut["cut_by_deadline"]
     assert skipped["status"] == "skipped" and skipped["cut_by_deadline"]
-    command = gc.rerun_command(r.record["checks"], tmp_path / "record.json")
-    assert command == "python3 benchmarks/gpu_check.py --only env,hangs_with_grandchild,after --json record-rest.json"
-    assert gc.rerun_command([hung], tmp_path / "record.json") is None
+    command = gc.cli.rerun_command(r.record["checks"], tmp_path / "record.json")
+    assert command == "python3 benchmarks/gpu_check --only env,hangs_with_grandchild,after --json record-rest.json"
+    assert gc.cli.rerun_command([hung], tmp_path / "record.json") is None
 
 
 def test_sigterm_records_the_running_check_and_stops(tmp_path):
-    """The lent machine may be taken back mid-run: the record still says what ran and what was cut short."""
+    """The machine may be taken back mid-run: the record still says what ran and what was cut short."""
     out = tmp_path / "r.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.Popen(
@@ -298,7 +293,7 @@ def test_env_on_a_cuda_device_finds_the_peak_row(tmp_path, monkeypatch):
         monkeypatch.setattr(torch.cuda, name, value)
     precision = torch.get_float32_matmul_precision()
     try:
-        res = gc.run_check("env", False, str(tmp_path), None)
+        res = gc.runner.run_check("env", False, str(tmp_path), None)
     finally:
         torch.set_float32_matmul_precision(precision)  # Ctx configures CUDA's backends: keep the CPU's as they were
     assert res["status"] == "ok", res
@@ -310,10 +305,10 @@ def test_env_on_a_cuda_device_finds_the_peak_row(tmp_path, monkeypatch):
 def test_kernel_groups_sort_the_h200_runs_kernels():
     """step_profile's grouping on the kernel names the first H200 run recorded (an eager bf16 update at 8×512)."""
     gc = load_script()
-    record = json.loads((REPO / "docs/performance/h200_2026-12-04_gpu_check.json").read_text(encoding="utf-8"))
+    record = json.loads((REPO / "docs/performance/h200_gpu_check_8x512_32x512.json").read_text(encoding="utf-8"))
     kernels = next(c for c in record["checks"] if c["name"] == "attention_kernel")["figures"]["top_kernels"]
     kernels = [k for k in kernels if "#" not in k["kernel"]]  # that run still listed the optimizer's annotation
-    groups = gc.kernel_groups(kernels)
+    groups = gc.profiling.kernel_groups(kernels)
     assert groups["matmul"]["calls"] == 3 + 36  # the three CUTLASS sm80 products and Hopper's nvjet ones
     assert groups["attention"]["calls"] == 12 and groups["optimizer"]["calls"] == 9 and groups["loss"]["calls"] == 2
     assert sum(g["ms"] for g in groups.values()) == pytest.approx(sum(k["ms"] for k in kernels), abs=1e-6)
@@ -322,15 +317,15 @@ def test_kernel_groups_sort_the_h200_runs_kernels():
 
 @pytest.mark.parametrize("default", [(), ("cuda",), ("cpu", "cuda")])
 def test_a_timed_pair_sets_both_arms_whatever_the_librarys_default(default):
-    """``_naming`` names the device in one arm and not in the other, whatever the library ships: once ``"cuda"``
+    """``timing.naming`` names the device in one arm and not in the other, whatever the library ships: once ``"cuda"``
     became ``tied.PADDED_HEAD_DEVICES``'s default, the old helper (which only added the device, None meaning "as it
     is") would have timed the padded product against itself. Other devices named stay named, and the default comes
     back afterwards."""
     gc = load_script()
     holder = argparse.Namespace(DEVICES=default)
-    with gc._naming(holder, "DEVICES", "cuda", True):
+    with gc.timing.naming(holder, "DEVICES", "cuda", True):
         assert "cuda" in holder.DEVICES and set(default) <= set(holder.DEVICES)
-    with gc._naming(holder, "DEVICES", "cuda", False):
+    with gc.timing.naming(holder, "DEVICES", "cuda", False):
         assert "cuda" not in holder.DEVICES and set(default) - {"cuda"} <= set(holder.DEVICES)
     assert holder.DEVICES == default
 
@@ -338,9 +333,9 @@ def test_a_timed_pair_sets_both_arms_whatever_the_librarys_default(default):
 def test_the_sync_line_names_places_only_when_there_are_any():
     """The H200's clean run read "0 syncs per update at -"; now "0 syncs per update", and the places when any."""
     gc = load_script()
-    assert gc.sync_note(0, 4, {}, 0) == "0 syncs per update"
+    assert gc.check_device.sync_note(0, 4, {}, 0) == "0 syncs per update"
     assert (
-        gc.sync_note(6, 4, {"trainer.py:90": 4, "loop.py:12": 2}, 2)
+        gc.check_device.sync_note(6, 4, {"trainer.py:90": 4, "loop.py:12": 2}, 2)
         == "1.5 syncs per update at trainer.py:90 ×1, loop.py:12 ×0.5 + 0.5 in the backward pass"
     )
 
@@ -363,7 +358,7 @@ def test_kept_gradients_give_the_trainers_update():
         model = build_model(preset("tiny", vocab_size=64, n_layer=1, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0))
         opt = make_optimizer(model, 1e-3)
         if kept:
-            gc._keep_gradients(opt)
+            gc.check_compile._keep_gradients(opt)
         tr = Trainer(model, opt, lm_loss, lambda s: 1e-3, device=torch.device("cpu"), precision="fp32", grad_clip=1.0)
         results.append(
             [(float(r.loss), float(r.grad_norm)) for r in (tr.step(i, list(d.chunk(2))) for i, d in enumerate(data))]
