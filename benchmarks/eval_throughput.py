@@ -105,7 +105,7 @@ def today_predict(model, enc, batch_size: int, precision: str, regression: bool)
     """``gpt1 eval`` before the packed layout (bd50c94 ``--layout padded``): padded batches, and ``predict``'s loop
     as it was, with one autocast region per batch."""
     from gptcli.data.batching import iterate
-    from gptcli.runtime import autocast
+    from gptcli.system.runtime import autocast
 
     device = torch.device("cpu")
     model.eval()

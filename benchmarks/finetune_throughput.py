@@ -124,7 +124,7 @@ def main() -> None:
 
     import torch
 
-    from gptcli.runtime import measure_cpu_peak
+    from gptcli.system.runtime import measure_cpu_peak
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     print(

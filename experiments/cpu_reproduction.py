@@ -287,7 +287,7 @@ def read_json(path: Path) -> Any:
 
 def write_json(path: Path, obj: Any) -> None:
     """Atomic write (a crash never leaves a half-written file that a rerun would take as done)."""
-    from gptcli.fsutil import write_text_atomic
+    from gptcli.files.fsutil import write_text_atomic
 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")
@@ -1671,7 +1671,7 @@ def plot_curves(out: Path, lab: dict[str, Any], bud: dict[str, Any], baselines: 
 
 
 def stage_report(cfg: ReproConfig, out: Path) -> dict[str, Any]:
-    from gptcli.fsutil import write_text_atomic
+    from gptcli.files.fsutil import write_text_atomic
 
     recs = collect_runs(out)
     agg = aggregate(recs)

@@ -43,7 +43,7 @@ from safetensors.torch import load_file, save_file
 
 from gptcli.config import from_dict
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import (
+from gptcli.files.fsutil import (
     fsync_dir,
     inside,
     move_into_place,
@@ -53,8 +53,8 @@ from gptcli.fsutil import (
     sha256_file,
     temp_sibling,
 )
+from gptcli.files.outputs import foreign_entries
 from gptcli.model.build import TRANSFORMER, AnyConfig, LanguageModel, arch_of, build_model, config_class
-from gptcli.outputs import foreign_entries
 
 FORMAT = 1
 CONFIG = "config.json"

@@ -31,7 +31,7 @@ from rich.markup import escape
 
 from gptcli import __version__
 from gptcli.errors import GPT1Error
-from gptcli.torch_floor import check_torch
+from gptcli.system.torch_floor import check_torch
 
 # (subcommand, module in gptcli.commands, one-line summary for `gpt1 --help`), in the order of the paper's pipeline.
 # A module is imported only when its subcommand runs or shows its own --help: torch and spaCy load in seconds,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import write_text_atomic
+from gptcli.files.fsutil import write_text_atomic
 
 if sys.version_info >= (3, 11):
     import tomllib

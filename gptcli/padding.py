@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gptcli.runtime import product_dtype
+from gptcli.system.runtime import product_dtype
 
 PAD_ROWS_TO = 64
 """Vocabulary rows are padded to a multiple of this for the output product."""

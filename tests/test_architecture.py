@@ -36,13 +36,9 @@ RANKS: dict[str, int] = {
 GROUND = {
     "errors",
     "config",
-    "runtime",
-    "allocator",
-    "fsutil",
+    "system",  # torch_floor, runtime, allocator
+    "files",  # fsutil, outputs, locks
     "progress",
-    "outputs",
-    "locks",
-    "torch_floor",
     "guide",
     "padding",
     "__init__",
@@ -209,6 +205,17 @@ def _definitions() -> dict[str, list[str]]:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 found.setdefault(node.name.lstrip("_"), []).append(mod)
     return found
+
+
+MAX_TOP_LEVEL_MODULES = 12
+
+
+def test_the_top_level_stays_small() -> None:
+    """The package's top level holds the few modules every room shares; the rest live in rooms (files/, system/, …)."""
+    top = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, (
+        f"{len(top)} modules at gptcli/'s top level (group them into a room): {top}"
+    )
 
 
 def test_the_run_machinery_is_defined_once() -> None:

@@ -163,7 +163,7 @@ def inprocess_updates(ctx: Ctx, corpus: Path, steps: int) -> list[tuple[float, f
     from gptcli.data.shards import open_corpus
     from gptcli.data.windows import WindowSampler
     from gptcli.model.build import build_model
-    from gptcli.runtime import configure_backends
+    from gptcli.system.runtime import configure_backends
     from gptcli.train.optim import lr_at, make_optimizer
     from gptcli.train.pretrain import PretrainConfig, build_model_config, lm_loss, plan_steps
     from gptcli.train.trainer import Trainer, split_micro_batches

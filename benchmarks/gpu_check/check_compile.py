@@ -24,7 +24,7 @@ def check_compile_loss(ctx: Ctx) -> str:
     import torch
     import torch._dynamo
 
-    from gptcli.runtime import autocast
+    from gptcli.system.runtime import autocast
     from gptcli.train.pretrain import lm_loss
 
     b, t = ctx.sizes.batch, ctx.sizes.seq
@@ -222,7 +222,7 @@ def check_chunked_loss(ctx: Ctx) -> str:
 
     from gptcli.model import chunked_nll
     from gptcli.model.kernels import set_kernels
-    from gptcli.runtime import autocast
+    from gptcli.system.runtime import autocast
     from gptcli.train.pretrain import lm_loss
 
     if not ctx.cuda:

@@ -21,12 +21,12 @@ from .profiling import cuda_kernels, matching, op_names, profile_step
 from .registry import check
 
 
-@check("env", 60, "versions, the GPU, gptcli.runtime's peak-FLOPs row for it, CPUs, the git commit")
+@check("env", 60, "versions, the GPU, gptcli.system.runtime's peak-FLOPs row for it, CPUs, the git commit")
 def check_env(ctx: Ctx) -> str:
     import torch
 
     import gptcli
-    from gptcli.runtime import GPU_PEAK_FLOPS
+    from gptcli.system.runtime import GPU_PEAK_FLOPS
 
     info: dict[str, Any] = {
         "python": platform.python_version(),
@@ -64,7 +64,7 @@ def check_env(ctx: Ctx) -> str:
         )
     ctx.record(**info)
     if ctx.cuda and info.get("peak_table_key") is None:
-        raise Failed(f"{info['gpu']!r} matches no row of gptcli.runtime.GPU_PEAK_FLOPS: MFU will read n/a")
+        raise Failed(f"{info['gpu']!r} matches no row of gptcli.system.runtime.GPU_PEAK_FLOPS: MFU will read n/a")
     if not ctx.cuda:
         return f"torch {torch.__version__}, no CUDA (dry run), {os.cpu_count()} CPUs"
     return f"{info['gpu']} (table row {info['peak_table_key']!r}), torch {torch.__version__}, CUDA {torch.version.cuda}"

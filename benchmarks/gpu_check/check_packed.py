@@ -121,7 +121,7 @@ def check_padded_head(ctx: Ctx) -> str:
     import torch
 
     from gptcli.model import tied
-    from gptcli.runtime import autocast
+    from gptcli.system.runtime import autocast
     from gptcli.train.pretrain import lm_loss
 
     model = build(ctx, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)  # no dropout: both give one loss

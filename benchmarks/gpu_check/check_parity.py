@@ -11,7 +11,7 @@ from .registry import check
 
 @check("kv_cache_parity", 120, "generation and scoring with the KV cache against without, fp32 and bf16")
 def check_kv_cache_parity(ctx: Ctx) -> str:
-    from gptcli.runtime import autocast
+    from gptcli.system.runtime import autocast
 
     model = build(ctx).eval()
     tol = {"fp32": 2e-3, "bf16": 6e-2}  # logits relative to their largest magnitude; log-probabilities per token

@@ -18,7 +18,7 @@ def throughput(ctx: Ctx, size: int, compiled: bool, mode: str | None = None) -> 
     torch.compile's ``mode`` where given."""
     import torch
 
-    from gptcli.runtime import gpu_peak_flops
+    from gptcli.system.runtime import gpu_peak_flops
     from gptcli.train.pretrain import lm_loss
 
     b, t = ctx.sizes.throughput[size]

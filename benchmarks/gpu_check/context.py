@@ -158,7 +158,7 @@ class Ctx:
         # bf16 autocast is what `--precision auto` picks on a bf16 GPU; fp32 keeps the CPU dry run quick everywhere.
         self.precision = "bf16" if self.cuda else "fp32"
         if self.cuda:
-            from gptcli.runtime import configure_backends
+            from gptcli.system.runtime import configure_backends
 
             configure_backends(self.device)
 

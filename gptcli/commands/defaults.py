@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.console import Console
 
 from gptcli.errors import GPT1Error
-from gptcli.outputs import next_free
+from gptcli.files.outputs import next_free
 from gptcli.tasks.base import Task
 
 

@@ -12,8 +12,8 @@ from rich.markup import escape
 from gptcli.commands.options import CliOnly, Options, Parsed
 from gptcli.commands.render import RichProgress, WarningsOnly, details_table, stderr_console, stdout_console
 from gptcli.errors import GPT1Error
-from gptcli.locks import main_rank_lock
-from gptcli.outputs import check_output
+from gptcli.files.locks import main_rank_lock
+from gptcli.files.outputs import check_output
 from gptcli.train.distributed import LaunchConfig, LaunchSpec
 from gptcli.train.finetune import CONFIG_FILE, RESULTS, FinetuneConfig, FinetuneResult, default_run_dir
 

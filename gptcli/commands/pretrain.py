@@ -11,11 +11,11 @@ from rich.markup import escape
 from gptcli.commands.options import CliOnly, Nested, Options, Parsed
 from gptcli.commands.render import RichProgress, WarningsOnly, held_console, release_held, stderr_console
 from gptcli.errors import GPT1Error
-from gptcli.locks import main_rank_lock
+from gptcli.files.locks import main_rank_lock
+from gptcli.files.outputs import check_output
 from gptcli.model.build import dropout_fields
 from gptcli.model.gpt import ModelConfig
 from gptcli.model.lstm import LSTMConfig
-from gptcli.outputs import check_output
 from gptcli.train.distributed import LaunchConfig, LaunchSpec
 from gptcli.train.pretrain import CONFIG_FILE, PretrainConfig, check_settings
 

@@ -34,8 +34,8 @@ import numpy as np
 
 from gptcli.data.shards import tokenizer_fingerprint
 from gptcli.data.transforms import Encoded, encode_examples, truncation_rule
-from gptcli.fsutil import sha256_file, write_text_atomic
-from gptcli.locks import output_lock
+from gptcli.files.fsutil import sha256_file, write_text_atomic
+from gptcli.files.locks import output_lock
 from gptcli.progress import SILENT, Progress
 from gptcli.tasks.base import Example, Task
 from gptcli.tokenizers.base import Tokenizer

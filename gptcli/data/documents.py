@@ -23,7 +23,7 @@ from typing import Literal, Protocol
 
 from gptcli.data.inputs import TEXT_SUFFIXES
 from gptcli.errors import DataError, GPT1Error
-from gptcli.fsutil import regular_file_problem
+from gptcli.files.fsutil import regular_file_problem
 from gptcli.progress import Progress
 
 SplitBy = Literal["file", "paragraph", "line", "wikitext"]

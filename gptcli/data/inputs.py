@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import regular_file_problem
+from gptcli.files.fsutil import regular_file_problem
 
 SUFFIXES = (".txt", ".jsonl", ".parquet")
 # Named explicitly (a file or a glob), also these plain-text suffixes (a directory walk keeps to SUFFIXES, so that it

@@ -4,7 +4,7 @@ GPT-1 (§4.1 "Setup") cleans BooksCorpus with ftfy, standardizes punctuation and
 spaCy and learns a 40,000-merge BPE; this module does the same for any text, streaming. :func:`prepare` reads
 top to bottom as its stages (memory is bounded by a few work chunks, one document, the BPE sample and one shard):
 
-1. **plan**: check the settings, expand the inputs, check ``out`` (:func:`gptcli.outputs.check_output`: only
+1. **plan**: check the settings, expand the inputs, check ``out`` (:func:`gptcli.files.outputs.check_output`: only
    a corpus gpt1 prepared may be replaced, never one holding or inside an input), load a reused tokenizer.
 2. **scan** every input: size, sha256, usable documents; bad files are reported (skipped, or fatal with
    ``strict``). Document-level validation membership is drawn here from the seed; a corpus of a single
@@ -52,9 +52,9 @@ from gptcli.data.inputs import input_root, resolve_inputs
 from gptcli.data.shards import FORMAT_VERSION, ShardWriter, token_dtype, tokenizer_fingerprint, write_manifest
 from gptcli.data.workers import Executor, encode_task, text_chunks, words_task
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import move_into_place, regular_file_problem, sha256_file, temp_sibling
-from gptcli.locks import output_lock
-from gptcli.outputs import check_output, mark
+from gptcli.files.fsutil import move_into_place, regular_file_problem, sha256_file, temp_sibling
+from gptcli.files.locks import output_lock
+from gptcli.files.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress, staged
 from gptcli.tokenizers.base import Tokenizer
 from gptcli.tokenizers.learned import LearnedBPETokenizer
@@ -195,7 +195,7 @@ def prepare(
     cfg: PrepareConfig, progress: Progress | None = None, *, given: Collection[str] | None = None
 ) -> PrepareResult:
     """Run the whole pipeline; returns the output directory and its manifest. ``out`` is locked for the run
-    (:func:`gptcli.locks.output_lock`), which also finishes or undoes what an interrupted run left beside it.
+    (:func:`gptcli.files.locks.output_lock`), which also finishes or undoes what an interrupted run left beside it.
     ``given``: the names of the settings the user set (the command line's and a --config file's), so that one
     spelling its default is still checked against a reused tokenizer (:func:`check_reused_tokenizer`)."""
     with output_lock(_check(cfg)):

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import sha256_file, write_text_atomic
+from gptcli.files.fsutil import sha256_file, write_text_atomic
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1

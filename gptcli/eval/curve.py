@@ -32,9 +32,9 @@ from gptcli.eval.zeroshot import (
     open_model,
     write_results,
 )
-from gptcli.fsutil import write_text_atomic
-from gptcli.locks import output_lock
-from gptcli.outputs import mark
+from gptcli.files.fsutil import write_text_atomic
+from gptcli.files.locks import output_lock
+from gptcli.files.outputs import mark
 from gptcli.progress import SILENT, Progress, staged
 
 RANDOM: dict[str, float] = {

@@ -123,7 +123,7 @@ class GPT1LM(_LMBase):  # type: ignore[misc,valid-type]
         super().__init__()
         from gptcli.eval.zeroshot import open_model
         from gptcli.interop.hub import resolve_checkpoint
-        from gptcli.runtime import resolve_device
+        from gptcli.system.runtime import resolve_device
 
         self.config = HarnessModelConfig.of(kwargs)
         path, _ = resolve_checkpoint(self.config.checkpoint)  # a Hub id (openai-gpt) is converted once, cached

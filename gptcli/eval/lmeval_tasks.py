@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import write_text_atomic
+from gptcli.files.fsutil import write_text_atomic
 
 WIKITEXT = Path("wikitext-2") / "wiki.valid.tokens"
 """WikiText-2's validation file under a data root (as ``../shared/data`` holds it)."""

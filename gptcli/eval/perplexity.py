@@ -27,7 +27,7 @@ from gptcli.errors import GPT1Error
 from gptcli.model.kernels import use_kernels
 from gptcli.model.losses import IGNORE, next_token_nll
 from gptcli.progress import SILENT, Progress, staged
-from gptcli.runtime import Precision, autocast, resolve_device, resolve_precision
+from gptcli.system.runtime import Precision, autocast, resolve_device, resolve_precision
 
 if TYPE_CHECKING:
     from gptcli.model.build import LanguageModel

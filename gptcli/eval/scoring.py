@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from gptcli.progress import SILENT, Progress, staged
 
 if TYPE_CHECKING:
-    from gptcli import runtime
+    from gptcli.system import runtime
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
@@ -120,13 +120,13 @@ def _device(model) -> torch.device:
 
 
 def _precision(device: torch.device, precision: str) -> runtime.Precision:
-    from gptcli.runtime import resolve_precision
+    from gptcli.system.runtime import resolve_precision
 
     return resolve_precision(precision, device)
 
 
 def _autocast(device: torch.device, precision: str):
-    from gptcli.runtime import autocast
+    from gptcli.system.runtime import autocast
 
     return autocast(device, _precision(device, precision))
 

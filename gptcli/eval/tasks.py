@@ -27,15 +27,15 @@ from gptcli.errors import GPT1Error
 from gptcli.eval.baselines import prediction_summary, trivial_level
 from gptcli.eval.metrics import score_predictions
 from gptcli.eval.perplexity import corpus_perplexity
-from gptcli.fsutil import write_text_atomic
-from gptcli.locks import maybe_lock, output_lock
+from gptcli.files.fsutil import write_text_atomic
+from gptcli.files.locks import maybe_lock, output_lock
+from gptcli.files.outputs import check_output, mark
 from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.gpt import GPT
 from gptcli.model.heads import HeadConfig, TaskHead
 from gptcli.model.kernels import config_default, use_kernels
-from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress, staged
-from gptcli.runtime import resolve_device, resolve_precision
+from gptcli.system.runtime import resolve_device, resolve_precision
 from gptcli.tasks import Example, ReadOptions, Task, get_task
 
 RESULTS = "results.json"

@@ -27,9 +27,9 @@ from typing import Any, cast
 from gptcli.checkpoint import atomic_directory
 from gptcli.errors import DataError, GPT1Error
 from gptcli.eval.zeroshot_config import ZeroShotConfig
-from gptcli.fsutil import write_text_atomic
-from gptcli.locks import maybe_lock
-from gptcli.outputs import check_output, mark
+from gptcli.files.fsutil import write_text_atomic
+from gptcli.files.locks import maybe_lock
+from gptcli.files.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress
 from gptcli.tasks.base import Example, Task
 
@@ -559,7 +559,7 @@ def open_model(checkpoint: str | Path, device: str = "auto", verify: bool = True
     warning note to ``progress``: the heuristics are the paper's for language models, Figure 2's curve over
     pretraining."""
     from gptcli.checkpoint import load_checkpoint
-    from gptcli.runtime import resolve_device
+    from gptcli.system.runtime import resolve_device
 
     ck = load_checkpoint(checkpoint, verify=verify)
     if ck.tokenizer is None:

@@ -28,10 +28,10 @@ import torch
 
 from gptcli.checkpoint import Checkpoint, atomic_directory, load_checkpoint, read_header, save_checkpoint, save_tensors
 from gptcli.errors import DataError, GPT1Error
+from gptcli.files.locks import output_lock
+from gptcli.files.outputs import check_output, mark
 from gptcli.interop.hf import config_from_hf, read_hf_config, state_dict_from_hf, state_dict_to_hf, write_hf_config
-from gptcli.locks import output_lock
 from gptcli.model.gpt import GPT, ModelConfig
-from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress, staged
 
 FORMATS_IN = ("hf", "openai")

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import move_into_place, sha256_file, temp_sibling, write_text_atomic
+from gptcli.files.fsutil import move_into_place, sha256_file, temp_sibling, write_text_atomic
+from gptcli.files.locks import output_lock
+from gptcli.files.outputs import check_output, mark
 from gptcli.interop.hub import hub_snapshot
-from gptcli.locks import output_lock
-from gptcli.outputs import check_output, mark
 from gptcli.progress import SILENT, Progress
 from gptcli.tasks.base import data_root
 from gptcli.tasks.registry import all_tasks, get_task

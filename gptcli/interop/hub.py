@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import write_text_atomic
+from gptcli.files.fsutil import write_text_atomic
 from gptcli.interop.convert import ConvertConfig, Converted, ConvertResult, convert_to_checkpoint, from_hf
 from gptcli.progress import SILENT, Progress
 
@@ -185,7 +185,7 @@ def _convert_once(hub: HubId, snapshot: Path, target: Path, report: Progress) ->
     """Convert ``snapshot`` into ``target`` unless it is there; True when it was (nothing converted)."""
     if _is_converted(target):
         return True
-    from gptcli.locks import output_lock
+    from gptcli.files.locks import output_lock
 
     with output_lock(target, wait=True):  # a shared cache: wait for another process converting the same model
         if _is_converted(target):  # another process converted it while this one waited

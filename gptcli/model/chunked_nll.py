@@ -24,7 +24,7 @@ import torch
 
 from gptcli.model.losses import IGNORE
 from gptcli.padding import pad_rows
-from gptcli.runtime import product_dtype
+from gptcli.system.runtime import product_dtype
 
 CHUNKED_LOSS_DEVICES: tuple[str, ...] = ()
 """Device types whose training loss (``TiedEmbeddingLM.lm_nll``, outside the CPU kernels) is :func:`chunked_nll`.

@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from gptcli.model.packed import Packing
 from gptcli.progress import SILENT, Progress
-from gptcli.runtime import autocast
+from gptcli.system.runtime import autocast
 
 
 class FinetuneModel(nn.Module):

@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import torch
 
-from gptcli.runtime import Precision, configure_backends
+from gptcli.system.runtime import Precision, configure_backends
 
 
 def time_update(

@@ -104,7 +104,7 @@ def start_generation(cfg: GenerateConfig, progress: Progress | None = None) -> G
     note."""
     from gptcli.checkpoint import load_checkpoint
     from gptcli.config import check_settings
-    from gptcli.runtime import resolve_device
+    from gptcli.system.runtime import resolve_device
 
     report = progress or SILENT
     check_settings(cfg)  # one rule per number (gptcli.config.RULES): --samples 100000 is refused before any work

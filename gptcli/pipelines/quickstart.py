@@ -23,7 +23,7 @@ real library function the full-scale commands use:
    pretraining.
 
 Then :func:`write_summary` writes ``summary.json`` with the final numbers. Everything goes under ``config.out``,
-marked as a quickstart (:mod:`gptcli.outputs`); an earlier quickstart there is replaced only with ``overwrite``,
+marked as a quickstart (:mod:`gptcli.files.outputs`); an earlier quickstart there is replaced only with ``overwrite``,
 and kept aside until this run has finished (:func:`check_out`, :func:`_replacing`).
 Budget: ``minutes`` is the target for the whole run; pretraining gets what is left after preparing minus an
 estimate of the later stages, up to ``max_epochs`` passes over its corpus. Progress is reported through
@@ -45,16 +45,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import write_text_atomic
-from gptcli.locks import output_lock
+from gptcli.files.fsutil import write_text_atomic
+from gptcli.files.locks import output_lock
+from gptcli.files.outputs import OWNED, check_output, foreign_entries, mark
 from gptcli.model.kernels import config_default
-from gptcli.outputs import OWNED, check_output, foreign_entries, mark
 from gptcli.pipelines import budget
 from gptcli.pipelines.stdlib_text import hold_out, stdlib_documents, stdlib_root
 from gptcli.progress import SILENT, Progress
 
 # What quickstart writes under its output directory (``overwrite`` replaces exactly these).
-OUTPUTS = OWNED["quickstart"]  # what a quickstart writes in --out, listed once (gptcli/outputs.py)
+OUTPUTS = OWNED["quickstart"]  # what a quickstart writes in --out, listed once (gptcli/files/outputs.py)
 # The hidden folder an earlier quickstart waits in while a new one runs over it.
 OLD_PREFIX = ".quickstart-old-"
 
@@ -262,7 +262,7 @@ def quickstart(config: QuickstartConfig, progress: Progress | None = None) -> Qu
     """Run every stage as configured; returns the numbers of the final table. Raises GPT1Error on user errors."""
     from gptcli.config import save_config
     from gptcli.model.kernels import prepare, use_kernels
-    from gptcli.runtime import resolve_device
+    from gptcli.system.runtime import resolve_device
     from gptcli.tasks import shuffled
 
     cfg = config
@@ -398,7 +398,7 @@ def pretrain_model(run: _Stages, text: TaskText, corpus_dir: Path) -> tuple[Pret
     from gptcli.data.shards import open_corpus
     from gptcli.eval.perplexity import evaluate_lm
     from gptcli.model.gpt import GPT
-    from gptcli.runtime import resolve_device, resolve_precision
+    from gptcli.system.runtime import resolve_device, resolve_precision
     from gptcli.train.pretrain import build_model_config, pretrain
 
     cfg = run.cfg

@@ -14,7 +14,7 @@ from typing import Literal
 
 from gptcli import guide
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import regular_file_problem
+from gptcli.files.fsutil import regular_file_problem
 from gptcli.tasks.sources import MANUAL, SOURCES
 
 DATA_ENV = "GPT1_DATA"

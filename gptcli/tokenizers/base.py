@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import read_bytes_inside
+from gptcli.files.fsutil import read_bytes_inside
 
 # Fine-tuning tokens, in the order they are appended after the vocabulary (reference §1).
 SPECIAL_TOKENS: tuple[str, str, str] = ("<s>", "$", "<e>")

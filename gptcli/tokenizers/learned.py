@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import read_bytes_inside
+from gptcli.files.fsutil import read_bytes_inside
 from gptcli.tokenizers.base import SPECIAL_TOKENS, Tokenizer
 
 MODEL_FILE = "sentencepiece.model"

@@ -37,17 +37,17 @@ from gptcli.config import check_settings, to_dict
 from gptcli.data.batching import num_batches
 from gptcli.errors import GPT1Error
 from gptcli.eval.baselines import baseline_of
-from gptcli.fsutil import write_text_atomic
-from gptcli.locks import main_rank_lock
+from gptcli.files.fsutil import write_text_atomic
+from gptcli.files.locks import main_rank_lock
+from gptcli.files.outputs import next_free
 from gptcli.model.build import LanguageModel, arch_of
 from gptcli.model.classifier import FinetuneModel
 from gptcli.model.heads import TaskHead
 from gptcli.model.kernels import check_mode, use_kernels
 from gptcli.model.kernels import prepare as prepare_kernels  # the compiled kernels' first-use build, as a stage
 from gptcli.model.lstm import precision_note
-from gptcli.outputs import next_free
 from gptcli.progress import SILENT, Progress
-from gptcli.runtime import configure_backends, precision_warning, resolve_device, resolve_precision
+from gptcli.system.runtime import configure_backends, precision_warning, resolve_device, resolve_precision
 from gptcli.tasks import Task, get_task
 from gptcli.train.finetune_config import RULES, FinetuneConfig
 from gptcli.train.finetune_dev import PREDICTION_SUMMARY, scores_of
@@ -124,7 +124,7 @@ def finetune(
     calls it alike; each trains on its share of every global batch and scores its share of the dev split, and rank
     0 alone writes (see :func:`gptcli.train.finetune_loss.rank_share`, :func:`gptcli.train.finetune_dev.eval_shard`).
     Progress is reported on rank 0 only. ``out`` is locked for the run (rank 0 alone, or the job's launcher:
-    :func:`gptcli.locks.output_lock`)."""
+    :func:`gptcli.files.locks.output_lock`)."""
     par = parallel or Parallel()
     with main_rank_lock(config.out, par.is_main), use_kernels(config.kernels):  # the caller's mode back after
         return _finetune(config, progress, par)

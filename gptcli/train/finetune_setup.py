@@ -28,7 +28,7 @@ from gptcli.data.shards import tokenizer_fingerprint
 from gptcli.data.transforms import Encoded
 from gptcli.errors import GPT1Error
 from gptcli.eval.baselines import label_counts
-from gptcli.fsutil import sha256_file
+from gptcli.files.fsutil import sha256_file
 from gptcli.model.build import AnyConfig, LanguageModel, build_model, config_from_dict, preset, with_dropout
 from gptcli.model.heads import HeadConfig
 from gptcli.progress import Progress

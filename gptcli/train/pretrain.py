@@ -31,13 +31,13 @@ from gptcli.config import coerce_fields, load_file
 from gptcli.data.shards import Corpus, open_corpus, tokenizer_fingerprint
 from gptcli.data.windows import WindowSampler
 from gptcli.errors import GPT1Error
-from gptcli.locks import main_rank_lock
+from gptcli.files.locks import main_rank_lock
 from gptcli.model.build import AnyConfig, arch_of, build_model, preset, preset_class
 from gptcli.model.kernels import check_mode, use_kernels
 from gptcli.model.kernels import prepare as prepare_kernels  # the compiled kernels' first-use build, as a stage
 from gptcli.model.lstm import precision_note
 from gptcli.progress import SILENT, Progress
-from gptcli.runtime import (
+from gptcli.system.runtime import (
     configure_backends,
     peak_flops,
     precision_warning,
@@ -204,7 +204,7 @@ def pretrain(
     ``grad_norm`` those of that update. Each validation is one ``note("validation at update N: loss L,
     perplexity P")``. ``end()`` closes the stage however the run stops. The same figures, unrounded, are the
     lines of ``RUN/metrics.jsonl``. ``out`` is locked for the run (rank 0 alone, or the job's launcher:
-    :func:`gptcli.locks.output_lock`).
+    :func:`gptcli.files.locks.output_lock`).
     """
     par = parallel or Parallel()
     with main_rank_lock(config.out, par.is_main), use_kernels(config.kernels):  # the caller's mode back after

@@ -22,7 +22,7 @@ from gptcli.data.windows import WindowSampler
 from gptcli.eval.perplexity import evaluate_lm
 from gptcli.model.build import TRANSFORMER, AnyConfig, LanguageModel, arch_of
 from gptcli.progress import Progress
-from gptcli.runtime import Precision
+from gptcli.system.runtime import Precision
 from gptcli.train.pretrain_config import PretrainConfig
 from gptcli.train.pretrain_hints import plateau_hint
 from gptcli.train.run.directory import write_step_checkpoint

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gptcli.checkpoint import newest_intact
 from gptcli.data.shards import open_corpus
-from gptcli.outputs import check_output
+from gptcli.files.outputs import check_output
 from gptcli.train.distributed import LaunchSpec
 from gptcli.train.pretrain import PretrainConfig, check_launch, check_settings, open_training_corpus, validation_split
 from gptcli.train.run.directory import has_checkpoints

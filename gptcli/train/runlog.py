@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import write_text_atomic
+from gptcli.files.fsutil import write_text_atomic
 
 METRICS = "metrics.jsonl"
 

@@ -22,8 +22,8 @@ import torch
 import torch.nn as nn
 
 from gptcli.model import kernels
-from gptcli.runtime import Precision, autocast, shared_casts
-from gptcli.torch_floor import check_torch
+from gptcli.system.runtime import Precision, autocast, shared_casts
+from gptcli.system.torch_floor import check_torch
 from gptcli.train.grad_norm import clip_grad_norm, grad_norm
 from gptcli.train.optim import set_lr
 

@@ -278,7 +278,7 @@ def test_env_on_a_cuda_device_finds_the_peak_row(tmp_path, monkeypatch):
     dict of rows, as pairs, and the run stopped for want of ``cuda_available``)."""
     import torch
 
-    from gptcli.runtime import GPU_PEAK_FLOPS
+    from gptcli.system.runtime import GPU_PEAK_FLOPS
 
     gc = load_script()
     props = type("Props", (), {"total_memory": 141 * 2**30})()

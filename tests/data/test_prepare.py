@@ -14,7 +14,7 @@ from gptcli.data.prepare import PrepareConfig, prepare
 from gptcli.data.shards import open_corpus
 from gptcli.data.workers import text_chunks
 from gptcli.errors import DataError, GPT1Error
-from gptcli.fsutil import sha256_file
+from gptcli.files.fsutil import sha256_file
 from gptcli.progress import RecordingProgress
 from gptcli.tokenizers.text import strip_gutenberg, word_lines
 

@@ -62,7 +62,7 @@ def test_evaluate_task_has_the_commands_defaults_and_records_its_precision(
 ):
     """One home per default: EvalConfig's fields. evaluate_task's own (precision auto, batch size 64) gave bf16 logits
     on a CPU with avx512_bf16 where `gpt1 eval` computes in fp32; results.json says which precision ran."""
-    from gptcli import runtime
+    from gptcli.system import runtime
 
     shared = {f.name: f.default for f in dataclasses.fields(EvalConfig)}
     params = inspect.signature(evaluate_task).parameters

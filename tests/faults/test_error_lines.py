@@ -106,7 +106,7 @@ def test_errors_say_what_to_do(case, corpus, run, tmp_path, capsys):
 def test_an_unwritable_output_directory_is_named_not_its_lock(code, tmp_path, capsys, monkeypatch):
     """The lock beside --out is the first thing written: a directory gpt1 may not write in is named as such (root
     writes anywhere, so the refusal is simulated at the lock file's creation)."""
-    import gptcli.locks as locks
+    import gptcli.files.locks as locks
 
     real = os.open
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from gptcli.locks import lock_path, output_lock
+from gptcli.files.locks import lock_path, output_lock
 from tests.faults.conftest import REPO, assert_one_line_error, copy_of, gpt1, one_thread_env, snapshot
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -52,7 +52,7 @@ def _hidden(where: Path, name: str) -> list[str]:
 KILLER = r"""
 import os, sys
 from pathlib import Path
-from gptcli import fsutil
+from gptcli.files import fsutil
 fsutil.exchange_supported = sys.argv[3] == "exchange"
 real = os.rename
 n = [0]
@@ -140,7 +140,7 @@ def test_a_stale_cache_temporary_is_removed_by_the_next_writer(tmp_path):
 
 HOLDER = r"""
 import sys, time
-from gptcli.locks import output_lock
+from gptcli.files.locks import output_lock
 with output_lock(sys.argv[1]):
     open(sys.argv[2], "w").close()
     time.sleep(120)
@@ -273,7 +273,7 @@ def test_the_lock_is_reentrant_and_a_launchers_workers_run_under_it(tmp_path):
     with output_lock(out):
         with output_lock(out):  # a pipeline stage locking what its pipeline holds
             pass
-        child = "import sys\nfrom gptcli.locks import output_lock\nwith output_lock(sys.argv[1]): print('ran')"
+        child = "import sys\nfrom gptcli.files.locks import output_lock\nwith output_lock(sys.argv[1]): print('ran')"
         r = subprocess.run(
             [sys.executable, "-c", child, str(out)], env=one_thread_env(), capture_output=True, text=True, timeout=60
         )
@@ -281,9 +281,9 @@ def test_the_lock_is_reentrant_and_a_launchers_workers_run_under_it(tmp_path):
         info = json.loads(lock_path(out).read_text())
         assert info["pid"] == os.getpid() and info["host"] and "since" in info
     grandchild = (
-        "import subprocess, sys\nfrom gptcli.locks import output_lock\nwith output_lock(sys.argv[1]):\n"
+        "import subprocess, sys\nfrom gptcli.files.locks import output_lock\nwith output_lock(sys.argv[1]):\n"
         "    r = subprocess.run([sys.executable, '-c', 'import sys; sys.path.insert(0, sys.argv[2]);"
-        "from gptcli.locks import output_lock\\nwith output_lock(sys.argv[1]): pass', sys.argv[1], "
+        "from gptcli.files.locks import output_lock\\nwith output_lock(sys.argv[1]): pass', sys.argv[1], "
         "sys.argv[2]]); print(r.returncode)"
     )
     r = subprocess.run(

@@ -18,7 +18,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from gptcli import checkpoint as ckpt
-from gptcli.fsutil import sha256_file
+from gptcli.files.fsutil import sha256_file
 from tests.faults.conftest import TINY_ARGS, assert_one_line_error, copy_of, gpt1
 
 pytestmark = pytest.mark.usefixtures("one_thread")

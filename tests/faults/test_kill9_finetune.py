@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from gptcli.outputs import MARKER
+from gptcli.files.outputs import MARKER
 from tests.faults.conftest import (
     KILL_TIMEOUT,
     REPO,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from gptcli.cli import main
-from gptcli.outputs import MARKER, kind_of
+from gptcli.files.outputs import MARKER, kind_of
 from tests.faults.conftest import cli_text as gpt1
 from tests.faults.conftest import snapshot
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gptcli.cli import main
-from gptcli.outputs import MARKER, kind_of
+from gptcli.files.outputs import MARKER, kind_of
 from tests.faults.conftest import cli_text as gpt1
 from tests.faults.conftest import snapshot
 

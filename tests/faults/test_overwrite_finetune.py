@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gptcli.cli import main
-from gptcli.outputs import kind_of
+from gptcli.files.outputs import kind_of
 from tests.faults.conftest import cli_text as gpt1
 from tests.faults.conftest import snapshot
 
@@ -216,7 +216,7 @@ def test_an_interrupted_first_run_is_marked_and_simply_run_again(made, tmp_path,
 def test_everything_gpt1_writes_is_listed_as_its_own(made):
     """outputs.OWNED lists what each kind writes: a file a run or a checkpoint gains without its name there would
     make every later --overwrite refuse the run (and save_checkpoint a damaged checkpoint) as holding user files."""
-    from gptcli.outputs import foreign_entries
+    from gptcli.files.outputs import foreign_entries
 
     assert foreign_entries(made / "corpus", "corpus") == []
     for kind, run in (("pretrain-run", made / "pre"), ("finetune-run", made / "rte")):

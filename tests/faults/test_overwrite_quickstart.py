@@ -11,7 +11,7 @@ import pytest
 
 from gptcli.cli import main
 from gptcli.config import save_config
-from gptcli.outputs import kind_of
+from gptcli.files.outputs import kind_of
 from gptcli.pipelines.quickstart import QuickstartConfig
 from tests.faults.conftest import cli_text as gpt1
 from tests.faults.conftest import snapshot

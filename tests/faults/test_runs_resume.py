@@ -22,7 +22,7 @@ from run_helpers import (
 
 from gptcli.checkpoint import load_checkpoint, read_header, verify_checkpoint
 from gptcli.errors import GPT1Error
-from gptcli.outputs import kind_of, mark
+from gptcli.files.outputs import kind_of, mark
 from gptcli.progress import RecordingProgress
 from gptcli.train.pretrain import pretrain
 

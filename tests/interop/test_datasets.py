@@ -36,8 +36,8 @@ def rows_of(task: str, split: str, folder: Path) -> list[tuple]:
 
 
 def test_fetched_files_are_the_official_ones(hub, shared_data, tmp_path):
+    from gptcli.files.outputs import kind_of
     from gptcli.interop.datasets import FetchConfig, fetch
-    from gptcli.outputs import kind_of
 
     root = tmp_path / "data"
     results = fetch(FetchConfig(tasks=["rte", "sst2"], root=root))

@@ -55,7 +55,7 @@ def test_regression_outputs_are_one_column_scores_in_range():
 
 def test_one_autocast_region_for_every_batch_computes_what_one_per_batch_does():
     # predict keeps autocast's bf16 copies of the weights from the first batch to the last: the same casts, once.
-    from gptcli.runtime import autocast
+    from gptcli.system.runtime import autocast
 
     model, enc = _model(), _examples(11)
     cpu = torch.device("cpu")

@@ -264,7 +264,7 @@ def test_a_config_made_without_the_setting_takes_the_mode_in_force(monkeypatch: 
 
 def test_the_amx_forms_follow_the_cpu_flag_unless_forced(monkeypatch: pytest.MonkeyPatch) -> None:
     """``kernels.amx()`` is the CPU's ``amx_bf16`` flag, read from /proc/cpuinfo, never a timing; tests force it."""
-    from gptcli import runtime
+    from gptcli.system import runtime
 
     monkeypatch.setattr(runtime, "_cpu_flags", lambda: "flags\t: avx512f avx512_bf16 amx_bf16 amx_tile")
     assert kernels.amx() and runtime.cpu_has_bf16()

@@ -9,13 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptcli import runtime
 from gptcli.model import kernels
 from gptcli.model.gpt import GPT, ModelConfig, preset
 from gptcli.model.kernels import linear as kernel_linear
 from gptcli.model.kernels import onednn
 from gptcli.model.kernels import tied as kernel_tied
 from gptcli.model.linear import Linear
+from gptcli.system import runtime
 
 ZEN5 = "vendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nflags\t\t: fpu avx2 avx512f avx512_bf16\n"
 ZEN4 = ZEN5.replace(": 26", ": 25")

@@ -238,7 +238,7 @@ def test_run_reports_each_stage_through_progress(run):
 
 
 def test_run_refuses_to_clobber(run, tmp_path):
-    from gptcli.outputs import mark
+    from gptcli.files.outputs import mark
     from gptcli.pipelines.quickstart import _replacing, check_out
 
     out = run[0]
@@ -274,7 +274,7 @@ def test_run_refuses_to_clobber(run, tmp_path):
 
 
 def test_a_failed_run_puts_the_earlier_quickstart_back(tmp_path):
-    from gptcli.outputs import kind_of, mark
+    from gptcli.files.outputs import kind_of, mark
     from gptcli.pipelines.quickstart import _replacing
 
     own = tmp_path / "own"

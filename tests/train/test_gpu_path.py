@@ -19,7 +19,7 @@ from corpus_helpers import random_corpus
 from gptcli.errors import GPT1Error
 from gptcli.model.lstm import LSTMLM, PRESETS, precision_note, recurrent_dtype
 from gptcli.progress import RecordingProgress
-from gptcli.runtime import peak_for_gpu_name, resolve_precision
+from gptcli.system.runtime import peak_for_gpu_name, resolve_precision
 from gptcli.train import distributed
 from gptcli.train import pretrain as pretrain_mod
 from gptcli.train.optim import make_optimizer
@@ -395,7 +395,7 @@ def test_auto_precision_takes_fp16_where_bf16_is_only_emulated(monkeypatch):
 
 
 def test_bf16_asked_on_a_cpu_that_only_emulates_it_is_warned_about(monkeypatch, tmp_path):
-    from gptcli import runtime
+    from gptcli.system import runtime
 
     cpu = torch.device("cpu")
     monkeypatch.setattr(runtime, "_cpu_flags", lambda: "flags\t: avx2 fma")  # AMD Zen 3
@@ -446,7 +446,7 @@ def test_the_cpu_peak_measurement_stays_short_where_products_are_emulated(monkey
     """Zen 3 emulates bf16 products at 0.27 GFLOP/s: the benchmarks' 2048² peak probe took 64 s a product and over
     4 minutes per benchmark run (and per test that runs one). The side now shrinks to what the time asked allows;
     a native rate keeps the side asked for."""
-    from gptcli import runtime
+    from gptcli.system import runtime
 
     clock = _MatmulClock(rate)
     monkeypatch.setattr(runtime, "time", SimpleNamespace(perf_counter=clock.perf_counter))

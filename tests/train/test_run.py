@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from gptcli.errors import GPT1Error
+from gptcli.files.outputs import mark
 from gptcli.model.gpt import ModelConfig
-from gptcli.outputs import mark
 from gptcli.progress import RecordingProgress
 from gptcli.train.run.directory import RunKind, plan_run_dir, reopen_metrics
 from gptcli.train.run.loop import GracefulStop, Moment, NonFiniteLossError, RunState, train

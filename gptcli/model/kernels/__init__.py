@@ -49,7 +49,7 @@ import torch
 
 from gptcli.errors import GPT1Error
 from gptcli.progress import SILENT, Progress, staged
-from gptcli.runtime import cpu_has_amx, cpu_has_full_width_avx512
+from gptcli.system.runtime import cpu_has_amx, cpu_has_full_width_avx512
 
 MODES: tuple[str, ...] = ("auto", "reference")
 """``auto``: the kernels of this folder on CPU, the reference elsewhere. ``reference``: plain PyTorch everywhere."""
@@ -120,7 +120,7 @@ _amx_forced: bool | None = None  # set by force_amx() (tests); None: the CPU's o
 
 
 def amx() -> bool:
-    """Whether the kernels take their AMX forms: the CPU's ``amx_bf16`` flag (``gptcli.runtime.cpu_has_amx``, read
+    """Whether the kernels take their AMX forms: the CPU's ``amx_bf16`` flag (``gptcli.system.runtime.cpu_has_amx``, read
     once), never a timing. The AMX forms are plain PyTorch too and compute the same function, only in another
     order of products, so :func:`force_amx` lets tests run either form on any CPU."""
     return cpu_has_amx() if _amx_forced is None else _amx_forced
@@ -137,7 +137,7 @@ _onednn_forced: bool | None = None  # set by force_onednn_fp32() (tests, benchma
 
 def onednn_fp32() -> bool:
     """Whether the float32 products of the linear layers and the tied output layer run on oneDNN rather than MKL
-    (``onednn.py``): an AMD Zen 5 or later (``gptcli.runtime.cpu_has_full_width_avx512``, read once), never a
+    (``onednn.py``): an AMD Zen 5 or later (``gptcli.system.runtime.cpu_has_full_width_avx512``, read once), never a
     timing. Both compute float32 products, in other orders of sums, so :func:`force_onednn_fp32` lets tests and
     benchmarks run either on any CPU."""
     return cpu_has_full_width_avx512() if _onednn_forced is None else _onednn_forced

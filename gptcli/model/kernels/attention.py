@@ -34,7 +34,7 @@ from torch.autograd.function import once_differentiable
 
 from gptcli.model.kernels import native
 from gptcli.model.kernels.dropout import Mask, draw_seed, threshold
-from gptcli.runtime import product_dtype
+from gptcli.system.runtime import product_dtype
 
 PATHS: tuple[str, ...] = ("sdpa", "plain", "chunked", "fused")
 """``sdpa``: F.scaled_dot_product_attention. ``plain``: scores, mask, softmax, dropout and the product with v as

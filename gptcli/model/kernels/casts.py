@@ -1,7 +1,7 @@
 """The kernels' low-precision copies of the weights, made once per update rather than once per micro-batch.
 
 Autocast keeps the bf16 copy of each weight it casts until its outermost region ends, and the trainer holds one
-region open across an update's micro-batches (``gptcli.runtime.shared_casts``), so a weight is cast once per
+region open across an update's micro-batches (``gptcli.system.runtime.shared_casts``), so a weight is cast once per
 update. The AMX forms (``linear.py``'s ``_AmxLinear``, ``tied.py``'s ``_AmxPaddedProduct``) and, under bf16
 autocast on any CPU, the tied output layer's linked product (``tied.py``'s ``_LinkedProduct``) cast their weights
 themselves, outside autocast, where its cache does not reach: without this module each micro-batch cast all of

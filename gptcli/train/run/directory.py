@@ -2,7 +2,7 @@
 
 ::
 
-    RUN/.gpt1-output               the marker: which kind of run this is (gptcli.outputs)
+    RUN/.gpt1-output               the marker: which kind of run this is (gptcli.files.outputs)
     RUN/config.toml                the resolved config (repeat the run with ``--config``)
     RUN/metrics.jsonl              one line per logged update and per evaluation (runlog.py)
     RUN/checkpoints/step-0001000/  step checkpoints with their training state; the newest ``keep_last`` kept
@@ -29,8 +29,8 @@ import torch.nn as nn
 from gptcli import checkpoint as ckpt
 from gptcli.config import dumps_toml, to_dict
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import move_into_place, temp_sibling, write_text_atomic
-from gptcli.outputs import MARKER, check_output, check_replaceable, kind_of, mark
+from gptcli.files.fsutil import move_into_place, temp_sibling, write_text_atomic
+from gptcli.files.outputs import MARKER, check_output, check_replaceable, kind_of, mark
 from gptcli.progress import Progress
 from gptcli.tokenizers import Tokenizer
 from gptcli.train.run.resume import resume_point
@@ -49,7 +49,7 @@ class RunKind:
     """What a kind of run is called and what it may do with an existing directory."""
 
     marker: str
-    """Its :data:`gptcli.outputs.KINDS` name: a directory of another kind is never written into."""
+    """Its :data:`gptcli.files.outputs.KINDS` name: a directory of another kind is never written into."""
     what: str
     """How messages name it ("pretraining run")."""
     overwrite: bool

@@ -1,4 +1,4 @@
-"""gptcli/torch_floor.py: an installed torch older than gpt1's floor is named before a command runs."""
+"""gptcli/system/torch_floor.py: an installed torch older than gpt1's floor is named before a command runs."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from importlib import metadata
 
 import pytest
 
-from gptcli import cli, torch_floor
+from gptcli import cli
 from gptcli.errors import GPT1Error
+from gptcli.system import torch_floor
 
 
 def test_releases_compare_by_their_numbers_whatever_the_build() -> None:

@@ -1,4 +1,4 @@
-"""gptcli/allocator.py: CPU training keeps glibc's freed blocks mapped instead of page-faulting them in every step."""
+"""gptcli/system/allocator.py: CPU training keeps glibc's freed blocks mapped instead of page-faulting them in every step."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from gptcli.allocator import _glibc
+from gptcli.system.allocator import _glibc
 
 pytestmark = pytest.mark.skipif(_glibc() is None, reason="glibc only")
 
@@ -18,8 +18,8 @@ pytestmark = pytest.mark.skipif(_glibc() is None, reason="glibc only")
 # (the first ones still lay the heap out).
 _CHILD = """
 import json, resource, sys, torch
-from gptcli.allocator import keep_freed_memory
-from gptcli.runtime import configure_backends
+from gptcli.system.allocator import keep_freed_memory
+from gptcli.system.runtime import configure_backends
 if sys.argv[1] == "configure":
     configure_backends(torch.device("cpu"))
 set_to = keep_freed_memory()

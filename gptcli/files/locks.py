@@ -7,7 +7,7 @@ holder (pid, host, command, time), so a second run on the same output is refused
 one line naming the holder. The operating system releases the lock when its process dies, however it dies, so a
 stale lock file never blocks anyone; a symlinked output is locked at its target.
 
-Taking the lock also tidies what an interrupted earlier run left beside the output (:func:`gptcli.fsutil.recover`):
+Taking the lock also tidies what an interrupted earlier run left beside the output (:func:`gptcli.files.fsutil.recover`):
 only the lock's holder may, since nobody else is writing there. A multi-process job takes it once, in its launcher
 or rank 0; a worker whose parent holds the lock proceeds under it.
 """
@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import recover
+from gptcli.files.fsutil import recover
 
 _HELD: dict[str, list] = {}
 """Locks this process holds: lock path → [fd, depth] (re-entrant: a pipeline's stage may lock what it already has)."""

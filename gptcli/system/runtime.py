@@ -20,8 +20,8 @@ from typing import Literal
 
 import torch
 
-from gptcli.allocator import keep_freed_memory
 from gptcli.errors import GPT1Error
+from gptcli.system.allocator import keep_freed_memory
 
 Precision = Literal["fp32", "bf16", "fp16"]
 
@@ -190,7 +190,7 @@ def shared_casts(device: torch.device, precision: Precision):
 
 def configure_backends(device: torch.device) -> None:
     """TF32 matmuls/convolutions on CUDA (fp32 inputs, 10-bit mantissa products, several times faster); on CPU,
-    glibc's malloc keeps the freed activations of one step for the next (gptcli/allocator.py)."""
+    glibc's malloc keeps the freed activations of one step for the next (gptcli/system/allocator.py)."""
     if device.type == "cpu":
         keep_freed_memory()
     if device.type == "cuda":

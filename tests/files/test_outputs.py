@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gptcli.errors import GPT1Error
-from gptcli.outputs import check_output, kind_of, mark
+from gptcli.files.outputs import check_output, kind_of, mark
 
 
 def _marked(path: Path, kind: str) -> Path:

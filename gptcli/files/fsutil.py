@@ -119,7 +119,7 @@ def leftovers(target: str | Path) -> dict[str, list[Path]]:
 def recover(target: str | Path) -> list[str]:
     """Finish or undo what an interrupted write of ``target`` left beside it; returns what was done, one line each.
 
-    Only the holder of ``target``'s lock may call it (gptcli.locks does, on taking the lock): then nobody else is
+    Only the holder of ``target``'s lock may call it (gptcli.files.locks does, on taking the lock): then nobody else is
     writing there. A missing ``target`` with a ``.NAME.new-ID`` is finished (that replacement was complete); with
     only a ``.NAME.old-ID`` it is undone (the old output put back). What remains (partial builds, old outputs
     already replaced, file temporaries) is removed."""

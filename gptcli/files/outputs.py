@@ -21,7 +21,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import regular_file_problem, write_text_atomic
+from gptcli.files.fsutil import regular_file_problem, write_text_atomic
 
 MARKER = ".gpt1-output"
 

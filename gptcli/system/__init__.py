@@ -1,0 +1,5 @@
+"""What gpt1 needs from the machine it runs on: the oldest PyTorch it supports (``torch_floor``), devices and
+precision (``runtime``), and glibc's allocator settings for training (``allocator``).
+
+Kept apart from the model and the loops so that a question about the host is answered in one place, once per process.
+"""
