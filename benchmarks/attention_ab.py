@@ -563,7 +563,7 @@ def _finetune(args) -> list[dict]:
     from finetune_throughput import LM_WEIGHT, build_models, real_batches
 
     from gptcli.tokenizers.openai import OpenAIBPETokenizer
-    from gptcli.train.finetune_loss import TaskLoss
+    from gptcli.train.finetune_job import TaskLoss
     from gptcli.train.optim import make_optimizer
     from gptcli.train.trainer import Trainer
 

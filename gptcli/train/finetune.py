@@ -51,8 +51,7 @@ from gptcli.runtime import configure_backends, precision_warning, resolve_device
 from gptcli.tasks import Task, get_task
 from gptcli.train.finetune_config import RULES, FinetuneConfig
 from gptcli.train.finetune_dev import PREDICTION_SUMMARY, scores_of
-from gptcli.train.finetune_job import FinetuneJob, lr_schedule
-from gptcli.train.finetune_loss import TaskLoss
+from gptcli.train.finetune_job import FinetuneJob, TaskLoss, lr_schedule
 from gptcli.train.finetune_setup import FinetuneSetup, build_setup, changed_data, checkpoint_meta, run_identity
 from gptcli.train.optim import make_optimizer
 from gptcli.train.run.directory import (
@@ -122,7 +121,7 @@ def finetune(
 
     ``parallel`` (from :func:`gptcli.train.distributed.join`) makes this one rank of a data-parallel job: every rank
     calls it alike; each trains on its share of every global batch and scores its share of the dev split, and rank
-    0 alone writes (see :func:`gptcli.train.finetune_loss.rank_share`, :func:`gptcli.train.finetune_dev.eval_shard`).
+    0 alone writes (see :func:`gptcli.train.finetune_job.rank_share`, :func:`gptcli.train.finetune_dev.eval_shard`).
     Progress is reported on rank 0 only. ``out`` is locked for the run (rank 0 alone, or the job's launcher:
     :func:`gptcli.locks.output_lock`)."""
     par = parallel or Parallel()

@@ -26,7 +26,7 @@ from gptcli.runtime import Precision
 from gptcli.train.pretrain_config import PretrainConfig
 from gptcli.train.pretrain_hints import plateau_hint
 from gptcli.train.run.directory import write_step_checkpoint
-from gptcli.train.run.loop import GracefulStop, Moment, RunState, every
+from gptcli.train.run.loop import Due, GracefulStop, RunState, every
 from gptcli.train.run.memory import half, too_big_warning, update_bytes
 from gptcli.train.runlog import Throughput, format_duration
 from gptcli.train.trainer import Parallel, StepResult, Trainer, split_micro_batches, unwrap
@@ -146,7 +146,7 @@ class PretrainJob:
     def finished(self) -> bool:
         return self.state.step >= self.state.total
 
-    def update(self) -> torch.Tensor:
+    def next_update(self) -> torch.Tensor:
         """One optimizer update on this rank's share of the next global batch, queued on the device without waiting
         for it; the batch after it is read and sent to the device while this one computes."""
         self.meter.start()
@@ -156,24 +156,25 @@ class PretrainJob:
         self.state.step += 1
         return self.result.loss
 
-    def moment(self) -> Moment:
+    def after_update(self) -> Due:
         config, step, last = self.plan.config, self.state.step, self.state.step == self.state.total
-        return Moment(
+        return Due(
             log=every(step, config.log_every) or last,
             evaluate=every(step, config.eval_every) or last,
             save=every(step, config.save_every) or last,
         )
 
-    def owed(self) -> Moment | None:
+    def due_on_resume(self) -> Due | None:
         """A run resumed at its last update has no update left: it still ends as every run does, validated (its
-        checkpoint holds this step already). Otherwise nothing: a checkpoint is written after all its update owed."""
-        return Moment(evaluate=True) if self.finished() else None
+        checkpoint holds this step already). Otherwise nothing: a checkpoint is written only after all that its
+        update was due."""
+        return Due(evaluate=True) if self.finished() else None
 
-    def read(self) -> None:
+    def read_figures(self) -> None:
         assert self.result is not None
         self.figures = self.result.read()
 
-    def update_done(self, report: Progress, moment: Moment) -> None:
+    def update_finished(self, report: Progress, due: Due) -> None:
         self.meter.stop(self.plan.tokens_per_step)  # after the read: the window's time includes the device's work
 
     def position(self) -> int:
@@ -276,7 +277,7 @@ class PretrainJob:
 
         return too_big_warning(needed, plan.micro, f"sequences of {c.seq_len} tokens", divides=plan.share)
 
-    def smaller(self, evaluating: bool) -> str:
+    def memory_advice(self, evaluating: bool) -> str:
         """``--micro-batch-size`` halved (the largest size under half that divides a process's share, as the
         batch split requires): it sets the rows of every training and validation forward pass."""
         c, share, now = self.plan.config, self.plan.share, self.plan.micro

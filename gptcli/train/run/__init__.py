@@ -2,8 +2,8 @@
 
 Pretraining (:mod:`gptcli.train.pretrain`) and fine-tuning (:mod:`gptcli.train.finetune`) are two *jobs* on the same
 machinery; the quickstart runs both. What differs between them — the data, the loss, when to evaluate, what a
-checkpoint's extra state holds — is the job (:class:`gptcli.train.run.loop.Job`), as ``Trainer.step(loss_fn)`` takes
-the loss. What is the same lives here, once:
+checkpoint's extra state holds — is the job (:class:`gptcli.train.run.loop.Job`: ``next_update``, ``after_update``,
+``evaluate``, ``save``), as ``Trainer.step(loss_fn)`` takes the loss. What is the same lives here, once:
 
 ``directory.py``
     A run directory's life: what a run does with ``--out`` (start, resume, replace, or nothing left to do), its
@@ -15,7 +15,7 @@ the loss. What is the same lives here, once:
     refuses a resume that would change what the run is, naming every change (run-defining settings, the model's
     shape, the inputs by content), and notes the adjustable ones.
 ``loop.py``
-    The update loop with its sync points (the only places a figure is read back from the device), the run-state
-    object every job carries (:class:`RunState`), the non-finite policy (one error naming the newest checkpoint
-    saved before the divergence), and the checkpoint on SIGINT/SIGTERM.
+    The update loop (the only one) with its sync points (the only places a figure is read back from the device), the
+    run-state object every job carries (:class:`RunState`), the non-finite policy (one error naming the newest
+    checkpoint saved before the divergence), and the checkpoint on SIGINT/SIGTERM.
 """
