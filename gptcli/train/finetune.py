@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gptcli import checkpoint as ckpt
 from gptcli.checkpoint import Header, save_checkpoint
 from gptcli.config import check_settings, to_dict
 from gptcli.data.batching import num_batches
@@ -66,6 +65,7 @@ from gptcli.train.run.directory import (
 )
 from gptcli.train.run.loop import RunState, stop_handler, train
 from gptcli.train.run.resume import check_resume
+from gptcli.train.run.training_state import remove_step_checkpoints
 from gptcli.train.trainer import Parallel, Trainer
 
 RESULTS = "results.json"
@@ -349,7 +349,7 @@ def finished_run(config: FinetuneConfig, out: Path, report: Progress, tidy: bool
             "run it again with these, or choose another --out)"
         )
     if tidy:  # rank 0 of a data-parallel job alone
-        ckpt.remove_step_checkpoints(out / CHECKPOINTS)
+        remove_step_checkpoints(out / CHECKPOINTS)
     report.note(f"{out}: the run is already finished; nothing to resume")
     steps = int(results.get("steps", 0))
     return FinetuneResult(out, out / CHECKPOINTS / FINAL, results, list(results.get("history", [])), None, steps, steps)
@@ -368,7 +368,7 @@ def _finish(job: FinetuneJob, out: Path) -> FinetuneResult:
     chosen_epoch = keep_selected_weights(job)
     result = write_outputs(job, out, chosen_epoch, job.work)
     # The run is complete: its step checkpoints were there only to resume it (up to 1.9 GB each for GPT-1).
-    ckpt.remove_step_checkpoints(job.work / CHECKPOINTS)
+    remove_step_checkpoints(job.work / CHECKPOINTS)
     job.par.barrier()
     return result
 

@@ -35,6 +35,7 @@ from gptcli.locks import main_rank_lock
 from gptcli.outputs import MARKER, check_output, check_replaceable, kind_of, mark
 from gptcli.progress import Progress
 from gptcli.tokenizers import Tokenizer
+from gptcli.train.run import training_state
 from gptcli.train.run.resume import resume_point
 from gptcli.train.runlog import METRICS, RunLogger, keep_first_records, truncate_metrics
 from gptcli.train.trainer import Parallel, Trainer
@@ -271,21 +272,21 @@ def write_step_checkpoint(
     eval`` can load it), plus the training state — the job's ``state`` (JSON), the optimizer and loss scaler, every
     RNG — and whatever ``extra`` writes; then keep only the newest ``keep_last`` (0: all)."""
 
-    def training_state(d: Path) -> None:
-        ckpt.write_training_state(d, trainer.optimizer, state, scaler=trainer.scaler)
+    def write_state(d: Path) -> None:
+        training_state.write_training_state(d, trainer.optimizer, state, scaler=trainer.scaler)
         if extra is not None:
             extra(d)
 
     path = ckpt.save_checkpoint(
-        checkpoints / ckpt.step_dir_name(step),
+        checkpoints / training_state.step_dir_name(step),
         body,
         tokenizer,
         kind=kind,
         meta=meta,
         head_state=head_state,
-        extra=training_state,
+        extra=write_state,
     )
-    ckpt.prune_checkpoints(checkpoints, keep_last)
+    training_state.prune_checkpoints(checkpoints, keep_last)
     return path
 
 
@@ -309,6 +310,6 @@ def read_step_checkpoint(
             "resume with the run's own settings"
         ) from None
     del saved
-    doc, tensors = ckpt.read_training_state(path, verify=False)
-    ckpt.restore_training_state(doc, tensors, trainer.optimizer, scaler=trainer.scaler)
+    doc, tensors = training_state.read_training_state(path, verify=False)
+    training_state.restore_training_state(doc, tensors, trainer.optimizer, scaler=trainer.scaler)
     return doc
