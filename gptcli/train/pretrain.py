@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from gptcli import checkpoint as ckpt
+from gptcli.checkpoint import newest_intact
 from gptcli.config import check_settings as check_all_settings
 from gptcli.config import coerce_fields, load_file
 from gptcli.data.shards import Corpus, open_corpus, tokenizer_fingerprint
@@ -33,6 +34,7 @@ from gptcli.model.build import AnyConfig, arch_of, build_model, preset, preset_c
 from gptcli.model.kernels import check_mode, use_kernels
 from gptcli.model.kernels import prepare as prepare_kernels  # the compiled kernels' first-use build, as a stage
 from gptcli.model.lstm import precision_note
+from gptcli.outputs import check_output
 from gptcli.progress import SILENT, Progress
 from gptcli.runtime import (
     configure_backends,
@@ -41,15 +43,16 @@ from gptcli.runtime import (
     resolve_device,
     resolve_precision,
 )
+from gptcli.train.distributed import LaunchSpec
 from gptcli.train.optim import lr_at, make_optimizer
 from gptcli.train.pretrain_config import RULES, PretrainConfig
-from gptcli.train.pretrain_hints import unigram_loss, warmup_warning
-from gptcli.train.pretrain_job import BatchFeed, PretrainJob, RunPlan
+from gptcli.train.pretrain_job import BatchFeed, PretrainJob, RunPlan, unigram_loss
 from gptcli.train.recipes import recipe_note
 from gptcli.train.run.directory import (
     CONFIG_FILE,
     RunDir,
     RunKind,
+    has_checkpoints,
     open_run,
     read_step_checkpoint,
     run_directory,
@@ -110,6 +113,37 @@ def check_launch(config: PretrainConfig, world_size: int) -> None:
         raise GPT1Error(
             f"--batch-size {config.batch_size} must be a multiple of --micro-batch-size {mb} × {world_size} process(es)"
         )
+
+
+def plan_pretrain_launch(config: PretrainConfig, spec: LaunchSpec) -> PretrainConfig:
+    """Check ``config`` for a launch of ``spec``'s processes and return the config the workers get.
+
+    The shards are verified here rather than in every worker (they would all read the whole corpus), so the workers
+    skip it (``verify_data = False``) — unless the run resumes and its newest checkpoint is damaged: unverifying
+    workers would resume from it, so then they verify again (shards included), each skips it with the warning and
+    all continue from the same intact one."""
+    check_settings(config)
+    check_launch(config, spec.nproc_per_node * spec.nnodes)
+    check_output(Path(config.out), "pretrain-run", overwrite=True, inputs=[Path(config.data)], replacing=False)
+    damaged = False
+    corpus = open_training_corpus(config) if config.verify_data else open_corpus(config.data)
+    validation_split(config, corpus)  # a --val-split the corpus lacks: refused once, here, not by every worker
+    if config.verify_data and config.resume and has_checkpoints(config.out):
+        damaged = bool(newest_intact(config.out)[1])
+    return dataclasses.replace(config, verify_data=damaged)
+
+
+def warmup_warning(total_steps: int, warmup_steps: int, lr: float) -> str | None:
+    """One line when the run ends before its warmup does, so that the learning rate never reaches ``lr`` (and the
+    schedule never decays); None when the schedule fits the run."""
+    if warmup_steps <= total_steps:
+        return None
+    reached = lr * total_steps / warmup_steps
+    return (
+        f"the run has {total_steps:,} updates but --warmup-steps {warmup_steps:,}: the learning rate only "
+        f"reaches {reached:.3g} ({100 * total_steps / warmup_steps:.0f}% of --lr {lr:g}) and never decays "
+        f"(pass --warmup-steps {max(1, total_steps // 10):,}, about a tenth of the run, or train longer)"
+    )
 
 
 def lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
