@@ -1,6 +1,4 @@
-"""Self-describing checkpoint directories, written atomically.
-
-Layout of a checkpoint directory::
+"""The checkpoint format: self-describing checkpoint directories, written atomically, read and verified::
 
     config.json          {"format": 1, "kind": "lm" | "finetuned", "arch": "transformer" | "lstm",
                           "model": the arch's config fields, "meta": {...},
@@ -9,18 +7,11 @@ Layout of a checkpoint directory::
     tokenizer/           the tokenizer the weights were trained with
     (training state files of a step checkpoint: :mod:`gptcli.train.run.training_state`)
 
-``config.json`` is written last, with the sha256 of every other file in the directory and one of its own content
-(``config_sha256``, over the rest of the document), and loading verifies them (``verify=False`` skips it): a
-flipped byte is a one-line error naming the file, never a silently different model — also a flip inside
-``config.json``, which would otherwise turn a checksum into a false accusation of an intact file, or rename the
-``files`` table away. Checkpoints written before checksums existed have no ``files`` table and load unverified.
-
-``arch`` names the architecture (:mod:`gptcli.model.build`): the GPT-1 Transformer or the LSTM baseline of the
-paper's Table 5. Checkpoints written before it existed have none and are Transformers.
-
-Nothing here unpickles: weights are safetensors, everything else JSON, so opening an untrusted checkpoint never
-runs code. A checkpoint is written under a temporary name in the same parent and renamed into place, so a crash
-never leaves a directory that looks complete.
+``config.json`` is written last, with the sha256 of every other file and one of its own content
+(``config_sha256``); loading verifies them (``verify=False`` skips it), so a flipped byte is a one-line error naming
+the file, never a silently different model. Checkpoints from before checksums (no ``files``) or before ``arch``
+(Transformers) still load. Why no pickle: weights are safetensors and the rest JSON, so opening an untrusted
+checkpoint never runs code; a checkpoint is renamed into place, so a crash never leaves one that looks complete.
 """
 
 from __future__ import annotations
