@@ -236,7 +236,7 @@ def bench_shape(shape: str, batching: str, args: argparse.Namespace) -> list[dic
     import torch
 
     from gptcli.tokenizers.openai import OpenAIBPETokenizer
-    from gptcli.train.finetune_loss import TaskLoss
+    from gptcli.train.finetune_job import TaskLoss
     from gptcli.train.optim import make_optimizer
     from gptcli.train.trainer import Trainer
 

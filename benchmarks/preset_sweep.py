@@ -29,7 +29,7 @@ from _machine import cpu_model
 
 from gptcli.data.shards import open_corpus
 from gptcli.train.pretrain import PretrainConfig, pretrain
-from gptcli.train.pretrain_hints import unigram_loss
+from gptcli.train.pretrain_job import unigram_loss
 
 
 def run_one(

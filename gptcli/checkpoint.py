@@ -1,26 +1,17 @@
-"""Self-describing checkpoint directories, written atomically.
-
-Layout of a checkpoint directory::
+"""The checkpoint format: self-describing checkpoint directories, written atomically, read and verified::
 
     config.json          {"format": 1, "kind": "lm" | "finetuned", "arch": "transformer" | "lstm",
                           "model": the arch's config fields, "meta": {...},
                           "files": {relative path: sha256} of every other file}
     model.safetensors    the model's weights (plus task-head tensors under ``head.``)
     tokenizer/           the tokenizer the weights were trained with
-    (training state files, for resumable pretraining runs — see ``trainer``/``pretrain``)
+    (training state files of a step checkpoint: :mod:`gptcli.train.run.training_state`)
 
-``config.json`` is written last, with the sha256 of every other file in the directory and one of its own content
-(``config_sha256``, over the rest of the document), and loading verifies them (``verify=False`` skips it): a
-flipped byte is a one-line error naming the file, never a silently different model — also a flip inside
-``config.json``, which would otherwise turn a checksum into a false accusation of an intact file, or rename the
-``files`` table away. Checkpoints written before checksums existed have no ``files`` table and load unverified.
-
-``arch`` names the architecture (:mod:`gptcli.model.build`): the GPT-1 Transformer or the LSTM baseline of the
-paper's Table 5. Checkpoints written before it existed have none and are Transformers.
-
-Nothing here unpickles: weights are safetensors, everything else JSON, so opening an untrusted checkpoint never
-runs code. A checkpoint is written under a temporary name in the same parent and renamed into place, so a crash
-never leaves a directory that looks complete.
+``config.json`` is written last, with the sha256 of every other file and one of its own content
+(``config_sha256``); loading verifies them (``verify=False`` skips it), so a flipped byte is a one-line error naming
+the file, never a silently different model. Checkpoints from before checksums (no ``files``) or before ``arch``
+(Transformers) still load. Why no pickle: weights are safetensors and the rest JSON, so opening an untrusted
+checkpoint never runs code; a checkpoint is renamed into place, so a crash never leaves one that looks complete.
 """
 
 from __future__ import annotations
@@ -32,7 +23,6 @@ import math
 import os
 import re
 import shutil
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -372,7 +362,8 @@ def newest_intact(path: str | Path, candidates: Sequence[Path] | None = None) ->
     raise GPT1Error(f"{path}: no intact checkpoint ({detail})")
 
 
-def _check(p: Path) -> None:
+def check_intact(p: Path) -> None:
+    """Refuse a damaged checkpoint with one line naming its first problem (:func:`verify_checkpoint`)."""
     problems = verify_checkpoint(p)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -387,7 +378,7 @@ def load_checkpoint(
     p = resolve_checkpoint(path)
     header = _read_header(p)
     if verify:
-        _check(p)
+        check_intact(p)
     mcfg = model_config(p, header)
     check_weights_fit(p / WEIGHTS, mcfg)  # from the safetensors header, before anything is allocated
     try:
@@ -472,169 +463,3 @@ def check_weights_fit(weights: Path, mcfg: AnyConfig) -> None:
             f"values, the file holds {len(shapes):,} of {have:,}) (the checkpoint is damaged or "
             f"mixed from two; use another)"
         )
-
-
-# --- training state (resumable runs) ---------------------------------------------------------------------------
-# Two extra files in a checkpoint of a resumable run:
-#   training_state.json          step, tokens seen, sampler state, optimizer hyper-parameters, RNG states (ints)
-#   optimizer.safetensors        every optimizer state tensor as "state.<param index>.<name>", plus RNG byte states
-# Both load without executing code; the optimizer state maps back through parameter *indices*, the same order
-# ``torch.optim.Optimizer.state_dict`` uses.
-
-TRAINING_STATE = "training_state.json"
-OPTIMIZER = "optimizer.safetensors"
-
-
-def rng_state() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(JSON part, tensor part) of every RNG a training step may consume: Python, numpy, torch CPU and CUDA."""
-    import random
-
-    import numpy as np
-
-    py_version, py_state, py_gauss = random.getstate()
-    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
-    js = {
-        "python": [py_version, list(py_state), py_gauss],
-        "numpy": [np_name, np_keys.tolist(), int(np_pos), int(np_has_gauss), float(np_gauss)],
-    }
-    tensors = {"rng.torch_cpu": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        for i, s in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"rng.torch_cuda.{i}"] = s
-    return js, tensors
-
-
-def set_rng_state(js: dict[str, Any], tensors: dict[str, torch.Tensor]) -> None:
-    import random
-
-    import numpy as np
-
-    if "python" in js:
-        v, state, gauss = js["python"]
-        random.setstate((v, tuple(state), gauss))
-    if "numpy" in js:
-        name, keys, pos, has_gauss, gauss = js["numpy"]
-        np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
-    if "rng.torch_cpu" in tensors:
-        torch.set_rng_state(tensors["rng.torch_cpu"])
-    cuda = [tensors[k] for k in sorted(tensors) if k.startswith("rng.torch_cuda.")]
-    if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
-
-
-def write_training_state(
-    directory: Path,
-    optimizer: torch.optim.Optimizer,
-    state: dict[str, Any],
-    *,
-    scaler: Any | None = None,
-) -> None:
-    """Write the optimizer, RNG states and the JSON ``state`` (step, sampler, ...) into ``directory``."""
-    sd = optimizer.state_dict()
-    tensors: dict[str, torch.Tensor] = {}
-    for idx, pstate in sd["state"].items():
-        for name, value in pstate.items():
-            t = value if isinstance(value, torch.Tensor) else torch.tensor(value)
-            tensors[f"state.{idx}.{name}"] = t.detach().to("cpu").contiguous()
-    rng_js, rng_t = rng_state()
-    tensors.update(rng_t)
-    save_tensors(tensors, Path(directory) / OPTIMIZER, metadata={"format": str(FORMAT)})
-    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in sd["param_groups"]]
-    doc = {"format": FORMAT, **state, "optimizer_param_groups": groups, "rng": rng_js}
-    if scaler is not None and scaler.is_enabled():
-        doc["grad_scaler"] = {k: (float(v) if isinstance(v, float) else v) for k, v in scaler.state_dict().items()}
-    (Path(directory) / TRAINING_STATE).write_text(json.dumps(doc, indent=1), encoding="utf-8")
-
-
-def has_training_state(path: Path) -> bool:
-    return (path / TRAINING_STATE).is_file() and (path / OPTIMIZER).is_file()
-
-
-def read_training_state(path: str | Path, *, verify: bool = True) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The JSON training state and the tensors (optimizer + RNG) of a checkpoint, with one-line errors."""
-    p = Path(path)
-    if verify:
-        _check(p)
-    if not has_training_state(p):
-        raise GPT1Error(
-            f"{p}: checkpoint has no training state ({TRAINING_STATE} + {OPTIMIZER}); cannot resume from it"
-        )
-    try:
-        doc = json.loads((p / TRAINING_STATE).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise GPT1Error(f"{p / TRAINING_STATE}: corrupt training state ({e})") from None
-    try:
-        tensors = load_file(str(p / OPTIMIZER))
-    except Exception as e:
-        raise GPT1Error(f"{p / OPTIMIZER}: unreadable optimizer state ({e})") from None
-    return doc, tensors
-
-
-def restore_training_state(
-    doc: dict[str, Any],
-    tensors: dict[str, torch.Tensor],
-    optimizer: torch.optim.Optimizer,
-    *,
-    scaler: Any | None = None,
-    restore_rng: bool = True,
-) -> None:
-    """Load optimizer (and GradScaler) state and the RNG states read by :func:`read_training_state`."""
-    groups = doc["optimizer_param_groups"]
-    for g in groups:
-        if "betas" in g:
-            g["betas"] = tuple(g["betas"])
-    state: dict[int, dict[str, torch.Tensor]] = {}
-    for key, t in tensors.items():
-        if not key.startswith("state."):
-            continue
-        _, idx, name = key.split(".", 2)
-        state.setdefault(int(idx), {})[name] = t
-    try:
-        optimizer.load_state_dict({"state": state, "param_groups": groups})
-    except (ValueError, KeyError, RuntimeError) as e:
-        raise GPT1Error(f"optimizer state does not match the model ({e})") from None
-    if scaler is not None and "grad_scaler" in doc:
-        scaler.load_state_dict(doc["grad_scaler"])
-    if restore_rng:
-        set_rng_state(doc.get("rng", {}), tensors)
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:07d}"
-
-
-def prune_checkpoints(checkpoints: Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` complete ``step-*`` checkpoints and stale temporary directories."""
-    checkpoints = Path(checkpoints)
-    if not checkpoints.is_dir():
-        return []
-    removed = []
-    # .tmp-: a checkpoint write or a prune cut short; .old-: a checkpoint replaced (fine-tuning saves the same step
-    # again after an interrupted epoch's dev score) whose swap was cut short.
-    for stale in [*checkpoints.glob(".step-*.tmp-*"), *checkpoints.glob(".step-*.old-*")]:
-        shutil.rmtree(stale, ignore_errors=True)
-        removed.append(stale)
-    if keep > 0:
-        done = sorted(c for c in checkpoints.glob("step-*") if c.is_dir() and is_checkpoint(c))
-        for old in done[:-keep]:
-            _discard(old)
-            removed.append(old)
-    return removed
-
-
-def remove_step_checkpoints(checkpoints: Path) -> None:
-    """Delete every ``step-*`` checkpoint, oldest first (so an interrupted removal leaves the newest), and every stale
-    temporary (a write, a swap or a prune cut short): a finished fine-tuning run keeps only ``final``."""
-    d = Path(checkpoints)
-    for stale in [*d.glob(".*.tmp-*"), *d.glob(".*.old-*")]:
-        shutil.rmtree(stale, ignore_errors=True)
-    for old in sorted(c for c in d.glob("step-*") if c.is_dir()):
-        _discard(old)
-
-
-def _discard(old: Path) -> None:
-    # Hide it first (an atomic rename), then delete: a crash mid-delete leaves a stale temporary that the next
-    # prune removes, never a half-deleted step-* directory that looks like a damaged checkpoint.
-    trash = old.parent / f".{old.name}.tmp-pruned-{uuid.uuid4().hex[:8]}"
-    old.rename(trash)
-    shutil.rmtree(trash, ignore_errors=True)

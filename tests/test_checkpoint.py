@@ -14,6 +14,7 @@ from gptcli import checkpoint as ckpt
 from gptcli.errors import GPT1Error
 from gptcli.model.gpt import GPT, ModelConfig
 from gptcli.train.optim import make_optimizer
+from gptcli.train.run import training_state as ts
 
 TINY = ModelConfig(vocab_size=50, n_ctx=8, n_embd=16, n_layer=1, n_head=2, n_inner=32)
 
@@ -34,19 +35,17 @@ def test_training_state_round_trip(tmp_path):
         tmp_path / "c",
         model,
         meta={"step": 2},
-        extra=lambda d: ckpt.write_training_state(
-            d, opt, {"step": 2, "sampler": {"seed": 0, "epoch": 1, "position": 4}}
-        ),
+        extra=lambda d: ts.write_training_state(d, opt, {"step": 2, "sampler": {"seed": 0, "epoch": 1, "position": 4}}),
     )
     expected_draw = (torch.rand(3), random.random(), np.random.rand())
     torch.manual_seed(123), random.seed(1), np.random.seed(2)  # disturb every RNG
-    doc, tensors = ckpt.read_training_state(path)
+    doc, tensors = ts.read_training_state(path)
     assert doc["step"] == 2 and doc["sampler"] == {"seed": 0, "epoch": 1, "position": 4}
     assert not any(p.suffix in (".pt", ".pkl", ".bin") for p in path.iterdir())  # nothing pickled
     model2 = GPT(TINY)
     model2.load_state_dict(ckpt.load_checkpoint(path).model.state_dict())
     opt2 = make_optimizer(model2, lr=1e-3)
-    ckpt.restore_training_state(doc, tensors, opt2)
+    ts.restore_training_state(doc, tensors, opt2)
     assert (torch.rand(3).tolist(), random.random(), np.random.rand()) == (
         expected_draw[0].tolist(),
         *expected_draw[1:],
@@ -95,7 +94,7 @@ def test_resolve_newest_ignores_temp_dirs_and_prune_keeps_k(tmp_path):
     model, _ = _trained()
     run = tmp_path / "run"
     for step in (2, 4, 6):
-        ckpt.save_checkpoint(run / "checkpoints" / ckpt.step_dir_name(step), model, meta={"step": step})
+        ckpt.save_checkpoint(run / "checkpoints" / ts.step_dir_name(step), model, meta={"step": step})
     # What a process killed mid-save leaves: a temp dir that even holds complete-looking files.
     stale = run / "checkpoints" / ".step-0000008.tmp-deadbeef"
     stale.mkdir()
@@ -103,7 +102,7 @@ def test_resolve_newest_ignores_temp_dirs_and_prune_keeps_k(tmp_path):
     (stale / ckpt.WEIGHTS).write_bytes(b"\0" * 10)
     assert ckpt.resolve_checkpoint(run).name == "step-0000006"
     assert ckpt.load_checkpoint(run).meta["step"] == 6
-    ckpt.prune_checkpoints(run / "checkpoints", keep=2)
+    ts.prune_checkpoints(run / "checkpoints", keep=2)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0000004", "step-0000006"]
 
 
@@ -111,7 +110,7 @@ def test_corrupt_checkpoints_are_named(tmp_path):
     model, _ = _trained()
     path = ckpt.save_checkpoint(tmp_path / "c", model, meta={"step": 1})
     with pytest.raises(GPT1Error, match="no training state"):
-        ckpt.read_training_state(path)
+        ts.read_training_state(path)
     (path / ckpt.WEIGHTS).write_bytes((path / ckpt.WEIGHTS).read_bytes()[:100])
     with pytest.raises(GPT1Error, match=r"model\.safetensors: checksum mismatch .*--no-verify"):
         ckpt.load_checkpoint(path)
@@ -138,26 +137,26 @@ def test_a_flipped_byte_is_caught_by_the_checksums(tmp_path):
 def test_checksums_cover_training_state_and_tokenizer_files(tmp_path):
     model, opt = _trained()
     path = ckpt.save_checkpoint(
-        tmp_path / "c", model, meta={"step": 1}, extra=lambda d: ckpt.write_training_state(d, opt, {"step": 1})
+        tmp_path / "c", model, meta={"step": 1}, extra=lambda d: ts.write_training_state(d, opt, {"step": 1})
     )
-    assert {ckpt.WEIGHTS, ckpt.TRAINING_STATE, ckpt.OPTIMIZER} <= set(ckpt.read_header(path).files)
-    (path / ckpt.TRAINING_STATE).write_text((path / ckpt.TRAINING_STATE).read_text().replace('"step": 1', '"step": 2'))
+    assert {ckpt.WEIGHTS, ts.TRAINING_STATE, ts.OPTIMIZER} <= set(ckpt.read_header(path).files)
+    (path / ts.TRAINING_STATE).write_text((path / ts.TRAINING_STATE).read_text().replace('"step": 1', '"step": 2'))
     with pytest.raises(GPT1Error, match="training_state.json: checksum mismatch"):
-        ckpt.read_training_state(path)
+        ts.read_training_state(path)
 
 
 def test_newest_intact_skips_damaged_checkpoints_and_says_why(tmp_path):
     model, _ = _trained()
     run = tmp_path / "run"
     for step in (1, 2, 3):
-        ckpt.save_checkpoint(run / "checkpoints" / ckpt.step_dir_name(step), model, meta={"step": step})
-    newest = run / "checkpoints" / ckpt.step_dir_name(3)
+        ckpt.save_checkpoint(run / "checkpoints" / ts.step_dir_name(step), model, meta={"step": step})
+    newest = run / "checkpoints" / ts.step_dir_name(3)
     (newest / ckpt.WEIGHTS).write_bytes(b"garbage")
     good, skipped = ckpt.newest_intact(run)
-    assert good.name == ckpt.step_dir_name(2)
+    assert good.name == ts.step_dir_name(2)
     assert [(c.name, "checksum mismatch" in why) for c, why in skipped] == [(newest.name, True)]
     for step in (1, 2):
-        (run / "checkpoints" / ckpt.step_dir_name(step) / ckpt.CONFIG).write_text("{not json")
+        (run / "checkpoints" / ts.step_dir_name(step) / ckpt.CONFIG).write_text("{not json")
     with pytest.raises(GPT1Error, match="no intact checkpoint"):
         ckpt.newest_intact(run)
 

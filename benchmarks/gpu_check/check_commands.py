@@ -375,15 +375,16 @@ def restored_state(ctx: Ctx, path: Path) -> dict[str, Any]:
 
     from gptcli import checkpoint as ckpt
     from gptcli.train.optim import make_optimizer
+    from gptcli.train.run.training_state import read_training_state, restore_training_state
 
     saved = ckpt.load_checkpoint(path, map_location=ctx.device, load_tokenizer=False, verify=False)
     model = saved.model.to(ctx.device)
     opt = make_optimizer(model, 2.5e-4)
-    doc, tensors = ckpt.read_training_state(path, verify=False)
+    doc, tensors = read_training_state(path, verify=False)
     cuda_saved = "rng.torch_cuda.0" in tensors
     if ctx.cuda:
         torch.cuda.manual_seed_all(12345)  # something else, so that equality below means "restored"
-    ckpt.restore_training_state(doc, tensors, opt)
+    restore_training_state(doc, tensors, opt)
     restored = bool(ctx.cuda and cuda_saved and torch.equal(torch.cuda.get_rng_state(0), tensors["rng.torch_cuda.0"]))
     steps = sorted({str(s["step"].device) for s in opt.state.values() if "step" in s})
     return {

@@ -27,7 +27,7 @@ def check_packed_finetune(ctx: Ctx) -> str:
     from gptcli.model import packed as packing
     from gptcli.model.classifier import FinetuneModel
     from gptcli.model.heads import HeadConfig, TaskHead
-    from gptcli.train.finetune_loss import TaskLoss
+    from gptcli.train.finetune_job import TaskLoss
 
     body = build(ctx, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)  # no dropout: the two layouts must agree
     body.add_special_tokens(3)

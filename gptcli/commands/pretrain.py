@@ -176,11 +176,11 @@ def _short_form_defaults(p: Parsed, base: dict[str, Any], resume: bool, console:
 
 
 def _launch(cfg: PretrainConfig, spec: LaunchSpec, quiet: bool, console: Any) -> None:
-    """Start the workers of a --gpus/--procs run here (planned by gptcli/train/pretrain_launch.py); each re-runs
-    `gpt1 pretrain` on the resolved config."""
+    """Start the workers of a --gpus/--procs run here (planned by gptcli.train.pretrain.plan_pretrain_launch);
+    each re-runs `gpt1 pretrain` on the resolved config."""
     from gptcli.checkpoint import resolve_checkpoint
     from gptcli.train.distributed import describe_launch, launch_command
-    from gptcli.train.pretrain_launch import plan_pretrain_launch
+    from gptcli.train.pretrain import plan_pretrain_launch
 
     workers = plan_pretrain_launch(cfg, spec)
     console.print(describe_launch(spec, cfg.batch_size), highlight=False)

@@ -1,24 +1,16 @@
 """Fine-tuning on a task (paper §3.2, §4.1): body + linear head, task loss + λ·LM loss.
 
 ``finetune(FinetuneConfig(task="rte", init="runs/pre/checkpoints/step-0100000", out="runs/rte"))`` loads the
-pretrained checkpoint (weights + tokenizer), appends the three special tokens (start, delimiter, extract) with
-N(0, 0.02) embeddings, builds the task head, and trains with the paper's settings. After every epoch it scores
-the dev split with the task's metric; the final checkpoint (``RUN/checkpoints/final``) holds the best (or last)
-epoch's body + head, the tokenizer and the head config, and ``RUN/results.json`` its dev scores.
+pretrained checkpoint (weights + tokenizer), appends the three special tokens with N(0, 0.02) embeddings, builds the
+task head and trains with the paper's settings, scoring the dev split after every epoch. ``RUN/checkpoints/final``
+holds the best (or last) epoch's body + head and tokenizer, ``RUN/results.json`` its dev scores.
 
-:func:`finetune` reads top to bottom as its stages: decide what to do with ``out``
-(:func:`gptcli.train.run.directory.plan_run_dir`: start, resume, replace, or nothing left to do) → read the task data,
-build the body and encode (:func:`gptcli.train.finetune_setup.build_setup`) → the model, its optimizer and trainer
-(:func:`_build_job`) → the resume check → the update loop every run shares (:func:`gptcli.train.run.loop.train`)
-over :class:`gptcli.train.finetune_job.FinetuneJob` → keep the best (or last) epoch's weights and write the
-checkpoint and ``results.json`` (:func:`_finish`). A resumable run checkpoints to ``RUN/checkpoints/step-NNNNNNN``
-every ``save_every`` updates, after every epoch's dev score and on SIGINT/SIGTERM; those are deleted once
-``checkpoints/final`` and ``results.json`` are written. Progress goes through :mod:`gptcli.progress`: one stage per
-run sized in updates, ``advance(1, epoch=, loss=, lr=)`` per update and a note with the dev scores after every epoch.
-
-Ablations (paper Table 5, Figure 2 left): ``init="none"`` (no pretraining: a randomly initialised model of the
-same shape), ``lm_weight=0`` (no auxiliary LM; its forward cost is skipped too), ``transfer_layers=K`` (keep
-the embeddings and the first K blocks, re-initialise the others with the model's own init).
+:func:`finetune` reads top to bottom: the settings → the run directory opened
+(:func:`gptcli.train.run.directory.open_run`) → the task's data, the body and the encoded examples
+(:mod:`gptcli.train.finetune_setup`) → the job (:func:`_build_job`) and the resume check → the update loop
+(:func:`gptcli.train.run.loop.train`) over :class:`gptcli.train.finetune_job.FinetuneJob` → the outputs
+(:func:`_finish`). Ablations (paper Table 5, Figure 2 left): ``init="none"``, ``lm_weight=0``,
+``transfer_layers=K``.
 """
 
 from __future__ import annotations
@@ -26,19 +18,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gptcli import checkpoint as ckpt
-from gptcli.checkpoint import read_header, save_checkpoint
+from gptcli.checkpoint import Header, save_checkpoint
 from gptcli.config import check_settings, to_dict
 from gptcli.data.batching import num_batches
 from gptcli.errors import GPT1Error
 from gptcli.eval.baselines import baseline_of
 from gptcli.files.fsutil import write_text_atomic
-from gptcli.files.locks import main_rank_lock
 from gptcli.files.outputs import next_free
 from gptcli.model.build import LanguageModel, arch_of
 from gptcli.model.classifier import FinetuneModel
@@ -51,24 +40,32 @@ from gptcli.system.runtime import configure_backends, precision_warning, resolve
 from gptcli.tasks import Task, get_task
 from gptcli.train.finetune_config import RULES, FinetuneConfig
 from gptcli.train.finetune_dev import PREDICTION_SUMMARY, scores_of
-from gptcli.train.finetune_job import FinetuneJob, lr_schedule
-from gptcli.train.finetune_loss import TaskLoss
-from gptcli.train.finetune_setup import FinetuneSetup, build_setup, changed_data, checkpoint_meta, run_identity
+from gptcli.train.finetune_job import FinetuneJob, TaskLoss, lr_schedule
+from gptcli.train.finetune_setup import (
+    FinetuneSetup,
+    build_setup,
+    changed_data,
+    checkpoint_meta,
+    read_task_data,
+    run_identity,
+)
 from gptcli.train.optim import make_optimizer
 from gptcli.train.run.directory import (
     CHECKPOINTS,
     CONFIG_FILE,
     FINAL,
+    RunDir,
     RunDirPlan,
     RunKind,
+    open_run,
     plan_run_dir,
     recorded,
-    run_directory,
     start_run_dir,
     step_checkpoints,
 )
 from gptcli.train.run.loop import RunState, stop_handler, train
 from gptcli.train.run.resume import check_resume
+from gptcli.train.run.training_state import remove_step_checkpoints
 from gptcli.train.trainer import Parallel, Trainer
 
 RESULTS = "results.json"
@@ -122,26 +119,38 @@ def finetune(
 
     ``parallel`` (from :func:`gptcli.train.distributed.join`) makes this one rank of a data-parallel job: every rank
     calls it alike; each trains on its share of every global batch and scores its share of the dev split, and rank
-    0 alone writes (see :func:`gptcli.train.finetune_loss.rank_share`, :func:`gptcli.train.finetune_dev.eval_shard`).
+    0 alone writes (see :func:`gptcli.train.finetune_job.rank_share`, :func:`gptcli.train.finetune_dev.eval_shard`).
     Progress is reported on rank 0 only. ``out`` is locked for the run (rank 0 alone, or the job's launcher:
     :func:`gptcli.files.locks.output_lock`)."""
     par = parallel or Parallel()
-    with main_rank_lock(config.out, par.is_main), use_kernels(config.kernels):  # the caller's mode back after
-        return _finetune(config, progress, par)
-
-
-def _finetune(config: FinetuneConfig, progress: Progress | None, par: Parallel) -> FinetuneResult:
     report = (progress or SILENT) if par.is_main else SILENT
     check_config(config)
-    check_world(config, par.world_size)
+    check_world(config.batch_size, par.world_size)
     task = get_task(config.task)
+    out = Path(config.out) if config.out else next_free(default_run_dir(task.name))
     if not config.out:  # what `gpt1 finetune` chooses too (it says so before calling here)
-        config = dataclasses.replace(config, out=str(next_free(default_run_dir(task.name))))
-        report.note(f"run directory: {config.out}")
-    where = _decide_out(config, task, report)
-    par.barrier()  # every rank has looked at the run directory before rank 0 writes in it
-    if where.mode == "done":
-        return finished_run(config, where.out, report, tidy=par.is_main)
+        config = dataclasses.replace(config, out=str(out))
+        report.note(f"run directory: {out}")
+    opened = open_run(
+        FINETUNE_RUN,
+        out,
+        resume=config.resume,
+        overwrite=config.overwrite,
+        verify=config.verify,
+        inputs=run_inputs(config.init, config.tokenizer, task, config.data_dir),
+        par=par,
+        report=report,
+    )
+    with opened as run, use_kernels(config.kernels):  # the caller's kernel mode back after
+        if run.mode == "done":
+            return finished_run(config, run.out, report, tidy=par.is_main)
+        return _finetune(config, task, run, par, report)
+
+
+def _finetune(config: FinetuneConfig, task: Task, run: RunDir, par: Parallel, report: Progress) -> FinetuneResult:
+    """The run in its opened directory: the task's data, device, body and encoded examples, the job, the update
+    loop, the outputs."""
+    data = read_task_data(task, config)
     # A worker of a job computes on its own device (cuda:LOCAL_RANK), which a bare "cuda" would not name.
     device = par.device if par.device is not None else resolve_device(config.device)
     precision = resolve_precision(config.precision, device)
@@ -149,50 +158,38 @@ def _finetune(config: FinetuneConfig, progress: Progress | None, par: Parallel) 
         report.note(warning, level="warn")
     configure_backends(device)
     prepare_kernels(device, report)
-    setup, gpt = build_setup(config, task, device, precision, par, report)
+    setup, gpt = build_setup(config, task, data, device, precision, par, report)
     if arch_of(gpt.config) == "lstm":
         report.note(precision_note(device.type, precision))
-    job = _build_job(setup, gpt, par, where, report)
-    # Rank 0 writes in the run directory (or the hidden one that replaces it); the other ranks of a job nowhere.
-    directory = run_directory(FINETUNE_RUN, where.out, where.mode == "replace") if par.is_main else nullcontext(None)
-    with directory as work:
-        _start(job, where, work, report)
+    job = _build_job(setup, gpt, par, run, report)
+    with run.writing() as work:
+        _start(job, run, work, report)
         stopped_by = _train(job, report)
         if stopped_by is not None:
             return FinetuneResult(
-                where.out,
-                job.state.last_checkpoint or where.out,
+                run.out,
+                job.state.last_checkpoint or run.out,
                 {},
                 job.history,
                 stopped_by,
                 job.state.step,
                 job.state.total,
             )
-        return _finish(job, where.out)
+        return _finish(job, run.out)
 
 
-def _decide_out(config: FinetuneConfig, task: Task, report: Progress) -> RunDirPlan:
-    """What this run does with ``out``: never an input (the --init checkpoint or run, the tokenizer, the task's
-    data), never another kind of directory (a pretraining run, a folder of notes)."""
-    inputs = [Path(p) for p in (config.init, config.tokenizer) if p and p.lower() != "none"]
+def run_inputs(init: str, tokenizer: str | None, task: Task, data_dir: str | None) -> list[Path]:
+    """What a fine-tuning run reads, which its ``out`` must never be: the --init checkpoint or run, the tokenizer,
+    the task's data."""
+    inputs = [Path(p) for p in (init, tokenizer) if p and p.lower() != "none"]
     try:
-        inputs.append(task.data_dir(config.data_dir))
+        inputs.append(task.data_dir(data_dir))
     except GPT1Error:
         pass  # missing data is reported when it is read, with the task's own advice
-    return plan_run_dir(
-        FINETUNE_RUN,
-        Path(config.out),
-        resume=config.resume,
-        overwrite=config.overwrite,
-        verify=config.verify,
-        inputs=inputs,
-        report=report,
-    )
+    return inputs
 
 
-def _build_job(
-    setup: FinetuneSetup, gpt: LanguageModel, par: Parallel, where: RunDirPlan, report: Progress
-) -> FinetuneJob:
+def _build_job(setup: FinetuneSetup, gpt: LanguageModel, par: Parallel, run: RunDir, report: Progress) -> FinetuneJob:
     """Put the head on the body (its init draws from the RNG after the body's special tokens), set up the optimizer,
     schedule and trainer (the model wrapped for the ranks), restore a resumed run and check that it is the same."""
     c = setup.config
@@ -209,21 +206,21 @@ def _build_job(
         precision=setup.precision,
         grad_clip=c.grad_clip or None,
     )
-    resumable = where.mode != "replace"  # a replacement is built in a hidden directory that a stop removes
+    resumable = run.mode != "replace"  # a replacement is built in a hidden directory that a stop removes
     if resumable:
         setup.identity = run_identity(setup)
-    state = RunState(setup.device, total, checkpoints=where.out / CHECKPOINTS)
+    state = RunState(setup.device, total, checkpoints=run.out / CHECKPOINTS)
     job = FinetuneJob(setup, model, trainer, loss, state, par, resumable)
-    if where.resume_from is not None:
-        for note in _resume_notes(job, where.resume_from):
+    if run.resume_header is not None:
+        for note in _resume_notes(job, run.resume_header):
             report.note(note)
     return job
 
 
-def _resume_notes(job: FinetuneJob, path: Path) -> list[str]:
+def _resume_notes(job: FinetuneJob, header: Header) -> list[str]:
     """The resume check (:func:`gptcli.train.run.resume.check_resume`) with fine-tuning's inputs compared by content:
     the init checkpoint's weights, the data files, and the encoded examples (what the tokenizer decides)."""
-    header, setup, c = read_header(path), job.setup, job.setup.config
+    setup, c = job.setup, job.setup.config
     old, ident = header.meta.get("finetune_config", {}), header.meta.get("resume_identity", {})
     inputs = []
     if ident.get("init_sha256") != setup.identity.get("init_sha256"):
@@ -243,13 +240,13 @@ def _resume_notes(job: FinetuneJob, path: Path) -> list[str]:
     return check_resume(c.out, RULES, c, old, header, job.model.gpt.config, inputs, unexplained)
 
 
-def _start(job: FinetuneJob, where: RunDirPlan, work: Path | None, report: Progress) -> None:
+def _start(job: FinetuneJob, run: RunDir, work: Path | None, report: Progress) -> None:
     """Restore a resumed run on every rank, start the run directory (rank 0: ``work``), give every rank but 0 its own
     dropout stream, and say what the run is."""
     setup, state = job.setup, job.state
     records = None
-    if where.resume_from is not None:
-        job.restore(where.resume_from)
+    if run.resume_from is not None:
+        job.restore(run.resume_from)
         records = state.records
     job.begin()
     job.work = work
@@ -270,8 +267,8 @@ def _start(job: FinetuneJob, where: RunDirPlan, work: Path | None, report: Progr
     warning = job.memory_warning()
     if warning is not None:
         report.note(warning, level="warn")
-    if where.resume_from is not None:
-        report.note(f"resuming from {where.resume_from.name}: update {state.step} of {state.total}, epoch {job.epoch}")
+    if run.resume_from is not None:
+        report.note(f"resuming from {run.resume_from.name}: update {state.step} of {state.total}, epoch {job.epoch}")
 
 
 def _train(job: FinetuneJob, report: Progress) -> str | None:
@@ -304,14 +301,14 @@ def check_config(c: FinetuneConfig) -> None:
         raise GPT1Error("--resume continues the run in --out and --overwrite starts it over (pass one of them)")
 
 
-def check_world(c: FinetuneConfig, world_size: int) -> None:
+def check_world(batch_size: int, world_size: int) -> None:
     """Refuse a global batch that ``world_size`` processes cannot share (checked by the launcher before any worker
     starts, and by every worker). A batch the processes do not divide evenly is handled exactly (shares differ by
     one example and the loss is weighted by example counts); one smaller than the processes would leave some of
     them without examples in every update."""
-    if world_size > 1 and c.batch_size < world_size:
+    if world_size > 1 and batch_size < world_size:
         raise GPT1Error(
-            f"--batch-size {c.batch_size} is smaller than the {world_size} processes: every update would "
+            f"--batch-size {batch_size} is smaller than the {world_size} processes: every update would "
             f"leave a process without examples (use a batch of at least {world_size}, or fewer processes)"
         )
 
@@ -321,8 +318,17 @@ def plan_launch_run(config: FinetuneConfig, world_size: int) -> RunDirPlan:
     processes, and what the run does with ``out`` (without hashing checkpoints: each worker verifies the one it
     resumes from). A refusal here is the workers' own one-line error, before any process starts."""
     check_config(config)
-    check_world(config, world_size)
-    return _decide_out(dataclasses.replace(config, verify=False), get_task(config.task), SILENT)
+    check_world(config.batch_size, world_size)
+    inputs = run_inputs(config.init, config.tokenizer, get_task(config.task), config.data_dir)
+    return plan_run_dir(
+        FINETUNE_RUN,
+        Path(config.out),
+        resume=config.resume,
+        overwrite=config.overwrite,
+        verify=False,
+        inputs=inputs,
+        report=SILENT,
+    )
 
 
 def finished_run(config: FinetuneConfig, out: Path, report: Progress, tidy: bool = True) -> FinetuneResult:
@@ -343,7 +349,7 @@ def finished_run(config: FinetuneConfig, out: Path, report: Progress, tidy: bool
             "run it again with these, or choose another --out)"
         )
     if tidy:  # rank 0 of a data-parallel job alone
-        ckpt.remove_step_checkpoints(out / CHECKPOINTS)
+        remove_step_checkpoints(out / CHECKPOINTS)
     report.note(f"{out}: the run is already finished; nothing to resume")
     steps = int(results.get("steps", 0))
     return FinetuneResult(out, out / CHECKPOINTS / FINAL, results, list(results.get("history", [])), None, steps, steps)
@@ -362,7 +368,7 @@ def _finish(job: FinetuneJob, out: Path) -> FinetuneResult:
     chosen_epoch = keep_selected_weights(job)
     result = write_outputs(job, out, chosen_epoch, job.work)
     # The run is complete: its step checkpoints were there only to resume it (up to 1.9 GB each for GPT-1).
-    ckpt.remove_step_checkpoints(job.work / CHECKPOINTS)
+    remove_step_checkpoints(job.work / CHECKPOINTS)
     job.par.barrier()
     return result
 

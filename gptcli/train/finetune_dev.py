@@ -17,7 +17,6 @@ import torch.nn as nn
 from gptcli.data.batching import Batch, iterate
 from gptcli.eval.baselines import baseline_of, constant_sentence, level_note
 from gptcli.model.classifier import FinetuneModel, predict
-from gptcli.model.gpt import GPT
 from gptcli.tasks import Task
 from gptcli.train.finetune_setup import FinetuneSetup, TaskData
 from gptcli.train.run.loop import GracefulStop
@@ -38,23 +37,19 @@ def scores_of(record: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k not in RECORD_KEYS + PREDICTION_SUMMARY}
 
 
-def packed_extract(setup: FinetuneSetup, model: FinetuneModel) -> int | None:
-    """The extract id batches are packed with (``layout`` packed or shared and a Transformer body: the LSTM has no
-    packed path), or None for padded batches."""
-    packed = setup.config.layout in ("packed", "shared") and isinstance(model.gpt, GPT)
-    return model.head.config.extract_id if packed else None
-
-
 def predict_dev(
-    setup: FinetuneSetup, model: FinetuneModel, par: Parallel, stop: GracefulStop | None = None
+    setup: FinetuneSetup,
+    model: FinetuneModel,
+    par: Parallel,
+    extract: int | None = None,
+    stop: GracefulStop | None = None,
 ) -> list[Any]:
-    """The model's prediction for every dev example, in the split's order. Under data parallelism each rank scores
-    its share (:func:`eval_shard`) and the shares are gathered on every rank: MCC, F1 and correlations need all
-    the predictions, not a mean of per-rank scores. ``stop`` (one process only) abandons the evaluation by raising
+    """The model's prediction for every dev example, in the split's order, in batches packed with ``extract`` (None:
+    padded; :func:`gptcli.train.finetune_job.packed_extract`). Under data parallelism each rank scores its share
+    (:func:`eval_shard`) and the shares are gathered on every rank: MCC, F1 and correlations need all the
+    predictions, not a mean of per-rank scores. ``stop`` (one process only) abandons the evaluation by raising
     :class:`Abandoned`."""
-    c, dev = setup.config, setup.dev_enc
-    size = c.scoring_batch_size
-    extract = packed_extract(setup, model)
+    dev, size = setup.dev_enc, setup.config.scoring_batch_size
     if par.world_size == 1:
         batches = iterate(dev, size, shuffle=False, regression=setup.regression, shared_extract=extract)
         preds, _ = predict(

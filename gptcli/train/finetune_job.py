@@ -1,5 +1,9 @@
-"""What fine-tuning passes to the run machinery's loop (:func:`gptcli.train.run.loop.train`): epochs of shuffled
-batches, the task loss, a dev score and a checkpoint after every epoch, and what its step checkpoints hold.
+"""Fine-tuning's job: the whole of one fine-tuning update, and what the update loop asks of it.
+
+An update (:meth:`FinetuneJob.next_update`) takes the epoch's next batch of examples, gives each rank its share and
+splits that into micro-batches (:func:`micro_batches`), lays each out (:func:`training_collate`: padded, packed, or
+packed with a shared prefix) and hands them to :meth:`gptcli.train.trainer.Trainer.step` with the task loss
+(:class:`TaskLoss`, paper eq. 5: L3 = L2 + λ·L1). After every epoch it scores the dev split and checkpoints.
 
 A step checkpoint holds everything the rest of the run depends on — the optimizer, every RNG, the epoch, the position
 inside it and the shuffling RNG's state that orders its batches, the best epoch's score and weights, and how many
@@ -17,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn as nn
 
 from gptcli import checkpoint as ckpt
 from gptcli.data.batching import Batch, collate, collate_packed, collate_shared, train_batches
@@ -25,28 +30,139 @@ from gptcli.eval.baselines import prediction_summary
 from gptcli.eval.metrics import score_predictions
 from gptcli.model.build import TRANSFORMER, arch_of
 from gptcli.model.classifier import FinetuneModel
+from gptcli.model.gpt import GPT
+from gptcli.model.losses import lm_loss_per_sequence, lm_loss_per_sequence_packed
 from gptcli.progress import Progress
 from gptcli.train.finetune_config import FinetuneConfig
-from gptcli.train.finetune_dev import Abandoned, cpu_state, epoch_line, packed_extract, predict_dev
-from gptcli.train.finetune_loss import TaskLoss, combine_terms, global_figures, micro_batches
+from gptcli.train.finetune_dev import Abandoned, cpu_state, epoch_line, predict_dev
 from gptcli.train.finetune_setup import FinetuneSetup, checkpoint_meta
 from gptcli.train.optim import lr_at, released_lr
 from gptcli.train.run.directory import read_step_checkpoint, write_step_checkpoint
-from gptcli.train.run.loop import GracefulStop, Moment, RunState, every
+from gptcli.train.run.loop import Due, GracefulStop, RunState, every
 from gptcli.train.run.memory import half, too_big_warning, update_bytes
-from gptcli.train.trainer import Parallel, StepResult, Trainer
+from gptcli.train.trainer import Parallel, StepResult, Trainer, unwrap
+
+# --- the update: micro-batches, their layout, the loss -------------------------------------------------------------
+
+
+class TaskLoss:
+    """L3 = L2 + λ·L1 (paper eq. 5) of one micro-batch; keeps each term per micro-batch of the current update
+    so the log can show them apart. With λ = 0 the LM head's forward is skipped altogether.
+
+    The update's loss is the mean over its whole (global) batch, whatever the micro-batches and processes it is
+    split into: :meth:`start_update` gives each micro-batch its ``(factor, share)`` (see :func:`micro_batches`),
+    the loss returned is scaled by ``factor`` (1 when the micro-batches are equal in one process) and each term is
+    logged as its ``share``-weighted sum."""
+
+    def __init__(self, lm_weight: float) -> None:
+        self.lm_weight = lm_weight
+        self.parts: dict[str, list[torch.Tensor]] = {"clf_loss": [], "lm_loss": []}
+        """Each term per micro-batch of the current update, on the device: read only when the update is logged."""
+        self.weights: list[tuple[float, float]] = []
+        self.reduced: dict[str, float] | None = None
+        """The terms over the global batch, when the ranks' shares were added up (:func:`global_figures`)."""
+
+    def __call__(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        bare = unwrap(model)  # the forward goes through ``model`` (a DDP wrapper sees it); attributes from the bare one
+        factor = self.weights[len(self.parts["clf_loss"])][0] if self.weights else 1.0
+        out, hidden = model(batch.ids, batch.n_seqs, batch.packing)
+        clf = bare.head.loss(out, batch.labels)
+        self.parts["clf_loss"].append(clf.detach().float())
+        if self.lm_weight == 0:
+            return clf if factor == 1.0 else clf * factor
+        if batch.packing is not None:
+            lm = lm_loss_per_sequence_packed(hidden, batch.ids, batch.packing, bare.gpt.lm_token_nll).mean()
+        else:
+            lm = lm_loss_per_sequence(hidden, batch.ids, batch.mask, bare.gpt.lm_logits, batch.lm_positions).mean()
+        self.parts["lm_loss"].append(lm.detach().float())
+        loss = clf + self.lm_weight * lm
+        return loss if factor == 1.0 else loss * factor
+
+    def start_update(self, weights: Sequence[tuple[float, float]] = ()) -> None:
+        self.parts = {k: [] for k in self.parts}
+        self.weights = list(weights)
+        self.reduced = None
+
+    def snapshot(self) -> tuple[dict[str, list[torch.Tensor]], list[tuple[float, float]]]:
+        """The current update's terms (device tensors, per micro-batch) and weights, to read at the next sync."""
+        return {k: v for k, v in self.parts.items() if v}, self.weights
+
+    def means(self) -> dict[str, float]:
+        """Each term of the last update read (:meth:`FinetuneJob.read_figures`) over the global batch."""
+        return dict(self.reduced or {})
+
+
+def combine_terms(parts: dict[str, list[float]], weights: Sequence[tuple[float, float]]) -> dict[str, float]:
+    """Each term over one update: this process's micro-batches weighted by their share of the global batch (a
+    plain mean of the micro-batches when no shares were given)."""
+    if weights:
+        return {k: sum(x * w[1] for x, w in zip(v, weights)) for k, v in parts.items()}
+    return {k: sum(v) / len(v) for k, v in parts.items()}
+
+
+def rank_share(idx: Sequence[int], rank: int, world_size: int) -> list[int]:
+    """Rank ``rank``'s part of the global batch ``idx`` (the same seeded order on every rank): contiguous, and the
+    parts differ by at most one example (an epoch's last batch may be short; the batch need not divide evenly)."""
+    n = len(idx)
+    return list(idx[rank * n // world_size : (rank + 1) * n // world_size])
+
+
+def micro_batches(
+    idx: Sequence[int], rank: int, world_size: int, micro: int | None
+) -> list[tuple[list[int], float, float]]:
+    """This rank's micro-batches of the global batch ``idx``, each as (examples, loss factor, share of the batch).
+
+    The update must follow the mean loss over the whole global batch. The trainer divides each micro-batch's loss by
+    their number ``n`` on this rank and DDP averages the ``W`` ranks' gradients, so a micro-batch of ``b`` of the
+    batch's ``B`` examples is scaled by ``n·W·b/B``: exactly 1 for equal micro-batches in one process, and example
+    counts (not a plain mean of means) weigh uneven ones. A rank left without examples (a short last batch) still
+    runs one example, with factor 0: every rank must join the gradient all-reduce."""
+    mine = rank_share(idx, rank, world_size)
+    size = micro or len(mine) or 1
+    chunks = [mine[j : j + size] for j in range(0, len(mine), size)]
+    if not chunks:
+        return [(list(idx[:1]), 0.0, 0.0)]
+    n, total = len(chunks), len(idx)
+    return [(chunk, n * world_size * len(chunk) / total, len(chunk) / total) for chunk in chunks]
+
+
+def global_figures(
+    par: Parallel, updates: list[tuple[float, int, dict[str, float]]]
+) -> list[tuple[float, int, dict[str, float]]]:
+    """Each update's (loss, real tokens, loss terms) over the global batch from this process's figures, added up
+    over the ranks in one collective for all of them."""
+    if par.world_size == 1:
+        return updates
+    sums = par.sum([x for loss, n_tok, terms in updates for x in (loss, n_tok, *terms.values())])
+    out, at = [], 0
+    for _, _, terms in updates:
+        mine = sums[at : at + 2 + len(terms)]
+        at += len(mine)
+        # Each rank's loss is W times its share of the global mean (see micro_batches).
+        out.append((mine[0] / par.world_size, round(mine[1]), dict(zip(terms, mine[2:]))))
+    return out
+
+
+def packed_extract(layout: str, model: FinetuneModel) -> int | None:
+    """The extract id batches are packed with (``layout`` packed or shared and a Transformer body: the LSTM has no
+    packed path), or None for padded batches. The dev scoring lays its batches out the same way."""
+    packed = layout in ("packed", "shared") and isinstance(model.gpt, GPT)
+    return model.head.config.extract_id if packed else None
 
 
 def training_collate(setup: FinetuneSetup, model: FinetuneModel) -> Callable[[Sequence[Encoded]], Batch]:
     """How ``layout`` lays out a training micro-batch: padded (and always for the LSTM), packed, or — ``shared``,
     multiple-choice tasks only — packed with each example's common prefix once for all its answers. The other
     kinds' sequences share nothing worth it (similarity's two orders: the start token), so they train packed."""
-    extract = packed_extract(setup, model)
+    extract = packed_extract(setup.config.layout, model)
     if extract is None:
         return lambda items: collate(items, setup.regression)
     if setup.config.layout == "shared" and setup.task.kind == "multiple_choice":
         return lambda items: collate_shared(items, extract, setup.regression)
     return lambda items: collate_packed(items, extract, setup.regression)
+
+
+# --- the job -------------------------------------------------------------------------------------------------------
 
 
 BEST = "best.safetensors"
@@ -73,7 +189,8 @@ def epoch_batches(
 
 @dataclass
 class PendingUpdate:
-    """An update whose figures are still on the device (read at the next sync point, :meth:`FinetuneJob.read`)."""
+    """An update whose figures are still on the device (read at the next sync point:
+    :meth:`FinetuneJob.read_figures`)."""
 
     step: int
     """Its 1-based number."""
@@ -137,11 +254,11 @@ class FinetuneJob:
     def finished(self) -> bool:
         return self.epoch >= self.setup.config.epochs and self._epoch_done() and self.evaluated
 
-    def owed(self) -> Moment | None:
+    def due_on_resume(self) -> Due | None:
         """A run stopped after its epoch's last update but before its dev score: the score, then a checkpoint."""
-        return Moment(evaluate=True, save=True) if self._epoch_done() and not self.evaluated else None
+        return Due(evaluate=True, save=True) if self._epoch_done() and not self.evaluated else None
 
-    def update(self) -> torch.Tensor:
+    def next_update(self) -> torch.Tensor:
         """Queue the update of the epoch's next batch on the device; its figures wait in ``pending``."""
         if self._epoch_done():  # scored and saved: on to the next epoch
             self.epoch, self.done_in_epoch, self.evaluated = self.epoch + 1, 0, False
@@ -160,9 +277,9 @@ class FinetuneJob:
         self.pending.append(PendingUpdate(self.state.step, result, *self.loss.snapshot(), tokens))
         return result.loss
 
-    def moment(self) -> Moment:
+    def after_update(self) -> Due:
         c, step, end = self.setup.config, self.state.step, self._epoch_done()
-        return Moment(
+        return Due(
             log=every(step, c.log_every) or step == self.state.total,
             evaluate=end,
             save=every(step, c.save_every) or end,
@@ -173,7 +290,7 @@ class FinetuneJob:
 
     # --- figures ----------------------------------------------------------------------------------------------------
 
-    def read(self) -> None:
+    def read_figures(self) -> None:
         """Read the pending updates' figures from the device (one transfer, and one collective over the ranks) and
         add them to the run's counts as if each had been read when it ran."""
         if not self.pending:
@@ -202,8 +319,8 @@ class FinetuneJob:
             self.loss.reduced, self.grad_norm, self.last_loss = terms, norm, loss
         self.last_lr = pending[-1].result.lr
 
-    def update_done(self, report: Progress, moment: Moment) -> None:
-        if not moment.log:
+    def update_finished(self, report: Progress, due: Due) -> None:
+        if not due.log:
             report.advance(1)
 
     def log(self, report: Progress) -> None:
@@ -266,7 +383,7 @@ class FinetuneJob:
 
         return too_big_warning(needed, self._micro()[1], "examples")
 
-    def smaller(self, evaluating: bool) -> str:
+    def memory_advice(self, evaluating: bool) -> str:
         """``--eval-batch-size`` halved for the dev scoring, else ``--micro-batch-size`` halved (a multiple-choice
         example holds one sequence per answer)."""
         c = self.setup.config
@@ -359,7 +476,8 @@ def evaluate_epoch(job: FinetuneJob, stop: GracefulStop | None = None) -> dict[s
     record: dict[str, Any] = {"kind": "eval", "step": job.state.step, "epoch": job.epoch, "split": c.eval_split}
     if setup.dev_enc:
         try:
-            preds = predict_dev(setup, job.model, job.par, stop)
+            extract = packed_extract(c.layout, job.model)
+            preds = predict_dev(setup, job.model, job.par, extract, stop)
         except Abandoned:
             return None
         scores = score_predictions(setup.task, preds, setup.data.dev)

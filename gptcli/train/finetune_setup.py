@@ -1,8 +1,8 @@
 """What a fine-tuning run is made of, built before its first update: the task's examples, the pretrained body with
 its special tokens, the encoded sequences, and a record of all of it by content (what ``--resume`` compares).
 
-:func:`build_setup` runs the stages in the order a user would want them to fail: the data first (a missing or
-malformed file should fail before any weights are loaded), then the body, then the encoding (through the cache).
+:func:`read_task_data` comes first (a missing or malformed file should fail before any weights are loaded), then
+:func:`build_setup`: the body, then the encoding (through the cache).
 """
 
 from __future__ import annotations
@@ -69,11 +69,16 @@ class FinetuneSetup:
 
 
 def build_setup(
-    config: FinetuneConfig, task: Task, device: torch.device, precision: str, par: Parallel, report: Progress
+    config: FinetuneConfig,
+    task: Task,
+    data: TaskData,
+    device: torch.device,
+    precision: str,
+    par: Parallel,
+    report: Progress,
 ) -> tuple[FinetuneSetup, LanguageModel]:
-    """Read the task's data, seed every RNG, build the body (which draws the special tokens' rows) and encode the
-    examples; returns the setup and the body."""
-    data = read_task_data(task, config)
+    """Seed every RNG, build the body (which draws the special tokens' rows) and encode the task's ``data``
+    (:func:`read_task_data`); returns the setup and the body."""
     seed_everything(config.seed)
     gpt, tok, source = build_body(config)
     n_ctx = sequence_limit(config, gpt.config.n_ctx)

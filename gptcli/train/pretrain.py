@@ -6,13 +6,11 @@ Run directory (:mod:`gptcli.train.run.directory`)::
     RUN/metrics.jsonl                  one line per logged update and per validation (see runlog.py)
     RUN/checkpoints/step-0001000/      checkpoint directories (checkpoint.py) with training state; last K kept
 
-so that ``load_checkpoint(RUN)`` opens the newest one. ``resume=True`` continues from the newest complete
-checkpoint; on CPU the continued run's losses are bitwise identical to an uninterrupted one (tested).
-
-:func:`pretrain` reads top to bottom as its stages: :func:`_plan` (settings, device, corpus, the run directory,
-number of updates) → :func:`_start` (model, optimizer, resume, run directory) → the update loop every run shares
-(:func:`gptcli.train.run.loop.train`) over :class:`gptcli.train.pretrain_job.PretrainJob`, which supplies the
-windows, the loss, the cadences, validation and the checkpoint's training state.
+:func:`pretrain` reads top to bottom: the settings → the corpus and the model's shape → the run directory opened
+(:func:`gptcli.train.run.directory.open_run`) and a resume checked → :func:`_plan` (device, shards verified, windows,
+updates) → :func:`_start` (model, optimizer, restored state) → the update loop (:func:`gptcli.train.run.loop.train`)
+over :class:`gptcli.train.pretrain_job.PretrainJob`. On CPU a resumed run's losses are bitwise those of an
+uninterrupted one (tested).
 """
 
 from __future__ import annotations
@@ -26,12 +24,13 @@ from typing import Any
 import torch
 
 from gptcli import checkpoint as ckpt
+from gptcli.checkpoint import newest_intact
 from gptcli.config import check_settings as check_all_settings
 from gptcli.config import coerce_fields, load_file
 from gptcli.data.shards import Corpus, open_corpus, tokenizer_fingerprint
 from gptcli.data.windows import WindowSampler
 from gptcli.errors import GPT1Error
-from gptcli.files.locks import main_rank_lock
+from gptcli.files.outputs import check_output
 from gptcli.model.build import AnyConfig, arch_of, build_model, preset, preset_class
 from gptcli.model.kernels import check_mode, use_kernels
 from gptcli.model.kernels import prepare as prepare_kernels  # the compiled kernels' first-use build, as a stage
@@ -44,15 +43,17 @@ from gptcli.system.runtime import (
     resolve_device,
     resolve_precision,
 )
+from gptcli.train.distributed import LaunchSpec
 from gptcli.train.optim import lr_at, make_optimizer
 from gptcli.train.pretrain_config import RULES, PretrainConfig
-from gptcli.train.pretrain_hints import unigram_loss, warmup_warning
-from gptcli.train.pretrain_job import BatchFeed, PretrainJob, RunPlan
+from gptcli.train.pretrain_job import BatchFeed, PretrainJob, RunPlan, unigram_loss
 from gptcli.train.recipes import recipe_note
 from gptcli.train.run.directory import (
     CONFIG_FILE,
+    RunDir,
     RunKind,
-    plan_run_dir,
+    has_checkpoints,
+    open_run,
     read_step_checkpoint,
     run_directory,
     start_run_dir,
@@ -112,6 +113,37 @@ def check_launch(config: PretrainConfig, world_size: int) -> None:
         raise GPT1Error(
             f"--batch-size {config.batch_size} must be a multiple of --micro-batch-size {mb} × {world_size} process(es)"
         )
+
+
+def plan_pretrain_launch(config: PretrainConfig, spec: LaunchSpec) -> PretrainConfig:
+    """Check ``config`` for a launch of ``spec``'s processes and return the config the workers get.
+
+    The shards are verified here rather than in every worker (they would all read the whole corpus), so the workers
+    skip it (``verify_data = False``) — unless the run resumes and its newest checkpoint is damaged: unverifying
+    workers would resume from it, so then they verify again (shards included), each skips it with the warning and
+    all continue from the same intact one."""
+    check_settings(config)
+    check_launch(config, spec.nproc_per_node * spec.nnodes)
+    check_output(Path(config.out), "pretrain-run", overwrite=True, inputs=[Path(config.data)], replacing=False)
+    damaged = False
+    corpus = open_training_corpus(config) if config.verify_data else open_corpus(config.data)
+    validation_split(config, corpus)  # a --val-split the corpus lacks: refused once, here, not by every worker
+    if config.verify_data and config.resume and has_checkpoints(config.out):
+        damaged = bool(newest_intact(config.out)[1])
+    return dataclasses.replace(config, verify_data=damaged)
+
+
+def warmup_warning(total_steps: int, warmup_steps: int, lr: float) -> str | None:
+    """One line when the run ends before its warmup does, so that the learning rate never reaches ``lr`` (and the
+    schedule never decays); None when the schedule fits the run."""
+    if warmup_steps <= total_steps:
+        return None
+    reached = lr * total_steps / warmup_steps
+    return (
+        f"the run has {total_steps:,} updates but --warmup-steps {warmup_steps:,}: the learning rate only "
+        f"reaches {reached:.3g} ({100 * total_steps / warmup_steps:.0f}% of --lr {lr:g}) and never decays "
+        f"(pass --warmup-steps {max(1, total_steps // 10):,}, about a tenth of the run, or train longer)"
+    )
 
 
 def lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
@@ -207,26 +239,46 @@ def pretrain(
     :func:`gptcli.files.locks.output_lock`).
     """
     par = parallel or Parallel()
-    with main_rank_lock(config.out, par.is_main), use_kernels(config.kernels):  # the caller's mode back after
-        return _pretrain(config, par, progress)
-
-
-def _pretrain(config: PretrainConfig, par: Parallel, progress: Progress | None) -> PretrainResult:
     report = (progress or SILENT) if par.is_main else SILENT
-    job = _start(_plan(config, par, report), report)
+    check_settings(config)
+    check_launch(config, par.world_size)
+    corpus = open_corpus(config.data)
+    mcfg = build_model_config(config, corpus.tokenizer.vocab_size)
+    val_name = validation_split(config, corpus)
+    # A run directory belongs to one pretraining run: never a fine-tuning run, a corpus or a folder of notes. Before
+    # the shards are hashed: a resume onto another corpus is refused at once.
+    opened = open_run(
+        PRETRAIN_RUN,
+        Path(config.out),
+        resume=config.resume,
+        overwrite=False,
+        verify=config.verify_data,
+        inputs=[Path(config.data)],
+        par=par,
+        report=report,
+    )
+    with opened as run, use_kernels(config.kernels):  # the caller's kernel mode back after
+        if run.resume_from is not None and run.resume_header is not None:
+            for note in _resume_notes(config, corpus, mcfg, run.resume_from, run.resume_header):
+                report.note(note)
+        return _pretrain(_plan(config, corpus, mcfg, val_name, run, par, report), report)
+
+
+def _pretrain(plan: RunPlan, report: Progress) -> PretrainResult:
+    job = _start(plan, report)
     state = job.state
     report.stage("pretrain", state.total, unit="updates", done=state.step)
     for note, level in _start_notes(job):
         report.note(note, level=level)
     try:
-        with stop_handler(par, resumable=True) as stop:
-            stopped_by = train(job, stop, report, config.max_minutes)
+        with stop_handler(plan.par, resumable=True) as stop:
+            stopped_by = train(job, stop, report, plan.config.max_minutes)
     finally:
         report.end()
         if state.logger is not None:
             state.logger.close()
     final_val = job.val_loss if stopped_by is None else None
-    return PretrainResult(Path(config.out), state.step, state.total, final_val, stopped_by, state.last_checkpoint)
+    return PretrainResult(plan.run_dir, state.step, state.total, final_val, stopped_by, state.last_checkpoint)
 
 
 def _start_notes(job: PretrainJob) -> list[tuple[str, str]]:
@@ -249,35 +301,22 @@ def _start_notes(job: PretrainJob) -> list[tuple[str, str]]:
 # --- before the first update ---------------------------------------------------------------------------------------
 
 
-def _plan(config: PretrainConfig, par: Parallel, report: Progress) -> RunPlan:
-    """Check the settings and the run directory, pick device and precision, open the corpus, choose the checkpoint
-    to resume from, and count the updates. Nothing is written yet: every refusal leaves the run as it was."""
-    check_settings(config)
-    check_launch(config, par.world_size)
-    out = Path(config.out)
+def _plan(
+    config: PretrainConfig,
+    corpus: Corpus,
+    mcfg: AnyConfig,
+    val_name: str | None,
+    run: RunDir,
+    par: Parallel,
+    report: Progress,
+) -> RunPlan:
+    """Pick device and precision, verify the corpus, sample its windows and count the updates. Nothing is written
+    yet: every refusal leaves the run as it was."""
     # A worker of a job computes on its own device (cuda:LOCAL_RANK), which a bare "cuda" would not name.
     device = par.device if par.device is not None else resolve_device(config.device)
     precision = resolve_precision(config.precision, device)
     configure_backends(device)
     prepare_kernels(device, report)
-
-    corpus = open_corpus(config.data)
-    mcfg = build_model_config(config, corpus.tokenizer.vocab_size)
-    val_name = validation_split(config, corpus)
-    # A run directory belongs to one pretraining run: never a fine-tuning run, a corpus or a folder of notes. Before
-    # the shards are hashed: a resume onto another corpus is refused at once.
-    where = plan_run_dir(
-        PRETRAIN_RUN,
-        out,
-        resume=config.resume,
-        overwrite=False,
-        verify=config.verify_data,
-        inputs=[Path(config.data)],
-        report=report,
-    )
-    if where.resume_from is not None:
-        for note in _resume_notes(config, corpus, mcfg, where.resume_from):
-            report.note(note)
     verify_corpus(corpus, config)
     train_arrays = corpus.arrays("train")
     for split in ("train", val_name) if val_name is not None else ("train",):
@@ -286,7 +325,6 @@ def _plan(config: PretrainConfig, par: Parallel, report: Progress) -> RunPlan:
     sampler = WindowSampler(train_arrays, config.seq_len, config.batch_size, config.seed, par.rank, par.world_size)
     total_steps = plan_steps(config, sampler.steps_per_epoch)
     unigram = unigram_loss(train_arrays, val_arrays, mcfg.total_vocab) if par.is_main and val_arrays else None
-    par.barrier()  # every rank has checked the run directory before rank 0 writes to it
     return RunPlan(
         config,
         par,
@@ -298,7 +336,7 @@ def _plan(config: PretrainConfig, par: Parallel, report: Progress) -> RunPlan:
         val_name,
         val_arrays,
         total_steps,
-        where.resume_from,
+        run.resume_from,
         unigram,
     )
 
@@ -314,10 +352,11 @@ def _saved_settings(header: ckpt.Header, run_dir: Path) -> dict[str, Any]:
         return {}
 
 
-def _resume_notes(config: PretrainConfig, corpus: Corpus, mcfg: AnyConfig, path: Path) -> list[str]:
+def _resume_notes(
+    config: PretrainConfig, corpus: Corpus, mcfg: AnyConfig, path: Path, header: ckpt.Header
+) -> list[str]:
     """The resume check (:func:`gptcli.train.run.resume.check_resume`) with pretraining's inputs compared by content:
     the corpus's tokenizer (refused on its own, first: nothing else would make sense) and its shards."""
-    header = ckpt.read_header(path)
     mine, theirs = corpus.tokenizer_fingerprint(), tokenizer_fingerprint(path / ckpt.TOKENIZER)
     if mine is not None and theirs is not None and mine != theirs:
         raise GPT1Error(

@@ -1,8 +1,9 @@
-"""What pretraining passes to the run machinery's loop (:func:`gptcli.train.run.loop.train`): its windows, its
-cadences, its figures and validation, and what its step checkpoints hold.
+"""What pretraining passes to the update loop (:func:`gptcli.train.run.loop.train`): its windows, its cadences, its
+figures and validation, and what its step checkpoints hold.
 
 :class:`RunPlan` is fixed before the first update (what the run reads, where it computes, for how long);
-:class:`PretrainJob` is the run as it trains, one :class:`gptcli.train.run.loop.Job`.
+:class:`PretrainJob` is the run as it trains, one :class:`gptcli.train.run.loop.Job`. Validation also says when a
+run learned nothing (:func:`plateau_hint`: its loss still at the unigram loss of token frequencies alone).
 """
 
 from __future__ import annotations
@@ -24,12 +25,21 @@ from gptcli.model.build import TRANSFORMER, AnyConfig, LanguageModel, arch_of
 from gptcli.progress import Progress
 from gptcli.system.runtime import Precision
 from gptcli.train.pretrain_config import PretrainConfig
-from gptcli.train.pretrain_hints import plateau_hint
 from gptcli.train.run.directory import write_step_checkpoint
-from gptcli.train.run.loop import GracefulStop, Moment, RunState, every
+from gptcli.train.run.loop import Due, GracefulStop, RunState, every
 from gptcli.train.run.memory import half, too_big_warning, update_bytes
 from gptcli.train.runlog import Throughput, format_duration
 from gptcli.train.trainer import Parallel, StepResult, Trainer, split_micro_batches, unwrap
+
+# A run "learned nothing" when, after PLATEAU_MIN_UPDATES updates, its validation loss is not PLATEAU_MARGIN nats
+# below the unigram loss (or is above it). Why these numbers: a model reaches the unigram loss within a few dozen
+# updates (token frequencies are the easiest thing to learn) and a healthy small run leaves it soon after — the tiny
+# preset on two books was 0.5 nats below it by update 300 at lr 2.5e-4 — while a stalled one sits within 0.01-0.02
+# of it for hundreds of updates (6.50 → 6.49 over 300 at lr 1e-3; the quickstart's 3 × 192 model at init 0.02 for
+# 1,300). 0.1 nats separates the two by a wide margin either way; 250 updates leaves time to get there.
+PLATEAU_MARGIN = 0.1
+PLATEAU_MIN_UPDATES = 250
+_COUNT_CHUNK = 1 << 22  # tokens per bincount: bounded memory (np.bincount works on int64 copies)
 
 
 @dataclass
@@ -146,7 +156,7 @@ class PretrainJob:
     def finished(self) -> bool:
         return self.state.step >= self.state.total
 
-    def update(self) -> torch.Tensor:
+    def next_update(self) -> torch.Tensor:
         """One optimizer update on this rank's share of the next global batch, queued on the device without waiting
         for it; the batch after it is read and sent to the device while this one computes."""
         self.meter.start()
@@ -156,24 +166,25 @@ class PretrainJob:
         self.state.step += 1
         return self.result.loss
 
-    def moment(self) -> Moment:
+    def after_update(self) -> Due:
         config, step, last = self.plan.config, self.state.step, self.state.step == self.state.total
-        return Moment(
+        return Due(
             log=every(step, config.log_every) or last,
             evaluate=every(step, config.eval_every) or last,
             save=every(step, config.save_every) or last,
         )
 
-    def owed(self) -> Moment | None:
+    def due_on_resume(self) -> Due | None:
         """A run resumed at its last update has no update left: it still ends as every run does, validated (its
-        checkpoint holds this step already). Otherwise nothing: a checkpoint is written after all its update owed."""
-        return Moment(evaluate=True) if self.finished() else None
+        checkpoint holds this step already). Otherwise nothing: a checkpoint is written only after all that its
+        update was due."""
+        return Due(evaluate=True) if self.finished() else None
 
-    def read(self) -> None:
+    def read_figures(self) -> None:
         assert self.result is not None
         self.figures = self.result.read()
 
-    def update_done(self, report: Progress, moment: Moment) -> None:
+    def update_finished(self, report: Progress, due: Due) -> None:
         self.meter.stop(self.plan.tokens_per_step)  # after the read: the window's time includes the device's work
 
     def position(self) -> int:
@@ -276,7 +287,7 @@ class PretrainJob:
 
         return too_big_warning(needed, plan.micro, f"sequences of {c.seq_len} tokens", divides=plan.share)
 
-    def smaller(self, evaluating: bool) -> str:
+    def memory_advice(self, evaluating: bool) -> str:
         """``--micro-batch-size`` halved (the largest size under half that divides a process's share, as the
         batch split requires): it sets the rows of every training and validation forward pass."""
         c, share, now = self.plan.config, self.plan.share, self.plan.micro
@@ -326,3 +337,42 @@ class PretrainJob:
             },
             keep_last=plan.config.keep_last,
         )
+
+
+# --- what validation says about the run ------------------------------------------------------------------------
+
+
+def token_counts(arrays: list[np.ndarray], vocab: int) -> np.ndarray:
+    """How often each of ``vocab`` ids occurs in ``arrays`` (memory-mapped shards, read in bounded chunks)."""
+    counts = np.zeros(vocab, dtype=np.int64)
+    for a in arrays:
+        for start in range(0, len(a), _COUNT_CHUNK):
+            counts += np.bincount(a[start : start + _COUNT_CHUNK], minlength=vocab)[:vocab]
+    return counts
+
+
+def unigram_loss(train: list[np.ndarray], val: list[np.ndarray], vocab: int) -> float | None:
+    """Cross-entropy in nats per token of the validation tokens under the training tokens' frequencies, add-one
+    smoothed over the ``vocab`` ids (an id never seen in training still gets a probability): the loss of a model
+    that learned which tokens are common and nothing about context. None without validation tokens."""
+    seen, held = token_counts(train, vocab), token_counts(val, vocab)
+    if held.sum() == 0:
+        return None
+    log_p = np.log(seen + 1.0) - np.log(seen.sum() + float(vocab))
+    return float(-(held * log_p).sum() / held.sum())
+
+
+def plateau_hint(step: int, val_loss: float, unigram: float | None) -> str | None:
+    """One line when the validation loss after a meaningful number of updates is still at the unigram loss
+    (within :data:`PLATEAU_MARGIN`, or above it): what it means and what to try. None otherwise."""
+    if unigram is None or step < PLATEAU_MIN_UPDATES or not math.isfinite(val_loss):
+        return None
+    if val_loss < unigram - PLATEAU_MARGIN:
+        return None
+    return (
+        f"hint: after {step:,} updates the validation loss {val_loss:.2f} is still at the unigram loss "
+        f"{unigram:.2f} (predicting each token by its frequency alone): the model has not learned to use "
+        f"context yet (small post-LN models stall at a high --lr, a short warm-up or a narrow init: try "
+        f"--warmup-steps 30 or more, a lower --lr, --init-std 0.06 (the tiny preset's), or more updates; "
+        f"docs/presets.md)"
+    )

@@ -1,10 +1,10 @@
-"""The training-loop core shared by pretraining and fine-tuning.
+"""One optimizer update, the same for pretraining and fine-tuning.
 
 What is the same for every update lives here: one optimizer update from several micro-batches (gradient
 accumulation), mixed precision (autocast, and a GradScaler for fp16), global-norm clipping and the learning-rate
 schedule. What differs — the model, the data and the loss — is passed in: ``loss_fn(model, micro_batch) -> scalar
-loss``. The loop around the updates (sync points, the non-finite policy, checkpoints, signals) is the run machinery's
-(:mod:`gptcli.train.run.loop`).
+loss``. The loop around the updates (sync points, the non-finite policy, checkpoints, signals) is
+:mod:`gptcli.train.run.loop`.
 
 Data parallelism is applied from outside: wrap the model in ``DistributedDataParallel`` before handing it over.
 :meth:`Trainer.step` then skips the gradient all-reduce on all but the last micro-batch (``model.no_sync()``), and
@@ -112,8 +112,9 @@ def split_micro_batches(batch: torch.Tensor, micro_batch_size: int) -> list[torc
 
 
 class Parallel:
-    """How the loop sees data parallelism. The default is one process; a DDP implementation (``gptcli.train.distributed``)
-    overrides these to wrap the model in DistributedDataParallel, average metrics and synchronise ranks."""
+    """How the loop sees data parallelism. The default is one process; a DDP implementation
+    (``gptcli.train.distributed``) overrides these to wrap the model in DistributedDataParallel, average metrics and
+    synchronise ranks."""
 
     rank: int = 0
     world_size: int = 1

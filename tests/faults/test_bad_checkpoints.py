@@ -17,6 +17,7 @@ import pytest
 
 from gptcli import checkpoint as ckpt
 from gptcli.errors import GPT1Error
+from gptcli.train.run.training_state import read_training_state
 from tests.faults.conftest import (
     assert_nothing_new,
     assert_one_line_error,
@@ -254,7 +255,7 @@ def test_library_load_without_verification_still_never_unpickles(run, tmp_path):
     (newest / "optimizer.safetensors").unlink()
     malicious_pickle(newest / "optimizer.safetensors", marker)
     with pytest.raises(GPT1Error, match="unreadable optimizer state"):
-        ckpt.read_training_state(newest, verify=False)
+        read_training_state(newest, verify=False)
     assert not marker.exists()
 
 

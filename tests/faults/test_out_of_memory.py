@@ -147,7 +147,7 @@ def test_other_errors_pass_through_unchanged(corpus, tmp_path, monkeypatch) -> N
 
 def test_fine_tuning_names_its_own_flags(pretrained, shared_data, tmp_path, monkeypatch) -> None:
     from gptcli.train.finetune import FinetuneConfig, finetune
-    from gptcli.train.finetune_loss import TaskLoss
+    from gptcli.train.finetune_job import TaskLoss
 
     real, calls = TaskLoss.__call__, {"n": 0}
 

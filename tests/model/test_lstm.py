@@ -185,7 +185,7 @@ def test_learns_a_tiny_corpus_well_below_the_unigram_loss(tmp_path):
 
     from gptcli.checkpoint import load_checkpoint, read_header
     from gptcli.train.pretrain import PretrainConfig, pretrain
-    from gptcli.train.pretrain_hints import unigram_loss
+    from gptcli.train.pretrain_job import unigram_loss
 
     rng = np.random.default_rng(0)
     words = ["the cat", "a dog", "my bird", "one fish"]

@@ -386,7 +386,7 @@ def test_shared_training_with_dropout_learns(kernel_mode, pretrained, shared_dat
     # Dropout on, the task loss plus λ·LM: a few steps on one Story Cloze batch lower the loss, through the
     # written-out attention's dropout (auto) and SDPA's with the grid's mask (reference).
     from gptcli.model import kernels
-    from gptcli.train.finetune_loss import TaskLoss
+    from gptcli.train.finetune_job import TaskLoss
 
     kernels.set_kernels(kernel_mode)
     model, enc, extract_id, regression = _encoded("storycloze", pretrained, shared_data)

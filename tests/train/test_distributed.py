@@ -444,7 +444,7 @@ def test_a_rank_after_the_first_draws_the_same_masks_after_a_resume():
     than the uninterrupted run's: a 2-process run with dropout stopped and resumed ended with other weights. The
     update loop now redraws it before every update, so the masks of update k depend on k alone."""
     from gptcli.progress import SILENT
-    from gptcli.train.run.loop import GracefulStop, Moment, RunState, train
+    from gptcli.train.run.loop import Due, GracefulStop, RunState, train
     from gptcli.train.trainer import Parallel
 
     class Rank1(Parallel):
@@ -461,18 +461,18 @@ def test_a_rank_after_the_first_draws_the_same_masks_after_a_resume():
         def finished(self) -> bool:
             return self.state.step >= self.state.total
 
-        def owed(self):
+        def due_on_resume(self):
             return None
 
-        def update(self) -> torch.Tensor:
+        def next_update(self) -> torch.Tensor:
             self.masks[self.state.step] = torch.nn.functional.dropout(torch.ones(256), p=0.5) > 0
             self.state.step += 1
             return torch.tensor(1.0)
 
-        def moment(self) -> Moment:
-            return Moment()
+        def after_update(self) -> Due:
+            return Due()
 
-        def update_done(self, report, moment) -> None:
+        def update_finished(self, report, due) -> None:
             pass
 
     whole, resumed = Job(0, 6), Job(3, 6)

@@ -27,7 +27,7 @@ import torch
 
 from gptcli.progress import Progress
 from gptcli.train.finetune import FinetuneConfig, finetune
-from gptcli.train.finetune_loss import micro_batches, rank_share
+from gptcli.train.finetune_job import micro_batches, packed_extract, rank_share
 from gptcli.train.trainer import Parallel
 from tests.faults.conftest import REPO, assert_one_line_error, gpt1, one_thread_env, step_numbers, tree
 
@@ -189,19 +189,21 @@ def test_dev_predictions_are_shared_out_and_gathered_in_the_split_order(inputs, 
     from gptcli.progress import SILENT
     from gptcli.tasks import get_task
     from gptcli.train.finetune_dev import predict_dev
-    from gptcli.train.finetune_setup import build_setup
+    from gptcli.train.finetune_setup import build_setup, read_task_data
     from gptcli.train.trainer import Parallel
 
     data = _copy_rows(shared_data / "glue" / "STS-B", tmp_path / "STS-B", 8, 17)
     cfg = _cfg(inputs, tmp_path / "run", task="stsb", data_dir=str(data), batch_size=2)
-    setup, gpt = build_setup(cfg, get_task("stsb"), torch.device("cpu"), "fp32", Parallel(), SILENT)
+    task = get_task("stsb")
+    setup, gpt = build_setup(cfg, task, read_task_data(task, cfg), torch.device("cpu"), "fp32", Parallel(), SILENT)
     model = FinetuneModel(gpt, TaskHead(setup.head_config))
     torch.nn.init.constant_(model.head.linear.bias, 0.5)  # mid-range scores: none clipped to 0 or 5
-    single = predict_dev(setup, model, Parallel())
+    extract = packed_extract(cfg.layout, model)  # as the job lays out its dev batches
+    single = predict_dev(setup, model, Parallel(), extract)
     assert len(single) == 17 and len(set(single)) > 10
     shares: dict[int, list] = {}
     for rank in (2, 1, 0):  # rank 0 gathers last, so it sees every share
-        gathered = predict_dev(setup, model, _Ranks(rank, 3, shares))
+        gathered = predict_dev(setup, model, _Ranks(rank, 3, shares), extract)
     assert sorted(len(s) for s in shares.values()) == [5, 6, 6]
     assert sorted(i for s in shares.values() for i, _ in s) == list(range(17))
     assert gathered == pytest.approx(single, rel=1e-5)

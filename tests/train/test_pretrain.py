@@ -168,15 +168,15 @@ import torch
 torch.set_num_threads({threads})  # the reference run's: LayerNorm's weight gradients are summed in per-thread parts
 from pathlib import Path
 import corpus_helpers  # registers the test tokenizer
-import gptcli.checkpoint as ckpt
+import gptcli.train.run.training_state as ts
 from gptcli.train.pretrain import PretrainConfig, pretrain
 
-real = ckpt.write_training_state
+real = ts.write_training_state
 def dying(d, optimizer, state, **kw):
     if state["step"] == 6:  # weights are written, training state not yet: die like `kill -9`
         os.kill(os.getpid(), signal.SIGKILL)
     return real(d, optimizer, state, **kw)
-ckpt.write_training_state = dying
+ts.write_training_state = dying
 cfg = PretrainConfig(**{cfg})
 pretrain(cfg)
 """

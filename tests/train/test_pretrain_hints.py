@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from corpus_helpers import random_corpus, write_corpus
 
-import gptcli.train.pretrain_hints as hints_mod
+import gptcli.train.pretrain_job as hints_mod
 from gptcli.progress import RecordingProgress
-from gptcli.train.pretrain import PretrainConfig, pretrain
-from gptcli.train.pretrain_hints import unigram_loss, warmup_warning
+from gptcli.train.pretrain import PretrainConfig, pretrain, warmup_warning
+from gptcli.train.pretrain_job import unigram_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 MODEL = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_inner": 64, "n_ctx": 16}

@@ -1,4 +1,4 @@
-"""gptcli/train/pretrain_launch.py: what a `gpt1 pretrain --procs N` launcher checks once and hands its workers."""
+"""plan_pretrain_launch: what a `gpt1 pretrain --procs N` launcher checks once and hands its workers."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from corpus_helpers import random_corpus
 
 from gptcli.errors import GPT1Error
 from gptcli.train.distributed import LaunchSpec
-from gptcli.train.pretrain import PretrainConfig
-from gptcli.train.pretrain_launch import plan_pretrain_launch
+from gptcli.train.pretrain import PretrainConfig, plan_pretrain_launch
 
 
 @pytest.fixture(scope="module")

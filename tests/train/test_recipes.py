@@ -15,7 +15,7 @@ from gptcli.data.shards import open_corpus
 from gptcli.model.gpt import PRESETS
 from gptcli.progress import RecordingProgress
 from gptcli.train.pretrain import PretrainConfig, pretrain
-from gptcli.train.pretrain_hints import unigram_loss
+from gptcli.train.pretrain_job import unigram_loss
 from gptcli.train.recipes import RECIPES, recipe_note, sci
 
 BOOKS = ("pg244_study_in_scarlet.txt", "pg55_wonderful_wizard_of_oz.txt")

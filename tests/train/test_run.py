@@ -21,7 +21,7 @@ from gptcli.files.outputs import mark
 from gptcli.model.gpt import ModelConfig
 from gptcli.progress import RecordingProgress
 from gptcli.train.run.directory import RunKind, plan_run_dir, reopen_metrics
-from gptcli.train.run.loop import GracefulStop, Moment, NonFiniteLossError, RunState, train
+from gptcli.train.run.loop import Due, GracefulStop, NonFiniteLossError, RunState, train
 from gptcli.train.run.resume import SettingRules, check_resume
 from gptcli.train.trainer import Parallel
 
@@ -38,33 +38,33 @@ class Job:
         self.state = RunState(torch.device("cpu"), len(self.losses), checkpoints=None)
         self.par, self.model = Parallel(), torch.nn.Linear(2, 2)
         self.calls: list[str] = []
-        self.evaluate_ok, self.signal_after, self.owes = evaluate_ok, signal_after, None
+        self.evaluate_ok, self.signal_after, self.resume_due = evaluate_ok, signal_after, None
 
     def finished(self):
         return self.state.step >= self.state.total
 
-    def update(self):
+    def next_update(self):
         self.state.step += 1
         self.calls.append(f"update {self.state.step}")
         if self.signal_after == self.state.step:
             signal.raise_signal(signal.SIGTERM)
         return torch.tensor(self.losses[self.state.step - 1])
 
-    def moment(self):
+    def after_update(self):
         s, last = self.state.step, self.state.step == self.state.total
-        return Moment(
+        return Due(
             log=s % self.log_every == 0 or last,
             evaluate=s % self.eval_every == 0 or last,
             save=s % self.save_every == 0 or last,
         )
 
-    def owed(self):
-        return self.owes
+    def due_on_resume(self):
+        return self.resume_due
 
-    def read(self):
+    def read_figures(self):
         self.calls.append(f"read {self.state.step}")
 
-    def update_done(self, report, moment):
+    def update_finished(self, report, due):
         pass
 
     def log(self, report):
@@ -130,7 +130,7 @@ def test_an_evaluation_cut_short_by_a_signal_checkpoints_where_the_run_stands():
 
 def test_what_a_restored_position_owes_comes_first():
     job = Job([1.0] * 2)
-    job.owes = Moment(evaluate=True, save=True)
+    job.resume_due = Due(evaluate=True, save=True)
     _run(job)
     assert job.calls[:2] == ["evaluate 0", "save 0"]
 
@@ -339,7 +339,7 @@ def test_metrics_are_cut_back_to_what_the_checkpoint_had_seen(tmp_path):
 def test_fine_tuning_stops_on_a_nan_naming_the_checkpoint_before_it(pretrained, shared_data, tmp_path, monkeypatch):
     """Fine-tuning had its own policy (a plain error, no checkpoint named); now the one every run has."""
     from gptcli.train.finetune import FinetuneConfig, finetune
-    from gptcli.train.finetune_loss import TaskLoss
+    from gptcli.train.finetune_job import TaskLoss
 
     real, calls = TaskLoss.__call__, {"n": 0}
 

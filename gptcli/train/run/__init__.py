@@ -1,21 +1,13 @@
-"""The run machinery: what every training run does with its run directory and its update loop, whatever it trains.
+"""The run machinery: what every training run does with its run directory and its updates, whatever it trains.
 
-Pretraining (:mod:`gptcli.train.pretrain`) and fine-tuning (:mod:`gptcli.train.finetune`) are two *jobs* on the same
-machinery; the quickstart runs both. What differs between them — the data, the loss, when to evaluate, what a
-checkpoint's extra state holds — is the job (:class:`gptcli.train.run.loop.Job`), as ``Trainer.step(loss_fn)`` takes
-the loss. What is the same lives here, once:
+Pretraining and fine-tuning are two *jobs* on it (:class:`gptcli.train.run.loop.Job`: ``next_update``,
+``after_update``, ``evaluate``, ``save``); what differs — data, loss, cadences, a checkpoint's extra state — is the
+job's, as ``Trainer.step(loss_fn)`` takes the loss. What is the same lives here, once:
 
-``directory.py``
-    A run directory's life: what a run does with ``--out`` (start, resume, replace, or nothing left to do), its
-    marker, the recorded ``config.toml``, ``metrics.jsonl`` cut back to what the resumed checkpoint had seen, the
-    hidden sibling a replacing run is built in, and the step checkpoints (written with their training state, pruned
-    to ``keep_last``, read back on resume).
-``resume.py``
-    The resume rules: which checkpoint a resume continues from (the newest intact one), and the one check that
-    refuses a resume that would change what the run is, naming every change (run-defining settings, the model's
-    shape, the inputs by content), and notes the adjustable ones.
-``loop.py``
-    The update loop with its sync points (the only places a figure is read back from the device), the run-state
-    object every job carries (:class:`RunState`), the non-finite policy (one error naming the newest checkpoint
-    saved before the divergence), and the checkpoint on SIGINT/SIGTERM.
+``directory.py``       opening a run (:func:`~gptcli.train.run.directory.open_run`: lock, output check, start,
+                       resume, replace or nothing left to do), config.toml, metrics.jsonl, step checkpoints.
+``resume.py``          which checkpoint a resume continues from, and the check that refuses a changed run.
+``training_state.py``  what a step checkpoint adds for a resume (optimizer, RNGs, position) and pruning.
+``loop.py``            the update loop (the only one): sync points, the non-finite policy, stopping on a signal.
+``memory.py``          one out-of-memory error for every run, naming the setting that makes a pass smaller.
 """

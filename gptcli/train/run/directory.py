@@ -8,9 +8,10 @@
     RUN/checkpoints/step-0001000/  step checkpoints with their training state; the newest ``keep_last`` kept
     RUN/checkpoints/final/         what a finished fine-tuning run keeps (its step checkpoints are then removed)
 
-What a run does with ``--out`` is decided before anything is read or written (:func:`plan_run_dir`): start it,
-resume it (from the newest intact step checkpoint), replace it (``--overwrite``: built in a hidden sibling and
-swapped in whole when complete, so the earlier run survives a failed one), or nothing (a finished run resumed).
+A run opens its directory in one call (:func:`open_run`): the lock, the output check and what to do with ``--out``
+(:func:`plan_run_dir`): start it, resume it (from the newest intact step checkpoint), replace it (``--overwrite``:
+built in a hidden sibling and swapped in whole when complete, so the earlier run survives a failed one), or nothing
+(a finished run resumed). Nothing is written before then, so every refusal leaves the directory as it was.
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ from gptcli import checkpoint as ckpt
 from gptcli.config import dumps_toml, to_dict
 from gptcli.errors import GPT1Error
 from gptcli.files.fsutil import move_into_place, temp_sibling, write_text_atomic
+from gptcli.files.locks import main_rank_lock
 from gptcli.files.outputs import MARKER, check_output, check_replaceable, kind_of, mark
 from gptcli.progress import Progress
 from gptcli.tokenizers import Tokenizer
+from gptcli.train.run import training_state
 from gptcli.train.run.resume import resume_point
 from gptcli.train.runlog import METRICS, RunLogger, keep_first_records, truncate_metrics
-from gptcli.train.trainer import Trainer
+from gptcli.train.trainer import Parallel, Trainer
 
 CONFIG_FILE = "config.toml"
 CHECKPOINTS = "checkpoints"
@@ -73,6 +76,59 @@ class RunDirPlan:
     finished run, which has nothing left to do."""
     resume_from: Path | None = None
     """The step checkpoint a resumed run continues from."""
+
+
+@dataclass
+class RunDir:
+    """An opened run directory (:func:`open_run`): what the run does with ``out``, the header of the checkpoint a
+    resume continues from (for the resume check), and where this process writes (:meth:`writing`)."""
+
+    kind: RunKind
+    plan: RunDirPlan
+    is_main: bool
+    resume_header: ckpt.Header | None = None
+
+    @property
+    def out(self) -> Path:
+        return self.plan.out
+
+    @property
+    def mode(self) -> str:
+        return self.plan.mode
+
+    @property
+    def resume_from(self) -> Path | None:
+        return self.plan.resume_from
+
+    def writing(self) -> contextlib.AbstractContextManager[Path | None]:
+        """Rank 0 writes in ``out`` (or the hidden sibling that replaces it: :func:`run_directory`); the other ranks
+        of a job nowhere (None)."""
+        if not self.is_main:
+            return contextlib.nullcontext(None)
+        return run_directory(self.kind, self.out, replace=self.mode == "replace")
+
+
+@contextlib.contextmanager
+def open_run(
+    kind: RunKind,
+    out: Path,
+    *,
+    resume: bool,
+    overwrite: bool,
+    verify: bool,
+    inputs: list[Path],
+    par: Parallel,
+    report: Progress,
+) -> Iterator[RunDir]:
+    """Open ``out`` for a run, held for as long as the block runs: locked (by rank 0, or the job's launcher:
+    :func:`gptcli.files.locks.output_lock`), checked to be no input and no other kind of directory, and what to do with
+    it decided (:func:`plan_run_dir`), with the checkpoint a resume continues from. Every rank has looked at the
+    directory before rank 0 writes in it."""
+    with main_rank_lock(out, par.is_main):
+        plan = plan_run_dir(kind, out, resume=resume, overwrite=overwrite, verify=verify, inputs=inputs, report=report)
+        header = ckpt.read_header(plan.resume_from) if plan.resume_from is not None else None
+        par.barrier()
+        yield RunDir(kind, plan, par.is_main, header)
 
 
 def recorded(config: C) -> C:
@@ -216,21 +272,21 @@ def write_step_checkpoint(
     eval`` can load it), plus the training state — the job's ``state`` (JSON), the optimizer and loss scaler, every
     RNG — and whatever ``extra`` writes; then keep only the newest ``keep_last`` (0: all)."""
 
-    def training_state(d: Path) -> None:
-        ckpt.write_training_state(d, trainer.optimizer, state, scaler=trainer.scaler)
+    def write_state(d: Path) -> None:
+        training_state.write_training_state(d, trainer.optimizer, state, scaler=trainer.scaler)
         if extra is not None:
             extra(d)
 
     path = ckpt.save_checkpoint(
-        checkpoints / ckpt.step_dir_name(step),
+        checkpoints / training_state.step_dir_name(step),
         body,
         tokenizer,
         kind=kind,
         meta=meta,
         head_state=head_state,
-        extra=training_state,
+        extra=write_state,
     )
-    ckpt.prune_checkpoints(checkpoints, keep_last)
+    training_state.prune_checkpoints(checkpoints, keep_last)
     return path
 
 
@@ -254,6 +310,6 @@ def read_step_checkpoint(
             "resume with the run's own settings"
         ) from None
     del saved
-    doc, tensors = ckpt.read_training_state(path, verify=False)
-    ckpt.restore_training_state(doc, tensors, trainer.optimizer, scaler=trainer.scaler)
+    doc, tensors = training_state.read_training_state(path, verify=False)
+    training_state.restore_training_state(doc, tensors, trainer.optimizer, scaler=trainer.scaler)
     return doc

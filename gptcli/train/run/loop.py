@@ -1,21 +1,15 @@
-"""The update loop every training run shares: sync points, the non-finite policy, and stopping on a signal.
+"""The update loop: the one module that runs a job's updates, whatever the job trains.
 
 A job (:class:`Job`: pretraining's windows, fine-tuning's epochs) queues one update at a time on the device and says
-what the update is followed by (:class:`Moment`: a metrics line, an evaluation, a checkpoint). :func:`train` runs
-them in one order for every job::
+what is due after it (:class:`Due`: a metrics line, an evaluation, a checkpoint). :func:`train` runs them in one
+order for every job::
 
-    update → [sync: non-finite check, read the figures] → log → evaluate → save → stop on a signal
+    next_update → [sync point: non-finite check, read the figures] → log → evaluate → save → stop on a signal
 
-Only a *sync point* — an update that is logged, evaluated or saved — reads tensors back from the device: on a GPU
-an update of GPT-1 takes about as long as launching its kernels, so a read per update would idle the device. Every
-update's loss is still watched on the device (:class:`NonFiniteWatch`), and the watch is read first at each sync
-point, so a divergence stops the run at the next one at the latest, is named by its exact update, and is never
-written into a checkpoint (:func:`diverged`: one policy and one error for every run).
-
-A signal (SIGINT/SIGTERM) becomes a flag (:class:`GracefulStop`) that the loop checks after every update in a
-single process, and at sync points in a job of several (one collective, so all ranks stop after the same update);
-the run then checkpoints where it stands (unless its newest checkpoint already holds that) and returns the signal's
-name.
+Only a *sync point* — an update that is logged, evaluated or saved — reads tensors back from the device: a read per
+update would idle a GPU. Every loss is still watched on the device (:class:`NonFiniteWatch`) and read first at each
+sync point, so a divergence stops the run by its exact update and is never written into a checkpoint. A signal
+(SIGINT/SIGTERM) becomes a flag (:class:`GracefulStop`): the run checkpoints where it stands and returns its name.
 """
 
 from __future__ import annotations
@@ -129,7 +123,8 @@ class RunState:
     last_checkpoint: Path | None = None
     """The newest step checkpoint this process wrote or resumed from."""
     saved: Hashable = None
-    """The job's position (:meth:`Job.position`) that the newest step checkpoint holds: a stop there saves nothing new."""
+    """The job's position (:meth:`Job.position`) that the newest step checkpoint holds: a stop there saves nothing
+    new."""
     first_step: int = 0
     """The step this process started from (the resumed one), for rates and the ETA."""
     rank_seed: int | None = None
@@ -150,8 +145,8 @@ class RunState:
 
 
 @dataclass(frozen=True)
-class Moment:
-    """What follows an update (or, for :meth:`Job.owed`, a restored position)."""
+class Due:
+    """What is due after an update (or, for :meth:`Job.due_on_resume`, at a restored position)."""
 
     log: bool = False
     evaluate: bool = False
@@ -164,7 +159,9 @@ class Moment:
 
 
 class Job(Protocol):
-    """What a kind of run passes to :func:`train`: its data, its loss, its cadences, its checkpoint contents."""
+    """What a kind of run hands to :func:`train`. The loop asks, for every update: :meth:`next_update`, then
+    :meth:`after_update` (what is due), and at a sync point :meth:`read_figures`, :meth:`log`, :meth:`evaluate`,
+    :meth:`save`."""
 
     state: RunState
     par: Parallel
@@ -176,23 +173,23 @@ class Job(Protocol):
     def finished(self) -> bool:
         """Whether every planned update is done."""
 
-    def update(self) -> torch.Tensor:
+    def next_update(self) -> torch.Tensor:
         """Queue the next update on the device without waiting for it (``state.step`` counts it); its loss."""
 
-    def moment(self) -> Moment:
-        """What follows the update just queued."""
+    def after_update(self) -> Due:
+        """What is due after the update just queued."""
 
-    def owed(self) -> Moment | None:
+    def due_on_resume(self) -> Due | None:
         """What a restored position still owes before the next update (an epoch trained but not scored), or None."""
 
-    def read(self) -> None:
+    def read_figures(self) -> None:
         """At a sync point: read the figures of the updates since the last one (one transfer)."""
 
-    def update_done(self, report: Progress, moment: Moment) -> None:
+    def update_finished(self, report: Progress, due: Due) -> None:
         """After the update (and its read, if any): per-update bookkeeping such as throughput and progress."""
 
     def log(self, report: Progress) -> None:
-        """A training line in metrics.jsonl and the progress report, from the figures :meth:`read` got."""
+        """A training line in metrics.jsonl and the progress report, from the figures :meth:`read_figures` got."""
 
     def evaluate(self, report: Progress, stop: GracefulStop) -> bool:
         """Score the held-out data now; False when a signal cut it short (nothing changed: it is redone)."""
@@ -203,7 +200,7 @@ class Job(Protocol):
     def save(self) -> Path:
         """(Rank 0) Write a step checkpoint of this position and prune to ``keep_last``; its path."""
 
-    def smaller(self, evaluating: bool) -> str:
+    def memory_advice(self, evaluating: bool) -> str:
         """After running out of memory in an update (or, ``evaluating``, in scoring held-out data): the flag and
         value that make each forward pass smaller, with what one holds now (``pass --micro-batch-size 16: each
         process then computes its 32 sequences of 512 tokens per update 16 at a time instead of 32; …``)."""
@@ -223,9 +220,9 @@ def train(job: Job, stop: GracefulStop, report: Progress, max_minutes: float | N
     or None when every update is done — or when ``max_minutes`` of updates passed first, which ends the run as its
     last update would (evaluated and saved), with a warning that the schedule did not finish."""
     deadline = None if max_minutes is None else time.monotonic() + 60.0 * max_minutes
-    owed = job.owed()
-    if owed is not None:
-        stopped = _follow(job, owed, stop, report)
+    due = job.due_on_resume()
+    if due is not None:
+        stopped = _do_due(job, due, stop, report)
         if stopped is not None:
             return stopped
     unread = False
@@ -241,30 +238,30 @@ def train(job: Job, stop: GracefulStop, report: Progress, max_minutes: float | N
         if job.state.rank_seed is not None:
             seed_rank_rng(job.state.rank_seed, job.par.rank, job.state.step)
         with _memory(job, evaluating=False):
-            loss = job.update()
+            loss = job.next_update()
         job.state.watch.observe(job.state.step, loss)
-        moment = job.moment()
-        if moment.sync:
-            settle(job)
-        unread = not moment.sync
-        job.update_done(report, moment)
-        stopped = _follow(job, moment, stop, report)
+        due = job.after_update()
+        if due.sync:
+            sync_point(job)
+        unread = not due.sync
+        job.update_finished(report, due)
+        stopped = _do_due(job, due, stop, report)
         if stopped is not None:
             return stopped
     return None
 
 
-def _follow(job: Job, moment: Moment, stop: GracefulStop, report: Progress) -> str | None:
-    """What follows an update, in the one order: log, evaluate, save, and stop if a signal came."""
-    if moment.log:
+def _do_due(job: Job, due: Due, stop: GracefulStop, report: Progress) -> str | None:
+    """What is due after an update, in the one order: log, evaluate, save, and stop if a signal came."""
+    if due.log:
         job.log(report)
-    if moment.evaluate and not _evaluate(job, report, stop):
+    if due.evaluate and not _evaluate(job, report, stop):
         return stop_here(job, stop)  # a signal came during the evaluation: it is redone on resume
-    if moment.save:
+    if due.save:
         save(job)
-    if (moment.sync or job.par.world_size == 1) and job.par.any(stop.requested is not None):
-        if not moment.sync:
-            settle(job)  # never checkpoint past a divergence
+    if (due.sync or job.par.world_size == 1) and job.par.any(stop.requested is not None):
+        if not due.sync:
+            sync_point(job)  # never checkpoint past a divergence
         return stop_here(job, stop)
     return None
 
@@ -272,7 +269,7 @@ def _follow(job: Job, moment: Moment, stop: GracefulStop, report: Progress) -> s
 def _finish_early(job: Job, report: Progress, stop: GracefulStop, unread: bool) -> None:
     """End at the deadline as at the end of the schedule: figures read, evaluated, saved."""
     if unread:
-        settle(job)  # never checkpoint past a divergence
+        sync_point(job)  # never checkpoint past a divergence
     _evaluate(job, report, stop)
     if job.state.saved != job.position():
         save(job)
@@ -303,10 +300,10 @@ def _memory(job: Job, evaluating: bool) -> Iterator[None]:
         # Rank 0 knows the path it wrote; another rank knows only that a checkpoint holds a position.
         saved = job.resumable and job.state.saved is not None
         where = (job.state.last_checkpoint or "the run's newest checkpoint") if saved else None
-        raise out_of_memory(job.state.device, during, job.smaller(evaluating), where) from e
+        raise out_of_memory(job.state.device, during, job.memory_advice(evaluating), where) from e
 
 
-def settle(job: Job) -> None:
+def sync_point(job: Job) -> None:
     """A sync point: stop the run if any update since the last one had a non-finite loss on any rank, then read the
     figures."""
     bad = job.state.watch.first()
@@ -318,7 +315,7 @@ def settle(job: Job) -> None:
         loss = bad[1] if bad and bad[0] == update else float("nan")  # another rank's: its value stayed there
         job.state.step = update - 1  # the weights before that update produced it: the ones to distrust
         raise diverged(job.state, f"loss became {loss} at update {update}")
-    job.read()
+    job.read_figures()
 
 
 def save(job: Job) -> None:

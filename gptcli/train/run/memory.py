@@ -6,7 +6,7 @@ more than many GPUs have, and a fine-tuning batch of long examples can too. PyTo
 always the same: compute each update in smaller parts (gradient accumulation gives the same update), or score
 held-out data in smaller batches. :func:`out_of_memory` is that error as one line that says which flag, to what value,
 and whether the run can continue from a checkpoint; the update loop raises it (:mod:`gptcli.train.run.loop`), and
-each job supplies the flag and the value (:meth:`gptcli.train.run.loop.Job.smaller`), since only it knows what its
+each job supplies the flag and the value (:meth:`gptcli.train.run.loop.Job.memory_advice`), since only it knows what its
 batches hold.
 
 No checkpoint is written after the error: an update cut short may have changed some weights and not others.
