@@ -148,19 +148,60 @@ def inactive_settings(cls: type, settings: dict[str, Any]) -> frozenset[str]:
     return frozenset(hook(settings)) if hook is not None else frozenset()
 
 
+CONFIG_FILE_LIMIT = 16 << 20  # far above any real config; /dev/zero or a runaway pipe is refused, not read forever
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as a dict, refusing a key given twice (the TOML reader refuses the same file)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise GPT1Error(f"setting {k!r} is given twice (keep one)")
+        out[k] = v
+    return out
+
+
+def _read_config_text(p: Path) -> str:
+    """The text of config file ``p``: a regular file, or a pipe such as ``/dev/stdin`` (read once, bounded)."""
+    try:
+        with open(p, "rb") as f:
+            data = f.read(CONFIG_FILE_LIMIT + 1)
+    except OSError as e:
+        raise GPT1Error(f"{p}: cannot read the config file ({e.strerror or e})") from None
+    if len(data) > CONFIG_FILE_LIMIT:
+        raise GPT1Error(f"{p}: more than {CONFIG_FILE_LIMIT:,} bytes, not a config file (give a .toml or .json file)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise GPT1Error(f"{p}: not a valid config file: {e}") from None
+
+
 def load_file(path: str | Path) -> dict[str, Any]:
-    """Read a ``.toml`` or ``.json`` config file into a dict, with a one-line error on failure."""
+    """Read a ``.toml`` or ``.json`` config file into a dict, with a one-line error on failure. A file without
+    either suffix (``/dev/stdin``) is JSON when it starts with ``{``, TOML otherwise."""
     p = Path(path)
     if p.is_dir():
         raise GPT1Error(f"{p}: a directory, not a config file (give a .toml or .json file, e.g. RUN/config.toml)")
-    if not p.is_file():
+    if not p.exists():
         raise GPT1Error(f"{p}: config file not found (check the path)")
+    text = _read_config_text(p)
+    is_json = p.suffix == ".json" or (p.suffix != ".toml" and text.lstrip().startswith("{"))
     try:
-        if p.suffix == ".json":
-            return json.loads(p.read_text(encoding="utf-8"))
-        return tomllib.loads(p.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        data = json.loads(text, object_pairs_hook=_refuse_duplicates) if is_json else tomllib.loads(text)
+    except GPT1Error as e:
         raise GPT1Error(f"{p}: not a valid config file: {e}") from None
+    except RecursionError:
+        raise GPT1Error(f"{p}: not a valid config file: nested too deeply") from None
+    except ValueError as e:  # decode errors, and integers longer than Python converts (thousands of digits)
+        why = "a number thousands of digits long (no setting takes one)" if "digits" in str(e) else str(e)
+        raise GPT1Error(f"{p}: not a valid config file: {why}") from None
+    if not isinstance(data, dict):
+        kind = {list: "a list", str: "a string", bool: "true or false"}.get(type(data), "a number")
+        raise GPT1Error(
+            f"{p}: not a valid config file: it holds {kind}, not a table of settings "
+            '(write {"setting": value, ...} in JSON or setting = value lines in TOML)'
+        )
+    return data
 
 
 def _toml_value(v: Any) -> str:
