@@ -94,6 +94,56 @@ def _optional_values(argv: list[str]) -> list[str]:
     return out
 
 
+# Options naming a model, whose default (no value) is the paper's model: typed empty (a shell variable never set), they
+# must not silently become a download of another model.
+MODEL_OPTIONS = ("--init", "--checkpoint", "-c", "--tokenizer")
+
+
+def _refuse_empty_models(argv: list[str]) -> None:
+    for i, a in enumerate(argv):
+        if a == "--":
+            return
+        name, eq, value = a.partition("=")
+        if a in MODEL_OPTIONS and i + 1 < len(argv):
+            name, value = a, argv[i + 1]
+        elif not (eq and name in MODEL_OPTIONS):
+            continue
+        if not value.strip():
+            raise GPT1Error(
+                f"{name} was given an empty value (name a checkpoint directory or a Hub id, or leave {name} out "
+                "for the default)"
+            )
+
+
+def _stray_hint(error: ClickError) -> str | None:
+    """For a stray positional argument (``gpt1 finetune rte``), the option it probably belongs to: a task name to
+    ``--task``, other words to ``--prompt``, a prepared corpus to ``--data``, a checkpoint or run directory to
+    ``--checkpoint`` or ``--init``."""
+    from pathlib import Path
+
+    message = str(getattr(error, "message", ""))
+    ctx = getattr(error, "ctx", None)
+    if "unexpected extra argument" not in message or ctx is None:
+        return None
+    stray = (message[message.rfind("(") + 1 : message.rfind(")")].split() or [""])[0]
+    options = {o for p in ctx.command.params for o in getattr(p, "opts", ())}
+    path = Path(stray)
+    candidates = []
+    if not path.exists():
+        from gptcli.tasks.registry import all_tasks
+
+        known = stray.lower() in {t.name for t in all_tasks()} | {"all"}
+        candidates.append("--task" if known else "--prompt")
+    elif (path / "manifest.json").is_file():
+        candidates.append("--data")
+    elif path.is_dir():
+        candidates += ["--checkpoint", "--init"]
+    for option in candidates:
+        if option in options:
+            return f"did you mean {option} {stray}?"
+    return f"options are named: see gpt1 {ctx.info_name} --help"
+
+
 def _untyped_help(option: Any) -> Any:
     """The ``--help`` option with an empty metavar, so that --help shows no ``<bool>`` type beside it: recent Typer
     prints a flag's type (reading as if the flag took a value) unless the option has a metavar. The options of
@@ -260,6 +310,7 @@ def main(argv: list[str] | None = None) -> None:
     previous = _catch_sigterm()
     try:
         args = _optional_values(list(sys.argv[1:] if argv is None else argv))
+        _refuse_empty_models(args)
         rv = command.main(args=args, prog_name="gpt1", standalone_mode=False)
     except GPT1Error as e:
         _record_for_launcher(e)
@@ -271,6 +322,9 @@ def main(argv: list[str] | None = None) -> None:
         err_console.print("[bold red]aborted[/]")
         sys.exit(130)
     except ClickError as e:  # usage errors: Click's own message and exit code (2)
+        hint = _stray_hint(e)
+        if hint is not None:
+            e.message = f"{e.message} ({hint})"  # type: ignore[attr-defined]
         e.show()
         sys.exit(e.exit_code)
     except typer.Exit as e:

@@ -52,7 +52,7 @@ OPTIONS = Options(
         ),
         CliOnly(
             "curve",
-            Optional[bool],
+            Optional[bool],  # noqa: UP045 - Typer reads this annotation at runtime
             None,
             ("--curve/--no-curve",),
             "Force or prevent the curve over checkpoints (default: on for --task all over a run directory, or "
@@ -110,9 +110,8 @@ def resolve(p: Parsed) -> tuple[ZeroShotConfig, list[str]]:
     console = stderr_console()
     specs = checkpoints or [cfg.checkpoint]
     if len(names) == 1:  # one task: its data first (fetched into the default data root when missing there)
-        defaults.task_data(
-            registry_task(names[0]), cfg.data_dir, console, check=any(defaults.from_hub(c) for c in specs)
-        )
+        hub = defaults.hub_model(specs, "--checkpoint")
+        defaults.task_data(registry_task(names[0]), cfg.data_dir, console, check=hub is not None, hub_model=hub)
     # No checkpoint anywhere: the paper's model (OpenAI's released GPT-1); Hub ids become converted checkpoints.
     checkpoints = [defaults.model(c, console) for c in specs]
     cfg.checkpoint = checkpoints[0]
