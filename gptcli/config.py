@@ -137,6 +137,7 @@ def coerce_fields(
             check_settings(v, f"{prefix}{k}.")
         else:
             check_setting(prefix + k, v)
+    check_together(kwargs)
     return kwargs
 
 
@@ -334,6 +335,21 @@ def check_setting(key: str, value: Any) -> None:
         raise GPT1Error(f"--{name.replace('_', '-')} {value} is impossible (it must be {want})")
 
 
+def check_together(settings: Mapping[str, Any]) -> None:
+    """The rules between settings. Decoupled weight decay multiplies every weight by ``1 - lr × weight_decay`` per
+    update: from 1 on, each update zeroes or flips the sign of every decayed weight, and training ends "done" on
+    garbage."""
+    lr, wd = settings.get("lr"), settings.get("weight_decay")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (lr, wd)):
+        return
+    assert lr is not None and wd is not None
+    if math.isfinite(lr * wd) and lr * wd >= 1:
+        raise GPT1Error(
+            f"--weight-decay {wd} with --lr {lr} is impossible (their product must be below 1: each update would "
+            "zero or flip the sign of every weight; the paper uses 0.01)"
+        )
+
+
 def check_settings(cfg: Any, prefix: str = "") -> None:
     """:func:`check_setting` on every field of a config dataclass (or mapping), nested ones included. A dataclass
     built in Python is first held to its field types as a config file is (:func:`check_types`)."""
@@ -351,3 +367,4 @@ def check_settings(cfg: Any, prefix: str = "") -> None:
             check_settings(v, f"{prefix}{k}.")
         else:
             check_setting(f"{prefix}{k}", v)
+    check_together(dict(items))
