@@ -31,6 +31,7 @@ from rich.markup import escape
 
 from gptcli import __version__
 from gptcli.errors import GPT1Error
+from gptcli.fsutil import printable
 from gptcli.torch_floor import check_torch
 
 # (subcommand, module in gptcli.commands, one-line summary for `gpt1 --help`), in the order of the paper's pipeline.
@@ -300,7 +301,8 @@ def _catch_sigterm() -> Any:
 
 def _error_line(text: str) -> None:
     # The message is text, not Rich markup: a path like "data/[abc].txt" or a gloo error "[/__w/…]" must print as is.
-    err_console.print(f"[bold red]error:[/] {escape(text)}", highlight=False, soft_wrap=True)
+    # One line by contract: a newline or escape sequence inside (a path the user typed) is shown escaped.
+    err_console.print(f"[bold red]error:[/] {escape(printable(text))}", highlight=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> None:

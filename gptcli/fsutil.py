@@ -174,6 +174,14 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def printable(text: str) -> str:
+    """``text`` with its control characters escaped (``\\n``, ``\\x1b``), as ``ls`` and ``git`` show such names: a
+    newline or a terminal escape in a path the user gave must not print as a forged line or a colour."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+
+
 def inside(directory: str | Path, rel: object) -> Path | None:
     """``directory / rel`` when ``rel`` is a relative path (a string) that stays inside ``directory`` once every
     symlink is followed; None for anything else (``../../etc/passwd``, ``/abs/path``, a link out, a non-string)."""

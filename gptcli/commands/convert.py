@@ -47,7 +47,7 @@ command = OPTIONS.command(run)
 
 def render(console: Console, result: ConvertResult) -> None:
     """Warnings first, then what was written."""
-    from rich.markup import escape
+    from gptcli.commands.render import escape
 
     for w in result.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)

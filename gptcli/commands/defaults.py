@@ -19,6 +19,7 @@ from pathlib import Path
 from rich.console import Console
 
 from gptcli.errors import GPT1Error
+from gptcli.fsutil import printable
 from gptcli.outputs import next_free
 from gptcli.tasks.base import Task
 
@@ -36,7 +37,9 @@ def model(spec: str | os.PathLike[str] | None, console: Console, flag: str = "--
         raise GPT1Error(f"{e}; a local checkpoint directory is given with {flag} DIR") from None
     if hub_model is not None:
         why = f" (no {flag} given: OpenAI's released GPT-1, the paper's model)" if not spec else ""
-        console.print(f"model: {chosen}{why} → {describe(hub_model)}", highlight=False, soft_wrap=True, markup=False)
+        console.print(
+            printable(f"model: {chosen}{why} → {describe(hub_model)}"), highlight=False, soft_wrap=True, markup=False
+        )
     return path
 
 
@@ -96,8 +99,10 @@ def _fetch(task: Task, console: Console) -> None:
 
     source = SOURCES[task.folder]
     console.print(
-        f"data: {task.folder} is not in {data_root()} (the default data root; GPT1_DATA is not set): "
-        f"fetching it from the Hugging Face Hub ({source.repo}), once",
+        printable(
+            f"data: {task.folder} is not in {data_root()} (the default data root; GPT1_DATA is not set): "
+            f"fetching it from the Hugging Face Hub ({source.repo}), once"
+        ),
         highlight=False,
         markup=False,
         soft_wrap=True,
@@ -131,7 +136,7 @@ def run_dir(base: str | Path, console: Console, flag: str = "--out") -> Path:
     base = Path(base)
     out = next_free(base)
     taken = f" ({base} exists; a default never reuses a run)" if out != base else ""
-    console.print(f"run directory: {out}{taken}", highlight=False, soft_wrap=True, markup=False)
+    console.print(printable(f"run directory: {out}{taken}"), highlight=False, soft_wrap=True, markup=False)
     return out
 
 

@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.markup import escape
 
 from gptcli.commands.options import CliOnly, Options, Parsed
-from gptcli.commands.render import RichProgress, WarningsOnly, details_table, stderr_console, stdout_console
+from gptcli.commands.render import RichProgress, WarningsOnly, details_table, escape, stderr_console, stdout_console
 from gptcli.errors import GPT1Error
 from gptcli.locks import main_rank_lock
 from gptcli.outputs import check_output

@@ -6,10 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.markup import escape
 
 from gptcli.commands.options import CliOnly, Nested, Options, Parsed
-from gptcli.commands.render import RichProgress, WarningsOnly, held_console, release_held, stderr_console
+from gptcli.commands.render import RichProgress, WarningsOnly, escape, held_console, release_held, stderr_console
 from gptcli.config import check_setting
 from gptcli.errors import GPT1Error
 from gptcli.locks import main_rank_lock

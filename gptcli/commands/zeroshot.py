@@ -143,9 +143,9 @@ def _sota_values(values: list[str]) -> dict[str, float]:
 
 
 def _run_one(cfg: ZeroShotConfig, progress: RichProgress) -> None:
-    from rich.markup import escape
     from rich.table import Table
 
+    from gptcli.commands.render import escape
     from gptcli.eval.zeroshot import zeroshot
 
     results, _, meta = zeroshot(cfg, progress=progress)
@@ -160,10 +160,11 @@ def _run_one(cfg: ZeroShotConfig, progress: RichProgress) -> None:
     console = stdout_console()
     console.print(table)
     if cfg.out:
-        console.print(f"wrote {Path(cfg.out) / 'results.json'}", highlight=False, markup=False)
+        console.print(escape(f"wrote {Path(cfg.out) / 'results.json'}"), highlight=False)
 
 
 def _run_curve(cfg: ZeroShotConfig, checkpoints: list[str], sota: dict[str, float], progress: RichProgress) -> None:
+    from gptcli.commands.render import escape
     from gptcli.eval.curve import run_curve
 
     curve = run_curve(cfg, checkpoints, sota=sota, progress=progress)
@@ -173,13 +174,14 @@ def _run_curve(cfg: ZeroShotConfig, checkpoints: list[str], sota: dict[str, floa
         console.print(line, highlight=False)
     if cfg.out:
         console.print(
-            f"wrote {Path(cfg.out) / 'curve.json'} and {Path(cfg.out) / 'curve.png'}", highlight=False, markup=False
+            escape(f"wrote {Path(cfg.out) / 'curve.json'} and {Path(cfg.out) / 'curve.png'}"), highlight=False
         )
 
 
 def _curve_table(curve: Any) -> Any:
-    from rich.markup import escape
     from rich.table import Table
+
+    from gptcli.commands.render import escape
 
     table = Table(title="zero-shot curve: score (normalised: 0 = random, 1 = SOTA)")
     table.add_column("step", justify="right")
