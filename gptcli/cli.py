@@ -284,19 +284,29 @@ def _out_of_memory_line(e: BaseException) -> str | None:
 
 
 class Terminated(BaseException):
-    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt: Python's default would end the process
-    on the spot and leave the command's hidden temporaries (a half-written corpus) behind."""
+    """SIGTERM or SIGHUP (a closed terminal or ssh session), raised in the main thread like Ctrl-C's
+    KeyboardInterrupt: Python's default would end the process on the spot and leave the command's hidden temporaries
+    (a half-written corpus) behind."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:  # noqa: ARG001
-    raise Terminated()
+    raise Terminated(signum)
 
 
-def _catch_sigterm() -> Any:
-    """Install :func:`_on_sigterm`; returns the handler it replaced (None where signals cannot be caught)."""
+# The signals that end a command as SIGTERM does (a training run checkpoints first: GracefulStop hears them too).
+STOP_SIGNALS = (signal.SIGTERM, *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()))
+
+
+def _catch_sigterm() -> dict[int, Any] | None:
+    """Install :func:`_on_sigterm` for STOP_SIGNALS; returns the handlers it replaced (None where signals cannot be
+    caught)."""
     if threading.current_thread() is not threading.main_thread():
         return None
-    return signal.signal(signal.SIGTERM, _on_sigterm)
+    return {s: signal.signal(s, _on_sigterm) for s in STOP_SIGNALS}
 
 
 def _error_line(text: str) -> None:
@@ -334,9 +344,9 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         err_console.print("[bold red]interrupted[/]")
         sys.exit(130)
-    except Terminated:
-        err_console.print("[bold red]terminated[/]")
-        sys.exit(143)
+    except Terminated as e:
+        err_console.print("[bold red]hung up[/]" if e.signum != signal.SIGTERM else "[bold red]terminated[/]")
+        sys.exit(128 + e.signum)
     except OSError as e:  # read-only or full disks, an --out that is a file: the user can act on these
         _record_for_launcher(e)
         if _state["debug"]:
@@ -351,6 +361,6 @@ def main(argv: list[str] | None = None) -> None:
         _error_line(line)
         sys.exit(1)
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for s, handler in (previous or {}).items():
+            signal.signal(s, handler)
     sys.exit(rv if isinstance(rv, int) else 0)

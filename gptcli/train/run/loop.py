@@ -70,13 +70,17 @@ class NonFiniteWatch:
         return (int(update), loss) if update >= 0 else None
 
 
+# SIGHUP (a closed terminal or ssh session) stops a run as SIGTERM does: with a checkpoint to resume from.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()))
+
+
 class GracefulStop:
     """Turns the first SIGINT/SIGTERM into a flag the loop checks between updates (so it can checkpoint and exit
     cleanly); a second signal interrupts at once unless ``escalate=False`` (the workers of a job, which receive one
     Ctrl-C twice — from the terminal and from the launcher — and must still checkpoint). Handlers are restored on
     exit; ``signals=()`` leaves them alone (a run that cannot resume has nothing to checkpoint)."""
 
-    def __init__(self, signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM), escalate: bool = True) -> None:
+    def __init__(self, signals: Sequence[int] = STOP_SIGNALS, escalate: bool = True) -> None:
         self.signals = signals
         self.escalate = escalate
         self.requested: int | None = None
