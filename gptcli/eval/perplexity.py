@@ -157,12 +157,12 @@ def corpus_perplexity(
     kernels: str | None = None,
     progress: Progress | None = None,
 ) -> list[CheckpointPerplexity]:
-    """Loss and perplexity of each checkpoint on ``split`` of the prepared corpus ``data`` (windows of
-    ``seq_len``, default each model's context; a longer one is refused). ``verify`` checks the shard checksums and each
-    checkpoint's file checksums first. A checkpoint trained with another tokenizer than the corpus's is refused:
-    its perplexity on these ids would mean nothing; one without a tokenizer is scored with a warning note (it cannot
-    be compared). ``kernels``: the mode the model computes in (``None``: the mode in force); the caller's is back
-    afterwards (:func:`gptcli.model.kernels.use_kernels`)."""
+    """Loss and perplexity of each checkpoint on ``split`` of the prepared corpus ``data`` (windows of ``seq_len``,
+    default the length each run trained at (:func:`trained_seq_len`), else the model's context; a longer one is
+    refused). ``verify`` checks the shard checksums and each checkpoint's file checksums first. A checkpoint trained
+    with another tokenizer than the corpus's is refused: its perplexity on these ids would mean nothing; one without
+    a tokenizer is scored with a warning note (it cannot be compared). ``kernels``: the mode the model computes in
+    (``None``: the mode in force); the caller's is back afterwards (:func:`gptcli.model.kernels.use_kernels`)."""
     with use_kernels(kernels):
         return _corpus_perplexity(
             checkpoints, data, split, batch_size, seq_len, device, precision, max_batches, verify, progress or SILENT
@@ -203,7 +203,8 @@ def _corpus_perplexity(
                     "was the corpus prepared with another tokenizer?"
                 )
             corpus.check_token_ids(split, ck.config.total_vocab)
-            n = seq_len or ck.config.n_ctx  # at most n_ctx: _check_checkpoint refused a longer one
+            # At most n_ctx: _check_checkpoint refused a longer one.
+            n = seq_len or min(trained_seq_len(ck.path) or ck.config.n_ctx, ck.config.n_ctx)
             res = evaluate_lm(ck.model, arrays, n, batch_size, device=dev, precision=prec, max_batches=max_batches)
             step = ck.meta.get("step")
             rows.append(
@@ -211,6 +212,22 @@ def _corpus_perplexity(
             )
             report.advance(1, loss=res.loss)
     return rows
+
+
+def trained_seq_len(checkpoint: Path) -> int | None:
+    """The window a pretraining run trained its checkpoint ``RUN/checkpoints/step-N`` at (``seq_len`` in
+    ``RUN/config.toml``), or None. Scoring a model trained on 128-token windows at its full 512-token context
+    measures positions it never learned, so the run's own length is the default window."""
+    from gptcli.config import load_file
+
+    config = checkpoint.parent.parent / "config.toml"
+    if checkpoint.parent.name != "checkpoints" or not config.is_file():
+        return None
+    try:
+        value = load_file(config).get("seq_len")
+    except GPT1Error:
+        return None  # a damaged run config is the run's problem: the model's context is still a valid default
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
 def _check_checkpoint(checkpoint: Path, corpus: Corpus, verify: bool, seq_len: int | None, report: Progress) -> None:
