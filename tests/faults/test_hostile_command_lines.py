@@ -56,3 +56,12 @@ def test_without_the_hub_data_and_model_are_named_at_once(command, flag, tmp_pat
     for extra in ([], ["--data-dir", tmp_path / "nowhere"]):
         res = gpt1([command, "--task", task, "--out", tmp_path / "run", *extra], capsys)
         assert_one_line_error(res, "--data-dir DIR", "GPT1_DATA", f"the model with {flag} CHECKPOINT")
+
+
+@pytest.mark.parametrize("direction", (["--from", "hf"], ["--to", "hf"]))
+def test_a_tokenizer_convert_would_not_read_is_refused(direction, run, tmp_path, capsys):
+    """``--tokenizer`` is read by ``--from openai`` alone; with ``--from hf`` it used to be ignored without a word."""
+    (tmp_path / "bpe").mkdir()
+    args = ["convert", *direction, run, "--tokenizer", tmp_path / "bpe", "--out", tmp_path / "out"]
+    assert_one_line_error(gpt1(args, capsys), "--tokenizer is read with --from openai only")
+    assert not (tmp_path / "out").exists()
