@@ -300,10 +300,13 @@ class RichProgress(Progress):
             return
         top = self._stack[-1]
         top["completed"] += n
-        text = _status_text(status)
         if top["task"] is not None:
+            # The bar has its own time-remaining column: the library's ETA field would show a second, different one.
+            text = _status_text({k: v for k, v in status.items() if k != "ETA"})
             self._bars.update(top["task"], advance=n, **({"status": text} if status else {}))
-        elif status and time.perf_counter() - self._last_line >= self.log_interval:
+            return
+        text = _status_text(status)
+        if status and time.perf_counter() - self._last_line >= self.log_interval:
             where = _of(top["completed"], top["total"], top["unit"]) if top["total"] else ""
             self._plain(f"{top['name']} {where}  {text}".replace("[bold]", "").replace("[/]", ""))
 
