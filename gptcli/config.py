@@ -295,7 +295,7 @@ RULES: dict[str, tuple[Any, str]] = {
     "beta2": (_between(0, 1, hi_open=True), "in [0, 1)"),
     "warmup": (_between(0, 1, hi_open=True), "a fraction of the updates in [0, 1)"),
     "seed": (_between(0, SEED_LIMIT, hi_open=True), f"an integer from 0 to {SEED_LIMIT - 1}"),
-    "samples": (_between(1, 1024), "from 1 to 1024 (they are generated as one batch)"),
+    "samples": (_between(1, 1024), "from 1 to 1024 (generated as one batch, or several when one would not fit)"),
     "temperature": (_POSITIVE[0], "a positive number (use --greedy for argmax decoding)"),
     "top_p": (_between(0, 1, lo_open=True), "in (0, 1]"),
     "task_fraction": (_between(0, 1, lo_open=True, hi_open=True), "in (0, 1)"),
