@@ -31,7 +31,7 @@ from rich.markup import escape
 
 from gptcli import __version__
 from gptcli.errors import GPT1Error
-from gptcli.fsutil import printable
+from gptcli.fsutil import printable, visible_path
 from gptcli.torch_floor import check_torch
 
 # (subcommand, module in gptcli.commands, one-line summary for `gpt1 --help`), in the order of the paper's pipeline.
@@ -255,7 +255,7 @@ def _record_for_launcher(e: BaseException) -> None:
 def os_error_line(e: OSError) -> str:
     """``<path>: <what the OS said> (<what to do>)`` for an error from the operating system."""
     what = e.strerror or str(e)
-    where = f"{e.filename}: " if e.filename else ""
+    where = f"{visible_path(e.filename)}: " if e.filename else ""  # the user's path, never a hidden temporary
     hint = {
         errno.ENOSPC: "free some space or write elsewhere; outputs already in place were kept",
         errno.EACCES: "check the permissions, or write elsewhere",
