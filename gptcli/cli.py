@@ -101,6 +101,8 @@ MODEL_OPTIONS = ("--init", "--checkpoint", "-c", "--tokenizer")
 
 
 def _refuse_empty_models(argv: list[str]) -> None:
+    if argv[:1] == ["lmeval"]:  # lm-eval's own arguments, passed on unchanged
+        return
     for i, a in enumerate(argv):
         if a == "--":
             return

@@ -340,9 +340,13 @@ def check_together(settings: Mapping[str, Any]) -> None:
     update: from 1 on, each update zeroes or flips the sign of every decayed weight, and training ends "done" on
     garbage."""
     lr, wd = settings.get("lr"), settings.get("weight_decay")
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (lr, wd)):
+    if (
+        isinstance(lr, bool)
+        or isinstance(wd, bool)
+        or not isinstance(lr, (int, float))
+        or not isinstance(wd, (int, float))
+    ):
         return
-    assert lr is not None and wd is not None
     if math.isfinite(lr * wd) and lr * wd >= 1:
         raise GPT1Error(
             f"--weight-decay {wd} with --lr {lr} is impossible (their product must be below 1: each update would "

@@ -191,7 +191,7 @@ def printable(text: str) -> str:
     newline or a terminal escape in a path the user gave must not print as a forged line or a colour."""
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def inside(directory: str | Path, rel: object) -> Path | None:
