@@ -142,7 +142,8 @@ class RunState:
     last_checkpoint: Path | None = None
     """The newest step checkpoint this process wrote or resumed from."""
     saved: Hashable = None
-    """The job's position (:meth:`Job.position`) that the newest step checkpoint holds: a stop there saves nothing new."""
+    """The job's position (:meth:`Job.position`) that the newest step checkpoint holds: a stop there saves nothing
+    new."""
     first_step: int = 0
     """The step this process started from (the resumed one), for rates and the ETA."""
     rank_seed: int | None = None
