@@ -374,8 +374,21 @@ def load_checkpoint(
     path: str | Path, *, map_location: str | torch.device = "cpu", load_tokenizer: bool = True, verify: bool = True
 ) -> Checkpoint:
     """Open a checkpoint (or the newest one in a run directory) as a model in eval mode on ``map_location``;
-    ``verify`` checks every file against the checksums in its config first."""
+    ``verify`` checks every file against the checksums in its config first. A checkpoint that a running job prunes
+    while it is read is said to be gone, not "unreadable"."""
     p = resolve_checkpoint(path)
+    try:
+        return _load_checkpoint(p, map_location, load_tokenizer, verify)
+    except (GPT1Error, OSError):
+        if (p / CONFIG).is_file():
+            raise
+        raise GPT1Error(
+            f"{p}: the checkpoint was removed while it was read (a running job replaced it with a newer one: try "
+            "again, or keep more checkpoints in that run with --keep-last)"
+        ) from None
+
+
+def _load_checkpoint(p: Path, map_location: str | torch.device, load_tokenizer: bool, verify: bool) -> Checkpoint:
     header = _read_header(p)
     if verify:
         check_intact(p)

@@ -31,6 +31,7 @@ from rich.markup import escape
 
 from gptcli import __version__
 from gptcli.errors import GPT1Error
+from gptcli.files.fsutil import printable, visible_path
 from gptcli.system.torch_floor import check_torch
 
 # (subcommand, module in gptcli.commands, one-line summary for `gpt1 --help`), in the order of the paper's pipeline.
@@ -92,6 +93,58 @@ def _optional_values(argv: list[str]) -> list[str]:
             a = f"{a}={OPTIONAL_VALUES[a]}"
         out.append(a)
     return out
+
+
+# Options naming a model, whose default (no value) is the paper's model: typed empty (a shell variable never set), they
+# must not silently become a download of another model.
+MODEL_OPTIONS = ("--init", "--checkpoint", "-c", "--tokenizer")
+
+
+def _refuse_empty_models(argv: list[str]) -> None:
+    if argv[:1] == ["lmeval"]:  # lm-eval's own arguments, passed on unchanged
+        return
+    for i, a in enumerate(argv):
+        if a == "--":
+            return
+        name, eq, value = a.partition("=")
+        if a in MODEL_OPTIONS and i + 1 < len(argv):
+            name, value = a, argv[i + 1]
+        elif not (eq and name in MODEL_OPTIONS):
+            continue
+        if not value.strip():
+            raise GPT1Error(
+                f"{name} was given an empty value (name a checkpoint directory or a Hub id, or leave {name} out "
+                "for the default)"
+            )
+
+
+def _stray_hint(error: ClickError) -> str | None:
+    """For a stray positional argument (``gpt1 finetune rte``), the option it probably belongs to: a task name to
+    ``--task``, other words to ``--prompt``, a prepared corpus to ``--data``, a checkpoint or run directory to
+    ``--checkpoint`` or ``--init``."""
+    from pathlib import Path
+
+    message = str(getattr(error, "message", ""))
+    ctx = getattr(error, "ctx", None)
+    if "unexpected extra argument" not in message or ctx is None:
+        return None
+    stray = (message[message.rfind("(") + 1 : message.rfind(")")].split() or [""])[0]
+    options = {o for p in ctx.command.params for o in getattr(p, "opts", ())}
+    path = Path(stray)
+    candidates = []
+    if not path.exists():
+        from gptcli.tasks.registry import all_tasks
+
+        known = stray.lower() in {t.name for t in all_tasks()} | {"all"}
+        candidates.append("--task" if known else "--prompt")
+    elif (path / "manifest.json").is_file():
+        candidates.append("--data")
+    elif path.is_dir():
+        candidates += ["--checkpoint", "--init"]
+    for option in candidates:
+        if option in options:
+            return f"did you mean {option} {stray}?"
+    return f"options are named: see gpt1 {ctx.info_name} --help"
 
 
 def _untyped_help(option: Any) -> Any:
@@ -204,7 +257,7 @@ def _record_for_launcher(e: BaseException) -> None:
 def os_error_line(e: OSError) -> str:
     """``<path>: <what the OS said> (<what to do>)`` for an error from the operating system."""
     what = e.strerror or str(e)
-    where = f"{e.filename}: " if e.filename else ""
+    where = f"{visible_path(e.filename)}: " if e.filename else ""  # the user's path, never a hidden temporary
     hint = {
         errno.ENOSPC: "free some space or write elsewhere; outputs already in place were kept",
         errno.EACCES: "check the permissions, or write elsewhere",
@@ -233,24 +286,35 @@ def _out_of_memory_line(e: BaseException) -> str | None:
 
 
 class Terminated(BaseException):
-    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt: Python's default would end the process
-    on the spot and leave the command's hidden temporaries (a half-written corpus) behind."""
+    """SIGTERM or SIGHUP (a closed terminal or ssh session), raised in the main thread like Ctrl-C's
+    KeyboardInterrupt: Python's default would end the process on the spot and leave the command's hidden temporaries
+    (a half-written corpus) behind."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:  # noqa: ARG001
-    raise Terminated()
+    raise Terminated(signum)
 
 
-def _catch_sigterm() -> Any:
-    """Install :func:`_on_sigterm`; returns the handler it replaced (None where signals cannot be caught)."""
+# The signals that end a command as SIGTERM does (a training run checkpoints first: GracefulStop hears them too).
+STOP_SIGNALS = (signal.SIGTERM, *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()))
+
+
+def _catch_sigterm() -> dict[int, Any] | None:
+    """Install :func:`_on_sigterm` for STOP_SIGNALS; returns the handlers it replaced (None where signals cannot be
+    caught)."""
     if threading.current_thread() is not threading.main_thread():
         return None
-    return signal.signal(signal.SIGTERM, _on_sigterm)
+    return {s: signal.signal(s, _on_sigterm) for s in STOP_SIGNALS}
 
 
 def _error_line(text: str) -> None:
     # The message is text, not Rich markup: a path like "data/[abc].txt" or a gloo error "[/__w/…]" must print as is.
-    err_console.print(f"[bold red]error:[/] {escape(text)}", highlight=False, soft_wrap=True)
+    # One line by contract: a newline or escape sequence inside (a path the user typed) is shown escaped.
+    err_console.print(f"[bold red]error:[/] {escape(printable(text))}", highlight=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -260,6 +324,7 @@ def main(argv: list[str] | None = None) -> None:
     previous = _catch_sigterm()
     try:
         args = _optional_values(list(sys.argv[1:] if argv is None else argv))
+        _refuse_empty_models(args)
         rv = command.main(args=args, prog_name="gpt1", standalone_mode=False)
     except GPT1Error as e:
         _record_for_launcher(e)
@@ -271,6 +336,9 @@ def main(argv: list[str] | None = None) -> None:
         err_console.print("[bold red]aborted[/]")
         sys.exit(130)
     except ClickError as e:  # usage errors: Click's own message and exit code (2)
+        hint = _stray_hint(e)
+        if hint is not None:
+            e.message = f"{e.message} ({hint})"  # type: ignore[attr-defined]
         e.show()
         sys.exit(e.exit_code)
     except typer.Exit as e:
@@ -278,9 +346,9 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         err_console.print("[bold red]interrupted[/]")
         sys.exit(130)
-    except Terminated:
-        err_console.print("[bold red]terminated[/]")
-        sys.exit(143)
+    except Terminated as e:
+        err_console.print("[bold red]hung up[/]" if e.signum != signal.SIGTERM else "[bold red]terminated[/]")
+        sys.exit(128 + e.signum)
     except OSError as e:  # read-only or full disks, an --out that is a file: the user can act on these
         _record_for_launcher(e)
         if _state["debug"]:
@@ -295,6 +363,6 @@ def main(argv: list[str] | None = None) -> None:
         _error_line(line)
         sys.exit(1)
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for s, handler in (previous or {}).items():
+            signal.signal(s, handler)
     sys.exit(rv if isinstance(rv, int) else 0)

@@ -137,6 +137,7 @@ def coerce_fields(
             check_settings(v, f"{prefix}{k}.")
         else:
             check_setting(prefix + k, v)
+    check_together(kwargs)
     return kwargs
 
 
@@ -148,19 +149,60 @@ def inactive_settings(cls: type, settings: dict[str, Any]) -> frozenset[str]:
     return frozenset(hook(settings)) if hook is not None else frozenset()
 
 
+CONFIG_FILE_LIMIT = 16 << 20  # far above any real config; /dev/zero or a runaway pipe is refused, not read forever
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object as a dict, refusing a key given twice (the TOML reader refuses the same file)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise GPT1Error(f"setting {k!r} is given twice (keep one)")
+        out[k] = v
+    return out
+
+
+def _read_config_text(p: Path) -> str:
+    """The text of config file ``p``: a regular file, or a pipe such as ``/dev/stdin`` (read once, bounded)."""
+    try:
+        with open(p, "rb") as f:
+            data = f.read(CONFIG_FILE_LIMIT + 1)
+    except OSError as e:
+        raise GPT1Error(f"{p}: cannot read the config file ({e.strerror or e})") from None
+    if len(data) > CONFIG_FILE_LIMIT:
+        raise GPT1Error(f"{p}: more than {CONFIG_FILE_LIMIT:,} bytes, not a config file (give a .toml or .json file)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise GPT1Error(f"{p}: not a valid config file: {e}") from None
+
+
 def load_file(path: str | Path) -> dict[str, Any]:
-    """Read a ``.toml`` or ``.json`` config file into a dict, with a one-line error on failure."""
+    """Read a ``.toml`` or ``.json`` config file into a dict, with a one-line error on failure. A file without
+    either suffix (``/dev/stdin``) is JSON when it starts with ``{``, TOML otherwise."""
     p = Path(path)
     if p.is_dir():
         raise GPT1Error(f"{p}: a directory, not a config file (give a .toml or .json file, e.g. RUN/config.toml)")
-    if not p.is_file():
+    if not p.exists():
         raise GPT1Error(f"{p}: config file not found (check the path)")
+    text = _read_config_text(p)
+    is_json = p.suffix == ".json" or (p.suffix != ".toml" and text.lstrip().startswith("{"))
     try:
-        if p.suffix == ".json":
-            return json.loads(p.read_text(encoding="utf-8"))
-        return tomllib.loads(p.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        data = json.loads(text, object_pairs_hook=_refuse_duplicates) if is_json else tomllib.loads(text)
+    except GPT1Error as e:
         raise GPT1Error(f"{p}: not a valid config file: {e}") from None
+    except RecursionError:
+        raise GPT1Error(f"{p}: not a valid config file: nested too deeply") from None
+    except ValueError as e:  # decode errors, and integers longer than Python converts (thousands of digits)
+        why = "a number thousands of digits long (no setting takes one)" if "digits" in str(e) else str(e)
+        raise GPT1Error(f"{p}: not a valid config file: {why}") from None
+    if not isinstance(data, dict):
+        kind = {list: "a list", str: "a string", bool: "true or false"}.get(type(data), "a number")
+        raise GPT1Error(
+            f"{p}: not a valid config file: it holds {kind}, not a table of settings "
+            '(write {"setting": value, ...} in JSON or setting = value lines in TOML)'
+        )
+    return data
 
 
 def _toml_value(v: Any) -> str:
@@ -253,7 +295,7 @@ RULES: dict[str, tuple[Any, str]] = {
     "beta2": (_between(0, 1, hi_open=True), "in [0, 1)"),
     "warmup": (_between(0, 1, hi_open=True), "a fraction of the updates in [0, 1)"),
     "seed": (_between(0, SEED_LIMIT, hi_open=True), f"an integer from 0 to {SEED_LIMIT - 1}"),
-    "samples": (_between(1, 1024), "from 1 to 1024 (they are generated as one batch)"),
+    "samples": (_between(1, 1024), "from 1 to 1024 (generated as one batch, or several when one would not fit)"),
     "temperature": (_POSITIVE[0], "a positive number (use --greedy for argmax decoding)"),
     "top_p": (_between(0, 1, lo_open=True), "in (0, 1]"),
     "task_fraction": (_between(0, 1, lo_open=True, hi_open=True), "in (0, 1)"),
@@ -293,6 +335,25 @@ def check_setting(key: str, value: Any) -> None:
         raise GPT1Error(f"--{name.replace('_', '-')} {value} is impossible (it must be {want})")
 
 
+def check_together(settings: Mapping[str, Any]) -> None:
+    """The rules between settings. Decoupled weight decay multiplies every weight by ``1 - lr × weight_decay`` per
+    update: from 1 on, each update zeroes or flips the sign of every decayed weight, and training ends "done" on
+    garbage."""
+    lr, wd = settings.get("lr"), settings.get("weight_decay")
+    if (
+        isinstance(lr, bool)
+        or isinstance(wd, bool)
+        or not isinstance(lr, (int, float))
+        or not isinstance(wd, (int, float))
+    ):
+        return
+    if math.isfinite(lr * wd) and lr * wd >= 1:
+        raise GPT1Error(
+            f"--weight-decay {wd} with --lr {lr} is impossible (their product must be below 1: each update would "
+            "zero or flip the sign of every weight; the paper uses 0.01)"
+        )
+
+
 def check_settings(cfg: Any, prefix: str = "") -> None:
     """:func:`check_setting` on every field of a config dataclass (or mapping), nested ones included. A dataclass
     built in Python is first held to its field types as a config file is (:func:`check_types`)."""
@@ -310,3 +371,4 @@ def check_settings(cfg: Any, prefix: str = "") -> None:
             check_settings(v, f"{prefix}{k}.")
         else:
             check_setting(f"{prefix}{k}", v)
+    check_together(dict(items))

@@ -9,6 +9,7 @@ from rich.console import Console
 
 from gptcli.commands.options import Options, Parsed
 from gptcli.commands.render import stderr_console
+from gptcli.errors import GPT1Error
 from gptcli.interop.convert import ConvertConfig, ConvertResult
 
 OPTIONS = Options(
@@ -33,6 +34,11 @@ def run(p: Parsed) -> None:
     cfg = p.resolve(ConvertConfig)
     console = stderr_console()
     cfg.check()  # before the spinner: a usage error is one line, not a spinner and a line
+    if cfg.tokenizer is not None and cfg.from_format != "openai":  # read by --from openai alone: never ignored
+        raise GPT1Error(
+            "--tokenizer is read with --from openai only (leave it out: a Hugging Face directory brings its own "
+            "tokenizer files, and --to hf exports the checkpoint's)"
+        )
     hub = hub_id_of(cfg.src) if cfg.from_format == "hf" and cfg.src else None
     if hub is not None:  # a local path of the same spelling would have won; huggingface_hub shows the download
         result = convert_from_hub(cfg, hub)
@@ -47,7 +53,7 @@ command = OPTIONS.command(run)
 
 def render(console: Console, result: ConvertResult) -> None:
     """Warnings first, then what was written."""
-    from rich.markup import escape
+    from gptcli.commands.render import escape
 
     for w in result.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)

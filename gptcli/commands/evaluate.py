@@ -20,6 +20,7 @@ from gptcli.commands.options import Options, Parsed
 from gptcli.commands.render import RichProgress, details_table, results_table, stderr_console, stdout_console
 from gptcli.errors import GPT1Error
 from gptcli.eval.tasks import EvalConfig
+from gptcli.files.fsutil import printable
 
 OPTIONS = Options(
     EvalConfig,
@@ -62,8 +63,9 @@ command = OPTIONS.command(run)
 
 def perplexity_table(rows: Sequence[dict[str, Any]], data: str | Path, split: str) -> Any:
     """One row per checkpoint (``evaluate_tasks``'s perplexity dicts): step, loss, perplexity, tokens scored."""
-    from rich.markup import escape
     from rich.table import Table
+
+    from gptcli.commands.render import escape
 
     table = Table(title=escape(f"perplexity on {data} [{split}]"))
     for h in ("checkpoint", "step", "loss", "perplexity", "tokens"):
@@ -81,7 +83,7 @@ def perplexity_table(rows: Sequence[dict[str, Any]], data: str | Path, split: st
 
 def show_task_results(results: Sequence[dict[str, Any]], console: Console, details: bool = True) -> None:
     """Skipped rows, the combined runs × tasks table, every metric (``details``), and where each result went."""
-    from rich.markup import escape
+    from gptcli.commands.render import escape
 
     for r in results:
         if r.get("skipped_rows"):
@@ -94,4 +96,4 @@ def show_task_results(results: Sequence[dict[str, Any]], console: Console, detai
         console.print(details_table(results, notes=False))
     for r in results:
         where = r.get("submission") or r.get("out_dir")
-        console.print(f"{r['run']} · {r['task']} ({r['split']}): {where}", highlight=False, markup=False)
+        console.print(printable(f"{r['run']} · {r['task']} ({r['split']}): {where}"), highlight=False, markup=False)

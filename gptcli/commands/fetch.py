@@ -53,7 +53,7 @@ command = OPTIONS.command(run)
 
 
 def _say(console: Console, r: Fetched) -> None:
-    from rich.markup import escape
+    from gptcli.commands.render import escape
 
     if r.status == "fetched":
         counts = ", ".join(f"{name} {n:,}" for name, n in r.rows.items())
@@ -72,9 +72,9 @@ def _say(console: Console, r: Fetched) -> None:
 
 
 def _sources_table(cfg: FetchConfig) -> Any:
-    from rich.markup import escape
     from rich.table import Table
 
+    from gptcli.commands.render import escape
     from gptcli.tasks import all_tasks
     from gptcli.tasks.base import data_root
     from gptcli.tasks.sources import SOURCES

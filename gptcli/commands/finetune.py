@@ -1,4 +1,5 @@
-"""`gpt1 finetune`: options derived from FinetuneConfig, run it, render the outcome; `--list-tasks` shows the registry."""
+"""`gpt1 finetune`: options derived from FinetuneConfig, run it, render the outcome; `--list-tasks` shows the
+registry."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.markup import escape
 
 from gptcli.commands.options import CliOnly, Options, Parsed
-from gptcli.commands.render import RichProgress, WarningsOnly, details_table, stderr_console, stdout_console
+from gptcli.commands.render import RichProgress, WarningsOnly, details_table, escape, stderr_console, stdout_console
 from gptcli.errors import GPT1Error
 from gptcli.files.locks import main_rank_lock
 from gptcli.files.outputs import check_output
@@ -177,7 +177,8 @@ def _fill_defaults(cfg: FinetuneConfig, console: Any) -> None:
     from gptcli.tasks import get_task
 
     task = get_task(cfg.task)  # an unknown task, or missing data, is one line before any model is downloaded
-    defaults.task_data(task, cfg.data_dir, console, check=cfg.init.lower() != "none" and defaults.from_hub(cfg.init))
+    hub = defaults.hub_model([cfg.init], "--init") if cfg.init.lower() != "none" else None
+    defaults.task_data(task, cfg.data_dir, console, check=hub is not None, hub_model=hub)
     if cfg.init.lower() != "none":
         cfg.init = defaults.model(cfg.init, console, "--init")
     if cfg.tokenizer:

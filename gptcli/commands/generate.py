@@ -50,7 +50,9 @@ def run(p: Parsed) -> None:
     dt = gen.seconds
     rate = n / dt if dt > 0 else float("inf")
     mode = "greedy" if cfg.greedy else f"T={cfg.temperature} top-k={cfg.top_k} top-p={cfg.top_p}"
-    batch = f", {cfg.samples} samples as one batch" if cfg.samples > 1 else ""
+    batch = ""
+    if cfg.samples > 1:
+        batch = f", {cfg.samples} samples as " + ("one batch" if gen.batches == 1 else f"{gen.batches} batches")
     err.print(
         f"[dim]{n} tokens in {dt:.2f} s ({rate:.1f} tokens/s, {mode}{batch}, "
         f"{'KV cache' if cfg.use_cache else 'no cache'}, {gen.device})[/]",

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 
 from gptcli.commands.options import CliOnly, Options, Parsed
+from gptcli.commands.render import escape
 from gptcli.errors import GPT1Error
 
 

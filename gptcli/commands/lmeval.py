@@ -17,6 +17,8 @@ from pathlib import Path
 
 import typer
 
+from gptcli.errors import GPT1Error
+
 COMMAND_SETTINGS = {
     "context_settings": {"allow_extra_args": True, "ignore_unknown_options": True},
     "help": "lm-evaluation-harness with the gpt1 model: [bold]gpt1 lmeval --model gpt1 --model_args "
@@ -26,7 +28,7 @@ COMMAND_SETTINGS = {
 
 def command(
     ctx: typer.Context,
-    local_tasks: Path | None = typer.Option(
+    local_tasks: Path | None = typer.Option(  # noqa: B008 - Typer's way of declaring an option
         None,
         "--local-tasks",
         metavar="ROOT",
@@ -37,4 +39,12 @@ def command(
     """lm-evaluation-harness ([bold]lm_eval[/]'s arguments, unchanged) with the gpt1 model registered."""
     from gptcli.eval.lmeval import run_cli
 
-    run_cli(list(ctx.args), local_tasks)
+    try:
+        run_cli(list(ctx.args), local_tasks)
+    except ValueError as e:
+        if not str(e).startswith("Tasks not found"):  # lm-eval's message for an unknown --tasks name
+            raise
+        raise GPT1Error(
+            f"{e} (list lm-eval's tasks with `gpt1 lmeval ls tasks`; gpt1's offline gpt1_sst2, gpt1_storycloze and "
+            "gpt1_wikitext2 need --local-tasks ROOT)"
+        ) from None

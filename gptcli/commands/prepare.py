@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Optional
 
 from rich.console import Console
-from rich.markup import escape
 
 from gptcli.commands.options import CliOnly, Options, Parsed
+from gptcli.commands.render import escape
 from gptcli.data.prepare import PrepareConfig, PrepareResult
 from gptcli.errors import GPT1Error
 
@@ -26,7 +26,7 @@ OPTIONS = Options(
     cli_only=[
         CliOnly(
             "inspect",
-            Optional[Path],
+            Optional[Path],  # noqa: UP045 - Typer reads this annotation at runtime
             None,
             ("--inspect",),
             "Do not prepare: summarise and verify this corpus directory (= `gpt1 inspect DIR`).",

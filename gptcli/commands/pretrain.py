@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.markup import escape
 
 from gptcli.commands.options import CliOnly, Nested, Options, Parsed
-from gptcli.commands.render import RichProgress, WarningsOnly, held_console, release_held, stderr_console
+from gptcli.commands.render import RichProgress, WarningsOnly, escape, held_console, release_held, stderr_console
+from gptcli.config import check_setting
 from gptcli.errors import GPT1Error
 from gptcli.files.locks import main_rank_lock
 from gptcli.files.outputs import check_output
@@ -147,6 +147,7 @@ def _settings_under_the_options(p: Parsed, console: Any) -> dict[str, Any]:
         check_output(Path(out), "pretrain-run", overwrite=True, inputs=data, replacing=False)
     base = {**p.base(out / CONFIG_FILE if resume and out is not None else None), "resume": resume}
     if p.cli["dropout"] is not None:
+        check_setting("dropout", p.cli["dropout"])  # named as typed, before it becomes the preset's fields
         # Under the given options: --n-layer and the like merge over this table; no option names a dropout field.
         preset = p.given.get("preset", base.get("preset", PretrainConfig.preset))
         base["model"] = {**base.get("model", {}), **dict.fromkeys(dropout_fields(str(preset)), p.cli["dropout"])}

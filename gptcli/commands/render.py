@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console, Group
-from rich.markup import escape
+from rich.markup import escape as escape_markup
 from rich.progress import (
     BarColumn,
     ProgressColumn,
@@ -38,7 +38,15 @@ from rich.table import Table
 from rich.text import Text
 
 from gptcli.eval.baselines import MARGIN, constant_sentence, level, verdict
+from gptcli.files.fsutil import printable
 from gptcli.progress import Level, Progress
+
+
+def escape(text: str) -> str:
+    """``text`` to print inside Rich markup: its brackets escaped, and its control characters too (a newline in a
+    path must not print as a forged line of its own)."""
+    return escape_markup(printable(text))
+
 
 METRIC_SHORT = {"accuracy": "acc", "f1": "F1", "mcc": "MCC", "pearson": "Pearson", "spearman": "Spearman"}
 
@@ -292,10 +300,13 @@ class RichProgress(Progress):
             return
         top = self._stack[-1]
         top["completed"] += n
-        text = _status_text(status)
         if top["task"] is not None:
+            # The bar has its own time-remaining column: the library's ETA field would show a second, different one.
+            text = _status_text({k: v for k, v in status.items() if k != "ETA"})
             self._bars.update(top["task"], advance=n, **({"status": text} if status else {}))
-        elif status and time.perf_counter() - self._last_line >= self.log_interval:
+            return
+        text = _status_text(status)
+        if status and time.perf_counter() - self._last_line >= self.log_interval:
             where = _of(top["completed"], top["total"], top["unit"]) if top["total"] else ""
             self._plain(f"{top['name']} {where}  {text}".replace("[bold]", "").replace("[/]", ""))
 
@@ -303,7 +314,7 @@ class RichProgress(Progress):
         if level == "warn":
             self.console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
         else:
-            self.console.print(message, highlight=False, soft_wrap=True, markup=False)
+            self.console.print(printable(message), highlight=False, soft_wrap=True, markup=False)
 
     def end(self, summary: str = "") -> None:
         if not self._stack:
@@ -347,7 +358,7 @@ class RichProgress(Progress):
 
     def _plain(self, line: str) -> None:
         self._last_line = time.perf_counter()
-        self.console.print(line, highlight=False, markup=False, soft_wrap=True)
+        self.console.print(printable(line), highlight=False, markup=False, soft_wrap=True)
 
 
 def _amount(x: float | None, unit: str) -> str:

@@ -52,7 +52,7 @@ OPTIONS = Options(
         ),
         CliOnly(
             "curve",
-            Optional[bool],
+            Optional[bool],  # noqa: UP045 - Typer reads this annotation at runtime
             None,
             ("--curve/--no-curve",),
             "Force or prevent the curve over checkpoints (default: on for --task all over a run directory, or "
@@ -110,9 +110,8 @@ def resolve(p: Parsed) -> tuple[ZeroShotConfig, list[str]]:
     console = stderr_console()
     specs = checkpoints or [cfg.checkpoint]
     if len(names) == 1:  # one task: its data first (fetched into the default data root when missing there)
-        defaults.task_data(
-            registry_task(names[0]), cfg.data_dir, console, check=any(defaults.from_hub(c) for c in specs)
-        )
+        hub = defaults.hub_model(specs, "--checkpoint")
+        defaults.task_data(registry_task(names[0]), cfg.data_dir, console, check=hub is not None, hub_model=hub)
     # No checkpoint anywhere: the paper's model (OpenAI's released GPT-1); Hub ids become converted checkpoints.
     checkpoints = [defaults.model(c, console) for c in specs]
     cfg.checkpoint = checkpoints[0]
@@ -144,9 +143,9 @@ def _sota_values(values: list[str]) -> dict[str, float]:
 
 
 def _run_one(cfg: ZeroShotConfig, progress: RichProgress) -> None:
-    from rich.markup import escape
     from rich.table import Table
 
+    from gptcli.commands.render import escape
     from gptcli.eval.zeroshot import zeroshot
 
     results, _, meta = zeroshot(cfg, progress=progress)
@@ -161,10 +160,11 @@ def _run_one(cfg: ZeroShotConfig, progress: RichProgress) -> None:
     console = stdout_console()
     console.print(table)
     if cfg.out:
-        console.print(f"wrote {Path(cfg.out) / 'results.json'}", highlight=False, markup=False)
+        console.print(escape(f"wrote {Path(cfg.out) / 'results.json'}"), highlight=False)
 
 
 def _run_curve(cfg: ZeroShotConfig, checkpoints: list[str], sota: dict[str, float], progress: RichProgress) -> None:
+    from gptcli.commands.render import escape
     from gptcli.eval.curve import run_curve
 
     curve = run_curve(cfg, checkpoints, sota=sota, progress=progress)
@@ -174,13 +174,14 @@ def _run_curve(cfg: ZeroShotConfig, checkpoints: list[str], sota: dict[str, floa
         console.print(line, highlight=False)
     if cfg.out:
         console.print(
-            f"wrote {Path(cfg.out) / 'curve.json'} and {Path(cfg.out) / 'curve.png'}", highlight=False, markup=False
+            escape(f"wrote {Path(cfg.out) / 'curve.json'} and {Path(cfg.out) / 'curve.png'}"), highlight=False
         )
 
 
 def _curve_table(curve: Any) -> Any:
-    from rich.markup import escape
     from rich.table import Table
+
+    from gptcli.commands.render import escape
 
     table = Table(title="zero-shot curve: score (normalised: 0 = random, 1 = SOTA)")
     table.add_column("step", justify="right")

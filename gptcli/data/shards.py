@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from gptcli.errors import GPT1Error
-from gptcli.files.fsutil import sha256_file, write_text_atomic
+from gptcli.files.fsutil import inside, regular_file_problem, sha256_file, write_text_atomic
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -166,6 +166,13 @@ def read_shard(path: str | Path) -> Shard:
         raise GPT1Error(f"{p}: not a readable token shard ({e})") from None
     if table.column_names != ["tokens"] or table.column(0).num_chunks > 1:
         raise GPT1Error(f"{p}: unexpected shard layout (expected one batch with a 'tokens' list column)")
+    value_type = getattr(table.schema.field("tokens").type, "value_type", None)
+    if value_type not in (pa.uint16(), pa.uint32()):
+        # Ids are unsigned by format: a signed or float column could hold -1 or 2.5, which no max() check catches.
+        raise GPT1Error(
+            f"{p}: holds token ids of type {value_type or table.schema.field('tokens').type}, not uint16 or uint32 "
+            "(the shard was not written by `gpt1 prepare`: prepare the corpus again)"
+        )
     chunk = table.column(0).chunk(0) if table.num_rows else None
     if chunk is None:
         return Shard(p, np.zeros(0, dtype=np.uint16), np.zeros(1, dtype=np.int64), source)
@@ -199,6 +206,13 @@ class Corpus:
         damage = _manifest_damage(self.manifest)
         if damage is not None:
             raise GPT1Error(f"{mpath}: {damage} (prepare the corpus again)")
+        # Every path first, as for a checkpoint's checksum table: a manifest names shards inside its corpus only
+        # (never ../../elsewhere, /an/absolute/path or a link out, which would be hashed and trained on).
+        outside = [e["file"] for e in self.manifest["shards"] if inside(self.dir, e["file"]) is None]
+        if outside:
+            raise GPT1Error(
+                f"{mpath}: lists shard {outside[0]!r}, which is not a file inside the corpus (prepare the corpus again)"
+            )
 
     @cached_property
     def tokenizer(self):
@@ -221,8 +235,11 @@ class Corpus:
         out = []
         for e in entries:
             path = self.dir / e["file"]
-            if not path.is_file():
+            problem = regular_file_problem(path)
+            if problem == "missing":
                 raise GPT1Error(f"{path}: shard listed in the manifest is missing")
+            if problem is not None:
+                raise GPT1Error(f"{path}: shard listed in the manifest is {problem} (prepare the corpus again)")
             out.append(read_shard(path))
         return out
 
@@ -295,8 +312,9 @@ class Corpus:
             )
         for e in self.manifest["shards"]:
             path = self.dir / e["file"]
-            if not path.is_file():
-                problems.append(f"{path}: missing")
+            problem = regular_file_problem(path)
+            if problem is not None:
+                problems.append(f"{path}: {problem}")
             elif sha256_file(path) != e["sha256"]:
                 problems.append(
                     f"{path}: checksum mismatch (expected sha256 {e['sha256'][:12]}…); "

@@ -55,6 +55,8 @@ def quiet_worker() -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if hasattr(signal, "SIGHUP"):  # the command line's handler too, reaching the workers with the terminal's hangup
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def _worker_init() -> None:

@@ -16,7 +16,6 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -28,9 +27,6 @@ from gptcli.model.kernels import use_kernels
 from gptcli.model.losses import IGNORE, next_token_nll
 from gptcli.progress import SILENT, Progress, staged
 from gptcli.system.runtime import Precision, autocast, resolve_device, resolve_precision
-
-if TYPE_CHECKING:
-    from gptcli.model.build import LanguageModel
 
 
 @dataclass
@@ -128,8 +124,7 @@ def _batch_nll(
         y[row, :skip] = IGNORE
     y = y.to(device)
     with autocast(device, precision):
-        # Any module with the GPT interface (GPT or LSTMLM, possibly unwrapped from DDP) has lm_logits.
-        logits = cast("LanguageModel", model).lm_logits(model(x))
+        logits = model.lm_logits(model(x))
     nll = next_token_nll(logits, y, reduction="sum")
     return nll.double(), int((y != IGNORE).sum())
 
@@ -163,10 +158,11 @@ def corpus_perplexity(
     progress: Progress | None = None,
 ) -> list[CheckpointPerplexity]:
     """Loss and perplexity of each checkpoint on ``split`` of the prepared corpus ``data`` (windows of ``seq_len``,
-    default each model's context). ``verify`` checks the shard and checkpoint checksums first. A checkpoint trained
-    with another tokenizer than the corpus's is refused, since its perplexity on these ids would mean nothing.
-    ``kernels``: the mode the model computes in (``None``: the mode in force); the caller's is back afterwards
-    (:func:`gptcli.model.kernels.use_kernels`)."""
+    default the length each run trained at (:func:`trained_seq_len`), else the model's context; a longer one is
+    refused). ``verify`` checks the shard checksums and each checkpoint's file checksums first. A checkpoint trained
+    with another tokenizer than the corpus's is refused: its perplexity on these ids would mean nothing; one without
+    a tokenizer is scored with a warning note (it cannot be compared). ``kernels``: the mode the model computes in
+    (``None``: the mode in force); the caller's is back afterwards (:func:`gptcli.model.kernels.use_kernels`)."""
     with use_kernels(kernels):
         return _corpus_perplexity(
             checkpoints, data, split, batch_size, seq_len, device, precision, max_batches, verify, progress or SILENT
@@ -207,7 +203,8 @@ def _corpus_perplexity(
                     "was the corpus prepared with another tokenizer?"
                 )
             corpus.check_token_ids(split, ck.config.total_vocab)
-            n = seq_len or ck.config.n_ctx  # at most n_ctx: _check_checkpoint refused a longer one
+            # At most n_ctx: _check_checkpoint refused a longer one.
+            n = seq_len or min(trained_seq_len(ck.path) or ck.config.n_ctx, ck.config.n_ctx)
             res = evaluate_lm(ck.model, arrays, n, batch_size, device=dev, precision=prec, max_batches=max_batches)
             step = ck.meta.get("step")
             rows.append(
@@ -215,6 +212,22 @@ def _corpus_perplexity(
             )
             report.advance(1, loss=res.loss)
     return rows
+
+
+def trained_seq_len(checkpoint: Path) -> int | None:
+    """The window a pretraining run trained its checkpoint ``RUN/checkpoints/step-N`` at (``seq_len`` in
+    ``RUN/config.toml``), or None. Scoring a model trained on 128-token windows at its full 512-token context
+    measures positions it never learned, so the run's own length is the default window."""
+    from gptcli.config import load_file
+
+    config = checkpoint.parent.parent / "config.toml"
+    if checkpoint.parent.name != "checkpoints" or not config.is_file():
+        return None
+    try:
+        value = load_file(config).get("seq_len")
+    except GPT1Error:
+        return None  # a damaged run config is the run's problem: the model's context is still a valid default
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
 def _check_checkpoint(checkpoint: Path, corpus: Corpus, verify: bool, seq_len: int | None, report: Progress) -> None:
@@ -236,9 +249,11 @@ def _check_checkpoint(checkpoint: Path, corpus: Corpus, verify: bool, seq_len: i
 
 
 def _check_tokenizer(checkpoint: Path, corpus: Corpus, report: Progress) -> None:
-    """Refuse a checkpoint trained with another tokenizer than the corpus's. One without tokenizer/ (a bare or
-    converted model) is scored with a warning that the tokenizer was not checked: unlike zero-shot, which must encode
-    text, the corpus here is already ids, so the user vouches for its tokenizer (as fine-tuning's --tokenizer does)."""
+    """Refuse a checkpoint trained with another tokenizer than the corpus's. A checkpoint without tokenizer/ (a
+    bare or converted model) cannot be compared: it is scored on the corpus's ids (the vocabulary check in
+    :func:`corpus_perplexity` still applies), with a warning saying the tokenizer was not checked. Unlike zero-shot,
+    which must encode text and so refuses such a checkpoint, the corpus here is already ids: the user vouches for
+    its tokenizer, as fine-tuning's --tokenizer does."""
     mine, theirs = tokenizer_fingerprint(checkpoint / TOKENIZER), corpus.tokenizer_fingerprint()
     if mine is None or theirs is None:
         lacking = checkpoint if mine is None else corpus.dir

@@ -70,7 +70,7 @@ class EvalConfig:
     batch_size: int = 8
     """Sequences per forward pass (a task example with several sequences counts once)."""
     seq_len: int | None = None
-    """Perplexity window length (default: the model's context)."""
+    """Perplexity window length (default: the length the pretraining run trained at, else the model's context)."""
     device: str = "auto"
     """auto, cpu or cuda[:N]."""
     precision: str = "fp32"

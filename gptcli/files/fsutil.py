@@ -8,6 +8,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import uuid
@@ -41,6 +42,17 @@ def temp_sibling(target: str | Path, tag: str = "partial") -> Path:
 
 LEFTOVER_TAGS = ("partial", "old", "new", "tmp", "fetch")
 """The hidden siblings an interrupted write can leave beside an output ``NAME``: ``.NAME.<tag>-…``."""
+
+_HIDDEN_TEMP = re.compile(rf"^\.(.+)\.(?:{'|'.join(LEFTOVER_TAGS)})-[0-9a-f-]+$")
+
+
+def visible_path(path: str | os.PathLike[str]) -> str:
+    """``path`` with each hidden temporary sibling of :func:`temp_sibling` or :func:`write_text_atomic`
+    (``.NAME.partial-PID-ID``) named as the output it becomes (``NAME``): what a message shows the user, who never
+    sees those names (``RUN/.checkpoints.partial-1-ab/x`` → ``RUN/checkpoints/x``)."""
+    parts = Path(path).parts
+    return str(Path(*(m.group(1) if (m := _HIDDEN_TEMP.match(p)) else p for p in parts))) if parts else str(path)
+
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -172,6 +184,14 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters escaped (``\\n``, ``\\x1b``), as ``ls`` and ``git`` show such names: a
+    newline or a terminal escape in a path the user gave must not print as a forged line or a colour."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def inside(directory: str | Path, rel: object) -> Path | None:

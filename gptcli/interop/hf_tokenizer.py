@@ -124,16 +124,20 @@ _UNITS = (
 # Where spaCy's English rules split a standardised word, as zero-width patterns (Oniguruma, the engine of
 # tokenizers: ``^``/``$`` match at line ends, ``\z`` at the end of the text). Case-insensitive.
 _END = r"(?:\s|$)"
+# A clitic's end: the end of a word, or a final period, ellipsis or colon (which spaCy splits off first, then the
+# clitic: "wasn't." is was|n't|., "Caroline's." caroline|'s|.), a closing quote allowed after the period.
+_CLITIC_END = rf"(?:\.\.\.|\.'?|:)?{_END}"
 _SPACY_SPLITS = (
-    rf"(?<=\p{{L}})(?=n't{_END})",
+    rf"(?<=\p{{L}})(?=n't{_CLITIC_END})",
     r"(?<=\bcan)(?=not\b)",  # do|n't, ca|n't, can|not
-    rf"(?<=[\p{{L}}\p{{N}}])(?='s{_END})",  # it|'s, john|'s
-    *(rf"(?<=\b{w})(?='(?:m|d|ll|re|ve){_END})" for w in _PRONOUNS),  # i|'m, they|'ll (spaCy's exceptions)
-    rf"(?<=[^\s'])(?='{_END})",  # dogs|'
+    rf"(?<=[\p{{L}}\p{{N}}])(?='s{_CLITIC_END})",  # it|'s, john|'s
+    *(rf"(?<=\b{w})(?='(?:m|d|ll|re|ve){_CLITIC_END})" for w in _PRONOUNS),  # i|'m, they|'ll (spaCy's exceptions)
+    rf"(?<=[^\s'])(?='{_CLITIC_END})",  # dogs|'
     rf"(?<=(?:^|\s)')(?!(?:s|(?-i:d|ll|re|em|cause|bout)){_END})(?=[^\s'])",  # '|hello (spaCy keeps 's 're 'em…)
     r"(?<=[\p{L}\p{N}%'])(?<!\.\p{L})(?<!\b\p{L})"
     + "".join(rf"(?<!\b(?-i:{a.title()}))" for a in _ABBREVIATIONS)
     + rf"(?=\.['\"]?{_END})",  # end|.  (but U.S., e.g., E., Mr. stay whole)
+    rf"(?<=\p{{L}}'\p{{L}})(?=\.['\"]?{_END})",  # n't|.  's|.  'm|.  (a one-letter clitic is no initial)
     r"(?<=[^.\s])(?=\.\.\.)",
     r"(?<=\.\.\.)(?=[^.\s])",  # wait|...|what
     rf"(?<=\S)(?=:{_END})",
@@ -274,14 +278,15 @@ def special_token_ids(tok: Any) -> dict[str, int]:
 def write_hf_tokenizer(directory: Path, tok: Any, n_ctx: int) -> None:
     """``tokenizer.json``, ``tokenizer_config.json`` and ``special_tokens_map.json`` for ``tok`` in ``directory``
     (a fresh temporary directory renamed into place whole, so plain writes suffice). The unknown token is the only
-    special token: GPT-1 has no BOS, EOS or padding token (lm-eval's ``hf`` model pads with it)."""
+    special token, and the padding token too: GPT-1 has no BOS, EOS or padding token, and batched pipelines of
+    transformers refuse to pad without one (padded positions are masked out, so which id pads does not matter)."""
     body = tokenizer_json(tok)
     unk = body["model"]["unk_token"]
     newline = tok.newline_id if tok.kind == "sentencepiece" else tok.encoder.get(NEWLINE + "</w>")
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": n_ctx,
-        **({"unk_token": unk} if unk else {}),
+        **({"unk_token": unk, "pad_token": unk} if unk else {}),
         "clean_up_tokenization_spaces": False,
         "gpt1": {
             "kind": tok.kind,
@@ -294,5 +299,5 @@ def write_hf_tokenizer(directory: Path, tok: Any, n_ctx: int) -> None:
     (directory / "tokenizer_config.json").write_text(
         json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
     )
-    specials = {"unk_token": unk} if unk else {}
+    specials = {"unk_token": unk, "pad_token": unk} if unk else {}
     (directory / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", encoding="utf-8")

@@ -18,6 +18,7 @@ set). The caller decides where the text goes::
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +28,32 @@ from gptcli.errors import GPT1Error
 from gptcli.model.generate import GenerateConfig, iter_generate, iter_generate_batch
 from gptcli.model.kernels import check_mode, use_kernels
 from gptcli.progress import SILENT, Progress, staged
+
+PASS_BYTES = 2 << 30
+"""What one batch of samples may hold on a CPU (their caches and per-step logits); on a GPU, half its free memory.
+More samples are drawn in several passes: --samples 1024 of the paper's model would otherwise need ~39 GB at once."""
+
+
+def sample_bytes(n_layer: int, width: int, vocab: int, length: int) -> int:
+    """About what one sample holds while it is decoded: its keys and values for ``length`` positions in every layer
+    (fp32) and a few vocabulary-wide rows of logits per step (the logits, their float copy, the top-k masks)."""
+    return 4 * (2 * n_layer * length * width + 6 * vocab)
+
+
+def samples_per_pass(per_sample: int, device: Any) -> int:
+    """How many samples one batch may hold (see :data:`PASS_BYTES`), at least one."""
+    import torch
+
+    budget = PASS_BYTES
+    if getattr(device, "type", str(device)) == "cuda":
+        budget = torch.cuda.mem_get_info(device)[0] // 2
+    return max(1, budget // max(1, per_sample))
+
+
+def pass_seed(seed: int | None, index: int) -> int | None:
+    """The seed of a batch after the first (the first keeps ``seed``, so a count that fits one batch draws what it
+    always drew); another seed for each, or the passes would repeat each other."""
+    return None if seed is None or index == 0 else (seed * 1_000_003 + index) % 2**32
 
 
 @dataclass
@@ -43,6 +70,8 @@ class Generation:
     """The new ids, after :meth:`stream`."""
     rows: list[list[int]] = field(default_factory=list)
     """The new ids of every sample, after :meth:`sample_texts`."""
+    batches: int = 1
+    """How many batches :meth:`sample_texts` drew the samples in (more than one when one would not fit in memory)."""
     seconds: float = 0.0
     """Wall-clock seconds :meth:`stream` (decoding and the caller's handling of each piece included) or
     :meth:`sample_texts` took."""
@@ -76,20 +105,34 @@ class Generation:
             self.seconds = time.perf_counter() - t0
 
     def sample_texts(self, progress: Progress | None = None) -> list[str]:
-        """``config.samples`` continuations decoded together as one batch, each as the text it adds after the prompt
-        (:func:`gptcli.model.generate.iter_generate_batch`); ``progress`` sees one step per token position."""
-        cfg, report = self.config, progress or SILENT
-        steps = min(cfg.max_new_tokens, self.model.config.n_ctx - len(self.ids))
+        """``config.samples`` continuations decoded together as one batch — or, when they would not fit in memory
+        (:func:`samples_per_pass`), in several, said as a note — each as the text it adds after the prompt
+        (:func:`gptcli.model.generate.iter_generate_batch`); ``progress`` sees one step per token position and
+        batch."""
+        cfg, report, c = self.config, progress or SILENT, self.model.config
+        steps = min(cfg.max_new_tokens, c.n_ctx - len(self.ids))
+        width = getattr(c, "n_embd", 0) + getattr(c, "n_hidden", 0)
+        per_sample = sample_bytes(c.n_layer, width, c.vocab_size, len(self.ids) + steps)
+        per_pass = min(cfg.samples, samples_per_pass(per_sample, self.device))
+        passes = self.batches = -(-cfg.samples // per_pass)
+        if passes > 1:
+            report.note(
+                f"{cfg.samples} samples would hold about {per_sample * cfg.samples / 1e9:.1f} GB at once: sampling "
+                f"them {per_pass} at a time ({passes} batches)"
+            )
         self.rows = [[] for _ in range(cfg.samples)]
         t0 = time.perf_counter()
         try:
-            with use_kernels(cfg.kernels), staged(report, f"sampling {cfg.samples} continuations", steps):
-                for step in iter_generate_batch(
-                    self.model, self.ids, cfg, samples=cfg.samples, vocab_limit=self.tokenizer.vocab_size
-                ):
-                    for row, token in zip(self.rows, step):
-                        row.append(token)
-                    report.advance(1)
+            with use_kernels(cfg.kernels), staged(report, f"sampling {cfg.samples} continuations", steps * passes):
+                for i, start in enumerate(range(0, cfg.samples, per_pass)):
+                    rows = self.rows[start : start + per_pass]
+                    batch_cfg = dataclasses.replace(cfg, seed=pass_seed(cfg.seed, i)) if i else cfg
+                    for step in iter_generate_batch(
+                        self.model, self.ids, batch_cfg, samples=len(rows), vocab_limit=self.tokenizer.vocab_size
+                    ):
+                        for row, token in zip(rows, step):
+                            row.append(token)
+                        report.advance(1)
         except ValueError as e:
             raise GPT1Error(str(e)) from None
         finally:

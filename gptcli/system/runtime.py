@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import time
 from typing import Literal
@@ -269,6 +270,18 @@ def _affordable_side(dtype: torch.dtype, n: int, seconds: float, g: torch.Genera
     return max(_PROBE_SIDE, min(n, side))
 
 
+def _env_flops(name: str) -> float:
+    """The FLOP/s in environment variable ``name``, refused in one line unless a positive finite number."""
+    text = os.environ[name]
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise GPT1Error(f"{name}={text!r} is not a number of FLOP/s (set it to e.g. 1e12, or unset it to measure)")
+    return value
+
+
 def peak_flops(device: torch.device, precision: Precision, given: float | None = None) -> float | None:
     """Peak FLOP/s for MFU: ``given`` if set, the GPU table on CUDA, a quick matmul measurement on CPU."""
     if given:
@@ -276,5 +289,5 @@ def peak_flops(device: torch.device, precision: Precision, given: float | None =
     if device.type == "cuda":
         return gpu_peak_flops(device, precision)
     if os.environ.get("GPT1_CPU_PEAK_FLOPS"):
-        return float(os.environ["GPT1_CPU_PEAK_FLOPS"])
+        return _env_flops("GPT1_CPU_PEAK_FLOPS")
     return measure_cpu_peak(precision)

@@ -28,7 +28,7 @@ from gptcli.train.pretrain_config import PretrainConfig
 from gptcli.train.run.directory import write_step_checkpoint
 from gptcli.train.run.loop import Due, GracefulStop, RunState, every
 from gptcli.train.run.memory import half, too_big_warning, update_bytes
-from gptcli.train.runlog import Throughput, format_duration
+from gptcli.train.runlog import Throughput, format_duration, mfu_text
 from gptcli.train.trainer import Parallel, StepResult, Trainer, split_micro_batches, unwrap
 
 # A run "learned nothing" when, after PLATEAU_MIN_UPDATES updates, its validation loss is not PLATEAU_MARGIN nats
@@ -220,7 +220,7 @@ class PretrainJob:
             lr=lr,
             grad_norm=grad_norm,
             **{"tok/s": round(tps)},
-            MFU="n/a" if mfu is None else f"{100 * mfu:.1f}%",
+            MFU=mfu_text(mfu),
             ETA=format_duration(eta),
         )
         self.advanced_to = state.step

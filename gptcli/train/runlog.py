@@ -134,10 +134,17 @@ def _scalars(record: dict[str, Any], kind: str) -> dict[str, float]:
 
 class RunLogger:
     """Appends metrics to ``RUN/metrics.jsonl`` and, if asked and installed, TensorBoard event files and a W&B run
-    (``wandb``: the project name, ``""`` for the default one, None for none; ``config``: the run's settings)."""
+    (``wandb``: the project name, ``""`` for the default one, None for none; ``config``: the run's settings).
+    ``purge_step``: the first step a resumed run logs again; TensorBoard drops the points from there on that the
+    crashed process wrote after its checkpoint, as metrics.jsonl is cut back to the checkpoint."""
 
     def __init__(
-        self, run_dir: Path, tensorboard: bool = False, wandb: str | None = None, config: dict[str, Any] | None = None
+        self,
+        run_dir: Path,
+        tensorboard: bool = False,
+        wandb: str | None = None,
+        config: dict[str, Any] | None = None,
+        purge_step: int | None = None,
     ) -> None:
         self.path = Path(run_dir) / METRICS
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -147,7 +154,7 @@ class RunLogger:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
                 raise GPT1Error("--tensorboard needs the tensorboard package (pip install tensorboard)") from None
-            self.tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+            self.tb = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=purge_step)
         self.wandb = WandbTracker(Path(run_dir), wandb, config) if wandb is not None else None
         self._f = open(self.path, "a", encoding="utf-8")
 
@@ -176,6 +183,16 @@ def format_duration(seconds: float) -> str:
     h, rem = divmod(s, 3600)
     m, s = divmod(rem, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def mfu_text(mfu: float | None) -> str:
+    """MFU for the progress line. Above 100 % the peak it is measured against is wrong (on a CPU, a quick matmul
+    probe that ran while the machine was busy), so no figure is shown rather than an impossible one."""
+    if mfu is None:
+        return "n/a"
+    if mfu > 1:
+        return "n/a (peak FLOP/s underestimated: set --peak-flops)"
+    return f"{100 * mfu:.1f}%"
 
 
 class Throughput:

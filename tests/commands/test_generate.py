@@ -110,6 +110,7 @@ def test_samples_option_prints_each_sample_under_a_header(monkeypatch, capsys, t
 
     class FakeBatch(FakeGeneration):
         rows = [[1, 2], [3, 4], [5, 6]]
+        batches = 1
 
         def sample_texts(self, progress=None):
             return [" one", " two", " three"]

@@ -65,3 +65,19 @@ def test_unbalanced_calls_do_not_crash() -> None:
     p = RichProgress(console)
     p.advance(1, loss=1.0)
     p.end()
+
+
+def test_a_bar_shows_one_eta_and_a_log_line_keeps_the_library_s() -> None:
+    """A bar has its own time-remaining column: the library's ETA field beside it showed a second, different ETA."""
+    console, buf = _console(terminal=True)
+    p = RichProgress(console)
+    p.stage("pretrain", 10, unit="updates")
+    p.advance(1, loss=0.5, ETA="12:34")
+    p.end()
+    assert "12:34" not in buf.getvalue() and "loss" in buf.getvalue()
+    console, buf = _console(terminal=False)
+    p = RichProgress(console, log_interval=0)
+    p.stage("pretrain", 10, unit="updates")
+    p.advance(1, loss=0.5, ETA="12:34")
+    p.end()
+    assert "ETA 12:34" in buf.getvalue()

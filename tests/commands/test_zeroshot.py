@@ -40,7 +40,7 @@ def calls(monkeypatch):
     monkeypatch.setattr("gptcli.eval.curve.run_curve", run_curve)
     # The names here are made up: pass them through instead of looking them up on the Hub (tests/interop/test_hub.py).
     monkeypatch.setattr("gptcli.commands.defaults.model", lambda spec, console, flag="": str(spec or "openai-gpt"))
-    monkeypatch.setattr("gptcli.commands.defaults.task_data", lambda task, data_dir, console, check=True: None)
+    monkeypatch.setattr("gptcli.commands.defaults.task_data", lambda task, data_dir, console, **k: None)
     return seen
 
 

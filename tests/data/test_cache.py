@@ -263,6 +263,7 @@ def test_parallel_encoding_under_the_command_line_prints_no_worker_traceback(
     try:
         assert encode_texts(openai_tok, texts, workers=2) == encode_texts(openai_tok, texts, workers=1)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in (previous or {}).items():
+            signal.signal(s, handler)
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Terminated" not in err, err

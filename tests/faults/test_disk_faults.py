@@ -104,7 +104,8 @@ def test_full_disk_while_checkpointing_keeps_the_previous_checkpoint(corpus, tmp
     run = tmp_path / "run"
     _full_after(monkeypatch, ok_writes=4)  # weights + optimizer of updates 1 and 2; update 3's weights fail
     res = gpt1(_pretrain(corpus, run, "--max-steps", "5"), capsys)
-    assert_one_line_error(res, "model.safetensors", "No space left on device", "free some space")
+    line = assert_one_line_error(res, "model.safetensors", "No space left on device", "free some space")
+    assert f"{run}/checkpoints/step-0000003/model.safetensors: " in line and ".partial-" not in line  # the user's
     names = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert names == ["step-0000001", "step-0000002"], names  # no temporary of step 3
     assert all(ckpt.verify_checkpoint(run / "checkpoints" / n) == [] for n in names)
@@ -129,7 +130,8 @@ def test_full_disk_while_exporting(run, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(safetensors.torch, "save_file", ckpt.save_file)  # the patched one, where convert finds it
     before = tree(tmp_path)
     res = gpt1(["convert", run, "--to", "hf", "--out", tmp_path / "hf"], capsys)
-    assert_one_line_error(res, "No space left on device")
+    line = assert_one_line_error(res, "No space left on device")
+    assert f"{tmp_path / 'hf'}" in line and ".partial-" not in line, line
     assert_nothing_new(tmp_path, before)
 
 
@@ -143,7 +145,8 @@ def test_full_disk_while_writing_shards(tmp_path, capsys, monkeypatch):
     inputs = _texts(tmp_path / "in")
     before = tree(tmp_path)
     res = gpt1(_prepare(inputs, tmp_path / "corpus"), capsys)
-    assert_one_line_error(res, ".arrow", "No space left on device", "free some space")
+    line = assert_one_line_error(res, ".arrow", "No space left on device", "free some space")
+    assert f"{tmp_path / 'corpus'}/train-00000.arrow: " in line and ".partial-" not in line, line
     assert_nothing_new(tmp_path, before)
 
 

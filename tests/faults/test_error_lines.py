@@ -168,7 +168,9 @@ def _interrupt(cmd: list[str], ready, sig: int, timeout: float = 120) -> subproc
 
 
 # Ctrl-C ends quietly: Typer turns KeyboardInterrupt into exit 130 itself (the terminal already shows the ^C).
-@pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, None), (signal.SIGTERM, 143, "terminated")])
+@pytest.mark.parametrize(
+    "sig,code,word", [(signal.SIGINT, 130, None), (signal.SIGTERM, 143, "terminated"), (signal.SIGHUP, 129, "hung up")]
+)
 def test_an_interrupted_prepare_leaves_nothing(sig, code, word, tmp_path):
     """SIGTERM used to end `prepare` on the spot, leaving its hidden ``.corpus.partial-PID`` (as big as the corpus)
     for good; now both signals unwind like Ctrl-C."""
@@ -187,13 +189,15 @@ def test_an_interrupted_prepare_leaves_nothing(sig, code, word, tmp_path):
     assert_nothing_new(tmp_path, before)
 
 
-def test_sigterm_to_pretrain_checkpoints_and_resumes(corpus, tmp_path, capsys):
+@pytest.mark.parametrize("sig", (signal.SIGTERM, signal.SIGHUP), ids=("SIGTERM", "SIGHUP"))
+def test_sigterm_to_pretrain_checkpoints_and_resumes(sig, corpus, tmp_path, capsys):
+    """SIGHUP (the terminal or ssh session closed) stops like SIGTERM: a checkpoint, then exit, never a lost run."""
     run = tmp_path / "run"
     args = ["pretrain", "--data", corpus, "--out", run, "--max-steps", "100000", "--save-every", "0", *TINY_ARGS]
     logged = lambda: (run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").stat().st_size > 0  # noqa: E731
-    done = _interrupt(args, logged, signal.SIGTERM)
+    done = _interrupt(args, logged, sig)
     assert done.returncode == 130, done.stderr[-3000:]
-    assert "stopped by SIGTERM" in done.stderr and "--resume" in done.stderr and "Traceback" not in done.stderr
+    assert f"stopped by {sig.name}" in done.stderr and "--resume" in done.stderr and "Traceback" not in done.stderr
     (ckpt,) = (run / "checkpoints").iterdir()
     step = int(ckpt.name.split("-")[1])
     res = gpt1(["pretrain", "--out", run, "--resume", "--max-steps", str(step + 1), "--quiet"], capsys)
@@ -202,6 +206,6 @@ def test_sigterm_to_pretrain_checkpoints_and_resumes(corpus, tmp_path, capsys):
 
 
 def test_sigterm_handler_is_restored_after_an_in_process_call(tmp_path, capsys):
-    before = signal.getsignal(signal.SIGTERM)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     gpt1(["inspect", Path(tmp_path) / "missing"], capsys)
-    assert signal.getsignal(signal.SIGTERM) is before
+    assert {s: signal.getsignal(s) for s in before} == before

@@ -20,8 +20,9 @@ from gptcli.tokenizers.text import strip_gutenberg, word_lines  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BOOK = "pg11_alice_in_wonderland.txt"
-FLOOR = 95.0
-"""Percent of texts id-identical, per source; docs/convert.md reports 97.9–99.9 % (2,000 texts each)."""
+FLOOR = 98.0
+"""Percent of texts id-identical, per source (250 texts each): 98.4 % at the lowest, book paragraphs, since a
+contraction or possessive before a period splits as gpt1's does (97.2 % before)."""
 
 
 def book_text(shared_data: Path, name: str = BOOK) -> str:
@@ -73,6 +74,29 @@ def test_exported_tokenizer_reproduces_gpt1_ids_on_real_text(kind, learned, shar
     assert min(shares.values()) >= FLOOR, shares
 
 
+@pytest.mark.parametrize("kind", ["sentencepiece", "openai"])
+def test_a_clitic_before_a_period_splits_as_gpt1_s(kind, learned, shared_data, tmp_path):
+    """spaCy splits the final period first, then the clitic ("wasn't." is was|n't|.): the export used to keep
+    "n't." or "'s." together, the most common difference on book text."""
+    from gptcli.tokenizers.openai import OpenAIBPETokenizer
+
+    tok = learned if kind == "sentencepiece" else OpenAIBPETokenizer.from_dir(shared_data / "openai-gpt-bpe")
+    hf = transformers.AutoTokenizer.from_pretrained(export(tmp_path, tok))
+    for text in (
+        "It wasn't.",
+        "Caroline's.",
+        "I'm here. I'm.",
+        "they'll.",
+        "It wasn't:",
+        "the dogs'.",
+        "He can't.\" she said",
+        "It's Bob's.'",
+        "wasn't...",
+        "don't.\n",
+    ):
+        assert hf.encode(text, add_special_tokens=False) == tok.encode(text), text
+
+
 def test_export_files_name_the_context_and_the_special_tokens(learned, tmp_path):
     d = export(tmp_path, learned)
     config = json.loads((d / "config.json").read_text())
@@ -83,6 +107,9 @@ def test_export_files_name_the_context_and_the_special_tokens(learned, tmp_path)
     assert tok_cfg["tokenizer_class"] == "PreTrainedTokenizerFast" and tok_cfg["model_max_length"] == 64
     hf = transformers.AutoTokenizer.from_pretrained(d)
     assert hf.model_max_length == 64 and hf.unk_token_id == 0
+    assert hf.pad_token_id == 0  # batched pipelines refuse to pad without one
+    batch = hf(["Alice said.", "The end of the longer text."], padding=True)
+    assert len(set(map(len, batch["input_ids"]))) == 1 and 0 in batch["attention_mask"][0]
     text = "Alice said: 'I don't know <unk>!'\n\n\nThe end. Mr. Smith paid $5 (10%)."
     assert hf.encode(text, add_special_tokens=False) == learned.encode(text)
     assert learned.newline_id in hf.encode(text, add_special_tokens=False)

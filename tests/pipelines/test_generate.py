@@ -76,3 +76,31 @@ def test_sample_texts_decodes_every_sample_as_one_batch(checkpoint):
     assert gen.seconds > 0
     with pytest.raises(GPT1Error, match="samples"):
         start_generation(GenerateConfig(checkpoint=path, prompt="a", samples=0))
+
+
+def test_samples_that_would_not_fit_are_drawn_in_several_batches(checkpoint, monkeypatch):
+    """--samples 1024 of the paper's model would hold ~39 GB at once: more samples than fit the budget are drawn a
+    batch at a time, said in a note; a count that fits one batch draws what it always drew."""
+    from gptcli.model.generate import generate_batch
+    from gptcli.pipelines import generate as pipeline
+
+    path, model = checkpoint
+    cfg = GenerateConfig(checkpoint=path, prompt="a b c", max_new_tokens=3, samples=8, top_k=10, seed=5, device="cpu")
+    per_sample = pipeline.sample_bytes(1, 16, V, 6)
+    monkeypatch.setattr(pipeline, "PASS_BYTES", 3 * per_sample)  # room for 3 samples per batch
+    progress = RecordingProgress()
+    gen = start_generation(cfg, progress)
+    gen.sample_texts(progress)
+    assert gen.batches == 3 and len(gen.rows) == 8 and all(len(r) == 3 for r in gen.rows)
+    assert gen.rows[:3] == generate_batch(model, gen.ids, cfg, samples=3, vocab_limit=V)  # the first keeps the seed
+    assert gen.rows[:3] != gen.rows[3:6]  # the next batches draw with seeds of their own
+    (note,) = progress.of("note")
+    assert "sampling them 3 at a time (3 batches)" in note["message"]
+    assert len(progress.of("advance")) == 9
+
+
+def test_the_memory_estimate_of_the_paper_s_model():
+    from gptcli.pipelines.generate import sample_bytes
+
+    gb = 1024 * sample_bytes(12, 768, 40478, 512) / 1e9
+    assert 38 < gb < 41

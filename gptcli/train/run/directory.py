@@ -236,7 +236,7 @@ def start_run_dir(
         reopen_metrics(metrics, records, step, report)
     elif metrics.exists():
         metrics.unlink()  # an unfinished run without checkpoints started over
-    return RunLogger(work, tensorboard, wandb, settings)
+    return RunLogger(work, tensorboard, wandb, settings, purge_step=step + 1 if resumed else None)
 
 
 def reopen_metrics(path: Path, records: int | None, step: int, report: Progress) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
+import sys
 import threading
 import time
 from collections.abc import Hashable, Iterator, Sequence
@@ -64,13 +65,23 @@ class NonFiniteWatch:
         return (int(update), loss) if update >= 0 else None
 
 
+# SIGHUP (a closed terminal or ssh session) stops a run as SIGTERM does: with a checkpoint to resume from.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, *((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()))
+
+
+SKIPPED_STOP_CHECKPOINT = (
+    "a second signal stopped the run at once, without its stop checkpoint (--resume continues from the last one "
+    "saved; one Ctrl-C lets the run save first)"
+)
+
+
 class GracefulStop:
     """Turns the first SIGINT/SIGTERM into a flag the loop checks between updates (so it can checkpoint and exit
     cleanly); a second signal interrupts at once unless ``escalate=False`` (the workers of a job, which receive one
     Ctrl-C twice — from the terminal and from the launcher — and must still checkpoint). Handlers are restored on
     exit; ``signals=()`` leaves them alone (a run that cannot resume has nothing to checkpoint)."""
 
-    def __init__(self, signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM), escalate: bool = True) -> None:
+    def __init__(self, signals: Sequence[int] = STOP_SIGNALS, escalate: bool = True) -> None:
         self.signals = signals
         self.escalate = escalate
         self.requested: int | None = None
@@ -79,7 +90,9 @@ class GracefulStop:
     def _handle(self, signum: int, frame: Any) -> None:  # noqa: ARG002
         if self.requested is not None:
             if self.escalate:
-                raise KeyboardInterrupt
+                # Said here, as it happens: the command line turns a KeyboardInterrupt into a quiet exit 130.
+                sys.stderr.write(f"\n{SKIPPED_STOP_CHECKPOINT}\n")
+                raise KeyboardInterrupt(SKIPPED_STOP_CHECKPOINT)
             return
         self.requested = signum
 

@@ -111,7 +111,36 @@ def read_training_state(path: str | Path, *, verify: bool = True) -> tuple[dict[
         tensors = load_file(str(p / OPTIMIZER))
     except Exception as e:
         raise GPT1Error(f"{p / OPTIMIZER}: unreadable optimizer state ({e})") from None
+    step = doc.get("step") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict) or not _is_count(step):
+        raise GPT1Error(
+            f"{p / TRAINING_STATE}: step {step!r} is not a count of updates (the training state is damaged: resume "
+            "from another checkpoint, or start over)"
+        )
     return doc, tensors
+
+
+STEP_LIMIT = 2**53  # more updates than any run makes, and the last count a float holds exactly
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < STEP_LIMIT
+
+
+def moment_problem(state: dict[int, dict[str, torch.Tensor]], optimizer: torch.optim.Optimizer) -> str | None:
+    """Why optimizer ``state`` (parameter index → tensors) cannot belong to ``optimizer``'s parameters: a state for a
+    parameter it does not have, or a moment of another shape (``load_state_dict`` checks neither, and a moment of the
+    wrong shape would broadcast into the update); None when it can."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for idx, tensors in sorted(state.items()):
+        if not 0 <= idx < len(params):
+            return f"a state for parameter {idx}, of {len(params)}"
+        for name, t in tensors.items():
+            if name != "step" and t.shape != params[idx].shape:
+                return f"{name} of parameter {idx} has shape {tuple(t.shape)}, the parameter {tuple(params[idx].shape)}"
+            if name == "step" and (t.numel() != 1 or not 0 <= float(t) < STEP_LIMIT):
+                return f"the step count of parameter {idx} is {t.flatten()[:1].tolist()}"
+    return None
 
 
 def restore_training_state(
@@ -133,6 +162,9 @@ def restore_training_state(
             continue
         _, idx, name = key.split(".", 2)
         state.setdefault(int(idx), {})[name] = t
+    problem = moment_problem(state, optimizer)
+    if problem is not None:
+        raise GPT1Error(f"optimizer state does not match the model ({problem}): resume from another checkpoint")
     try:
         optimizer.load_state_dict({"state": state, "param_groups": groups})
     except (ValueError, KeyError, RuntimeError) as e:
