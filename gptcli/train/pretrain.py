@@ -44,6 +44,7 @@ from gptcli.runtime import (
     resolve_device,
     resolve_precision,
 )
+from gptcli.train.distributed import inputs_verified_by_launcher
 from gptcli.train.optim import lr_at, make_optimizer
 from gptcli.train.pretrain_config import RULES, PretrainConfig
 from gptcli.train.pretrain_hints import unigram_loss, warmup_warning
@@ -183,8 +184,9 @@ def open_training_corpus(config: PretrainConfig) -> Corpus:
 
 
 def verify_corpus(corpus: Corpus, config: PretrainConfig) -> None:
-    """Every shard against its manifest checksum (unless ``verify_data`` is off)."""
-    if config.verify_data:
+    """Every shard against its manifest checksum (unless ``verify_data`` is off, or the launcher of this worker
+    already did it)."""
+    if config.verify_data and not inputs_verified_by_launcher():
         problems = corpus.verify()
         if problems:
             raise GPT1Error(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
