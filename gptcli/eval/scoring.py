@@ -22,8 +22,10 @@ Rules (documented in ``docs/zeroshot.md``):
   they are longer, a GPT packs many contexts into one row, each once and followed by its candidates, which attend
   to it as from a KV cache (``gptcli.model.packed.Packing.shared``: Story Cloze's two endings after one story,
   RACE's four answers after one document, all in one attention call per layer); an LSTM runs a long shared
-  context once into its recurrent state, which all candidates continue from. ``precision`` follows :func:`gptcli.runtime.resolve_precision`
-  (``auto``: bf16 autocast on CUDA and on CPUs with native bf16, fp32 otherwise); log-softmax is always fp32.
+  context once into its recurrent state, which all candidates continue from. Every pass holds at most
+  ``max_tokens`` tokens (a group of many long candidates is split, its context repeated). ``precision`` follows
+  :func:`gptcli.runtime.resolve_precision` (``auto``: bf16 autocast on CUDA and on CPUs with native bf16, fp32
+  otherwise); log-softmax is always fp32.
 - **Greedy.** Each :class:`Score` also says whether every scored token was the argmax where it was read (lm-eval's
   ``is_greedy``; :mod:`gptcli.eval.lmeval`).
 """
@@ -172,12 +174,12 @@ def score(
     """Score every request; results come back in the order of ``requests``.
 
     ``model`` is a :class:`gptcli.model.gpt.GPT` or :class:`gptcli.model.lstm.LSTMLM` (anything with ``config.n_ctx``,
-    ``forward(idx, cache)`` and ``lm_logits(h)`` whose cache :mod:`gptcli.model.build` makes). ``batch_size`` caps rows per forward pass and ``max_tokens`` (default ``batch_size × 128``)
-    caps padded tokens per pass. Groups of requests sharing a context of at least ``cache_min_context`` tokens run
-    it once (default: any context for a GPT, whose shared contexts are packed with their candidates; 64 tokens for
-    an LSTM, whose candidates continue a copy of its state). ``progress`` sees one stage named ``stage`` with
-    ``len(requests)`` as its total,
-    advanced by the requests each forward pass finishes (requests with nothing to score count at the end).
+    ``forward(idx, cache)`` and ``lm_logits(h)`` whose cache :mod:`gptcli.model.build` makes). ``batch_size`` caps
+    rows per forward pass and ``max_tokens`` (default ``batch_size × 128``) caps padded tokens per pass. Groups of
+    requests sharing a context of at least ``cache_min_context`` tokens run it once (default: any context for a GPT,
+    whose shared contexts are packed with their candidates; 64 tokens for an LSTM, whose candidates continue a copy
+    of its state). ``progress`` sees one stage named ``stage`` with ``len(requests)`` as its total, advanced by the
+    requests each forward pass finishes (requests with nothing to score count at the end).
     """
     if not requests:
         return []
@@ -285,15 +287,29 @@ def _score_packed(model, cached, batch_size: int, max_tokens: int, precision: st
     chunk: list = []
     used = 0
     for ctx, members in cached:
-        members = [(i, c) for i, c in members if c]
-        cost = len(ctx) + sum(len(c) - 1 for _, c in members)
-        if chunk and (used + cost > max_tokens or len(chunk) == batch_size):
-            _score_packed_row(model, chunk, precision, totals)
-            chunk, used = [], 0
-        chunk.append((ctx, members))
-        used += cost
+        for part in _parts(ctx, [(i, c) for i, c in members if c], max_tokens):
+            cost = len(ctx) + sum(len(c) - 1 for _, c in part)
+            if chunk and (used + cost > max_tokens or len(chunk) == batch_size):
+                _score_packed_row(model, chunk, precision, totals)
+                chunk, used = [], 0
+            chunk.append((ctx, part))
+            used += cost
     if chunk:
         _score_packed_row(model, chunk, precision, totals)
+
+
+def _parts(ctx: tuple[int, ...], members: list, max_tokens: int) -> list[list]:
+    """A group's candidates in parts that each fit ``max_tokens`` with their context (repeated in every part): one
+    group of many long candidates must not become one pass over all of them. A part holds one candidate at least."""
+    parts: list[list] = [[]]
+    used = len(ctx)
+    for i, c in members:
+        if parts[-1] and used + len(c) - 1 > max_tokens:
+            parts.append([])
+            used = len(ctx)
+        parts[-1].append((i, c))
+        used += len(c) - 1
+    return parts
 
 
 def _score_packed_row(model, groups, precision: str, totals: _Totals) -> None:
