@@ -46,6 +46,20 @@ def _folder_state(cwd: Path) -> dict[str, tuple[int, int]]:
 
 
 @pytest.fixture(autouse=True)
+def _hermetic_cwd():
+    """No test writes in the folder pytest runs from (a user's checkout may hold a quickstart's runs/ and corpus/,
+    which a test must neither change nor depend on): every output goes under ``tmp_path``; a test of the default
+    ./corpus or runs/… runs in ``monkeypatch.chdir(tmp_path)``."""
+    cwd = Path.cwd().resolve()
+    before = _folder_state(cwd)
+    yield
+    after = _folder_state(cwd)
+    changed = sorted(k for k in after.keys() | before.keys() if after.get(k) != before.get(k))
+    if changed:
+        pytest.fail(f"the test changed {', '.join(changed)} in the current folder {cwd} (write under tmp_path)")
+
+
+@pytest.fixture(autouse=True)
 def _deterministic_torch():
     """Keep torch to the cores CI has and make every test start from the same RNG state."""
     try:

@@ -496,7 +496,8 @@ def pretrain_model(run: _Stages, text: TaskText, corpus_dir: Path) -> tuple[Pret
     )
     run.paths["pretrain"] = str(res.last_checkpoint)
     pre = Pretrained(res.last_checkpoint, init_model, corpus.tokenizer, device, precision)
-    return pre, f"{res.step} updates; validation perplexity {before.perplexity:,.1f} → {after_ppl:,.1f}"
+    starved = " (starved by the time budget: these figures mean nothing)" if run.numbers["pretrain_starved"] else ""
+    return pre, f"{res.step} updates; validation perplexity {before.perplexity:,.1f} → {after_ppl:,.1f}{starved}"
 
 
 def _pretrain_config(cfg: QuickstartConfig, corpus_dir: Path, run_dir: Path) -> Any:
@@ -614,6 +615,7 @@ def finetune_model(run: _Stages, text: TaskText, pre: Pretrained) -> tuple[Path,
     return ft.checkpoint, (
         f"{ft.results['steps']} updates; best dev MCC {dev.get('mcc', float('nan')):.1f}, "
         f"accuracy {dev.get('accuracy', float('nan')):.1f}% (epoch {ft.results['epoch']})"
+        + (" (starved by the time budget: these figures mean nothing)" if run.numbers["finetune_starved"] else "")
     )
 
 

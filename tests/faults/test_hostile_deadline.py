@@ -119,6 +119,8 @@ def test_one_budget_across_every_stage_and_a_starved_stage_says_so(tmp_path, mon
     assert limits == [MIN_FINETUNE_SECONDS / 60.0]  # the budget was spent: fine-tuning's floor, as a hard limit
     warns = [m["message"] for m in rec.of("note") if m["level"] == "warn"]
     assert any("mean nothing" in w and "pretraining" in w for w in warns), warns
+    summaries = [e["summary"] for e in rec.of("end") if "updates;" in e["summary"]]
+    assert "these figures mean nothing" in summaries[-2] and "mean nothing" not in summaries[-1]  # the stages' lines
     rows = {what: meaning for what, _, meaning in summary_rows(n)}
     assert rows["validation perplexity, after pretraining"].startswith("MEANS NOTHING")
     assert rows["zero-shot MCC, after pretraining"].startswith("MEANS NOTHING")
