@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,39 @@ def shared_data() -> Path:
     if not DATA.is_dir():
         pytest.skip(f"real data not found at {DATA} (set GPT1_SHARED)")
     return DATA
+
+
+def _folder_state(cwd: Path) -> dict[str, tuple[int, int]]:
+    """The entries of ``cwd`` (by name: the system's temporary folder, which every process writes in, not at all)
+    and those of the folders gpt1 writes in by default, runs/ and corpus/ (with inode and mtime)."""
+    state: dict[str, tuple[int, int]] = {}
+    top = [] if cwd == Path(tempfile.gettempdir()).resolve() else [cwd]
+    for d, stat in [*((d, False) for d in top), (cwd / "runs", True), (cwd / "corpus", True)]:
+        try:
+            entries = list(d.iterdir())
+        except OSError:
+            continue
+        for p in entries:
+            try:
+                st = p.lstat()
+            except OSError:
+                continue
+            state[str(p.relative_to(cwd))] = (st.st_ino, st.st_mtime_ns) if stat else (0, 0)
+    return state
+
+
+@pytest.fixture(autouse=True)
+def _hermetic_cwd():
+    """No test writes in the folder pytest runs from (a user's checkout may hold a quickstart's runs/ and corpus/,
+    which a test must neither change nor depend on): every output goes under ``tmp_path``; a test of the default
+    ./corpus or runs/… runs in ``monkeypatch.chdir(tmp_path)``."""
+    cwd = Path.cwd().resolve()
+    before = _folder_state(cwd)
+    yield
+    after = _folder_state(cwd)
+    changed = sorted(k for k in after.keys() | before.keys() if after.get(k) != before.get(k))
+    if changed:
+        pytest.fail(f"the test changed {', '.join(changed)} in the current folder {cwd} (write under tmp_path)")
 
 
 @pytest.fixture(autouse=True)

@@ -46,7 +46,7 @@ OPTIONS = Options(
             "grad_clip",
             "seed",
         ),
-        "Schedule": ("epochs", "warmup", "schedule"),
+        "Schedule": ("epochs", "warmup", "schedule", "max_minutes"),
         "Evaluation": ("eval_split", "max_eval_examples", "eval_batch_size", "select"),
         "Checkpointing": ("out", "save_every", "keep_last", "resume", "overwrite"),
         "Runtime": ("device", "precision", "kernels"),

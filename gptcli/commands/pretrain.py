@@ -183,9 +183,9 @@ def _launch(cfg: PretrainConfig, spec: LaunchSpec, quiet: bool, console: Any) ->
     from gptcli.train.distributed import describe_launch, launch_command
     from gptcli.train.pretrain import plan_pretrain_launch
 
-    workers = plan_pretrain_launch(cfg, spec)
+    verified = plan_pretrain_launch(cfg, spec)
     console.print(describe_launch(spec, cfg.batch_size), highlight=False)
-    stopped = launch_command(spec, "pretrain", workers, resume=cfg.resume, quiet=quiet)
+    stopped = launch_command(spec, "pretrain", cfg, resume=cfg.resume, quiet=quiet, inputs_verified=verified)
     if stopped:
         try:
             saved = f"checkpoint {resolve_checkpoint(cfg.out)}"

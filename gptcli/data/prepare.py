@@ -147,6 +147,8 @@ class _Scan:
     val: set[int]
     tail_at: int | None = None
     """With a single input document: the character where its validation tail starts (:func:`tail_cut`)."""
+    stats: list[tuple[int, ...]] = field(default_factory=list)
+    """Each input's :func:`_identity` before it was first read: the inputs must still match it after the last."""
 
 
 @dataclass
@@ -326,11 +328,26 @@ def _partial_dir(out: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)  # a no-op after a successful move
 
 
-def _file_size(f: Path) -> int:
+def _identity(f: Path) -> tuple[int, ...]:
+    """What changes when a file is written to or replaced: device, inode, size, modification time."""
     try:
-        return f.stat().st_size
+        st = f.stat()
     except OSError:
-        return 0
+        return ()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def check_unchanged(files: list[Path], before: list[tuple[int, ...]]) -> None:
+    """Refuse inputs written to (or replaced) since they were first read. The inputs are read more than once (scan,
+    checksum, words) and an appended file would be encoded partly, counted and split as an earlier version, its
+    manifest matching neither: an input must hold still from the first read to the last."""
+    for f, then in zip(files, before):
+        now = _identity(f)
+        if now != then:
+            grew = f" ({then[2]:,} → {now[2]:,} bytes)" if then and now and now[2] != then[2] else ""
+            raise GPT1Error(
+                f"{f}: changed while prepare read it{grew} (prepare it once it is complete, or prepare a copy)"
+            )
 
 
 def _scan(plan: _Plan, problems: Problems, report: Progress) -> _Scan:
@@ -338,7 +355,8 @@ def _scan(plan: _Plan, problems: Problems, report: Progress) -> _Scan:
     the validation documents (or, for a single document, find where its validation tail starts)."""
     for path, why in plan.skipped:  # every input left out is a warning and a line in the manifest
         problems(path, why)
-    sizes = [_file_size(f) for f in plan.files]
+    stats = [_identity(f) for f in plan.files]
+    sizes = [st[2] if st else 0 for st in stats]
     inputs = []
     n_docs = 0
     with staged(report, "scan", sum(sizes), unit="B"):
@@ -357,10 +375,13 @@ def _scan(plan: _Plan, problems: Problems, report: Progress) -> _Scan:
             + (" (see the warnings above)" if problems.messages else "")
         )
     if n_docs == 1:
-        return _Scan(inputs, sum(sizes), 2, {1}, tail_at=_single_document_cut(plan))
-    n_val = max(1, round(plan.cfg.val_fraction * n_docs))
-    val = set(random.Random(plan.cfg.seed).sample(range(n_docs), n_val))
-    return _Scan(inputs, sum(sizes), n_docs, val)
+        scan = _Scan(inputs, sum(sizes), 2, {1}, tail_at=_single_document_cut(plan), stats=stats)
+    else:
+        n_val = max(1, round(plan.cfg.val_fraction * n_docs))
+        val = set(random.Random(plan.cfg.seed).sample(range(n_docs), n_val))
+        scan = _Scan(inputs, sum(sizes), n_docs, val, stats=stats)
+    check_unchanged(plan.files, stats)  # before the long passes: an input still being written is refused at once
+    return scan
 
 
 def _documents(plan: _Plan) -> Iterator[str]:
@@ -427,6 +448,7 @@ def _split_words(plan: _Plan, scan: _Scan, executor: Executor, path: Path, repor
             if words.sample is not None and doc_i not in scan.val and text:
                 words.sample.add(text)
             report.advance(nbytes, docs=len(words.spans))
+    check_unchanged(plan.files, scan.stats)  # the last read of the inputs: what was scanned is what was encoded
     if len(words.spans) != scan.n_docs:  # the inputs changed between the scan and this pass
         raise GPT1Error(f"inputs changed while preparing ({scan.n_docs} documents scanned, {len(words.spans)} read)")
     return words

@@ -18,7 +18,8 @@ report:
   layer.
 - **loglikelihood_rolling** cuts a document's ids into the windows ``gpt1 eval`` uses
   (:func:`gptcli.eval.perplexity.eval_windows`): ``n_ctx + 1`` tokens on a stride of ``n_ctx`` (512 for GPT-1), the
-  tail covered by one window aligned to the document's end whose already-scored targets are skipped. Nothing
+  tail covered by one window aligned to the document's end whose already-scored targets are skipped. The windows
+  share no context (at most a first token), so each is a row of its own, batched within the token budget. Nothing
   conditions the first window — there is no end-of-text token to prefix — so the document's first token is not
   scored, exactly as ``gpt1 eval`` does not score the first token of a shard. lm-eval's word/byte perplexities still
   divide by the whole document's words/bytes.
@@ -168,7 +169,7 @@ class GPT1LM(_LMBase):  # type: ignore[misc,valid-type]
         texts = [r.args[0] for r in requests]
         self._encode_all(texts)
         requests_of_doc = [rolling_requests(self._encoded[t], self.model.config.n_ctx) for t in texts]
-        scores = self._score([q for qs in requests_of_doc for q in qs])
+        scores = self._score([q for qs in requests_of_doc for q in qs], shared=False)
         out, k = [], 0
         for qs in requests_of_doc:
             out.append(float(sum(s.logprob for s in scores[k : k + len(qs)])))
@@ -195,10 +196,18 @@ class GPT1LM(_LMBase):  # type: ignore[misc,valid-type]
         for t, ids in zip(new, self.tokenizer.encode_batch(new) if new else []):
             self._encoded[t] = list(ids)
 
-    def _score(self, requests: list) -> list:
+    def _score(self, requests: list, shared: bool = True) -> list:
+        """:func:`gptcli.eval.scoring.score` of ``requests``. ``shared=False`` when they share no context, only
+        perhaps its first token (rolling windows): then none is run once for many, every row on its own."""
         from gptcli.eval.scoring import score
 
-        return score(self.model, requests, batch_size=int(self.config.batch_size), precision=self.config.precision)  # type: ignore[arg-type]
+        return score(
+            self.model,
+            requests,
+            batch_size=int(self.config.batch_size),
+            precision=self.config.precision,  # type: ignore[arg-type]
+            cache_min_context=None if shared else self.model.config.n_ctx + 2,
+        )
 
     def _generate(self, prompt: list[int], kw: dict[str, Any]) -> str:
         from gptcli.model.generate import SamplingConfig, iter_generate

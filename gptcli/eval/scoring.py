@@ -10,6 +10,8 @@ With no context the first continuation token is not scored (nothing predicts it)
 Why it is fast: no gradients, rows sorted by length and padded per batch, logits only where they are read, and a
 shared context run once — packed with its candidates in one GPT row (``Packing.shared``), or into an LSTM's state
 that each candidate continues. Log-softmax is always fp32, so close candidates stay apart.
+Every forward pass holds at most ``max_tokens`` tokens: a group of many long candidates is split, its context
+repeated.
 """
 
 from __future__ import annotations
@@ -270,15 +272,29 @@ def _score_packed(model, cached, batch_size: int, max_tokens: int, precision: st
     chunk: list = []
     used = 0
     for ctx, members in cached:
-        members = [(i, c) for i, c in members if c]
-        cost = len(ctx) + sum(len(c) - 1 for _, c in members)
-        if chunk and (used + cost > max_tokens or len(chunk) == batch_size):
-            _score_packed_row(model, chunk, precision, totals)
-            chunk, used = [], 0
-        chunk.append((ctx, members))
-        used += cost
+        for part in _parts(ctx, [(i, c) for i, c in members if c], max_tokens):
+            cost = len(ctx) + sum(len(c) - 1 for _, c in part)
+            if chunk and (used + cost > max_tokens or len(chunk) == batch_size):
+                _score_packed_row(model, chunk, precision, totals)
+                chunk, used = [], 0
+            chunk.append((ctx, part))
+            used += cost
     if chunk:
         _score_packed_row(model, chunk, precision, totals)
+
+
+def _parts(ctx: tuple[int, ...], members: list, max_tokens: int) -> list[list]:
+    """A group's candidates in parts that each fit ``max_tokens`` with their context (repeated in every part): one
+    group of many long candidates must not become one pass over all of them. A part holds one candidate at least."""
+    parts: list[list] = [[]]
+    used = len(ctx)
+    for i, c in members:
+        if parts[-1] and used + len(c) - 1 > max_tokens:
+            parts.append([])
+            used = len(ctx)
+        parts[-1].append((i, c))
+        used += len(c) - 1
+    return parts
 
 
 def _score_packed_row(model, groups, precision: str, totals: _Totals) -> None:

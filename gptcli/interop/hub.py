@@ -25,6 +25,12 @@ per commit, written whole under a temporary name and renamed into place, under a
 processes (the ranks of a distributed run) convert it once. A later use of the same commit converts nothing
 (:attr:`HubModel.cached`). ``<owner>--<name>/refs/<revision>`` remembers the commit a revision had, so a converted
 model is found offline even when the Hugging Face cache was cleared. Delete the folder to reclaim the space.
+
+**Provenance.** A conversion records where it came from: the Hub id, the commit and the sha256 of every source
+file. A cached folder is presented as the named model only when that record names this id and commit and, when
+the snapshot is at hand, its files' checksums: anything else at that path (another model written there, an
+older conversion without the record) is converted again, or refused in one line offline — a cache anyone can
+write into must not pass off another model as, say, the paper's.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gptcli.errors import GPT1Error
-from gptcli.files.fsutil import write_text_atomic
+from gptcli.files.fsutil import sha256_file, write_text_atomic
 from gptcli.interop.convert import ConvertConfig, Converted, ConvertResult, convert_to_checkpoint, from_hf
 from gptcli.progress import SILENT, Progress
 
@@ -142,21 +148,51 @@ def fetch_model(hub: HubId, *, progress: Progress | None = None) -> HubModel:
     """Download (or find in the Hugging Face cache) and convert ``hub`` once; see the module docstring."""
     report = progress or SILENT
     rev = hub.revision or "main"
-    if hub.revision and _COMMIT.fullmatch(hub.revision) and _is_converted(model_dir(hub, hub.revision)):
-        return HubModel(model_dir(hub, hub.revision), hub, hub.revision, cached=True)  # immutable: no Hub call
+    if hub.revision and _COMMIT.fullmatch(hub.revision):
+        pinned = model_dir(hub, hub.revision)
+        if _is_converted(pinned) and provenance_problem(pinned, hub, hub.revision) is None:
+            return HubModel(pinned, hub, hub.revision, cached=True)  # immutable: no Hub call
     try:
         snapshot = download(hub)
     except GPT1Error:
         known = _remembered(hub, rev)  # offline and cleared from the Hugging Face cache, but converted before
         if known is None:
             raise
+        target = model_dir(hub, known)
+        problem = provenance_problem(target, hub, known)
+        if problem is not None:
+            raise GPT1Error(
+                f"{target}: {problem}, so it is not used as {hub} (delete it, then run once with a network to "
+                "convert the model again)"
+            ) from None
         report.note(f"{hub}: the Hub cannot be asked; using the converted copy of commit {known[:8]}", level="warn")
-        return HubModel(model_dir(hub, known), hub, known, cached=True)
+        return HubModel(target, hub, known, cached=True)
     commit = snapshot.name
     target = model_dir(hub, commit)
     cached = _convert_once(hub, snapshot, target, report)
     _remember(hub, rev, commit)
     return HubModel(target, hub, commit, cached)
+
+
+def source_files(snapshot: Path) -> dict[str, str]:
+    """sha256 of each file of ``snapshot`` that a conversion reads: what a converted model records it came from."""
+    return {name: sha256_file(snapshot / name) for name in (*FILES, *WEIGHTS) if (snapshot / name).is_file()}
+
+
+def provenance_problem(path: Path, hub: HubId, commit: str, snapshot: Path | None = None) -> str | None:
+    """Why the folder at ``path`` is not the conversion of ``hub`` at ``commit`` (None when it is): its record of
+    where it came from names another model or commit, or (given the ``snapshot``) other source files."""
+    from gptcli.checkpoint import read_header
+
+    try:
+        source = read_header(path).meta.get("source")
+    except GPT1Error:
+        return "it is not a readable checkpoint"
+    if not isinstance(source, dict) or source.get("hub") != hub.repo_id or source.get("commit") != commit:
+        return f"it records no conversion of {hub.repo_id}@{commit[:8]}"
+    if snapshot is not None and source.get("files") != source_files(snapshot):
+        return f"its recorded source checksums do not match {hub.repo_id}@{commit[:8]}"
+    return None
 
 
 def _is_converted(path: Path) -> bool:
@@ -182,14 +218,18 @@ def _remember(hub: HubId, rev: str, commit: str) -> None:
 
 
 def _convert_once(hub: HubId, snapshot: Path, target: Path, report: Progress) -> bool:
-    """Convert ``snapshot`` into ``target`` unless it is there; True when it was (nothing converted)."""
-    if _is_converted(target):
+    """Convert ``snapshot`` into ``target`` unless its conversion is there; True when it was (nothing converted).
+    A folder there that is not that conversion is replaced (or, when it is not a checkpoint, refused)."""
+    if _is_converted(target) and provenance_problem(target, hub, target.name, snapshot) is None:
         return True
     from gptcli.files.locks import output_lock
 
     with output_lock(target, wait=True):  # a shared cache: wait for another process converting the same model
-        if _is_converted(target):  # another process converted it while this one waited
+        problem = provenance_problem(target, hub, target.name, snapshot) if _is_converted(target) else None
+        if _is_converted(target) and problem is None:  # another process converted it while this one waited
             return True
+        if problem is not None:
+            report.note(f"{target}: {problem}; converting the model again", level="warn")
         report.note(f"converting {hub.repo_id}@{target.name[:8]} into a gpt1 checkpoint (once): {target}")
         convert_to_checkpoint(_converted(hub, snapshot, target.name), target)
     return False
@@ -203,6 +243,7 @@ def _converted(hub: HubId, snapshot: Path, commit: str) -> Converted:
         "revision": hub.revision or "main",
         "commit": commit,
         "resolved": str(snapshot),
+        "files": source_files(snapshot),
     }
     return converted
 
@@ -307,5 +348,7 @@ __all__ = [
     "models_root",
     "parse_hub_id",
     "pretrained",
+    "provenance_problem",
     "resolve_checkpoint",
+    "source_files",
 ]

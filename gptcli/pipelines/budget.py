@@ -3,17 +3,35 @@
 The quickstart (``--minutes``) and ``experiments/cpu_reproduction.py`` (``--budget-minutes``) both size their
 pretraining run the same way: time one update of the model here, then divide the seconds left for pretraining by
 it. They measure rather than guess because an update's cost varies widely from one CPU or GPU to another, and a
-fixed number of updates would either waste the budget or overrun it.
+fixed number of updates would either waste the budget or overrun it. A
+:class:`Deadline` keeps one budget across a pipeline's stages: each gets what the earlier ones left.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
 
 from gptcli.system.runtime import Precision, configure_backends
+
+clock: Callable[[], float] = time.monotonic
+"""What budgets are kept by, in seconds: a seam, so that a test can make a machine look slow."""
+
+
+@dataclass
+class Deadline:
+    """A budget of ``seconds`` counted on :data:`clock` from when it was made."""
+
+    seconds: float
+    start: float = field(default_factory=lambda: clock())
+
+    def left(self) -> float:
+        """Seconds of the budget still left (negative once it is spent)."""
+        return self.seconds - (clock() - self.start)
 
 
 def time_update(
@@ -81,4 +99,4 @@ def seconds_for_tokens(tokens: float, step_s: float, batch_size: int, seq_len: i
     return tokens * step_s / (batch_size * seq_len)
 
 
-__all__ = ["epochs", "seconds_for_tokens", "time_update", "updates_per_epoch", "updates_that_fit"]
+__all__ = ["Deadline", "clock", "epochs", "seconds_for_tokens", "time_update", "updates_per_epoch", "updates_that_fit"]

@@ -25,8 +25,11 @@ real library function the full-scale commands use:
 Then :func:`write_summary` writes ``summary.json`` with the final numbers. Everything goes under ``config.out``,
 marked as a quickstart (:mod:`gptcli.files.outputs`); an earlier quickstart there is replaced only with ``overwrite``,
 and kept aside until this run has finished (:func:`check_out`, :func:`_replacing`).
-Budget: ``minutes`` is the target for the whole run; pretraining gets what is left after preparing minus an
-estimate of the later stages, up to ``max_epochs`` passes over its corpus. Progress is reported through
+Budget: ``minutes`` is one budget for every stage (:class:`gptcli.pipelines.budget.Deadline`); pretraining gets what
+is left after preparing minus an estimate of the later stages, up to ``max_epochs`` passes over its corpus, and
+fine-tuning what pretraining left minus the scoring's estimate, each as a hard time limit of its run. A stage the
+budget starved says so, and the summary marks its figures as meaningless rather than presenting them. The CPU
+kernels' one-time compile comes before the clock, with its elapsed time shown. Progress is reported through
 :mod:`gptcli.progress`: each numbered stage is one ``stage(title)`` … ``end(summary)``, and the library functions it
 calls report inside it.
 """
@@ -37,6 +40,8 @@ import contextlib
 import json
 import math
 import shutil
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -51,6 +56,7 @@ from gptcli.files.outputs import OWNED, check_output, foreign_entries, mark
 from gptcli.model.kernels import config_default
 from gptcli.pipelines import budget
 from gptcli.pipelines.stdlib_text import hold_out, stdlib_documents, stdlib_root
+from gptcli.pipelines.summary import LEARNING_UPDATES, WHAT_NEXT, summary_rows
 from gptcli.progress import SILENT, Progress
 
 # What quickstart writes under its output directory (``overwrite`` replaces exactly these).
@@ -67,6 +73,10 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("zeroshot", "Zero-shot: the paper's CoLA heuristic, before and after pretraining"),
 )
 """``(key, title)`` of each stage, in order; the progress stage of the i-th is named ``"i/6 title"``."""
+MIN_FINETUNE_SECONDS = 10.0
+"""What fine-tuning gets when the budget is spent: enough for a few updates and a dev score."""
+TICK_SECONDS = 5.0
+"""How often a long step without progress of its own (the kernels' compile) reports its elapsed time."""
 
 T = TypeVar("T")
 
@@ -231,10 +241,14 @@ class _Stages:
     out: Path
     progress: Progress
     t_start: float
-    """``time.perf_counter()`` when the run began (the budget counts from here)."""
+    """``time.perf_counter()`` when the run began (its ``seconds_total``)."""
+    deadline: budget.Deadline
+    """The run's ``minutes``, counted from the same moment: what every stage's share comes from."""
     numbers: dict[str, Any]
     seconds: dict[str, float] = field(default_factory=dict)
     paths: dict[str, str] = field(default_factory=dict)
+    update_s: float = 0.0
+    """Seconds per pretraining update as timed here: the unit the later stages' costs are estimated in."""
 
 
 @dataclass
@@ -272,10 +286,12 @@ def quickstart(config: QuickstartConfig, progress: Progress | None = None) -> Qu
     with use_kernels(cfg.kernels), output_lock(cfg.out), _replacing(check_out(cfg)) as out:
         # The compiled CPU kernels' one-time build (about a minute on 2 cores) comes before the clock starts: the
         # time budget is the pipeline's, so a machine's first run pretrains as long as every later one.
-        prepare(resolve_device(cfg.device), progress or SILENT)
-        t_start = time.perf_counter()
+        with _ticking(progress or SILENT, TICK_SECONDS):  # minutes of compiling on a first run: show that it is alive
+            prepare(resolve_device(cfg.device), progress or SILENT)
+        t_start, deadline = time.perf_counter(), budget.Deadline(60.0 * cfg.minutes)
         save_config(cfg, out / "config.toml")
-        run = _Stages(cfg, out, progress or SILENT, t_start, {"minutes_budget": cfg.minutes, "seed": cfg.seed})
+        numbers = {"minutes_budget": cfg.minutes, "seed": cfg.seed}
+        run = _Stages(cfg, out, progress or SILENT, t_start, deadline, numbers)
         text = _stage(run, "text", collect_text, run)
         corpus_dir = _stage(run, "prepare", prepare_corpus, run, text)
         pre = _stage(run, "pretrain", pretrain_model, run, text, corpus_dir)
@@ -284,6 +300,35 @@ def quickstart(config: QuickstartConfig, progress: Progress | None = None) -> Qu
             _stage(run, "eval", evaluate_model, run, text, checkpoint)
             _stage(run, "zeroshot", zeroshot_models, run, text, pre)
         return write_summary(run)
+
+
+@contextlib.contextmanager
+def _ticking(progress: Progress, every: float = 5.0) -> Iterator[None]:
+    """Report the elapsed seconds to the current stage every ``every`` seconds while the block runs: a long step
+    with no progress of its own (the compile of the CPU kernels) still shows that it moves."""
+    done = threading.Event()
+    t0 = time.perf_counter()
+
+    def tick() -> None:
+        while not done.wait(every):
+            progress.advance(0, elapsed=f"{time.perf_counter() - t0:.0f} s")
+
+    thread = threading.Thread(target=tick, name="quickstart-ticker", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def _stopped(what: str, signal_name: str) -> GPT1Error:
+    """A run inside the quickstart stopped by a signal: the quickstart is all or nothing, so it ends, nothing kept,
+    with the signal's exit status (130 for Ctrl-C) as any interrupted command."""
+    err = GPT1Error(f"{what} stopped by {signal_name}: the quickstart kept nothing (run it again)")
+    number = getattr(signal.Signals, signal_name, None)
+    err.exit_code = 128 + int(number) if number is not None else 130
+    return err
 
 
 def _check(cfg: QuickstartConfig) -> None:
@@ -421,6 +466,8 @@ def pretrain_model(run: _Stages, text: TaskText, corpus_dir: Path) -> tuple[Pret
     )
     step_s = _plan_updates(run, text, pc, mcfg, device, precision, before.perplexity)
     res = pretrain(pc, progress=run.progress)
+    if res.stopped_by:
+        raise _stopped("pretraining", res.stopped_by)
     if res.final_val_loss is None or res.last_checkpoint is None:
         raise GPT1Error(f"{pc.out}: pretraining stopped early ({res.stopped_by or 'no validation split'})")
     after_ppl = math.exp(min(res.final_val_loss, 700))
@@ -430,6 +477,13 @@ def pretrain_model(run: _Stages, text: TaskText, corpus_dir: Path) -> tuple[Pret
             f"pretraining stopped at the quickstart's deadline after {res.step} of {res.total_steps} "
             f"planned updates: this machine ran slower than the timed updates promised (other "
             f"processes?); the quickstart keeps to its {cfg.minutes:g} minutes",
+            level="warn",
+        )
+    run.numbers["pretrain_starved"] = cfg.pretrain_steps is None and res.step < LEARNING_UPDATES
+    if run.numbers["pretrain_starved"]:
+        run.progress.note(
+            f"the budget left pretraining {res.step} updates, fewer than the {LEARNING_UPDATES} this model needs "
+            f"to learn anything: its perplexity and zero-shot figures mean nothing (give --minutes more)",
             level="warn",
         )
     run.numbers.update(
@@ -442,7 +496,8 @@ def pretrain_model(run: _Stages, text: TaskText, corpus_dir: Path) -> tuple[Pret
     )
     run.paths["pretrain"] = str(res.last_checkpoint)
     pre = Pretrained(res.last_checkpoint, init_model, corpus.tokenizer, device, precision)
-    return pre, f"{res.step} updates; validation perplexity {before.perplexity:,.1f} → {after_ppl:,.1f}"
+    starved = " (starved by the time budget: these figures mean nothing)" if run.numbers["pretrain_starved"] else ""
+    return pre, f"{res.step} updates; validation perplexity {before.perplexity:,.1f} → {after_ppl:,.1f}{starved}"
 
 
 def _pretrain_config(cfg: QuickstartConfig, corpus_dir: Path, run_dir: Path) -> Any:
@@ -478,13 +533,14 @@ def _plan_updates(
     if cfg.pretrain_steps is not None:
         steps = max(1, cfg.pretrain_steps)
     else:
-        seconds_left = 60.0 * cfg.minutes - (time.perf_counter() - run.t_start)
         cap = int(cfg.max_epochs * budget.updates_per_epoch(train_tokens, cfg.batch_size, cfg.seq_len))
-        for_pretraining = seconds_left - _later_stages_seconds(cfg, text.splits, step_s)
+        later = _finetune_seconds(cfg, text.splits, step_s) + _scoring_seconds(cfg, text.splits, step_s)
+        for_pretraining = run.deadline.left() - later
         steps = budget.updates_that_fit(for_pretraining, step_s, minimum=20, maximum=cap)
         # The plan comes from a few timed updates; a machine that gets busier meanwhile (other processes) would
         # overrun it. The deadline holds whatever happens: pretraining stops there, validated and saved, and says so.
         pc.max_minutes = max(for_pretraining, 20 * step_s) / 60.0
+    run.update_s = step_s
     pc.max_steps = steps
     pc.warmup_steps = max(1, steps // 20)
     pc.log_every = max(1, steps // 20)
@@ -496,18 +552,28 @@ def _plan_updates(
     return step_s
 
 
-def _later_stages_seconds(cfg: QuickstartConfig, splits: dict[str, list[Any]], step_s: float) -> float:
-    """What fine-tuning, evaluation and zero-shot scoring will cost, in seconds of pretraining updates."""
-    # About this many training tokens' worth of updates (fine-tuning ~1.5× per token for its short padded batches;
-    # evaluation and zero-shot scoring forward-only, ~⅓), plus a few fixed seconds.
-    n_task_tokens = sum(len(r.sentence.split()) * 1.4 + 2 for r in splits["train"])
-    avg = n_task_tokens / max(1, len(splits["train"]))
-    later_tokens = 1.5 * cfg.finetune_epochs * n_task_tokens + 0.35 * avg * (
-        cfg.finetune_epochs * len(splits["dev"])
-        + 2 * len(splits["test"])
-        + 2 * (min(len(splits["train"]), cfg.zeroshot_fit_examples) + len(splits["test"]))
-    )
-    return budget.seconds_for_tokens(later_tokens, step_s, cfg.batch_size, cfg.seq_len) + 8.0
+# What the later stages will cost, in seconds of pretraining updates: about this many training tokens' worth of
+# updates (fine-tuning ~1.5× per token for its short padded batches; evaluation and zero-shot scoring forward-only,
+# ~⅓), plus a few fixed seconds.
+def _task_tokens(splits: dict[str, list[Any]]) -> tuple[float, float]:
+    """The task's training tokens (about 1.4 per word, plus the delimiters) and their average per example."""
+    n = sum(len(r.sentence.split()) * 1.4 + 2 for r in splits["train"])
+    return n, n / max(1, len(splits["train"]))
+
+
+def _finetune_seconds(cfg: QuickstartConfig, splits: dict[str, list[Any]], step_s: float) -> float:
+    """What fine-tuning (its updates and its dev scores) will cost."""
+    n, avg = _task_tokens(splits)
+    tokens = 1.5 * cfg.finetune_epochs * n + 0.35 * avg * cfg.finetune_epochs * len(splits["dev"])
+    return budget.seconds_for_tokens(tokens, step_s, cfg.batch_size, cfg.seq_len) + 4.0
+
+
+def _scoring_seconds(cfg: QuickstartConfig, splits: dict[str, list[Any]], step_s: float) -> float:
+    """What the evaluation and the zero-shot scoring after fine-tuning will cost."""
+    _, avg = _task_tokens(splits)
+    n_test, n_fit = len(splits["test"]), min(len(splits["train"]), cfg.zeroshot_fit_examples)
+    tokens = 0.35 * avg * (2 * n_test + 2 * (n_fit + n_test))
+    return budget.seconds_for_tokens(tokens, step_s, cfg.batch_size, cfg.seq_len) + 4.0
 
 
 def finetune_model(run: _Stages, text: TaskText, pre: Pretrained) -> tuple[Path, str]:
@@ -531,16 +597,35 @@ def finetune_model(run: _Stages, text: TaskText, pre: Pretrained) -> tuple[Path,
         precision=cfg.precision,
         kernels=cfg.kernels,
         overwrite=True,
+        max_minutes=_finetune_minutes(run, text),
     )
     ft = finetune(fc, progress=run.progress)
     if ft.stopped_by:  # a signal: fine-tuning checkpointed and stopped, but a quickstart is all or nothing
-        raise GPT1Error(f"{fc.out}: fine-tuning stopped early ({ft.stopped_by})")
+        raise _stopped("fine-tuning", ft.stopped_by)
+    per_epoch = math.ceil(len(text.splits["train"]) / cfg.finetune_batch_size)
+    run.numbers["finetune_starved"] = ft.results["steps"] < per_epoch
+    if run.numbers["finetune_starved"]:
+        run.progress.note(
+            f"the budget left fine-tuning {ft.results['steps']} updates, less than one epoch ({per_epoch}): its "
+            f"scores mean nothing (give --minutes more)",
+            level="warn",
+        )
     dev = ft.results["scores"]
     run.paths["finetune"] = str(ft.checkpoint)
     return ft.checkpoint, (
         f"{ft.results['steps']} updates; best dev MCC {dev.get('mcc', float('nan')):.1f}, "
         f"accuracy {dev.get('accuracy', float('nan')):.1f}% (epoch {ft.results['epoch']})"
+        + (" (starved by the time budget: these figures mean nothing)" if run.numbers["finetune_starved"] else "")
     )
+
+
+def _finetune_minutes(run: _Stages, text: TaskText) -> float | None:
+    """Fine-tuning's time limit: what is left of the budget less the scoring after it (at least a few seconds);
+    none when pretraining had a fixed number of updates (tests, reproducible runs) rather than a share."""
+    if run.cfg.pretrain_steps is not None:
+        return None
+    share = run.deadline.left() - _scoring_seconds(run.cfg, text.splits, run.update_s)
+    return max(share, MIN_FINETUNE_SECONDS) / 60.0
 
 
 def evaluate_model(run: _Stages, text: TaskText, checkpoint: Path) -> tuple[None, str]:
@@ -640,58 +725,8 @@ def _finite(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def summary_rows(numbers: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """``(what, value, what it means)`` rows of the final table."""
-    n = numbers
-    ppl_uniform = n.get("vocab_size", 0)
-    return [
-        (
-            "validation perplexity, before pretraining",
-            f"{n['val_ppl_before']:,.1f}",
-            f"the untrained model: of the order of the vocabulary size ({ppl_uniform:,} ids) — it knows nothing yet",
-        ),
-        (
-            "validation perplexity, after pretraining",
-            f"{n['val_ppl_after']:,.1f}",
-            f"after {n['pretrain_steps']:,} updates ({n['pretrain_tokens'] / 1e6:.1f} M tokens) on held-out docstrings; "
-            "lower is better (GPT-1 reached 18.4 on BooksCorpus)",
-        ),
-        (
-            "fine-tuned test accuracy",
-            f"{n['finetuned_accuracy']:.1f}%",
-            f"original vs word-shuffled sentences it never saw; always answering the majority class scores "
-            f"{n['majority_accuracy']:.1f}%",
-        ),
-        (
-            "fine-tuned test MCC",
-            f"{n['finetuned_mcc']:.1f}",
-            "Matthews correlation × 100 (CoLA's metric): 0 = chance or majority class, 100 = perfect",
-        ),
-        (
-            "zero-shot MCC, before pretraining",
-            f"{n['zeroshot_mcc_before']:.1f}",
-            "no fine-tuning: average token log-probability above a threshold = 'original' (the paper's CoLA "
-            "heuristic); a random model knows nothing",
-        ),
-        (
-            "zero-shot MCC, after pretraining",
-            f"{n['zeroshot_mcc_after']:.1f}",
-            f"the same heuristic on the pretrained model (accuracy {n['zeroshot_accuracy_after']:.1f}%): what "
-            "pretraining alone learned about word order",
-        ),
-    ]
-
-
-WHAT_NEXT: tuple[tuple[str, str, str], ...] = (
-    ("gpt1 prepare books/ --out corpus", "prepare your own corpus (GPT-1 used BooksCorpus)", "datasets.md"),
-    ("gpt1 pretrain --data corpus --out run --gpus 8", "pretrain the full 117M GPT-1", "reproducing-the-paper.md"),
-    ("gpt1 finetune --task rte --init run --out rte", "fine-tune on one of the paper's 12 tasks", "finetune.md"),
-    ("gpt1 zeroshot --task sst2 --checkpoint run", "the paper's zero-shot heuristics", "zeroshot.md"),
-)
-"""The real commands, printed at the end of the quickstart: (command, what it does, its guide page)."""
-
-
 __all__ = [
+    "LEARNING_UPDATES",
     "QuickstartConfig",
     "QuickstartResult",
     "STAGES",

@@ -53,6 +53,16 @@ TIMEOUT_ENV = "GPT1_DIST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 600
 # A directory where each worker started by :func:`launch` keeps a heartbeat file, ``rank-<R>`` (its pid inside).
 HEARTBEAT_ENV = "GPT1_DIST_HEARTBEAT"
+# The launcher's own decisions for the workers it starts: the device type of ``--gpus``/``--procs``, and that it
+# verified the input checksums once so each worker need not read them all again. Environment, not settings: the
+# workers' config is the user's, and it is what the run records (a resume reads it back as the user's settings).
+DEVICE_ENV = "GPT1_DIST_DEVICE"
+VERIFIED_ENV = "GPT1_DIST_INPUTS_VERIFIED"
+
+
+def inputs_verified_by_launcher() -> bool:
+    """True in a worker whose launcher already checked the inputs' checksums (:func:`launch_command`)."""
+    return os.environ.get(VERIFIED_ENV) == "1"
 
 
 def timeout_from_env() -> int:
@@ -76,7 +86,8 @@ class DistInfo:
     local_rank: int = 0
     backend: str | None = None
     cuda_index: int | None = None
-    """The CUDA device this process computes on, as this process numbers its visible devices (:func:`pick_cuda_device`)."""
+    """The CUDA device this process computes on, as this process numbers its visible devices
+    (:func:`pick_cuda_device`)."""
 
     @property
     def is_main(self) -> bool:
@@ -230,7 +241,7 @@ def elastic_config(spec: LaunchSpec, log_dir: str | None = None) -> ElasticConfi
     return ElasticConfig(**options)
 
 
-def launch(spec: LaunchSpec, argv: Sequence[str]) -> str | None:
+def launch(spec: LaunchSpec, argv: Sequence[str], env: dict[str, str] | None = None) -> str | None:
     """Start ``python -m gptcli <argv>`` as ``spec.nproc_per_node`` workers here and wait for the job.
 
     Returns None when every worker finished, or the name of the signal (``"SIGTERM"``, ``"SIGINT"``) that stopped
@@ -238,7 +249,7 @@ def launch(spec: LaunchSpec, argv: Sequence[str]) -> str | None:
     ``spec.shutdown_timeout_s`` seconds before they are killed).
 
     Raises GPT1Error naming the first failed rank and its error when any worker fails; the launcher tears the
-    others down (max_restarts=0), so a failure never hangs the job.
+    others down (max_restarts=0), so a failure never hangs the job. ``env``: more variables for the workers.
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -247,7 +258,7 @@ def launch(spec: LaunchSpec, argv: Sequence[str]) -> str | None:
     logs = tempfile.mkdtemp(prefix="gpt1-elastic-")
     config = elastic_config(spec, logs)
     beats = tempfile.mkdtemp(prefix="gpt1-heartbeat-")
-    env = {WORKER_ENV: "1", TIMEOUT_ENV: str(spec.timeout_s), HEARTBEAT_ENV: beats}
+    env = {**(env or {}), WORKER_ENV: "1", TIMEOUT_ENV: str(spec.timeout_s), HEARTBEAT_ENV: beats}
     if "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = str(worker_threads(spec.nproc_per_node))
     saved = {k: os.environ.get(k) for k in env}
@@ -288,24 +299,27 @@ def worker_threads(nproc_per_node: int, cores: int | None = None) -> int:
     return max(1, (cores or os.cpu_count() or 1) // max(1, nproc_per_node))
 
 
-def launch_command(spec: LaunchSpec, command: str, config: Any, *, resume: bool, quiet: bool) -> str | None:
+def launch_command(
+    spec: LaunchSpec, command: str, config: Any, *, resume: bool, quiet: bool, inputs_verified: bool = False
+) -> str | None:
     """Start the workers of a ``--gpus``/``--procs`` run of ``gpt1 <command>``: ``config`` (the resolved settings of
-    the run, a config dataclass with ``device`` and ``resume`` fields) goes to a temporary TOML that every worker
-    reads with ``--config``, with the device the launch uses; ``resume`` and ``quiet`` travel as flags (a worker's
-    ``--resume`` is checked against the run's saved settings, not read from them). What :func:`launch` returns.
+    the run, a config dataclass with a ``resume`` field) goes to a temporary TOML that every worker reads with
+    ``--config``; ``resume`` and ``quiet`` travel as flags (a worker's ``--resume`` is checked against the run's
+    saved settings, not read from them). What :func:`launch` returns.
 
-    The one launcher path of every command that trains data-parallel (``pretrain``, ``finetune``); each decides
-    beforehand what it checks once here instead of in every worker, and what else its workers' config says."""
-    import dataclasses
-
+    The workers' device type and ``inputs_verified`` (the launcher checked the input checksums) travel in the
+    environment, never in the config: what a worker records is what the user set. The one launcher path of every
+    command that trains data-parallel (``pretrain``, ``finetune``); each decides beforehand what it checks once
+    here instead of in every worker."""
     from gptcli.config import save_config
 
-    worker = dataclasses.replace(config, device="cuda" if spec.use_cuda else "cpu", resume=False)
+    worker = dataclasses.replace(config, resume=False)
     flags = [*(["--resume"] if resume else []), *(["--quiet"] if quiet else [])]
+    env = {DEVICE_ENV: "cuda" if spec.use_cuda else "cpu", VERIFIED_ENV: "1" if inputs_verified else "0"}
     with tempfile.TemporaryDirectory(prefix="gpt1-launch-") as tmp:
         path = os.path.join(tmp, f"{command}.toml")
         save_config(worker, path)
-        return launch(spec, [command, "--config", path, *flags])
+        return launch(spec, [command, "--config", path, *flags], env)
 
 
 def describe_launch(spec: LaunchSpec, batch_size: int) -> str:
@@ -430,7 +444,7 @@ def join(device: str = "auto") -> Parallel:
         return Parallel()
     import torch
 
-    device_type = worker_device_type(device)
+    device_type = os.environ.get(DEVICE_ENV) or worker_device_type(device)  # our launcher's --gpus/--procs
     timeout = timeout_from_env()
     info = init_process_group(device_type, timeout)
     if os.environ.get(HEARTBEAT_ENV):

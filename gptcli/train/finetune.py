@@ -277,7 +277,7 @@ def _train(job: FinetuneJob, report: Progress) -> str | None:
     report.stage(f"finetune {job.setup.task.name}", job.state.total, unit="updates", done=job.state.step)
     try:
         with stop_handler(job.par, job.resumable) as stop:
-            return train(job, stop, report)
+            return train(job, stop, report, job.setup.config.max_minutes)
     finally:
         if job.state.logger is not None:
             job.state.logger.close()

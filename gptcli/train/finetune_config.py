@@ -65,6 +65,7 @@ RULES = SettingRules(
         "cache",
         "workers",
         "wandb",
+        "max_minutes",
     ),
     older_runs={"batching": "length", "layout": "padded"},
     defining_values={"layout": ("shared",)},
@@ -114,6 +115,9 @@ class FinetuneConfig:
     """Examples per forward/backward (gradient accumulation up to ``batch_size``); None = the whole batch."""
     epochs: int = 3
     """Passes over the training split."""
+    max_minutes: float | None = None
+    """Stop once this many minutes of updates have passed, however far the epochs got (evaluated and saved as at
+    the end, with a warning saying so); unset: no time limit. The quickstart sets it to its share of its minutes."""
     warmup: float = 0.002
     """Linear warm-up as a fraction of all updates (0.2%), then ``schedule`` decay to 0."""
     schedule: Literal["warmup_linear", "linear", "cosine", "constant"] = "warmup_linear"

@@ -24,7 +24,6 @@ from typing import Any
 import torch
 
 from gptcli import checkpoint as ckpt
-from gptcli.checkpoint import newest_intact
 from gptcli.config import check_settings as check_all_settings
 from gptcli.config import coerce_fields, load_file
 from gptcli.data.shards import Corpus, open_corpus, tokenizer_fingerprint
@@ -43,7 +42,7 @@ from gptcli.system.runtime import (
     resolve_device,
     resolve_precision,
 )
-from gptcli.train.distributed import LaunchSpec
+from gptcli.train.distributed import LaunchSpec, inputs_verified_by_launcher
 from gptcli.train.optim import lr_at, make_optimizer
 from gptcli.train.pretrain_config import RULES, PretrainConfig
 from gptcli.train.pretrain_job import BatchFeed, PretrainJob, RunPlan, unigram_loss
@@ -52,7 +51,6 @@ from gptcli.train.run.directory import (
     CONFIG_FILE,
     RunDir,
     RunKind,
-    has_checkpoints,
     open_run,
     read_step_checkpoint,
     run_directory,
@@ -115,22 +113,19 @@ def check_launch(config: PretrainConfig, world_size: int) -> None:
         )
 
 
-def plan_pretrain_launch(config: PretrainConfig, spec: LaunchSpec) -> PretrainConfig:
-    """Check ``config`` for a launch of ``spec``'s processes and return the config the workers get.
+def plan_pretrain_launch(config: PretrainConfig, spec: LaunchSpec) -> bool:
+    """Check ``config`` for a launch of ``spec``'s processes; True when the shards were verified here.
 
-    The shards are verified here rather than in every worker (they would all read the whole corpus), so the workers
-    skip it (``verify_data = False``) — unless the run resumes and its newest checkpoint is damaged: unverifying
-    workers would resume from it, so then they verify again (shards included), each skips it with the warning and
-    all continue from the same intact one."""
+    The shards are verified here rather than in every worker (they would all read the whole corpus): the launch
+    tells its workers so (:func:`gptcli.train.distributed.launch_command`), outside their config. Each worker still
+    checks the checkpoint it resumes from as ``verify_data`` says: a damaged newest one is skipped with the warning
+    by all alike, and all continue from the same intact one."""
     check_settings(config)
     check_launch(config, spec.nproc_per_node * spec.nnodes)
     check_output(Path(config.out), "pretrain-run", overwrite=True, inputs=[Path(config.data)], replacing=False)
-    damaged = False
     corpus = open_training_corpus(config) if config.verify_data else open_corpus(config.data)
     validation_split(config, corpus)  # a --val-split the corpus lacks: refused once, here, not by every worker
-    if config.verify_data and config.resume and has_checkpoints(config.out):
-        damaged = bool(newest_intact(config.out)[1])
-    return dataclasses.replace(config, verify_data=damaged)
+    return config.verify_data
 
 
 def warmup_warning(total_steps: int, warmup_steps: int, lr: float) -> str | None:
@@ -215,8 +210,9 @@ def open_training_corpus(config: PretrainConfig) -> Corpus:
 
 
 def verify_corpus(corpus: Corpus, config: PretrainConfig) -> None:
-    """Every shard against its manifest checksum (unless ``verify_data`` is off)."""
-    if config.verify_data:
+    """Every shard against its manifest checksum (unless ``verify_data`` is off, or the launcher of this worker
+    already did it)."""
+    if config.verify_data and not inputs_verified_by_launcher():
         problems = corpus.verify()
         if problems:
             raise GPT1Error(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))

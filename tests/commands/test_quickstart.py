@@ -73,7 +73,8 @@ def test_old_spellings_parse(seen, tmp_path):
     assert cfg.model == QuickstartConfig().model  # the model table stays a config-file setting
 
 
-def test_config_file_under_the_command_line(seen, tmp_path):
+def test_config_file_under_the_command_line(seen, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default --out, runs/quickstart: here, not beside a user's real quickstart
     f = tmp_path / "qs.toml"
     f.write_text("minutes = 3.0\nseed = 9\nvocab_size = 500\noverwrite = true\n\n[model]\nn_layer = 1\n")
     assert run_cli("quickstart", "--config", str(f), "--seed", "0", "--lr", "0.01") == 0

@@ -284,6 +284,28 @@ def test_an_lstm_checkpoint_is_scored_too(tmp_path, learned_tok):
     assert ll == pytest.approx(s.logprob, abs=1e-5) and greedy == s.greedy
 
 
+def test_rolling_windows_are_scored_within_the_token_budget(checkpoint, learned_tok):
+    # Rolling windows were grouped by their first token (every document's "alice", a newline) into single passes
+    # far over the budget (batch_size × 128 tokens): they share no context, so each is a row of its own.
+    from lm_eval.api.instance import Instance
+
+    from gptcli.eval.scoring import score
+
+    lm = lmeval.GPT1LM(checkpoint=str(checkpoint), precision="fp32", device="cpu", batch_size=4)
+    rnd = np.random.default_rng(0)
+    words = "the queen said off with her head and alice ran down the rabbit hole".split()
+    texts = ["alice " + " ".join(rnd.choice(words, 90)) for _ in range(24)]
+    sizes: list[int] = []
+    hook = lm.model.register_forward_pre_hook(lambda m, args: sizes.append(args[0].numel()))
+    rolled = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)])
+    hook.remove()
+    assert max(sizes) <= 4 * 128, max(sizes)
+    ids = [learned_tok.encode(t) for t in texts]
+    assert all(len(i) > 65 and i[0] == ids[0][0] for i in ids)  # several windows each, one first token for all
+    ref = [sum(s.logprob for s in score(lm.model, lmeval.rolling_requests(i, 64), precision="fp32")) for i in ids]
+    assert rolled == pytest.approx(ref, abs=1e-3)  # the same sums as the shared-context path gives
+
+
 def test_model_args_are_checked(checkpoint):
     from gptcli.errors import GPT1Error
 

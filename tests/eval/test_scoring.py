@@ -225,3 +225,21 @@ def test_parity_with_hugging_face():
         want = sum(float(lp[j - 1, seq[j]]) for j in range(first, len(seq)))
         assert s.count == len(seq) - first
         assert s.logprob == pytest.approx(want, abs=1e-4)
+
+
+def test_a_group_of_many_long_candidates_is_split_within_the_token_budget():
+    # One context, forty 20-token candidates: packed as one group they were one pass of 800+ tokens, whatever
+    # max_tokens said. Every pass stays within the budget, and the numbers are those of the plain rows.
+    cfg = ModelConfig(vocab_size=50, n_ctx=32, n_embd=32, n_layer=2, n_head=2, n_inner=64)
+    model = GPT(cfg).eval()
+    rnd = random.Random(3)
+    ctx = [rnd.randrange(50) for _ in range(5)]
+    reqs = [Request.of(ctx, [rnd.randrange(50) for _ in range(20)]) for _ in range(40)]
+    sizes: list[int] = []
+    hook = model.register_forward_pre_hook(lambda m, args: sizes.append(args[0].numel()))
+    packed = score(model, reqs, batch_size=64, max_tokens=100, precision="fp32")
+    hook.remove()
+    assert len(sizes) > 1 and max(sizes) <= 100, sizes
+    plain = score(model, reqs, batch_size=64, precision="fp32", cache_min_context=10_000)
+    for a, b in zip(packed, plain):
+        assert a.count == b.count == 20 and a.logprob == pytest.approx(b.logprob, abs=1e-5)

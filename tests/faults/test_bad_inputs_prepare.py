@@ -176,3 +176,27 @@ def test_inputs_that_name_nothing(spec, message, tmp_path, capsys):
     res = gpt1(_prepare([tmp_path / spec], tmp_path / "out"), capsys)
     assert_one_line_error(res, message)
     assert_nothing_new(tmp_path, before)
+
+
+def test_an_input_appended_to_while_it_is_read_is_refused(tmp_path, capsys, monkeypatch):
+    # A log being written: after the scan counted its one document, more lines arrive. Once, this exited 0 with a
+    # manifest matching neither what was encoded nor the file, and a validation tail of most of the tokens.
+    import gptcli.data.prepare as prepare_module
+
+    book = tmp_path / "book.txt"
+    book.write_text(TEXT)
+    real = prepare_module.iter_documents
+    appended = []
+
+    def growing(path, cfg, problem):
+        yield from real(path, cfg, problem)
+        if not appended:  # after the first full read, another writer appends to the file
+            appended.append(True)
+            with open(path, "a", encoding="utf-8") as f:
+                f.write("A line written while prepare was reading.\n" * 200)
+
+    monkeypatch.setattr(prepare_module, "iter_documents", growing)
+    before = tree(tmp_path)
+    res = gpt1(_prepare([book], tmp_path / "out"), capsys)
+    assert_one_line_error(res, str(book), "changed while prepare read it", "bytes", "a copy")
+    assert_nothing_new(tmp_path, before)

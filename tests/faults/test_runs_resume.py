@@ -296,40 +296,42 @@ def test_a_run_directory_belongs_to_pretraining(byte_corpus, tmp_path, capsys):
     assert snapshot(run) == before
 
 
-def test_a_launched_resume_skips_the_damaged_checkpoint_on_every_rank(corpora, tmp_path):
-    # --procs: the launcher checks the shards once and its workers skip that; with a damaged newest checkpoint the
-    # workers must still verify, or each would resume from the damaged one.
+def _gpt1_procs(args: list[str]):
+    """``python -m gptcli ARGS`` in a subprocess (a launcher must spawn its workers), from the checkout."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    run = tmp_path / "run"
-    pretrain(tiny_config(corpora[0], run, max_steps=4))  # a sentencepiece corpus: workers need no test imports
-    flip_byte(run / "checkpoints" / "step-0000004" / "model.safetensors")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GPT1_DIST_TIMEOUT": "60", "PYTHONPATH": str(root)}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gptcli",
-            "pretrain",
-            "--out",
-            str(run),
-            "--resume",
-            "--max-steps",
-            "6",
-            "--procs",
-            "2",
-            "--quiet",
-        ],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    return subprocess.run(
+        [sys.executable, "-m", "gptcli", *args], cwd=root, env=env, capture_output=True, text=True, timeout=300
     )
+
+
+def test_a_launched_run_records_the_users_settings_and_its_resumes_verify(corpora, tmp_path, capsys):
+    # A --procs run once recorded its launcher's decisions (verify_data = false, device = "cpu") as the run's
+    # settings: every later --resume then skipped the checksums and trained on a damaged checkpoint without a word.
+    # The launcher checks the shards once and its workers skip that; the checkpoint each still verifies.
+    from gptcli.config import load_file
+
+    run = tmp_path / "run"
+    tiny = [a for a in TINY_ARGS if a not in ("--device", "cpu")]  # the device left to the launcher
+    args = ["pretrain", "--data", str(corpora[0]), "--out", str(run), *tiny, "--max-steps", "4", "--save-every", "2"]
+    proc = _gpt1_procs([*args, "--procs", "2"])  # a sentencepiece corpus: workers need no test imports
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recorded = load_file(run / "config.toml")
+    assert recorded["verify_data"] is True and recorded["device"] == "auto", recorded
+    flip_byte(run / "checkpoints" / "step-0000004" / "model.safetensors")
+    alone = _copy(run, tmp_path / "alone")
+    # Resumed as one process, as a one-process run's resume would be: the warning, and the previous checkpoint.
+    code, _, err = cli(["pretrain", "--out", str(alone), "--resume", "--max-steps", "5"], capsys)
+    assert code == 0 and "warning: skipping checkpoint step-0000004" in err, err
+    assert "resuming from step-0000002" in err and read_header(alone).step == 5
+    # Resumed with --procs 2: every rank skips it alike.
+    proc = _gpt1_procs(["pretrain", "--out", str(run), "--resume", "--max-steps", "6", "--procs", "2", "--quiet"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "warning: skipping checkpoint step-0000004" in proc.stderr, proc.stderr[-3000:]
     assert read_header(run).step == 6 and verify_checkpoint(run / "checkpoints" / "step-0000006") == []
+    assert load_file(run / "config.toml")["verify_data"] is True

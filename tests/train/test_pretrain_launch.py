@@ -31,10 +31,10 @@ def _config(corpus, out, **kw) -> PretrainConfig:
     )
 
 
-def test_the_workers_get_the_settings_less_the_verification_done_here(corpus, tmp_path) -> None:
+def test_planning_says_whether_it_verified_the_shards_and_writes_nothing(corpus, tmp_path) -> None:
     cfg = _config(corpus, tmp_path / "run", kernels="reference")
-    workers = plan_pretrain_launch(cfg, LaunchSpec(nproc_per_node=2))
-    assert workers == dataclasses.replace(cfg, verify_data=False)
+    assert plan_pretrain_launch(cfg, LaunchSpec(nproc_per_node=2)) is True
+    assert plan_pretrain_launch(dataclasses.replace(cfg, verify_data=False), LaunchSpec(nproc_per_node=2)) is False
     assert not (tmp_path / "run").exists()  # planning writes nothing
 
 
