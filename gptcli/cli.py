@@ -18,14 +18,17 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-try:  # Typer >= 0.16 vendors Click; the base class of its Click's exceptions is Typer's public TyperException
-    from typer import TyperException as ClickError
-except ImportError:  # pragma: no cover - older Typer raises the errors of Click itself
-    from click import ClickException as ClickError
+if TYPE_CHECKING:  # the type checker sees the class Typer raises: its vendored Click exception, which has show()
+    from typer._click.exceptions import ClickException as ClickError
+else:
+    try:  # Typer >= 0.16 vendors Click; the base class of its Click's exceptions is Typer's public TyperException
+        from typer import TyperException as ClickError
+    except ImportError:  # pragma: no cover - older Typer raises the errors of Click itself
+        from click import ClickException as ClickError
 from rich.console import Console
 from rich.markup import escape
 
@@ -338,7 +341,7 @@ def main(argv: list[str] | None = None) -> None:
     except ClickError as e:  # usage errors: Click's own message and exit code (2)
         hint = _stray_hint(e)
         if hint is not None:
-            e.message = f"{e.message} ({hint})"  # type: ignore[attr-defined]
+            e.message = f"{e.message} ({hint})"
         e.show()
         sys.exit(e.exit_code)
     except typer.Exit as e:

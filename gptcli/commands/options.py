@@ -59,6 +59,9 @@ PANELS = (
 )
 
 
+_NONE: Mapping[Any, Any] = types.MappingProxyType({})  # an immutable empty default for the mapping arguments
+
+
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
     """Attribute docstrings (the string literal under each field) of a dataclass and its bases."""
@@ -166,13 +169,20 @@ def _option_type(tp: Any) -> tuple[Any, bool]:
         inner = [a for a in args if a is not type(None)]
         if len(inner) == 1:
             t, ok = _option_type(inner[0])
-            return typing.Optional[t], ok
+            return t | None, ok
         return str, False
     if origin in (list, tuple):
-        return typing.Optional[list[args[0] if args else str]], True  # type: ignore[index]
+        return types.GenericAlias(list, (args[0] if args else str,)) | None, True
     if origin is dict or dataclasses.is_dataclass(tp) or tp is Any:
         return tp, False
     return tp, True
+
+
+def _field_default(f: dataclasses.Field[Any]) -> Any:
+    """A field's default: its value, or its factory's product (every field shown as an option has one of the two)."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return typing.cast(Callable[[], Any], f.default_factory)()
 
 
 def _default_text(value: Any) -> str | bool:
@@ -198,13 +208,13 @@ class Options:
         self,
         cls: type,
         *,
-        panels: Mapping[str, Sequence[str]] = (),  # type: ignore[assignment]
-        flags: Mapping[str, Sequence[str]] = (),  # type: ignore[assignment]
+        panels: Mapping[str, Sequence[str]] = _NONE,
+        flags: Mapping[str, Sequence[str]] = _NONE,
         arguments: Sequence[str] = (),
         hidden: Sequence[str] = (),
-        nested: Mapping[str, Nested] = (),  # type: ignore[assignment]
+        nested: Mapping[str, Nested] = _NONE,
         cli_only: Sequence[CliOnly] = (),
-        sections: Mapping[str, tuple[type, str]] = (),  # type: ignore[assignment]
+        sections: Mapping[str, tuple[type, str]] = _NONE,
         config_option: bool = True,
     ) -> None:
         self.cls = cls
@@ -233,7 +243,7 @@ class Options:
             tp, ok = _option_type(hints[f.name])
             if not ok:
                 continue  # dicts and tables: config files only
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            default = _field_default(f)
             params.append(self._param(f.name, tp, default, docs.get(f.name, ""), self.panel_of.get(f.name)))
             self._dest[f.name] = (f.name, None)
         for section, (scls, panel) in self.sections.items():
@@ -248,7 +258,7 @@ class Options:
             params.append(
                 self._raw(
                     "config",
-                    typing.Optional[Path],
+                    Path | None,
                     None,
                     ("--config",),
                     f"TOML/JSON file of {self.cls.__name__} settings; options given here override it.",
@@ -279,7 +289,7 @@ class Options:
             out.append(
                 self._raw(
                     sub,
-                    typing.Optional[tp] if typing.get_origin(tp) is not typing.Union else tp,
+                    tp if typing.get_origin(tp) in (typing.Union, types.UnionType) else tp | None,
                     None,
                     self._spellings(sub),
                     help_,
@@ -295,7 +305,7 @@ class Options:
         return tuple(self.flags.get(name, (main,)))
 
     def _param(self, name: str, tp: Any, default: Any, doc: str, panel: str | None) -> inspect.Parameter:
-        is_bool = tp is bool or tp == typing.Optional[bool]
+        is_bool = tp is bool or tp == bool | None
         if name in self.arguments:
             return self._raw(name, tp, default, (), doc, None, argument=True)
         return self._raw(
@@ -319,14 +329,16 @@ class Options:
         argument: bool = False,
         envvar: str | None = None,
     ) -> inspect.Parameter:
-        is_bool = tp is bool or tp == typing.Optional[bool]
+        is_bool = tp is bool or tp == bool | None
         kw: dict[str, Any] = {"help": escape(help_.replace("``", "`")), "show_default": _default_text(default)}
         if envvar is not None:
             kw["envvar"] = envvar
         if argument:
             info = typer.Argument(default, **kw)
         else:
-            info = typer.Option(default, *flags, rich_help_panel=panel, **({"metavar": ""} if is_bool else {}), **kw)
+            if is_bool:
+                kw["metavar"] = ""
+            info = typer.Option(default, *flags, rich_help_panel=panel, **kw)
         return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=tp, default=info)
 
     # -- the command

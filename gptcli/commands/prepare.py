@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
 
 from rich.console import Console
 
@@ -26,7 +25,7 @@ OPTIONS = Options(
     cli_only=[
         CliOnly(
             "inspect",
-            Optional[Path],  # noqa: UP045 - Typer reads this annotation at runtime
+            Path | None,
             None,
             ("--inspect",),
             "Do not prepare: summarise and verify this corpus directory (= `gpt1 inspect DIR`).",

@@ -43,7 +43,8 @@ def run(p: Parsed) -> None:
     console = stderr_console()
     console.rule("[bold]gpt1 quickstart")
     console.print(
-        f"The GPT-1 pipeline at toy scale, offline, in about {cfg.minutes:g} minutes. Output: [bold]{escape(str(cfg.out))}[/]",
+        f"The GPT-1 pipeline at toy scale, offline, in about {cfg.minutes:g} minutes. "
+        f"Output: [bold]{escape(str(cfg.out))}[/]",
         highlight=False,
     )
     result = quickstart(cfg, RichProgress(console))

@@ -17,9 +17,9 @@ from __future__ import annotations
 import io
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
-from rich.console import Console, Group
+from rich.console import Console, Group, JustifyMethod
 from rich.markup import escape as escape_markup
 from rich.progress import (
     BarColumn,
@@ -170,15 +170,15 @@ def results_table(results: Sequence[dict[str, Any]], title: str | None = None, *
     shown = [r for by_col in runs.values() for r in by_col.values()]
     name = _level_name(shown, headline_only=True)
     levels = []
-    for key, col in columns.items():  # results of one column may differ in level (other subsets): all are shown
-        cells = [_level_cell(by_col[key], col["metric"], "/" in name) for by_col in runs.values() if key in by_col]
+    for key, column in columns.items():  # results of one column may differ in level (other subsets): all are shown
+        cells = [_level_cell(by_col[key], column["metric"], "/" in name) for by_col in runs.values() if key in by_col]
         levels.append(" / ".join(dict.fromkeys(cells)))
     table.add_row(name, *levels, style="dim")
     for row, by_col in runs.items():
         cells = []
-        for key, col in columns.items():
-            r = by_col.get(key)
-            cells.append("–" if r is None or not r.get("scores") else _ours_cell(r, col["metric"]))
+        for key, column in columns.items():
+            result = by_col.get(key)
+            cells.append("–" if result is None or not result.get("scores") else _ours_cell(result, column["metric"]))
         table.add_row(escape(row), *cells)
     return _with_notes(table, results, notes)
 
@@ -190,7 +190,7 @@ def details_table(results: Sequence[dict[str, Any]], title: str | None = None, *
     says them)."""
     table = Table(title=title or "Task metrics (×100)")
     level_name = _level_name(results)
-    for name, just in (
+    layout: tuple[tuple[str, JustifyMethod], ...] = (
         ("run", "left"),
         ("task", "left"),
         ("split", "left"),
@@ -200,7 +200,8 @@ def details_table(results: Sequence[dict[str, Any]], title: str | None = None, *
         ("paper", "right"),
         ("Δ", "right"),
         ("n", "right"),
-    ):
+    )
+    for name, just in layout:
         table.add_column(name, justify=just)
     for r in results:
         scores = r.get("scores") or {}
@@ -288,7 +289,9 @@ class RichProgress(Progress):
         entry = {"name": name, "total": total, "unit": unit, "t0": time.perf_counter(), "task": None, "completed": done}
         if total is not None and self.console.is_terminal:
             bars = self._ensure_bars()
-            entry["task"] = bars.add_task(escape(name), total=total, completed=done, status="", unit=unit)
+            # rich counts in floats (update() takes one); add_task's annotation alone says int
+            completed = cast(int, done)
+            entry["task"] = bars.add_task(escape(name), total=total, completed=completed, status="", unit=unit)
         elif total is None:
             self._print_heading(name, depth=len(self._stack))
         else:

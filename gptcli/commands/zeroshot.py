@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from gptcli.commands.options import CliOnly, Options, Parsed
 from gptcli.commands.render import RichProgress, stderr_console, stdout_console
@@ -52,7 +52,7 @@ OPTIONS = Options(
         ),
         CliOnly(
             "curve",
-            Optional[bool],  # noqa: UP045 - Typer reads this annotation at runtime
+            bool | None,
             None,
             ("--curve/--no-curve",),
             "Force or prevent the curve over checkpoints (default: on for --task all over a run directory, or "
