@@ -81,8 +81,9 @@ def best_of(run, variants: list, repeats: int) -> tuple[dict, dict]:
 
 def machine_header(peak_seconds: float = 2.0, peak_n: int = 2048) -> tuple[dict, str]:
     """What the figures belong to, as a dict (for ``--json``) and one printable line: the CPU model, the core and
-    torch thread counts, the fp32 and bf16 matmul peaks measured now (``gptcli.system.runtime.measure_cpu_peak`` with the
-    current thread count), the load average and the allocator setting. Call it after ``torch.set_num_threads``."""
+    torch thread counts, the fp32 and bf16 matmul peaks measured now (``gptcli.system.runtime.measure_cpu_peak``
+    with the current thread count), the load average and the allocator setting. Call it after
+    ``torch.set_num_threads``."""
     import torch
 
     from gptcli.system.runtime import measure_cpu_peak

@@ -77,7 +77,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise GPT1Error(f"{key}: expected a table, got {value!r}")
         return dict(value)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise GPT1Error(f"{key}: expected a table, got {value!r}")
         return from_dict(tp, value, prefix=f"{key}.")

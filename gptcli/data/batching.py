@@ -56,7 +56,8 @@ class Batch:
     sequences end to end, and this says where each one starts and ends."""
     lm_positions: torch.Tensor | None = None
     """A padded batch's positions that predict a next token (every real token but the last of its row), as flat
-    indices into ``ids``, counted on the host by :func:`collate` (``losses.lm_positions``); None: found from ``mask``."""
+    indices into ``ids``, counted on the host by :func:`collate` (``losses.lm_positions``); None: found from
+    ``mask``."""
 
     def to(self, device: torch.device | str) -> Batch:
         labels = None if self.labels is None else to_device(self.labels, device)
@@ -236,7 +237,8 @@ def filled_batches(encoded: Sequence[Encoded], batch_size: int) -> list[list[int
     at = 0
     while at < len(order):
         first = encoded[order[at]]
-        budget, used, batch = min(batch_size * len(first.seqs) * first.length, FILL_TOKENS), 0, []
+        budget, used = min(batch_size * len(first.seqs) * first.length, FILL_TOKENS), 0
+        batch: list[int] = []
         while at < len(order) and (len(batch) < batch_size or used + shared_tokens(encoded[order[at]]) <= budget):
             used += shared_tokens(encoded[order[at]])
             batch.append(order[at])

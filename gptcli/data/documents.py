@@ -19,7 +19,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, cast
 
 from gptcli.data.inputs import TEXT_SUFFIXES
 from gptcli.errors import DataError, GPT1Error
@@ -227,7 +227,7 @@ def _jsonl_documents(path: Path, cfg: Reading, problem: Problem) -> Iterator[str
             if error is not None:
                 bad.append((lineno, error))
                 continue
-            doc = _finish(value, cfg)
+            doc = _finish(cast(str, value), cfg)  # no error: the line's text is there
             if doc is not None:
                 n += 1
                 yield doc

@@ -7,9 +7,9 @@ holder (pid, host, command, time), so a second run on the same output is refused
 one line naming the holder. The operating system releases the lock when its process dies, however it dies, so a
 stale lock file never blocks anyone; a symlinked output is locked at its target.
 
-Taking the lock also tidies what an interrupted earlier run left beside the output (:func:`gptcli.files.fsutil.recover`):
-only the lock's holder may, since nobody else is writing there. A multi-process job takes it once, in its launcher
-or rank 0; a worker whose parent holds the lock proceeds under it.
+Taking the lock also tidies what an interrupted earlier run left beside the output
+(:func:`gptcli.files.fsutil.recover`): only the lock's holder may, since nobody else is writing there. A
+multi-process job takes it once, in its launcher or rank 0; a worker whose parent holds the lock proceeds under it.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ def param_groups(
 
     "paper": no decay for biases and LayerNorm parameters (matched by name); "released": decay iff ``ndim > 1``.
     """
-    decayed, plain = [], []
+    decayed: list[nn.Parameter] = []
+    plain: list[nn.Parameter] = []
     for name, p in named_params:
         if not p.requires_grad:
             continue

@@ -1,4 +1,5 @@
-"""gptcli/system/allocator.py: CPU training keeps glibc's freed blocks mapped instead of page-faulting them in every step."""
+"""gptcli/system/allocator.py: CPU training keeps glibc's freed blocks mapped instead of page-faulting them in every
+step."""
 
 from __future__ import annotations
 

@@ -33,6 +33,7 @@ from gptcli.errors import GPT1Error
 from gptcli.files.fsutil import move_into_place, temp_sibling, write_text_atomic
 from gptcli.files.locks import main_rank_lock
 from gptcli.files.outputs import MARKER, check_output, check_replaceable, kind_of, mark
+from gptcli.model.build import LanguageModel
 from gptcli.progress import Progress
 from gptcli.tokenizers import Tokenizer
 from gptcli.train.run import training_state
@@ -258,7 +259,7 @@ def write_step_checkpoint(
     checkpoints: Path,
     step: int,
     trainer: Trainer,
-    body: nn.Module,
+    body: LanguageModel,
     tokenizer: Tokenizer,
     *,
     kind: str,

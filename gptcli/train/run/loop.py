@@ -114,7 +114,7 @@ class GracefulStop:
 
 def every(step: int, interval: int | None) -> bool:
     """True on steps ``interval, 2·interval, …`` (``step`` counts completed updates)."""
-    return bool(interval) and interval > 0 and step % interval == 0
+    return interval is not None and interval > 0 and step % interval == 0
 
 
 @dataclass

@@ -47,7 +47,8 @@ class SettingRules:
         """(changed defining settings, changed adjustable ones) of ``config`` against the ``saved`` settings, each
         as ``"key old → new"``. A key missing from ``saved`` was None (TOML has no null) or did not exist yet."""
         defaults = {f.name: _default(f) for f in dataclasses.fields(config)} | dict(self.older_runs)
-        changed, adjusted = [], []
+        changed: list[str] = []
+        adjusted: list[str] = []
         for key in self.defining + self.adjustable:
             was, now = saved.get(key, defaults[key]), getattr(config, key)
             if was != now:
@@ -61,12 +62,14 @@ def _default(f: dataclasses.Field) -> Any:
     """A field's default, made by its factory where it has one (``kernels``: the process's mode)."""
     if f.default is not dataclasses.MISSING:
         return f.default
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
+    factory = f.default_factory
+    return None if factory is dataclasses.MISSING else factory()
 
 
 def model_changes(header: Header, mcfg: AnyConfig) -> tuple[list[str], list[str]]:
     """(changes of the model's architecture or shape, changes of its dropouts) against a checkpoint's header."""
-    changed, adjusted = [], []
+    changed: list[str] = []
+    adjusted: list[str] = []
     if header.arch != arch_of(mcfg):  # the shared shape fields alone cannot tell an LSTM apart
         changed.append(f"architecture {header.arch} → {arch_of(mcfg)}")
     for key, was in header.model.items():

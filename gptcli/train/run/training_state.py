@@ -17,7 +17,7 @@ import json
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors.torch import load_file
@@ -36,7 +36,9 @@ def rng_state() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     import numpy as np
 
     py_version, py_state, py_gauss = random.getstate()
-    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    # the default (legacy) form of numpy's state is this tuple; the dict form is asked for by legacy=False only
+    legacy = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = legacy
     js = {
         "python": [py_version, list(py_state), py_gauss],
         "numpy": [np_name, np_keys.tolist(), int(np_pos), int(np_has_gauss), float(np_gauss)],
