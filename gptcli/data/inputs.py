@@ -73,8 +73,8 @@ def walk(root: Path, skipped: Skipped) -> list[Path]:
         except OSError as e:
             skipped.append((d, f"skipped: cannot list the folder ({e.strerror or e})"))
             return
-        for e in entries:
-            p = Path(e.path)
+        for entry in entries:
+            p = Path(entry.path)
             if _is_dir(p):
                 visit(p)
             else:

@@ -41,7 +41,7 @@ import shutil
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -118,6 +118,21 @@ class PrepareResult:
 
 # ---------------------------------------------------------------------------------------------------------------
 # the pipeline, stage by stage
+
+
+class _LineEncoder(Protocol):
+    """What prepare needs of a tokenizer beyond :class:`Tokenizer` (both BPE kinds have it; the kinds without
+    ``encode_lines`` are refused before any work, by :func:`_reused_tokenizer`)."""
+
+    @property
+    def cased(self) -> bool: ...
+
+    @property
+    def newline_id(self) -> int: ...
+
+
+def _lines(tok: Tokenizer) -> _LineEncoder:
+    return cast(_LineEncoder, tok)  # every tokenizer prepare holds is a line encoder (see _LineEncoder)
 
 
 @dataclass
@@ -287,7 +302,7 @@ def _plan(cfg: PrepareConfig, given: Collection[str] | None = None) -> _Plan:
         tok = _reused_tokenizer(cfg.tokenizer)
         check_reused_tokenizer(cfg, tok, given)
         plan.reused = tok
-        plan.cased = tok.cased  # the tokenizer's own setting: its vocabulary was made that way
+        plan.cased = _lines(tok).cased  # the tokenizer's own setting: its vocabulary was made that way
     return plan
 
 
@@ -507,7 +522,7 @@ def _encode(
     results = executor.map(encode_task, tasks, size=lambda a: len(a[1]))
     tokens = 0
     with staged(report, "encode", sum(n for _, n in words.spans), unit="B"):
-        for doc_i, doc in enumerate(_joined_ids(results, tok.newline_id, dtype)):
+        for doc_i, doc in enumerate(_joined_ids(results, _lines(tok).newline_id, dtype)):
             split = "val" if doc_i in scan.val else "train"
             writers[split].add(doc)
             st = splits[split]
@@ -549,7 +564,7 @@ def _manifest(
             "kind": tok.kind,
             "vocab_size": tok.vocab_size,
             "total_vocab": tok.total_vocab,
-            "newline_id": tok.newline_id,
+            "newline_id": _lines(tok).newline_id,
             "learned": learned,
             "source": None if learned else str(plan.cfg.tokenizer),
             "model_sha256": sha256_file(model) if model.is_file() else None,  # OpenAI's BPE has no model file

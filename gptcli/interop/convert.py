@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -407,7 +407,7 @@ def to_hf(ckpt: str | Path, out: str | Path) -> tuple[Path, list[str]]:
             "the GPT-1 Transformer; only Transformer checkpoints convert)"
         )
     c = load_checkpoint(ckpt)
-    cfg = c.config
+    cfg = cast(ModelConfig, c.config)  # the header's arch is the Transformer's (checked above)
     if cfg.n_inner != 4 * cfg.n_embd:
         raise GPT1Error(f"{c.path}: n_inner={cfg.n_inner} ≠ 4·n_embd; Hugging Face openai-gpt cannot represent it")
     sd = state_dict_to_hf(c.model.state_dict(), cfg.n_layer)
@@ -417,16 +417,16 @@ def to_hf(ckpt: str | Path, out: str | Path) -> tuple[Path, list[str]]:
     tok = c.tokenizer
     from gptcli.interop.hf_tokenizer import EXPORTABLE, special_token_ids, write_hf_tokenizer
 
-    with_tokenizer = tok is not None and getattr(tok, "kind", None) in EXPORTABLE
+    exported = tok if tok is not None and getattr(tok, "kind", None) in EXPORTABLE else None
 
     def write(tmp: Path) -> None:
         mark(tmp, "hf-export")  # inside the temporary directory: a marked export is always a whole one
         save_tensors(sd, tmp / "model.safetensors", metadata={"format": "pt"})  # a full disk is an OSError
-        write_hf_config(tmp, cfg, special_tokens=special_token_ids(tok) if with_tokenizer else None)
-        if with_tokenizer:
-            write_hf_tokenizer(tmp, tok, cfg.n_ctx)
-            if tok.kind == "openai":
-                tok.save_bpe_files(tmp)
+        write_hf_config(tmp, cfg, special_tokens=special_token_ids(exported) if exported is not None else None)
+        if exported is not None:
+            write_hf_tokenizer(tmp, exported, cfg.n_ctx)
+            if exported.kind == "openai":
+                exported.save_bpe_files(tmp)
 
     warnings = _export_warnings(c)
     path = atomic_directory(Path(out), write)

@@ -376,6 +376,8 @@ class DDPParallel(Parallel):
     process group's timeout instead of waiting forever for a dead peer.
     """
 
+    device: torch.device  # always known in a job, unlike the single process's
+
     def __init__(self, info: DistInfo, device: torch.device) -> None:
         self.info = info
         self.rank = info.rank
@@ -450,7 +452,10 @@ def join(device: str = "auto") -> Parallel:
     if os.environ.get(HEARTBEAT_ENV):
         # Several beats per watchdog limit (half the timeout), so one late beat is never taken for silence.
         heartbeat(os.environ[HEARTBEAT_ENV], info.rank, min(1.0, timeout / 20))
-    dev = torch.device("cuda", info.cuda_index) if device_type == "cuda" else torch.device("cpu")
+    if device_type != "cuda":
+        dev = torch.device("cpu")
+    else:  # no index: the current CUDA device
+        dev = torch.device("cuda") if info.cuda_index is None else torch.device("cuda", info.cuda_index)
     return DDPParallel(info, dev)
 
 
