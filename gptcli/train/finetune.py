@@ -159,8 +159,8 @@ def _finetune(config: FinetuneConfig, task: Task, run: RunDir, par: Parallel, re
     configure_backends(device)
     prepare_kernels(device, report)
     setup, gpt = build_setup(config, task, data, device, precision, par, report)
-    if arch_of(gpt.config) == "lstm":
-        report.note(precision_note(device.type, precision))
+    if arch_of(gpt.config) == "lstm" and (note := precision_note(device.type, precision)) is not None:
+        report.note(note)
     job = _build_job(setup, gpt, par, run, report)
     with run.writing() as work:
         _start(job, run, work, report)

@@ -13,7 +13,7 @@ import pytest
 import gptcli.train.finetune as ft
 from gptcli.data.batching import bucketed_batches, random_batches
 from gptcli.errors import GPT1Error
-from gptcli.progress import Progress
+from gptcli.progress import Progress, RecordingProgress
 from gptcli.train.finetune import FinetuneConfig, finetune
 from gptcli.train.finetune_job import epoch_batches, lr_schedule
 from gptcli.train.optim import lr_at
@@ -105,3 +105,13 @@ def test_a_resume_onto_the_other_architecture_is_refused_by_name(pretrained, dat
     assert res.stopped_by == "SIGINT"
     with pytest.raises(GPT1Error, match="architecture transformer → lstm"):
         finetune(_cfg(pretrained, data, run, init="none", tokenizer=tok, model="lstm-tiny", save_every=1, resume=True))
+
+
+def test_an_lstm_in_the_runs_own_precision_notes_no_empty_line(pretrained, data, tmp_path):
+    """An LSTM computing in the run's precision (fp32) has no precision line to say: the run notes none (the bug:
+    it noted None, which the console's reporter could not print)."""
+    tok = str(next(pretrained.rglob("tokenizer")))
+    rec = RecordingProgress()
+    cfg = _cfg(pretrained, data, tmp_path / "run", init="none", tokenizer=tok, model="lstm-tiny", epochs=1)
+    finetune(cfg, progress=rec)
+    assert rec.of("note") and all(isinstance(n["message"], str) for n in rec.of("note"))
