@@ -23,6 +23,7 @@ import torch
 from gptcli.checkpoint import TOKENIZER, load_checkpoint, read_header, resolve_checkpoint, verify_checkpoint
 from gptcli.data.shards import Corpus, open_corpus, tokenizer_fingerprint
 from gptcli.errors import GPT1Error
+from gptcli.model.build import LanguageModel
 from gptcli.model.kernels import use_kernels
 from gptcli.model.losses import IGNORE, next_token_nll
 from gptcli.progress import SILENT, Progress, staged
@@ -62,7 +63,7 @@ def eval_windows(arrays: Sequence[np.ndarray], seq_len: int) -> Iterator[tuple[n
 
 @torch.no_grad()
 def evaluate_lm(
-    model: torch.nn.Module,
+    model: LanguageModel,
     arrays: Sequence[np.ndarray],
     seq_len: int,
     batch_size: int = 8,
@@ -115,7 +116,7 @@ def eval_batches(
 
 
 def _batch_nll(
-    model: torch.nn.Module, items: list[tuple[np.ndarray, int]], device: torch.device, precision: Precision
+    model: LanguageModel, items: list[tuple[np.ndarray, int]], device: torch.device, precision: Precision
 ) -> tuple[torch.Tensor, int]:
     """Summed next-token NLL (float64, on ``device``) of one batch of windows, and the number of targets scored."""
     x = torch.stack([torch.from_numpy(w[:-1]) for w, _ in items]).to(device)

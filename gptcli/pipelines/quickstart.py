@@ -442,7 +442,7 @@ def pretrain_model(run: _Stages, text: TaskText, corpus_dir: Path) -> tuple[Pret
 
     from gptcli.data.shards import open_corpus
     from gptcli.eval.perplexity import evaluate_lm
-    from gptcli.model.gpt import GPT
+    from gptcli.model.build import build_model
     from gptcli.system.runtime import resolve_device, resolve_precision
     from gptcli.train.pretrain import build_model_config, pretrain
 
@@ -454,7 +454,7 @@ def pretrain_model(run: _Stages, text: TaskText, corpus_dir: Path) -> tuple[Pret
     mcfg = build_model_config(pc, corpus.tokenizer.vocab_size)
     val_arrays = corpus.arrays("val")
     torch.manual_seed(cfg.seed)  # the same initial weights pretrain() draws
-    init_model = GPT(mcfg).to(device)
+    init_model = build_model(mcfg).to(device)
     before = evaluate_lm(
         init_model,
         val_arrays,

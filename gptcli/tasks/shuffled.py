@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,7 +135,7 @@ def _clean(field: str) -> str:
     return " ".join(field.replace("\t", " ").split())
 
 
-def write_task_files(splits: dict[str, Sequence[TaskRow]], directory: str | Path) -> Path:
+def write_task_files(splits: Mapping[str, Sequence[TaskRow]], directory: str | Path) -> Path:
     """Write ``<split>.tsv`` files in CoLA's train/dev format into ``directory``; returns it."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from gptcli.checkpoint import Header, save_checkpoint
 from gptcli.config import check_settings, to_dict
@@ -40,7 +40,7 @@ from gptcli.system.runtime import configure_backends, precision_warning, resolve
 from gptcli.tasks import Task, get_task
 from gptcli.train.finetune_config import RULES, FinetuneConfig
 from gptcli.train.finetune_dev import PREDICTION_SUMMARY, scores_of
-from gptcli.train.finetune_job import FinetuneJob, TaskLoss, lr_schedule
+from gptcli.train.finetune_job import FinetuneJob, TaskLoss, body_and_head, lr_schedule
 from gptcli.train.finetune_setup import (
     FinetuneSetup,
     build_setup,
@@ -237,7 +237,8 @@ def _resume_notes(job: FinetuneJob, header: Header) -> list[str]:
             f"tokenizer {old.get('tokenizer') or 'of the init checkpoint'} → "
             f"{c.tokenizer or 'of the init checkpoint'} (it encodes the examples differently)"
         )
-    return check_resume(c.out, RULES, c, old, header, job.model.gpt.config, inputs, unexplained)
+    out = cast(str, c.out)  # finetune() names the run directory before the job is built
+    return check_resume(out, RULES, c, old, header, body_and_head(job.model)[0].config, inputs, unexplained)
 
 
 def _start(job: FinetuneJob, run: RunDir, work: Path | None, report: Progress) -> None:
@@ -322,7 +323,7 @@ def plan_launch_run(config: FinetuneConfig, world_size: int) -> RunDirPlan:
     inputs = run_inputs(config.init, config.tokenizer, get_task(config.task), config.data_dir)
     return plan_run_dir(
         FINETUNE_RUN,
-        Path(config.out),
+        Path(cast(str, config.out)),  # the command names the run directory before it launches
         resume=config.resume,
         overwrite=config.overwrite,
         verify=False,
@@ -392,7 +393,7 @@ def write_outputs(job: FinetuneJob, out: Path, chosen_epoch: int, work: Path | N
     final = out / CHECKPOINTS / FINAL
     save_checkpoint(
         work / CHECKPOINTS / FINAL,
-        job.model.gpt,
+        body_and_head(job.model)[0],
         setup.tokenizer,
         kind="finetuned",
         meta=checkpoint_meta(setup, chosen_epoch, chosen.get("step", job.state.step), dev_scores),

@@ -95,7 +95,7 @@ def epoch_line(record: dict[str, Any], run: _HasTaskData | None = None) -> str:
     scores = scores_of(record)
     text = ", ".join(f"{k} {v:.2f}" for k, v in scores.items())
     base = baseline_of(run.task, run.data.train, run.data.dev) if run is not None and scores else None
-    note = level_note(scores, base, run.task.metric) if base else ""
+    note = level_note(scores, base, run.task.metric) if run is not None and base else ""
     line = f"epoch {record['epoch']} (update {record['step']}): {record.get('split') or 'no eval'} {text}".rstrip()
     constant = constant_sentence({**record, "n": len(run.data.dev)}) if run is not None else None
     return line + (f" ({note})" if note else "") + (f"; {constant}" if constant else "")

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -28,9 +28,10 @@ from gptcli.data.batching import Batch, collate, collate_packed, collate_shared,
 from gptcli.data.transforms import Encoded
 from gptcli.eval.baselines import prediction_summary
 from gptcli.eval.metrics import score_predictions
-from gptcli.model.build import TRANSFORMER, arch_of
+from gptcli.model.build import TRANSFORMER, LanguageModel, arch_of
 from gptcli.model.classifier import FinetuneModel
 from gptcli.model.gpt import GPT
+from gptcli.model.heads import TaskHead
 from gptcli.model.losses import lm_loss_per_sequence, lm_loss_per_sequence_packed
 from gptcli.progress import Progress
 from gptcli.train.finetune_config import FinetuneConfig
@@ -63,17 +64,17 @@ class TaskLoss:
         """The terms over the global batch, when the ranks' shares were added up (:func:`global_figures`)."""
 
     def __call__(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        bare = unwrap(model)  # the forward goes through ``model`` (a DDP wrapper sees it); attributes from the bare one
+        body, head = body_and_head(model)  # the forward goes through ``model`` (a DDP wrapper sees it)
         factor = self.weights[len(self.parts["clf_loss"])][0] if self.weights else 1.0
         out, hidden = model(batch.ids, batch.n_seqs, batch.packing)
-        clf = bare.head.loss(out, batch.labels)
+        clf = head.loss(out, cast(torch.Tensor, batch.labels))  # a training batch always has its labels
         self.parts["clf_loss"].append(clf.detach().float())
         if self.lm_weight == 0:
             return clf if factor == 1.0 else clf * factor
         if batch.packing is not None:
-            lm = lm_loss_per_sequence_packed(hidden, batch.ids, batch.packing, bare.gpt.lm_token_nll).mean()
+            lm = lm_loss_per_sequence_packed(hidden, batch.ids, batch.packing, body.lm_token_nll).mean()
         else:
-            lm = lm_loss_per_sequence(hidden, batch.ids, batch.mask, bare.gpt.lm_logits, batch.lm_positions).mean()
+            lm = lm_loss_per_sequence(hidden, batch.ids, batch.mask, body.lm_logits, batch.lm_positions).mean()
         self.parts["lm_loss"].append(lm.detach().float())
         loss = clf + self.lm_weight * lm
         return loss if factor == 1.0 else loss * factor
@@ -143,11 +144,19 @@ def global_figures(
     return out
 
 
+def body_and_head(model: nn.Module) -> tuple[LanguageModel, TaskHead]:
+    """The body and the task head of a fine-tuning model, DDP-wrapped or not, as the classes they are
+    (:class:`FinetuneModel` declares both as plain modules)."""
+    bare = unwrap(model)
+    return cast(LanguageModel, bare.gpt), cast(TaskHead, bare.head)
+
+
 def packed_extract(layout: str, model: FinetuneModel) -> int | None:
     """The extract id batches are packed with (``layout`` packed or shared and a Transformer body: the LSTM has no
     packed path), or None for padded batches. The dev scoring lays its batches out the same way."""
-    packed = layout in ("packed", "shared") and isinstance(model.gpt, GPT)
-    return model.head.config.extract_id if packed else None
+    body, head = body_and_head(model)
+    packed = layout in ("packed", "shared") and isinstance(body, GPT)
+    return head.config.extract_id if packed else None
 
 
 def training_collate(setup: FinetuneSetup, model: FinetuneModel) -> Callable[[Sequence[Encoded]], Batch]:
@@ -172,10 +181,11 @@ BEST = "best.safetensors"
 def lr_schedule(config: FinetuneConfig, total: int) -> Callable[[int], float]:
     """The learning rate of update ``s`` (0-based) of ``total``: the released ``warmup_linear`` or gpt1's earlier
     warm-up over ``ceil(warmup·total)`` updates followed by ``schedule`` decay."""
-    if config.schedule == "warmup_linear":
+    schedule = config.schedule
+    if schedule == "warmup_linear":
         return lambda s: released_lr(s, total, config.lr, config.warmup)
     warmup_steps = math.ceil(config.warmup * total) if config.warmup > 0 else 0
-    return lambda s: lr_at(s, total, config.lr, warmup_steps, config.schedule)
+    return lambda s: lr_at(s, total, config.lr, warmup_steps, schedule)
 
 
 def epoch_batches(
@@ -364,7 +374,7 @@ class FinetuneJob:
 
     def memory_warning(self) -> str | None:
         """On a CPU, when the epoch's largest forward/backward would not fit in the free memory (memory.py)."""
-        setup, mc = self.setup, self.model.gpt.config
+        setup, mc = self.setup, body_and_head(self.model)[0].config
         if setup.device.type != "cpu" or arch_of(mc) != TRANSFORMER or not self.batches:
             return None
         c, par, enc = setup.config, self.par, setup.train_enc
@@ -424,7 +434,7 @@ class FinetuneJob:
             self.work / "checkpoints",
             self.state.step,
             self.trainer,
-            self.model.gpt,
+            body_and_head(self.model)[0],
             self.setup.tokenizer,
             kind="finetuned",
             meta=meta,

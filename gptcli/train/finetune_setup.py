@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
-import torch.nn as nn
 
 from gptcli import checkpoint as ckpt
 from gptcli.checkpoint import is_checkpoint, load_checkpoint, read_header, tokenizer_home
@@ -31,7 +30,9 @@ from gptcli.eval.baselines import label_counts
 from gptcli.files.fsutil import sha256_file
 from gptcli.model.build import AnyConfig, LanguageModel, build_model, config_from_dict, preset, with_dropout
 from gptcli.model.heads import HeadConfig
+from gptcli.model.lstm import LSTMLM
 from gptcli.progress import Progress
+from gptcli.system.runtime import Precision
 from gptcli.tasks import ReadOptions, Task
 from gptcli.tasks.base import Example
 from gptcli.tokenizers import Tokenizer, load_tokenizer
@@ -49,7 +50,7 @@ class FinetuneSetup:
     config: FinetuneConfig
     task: Task
     device: torch.device
-    precision: str
+    precision: Precision
     data: TaskData
     tokenizer: Tokenizer
     n_ctx: int
@@ -73,7 +74,7 @@ def build_setup(
     task: Task,
     data: TaskData,
     device: torch.device,
-    precision: str,
+    precision: Precision,
     par: Parallel,
     report: Progress,
 ) -> tuple[FinetuneSetup, LanguageModel]:
@@ -156,7 +157,7 @@ def read_task_data(task: Task, config: FinetuneConfig) -> TaskData:
     return TaskData(train, dev, skipped, excluded)
 
 
-def reinit_after(gpt: nn.Module, keep_layers: int) -> None:
+def reinit_after(gpt: LanguageModel, keep_layers: int) -> None:
     """Re-initialise blocks ``keep_layers…`` with the model's own init (``transfer_layers`` ablation).
 
     The embeddings (token, position) and blocks ``0 … keep_layers-1`` keep their pretrained values, as the
@@ -166,7 +167,7 @@ def reinit_after(gpt: nn.Module, keep_layers: int) -> None:
     n = gpt.config.n_layer
     if not 0 <= keep_layers <= n:
         raise GPT1Error(f"--transfer-layers must be between 0 and {n} (the model's layers), got {keep_layers}")
-    if hasattr(gpt, "reinit_layers"):  # the LSTM: one module holds every layer
+    if isinstance(gpt, LSTMLM):  # one module holds every layer
         gpt.reinit_layers(keep_layers)
         return
     for block in list(gpt.blocks)[keep_layers:]:
@@ -237,13 +238,14 @@ def build_body(config: FinetuneConfig) -> tuple[LanguageModel, Tokenizer, dict[s
             raise GPT1Error("no checkpoint to fine-tune: pass --init CHECKPOINT (or --init none for no pretraining)")
         ck = load_checkpoint(config.init, verify=config.verify)
         gpt = ck.model
-        tok = ck.tokenizer
-        if config.tokenizer and tok is not None:
+        found: Tokenizer | None = ck.tokenizer
+        if config.tokenizer and found is not None:
             _check_same_tokenizer(config, ck.path)  # the same one by content: nothing to load twice
         elif config.tokenizer:
-            tok, _ = _load_tokenizer_from(config.tokenizer)
-        if tok is None:
+            found, _ = _load_tokenizer_from(config.tokenizer)
+        if found is None:
             raise GPT1Error(f"{ck.path}: checkpoint has no tokenizer/ (pass --tokenizer DIR)")
+        tok = found
         n_sp = max(0, 3 - gpt.config.n_special)
         # What a resume compares the init checkpoint by (its recorded checksum; computed for older checkpoints).
         weights_sha = read_header(ck.path).files.get(ckpt.WEIGHTS) or sha256_file(ck.path / ckpt.WEIGHTS)
@@ -267,7 +269,7 @@ def encode_task_data(
 ) -> tuple[list[Encoded], list[Encoded]]:
     """The training and dev examples encoded (through the encoding cache unless ``cache`` is off, over ``workers``
     processes): the same ids whichever way they were obtained, so the run is the same."""
-    opts = dict(cache=config.cache, workers=config.workers, progress=progress)
+    opts: dict[str, Any] = dict(cache=config.cache, workers=config.workers, progress=progress)
     train_enc = encode_cached(task, data.train, tok, n_ctx, what=f"{task.name} {config.train_split}", **opts)
     dev_enc = (
         encode_cached(task, data.dev, tok, n_ctx, what=f"{task.name} {config.eval_split}", **opts) if data.dev else []

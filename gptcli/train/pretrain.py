@@ -19,7 +19,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -30,11 +30,11 @@ from gptcli.data.shards import Corpus, open_corpus, tokenizer_fingerprint
 from gptcli.data.windows import WindowSampler
 from gptcli.errors import GPT1Error
 from gptcli.files.outputs import check_output
-from gptcli.model.build import AnyConfig, arch_of, build_model, preset, preset_class
+from gptcli.model.build import AnyConfig, LanguageModel, arch_of, build_model, preset, preset_class
 from gptcli.model.kernels import check_mode, use_kernels
 from gptcli.model.kernels import prepare as prepare_kernels  # the compiled kernels' first-use build, as a stage
 from gptcli.model.lstm import precision_note
-from gptcli.progress import SILENT, Progress
+from gptcli.progress import SILENT, Level, Progress
 from gptcli.system.runtime import (
     configure_backends,
     peak_flops,
@@ -143,7 +143,8 @@ def warmup_warning(total_steps: int, warmup_steps: int, lr: float) -> str | None
 
 def lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
     """Next-token loss of a ``(b, T+1)`` window batch. Calls ``model(x)`` so a DDP wrapper sees the forward."""
-    return unwrap(model).lm_nll(model(batch[:, :-1]), batch[:, 1:])
+    bare = cast(LanguageModel, unwrap(model))  # pretraining trains a GPT or an LSTMLM, wrapped or not
+    return bare.lm_nll(model(batch[:, :-1]), batch[:, 1:])
 
 
 def model_overrides(config: PretrainConfig) -> dict[str, Any]:
@@ -277,12 +278,12 @@ def _pretrain(plan: RunPlan, report: Progress) -> PretrainResult:
     return PretrainResult(plan.run_dir, state.step, state.total, final_val, stopped_by, state.last_checkpoint)
 
 
-def _start_notes(job: PretrainJob) -> list[tuple[str, str]]:
+def _start_notes(job: PretrainJob) -> list[tuple[str, Level]]:
     """What the run says as it starts, as (note, level): a schedule that does not fit the run, a precision this
     CPU only emulates and an update larger than the free memory (warnings), the LSTM's precision and the preset's
     recipe."""
     plan, config = job.plan, job.plan.config
-    notes = [
+    notes: list[tuple[str | None, Level]] = [
         (warmup_warning(plan.total_steps, config.warmup_steps, config.lr), "warn"),
         (precision_warning(plan.precision, plan.device), "warn"),
         (job.memory_warning(), "warn"),
@@ -430,7 +431,7 @@ def _make_trainer(plan: RunPlan, model: torch.nn.Module, optimizer: torch.optim.
     )
 
 
-def _throughput_meter(plan: RunPlan, model: torch.nn.Module, report: Progress) -> Throughput:
+def _throughput_meter(plan: RunPlan, model: LanguageModel, report: Progress) -> Throughput:
     """Tokens/s and MFU of the updates alone (not validation or saving)."""
     config, par = plan.config, plan.par
     fpt = model.flops_per_token(config.seq_len)

@@ -13,6 +13,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -232,7 +233,7 @@ class PretrainJob:
         plan = self.plan
         if plan.val_arrays is None:
             return True
-        loss, tokens = self._validation_loss()
+        loss, tokens = self._validation_loss(plan.val_arrays)
         perplexity = math.exp(min(loss, 700))
         self.state.log(
             {
@@ -253,12 +254,12 @@ class PretrainJob:
         self.val_loss = loss
         return True
 
-    def _validation_loss(self) -> tuple[float, int]:
+    def _validation_loss(self, arrays: list[np.ndarray]) -> tuple[float, int]:
         """(mean loss per token, tokens scored) over the validation split, combined over ranks."""
         plan, par = self.plan, self.par
         ev = evaluate_lm(
-            unwrap(self.model),
-            plan.val_arrays,
+            cast(LanguageModel, unwrap(self.model)),  # unwrapping leaves the model's own class
+            arrays,
             plan.config.seq_len,
             plan.micro,
             device=plan.device,

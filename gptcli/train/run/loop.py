@@ -178,10 +178,13 @@ class Job(Protocol):
 
     state: RunState
     par: Parallel
-    model: nn.Module
-    """The bare model whose weights are checked before every checkpoint."""
     resumable: bool
     """Whether the run writes step checkpoints and stops cleanly on a signal."""
+
+    @property
+    def model(self) -> nn.Module:
+        """The bare model whose weights are checked before every checkpoint (read-only here: each job holds its
+        own kind of model)."""
 
     def finished(self) -> bool:
         """Whether every planned update is done."""
