@@ -18,12 +18,12 @@ import os
 import signal
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import typer
 
-if TYPE_CHECKING:  # the type checker sees the class Typer raises: its vendored Click exception, which has show()
-    from typer._click.exceptions import ClickException as ClickError
+if TYPE_CHECKING:  # the public base class (see _show for what is raised)
+    from typer import TyperException as ClickError
 else:
     try:  # Typer >= 0.16 vendors Click; the base class of its Click's exceptions is Typer's public TyperException
         from typer import TyperException as ClickError
@@ -119,6 +119,16 @@ def _refuse_empty_models(argv: list[str]) -> None:
                 f"{name} was given an empty value (name a checkpoint directory or a Hub id, or leave {name} out "
                 "for the default)"
             )
+
+
+class _Showable(Protocol):
+    def show(self) -> None: ...
+
+
+def _show(error: ClickError) -> None:
+    """Click's own rendering of a usage error: Typer raises its vendored Click's exceptions, which have ``show()``
+    (the public base class it exports does not say so)."""
+    cast(_Showable, error).show()
 
 
 def _stray_hint(error: ClickError) -> str | None:
@@ -342,7 +352,7 @@ def main(argv: list[str] | None = None) -> None:
         hint = _stray_hint(e)
         if hint is not None:
             e.message = f"{e.message} ({hint})"
-        e.show()
+        _show(e)
         sys.exit(e.exit_code)
     except typer.Exit as e:
         sys.exit(e.exit_code)
