@@ -1,20 +1,16 @@
 """Command-line options derived from the config dataclasses, so that every setting is written once.
 
 A setting lives in one place: a field of a config dataclass (``PretrainConfig.lr``) with its type, its default and
-the attribute docstring under it. :class:`Options` turns those fields into Typer options: ``--lr`` with type
-``float``, ``[default: 0.00025]`` in ``--help`` and the docstring as help text, grouped into ``--help`` panels. The
-command function receives a :class:`Parsed` and builds its config with :meth:`Parsed.resolve`, which applies the
-precedence every command shares:
+the attribute docstring under it. :class:`Options` turns those fields into Typer options (``--lr``: its type, its
+default and its help text, in a ``--help`` panel). The command function receives a :class:`Parsed` and builds its
+config with :meth:`Parsed.resolve`, which applies the precedence every command shares:
 
     dataclass default  <  --config FILE (or a resumed run's config.toml)  <  options given on the command line
 
-"Given" means typed by the user (Click's parameter source), not "different from the default": ``--lr 0.00025``
-on the command line overrides a config file's ``lr = 1e-3``.
-
-A few options belong to the command line alone (``--quiet``, ``--list-tasks``, launcher settings): they are
-declared with :class:`CliOnly`, each with the reason it is not a config field. Like litgpt's and tyro's CLIs
-(which read dataclasses through their signatures), the derivation works by giving the command function an
-``inspect.Signature`` that Typer reads; this module is the only place that builds options.
+"Given" means typed by the user (Click's parameter source), not "different from the default". A few options belong
+to the command line alone (``--quiet``, launcher settings): :class:`CliOnly`, each with its reason. Like litgpt's
+and tyro's CLIs, the derivation gives the command function an ``inspect.Signature`` that Typer reads; this module
+is the only place that builds options.
 """
 
 from __future__ import annotations

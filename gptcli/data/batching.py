@@ -1,21 +1,15 @@
 """Encoded examples → padded tensors, with dynamic padding; random or length-bucketed training batches.
 
-Padding is dynamic: a batch is padded to its own longest sequence, never to the model's 512. Training batches are
-either i.i.d. shuffled minibatches (``"random"``, the paper's and the released code's: each epoch a fresh
-permutation cut into consecutive batches) or drawn from length buckets so that sequences of similar length travel
-together (``"length"``, the fast option: less padding, but a batch holds examples of similar length, which on some
-tasks correlates with the label). Short tasks (SST-2 sentences, ~25 tokens) pay for their own longest sequence,
-not 512, either way.
-
-Bucketing keeps the randomness an epoch needs: the shuffled examples are cut into pools of ``pool`` batches,
-each pool is sorted by length and cut into batches, and the batch order is shuffled again. Evaluation sorts all
-examples by length and the caller restores the original order through ``Batch.index``.
+Padding is dynamic: a batch is padded to its own longest sequence, never to the model's 512, and sits on the right,
+where it is causally invisible (no real token attends to a later position; pads are masked out of the loss).
+Training batches are either i.i.d. shuffled minibatches (``"random"``, the paper's and the released code's) or drawn
+from length buckets (``"length"``, the fast option: less padding, but a batch holds examples of similar length, which
+on some tasks correlates with the label). Bucketing keeps the randomness an epoch needs: the shuffled examples are
+cut into pools of ``pool`` batches, each pool sorted by length and cut, and the batch order shuffled again.
+Evaluation sorts all examples by length; the caller restores their order through ``Batch.index``.
 
 Quick runs see a seeded subset of a split (:func:`subsample`): the same subset for the same seed, in the split's
 own order, so a run's dev score and a later ``gpt1 eval --max-examples`` with the same seed score the same examples.
-
-Padding sits on the right and is causally invisible: no real token attends to a later position, so pad tokens
-change neither the extract state nor the LM loss of the real tokens (they are masked out of the loss).
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
 """The ``prepare`` pipeline: raw documents → GPT-1 text pipeline → BPE ids → Arrow shards + manifest.
 
 GPT-1 (§4.1 "Setup") cleans BooksCorpus with ftfy, standardizes punctuation and whitespace, splits words with
-spaCy and learns a 40,000-merge BPE; this module does the same for any text, streaming. :func:`prepare` reads
-top to bottom as its stages (memory is bounded by a few work chunks, one document, the BPE sample and one shard):
-
-1. **plan**: check the settings, expand the inputs, check ``out`` (:func:`gptcli.files.outputs.check_output`: only
-   a corpus gpt1 prepared may be replaced, never one holding or inside an input), load a reused tokenizer.
-2. **scan** every input: size, sha256, usable documents; bad files are reported (skipped, or fatal with
-   ``strict``). Document-level validation membership is drawn here from the seed; a corpus of a single
-   document is instead cut in two at a line break (:func:`~gptcli.data.documents.tail_cut`): its training head
-   and its validation tail.
-3. **words**: each document is cut at line breaks into ~``chunk_bytes`` pieces that a pool of warm worker
-   processes turns into pipeline lines (ftfy + standardization → spaCy → lowercase). Results come back in
-   order and go to a temporary words file; a seeded reservoir of training lines is kept on the side. Cutting
-   at line breaks is exact: ftfy, the standardization and spaCy all work within lines (see ``text.fix``).
-4. **learn** the sentencepiece BPE on the reservoir (unless a tokenizer is given).
-5. **encode** the words file in order, again in chunks over the pool (workers hand back compact numpy
-   arrays), and write the shards of each split.
-6. **manifest**, then **move into place**: the output is built in a hidden sibling directory, marked as a corpus
-   and renamed into place at the very end, so a failed or interrupted run never leaves a directory that looks
-   complete, and an old corpus it replaces survives until then.
-
-For the same inputs and settings the shards are byte-identical whatever the number of workers. Progress goes
-through :class:`gptcli.progress.Progress`: one stage per pass with its size in bytes, per-file problems as
-warnings.
+spaCy and learns a 40,000-merge BPE; this module does the same for any text, streaming (memory is bounded by a few
+work chunks, one document, the BPE sample and one shard). :func:`prepare` reads top to bottom as its stages. For
+the same inputs and settings the shards are byte-identical whatever the number of workers, because documents are
+cut at line breaks, within which ftfy, the standardization and spaCy all work, and results come back in order.
 
 This module is the stages and what they hand each other; the parts they use live beside it, one concept each:
 which files are read (:mod:`gptcli.data.inputs`), one file's documents and the cuts inside a text
@@ -214,7 +195,28 @@ def prepare(
     """Run the whole pipeline; returns the output directory and its manifest. ``out`` is locked for the run
     (:func:`gptcli.files.locks.output_lock`), which also finishes or undoes what an interrupted run left beside it.
     ``given``: the names of the settings the user set (the command line's and a --config file's), so that one
-    spelling its default is still checked against a reused tokenizer (:func:`check_reused_tokenizer`)."""
+    spelling its default is still checked against a reused tokenizer (:func:`check_reused_tokenizer`).
+
+    The stages:
+
+    1. **plan**: check the settings, expand the inputs, check ``out`` (:func:`gptcli.files.outputs.check_output`: only
+       a corpus gpt1 prepared may be replaced, never one holding or inside an input), load a reused tokenizer.
+    2. **scan** every input: size, sha256, usable documents; bad files are reported (skipped, or fatal with
+       ``strict``). Document-level validation membership is drawn here from the seed; a corpus of a single
+       document is instead cut in two at a line break (:func:`~gptcli.data.documents.tail_cut`): its training head
+       and its validation tail.
+    3. **words**: each document is cut at line breaks into ~``chunk_bytes`` pieces that a pool of warm worker
+       processes turns into pipeline lines (ftfy + standardization → spaCy → lowercase). Results come back in
+       order and go to a temporary words file; a seeded reservoir of training lines is kept on the side.
+    4. **learn** the sentencepiece BPE on the reservoir (unless a tokenizer is given).
+    5. **encode** the words file in order, again in chunks over the pool (workers hand back compact numpy
+       arrays), and write the shards of each split.
+    6. **manifest**, then **move into place**: the output is built in a hidden sibling directory, marked as a corpus
+       and renamed into place at the very end, so a failed or interrupted run never leaves a directory that looks
+       complete, and an old corpus it replaces survives until then.
+
+    Progress: one stage per pass with its size in bytes, per-file problems as warnings.
+    """
     with output_lock(_check(cfg)):
         return _prepare(cfg, progress, given)
 

@@ -1,34 +1,12 @@
 """EleutherAI's lm-evaluation-harness (lm-eval ≥ 0.4) scoring any gpt1 checkpoint: the ``gpt1`` model.
 
 ``import gptcli.eval.lmeval`` registers :class:`GPT1LM` in lm-eval's model registry under ``gpt1``; lm-eval 0.4 has
-no plugin discovery (no entry-point group for models), so something must import it first: ``gpt1 lmeval …`` (lm-eval's
-own command line, this module imported before it parses) or, from Python, this import before
+no plugin discovery (no entry-point group for models), so something must import it first: ``gpt1 lmeval …``
+(lm-eval's own command line, this module imported before it parses) or, from Python, this import before
 ``lm_eval.simple_evaluate(model="gpt1", model_args="checkpoint=RUN", …)``. ``docs/lmeval.md`` has the commands.
 
-Every request goes through gpt1's own machinery, so the numbers are the ones ``gpt1 zeroshot`` and ``gpt1 eval``
-report:
-
-- **Tokenization** is the checkpoint's tokenizer, ``encode_batch`` exactly as ``gpt1 zeroshot`` calls it (ftfy, the
-  released standardisation, spaCy words, lowercasing unless cased, BPE). Context and continuation are encoded
-  separately and their ids concatenated (:mod:`gptcli.eval.scoring`'s rule), so the word boundary between them never
-  moves; the leading space lm-eval puts on a continuation is dropped by the pipeline as any space is.
-- **loglikelihood** is :func:`gptcli.eval.scoring.score` (length-sorted batches, shared-context passes, KV cache for
-  long shared contexts, left truncation of the context). GPT-1 has no end-of-text token: with an empty context the
-  first continuation token is not scored (nothing predicts it). ``is_greedy`` is the argmax over the whole output
-  layer.
-- **loglikelihood_rolling** cuts a document's ids into the windows ``gpt1 eval`` uses
-  (:func:`gptcli.eval.perplexity.eval_windows`): ``n_ctx + 1`` tokens on a stride of ``n_ctx`` (512 for GPT-1), the
-  tail covered by one window aligned to the document's end whose already-scored targets are skipped. The windows
-  share no context (at most a first token), so each is a row of its own, batched within the token budget. Nothing
-  conditions the first window — there is no end-of-text token to prefix — so the document's first token is not
-  scored, exactly as ``gpt1 eval`` does not score the first token of a shard. lm-eval's word/byte perplexities still
-  divide by the whole document's words/bytes.
-- **generate_until** is greedy :func:`gptcli.model.generate.iter_generate` (KV cache, never a special-token id),
-  one prompt at a time, longest first, stopped at ``max_gen_toks``, a full context, or the first stop string.
-  Generated text is in the pipeline's form (lowercase for an uncased tokenizer, words separated by spaces), so each
-  stop string is matched in that form too (``decode(encode(stop))``); a stop made of whitespace with a newline
-  matches the newline token (the pipeline turns any run of line breaks into one). GPT-1 has no end-of-text token:
-  without stop strings generation runs to ``max_gen_toks``.
+Every request goes through gpt1's own machinery (:class:`GPT1LM` says how, request by request), so the numbers are
+the ones ``gpt1 zeroshot`` and ``gpt1 eval`` report.
 
 Without lm-eval installed this module still imports (the package's tests read every module); building
 :class:`GPT1LM` then says to ``pip install 'gpt1[eval]'``.
@@ -116,7 +94,30 @@ def _present(device: str) -> bool:
 
 
 class GPT1LM(_LMBase):  # type: ignore[misc,valid-type]
-    """A gpt1 checkpoint as an lm-eval ``LM`` (see the module docstring for what each request type computes)."""
+    """A gpt1 checkpoint as an lm-eval ``LM``; what each request type computes:
+
+    - **Tokenization** is the checkpoint's tokenizer, ``encode_batch`` exactly as ``gpt1 zeroshot`` calls it (ftfy, the
+      released standardisation, spaCy words, lowercasing unless cased, BPE). Context and continuation are encoded
+      separately and their ids concatenated (:mod:`gptcli.eval.scoring`'s rule), so the word boundary between them never
+      moves; the leading space lm-eval puts on a continuation is dropped by the pipeline as any space is.
+    - **loglikelihood** is :func:`gptcli.eval.scoring.score` (length-sorted batches, shared-context passes, KV cache for
+      long shared contexts, left truncation of the context). GPT-1 has no end-of-text token: with an empty context the
+      first continuation token is not scored (nothing predicts it). ``is_greedy`` is the argmax over the whole output
+      layer.
+    - **loglikelihood_rolling** cuts a document's ids into the windows ``gpt1 eval`` uses
+      (:func:`gptcli.eval.perplexity.eval_windows`): ``n_ctx + 1`` tokens on a stride of ``n_ctx`` (512 for GPT-1), the
+      tail covered by one window aligned to the document's end whose already-scored targets are skipped. The windows
+      share no context (at most a first token), so each is a row of its own, batched within the token budget. Nothing
+      conditions the first window — there is no end-of-text token to prefix — so the document's first token is not
+      scored, exactly as ``gpt1 eval`` does not score the first token of a shard. lm-eval's word/byte perplexities still
+      divide by the whole document's words/bytes.
+    - **generate_until** is greedy :func:`gptcli.model.generate.iter_generate` (KV cache, never a special-token id),
+      one prompt at a time, longest first, stopped at ``max_gen_toks``, a full context, or the first stop string.
+      Generated text is in the pipeline's form (lowercase for an uncased tokenizer, words separated by spaces), so each
+      stop string is matched in that form too (``decode(encode(stop))``); a stop made of whitespace with a newline
+      matches the newline token (the pipeline turns any run of line breaks into one). GPT-1 has no end-of-text token:
+      without stop strings generation runs to ``max_gen_toks``.
+    """
 
     def __init__(self, **kwargs: Any) -> None:
         if _register_model is None:

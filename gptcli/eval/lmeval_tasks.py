@@ -3,18 +3,8 @@
 lm-eval's own tasks download their data from the Hugging Face Hub. :func:`write_local_tasks` writes a folder lm-eval
 reads with ``--include_path`` instead: one JSON-lines file per task, made from the official files *through gpt1's task
 registry* (so lm-eval sees exactly the examples ``gpt1 zeroshot`` reads), and one YAML config per task whose
-``dataset_path: json`` + ``data_files`` point at it. The tasks (all ``validation`` split):
-
-- ``gpt1_sst2`` — SST-2 dev as a two-choice task the way the paper scores it zero-shot (§5): the context is the
-  sentence followed by ``very``, the choices ``negative``/``positive``. Both are one token, so lm-eval's ``acc``
-  (highest summed log-probability) is ``gpt1 zeroshot --task sst2``'s accuracy.
-- ``gpt1_storycloze`` — the Story Cloze 2016 val file: the four sentences, then each ending. ``acc`` picks the
-  highest *summed* log-probability and ``acc_norm`` the highest per *character*; ``gpt1 zeroshot`` picks the highest
-  per *token* (the paper's heuristic), which lm-eval's multiple-choice metrics cannot express — compare the
-  per-choice log-likelihoods (``--log_samples``) instead, which are the same numbers.
-- ``gpt1_wikitext2`` — WikiText-2's validation file (tokenized, as ../shared has it) cut into its articles (the
-  `` = Title = `` lines), scored by ``loglikelihood_rolling``: lm-eval reports word and byte perplexity and bits per
-  byte; ``gpt1 eval`` reports token perplexity over the same log-likelihoods.
+``dataset_path: json`` + ``data_files`` point at it. :func:`write_local_tasks` lists the tasks (each a
+``validation`` split), what each scores and how it compares with gpt1's own figures.
 """
 
 from __future__ import annotations
@@ -116,7 +106,21 @@ def write_local_tasks(
     """Write the local lm-eval tasks whose data is under ``data_root`` into ``out`` (for ``--include_path out``);
     returns the task names written. ``tasks`` (default: every one whose files exist) picks some; ``limit`` keeps the
     first N rows of each. A task asked for by name whose files are missing is an error; with ``tasks`` unset it is
-    left out."""
+    left out.
+
+    The tasks:
+
+    - ``gpt1_sst2`` — SST-2 dev as a two-choice task the way the paper scores it zero-shot (§5): the context is the
+      sentence followed by ``very``, the choices ``negative``/``positive``. Both are one token, so lm-eval's ``acc``
+      (highest summed log-probability) is ``gpt1 zeroshot --task sst2``'s accuracy.
+    - ``gpt1_storycloze`` — the Story Cloze 2016 val file: the four sentences, then each ending. ``acc`` picks the
+      highest *summed* log-probability and ``acc_norm`` the highest per *character*; ``gpt1 zeroshot`` picks the highest
+      per *token* (the paper's heuristic), which lm-eval's multiple-choice metrics cannot express — compare the
+      per-choice log-likelihoods (``--log_samples``) instead, which are the same numbers.
+    - ``gpt1_wikitext2`` — WikiText-2's validation file (tokenized, as ../shared has it) cut into its articles (the
+      `` = Title = `` lines), scored by ``loglikelihood_rolling``: lm-eval reports word and byte perplexity and bits per
+      byte; ``gpt1 eval`` reports token perplexity over the same log-likelihoods.
+    """
     root, d = Path(data_root), Path(out)
     if not root.is_dir():
         raise GPT1Error(f"{root}: not a directory (the data root holding SST-2/, storycloze/, wikitext-2/)")

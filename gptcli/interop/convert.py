@@ -7,14 +7,8 @@
 - :func:`convert_to_checkpoint` saves a converted model as an ordinary gpt1 checkpoint directory.
 - :func:`convert` does one whole conversion as a :class:`ConvertConfig` describes it (what ``gpt1 convert`` runs).
 
-Nothing here imports ``transformers``; pickled PyTorch files are read with ``weights_only=True`` only.
-
-The original release's layout (``finetune-transformer-lm/train.py``): the shards are pieces of one flat float32
-vector; cutting it at the cumulative sizes of ``params_shapes.json`` gives, in order, the position embedding
-[n_ctx, d], the token embedding [n_vocab, d], then per block ``c_attn w [1, d, 3d], b``, ``c_proj w [1, d, d], b``,
-``ln_1 g, b``, ``c_fc w [1, d, 4d], b``, ``c_proj w [1, 4d, d], b``, ``ln_2 g, b`` (TensorFlow variable creation
-order). The fine-tuning graph then builds one matrix ``we`` = [tokens; 3 specials; positions]; a params file saved
-from that graph therefore starts with a single [n_vocab + n_special + n_ctx, d] matrix, which we also accept.
+Nothing here imports ``transformers``, so converting needs no deep-learning stack beyond torch; pickled PyTorch
+files are read with ``weights_only=True`` only, so a checkpoint from elsewhere cannot run code.
 """
 
 from __future__ import annotations
@@ -276,6 +270,13 @@ def from_openai(
 
     ``n_head`` is not recorded in the release (12 for GPT-1). ``n_special`` matters only for a params file saved
     from the fine-tuning graph, whose first matrix stacks tokens, ``n_special`` special rows and positions.
+
+    The original release's layout (``finetune-transformer-lm/train.py``): the shards are pieces of one flat float32
+    vector; cutting it at the cumulative sizes of ``params_shapes.json`` gives, in order, the position embedding
+    [n_ctx, d], the token embedding [n_vocab, d], then per block ``c_attn w [1, d, 3d], b``, ``c_proj w [1, d, d], b``,
+    ``ln_1 g, b``, ``c_fc w [1, d, 4d], b``, ``c_proj w [1, 4d, d], b``, ``ln_2 g, b`` (TensorFlow variable creation
+    order). The fine-tuning graph then builds one matrix ``we`` = [tokens; 3 specials; positions]; a params file saved
+    from that graph therefore starts with a single [n_vocab + n_special + n_ctx, d] matrix, which we also accept.
     """
     d = Path(src)
     if not d.is_dir():

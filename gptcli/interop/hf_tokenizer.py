@@ -2,29 +2,13 @@
 
 A ``tokenizer.json`` chains a normalizer, a pre-tokenizer, a BPE model and a decoder, all built into the
 ``tokenizers`` library; gpt1's pipeline (:mod:`gptcli.tokenizers.text`) is ftfy, the released standardisation,
-spaCy's rule tokenizer and lowercasing before the BPE. The closest faithful construction, stage by stage:
+spaCy's rule tokenizer and lowercasing before the BPE. :func:`tokenizer_json` builds the closest faithful
+construction, stage by stage: the standardisation, lowercasing and the BPE exactly, ftfy and spaCy by the rules
+that fire on standardised English text, so that an exported model is usable without gpt1 installed.
+``docs/convert.md`` gives the share of texts whose ids are identical.
 
-- **ftfy** → ``NFC`` (what ftfy's default configuration normalises to) and its fixes that are plain character maps
-  (curly quotes, Latin ligatures, line breaks). Mojibake repair, HTML unescaping and the rest have no equivalent;
-  text that needs them (rare in clean text) tokenizes differently.
-- **the released standardisation** → exactly: its character map (dashes, ellipsis, acute accent) as ``Replace``
-  steps, a space inserted at both ends of every run of its punctuation characters, whitespace collapsed, a line
-  break with the spaces around it made one ``\\n``.
-- **spaCy** → its rules that fire on standardised English text, as spaces inserted where spaCy splits
-  (:data:`_SPACY_SPLITS`): ``n't``, ``'s`` and the pronoun clitics, an apostrophe opening or closing a word, a ``.``
-  ending a word (but not an abbreviation of :data:`_ABBREVIATIONS`, one letter or ``U.S.``), ``...``, ``:``,
-  currency and ``#`` before a word, ``%`` and units after a number, ``< > =`` and backticks. The rest of its
-  exception table and its URL, emoticon and number rules are not reproduced.
-- **lowercasing** → ``Lowercase`` after the splits, as gpt1 lowercases spaCy's words (unless the tokenizer is cased).
-- **BPE** → exactly. The original BPE: its vocabulary and merges with ``</w>`` as the end-of-word suffix. A learned
-  sentencepiece BPE: its pieces with their ids, merges derived from the pieces in score order (as transformers'
-  ``SentencePieceExtractor`` does), and the word-final ``▁`` inserted by the normalizer (sentencepiece's
-  whitespace-as-suffix), so that a word ending in a character never merged with ``▁`` still matches. The newline
-  is a piece of its own (``\\n`` with gpt1's newline id; the pre-tokenizer isolates line breaks). The unknown piece
-  is named ``⁇``, not ``<unk>``, so the text ``<unk>`` is tokenized as text (see :func:`tokenizer_json`).
-
-``docs/convert.md`` gives the measured share of texts whose ids are identical. Nothing here imports ``tokenizers``
-or ``transformers``: the file is written as JSON (tests load it with ``transformers.AutoTokenizer``).
+Nothing here imports ``tokenizers`` or ``transformers``: the file is written as JSON (tests load it with
+``transformers.AutoTokenizer``).
 """
 
 from __future__ import annotations
@@ -218,7 +202,30 @@ def _bpe(vocab: dict[str, int], merges: list[str], unk: str | None, suffix: str 
 
 
 def tokenizer_json(tok: Any) -> dict[str, Any]:
-    """The ``tokenizer.json`` body for gpt1 tokenizer ``tok`` (kind ``openai`` or ``sentencepiece``)."""
+    """The ``tokenizer.json`` body for gpt1 tokenizer ``tok`` (kind ``openai`` or ``sentencepiece``).
+
+    Stage by stage:
+
+    - **ftfy** → ``NFC`` (what ftfy's default configuration normalises to) and its fixes that are plain character maps
+      (curly quotes, Latin ligatures, line breaks). Mojibake repair, HTML unescaping and the rest have no equivalent;
+      text that needs them (rare in clean text) tokenizes differently.
+    - **the released standardisation** → exactly: its character map (dashes, ellipsis, acute accent) as ``Replace``
+      steps, a space inserted at both ends of every run of its punctuation characters, whitespace collapsed, a line
+      break with the spaces around it made one ``\n``.
+    - **spaCy** → its rules that fire on standardised English text, as spaces inserted where spaCy splits
+      (:data:`_SPACY_SPLITS`): ``n't``, ``'s`` and the pronoun clitics, an apostrophe opening or closing a word, a ``.``
+      ending a word (but not an abbreviation of :data:`_ABBREVIATIONS`, one letter or ``U.S.``), ``...``, ``:``,
+      currency and ``#`` before a word, ``%`` and units after a number, ``< > =`` and backticks. The rest of its
+      exception table and its URL, emoticon and number rules are not reproduced.
+    - **lowercasing** → ``Lowercase`` after the splits, as gpt1 lowercases spaCy's words (unless the tokenizer is
+      cased).
+    - **BPE** → exactly. The original BPE: its vocabulary and merges with ``</w>`` as the end-of-word suffix. A learned
+      sentencepiece BPE: its pieces with their ids, merges derived from the pieces in score order (as transformers'
+      ``SentencePieceExtractor`` does), and the word-final ``▁`` inserted by the normalizer (sentencepiece's
+      whitespace-as-suffix), so that a word ending in a character never merged with ``▁`` still matches. The newline
+      is a piece of its own (``\n`` with gpt1's newline id; the pre-tokenizer isolates line breaks). The unknown piece
+      is named ``⁇``, not ``<unk>``, so the text ``<unk>`` is tokenized as text (see :func:`tokenizer_json`).
+    """
     kind = getattr(tok, "kind", None)
     if kind == "sentencepiece":
         sp = tok.sp

@@ -4,9 +4,8 @@
 text, trimmed to fit the context); :meth:`Generation.stream` then yields the continuation as pieces of text as
 each token is chosen (:func:`gptcli.model.generate.iter_generate`, KV-cached), and :meth:`Generation.sample_texts`
 returns ``samples`` continuations decoded together as one batch. Both compute in the config's ``kernels`` mode,
-set around each step of the model and given back between them: the caller's code, between the pieces
-:meth:`Generation.stream` yields too, runs in the process's own mode (a generator left unfinished leaves nothing
-set). The caller decides where the text goes::
+set around each step of the model and given back between them, so the caller's code between the pieces runs in
+the process's own mode. The caller decides where the text goes::
 
     gen = start_generation(GenerateConfig(checkpoint=Path("run"), prompt="The ship", max_new_tokens=20))
     print(gen.prompt_text + "".join(gen.stream()))

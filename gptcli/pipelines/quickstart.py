@@ -2,36 +2,15 @@
 
 The paper's recipe (Radford et al. 2018, §3): generative pre-training of a Transformer language model on
 unlabeled text, then discriminative fine-tuning on a labeled task with an auxiliary LM loss (§3.2), and its
-zero-shot heuristics (§5, Figure 2 right). Each stage below is one function, run in this order, and each calls the
-real library function the full-scale commands use:
+zero-shot heuristics (§5, Figure 2 right). Each stage is one function, run in order, and each calls the real
+library function the full-scale commands use, so a newcomer sees the same code paths a full run takes:
+:func:`collect_text` (the standard library's docstrings, nothing downloaded), :func:`prepare_corpus`,
+:func:`pretrain_model`, :func:`finetune_model` (original vs word-shuffled sentences), :func:`evaluate_model` and
+:func:`zeroshot_models`; then :func:`write_summary` writes ``summary.json`` (:func:`quickstart` says more).
 
-1. :func:`collect_text` — the English text that ships with every Python installation: the docstrings of the
-   standard library (module, class and function docstrings read with :mod:`ast`, one document per module, in path
-   order; nothing is downloaded and nothing is copied into the repository: :mod:`gptcli.pipelines.stdlib_text`).
-   A seeded share of the modules is held out: their prose sentences become the toy task, the rest is the
-   pretraining corpus.
-2. :func:`prepare_corpus` — :func:`gptcli.data.prepare.prepare` with a small learned BPE vocabulary.
-3. :func:`pretrain_model` — :func:`gptcli.train.pretrain.pretrain` of the ``tiny`` preset shrunk further, for as
-   many updates as fit the time budget (the update time is measured first: :mod:`gptcli.pipelines.budget`), with
-   the paper's warmup + cosine schedule.
-4. :func:`finetune_model` — :func:`gptcli.train.finetune.finetune` on "original vs word-shuffled sentence"
-   (:mod:`gptcli.tasks.shuffled`, CoLA's format and metric), auxiliary LM loss included.
-5. :func:`evaluate_model` — :func:`gptcli.eval.tasks.evaluate_task` on the held-out test split, against the
-   majority class.
-6. :func:`zeroshot_models` — the paper's CoLA heuristic (:func:`gptcli.eval.zeroshot.cola`): average token
-   log-probability, thresholded on the train split, scored on the test split, for the model before and after
-   pretraining.
-
-Then :func:`write_summary` writes ``summary.json`` with the final numbers. Everything goes under ``config.out``,
-marked as a quickstart (:mod:`gptcli.files.outputs`); an earlier quickstart there is replaced only with ``overwrite``,
-and kept aside until this run has finished (:func:`check_out`, :func:`_replacing`).
-Budget: ``minutes`` is one budget for every stage (:class:`gptcli.pipelines.budget.Deadline`); pretraining gets what
-is left after preparing minus an estimate of the later stages, up to ``max_epochs`` passes over its corpus, and
-fine-tuning what pretraining left minus the scoring's estimate, each as a hard time limit of its run. A stage the
-budget starved says so, and the summary marks its figures as meaningless rather than presenting them. The CPU
-kernels' one-time compile comes before the clock, with its elapsed time shown. Progress is reported through
-:mod:`gptcli.progress`: each numbered stage is one ``stage(title)`` … ``end(summary)``, and the library functions it
-calls report inside it.
+Everything goes under ``config.out``, marked as a quickstart (:mod:`gptcli.files.outputs`); an earlier quickstart
+there is replaced only with ``overwrite``, and kept aside until this run has finished (:func:`check_out`,
+:func:`_replacing`). ``minutes`` is one budget for every stage (:class:`gptcli.pipelines.budget.Deadline`).
 """
 
 from __future__ import annotations
@@ -273,7 +252,34 @@ class Pretrained:
 
 
 def quickstart(config: QuickstartConfig, progress: Progress | None = None) -> QuickstartResult:
-    """Run every stage as configured; returns the numbers of the final table. Raises GPT1Error on user errors."""
+    """Run every stage as configured; returns the numbers of the final table. Raises GPT1Error on user errors.
+
+    The stages:
+
+    1. :func:`collect_text` — the English text that ships with every Python installation: the docstrings of the
+       standard library (module, class and function docstrings read with :mod:`ast`, one document per module, in path
+       order; nothing is downloaded and nothing is copied into the repository: :mod:`gptcli.pipelines.stdlib_text`).
+       A seeded share of the modules is held out: their prose sentences become the toy task, the rest is the
+       pretraining corpus.
+    2. :func:`prepare_corpus` — :func:`gptcli.data.prepare.prepare` with a small learned BPE vocabulary.
+    3. :func:`pretrain_model` — :func:`gptcli.train.pretrain.pretrain` of the ``tiny`` preset shrunk further, for as
+       many updates as fit the time budget (the update time is timed first: :mod:`gptcli.pipelines.budget`), with
+       the paper's warmup + cosine schedule.
+    4. :func:`finetune_model` — :func:`gptcli.train.finetune.finetune` on "original vs word-shuffled sentence"
+       (:mod:`gptcli.tasks.shuffled`, CoLA's format and metric), auxiliary LM loss included.
+    5. :func:`evaluate_model` — :func:`gptcli.eval.tasks.evaluate_task` on the held-out test split, against the
+       majority class.
+    6. :func:`zeroshot_models` — the paper's CoLA heuristic (:func:`gptcli.eval.zeroshot.cola`): average token
+       log-probability, thresholded on the train split, scored on the test split, for the model before and after
+       pretraining.
+
+    Budget: pretraining gets what is left after preparing minus an estimate of the later stages, up to
+    ``max_epochs`` passes over its corpus, and fine-tuning what pretraining left minus the scoring's estimate, each as
+    a hard time limit of its run. A stage the budget starved says so, and the summary marks its figures as
+    meaningless rather than presenting them. The CPU kernels' one-time compile comes before the clock, with its
+    elapsed time shown. Progress: each numbered stage is one ``stage(title)`` … ``end(summary)``, and the library
+    functions it calls report inside it.
+    """
     from gptcli.config import save_config
     from gptcli.model.kernels import prepare, use_kernels
     from gptcli.system.runtime import resolve_device

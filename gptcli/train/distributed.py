@@ -1,27 +1,17 @@
 """Launching and joining a torch.distributed job — PyTorch's own stack, no home-made protocol.
 
-Three ways in, one code path:
-
-* ``gpt1 pretrain --gpus N`` (or ``--procs N`` on CPU) starts N local workers through the elastic launch API
-  (the machinery behind ``torchrun``); with ``--nodes``/``--node-rank``/``--master-addr`` or ``--rdzv-endpoint``
-  the same call joins a multi-node job.
-* ``torchrun --nproc-per-node N -m gptcli pretrain ...`` starts the workers itself.
-* Under SLURM (``srun``), every task is a worker; rank and world size come from the SLURM environment.
+Three ways in, one code path: ``gpt1 pretrain --gpus N`` (or ``--procs N`` on CPU) starts N local workers through
+the elastic launch API (the machinery behind ``torchrun``; ``--nodes``/``--node-rank``/``--master-addr`` or
+``--rdzv-endpoint`` join a multi-node job); ``torchrun --nproc-per-node N -m gptcli pretrain ...`` starts the
+workers itself; under SLURM (``srun``) every task is a worker.
 
 A command decides with :func:`plan_launch` whether it is the launcher (then :func:`launch`) or a process that
-trains. That process calls :func:`join`, which reads the environment the launcher left
-(RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT), initialises the process group (NCCL on CUDA, gloo on CPU,
-with a timeout so a dead peer turns into an error instead of a hang) and returns a :class:`DDPParallel` for the
-training loop — or the single-process :class:`~gptcli.train.trainer.Parallel` outside any job. A worker that finished
-calls :func:`leave`.
-
-A worker that stops responding without dying (SIGSTOP, a frozen machine, a debugger) would make every other rank
-wait out the collective timeout and then fail naming *itself*. So the workers :func:`launch` starts each keep a
-heartbeat file fresh from a background thread, and a watchdog in the launcher kills a worker whose heartbeat stood
-still for half the timeout (``GPT1_DIST_TIMEOUT``): the others see the connection close at once, and the job ends
-within the timeout with an error naming the rank that stopped responding (``gptcli/train/heartbeat.py``, which also
-ends the workers of a launcher that died). (Under torchrun or SLURM there is no such launcher; there the collective
-timeout alone applies.)
+trains. That process calls :func:`join`, which reads the environment the launcher left, initialises the process
+group (NCCL on CUDA, gloo on CPU, with a timeout so a dead peer turns into an error instead of a hang) and returns
+a :class:`DDPParallel` for the training loop — or the single-process :class:`~gptcli.train.trainer.Parallel`
+outside any job. A worker that finished calls :func:`leave`. The workers :func:`launch` starts keep a heartbeat,
+so a worker that stops responding without dying is named by the launcher instead of hanging every other rank
+(:func:`launch` says how).
 """
 
 from __future__ import annotations
@@ -250,6 +240,14 @@ def launch(spec: LaunchSpec, argv: Sequence[str], env: dict[str, str] | None = N
 
     Raises GPT1Error naming the first failed rank and its error when any worker fails; the launcher tears the
     others down (max_restarts=0), so a failure never hangs the job. ``env``: more variables for the workers.
+
+    A worker that stops responding without dying (SIGSTOP, a frozen machine, a debugger) would make every other rank
+    wait out the collective timeout and then fail naming *itself*. So each worker started here keeps a heartbeat file
+    fresh from a background thread, and a watchdog here kills a worker whose heartbeat stood still for half the
+    timeout (``GPT1_DIST_TIMEOUT``): the others see the connection close at once, and the job ends within the timeout
+    with an error naming the rank that stopped responding (:mod:`gptcli.train.heartbeat`, which also ends the workers
+    of a launcher that died). Under torchrun or SLURM there is no such launcher; there the collective timeout alone
+    applies.
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

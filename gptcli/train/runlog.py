@@ -5,15 +5,8 @@ they carry.
 "tokens", "tokens_per_s", "mfu", "elapsed_s"}`` per logged update and ``{"kind": "eval", "step", "split",
 "loss", "perplexity", "tokens"}`` per validation (pretraining adds ``"unigram_loss"``). Only the writing rank
 (rank 0 under DDP) creates a logger. Nothing is drawn here: the training loop reports through
-:mod:`gptcli.progress` and the command layer renders it.
-
-Weights & Biases (``--wandb[=PROJECT]``, the ``wandb`` extra) gets the same scalars as TensorBoard (``train/loss``,
-``eval/perplexity``, … at their step), the run's resolved config, and the checkpoint paths (run summary
-``run_dir``, ``checkpoints`` and ``last_checkpoint``, refreshed after every record and when the log closes: the
-checkpoints the run holds then; fine-tuning writes ``checkpoints/final`` after its log closes). Its
-files go to ``RUN/wandb``; the run id is kept in ``RUN/wandb/gpt1-run-id`` so a resumed run continues the same W&B
-run. ``WANDB_MODE=offline`` (or ``disabled``) works as W&B documents it: nothing leaves the machine and ``wandb sync
-RUN/wandb/offline-run-*`` uploads later.
+:mod:`gptcli.progress` and the command layer renders it, so a library caller gets the same records without a
+terminal. Weights & Biases gets the same scalars as TensorBoard (:class:`WandbTracker` says what else).
 """
 
 from __future__ import annotations
@@ -68,7 +61,16 @@ def _clean(v: Any) -> Any:
 
 
 class WandbTracker:
-    """One W&B run beside a gpt1 run directory (see the module docstring)."""
+    """One W&B run beside a gpt1 run directory (``--wandb[=PROJECT]``, the ``wandb`` extra).
+
+    It gets the same scalars as TensorBoard (``train/loss``, ``eval/perplexity``, … at their step), the run's
+    resolved config, and the checkpoint paths (run summary ``run_dir``, ``checkpoints`` and ``last_checkpoint``,
+    refreshed after every record and when the log closes: the checkpoints the run holds then; fine-tuning writes
+    ``checkpoints/final`` after its log closes). Its files go to ``RUN/wandb``; the run id is kept in
+    ``RUN/wandb/gpt1-run-id`` so a resumed run continues the same W&B run. ``WANDB_MODE=offline`` (or
+    ``disabled``) works as W&B documents it: nothing leaves the machine and ``wandb sync RUN/wandb/offline-run-*``
+    uploads later.
+    """
 
     def __init__(self, run_dir: Path, project: str, config: dict[str, Any] | None) -> None:
         try:
