@@ -213,9 +213,8 @@ def shared_tokens(e: Encoded) -> int:
 
 
 FILL_TOKENS = 2048
-"""Tokens a filled evaluation batch grows to at most (:func:`filled_batches`): longer rows measured no faster on
-Story Cloze and slower on RACE-shaped batches, whose attention grid then leaves the caches (docs/performance.md,
-"Evaluation" of 2026-12-02)."""
+"""Tokens a filled evaluation batch grows to at most (:func:`filled_batches`): longer rows were no faster on
+Story Cloze and slower on RACE-shaped batches, whose attention grid then leaves the caches (docs/performance.md)."""
 
 
 def filled_batches(encoded: Sequence[Encoded], batch_size: int) -> list[list[int]]:
@@ -223,8 +222,7 @@ def filled_batches(encoded: Sequence[Encoded], batch_size: int) -> list[list[int
     ``batch_size`` examples and then as many more as fit in the positions the padded batch of ``batch_size``
     examples starting there would hold (``batch_size`` × its sequences × the longest) and in :data:`FILL_TOKENS`.
     ``batch_size`` keeps bounding the activations' memory, and the positions padding and repeated contexts took
-    hold real work: at Story Cloze's shapes the linear layers multiply twice as many rows per call, measured faster
-    per row."""
+    hold real work: the linear layers multiply more rows per call, which is faster per row."""
     check_batch_size(batch_size)  # a budget of 0 would add empty batches for ever
     order = sorted(range(len(encoded)), key=lambda i: -encoded[i].length)
     batches: list[list[int]] = []

@@ -7,30 +7,10 @@ Wherever gpt1 takes a checkpoint (``finetune --init``, ``zeroshot``/``eval``/``g
     from gptcli.interop.hub import pretrained
     path = pretrained("openai-gpt")      # ~/.cache/gpt1/models/openai-community--openai-gpt/<commit>
 
-**Ids.** ``owner/name`` or ``owner/name@revision`` (a branch, tag or commit) of an ``openai-gpt`` model, or a short
-name: ``openai-gpt`` is OpenAI's released GPT-1 (paper §3), ``openai-community/openai-gpt`` on the Hub. A local
-path that exists always wins over an id of the same spelling, and so does one whose first part is an existing
-local directory (``runs/pretrian``, a typo, is reported as a missing checkpoint, not looked up on the Hub).
-
-**Download.** Through ``huggingface_hub.snapshot_download`` with the files a conversion reads (``config.json``,
-``model.safetensors`` — ``pytorch_model.bin`` only when there is none —, ``vocab.json``, ``merges.txt``), so the
-Hugging Face cache is shared with ``transformers`` and ``HF_HOME``, ``HF_HUB_CACHE``, ``HF_HUB_OFFLINE``,
-``HF_ENDPOINT`` and ``HF_TOKEN`` behave as they do there. Online, each use asks the Hub which commit the revision
-is (as ``from_pretrained`` does); with ``HF_HUB_OFFLINE=1`` or no network the cached snapshot is used.
-
-**Conversion, once.** The snapshot is converted with :func:`gptcli.interop.convert.from_hf` (weights, and the
-original BPE tokenizer from ``vocab.json``/``merges.txt``) into an ordinary gpt1 checkpoint under
-:func:`models_root` (``$GPT1_MODELS``, else ``~/.cache/gpt1/models``), at ``<owner>--<name>/<commit>``: one folder
-per commit, written whole under a temporary name and renamed into place, under a file lock so that several
-processes (the ranks of a distributed run) convert it once. A later use of the same commit converts nothing
-(:attr:`HubModel.cached`). ``<owner>--<name>/refs/<revision>`` remembers the commit a revision had, so a converted
-model is found offline even when the Hugging Face cache was cleared. Delete the folder to reclaim the space.
-
-**Provenance.** A conversion records where it came from: the Hub id, the commit and the sha256 of every source
-file. A cached folder is presented as the named model only when that record names this id and commit and, when
-the snapshot is at hand, its files' checksums: anything else at that path (another model written there, an
-older conversion without the record) is converted again, or refused in one line offline — a cache anyone can
-write into must not pass off another model as, say, the paper's.
+The snapshot comes through ``huggingface_hub`` (its cache and environment variables shared with ``transformers``)
+and is converted once per commit into an ordinary gpt1 checkpoint that records where it came from, so every command
+reads one format and a cache anyone can write into cannot pass off another model as the named one.
+:func:`pretrained` says how ids are read, downloaded, converted and checked.
 """
 
 from __future__ import annotations
@@ -135,7 +115,33 @@ def resolve_checkpoint(
 
 
 def pretrained(spec: str = DEFAULT_MODEL, *, progress: Progress | None = None) -> Path:
-    """The local gpt1 checkpoint of Hub model ``spec`` (downloaded and converted on first use)."""
+    """The local gpt1 checkpoint of Hub model ``spec`` (downloaded and converted on first use).
+
+    **Ids.** ``owner/name`` or ``owner/name@revision`` (a branch, tag or commit) of an ``openai-gpt`` model, or a short
+    name: ``openai-gpt`` is OpenAI's released GPT-1 (paper §3), ``openai-community/openai-gpt`` on the Hub. A local
+    path that exists always wins over an id of the same spelling, and so does one whose first part is an existing
+    local directory (``runs/pretrian``, a typo, is reported as a missing checkpoint, not looked up on the Hub).
+
+    **Download.** Through ``huggingface_hub.snapshot_download`` with the files a conversion reads (``config.json``,
+    ``model.safetensors`` — ``pytorch_model.bin`` only when there is none —, ``vocab.json``, ``merges.txt``), so the
+    Hugging Face cache is shared with ``transformers`` and ``HF_HOME``, ``HF_HUB_CACHE``, ``HF_HUB_OFFLINE``,
+    ``HF_ENDPOINT`` and ``HF_TOKEN`` behave as they do there. Online, each use asks the Hub which commit the revision
+    is (as ``from_pretrained`` does); with ``HF_HUB_OFFLINE=1`` or no network the cached snapshot is used.
+
+    **Conversion, once.** The snapshot is converted with :func:`gptcli.interop.convert.from_hf` (weights, and the
+    original BPE tokenizer from ``vocab.json``/``merges.txt``) into an ordinary gpt1 checkpoint under
+    :func:`models_root` (``$GPT1_MODELS``, else ``~/.cache/gpt1/models``), at ``<owner>--<name>/<commit>``: one folder
+    per commit, written whole under a temporary name and renamed into place, under a file lock so that several
+    processes (the ranks of a distributed run) convert it once. A later use of the same commit converts nothing
+    (:attr:`HubModel.cached`). ``<owner>--<name>/refs/<revision>`` remembers the commit a revision had, so a converted
+    model is found offline even when the Hugging Face cache was cleared. Delete the folder to reclaim the space.
+
+    **Provenance.** A conversion records where it came from: the Hub id, the commit and the sha256 of every source
+    file. A cached folder is presented as the named model only when that record names this id and commit and, when
+    the snapshot is at hand, its files' checksums: anything else at that path (another model written there, an
+    older conversion without the record) is converted again, or refused in one line offline — a cache anyone can
+    write into must not pass off another model as, say, the paper's.
+    """
     hub = parse_hub_id(spec)
     if hub is None:
         raise GPT1Error(

@@ -30,7 +30,8 @@ from gptcli.progress import SILENT, Progress, staged
 
 PASS_BYTES = 2 << 30
 """What one batch of samples may hold on a CPU (their caches and per-step logits); on a GPU, half its free memory.
-More samples are drawn in several passes: --samples 1024 of the paper's model would otherwise need ~39 GB at once."""
+More samples are drawn in several passes: --samples 1024 of the paper's model would otherwise need tens of GB at
+once."""
 
 
 def sample_bytes(n_layer: int, width: int, vocab: int, length: int) -> int:

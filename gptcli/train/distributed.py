@@ -202,8 +202,8 @@ def _run_id(spec: LaunchSpec) -> str:
 
 def elastic_config(spec: LaunchSpec, log_dir: str | None = None) -> ElasticConfig:
     """torch.distributed.elastic's configuration of the job: one attempt (no restarts), spawned workers, and
-    ``spec.shutdown_timeout_s`` where this PyTorch's ``LaunchConfig`` has the field (torch 2.11's has not, and gives
-    workers a fixed 30 s: the first GPU run's ``--gpus 1`` failed there for passing it, 2026-12-04). ``log_dir``:
+    ``spec.shutdown_timeout_s`` where this PyTorch's ``LaunchConfig`` has the field (older ones have not, and give
+    workers a fixed grace period: passing it there fails the launch). ``log_dir``:
     where its per-run files go (the workers' error files), a folder the launcher removes; without it elastic makes
     a ``/tmp/torchelastic_*`` of its own that nobody removes."""
     from torch.distributed.launcher.api import LaunchConfig as ElasticConfig

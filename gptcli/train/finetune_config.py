@@ -127,21 +127,19 @@ class FinetuneConfig:
     the end of the warm-up."""
     batching: Literal["random", "length"] = "random"
     """Training batch order. ``random``: i.i.d. shuffled minibatches, as the paper and the released code.
-    ``length``: length-bucketed batches (shuffled pools of 50 batches sorted by length), the fast option: on RTE
-    (batch 32, n_ctx 512) 32× fewer pad tokens (4.7% of the positions instead of 61%) and, with the tiny model on
-    CPU, ~1.3× the updates per second at lm_weight 0 (none measurable at 0.5, where the 40k-vocabulary LM
-    projection dominates); but a batch then holds examples of similar length (see docs/finetune.md)."""
+    ``length``: length-bucketed batches (shuffled pools of 50 batches sorted by length), the fast option: far fewer
+    pad tokens and, where the LM projection does not dominate, more updates per second; but a batch then holds
+    examples of similar length (docs/finetune.md, "Batching", gives the figures)."""
     layout: Literal["packed", "padded", "shared"] = "packed"
     """How a training micro-batch is laid out. ``packed``: its sequences end to end in one row, each attending to
-    itself only, so no layer computes on padding (61% of RTE's positions with random batches): the same examples,
+    itself only, so no layer computes on padding: the same examples,
     order and losses, with dropout masks drawn over the real positions only; the dev scoring packs too, with a
     multiple-choice example's shared context run once for all its answers. ``padded``: every sequence padded to
     the batch's longest, the reference it is tested against. ``shared`` (multiple choice; other tasks train
     packed): training too runs an example's common prefix (``<s> story $``, RACE's article and question) once,
     each answer attending to it, with the same losses as packed; a deviation from the paper, off by default: with
-    dropout on, the answers share the prefix's dropout masks instead of drawing one each. On Story Cloze the row
-    holds 58% of the packed tokens (the measured gain: docs/performance.md, "Shared-prefix training"). A resume
-    cannot switch to or from it. The LSTM baseline is always padded."""
+    dropout on, the answers share the prefix's dropout masks instead of drawing one each (its gain:
+    docs/performance.md, "Layout"). A resume cannot switch to or from it. The LSTM baseline is always padded."""
     clf_pdrop: float = 0.1
     """Classifier dropout before the head."""
     dropout: float | None = None

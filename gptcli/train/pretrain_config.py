@@ -118,8 +118,8 @@ class PretrainConfig:
     fused ones elsewhere); reference = plain PyTorch everywhere (SDPA, F.dropout, F.cross_entropy). Default: the
     process's mode when the config is made ($GPT1_KERNELS, else auto)."""
     compile: bool = False
-    """torch.compile the loss computation: on one H200 the gpt1 preset in bf16 trains 1.53× faster at 64 × 512
-    (MFU 24.9 → 38.1 %) and 1.56× at 8 × 512, after about 20-35 s of compiling; no gain measured on CPU."""
+    """torch.compile the loss computation: faster on a GPU once compiled, no gain on CPU (docs/performance.md,
+    "Compile")."""
     eval_every: int = 1000
     """Validate every this many updates (and always at the end); 0 = only at the end."""
     eval_batches: int | None = None

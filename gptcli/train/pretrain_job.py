@@ -33,11 +33,10 @@ from gptcli.train.runlog import Throughput, format_duration, mfu_text
 from gptcli.train.trainer import Parallel, StepResult, Trainer, split_micro_batches, unwrap
 
 # A run "learned nothing" when, after PLATEAU_MIN_UPDATES updates, its validation loss is not PLATEAU_MARGIN nats
-# below the unigram loss (or is above it). Why these numbers: a model reaches the unigram loss within a few dozen
-# updates (token frequencies are the easiest thing to learn) and a healthy small run leaves it soon after — the tiny
-# preset on two books was 0.5 nats below it by update 300 at lr 2.5e-4 — while a stalled one sits within 0.01-0.02
-# of it for hundreds of updates (6.50 → 6.49 over 300 at lr 1e-3; the quickstart's 3 × 192 model at init 0.02 for
-# 1,300). 0.1 nats separates the two by a wide margin either way; 250 updates leaves time to get there.
+# below the unigram loss (or is above it). Why: a model reaches the unigram loss within a few dozen updates (token
+# frequencies are the easiest thing to learn) and a healthy small run leaves it well below soon after, while a
+# stalled one sits a hundredth or two from it for hundreds of updates (docs/presets.md, "The unigram plateau, and
+# why `tiny` is initialised at 0.06"). The margin separates the two widely; the wait leaves time to get there.
 PLATEAU_MARGIN = 0.1
 PLATEAU_MIN_UPDATES = 250
 _COUNT_CHUNK = 1 << 22  # tokens per bincount: bounded memory (np.bincount works on int64 copies)

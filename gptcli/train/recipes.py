@@ -61,12 +61,11 @@ RECIPES: dict[str, Recipe] = {
         finetune_epochs=3,
         evidence="the paper (§4.1)",
     ),
-    # Sweep (docs/presets.md): two books, 300 updates of 16 × 128 tokens, warm-up 30. With init_std 0.06 (the
-    # preset's) every learning rate from 2.5e-4 to 2e-3 left the unigram plateau; with GPT-1's 0.02, 1e-3 did not.
-    # Fine-tuning: the CPU reproduction's 4 × 192 model (docs/reproduction.md) at lr 5e-4, batch 32, 3 epochs.
-    # Warm-up: at least 30 updates whatever the run's length: a 150-update run warmed up over 15 stayed on the
-    # plateau (6.11 against a unigram loss of 6.11), over 30 it left it (5.86; tests/train/test_recipes.py). The post-LN
-    # block needs its warm-up in updates, not in a share of the run (Xiong et al. 2020).
+    # Chosen by a sweep (docs/presets.md, "The unigram plateau, and why `tiny` is initialised at 0.06"): with the
+    # preset's init_std every learning rate of the sweep left the unigram plateau, with GPT-1's 0.02 not all did.
+    # Fine-tuning: the CPU reproduction's recipe (docs/reproduction.md). Warm-up: a fixed number of updates, not a
+    # share of the run, because the post-LN block needs its warm-up in updates (Xiong et al. 2020); a shorter one
+    # left a short run on the plateau (tests/train/test_recipes.py).
     "tiny": Recipe(
         lr=1e-3,
         batch_size=16,

@@ -77,8 +77,8 @@ def out_of_memory(device: torch.device, during: str, advice: str, checkpoint: Pa
 # then kills the process (exit 137, "Killed"), often minutes in, with nothing said. So a CPU run estimates what its
 # largest forward/backward holds and says, before the first update, when that is more than is free.
 #
-# Bytes a training update of the Transformer holds on a CPU, measured with the kernels on (peak RSS of the second
-# update over its tokens; AMD EPYC Zen 5, torch 2.13, 2026-12-04; docs/reliability.md §6): per token, per block and
+# Bytes a training update of the Transformer holds on a CPU with the kernels on (peak RSS of the second update over
+# its tokens; how they were found: docs/reliability.md): per token, per block and
 # unit of width; per token and vocabulary entry (the output layer's logits, their gradient, the loss); and per
 # parameter, the gradients and AdamW's two moments (and, under bf16 autocast, the weights' bf16 copies).
 PER_TOKEN_BLOCK_WIDTH = {"fp32": 81, "bf16": 75}
