@@ -178,18 +178,17 @@ def variant(change: str, name: str):
     """The model computing as ``name`` of ``change`` (module docstring) inside the block."""
     import torch
 
-    import gptcli.model.gpt as gpt
     import gptcli.model.packed as packed
     from gptcli.model import kernels
     from gptcli.model.kernels import attention as kernel
-    from gptcli.model.kernels import linear, tied, tied_lookup
+    from gptcli.model.kernels import cpu, layers, linear, tied, tied_lookup
 
     grids = packed._ToGrid, packed._FromGrid
     if name == "heads":
         packed._ToGrid, packed._FromGrid = _heads_grid()
-    saved = gpt.causal_self_attention, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX, kernel.FUSED_DTYPES
+    saved = layers.WrittenOutAttention.fused, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX, kernel.FUSED_DTYPES
     positions, shared_weight_casts = linear.MIN_POSITIONS, kernels.shared_weight_casts
-    links, sums, dnn = tied_lookup.applies, linear.column_sums, kernels._onednn_forced
+    links, sums, dnn = tied_lookup.applies, linear.column_sums, cpu._onednn_forced
     pads = tied.padding_is_faster
     if name in ("mkl", "onednn"):
         kernels.force_onednn_fp32(name == "onednn")
@@ -209,14 +208,14 @@ def variant(change: str, name: str):
     elif name == "chunked":
         kernel.FUSED_DTYPES = ()
     elif name == "strided":
-        gpt.causal_self_attention = _strided  # the model's own attention (pretraining, the layer)
+        layers.WrittenOutAttention.fused = lambda self, qkv, n_head, dropout=0.0: _strided(qkv, n_head, dropout)
         kernel.STRIDED_DTYPES = (*kernel.STRIDED_DTYPES, torch.bfloat16)  # packed rows' grid (fine-tuning)
     elif name == "pytorch":
         kernel.COMPILED_SOFTMAX = False
     try:
         yield
     finally:
-        gpt.causal_self_attention, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX, kernel.FUSED_DTYPES = saved
+        layers.WrittenOutAttention.fused, kernel.STRIDED_DTYPES, kernel.COMPILED_SOFTMAX, kernel.FUSED_DTYPES = saved
         linear.MIN_POSITIONS, kernels.shared_weight_casts = positions, shared_weight_casts
         packed._ToGrid, packed._FromGrid = grids
         tied_lookup.applies, linear.column_sums = links, sums
@@ -322,9 +321,10 @@ def _tied_pair(args) -> list[dict]:
     import torch
 
     import gptcli.model.gpt as gpt
+    from gptcli.model.kernels import apply
 
     torch.manual_seed(0)
-    model = gpt.GPT(gpt.preset("gpt1")).train()
+    model = apply(gpt.GPT(gpt.preset("gpt1")).train(), "cpu")
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.seq_len + 1), generator=g)
     weight = model.tok_emb.weight
@@ -395,8 +395,10 @@ def _layer(args, seq_len: int | None = None, batch: int | None = None, backward:
     without dropout under no_grad (evaluation)."""
     import torch
 
-    import gptcli.model.gpt as gpt
+    from gptcli.model.attention import SDPAttention
+    from gptcli.model.kernels.layers import WrittenOutAttention
 
+    attention = WrittenOutAttention(SDPAttention())  # the model's attention with the kernels applied
     seq_len, batch = seq_len or args.seq_len, batch or args.batch
     g = torch.Generator().manual_seed(0)
     qkv = torch.randn(batch, seq_len, 3 * 768, generator=g).to(_dtype(args))
@@ -405,9 +407,9 @@ def _layer(args, seq_len: int | None = None, batch: int | None = None, backward:
     def run(_: int = 0, p: float = 0.1):
         if not backward:
             with torch.no_grad():
-                return gpt.causal_self_attention(qkv, 12, 0.0), None
+                return attention.fused(qkv, 12, 0.0), None
         x = qkv.detach().requires_grad_()
-        y = gpt.causal_self_attention(x, 12, p)
+        y = attention.fused(x, 12, p)
         y.backward(upstream)
         return y, x.grad
 
@@ -438,10 +440,11 @@ def _linears(args) -> list[dict]:
     import torch
 
     import gptcli.model.gpt as gpt
+    from gptcli.model.kernels import apply
 
     torch.manual_seed(0)
     config = gpt.preset("gpt1")
-    block = gpt.Block(config).train()
+    block = apply(gpt.Block(config).train(), "cpu")
     layers = [block.attn.qkv, block.attn.proj, block.mlp.fc, block.mlp.proj]
     xs = [torch.randn(args.batch, args.seq_len, m.in_features, requires_grad=True) for m in layers]
     gs = [torch.randn(args.batch, args.seq_len, m.out_features, dtype=_dtype(args)) for m in layers]
@@ -465,9 +468,10 @@ def _step(args) -> list[dict]:
     import torch
 
     import gptcli.model.gpt as gpt
+    from gptcli.model.kernels import apply
 
     torch.manual_seed(0)
-    model = gpt.GPT(gpt.preset("gpt1")).train()
+    model = apply(gpt.GPT(gpt.preset("gpt1")).train(), "cpu")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01, fused=True)
     g = torch.Generator().manual_seed(1)
     batch = torch.randint(0, model.config.vocab_size, (args.batch, args.seq_len + 1), generator=g)
@@ -490,11 +494,12 @@ def _update(args) -> list[dict]:
     import torch
 
     import gptcli.model.gpt as gpt
+    from gptcli.model.kernels import apply
     from gptcli.train.optim import make_optimizer
     from gptcli.train.trainer import Trainer
 
     torch.manual_seed(0)
-    model = gpt.GPT(gpt.preset("gpt1")).train()
+    model = apply(gpt.GPT(gpt.preset("gpt1")).train(), "cpu")
     trainer = Trainer(
         model,
         make_optimizer(model, lr=1e-5),

@@ -70,15 +70,15 @@ def _cases(precisions: list[str]) -> dict:
     import torch.nn.functional as F
 
     from gptcli.model.gpt import GPT, preset
+    from gptcli.model.kernels import apply, set_kernels
     from gptcli.model.kernels import dropout as gd
-    from gptcli.model.kernels import set_kernels
-    from gptcli.model.losses import next_token_nll
 
-    set_kernels("auto")  # "ours" is the kernels' (next_token_nll dispatches to the blocked loss on CPU)
+    set_kernels("auto")  # "ours" is the kernels' (the model's loss, with the kernels applied, is the blocked one)
 
     g = torch.Generator().manual_seed(0)
     probs_n, resid_shape = 4 * 12 * 512 * 512 * 5 // 8, (4, 512, 768)
-    model = GPT(preset("gpt1"))
+    model = apply(GPT(preset("gpt1")), "cpu")
+    next_token_nll = model.next_token_nll
     h = torch.randn(2048, 768, generator=g)
     cases: dict = {}
 
@@ -138,8 +138,8 @@ def _head(model, h, prec: str, padded: bool):
     import torch.nn.functional as F
 
     from gptcli.model.kernels.tied import training_logits
-    from gptcli.model.losses import next_token_nll
 
+    next_token_nll = model.tied.nll  # the kernels' loss (the model was applied)
     x = h.clone().requires_grad_()
     w = model.tok_emb.weight
     targets = torch.randint(0, model.config.total_vocab, (h.size(0),), generator=torch.Generator().manual_seed(2))

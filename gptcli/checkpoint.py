@@ -53,6 +53,7 @@ from gptcli.fsutil import (
     sha256_file,
     temp_sibling,
 )
+from gptcli.model import kernels
 from gptcli.model.build import TRANSFORMER, AnyConfig, LanguageModel, arch_of, build_model, config_class
 from gptcli.outputs import foreign_entries
 
@@ -402,7 +403,7 @@ def load_checkpoint(
         model.load_state_dict(body, strict=True, assign=True)
     except RuntimeError as e:
         raise GPT1Error(f"{p / WEIGHTS}: weights do not match the config ({str(e).splitlines()[0]})") from None
-    model.eval()
+    kernels.apply(model.eval(), map_location)  # the fast CPU paths, where --kernels auto runs on CPU
     _check_finite(p / WEIGHTS, tensors)
     tok = None
     if load_tokenizer and (p / TOKENIZER).is_dir():

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from gptcli.model.build import AnyConfig, DecodeState, LanguageModel, new_cache, repeat_cache
-from gptcli.model.kernels import config_default
+from gptcli.runtime import config_default
 
 SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")
 """The settings only sampling reads: ``greedy`` ignores them."""

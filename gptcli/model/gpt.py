@@ -20,10 +20,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptcli.model.activation import gelu
-from gptcli.model.attention import causal_attention, causal_self_attention
+from gptcli.model.activation import GELU
+from gptcli.model.attention import SDPAttention
 from gptcli.model.dropout import Dropout
-from gptcli.model.linear import Linear
 from gptcli.model.packed import Packing, segment_attention
 from gptcli.model.tied import TiedEmbeddingLM
 
@@ -114,8 +113,9 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_head = config.n_head
         self.n_embd = config.n_embd
-        self.qkv = Linear(config.n_embd, 3 * config.n_embd)  # q, k, v in that order (as the released code)
-        self.proj = Linear(config.n_embd, config.n_embd)
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v in that order (as the released code)
+        self.proj = nn.Linear(config.n_embd, config.n_embd)
+        self.attention = SDPAttention()  # the inner product: a seam the CPU kernels replace (kernels.apply)
         self.attn_pdrop = config.attn_pdrop
         self.resid_drop = Dropout(config.resid_pdrop)
 
@@ -134,11 +134,10 @@ class CausalSelfAttention(nn.Module):
         dropout = self.attn_pdrop if self.training else 0.0
         if packing is not None:
             # Several sequences end to end in one row: each attends causally to itself only (packed.py).
-            y = segment_attention(qkv, self.n_head, dropout, packing)
+            y = segment_attention(qkv, self.n_head, dropout, packing, self.attention)
             return self._project(y, rows)
         if cache is None:
-            # Plain causal attention (attention.py: SDPA, or the CPU kernel when the kernels are on).
-            return self._project(causal_self_attention(qkv, self.n_head, dropout), rows)
+            return self._project(self.attention.fused(qkv, self.n_head, dropout), rows)
         q, k, v = qkv.split(self.n_embd, dim=2)
         hd = C // self.n_head
         q = q.view(B, T, self.n_head, hd).transpose(1, 2)
@@ -147,7 +146,7 @@ class CausalSelfAttention(nn.Module):
         past = cache.pos
         k, v = cache.update(layer, k, v)
         if past == 0:
-            y = causal_attention(q, k, v, dropout)
+            y = self.attention.causal(q, k, v, dropout)
         elif T == 1:
             # One new token attends to everything cached: no mask needed.
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
@@ -167,12 +166,13 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.fc = Linear(config.n_embd, config.n_inner)
-        self.proj = Linear(config.n_inner, config.n_embd)
+        self.fc = nn.Linear(config.n_embd, config.n_inner)
+        self.act = GELU()
+        self.proj = nn.Linear(config.n_inner, config.n_embd)
         self.drop = Dropout(config.resid_pdrop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.proj(gelu(self.fc(x))))
+        return self.drop(self.proj(self.act(self.fc(x))))
 
 
 class Block(nn.Module):

@@ -47,6 +47,7 @@ from typing import Any, TypeVar
 from gptcli.errors import GPT1Error
 from gptcli.fsutil import write_text_atomic
 from gptcli.locks import output_lock
+from gptcli.model.kernels import apply as apply_kernels
 from gptcli.model.kernels import config_default
 from gptcli.outputs import OWNED, check_output, foreign_entries, mark
 from gptcli.pipelines import budget
@@ -409,7 +410,7 @@ def pretrain_model(run: _Stages, text: TaskText, corpus_dir: Path) -> tuple[Pret
     mcfg = build_model_config(pc, corpus.tokenizer.vocab_size)
     val_arrays = corpus.arrays("val")
     torch.manual_seed(cfg.seed)  # the same initial weights pretrain() draws
-    init_model = GPT(mcfg).to(device)
+    init_model = apply_kernels(GPT(mcfg).to(device), device)
     before = evaluate_lm(
         init_model,
         val_arrays,

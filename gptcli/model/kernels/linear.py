@@ -38,8 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from gptcli.model import kernels
-from gptcli.model.kernels import casts, native, onednn
+from gptcli.model.kernels import casts, cpu, native, onednn
 from gptcli.model.kernels.transpose import transposed
 
 MIN_POSITIONS = 256
@@ -52,7 +51,7 @@ def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (
         torch.is_autocast_enabled("cpu")
         and torch.get_autocast_dtype("cpu") == torch.bfloat16
-        and kernels.amx()
+        and cpu.amx()
         and x.device.type == "cpu"
         and torch.is_grad_enabled()
         and weight.requires_grad

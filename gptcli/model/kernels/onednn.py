@@ -17,7 +17,7 @@ a transposed view by PyTorch's strided copy, so the gradients' products get thei
 faster than from views (the tied output layer's 616 → 443 ms), the input gradient 1.0-1.15×. oneDNN's default math mode is strict, so the products are float32 through and through, summed in
 another order than MKL's: within float32 rounding of the reference (tests/model/test_onednn.py).
 
-Which CPU takes it is ``kernels.onednn_fp32()``: a flag read from /proc/cpuinfo, never a timing. A Zen 4 keeps MKL
+Which CPU takes it is ``cpu.onednn_fp32()``: a flag read from /proc/cpuinfo, never a timing. A Zen 4 keeps MKL
 (not measured with oneDNN; the same 256-bit units either way), as does an Intel CPU, where MKL's AVX-512 code ran
 the float32 products at 83 % of the AMX Xeon's measured peak. Only float32 tensors on CPU, outside autocast and
 ``torch.compile``.
@@ -29,7 +29,7 @@ import functools
 
 import torch
 
-from gptcli.model import kernels
+from gptcli.model.kernels import cpu
 from gptcli.model.kernels.transpose import transposed
 
 
@@ -40,10 +40,10 @@ def available() -> bool:
 
 
 def applies(*tensors: torch.Tensor) -> bool:
-    """Whether the float32 products of ``tensors`` run here: the CPU takes oneDNN's (``kernels.onednn_fp32()``),
+    """Whether the float32 products of ``tensors`` run here: the CPU takes oneDNN's (``cpu.onednn_fp32()``),
     all are float32 CPU tensors, outside autocast and ``torch.compile``."""
     return (
-        kernels.onednn_fp32()
+        cpu.onednn_fp32()
         and available()
         and not torch.is_autocast_enabled("cpu")
         and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)

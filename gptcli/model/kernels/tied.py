@@ -11,7 +11,7 @@ large batch that is worth one copy of the embedding with zero rows appended up t
   the padding's columns a zero gradient (``next_token_nll(classes=…)``), so no slice has to be scattered back and
   the weight gradient's product is the aligned one.
 
-On a CPU with AMX (``kernels.amx()``), the bf16 training product is :class:`_AmxPaddedProduct`: the same padded
+On a CPU with AMX (``cpu.amx()``), the bf16 training product is :class:`_AmxPaddedProduct`: the same padded
 product with its operands laid out for oneDNN's AMX kernels, which run a product whose left operand is a transposed
 view (autograd's weight gradient, ``gᵀ·h``, contracting over the 2,048 positions) at about half their speed, and a
 product 40,512 columns wide slower than the same columns in blocks of ``AMX_COLUMNS``.
@@ -26,8 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from gptcli.model import kernels
-from gptcli.model.kernels import casts, onednn
+from gptcli.model.kernels import casts, cpu, onednn
 from gptcli.model.kernels.tied_lookup import Link
 from gptcli.model.kernels.transpose import transposed
 from gptcli.padding import PAD_ROWS_TO, pad_rows, padded_product, padded_rows
@@ -54,14 +53,14 @@ def padding_is_faster(h: torch.Tensor, w: torch.Tensor, training: bool = False) 
     fp32 is machine-dependent: on the AMD Zen 4 the BLAS ran GPT-1's 40,478-row products far slower than aligned
     ones (forward 1.01 vs 0.70–0.73 s), while on the AMX Xeon the plain product and loss measured faster than the
     padded ones, forward + backward 1,005 vs 1,056 ms at 2,048 positions and 523 vs 560 ms at 1,054 (the pad's
-    copy of the embedding costs more than alignment gains there: docs/performance.md). ``kernels.amx()`` is the
+    copy of the embedding costs more than alignment gains there: docs/performance.md). ``cpu.amx()`` is the
     CPU flag that tells the two machines apart; an Intel CPU without AMX keeps the padding (not measured)."""
     if w.device.type != "cpu" or w.size(0) % PAD_ROWS_TO == 0:
         return False
     large = h.numel() >= PAD_MIN_POSITIONS * h.size(-1)
     if torch.is_autocast_enabled("cpu"):
-        return training and torch.get_autocast_dtype("cpu") == torch.bfloat16 and (large or not kernels.amx())
-    return large and w.dtype == torch.float32 and not kernels.amx()
+        return training and torch.get_autocast_dtype("cpu") == torch.bfloat16 and (large or not cpu.amx())
+    return large and w.dtype == torch.float32 and not cpu.amx()
 
 
 def output_logits(h: torch.Tensor, w: torch.Tensor, link: Link | None = None) -> torch.Tensor:
@@ -86,7 +85,7 @@ def training_logits(h: torch.Tensor, w: torch.Tensor, link: Link | None = None) 
     (the AMX product takes it too)."""
     if not padding_is_faster(h, w, training=True):
         return None
-    if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16 and kernels.amx():
+    if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16 and cpu.amx():
         with torch.autocast("cpu", enabled=False):
             return _AmxPaddedProduct.apply(h.to(torch.bfloat16), w, link if _links(h, w, link) else None)
     linked = _linked_dtype(h, w, link)
