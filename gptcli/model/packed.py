@@ -1,32 +1,18 @@
 """Several sequences packed end to end into one row, so that no layer computes on padding.
 
-A fine-tuning batch pads every sequence to its longest: on RTE with the paper's random batches 61% of the positions
-are padding, and every linear layer, the LM head and the loss would multiply them. Packed, the batch is one row of
-its ``N`` real tokens; each sequence keeps its own positions (restarting at 0) and attends causally within itself
-only, so every real token's hidden state is the one the padded batch computes (tests/model/test_packed.py: equal
-logits, losses and gradients). Dropout still draws one mask entry per position, now per real position only.
+Packed, a fine-tuning batch is one row of its real tokens; each sequence keeps its own positions and attends
+causally within itself only, so every real token's hidden state is the one the padded batch computes
+(tests/model/test_packed.py). :class:`Packing` describes the row (built on the host by the batching code) and
+:func:`segment_attention` attends over it with the layer's attention, the sequences gathered into one batched grid
+(:class:`Grid`), or as jagged nested tensors on a device of :data:`JAGGED_DEVICES`.
 
-:class:`Packing` describes the row — built once on the host by the batching code, moved to the device with the
-ids — and :func:`segment_attention` is the attention over it: causal attention per sequence, by the layer's
-attention (``gptcli.model.attention``).
-
-At evaluation, a multiple-choice example's answers share their context: ``<s> story $`` is the same for every
-ending, and with causal attention so are its hidden states. :meth:`Packing.shared` packs that prefix once and each
-answer after it as a segment that attends to the prefix and causally to itself, at the positions it has in the full
-sequence: the answers' hidden states are the full sequences' (tests/model/test_packed.py), for a fraction of the
-work (Story Cloze: about 60% of the tokens; RACE: about a quarter). All the answers of all the examples of such a row
-attend in one batched call per layer (:class:`SharedGrid`), as the standalone sequences of training do
-(:class:`Grid`).
-
-On a device named in :data:`JAGGED_DEVICES` (none: on an H200 it measured slower than the grid), standalone
-sequences attend through PyTorch's own variable-length path instead of the grid: SDPA over jagged nested tensors,
-which take the packed row as it is, with no grid and no padding at all.
-
-Training can take the shared form too (``gpt1 finetune --layout shared``, off by default): the row then also lists
-each sequence's next-token targets — the prefix's own, the prefix's last token predicting each answer's first, and
-each answer's own — so the auxiliary LM loss is the full sequences' (:func:`gptcli.model.losses.lm_loss_per_sequence_packed`).
-It is a deviation from the paper: the prefix is computed once, so with dropout on all the answers of an example see
-the same dropout masks on the prefix's positions, where separate sequences draw one each.
+:meth:`Packing.shared` packs a multiple-choice example's shared prefix once and each answer after it as a segment
+that attends to the prefix and causally to itself (:class:`SharedGrid`): the answers' hidden states are the full
+sequences', for a fraction of the work. Training can take it too (``gpt1 finetune --layout shared``, off by
+default; the auxiliary LM loss is the full sequences', ``losses.lm_loss_per_sequence_packed``): a deviation from the
+paper, as all the answers of an example then see the same dropout masks on the prefix. Why pack: padding would be
+multiplied by every linear layer, the LM head and the loss (docs/performance.md, "Fine-tuning throughput: packed
+batches").
 """
 
 from __future__ import annotations
