@@ -310,3 +310,21 @@ def test_the_amx_forms_follow_the_cpu_flag_unless_forced(monkeypatch: pytest.Mon
     assert kernels.amx()
     kernels.force_amx(None)
     assert not kernels.amx()
+
+
+@pytest.mark.parametrize("mode", kernels.MODES)
+def test_runs_apply_the_kernels_where_they_load_or_train_a_model(pretrained, mode: str) -> None:
+    """``load_checkpoint`` (every evaluation, generation and fine-tuning's init) and the ``Trainer`` (pretraining and
+    fine-tuning) give the model the kernels under ``auto`` on CPU, and leave it plain PyTorch under ``reference``."""
+    from gptcli.checkpoint import load_checkpoint
+    from gptcli.model.kernels.layers import TiedKernels, WrittenOutAttention
+    from gptcli.train.trainer import Trainer
+
+    with kernels.use_kernels(mode):
+        loaded = load_checkpoint(pretrained).model
+        built = GPT(ModelConfig(vocab_size=50, n_ctx=8, n_embd=8, n_layer=1, n_head=2, n_inner=16))
+        opt = torch.optim.SGD(built.parameters(), lr=0.1)
+        Trainer(built, opt, lambda m, b: m.lm_loss(b[:, :-1], b[:, 1:]), lambda s: 0.1, device=torch.device("cpu"))
+    for model in (loaded, built):
+        assert isinstance(model.tied, TiedKernels) is (mode == "auto")
+        assert isinstance(model.blocks[0].attn.attention, WrittenOutAttention) is (mode == "auto")
