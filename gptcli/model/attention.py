@@ -8,6 +8,8 @@ attention (CPU has no fused kernel with dropout).
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
 
@@ -47,9 +49,33 @@ class SDPAttention:
         return None
 
 
+class Attend(Protocol):
+    """How a layer's positions attend to each other, built by the model's caller for one forward pass: plain causal
+    attention (:data:`CAUSAL`), per packed sequence (``packed.PackedAttend``) or against a KV cache
+    (``gpt.CachedAttend``). Called with the fused projections ``qkv`` (B, T, 3·C), the heads, the dropout, the
+    layer's own ``attention`` (an :class:`SDPAttention`, or the kernels' form) and the layer's index: (B, T, C)."""
+
+    def __call__(
+        self, qkv: torch.Tensor, n_head: int, dropout: float, attention: SDPAttention, layer: int
+    ) -> torch.Tensor: ...
+
+
+class CausalAttend:
+    """Every position attends causally to the ones before it in its row: the attention's fused form."""
+
+    def __call__(
+        self, qkv: torch.Tensor, n_head: int, dropout: float, attention: SDPAttention, layer: int
+    ) -> torch.Tensor:
+        return attention.fused(qkv, n_head, dropout)
+
+
+CAUSAL = CausalAttend()
+"""Plain causal attention (training, scoring, a prompt without a cache)."""
+
+
 def causal_self_attention(qkv: torch.Tensor, n_head: int, dropout: float = 0.0) -> torch.Tensor:
     """:meth:`SDPAttention.fused`: the reference attention over a fused projection."""
     return SDPAttention().fused(qkv, n_head, dropout)
 
 
-__all__ = ["SDPAttention", "causal_self_attention"]
+__all__ = ["CAUSAL", "Attend", "CausalAttend", "SDPAttention", "causal_self_attention"]

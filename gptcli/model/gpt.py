@@ -21,9 +21,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptcli.model.activation import GELU
-from gptcli.model.attention import SDPAttention
+from gptcli.model.attention import CAUSAL, Attend, SDPAttention
 from gptcli.model.dropout import Dropout
-from gptcli.model.packed import Packing, segment_attention
+from gptcli.model.packed import PackedAttend, Packing
 from gptcli.model.tied import TiedEmbeddingLM
 
 
@@ -108,6 +108,33 @@ class KVCache:
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
 
+class CachedAttend:
+    """How the layers attend while decoding: new positions against the keys and values of ``cache`` (an attention
+    strategy, as :class:`~gptcli.model.attention.CausalAttend`)."""
+
+    def __init__(self, cache: KVCache) -> None:
+        self.cache = cache
+
+    def __call__(
+        self, qkv: torch.Tensor, n_head: int, dropout: float, attention: SDPAttention, layer: int
+    ) -> torch.Tensor:
+        B, T, C3 = qkv.shape
+        C = C3 // 3
+        q, k, v = (x.view(B, T, n_head, C // n_head).transpose(1, 2) for x in qkv.split(C, dim=2))
+        past = self.cache.pos
+        k, v = self.cache.update(layer, k, v)
+        if past == 0:
+            y = attention.causal(q, k, v, dropout)
+        elif T == 1:
+            # One new token attends to everything cached: no mask needed.
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
+        else:
+            # Several new tokens after a cached prefix: causal mask offset by the prefix length.
+            mask = torch.ones(T, past + T, dtype=torch.bool, device=qkv.device).tril(diagonal=past)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        return y.transpose(1, 2).contiguous().view(B, T, C)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -120,41 +147,14 @@ class CausalSelfAttention(nn.Module):
         self.resid_drop = Dropout(config.resid_pdrop)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        cache: KVCache | None = None,
-        layer: int = 0,
-        packing: Packing | None = None,
-        rows: torch.Tensor | None = None,
+        self, x: torch.Tensor, attend: Attend = CAUSAL, layer: int = 0, rows: torch.Tensor | None = None
     ) -> torch.Tensor:
         """The block's attention output at every position, or at positions ``rows`` of a one-row batch only (every
-        position is still attended to: ``rows`` saves the output projection of the others)."""
-        B, T, C = x.shape
-        qkv = self.qkv(x)
+        position is still attended to: ``rows`` saves the output projection of the others). ``attend``: how the
+        positions attend to each other (causally, per packed sequence, or against a KV cache), built by the caller."""
         dropout = self.attn_pdrop if self.training else 0.0
-        if packing is not None:
-            # Several sequences end to end in one row: each attends causally to itself only (packed.py).
-            y = segment_attention(qkv, self.n_head, dropout, packing, self.attention)
-            return self._project(y, rows)
-        if cache is None:
-            return self._project(self.attention.fused(qkv, self.n_head, dropout), rows)
-        q, k, v = qkv.split(self.n_embd, dim=2)
-        hd = C // self.n_head
-        q = q.view(B, T, self.n_head, hd).transpose(1, 2)
-        k = k.view(B, T, self.n_head, hd).transpose(1, 2)
-        v = v.view(B, T, self.n_head, hd).transpose(1, 2)
-        past = cache.pos
-        k, v = cache.update(layer, k, v)
-        if past == 0:
-            y = self.attention.causal(q, k, v, dropout)
-        elif T == 1:
-            # One new token attends to everything cached: no mask needed.
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
-        else:
-            # Several new tokens after a cached prefix: causal mask offset by the prefix length.
-            mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-        return self._project(y.transpose(1, 2).contiguous().view(B, T, C), rows)
+        y = attend(self.qkv(x), self.n_head, dropout, self.attention, layer)
+        return self._project(y, rows)
 
     def _project(self, y: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
         """The output projection (and its dropout) of the attention's (B, T, C) output, at ``rows`` only if given."""
@@ -186,16 +186,11 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        cache: KVCache | None = None,
-        layer: int = 0,
-        packing: Packing | None = None,
-        rows: torch.Tensor | None = None,
+        self, x: torch.Tensor, attend: Attend = CAUSAL, layer: int = 0, rows: torch.Tensor | None = None
     ) -> torch.Tensor:
         """The block's output, at positions ``rows`` of a one-row batch only when given (what a last block whose
         other states nobody reads computes: every row-wise layer after the attention runs on ``rows`` alone)."""
-        a = self.attn(x, cache, layer, packing, rows)
+        a = self.attn(x, attend, layer, rows)
         if rows is not None:
             x = x.index_select(1, rows)
         n = self.ln_1(x + a)
@@ -255,16 +250,18 @@ class GPT(TiedEmbeddingLM):
             if packing.span > self.config.n_ctx:
                 raise ValueError(f"sequence of {packing.span} tokens exceeds the context of {self.config.n_ctx}")
             pos = packing.positions
+            attend: Attend = PackedAttend(packing)
         else:
             if start + T > self.config.n_ctx:
                 raise ValueError(f"sequence of {start + T} tokens exceeds the context of {self.config.n_ctx}")
             pos = torch.arange(start, start + T, device=idx.device)
+            attend = CAUSAL if cache is None else CachedAttend(cache)
         h = self.drop(self.embed_tokens(idx) + self.pos_emb(pos))
         if rows is not None and B != 1:
             raise ValueError(f"rows: states are selected from one row (a packed batch), got {B} rows")
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
-            h = block(h, cache, i, packing, rows if i == last else None)
+            h = block(h, attend, i, rows if i == last else None)
         if cache is not None:
             cache.pos += T
         return h

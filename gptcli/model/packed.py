@@ -394,10 +394,23 @@ def segment_attention(
         return _FromGrid.apply(y, g.back).view(1, N, C)
     s = packing.shared_grid(qkv.device)
     if qkv.requires_grad and attention.runs_grids(qkv.device):  # training: a backward to run
-        y = _shared_training_attention(x, n_head, s, dropout, attention)
-        if y is not None:
-            return y.view(1, N, C)
+        trained = _shared_training_attention(x, n_head, s, dropout, attention)
+        if trained is not None:
+            return trained.view(1, N, C)
     return _shared_attention(qkv, n_head, s, dropout)
 
 
-__all__ = ["JAGGED_DEVICES", "Grid", "Packing", "SharedGrid", "segment_attention"]
+class PackedAttend:
+    """How the layers attend over a packed row: each sequence causally within itself (:func:`segment_attention`), an
+    attention strategy as :class:`~gptcli.model.attention.CausalAttend`."""
+
+    def __init__(self, packing: Packing) -> None:
+        self.packing = packing
+
+    def __call__(
+        self, qkv: torch.Tensor, n_head: int, dropout: float, attention: SDPAttention, layer: int
+    ) -> torch.Tensor:
+        return segment_attention(qkv, n_head, dropout, self.packing, attention)
+
+
+__all__ = ["JAGGED_DEVICES", "Grid", "PackedAttend", "Packing", "SharedGrid", "segment_attention"]
