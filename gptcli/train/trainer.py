@@ -62,7 +62,7 @@ class Trainer:
         # The CLI checks the floor before any command; a library user reaches training through here, and an older
         # torch would otherwise fail at the first update's clipping (torch_floor.py), after the data was prepared.
         check_torch()
-        self.model = model
+        self.model = kernels.apply(model, device)  # the fast CPU paths, where --kernels auto runs on CPU
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.lr_fn = lr_fn
