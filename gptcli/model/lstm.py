@@ -183,6 +183,8 @@ class LSTMLM(TiedEmbeddingLM):
     interface of :class:`~gptcli.model.gpt.GPT`.
     """
 
+    config: LSTMConfig
+
     def __init__(self, config: LSTMConfig) -> None:
         super().__init__()
         self.config = config

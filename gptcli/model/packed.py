@@ -91,8 +91,15 @@ class Packing:
         extract tokens, example by example, as the padded batch's rows; the LM targets are every full sequence's
         (each token after its first), a prefix's own targets listed once for all its answers."""
         ids: list[int] = []
-        lengths, parents, positions, extract, sequences = [], [], [], [], []
-        inputs, targets, owners, counts = [], [], [], []
+        lengths: list[int] = []
+        parents: list[int] = []
+        positions: list[int] = []
+        extract: list[int] = []
+        sequences: list[tuple[int, int]] = []
+        inputs: list[int] = []
+        targets: list[int] = []
+        owners: list[int] = []
+        counts: list[int] = []
         for prefix, group in zip(prefixes, answers):
             parent, start = len(lengths), len(ids)
             lengths.append(len(prefix))
@@ -114,17 +121,17 @@ class Packing:
                 _targets_within(row, len(answer), seg, inputs, targets, owners)
                 sequences.append((parent, seg))
                 counts.append(max(1, len(prefix) + len(answer) - 1))
-        long = dict(dtype=torch.long)
+        long = torch.long
         return ids, Packing(
             lengths,
-            torch.tensor(positions, **long),
-            torch.tensor(extract, **long),
-            torch.tensor(inputs, **long),
-            torch.tensor(owners, **long),
+            torch.tensor(positions, dtype=long),
+            torch.tensor(extract, dtype=long),
+            torch.tensor(inputs, dtype=long),
+            torch.tensor(owners, dtype=long),
             torch.tensor(counts, dtype=torch.float32),
             parents,
-            torch.tensor(targets, **long),
-            torch.tensor(sequences, **long).view(-1, 2),
+            torch.tensor(targets, dtype=long),
+            torch.tensor(sequences, dtype=long).view(-1, 2),
         )
 
     @property
@@ -162,11 +169,13 @@ class Packing:
         return max((n + (self.lengths[p] if p >= 0 else 0) for n, p in zip(self.lengths, self.parents)), default=0)
 
     def to(self, device: torch.device | str) -> Packing:
-        moved = [
+        positions, extract, lm_inputs, lm_rows, lm_counts = (
             to_device(t, device) for t in (self.positions, self.extract, self.lm_inputs, self.lm_rows, self.lm_counts)
-        ]
-        shared = [None if t is None else to_device(t, device) for t in (self.lm_targets, self.sequences)]
-        return Packing(self.lengths, *moved, self.parents, *shared)
+        )
+        lm_targets, sequences = (None if t is None else to_device(t, device) for t in (self.lm_targets, self.sequences))
+        return Packing(
+            self.lengths, positions, extract, lm_inputs, lm_rows, lm_counts, self.parents, lm_targets, sequences
+        )
 
 
 def _targets_within(start: int, n: int, owner: int, inputs: list[int], targets: list[int], owners: list[int]) -> None:

@@ -41,7 +41,7 @@ def grad_norm(params: Iterable[torch.Tensor]) -> torch.Tensor:
 def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_(params, max_norm)``: returns the norm before clipping (module docstring)."""
     params = [p for p in params if p.grad is not None]
-    grads = [p.grad for p in params]
+    grads = [p.grad for p in params if p.grad is not None]  # all of them: the filter above, spelled for mypy
     if not grads or not _cpu_fp32(grads):
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
     norm = grad_norm(params)

@@ -27,6 +27,7 @@ floating-point rounding and which units a seed drops, never the model.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -146,7 +147,8 @@ def stacked_causal_attention(
     with no copy to assemble it (in bf16, :class:`_DenseBlockedAttention`)."""
     path = path or attention_path(x.device.type, x.dtype, dropout, x.size(-2))
     if path == "sdpa":
-        return F.scaled_dot_product_attention(*x.unbind(0), dropout_p=dropout, is_causal=True)
+        q, k, v = x.unbind(0)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
     if path not in PATHS:
         raise ValueError(f"unknown attention path {path!r} (known: {', '.join(PATHS)})")
     return _written_out(x, _causal_bias, dropout, path, block_rows)
@@ -203,9 +205,9 @@ def _probabilities(
     a: int,
     alpha: float,
     dropout: float,
-    probs: list,
-    masks: list,
-    dropped: list,
+    probs: list[torch.Tensor],
+    masks: list[Mask],
+    dropped: list[torch.Tensor],
 ) -> torch.Tensor:
     """A block's attention probabilities from its queries ``q`` (N, rows, d) and keys ``kt`` (N, d, keys), the
     block's first query at position ``a``: appended to ``probs`` (and, with dropout, its :class:`Mask` to ``masks``
@@ -237,9 +239,10 @@ def _probabilities(
         d = mask.apply(p) if mask is not None else None
     probs.append(p)
     if mask is not None:
+        dropped_p = cast(torch.Tensor, d)  # both branches above fill d wherever there is a mask
         masks.append(mask)
-        dropped.append(d)
-        return d
+        dropped.append(dropped_p)
+        return dropped_p
     return p
 
 
@@ -282,7 +285,10 @@ class _BlockedAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, bias, dropout: float, bounds: tuple[int, ...]):
         alpha = 1.0 / math.sqrt(q.size(-1))
         kt = _transposed(k, len(bounds) - 1)
-        parts, probs, masks, dropped = [], [], [], []
+        parts: list[torch.Tensor] = []
+        probs: list[torch.Tensor] = []
+        masks: list[Mask] = []
+        dropped: list[torch.Tensor] = []
         for a, b in zip(bounds, bounds[1:]):
             p = _probabilities(q[:, a:b], kt[:, :, :b], bias, a, alpha, dropout, probs, masks, dropped)
             parts.append(torch.bmm(p, v[:, :b]))
@@ -354,7 +360,7 @@ class _FusedAttention(torch.autograd.Function):
         lse = q.new_empty(B, H, T)
         seed, limit = (draw_seed(x.device), threshold(dropout)) if dropout > 0.0 else (0, 0)
         scale = 1.0 / (1.0 - dropout)
-        native.library().fused_attention_forward(q, k, v, out, lse, seed, limit, scale, FUSED_ROWS)
+        native.built().fused_attention_forward(q, k, v, out, lse, seed, limit, scale, FUSED_ROWS)
         ctx.save_for_backward(x, out, lse)
         ctx.seed, ctx.limit, ctx.scale = seed, limit, scale
         ctx.layout = torch.empty_like(x, device="meta")
@@ -367,7 +373,7 @@ class _FusedAttention(torch.autograd.Function):
         if grad.stride(-1) != 1:
             grad = grad.contiguous()
         dx = torch.empty_strided(ctx.layout.shape, ctx.layout.stride(), dtype=grad.dtype, device=grad.device)
-        native.library().fused_attention_backward(
+        native.built().fused_attention_backward(
             *x.unbind(0), out, grad, lse, *dx.unbind(0), ctx.seed, ctx.limit, ctx.scale, FUSED_ROWS
         )
         return dx, None
@@ -409,7 +415,9 @@ class _DenseBlockedAttention(torch.autograd.Function):
         ks = [_dense(k, 0, b) for _, b in pairs]
         vs = [_dense(v, 0, b) for _, b in pairs]
         out = q.new_empty(B, T, H, d)
-        probs, masks, dropped = [], [], []
+        probs: list[torch.Tensor] = []
+        masks: list[Mask] = []
+        dropped: list[torch.Tensor] = []
         for i, (a, b) in enumerate(pairs):
             # As _BlockedAttention; 1/(1 − p) rides on the output's copy.
             p = _probabilities(qs[i], ks[i].transpose(1, 2), bias, a, alpha, dropout, probs, masks, dropped)

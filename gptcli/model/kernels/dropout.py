@@ -26,6 +26,8 @@ available, and the broadcast mask of ``noise_shape``.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
@@ -107,7 +109,8 @@ class Mask:
     def apply(self, x: torch.Tensor, scale: float = 1.0, inplace: bool = False) -> torch.Tensor:
         """``x · mask · scale``, into ``x`` itself if ``inplace``."""
         if self._lib is None:
-            y = x.mul_(self.tensor) if inplace else x * self.tensor
+            mask = cast(torch.Tensor, self.tensor)  # drawn by __init__ wherever there is no library
+            y = x.mul_(mask) if inplace else x * mask
             return y if scale == 1.0 else y.mul_(scale)
         x = x.contiguous()
         out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -116,7 +119,7 @@ class Mask:
     def dense(self) -> torch.Tensor:
         """The mask as a tensor of 1s and 0s in its dtype (what :meth:`apply` multiplies by)."""
         if self._lib is None:
-            return self.tensor
+            return cast(torch.Tensor, self.tensor)
         out = torch.empty(self.shape, dtype=self.dtype)
         return self._lib.dropout_mask(out, self.seed, threshold(self.p))
 

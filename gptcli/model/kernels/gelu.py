@@ -34,10 +34,10 @@ class _Gelu(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x)
-        return native.library().gelu_forward(x)
+        return native.built().gelu_forward(x)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors
-        return native.library().gelu_backward(grad.to(x.dtype), x)
+        return native.built().gelu_backward(grad.to(x.dtype), x)
