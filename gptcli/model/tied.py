@@ -23,8 +23,8 @@ PADDED_HEAD_DEVICES: tuple[str, ...] = ("cuda",)
 """Device types whose training losses take the output product against the embedding padded to aligned rows
 (:meth:`TiedProducts.training_logits`): the same loss and, within rounding, the same gradients; the padding's
 columns get none. Why: a row of GPT-1's 40,478 bf16 embedding values is not 16-byte aligned, and cuBLAS then runs
-the vocabulary-wide products with slower kernels (docs/performance.md, "padded_head"). Remove ``"cuda"`` to take the
-plain product there."""
+the vocabulary-wide products with slower kernels (docs/performance.md, the GPU table's ``padded_head``). Remove
+``"cuda"`` to take the plain product there."""
 
 
 class TiedProducts:

@@ -7,8 +7,8 @@ and under ``--kernels reference`` everywhere.
 On CPU under ``--kernels auto``, in plain PyTorch: each gradient's sum of squares is a batch of fp32 dot products
 over chunks (the BLAS, near memory speed), the chunks summed in fp64 — PyTorch's fp32 norm of a large CPU tensor
 is both slower and further from the exact norm; and a clipping factor of exactly 1 is skipped (reading the norm is
-free on CPU, where a GPU would have to wait for the device; the gradients stay bit for bit). The measurements:
-docs/performance.md, "The compiled loss and the softmax's backward" (the gradient clipping on CPU).
+free on CPU, where a GPU would have to wait for the device; the gradients stay bit for bit). Figures:
+docs/performance.md, "Kernels".
 """
 
 from __future__ import annotations
