@@ -205,6 +205,8 @@ class GPT(TiedEmbeddingLM):
     where no LM loss is needed.
     """
 
+    config: ModelConfig
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config

@@ -11,8 +11,7 @@ that attends to the prefix and causally to itself (:class:`SharedGrid`): the ans
 sequences', for a fraction of the work. Training can take it too (``gpt1 finetune --layout shared``, off by
 default; the auxiliary LM loss is the full sequences', ``losses.lm_loss_per_sequence_packed``): a deviation from the
 paper, as all the answers of an example then see the same dropout masks on the prefix. Why pack: padding would be
-multiplied by every linear layer, the LM head and the loss (docs/performance.md, "Fine-tuning throughput: packed
-batches").
+multiplied by every linear layer, the LM head and the loss (docs/performance.md, "Layout").
 """
 
 from __future__ import annotations
@@ -28,8 +27,9 @@ from gptcli.model.attention import SDPAttention
 JAGGED_DEVICES: tuple[str, ...] = ()
 """Device types on which a packed row's standalone sequences attend by ``F.scaled_dot_product_attention`` over jagged
 nested tensors (:func:`_jagged_attention`) rather than over the grid, unless the layer's attention runs the grid
-itself (the CPU kernels'). Empty: measured slower than the grid on a GPU (docs/performance.md); put ``"cuda"`` here if a
-later PyTorch or GPU makes the jagged path the faster one (``benchmarks/gpu_check.py``'s ``packed_finetune``)."""
+itself (the CPU kernels'). Empty: measured slower than the grid on a GPU (docs/performance.md, the GPU table); put
+``"cuda"`` here if a later PyTorch or GPU makes the jagged path the faster one (``benchmarks/gpu_check``'s
+``packed_finetune``)."""
 
 
 @dataclass
@@ -91,8 +91,15 @@ class Packing:
         extract tokens, example by example, as the padded batch's rows; the LM targets are every full sequence's
         (each token after its first), a prefix's own targets listed once for all its answers."""
         ids: list[int] = []
-        lengths, parents, positions, extract, sequences = [], [], [], [], []
-        inputs, targets, owners, counts = [], [], [], []
+        lengths: list[int] = []
+        parents: list[int] = []
+        positions: list[int] = []
+        extract: list[int] = []
+        sequences: list[tuple[int, int]] = []
+        inputs: list[int] = []
+        targets: list[int] = []
+        owners: list[int] = []
+        counts: list[int] = []
         for prefix, group in zip(prefixes, answers):
             parent, start = len(lengths), len(ids)
             lengths.append(len(prefix))
@@ -114,17 +121,17 @@ class Packing:
                 _targets_within(row, len(answer), seg, inputs, targets, owners)
                 sequences.append((parent, seg))
                 counts.append(max(1, len(prefix) + len(answer) - 1))
-        long = dict(dtype=torch.long)
+        long = torch.long
         return ids, Packing(
             lengths,
-            torch.tensor(positions, **long),
-            torch.tensor(extract, **long),
-            torch.tensor(inputs, **long),
-            torch.tensor(owners, **long),
+            torch.tensor(positions, dtype=long),
+            torch.tensor(extract, dtype=long),
+            torch.tensor(inputs, dtype=long),
+            torch.tensor(owners, dtype=long),
             torch.tensor(counts, dtype=torch.float32),
             parents,
-            torch.tensor(targets, **long),
-            torch.tensor(sequences, **long).view(-1, 2),
+            torch.tensor(targets, dtype=long),
+            torch.tensor(sequences, dtype=long).view(-1, 2),
         )
 
     @property
@@ -162,11 +169,13 @@ class Packing:
         return max((n + (self.lengths[p] if p >= 0 else 0) for n, p in zip(self.lengths, self.parents)), default=0)
 
     def to(self, device: torch.device | str) -> Packing:
-        moved = [
+        positions, extract, lm_inputs, lm_rows, lm_counts = (
             to_device(t, device) for t in (self.positions, self.extract, self.lm_inputs, self.lm_rows, self.lm_counts)
-        ]
-        shared = [None if t is None else to_device(t, device) for t in (self.lm_targets, self.sequences)]
-        return Packing(self.lengths, *moved, self.parents, *shared)
+        )
+        lm_targets, sequences = (None if t is None else to_device(t, device) for t in (self.lm_targets, self.sequences))
+        return Packing(
+            self.lengths, positions, extract, lm_inputs, lm_rows, lm_counts, self.parents, lm_targets, sequences
+        )
 
 
 def _targets_within(start: int, n: int, owner: int, inputs: list[int], targets: list[int], owners: list[int]) -> None:
@@ -286,10 +295,10 @@ def _shared_attention(qkv: torch.Tensor, n_head: int, s: SharedGrid, dropout: fl
     """:func:`segment_attention` of a shared-prefix row: (1, N, 3·C) → (1, N, C), by PyTorch's SDPA with the
     grid's mask (with ``dropout`` on the probabilities and autograd's backward when training).
 
-    The grid gathers whole token rows of ``qkv`` (``index_select`` of contiguous rows: a third of the time of
-    gathering per head) and attention reads q, k and v as strided views of them, in one call to PyTorch's SDPA with
-    the grid's mask. Measured against the alternatives (docs/performance.md): two calls (the prefixes causally, then
-    the answers against them) and the written-out kernel of ``kernels/attention.py`` were both slower on these
+    The grid gathers whole token rows of ``qkv`` (``index_select`` of contiguous rows: faster than gathering per head)
+    and attention reads q, k and v as strided views of them, in one call to PyTorch's SDPA with the grid's mask.
+    Measured against the alternatives (docs/performance.md, "Layout"): two calls (the prefixes causally, then the
+    answers against them) and the written-out kernel of ``kernels/attention.py`` were both slower on these
     grids at evaluation, even for RACE's long passages (training, with a backward, takes the kernel:
     :func:`segment_attention`)."""
     x, C = qkv[0], qkv.size(2) // 3
@@ -305,7 +314,7 @@ def _shared_training_attention(
     """``attention``'s own masked form over a shared-prefix grid (the CPU kernels' written-out attention, with its
     hand-written backward and the grid's mask as an additive bias): (N, 3, H, hd) → (N, H, hd); None where it has
     no path for the dtype (SDPA then). With a backward to run it beat SDPA with a mask on these grids, most with
-    dropout, where SDPA on CPU has no fused kernel (docs/performance.md, "Shared-prefix training")."""
+    dropout, where SDPA on CPU has no fused kernel (docs/performance.md, "Layout")."""
     y = attention.masked(_ToGrid.apply(x, s.cells, s.back), s.bias(n_head, x.dtype), dropout)
     return None if y is None else _FromGrid.apply(y, s.back)
 
@@ -315,9 +324,9 @@ class _ToGrid(torch.autograd.Function):
     (G, W): (3, G, H, W, hd), a permuted view of the (G, W, 3, H, hd) gather of whole token rows, which attention
     reads as it reads the fused projection (any strides; the kernels lay out their own operands). Gathering whole
     rows (``index_select``: contiguous 3·C-wide copies) instead of each head's hd values into a contiguous grid made
-    a packed attention layer 1.15× faster in bf16 and 1.05× in fp32 (docs/performance.md). The backward is a row
+    a packed attention layer faster in bf16 and fp32 (docs/performance.md, "Kernels"). The backward is a row
     gather too: every real token sits in one cell, and the pad cells' gradient is zero (:class:`Grid`), so no
-    accumulation is needed (autograd's own backward of the indexing scatters with accumulation, 2× slower on CPU)."""
+    accumulation is needed (autograd's own backward of the indexing scatters with accumulation, slower on CPU)."""
 
     @staticmethod
     def forward(ctx, x, cells, back):
@@ -361,7 +370,7 @@ def _jagged_attention(x: torch.Tensor, dropout: float, packing: Packing) -> torc
     nested tensors (:data:`JAGGED_DEVICES`): q, k and v each a nested tensor of the row's sequences (S, H, j, hd)
     over the packing's offsets, autograd's own backward. The shortest and longest lengths are given from the host's
     ``lengths``, so that nothing reads them back from the device. Each of q, k and v is made contiguous first, the
-    form the GPU probe of ``gpu_check.py`` ran."""
+    form the GPU probe of ``benchmarks/gpu_check`` ran."""
     offsets, lo, hi = packing.offsets(x.device), min(packing.lengths), max(packing.lengths)
     q, k, v = (
         torch.nested.nested_tensor_from_jagged(t.contiguous(), offsets, min_seqlen=lo, max_seqlen=hi).transpose(1, 2)

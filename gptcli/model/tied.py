@@ -9,6 +9,8 @@ that returns hidden states of the embedding's width.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -21,8 +23,8 @@ PADDED_HEAD_DEVICES: tuple[str, ...] = ("cuda",)
 """Device types whose training losses take the output product against the embedding padded to aligned rows
 (:meth:`TiedProducts.training_logits`): the same loss and, within rounding, the same gradients; the padding's
 columns get none. Why: a row of GPT-1's 40,478 bf16 embedding values is not 16-byte aligned, and cuBLAS then runs
-the vocabulary-wide products with slower kernels (docs/performance.md, "padded_head"). Remove ``"cuda"`` to take the
-plain product there."""
+the vocabulary-wide products with slower kernels (docs/performance.md, the GPU table's ``padded_head``). Remove
+``"cuda"`` to take the plain product there."""
 
 
 class TiedProducts:
@@ -58,10 +60,18 @@ class TiedProducts:
         return next_token_nll(logits, targets, reduction=reduction, classes=classes)
 
 
+class SpecialTokenConfig(Protocol):
+    """What :meth:`TiedEmbeddingLM.add_special_tokens` reads and updates in a model's config."""
+
+    init_std: float
+    n_special: int
+
+
 class TiedEmbeddingLM(nn.Module):
     """The output side of a language model whose softmax weights are its token embedding (paper §3.1: ``W_e``)."""
 
     tok_emb: nn.Embedding
+    config: SpecialTokenConfig
     tied: TiedProducts = TiedProducts()
     """The lookup, output product and loss (a seam: ``gptcli.model.kernels.apply`` gives a model its own)."""
 

@@ -7,8 +7,8 @@ and under ``--kernels reference`` everywhere.
 On CPU under ``--kernels auto``, in plain PyTorch: each gradient's sum of squares is a batch of fp32 dot products
 over chunks (the BLAS, near memory speed), the chunks summed in fp64 — PyTorch's fp32 norm of a large CPU tensor
 is both slower and further from the exact norm; and a clipping factor of exactly 1 is skipped (reading the norm is
-free on CPU, where a GPU would have to wait for the device; the gradients stay bit for bit). The measurements:
-docs/performance.md, "The compiled loss and the softmax's backward" (the gradient clipping on CPU).
+free on CPU, where a GPU would have to wait for the device; the gradients stay bit for bit). Figures:
+docs/performance.md, "Kernels".
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def grad_norm(params: Iterable[torch.Tensor]) -> torch.Tensor:
 def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_(params, max_norm)``: returns the norm before clipping (module docstring)."""
     params = [p for p in params if p.grad is not None]
-    grads = [p.grad for p in params]
+    grads = [p.grad for p in params if p.grad is not None]  # all of them: the filter above, spelled for mypy
     if not grads or not _cpu_fp32(grads):
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
     norm = grad_norm(params)

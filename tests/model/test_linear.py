@@ -1,6 +1,6 @@
-"""The linear layers' AMX bf16 training form (gptcli/model/kernels/linear.py, applied as kernels/layers.py's Linear): autocast's
-forward and input gradient bit for bit, the weight gradient from a dense transposed operand within one bf16
-rounding of autocast's, taken only where it applies."""
+"""The linear layers' AMX bf16 training form (gptcli/model/kernels/linear.py, applied as kernels/layers.py's
+Linear): autocast's forward and input gradient bit for bit, the weight gradient from a dense transposed operand
+within one bf16 rounding of autocast's, taken only where it applies."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The CPU flags that choose between the kernels' forms, read from /proc/cpuinfo once, never timed.
 
-AMX (``amx_bf16``) makes bf16 products several times the fp32 peak, so some kernels take other forms there; an AMD
-Zen 5's full-width AVX-512 runs oneDNN's float32 products at twice MKL's speed (``onednn.py``). The kernels ask
+AMX (``amx_bf16``) makes bf16 products several times the fp32 peak, so some kernels take other forms there; on
+AMD CPUs whose AVX-512 FMA units are full width, oneDNN's float32 products outrun MKL's (``onednn.py``). The kernels ask
 :func:`amx` and :func:`onednn_fp32`, which tests can force either way.
 """
 
@@ -13,13 +13,13 @@ from gptcli.system import runtime
 
 
 def cpu_has_amx() -> bool:
-    """Whether the CPU multiplies bf16 matrices on AMX tiles (``amx_bf16``, Intel Sapphire Rapids and later)."""
+    """Whether the CPU multiplies bf16 matrices on AMX tiles (``amx_bf16``)."""
     return "amx_bf16" in runtime._cpu_flags()
 
 
 def cpu_has_full_width_avx512() -> bool:
-    """Whether the CPU is an AMD one of family 1Ah or later (Zen 5: ``cpu family : 26``) with AVX-512, whose
-    512-bit FMA units are full width (Zen 4's, family 19h, take each instruction twice). Asked for every linear
+    """Whether the CPU is an AMD one of family 1Ah or later (``cpu family : 26``) with AVX-512, whose 512-bit FMA
+    units are full width (family 19h's take each instruction twice). Asked for every linear
     layer's product: the text is parsed once."""
     return _full_width_avx512(runtime._cpu_flags())
 
@@ -58,7 +58,7 @@ _onednn_forced: bool | None = None  # set by force_onednn_fp32() (tests, benchma
 
 def onednn_fp32() -> bool:
     """Whether the float32 products of the linear layers and the tied output layer run on oneDNN rather than MKL
-    (``onednn.py``): an AMD Zen 5 or later (``cpu.py``'s ``cpu_has_full_width_avx512``, read once), never a
+    (``onednn.py``): an AMD CPU with full-width AVX-512 (``cpu.py``'s ``cpu_has_full_width_avx512``, read once), never a
     timing. Both compute float32 products, in other orders of sums, so :func:`force_onednn_fp32` lets tests and
     benchmarks run either on any CPU."""
     if _onednn_forced is not None:

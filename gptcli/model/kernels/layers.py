@@ -52,7 +52,7 @@ class GELU(nn.GELU):
 
 class Linear(nn.Linear):
     """``nn.Linear``; a training product's weight gradient (AMX bf16) and bias gradient (float32 column sums), and
-    on an AMD Zen 5 the float32 products, by ``linear.py``."""
+    on CPUs with full-width AVX-512 (``cpu.onednn_fp32``) the float32 products, by ``linear.py``."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if enabled(x.device):

@@ -5,13 +5,12 @@ over the positions, so its left operand is a transposed view, which oneDNN's bf1
 dense speed. :class:`_AmxLinear` (bf16 autocast on an AMX CPU) lays the narrower operand out transposed and dense
 first (``transpose.cpp``) and keeps autocast's forward and input gradient; :class:`_Fp32Linear` (float32) keeps
 autograd's products, bit for bit. Both take the bias gradient as float32 column sums (``column_sums.cpp``), within
-autocast's bf16 rounding and closer to the exact sum. On an AMD Zen 5 the float32 products, and a large one without
-gradients (:func:`fp32_inference_linear`), are oneDNN's (``onednn.py``).
+autocast's bf16 rounding and closer to the exact sum. On CPUs with full-width AVX-512 the float32 products, and a
+large one without gradients (:func:`fp32_inference_linear`), are oneDNN's (``onednn.py``).
 
 Why a separate form rather than a flag on the reference: the same function, in another order of products, so
 tests compare the two (tests/model/test_linear.py). Only training takes either form, only with the library built
-with AVX-512, never inside ``torch.compile``. Measurements: docs/performance.md, "AMX Xeon, tenth session" and
-"AMX Xeon, twelfth session".
+with AVX-512, never inside ``torch.compile``. Figures: docs/performance.md, "Kernels".
 """
 
 from __future__ import annotations
@@ -78,7 +77,7 @@ def fp32_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 def fp32_inference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
     """``F.linear(x, weight, bias)`` without gradients by oneDNN where its float32 products are the faster
-    (``onednn.py``: an AMD Zen 5), for at least ``MIN_POSITIONS`` positions (evaluation, scoring, a prompt; a
+    (``onednn.py``: full-width AVX-512), for at least ``MIN_POSITIONS`` positions (evaluation, scoring, a prompt; a
     decoding step's few rows keep MKL's); ``None`` elsewhere."""
     if not onednn.inference_applies(x, weight, MIN_POSITIONS):
         return None
@@ -136,8 +135,8 @@ class _AmxLinear(torch.autograd.Function):
 class _Fp32Linear(torch.autograd.Function):
     """``F.linear(x, weight, bias)`` in float32 with autograd's own products (``x·wᵀ + b``; ``dx = g·w``; ``dw = gᵀ·x``,
     the very calls autograd's ``addmm`` backward makes, so bit for bit) and the bias gradient by
-    :func:`column_sums` (each column in row order: within float32 rounding of PyTorch's sum). With ``dnn`` (an
-    AMD Zen 5, ``onednn.py``) the same three products by oneDNN, the gradients' from dense transposed operands:
+    :func:`column_sums` (each column in row order: within float32 rounding of PyTorch's sum). With ``dnn`` (full-width
+    AVX-512, ``onednn.py``) the same three products by oneDNN, the gradients' from dense transposed operands:
     within float32 rounding."""
 
     @staticmethod

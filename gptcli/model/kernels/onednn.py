@@ -1,15 +1,15 @@
-"""Float32 products by oneDNN on an AMD Zen 5, where MKL runs them at half the CPU's speed.
+"""Float32 products by oneDNN on AMD CPUs whose AVX-512 FMA units are full width, where MKL leaves half unused.
 
-Reference: ``F.linear`` and autograd's ``mm`` in float32, which PyTorch's x86 builds hand to MKL's sgemm. On AMD
-CPUs MKL takes its AVX2 code, which leaves half of a Zen 5's full-width AVX-512 float32 peak unused; oneDNN, which
+Reference: ``F.linear`` and autograd's ``mm`` in float32, which PyTorch's x86 builds hand to MKL's sgemm. Why: on
+AMD CPUs MKL takes its AVX2 code, which leaves half of a full-width AVX-512 float32 peak unused; oneDNN, which
 PyTorch ships for its bf16 products, chooses its code by the CPU's features, not its vendor. The entry point is
 ``torch.ops.mkldnn._linear_pointwise``, the op PyTorch's Inductor CPU backend emits for a linear layer; it copies a
 transposed view, so the gradients' products get dense transposed operands from ``transpose.py`` instead.
 
 oneDNN's default math mode is strict: float32 products summed in another order than MKL's, within float32
 rounding of the reference (tests/model/test_onednn.py). Which CPU takes it is ``cpu.onednn_fp32()``, a flag read
-from /proc/cpuinfo, never a timing; a Zen 4 and Intel CPUs keep MKL. Only float32 tensors on CPU, outside autocast
-and ``torch.compile``. Measurements: docs/performance.md, "AMD EPYC Zen 5, fourteenth session".
+from /proc/cpuinfo, never a timing (cpu family ≥ 26); half-width AVX-512 and Intel CPUs keep MKL. Only float32
+tensors on CPU, outside autocast and ``torch.compile``. Figures: docs/performance.md, "Kernels".
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ On an AMX CPU the bf16 training product is :class:`_AmxPaddedProduct`, its opera
 kernels. Which product runs is :func:`padding_is_faster`, by shape and CPU flags, never a timing.
 
 Tests: tests/model/test_tied.py (the padded products give the plain ones' logits, loss and gradients).
-Measurements: docs/performance.md, "The rest of the step" and "AMX Xeon, twelfth session".
+Figures: docs/performance.md, "Kernels".
 """
 
 from __future__ import annotations
@@ -38,16 +38,14 @@ def padding_is_faster(h: torch.Tensor, w: torch.Tensor, training: bool = False) 
 
     A bf16 training product pads at any number of positions on a CPU without AMX: autocast casts the embedding
     anyway, and the padded cast (``_padded_copy``, once per update in the trainer's region) costs what the plain
-    one does, so there is no copy for the alignment to pay for. On an AMD Zen 5 the weight gradient's product at
-    1,013 positions took 138 ms 40,478 rows wide and 91 ms 40,512 rows wide (docs/performance.md, fifteenth
-    session): fine-tuning's micro-batches of about a thousand positions gain the most. On AMX the padded product
-    is measured from ``PAD_MIN_POSITIONS`` only and keeps that bound.
+    one does, so there is no copy for the alignment to pay for; the weight gradient's product gains most at
+    fine-tuning's micro-batches of about a thousand positions (docs/performance.md, "Kernels"). On AMX the padded
+    product is measured from ``PAD_MIN_POSITIONS`` only and keeps that bound.
 
-    fp32 is machine-dependent: on the AMD Zen 4 the BLAS ran GPT-1's 40,478-row products far slower than aligned
-    ones (forward 1.01 vs 0.70–0.73 s), while on the AMX Xeon the plain product and loss measured faster than the
-    padded ones, forward + backward 1,005 vs 1,056 ms at 2,048 positions and 523 vs 560 ms at 1,054 (the pad's
-    copy of the embedding costs more than alignment gains there: docs/performance.md). ``cpu.amx()`` is the
-    CPU flag that tells the two machines apart; an Intel CPU without AMX keeps the padding (not measured)."""
+    fp32 depends on the CPU: on an AVX-512 CPU without AMX the BLAS ran GPT-1's 40,478-row products far slower
+    than aligned ones, while on CPUs with AMX tiles the plain product and loss measured faster than the padded
+    ones (the pad's copy of the embedding costs more than alignment gains there). ``cpu.amx()`` is the CPU flag
+    that tells the two apart; an Intel CPU without AMX keeps the padding (not measured)."""
     if w.device.type != "cpu" or w.size(0) % PAD_ROWS_TO == 0:
         return False
     large = h.numel() >= PAD_MIN_POSITIONS * h.size(-1)
@@ -65,7 +63,8 @@ def output_logits(h: torch.Tensor, w: torch.Tensor, link: Link | None = None) ->
         with torch.autocast("cpu", enabled=False):
             logits = _LinkedProduct.apply(h.to(dtype), w, link, pad)
         return logits[..., : w.size(0)] if pad else logits
-    # Without gradients, from PAD_MIN_POSITIONS positions, an AMD Zen 5's float32 product is oneDNN's (onednn.py).
+    # Without gradients, from PAD_MIN_POSITIONS positions, a full-width AVX-512 CPU's float32 product is oneDNN's
+    # (onednn.py).
     linear = onednn.linear if onednn.inference_applies(h, w, PAD_MIN_POSITIONS) else F.linear
     if pad:
         return linear(h, pad_rows(w))[..., : w.size(0)]
@@ -114,12 +113,11 @@ class _LinkedProduct(torch.autograd.Function):
     tensor (in fp32 with ``pad``, a view of one without the padding's rows) where autograd's ``mm`` backward returns
     a transposed view, which autograd could not add into in place.
 
-    In float32 on an AMD Zen 5 (``onednn.py``) the three products are oneDNN's, the gradients' from dense
-    transposed operands: within float32 rounding of the reference's.
+    In float32 on CPUs with full-width AVX-512 (``onednn.py``) the three products are oneDNN's, the gradients' from
+    dense transposed operands: within float32 rounding of the reference's.
 
-    Without AMX, bf16 training took the plain product, so the lookup's gradient was a zero-filled fp32 tensor as
-    large as the vocabulary, added to this one: 34-38 ms per micro-batch of 1,024 positions on an AMD Zen 5, 1-2 %
-    of a bf16 fine-tuning update (docs/performance.md)."""
+    Without it, bf16 training on a CPU without AMX took the plain product, so the lookup's gradient was a
+    zero-filled fp32 tensor as large as the vocabulary, added to this one on every micro-batch."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, w: torch.Tensor, link: Link, pad: bool) -> torch.Tensor:
