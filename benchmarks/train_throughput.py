@@ -70,11 +70,11 @@ def bench_size(size: str, args: argparse.Namespace, peak: dict[str, float]) -> l
 
     from gptcli.interop.hf import config_to_hf, state_dict_to_hf
     from gptcli.model.gpt import GPT, preset
-    from gptcli.model.kernels import set_kernels
+    from gptcli.model.kernels import apply, set_kernels
 
     cfg = preset(size)
     torch.manual_seed(0)
-    ours = GPT(cfg).train()
+    ours = apply(GPT(cfg).train(), "cpu")  # the kernels where the mode is auto (the ablation switches it off)
     models = {"ours": ours}
     if not args.no_ablations:
         # The same model and optimizer state; only the kernel mode differs.

@@ -44,6 +44,7 @@ from gptcli.files.fsutil import (
     temp_sibling,
 )
 from gptcli.files.outputs import foreign_entries
+from gptcli.model import kernels
 from gptcli.model.build import TRANSFORMER, AnyConfig, LanguageModel, arch_of, build_model, config_class
 
 FORMAT = 1
@@ -406,7 +407,7 @@ def _load_checkpoint(p: Path, map_location: str | torch.device, load_tokenizer: 
         model.load_state_dict(body, strict=True, assign=True)
     except RuntimeError as e:
         raise GPT1Error(f"{p / WEIGHTS}: weights do not match the config ({str(e).splitlines()[0]})") from None
-    model.eval()
+    kernels.apply(model.eval(), map_location)  # the fast CPU paths, where --kernels auto runs on CPU
     _check_finite(p / WEIGHTS, tensors)
     tok = None
     if load_tokenizer and (p / TOKENIZER).is_dir():

@@ -71,13 +71,25 @@ def _deterministic_torch():
     yield
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _compiled_kernels_built_first():
-    """Build (or load) the compiled CPU kernels before any test: a run's first build is a progress stage of its own
-    (``gptcli.model.kernels.prepare``), so without this, which test ran first would change what a run reports."""
+MODEL_TESTS = REPO / "tests" / "model"
+"""The model's own tests: the reference model's compile nothing, the kernels' build the library when they use it."""
+
+
+@pytest.fixture(scope="session")
+def compiled_kernels():
+    """The compiled CPU kernels, built (or loaded) once."""
     from gptcli.model.kernels import native
 
-    native.library()
+    return native.library()
+
+
+@pytest.fixture(autouse=True)
+def _compiled_kernels_built_before_runs(request):
+    """Outside tests/model, build the compiled kernels before the test: a run under ``--kernels auto`` reports their
+    first build as a progress stage of its own (``gptcli.model.kernels.prepare``), so without this, which test ran
+    first would change what a run reports."""
+    if MODEL_TESTS not in Path(request.node.path).parents:
+        request.getfixturevalue("compiled_kernels")
     yield
 
 

@@ -1,6 +1,6 @@
 """The package's shape, checked: rooms import downwards only, no cycles, UI stays in the command layer, private
-torch/Typer names and the fast CPU kernels stay in the model's kernels room, no function over 80 lines and no module
-over 750 (an alarm, not a reason to split).
+torch/Typer names and the fast CPU kernels stay in the model's kernels room (which the model never imports), no
+function over 80 lines and no module over 750 (an alarm, not a reason to split).
 
 Every rule reads the source with ``ast`` (function-local imports included), so it holds whether or not a code path
 runs. docs/architecture.md draws the same rooms; when a rule here changes, change the picture too.
@@ -61,7 +61,7 @@ ONE_DEFINITION = {
     "RunState": "gptcli.train.run.loop",
 }
 # The fast CPU kernels' room inside the model (gptcli/model/kernels/): the one place that may use private torch
-# functions, imported by the model only after the switch said yes (gptcli.model.kernels.enabled).
+# functions, applied to a built model from outside (gptcli.model.kernels.apply); the model imports nothing of it.
 KERNELS = "gptcli.model.kernels"
 PRIVATE_ROOTS = ("torch", "typer", "click")
 
@@ -379,27 +379,23 @@ def _top_level_imports(path: Path, module: str) -> set[str]:
     }
 
 
-def test_kernel_modules_load_only_when_the_switch_says_so() -> None:
-    """Outside the kernels room a kernel module is imported inside a function only (after
-    ``kernels.enabled``), and only by the model, so ``--kernels reference`` never loads one
-    (tests/model/test_kernels.py checks it at run time); the kernels import nothing of gptcli but the floor and
-    each other (so the reference they must equal is never their dependency)."""
+def test_the_model_imports_nothing_of_the_kernels_and_the_kernels_nothing_of_the_model() -> None:
+    """The reference model (gptcli/model/ outside kernels/) is plain PyTorch and imports nothing from the kernels,
+    which a run applies to a built model (``kernels.apply``); outside the model no module imports a kernel module at
+    its top level, so ``--kernels reference`` never loads one (tests/model/test_kernels.py checks it at run time);
+    the kernels import nothing of gptcli but the floor and each other (so the reference they must equal is never
+    their dependency)."""
     bad = []
     for mod, path in MODULES.items():
         inside = mod == KERNELS or mod.startswith(KERNELS + ".")
         for imported, line in _imports(path, mod):
-            if not imported.startswith(KERNELS + "."):
-                if (
-                    inside
-                    and imported.startswith("gptcli")
-                    and imported in MODULES
-                    and not (imported == KERNELS or _room(imported) == "ground")
-                ):
-                    bad.append(f"{path.relative_to(PKG.parent)}:{line}: the kernels import {imported}")
-                continue
-            if not inside and (_room(mod) != "model" or imported in _top_level_imports(path, mod)):
-                bad.append(
-                    f"{path.relative_to(PKG.parent)}:{line}: imports {imported} "
-                    "(only the model may, inside the function that asked kernels.enabled)"
-                )
+            where = f"{path.relative_to(PKG.parent)}:{line}"
+            kernel = imported == KERNELS or imported.startswith(KERNELS + ".")
+            if inside:
+                if imported.startswith("gptcli") and imported in MODULES and not kernel and _room(imported) != "ground":
+                    bad.append(f"{where}: the kernels import {imported}")
+            elif kernel and _room(mod) == "model":
+                bad.append(f"{where}: the model imports {imported} (apply the kernels from outside: kernels.apply)")
+            elif imported.startswith(KERNELS + ".") and imported in _top_level_imports(path, mod):
+                bad.append(f"{where}: imports {imported} at the top level (only inside a function, after the switch)")
     assert not bad, "\n".join(bad)

@@ -25,7 +25,7 @@ from gptcli.data.shards import Corpus, open_corpus, tokenizer_fingerprint
 from gptcli.errors import GPT1Error
 from gptcli.model.build import LanguageModel
 from gptcli.model.kernels import use_kernels
-from gptcli.model.losses import IGNORE, next_token_nll
+from gptcli.model.losses import IGNORE
 from gptcli.progress import SILENT, Progress, staged
 from gptcli.system.runtime import Precision, autocast, resolve_device, resolve_precision
 
@@ -126,7 +126,7 @@ def _batch_nll(
     y = y.to(device)
     with autocast(device, precision):
         logits = model.lm_logits(model(x))
-    nll = next_token_nll(logits, y, reduction="sum")
+    nll = model.next_token_nll(logits, y, reduction="sum")  # the model's loss (the kernels' where applied)
     return nll.double(), int((y != IGNORE).sum())
 
 

@@ -11,7 +11,7 @@ later command (finetune, eval, zeroshot, generate) builds the right class withou
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Union
+from typing import Any, cast
 
 import torch
 
@@ -24,9 +24,9 @@ TRANSFORMER = "transformer"
 ARCHS: dict[str, tuple[type, type]] = {TRANSFORMER: (ModelConfig, GPT), lstm.ARCH: (LSTMConfig, LSTMLM)}
 """arch name → (config class, model class)."""
 
-AnyConfig = Union[ModelConfig, LSTMConfig]
-LanguageModel = Union[GPT, LSTMLM]
-DecodeState = Union[KVCache, LSTMState]
+AnyConfig = ModelConfig | LSTMConfig
+LanguageModel = GPT | LSTMLM
+DecodeState = KVCache | LSTMState
 
 PRESETS: dict[str, AnyConfig] = {**gpt.PRESETS, **lstm.PRESETS}
 """Every named model: the Transformer's (gpt1, tiny) and the LSTM's (lstm, lstm-tiny)."""
@@ -87,7 +87,7 @@ def with_dropout(model: LanguageModel, p: float) -> LanguageModel:
     """``model`` with every dropout probability of its architecture set to ``p``: a model of that config holding
     the same parameters and buffers (``model`` itself where they already are ``p``). The new model's own
     initialisation draws from a forked RNG, so the caller's random stream is what it would have been without."""
-    fields = dict.fromkeys(_dropout_fields(type(model.config)), p)
+    fields: dict[str, Any] = dict.fromkeys(_dropout_fields(type(model.config)), p)
     if all(getattr(model.config, name) == value for name, value in fields.items()):
         return model
     with torch.random.fork_rng(devices=[]):
@@ -122,7 +122,8 @@ def repeat_cache(model: LanguageModel, cache: DecodeState, n: int) -> DecodeStat
     shared context)."""
     if isinstance(cache, LSTMState):
         return cache.repeat(n)
-    big = KVCache(model.config, n, device=cache.k[0].device, dtype=cache.k[0].dtype, length=cache.k[0].size(2))
+    config = cast(GPT, model).config  # a KV cache is only ever a GPT's
+    big = KVCache(config, n, device=cache.k[0].device, dtype=cache.k[0].dtype, length=cache.k[0].size(2))
     end = cache.pos
     for layer in range(len(big.k)):
         big.k[layer][:, :, :end] = cache.k[layer][:, :, :end]

@@ -1,19 +1,17 @@
 """The tied output layer and its training loss over blocks of rows, never the whole logits: a candidate for CUDA.
 
-GPT-1's output layer multiplies every position by the 40,478-row embedding. The plain training loss writes the
-whole ``positions × 40,478`` logits (2.65 GB in bf16 at the paper's 64 × 512 batch), reads them for the softmax,
-writes their gradient and reads it again for the two gradient products. Here the loss of each block of
-``CHUNK_ROWS`` positions is taken right after its logits, and so are its gradients: the block's softmax minus the
-one-hot target is the logits' gradient, which gives the block's input gradient (``g · W``) and its share of the
-weight gradient (``gᵀ · h``, summed in fp32) at once. The forward pass then holds both gradients, and the backward
-pass only scales them by the loss's incoming gradient: the same products and the same mathematics
-(``F.cross_entropy`` of ``F.linear``), without the vocabulary-wide tensors. The idea is the one of Liger Kernel's
-fused linear cross-entropy; this is plain PyTorch.
+Why: the plain training loss writes the whole ``positions × 40,478`` logits, reads them for the softmax, writes
+their gradient and reads it again for the two gradient products. Here the loss of each block of ``CHUNK_ROWS``
+positions is taken right after its logits, and so are its gradients: the block's softmax minus the one-hot target
+is the logits' gradient, which gives the block's input gradient (``g · W``) and its share of the weight gradient
+(``gᵀ · h``, summed in fp32) at once. The backward pass only scales them by the loss's incoming gradient: the same
+mathematics (``F.cross_entropy`` of ``F.linear``) without the vocabulary-wide tensors, the idea of Liger Kernel's
+fused linear cross-entropy in plain PyTorch.
 
 Only for a mean over the targets (``lm_nll``, pretraining's loss) with gradients wanted, in bf16 or fp32 (fp16's
-range is too narrow for gradients made before the loss scale reaches them: :func:`applies`). The devices that take it
-are named in :data:`CHUNKED_LOSS_DEVICES`: none until a GPU measures it (``benchmarks/gpu_check.py``'s
-``chunked_loss``). The CPU has its own blockwise loss (``kernels/losses.py``).
+range is too narrow for gradients made before the loss scale reaches them: :func:`applies`), on the devices of
+:data:`CHUNKED_LOSS_DEVICES`: none until a GPU measures it (``benchmarks/gpu_check``'s ``chunked_loss``). The CPU
+has its own blockwise loss (``kernels/losses.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from gptcli.system.runtime import product_dtype
 
 CHUNKED_LOSS_DEVICES: tuple[str, ...] = ()
 """Device types whose training loss (``TiedEmbeddingLM.lm_nll``, outside the CPU kernels) is :func:`chunked_nll`.
-Empty until a GPU measures it against the padded product (``gpu_check``'s ``chunked_loss``)."""
+Empty until a GPU measures it against the padded product (``benchmarks/gpu_check``'s ``chunked_loss``)."""
 
 CHUNK_ROWS = 4096
 """Positions per block: ``4096 × 40,512`` fp32 logits are 0.66 GB, a quarter of the whole bf16 logits at 64 × 512,

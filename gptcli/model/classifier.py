@@ -1,4 +1,5 @@
-"""A fine-tuned model: the language-model body (GPT-1, or the LSTM baseline) and its task head as one module, and batched inference with it (paper §3.2).
+"""A fine-tuned model: the language-model body (GPT-1, or the LSTM baseline) and its task head as one module,
+and batched inference with it (paper §3.2).
 
 Training and evaluation share this module: ``gptcli.train.finetune`` optimises a :class:`FinetuneModel` (one
 optimizer, one state dict for body + head) and scores the dev split after every epoch with :func:`predict`;
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from gptcli.model.heads import TaskHead
 from gptcli.model.packed import Packing
 from gptcli.progress import SILENT, Progress
 from gptcli.system.runtime import autocast
@@ -27,7 +29,7 @@ class FinetuneModel(nn.Module):
     module (one optimizer, one state dict). The body is ``.gpt`` whatever its architecture: the name is part of the
     fine-tuning code's vocabulary (``run.model.gpt``) and of the best epoch's saved weights."""
 
-    def __init__(self, gpt: nn.Module, head: nn.Module) -> None:
+    def __init__(self, gpt: nn.Module, head: TaskHead) -> None:
         super().__init__()
         self.gpt = gpt
         self.head = head

@@ -2,8 +2,9 @@
 
 Decoding runs incrementally with the model's decoding state (:func:`gptcli.model.build.new_cache`: the Transformer's
 :class:`~gptcli.model.gpt.KVCache`, the LSTM's recurrent :class:`~gptcli.model.lstm.LSTMState`): the prompt is encoded
-once, then each new token costs one position. Only real vocabulary ids can be emitted: the logits of the special token rows
-(start/delimiter/extract, appended for fine-tuning) and anything past the tokenizer's vocabulary are masked out —
+once, then each new token costs one position. Only real vocabulary ids can be emitted: the logits of the special
+token rows (start/delimiter/extract, appended for fine-tuning) and anything past the tokenizer's vocabulary are masked
+out —
 the released code's tied output matrix even spans the position rows, and sampling those would be meaningless.
 GPT-1 has no end-of-text token, so generation stops after ``max_new_tokens`` or when the context is full.
 
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 
 from gptcli.model.build import AnyConfig, DecodeState, LanguageModel, new_cache, repeat_cache
-from gptcli.model.kernels import config_default
+from gptcli.system.runtime import config_default
 
 SAMPLING_ONLY = ("temperature", "top_k", "top_p", "seed")
 """The settings only sampling reads: ``greedy`` ignores them."""

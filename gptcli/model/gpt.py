@@ -20,11 +20,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptcli.model.activation import gelu
-from gptcli.model.attention import causal_attention, causal_self_attention
+from gptcli.model.activation import GELU
+from gptcli.model.attention import CAUSAL, Attend, SDPAttention
 from gptcli.model.dropout import Dropout
-from gptcli.model.linear import Linear
-from gptcli.model.packed import Packing, segment_attention
+from gptcli.model.packed import PackedAttend, Packing
 from gptcli.model.tied import TiedEmbeddingLM
 
 
@@ -109,53 +108,53 @@ class KVCache:
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.n_head = config.n_head
-        self.n_embd = config.n_embd
-        self.qkv = Linear(config.n_embd, 3 * config.n_embd)  # q, k, v in that order (as the released code)
-        self.proj = Linear(config.n_embd, config.n_embd)
-        self.attn_pdrop = config.attn_pdrop
-        self.resid_drop = Dropout(config.resid_pdrop)
+class CachedAttend:
+    """How the layers attend while decoding: new positions against the keys and values of ``cache`` (an attention
+    strategy, as :class:`~gptcli.model.attention.CausalAttend`)."""
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cache: KVCache | None = None,
-        layer: int = 0,
-        packing: Packing | None = None,
-        rows: torch.Tensor | None = None,
+    def __init__(self, cache: KVCache) -> None:
+        self.cache = cache
+
+    def __call__(
+        self, qkv: torch.Tensor, n_head: int, dropout: float, attention: SDPAttention, layer: int
     ) -> torch.Tensor:
-        """The block's attention output at every position, or at positions ``rows`` of a one-row batch only (every
-        position is still attended to: ``rows`` saves the output projection of the others)."""
-        B, T, C = x.shape
-        qkv = self.qkv(x)
-        dropout = self.attn_pdrop if self.training else 0.0
-        if packing is not None:
-            # Several sequences end to end in one row: each attends causally to itself only (packed.py).
-            y = segment_attention(qkv, self.n_head, dropout, packing)
-            return self._project(y, rows)
-        if cache is None:
-            # Plain causal attention (attention.py: SDPA, or the CPU kernel when the kernels are on).
-            return self._project(causal_self_attention(qkv, self.n_head, dropout), rows)
-        q, k, v = qkv.split(self.n_embd, dim=2)
-        hd = C // self.n_head
-        q = q.view(B, T, self.n_head, hd).transpose(1, 2)
-        k = k.view(B, T, self.n_head, hd).transpose(1, 2)
-        v = v.view(B, T, self.n_head, hd).transpose(1, 2)
-        past = cache.pos
-        k, v = cache.update(layer, k, v)
+        B, T, C3 = qkv.shape
+        C = C3 // 3
+        q, k, v = (x.view(B, T, n_head, C // n_head).transpose(1, 2) for x in qkv.split(C, dim=2))
+        past = self.cache.pos
+        k, v = self.cache.update(layer, k, v)
         if past == 0:
-            y = causal_attention(q, k, v, dropout)
+            y = attention.causal(q, k, v, dropout)
         elif T == 1:
             # One new token attends to everything cached: no mask needed.
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout)
         else:
             # Several new tokens after a cached prefix: causal mask offset by the prefix length.
-            mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
+            mask = torch.ones(T, past + T, dtype=torch.bool, device=qkv.device).tril(diagonal=past)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-        return self._project(y.transpose(1, 2).contiguous().view(B, T, C), rows)
+        return y.transpose(1, 2).contiguous().view(B, T, C)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v in that order (as the released code)
+        self.proj = nn.Linear(config.n_embd, config.n_embd)
+        self.attention = SDPAttention()  # the inner product: a seam the CPU kernels replace (kernels.apply)
+        self.attn_pdrop = config.attn_pdrop
+        self.resid_drop = Dropout(config.resid_pdrop)
+
+    def forward(
+        self, x: torch.Tensor, attend: Attend = CAUSAL, layer: int = 0, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The block's attention output at every position, or at positions ``rows`` of a one-row batch only (every
+        position is still attended to: ``rows`` saves the output projection of the others). ``attend``: how the
+        positions attend to each other (causally, per packed sequence, or against a KV cache), built by the caller."""
+        dropout = self.attn_pdrop if self.training else 0.0
+        y = attend(self.qkv(x), self.n_head, dropout, self.attention, layer)
+        return self._project(y, rows)
 
     def _project(self, y: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
         """The output projection (and its dropout) of the attention's (B, T, C) output, at ``rows`` only if given."""
@@ -167,12 +166,13 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.fc = Linear(config.n_embd, config.n_inner)
-        self.proj = Linear(config.n_inner, config.n_embd)
+        self.fc = nn.Linear(config.n_embd, config.n_inner)
+        self.act = GELU()
+        self.proj = nn.Linear(config.n_inner, config.n_embd)
         self.drop = Dropout(config.resid_pdrop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.proj(gelu(self.fc(x))))
+        return self.drop(self.proj(self.act(self.fc(x))))
 
 
 class Block(nn.Module):
@@ -186,16 +186,11 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        cache: KVCache | None = None,
-        layer: int = 0,
-        packing: Packing | None = None,
-        rows: torch.Tensor | None = None,
+        self, x: torch.Tensor, attend: Attend = CAUSAL, layer: int = 0, rows: torch.Tensor | None = None
     ) -> torch.Tensor:
         """The block's output, at positions ``rows`` of a one-row batch only when given (what a last block whose
         other states nobody reads computes: every row-wise layer after the attention runs on ``rows`` alone)."""
-        a = self.attn(x, cache, layer, packing, rows)
+        a = self.attn(x, attend, layer, rows)
         if rows is not None:
             x = x.index_select(1, rows)
         n = self.ln_1(x + a)
@@ -209,6 +204,8 @@ class GPT(TiedEmbeddingLM):
     Keeping the two apart lets fine-tuning heads read hidden states without paying for a 40k-wide projection
     where no LM loss is needed.
     """
+
+    config: ModelConfig
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -255,16 +252,18 @@ class GPT(TiedEmbeddingLM):
             if packing.span > self.config.n_ctx:
                 raise ValueError(f"sequence of {packing.span} tokens exceeds the context of {self.config.n_ctx}")
             pos = packing.positions
+            attend: Attend = PackedAttend(packing)
         else:
             if start + T > self.config.n_ctx:
                 raise ValueError(f"sequence of {start + T} tokens exceeds the context of {self.config.n_ctx}")
             pos = torch.arange(start, start + T, device=idx.device)
+            attend = CAUSAL if cache is None else CachedAttend(cache)
         h = self.drop(self.embed_tokens(idx) + self.pos_emb(pos))
         if rows is not None and B != 1:
             raise ValueError(f"rows: states are selected from one row (a packed batch), got {B} rows")
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
-            h = block(h, cache, i, packing, rows if i == last else None)
+            h = block(h, attend, i, rows if i == last else None)
         if cache is not None:
             cache.pos += T
         return h

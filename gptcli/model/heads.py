@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptcli.model.dropout import dropout
+from gptcli.model.dropout import Dropout
 from gptcli.model.packed import Packing
 
 
@@ -76,10 +76,19 @@ class TaskHead(nn.Module):
     def __init__(self, config: HeadConfig) -> None:
         super().__init__()
         self.config = config
-        self.drop_p = config.pdrop
+        self.drop = Dropout(config.pdrop)  # a module, so that the CPU kernels can replace it (kernels.apply)
         self.linear = nn.Linear(config.n_embd, config.n_out)
         nn.init.normal_(self.linear.weight, 0.0, config.init_std)
         nn.init.zeros_(self.linear.bias)
+
+    @property
+    def drop_p(self) -> float:
+        """The classifier dropout's probability."""
+        return self.drop.p
+
+    @drop_p.setter
+    def drop_p(self, p: float) -> None:
+        self.drop.p = p
 
     def pooled(self, hidden: torch.Tensor, ids: torch.Tensor, packing: Packing | None = None) -> torch.Tensor:
         """(N, d) final states at the first extract token of each sequence (of a packed row: where ``packing``
@@ -105,9 +114,9 @@ class TaskHead(nn.Module):
             h = h.view(B, n_seqs, -1)
             if self.training and self.drop_p > 0:
                 # One mask per example, shared by its choices (as the released code's dropout noise_shape).
-                h = dropout(h, self.drop_p, noise_shape=(B, 1, h.size(-1)))
+                h = self.drop(h, noise_shape=(B, 1, h.size(-1)))
             return self.linear(h).squeeze(-1)  # (B, S)
-        h = dropout(h, self.drop_p, self.training)
+        h = self.drop(h)
         out = self.linear(h)
         return out.squeeze(-1) if kind == "regression" else out
 

@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from gptcli.model import kernels
-
 if TYPE_CHECKING:
     from gptcli.model.packed import Packing
 
@@ -24,28 +22,14 @@ IGNORE = -100
 
 
 def next_token_nll(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    *,
-    reduction: str = "mean",
-    classes: int | None = None,
-    consume: bool = False,
+    logits: torch.Tensor, targets: torch.Tensor, *, reduction: str = "mean", classes: int | None = None
 ) -> torch.Tensor:
     """Cross-entropy of ``targets`` (already shifted; ``IGNORE`` skipped) under ``logits`` of shape ``(..., V)``:
     ``F.cross_entropy`` of the fp32 logits, with ``reduction`` "mean", "sum" or "none" (0 for ignored targets).
 
-    ``classes``: only the first ``classes`` columns are logits, the rest padding (a product padded for speed,
-    ``kernels/tied.py``); the padding gets a zero gradient. With the kernels on (CPU), the loss of
-    ``kernels/losses.py``: the same values over blocks of rows, without four vocabulary-wide fp32 copies.
-
-    ``consume``: the logits are the caller's own temporary, read by nothing after this loss; with the kernels on,
-    the backward pass writes their gradient over them instead of into a second vocabulary-wide tensor."""
+    ``classes``: only the first ``classes`` columns are logits, the rest padding (an output product padded for
+    speed, ``gptcli.model.tied``); the padding gets a zero gradient."""
     logits, targets = logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
-    if kernels.enabled(logits.device):
-        from gptcli.model.kernels import losses as blocked
-
-        if reduction in blocked.REDUCTIONS:
-            return blocked.next_token_nll(logits, targets, reduction, classes, IGNORE, consume)
     return F.cross_entropy(logits[:, :classes].float(), targets, ignore_index=IGNORE, reduction=reduction)
 
 
@@ -91,6 +75,7 @@ def lm_loss_per_sequence(
     mask: torch.Tensor,
     lm_logits: Callable[[torch.Tensor], torch.Tensor],
     positions: torch.Tensor | None = None,
+    loss: Callable[..., torch.Tensor] = next_token_nll,
 ) -> torch.Tensor:
     """The released code's auxiliary LM loss, one value per sequence.
 
@@ -101,7 +86,8 @@ def lm_loss_per_sequence(
     Only the positions that have a target go through the (vocabulary-wide) output layer ``lm_logits``: pad
     positions would cost a 40k-wide projection each for nothing. They are ``positions`` (:func:`lm_positions`),
     counted on the host when the batch was made; found here from ``mask`` when not given, which on a GPU waits for
-    the device to say how many there are.
+    the device to say how many there are. ``loss(logits, targets, reduction=)``: the loss of those logits (the
+    model's own, ``TiedEmbeddingLM.next_token_nll``, where the CPU kernels replaced it).
     """
     n, width = ids.shape
     if width < 2:
@@ -110,6 +96,6 @@ def lm_loss_per_sequence(
         positions = lm_positions(mask)
     h = hidden.reshape(-1, hidden.size(-1)).index_select(0, positions)
     targets = ids.reshape(-1).index_select(0, positions + 1)  # the next token: same row, as the position has one
-    nll = next_token_nll(lm_logits(h), targets, reduction="none")
+    nll = loss(lm_logits(h), targets, reduction="none")
     total = torch.zeros(n, device=ids.device, dtype=nll.dtype).index_add_(0, positions // width, nll)
     return total / (mask[:, 1:] > 0).sum(1).clamp_min(1).to(nll.dtype)

@@ -1,37 +1,18 @@
 """The LSTM baseline of the paper's Table 5 ("LSTM w/ aux LM"): a single-layer, 2048-unit LSTM language model.
 
-Radford et al. (2018, §5 "Ablation studies") replace the Transformer with "a single layer 2048 unit LSTM" trained in
-the same framework — same data and objective, same fine-tuning transformations and auxiliary LM loss — and lose 5.6
-points on average. The paper says nothing more about the network; this module fills the gaps as follows (every one
-a :class:`LSTMConfig` field):
+The paper (§5) swaps the Transformer for "a single layer 2048 unit LSTM" in the same framework and says nothing
+more; each gap is a :class:`LSTMConfig` field, filled so that only what sits between embedding and softmax differs
+from GPT-1, which is what Table 5 compares. Shape: embedding (``n_embd`` = 768, the Transformer's) → dropout →
+``nn.LSTM`` (``n_layer`` × ``n_hidden``) → dropout → a projection to ``n_embd`` when the widths differ (the LSTMP of
+Sak et al. 2014, Jozefowicz et al. 2016) → output layer tied to the embedding; ``n_embd = 2048`` is the
+parameter-matched alternative. Dropout only on non-recurrent connections (Zaremba et al. 2014, the placement cuDNN
+fuses), 0.1 as GPT-1. Initialisation: embedding and projection N(0, ``init_std``), ``nn.LSTM``'s default for the
+matrices, forget-gate bias 1 (Gers et al. 2000). Every window starts from a zero state; ``n_ctx`` only bounds lengths.
 
-- **Shape**: token embedding (``n_embd``) → dropout → ``nn.LSTM`` (``n_layer`` × ``n_hidden`` units) → dropout →
-  linear projection to ``n_embd`` (only when ``n_hidden ≠ n_embd``) → output layer tied to the token embedding,
-  ``logits = h · Weᵀ``. The projection is the LSTMP design big LSTM language models of the time used
-  (Sak et al. 2014; Jozefowicz et al. 2016, "LSTM-2048-512"): it lets the embedding, the tied softmax and the
-  fine-tuning head keep the Transformer's width while the recurrent layer has 2048 units.
-- **Embedding size** of the paper preset: 768, the Transformer's. The two models then read and write the same
-  768-wide vectors (same embedding table and softmax cost, same head width, same special-token rows); only what sits
-  between embedding and softmax differs, which is what Table 5 compares. That LSTM has 55.7 M parameters (GPT-1:
-  116.5 M). ``n_embd = 2048`` (no projection) gives 116.5 M instead, a parameter-matched alternative.
-- **Dropout**: on the embedded tokens (``embd_pdrop``) and on the LSTM's outputs (``out_pdrop``; also between layers
-  when ``n_layer > 1``), never on the recurrent state — the "non-recurrent connections only" placement of
-  Zaremba et al. (2014), which is also the only one cuDNN's fused kernel runs. 0.1 each, the Transformer's rate.
-- **Initialisation**: embedding and projection N(0, ``init_std``) as GPT-1's; recurrent and input matrices
-  U(±1/√n_hidden) (PyTorch's default for ``nn.LSTM``); biases 0 except the forget gate's, 1 (Gers et al. 2000;
-  Jozefowicz et al. 2015), so that the cell remembers by default at the start of training.
-- **Context**: every window starts from a zero state (no truncated backpropagation carried across windows, as the
-  Transformer sees each window afresh). ``n_ctx`` has no position table behind it; it is the longest sequence gpt1
-  runs the model on, so fine-tuning truncation, scoring windows and generation behave as for the Transformer.
-- **Extract representation**: :meth:`LSTMLM.forward` returns the per-position output after the projection; a task
-  head reads it at the extract token, exactly as it reads the Transformer's final block. With an LSTM that vector
-  summarises everything up to and including the extract token.
-
-The class exposes the :class:`~gptcli.model.gpt.GPT` interface (``forward(idx, cache) → hidden``, ``lm_logits``,
-``lm_loss``, ``add_special_tokens``, ``num_params``, ``flops_per_token``, ``config``), so heads, the auxiliary LM
-loss, scoring, zero-shot and generation use it unchanged. Incremental decoding carries an :class:`LSTMState`, the
-LSTM's counterpart of the Transformer's KV cache (same ``pos`` bookkeeping). ``nn.LSTM`` runs cuDNN's fused kernel
-on CUDA and oneDNN's on CPU.
+:class:`LSTMLM` exposes the :class:`~gptcli.model.gpt.GPT` interface (``forward(idx, cache) → hidden``,
+``lm_logits``, ``add_special_tokens``, ``config`` …), so heads, scoring, zero-shot and generation use it unchanged;
+a task head reads the projected output at the extract token. Decoding carries an :class:`LSTMState`, the LSTM's
+counterpart of the KV cache.
 """
 
 from __future__ import annotations
@@ -115,9 +96,10 @@ def cpu_has_bf16_lstm() -> bool:
     """Whether oneDNN builds a bf16 LSTM on this CPU, forward and backward, as bf16 autocast asks it to.
 
     PyTorch hands a bf16 LSTM to oneDNN whenever its bf16 check passes, but oneDNN's RNN primitive in bf16 needs
-    AVX-512; on an AVX2-only CPU (AMD Zen 3, measured) it fails with "could not create a primitive descriptor for
+    AVX-512; on an AVX2-only CPU it fails with "could not create a primitive descriptor for
     the LSTM forward propagation primitive". Which CPUs pass depends on the oneDNN inside this torch, not on a flag
-    gpt1 could read, so a one-step LSTM of one unit is run once per process to find out (15 ms on that Zen 3)."""
+    gpt1 could read, so a one-step LSTM of one unit is run once per process to find out (cheap next to any
+    model's work)."""
     # Its own RNG state (the layer's initialisation must not move a run's seed stream) and grad mode (the first
     # caller may be an evaluation under inference_mode).
     with torch.random.fork_rng(devices=[]), torch.inference_mode(False), torch.enable_grad():
@@ -182,6 +164,8 @@ class LSTMLM(TiedEmbeddingLM):
     ``forward`` returns the hidden states (B, T, n_embd) and ``lm_logits`` maps them to vocabulary logits, the
     interface of :class:`~gptcli.model.gpt.GPT`.
     """
+
+    config: LSTMConfig
 
     def __init__(self, config: LSTMConfig) -> None:
         super().__init__()

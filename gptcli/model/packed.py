@@ -1,32 +1,17 @@
 """Several sequences packed end to end into one row, so that no layer computes on padding.
 
-A fine-tuning batch pads every sequence to its longest: on RTE with the paper's random batches 61% of the positions
-are padding, and every linear layer, the LM head and the loss would multiply them. Packed, the batch is one row of
-its ``N`` real tokens; each sequence keeps its own positions (restarting at 0) and attends causally within itself
-only, so every real token's hidden state is the one the padded batch computes (tests/model/test_packed.py: equal
-logits, losses and gradients). Dropout still draws one mask entry per position, now per real position only.
+Packed, a fine-tuning batch is one row of its real tokens; each sequence keeps its own positions and attends
+causally within itself only, so every real token's hidden state is the one the padded batch computes
+(tests/model/test_packed.py). :class:`Packing` describes the row (built on the host by the batching code) and
+:func:`segment_attention` attends over it with the layer's attention, the sequences gathered into one batched grid
+(:class:`Grid`), or as jagged nested tensors on a device of :data:`JAGGED_DEVICES`.
 
-:class:`Packing` describes the row — built once on the host by the batching code, moved to the device with the
-ids — and :func:`segment_attention` is the attention over it: causal attention per sequence, each by the path
-:func:`gptcli.model.attention.causal_attention` picks for its length.
-
-At evaluation, a multiple-choice example's answers share their context: ``<s> story $`` is the same for every
-ending, and with causal attention so are its hidden states. :meth:`Packing.shared` packs that prefix once and each
-answer after it as a segment that attends to the prefix and causally to itself, at the positions it has in the full
-sequence: the answers' hidden states are the full sequences' (tests/model/test_packed.py), for a fraction of the
-work (Story Cloze: about 60% of the tokens; RACE: about a quarter). All the answers of all the examples of such a row
-attend in one batched call per layer (:class:`SharedGrid`), as the standalone sequences of training do
-(:class:`Grid`).
-
-On a device named in :data:`JAGGED_DEVICES` (none: on an H200 it measured slower than the grid), standalone
-sequences attend through PyTorch's own variable-length path instead of the grid: SDPA over jagged nested tensors,
-which take the packed row as it is, with no grid and no padding at all.
-
-Training can take the shared form too (``gpt1 finetune --layout shared``, off by default): the row then also lists
-each sequence's next-token targets — the prefix's own, the prefix's last token predicting each answer's first, and
-each answer's own — so the auxiliary LM loss is the full sequences' (:func:`gptcli.model.losses.lm_loss_per_sequence_packed`).
-It is a deviation from the paper: the prefix is computed once, so with dropout on all the answers of an example see
-the same dropout masks on the prefix's positions, where separate sequences draw one each.
+:meth:`Packing.shared` packs a multiple-choice example's shared prefix once and each answer after it as a segment
+that attends to the prefix and causally to itself (:class:`SharedGrid`): the answers' hidden states are the full
+sequences', for a fraction of the work. Training can take it too (``gpt1 finetune --layout shared``, off by
+default; the auxiliary LM loss is the full sequences', ``losses.lm_loss_per_sequence_packed``): a deviation from the
+paper, as all the answers of an example then see the same dropout masks on the prefix. Why pack: padding would be
+multiplied by every linear layer, the LM head and the loss (docs/performance.md, "Layout").
 """
 
 from __future__ import annotations
@@ -37,16 +22,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from gptcli.model import kernels
-from gptcli.model.attention import stacked_causal_attention
+from gptcli.model.attention import SDPAttention
 
 JAGGED_DEVICES: tuple[str, ...] = ()
-"""Device types on which a packed row's standalone sequences attend by ``F.scaled_dot_product_attention`` over
-jagged nested tensors (:func:`_jagged_attention`) rather than over the grid, where the kernels are off (on CPU
-PyTorch has no causal kernel for jagged tensors, and the written-out kernel runs the grid). Empty: on one H200
-(torch 2.11, 2026-12-04) a fine-tuning update of 32 RTE-like sequences took 2.2× (fp32) and 3.6× (bf16) the grid's
-time with it. ``benchmarks/gpu_check.py``'s ``packed_finetune`` measures both on every GPU run (and checks their
-losses equal): put ``"cuda"`` here if a later PyTorch or GPU makes the jagged path the faster one."""
+"""Device types on which a packed row's standalone sequences attend by ``F.scaled_dot_product_attention`` over jagged
+nested tensors (:func:`_jagged_attention`) rather than over the grid, unless the layer's attention runs the grid
+itself (the CPU kernels'). Empty: measured slower than the grid on a GPU (docs/performance.md, the GPU table); put
+``"cuda"`` here if a later PyTorch or GPU makes the jagged path the faster one (``benchmarks/gpu_check``'s
+``packed_finetune``)."""
 
 
 @dataclass
@@ -108,8 +91,15 @@ class Packing:
         extract tokens, example by example, as the padded batch's rows; the LM targets are every full sequence's
         (each token after its first), a prefix's own targets listed once for all its answers."""
         ids: list[int] = []
-        lengths, parents, positions, extract, sequences = [], [], [], [], []
-        inputs, targets, owners, counts = [], [], [], []
+        lengths: list[int] = []
+        parents: list[int] = []
+        positions: list[int] = []
+        extract: list[int] = []
+        sequences: list[tuple[int, int]] = []
+        inputs: list[int] = []
+        targets: list[int] = []
+        owners: list[int] = []
+        counts: list[int] = []
         for prefix, group in zip(prefixes, answers):
             parent, start = len(lengths), len(ids)
             lengths.append(len(prefix))
@@ -131,17 +121,17 @@ class Packing:
                 _targets_within(row, len(answer), seg, inputs, targets, owners)
                 sequences.append((parent, seg))
                 counts.append(max(1, len(prefix) + len(answer) - 1))
-        long = dict(dtype=torch.long)
+        long = torch.long
         return ids, Packing(
             lengths,
-            torch.tensor(positions, **long),
-            torch.tensor(extract, **long),
-            torch.tensor(inputs, **long),
-            torch.tensor(owners, **long),
+            torch.tensor(positions, dtype=long),
+            torch.tensor(extract, dtype=long),
+            torch.tensor(inputs, dtype=long),
+            torch.tensor(owners, dtype=long),
             torch.tensor(counts, dtype=torch.float32),
             parents,
-            torch.tensor(targets, **long),
-            torch.tensor(sequences, **long).view(-1, 2),
+            torch.tensor(targets, dtype=long),
+            torch.tensor(sequences, dtype=long).view(-1, 2),
         )
 
     @property
@@ -179,11 +169,13 @@ class Packing:
         return max((n + (self.lengths[p] if p >= 0 else 0) for n, p in zip(self.lengths, self.parents)), default=0)
 
     def to(self, device: torch.device | str) -> Packing:
-        moved = [
+        positions, extract, lm_inputs, lm_rows, lm_counts = (
             to_device(t, device) for t in (self.positions, self.extract, self.lm_inputs, self.lm_rows, self.lm_counts)
-        ]
-        shared = [None if t is None else to_device(t, device) for t in (self.lm_targets, self.sequences)]
-        return Packing(self.lengths, *moved, self.parents, *shared)
+        )
+        lm_targets, sequences = (None if t is None else to_device(t, device) for t in (self.lm_targets, self.sequences))
+        return Packing(
+            self.lengths, positions, extract, lm_inputs, lm_rows, lm_counts, self.parents, lm_targets, sequences
+        )
 
 
 def _targets_within(start: int, n: int, owner: int, inputs: list[int], targets: list[int], owners: list[int]) -> None:
@@ -303,10 +295,10 @@ def _shared_attention(qkv: torch.Tensor, n_head: int, s: SharedGrid, dropout: fl
     """:func:`segment_attention` of a shared-prefix row: (1, N, 3·C) → (1, N, C), by PyTorch's SDPA with the
     grid's mask (with ``dropout`` on the probabilities and autograd's backward when training).
 
-    The grid gathers whole token rows of ``qkv`` (``index_select`` of contiguous rows: a third of the time of
-    gathering per head) and attention reads q, k and v as strided views of them, in one call to PyTorch's SDPA with
-    the grid's mask. Measured against the alternatives (docs/performance.md): two calls (the prefixes causally, then
-    the answers against them) and the written-out kernel of ``kernels/attention.py`` were both slower on these
+    The grid gathers whole token rows of ``qkv`` (``index_select`` of contiguous rows: faster than gathering per head)
+    and attention reads q, k and v as strided views of them, in one call to PyTorch's SDPA with the grid's mask.
+    Measured against the alternatives (docs/performance.md, "Layout"): two calls (the prefixes causally, then the
+    answers against them) and the written-out kernel of ``kernels/attention.py`` were both slower on these
     grids at evaluation, even for RACE's long passages (training, with a backward, takes the kernel:
     :func:`segment_attention`)."""
     x, C = qkv[0], qkv.size(2) // 3
@@ -316,17 +308,14 @@ def _shared_attention(qkv: torch.Tensor, n_head: int, s: SharedGrid, dropout: fl
     return y.transpose(1, 2).reshape(G * W, C).index_select(0, s.back).unsqueeze(0)
 
 
-def _shared_training_attention(x: torch.Tensor, n_head: int, s: SharedGrid, dropout: float) -> torch.Tensor | None:
-    """The written-out attention of ``kernels/attention.py`` over a shared-prefix grid, with its hand-written
-    backward and the grid's mask as an additive bias: (N, 3, H, hd) → (N, H, hd); None with the kernels off or
-    where the kernel has no path for the dtype (SDPA then). With a backward to run it beat SDPA with a mask on
-    these grids, most with dropout, where SDPA on CPU has no fused kernel (docs/performance.md, "Shared-prefix
-    training")."""
-    if not kernels.enabled(x.device):
-        return None
-    from gptcli.model.kernels.attention import masked_attention
-
-    y = masked_attention(_ToGrid.apply(x, s.cells, s.back), s.bias(n_head, x.dtype), dropout)
+def _shared_training_attention(
+    x: torch.Tensor, n_head: int, s: SharedGrid, dropout: float, attention: SDPAttention
+) -> torch.Tensor | None:
+    """``attention``'s own masked form over a shared-prefix grid (the CPU kernels' written-out attention, with its
+    hand-written backward and the grid's mask as an additive bias): (N, 3, H, hd) → (N, H, hd); None where it has
+    no path for the dtype (SDPA then). With a backward to run it beat SDPA with a mask on these grids, most with
+    dropout, where SDPA on CPU has no fused kernel (docs/performance.md, "Layout")."""
+    y = attention.masked(_ToGrid.apply(x, s.cells, s.back), s.bias(n_head, x.dtype), dropout)
     return None if y is None else _FromGrid.apply(y, s.back)
 
 
@@ -335,9 +324,9 @@ class _ToGrid(torch.autograd.Function):
     (G, W): (3, G, H, W, hd), a permuted view of the (G, W, 3, H, hd) gather of whole token rows, which attention
     reads as it reads the fused projection (any strides; the kernels lay out their own operands). Gathering whole
     rows (``index_select``: contiguous 3·C-wide copies) instead of each head's hd values into a contiguous grid made
-    a packed attention layer 1.15× faster in bf16 and 1.05× in fp32 (docs/performance.md). The backward is a row
+    a packed attention layer faster in bf16 and fp32 (docs/performance.md, "Kernels"). The backward is a row
     gather too: every real token sits in one cell, and the pad cells' gradient is zero (:class:`Grid`), so no
-    accumulation is needed (autograd's own backward of the indexing scatters with accumulation, 2× slower on CPU)."""
+    accumulation is needed (autograd's own backward of the indexing scatters with accumulation, slower on CPU)."""
 
     @staticmethod
     def forward(ctx, x, cells, back):
@@ -381,7 +370,7 @@ def _jagged_attention(x: torch.Tensor, dropout: float, packing: Packing) -> torc
     nested tensors (:data:`JAGGED_DEVICES`): q, k and v each a nested tensor of the row's sequences (S, H, j, hd)
     over the packing's offsets, autograd's own backward. The shortest and longest lengths are given from the host's
     ``lengths``, so that nothing reads them back from the device. Each of q, k and v is made contiguous first, the
-    form the GPU probe of ``gpu_check.py`` ran."""
+    form the GPU probe of ``benchmarks/gpu_check`` ran."""
     offsets, lo, hi = packing.offsets(x.device), min(packing.lengths), max(packing.lengths)
     q, k, v = (
         torch.nested.nested_tensor_from_jagged(t.contiguous(), offsets, min_seqlen=lo, max_seqlen=hi).transpose(1, 2)
@@ -390,7 +379,9 @@ def _jagged_attention(x: torch.Tensor, dropout: float, packing: Packing) -> torc
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True).transpose(1, 2).values()
 
 
-def segment_attention(qkv: torch.Tensor, n_head: int, dropout: float, packing: Packing) -> torch.Tensor:
+def segment_attention(
+    qkv: torch.Tensor, n_head: int, dropout: float, packing: Packing, attention: SDPAttention | None = None
+) -> torch.Tensor:
     """Causal attention of a packed row from its fused projections ``qkv`` (1, N, 3·C): every sequence attends to
     itself only (and, in a shared-prefix row, to its prefix first); returns (1, N, C) in row order.
 
@@ -399,21 +390,36 @@ def segment_attention(qkv: torch.Tensor, n_head: int, dropout: float, packing: P
     a few percent of a layer's work, never the linear layers), or, on a device of :data:`JAGGED_DEVICES`, attended
     as jagged nested tensors with no grid. A shared-prefix row takes one batched call too,
     whatever its number of examples and answers (:class:`SharedGrid`): by SDPA at evaluation, and when training (a
-    backward to run) by the written-out kernel if the kernels are on."""
+    backward to run) by ``attention``'s masked form where it has one (the CPU kernels'). ``attention``: the layer's
+    (default :class:`~gptcli.model.attention.SDPAttention`)."""
+    attention = attention or SDPAttention()
     N, C = qkv.size(1), qkv.size(2) // 3
     x = qkv[0].view(N, 3, n_head, C // n_head)
     if packing.parents is None:
-        if qkv.device.type in JAGGED_DEVICES and not kernels.enabled(qkv.device):
+        if qkv.device.type in JAGGED_DEVICES and not attention.runs_grids(qkv.device):
             return _jagged_attention(x, dropout, packing).reshape(1, N, C)
         g = packing.grid(qkv.device)
-        y = stacked_causal_attention(_ToGrid.apply(x, g.cells, g.back), dropout)
+        y = attention.stacked(_ToGrid.apply(x, g.cells, g.back), dropout)
         return _FromGrid.apply(y, g.back).view(1, N, C)
     s = packing.shared_grid(qkv.device)
-    if qkv.requires_grad:  # training: a backward to run
-        y = _shared_training_attention(x, n_head, s, dropout)
-        if y is not None:
-            return y.view(1, N, C)
+    if qkv.requires_grad and attention.runs_grids(qkv.device):  # training: a backward to run
+        trained = _shared_training_attention(x, n_head, s, dropout, attention)
+        if trained is not None:
+            return trained.view(1, N, C)
     return _shared_attention(qkv, n_head, s, dropout)
 
 
-__all__ = ["JAGGED_DEVICES", "Grid", "Packing", "SharedGrid", "segment_attention"]
+class PackedAttend:
+    """How the layers attend over a packed row: each sequence causally within itself (:func:`segment_attention`), an
+    attention strategy as :class:`~gptcli.model.attention.CausalAttend`."""
+
+    def __init__(self, packing: Packing) -> None:
+        self.packing = packing
+
+    def __call__(
+        self, qkv: torch.Tensor, n_head: int, dropout: float, attention: SDPAttention, layer: int
+    ) -> torch.Tensor:
+        return segment_attention(qkv, n_head, dropout, self.packing, attention)
+
+
+__all__ = ["JAGGED_DEVICES", "Grid", "PackedAttend", "Packing", "SharedGrid", "segment_attention"]

@@ -9,109 +9,106 @@ that returns hidden states of the embedding's width.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptcli.model import chunked_nll, kernels
+from gptcli.model import chunked_nll
 from gptcli.model.losses import next_token_nll
 from gptcli.padding import padded_product, padded_rows
 
 PADDED_HEAD_DEVICES: tuple[str, ...] = ("cuda",)
-"""Device types whose training losses (outside the CPU kernels, which decide for themselves) take the output product
-against the embedding padded to aligned rows (:meth:`TiedEmbeddingLM._padded_training_logits`): the same loss and,
-within rounding, the same gradients; the padding's columns get none.
+"""Device types whose training losses take the output product against the embedding padded to aligned rows
+(:meth:`TiedProducts.training_logits`): the same loss and, within rounding, the same gradients; the padding's
+columns get none. Why: a row of GPT-1's 40,478 bf16 embedding values is not 16-byte aligned, and cuBLAS then runs
+the vocabulary-wide products with slower kernels (docs/performance.md, the GPU table's ``padded_head``). Remove
+``"cuda"`` to take the plain product there."""
 
-Why CUDA: a row of GPT-1's 40,478 bf16 embedding values is not 16-byte aligned, so cuBLAS ran the 40,478-wide
-products (the forward one and both gradients') as CUTLASS sm80 kernels with 2-element alignment, about a quarter of
-an H200's bf16 peak, where every other product ran Hopper's own kernels; 40,512 rows are aligned. Measured on one
-H200 (torch 2.11, bf16, ``benchmarks/gpu_check.py``'s ``padded_head``, the same weights and batch): an update 1.12×
-faster eager at 64 × 512, 1.01× at 8 × 512 and 1.01× compiled at 64 × 512 (inductor's own choice of kernels
-gains less), equal losses (docs/performance.md, "NVIDIA H200, eighteenth session"). Remove ``"cuda"`` to take the
-plain product there."""
+
+class TiedProducts:
+    """The tied layer's computations, in plain PyTorch: the token lookup, the output product and the loss over it.
+    A model holds one as its ``tied`` attribute, the seam ``gptcli.model.kernels.apply`` replaces with the CPU
+    kernels' forms. Stateless."""
+
+    def embed(self, emb: nn.Embedding, idx: torch.Tensor) -> torch.Tensor:
+        """The token lookup ``emb(idx)``."""
+        return emb(idx)
+
+    def logits(self, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """The output product ``h · wᵀ``."""
+        return F.linear(h, w)
+
+    def training_logits(self, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+        """The training loss's logits against ``w`` padded to aligned rows, the padding's columns included (the loss
+        takes ``classes``), on a device of :data:`PADDED_HEAD_DEVICES`; ``None`` elsewhere (the plain product)."""
+        if w.device.type in PADDED_HEAD_DEVICES and padded_rows(w.size(0)) != w.size(0):
+            return padded_product(h, w)
+        return None
+
+    def nll(
+        self,
+        logits: torch.Tensor,
+        targets: torch.Tensor,
+        reduction: str = "mean",
+        classes: int | None = None,
+        consume: bool = False,
+    ) -> torch.Tensor:
+        """:func:`~gptcli.model.losses.next_token_nll` of ``logits``. ``consume``: the logits are the caller's own
+        temporary, read by nothing after this loss (a form that can write their gradient over them may)."""
+        return next_token_nll(logits, targets, reduction=reduction, classes=classes)
+
+
+class SpecialTokenConfig(Protocol):
+    """What :meth:`TiedEmbeddingLM.add_special_tokens` reads and updates in a model's config."""
+
+    init_std: float
+    n_special: int
 
 
 class TiedEmbeddingLM(nn.Module):
     """The output side of a language model whose softmax weights are its token embedding (paper §3.1: ``W_e``)."""
 
     tok_emb: nn.Embedding
-
-    _tied_link: object | None = None
-    """With the kernels on, the last training forward pass's link between its token lookup and the output layer
-    (``kernels/tied_lookup.py``): the output layer's products hand their weight gradient to it, and the lookup's
-    backward adds its rows into that gradient instead of making a vocabulary-sized one of its own. Per forward pass;
-    ``None`` otherwise."""
+    config: SpecialTokenConfig
+    tied: TiedProducts = TiedProducts()
+    """The lookup, output product and loss (a seam: ``gptcli.model.kernels.apply`` gives a model its own)."""
 
     def embed_tokens(self, idx: torch.Tensor) -> torch.Tensor:
-        """``self.tok_emb(idx)``; with the kernels on (CPU), in training, linked to the output layer's weight
-        gradient (``_tied_link``): the same embeddings and, within fp32 rounding, the same gradient."""
-        w = self.tok_emb.weight
-        self._tied_link = None
-        if kernels.enabled(w.device):
-            from gptcli.model.kernels.tied_lookup import lookup
-
-            emb, self._tied_link = lookup(idx, w)
-            return emb
-        return self.tok_emb(idx)
+        """``self.tok_emb(idx)``."""
+        return self.tied.embed(self.tok_emb, idx)
 
     def lm_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Tied output layer: logits over vocabulary + special tokens, ``h · Weᵀ``.
+        """Tied output layer: logits over vocabulary + special tokens, ``h · Weᵀ``."""
+        return self.tied.logits(h, self.tok_emb.weight)
 
-        With the kernels on (CPU), a large fp32 batch takes the product against the embedding padded to aligned
-        rows (``kernels/tied.py``): the same logits, faster."""
-        w = self.tok_emb.weight
-        if kernels.enabled(w.device):
-            from gptcli.model.kernels.tied import output_logits
-
-            return output_logits(h, w, self._tied_link)
-        return F.linear(h, w)
+    def next_token_nll(self, logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        """The loss of logits this model's :meth:`lm_logits` made (``gptcli.model.losses.next_token_nll``)."""
+        return self.tied.nll(logits, targets, reduction)
 
     def lm_nll(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of ``targets`` (already shifted; -100 = ignored) given hidden states ``h``:
-        ``next_token_nll(self.lm_logits(h), targets)``, the training loss.
-
-        With the kernels on (CPU), a large batch's loss takes the padded product's logits whole, padding included
-        (``kernels/tied.py``): no slice to scatter back, and an aligned weight-gradient product. On a device named in
+        ``next_token_nll(self.lm_logits(h), targets)``, the training loss. On a device named in
         ``chunked_nll.CHUNKED_LOSS_DEVICES``, in training, the product and loss over blocks of rows instead
         (:func:`~gptcli.model.chunked_nll.chunked_nll`): the same loss and gradients without the whole logits."""
         w = self.tok_emb.weight
-        if not kernels.enabled(w.device) and chunked_nll.applies(h, w):
+        if chunked_nll.applies(h, w):
             return chunked_nll.chunked_nll(h, w, targets)
-        padded = self._padded_training_logits(h)
+        padded = self.tied.training_logits(h, w)
         if padded is not None:
-            return next_token_nll(padded, targets, classes=w.size(0), consume=True)
-        return next_token_nll(self.lm_logits(h), targets, consume=True)
+            return self.tied.nll(padded, targets, classes=w.size(0), consume=True)
+        return self.tied.nll(self.lm_logits(h), targets, consume=True)
 
     def lm_token_nll(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Next-token cross-entropy of each of ``targets`` (reduction "none") given hidden states ``h``: fine-tuning's
-        auxiliary loss, averaged per sequence by its caller.
-
-        With the kernels on (CPU), a batch large enough takes the padded product's logits whole where that product is
-        the faster one (``kernels/tied.py`` ``padding_is_faster``), as :meth:`lm_nll` does: the padding's columns get a
-        zero gradient, where the sliced logits of :meth:`lm_logits` send back a zero-filled copy of the whole padded
-        product's gradient. Under bf16 autocast too: without AMX the padded bf16 product at any size (its weight
-        gradient's product, the slow one unpadded, 1.5× faster at fine-tuning's thousand positions on an AMD Zen 5),
-        on AMX :class:`_AmxPaddedProduct` from ``PAD_MIN_POSITIONS`` (1.0-1.3× the plain one's speed for the head and
-        loss at 1,100-2,000 positions; docs/performance.md)."""
-        padded = self._padded_training_logits(h)
-        if padded is not None:
-            classes = self.tok_emb.weight.size(0)
-            return next_token_nll(padded, targets, reduction="none", classes=classes, consume=True)
-        return next_token_nll(self.lm_logits(h), targets, reduction="none", consume=True)
-
-    def _padded_training_logits(self, h: torch.Tensor) -> torch.Tensor | None:
-        """The training losses' logits of ``h`` against the embedding padded to aligned rows, the padding's columns
-        included (the loss takes ``classes``), where a padded product applies; ``None`` elsewhere (the plain one).
-        With the kernels on (CPU), where ``kernels/tied.py`` finds the padded product the faster one; elsewhere on a
-        device named in :data:`PADDED_HEAD_DEVICES` (``gptcli/padding.py``'s ``padded_product``)."""
+        auxiliary loss, averaged per sequence by its caller. Takes the padded training product where :meth:`lm_nll`
+        does."""
         w = self.tok_emb.weight
-        if kernels.enabled(w.device):
-            from gptcli.model.kernels.tied import training_logits
-
-            return training_logits(h, w, self._tied_link)
-        if w.device.type in PADDED_HEAD_DEVICES:
-            return padded_product(h, w) if padded_rows(w.size(0)) != w.size(0) else None
-        return None
+        padded = self.tied.training_logits(h, w)
+        if padded is not None:
+            return self.tied.nll(padded, targets, reduction="none", classes=w.size(0), consume=True)
+        return self.tied.nll(self.lm_logits(h), targets, reduction="none", consume=True)
 
     def lm_loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of ``targets`` (already shifted; -100 = ignored) given ``idx``."""

@@ -161,7 +161,8 @@ def start_generation(cfg: GenerateConfig, progress: Progress | None = None) -> G
         raise GPT1Error(str(e)) from None
     check_mode(cfg.kernels)  # applied where the model computes: each step of stream() and sample_texts()
     device = resolve_device(cfg.device)
-    ckpt = load_checkpoint(cfg.checkpoint, map_location=device, verify=cfg.verify)
+    with use_kernels(cfg.kernels):  # the kernels applied to the model where the config's mode runs them
+        ckpt = load_checkpoint(cfg.checkpoint, map_location=device, verify=cfg.verify)
     tok = ckpt.tokenizer
     if tok is None:
         raise GPT1Error(f"{ckpt.path}: the checkpoint has no tokenizer/ directory; cannot turn the prompt into ids")

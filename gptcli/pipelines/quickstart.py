@@ -32,6 +32,7 @@ from gptcli.errors import GPT1Error
 from gptcli.files.fsutil import write_text_atomic
 from gptcli.files.locks import output_lock
 from gptcli.files.outputs import OWNED, check_output, foreign_entries, mark
+from gptcli.model.kernels import apply as apply_kernels
 from gptcli.model.kernels import config_default
 from gptcli.pipelines import budget
 from gptcli.pipelines.stdlib_text import hold_out, stdlib_documents, stdlib_root
@@ -461,6 +462,7 @@ def pretrain_model(run: _Stages, text: TaskText, corpus_dir: Path) -> tuple[Pret
     val_arrays = corpus.arrays("val")
     torch.manual_seed(cfg.seed)  # the same initial weights pretrain() draws
     init_model = build_model(mcfg).to(device)
+    apply_kernels(init_model, device)  # in place, as every run's model
     before = evaluate_lm(
         init_model,
         val_arrays,

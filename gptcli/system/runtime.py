@@ -17,6 +17,7 @@ import functools
 import math
 import os
 import time
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
@@ -97,32 +98,6 @@ def cpu_has_bf16() -> bool:
     """Whether the CPU has native bf16 dot products (AVX512-BF16 or AMX), read from /proc/cpuinfo."""
     flags = _cpu_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def cpu_has_amx() -> bool:
-    """Whether the CPU multiplies bf16 matrices on AMX tiles (``amx_bf16``, Intel Sapphire Rapids and later), read
-    from /proc/cpuinfo. There oneDNN's bf16 products run several times the fp32 peak, so what else a bf16 step does
-    weighs more, and some CPU kernels choose another form (gptcli/model/kernels/)."""
-    return "amx_bf16" in _cpu_flags()
-
-
-def cpu_has_full_width_avx512() -> bool:
-    """Whether the CPU is an AMD one of family 1Ah or later (Zen 5: ``cpu family : 26``) with AVX-512, whose
-    512-bit FMA units are full width (Zen 4's, family 19h, are 256-bit units taking each instruction twice). Read
-    from /proc/cpuinfo. There MKL, which runs PyTorch's float32 products on x86, runs about half the speed oneDNN
-    reaches (gptcli/model/kernels/onednn.py). Asked for every linear layer's product: the text is parsed once."""
-    return _full_width_avx512(_cpu_flags())
-
-
-@functools.lru_cache(maxsize=2)
-def _full_width_avx512(cpuinfo: str) -> bool:
-    if "AuthenticAMD" not in cpuinfo or "avx512f" not in cpuinfo:
-        return False
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "cpu family":
-            return value.strip().isdigit() and int(value.strip()) >= 0x1A
-    return False
 
 
 def resolve_precision(name: str, device: torch.device) -> Precision:
@@ -291,3 +266,77 @@ def peak_flops(device: torch.device, precision: Precision, given: float | None =
     if os.environ.get("GPT1_CPU_PEAK_FLOPS"):
         return _env_flops("GPT1_CPU_PEAK_FLOPS")
     return measure_cpu_peak(precision)
+
+
+# --- The kernels mode: how the model is computed (``--kernels``), chosen here so that configs of every layer can
+# default to it without importing the kernels (gptcli/model/kernels/ applies them; ``kernels`` re-exports these).
+
+MODES: tuple[str, ...] = ("auto", "reference")
+"""``auto``: the kernels of gptcli/model/kernels/ on CPU, the reference elsewhere. ``reference``: plain PyTorch."""
+
+ENV = "GPT1_KERNELS"
+"""Environment variable read when no mode was set by :func:`set_kernels` (empty or unset: ``auto``)."""
+
+_chosen: str | None = None  # set by set_kernels(); None: follow the environment
+
+
+def check_mode(mode: str, source: str = "--kernels") -> str:
+    """``mode`` if it is one of :data:`MODES`, else a one-line :class:`GPT1Error` naming ``source``."""
+    if mode not in MODES:
+        raise GPT1Error(f"{source}: expected one of {', '.join(MODES)}, got {mode!r}")
+    return mode
+
+
+def set_kernels(mode: str | None) -> None:
+    """Choose the mode for this process (``None``: back to the environment's), until it is chosen again. A run
+    uses :func:`use_kernels` instead, which gives the previous mode back."""
+    global _chosen
+    _chosen = None if mode is None else check_mode(mode)
+
+
+@contextlib.contextmanager
+def use_kernels(chosen: str | None) -> Iterator[str]:
+    """``with use_kernels(config.kernels):`` the block computes in ``chosen`` (``None``: the mode in force), and
+    the mode before it (:func:`set_kernels`'s choice, or none: the environment's) is back when the block exits,
+    returning or raising. Every library run that computes with the model (``pretrain()``, ``finetune()``,
+    ``evaluate_tasks()``, ``zeroshot()``, ``run_curve()``, ``corpus_perplexity()``, ``quickstart()``, each step of a
+    ``Generation``) runs inside one. Yields the mode in force inside. An unknown mode is refused before anything
+    changes."""
+    global _chosen
+    before = _chosen
+    if chosen is not None:
+        set_kernels(chosen)
+    try:
+        yield mode()
+    finally:
+        _chosen = before
+
+
+def _environment() -> str:
+    """``$GPT1_KERNELS`` as set (unchecked), else ``auto``."""
+    return os.environ.get(ENV, "") or "auto"
+
+
+def default_mode() -> str:
+    """``$GPT1_KERNELS``, else ``auto``: the mode in force when no :func:`set_kernels` chose one (on the command
+    line the variable is the default of ``--kernels``, under ``--config``: gptcli/commands/options.py)."""
+    return check_mode(_environment(), source=ENV)
+
+
+def mode() -> str:
+    """The mode in force: the one :func:`set_kernels` (or the :func:`use_kernels` block around the caller) chose,
+    else :func:`default_mode`."""
+    return _chosen if _chosen is not None else default_mode()
+
+
+def config_default() -> str:
+    """The default of every config's ``kernels`` field: the mode in force when the config is made (the one
+    :func:`set_kernels` chose, else ``$GPT1_KERNELS``, else ``auto``). Unchecked here, so that a misspelt variable
+    cannot break ``gpt1 --help``: the run refuses it when it starts, naming ``--kernels``."""
+    return _chosen if _chosen is not None else _environment()
+
+
+def kernels_enabled(device: torch.device | str) -> bool:
+    """Whether the CPU kernels (gptcli/model/kernels/) compute for tensors on ``device``: in ``auto`` mode, on CPU."""
+    kind = torch.device(device).type if isinstance(device, str) else device.type
+    return kind == "cpu" and mode() == "auto"

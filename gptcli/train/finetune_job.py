@@ -74,7 +74,9 @@ class TaskLoss:
         if batch.packing is not None:
             lm = lm_loss_per_sequence_packed(hidden, batch.ids, batch.packing, body.lm_token_nll).mean()
         else:
-            lm = lm_loss_per_sequence(hidden, batch.ids, batch.mask, body.lm_logits, batch.lm_positions).mean()
+            lm = lm_loss_per_sequence(
+                hidden, batch.ids, batch.mask, body.lm_logits, batch.lm_positions, body.next_token_nll
+            ).mean()
         self.parts["lm_loss"].append(lm.detach().float())
         loss = clf + self.lm_weight * lm
         return loss if factor == 1.0 else loss * factor

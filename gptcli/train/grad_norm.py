@@ -4,15 +4,11 @@ Reference: ``torch.nn.utils.clip_grad_norm_(params, max_norm)``: the 2-norm of a
 gradient multiplied by ``min(1, max_norm / (norm + 1e-6))``. On CUDA that is what runs (fused, and no host read),
 and under ``--kernels reference`` everywhere.
 
-On CPU, two things cost and one is wrong, on GPT-1's 116.5 M fp32 gradients (docs/performance.md, "fourth session"):
-
-- PyTorch's fp32 norm of a large CPU tensor was 5.3·10⁻⁴ off the exact one on GPT-1's gradients (10⁻³ on a test's
-  20 M elements), and took 39 ms. Here each gradient's sum of squares is a batch of fp32 dot products over
-  4,096-element chunks (the BLAS, near memory speed), the chunks summed in fp64: within 10⁻⁹ of the exact norm, in
-  21 ms.
-- When the norm is under the threshold, ``clip_grad_norm_`` still multiplies every gradient by 1.0 (23 ms): it
-  cannot read the norm without a device sync on a GPU. On CPU reading it is free, and a factor of exactly 1 is
-  skipped (the same gradients, bit for bit).
+On CPU under ``--kernels auto``, in plain PyTorch: each gradient's sum of squares is a batch of fp32 dot products
+over chunks (the BLAS, near memory speed), the chunks summed in fp64 — PyTorch's fp32 norm of a large CPU tensor
+is both slower and further from the exact norm; and a clipping factor of exactly 1 is skipped (reading the norm is
+free on CPU, where a GPU would have to wait for the device; the gradients stay bit for bit). Figures:
+docs/performance.md, "Kernels".
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ from collections.abc import Iterable
 
 import torch
 
-from gptcli.model import kernels
+from gptcli.system.runtime import kernels_enabled
 
 CHUNK = 4096
 """Elements per fp32 dot product of :func:`_sum_of_squares` (its rounding error grows with the chunk, its count of
@@ -45,7 +41,7 @@ def grad_norm(params: Iterable[torch.Tensor]) -> torch.Tensor:
 def clip_grad_norm(params: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_(params, max_norm)``: returns the norm before clipping (module docstring)."""
     params = [p for p in params if p.grad is not None]
-    grads = [p.grad for p in params]
+    grads = [p.grad for p in params if p.grad is not None]  # all of them: the filter above, spelled for mypy
     if not grads or not _cpu_fp32(grads):
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
     norm = grad_norm(params)
@@ -61,7 +57,7 @@ def _cpu_fp32(grads: list[torch.Tensor]) -> bool:
     switch of every fast CPU path: ``reference`` computes PyTorch's own, as a GPU does)."""
     if not all(g.device.type == "cpu" and g.dtype == torch.float32 and g.layout == torch.strided for g in grads):
         return False
-    return kernels.enabled(grads[0].device)
+    return kernels_enabled(grads[0].device)
 
 
 def _chunk_dots(g: torch.Tensor) -> torch.Tensor:

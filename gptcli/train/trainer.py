@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn as nn
@@ -26,6 +26,9 @@ from gptcli.system.runtime import Precision, autocast, shared_casts
 from gptcli.system.torch_floor import check_torch
 from gptcli.train.grad_norm import clip_grad_norm, grad_norm
 from gptcli.train.optim import set_lr
+
+if TYPE_CHECKING:
+    from torch.nn.parallel import DistributedDataParallel
 
 
 @dataclass
@@ -62,7 +65,7 @@ class Trainer:
         # The CLI checks the floor before any command; a library user reaches training through here, and an older
         # torch would otherwise fail at the first update's clipping (torch_floor.py), after the data was prepared.
         check_torch()
-        self.model = model
+        self.model = kernels.apply(model, device)  # the fast CPU paths, where --kernels auto runs on CPU
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.lr_fn = lr_fn
@@ -85,7 +88,7 @@ class Trainer:
             for i, mb in enumerate(micro_batches):
                 # Under DDP, all-reduce gradients only once, on the last micro-batch.
                 sync = i == n - 1 or not hasattr(self.model, "no_sync")
-                with contextlib.nullcontext() if sync else self.model.no_sync():
+                with contextlib.nullcontext() if sync else cast("DistributedDataParallel", self.model).no_sync():
                     with autocast(self.device, self.precision):
                         loss = self.loss_fn(self.model, mb)
                     self.scaler.scale(loss / n).backward()
@@ -172,8 +175,8 @@ def unwrap(model: nn.Module) -> nn.Module:
     """The bare model inside DDP / torch.compile wrappers."""
     while True:
         if hasattr(model, "module"):
-            model = model.module
+            model = cast(nn.Module, model.module)  # a wrapper's attribute: the module it wraps
         elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
+            model = cast(nn.Module, model._orig_mod)
         else:
             return model

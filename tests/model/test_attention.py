@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from compiled_helpers import assert_runs_eagerly_between_graphs
+from kernel_helpers import applied
 
 import gptcli.model.kernels.attention as attention
 from gptcli.model.gpt import GPT, ModelConfig
@@ -114,7 +115,7 @@ def test_the_model_takes_the_dispatched_path(monkeypatch: pytest.MonkeyPatch) ->
         return "chunked"
 
     monkeypatch.setattr(attention, "attention_path", spy)
-    model = GPT(ModelConfig(vocab_size=50, n_ctx=16, n_embd=16, n_layer=2, n_head=2, n_inner=32)).train()
+    model = applied(GPT(ModelConfig(vocab_size=50, n_ctx=16, n_embd=16, n_layer=2, n_head=2, n_inner=32)).train())
     model(torch.randint(0, 50, (2, 16)))
     assert seen == [("cpu", torch.float32, 0.1, 16)] * 2
 
@@ -380,7 +381,7 @@ def test_the_fp32_model_trains_through_the_fused_path(monkeypatch: pytest.Monkey
     calls = []
     apply = attention._FusedAttention.apply
     monkeypatch.setattr(attention._FusedAttention, "apply", lambda *a: calls.append(a[1]) or apply(*a))
-    model = GPT(ModelConfig(vocab_size=50, n_ctx=16, n_embd=16, n_layer=2, n_head=2, n_inner=32)).train()
+    model = applied(GPT(ModelConfig(vocab_size=50, n_ctx=16, n_embd=16, n_layer=2, n_head=2, n_inner=32)).train())
     model(torch.randint(0, 50, (2, 16)))[0].sum().backward()
     assert calls == [0.1, 0.1]
     assert all(p.grad is not None for p in model.parameters())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_helpers import applied
 
 from gptcli.model import chunked_nll as chunked
 from gptcli.model.losses import IGNORE
@@ -95,7 +96,7 @@ def test_a_device_named_in_chunked_loss_devices_trains_through_it(monkeypatch):
     set_kernels("reference")
     try:
         torch.manual_seed(0)
-        model = GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32)).eval()
+        model = applied(GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32)).eval())
         ids = torch.randint(0, 101, (4, 16))
         for autocast, tol in ((False, {}), (True, {"rtol": 2e-2, "atol": 2e-3})):
             results = []

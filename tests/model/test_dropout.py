@@ -10,10 +10,11 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from kernel_helpers import applied
 
-from gptcli.model.dropout import Dropout
 from gptcli.model.gpt import GPT, preset
 from gptcli.model.kernels.dropout import dropout, keep_mask
+from gptcli.model.kernels.layers import Dropout
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
@@ -95,7 +96,7 @@ def test_module_is_an_nn_dropout_with_its_modes():
 
 def test_model_uses_it_and_still_matches_its_expectation():
     """GPT's dropouts are this module's, and a training-mode forward averages to the eval forward's scale."""
-    model = GPT(preset("tiny", n_layer=1, vocab_size=64, n_ctx=16))
+    model = applied(GPT(preset("tiny", n_layer=1, vocab_size=64, n_ctx=16)))
     assert all(type(m) is Dropout for m in model.modules() if isinstance(m, nn.Dropout))
     torch.manual_seed(0)
     x = torch.randn(200_000)

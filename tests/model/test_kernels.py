@@ -1,9 +1,9 @@
-"""The one switch between the fast CPU kernels (gptcli/model/kernels/) and the plain-PyTorch reference model.
+"""The fast CPU kernels (gptcli/model/kernels/) applied to the plain-PyTorch reference model by ``kernels.apply``.
 
-The model computes the same function both ways: outputs and gradients agree to fp32 rounding (dropout off: the two
-draw different masks for one seed; each kernel's law and its agreement with the reference op are tested beside
-it, in test_attention.py, test_dropout.py, test_losses.py and test_tied.py). ``reference`` never imports a
-kernel module.
+An applied model computes the same function as the reference, in either mode: outputs and gradients agree to fp32
+rounding (dropout off: the two draw different masks for one seed; each kernel's law and its agreement with the
+reference op are tested beside it, in test_attention.py, test_dropout.py, test_losses.py and test_tied.py).
+``reference`` never imports a kernel module, and ``apply`` leaves the model as it was.
 """
 
 from __future__ import annotations
@@ -16,11 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_helpers import applied
 
 from gptcli.errors import GPT1Error
 from gptcli.model import kernels
 from gptcli.model.dropout import Dropout, dropout
 from gptcli.model.gpt import GPT, ModelConfig
+from gptcli.model.kernels import cpu as kernel_cpu
+from gptcli.system import runtime
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -56,7 +59,7 @@ def test_the_model_is_the_same_function_both_ways_fp32(monkeypatch: pytest.Monke
         attn_pdrop=0.0,
         resid_pdrop=0.0,
     )
-    model = GPT(cfg).train()
+    model = applied(GPT(cfg).train())
     ids = torch.randint(0, 101, (2, t + 1))
     ref_loss, ref_grads = _loss_and_grads("reference", model, ids)
     loss, grads = _loss_and_grads("auto", model, ids)
@@ -87,7 +90,7 @@ def test_the_model_is_the_same_function_both_ways_bf16(monkeypatch: pytest.Monke
         attn_pdrop=0.0,
         resid_pdrop=0.0,
     )
-    model = GPT(cfg).train()
+    model = applied(GPT(cfg).train())
     ids = torch.randint(0, 101, (2, 33))
     ref_loss, ref_grads = _loss_and_grads("reference", model, ids, autocast=True)
     loss, grads = _loss_and_grads("auto", model, ids, autocast=True)
@@ -96,29 +99,57 @@ def test_the_model_is_the_same_function_both_ways_bf16(monkeypatch: pytest.Monke
         torch.testing.assert_close(g, ref_grads[name], atol=5e-2, rtol=5e-2, msg=name)
 
 
+def test_apply_swaps_the_seams_only_and_only_under_auto_on_cpu() -> None:
+    """``apply`` keeps the parameters and the state dict, leaves a head's and the LSTM's linear layers alone,
+    changes nothing applied twice, and under ``reference`` (or off the CPU) leaves the model plain PyTorch."""
+    from gptcli.model.kernels import layers
+
+    cfg = ModelConfig(vocab_size=50, n_ctx=8, n_embd=8, n_layer=1, n_head=2, n_inner=16)
+    model = GPT(cfg)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with kernels.use_kernels("reference"):
+        assert kernels.apply(model, "cpu") is model
+    with kernels.use_kernels("auto"):
+        assert kernels.apply(model, "meta") is model
+    assert type(model.blocks[0].mlp.fc) is torch.nn.Linear and type(model.blocks[0].mlp.act) is torch.nn.GELU
+    applied(model)
+    applied(model)
+    assert type(model.blocks[0].attn.qkv) is layers.Linear and type(model.blocks[0].mlp.act) is layers.GELU
+    assert type(model.drop) is layers.Dropout and isinstance(model.tied, layers.TiedKernels)
+    assert not isinstance(model.tied.reference, layers.TiedKernels)
+    assert isinstance(model.blocks[0].attn.attention, layers.WrittenOutAttention)
+    assert not isinstance(model.blocks[0].attn.attention.reference, layers.WrittenOutAttention)
+    after = model.state_dict()
+    assert list(after) == list(before) and all(torch.equal(after[k], v) for k, v in before.items())
+
+
 def test_reference_dropout_is_f_dropout_and_the_kernel_draws_its_own_masks() -> None:
     x = torch.randn(64, 50)
-    for fn in (lambda: dropout(x, 0.3), lambda: Dropout(0.3).train()(x)):
-        kernels.set_kernels("reference")
+    torch.manual_seed(3)
+    got = dropout(x, 0.3)
+    torch.manual_seed(3)
+    assert torch.equal(got, F.dropout(x, 0.3, True))
+    torch.manual_seed(3)
+    assert torch.equal(Dropout(0.3).train()(x), got)
+    layer = applied(Dropout(0.3).train())
+    for mode, same in (("reference", True), ("auto", False)):
+        kernels.set_kernels(mode)
         torch.manual_seed(3)
-        got = fn()
-        torch.manual_seed(3)
-        assert torch.equal(got, F.dropout(x, 0.3, True))
-        kernels.set_kernels("auto")
-        torch.manual_seed(3)
-        assert not torch.equal(fn(), got)  # byte-drawn masks: the same law, other units
+        assert torch.equal(layer(x), got) is same  # byte-drawn masks under auto: the same law, other units
 
 
 @pytest.mark.parametrize("mode", kernels.MODES)
 def test_a_broadcast_mask_is_shared_along_its_unit_dimensions(mode: str) -> None:
     """The multiple-choice head's dropout: one mask per example, shared by its answers, scaled by 1/(1 - p)."""
+    layer = applied(Dropout(0.25).train())
     kernels.set_kernels(mode)
     x = torch.rand(4, 3, 200) + 1.0
-    y = dropout(x, 0.25, noise_shape=(4, 1, 200))
+    y = layer(x, noise_shape=(4, 1, 200))
     kept = y != 0
     assert torch.equal(kept, kept[:, :1].expand_as(kept))
     assert 0.6 < kept.float().mean().item() < 0.9
     torch.testing.assert_close(y[kept], x[kept] / 0.75)
+    assert torch.equal(layer.eval()(x, noise_shape=(4, 1, 200)), x)
     assert torch.equal(dropout(x, 0.25, training=False, noise_shape=(4, 1, 200)), x)
 
 
@@ -126,10 +157,11 @@ def test_the_kernels_broadcast_mask_is_the_heads_former_one() -> None:
     """``auto`` keeps the numbers: the multiple-choice head's mask as it was drawn before the switch."""
     from gptcli.model.kernels.dropout import keep_mask
 
+    layer = applied(Dropout(0.1).train())
     kernels.set_kernels("auto")
     x = torch.randn(4, 3, 16)
     torch.manual_seed(9)
-    got = dropout(x, 0.1, noise_shape=(4, 1, 16))
+    got = layer(x, noise_shape=(4, 1, 16))
     torch.manual_seed(9)
     assert torch.equal(got, x * keep_mask((4, 1, 16), 0.1, x.device, x.dtype) / (1 - 0.1))
 
@@ -139,11 +171,13 @@ def _imported_kernels(env: dict[str, str], code: str = "") -> list[str]:
         "import sys, torch\n"
         "from gptcli.model.gpt import GPT, ModelConfig\n"
         "from gptcli.model.heads import HeadConfig, TaskHead\n"
+        "from gptcli.model.kernels import apply\n"
         f"{code}\n"
         "m = GPT(ModelConfig(vocab_size=70, n_ctx=300, n_embd=16, n_layer=1, n_head=2, n_inner=32)).train()\n"
+        "m = apply(m, 'cpu')\n"
         "ids = torch.randint(0, 70, (4, 300))\n"
         "m.lm_loss(ids[:, :-1], ids[:, 1:]).backward()\n"
-        "head = TaskHead(HeadConfig('multiple_choice', 16, extract_id=3)).train()\n"
+        "head = apply(TaskHead(HeadConfig('multiple_choice', 16, extract_id=3)).train(), 'cpu')\n"
         "ids[:, 5] = 3\n"
         "head(m(ids), ids, 2).sum().backward()\n"
         "print(sorted(k for k in sys.modules if k.startswith('gptcli.model.kernels.')))\n"
@@ -184,8 +218,10 @@ def test_reference_imports_no_kernel_module() -> None:
     assert _imported_kernels({"GPT1_KERNELS": "auto"}) == [
         "gptcli.model.kernels.attention",
         "gptcli.model.kernels.casts",
+        "gptcli.model.kernels.cpu",
         "gptcli.model.kernels.dropout",
         "gptcli.model.kernels.gelu",
+        "gptcli.model.kernels.layers",
         "gptcli.model.kernels.linear",
         "gptcli.model.kernels.losses",
         "gptcli.model.kernels.native",
@@ -222,7 +258,7 @@ def test_a_run_block_gives_the_callers_mode_back(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv(kernels.ENV, "reference")
     with kernels.use_kernels("auto") as inside:
         assert inside == kernels.mode() == "auto"
-    assert kernels.mode() == "reference" and kernels._chosen is None  # the environment's again, not a copy of it
+    assert kernels.mode() == "reference" and runtime._chosen is None  # the environment's again, not a copy of it
     kernels.set_kernels("auto")
     with pytest.raises(RuntimeError, match="boom"), kernels.use_kernels("reference"):
         assert kernels.mode() == "reference"
@@ -270,7 +306,25 @@ def test_the_amx_forms_follow_the_cpu_flag_unless_forced(monkeypatch: pytest.Mon
     assert kernels.amx() and runtime.cpu_has_bf16()
     monkeypatch.setattr(runtime, "_cpu_flags", lambda: "flags\t: avx512f avx512_bf16")  # Zen 4: bf16, no AMX
     assert not kernels.amx() and runtime.cpu_has_bf16()
-    monkeypatch.setattr(kernels, "_amx_forced", True)
+    monkeypatch.setattr(kernel_cpu, "_amx_forced", True)
     assert kernels.amx()
     kernels.force_amx(None)
     assert not kernels.amx()
+
+
+@pytest.mark.parametrize("mode", kernels.MODES)
+def test_runs_apply_the_kernels_where_they_load_or_train_a_model(pretrained, mode: str) -> None:
+    """``load_checkpoint`` (every evaluation, generation and fine-tuning's init) and the ``Trainer`` (pretraining and
+    fine-tuning) give the model the kernels under ``auto`` on CPU, and leave it plain PyTorch under ``reference``."""
+    from gptcli.checkpoint import load_checkpoint
+    from gptcli.model.kernels.layers import TiedKernels, WrittenOutAttention
+    from gptcli.train.trainer import Trainer
+
+    with kernels.use_kernels(mode):
+        loaded = load_checkpoint(pretrained).model
+        built = GPT(ModelConfig(vocab_size=50, n_ctx=8, n_embd=8, n_layer=1, n_head=2, n_inner=16))
+        opt = torch.optim.SGD(built.parameters(), lr=0.1)
+        Trainer(built, opt, lambda m, b: m.lm_loss(b[:, :-1], b[:, 1:]), lambda s: 0.1, device=torch.device("cpu"))
+    for model in (loaded, built):
+        assert isinstance(model.tied, TiedKernels) is (mode == "auto")
+        assert isinstance(model.blocks[0].attn.attention, WrittenOutAttention) is (mode == "auto")

@@ -1,6 +1,6 @@
-"""The linear layers' AMX bf16 training form (gptcli/model/kernels/linear.py, gptcli/model/linear.py): autocast's
-forward and input gradient bit for bit, the weight gradient from a dense transposed operand within one bf16
-rounding of autocast's, taken only where it applies."""
+"""The linear layers' AMX bf16 training form (gptcli/model/kernels/linear.py, applied as kernels/layers.py's
+Linear): autocast's forward and input gradient bit for bit, the weight gradient from a dense transposed operand
+within one bf16 rounding of autocast's, taken only where it applies."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from compiled_helpers import assert_runs_eagerly_between_graphs, built_library
+from kernel_helpers import applied
 
 from gptcli.model import kernels
+from gptcli.model.kernels import cpu as kernel_cpu
 from gptcli.model.kernels import linear as amx
 from gptcli.model.kernels import native
-from gptcli.model.linear import Linear
+from gptcli.model.kernels.layers import Linear
 
 
 @pytest.fixture
@@ -25,7 +27,7 @@ def avx512(lib, monkeypatch: pytest.MonkeyPatch):
     """The AMX form as the model takes it: forced on (``kernels.force_amx``), on a library built with AVX-512."""
     if lib.vector_isa() != "avx512":
         pytest.skip("the library here is not built with AVX-512: the AMX form never runs (autocast's does)")
-    monkeypatch.setattr(kernels, "_amx_forced", True)
+    monkeypatch.setattr(kernel_cpu, "_amx_forced", True)
     return lib
 
 
@@ -120,7 +122,7 @@ def test_a_model_trains_alike_in_either_form(avx512) -> None:
     from gptcli.model.gpt import GPT, preset
 
     torch.manual_seed(0)
-    model = GPT(preset("tiny")).train()
+    model = applied(GPT(preset("tiny")).train())
     assert isinstance(model.blocks[0].mlp.fc, Linear)
     idx = torch.randint(0, model.config.vocab_size, (4, 129))
 

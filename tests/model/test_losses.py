@@ -1,4 +1,5 @@
-"""The language-model loss of gptcli/model/losses.py and its CPU kernel (gptcli/model/kernels/losses.py)."""
+"""The language-model loss of gptcli/model/losses.py and its CPU kernel (gptcli/model/kernels/losses.py), as a
+model with the kernels applied computes it (``TiedKernels.nll``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,12 @@ import torch
 import torch.nn.functional as F
 
 from gptcli.model.kernels import losses
-from gptcli.model.losses import IGNORE, lm_loss_per_sequence, next_token_nll
+from gptcli.model.kernels.layers import TiedKernels
+from gptcli.model.losses import IGNORE, lm_loss_per_sequence
+from gptcli.model.tied import TiedProducts
+
+next_token_nll = TiedKernels(TiedProducts()).nll
+"""The loss of a model with the kernels applied: the kernel's under ``auto`` (the tests' mode), else the reference."""
 
 
 def test_per_sequence_loss_matches_the_direct_computation():
@@ -74,7 +80,7 @@ def test_next_token_nll_is_f_cross_entropy_of_the_fp32_logits(monkeypatch, loss_
     weights = torch.rand(35) if reduction == "none" else torch.tensor(1.0)
     if reduction == "none":  # zero and negative upstream gradients: the backward's exp(x − lse + log w) has a fallback
         weights[3], weights[7] = 0.0, -0.5
-    got = next_token_nll(logits, targets, reduction=reduction)
+    got = next_token_nll(logits, targets, reduction)
     (grad,) = torch.autograd.grad((got * weights).sum(), logits)
     want = F.cross_entropy(
         logits.reshape(-1, 101).float(), targets.reshape(-1), ignore_index=IGNORE, reduction=reduction

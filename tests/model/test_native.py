@@ -19,11 +19,14 @@ from compiled_helpers import assert_runs_eagerly_between_graphs, built_library
 
 from gptcli.errors import GPT1Error
 from gptcli.model import kernels
-from gptcli.model.activation import gelu
 from gptcli.model.kernels import native
 from gptcli.model.kernels.dropout import Mask, dropout, threshold
 from gptcli.model.kernels.gelu import gelu as compiled_gelu
+from gptcli.model.kernels.layers import GELU
 from gptcli.progress import RecordingProgress
+
+gelu = GELU(approximate="tanh")
+"""The model's activation with the kernels applied (``kernels.apply`` swaps ``nn.GELU`` for this class)."""
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_helpers import applied
 
 from gptcli.model import kernels
 from gptcli.model.gpt import GPT, ModelConfig, preset
+from gptcli.model.kernels import cpu as kernel_cpu
 from gptcli.model.kernels import linear as kernel_linear
 from gptcli.model.kernels import onednn
 from gptcli.model.kernels import tied as kernel_tied
-from gptcli.model.linear import Linear
+from gptcli.model.kernels.layers import Linear
 from gptcli.system import runtime
 
 ZEN5 = "vendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nflags\t\t: fpu avx2 avx512f avx512_bf16\n"
@@ -51,7 +53,7 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> None:
 )
 def test_only_a_zen5_takes_onednn_a_flag_read_that_tests_can_force(monkeypatch, cpu: str, takes: bool) -> None:
     monkeypatch.setattr(runtime, "_cpu_flags", lambda: cpu)
-    assert runtime.cpu_has_full_width_avx512() is takes and kernels.onednn_fp32() is takes
+    assert kernel_cpu.cpu_has_full_width_avx512() is takes and kernels.onednn_fp32() is takes
     kernels.force_onednn_fp32(not takes)
     assert kernels.onednn_fp32() is not takes
     kernels.force_onednn_fp32(None)
@@ -138,10 +140,10 @@ def test_without_gradients_large_batches_take_onednn_and_decoding_steps_keep_mkl
 @pytest.mark.parametrize("pad", [False, True], ids=["plain", "padded"])
 def test_the_tied_output_layer_linked_on_onednn_gives_mkls_loss_and_gradients(monkeypatch, calls, pad: bool) -> None:
     """The fp32 ``_LinkedProduct`` (lookup linked, padded or not) and the evaluation logits, oneDNN against MKL."""
-    monkeypatch.setattr(kernels, "_amx_forced", False)
+    monkeypatch.setattr(kernel_cpu, "_amx_forced", False)
     monkeypatch.setattr(kernel_tied, "PAD_MIN_POSITIONS", 8 if pad else 10**9)
     torch.manual_seed(0)
-    model = GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=32, n_layer=1, n_head=2, n_inner=64)).eval()
+    model = applied(GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=32, n_layer=1, n_head=2, n_inner=64)).eval())
     ids = torch.randint(0, 101, (4, 16))
 
     def run(dnn: bool):
@@ -167,11 +169,13 @@ def test_a_gpt1_block_trains_alike_on_either_library(calls) -> None:
     rounding, so a run's losses stay those of MKL's products to the digits a log shows."""
     config = preset("gpt1")
     torch.manual_seed(0)
-    model = GPT(
-        ModelConfig(
-            vocab_size=503, n_ctx=300, n_embd=config.n_embd, n_layer=1, n_head=config.n_head, n_inner=config.n_inner
-        )
-    ).train()
+    model = applied(
+        GPT(
+            ModelConfig(
+                vocab_size=503, n_ctx=300, n_embd=config.n_embd, n_layer=1, n_head=config.n_head, n_inner=config.n_inner
+            )
+        ).train()
+    )
     ids = torch.randint(0, 503, (1, 300))
 
     def run(dnn: bool):

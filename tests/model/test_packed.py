@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from kernel_helpers import applied
 
 from gptcli.data.batching import (
     FILL_TOKENS,
@@ -73,7 +74,7 @@ def _encoded(task_name, pretrained, shared_data, n_ctx=None, n=24, data_dir=None
             if hasattr(m, name) and isinstance(getattr(m, name), float):
                 setattr(m, name, 0.0)
     torch.manual_seed(0)
-    return FinetuneModel(gpt, head).train(), train, tok.extract_id, task.kind == "regression"
+    return applied(FinetuneModel(gpt, head).train()), train, tok.extract_id, task.kind == "regression"
 
 
 def _run(model, batch, packed: bool):

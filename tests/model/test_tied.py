@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import torch
+from kernel_helpers import applied
 
 from gptcli.model import kernels
+from gptcli.model.kernels import cpu as kernel_cpu
 from gptcli.model.losses import next_token_nll
 
 
@@ -16,8 +18,8 @@ def test_padded_output_product_gives_the_same_logits_and_gradients(monkeypatch):
     from gptcli.model.kernels import tied as padding
 
     set_kernels("auto")
-    monkeypatch.setattr(kernels, "_amx_forced", False)  # fp32 pads on CPUs without AMX
-    model = GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32))
+    monkeypatch.setattr(kernel_cpu, "_amx_forced", False)  # fp32 pads on CPUs without AMX
+    model = applied(GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32)))
     ids = torch.randint(0, 101, (4, 16))
     results = []
     for min_positions in (10**9, 8):  # never padded, then padded
@@ -39,24 +41,23 @@ def test_padded_output_product_gives_the_same_logits_and_gradients(monkeypatch):
 def test_training_loss_through_the_padded_product_is_the_plain_one(monkeypatch):
     """``lm_nll`` pads the product in fp32 and under bf16 autocast and hands the padded logits to the loss whole:
     the same loss and embedding gradient as the plain product and loss."""
-    from gptcli.model import tied
     from gptcli.model.gpt import GPT, ModelConfig
     from gptcli.model.kernels import set_kernels
     from gptcli.model.kernels import tied as padding
 
     set_kernels("auto")
-    monkeypatch.setattr(kernels, "_amx_forced", False)  # fp32 pads on CPUs without AMX
+    monkeypatch.setattr(kernel_cpu, "_amx_forced", False)  # fp32 pads on CPUs without AMX
     torch.manual_seed(0)
-    model = GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32)).eval()
+    model = applied(GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32)).eval())
     ids = torch.randint(0, 101, (4, 16))
     seen = []
-    real = tied.next_token_nll
+    real = model.tied.nll
 
     def spy(*args, **kwargs):
         seen.append(kwargs.get("classes"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tied, "next_token_nll", spy)
+    monkeypatch.setattr(model.tied, "nll", spy)
     monkeypatch.setattr(padding, "PAD_MIN_POSITIONS", 8)
     rule = padding.padding_is_faster
     for autocast in (False, True):
@@ -88,11 +89,11 @@ def test_the_amx_padded_product_gives_the_plain_bf16_loss_and_gradients(monkeypa
     real = padding._AmxPaddedProduct.forward
     monkeypatch.setattr(padding._AmxPaddedProduct, "forward", staticmethod(lambda *a: calls.append(1) or real(*a)))
     torch.manual_seed(0)
-    model = GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=32, n_layer=1, n_head=2, n_inner=64)).eval()
+    model = applied(GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=32, n_layer=1, n_head=2, n_inner=64)).eval())
     ids = torch.randint(0, 101, (4, 16))
     results = []
     for amx in (False, True):
-        monkeypatch.setattr(kernels, "_amx_forced", amx)
+        monkeypatch.setattr(kernel_cpu, "_amx_forced", amx)
         model.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = model.lm_nll(model(ids[:, :-1]), ids[:, 1:])
@@ -116,7 +117,7 @@ def test_on_an_amx_cpu_fp32_keeps_the_plain_product_and_bf16_training_the_padded
     monkeypatch.setattr(padding, "PAD_MIN_POSITIONS", 8)
     h, w = torch.randn(4, 16, 16), torch.randn(101, 16)
     for amx, fp32 in ((True, False), (False, True)):
-        monkeypatch.setattr(kernels, "_amx_forced", amx)
+        monkeypatch.setattr(kernel_cpu, "_amx_forced", amx)
         assert padding.padding_is_faster(h, w) is fp32
         assert padding.padding_is_faster(h, w, training=True) is fp32
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -134,7 +135,7 @@ def test_bf16_training_pads_at_any_size_without_amx(monkeypatch):
     set_kernels("auto")
     h, w = torch.randn(4, 16, 16), torch.randn(101, 16)  # 64 positions, under PAD_MIN_POSITIONS
     for amx in (False, True):
-        monkeypatch.setattr(kernels, "_amx_forced", amx)
+        monkeypatch.setattr(kernel_cpu, "_amx_forced", amx)
         assert not padding.padding_is_faster(h, w, training=True)  # fp32
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert padding.padding_is_faster(h, w, training=True) is not amx
@@ -145,7 +146,6 @@ def test_fine_tunings_auxiliary_loss_takes_the_amx_padded_product_under_bf16(mon
     """``lm_token_nll`` (the per-token loss of fine-tuning's auxiliary LM objective) under bf16 autocast takes the
     padded product — the AMX one on an AMX CPU, the linked padded bf16 product without AMX — with the plain bf16
     product's per-token losses and gradients."""
-    from gptcli.model import tied
     from gptcli.model.gpt import GPT, ModelConfig
     from gptcli.model.kernels import tied as padding
 
@@ -153,17 +153,17 @@ def test_fine_tunings_auxiliary_loss_takes_the_amx_padded_product_under_bf16(mon
     monkeypatch.setattr(padding, "PAD_MIN_POSITIONS", 8)
     monkeypatch.setattr(padding, "AMX_COLUMNS", 48)
     calls, seen = [], []
-    real, real_nll, rule = padding._AmxPaddedProduct.forward, tied.next_token_nll, padding.padding_is_faster
-    monkeypatch.setattr(padding._AmxPaddedProduct, "forward", staticmethod(lambda *a: calls.append(1) or real(*a)))
-    monkeypatch.setattr(tied, "next_token_nll", lambda *a, **k: seen.append(k.get("classes")) or real_nll(*a, **k))
     torch.manual_seed(0)
-    model = GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=32, n_layer=1, n_head=2, n_inner=64)).eval()
+    model = applied(GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=32, n_layer=1, n_head=2, n_inner=64)).eval())
+    real, real_nll, rule = padding._AmxPaddedProduct.forward, model.tied.nll, padding.padding_is_faster
+    monkeypatch.setattr(padding._AmxPaddedProduct, "forward", staticmethod(lambda *a: calls.append(1) or real(*a)))
+    monkeypatch.setattr(model.tied, "nll", lambda *a, **k: seen.append(k.get("classes")) or real_nll(*a, **k))
     ids = torch.randint(0, 101, (4, 16))
     targets = ids[:, 1:].clone()
     targets[0, -3:] = -100  # ignored positions lose nothing
     results = []
     for amx, pads in ((False, False), (False, True), (True, True)):  # the plain product first: the reference
-        monkeypatch.setattr(kernels, "_amx_forced", amx)
+        monkeypatch.setattr(kernel_cpu, "_amx_forced", amx)
         monkeypatch.setattr(padding, "padding_is_faster", rule if pads else lambda *a, **k: False)
         model.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -7,10 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_helpers import applied
 from torch.profiler import ProfilerActivity, profile
 
 from gptcli.model import kernels
 from gptcli.model.gpt import GPT, ModelConfig
+from gptcli.model.kernels import cpu as kernel_cpu
 from gptcli.model.kernels import tied as padding
 from gptcli.model.kernels.tied_lookup import Link
 
@@ -19,7 +21,7 @@ DENSE = "aten::embedding_dense_backward"
 
 def _model() -> GPT:
     torch.manual_seed(0)
-    return GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=32, n_layer=1, n_head=2, n_inner=64)).eval()
+    return applied(GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=32, n_layer=1, n_head=2, n_inner=64)).eval())
 
 
 def _grads(model: GPT, mode: str, run) -> tuple[dict[str, torch.Tensor], int]:
@@ -51,7 +53,7 @@ PATHS = {
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_the_linked_lookup_gives_the_reference_gradients_without_a_vocabulary_sized_one(monkeypatch, path):
     amx, min_positions, bf16 = PATHS[path]
-    monkeypatch.setattr(kernels, "_amx_forced", amx)
+    monkeypatch.setattr(kernel_cpu, "_amx_forced", amx)
     monkeypatch.setattr(padding, "PAD_MIN_POSITIONS", min_positions)
     model, ids = _model(), torch.randint(0, 101, (4, 16))
     ids[:, :4] = 7  # a token looked up many times: its rows are summed
@@ -71,7 +73,7 @@ def test_the_linked_lookup_gives_the_reference_gradients_without_a_vocabulary_si
 def test_accumulated_micro_batches_and_a_second_use_of_the_output_layer(monkeypatch):
     """Two backward passes into the same gradients (gradient accumulation), the second through two uses of the
     output layer in one graph: the reference's sums."""
-    monkeypatch.setattr(kernels, "_amx_forced", True)
+    monkeypatch.setattr(kernel_cpu, "_amx_forced", True)
     model, ids = _model(), torch.randint(0, 101, (2, 4, 16))
 
     def run(m):
@@ -90,7 +92,7 @@ def test_without_the_output_layer_or_in_another_backward_pass_the_lookup_compute
     """A loss without the LM (a classifier's), and an output layer whose backward ran in an earlier pass than the
     lookup's: the link was not offered, or was withdrawn when that pass ended, and the lookup's gradient is the
     reference's dense one."""
-    monkeypatch.setattr(kernels, "_amx_forced", True)
+    monkeypatch.setattr(kernel_cpu, "_amx_forced", True)
     model, ids = _model(), torch.randint(0, 101, (4, 16))
 
     def no_lm(m):
@@ -116,7 +118,7 @@ def test_without_the_output_layer_or_in_another_backward_pass_the_lookup_compute
 def test_a_use_of_the_weight_summed_after_the_output_layers_keeps_the_link(monkeypatch):
     """A second use of the weight whose gradient autograd adds into the output layer's in place (it arrives
     second): the offered tensor still holds the sum, and the lookup adds into it."""
-    monkeypatch.setattr(kernels, "_amx_forced", True)
+    monkeypatch.setattr(kernel_cpu, "_amx_forced", True)
     model, ids = _model(), torch.randint(0, 101, (4, 16))
 
     def run(m):
@@ -136,12 +138,12 @@ def test_no_link_without_gradients_or_under_the_reference(monkeypatch):
     kernels.set_kernels("auto")
     with torch.no_grad():
         model(ids)
-    assert model._tied_link is None
+    assert model.tied.link is None
     model(ids)
-    assert model._tied_link is not None
+    assert model.tied.link is not None
     kernels.set_kernels("reference")
     model(ids)
-    assert model._tied_link is None
+    assert model.tied.link is None
 
 
 @pytest.mark.parametrize("pad", [False, True])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_helpers import applied
 
 from gptcli.model.gpt import GPT, ModelConfig
 from gptcli.train.trainer import Trainer
@@ -32,10 +33,10 @@ def test_bf16_micro_batches_share_one_cast_of_each_weight_and_sum_the_same_gradi
     autocast's cache until the update's last backward pass), the tied output layer's padded bf16 copy of the
     embedding too (kernels/casts.py), and accumulates the gradients a loop with one autocast region per
     micro-batch does, bit for bit."""
-    from gptcli.model import kernels
+    from gptcli.model.kernels import cpu as kernel_cpu
     from gptcli.model.kernels import tied
 
-    monkeypatch.setattr(kernels, "_amx_forced", False)  # the AMX forms: the next test
+    monkeypatch.setattr(kernel_cpu, "_amx_forced", False)  # the AMX forms: the next test
     padded = []
     real_copy = tied._padded_copy
     monkeypatch.setattr(tied, "_padded_copy", lambda w, dtype: padded.append(1) or real_copy(w, dtype))
@@ -51,7 +52,7 @@ def test_bf16_micro_batches_share_one_cast_of_each_weight_and_sum_the_same_gradi
         attn_pdrop=0.0,
         resid_pdrop=0.0,
     )
-    model = GPT(cfg).train()
+    model = applied(GPT(cfg).train())  # as a run gives it to the Trainer, which applies them too
     batches = list(torch.randint(0, 101, (3, 2, 17)))
 
     def loss_fn(m, mb):
@@ -101,12 +102,12 @@ def test_the_amx_forms_cast_each_weight_once_per_update_and_sum_the_same_gradien
     same bit for bit."""
     from compiled_helpers import built_library
 
-    from gptcli.model import kernels
+    from gptcli.model.kernels import cpu as kernel_cpu
     from gptcli.model.kernels import linear, tied
 
     if built_library().vector_isa() != "avx512":
         pytest.skip("the library here is not built with AVX-512: the AMX forms never run")
-    monkeypatch.setattr(kernels, "_amx_forced", True)
+    monkeypatch.setattr(kernel_cpu, "_amx_forced", True)
     made = {"linear": 0, "head": 0}
 
     def counted(kind, make):
@@ -131,7 +132,7 @@ def test_the_amx_forms_cast_each_weight_once_per_update_and_sum_the_same_gradien
         attn_pdrop=0.0,
         resid_pdrop=0.0,
     )
-    model = GPT(cfg).train()
+    model = applied(GPT(cfg).train())
     batches = list(torch.randint(0, 101, (3, 4, 257)))
     n_linear = 4 * cfg.n_layer
 

@@ -1,32 +1,23 @@
 """Causal self-attention written out on CPU, over blocks of queries, with a hand-written backward.
 
-Reference: ``F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)`` (gptcli/model/attention.py).
-``softmax(q·kᵀ/√d + causal mask) · v`` with dropout on the attention probabilities (GPT-1's ``attn_pdrop``) is
-the same function either way (tests/model/test_attention.py), not the same speed:
+Reference: ``F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)`` (gptcli/model/attention.py):
+the same function (tests/model/test_attention.py), not the same speed. Why: on CPU SDPA has no fused kernel with
+dropout and falls back to its "math" path over the whole T × T, and is slow under bf16 autocast even without.
+Written out over blocks of queries (``chunked``), each block against only the keys it can see, the masked upper
+triangle is neither computed nor dropped out, and the mask and 1/√d ride on the score product; where the compiled
+library serves the dtype, its softmax applies the mask and the dropout in the same pass (``softmax.cpp``). Short
+sequences take one block (``plain``); fp32 takes ``fused`` (``fused_attention.cpp``: a block start to end in one
+call, recomputed in the backward instead of kept); other dtypes take SDPA. Figures: docs/performance.md, "Kernels".
 
-- On CPU there is no fused kernel with dropout, so with dropout SDPA falls back to its composite "math" path over
-  the whole T × T, and under bf16 autocast SDPA is slow even without. Written out over blocks of queries
-  (``chunked``), each block against only the keys it can see, the masked upper triangle is neither computed nor
-  dropped out, and the mask and 1/√d ride on the score matmul (``baddbmm``); where the compiled library serves the
-  dtype, the softmax applies the causal mask itself and writes the dropped-out probabilities in the same pass
-  (``softmax.cpp``). It is faster than SDPA in fp32 and bf16, with and without dropout, training and evaluation
-  (docs/performance.md, "Attention").
-- Sequences under ``CHUNK_MIN_LEN`` (fine-tuning, scoring) are written out in one block (``plain``).
-- In fp32, where the compiled library binds a BLAS ``sgemm``, the causal attention is ``fused`` instead, at every
-  length: per block of queries the scores, softmax, dropout and product with v in one compiled call while the block
-  is in cache, and the backward pass computes the probabilities again instead of keeping them
-  (``fused_attention.cpp``; 1.26× a written-out fp32 layer at 4 × 512, and 54 MiB less kept per layer).
-- Other dtypes (fp16 on CPU: not measured) take SDPA.
-
-Measured by benchmarks/attention_paths.py. :func:`attention_path` is that table; :func:`causal_attention` applies
-it; ``path=`` forces one (benchmarks, tests). The dropout is a Bernoulli(1 − p) mask scaled by 1/(1 − p) on every
-path (SDPA draws it itself; the written-out paths draw it by ``kernels/dropout.py``), so the choice changes speed,
-floating-point rounding and which units a seed drops, never the model.
+:func:`attention_path` is that table; :func:`causal_attention` applies it; ``path=`` forces one (benchmarks,
+tests). Every path drops units by a Bernoulli(1 − p) mask scaled by 1/(1 − p), so the choice changes speed,
+rounding and which units a seed drops, never the model.
 """
 
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -45,8 +36,8 @@ library has it): blocks of ``FUSED_ROWS`` queries each computed start to end in 
 leaving the cache, and computed again in the backward pass instead of kept (:class:`_FusedAttention`)."""
 
 CHUNK_ROWS = 128
-"""Queries per block of the ``chunked`` path (T = 512: 4 blocks). At T = 256 and 512, blocks of 128 were the
-fastest or within noise of it in every precision, dropout and mode (benchmarks/attention_paths.py ``--chunks``)."""
+"""Queries per block of the ``chunked`` path (T = 512: 4 blocks): at T = 256 and 512 the fastest block size, or
+within noise of it, in every precision, dropout and mode measured."""
 
 
 CPU_PATHS: dict[tuple[torch.dtype, bool], str] = {
@@ -55,27 +46,27 @@ CPU_PATHS: dict[tuple[torch.dtype, bool], str] = {
     (torch.bfloat16, False): "chunked",
     (torch.bfloat16, True): "chunked",
 }
-"""The CPU's path per (dtype, dropout on?) from ``CHUNK_MIN_LEN`` tokens on, from benchmarks/attention_paths.py
-(docs/performance.md has the run). Other dtypes (fp16 on CPU: not measured) take SDPA."""
+"""The CPU's path per (dtype, dropout on?) from ``CHUNK_MIN_LEN`` tokens on: the fastest measured
+(docs/performance.md, "Kernels"). Other dtypes (fp16 on CPU: not measured) take SDPA."""
 
 
 STRIDED_DTYPES: tuple[torch.dtype, ...] = (torch.float32,)
 """Dtypes whose batched products read strided operands in place (fp32's BLAS): they take :class:`_BlockedAttention`
 over one (B·H, T, d) copy of q, k and v, slicing blocks out of it. Every other dtype (bf16, whose products oneDNN
-runs and copies any operand that is not dense) takes :class:`_DenseBlockedAttention`. ``benchmarks/attention_ab.py
---change layout`` adds bf16 here to time the strided layout against the dense one."""
+runs and copies any operand that is not dense) takes :class:`_DenseBlockedAttention`. Add bf16 here to time the strided
+layout against the dense one."""
 
 
 COMPILED_SOFTMAX = True
 """Whether the compiled softmax forward (``softmax.cpp``: softmax, causal mask and dropout in one pass per row) runs
 where the library serves the dtype; False keeps ``torch.softmax``, the additive mask and :meth:`Mask.apply` (the
-same function, PyTorch's rounding). ``benchmarks/attention_ab.py --change softmax`` sets it to time the two."""
+same function, PyTorch's rounding): set it False to time the two."""
 
 
 FUSED_DTYPES: tuple[torch.dtype, ...] = (torch.float32,)
 """Dtypes the ``fused`` path computes (``fused_attention.cpp``, whose products are the BLAS's ``sgemm``): fp32. bf16
-keeps ``chunked`` (:class:`_DenseBlockedAttention`, oneDNN's AMX products). ``benchmarks/attention_ab.py --change
-fused`` empties it to time ``chunked`` against it."""
+keeps ``chunked`` (:class:`_DenseBlockedAttention`, oneDNN's AMX products). Empty it to time ``chunked`` against
+``fused``."""
 
 FUSED_ROWS = 64
 """Queries per block of the ``fused`` path: a block's scores against 512 keys are 128 kB of float32, inside a core's
@@ -85,7 +76,7 @@ L2 cache with the block's products' operands."""
 CHUNK_MIN_LEN = 256
 """On CPU, shorter sequences take ``plain`` whatever the table says: blocks of a few dozen queries cost more in per-op
 overhead than the skipped triangle saves, and at these lengths the written-out attention matched or beat SDPA in
-every precision, dropout and mode measured (benchmarks/attention_paths.py at T = 64 and 128)."""
+every precision, dropout and mode measured (T = 64 and 128)."""
 
 
 def attention_path(device_type: str, dtype: torch.dtype, dropout: float, seq_len: int) -> str:
@@ -130,7 +121,7 @@ def causal_attention(
     """Causal attention of ``q``, ``k``, ``v`` (B, H, T, d) with dropout ``dropout`` on the probabilities.
 
     ``dropout`` is applied as given (the caller passes 0 outside training). ``path`` forces a path, ``block_rows``
-    the ``chunked`` path's queries per block (default ``CHUNK_ROWS``; benchmarks/attention_paths.py ``--chunks``).
+    the ``chunked`` path's queries per block (default ``CHUNK_ROWS``).
     Callers that hold q, k and v as one tensor call :func:`stacked_causal_attention` (no stacking copy)."""
     path = path or attention_path(q.device.type, q.dtype, dropout, q.size(-2))
     if path == "sdpa":
@@ -146,7 +137,8 @@ def stacked_causal_attention(
     with no copy to assemble it (in bf16, :class:`_DenseBlockedAttention`)."""
     path = path or attention_path(x.device.type, x.dtype, dropout, x.size(-2))
     if path == "sdpa":
-        return F.scaled_dot_product_attention(*x.unbind(0), dropout_p=dropout, is_causal=True)
+        q, k, v = x.unbind(0)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
     if path not in PATHS:
         raise ValueError(f"unknown attention path {path!r} (known: {', '.join(PATHS)})")
     return _written_out(x, _causal_bias, dropout, path, block_rows)
@@ -203,9 +195,9 @@ def _probabilities(
     a: int,
     alpha: float,
     dropout: float,
-    probs: list,
-    masks: list,
-    dropped: list,
+    probs: list[torch.Tensor],
+    masks: list[Mask],
+    dropped: list[torch.Tensor],
 ) -> torch.Tensor:
     """A block's attention probabilities from its queries ``q`` (N, rows, d) and keys ``kt`` (N, d, keys), the
     block's first query at position ``a``: appended to ``probs`` (and, with dropout, its :class:`Mask` to ``masks``
@@ -237,9 +229,10 @@ def _probabilities(
         d = mask.apply(p) if mask is not None else None
     probs.append(p)
     if mask is not None:
+        dropped_p = cast(torch.Tensor, d)  # both branches above fill d wherever there is a mask
         masks.append(mask)
-        dropped.append(d)
-        return d
+        dropped.append(dropped_p)
+        return dropped_p
     return p
 
 
@@ -260,8 +253,8 @@ def _fused_library(device_type: str, dtype: torch.dtype):
 
 
 def _transposed(x: torch.Tensor, blocks: int) -> torch.Tensor:
-    """``x`` (N, T, d) as (N, d, T) for the products of every block. In bf16 with several blocks, one contiguous
-    copy: oneDNN's products would otherwise copy their transposed operand once per block (docs/performance.md).
+    """``x`` (N, T, d) as (N, d, T) for the products of every block. In bf16 with several blocks, one contiguous copy:
+    oneDNN's products would otherwise copy their transposed operand once per block (docs/performance.md, "Kernels").
     fp32's BLAS reads the transposed view as it is, and one block copies it once either way."""
     xt = x.transpose(1, 2)
     return xt if x.dtype == torch.float32 or blocks == 1 else xt.contiguous()
@@ -282,7 +275,10 @@ class _BlockedAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, bias, dropout: float, bounds: tuple[int, ...]):
         alpha = 1.0 / math.sqrt(q.size(-1))
         kt = _transposed(k, len(bounds) - 1)
-        parts, probs, masks, dropped = [], [], [], []
+        parts: list[torch.Tensor] = []
+        probs: list[torch.Tensor] = []
+        masks: list[Mask] = []
+        dropped: list[torch.Tensor] = []
         for a, b in zip(bounds, bounds[1:]):
             p = _probabilities(q[:, a:b], kt[:, :, :b], bias, a, alpha, dropout, probs, masks, dropped)
             parts.append(torch.bmm(p, v[:, :b]))
@@ -354,7 +350,7 @@ class _FusedAttention(torch.autograd.Function):
         lse = q.new_empty(B, H, T)
         seed, limit = (draw_seed(x.device), threshold(dropout)) if dropout > 0.0 else (0, 0)
         scale = 1.0 / (1.0 - dropout)
-        native.library().fused_attention_forward(q, k, v, out, lse, seed, limit, scale, FUSED_ROWS)
+        native.built().fused_attention_forward(q, k, v, out, lse, seed, limit, scale, FUSED_ROWS)
         ctx.save_for_backward(x, out, lse)
         ctx.seed, ctx.limit, ctx.scale = seed, limit, scale
         ctx.layout = torch.empty_like(x, device="meta")
@@ -367,7 +363,7 @@ class _FusedAttention(torch.autograd.Function):
         if grad.stride(-1) != 1:
             grad = grad.contiguous()
         dx = torch.empty_strided(ctx.layout.shape, ctx.layout.stride(), dtype=grad.dtype, device=grad.device)
-        native.library().fused_attention_backward(
+        native.built().fused_attention_backward(
             *x.unbind(0), out, grad, lse, *dx.unbind(0), ctx.seed, ctx.limit, ctx.scale, FUSED_ROWS
         )
         return dx, None
@@ -390,12 +386,13 @@ class _DenseBlockedAttention(torch.autograd.Function):
 
     oneDNN takes a batch of matrices only as one dense tensor (or its transpose): any other layout, a block's slice
     of the queries, a prefix of the keys, a slice of an output accumulated into, is copied on every product,
-    forward and backward, and on the AMX Xeon those copies were a fifth of a bf16 attention layer
-    (docs/performance.md). Here each block's queries and the key and value prefixes it sees are copied dense once,
-    from the projection's strided views, and serve the forward and backward products alike (the prefixes cost
-    (1 + 2 + … + n)/n of k and v in copies and memory: 2.5× at 4 blocks); the output and the input gradients are
-    written straight into (B, T, H, d) tensors, the layout the output projection and the fused q, k, v projection
-    read, so no transpose is copied after; the key and value gradients are summed from each block's fresh product.
+    forward and backward, and on CPUs with AMX tiles those copies were a large part of a bf16 attention layer
+    (docs/performance.md, "Kernels"). Here each block's queries and the key and value prefixes it sees are copied
+    dense once, from the projection's strided views, and serve the forward and backward products alike (the
+    prefixes cost (1 + 2 + … + n)/n = (n + 1)/2 times k and v in copies and memory at n blocks); the output and the
+    input gradients are written straight into (B, T, H, d) tensors, the layout the output projection and the fused
+    q, k, v projection read, so no transpose is copied after; the key and value gradients are summed from each
+    block's fresh product.
     Input q, k, v stacked (3, B, H, T, d), any strides; returns a (B, H, T, d) view of a (B, T, H, d) tensor, and
     the input's gradient in the input's own layout where that is dense (a permuted view of the fused projection)."""
 
@@ -409,7 +406,9 @@ class _DenseBlockedAttention(torch.autograd.Function):
         ks = [_dense(k, 0, b) for _, b in pairs]
         vs = [_dense(v, 0, b) for _, b in pairs]
         out = q.new_empty(B, T, H, d)
-        probs, masks, dropped = [], [], []
+        probs: list[torch.Tensor] = []
+        masks: list[Mask] = []
+        dropped: list[torch.Tensor] = []
         for i, (a, b) in enumerate(pairs):
             # As _BlockedAttention; 1/(1 − p) rides on the output's copy.
             p = _probabilities(qs[i], ks[i].transpose(1, 2), bias, a, alpha, dropout, probs, masks, dropped)
@@ -461,8 +460,8 @@ def _softmax_grad(lib, dp: torch.Tensor, p: torch.Tensor, dropped: torch.Tensor 
         return lib.softmax_backward(dp, p if dropped is None else dropped, p)
     if dropped is not None and p.dtype == torch.float32:
         # Through the dropout from the forward's dropped probabilities (kept for the value gradient), no mask drawn
-        # again. In fp32 3 % faster per attention layer than masking dp and then _softmax_backward_data; in bf16
-        # 1.6 % slower (its elementwise passes are PyTorch's slower bf16 ones), so bf16 keeps that path.
+        # again. In fp32 faster than masking dp and then _softmax_backward_data; in bf16 slower (its elementwise
+        # passes are PyTorch's slower bf16 ones), so bf16 keeps that path.
         t = dp.mul_(dropped)
         return t.addcmul_(p, t.sum(-1, keepdim=True), value=-1.0)
     if mask is not None:

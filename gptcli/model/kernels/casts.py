@@ -1,13 +1,12 @@
 """The kernels' low-precision copies of the weights, made once per update rather than once per micro-batch.
 
-Autocast keeps the bf16 copy of each weight it casts until its outermost region ends, and the trainer holds one
-region open across an update's micro-batches (``gptcli.system.runtime.shared_casts``), so a weight is cast once per
-update. The AMX forms (``linear.py``'s ``_AmxLinear``, ``tied.py``'s ``_AmxPaddedProduct``) and, under bf16
-autocast on any CPU, the tied output layer's linked product (``tied.py``'s ``_LinkedProduct``) cast their weights
-themselves, outside autocast, where its cache does not reach: without this module each micro-batch cast all of
-GPT-1's weights again (about 33 ms for the linear layers and 11 ms for the embedding on the AMX Xeon, per
-micro-batch). :func:`shared_copies` is the same cache for them, opened by the trainer around the same micro-batches
-(``kernels.shared_weight_casts``); outside it :func:`copy_of` casts every time, as before.
+Autocast keeps the bf16 copy of each weight it casts until its outermost region ends, and the trainer holds one region
+open across an update's micro-batches (``gptcli.system.runtime.shared_casts``), so a weight is cast once per update. The
+AMX forms (``linear.py``'s ``_AmxLinear``, ``tied.py``'s ``_AmxPaddedProduct``) and, under bf16 autocast on any CPU, the
+tied output layer's linked product (``tied.py``'s ``_LinkedProduct``) cast their weights themselves, outside autocast,
+where its cache does not reach: without this module each micro-batch cast all of GPT-1's weights again
+(docs/performance.md, "Kernels"). :func:`shared_copies` is the same cache for them, opened by the trainer around the
+same micro-batches (``kernels.shared_weight_casts``); outside it :func:`copy_of` casts every time, as before.
 
 A copy is reused only for the very tensor it was made from and only while that tensor's version counter is
 unchanged, so a weight written in place within the region (by anything that goes through autograd's version

@@ -1,10 +1,10 @@
 // Column sums of a matrix into float32: a linear layer's bias gradient, its output gradient summed over the
 // positions (linear.py's AMX form).
 //
-// Autocast's bias gradient is PyTorch's bf16 sum over the rows (dim 0), which on the AMX Xeon took 4.3 ms for a
-// 2,048 × 3,072 gradient, 6× the time of one pass over it, and hands back the sum rounded to bf16. Here each band of
-// 256 columns keeps 16 float32 vectors of running sums in registers and walks every row once: 0.7 ms, and the
-// float32 sum unrounded. Bands run in parallel; each column is summed in row order, one float32 addition per row,
+// Autocast's bias gradient is PyTorch's bf16 sum over the rows (dim 0), which takes several times one pass over
+// the gradient and hands back the sum rounded to bf16 (docs/performance.md, "Kernels"). Here each band of 256
+// columns keeps 16 float32 vectors of running sums in registers and walks every row once, and the float32 sum
+// comes back unrounded. Bands run in parallel; each column is summed in row order, one float32 addition per row,
 // in the vector and the scalar form alike, so the result has the same bits whatever the instructions or threads.
 
 #include <algorithm>

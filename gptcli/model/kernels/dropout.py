@@ -1,30 +1,23 @@
 """Dropout with the same law as ``torch.nn.functional.dropout`` (the reference, gptcli/model/dropout.py), drawn
 faster on CPU.
 
-GPT-1 drops out four places per block pass (the embedding, the attention probabilities, both residual branches) at
-p = 0.1, and the attention probabilities alone are B·H·T²/2 values per layer. On CPU, ``F.dropout`` draws each
-Bernoulli from a double-precision uniform, one at a time on one core (PyTorch's fast MKL path is taken only on
-Intel CPUs): a large share of a bf16 GPT-1 training step, more than every op but the matmuls (docs/performance.md).
+Why: on CPU ``F.dropout`` draws each Bernoulli from a double-precision uniform, one at a time on one core, and GPT-1
+drops out four places per block pass, the attention probabilities alone B·H·T²/2 values per layer: a large share of
+a bf16 training step (docs/performance.md, "Kernels"). Here unit ``i`` is kept when its 32-bit uniform
+``U = byte·2²⁴ + low`` is ``≥ round(p·2³²)``, the byte from eight per 64-bit draw of the same generator; only units
+whose byte ties the threshold's top byte (one in 256) draw their 24 low bits. A unit is dropped with probability
+``p`` to within 2⁻³³, kept values are scaled by ``1/(1 − p)``: the paper's model; only which units a seed drops
+differs from ``F.dropout``'s. The draws stay on PyTorch's one CPU stream (per-thread generators gained nothing).
 
-Here the mask comes from random bytes instead, eight per 64-bit draw of the same generator. Unit ``i`` is kept when
-its 32-bit uniform ``U = byte·2²⁴ + low`` is ``≥ round(p·2³²)``; the byte alone decides unless it equals the
-threshold's top byte (one unit in 256), and only those units draw their 24 low bits. So a unit is dropped with
-probability ``round(p·2³²)/2³²``, ``p`` to within 2⁻³³ (CUDA's own dropout compares a 24-bit uniform float), at an
-eighth of the generator's work per unit (its Mersenne Twister was the mask's main cost), and kept values are scaled
-by ``1/(1 − p)`` as ``F.dropout`` does. So the model, the expected activations and the regularisation are the
-paper's; only which units a given seed drops differs from ``F.dropout``'s choice.
-
-The draws still come from PyTorch's one CPU stream, on one thread: filling blocks of the mask from separately seeded
-generators on all threads was tried and gained nothing inside a training step on 2 cores (docs/performance.md).
-
-Where the compiled kernels can be built (``native.py``), a float32 or bf16 mask is not drawn as a tensor at all:
-:class:`Mask` takes one 64-bit seed from the same generator and ``dropout.cpp`` decides each unit by a hash of
-(seed, index) with the same threshold, the same law, drawing and applying the mask in one vectorised pass on every
-thread; the backward pass recomputes it from the seed. :func:`keep_mask` remains the mask where the library is not
-available, and the broadcast mask of ``noise_shape``.
+Where the compiled kernels can be built (``native.py``), a float32 or bf16 mask is never a tensor: :class:`Mask`
+takes one 64-bit seed and ``dropout.cpp`` decides each unit by a hash of (seed, index) with the same threshold, in
+one vectorised pass, and the backward recomputes it. :func:`keep_mask` remains the mask elsewhere, and the
+broadcast mask of ``noise_shape``.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -50,8 +43,8 @@ def keep_mask(
     top, low = divmod(threshold(p), 2**24)
     mask = torch.gt(byte, top, out=torch.empty(8 * words, dtype=dtype, device=device))
     # Units whose byte equals the threshold's top byte: their next 24 bits decide. They are found word by word (a
-    # uint8 comparison read as int64 words, about one word in 32 holding a tie), which measured 3× faster than
-    # ``nonzero`` over every unit, and those 1-in-256 units alone draw their bits.
+    # uint8 comparison read as int64 words, about one word in 32 holding a tie), faster than ``nonzero`` over
+    # every unit, and those 1-in-256 units alone draw their bits.
     tie = torch.eq(byte, top, out=torch.empty(8 * words, dtype=torch.uint8, device=device))
     hit = tie.view(torch.int64).nonzero().squeeze(1)
     if hit.numel():
@@ -107,16 +100,17 @@ class Mask:
     def apply(self, x: torch.Tensor, scale: float = 1.0, inplace: bool = False) -> torch.Tensor:
         """``x · mask · scale``, into ``x`` itself if ``inplace``."""
         if self._lib is None:
-            y = x.mul_(self.tensor) if inplace else x * self.tensor
+            mask = cast(torch.Tensor, self.tensor)  # drawn by __init__ wherever there is no library
+            y = x.mul_(mask) if inplace else x * mask
             return y if scale == 1.0 else y.mul_(scale)
         x = x.contiguous()
         out = x if inplace else torch.empty_like(x, memory_format=torch.contiguous_format)
         return self._lib.dropout_apply(x, self.seed, threshold(self.p), scale, out)
 
     def dense(self) -> torch.Tensor:
-        """The mask as a tensor of 1s and 0s in its dtype (what :meth:`apply` multiplies by)."""
+        """The mask as a tensor of ones and zeros in its dtype (what :meth:`apply` multiplies by)."""
         if self._lib is None:
-            return self.tensor
+            return cast(torch.Tensor, self.tensor)
         out = torch.empty(self.shape, dtype=self.dtype)
         return self._lib.dropout_mask(out, self.seed, threshold(self.p))
 

@@ -2,9 +2,8 @@
 // rounded back to nearest-even, as PyTorch's own kernels do), the dtype dispatch and the argument checks.
 #pragma once
 
-// The light ATen headers, not <torch/extension.h>: that one (the whole C++ frontend and pybind11) took 42 s to
-// parse per file on a 2-core AMX Xeon, these 4 s (a kernel file compiles in 8); bindings.cpp, the Python module,
-// includes <torch/python.h> instead.
+// The light ATen headers, not <torch/extension.h>: that one (the whole C++ frontend and pybind11) takes about ten
+// times as long to parse per file; bindings.cpp, the Python module, includes <torch/python.h> instead.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>

@@ -4,10 +4,10 @@
 // Reference: F.gelu(x, approximate="tanh") and its backward (PyTorch's GeluKernel.cpp), the same formulas:
 //   y  = x/2 · (1 + tanh(u)),                    u = √(2/π) · (x + 0.044715 x³)
 //   dy = 1/2 · (1 + tanh(u)) + x/2 · (1 − tanh²(u)) · √(2/π) · (1 + 3 · 0.044715 x²)
-// PyTorch evaluates tanh with SLEEF's vectorised tanhf, which costs ~4× its erf-GELU (docs/performance.md). Here
-// tanh is a rational function (Eigen's fast float tanh: a degree-13 odd polynomial over a degree-6 even one, u
-// clamped to ±7.9), a few float ulps from tanhf with nothing but multiplies, adds and one division, so the compiler
-// vectorises the loops; at::parallel_for spreads them over PyTorch's intra-op threads (built with -fopenmp).
+// PyTorch evaluates tanh with SLEEF's vectorised tanhf, which costs several times its erf-GELU (docs/performance.md,
+// "Kernels"). Here tanh is a rational function (Eigen's fast float tanh: a degree-13 odd polynomial over a degree-6
+// even one, u clamped to ±7.9), a few float ulps from tanhf with nothing but multiplies, adds and one division, so the
+// compiler vectorises the loops; at::parallel_for spreads them over PyTorch's intra-op threads (built with -fopenmp).
 
 #include "elementwise.h"
 

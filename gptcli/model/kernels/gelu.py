@@ -3,8 +3,8 @@
 Reference: ``F.gelu(x, approximate="tanh")`` (gptcli/model/activation.py). PyTorch's kernel spends most of its
 time in a precise vectorised ``tanh``; ``gelu.cpp`` evaluates the same formulas with a rational ``tanh`` a few
 float ulps from it, so outputs and gradients agree with the reference to fp32 rounding and, in bf16, to within one
-bf16 ulp (tests/model/test_native.py). Measured 3.3× faster forward and 3.1× backward on a bf16
-2,048 × 3,072 activation (docs/performance.md, "The compiled kernels").
+bf16 ulp (tests/model/test_native.py), several times faster forward and backward on GPT-1's bf16 activations
+(docs/performance.md, "Kernels").
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ class _Gelu(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x)
-        return native.library().gelu_forward(x)
+        return native.built().gelu_forward(x)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors
-        return native.library().gelu_backward(grad.to(x.dtype), x)
+        return native.built().gelu_backward(grad.to(x.dtype), x)

@@ -1,35 +1,16 @@
-"""A linear layer's bf16 training product on an AMX CPU, its weight gradient from a dense transposed operand.
+"""A Transformer linear layer's training product on CPU, with faster weight and bias gradients.
 
-Reference: ``F.linear(x, w, b)`` under bf16 autocast (gptcli/model/linear.py). Autograd computes the weight
-gradient as ``gᵀ·x``: a product contracting over the positions, which are the rows of both operands, so its left
-operand is a transposed view. oneDNN, which runs PyTorch's bf16 products on CPU, runs that product at about 60 %
-of the speed it reaches on a dense left operand (the four GPT-1 layer shapes, 2,048 positions, AMX Xeon:
-docs/performance.md). :class:`_AmxLinear` lays out the narrower of the two operands transposed and dense first
-(``transpose.cpp``: 0.6 ms for a 2,048 × 768 bf16 matrix, where PyTorch's ``.t().contiguous()`` takes 2.4-4.5 ms):
+Reference: ``nn.Linear`` (``F.linear``, under bf16 autocast too). Autograd's weight gradient ``gᵀ·x`` contracts
+over the positions, so its left operand is a transposed view, which oneDNN's bf16 products run well below their
+dense speed. :class:`_AmxLinear` (bf16 autocast on an AMX CPU) lays the narrower operand out transposed and dense
+first (``transpose.cpp``) and keeps autocast's forward and input gradient; :class:`_Fp32Linear` (float32) keeps
+autograd's products, bit for bit. Both take the bias gradient as float32 column sums (``column_sums.cpp``), within
+autocast's bf16 rounding and closer to the exact sum. On CPUs with full-width AVX-512 the float32 products, and a
+large one without gradients (:func:`fp32_inference_linear`), are oneDNN's (``onednn.py``).
 
-- a layer wider out than in (the q, k, v projection, the MLP's first layer): ``(xᵀ·g)ᵀ``, from a transposed copy
-  of the input; the product's (in × out) result is written transposed into the weight's dtype by the same kernel,
-  in the pass autocast's cast back to float32 would have made anyway;
-- a layer wider in than out (the MLP's second layer): ``gᵀ·x`` from a transposed copy of the output gradient;
-- a square one (the attention's output projection): autograd's own form, which measured faster there (4.7 against
-  6.5 ms from a dense operand).
-
-The forward pass is autocast's: the input, weight and bias cast to bf16 and ``F.linear``. The input gradient is
-autograd's (``g·w``, a dense product already), bit for bit. The weight gradient is the same products on the same
-values laid out otherwise, each rounded to bf16 once as autocast's is: within one bf16 rounding of autocast's
-(bit-identical at GPT-1's shapes in the probe; tests/model/test_linear.py). The bias gradient is the output
-gradient's sum over the positions in float32 by ``column_sums.cpp`` (0.7 ms for 2,048 × 3,072, where PyTorch's bf16
-sum, autocast's, took 4.3 ms and rounds its result to bf16): autocast's within its bf16 rounding, and closer to the
-exact sum.
-
-A float32 training product (any CPU whose library has the AVX-512 loops) is :class:`_Fp32Linear`: autograd's own
-products, bit for bit, and the bias gradient as the same float32 column sums (a block's four bias gradients at
-2,048 positions on the AMX Xeon: 4.9 ms by PyTorch's float32 sum, 3.5 ms here). On an AMD Zen 5 its three
-products, and a float32 product without gradients (:func:`fp32_inference_linear`), are oneDNN's (``onednn.py``).
-
-Only training takes either form (a weight that requires a gradient, gradients enabled), only with the compiled
-library built with AVX-512, and never inside ``torch.compile``, whose graph keeps the reference's form; the AMX form
-only under bf16 autocast on an AMX CPU.
+Why a separate form rather than a flag on the reference: the same function, in another order of products, so
+tests compare the two (tests/model/test_linear.py). Only training takes either form, only with the library built
+with AVX-512, never inside ``torch.compile``. Figures: docs/performance.md, "Kernels".
 """
 
 from __future__ import annotations
@@ -38,8 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from gptcli.model import kernels
-from gptcli.model.kernels import casts, native, onednn
+from gptcli.model.kernels import casts, cpu, native, onednn
 from gptcli.model.kernels.transpose import transposed
 
 MIN_POSITIONS = 256
@@ -52,7 +32,7 @@ def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (
         torch.is_autocast_enabled("cpu")
         and torch.get_autocast_dtype("cpu") == torch.bfloat16
-        and kernels.amx()
+        and cpu.amx()
         and x.device.type == "cpu"
         and torch.is_grad_enabled()
         and weight.requires_grad
@@ -76,8 +56,8 @@ def amx_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
 
 def fp32_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
     """``F.linear(x, weight, bias)`` in float32 training by :class:`_Fp32Linear`: autograd's products, and the bias
-    gradient as :func:`column_sums` (module docstring); ``None`` where it does not apply (no bias, autocast, evaluation, few positions, ``torch.compile``) or
-    the library lacks its AVX-512 loops (the only build measured)."""
+    gradient as :func:`column_sums` (module docstring); ``None`` where it does not apply (no bias, autocast,
+    evaluation, few positions, ``torch.compile``) or the library lacks its AVX-512 loops (the only build measured)."""
     if (
         bias is None
         or torch.is_autocast_enabled("cpu")
@@ -97,7 +77,7 @@ def fp32_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 def fp32_inference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
     """``F.linear(x, weight, bias)`` without gradients by oneDNN where its float32 products are the faster
-    (``onednn.py``: an AMD Zen 5), for at least ``MIN_POSITIONS`` positions (evaluation, scoring, a prompt; a
+    (``onednn.py``: full-width AVX-512), for at least ``MIN_POSITIONS`` positions (evaluation, scoring, a prompt; a
     decoding step's few rows keep MKL's); ``None`` elsewhere."""
     if not onednn.inference_applies(x, weight, MIN_POSITIONS):
         return None
@@ -155,8 +135,8 @@ class _AmxLinear(torch.autograd.Function):
 class _Fp32Linear(torch.autograd.Function):
     """``F.linear(x, weight, bias)`` in float32 with autograd's own products (``x·wᵀ + b``; ``dx = g·w``; ``dw = gᵀ·x``,
     the very calls autograd's ``addmm`` backward makes, so bit for bit) and the bias gradient by
-    :func:`column_sums` (each column in row order: within float32 rounding of PyTorch's sum). With ``dnn`` (an
-    AMD Zen 5, ``onednn.py``) the same three products by oneDNN, the gradients' from dense transposed operands:
+    :func:`column_sums` (each column in row order: within float32 rounding of PyTorch's sum). With ``dnn`` (full-width
+    AVX-512, ``onednn.py``) the same three products by oneDNN, the gradients' from dense transposed operands:
     within float32 rounding."""
 
     @staticmethod

@@ -1,6 +1,6 @@
 // The next-token cross-entropy's two passes over the vocabulary-wide logits, row by row with AVX-512: compiled on
 // first use by gptcli/model/kernels/native.py (bindings.cpp), used by gptcli/model/kernels/losses.py. AVX2 CPUs
-// without AVX-512 (AMD Zen 1-3, most Intel desktop CPUs) run the same passes 8 lanes wide.
+// without AVX-512 run the same passes 8 lanes wide.
 //
 // Reference: F.cross_entropy(logits[:, :classes].float(), targets, ignore_index=ignore, reduction="none") and its
 // gradient (tests/model/test_native.py, tests/model/test_losses.py). Per row r of float32 or bf16 logits x:
@@ -9,8 +9,8 @@
 // with w_r the upstream gradient of row r (0 for ignored rows), written in the logits' dtype (one rounding).
 //
 // Why: PyTorch's loss over blocks of rows (losses.py's fallback) reads a block into a contiguous float32 copy,
-// log-softmaxes it, and in the backward subtracts, exponentiates and scatters in separate passes: 95 ms forward +
-// backward on 2,048 × 40,512 float32 logits, 80 ms on bf16 ones, against 24 ms for a plain copy of the float32 ones.
+// log-softmaxes it, and in the backward subtracts, exponentiates and scatters in separate passes: several plain
+// copies' worth of memory traffic (docs/performance.md, "Kernels").
 // Here each row is read twice in the forward (its max, then its sum of exponentials, the second read from L2: a
 // 40,478-wide float32 row is 160 KB) and once in the backward, which writes the gradient directly.
 //

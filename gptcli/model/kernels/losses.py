@@ -15,7 +15,7 @@ from gptcli.model.kernels import native
 
 CHUNK_ELEMENTS = 2**20
 """Logits per block of :class:`_RowBlockNLL` (2,048 × 40,478 logits: 82 blocks of 25 rows, 4 MB each in fp32).
-2¹⁹–2²⁰ measured fastest; one row per block took twice as long."""
+2¹⁹–2²⁰ measured fastest; one row per block was far slower."""
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -55,9 +55,9 @@ def _fp32_buffer(logits: torch.Tensor, rows: int, classes: int) -> torch.Tensor 
 
 def _in_fp32(part: torch.Tensor, block: torch.Tensor | None) -> torch.Tensor:
     """``part`` (a block of rows, a column slice when the logits are padded) in fp32: itself when it is fp32, else
-    copied into ``block``. The slice's ``.float()`` takes PyTorch's strided path and an operation mixing bf16 and
-    fp32 converts element by element: both several times slower than this copy into a contiguous buffer (measured
-    in docs/performance.md), and the same values."""
+    copied into ``block``. The slice's ``.float()`` takes PyTorch's strided path and an operation mixing bf16 and fp32
+    converts element by element: both several times slower than this copy into a contiguous buffer (docs/performance.md,
+    "Kernels"), and the same values."""
     if block is None:
         return part
     return block[: part.size(0)].copy_(part)
@@ -66,11 +66,11 @@ def _in_fp32(part: torch.Tensor, block: torch.Tensor | None) -> torch.Tensor:
 class _RowBlockNLL(torch.autograd.Function):
     """Per-row ``-log softmax(logits)[target]`` in fp32 (0 where the target is ``ignore``), over blocks of rows.
 
-    On CPU, ``F.cross_entropy(logits.float())`` writes four vocabulary-wide fp32 tensors per step (the fp32 copy,
-    its log-softmax, the loss's one-hot gradient and the softmax's gradient: 1.3 GB for a 4 × 512 GPT-1 batch) and
-    reads them back, and a step that has to fault fresh pages in for one of them loses much of a second
-    (docs/performance.md). Here each block of rows is converted and normalised while it is in cache; the forward
-    pass keeps each row's log-sum-exp, and the backward pass writes the gradient, ``softmax − one_hot(target)``
+    On CPU, ``F.cross_entropy(logits.float())`` writes four vocabulary-wide fp32 tensors per step (the fp32 copy, its
+    log-softmax, the loss's one-hot gradient and the softmax's gradient: 1.3 GB for a 4 × 512 GPT-1 batch) and reads
+    them back, and a step that has to fault fresh pages in for one of them stalls on the page faults
+    (docs/performance.md, "Allocator"). Here each block of rows is converted and normalised while it is in cache; the
+    forward pass keeps each row's log-sum-exp, and the backward pass writes the gradient, ``softmax − one_hot(target)``
     times the row's weight, straight into the logits' dtype as ``exp(logits − lse + log weight)``: two passes over
     the block where recomputing the softmax (a max, a sum and a division) and scaling it took five. The values are
     ``F.cross_entropy``'s (tests/model/test_losses.py)."""
@@ -135,10 +135,10 @@ def _gradient_buffer(logits: torch.Tensor, consume: bool) -> torch.Tensor:
     """Where the backward writes the logits' gradient: over the logits themselves when the caller gave them up
     (``consume``; each element is read before it is written, by the same step of either loop), else a new tensor.
 
-    Over the logits, a training step allocates no second vocabulary-wide tensor (332 MB for GPT-1's 4 × 512 fp32
-    batch): one whose pages the allocator has to take from the OS faults them in, 0.3–0.5 s when it happens
-    (docs/performance.md). The logits' version is bumped, so a second backward through the same graph
-    (``retain_graph``) fails loudly instead of reading a gradient as logits."""
+    Over the logits, a training step allocates no second vocabulary-wide tensor: one whose pages the allocator has to
+    take from the OS faults them in, a visible stall when it happens (docs/performance.md, "Allocator"). The logits'
+    version is bumped, so a second backward through the same graph (``retain_graph``) fails loudly instead of reading a
+    gradient as logits."""
     if not consume:
         return torch.empty(logits.shape, device=logits.device, dtype=logits.dtype)
     torch.autograd.graph.increment_version(logits)

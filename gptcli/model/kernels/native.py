@@ -4,11 +4,10 @@ PyTorch's own CPU code is precompiled for every x86 CPU at once; a few of GPT-1'
 are cheaper in a loop compiled for this CPU alone (``-march=native``, AVX-512 intrinsics where it has them), fused
 into one pass. Those loops live in C++ sources beside the Python kernels, and :func:`library` compiles them once
 through PyTorch's JIT extension builder (``torch.utils.cpp_extension.load``: the compiler named by ``$CXX``, else
-``c++``, driven by ninja) into ``$GPT1_KERNEL_CACHE``, else ``~/.cache/gpt1/kernels``: under a minute on 2 cores,
-once per source text, compiler flags, torch and Python version and CPU model and flags (all in the build's name,
-so a cache shared between machines never hands one CPU another's instructions). Later processes import the built
-file directly, in milliseconds. A training run builds it before its first step, as a stage of its progress
-(``gptcli.model.kernels.prepare``).
+``c++``, driven by ninja) into ``$GPT1_KERNEL_CACHE``, else ``~/.cache/gpt1/kernels``: once per source text,
+compiler flags, torch and Python version and CPU model and flags (all in the build's name, so a cache shared
+between machines never hands one CPU another's instructions). Later processes import the built file directly. A
+training run builds it before its first step, as a stage of its progress (``gptcli.model.kernels.prepare``).
 
 Where it cannot be built (no compiler, no ninja, a read-only cache, a platform the flags do not suit), the
 kernels that use it return ``None`` and the model computes the reference instead: slower, never wrong.
@@ -26,6 +25,7 @@ import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import cast
 
 import torch
 
@@ -59,7 +59,7 @@ ISA_ENV = "GPT1_KERNEL_ISA"
 
 ISAS: tuple[str, ...] = ("native", "avx2")
 """``native``: everything this CPU has (``-march=native``). ``avx2``: the same without AVX-512 (x86 only), so that an
-AVX-512 machine builds, runs and tests the AVX2 forms the loops take on AMD Zen 1-3 and most desktop CPUs
+AVX-512 machine builds, runs and tests the AVX2 forms the loops take on AVX2-only CPUs
 (tests/model/test_native.py builds it so in a subprocess); a separate build, cached under its own name."""
 
 
@@ -79,13 +79,13 @@ def _is_x86() -> bool:
 
 def flags() -> list[str]:
     """Compiler flags: optimised, OpenMP for ``at::parallel_for`` (PyTorch's intra-op threads), and on x86 this
-    CPU's instruction set with 512-bit vectors where it has them (measured 1.2× over 256-bit on an AVX-512 Xeon),
+    CPU's instruction set with 512-bit vectors where it has them (faster than 256-bit ones where measured),
     or without AVX-512 under ``GPT1_KERNEL_ISA=avx2`` (:data:`ISAS`).
 
     ``-fno-trapping-math``: the loops never read the floating-point exception flags, and without it GCC keeps a
     float comparison (GELU's clamp, bf16's NaN test, dropout's keep test) as a branch wherever the CPU has no masked
-    vector instructions, so on an AVX2-only CPU (AMD Zen 3) the elementwise loops stayed scalar: GELU ran at half
-    PyTorch's speed (docs/performance.md, Zen 3). It changes no value (that would take ``-ffast-math``'s other parts)."""
+    vector instructions, so on AVX2-only CPUs the elementwise loops stayed scalar, slower than PyTorch's own
+    (docs/performance.md, "Kernels"). It changes no value (that would take ``-ffast-math``'s other parts)."""
     out = ["-O3", "-fno-trapping-math", "-fopenmp"]
     if _is_x86():
         # -mno-avx512f turns off every AVX-512 extension with it (vector.h then takes its AVX2 forms).
@@ -153,6 +153,11 @@ def library() -> ModuleType | None:
         return None
 
 
+def built() -> ModuleType:
+    """:func:`library` for code that runs only after a caller found it built (an autograd Function's passes)."""
+    return cast(ModuleType, library())  # the caller's check saw it; the process's cache returns the same module
+
+
 def library_for(device: torch.device | str, dtype: torch.dtype) -> ModuleType | None:
     """:func:`library` when its loops can compute a tensor of ``dtype`` on ``device`` (the CPU, :data:`DTYPES`),
     else ``None``."""
@@ -162,8 +167,8 @@ def library_for(device: torch.device | str, dtype: torch.dtype) -> ModuleType | 
 
 
 def vector_library_for(device: torch.device | str, dtype: torch.dtype) -> ModuleType | None:
-    """:func:`library_for` when the library was built with its vector row loops (AVX-512 or AVX2, ``vector.h``: the loss's passes, the
-    attention softmax's backward), else ``None``."""
+    """:func:`library_for` when the library was built with its vector row loops (AVX-512 or AVX2, ``vector.h``:
+    the loss's passes, the attention softmax's backward), else ``None``."""
     lib = library_for(device, dtype)
     return lib if lib is not None and lib.vectorised() else None
 
@@ -181,13 +186,15 @@ def _built_file(folder: Path, name: str) -> Path:
 
 def _import_built(folder: Path, name: str) -> ModuleType | None:
     """The library already built into ``folder``, imported directly: its name digests everything it was built from,
-    so there is nothing to check, and a process skips PyTorch's builder (0.2 s of imports and a ninja run). A file
+    so there is nothing to check, and a process skips PyTorch's builder (its imports and a ninja run). A file
     that does not import (a build cut short) is left to the builder, which makes it again."""
     path = _built_file(folder, name)
     if not path.is_file():
         return None
     try:
         spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            return None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module

@@ -1,26 +1,15 @@
-"""Float32 products by oneDNN on an AMD Zen 5, where MKL runs them at half the CPU's speed.
+"""Float32 products by oneDNN on AMD CPUs whose AVX-512 FMA units are full width, where MKL leaves half unused.
 
-Reference: ``F.linear`` and autograd's ``mm`` in float32, which PyTorch's x86 builds hand to MKL's sgemm. On AMD
-CPUs MKL takes its AVX2 code. A Zen 4's FMA units are 256 bits wide (an AVX-512 instruction issues twice), so
-there the two codes share one peak; a Zen 5's are 512 bits wide, and the AVX2 code leaves half of its float32 peak
-unused. oneDNN, which
-PyTorch ships for its bf16 products, has AVX-512 float32 code chosen by the CPU's features, not its vendor. At
-GPT-1's shapes (2,048 positions, AMD EPYC Zen 5, 2 cores, one-off probe): the forward product at 450-456 GFLOP/s
-against MKL's 193-203, the input gradient ``g·w`` at 391-458 against 203-209, the weight gradient ``gᵀ·x`` (a
-product over the positions, from transposed views) at 302-346 against 202-207; the tied output layer's 40,478-row
-products at 241-348 against 154-209 (docs/performance.md).
+Reference: ``F.linear`` and autograd's ``mm`` in float32, which PyTorch's x86 builds hand to MKL's sgemm. Why: on
+AMD CPUs MKL takes its AVX2 code, which leaves half of a full-width AVX-512 float32 peak unused; oneDNN, which
+PyTorch ships for its bf16 products, chooses its code by the CPU's features, not its vendor. The entry point is
+``torch.ops.mkldnn._linear_pointwise``, the op PyTorch's Inductor CPU backend emits for a linear layer; it copies a
+transposed view, so the gradients' products get dense transposed operands from ``transpose.py`` instead.
 
-The entry point is ``torch.ops.mkldnn._linear_pointwise``, the op PyTorch's own Inductor CPU backend emits for a
-linear layer: ``x·wᵀ (+ b)`` for float32 ``x`` and ``w``, a fresh row-major result. It takes both dense, copying
-a transposed view by PyTorch's strided copy, so the gradients' products get their transposed operands from
-``transpose.cpp`` instead (``transpose.py``): per GPT-1 layer at 2,048 positions the weight gradient 1.2-1.4×
-faster than from views (the tied output layer's 616 → 443 ms), the input gradient 1.0-1.15×. oneDNN's default math mode is strict, so the products are float32 through and through, summed in
-another order than MKL's: within float32 rounding of the reference (tests/model/test_onednn.py).
-
-Which CPU takes it is ``kernels.onednn_fp32()``: a flag read from /proc/cpuinfo, never a timing. A Zen 4 keeps MKL
-(not measured with oneDNN; the same 256-bit units either way), as does an Intel CPU, where MKL's AVX-512 code ran
-the float32 products at 83 % of the AMX Xeon's measured peak. Only float32 tensors on CPU, outside autocast and
-``torch.compile``.
+oneDNN's default math mode is strict: float32 products summed in another order than MKL's, within float32
+rounding of the reference (tests/model/test_onednn.py). Which CPU takes it is ``cpu.onednn_fp32()``, a flag read
+from /proc/cpuinfo, never a timing (cpu family ≥ 26); half-width AVX-512 and Intel CPUs keep MKL. Only float32
+tensors on CPU, outside autocast and ``torch.compile``. Figures: docs/performance.md, "Kernels".
 """
 
 from __future__ import annotations
@@ -29,7 +18,7 @@ import functools
 
 import torch
 
-from gptcli.model import kernels
+from gptcli.model.kernels import cpu
 from gptcli.model.kernels.transpose import transposed
 
 
@@ -40,10 +29,10 @@ def available() -> bool:
 
 
 def applies(*tensors: torch.Tensor) -> bool:
-    """Whether the float32 products of ``tensors`` run here: the CPU takes oneDNN's (``kernels.onednn_fp32()``),
+    """Whether the float32 products of ``tensors`` run here: the CPU takes oneDNN's (``cpu.onednn_fp32()``),
     all are float32 CPU tensors, outside autocast and ``torch.compile``."""
     return (
-        kernels.onednn_fp32()
+        cpu.onednn_fp32()
         and available()
         and not torch.is_autocast_enabled("cpu")
         and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)

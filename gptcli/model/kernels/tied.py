@@ -1,23 +1,16 @@
 """The tied output product on CPU against the embedding padded to an aligned number of rows.
 
-Reference: ``F.linear(h, tok_emb.weight)`` (gptcli/model/tied.py). The BLAS runs a product 40,478 rows wide (GPT-1's
-vocabulary) markedly slower than one 40,480 rows wide, in the forward product and in the weight gradient's. For a
-large batch that is worth one copy of the embedding with zero rows appended up to a multiple of ``PAD_ROWS_TO``:
+Reference: ``F.linear(h, tok_emb.weight)`` (``gptcli.model.tied.TiedProducts``). The BLAS runs a product as wide
+as GPT-1's 40,478-row vocabulary markedly slower than one padded to a multiple of ``PAD_ROWS_TO``, in the forward
+product and in the weight gradient's; for a large batch that is worth one padded copy of the embedding.
+:func:`output_logits` slices the padding's columns off the padded product; :func:`training_logits` hands the padded
+logits whole to the training loss, which gives the padding's columns a zero gradient (``classes``), so nothing is
+scattered back. With the token lookup's link (``tied_lookup.py``) the products hand their weight gradient to it.
+On an AMX CPU the bf16 training product is :class:`_AmxPaddedProduct`, its operands laid out for oneDNN's AMX
+kernels. Which product runs is :func:`padding_is_faster`, by shape and CPU flags, never a timing.
 
-- :func:`output_logits` (fp32): the padded product, the padding's columns sliced off: the same logits, as a view
-  whose rows are ``PAD_ROWS_TO``-aligned. Under bf16 autocast the forward product alone measured no different, and
-  for a few rows (decoding) the copy would cost more than the product: those keep the plain product.
-- :func:`training_logits` (fp32, and bf16 autocast too): the padded logits whole, for the training loss, which gives
-  the padding's columns a zero gradient (``next_token_nll(classes=…)``), so no slice has to be scattered back and
-  the weight gradient's product is the aligned one.
-
-On a CPU with AMX (``kernels.amx()``), the bf16 training product is :class:`_AmxPaddedProduct`: the same padded
-product with its operands laid out for oneDNN's AMX kernels, which run a product whose left operand is a transposed
-view (autograd's weight gradient, ``gᵀ·h``, contracting over the 2,048 positions) at about half their speed, and a
-product 40,512 columns wide slower than the same columns in blocks of ``AMX_COLUMNS``.
-
-The measurements are in docs/performance.md ("The rest of the step", "AMX Xeon, 2026-12-02");
-tests/model/test_tied.py checks that the padded products give the plain ones' logits, loss and gradients.
+Tests: tests/model/test_tied.py (the padded products give the plain ones' logits, loss and gradients).
+Figures: docs/performance.md, "Kernels".
 """
 
 from __future__ import annotations
@@ -26,8 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from gptcli.model import kernels
-from gptcli.model.kernels import casts, onednn
+from gptcli.model.kernels import casts, cpu, onednn
 from gptcli.model.kernels.tied_lookup import Link
 from gptcli.model.kernels.transpose import transposed
 from gptcli.padding import PAD_ROWS_TO, pad_rows, padded_product, padded_rows
@@ -46,22 +38,20 @@ def padding_is_faster(h: torch.Tensor, w: torch.Tensor, training: bool = False) 
 
     A bf16 training product pads at any number of positions on a CPU without AMX: autocast casts the embedding
     anyway, and the padded cast (``_padded_copy``, once per update in the trainer's region) costs what the plain
-    one does, so there is no copy for the alignment to pay for. On an AMD Zen 5 the weight gradient's product at
-    1,013 positions took 138 ms 40,478 rows wide and 91 ms 40,512 rows wide (docs/performance.md, fifteenth
-    session): fine-tuning's micro-batches of about a thousand positions gain the most. On AMX the padded product
-    is measured from ``PAD_MIN_POSITIONS`` only and keeps that bound.
+    one does, so there is no copy for the alignment to pay for; the weight gradient's product gains most at
+    fine-tuning's micro-batches of about a thousand positions (docs/performance.md, "Kernels"). On AMX the padded
+    product is measured from ``PAD_MIN_POSITIONS`` only and keeps that bound.
 
-    fp32 is machine-dependent: on the AMD Zen 4 the BLAS ran GPT-1's 40,478-row products far slower than aligned
-    ones (forward 1.01 vs 0.70–0.73 s), while on the AMX Xeon the plain product and loss measured faster than the
-    padded ones, forward + backward 1,005 vs 1,056 ms at 2,048 positions and 523 vs 560 ms at 1,054 (the pad's
-    copy of the embedding costs more than alignment gains there: docs/performance.md). ``kernels.amx()`` is the
-    CPU flag that tells the two machines apart; an Intel CPU without AMX keeps the padding (not measured)."""
+    fp32 depends on the CPU: on an AVX-512 CPU without AMX the BLAS ran GPT-1's 40,478-row products far slower
+    than aligned ones, while on CPUs with AMX tiles the plain product and loss measured faster than the padded
+    ones (the pad's copy of the embedding costs more than alignment gains there). ``cpu.amx()`` is the CPU flag
+    that tells the two apart; an Intel CPU without AMX keeps the padding (not measured)."""
     if w.device.type != "cpu" or w.size(0) % PAD_ROWS_TO == 0:
         return False
     large = h.numel() >= PAD_MIN_POSITIONS * h.size(-1)
     if torch.is_autocast_enabled("cpu"):
-        return training and torch.get_autocast_dtype("cpu") == torch.bfloat16 and (large or not kernels.amx())
-    return large and w.dtype == torch.float32 and not kernels.amx()
+        return training and torch.get_autocast_dtype("cpu") == torch.bfloat16 and (large or not cpu.amx())
+    return large and w.dtype == torch.float32 and not cpu.amx()
 
 
 def output_logits(h: torch.Tensor, w: torch.Tensor, link: Link | None = None) -> torch.Tensor:
@@ -73,7 +63,8 @@ def output_logits(h: torch.Tensor, w: torch.Tensor, link: Link | None = None) ->
         with torch.autocast("cpu", enabled=False):
             logits = _LinkedProduct.apply(h.to(dtype), w, link, pad)
         return logits[..., : w.size(0)] if pad else logits
-    # Without gradients, from PAD_MIN_POSITIONS positions, an AMD Zen 5's float32 product is oneDNN's (onednn.py).
+    # Without gradients, from PAD_MIN_POSITIONS positions, a full-width AVX-512 CPU's float32 product is oneDNN's
+    # (onednn.py).
     linear = onednn.linear if onednn.inference_applies(h, w, PAD_MIN_POSITIONS) else F.linear
     if pad:
         return linear(h, pad_rows(w))[..., : w.size(0)]
@@ -86,7 +77,7 @@ def training_logits(h: torch.Tensor, w: torch.Tensor, link: Link | None = None) 
     (the AMX product takes it too)."""
     if not padding_is_faster(h, w, training=True):
         return None
-    if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16 and kernels.amx():
+    if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16 and cpu.amx():
         with torch.autocast("cpu", enabled=False):
             return _AmxPaddedProduct.apply(h.to(torch.bfloat16), w, link if _links(h, w, link) else None)
     linked = _linked_dtype(h, w, link)
@@ -116,18 +107,17 @@ def _linked_dtype(h: torch.Tensor, w: torch.Tensor, link: Link | None) -> torch.
 class _LinkedProduct(torch.autograd.Function):
     """``F.linear(h, w.to(h.dtype))`` (against ``pad_rows`` of it with ``pad``) in fp32, or in bf16 for bf16 ``h``
     (autocast's form: the weight cast, then padded; the copy made once per update, ``casts.py``), whose weight
-    gradient is also offered to the token lookup's ``link`` (``tied_lookup.py``). Autograd's own products in its own layouts: the
-    logits, ``dh = g·w`` and ``dw = gᵀ·h`` are bit for bit the reference's, ``dw`` cast to the weight's dtype after
-    the padding's rows are cut, as autograd's cast backward does. ``dw`` is returned as a fresh row-major tensor (in
-    fp32 with ``pad``, a view of one without the padding's rows) where autograd's ``mm`` backward returns a
-    transposed view, which autograd could not add into in place.
+    gradient is also offered to the token lookup's ``link`` (``tied_lookup.py``). Autograd's own products in its own
+    layouts: the logits, ``dh = g·w`` and ``dw = gᵀ·h`` are bit for bit the reference's, ``dw`` cast to the weight's
+    dtype after the padding's rows are cut, as autograd's cast backward does. ``dw`` is returned as a fresh row-major
+    tensor (in fp32 with ``pad``, a view of one without the padding's rows) where autograd's ``mm`` backward returns
+    a transposed view, which autograd could not add into in place.
 
-    In float32 on an AMD Zen 5 (``onednn.py``) the three products are oneDNN's, the gradients' from dense
-    transposed operands: within float32 rounding of the reference's.
+    In float32 on CPUs with full-width AVX-512 (``onednn.py``) the three products are oneDNN's, the gradients' from
+    dense transposed operands: within float32 rounding of the reference's.
 
-    Without AMX, bf16 training took the plain product, so the lookup's gradient was a zero-filled fp32 tensor as
-    large as the vocabulary, added to this one: 34-38 ms per micro-batch of 1,024 positions on an AMD Zen 5, 1-2 %
-    of a bf16 fine-tuning update (docs/performance.md)."""
+    Without it, bf16 training on a CPU without AMX took the plain product, so the lookup's gradient was a
+    zero-filled fp32 tensor as large as the vocabulary, added to this one on every micro-batch."""
 
     @staticmethod
     def forward(ctx, h: torch.Tensor, w: torch.Tensor, link: Link, pad: bool) -> torch.Tensor:

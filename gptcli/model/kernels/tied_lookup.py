@@ -1,33 +1,17 @@
 """The token embedding's lookup gradient added straight into the tied output layer's weight gradient.
 
 Reference: ``tok_emb(idx)`` (``F.embedding``) and the output layer's product against the same weight
-(gptcli/model/tied.py). The weight is used twice, so autograd computes two weight-sized gradients and adds them: the
-lookup's backward fills a zero tensor as large as the vocabulary (40,481 × 768 floats, 124 MB) and adds the rows of
-the positions it looked up, then autograd adds that tensor to the output layer's, also 124 MB, into a third one
-where the output layer's is a view (the plain fp32 product's is: autograd's ``mm`` backward hands it transposed
-twice). For a micro-batch of a thousand positions that is three passes over 124-372 MB to add a thousand rows:
-about 100 ms per micro-batch on the AMX Xeon in fp32 (docs/performance.md).
+(gptcli/model/tied.py). Why: autograd computes two vocabulary-sized gradients for the shared weight and adds them,
+three passes over vocabulary-sized tensors to add a micro-batch's few rows (docs/performance.md, "Kernels"). Here
+the lookup (:func:`lookup`) returns a :class:`Link` beside the embeddings; the output layer's backward in
+``tied.py`` offers the weight gradient it returns to the link by weak reference (:meth:`Link.offer`), and the
+lookup's backward, which runs after it, adds its rows into that tensor in place (``index_add_``) and returns none.
 
-Here the two ends are linked. The lookup (:func:`lookup`) returns a :class:`Link` beside the embeddings; the
-output layer's products in ``tied.py`` take it, and their backward hands the weight gradient they return to
-autograd to the link as well (:meth:`Link.offer`), by weak reference. The lookup's backward, which runs after
-theirs (the output layer is downstream of the lookup), adds its rows into that tensor in place (``index_add_``:
-no zero tensor, no vocabulary-wide pass) and returns no weight gradient, so autograd receives the sum as the
-weight's one gradient.
-
-Why this is safe. Autograd sums the gradients a leaf receives in a backward pass in a buffer and accumulates the
-sum only after every node that feeds the leaf has run, the lookup's included. The offered tensor is referenced by
-nothing but that buffer (the link's reference is weak), so while it is alive it is what the buffer holds: the
-output layer's gradient alone, or the sum autograd formed in it in place. If autograd summed it into another
-tensor instead (a second use of the weight whose gradient arrived first, or an out-of-place sum), it was freed,
-the weak reference is dead, and the lookup returns its own dense gradient, as it does when nothing was offered.
-The offer is withdrawn when its pass ends (a callback queued on the engine), so a lookup whose backward runs in a
-later pass computes its own gradient too. The sum's rounding differs from the reference's (the output layer's
-gradient plus each looked-up row in turn, against the output layer's gradient plus the rows' sum): equal within
-fp32's. (A sparse gradient, as ``nn.Embedding(sparse=True)`` returns, would be as safe, but autograd adds a sparse
-gradient out of place: a copy of the whole dense one.)
-
-Only in training (gradients enabled, the weight a leaf that requires them) and never inside ``torch.compile``.
+Safe because autograd sums a leaf's gradients in a buffer only after every node feeding it has run: while the weak
+reference lives, the offered tensor is what that buffer holds. Had autograd summed it into another tensor, it was
+freed and the lookup returns its own dense gradient, as when nothing was offered; the offer is withdrawn when its
+pass ends. The rounding differs from the reference's within fp32's. Only in training (gradients enabled, the weight
+a leaf that requires them) and never inside ``torch.compile``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 // A transposed copy of a bf16 matrix, into bf16 or float32: what the AMX weight gradient (linear.py) needs; and of
-// a float32 matrix, for oneDNN's float32 products on an AMD Zen 5 (onednn.py).
+// a float32 matrix, for oneDNN's float32 products on CPUs with full-width AVX-512 (onednn.py).
 //
 // oneDNN runs a bf16 product whose left operand is a transposed view (autograd's weight gradient gᵀ·x, which
 // contracts over the positions, the rows of both operands) far below its speed on a dense operand; a dense
 // transposed copy of the narrower operand makes the product the fast kind. PyTorch's own `.t().contiguous()` of a
-// bf16 matrix copies element by element (2.4 ms for 2,048 × 768 on the AMX Xeon, against 0.16 for a plain copy),
-// which ate the product's gain; here 16 × 16 tiles are transposed in AVX-512 registers, widened to 32-bit lanes
-// (bf16 → float is a 16-bit shift, and back is exact since the values were bf16), so one routine writes either
-// dtype. Outside AVX-512 (and for the tails of rows and columns that do not fill a tile) a plain tiled scalar loop
-// computes the same copy: it is exact either way, only the speed differs.
+// bf16 matrix copies element by element, many times slower than a plain copy, which ate the product's gain; here
+// 16 × 16 tiles are transposed in AVX-512 registers, widened to 32-bit lanes (bf16 → float is a 16-bit shift, and
+// back is exact since the values were bf16), so one routine writes either dtype. Outside AVX-512 (and for the tails
+// of rows and columns that do not fill a tile) a plain tiled scalar loop computes the same copy: it is exact either
+// way, only the speed differs.
 
 #include <cstdint>
 #include <type_traits>
@@ -108,7 +108,7 @@ inline void block(const Src* src, int64_t rows, int64_t cols, Out* dst, int64_t 
 // 16 source rows read end to end instead wrote across the whole destination per strip (a 3 KB stride in the output
 // layer's 40,478 × 768 gradient: a new page every row); bands of 16 columns read every source line twice. A float32
 // destination whose rows are whole 64-byte lines is written with streaming stores, which skip reading each line
-// before overwriting it: the output layer's gradient 38 → 18 ms (PyTorch's copy_ 47 ms, a plain cast 11 ms).
+// before overwriting it: the output layer's gradient the most markedly.
 constexpr int64_t kBand = 4 * kTile;
 
 template <typename Src, typename Out>
@@ -151,7 +151,7 @@ at::Tensor transpose_bf16(const at::Tensor& x, at::Tensor out) {
 
 // out = x[:, :out.size(0)].t() for a contiguous 2-D float32 x, into a contiguous float32 out: the same tiles and
 // bands as the bf16 source's, for oneDNN's float32 products (onednn.py), which copy a transposed view themselves
-// far slower (PyTorch's strided copy: the tied output layer's 2,048 × 40,512 gradient in 260 ms).
+// far slower (PyTorch's strided copy).
 at::Tensor transpose_f32(const at::Tensor& x, at::Tensor out) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat && x.device().is_cpu(),
               "x must be a contiguous 2-D float32 CPU tensor");

@@ -1,12 +1,10 @@
 """Dense transposed copies of 2-D CPU matrices by ``transpose.cpp``'s 16 × 16 AVX-512 tiles.
 
-Reference: ``x.t().contiguous()``, PyTorch's strided copy, element by element: a 2,048 × 768 bf16 matrix in
-2.4-4.5 ms on the AMX Xeon (0.6 ms here), the tied output layer's 2,048 × 40,512 float32 logit gradient in 59 ms on
-an AMD Zen 5 (13 ms here, a plain copy's 15.5: into memory already mapped, as a training step's reused buffers
-are; a call that first maps its 332 MB output pays the page faults on top, about 60 ms). Two kinds of products take
-their operands so: the AMX bf16 weight gradients (``linear.py``, ``tied.py``), which oneDNN runs far slower from a
-transposed view, and oneDNN's float32 gradient products (``onednn.py``), whose op copies a transposed view itself
-by PyTorch's copy. The copy is exact either way.
+Reference: ``x.t().contiguous()``, PyTorch's strided copy, element by element, several times slower than these
+tiles on bf16 weights and on the tied output layer's float32 logit gradient (docs/performance.md, "Kernels"). Two
+kinds of products take their operands so: the AMX bf16 weight gradients (``linear.py``, ``tied.py``), which oneDNN
+runs far slower from a transposed view, and oneDNN's float32 gradient products (``onednn.py``), whose op copies a
+transposed view itself by PyTorch's copy. The copy is exact either way.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 // What the vector loops of this folder share. With AVX-512: 16 float32 or bf16 lanes loaded as floats and stored
 // back (bf16 rounded to nearest-even, NaN kept a NaN: elementwise.h's scalar store, lane by lane), the first `mask`
 // lanes of a row's tail only. GPT1_AVX512 is 1 where the CPU has AVX-512 F, BW (bf16's masked 16-bit loads) and DQ
-// (dropout's 64-bit multiplies), as every AVX-512 CPU since Skylake-SP does. Without it, GPT1_AVX2 is 1 where the
-// CPU has AVX2 and FMA (every x86 CPU since Haswell and Zen 1): 8 lanes, and a row's tail (fewer than 8 elements)
-// goes through an 8-float buffer, since AVX2 has no masked 16-bit loads. GPT1_VECTOR_ROWS is 1 with either: the
+// (dropout's 64-bit multiplies), as all but the earliest AVX-512 CPUs have. Without it, GPT1_AVX2 is 1 where the
+// CPU has AVX2 and FMA (mainstream AVX2 CPUs have both): 8 lanes, and a row's tail (fewer than 8 elements) goes
+// through an 8-float buffer, since AVX2 has no masked 16-bit loads. GPT1_VECTOR_ROWS is 1 with either: the
 // row loops of loss.cpp and softmax.cpp and dropout.cpp's vector loop exist in both widths (AVX2's 64-bit
 // multiplies made of 32-bit ones). Elsewhere the loops' scalar forms (or the callers' PyTorch ops) compute instead.
 #pragma once

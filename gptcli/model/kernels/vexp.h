@@ -36,7 +36,7 @@ inline __m512 exp16(__m512 x) {
 
 // exp(x) for x = score − max ≤ 0 (a softmax's), exactly 0 below kExpFloor: an additive mask's −∞ (the
 // shared-prefix grid's) would otherwise take exp through subnormal intermediates, which Intel CPUs compute by
-// microcode assists, many times slower (measured: the softmax of a masked block 2.5× slower than PyTorch's). e^−80
+// microcode assists, many times slower (a masked block's softmax fell behind PyTorch's). e^−80
 // is 2·10⁻³⁵ of the row's largest term, so a probability of at most that becomes 0 and the others do not move
 // beyond float32 roundoff. A NaN stays NaN. (softmax.cpp, fused_attention.cpp)
 inline __m512 exp_above(__m512 x) {
