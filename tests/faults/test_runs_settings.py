@@ -33,8 +33,8 @@ def corpus(tmp_path_factory):
         (["--batch-size", "0"], "--batch-size 0 is impossible (it must be at least 1)"),
         (["--micro-batch-size", "0"], "--micro-batch-size 0 is impossible"),  # was taken as "unset"
         (["--seq-len", "0"], "--seq-len 0 is impossible (it must be at least 1)"),
-        (["--dropout", "1.5"], "--embd-pdrop 1.5 is impossible (it must be a probability in [0, 1))"),
-        (["--dropout", "-0.1"], "--embd-pdrop -0.1 is impossible"),
+        (["--dropout", "1.5"], "--dropout 1.5 is impossible (it must be a probability in [0, 1))"),
+        (["--dropout", "-0.1"], "--dropout -0.1 is impossible"),
         (["--weight-decay", "-1"], "--weight-decay -1.0 is impossible"),
         (["--beta1", "1"], "--beta1 1.0 is impossible (it must be in [0, 1))"),
         (["--eps", "0"], "--eps 0.0 is impossible"),

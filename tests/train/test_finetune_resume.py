@@ -510,6 +510,8 @@ def test_the_quickstart_treats_a_stopped_fine_tuning_as_an_error(tmp_path, monke
 
     stopped = ft.FinetuneResult(tmp_path, tmp_path / "checkpoints" / "step-0000003", {}, [], "SIGINT", 3, 15)
     monkeypatch.setattr(ft, "finetune", lambda config, progress=None: stopped)
-    run = SimpleNamespace(cfg=QuickstartConfig(), out=tmp_path, progress=Progress(), paths={})
-    with pytest.raises(GPT1Error, match=r"fine-tuning stopped early \(SIGINT\)"):
+    run = SimpleNamespace(
+        cfg=QuickstartConfig(pretrain_steps=3), out=tmp_path, progress=Progress(), paths={}, numbers={}
+    )
+    with pytest.raises(GPT1Error, match=r"fine-tuning stopped by SIGINT: the quickstart kept nothing"):
         finetune_model(run, SimpleNamespace(task_dir=tmp_path), SimpleNamespace(checkpoint=tmp_path))

@@ -304,7 +304,7 @@ def test_a_finetuning_update_reads_nothing_back_except_when_it_is_logged(
     assert not [r for r in loop if "update" in r[1] or "step" in r[1]], loop
     # 10 updates, logged at 5 and 10 (the epoch's last): the non-finite watch and the updates' figures, one
     # transfer each.
-    assert Counter(f for f, _ in loop) == Counter({"first": 2, "read": 2}), loop
+    assert Counter(f for f, _ in loop) == Counter({"first": 2, "read_figures": 2}), loop
 
 
 def test_a_nan_between_logged_updates_is_caught_at_the_next_and_named_exactly(tmp_path, monkeypatch):
