@@ -30,7 +30,7 @@ from gptcli.data.shards import Corpus, open_corpus, tokenizer_fingerprint
 from gptcli.data.windows import WindowSampler
 from gptcli.errors import GPT1Error
 from gptcli.files.outputs import check_output
-from gptcli.model.build import AnyConfig, arch_of, build_model, preset, preset_class
+from gptcli.model.build import AnyConfig, LanguageModel, arch_of, build_model, preset, preset_class
 from gptcli.model.kernels import check_mode, use_kernels
 from gptcli.model.kernels import prepare as prepare_kernels  # the compiled kernels' first-use build, as a stage
 from gptcli.model.lstm import precision_note
@@ -57,6 +57,7 @@ from gptcli.train.run.directory import (
     start_run_dir,
 )
 from gptcli.train.run.loop import RunState, stop_handler, train
+from gptcli.train.run.memory import is_out_of_memory, model_out_of_memory
 from gptcli.train.run.resume import check_resume
 from gptcli.train.runlog import Throughput
 from gptcli.train.trainer import Parallel, Trainer, unwrap
@@ -375,6 +376,18 @@ def _resume_notes(
     return check_resume(config.out, RULES, config, old, header, mcfg, inputs)
 
 
+def _build(mcfg: AnyConfig, device: torch.device) -> LanguageModel:
+    """A new model on ``device``; one whose weights alone do not fit is the one-line error that gives its size."""
+    try:
+        return build_model(mcfg).to(device)
+    except Exception as e:  # noqa: BLE001 - re-raised as it is unless an allocation failed
+        if not is_out_of_memory(e):
+            raise
+        with torch.device("meta"):  # the count, without allocating the weights again
+            params = build_model(mcfg).num_params()
+        raise model_out_of_memory(device, params) from e
+
+
 def _start(plan: RunPlan, report: Progress) -> PretrainJob:
     """Build the model (the same weights on every rank) and its trainer, restore a resumed run, and open the run
     directory.
@@ -383,7 +396,7 @@ def _start(plan: RunPlan, report: Progress) -> PretrainJob:
     """
     config, par = plan.config, plan.par
     torch.manual_seed(config.seed)
-    model = build_model(plan.model_config).to(plan.device)
+    model = _build(plan.model_config, plan.device)
     optimizer = make_optimizer(
         model, config.lr, config.weight_decay, (config.beta1, config.beta2), config.eps, config.decay, report=report
     )
