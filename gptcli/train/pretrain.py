@@ -46,7 +46,7 @@ from gptcli.train.distributed import LaunchSpec, inputs_verified_by_launcher
 from gptcli.train.optim import lr_at, make_optimizer
 from gptcli.train.pretrain_config import RULES, PretrainConfig
 from gptcli.train.pretrain_job import BatchFeed, PretrainJob, RunPlan, unigram_loss
-from gptcli.train.recipes import recipe_note
+from gptcli.train.recipes import WARMUP_RULE, recipe_note, warmup_for
 from gptcli.train.run.directory import (
     CONFIG_FILE,
     RunDir,
@@ -138,7 +138,7 @@ def warmup_warning(total_steps: int, warmup_steps: int, lr: float) -> str | None
     return (
         f"the run has {total_steps:,} updates but --warmup-steps {warmup_steps:,}: the learning rate only "
         f"reaches {reached:.3g} ({100 * total_steps / warmup_steps:.0f}% of --lr {lr:g}) and never decays "
-        f"(pass --warmup-steps {max(1, total_steps // 10):,}, about a tenth of the run, or train longer)"
+        f"(pass --warmup-steps {warmup_for(total_steps):,}: {WARMUP_RULE}, but no more than the run; or train longer)"
     )
 
 
