@@ -234,6 +234,10 @@ def _prepare(cfg: PrepareConfig, progress: Progress | None, given: Collection[st
             tok.save(tmp / "tokenizer")
             encoded = _encode(plan, scan, words, tok, executor, tmp, report)
         words.path.unlink()
+        oversized = _oversized_validation(encoded.splits, cfg.val_fraction)
+        if oversized:
+            problems.messages.append(oversized)
+            report.note(oversized, level="warn")
         manifest = _manifest(plan, scan, tok, sample_info, encoded, problems.messages, tmp / "tokenizer")
         write_manifest(tmp, manifest)
         _move_into_place(tmp, plan)
@@ -537,6 +541,25 @@ def _encode(
     for s in splits:
         splits[s]["shards"] = sum(1 for e in shards if e["split"] == s)
     return _Encoded(shards, splits, dtype)
+
+
+VAL_SHARE_SLACK = 2.0
+"""How many times --val-fraction of the tokens the validation split may hold before prepare warns: whole documents
+are held out, so with few (or very uneven) documents one of them can be most of the corpus."""
+
+
+def _oversized_validation(splits: dict[str, dict[str, int]], val_fraction: float) -> str | None:
+    """A one-line warning when the validation documents hold far more of the tokens than ``val_fraction``, else
+    None. The split itself is kept as drawn, so that a corpus's numbers never depend on its documents' sizes."""
+    val, total = splits["val"]["tokens"], splits["val"]["tokens"] + splits["train"]["tokens"]
+    if total == 0 or val / total <= VAL_SHARE_SLACK * val_fraction:
+        return None
+    n_val, n_docs = splits["val"]["documents"], splits["val"]["documents"] + splits["train"]["documents"]
+    return (
+        f"the validation split holds {val / total:.0%} of the tokens ({val:,} of {total:,}; --val-fraction "
+        f"{val_fraction:g}): {n_val} of {n_docs} documents were held out whole (pass --split-by paragraph or line "
+        "to hold out parts of the documents, or give more documents)"
+    )
 
 
 def _manifest(

@@ -148,11 +148,23 @@ def _build(config: ModelConfig, hf_state: dict[str, torch.Tensor], where: Path) 
     return model
 
 
-def _tokenizer_from(directory: Path):
+def _tokenizer_from(directory: Path, warnings: list[str] | None = None):
+    """The original BPE in ``directory``: its two files, or else a ``tokenizer.json`` holding it (transformers 5
+    saves only that); a ``tokenizer.json`` of another kind is a warning in ``warnings`` and None."""
+    from gptcli.interop.hf_tokenizer import HF_TOKENIZER, read_original_bpe
     from gptcli.tokenizers.openai import FILE_NAMES, OpenAIBPETokenizer
 
     if any((directory / v).is_file() and (directory / m).is_file() for v, m in FILE_NAMES):
         return OpenAIBPETokenizer.from_dir(directory)
+    if (directory / HF_TOKENIZER).is_file():
+        bpe = read_original_bpe(directory / HF_TOKENIZER)
+        if bpe is not None:
+            return OpenAIBPETokenizer(*bpe)
+        if warnings is not None:
+            warnings.append(
+                f"{directory / HF_TOKENIZER}: not GPT-1's BPE (a BPE with '</w>' word ends); "
+                "the checkpoint is written without a tokenizer"
+            )
     return None
 
 
@@ -183,9 +195,11 @@ def from_hf(src: str | Path) -> Converted:
     d = _hf_directory(src)
     hf_cfg = read_hf_config(d)
     warnings: list[str] = []
-    tok = _tokenizer_from(d)
-    if tok is None:
-        warnings.append(f"{d}: no vocab.json + merges.txt; the checkpoint is written without a tokenizer")
+    tok = _tokenizer_from(d, warnings)
+    if tok is None and not warnings:
+        warnings.append(
+            f"{d}: no vocab.json + merges.txt or tokenizer.json; the checkpoint is written without a tokenizer"
+        )
     try:
         shape = config_from_hf(hf_cfg)
     except (TypeError, ValueError) as e:  # e.g. n_head not dividing n_embd, or a size that is not a number

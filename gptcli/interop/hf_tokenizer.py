@@ -308,3 +308,31 @@ def write_hf_tokenizer(directory: Path, tok: Any, n_ctx: int) -> None:
     )
     specials = {"unk_token": unk, "pad_token": unk} if unk else {}
     (directory / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n", encoding="utf-8")
+
+
+def read_original_bpe(path: Path) -> tuple[dict[str, int], list[tuple[str, str]]] | None:
+    """The vocabulary and merges of GPT-1's original BPE from a ``tokenizer.json`` (what transformers 5 saves for
+    ``openai-gpt`` in place of ``vocab.json`` + ``merges.txt``, and what :func:`write_hf_tokenizer` writes), or None
+    when the file holds another kind of tokenizer. Only the BPE is read: gpt1 applies its own text pipeline, as
+    it does with the two files."""
+    from gptcli.errors import DataError
+    from gptcli.tokenizers.openai import EOW
+
+    try:
+        body = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(path, f"unreadable tokenizer file ({e})") from None
+    model = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(model, dict) or model.get("type") != "BPE" or model.get("end_of_word_suffix") != EOW:
+        return None
+    vocab, merges = model.get("vocab"), model.get("merges")
+    pairs = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in merges or []]
+    if (
+        not isinstance(vocab, dict)
+        or sorted(vocab.values()) != list(range(len(vocab)))
+        or any(len(p) != 2 or not all(isinstance(s, str) for s in p) for p in pairs)
+    ):
+        raise DataError(path, "its BPE vocabulary ids are not exactly 0 … n-1, or a merge is not a pair of symbols")
+    if model.get("unk_token") == UNK_SURFACE and vocab.get(UNK_SURFACE) == 0:  # the name our export gives id 0
+        vocab = {("<unk>" if t == UNK_SURFACE else t): i for t, i in vocab.items()}
+    return vocab, pairs  # type: ignore[return-value]

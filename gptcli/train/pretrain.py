@@ -46,7 +46,7 @@ from gptcli.train.distributed import LaunchSpec, inputs_verified_by_launcher
 from gptcli.train.optim import lr_at, make_optimizer
 from gptcli.train.pretrain_config import RULES, PretrainConfig
 from gptcli.train.pretrain_job import BatchFeed, PretrainJob, RunPlan, unigram_loss
-from gptcli.train.recipes import recipe_note
+from gptcli.train.recipes import WARMUP_RULE, recipe_note, warmup_for
 from gptcli.train.run.directory import (
     CONFIG_FILE,
     RunDir,
@@ -57,6 +57,7 @@ from gptcli.train.run.directory import (
     start_run_dir,
 )
 from gptcli.train.run.loop import RunState, stop_handler, train
+from gptcli.train.run.memory import is_out_of_memory, model_out_of_memory
 from gptcli.train.run.resume import check_resume
 from gptcli.train.runlog import Throughput
 from gptcli.train.trainer import Parallel, Trainer, unwrap
@@ -137,7 +138,7 @@ def warmup_warning(total_steps: int, warmup_steps: int, lr: float) -> str | None
     return (
         f"the run has {total_steps:,} updates but --warmup-steps {warmup_steps:,}: the learning rate only "
         f"reaches {reached:.3g} ({100 * total_steps / warmup_steps:.0f}% of --lr {lr:g}) and never decays "
-        f"(pass --warmup-steps {max(1, total_steps // 10):,}, about a tenth of the run, or train longer)"
+        f"(pass --warmup-steps {warmup_for(total_steps):,}: {WARMUP_RULE}, but no more than the run; or train longer)"
     )
 
 
@@ -376,6 +377,18 @@ def _resume_notes(
     return check_resume(config.out, RULES, config, old, header, mcfg, inputs)
 
 
+def _build(mcfg: AnyConfig, device: torch.device) -> LanguageModel:
+    """A new model on ``device``; one whose weights alone do not fit is the one-line error that gives its size."""
+    try:
+        return build_model(mcfg).to(device)
+    except Exception as e:  # noqa: BLE001 - re-raised as it is unless an allocation failed
+        if not is_out_of_memory(e):
+            raise
+        with torch.device("meta"):  # the count, without allocating the weights again
+            params = build_model(mcfg).num_params()
+        raise model_out_of_memory(device, params) from e
+
+
 def _start(plan: RunPlan, report: Progress) -> PretrainJob:
     """Build the model (the same weights on every rank) and its trainer, restore a resumed run, and open the run
     directory.
@@ -384,7 +397,7 @@ def _start(plan: RunPlan, report: Progress) -> PretrainJob:
     """
     config, par = plan.config, plan.par
     torch.manual_seed(config.seed)
-    model = build_model(plan.model_config).to(plan.device)
+    model = _build(plan.model_config, plan.device)
     optimizer = make_optimizer(
         model, config.lr, config.weight_decay, (config.beta1, config.beta2), config.eps, config.decay, report=report
     )

@@ -91,8 +91,8 @@ class PretrainConfig:
     """Peak learning rate (paper: 2.5e-4)."""
     warmup_steps: int = 2000
     """Linear warmup from 0 over this many updates (paper: 2000, kept for short runs too: a run with fewer
-    updates than its warmup never reaches --lr and is warned about at start; for such a run pass about a tenth of
-    its updates)."""
+    updates than its warmup never reaches --lr and is warned about at start; for such a run pass at least 30
+    updates, about a tenth of a longer run, but no more than the run)."""
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     """Decay after warmup (paper: cosine annealing to 0 at the last update)."""
     weight_decay: float = 0.01

@@ -26,6 +26,7 @@ from gptcli.model.build import TRANSFORMER, AnyConfig, LanguageModel, arch_of
 from gptcli.progress import Progress
 from gptcli.system.runtime import Precision
 from gptcli.train.pretrain_config import PretrainConfig
+from gptcli.train.recipes import MIN_WARMUP
 from gptcli.train.run.directory import write_step_checkpoint
 from gptcli.train.run.loop import Due, GracefulStop, RunState, every
 from gptcli.train.run.memory import half, too_big_warning, update_bytes
@@ -373,6 +374,6 @@ def plateau_hint(step: int, val_loss: float, unigram: float | None) -> str | Non
         f"hint: after {step:,} updates the validation loss {val_loss:.2f} is still at the unigram loss "
         f"{unigram:.2f} (predicting each token by its frequency alone): the model has not learned to use "
         f"context yet (small post-LN models stall at a high --lr, a short warm-up or a narrow init: try "
-        f"--warmup-steps 30 or more, a lower --lr, --init-std 0.06 (the tiny preset's), or more updates; "
+        f"--warmup-steps {MIN_WARMUP} or more, a lower --lr, --init-std 0.06 (the tiny preset's), or more updates; "
         f"docs/presets.md)"
     )

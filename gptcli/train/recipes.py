@@ -13,6 +13,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MIN_WARMUP = 30
+"""Warm-up updates a small post-LN model needs whatever the run's length (the tiny recipe's evidence below)."""
+WARMUP_RULE = f"at least {MIN_WARMUP} updates, about a tenth of a longer run"
+"""The one warm-up advice every message gives (:func:`warmup_for` computes it)."""
+
+
+def warmup_for(updates: int) -> int:
+    """The warm-up to advise for a run of ``updates`` updates (:data:`WARMUP_RULE`), never longer than the run: a
+    shorter warm-up leaves small models on the unigram plateau, a longer one never reaches the learning rate."""
+    return max(1, min(updates, max(MIN_WARMUP, round(updates / 10))))
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -70,7 +81,7 @@ RECIPES: dict[str, Recipe] = {
         lr=1e-3,
         batch_size=16,
         seq_len=128,
-        warmup="30 (at least; ≈ 10% of a longer run)",
+        warmup=f"{MIN_WARMUP} (at least; ≈ 10% of a longer run)",
         finetune_lr=5e-4,
         finetune_batch_size=32,
         finetune_epochs=3,

@@ -200,3 +200,23 @@ def test_an_input_appended_to_while_it_is_read_is_refused(tmp_path, capsys, monk
     res = gpt1(_prepare([book], tmp_path / "out"), capsys)
     assert_one_line_error(res, str(book), "changed while prepare read it", "bytes", "a copy")
     assert_nothing_new(tmp_path, before)
+
+
+def test_a_whole_document_taking_most_tokens_as_validation_is_a_warning(tmp_path, capsys):
+    """Two books and --val-fraction 0.1: one whole book is held out, half the tokens, not a tenth. Said in one line
+    (kept in the manifest); cut into paragraphs, the same books give a validation split near the fraction asked."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for i in range(2):
+        paragraphs = [f"Paragraph {j} of book {i}. " + TEXT.strip() for j in range(20)]
+        (inputs / f"book{i}.txt").write_text("\n\n".join(paragraphs) + "\n")
+    res = gpt1(["prepare", inputs, "--out", tmp_path / "whole", "--vocab-size", "80", "--workers", "1"], capsys)
+    assert res.code == 0 and "Traceback" not in res.err, res.err[-3000:]
+    warned = [x for x in res.err.splitlines() if x.startswith("warning: ") and "validation split holds" in x]
+    assert len(warned) == 1 and "--split-by paragraph" in warned[0], res.err[-3000:]
+    manifest = json.loads((tmp_path / "whole" / "manifest.json").read_text())
+    assert any("validation split holds" in w for w in manifest["warnings"]), manifest["warnings"]
+
+    args = ["--vocab-size", "80", "--workers", "1", "--val-fraction", "0.1", "--split-by", "paragraph"]
+    res = gpt1(["prepare", inputs, "--out", tmp_path / "paragraphs", *args], capsys)
+    assert res.code == 0 and "validation split holds" not in res.err, res.err[-3000:]

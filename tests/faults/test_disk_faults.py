@@ -329,3 +329,41 @@ def test_real_read_only_file_system(command, corpus, run, tmp_path, capsys, moun
     res = gpt1(cmd, capsys)
     assert_one_line_error(res, "Read-only file system", "write elsewhere")
     assert list(ro.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),
+        RuntimeError("Error building extension\nNo space left on device"),
+    ],
+)
+def test_a_full_kernel_cache_is_named_not_a_missing_compiler(fault, tmp_path, monkeypatch):
+    """Building the CPU kernels into a full cache (the folder itself, or the compiler's output written there) is said
+    as that cache being full, with the variable that moves it; not as a C++ compiler to install."""
+    from torch.utils import cpp_extension
+
+    from gptcli.model import kernels
+    from gptcli.model.kernels import native
+    from gptcli.progress import RecordingProgress
+    from gptcli.system.runtime import use_kernels
+
+    cache = tmp_path / "kernel-cache"
+    monkeypatch.setenv(native.CACHE_ENV, str(cache))
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")  # a compiler is there
+
+    def full(**_):
+        raise fault
+
+    monkeypatch.setattr(cpp_extension, "load", full)
+    native.library.cache_clear()
+    report = RecordingProgress()
+    try:
+        with use_kernels("auto"):
+            kernels.prepare("cpu", report)
+    finally:
+        native.library.cache_clear()
+    warnings = [n["message"] for n in report.of("note") if n.get("level") == "warn"]
+    assert len(warnings) == 1 and "\n" not in warnings[0], warnings
+    assert f"kernel cache {cache} is full" in warnings[0] and native.CACHE_ENV in warnings[0], warnings
+    assert "compiler" not in warnings[0], warnings

@@ -326,6 +326,25 @@ def test_a_cgroup_limit_above_the_process_counts(tmp_path, version) -> None:
     assert free_bytes(proc, root) == 40 * gib  # no limit: the machine's
 
 
+def test_a_model_whose_weights_alone_do_not_fit_says_its_size(corpus, tmp_path, monkeypatch) -> None:
+    """Building the model itself failed: no batch setting can help, so the error gives the model's size instead."""
+    real, sizes = pretrain_mod.build_model, []
+
+    def too_big(config):
+        if torch.get_default_device().type != "meta":  # counting parameters allocates nothing
+            sizes.append(real(config).num_params())  # this toy model's count, to compare with the error's
+            raise _host_out_of_memory()
+        return real(config)
+
+    monkeypatch.setattr(pretrain_mod, "build_model", too_big)
+    with pytest.raises(OutOfMemory) as e:
+        pretrain(_cfg(corpus, tmp_path / "run"))
+    params = sizes[0]
+    msg = str(e.value)
+    assert msg.startswith(f"cpu has no room for the model itself: its {params:,} parameters take "), msg
+    assert "batch" in msg and "--micro-batch-size" not in msg and "\n" not in msg, msg
+
+
 def test_a_cpu_pretraining_run_too_big_for_this_machine_says_so_first(corpus, tmp_path, monkeypatch) -> None:
     import gptcli.train.run.memory as memory
     from gptcli.progress import RecordingProgress

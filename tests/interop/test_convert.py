@@ -268,3 +268,27 @@ def test_to_hf_with_a_non_openai_tokenizer_says_it_is_not_exported(tmp_path: Pat
     idx = torch.tensor([[1, 5, 96]])
     with torch.no_grad():
         assert torch.allclose(hf(idx).logits, model.eval().lm_logits(model(idx)), atol=1e-4)
+
+
+def test_from_hf_reads_the_tokenizer_json_transformers_5_saves(tmp_path: Path, capsys) -> None:
+    """transformers 5 saves openai-gpt's tokenizer as tokenizer.json alone (no vocab.json + merges.txt): its BPE is
+    imported with the model; a tokenizer.json of another kind is named in a warning instead."""
+    tok = tiny_tokenizer()
+    tok.save_bpe_files(tmp_path / "bpe")
+    d = tmp_path / "hf"
+    hf_model(tok.vocab_size).save_pretrained(d)
+    transformers.OpenAIGPTTokenizer.from_pretrained(tmp_path / "bpe").save_pretrained(d)
+    assert (d / "tokenizer.json").is_file() and not (d / "vocab.json").exists()
+    assert run_cli("convert", "--from", "hf", str(d), "--out", str(tmp_path / "ck")) == 0
+    c = load_checkpoint(tmp_path / "ck")
+    assert isinstance(c.tokenizer, OpenAIBPETokenizer)
+    assert c.tokenizer.encoder == tok.encoder and c.tokenizer.merges == tok.merges
+    assert c.tokenizer.encode("the band") == tok.encode("the band")
+
+    body = json.loads((d / "tokenizer.json").read_text())
+    body["model"] = {"type": "WordPiece", "vocab": body["model"]["vocab"]}
+    (d / "tokenizer.json").write_text(json.dumps(body))
+    capsys.readouterr()
+    assert run_cli("convert", "--from", "hf", str(d), "--out", str(tmp_path / "ck2")) == 0
+    assert load_checkpoint(tmp_path / "ck2").tokenizer is None
+    assert "tokenizer.json: not GPT-1's BPE" in capsys.readouterr().err

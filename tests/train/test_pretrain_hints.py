@@ -64,7 +64,7 @@ def test_warmup_longer_than_the_run_is_warned_once_at_start(noise, tmp_path):
     pretrain(_cfg(noise, tmp_path / "short", warmup_steps=20), progress=rec)
     [warning] = _warnings(rec)
     assert "8 updates but --warmup-steps 20" in warning and "reaches 0.0001 (40% of --lr 0.00025)" in warning
-    assert "--warmup-steps 1" in warning  # the suggestion: a tenth of the run
+    assert "--warmup-steps 8:" in warning  # the suggestion: the rule (at least 30), no more than the run
     assert rec.events[1] == ("note", {"message": warning, "level": "warn"})  # right after the stage starts
     for warmup in (2, 8):  # fits (reaching --lr at the last update counts as reaching it)
         rec = RecordingProgress()
@@ -117,3 +117,18 @@ def test_no_plateau_hint_on_a_run_that_learned(cycle, tmp_path, monkeypatch):
     assert abs(unigram - math.log(50)) < 0.1
     assert res.final_val_loss < unigram - 1.0  # learned: far below the plateau
     assert _warnings(rec) == []
+
+
+def test_every_warmup_advice_follows_the_one_rule():
+    """The start warning, the tiny preset's recipe and the plateau hint advise the same warm-up: at least
+    MIN_WARMUP updates, about a tenth of a longer run, never longer than the run (following it silences the warning)."""
+    from gptcli.train.pretrain_job import plateau_hint
+    from gptcli.train.recipes import MIN_WARMUP, RECIPES, warmup_for
+
+    assert [warmup_for(t) for t in (1, 20, 50, 150, 300, 5000)] == [1, 20, 30, 30, 30, 500]
+    for total in (1, 20, 50, 150, 300, 5000):
+        advised = warmup_for(total)
+        assert f"--warmup-steps {advised:,}:" in warmup_warning(total, 10**6, 1e-3)
+        assert warmup_warning(total, advised, 1e-3) is None
+    assert RECIPES["tiny"].warmup.startswith(f"{MIN_WARMUP} (at least")
+    assert f"--warmup-steps {MIN_WARMUP} or more" in plateau_hint(1000, 6.0, 6.0)

@@ -103,8 +103,7 @@ def prepare(device: torch.device | str, progress: Progress = SILENT) -> None:
             native.library()
     if native.unavailable() is not None:
         progress.note(
-            f"compiled CPU kernels unavailable: {native.unavailable()} (the Python kernels run instead, "
-            "slower; install a C++ compiler to build them)",
+            f"compiled CPU kernels unavailable: {native.unavailable()}; the Python kernels run instead, slower",
             level="warn",
         )
 

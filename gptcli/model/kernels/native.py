@@ -16,6 +16,7 @@ kernels that use it return ``None`` and the model computes the reference instead
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import importlib.util
@@ -128,7 +129,7 @@ def library() -> ModuleType | None:
     global _failure
     compiler = os.environ.get("CXX") or "c++"
     if shutil.which(compiler) is None:
-        _failure = f"no C++ compiler ({compiler!r} is not on PATH)"
+        _failure = f"no C++ compiler ({compiler!r} is not on PATH; install one, or name it in $CXX)"
         return None
     name = build_name()
     folder = cache_root() / name
@@ -150,6 +151,11 @@ def library() -> ModuleType | None:
     except Exception as e:  # any failure to build or load means: compute the reference instead
         lines = [line for line in str(e).strip().splitlines() if line.strip()]
         _failure = f"{type(e).__name__}: {lines[-1] if lines else ''}".strip()
+        # A full disk shows as the builder's last words (a compiler's or ninja's) or an OSError: name the folder.
+        if getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in str(e):
+            _failure = (
+                f"the kernel cache {cache_root()} is full (free space there, or set ${CACHE_ENV} to a folder with room)"
+            )
         return None
 
 

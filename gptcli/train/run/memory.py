@@ -72,6 +72,16 @@ def out_of_memory(device: torch.device, during: str, advice: str, checkpoint: Pa
     return OutOfMemory(f"{device} ran out of memory {during}{in_use(device)} ({advice}{then})")
 
 
+def model_out_of_memory(device: torch.device, params: int) -> OutOfMemory:
+    """The one-line error when building the model itself failed: its weights alone do not fit, so no batch setting
+    can help; the model's size says by how much."""
+    return OutOfMemory(
+        f"{device} has no room for the model itself: its {params:,} parameters take {_size(4 * params)} as fp32 "
+        f"weights{in_use(device)} (a smaller batch cannot help: use a smaller model, e.g. --preset, --n-layer or "
+        "--n-embd, or a machine with more memory)"
+    )
+
+
 # --- before the first update, on a CPU -------------------------------------------------------------------------------
 # A CPU run that asks for more memory than the machine has is not told so: Linux lets the allocations through and
 # then kills the process (exit 137, "Killed"), often minutes in, with nothing said. So a CPU run estimates what its
@@ -178,6 +188,7 @@ __all__ = [
     "half",
     "in_use",
     "is_out_of_memory",
+    "model_out_of_memory",
     "out_of_memory",
     "too_big_warning",
     "update_bytes",
