@@ -1,4 +1,4 @@
-"""The fast CPU kernels applied to a model in a test, whatever $GPT1_KERNELS says (``gptcli.model.kernels.apply``)."""
+"""The fast CPU kernels installed in a model or a lone layer in a test, whatever $GPT1_KERNELS says."""
 
 from __future__ import annotations
 
@@ -6,14 +6,13 @@ from typing import TypeVar
 
 import torch.nn as nn
 
-from gptcli.model import kernels
-
 M = TypeVar("M", bound=nn.Module)
 
 
 def applied(model: M) -> M:
     """``model`` with the kernels' forms swapped in (each computes by its kernel under ``auto``, by the reference
     under ``reference``)."""
-    with kernels.use_kernels("auto"):
-        kernels.apply(model, "cpu")
+    from gptcli.model.kernels import layers
+
+    layers.install(model)  # also a lone layer, which ``kernels.apply`` (for whole gpt1 models) leaves alone
     return model

@@ -123,6 +123,15 @@ def test_apply_swaps_the_seams_only_and_only_under_auto_on_cpu() -> None:
     assert list(after) == list(before) and all(torch.equal(after[k], v) for k, v in before.items())
 
 
+def test_apply_leaves_a_model_that_is_not_gpt1s_alone() -> None:
+    """Another library's model handed to a ``Trainer`` (a benchmark's Hugging Face arm, say) keeps its own layers: the
+    kernels replace only the seams of a gpt1 language model, so a comparison against it measures that library."""
+    other = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(approximate="tanh"), torch.nn.Dropout(0.1))
+    with kernels.use_kernels("auto"):
+        assert kernels.apply(other, "cpu") is other
+    assert [type(m) for m in other] == [torch.nn.Linear, torch.nn.GELU, torch.nn.Dropout]
+
+
 def test_reference_dropout_is_f_dropout_and_the_kernel_draws_its_own_masks() -> None:
     x = torch.randn(64, 50)
     torch.manual_seed(3)

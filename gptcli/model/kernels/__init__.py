@@ -72,7 +72,8 @@ def apply(model: nn.Module, device: torch.device | str) -> nn.Module:
     if enabled(device):
         from gptcli.model.kernels import layers
 
-        layers.install(model)
+        if layers.holds_gpt1_model(model):  # another library's model (a benchmark's reference) keeps its own layers
+            layers.install(model)
     return model
 
 

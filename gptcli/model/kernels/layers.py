@@ -153,8 +153,19 @@ def install(model: nn.Module) -> None:
         if seam is not None and hasattr(seam, "fused") and not isinstance(seam, WrittenOutAttention):
             setattr(module, "attention", WrittenOutAttention(seam))  # noqa: B010 (a plain attribute, not a submodule)
         seam = getattr(module, "tied", None)
-        if seam is not None and hasattr(seam, "training_logits") and not isinstance(seam, TiedKernels):
+        if _is_tied_seam(seam) and not isinstance(seam, TiedKernels):
             setattr(module, "tied", TiedKernels(seam))  # noqa: B010
+
+
+def holds_gpt1_model(model: nn.Module) -> bool:
+    """Whether ``model`` holds a gpt1 language model (its tied seam, ``model/tied.py``), the one kind
+    :func:`install` is meant for."""
+    return any(_is_tied_seam(getattr(m, "tied", None)) for m in model.modules())
+
+
+def _is_tied_seam(seam: object) -> bool:
+    """Whether ``seam`` is a gpt1 language model's tied embedding and output layer (``model/tied.py``)."""
+    return seam is not None and hasattr(seam, "training_logits")
 
 
 def _transformer_linears(module: nn.Module) -> list[nn.Module]:
@@ -167,4 +178,4 @@ def _transformer_linears(module: nn.Module) -> list[nn.Module]:
     return [c for c in children if type(c) is nn.Linear] if transformer else []
 
 
-__all__ = ["GELU", "Dropout", "Linear", "TiedKernels", "WrittenOutAttention", "install"]
+__all__ = ["GELU", "Dropout", "Linear", "TiedKernels", "WrittenOutAttention", "holds_gpt1_model", "install"]
