@@ -185,9 +185,10 @@ def source_files(snapshot: Path) -> dict[str, str]:
     return {name: sha256_file(snapshot / name) for name in (*FILES, *WEIGHTS) if (snapshot / name).is_file()}
 
 
-def provenance_problem(path: Path, hub: HubId, commit: str, snapshot: Path | None = None) -> str | None:
+def provenance_problem(path: Path, hub: HubId, commit: str, files: dict[str, str] | None = None) -> str | None:
     """Why the folder at ``path`` is not the conversion of ``hub`` at ``commit`` (None when it is): its record of
-    where it came from names another model or commit, or (given the ``snapshot``) other source files."""
+    where it came from names another model or commit, or (given the snapshot's ``files``, :func:`source_files`)
+    other source files."""
     from gptcli.checkpoint import read_header
 
     try:
@@ -196,7 +197,7 @@ def provenance_problem(path: Path, hub: HubId, commit: str, snapshot: Path | Non
         return "it is not a readable checkpoint"
     if not isinstance(source, dict) or source.get("hub") != hub.repo_id or source.get("commit") != commit:
         return f"it records no conversion of {hub.repo_id}@{commit[:8]}"
-    if snapshot is not None and source.get("files") != source_files(snapshot):
+    if files is not None and source.get("files") != files:
         return f"its recorded source checksums do not match {hub.repo_id}@{commit[:8]}"
     return None
 
@@ -225,23 +226,25 @@ def _remember(hub: HubId, rev: str, commit: str) -> None:
 
 def _convert_once(hub: HubId, snapshot: Path, target: Path, report: Progress) -> bool:
     """Convert ``snapshot`` into ``target`` unless its conversion is there; True when it was (nothing converted).
-    A folder there that is not that conversion is replaced (or, when it is not a checkpoint, refused)."""
-    if _is_converted(target) and provenance_problem(target, hub, target.name, snapshot) is None:
+    A folder there that is not that conversion is replaced (or, when it is not a checkpoint, refused). The source
+    files are hashed once, for the check and the record alike."""
+    files = source_files(snapshot)
+    if _is_converted(target) and provenance_problem(target, hub, target.name, files) is None:
         return True
     from gptcli.files.locks import output_lock
 
     with output_lock(target, wait=True):  # a shared cache: wait for another process converting the same model
-        problem = provenance_problem(target, hub, target.name, snapshot) if _is_converted(target) else None
+        problem = provenance_problem(target, hub, target.name, files) if _is_converted(target) else None
         if _is_converted(target) and problem is None:  # another process converted it while this one waited
             return True
         if problem is not None:
             report.note(f"{target}: {problem}; converting the model again", level="warn")
         report.note(f"converting {hub.repo_id}@{target.name[:8]} into a gpt1 checkpoint (once): {target}")
-        convert_to_checkpoint(_converted(hub, snapshot, target.name), target)
+        convert_to_checkpoint(_converted(hub, snapshot, target.name, files), target)
     return False
 
 
-def _converted(hub: HubId, snapshot: Path, commit: str) -> Converted:
+def _converted(hub: HubId, snapshot: Path, commit: str, files: dict[str, str] | None = None) -> Converted:
     converted = from_hf(snapshot)
     converted.meta["source"] = {
         "format": "hf",
@@ -249,7 +252,7 @@ def _converted(hub: HubId, snapshot: Path, commit: str) -> Converted:
         "revision": hub.revision or "main",
         "commit": commit,
         "resolved": str(snapshot),
-        "files": source_files(snapshot),
+        "files": source_files(snapshot) if files is None else files,
     }
     return converted
 
