@@ -1,7 +1,7 @@
 """The encoded-example cache: a task's examples, once tokenized and laid out, kept for the next run.
 
 Why: tokenizing is the slow part of starting a fine-tuning run on a big task (the ``openai`` tokenizer runs ftfy,
-spaCy and BPE), so :func:`encode_cached` encodes a split once and a later run with the same inputs memory-maps the
+spaCy and BPE), so :func:`encode_cached` encodes a split once and a later run with the same inputs reads the
 ids. Entries live in ``$GPT1_CACHE`` (else ``~/.cache/gpt1/encoded``) and are never evicted; ``--no-cache`` skips it.
 
 The key holds everything that decides the ids, so a changed input is a miss, never a stale hit: the examples' texts
@@ -184,14 +184,16 @@ def read_entry(root: Path, name: str, n_examples: int) -> list[list[list[int]]] 
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
         return "its checksum file is missing or unreadable"
     try:
-        if sha256_file(path) != expected:
+        # Read once, then hash and parse those bytes: not memory-mapped (a file cut short by another process would
+        # be SIGBUS), and the bytes parsed are the bytes checked. The ids become Python lists anyway.
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != expected:
             return "checksum mismatch"
-        with pa.memory_map(str(path), "r") as source:
-            column = ipc.open_file(source).read_all().column("seqs").combine_chunks()
-            outer = column.offsets.to_numpy()
-            values = column.values
-            inner = values.offsets.to_numpy()
-            flat = values.values.to_numpy().tolist()
+        column = ipc.open_file(pa.py_buffer(data)).read_all().column("seqs").combine_chunks()
+        outer = column.offsets.to_numpy()
+        values = column.values
+        inner = values.offsets.to_numpy()
+        flat = values.values.to_numpy().tolist()
     except (OSError, pa.ArrowException, KeyError) as e:
         return f"unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
     if len(outer) != n_examples + 1 or meta.get("n_tokens") != len(flat):

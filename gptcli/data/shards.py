@@ -3,7 +3,9 @@
 A shard is an uncompressed Arrow IPC *file* holding one record batch with a single column ``tokens`` of type
 ``large_list<uint16>`` (``uint32`` once the vocabulary no longer fits 16 bits): one row per document. Because the
 file is uncompressed and has one batch, memory-mapping it gives the flat token array and the document offsets
-as zero-copy numpy views — what the pretraining sampler reads.
+as zero-copy numpy views — what the pretraining sampler reads. Those views are :class:`ShardTokens`, which check
+the file still holds them before each read: a mapped file cut short by another program would otherwise end the
+process with a bare "Bus error".
 
 A corpus directory holds ``manifest.json``, ``tokenizer/`` and the shards named ``{split}-{index:05d}.arrow``.
 The format is documented in ``docs/formats.md``.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -139,6 +142,52 @@ def write_shard(path: Path, documents: Iterable[np.ndarray], dtype: np.dtype) ->
     return {"file": path.name, "documents": len(docs), "tokens": int(offsets[-1]), "sha256": sha256_file(path)}
 
 
+class _Mapping:
+    """A shard file mapped into memory, and the size it had then."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with open(path, "rb") as f:  # mmap keeps its own descriptor of the file
+            self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.size = len(self.map)
+
+    def check(self) -> None:
+        """Raise a one-line GPT1Error when the file is now shorter than its mapping: reading past its end would
+        be SIGBUS, which no Python code can catch. One fstat of the mapped file (``mmap.size``)."""
+        now = self.map.size()
+        if now < self.size:
+            raise GPT1Error(
+                f"shard {self.path} shrank from {self.size} to {now} bytes while in use (it was changed by another "
+                "program; re-run prepare or restore it)"
+            )
+
+
+class ShardTokens(np.ndarray):
+    """A zero-copy view of a mapped shard that checks the file is still whole (:meth:`_Mapping.check`) at every
+    index or slice, before anything is read. Slices are plain arrays: every caller reads them at once, and ufunc
+    results are not tied to the file."""
+
+    _mapping: _Mapping | None = None
+
+    @classmethod
+    def of(cls, array: np.ndarray, mapping: _Mapping) -> ShardTokens:
+        out = array.view(cls)
+        out._mapping = mapping
+        return out
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self._mapping = getattr(obj, "_mapping", None)
+
+    def __getitem__(self, key: Any) -> Any:
+        if self._mapping is not None:
+            self._mapping.check()
+        item = super().__getitem__(key)
+        return item.view(np.ndarray) if isinstance(item, np.ndarray) else item
+
+    def __array_wrap__(self, array: Any, context: Any = None, return_scalar: bool = False) -> Any:
+        return array[()] if return_scalar else array
+
+
 @dataclass
 class Shard:
     """A memory-mapped shard: ``tokens`` (flat ids) and ``offsets`` (document d is tokens[offsets[d]:offsets[d+1]])."""
@@ -155,14 +204,18 @@ class Shard:
     def document(self, i: int) -> np.ndarray:
         return self.tokens[self.offsets[i] : self.offsets[i + 1]]
 
+    def max_id(self, chunk: int = 1 << 24) -> int:
+        """The largest id (-1 when empty), read in slices so that each is checked (:class:`ShardTokens`)."""
+        return max((int(self.tokens[i : i + chunk].max()) for i in range(0, len(self.tokens), chunk)), default=-1)
+
 
 def read_shard(path: str | Path) -> Shard:
-    """Memory-map a shard; the returned arrays are zero-copy views into the file."""
+    """Memory-map a shard; the returned arrays are zero-copy :class:`ShardTokens` views into the file."""
     p = Path(path)
     try:
-        source = pa.memory_map(str(p), "r")
-        table = pa.ipc.open_file(source).read_all()
-    except (OSError, pa.ArrowInvalid) as e:
+        mapping = _Mapping(p)
+        table = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(mapping.map))).read_all()
+    except (OSError, ValueError, pa.ArrowInvalid) as e:  # ValueError: mmap of an empty file
         raise GPT1Error(f"{p}: not a readable token shard ({e})") from None
     if table.column_names != ["tokens"] or table.column(0).num_chunks > 1:
         raise GPT1Error(f"{p}: unexpected shard layout (expected one batch with a 'tokens' list column)")
@@ -175,13 +228,13 @@ def read_shard(path: str | Path) -> Shard:
         )
     chunk = table.column(0).chunk(0) if table.num_rows else None
     if chunk is None:
-        return Shard(p, np.zeros(0, dtype=np.uint16), np.zeros(1, dtype=np.int64), source)
+        return Shard(p, np.zeros(0, dtype=np.uint16), np.zeros(1, dtype=np.int64), mapping)
     tokens = chunk.values.to_numpy(zero_copy_only=True)
     offsets = chunk.offsets.to_numpy(zero_copy_only=True)
     if offsets[0] != 0:  # a sliced array would break the zero-copy contract
         tokens = tokens[offsets[0] :]
         offsets = offsets - offsets[0]
-    return Shard(p, tokens, offsets, (source, table))
+    return Shard(p, ShardTokens.of(tokens, mapping), ShardTokens.of(offsets, mapping), (mapping, table))
 
 
 class Corpus:
@@ -228,7 +281,15 @@ class Corpus:
         return sorted({s["split"] for s in self.manifest["shards"]})
 
     def shards(self, split: str) -> list[Shard]:
-        """Memory-mapped shards of ``split`` in manifest order."""
+        """Memory-mapped shards of ``split`` in manifest order, mapped once per corpus: every reader of a split
+        (the token-id check, the sampler, the evaluation) reads the same mapping, which :class:`ShardTokens`
+        guards."""
+        cache = self.__dict__.setdefault("_shards", {})
+        if split not in cache:
+            cache[split] = self._map(split)
+        return list(cache[split])
+
+    def _map(self, split: str) -> list[Shard]:
         entries = self.shard_entries(split)
         if not entries:
             raise GPT1Error(f"{self.dir}: corpus has no {split!r} split (splits: {', '.join(self.splits) or 'none'})")
@@ -274,11 +335,11 @@ class Corpus:
         return hashlib.sha256(json.dumps(rows).encode("utf-8")).hexdigest()
 
     def max_token_ids(self, split: str) -> list[tuple[Path, int]]:
-        """(shard, its largest id; -1 when empty) for every shard of ``split``: one vectorised max per
-        memory-mapped shard (a read of the split, far cheaper than its sha256), computed once per corpus."""
+        """(shard, its largest id; -1 when empty) for every shard of ``split``: vectorised maxima over the
+        memory-mapped shards (a read of the split, far cheaper than its sha256), computed once per corpus."""
         cache = self.__dict__.setdefault("_max_ids", {})
         if split not in cache:
-            cache[split] = [(s.path, int(s.tokens.max()) if len(s.tokens) else -1) for s in self.shards(split)]
+            cache[split] = [(s.path, s.max_id()) for s in self.shards(split)]
         return cache[split]
 
     def check_token_ids(self, split: str, limit: int) -> None:

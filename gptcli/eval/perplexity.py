@@ -48,8 +48,8 @@ def eval_windows(arrays: Sequence[np.ndarray], seq_len: int) -> Iterator[tuple[n
         n = len(a)
         if n < 2:
             continue
-        if n <= seq_len + 1:
-            yield np.asarray(a, dtype=np.int64), 0
+        if n <= seq_len + 1:  # sliced all the same: a slice is what checks a mapped shard is whole (ShardTokens)
+            yield np.asarray(a[:n], dtype=np.int64), 0
             continue
         start = 0
         while start + seq_len + 1 <= n:
