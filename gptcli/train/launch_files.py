@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,7 +24,8 @@ from pathlib import Path
 WORKERS_LOG = "workers.log"
 # Set in our workers: the folder where a worker leaves the error it would have printed (the launcher reports it).
 KEEP_ENV = "GPT1_DIST_OUTPUT"
-_NAME = re.compile(r"^launch-(\d+)-")
+# launch-<pid>-<host>-<random>: the pid is only meaningful on its host (a temporary folder may be shared).
+_NAME = re.compile(r"^launch-(\d+)-(.*)-[^-]+$")
 _LAUNCHER_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher")
 
 
@@ -34,8 +36,13 @@ def debugging() -> bool:
 
 def launch_root() -> Path:
     """The per-user folder that holds the launches' folders (``$TMPDIR/gpt1-launches-<uid>``)."""
-    user = os.getuid() if hasattr(os, "getuid") else os.getpid()
-    return Path(tempfile.gettempdir()) / f"gpt1-launches-{user}"
+    user = f"-{os.getuid()}" if hasattr(os, "getuid") else ""
+    return Path(tempfile.gettempdir()) / f"gpt1-launches{user}"
+
+
+def this_host() -> str:
+    """This machine's name as it appears in a launch folder's name."""
+    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
 
 
 def alive(pid: int) -> bool:
@@ -60,7 +67,9 @@ def sweep(root: Path) -> list[Path]:
         return removed
     for entry in entries:
         match = _NAME.match(entry.name)
-        if match is None or entry.is_symlink() or not entry.is_dir() or alive(int(match.group(1))):
+        if match is None or match.group(2) != this_host() or entry.is_symlink() or not entry.is_dir():
+            continue
+        if alive(int(match.group(1))):
             continue
         shutil.rmtree(entry, ignore_errors=True)
         removed.append(entry)
@@ -88,7 +97,7 @@ def launch_folder() -> Iterator[Path]:
     for attempt in range(3):  # another launcher may remove the empty root between our mkdir and mkdtemp
         base = _private_root(root)
         try:
-            folder = Path(tempfile.mkdtemp(prefix=f"launch-{os.getpid()}-", dir=base))
+            folder = Path(tempfile.mkdtemp(prefix=f"launch-{os.getpid()}-{this_host()}-", dir=base))
             break
         except FileNotFoundError:
             if attempt == 2:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gptcli.train.launch_files import launch_folder, launch_root, sweep
+from gptcli.train.launch_files import launch_folder, launch_root, sweep, this_host
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="asks the OS whether a pid is alive")
 
@@ -23,8 +23,8 @@ def _dead_pid() -> int:
     return proc.pid
 
 
-def _folder(root: Path, pid: int) -> Path:
-    folder = root / f"launch-{pid}-abc123"
+def _folder(root: Path, pid: int, host: str | None = None) -> Path:
+    folder = root / f"launch-{pid}-{host or this_host()}-abc123"
     (folder / "heartbeat").mkdir(parents=True)
     (folder / "finetune.toml").write_text("task = 'rte'\n", encoding="utf-8")
     return folder
@@ -39,10 +39,12 @@ def test_the_next_launch_sweeps_the_folders_of_dead_launchers_only(tmp_path, mon
     parent = _folder(root, os.getppid())  # another live process's
     stranger = root / "notes"  # not a launch folder: never touched
     stranger.mkdir()
+    remote = _folder(root, _dead_pid(), "another-host")  # a shared temporary folder: its pids are not ours
+
     with launch_folder() as mine:
-        assert mine.parent == root and mine.name.startswith(f"launch-{os.getpid()}-")
+        assert mine.parent == root and mine.name.startswith(f"launch-{os.getpid()}-{this_host()}-")
         assert not dead.exists()
-        assert live.is_dir() and parent.is_dir() and stranger.is_dir()
+        assert live.is_dir() and parent.is_dir() and stranger.is_dir() and remote.is_dir()
     assert not mine.exists()
 
 
@@ -53,11 +55,11 @@ def test_a_sweep_leaves_links_and_files_alone(tmp_path):
     root = tmp_path / "root"
     root.mkdir()
     pid = _dead_pid()
-    (root / f"launch-{pid}-link").symlink_to(target)
-    (root / f"launch-{pid}-file").write_text("x", encoding="utf-8")
+    (root / f"launch-{pid}-{this_host()}-link").symlink_to(target)
+    (root / f"launch-{pid}-{this_host()}-file").write_text("x", encoding="utf-8")
     dead = _folder(root, pid)
     assert sweep(root) == [dead]
-    assert (target / "keep").is_file() and (root / f"launch-{pid}-file").is_file()
+    assert (target / "keep").is_file() and (root / f"launch-{pid}-{this_host()}-file").is_file()
 
 
 def test_the_last_launch_leaves_no_trace(tmp_path, monkeypatch):
