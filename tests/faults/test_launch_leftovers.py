@@ -4,6 +4,7 @@ resolved config among them), so the next launch sweeps every folder whose launch
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gptcli.train.launch_files import launch_folder, launch_root, sweep, this_host
+from tests.faults.conftest import KILL_TIMEOUT, REPO, TINY_ARGS, one_thread_env, wait_for
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="asks the OS whether a pid is alive")
 
@@ -75,3 +77,33 @@ def test_a_root_taken_by_another_file_is_not_used(tmp_path, monkeypatch):
     with launch_folder() as folder:
         assert folder.is_dir() and launch_root() not in folder.parents
     assert launch_root().read_text(encoding="utf-8") == "not a folder"
+
+
+@pytest.mark.slow
+def test_a_launcher_killed_with_sigkill_leaves_nothing_after_the_next_launch(corpus, tmp_path, monkeypatch):
+    """The real case: `gpt1 pretrain --procs 2` killed with SIGKILL keeps its folder (its resolved config inside);
+    the next launch on this machine removes it."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    args = ["pretrain", "--data", corpus, "--out", tmp_path / "run", "--procs", "2", "--max-steps", "100000"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gptcli", *map(str, [*args, *TINY_ARGS])],
+        cwd=REPO,
+        env={**one_thread_env(), "TMPDIR": str(temp)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert wait_for(lambda: list(launch_root().glob("launch-*/pretrain.toml")), proc, "the launch", poll=0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=KILL_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    [left] = list(launch_root().iterdir())
+    assert (left / "pretrain.toml").is_file()  # what the launcher could not remove
+    with launch_folder() as mine:
+        assert list(launch_root().iterdir()) == [mine]
+    assert list(temp.iterdir()) == []
