@@ -365,10 +365,13 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
-        err_console.print("[bold red]interrupted[/]")
+        if not keep_for_launcher("interrupted"):  # a worker's launcher says how the job stopped
+            err_console.print("[bold red]interrupted[/]")
         sys.exit(130)
     except Terminated as e:
-        err_console.print("[bold red]hung up[/]" if e.signum != signal.SIGTERM else "[bold red]terminated[/]")
+        word = "hung up" if e.signum != signal.SIGTERM else "terminated"
+        if not keep_for_launcher(word):
+            err_console.print(f"[bold red]{word}[/]")
         sys.exit(128 + e.signum)
     except OSError as e:  # read-only or full disks, an --out that is a file: the user can act on these
         _record_for_launcher(e)

@@ -31,7 +31,14 @@ from gptcli.errors import GPT1Error
 from gptcli.files.fsutil import visible_path
 from gptcli.files.outputs import kind_of
 from gptcli.train.heartbeat import Watchdog, heartbeat, stop_beating
-from gptcli.train.launch_files import KEEP_ENV, debugging, held_launcher_log, launch_folder, save_output
+from gptcli.train.launch_files import (
+    KEEP_ENV,
+    debugging,
+    held_launcher_log,
+    keep_uncaught,
+    launch_folder,
+    save_output,
+)
 from gptcli.train.trainer import Parallel
 
 if TYPE_CHECKING:
@@ -294,26 +301,26 @@ def _run_job(spec: LaunchSpec, argv: Sequence[str], env: dict[str, str], folder:
     os.environ.update(env)  # spawned workers inherit the launcher's environment
     watchdog = Watchdog(str(beats), spec.timeout_s / 2)
     watchdog.start()
-    log = None
+    failure = None
     try:
         with ExitStack() as held:
             if not debug:
                 held.enter_context(held_launcher_log(folder / "launcher.log"))
             elastic_launch(config, sys.executable)("-m", "gptcli", *argv)
     except ChildFailedError as e:
-        log = _save_output(folder, run, spec, argv)
-        raise _job_failure(e, watchdog, spec, argv, run, log) from None
+        failure = e
     except SignalException as e:
         return e.sigval.name
     finally:
         watchdog.stop()
-        if log is None:
-            _save_output(folder, run, spec, argv)
+        log = _save_output(folder, run, spec, argv)  # on success and stops too: what ranks 1+ printed
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    if failure is not None:
+        raise _job_failure(failure, watchdog, spec, argv, run, log)
     return None
 
 
@@ -532,6 +539,7 @@ def join(device: str = "auto") -> Parallel:
     device_type = os.environ.get(DEVICE_ENV) or worker_device_type(device)  # our launcher's --gpus/--procs
     timeout = timeout_from_env()
     info = init_process_group(device_type, timeout)
+    keep_uncaught()  # after the group's own hook (which prefixes "[rankN]:"): ours sees everything first
     if os.environ.get(HEARTBEAT_ENV):
         # Several beats per watchdog limit (half the timeout), so one late beat is never taken for silence.
         heartbeat(os.environ[HEARTBEAT_ENV], info.rank, min(1.0, timeout / 20))

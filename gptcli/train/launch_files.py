@@ -15,10 +15,14 @@ import os
 import re
 import shutil
 import socket
+import sys
 import tempfile
+import threading
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import TracebackType
 
 # The file in a run directory that keeps what the workers of each launch printed.
 WORKERS_LOG = "workers.log"
@@ -126,6 +130,26 @@ def keep_for_launcher(text: str) -> bool:
     return True
 
 
+def keep_uncaught() -> None:
+    """In a worker of our launcher: an exception that escapes the command's own handling (the launcher's SIGTERM
+    arriving while a worker handles its peer's death, an error in a thread) is kept for the launcher as well."""
+    if not os.environ.get(KEEP_ENV):
+        return
+    previous, previous_thread = sys.excepthook, threading.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        if not keep_for_launcher("".join(traceback.format_exception(kind, value, tb))):
+            previous(kind, value, tb)
+
+    def thread_hook(args: threading.ExceptHookArgs) -> None:
+        text = "".join(traceback.format_exception(args.exc_type, args.exc_value, args.exc_traceback))
+        if not keep_for_launcher(f"in thread {getattr(args.thread, 'name', '?')}: {text}"):
+            previous_thread(args)
+
+    sys.excepthook = hook
+    threading.excepthook = thread_hook
+
+
 @contextmanager
 def held_launcher_log(path: Path) -> Iterator[None]:
     """The elastic launcher's own log lines (``Sending process … closing signal``, ``failed (exitcode: -9)``) go to
@@ -171,8 +195,11 @@ def save_output(folder: Path, run: Path, header: str) -> Path | None:
     if all(label == "launcher" for label, _ in pieces) or not run.is_dir():
         return None  # elastic's lines alone (a stop forwarded to the workers) are no news
     path = run / WORKERS_LOG
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(f"===== {header}\n")
-        for label, text in pieces:
-            f.write(f"----- {label}\n{text}{'' if text.endswith(chr(10)) else chr(10)}")
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"===== {header}\n")
+            for label, text in pieces:
+                f.write(f"----- {label}\n{text}{'' if text.endswith(chr(10)) else chr(10)}")
+    except OSError:  # a full disk must not hide what happened to the job
+        return None
     return path

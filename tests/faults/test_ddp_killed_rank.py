@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gptcli.train import distributed
-from gptcli.train.launch_files import KEEP_ENV, debugging
+from gptcli.train.launch_files import KEEP_ENV, debugging, keep_uncaught
 from tests.faults.conftest import KILL_TIMEOUT, REPO, WORDS, gpt1, one_thread_env, step_numbers, wait_for
 from tests.faults.test_ddp_stopped_rank import _workers
 
@@ -85,7 +85,7 @@ def test_a_killed_rank_is_one_line_and_the_workers_output_is_kept(inputs, tmp_pa
     assert f"gpt1 finetune --out {run} --resume" in lines[1] and f"{run / 'workers.log'}" in lines[1], lines[1]
     log = (run / "workers.log").read_text(encoding="utf-8")
     assert "Traceback" in log and "closing signal SIGTERM" in log  # the surviving rank's and elastic's own
-    assert list(temp.iterdir()) == []
+    assert [p.name for p in temp.iterdir() if p.name.startswith("gpt1-")] == []
 
 
 def test_a_worker_of_the_launcher_leaves_its_error_to_it(tmp_path, monkeypatch, capsys):
@@ -113,3 +113,22 @@ def test_debug_shows_the_workers_everything(inputs, tmp_path, monkeypatch, capsy
     res = gpt1([*args, "--out", tmp_path / "run", "--device", "cpu"], capsys)
     assert seen == {"debug": True}, res.err[-3000:]
     assert "GPT1_DEBUG" not in os.environ
+
+
+def test_an_exception_that_escapes_a_worker_is_kept_too(tmp_path, monkeypatch):
+    """The launcher's SIGTERM can arrive while a worker handles its peer's death: the exception it raises escapes
+    the command's error handling, and would print as a traceback but for the worker's hook."""
+    import sys
+    import threading
+
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # both restored after the test
+    monkeypatch.setattr(threading, "excepthook", threading.excepthook)
+    monkeypatch.setenv(KEEP_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "0")
+    keep_uncaught()
+    try:
+        raise RuntimeError("Connection reset by peer")
+    except RuntimeError as e:
+        sys.excepthook(type(e), e, e.__traceback__)
+    text = (tmp_path / "rank-0.txt").read_text(encoding="utf-8")
+    assert text.startswith("Traceback") and "RuntimeError: Connection reset by peer" in text
