@@ -1,11 +1,11 @@
 """The files of one ``--gpus``/``--procs`` launch: its temporary folder, and the workers' output it keeps.
 
 Each launch works in one folder under a per-user root in the system's temporary directory (the resolved config the
-workers read, their heartbeats, elastic's per-rank logs); the folder's name carries the launcher's pid. A launcher
-killed with SIGKILL cannot remove its folder, so every launch first sweeps the folders whose owner is no longer
-alive, never one of a live process. The workers' output is held here rather than shown (a rank that dies takes the
-others down, and their tracebacks would bury the one line that says what happened); :func:`save_output` appends it
-to the run's ``workers.log`` for whoever wants the details.
+workers read, their heartbeats, elastic's per-rank logs); the folder's name carries the launcher's pid and host. A
+launcher killed with SIGKILL cannot remove its folder, so every launch first sweeps this host's folders whose owner is
+no longer alive, never one of a live process. The workers' output is held here rather than shown (a rank that dies
+takes the others down, and their tracebacks would bury the one line that says what happened); :func:`save_output`
+appends it to the run's ``workers.log`` for whoever wants the details.
 """
 
 from __future__ import annotations
