@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import typer
@@ -36,6 +37,7 @@ from gptcli import __version__
 from gptcli.errors import GPT1Error
 from gptcli.files.fsutil import printable, visible_path
 from gptcli.system.torch_floor import check_torch
+from gptcli.train.launch_files import keep_for_launcher
 
 # (subcommand, module in gptcli.commands, one-line summary for `gpt1 --help`), in the order of the paper's pipeline.
 # A module is imported only when its subcommand runs or shows its own --help: torch and spaCy load in seconds,
@@ -248,6 +250,8 @@ def _root(
     ),
 ) -> None:
     _state["debug"] = debug or _state["debug"]
+    if debug:  # the workers a --gpus/--procs launch starts read it too (restored when main returns)
+        os.environ["GPT1_DEBUG"] = "1"
     # Before any subcommand (`gpt1 --help` and `--version` are eager and still answer): an older torch than gpt1's
     # floor would fail minutes into a run.
     check_torch()
@@ -325,6 +329,9 @@ def _catch_sigterm() -> dict[int, Any] | None:
 
 
 def _error_line(text: str) -> None:
+    # A worker of gpt1's launcher leaves its error to the launcher, which says it in one line for the whole job.
+    if keep_for_launcher(f"error: {text}"):
+        return
     # The message is text, not Rich markup: a path like "data/[abc].txt" or a gloo error "[/__w/…]" must print as is.
     # One line by contract: a newline or escape sequence inside (a path the user typed) is shown escaped.
     err_console.print(f"[bold red]error:[/] {escape(printable(text))}", highlight=False, soft_wrap=True)
@@ -332,7 +339,8 @@ def _error_line(text: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point with one-line user errors and meaningful exit codes."""
-    _state["debug"] = os.environ.get("GPT1_DEBUG", "") not in ("", "0")
+    debug_env = os.environ.get("GPT1_DEBUG")
+    _state["debug"] = debug_env not in (None, "", "0")
     command = typer.main.get_command(app)
     previous = _catch_sigterm()
     try:
@@ -357,10 +365,13 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
-        err_console.print("[bold red]interrupted[/]")
+        if not keep_for_launcher("interrupted"):  # a worker's launcher says how the job stopped
+            err_console.print("[bold red]interrupted[/]")
         sys.exit(130)
     except Terminated as e:
-        err_console.print("[bold red]hung up[/]" if e.signum != signal.SIGTERM else "[bold red]terminated[/]")
+        word = "hung up" if e.signum != signal.SIGTERM else "terminated"
+        if not keep_for_launcher(word):
+            err_console.print(f"[bold red]{word}[/]")
         sys.exit(128 + e.signum)
     except OSError as e:  # read-only or full disks, an --out that is a file: the user can act on these
         _record_for_launcher(e)
@@ -371,6 +382,8 @@ def main(argv: list[str] | None = None) -> None:
     except BaseException as e:
         _record_for_launcher(e)
         line = _out_of_memory_line(e)
+        if line is None and not _state["debug"] and keep_for_launcher(traceback.format_exc()):
+            sys.exit(1)  # its launcher names the error; the traceback is in the run's workers.log
         if line is None or _state["debug"]:
             raise
         _error_line(line)
@@ -378,4 +391,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         for s, handler in (previous or {}).items():
             signal.signal(s, handler)
+        if debug_env is None:
+            os.environ.pop("GPT1_DEBUG", None)
+        else:
+            os.environ["GPT1_DEBUG"] = debug_env
     sys.exit(rv if isinstance(rv, int) else 0)

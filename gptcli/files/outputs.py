@@ -39,7 +39,7 @@ KINDS = {
 }
 
 
-_RUN = ("config.toml", "metrics.jsonl", "checkpoints", "wandb", "tensorboard", "eval", "zeroshot")
+_RUN = ("config.toml", "metrics.jsonl", "checkpoints", "wandb", "tensorboard", "eval", "zeroshot", "workers.log")
 OWNED: dict[str, tuple[str, ...]] = {
     "corpus": ("manifest.json", "tokenizer", "*.arrow"),
     "pretrain-run": _RUN,

@@ -19,16 +19,26 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-import shutil
 import sys
-import tempfile
 import uuid
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gptcli.errors import GPT1Error
+from gptcli.files.fsutil import visible_path
+from gptcli.files.outputs import kind_of
 from gptcli.train.heartbeat import Watchdog, heartbeat, stop_beating
+from gptcli.train.launch_files import (
+    KEEP_ENV,
+    debugging,
+    held_launcher_log,
+    keep_uncaught,
+    launch_folder,
+    save_output,
+)
 from gptcli.train.trainer import Parallel
 
 if TYPE_CHECKING:
@@ -200,12 +210,13 @@ def _run_id(spec: LaunchSpec) -> str:
     return spec.rdzv_id or os.environ.get("SLURM_JOB_ID") or "gpt1"
 
 
-def elastic_config(spec: LaunchSpec, log_dir: str | None = None) -> ElasticConfig:
+def elastic_config(spec: LaunchSpec, log_dir: str | None = None, hold_output: bool = False) -> ElasticConfig:
     """torch.distributed.elastic's configuration of the job: one attempt (no restarts), spawned workers, and
     ``spec.shutdown_timeout_s`` where this PyTorch's ``LaunchConfig`` has the field (older ones have not, and give
     workers a fixed grace period: passing it there fails the launch). ``log_dir``:
     where its per-run files go (the workers' error files), a folder the launcher removes; without it elastic makes
-    a ``/tmp/torchelastic_*`` of its own that nobody removes."""
+    a ``/tmp/torchelastic_*`` of its own that nobody removes. ``hold_output``: the output of every local rank but
+    0 goes to files there (rank 0 keeps the terminal: its progress is the run's)."""
     from torch.distributed.launcher.api import LaunchConfig as ElasticConfig
 
     backend, endpoint, configs, run_id = rendezvous(spec)
@@ -225,21 +236,35 @@ def elastic_config(spec: LaunchSpec, log_dir: str | None = None) -> ElasticConfi
     if "shutdown_timeout" in names:
         options["shutdown_timeout"] = spec.shutdown_timeout_s
     if log_dir is not None and "logs_specs" in names:
-        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 
-        options["logs_specs"] = DefaultLogsSpecs(log_dir=log_dir)
+        redirects = {r: Std.ALL if r else Std.NONE for r in range(spec.nproc_per_node)} if hold_output else Std.NONE
+        options["logs_specs"] = DefaultLogsSpecs(log_dir=log_dir, redirects=redirects)
     return ElasticConfig(**options)
 
 
-def launch(spec: LaunchSpec, argv: Sequence[str], env: dict[str, str] | None = None) -> str | None:
+def launch(
+    spec: LaunchSpec,
+    argv: Sequence[str],
+    env: dict[str, str] | None = None,
+    *,
+    folder: Path | None = None,
+    run: Path | None = None,
+) -> str | None:
     """Start ``python -m gptcli <argv>`` as ``spec.nproc_per_node`` workers here and wait for the job.
 
     Returns None when every worker finished, or the name of the signal (``"SIGTERM"``, ``"SIGINT"``) that stopped
     the launcher: the launcher forwards it to its workers, which checkpoint once and exit (they get
     ``spec.shutdown_timeout_s`` seconds before they are killed).
 
-    Raises GPT1Error naming the first failed rank and its error when any worker fails; the launcher tears the
-    others down (max_restarts=0), so a failure never hangs the job. ``env``: more variables for the workers.
+    Raises :class:`WorkerFailed` naming the rank that failed first (or was killed) and its error when any worker
+    fails; the launcher tears the others down (max_restarts=0), so a failure never hangs the job. ``env``: more
+    variables for the workers; ``folder``: the launch's folder (:func:`launch_folder`, made here when not given).
+
+    The workers' errors and tracebacks, the output of every local rank but 0 and elastic's own log lines are held
+    in the folder rather than printed — when one rank dies the others' tracebacks would bury the line that says
+    what happened — and appended to ``run``'s ``workers.log`` (:mod:`gptcli.train.launch_files`). With ``--debug``
+    (``GPT1_DEBUG``) everything prints, as torchrun shows it.
 
     A worker that stops responding without dying (SIGSTOP, a frozen machine, a debugger) would make every other rank
     wait out the collective timeout and then fail naming *itself*. So each worker started here keeps a heartbeat file
@@ -249,45 +274,103 @@ def launch(spec: LaunchSpec, argv: Sequence[str], env: dict[str, str] | None = N
     of a launcher that died). Under torchrun or SLURM there is no such launcher; there the collective timeout alone
     applies.
     """
+    with ExitStack() as stack:
+        if folder is None:
+            folder = stack.enter_context(launch_folder())
+        return _run_job(spec, argv, env or {}, folder, run)
+
+
+def _run_job(spec: LaunchSpec, argv: Sequence[str], env: dict[str, str], folder: Path, run: Path | None) -> str | None:
+    """:func:`launch` in ``folder``: the workers' output held there unless debugging, and saved to ``run``."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    logs = tempfile.mkdtemp(prefix="gpt1-elastic-")
-    config = elastic_config(spec, logs)
-    beats = tempfile.mkdtemp(prefix="gpt1-heartbeat-")
-    env = {**(env or {}), WORKER_ENV: "1", TIMEOUT_ENV: str(spec.timeout_s), HEARTBEAT_ENV: beats}
+    debug = debugging()
+    config = elastic_config(spec, str(folder / "elastic"), hold_output=not debug)
+    beats = folder / "heartbeat"
+    kept = folder / "kept"
+    beats.mkdir()
+    kept.mkdir()
+    env = {**env, WORKER_ENV: "1", TIMEOUT_ENV: str(spec.timeout_s), HEARTBEAT_ENV: str(beats)}
+    if not debug:
+        env[KEEP_ENV] = str(kept)
     if "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = str(worker_threads(spec.nproc_per_node))
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # spawned workers inherit the launcher's environment
-    watchdog = Watchdog(beats, spec.timeout_s / 2)
+    watchdog = Watchdog(str(beats), spec.timeout_s / 2)
     watchdog.start()
+    failure = None
     try:
-        elastic_launch(config, sys.executable)("-m", "gptcli", *argv)
+        with ExitStack() as held:
+            if not debug:
+                held.enter_context(held_launcher_log(folder / "launcher.log"))
+            elastic_launch(config, sys.executable)("-m", "gptcli", *argv)
     except ChildFailedError as e:
-        if watchdog.stalled:
-            rank, silent = watchdog.stalled[0]
-            raise GPT1Error(
-                f"worker rank {rank} stopped responding (no heartbeat for {silent:.0f} s: stopped, frozen or "
-                f"swapping); the launcher killed it and ended the job (resume with --resume; the limit is half of "
-                f"{TIMEOUT_ENV}={spec.timeout_s} s)"
-            ) from None
-        rank, failure = e.get_first_failure()
-        message = _failure_message(failure)
-        raise GPT1Error(f"worker rank {rank} failed: {message}") from None
+        failure = e
     except SignalException as e:
         return e.sigval.name
     finally:
         watchdog.stop()
-        shutil.rmtree(beats, ignore_errors=True)
-        shutil.rmtree(logs, ignore_errors=True)  # after the failure message was read from its error file
+        log = _save_output(folder, run, spec, argv)  # on success and stops too: what ranks 1+ printed
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    if failure is not None:
+        raise _job_failure(failure, watchdog, spec, argv, run, log)
     return None
+
+
+def _save_output(folder: Path, run: Path | None, spec: LaunchSpec, argv: Sequence[str]) -> Path | None:
+    """The workers' held output appended to the run's workers.log (only to a run directory the workers made)."""
+    if run is None or kind_of(run) not in ("pretrain-run", "finetune-run"):
+        return None
+    where = f"node {spec.node_rank} of {spec.nnodes}, " if spec.nnodes > 1 else ""
+    return save_output(folder, run, f"gpt1 {argv[0]}: {where}{spec.nproc_per_node} worker(s)")
+
+
+class WorkerFailed(GPT1Error):
+    """A worker of a launched job failed or was killed; the launcher stopped the others. One line for the user."""
+
+
+def _job_failure(
+    e: Any, watchdog: Watchdog, spec: LaunchSpec, argv: Sequence[str], run: Path | None, log: Path | None
+) -> WorkerFailed:
+    """The one line for a job that ended in a failed worker: which rank, what happened, what to do, where the
+    workers' output went."""
+    output = f"; the workers' output is in {visible_path(str(log))}" if log else ""
+    resume = f"gpt1 {argv[0]} --out {visible_path(str(run))} --resume" if run else "the same command and --resume"
+    if watchdog.stalled:
+        rank, silent = watchdog.stalled[0]
+        return WorkerFailed(
+            f"worker rank {rank} stopped responding (no heartbeat for {silent:.0f} s: stopped, frozen or "
+            f"swapping); the launcher killed it and ended the job (resume with --resume; the limit is half of "
+            f"{TIMEOUT_ENV}={spec.timeout_s} s{output})"
+        )
+    rank, failure = _first_failure(e.failures)
+    if failure.exitcode < 0:  # a signal: out of memory (SIGKILL), a crash (SIGSEGV, SIGBUS), a user or a scheduler
+        return WorkerFailed(
+            f"worker rank {rank} was killed ({failure.signal_name()}); the launcher stopped the other workers "
+            f"(continue with: {resume}{output})"
+        )
+    message = _failure_message(failure)
+    if _is_user_error(failure) or log is None:
+        return WorkerFailed(f"worker rank {rank} failed: {message}")
+    return WorkerFailed(
+        f"worker rank {rank} failed: {message} (the workers' tracebacks are in {visible_path(str(log))}; "
+        "--debug shows them)"
+    )
+
+
+def _first_failure(failures: dict[int, Any]) -> tuple[int, Any]:
+    """The failure that ended the job: a worker killed by a signal (the others then fail on its closed connection,
+    sometimes within the same second, which elastic's own first-failure choice cannot tell apart); else the first."""
+    killed = [r for r, f in failures.items() if f.exitcode < 0 and f.signal_name() != "SIGTERM"]
+    rank = min(killed or failures, key=lambda r: (failures[r].timestamp, r))
+    return rank, failures[rank]
 
 
 def worker_threads(nproc_per_node: int, cores: int | None = None) -> int:
@@ -314,10 +397,11 @@ def launch_command(
     worker = dataclasses.replace(config, resume=False)
     flags = [*(["--resume"] if resume else []), *(["--quiet"] if quiet else [])]
     env = {DEVICE_ENV: "cuda" if spec.use_cuda else "cpu", VERIFIED_ENV: "1" if inputs_verified else "0"}
-    with tempfile.TemporaryDirectory(prefix="gpt1-launch-") as tmp:
-        path = os.path.join(tmp, f"{command}.toml")
+    with launch_folder() as folder:
+        path = str(folder / f"{command}.toml")
         save_config(worker, path)
-        return launch(spec, [command, "--config", path, *flags], env)
+        run = Path(config.out) if getattr(config, "out", None) else None
+        return launch(spec, [command, "--config", path, *flags], env, folder=folder, run=run)
 
 
 def describe_launch(spec: LaunchSpec, batch_size: int) -> str:
@@ -336,6 +420,19 @@ def describe_launch(spec: LaunchSpec, batch_size: int) -> str:
 
 def _failure_message(failure) -> str:
     """The failed worker's one-line error, from the error file ``@record`` wrote, else its exit code."""
+    text = _error_file_text(failure)
+    if text:
+        return text.split(": ", 1)[1] if _is_user_error(failure) else text
+    return f"exit code {failure.exitcode}" + (f" (signal {failure.signal_name()})" if failure.exitcode < 0 else "")
+
+
+def _is_user_error(failure) -> bool:
+    """Whether the worker failed with an error the user can act on (a GPT1Error), not an unexpected exception."""
+    return (_error_file_text(failure) or "").split(": ", 1)[0].endswith(("GPT1Error", "DataError"))
+
+
+def _error_file_text(failure) -> str | None:
+    """``<Type>: <message>`` from the worker's error file, or None without one."""
     import json
 
     path = getattr(failure, "error_file", None)
@@ -343,17 +440,12 @@ def _failure_message(failure) -> str:
         try:
             data = json.loads(open(path, encoding="utf-8").read())
             msg = data.get("message", {})
-            if isinstance(msg, dict):
-                text = msg.get("message", "") or ""
-            else:
-                text = str(msg)
+            text = (msg.get("message", "") or "") if isinstance(msg, dict) else str(msg)
             # ErrorHandler writes "<Type>: <message>" followed by the traceback; keep the first part.
-            text = text.split("Traceback (most recent call last)")[0].strip()
-            if text:
-                return text.split(": ", 1)[1] if text.split(": ", 1)[0].endswith(("GPT1Error", "DataError")) else text
+            return text.split("Traceback (most recent call last)")[0].strip() or None
         except (OSError, ValueError):
             pass
-    return f"exit code {failure.exitcode}" + (f" (signal {failure.signal_name()})" if failure.exitcode < 0 else "")
+    return None
 
 
 def is_launched_worker() -> bool:
@@ -447,6 +539,7 @@ def join(device: str = "auto") -> Parallel:
     device_type = os.environ.get(DEVICE_ENV) or worker_device_type(device)  # our launcher's --gpus/--procs
     timeout = timeout_from_env()
     info = init_process_group(device_type, timeout)
+    keep_uncaught()  # after the group's own hook (which prefixes "[rankN]:"): ours sees everything first
     if os.environ.get(HEARTBEAT_ENV):
         # Several beats per watchdog limit (half the timeout), so one late beat is never taken for silence.
         heartbeat(os.environ[HEARTBEAT_ENV], info.rank, min(1.0, timeout / 20))
