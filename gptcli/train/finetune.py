@@ -387,6 +387,8 @@ def write_outputs(job: FinetuneJob, out: Path, chosen_epoch: int, work: Path | N
     """``RUN/checkpoints/final`` (body + head + tokenizer + head config) and ``RUN/results.json``, written in
     ``work`` (``out``, or the hidden directory that becomes ``out``); paths recorded are those under ``out``."""
     work, setup = work or out, job.setup
+    if job.state.logger is not None:
+        job.state.logger.check_dir()  # moved while it trained: never re-create it for the final checkpoint
     chosen = next((h for h in job.history if h["epoch"] == chosen_epoch), {})
     dev_scores = scores_of(chosen)
     job.model.cpu()

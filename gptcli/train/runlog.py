@@ -15,6 +15,7 @@ import json
 import math
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +152,8 @@ class RunLogger:
     """Appends metrics to ``RUN/metrics.jsonl`` and, if asked and installed, TensorBoard event files and a W&B run
     (``wandb``: the project name, ``""`` for the default one, None for none; ``config``: the run's settings).
     ``purge_step``: the first step a resumed run logs again; TensorBoard drops the points from there on that the
-    crashed process wrote after its checkpoint, as metrics.jsonl is cut back to the checkpoint."""
+    crashed process wrote after its checkpoint, as metrics.jsonl is cut back to the checkpoint. ``check``: called
+    before each record is written; it raises when the run directory may no longer be written in."""
 
     def __init__(
         self,
@@ -160,8 +162,10 @@ class RunLogger:
         wandb: str | None = None,
         config: dict[str, Any] | None = None,
         purge_step: int | None = None,
+        check: Callable[[], None] | None = None,
     ) -> None:
         self.path = Path(run_dir) / METRICS
+        self.check = check
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tb = None
         if tensorboard:
@@ -178,7 +182,13 @@ class RunLogger:
                 self.wandb.replay([rec for _, rec in _records(self.path)])
         self._f = open(self.path, "a", encoding="utf-8")
 
+    def check_dir(self) -> None:
+        """Raise if the run directory may no longer be written in (before a record, or a checkpoint)."""
+        if self.check is not None:
+            self.check()
+
     def log(self, record: dict[str, Any]) -> None:
+        self.check_dir()
         self._f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
         self._f.flush()
         if self.tb is not None:
