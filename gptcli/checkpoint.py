@@ -46,6 +46,7 @@ from gptcli.files.fsutil import (
 from gptcli.files.outputs import foreign_entries
 from gptcli.model import kernels
 from gptcli.model.build import TRANSFORMER, AnyConfig, LanguageModel, arch_of, build_model, config_class
+from gptcli.system.out_of_memory import OutOfMemory, weights_fit
 
 FORMAT = 1
 CONFIG = "config.json"
@@ -396,7 +397,10 @@ def _load_checkpoint(p: Path, map_location: str | torch.device, load_tokenizer: 
     mcfg = model_config(p, header)
     check_weights_fit(p / WEIGHTS, mcfg)  # from the safetensors header, before anything is allocated
     try:
-        tensors = load_file(str(p / WEIGHTS), device=str(map_location))
+        with weights_fit(map_location, lambda: _param_count(p / WEIGHTS)):
+            tensors = load_file(str(p / WEIGHTS), device=str(map_location))
+    except OutOfMemory:
+        raise
     except Exception as e:  # safetensors raises its own error types for truncated/corrupt files
         raise GPT1Error(f"{p / WEIGHTS}: unreadable weights ({e})") from None
     head = {k[len(HEAD_PREFIX) :]: v for k, v in tensors.items() if k.startswith(HEAD_PREFIX)}
@@ -415,6 +419,11 @@ def _load_checkpoint(p: Path, map_location: str | torch.device, load_tokenizer: 
 
         tok = _load_tok(p / TOKENIZER)
     return Checkpoint(p, model, mcfg, tok, header.kind, header.meta, head)
+
+
+def _param_count(weights: Path) -> int:
+    """The parameters of a weights file (every tensor, the task head's too), from its header alone."""
+    return sum(math.prod(shape) for shape in safetensors_shapes(weights).values())
 
 
 def model_config(p: Path, header: Header) -> AnyConfig:

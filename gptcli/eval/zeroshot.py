@@ -559,6 +559,7 @@ def open_model(checkpoint: str | Path, device: str = "auto", verify: bool = True
     warning note to ``progress``: the heuristics are the paper's for language models, Figure 2's curve over
     pretraining."""
     from gptcli.checkpoint import load_checkpoint
+    from gptcli.system.out_of_memory import weights_fit
     from gptcli.system.runtime import resolve_device
 
     ck = load_checkpoint(checkpoint, verify=verify)
@@ -574,7 +575,9 @@ def open_model(checkpoint: str | Path, device: str = "auto", verify: bool = True
             "about either",
             level="warn",
         )
-    model = ck.model.to(resolve_device(device)).eval()
+    dev = resolve_device(device)
+    with weights_fit(dev, lambda: sum(p.numel() for p in ck.model.parameters())):
+        model = ck.model.to(dev).eval()
     return model, ck.tokenizer, ck
 
 

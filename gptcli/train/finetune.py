@@ -36,6 +36,7 @@ from gptcli.model.kernels import check_mode, use_kernels
 from gptcli.model.kernels import prepare as prepare_kernels  # the compiled kernels' first-use build, as a stage
 from gptcli.model.lstm import precision_note
 from gptcli.progress import SILENT, Progress
+from gptcli.system.out_of_memory import weights_fit
 from gptcli.system.runtime import configure_backends, precision_warning, resolve_device, resolve_precision
 from gptcli.tasks import Task, get_task
 from gptcli.train.finetune_config import RULES, FinetuneConfig
@@ -193,7 +194,9 @@ def _build_job(setup: FinetuneSetup, gpt: LanguageModel, par: Parallel, run: Run
     """Put the head on the body (its init draws from the RNG after the body's special tokens), set up the optimizer,
     schedule and trainer (the model wrapped for the ranks), restore a resumed run and check that it is the same."""
     c = setup.config
-    model = FinetuneModel(gpt, TaskHead(setup.head_config)).to(setup.device)
+    model = FinetuneModel(gpt, TaskHead(setup.head_config))
+    with weights_fit(setup.device, lambda: sum(p.numel() for p in model.parameters())):
+        model = model.to(setup.device)
     total = num_batches(len(setup.train_enc), c.batch_size, batching=c.batching) * c.epochs
     optimizer = make_optimizer(model, c.lr, c.weight_decay, decay=c.decay, report=report)
     loss = TaskLoss(c.lm_weight)
@@ -387,6 +390,8 @@ def write_outputs(job: FinetuneJob, out: Path, chosen_epoch: int, work: Path | N
     """``RUN/checkpoints/final`` (body + head + tokenizer + head config) and ``RUN/results.json``, written in
     ``work`` (``out``, or the hidden directory that becomes ``out``); paths recorded are those under ``out``."""
     work, setup = work or out, job.setup
+    if job.state.logger is not None:
+        job.state.logger.check_dir()  # moved while it trained: never re-create it for the final checkpoint
     chosen = next((h for h in job.history if h["epoch"] == chosen_epoch), {})
     dev_scores = scores_of(chosen)
     job.model.cpu()

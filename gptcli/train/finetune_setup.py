@@ -32,6 +32,7 @@ from gptcli.model.build import AnyConfig, LanguageModel, build_model, config_fro
 from gptcli.model.heads import HeadConfig
 from gptcli.model.lstm import LSTMLM
 from gptcli.progress import Progress
+from gptcli.system.out_of_memory import weights_fit
 from gptcli.system.runtime import Precision
 from gptcli.tasks import ReadOptions, Task
 from gptcli.tasks.base import Example
@@ -216,6 +217,17 @@ def _check_same_tokenizer(config: FinetuneConfig, init: Path) -> None:
         )
 
 
+def _build(mcfg: AnyConfig) -> LanguageModel:
+    """A new model (``--init none``); one whose weights alone do not fit is the one-line error that gives its size."""
+
+    def count() -> int:
+        with torch.device("meta"):  # the count, without allocating the weights again
+            return build_model(mcfg).num_params()
+
+    with weights_fit("cpu", count):
+        return build_model(mcfg)
+
+
 def build_body(config: FinetuneConfig) -> tuple[LanguageModel, Tokenizer, dict[str, Any]]:
     """The GPT body with its three special tokens, the tokenizer, and a description of where it came from."""
     n_sp = 3
@@ -231,7 +243,7 @@ def build_body(config: FinetuneConfig) -> tuple[LanguageModel, Tokenizer, dict[s
             except KeyError as e:
                 raise GPT1Error(f"--model: {e.args[0]}") from None
         mcfg.vocab_size = tok.vocab_size
-        gpt = build_model(mcfg)
+        gpt = _build(mcfg)
         source: dict[str, Any] = {"init": "none", "tokenizer": str(config.tokenizer)}
     else:
         if not config.init:

@@ -15,6 +15,7 @@ import json
 import math
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +68,12 @@ class WandbTracker:
     resolved config, and the checkpoint paths (run summary ``run_dir``, ``checkpoints`` and ``last_checkpoint``,
     refreshed after every record and when the log closes: the checkpoints the run holds then; fine-tuning writes
     ``checkpoints/final`` after its log closes). Its files go to ``RUN/wandb``; the run id is kept in
-    ``RUN/wandb/gpt1-run-id`` so a resumed run continues the same W&B run. ``WANDB_MODE=offline`` (or
-    ``disabled``) works as W&B documents it: nothing leaves the machine and ``wandb sync RUN/wandb/offline-run-*``
-    uploads later.
+    ``RUN/wandb/gpt1-run-id`` so a resumed run continues the same W&B run (``resumed``; a run started afresh gets a
+    new one: W&B would drop its steps from 1 as already logged). ``WANDB_MODE=offline`` (or ``disabled``) works as
+    W&B documents it: nothing leaves the machine and ``wandb sync RUN/wandb/offline-run-*`` uploads later.
     """
 
-    def __init__(self, run_dir: Path, project: str, config: dict[str, Any] | None) -> None:
+    def __init__(self, run_dir: Path, project: str, config: dict[str, Any] | None, resumed: bool = False) -> None:
         try:
             import wandb
         except ImportError:
@@ -81,7 +82,8 @@ class WandbTracker:
         d = self.run_dir / "wandb"
         d.mkdir(parents=True, exist_ok=True)
         id_file = d / "gpt1-run-id"
-        run_id = id_file.read_text(encoding="utf-8").strip() if id_file.is_file() else secrets.token_hex(4)
+        kept = id_file.read_text(encoding="utf-8").strip() if resumed and id_file.is_file() else ""
+        run_id = kept or secrets.token_hex(4)
         write_text_atomic(id_file, run_id + "\n")
         try:
             self.run = wandb.init(
@@ -99,12 +101,24 @@ class WandbTracker:
                 "set WANDB_MODE=offline to log locally)"
             ) from None
 
+    def replay(self, records: list[dict[str, Any]]) -> None:
+        """Give a resumed run the history its checkpoint had seen when W&B did not resume it (offline, W&B starts a
+        new local run under the same id, and syncing it replaces the earlier one): the newest run then holds the
+        whole history, each step once. A run W&B did resume holds it already."""
+        if getattr(self.run, "resumed", False):
+            return
+        for record in records:
+            self._history(record)
+
     def log(self, record: dict[str, Any]) -> None:
+        self._history(record)
+        self._checkpoints()
+
+    def _history(self, record: dict[str, Any]) -> None:
         kind = record.get("kind", "train")
         scalars = _scalars(record, kind)
         if scalars:
             self.run.log(scalars, step=int(record.get("step", 0)))
-        self._checkpoints()
 
     def _checkpoints(self) -> None:
         """The run's checkpoint directories in the summary, oldest first (by modification time: ``final`` sorts
@@ -138,7 +152,8 @@ class RunLogger:
     """Appends metrics to ``RUN/metrics.jsonl`` and, if asked and installed, TensorBoard event files and a W&B run
     (``wandb``: the project name, ``""`` for the default one, None for none; ``config``: the run's settings).
     ``purge_step``: the first step a resumed run logs again; TensorBoard drops the points from there on that the
-    crashed process wrote after its checkpoint, as metrics.jsonl is cut back to the checkpoint."""
+    crashed process wrote after its checkpoint, as metrics.jsonl is cut back to the checkpoint. ``check``: called
+    before each record is written; it raises when the run directory may no longer be written in."""
 
     def __init__(
         self,
@@ -147,8 +162,10 @@ class RunLogger:
         wandb: str | None = None,
         config: dict[str, Any] | None = None,
         purge_step: int | None = None,
+        check: Callable[[], None] | None = None,
     ) -> None:
         self.path = Path(run_dir) / METRICS
+        self.check = check
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tb = None
         if tensorboard:
@@ -157,10 +174,21 @@ class RunLogger:
             except ImportError:
                 raise GPT1Error("--tensorboard needs the tensorboard package (pip install tensorboard)") from None
             self.tb = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=purge_step)
-        self.wandb = WandbTracker(Path(run_dir), wandb, config) if wandb is not None else None
+        self.wandb = None
+        if wandb is not None:
+            resumed = purge_step is not None
+            self.wandb = WandbTracker(Path(run_dir), wandb, config, resumed=resumed)
+            if resumed:  # metrics.jsonl holds what the checkpoint had seen (cut back like TensorBoard's purge)
+                self.wandb.replay([rec for _, rec in _records(self.path)])
         self._f = open(self.path, "a", encoding="utf-8")
 
+    def check_dir(self) -> None:
+        """Raise if the run directory may no longer be written in (before a record, or a checkpoint)."""
+        if self.check is not None:
+            self.check()
+
     def log(self, record: dict[str, Any]) -> None:
+        self.check_dir()
         self._f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
         self._f.flush()
         if self.tb is not None:

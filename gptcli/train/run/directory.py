@@ -213,6 +213,36 @@ def run_directory(kind: RunKind, out: Path, replace: bool) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)  # a no-op after a successful move
 
 
+@dataclass(frozen=True)
+class OpenedDir:
+    """A run directory as the run opened it: its path and its identity then (``st_dev``, ``st_ino``)."""
+
+    path: Path
+    identity: tuple[int, int]
+
+
+def open_dir(path: Path) -> OpenedDir:
+    """``path`` as it is now, for :func:`check_run_dir` to compare with later."""
+    st = os.stat(path)
+    return OpenedDir(path, (st.st_dev, st.st_ino))
+
+
+def check_run_dir(opened: OpenedDir) -> None:
+    """Refuse to write in a run directory that is no longer the one the run opened (moved, renamed or removed while
+    it trains): writing by its path would re-create it and split the run in two, its newer checkpoints in the new
+    folder and its metrics in the moved one."""
+    try:
+        st = os.stat(opened.path)
+        now: tuple[int, int] | None = (st.st_dev, st.st_ino)
+    except FileNotFoundError:
+        now = None
+    if now != opened.identity:
+        raise GPT1Error(
+            f"the run directory {opened.path} was moved or removed while training (its checkpoints and metrics "
+            "went with it: continue it where it now is with --resume, or move it back first)"
+        )
+
+
 def start_run_dir(
     work: Path,
     config: Any,
@@ -225,7 +255,9 @@ def start_run_dir(
     wandb: str | None = None,
 ) -> RunLogger:
     """(Rank 0) Record the config, bring metrics.jsonl to what the resumed checkpoint had seen (a fresh run starts it
-    afresh) and open the run's log."""
+    afresh) and open the run's log, which checks before each write that the directory is still the one opened here
+    (:func:`check_run_dir`; :meth:`RunLogger.check_dir` before a checkpoint)."""
+    opened = open_dir(work)
     for stale in work.glob(".*.tmp-*"):  # a file write (config, metrics, results) cut short by a kill
         if stale.is_file():
             stale.unlink()
@@ -237,7 +269,14 @@ def start_run_dir(
         reopen_metrics(metrics, records, step, report)
     elif metrics.exists():
         metrics.unlink()  # an unfinished run without checkpoints started over
-    return RunLogger(work, tensorboard, wandb, settings, purge_step=step + 1 if resumed else None)
+    return RunLogger(
+        work,
+        tensorboard,
+        wandb,
+        settings,
+        purge_step=step + 1 if resumed else None,
+        check=lambda: check_run_dir(opened),
+    )
 
 
 def reopen_metrics(path: Path, records: int | None, step: int, report: Progress) -> None:

@@ -340,6 +340,8 @@ def save(job: Job) -> None:
         return
     check_weights(job)
     if job.par.is_main:
+        if job.state.logger is not None:
+            job.state.logger.check_dir()  # a run directory moved while it trains is never re-created
         job.state.last_checkpoint = job.save()
     job.state.saved = job.position()
     job.par.barrier()

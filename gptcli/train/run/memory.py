@@ -20,41 +20,9 @@ from pathlib import Path
 
 import torch
 
-from gptcli.errors import GPT1Error
-
-# Failed allocations that PyTorch raises as a plain RuntimeError, not torch.OutOfMemoryError: its CPU allocator's
-# (torch 2.13: "DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes"; older: "not enough
-# memory"), and CUDA's own where memory runs out outside PyTorch's caching allocator (a cuBLAS or cuDNN workspace,
-# a library's handle).
-_RUNTIME_WORDS = (
-    "DefaultCPUAllocator: can't allocate memory",
-    "DefaultCPUAllocator: not enough memory",
-    "CUDA error: out of memory",
-    "CUBLAS_STATUS_ALLOC_FAILED",
-    "CUDNN_STATUS_ALLOC_FAILED",
-)
-
-
-class OutOfMemory(GPT1Error):
-    """A run's device (or, on CPU, its host) had no memory for the next allocation."""
-
-
-def is_out_of_memory(e: BaseException) -> bool:
-    """Whether ``e`` is an allocation that failed for want of memory, on any device."""
-    if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    return isinstance(e, RuntimeError) and any(w in str(e) for w in _RUNTIME_WORDS)
-
-
-def in_use(device: torch.device) -> str:
-    """``"; 78.9 of 79.1 GiB in use"`` for a CUDA device, else nothing (the host's figures do not say what to do)."""
-    if device.type != "cuda":
-        return ""
-    try:
-        free, total = torch.cuda.mem_get_info(device)
-    except RuntimeError:  # the device is in a state that cannot answer; the error says enough without it
-        return ""
-    return f"; {(total - free) / 2**30:.1f} of {total / 2**30:.1f} GiB in use"
+# What every command shares about running out of memory; named here too, the training room's own words beside them.
+from gptcli.system.out_of_memory import OutOfMemory, in_use, is_out_of_memory, model_out_of_memory
+from gptcli.system.out_of_memory import size_text as _size
 
 
 def half(n: int, divides: int | None = None) -> int | None:
@@ -70,16 +38,6 @@ def out_of_memory(device: torch.device, during: str, advice: str, checkpoint: Pa
     flag and value) and the ``checkpoint`` the run can continue from with it, if there is one."""
     then = f"; then --resume continues from {checkpoint}" if checkpoint is not None else ""
     return OutOfMemory(f"{device} ran out of memory {during}{in_use(device)} ({advice}{then})")
-
-
-def model_out_of_memory(device: torch.device, params: int) -> OutOfMemory:
-    """The one-line error when building the model itself failed: its weights alone do not fit, so no batch setting
-    can help; the model's size says by how much."""
-    return OutOfMemory(
-        f"{device} has no room for the model itself: its {params:,} parameters take {_size(4 * params)} as fp32 "
-        f"weights{in_use(device)} (a smaller batch cannot help: use a smaller model, e.g. --preset, --n-layer or "
-        "--n-embd, or a machine with more memory)"
-    )
 
 
 # --- before the first update, on a CPU -------------------------------------------------------------------------------
@@ -176,10 +134,6 @@ def too_big_warning(
         f"a forward/backward of {now} {unit}{each} needs about {_size(processes * needed(now))} here and "
         f"{_size(free)} are free, so the system would likely stop the run without a word ({advice})"
     )
-
-
-def _size(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 __all__ = [
