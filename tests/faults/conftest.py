@@ -14,10 +14,10 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from error_lines import Outcome
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = 64
@@ -136,14 +136,6 @@ def copy_of(src: Path, where: Path) -> Path:
 # --- running gpt1 ---------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Outcome:
-    code: int | None
-    """The exit status; None when an exception escaped ``main`` (a traceback for the user)."""
-    out: str
-    err: str
-
-
 def gpt1(args: list[str], capsys) -> Outcome:
     """``gpt1 ARGS`` in this process (as the console script runs it), with stdout and stderr."""
     from gptcli.cli import main
@@ -159,19 +151,6 @@ def gpt1(args: list[str], capsys) -> Outcome:
         print(traceback.format_exc(), file=sys.stderr)
     cap = capsys.readouterr()
     return Outcome(code, cap.out, cap.err)
-
-
-def assert_one_line_error(res: Outcome, *fragments: str, code: int = 1) -> str:
-    """The command failed with ``code``, its stderr ends in exactly one ``error: …`` line containing every
-    fragment, and no traceback reached the user. Returns the error line."""
-    assert "Traceback" not in res.err, res.err[-3000:]
-    assert res.code == code, (res.code, res.err[-3000:])
-    lines = [x for x in res.err.splitlines() if x.strip()]
-    errors = [x for x in lines if x.startswith("error: ")]
-    assert len(errors) == 1 and lines[-1] == errors[0], res.err[-3000:]
-    for f in fragments:
-        assert f in errors[0], (f, errors[0])
-    return errors[0]
 
 
 def tree(root: Path) -> set[str]:
