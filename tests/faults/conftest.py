@@ -1,6 +1,6 @@
 """The fault suite's shared pieces: a tiny corpus and pretraining run to damage, a way to run `gpt1` in this process
-and read what a user would see, and the checks every fault case makes (exit code, one ``error:`` line, no
-traceback, nothing left behind).
+and read what a user would see (checked by ``error_lines.assert_one_line_error``: exit code, one ``error:`` line, no
+traceback), a check that nothing was left behind, and kill -9 then resume (:func:`kill_and_resume`).
 
 The corpus is a real `gpt1 prepare` output (real manifest, learned sentencepiece tokenizer), so the same files also
 work in the subprocesses of the kill -9 and DDP tests, which cannot import the test-only tokenizers.
@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -233,6 +236,54 @@ def one_thread_env() -> dict[str, str]:
         "MKL_NUM_THREADS": "1",
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
+
+
+def start_gpt1(args: list[str]) -> subprocess.Popen:
+    """``python -m gptcli ARGS`` (the real command) in a subprocess, one thread everywhere, its output piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "gptcli", *args],
+        cwd=REPO,
+        env=one_thread_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@dataclass
+class Kill:
+    """One SIGKILL that landed: when (:func:`kill_and_resume`'s moment) and what the run held after it."""
+
+    due: int | None
+    delay: float
+    newest: int
+    """The newest complete step checkpoint left (0: none)."""
+    mid_write: bool
+    """A checkpoint's temporary directory was left: the process died writing it."""
+
+
+def kill_and_resume(args: list[str], run: Path, moments: Iterable[tuple[int | None, float]]) -> list[Kill]:
+    """Start ``gpt1 ARGS`` (a run that resumes into ``run`` and saves step checkpoints there) and SIGKILL it, once
+    per moment ``(due, delay)``: ``delay`` seconds after launch when ``due`` is None, else ``delay`` seconds after
+    its newest step checkpoint reaches update ``due``. The moments are read one at a time, each just before its start
+    (a moment may depend on what the run holds). Stops at a start that ends before its kill; then resumes the run to
+    its end, which must go well. Returns the kills that landed."""
+    kills: list[Kill] = []
+    for due, delay in moments:
+        proc = start_gpt1(args)
+        if due is not None and not wait_for(
+            lambda due=due: max(step_numbers(run), default=0) >= due, proc, "a checkpoint", poll=0.001
+        ):
+            break  # finished before the kill: the run is over
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=KILL_TIMEOUT)
+        if proc.returncode != -signal.SIGKILL:
+            break
+        temporary = run.is_dir() and any(p.name.startswith(".step-") for p in (run / "checkpoints").glob(".*"))
+        kills.append(Kill(due, round(delay, 3), max(step_numbers(run), default=0), temporary))
+    finish(start_gpt1(args))
+    return kills
 
 
 def finish(proc: subprocess.Popen) -> None:

@@ -19,7 +19,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -30,9 +29,10 @@ from tests.faults.conftest import (
     REPO,
     TINY_ARGS,
     finish,
+    kill_and_resume,
     one_thread_env,
+    start_gpt1,
     step_numbers,
-    wait_for,
 )
 
 pytestmark = pytest.mark.slow
@@ -41,12 +41,9 @@ STEPS = 200
 ARGS = ["--max-steps", str(STEPS), "--save-every", "1", "--keep-last", "2", *TINY_ARGS]
 
 
-def _start(data: Path, out: Path) -> subprocess.Popen:
+def _args(data: Path, out: Path) -> list[str]:
     # --resume from the very first start: with no checkpoint yet it starts fresh, so every start is the same line.
-    cmd = [sys.executable, "-m", "gptcli", "pretrain", "--data", str(data), "--out", str(out), *ARGS, "--resume"]
-    return subprocess.Popen(
-        cmd, cwd=REPO, env=one_thread_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    return ["pretrain", "--data", str(data), "--out", str(out), *ARGS, "--resume"]
 
 
 def _final(run: Path) -> tuple[dict, list, list]:
@@ -75,7 +72,7 @@ def _final(run: Path) -> tuple[dict, list, list]:
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory) -> tuple[dict[str, str], list, list]:
     run = tmp_path_factory.mktemp("reference") / "run"
-    finish(_start(corpus, run))
+    finish(start_gpt1(_args(corpus, run)))
     files, train, evals = _final(run)
     assert [s for s, *_ in train] == list(range(1, STEPS + 1)) and len(evals) == 1
     return files, train, evals
@@ -97,26 +94,13 @@ def test_kill_at_random_points_then_resume_is_bitwise_identical(corpus, referenc
     ]
     rng.shuffle(schedule)
     run = tmp_path / "run"
-    kills, mid_write = [], 0
-    for when, delay in schedule:
-        resumed_from = max(step_numbers(run), default=0)
-        proc = _start(corpus, run)
-        if when == "train" and not wait_for(
-            lambda done=resumed_from: max(step_numbers(run), default=0) > done, proc, "a first checkpoint"
-        ):
-            break  # finished before the kill: the run is over
-        time.sleep(delay)
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=KILL_TIMEOUT)
-        if proc.returncode != -signal.SIGKILL:
-            break
-        kills.append((when, round(delay, 3), max(step_numbers(run), default=0)))
-        if run.is_dir() and any(p.name.startswith(".step-") for p in (run / "checkpoints").glob(".*")):
-            mid_write += 1  # died while a checkpoint was being written (its temporary directory is left)
-    print(f"kills (when, delay s, newest checkpoint after): {kills}; {mid_write} during a checkpoint write")
+    # A "train" kill waits for the first checkpoint after the one the start resumes from, read just before it.
+    moments = ((None if when == "start" else max(step_numbers(run), default=0) + 1, delay) for when, delay in schedule)
+    kills = kill_and_resume(_args(corpus, run), run, moments)
+    mid_write = sum(k.mid_write for k in kills)
+    print(f"kills: {kills}; {mid_write} during a checkpoint write")
     assert len(kills) >= 10, kills
-    assert max(k[2] for k in kills) < STEPS  # every kill landed before the end
-    finish(_start(corpus, run))
+    assert max(k.newest for k in kills) < STEPS  # every kill landed before the end
     assert _final(run) == reference, (kills, mid_write)
     _assert_clean(run)
 
@@ -198,6 +182,6 @@ def test_kill_inside_each_step_of_a_checkpoint_write(corpus, reference, tmp_path
         # pruning, the new checkpoint was already in place.)
         assert newest.name == f"step-{at if what == 'prune' else at - 1:07d}", (what, newest)
         assert verify_checkpoint(newest) == []
-    finish(_start(corpus, run))
+    finish(start_gpt1(args))
     assert _final(run) == reference
     _assert_clean(run)
