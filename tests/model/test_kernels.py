@@ -310,9 +310,9 @@ def test_the_amx_forms_follow_the_cpu_flag_unless_forced(monkeypatch: pytest.Mon
     """``kernels.amx()`` is the CPU's ``amx_bf16`` flag, read from /proc/cpuinfo, never a timing; tests force it."""
     from gptcli.system import runtime
 
-    monkeypatch.setattr(runtime, "_cpu_flags", lambda: "flags\t: avx512f avx512_bf16 amx_bf16 amx_tile")
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: "flags\t: avx512f avx512_bf16 amx_bf16 amx_tile")
     assert kernels.amx() and runtime.cpu_has_bf16()
-    monkeypatch.setattr(runtime, "_cpu_flags", lambda: "flags\t: avx512f avx512_bf16")  # Zen 4: bf16, no AMX
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: "flags\t: avx512f avx512_bf16")  # Zen 4: bf16, no AMX
     assert not kernels.amx() and runtime.cpu_has_bf16()
     kernels.force_amx(True)
     assert kernels.amx()

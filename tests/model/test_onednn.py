@@ -52,7 +52,7 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> None:
     ids=["zen5", "zen4", "xeon", "zen3", "unknown"],
 )
 def test_only_a_zen5_takes_onednn_a_flag_read_that_tests_can_force(monkeypatch, cpu: str, takes: bool) -> None:
-    monkeypatch.setattr(runtime, "_cpu_flags", lambda: cpu)
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: cpu)
     assert kernel_cpu.cpu_has_full_width_avx512() is takes and kernels.onednn_fp32() is takes
     kernels.force_onednn_fp32(not takes)
     assert kernels.onednn_fp32() is not takes
