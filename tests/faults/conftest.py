@@ -286,6 +286,74 @@ def kill_and_resume(args: list[str], run: Path, moments: Iterable[tuple[int | No
     return kills
 
 
+# The subprocess of kill_in_write: gpt1 with the checkpoint writer patched to die at the step KILL_IN names.
+KILL_IN_WRITE = r"""
+import os, signal, sys
+from pathlib import Path
+import gptcli.checkpoint as ckpt
+from gptcli.cli import main
+
+what, at = os.environ["KILL_IN"].split(":")
+real_save = ckpt.save_file
+
+
+def die():
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def save_file(tensors, filename, metadata=None):
+    # Write the file whole, then cut it to half and die: what the disk holds when power goes mid-write.
+    real_save(tensors, filename, metadata=metadata)
+    name, parent = Path(filename).name, Path(filename).parent.name
+    if name == what and parent.startswith(f".{at}.tmp-"):
+        data = Path(filename).read_bytes()
+        Path(filename).write_bytes(data[: len(data) // 2])
+        die()
+
+
+real_move = ckpt.move_into_place
+
+
+def move_into_place(tmp, target):
+    if what == "rename" and target.name == at:
+        die()  # every file written and flushed, not yet renamed
+    real_move(tmp, target)
+
+
+real_rmtree = ckpt.shutil.rmtree
+
+
+def rmtree(path, *a, **k):
+    if what == "prune" and Path(path).name.startswith(f".{at}.tmp-pruned-"):  # the pruned checkpoint, hidden
+        (Path(path) / "model.safetensors").unlink()  # the first file gone, the rest still there
+        die()
+    real_rmtree(path, *a, **k)
+
+
+ckpt.save_file = save_file
+ckpt.move_into_place = move_into_place
+ckpt.shutil.rmtree = rmtree
+main(sys.argv[1:])
+"""
+
+
+def kill_in_write(args: list[str], what: str, at: str) -> None:
+    """Run ``gpt1 ARGS`` in a subprocess that dies by SIGKILL inside the write of checkpoint ``at`` (a step
+    checkpoint's name, or "final"), at ``what``: a file of it (written whole, then cut to half: power gone
+    mid-write), "rename" (every file written, not yet renamed into place) or "prune" (``at`` being removed, its
+    first file gone)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_IN_WRITE, *args],
+        cwd=REPO,
+        env={**one_thread_env(), "KILL_IN": f"{what}:{at}"},
+        capture_output=True,
+        text=True,
+        timeout=KILL_TIMEOUT,
+    )
+    assert proc.returncode == -signal.SIGKILL, (what, at, proc.stderr[-3000:])
+
+
 def finish(proc: subprocess.Popen) -> None:
     """Wait for a run to end and require that it ended well, without a traceback."""
     _, err = proc.communicate(timeout=KILL_TIMEOUT)

@@ -16,21 +16,16 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from gptcli.files.outputs import MARKER
 from tests.faults.conftest import (
-    KILL_TIMEOUT,
-    REPO,
     TINY_ARGS,
     finish,
     kill_and_resume,
-    one_thread_env,
+    kill_in_write,
     start_gpt1,
     step_numbers,
 )
@@ -107,81 +102,27 @@ def test_kill_at_random_points_then_resume_is_bitwise_identical(corpus, referenc
 
 # --- deterministic kills inside a checkpoint write ------------------------------------------------------------------
 
-SCRIPT = r"""
-import os, signal, sys
-from pathlib import Path
-import gptcli.checkpoint as ckpt
-from gptcli.cli import main
-
-what, at = os.environ["KILL_IN"].split(":")
-at = int(at)
-real_save = ckpt.save_file
-
-
-def die():
-    sys.stdout.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def save_file(tensors, filename, metadata=None):
-    # Write the file whole, then cut it to half and die: what the disk holds when power goes mid-write.
-    real_save(tensors, filename, metadata=metadata)
-    name, step = Path(filename).name, Path(filename).parent.name
-    if name == what and f"step-{at:07d}" in step:
-        data = Path(filename).read_bytes()
-        Path(filename).write_bytes(data[: len(data) // 2])
-        die()
-
-
-real_move = ckpt.move_into_place
-
-
-def move_into_place(tmp, target):
-    if what == "rename" and target.name == f"step-{at:07d}":
-        die()  # every file written and flushed, not yet renamed
-    real_move(tmp, target)
-
-
-real_rmtree = ckpt.shutil.rmtree
-
-
-def rmtree(path, *a, **k):
-    p = Path(path)
-    if what == "prune" and f"step-{at - 2:07d}" in p.name:  # the pruned checkpoint, under whatever name
-        (p / "model.safetensors").unlink()  # the first file gone, the rest still there
-        die()
-    real_rmtree(path, *a, **k)
-
-
-ckpt.save_file = save_file
-ckpt.move_into_place = move_into_place
-ckpt.shutil.rmtree = rmtree
-main(sys.argv[1:])
-"""
-
-KILLS = [("model.safetensors", 5), ("optimizer.safetensors", 9), ("rename", 14), ("prune", 20)]
+# (what, in which checkpoint, the newest step checkpoint that must be left intact). step-0000018 is pruned once
+# step-0000020 is in place (--keep-last 2).
+KILLS = [
+    ("model.safetensors", "step-0000005", 4),
+    ("optimizer.safetensors", "step-0000009", 8),
+    ("rename", "step-0000014", 13),
+    ("prune", "step-0000018", 20),
+]
 
 
 def test_kill_inside_each_step_of_a_checkpoint_write(corpus, reference, tmp_path):
-    run = tmp_path / "run"
-    args = ["pretrain", "--data", str(corpus), "--out", str(run), *ARGS, "--resume"]
-    for what, at in KILLS:
-        proc = subprocess.run(
-            [sys.executable, "-c", SCRIPT, *args],
-            cwd=REPO,
-            env={**one_thread_env(), "KILL_IN": f"{what}:{at}"},
-            capture_output=True,
-            text=True,
-            timeout=KILL_TIMEOUT,
-        )
-        assert proc.returncode == -signal.SIGKILL, (what, proc.stderr[-3000:])
-        from gptcli.checkpoint import list_checkpoints, verify_checkpoint
+    from gptcli.checkpoint import list_checkpoints, verify_checkpoint
 
-        newest = list_checkpoints(run)[-1]
-        # The step being written is not visible as a checkpoint; the one before it is whole. (Killed while
-        # pruning, the new checkpoint was already in place.)
-        assert newest.name == f"step-{at if what == 'prune' else at - 1:07d}", (what, newest)
-        assert verify_checkpoint(newest) == []
+    run = tmp_path / "run"
+    args = _args(corpus, run)
+    for what, at, newest in KILLS:
+        kill_in_write(args, what, at)
+        # The checkpoint being written is not visible; the one before it is whole. (Killed while pruning, the new
+        # checkpoint was already in place.)
+        assert list_checkpoints(run)[-1].name == f"step-{newest:07d}", (what, at, list_checkpoints(run))
+        assert verify_checkpoint(run / "checkpoints" / f"step-{newest:07d}") == []
     finish(start_gpt1(args))
     assert _final(run) == reference
     _assert_clean(run)

@@ -19,21 +19,16 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from gptcli.files.outputs import MARKER
 from tests.faults.conftest import (
-    KILL_TIMEOUT,
-    REPO,
     WORDS,
     finish,
     kill_and_resume,
-    one_thread_env,
+    kill_in_write,
     start_gpt1,
     step_numbers,
 )
@@ -165,56 +160,6 @@ def test_kill_at_random_points_then_resume_is_bitwise_identical(inputs, referenc
 
 # --- deterministic kills inside a checkpoint write ------------------------------------------------------------------
 
-SCRIPT = r"""
-import os, signal, sys
-from pathlib import Path
-import gptcli.checkpoint as ckpt
-from gptcli.cli import main
-
-what, at = os.environ["KILL_IN"].split(":")
-real_save = ckpt.save_file
-
-
-def die():
-    sys.stdout.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def save_file(tensors, filename, metadata=None):
-    # Write the file whole, then cut it to half and die: what the disk holds when power goes mid-write.
-    real_save(tensors, filename, metadata=metadata)
-    name, parent = Path(filename).name, Path(filename).parent.name
-    if name == what and parent.startswith(f".{at}.tmp-"):
-        data = Path(filename).read_bytes()
-        Path(filename).write_bytes(data[: len(data) // 2])
-        die()
-
-
-real_move = ckpt.move_into_place
-
-
-def move_into_place(tmp, target):
-    if what == "rename" and target.name == at:
-        die()  # every file written and flushed, not yet renamed
-    real_move(tmp, target)
-
-
-real_rmtree = ckpt.shutil.rmtree
-
-
-def rmtree(path, *a, **k):
-    if what == "prune" and Path(path).name.startswith(f".{at}.tmp-pruned-"):  # the pruned checkpoint, hidden
-        (Path(path) / "model.safetensors").unlink()  # the first file gone, the rest still there
-        die()
-    real_rmtree(path, *a, **k)
-
-
-ckpt.save_file = save_file
-ckpt.move_into_place = move_into_place
-ckpt.shutil.rmtree = rmtree
-main(sys.argv[1:])
-"""
-
 # (what, in which checkpoint, the newest step checkpoint that must be left intact). Epoch 1 ends at update 24, so
 # from update 25 on every checkpoint also holds epoch 1's weights (best.safetensors) unless epoch 2 beat it.
 # step-0000021 is pruned while step-0000023 is saved (--keep-last 2); "final" is written after update 48, and the
@@ -235,15 +180,7 @@ def test_kill_inside_each_step_of_a_checkpoint_write(inputs, reference, tmp_path
 
     run = tmp_path / "run"
     for what, at, newest in KILLS:
-        proc = subprocess.run(
-            [sys.executable, "-c", SCRIPT, *_args(inputs, run)],
-            cwd=REPO,
-            env={**one_thread_env(), "KILL_IN": f"{what}:{at}"},
-            capture_output=True,
-            text=True,
-            timeout=KILL_TIMEOUT,
-        )
-        assert proc.returncode == -signal.SIGKILL, (what, at, proc.stderr[-3000:])
+        kill_in_write(_args(inputs, run), what, at)
         # The checkpoint being written is not visible; the one before it is whole and is where --resume goes.
         assert max(step_numbers(run)) == newest, (what, at, step_numbers(run))
         assert verify_checkpoint(run / "checkpoints" / f"step-{newest:07d}") == []
