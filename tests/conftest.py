@@ -95,14 +95,16 @@ def _compiled_kernels_built_before_runs(request):
 
 @pytest.fixture(autouse=True)
 def _kernels_follow_the_environment():
-    """A test may choose the kernel mode for the process (``set_kernels``; a run gives the caller's back itself); the
-    next test starts without it, following $GPT1_KERNELS as code outside a run does."""
+    """A test may choose the kernel mode for the process (``set_kernels``; a run gives the caller's back itself) or
+    force a form (``force_amx``, ``force_onednn_fp32``); the next test starts without it, following $GPT1_KERNELS
+    and the CPU's flags as code outside a run does."""
     import sys
 
     yield
     kernels = sys.modules.get("gptcli.model.kernels")
     if kernels is not None:
         kernels.set_kernels(None)
+        kernels.force_amx(None)
         kernels.force_onednn_fp32(None)
 
 

@@ -301,6 +301,7 @@ def _score_packed_row(model, groups, precision: str, totals: _Totals) -> None:
     """One packed row of ``groups`` (context, [(request, continuation)]): a continuation's first token is read
     where its context ends, token j ≥ 1 where its own token j − 1 sits; the last block computes those rows only."""
     from gptcli.model.packed import Packing
+    from gptcli.model.packed_eval import final_states_at
 
     device = _device(model)
     prefixes: list[Sequence[int]] = []
@@ -322,10 +323,11 @@ def _score_packed_row(model, groups, precision: str, totals: _Totals) -> None:
             at += len(c) - 1
     ids, packing = Packing.shared(prefixes, answers, extract_id=-1)
     with _autocast(device, precision):
-        h = model(
+        h = final_states_at(
+            model,
             torch.tensor([ids], device=device),
-            packing=packing.to(device),
-            rows=torch.tensor(rows, dtype=torch.long, device=device),
+            packing.to(device),
+            torch.tensor(rows, dtype=torch.long, device=device),
         )
     _read_at(model, h, [(0, r, t, i) for r, t, i in reads], totals)
     totals.finished(sum(len(m) for _, m in groups))

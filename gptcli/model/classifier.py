@@ -13,13 +13,15 @@ needs nothing from the data room.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
 
+from gptcli.model.gpt import GPT
 from gptcli.model.heads import TaskHead
 from gptcli.model.packed import Packing
+from gptcli.model.packed_eval import final_states_at
 from gptcli.progress import SILENT, Progress
 from gptcli.system.runtime import autocast
 
@@ -43,7 +45,7 @@ class FinetuneModel(nn.Module):
         if packing is not None and not self.training:
             # Evaluation reads nothing but the extract tokens' final states: the last block computes only those
             # (``hidden`` is then their (1, B·S, d) states, in the head's order).
-            hidden = self.gpt(ids, packing=packing, rows=packing.extract)
+            hidden = final_states_at(cast(GPT, self.gpt), ids, packing, packing.extract)
             return self.head.score(hidden[0], n_seqs), hidden
         hidden = self.gpt(ids) if packing is None else self.gpt(ids, packing=packing)
         return self.head(hidden, ids, n_seqs, packing), hidden

@@ -146,20 +146,18 @@ class CausalSelfAttention(nn.Module):
         self.attn_pdrop = config.attn_pdrop
         self.resid_drop = Dropout(config.resid_pdrop)
 
-    def forward(
-        self, x: torch.Tensor, attend: Attend = CAUSAL, layer: int = 0, rows: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """The block's attention output at every position, or at positions ``rows`` of a one-row batch only (every
-        position is still attended to: ``rows`` saves the output projection of the others). ``attend``: how the
-        positions attend to each other (causally, per packed sequence, or against a KV cache), built by the caller."""
-        dropout = self.attn_pdrop if self.training else 0.0
-        y = attend(self.qkv(x), self.n_head, dropout, self.attention, layer)
-        return self._project(y, rows)
+    def forward(self, x: torch.Tensor, attend: Attend = CAUSAL, layer: int = 0) -> torch.Tensor:
+        """The block's attention output. ``attend``: how the positions attend to each other (causally, per packed
+        sequence, or against a KV cache), built by the caller."""
+        return self.project(self.heads(x, attend, layer))
 
-    def _project(self, y: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-        """The output projection (and its dropout) of the attention's (B, T, C) output, at ``rows`` only if given."""
-        if rows is not None:
-            y = y.index_select(1, rows)
+    def heads(self, x: torch.Tensor, attend: Attend = CAUSAL, layer: int = 0) -> torch.Tensor:
+        """The heads' outputs side by side (B, T, C), before the output projection."""
+        dropout = self.attn_pdrop if self.training else 0.0
+        return attend(self.qkv(x), self.n_head, dropout, self.attention, layer)
+
+    def project(self, y: torch.Tensor) -> torch.Tensor:
+        """The output projection (and its dropout) of the heads' outputs ``y``."""
         return self.resid_drop(self.proj(y))
 
 
@@ -185,14 +183,11 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps)
 
-    def forward(
-        self, x: torch.Tensor, attend: Attend = CAUSAL, layer: int = 0, rows: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """The block's output, at positions ``rows`` of a one-row batch only when given (what a last block whose
-        other states nobody reads computes: every row-wise layer after the attention runs on ``rows`` alone)."""
-        a = self.attn(x, attend, layer, rows)
-        if rows is not None:
-            x = x.index_select(1, rows)
+    def forward(self, x: torch.Tensor, attend: Attend = CAUSAL, layer: int = 0) -> torch.Tensor:
+        return self.after_attention(x, self.attn(x, attend, layer))
+
+    def after_attention(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """The rest of the block, row-wise: its output from its input ``x`` and the attention's output ``a``."""
         n = self.ln_1(x + a)
         return self.ln_2(n + self.mlp(n))
 
@@ -232,18 +227,21 @@ class GPT(TiedEmbeddingLM):
             n -= self.tok_emb.weight.numel() + self.pos_emb.weight.numel()
         return n
 
-    def forward(
-        self,
-        idx: torch.Tensor,
-        cache: KVCache | None = None,
-        packing: Packing | None = None,
-        rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, packing: Packing | None = None) -> torch.Tensor:
         """Hidden states of the last block for token ids ``idx`` (B, T). With ``packing``, ``idx`` is one row of
-        sequences end to end (1, N), each with its own positions and attending to itself only. ``rows`` (R,), for
-        one row: return only those positions' states (1, R, d), which the last block then computes alone — an
-        evaluation reads only its extract tokens, and every earlier block's states feed the later keys and values,
-        so the last block is the one with work to skip."""
+        sequences end to end (1, N), each with its own positions and attending to itself only."""
+        h, attend = self.inputs(idx, cache, packing)
+        for i, block in enumerate(self.blocks):
+            h = block(h, attend, i)
+        if cache is not None:
+            cache.pos += idx.size(1)
+        return h
+
+    def inputs(
+        self, idx: torch.Tensor, cache: KVCache | None = None, packing: Packing | None = None
+    ) -> tuple[torch.Tensor, Attend]:
+        """What the first block takes for token ids ``idx``: the embedded tokens (B, T, d) and how the positions
+        attend to each other (causally, per packed sequence, or against ``cache``)."""
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
         if packing is not None:
@@ -258,15 +256,7 @@ class GPT(TiedEmbeddingLM):
                 raise ValueError(f"sequence of {start + T} tokens exceeds the context of {self.config.n_ctx}")
             pos = torch.arange(start, start + T, device=idx.device)
             attend = CAUSAL if cache is None else CachedAttend(cache)
-        h = self.drop(self.embed_tokens(idx) + self.pos_emb(pos))
-        if rows is not None and B != 1:
-            raise ValueError(f"rows: states are selected from one row (a packed batch), got {B} rows")
-        last = len(self.blocks) - 1
-        for i, block in enumerate(self.blocks):
-            h = block(h, attend, i, rows if i == last else None)
-        if cache is not None:
-            cache.pos += T
-        return h
+        return self.drop(self.embed_tokens(idx) + self.pos_emb(pos)), attend
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token, ``6N + 12·L·d·T`` (N = non-embedding parameters; PaLM appendix B).

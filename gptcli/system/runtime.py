@@ -85,8 +85,9 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 @functools.lru_cache(maxsize=1)
-def _cpu_flags() -> str:
-    """/proc/cpuinfo's text, read once (empty where there is none)."""
+def cpu_flags() -> str:
+    """/proc/cpuinfo's text, read once (empty where there is none): every CPU-flag probe reads it here, so a test
+    stands for another CPU by replacing this one function."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             return f.read()
@@ -96,7 +97,7 @@ def _cpu_flags() -> str:
 
 def cpu_has_bf16() -> bool:
     """Whether the CPU has native bf16 dot products (AVX512-BF16 or AMX), read from /proc/cpuinfo."""
-    flags = _cpu_flags()
+    flags = cpu_flags()
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from corpus_helpers import random_corpus
+from error_lines import Outcome, assert_one_line_error
 
 from gptcli.commands.pretrain import OPTIONS
 from gptcli.config import load_file
@@ -276,8 +277,7 @@ def test_a_bad_setting_is_the_only_line_when_the_defaults_were_chosen(setting, c
     monkeypatch.chdir(tmp_path)
     shutil.copytree(corpus, tmp_path / "corpus")
     (tmp_path / "bad.toml").write_text(setting + "\n", encoding="utf-8")
-    code, _, err = _cli(["pretrain", "--config", "bad.toml"], capsys)
-    assert code == 1 and err.splitlines() == [err.splitlines()[-1]] and err.startswith("error: "), err
+    assert_one_line_error(Outcome(*_cli(["pretrain", "--config", "bad.toml"], capsys)), alone=True)
     assert not (tmp_path / "runs").exists()
 
 

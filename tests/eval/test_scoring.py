@@ -11,6 +11,7 @@ from zs_toy_tokenizer import BagLM
 
 from gptcli.eval.scoring import Request, score
 from gptcli.model.gpt import GPT, ModelConfig
+from gptcli.model.packed import PackedAttend
 from gptcli.progress import RecordingProgress
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -135,13 +136,11 @@ def test_gpt_packs_shared_contexts_with_their_candidates_as_a_kv_cache_continues
         reqs += [
             Request.of(ctx, [rnd.randrange(50) for _ in range(rnd.randrange(1, 6))]) for _ in range(rnd.choice([2, 4]))
         ]
-    calls = []
-    hook = model.register_forward_hook(
-        lambda m, args, kwargs, out: calls.append(kwargs.get("packing")), with_kwargs=True
-    )
+    calls = []  # how the first block attends, once per forward pass
+    hook = model.blocks[0].register_forward_hook(lambda m, args, out: calls.append(args[1]))
     packed = score(model, reqs, batch_size=64, precision="fp32")
     hook.remove()
-    assert len(calls) == 1 and calls[0] is not None  # every group in one packed row
+    assert len(calls) == 1 and isinstance(calls[0], PackedAttend)  # every group in one packed row
     plain = score(model, reqs, batch_size=64, precision="fp32", cache_min_context=10_000)
     monkeypatch.setattr(scoring, "_packs", lambda m: False)
     cached = score(model, reqs, batch_size=64, precision="fp32", cache_min_context=1)  # the KV-cache path
@@ -235,8 +234,8 @@ def test_a_group_of_many_long_candidates_is_split_within_the_token_budget():
     rnd = random.Random(3)
     ctx = [rnd.randrange(50) for _ in range(5)]
     reqs = [Request.of(ctx, [rnd.randrange(50) for _ in range(20)]) for _ in range(40)]
-    sizes: list[int] = []
-    hook = model.register_forward_pre_hook(lambda m, args: sizes.append(args[0].numel()))
+    sizes: list[int] = []  # tokens of each forward pass, as its first block takes them (B, T, d)
+    hook = model.blocks[0].register_forward_pre_hook(lambda m, args: sizes.append(args[0].shape[:2].numel()))
     packed = score(model, reqs, batch_size=64, max_tokens=100, precision="fp32")
     hook.remove()
     assert len(sizes) > 1 and max(sizes) <= 100, sizes

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from error_lines import Outcome, assert_one_line_error
 from zs_toy_tokenizer import BagLM, ToyTokenizer
 
 from gptcli.errors import GPT1Error
@@ -558,8 +559,7 @@ def test_a_task_that_cannot_be_read_is_the_only_line(tiny_run, shared_data, tmp_
     shutil.copy(shared_data / "glue" / "CoLA" / "dev.tsv", tmp_path / "cola" / "dev.tsv")
     for data in (shared_data / "glue" / "SST-2", tmp_path / "missing", tmp_path / "cola"):
         args = ["zeroshot", "--task", "cola", "--data-dir", str(data), "--checkpoint", str(tiny_run)]
-        code, _, err = _cli(args, capsys, monkeypatch)
-        assert code == 1 and err.startswith("error: ") and err.count("\n") == 1, err
+        assert_one_line_error(Outcome(*_cli(args, capsys, monkeypatch)), alone=True)
     rec = RecordingProgress()
     with pytest.raises(GPT1Error, match="threshold is fitted on the train split"):
         evaluate(None, None, ZeroShotConfig(task="cola", data_dir=str(tmp_path / "cola")), rec)

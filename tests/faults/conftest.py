@@ -1,6 +1,6 @@
 """The fault suite's shared pieces: a tiny corpus and pretraining run to damage, a way to run `gpt1` in this process
-and read what a user would see, and the checks every fault case makes (exit code, one ``error:`` line, no
-traceback, nothing left behind).
+and read what a user would see (checked by ``error_lines.assert_one_line_error``: exit code, one ``error:`` line, no
+traceback), a check that nothing was left behind, and kill -9 then resume (:func:`kill_and_resume`).
 
 The corpus is a real `gpt1 prepare` output (real manifest, learned sentencepiece tokenizer), so the same files also
 work in the subprocesses of the kill -9 and DDP tests, which cannot import the test-only tokenizers.
@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from error_lines import Outcome
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = 64
@@ -136,14 +139,6 @@ def copy_of(src: Path, where: Path) -> Path:
 # --- running gpt1 ---------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Outcome:
-    code: int | None
-    """The exit status; None when an exception escaped ``main`` (a traceback for the user)."""
-    out: str
-    err: str
-
-
 def gpt1(args: list[str], capsys) -> Outcome:
     """``gpt1 ARGS`` in this process (as the console script runs it), with stdout and stderr."""
     from gptcli.cli import main
@@ -159,19 +154,6 @@ def gpt1(args: list[str], capsys) -> Outcome:
         print(traceback.format_exc(), file=sys.stderr)
     cap = capsys.readouterr()
     return Outcome(code, cap.out, cap.err)
-
-
-def assert_one_line_error(res: Outcome, *fragments: str, code: int = 1) -> str:
-    """The command failed with ``code``, its stderr ends in exactly one ``error: …`` line containing every
-    fragment, and no traceback reached the user. Returns the error line."""
-    assert "Traceback" not in res.err, res.err[-3000:]
-    assert res.code == code, (res.code, res.err[-3000:])
-    lines = [x for x in res.err.splitlines() if x.strip()]
-    errors = [x for x in lines if x.startswith("error: ")]
-    assert len(errors) == 1 and lines[-1] == errors[0], res.err[-3000:]
-    for f in fragments:
-        assert f in errors[0], (f, errors[0])
-    return errors[0]
 
 
 def tree(root: Path) -> set[str]:
@@ -254,6 +236,122 @@ def one_thread_env() -> dict[str, str]:
         "MKL_NUM_THREADS": "1",
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }
+
+
+def start_gpt1(args: list[str]) -> subprocess.Popen:
+    """``python -m gptcli ARGS`` (the real command) in a subprocess, one thread everywhere, its output piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "gptcli", *args],
+        cwd=REPO,
+        env=one_thread_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@dataclass
+class Kill:
+    """One SIGKILL that landed: when (:func:`kill_and_resume`'s moment) and what the run held after it."""
+
+    due: int | None
+    delay: float
+    newest: int
+    """The newest complete step checkpoint left (0: none)."""
+    mid_write: bool
+    """A checkpoint's temporary directory was left: the process died writing it."""
+
+
+def kill_and_resume(args: list[str], run: Path, moments: Iterable[tuple[int | None, float]]) -> list[Kill]:
+    """Start ``gpt1 ARGS`` (a run that resumes into ``run`` and saves step checkpoints there) and SIGKILL it, once
+    per moment ``(due, delay)``: ``delay`` seconds after launch when ``due`` is None, else ``delay`` seconds after
+    its newest step checkpoint reaches update ``due``. The moments are read one at a time, each just before its start
+    (a moment may depend on what the run holds). Stops at a start that ends before its kill; then resumes the run to
+    its end, which must go well. Returns the kills that landed."""
+    kills: list[Kill] = []
+    for due, delay in moments:
+        proc = start_gpt1(args)
+        if due is not None and not wait_for(
+            lambda due=due: max(step_numbers(run), default=0) >= due, proc, "a checkpoint", poll=0.001
+        ):
+            break  # finished before the kill: the run is over
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=KILL_TIMEOUT)
+        if proc.returncode != -signal.SIGKILL:
+            break
+        temporary = run.is_dir() and any(p.name.startswith(".step-") for p in (run / "checkpoints").glob(".*"))
+        kills.append(Kill(due, round(delay, 3), max(step_numbers(run), default=0), temporary))
+    finish(start_gpt1(args))
+    return kills
+
+
+# The subprocess of kill_in_write: gpt1 with the checkpoint writer patched to die at the step KILL_IN names.
+KILL_IN_WRITE = r"""
+import os, signal, sys
+from pathlib import Path
+import gptcli.checkpoint as ckpt
+from gptcli.cli import main
+
+what, at = os.environ["KILL_IN"].split(":")
+real_save = ckpt.save_file
+
+
+def die():
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def save_file(tensors, filename, metadata=None):
+    # Write the file whole, then cut it to half and die: what the disk holds when power goes mid-write.
+    real_save(tensors, filename, metadata=metadata)
+    name, parent = Path(filename).name, Path(filename).parent.name
+    if name == what and parent.startswith(f".{at}.tmp-"):
+        data = Path(filename).read_bytes()
+        Path(filename).write_bytes(data[: len(data) // 2])
+        die()
+
+
+real_move = ckpt.move_into_place
+
+
+def move_into_place(tmp, target):
+    if what == "rename" and target.name == at:
+        die()  # every file written and flushed, not yet renamed
+    real_move(tmp, target)
+
+
+real_rmtree = ckpt.shutil.rmtree
+
+
+def rmtree(path, *a, **k):
+    if what == "prune" and Path(path).name.startswith(f".{at}.tmp-pruned-"):  # the pruned checkpoint, hidden
+        (Path(path) / "model.safetensors").unlink()  # the first file gone, the rest still there
+        die()
+    real_rmtree(path, *a, **k)
+
+
+ckpt.save_file = save_file
+ckpt.move_into_place = move_into_place
+ckpt.shutil.rmtree = rmtree
+main(sys.argv[1:])
+"""
+
+
+def kill_in_write(args: list[str], what: str, at: str) -> None:
+    """Run ``gpt1 ARGS`` in a subprocess that dies by SIGKILL inside the write of checkpoint ``at`` (a step
+    checkpoint's name, or "final"), at ``what``: a file of it (written whole, then cut to half: power gone
+    mid-write), "rename" (every file written, not yet renamed into place) or "prune" (``at`` being removed, its
+    first file gone)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_IN_WRITE, *args],
+        cwd=REPO,
+        env={**one_thread_env(), "KILL_IN": f"{what}:{at}"},
+        capture_output=True,
+        text=True,
+        timeout=KILL_TIMEOUT,
+    )
+    assert proc.returncode == -signal.SIGKILL, (what, at, proc.stderr[-3000:])
 
 
 def finish(proc: subprocess.Popen) -> None:

@@ -14,20 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from error_lines import assert_one_line_error
 
 from gptcli import checkpoint as ckpt
 from gptcli.errors import GPT1Error
 from gptcli.train.run.training_state import read_training_state
-from tests.faults.conftest import (
-    assert_nothing_new,
-    assert_one_line_error,
-    copy_of,
-    flip,
-    gpt1,
-    malicious_pickle,
-    tree,
-    truncate,
-)
+from tests.faults.conftest import assert_nothing_new, copy_of, flip, gpt1, malicious_pickle, tree, truncate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -14,18 +14,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from error_lines import assert_one_line_error
 
-from tests.faults.conftest import (
-    TINY_ARGS,
-    assert_nothing_new,
-    assert_one_line_error,
-    copy_of,
-    flip,
-    gpt1,
-    malicious_pickle,
-    tree,
-    truncate,
-)
+from tests.faults.conftest import TINY_ARGS, assert_nothing_new, copy_of, flip, gpt1, malicious_pickle, tree, truncate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -12,8 +12,9 @@ import json
 from pathlib import Path
 
 import pytest
+from error_lines import assert_one_line_error
 
-from tests.faults.conftest import assert_nothing_new, assert_one_line_error, gpt1, tree
+from tests.faults.conftest import assert_nothing_new, gpt1, tree
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

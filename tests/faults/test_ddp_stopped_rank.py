@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
+from error_lines import assert_one_line_error
 
-from tests.faults.conftest import REPO, TINY_ARGS, assert_one_line_error, gpt1
+from tests.faults.conftest import REPO, TINY_ARGS, gpt1
 
 pytestmark = [
     pytest.mark.slow,

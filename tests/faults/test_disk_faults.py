@@ -18,17 +18,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from error_lines import assert_one_line_error
 
 from gptcli import checkpoint as ckpt
-from tests.faults.conftest import (
-    TINY_ARGS,
-    assert_nothing_new,
-    assert_one_line_error,
-    copy_of,
-    gpt1,
-    snapshot,
-    tree,
-)
+from tests.faults.conftest import TINY_ARGS, assert_nothing_new, copy_of, gpt1, snapshot, tree
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+from error_lines import assert_one_line_error
 
 from tests.faults.conftest import (
     REPO,
     TINY_ARGS,
     assert_nothing_new,
-    assert_one_line_error,
     gpt1,
     tree,
 )

@@ -15,9 +15,10 @@ import os
 from pathlib import Path
 
 import pytest
+from error_lines import assert_one_line_error
 
 from gptcli import checkpoint as ckpt
-from tests.faults.conftest import assert_one_line_error, copy_of, gpt1, unblock_later
+from tests.faults.conftest import copy_of, gpt1, unblock_later
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -5,8 +5,9 @@ the data and the model failed one per round. Each is now one line that names the
 from __future__ import annotations
 
 import pytest
+from error_lines import assert_one_line_error
 
-from tests.faults.conftest import assert_one_line_error, gpt1
+from tests.faults.conftest import gpt1
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from error_lines import assert_one_line_error
 
-from tests.faults.conftest import assert_one_line_error, gpt1
+from tests.faults.conftest import gpt1
 
 BAD = {
     "duplicate.json": ('{"lr": 0.001, "lr": 0.5}', "'lr' is given twice"),

@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from error_lines import assert_one_line_error
 
-from tests.faults.conftest import TINY_ARGS, assert_one_line_error, copy_of, gpt1
+from tests.faults.conftest import TINY_ARGS, copy_of, gpt1
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

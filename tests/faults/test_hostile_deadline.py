@@ -180,11 +180,13 @@ def test_ctrl_c_of_the_quickstart_exits_130_keeping_nothing(tmp_path, capsys, mo
     interrupted command does — exit 130, one line — instead of an error with exit 1."""
     import signal
 
+    from error_lines import assert_one_line_error
+
     import gptcli.train.pretrain as pretrain_module
     from gptcli.config import save_config
     from gptcli.pipelines.quickstart import QuickstartConfig
     from gptcli.progress import SILENT
-    from tests.faults.conftest import assert_one_line_error, gpt1
+    from tests.faults.conftest import gpt1
     from tests.pipelines.test_quickstart import TINY
 
     real = pretrain_module.pretrain

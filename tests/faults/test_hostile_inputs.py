@@ -11,9 +11,10 @@ import os
 from pathlib import Path
 
 import pytest
+from error_lines import assert_one_line_error
 
 from gptcli.data.inputs import resolve_inputs
-from tests.faults.conftest import assert_one_line_error, gpt1, unblock_later
+from tests.faults.conftest import gpt1, unblock_later
 
 TEXT = "the quick brown fox jumps over the lazy dog.\nsmall birds sing in tall green trees.\n" * 30
 

@@ -13,8 +13,9 @@ import subprocess
 import sys
 
 import pytest
+from error_lines import Outcome, assert_one_line_error
 
-from tests.faults.conftest import assert_one_line_error, gpt1, one_thread_env
+from tests.faults.conftest import gpt1, one_thread_env
 
 NAMES = [
     "train.tsv:1234:",
@@ -104,10 +105,7 @@ def test_prepare_workers_end_quietly_when_the_pool_is_terminated(tmp_path):
         text=True,
         timeout=300,
     )
-    assert r.returncode == 1, r.stderr
-    assert "Traceback" not in r.stderr, r.stderr
-    lines = [x for x in r.stderr.splitlines() if x.strip()]
-    assert lines[-1].startswith("error: ") and sum(x.startswith("error: ") for x in lines) == 1, r.stderr
+    assert_one_line_error(Outcome(r.returncode, r.stdout, r.stderr))
 
 
 def test_a_prepare_worker_does_not_keep_the_command_s_sigterm_handler(tmp_path):

@@ -9,9 +9,10 @@ import json
 from pathlib import Path
 
 import pytest
+from error_lines import assert_one_line_error
 from hub_standin import MODEL_COMMIT, use_cache, write_gpt1_repo
 
-from tests.faults.conftest import assert_one_line_error, gpt1
+from tests.faults.conftest import gpt1
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 pytest.importorskip("huggingface_hub")

@@ -5,8 +5,9 @@ terminal, whether the name appears in an error line or in a command's own output
 from __future__ import annotations
 
 import pytest
+from error_lines import assert_one_line_error
 
-from tests.faults.conftest import TINY_ARGS, assert_one_line_error, gpt1
+from tests.faults.conftest import TINY_ARGS, gpt1
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -14,10 +14,11 @@ import typing
 from pathlib import Path
 
 import pytest
+from error_lines import assert_one_line_error
 
 from gptcli.config import RULES, SEED_LIMIT, check_setting
 from gptcli.errors import GPT1Error
-from tests.faults.conftest import TINY_ARGS, assert_one_line_error, gpt1
+from tests.faults.conftest import TINY_ARGS, gpt1
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

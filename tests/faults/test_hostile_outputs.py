@@ -22,9 +22,10 @@ import time
 from pathlib import Path
 
 import pytest
+from error_lines import assert_one_line_error
 
 from gptcli.files.locks import lock_path, output_lock
-from tests.faults.conftest import REPO, assert_one_line_error, copy_of, gpt1, one_thread_env, snapshot
+from tests.faults.conftest import REPO, copy_of, gpt1, one_thread_env, snapshot
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -15,11 +15,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from error_lines import assert_one_line_error
 from safetensors.torch import load_file, save_file
 
 from gptcli import checkpoint as ckpt
 from gptcli.files.fsutil import sha256_file
-from tests.faults.conftest import TINY_ARGS, assert_one_line_error, copy_of, gpt1
+from tests.faults.conftest import TINY_ARGS, copy_of, gpt1
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

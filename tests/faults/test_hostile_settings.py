@@ -5,8 +5,9 @@ and an unknown ``gpt1 lmeval`` task ended in tracebacks. Each is one line naming
 from __future__ import annotations
 
 import pytest
+from error_lines import assert_one_line_error
 
-from tests.faults.conftest import TINY_ARGS, assert_one_line_error, gpt1
+from tests.faults.conftest import TINY_ARGS, gpt1
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

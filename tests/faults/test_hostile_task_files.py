@@ -18,11 +18,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from error_lines import assert_one_line_error
 
 from gptcli.errors import GPT1Error
 from gptcli.tasks import get_task
 from gptcli.tasks.base import ReadOptions
-from tests.faults.conftest import assert_one_line_error, gpt1, unblock_later
+from tests.faults.conftest import gpt1, unblock_later
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

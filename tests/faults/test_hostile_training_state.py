@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from error_lines import assert_one_line_error
 from safetensors.torch import load_file, save_file
 
-from tests.faults.conftest import TINY_ARGS, assert_one_line_error, copy_of, gpt1
+from tests.faults.conftest import TINY_ARGS, copy_of, gpt1
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -16,23 +16,18 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from gptcli.files.outputs import MARKER
 from tests.faults.conftest import (
-    KILL_TIMEOUT,
-    REPO,
     TINY_ARGS,
     finish,
-    one_thread_env,
+    kill_and_resume,
+    kill_in_write,
+    start_gpt1,
     step_numbers,
-    wait_for,
 )
 
 pytestmark = pytest.mark.slow
@@ -41,12 +36,9 @@ STEPS = 200
 ARGS = ["--max-steps", str(STEPS), "--save-every", "1", "--keep-last", "2", *TINY_ARGS]
 
 
-def _start(data: Path, out: Path) -> subprocess.Popen:
+def _args(data: Path, out: Path) -> list[str]:
     # --resume from the very first start: with no checkpoint yet it starts fresh, so every start is the same line.
-    cmd = [sys.executable, "-m", "gptcli", "pretrain", "--data", str(data), "--out", str(out), *ARGS, "--resume"]
-    return subprocess.Popen(
-        cmd, cwd=REPO, env=one_thread_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    return ["pretrain", "--data", str(data), "--out", str(out), *ARGS, "--resume"]
 
 
 def _final(run: Path) -> tuple[dict, list, list]:
@@ -75,7 +67,7 @@ def _final(run: Path) -> tuple[dict, list, list]:
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory) -> tuple[dict[str, str], list, list]:
     run = tmp_path_factory.mktemp("reference") / "run"
-    finish(_start(corpus, run))
+    finish(start_gpt1(_args(corpus, run)))
     files, train, evals = _final(run)
     assert [s for s, *_ in train] == list(range(1, STEPS + 1)) and len(evals) == 1
     return files, train, evals
@@ -97,107 +89,40 @@ def test_kill_at_random_points_then_resume_is_bitwise_identical(corpus, referenc
     ]
     rng.shuffle(schedule)
     run = tmp_path / "run"
-    kills, mid_write = [], 0
-    for when, delay in schedule:
-        resumed_from = max(step_numbers(run), default=0)
-        proc = _start(corpus, run)
-        if when == "train" and not wait_for(
-            lambda done=resumed_from: max(step_numbers(run), default=0) > done, proc, "a first checkpoint"
-        ):
-            break  # finished before the kill: the run is over
-        time.sleep(delay)
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=KILL_TIMEOUT)
-        if proc.returncode != -signal.SIGKILL:
-            break
-        kills.append((when, round(delay, 3), max(step_numbers(run), default=0)))
-        if run.is_dir() and any(p.name.startswith(".step-") for p in (run / "checkpoints").glob(".*")):
-            mid_write += 1  # died while a checkpoint was being written (its temporary directory is left)
-    print(f"kills (when, delay s, newest checkpoint after): {kills}; {mid_write} during a checkpoint write")
+    # A "train" kill waits for the first checkpoint after the one the start resumes from, read just before it.
+    moments = ((None if when == "start" else max(step_numbers(run), default=0) + 1, delay) for when, delay in schedule)
+    kills = kill_and_resume(_args(corpus, run), run, moments)
+    mid_write = sum(k.mid_write for k in kills)
+    print(f"kills: {kills}; {mid_write} during a checkpoint write")
     assert len(kills) >= 10, kills
-    assert max(k[2] for k in kills) < STEPS  # every kill landed before the end
-    finish(_start(corpus, run))
+    assert max(k.newest for k in kills) < STEPS  # every kill landed before the end
     assert _final(run) == reference, (kills, mid_write)
     _assert_clean(run)
 
 
 # --- deterministic kills inside a checkpoint write ------------------------------------------------------------------
 
-SCRIPT = r"""
-import os, signal, sys
-from pathlib import Path
-import gptcli.checkpoint as ckpt
-from gptcli.cli import main
-
-what, at = os.environ["KILL_IN"].split(":")
-at = int(at)
-real_save = ckpt.save_file
-
-
-def die():
-    sys.stdout.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def save_file(tensors, filename, metadata=None):
-    # Write the file whole, then cut it to half and die: what the disk holds when power goes mid-write.
-    real_save(tensors, filename, metadata=metadata)
-    name, step = Path(filename).name, Path(filename).parent.name
-    if name == what and f"step-{at:07d}" in step:
-        data = Path(filename).read_bytes()
-        Path(filename).write_bytes(data[: len(data) // 2])
-        die()
-
-
-real_move = ckpt.move_into_place
-
-
-def move_into_place(tmp, target):
-    if what == "rename" and target.name == f"step-{at:07d}":
-        die()  # every file written and flushed, not yet renamed
-    real_move(tmp, target)
-
-
-real_rmtree = ckpt.shutil.rmtree
-
-
-def rmtree(path, *a, **k):
-    p = Path(path)
-    if what == "prune" and f"step-{at - 2:07d}" in p.name:  # the pruned checkpoint, under whatever name
-        (p / "model.safetensors").unlink()  # the first file gone, the rest still there
-        die()
-    real_rmtree(path, *a, **k)
-
-
-ckpt.save_file = save_file
-ckpt.move_into_place = move_into_place
-ckpt.shutil.rmtree = rmtree
-main(sys.argv[1:])
-"""
-
-KILLS = [("model.safetensors", 5), ("optimizer.safetensors", 9), ("rename", 14), ("prune", 20)]
+# (what, in which checkpoint, the newest step checkpoint that must be left intact). step-0000018 is pruned once
+# step-0000020 is in place (--keep-last 2).
+KILLS = [
+    ("model.safetensors", "step-0000005", 4),
+    ("optimizer.safetensors", "step-0000009", 8),
+    ("rename", "step-0000014", 13),
+    ("prune", "step-0000018", 20),
+]
 
 
 def test_kill_inside_each_step_of_a_checkpoint_write(corpus, reference, tmp_path):
-    run = tmp_path / "run"
-    args = ["pretrain", "--data", str(corpus), "--out", str(run), *ARGS, "--resume"]
-    for what, at in KILLS:
-        proc = subprocess.run(
-            [sys.executable, "-c", SCRIPT, *args],
-            cwd=REPO,
-            env={**one_thread_env(), "KILL_IN": f"{what}:{at}"},
-            capture_output=True,
-            text=True,
-            timeout=KILL_TIMEOUT,
-        )
-        assert proc.returncode == -signal.SIGKILL, (what, proc.stderr[-3000:])
-        from gptcli.checkpoint import list_checkpoints, verify_checkpoint
+    from gptcli.checkpoint import list_checkpoints, verify_checkpoint
 
-        newest = list_checkpoints(run)[-1]
-        # The step being written is not visible as a checkpoint; the one before it is whole. (Killed while
-        # pruning, the new checkpoint was already in place.)
-        assert newest.name == f"step-{at if what == 'prune' else at - 1:07d}", (what, newest)
-        assert verify_checkpoint(newest) == []
-    finish(_start(corpus, run))
+    run = tmp_path / "run"
+    args = _args(corpus, run)
+    for what, at, newest in KILLS:
+        kill_in_write(args, what, at)
+        # The checkpoint being written is not visible; the one before it is whole. (Killed while pruning, the new
+        # checkpoint was already in place.)
+        assert list_checkpoints(run)[-1].name == f"step-{newest:07d}", (what, at, list_checkpoints(run))
+        assert verify_checkpoint(run / "checkpoints" / f"step-{newest:07d}") == []
+    finish(start_gpt1(args))
     assert _final(run) == reference
     _assert_clean(run)

@@ -19,23 +19,18 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from gptcli.files.outputs import MARKER
 from tests.faults.conftest import (
-    KILL_TIMEOUT,
-    REPO,
     WORDS,
     finish,
-    one_thread_env,
+    kill_and_resume,
+    kill_in_write,
+    start_gpt1,
     step_numbers,
-    wait_for,
 )
 
 pytestmark = pytest.mark.slow
@@ -105,17 +100,6 @@ def _args(inputs: tuple[Path, Path], out: Path) -> list[str]:
     ]
 
 
-def _start(inputs, out: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "gptcli", *_args(inputs, out)],
-        cwd=REPO,
-        env=one_thread_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def _final(run: Path) -> tuple[dict, dict, list]:
     """(sha256 of each file of the final checkpoint but config.json, which names the run's own paths; results.json's
     scores, history, kept epoch and updates; the metrics records without their timing fields)."""
@@ -140,7 +124,7 @@ def _final(run: Path) -> tuple[dict, dict, list]:
 @pytest.fixture(scope="module")
 def reference(inputs, tmp_path_factory) -> tuple[dict, dict, list]:
     run = tmp_path_factory.mktemp("reference") / "run"
-    finish(_start(inputs, run))
+    finish(start_gpt1(_args(inputs, run)))
     files, results, records = _final(run)
     assert results["steps"] == STEPS and len(results["history"]) == EPOCHS
     assert [r["step"] for r in records if r["kind"] == "train"] == list(range(1, STEPS + 1))
@@ -163,82 +147,18 @@ def test_kill_at_random_points_then_resume_is_bitwise_identical(inputs, referenc
         ("train", rng.randint(lo, lo + 9), rng.uniform(0.0, 0.04)) for lo in (3, 18, 33)
     ]
     run = tmp_path / "run"
-    kills, mid_write = [], 0
-    for when, target, delay in schedule:
-        proc = _start(inputs, run)
-        if when == "train" and not wait_for(
-            lambda due=target: max(step_numbers(run), default=0) >= due, proc, "a checkpoint", poll=0.001
-        ):
-            break  # finished before the kill: the run is over
-        time.sleep(delay)
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=KILL_TIMEOUT)
-        if proc.returncode != -signal.SIGKILL:
-            break
-        kills.append((when, target, round(delay, 3), max(step_numbers(run), default=0)))
-        if run.is_dir() and any(p.name.startswith(".step-") for p in (run / "checkpoints").glob(".*")):
-            mid_write += 1  # died while a checkpoint was being written (its temporary directory is left)
-    print(
-        f"kills (when, target update, delay s, newest checkpoint after): {kills}; {mid_write} during a checkpoint write"
+    kills = kill_and_resume(
+        _args(inputs, run), run, [(None if when == "start" else target, delay) for when, target, delay in schedule]
     )
+    mid_write = sum(k.mid_write for k in kills)
+    print(f"kills: {kills}; {mid_write} during a checkpoint write")
     assert len(kills) == len(schedule), kills
-    assert all(0 <= k[3] < STEPS for k in kills) and kills[-1][3] > 0  # every kill landed in training
-    finish(_start(inputs, run))
+    assert all(0 <= k.newest < STEPS for k in kills) and kills[-1].newest > 0  # every kill landed in training
     assert _final(run) == reference, (kills, mid_write)
     _assert_clean(run)
 
 
 # --- deterministic kills inside a checkpoint write ------------------------------------------------------------------
-
-SCRIPT = r"""
-import os, signal, sys
-from pathlib import Path
-import gptcli.checkpoint as ckpt
-from gptcli.cli import main
-
-what, at = os.environ["KILL_IN"].split(":")
-real_save = ckpt.save_file
-
-
-def die():
-    sys.stdout.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def save_file(tensors, filename, metadata=None):
-    # Write the file whole, then cut it to half and die: what the disk holds when power goes mid-write.
-    real_save(tensors, filename, metadata=metadata)
-    name, parent = Path(filename).name, Path(filename).parent.name
-    if name == what and parent.startswith(f".{at}.tmp-"):
-        data = Path(filename).read_bytes()
-        Path(filename).write_bytes(data[: len(data) // 2])
-        die()
-
-
-real_move = ckpt.move_into_place
-
-
-def move_into_place(tmp, target):
-    if what == "rename" and target.name == at:
-        die()  # every file written and flushed, not yet renamed
-    real_move(tmp, target)
-
-
-real_rmtree = ckpt.shutil.rmtree
-
-
-def rmtree(path, *a, **k):
-    if what == "prune" and Path(path).name.startswith(f".{at}.tmp-pruned-"):  # the pruned checkpoint, hidden
-        (Path(path) / "model.safetensors").unlink()  # the first file gone, the rest still there
-        die()
-    real_rmtree(path, *a, **k)
-
-
-ckpt.save_file = save_file
-ckpt.move_into_place = move_into_place
-ckpt.shutil.rmtree = rmtree
-main(sys.argv[1:])
-"""
 
 # (what, in which checkpoint, the newest step checkpoint that must be left intact). Epoch 1 ends at update 24, so
 # from update 25 on every checkpoint also holds epoch 1's weights (best.safetensors) unless epoch 2 beat it.
@@ -260,19 +180,11 @@ def test_kill_inside_each_step_of_a_checkpoint_write(inputs, reference, tmp_path
 
     run = tmp_path / "run"
     for what, at, newest in KILLS:
-        proc = subprocess.run(
-            [sys.executable, "-c", SCRIPT, *_args(inputs, run)],
-            cwd=REPO,
-            env={**one_thread_env(), "KILL_IN": f"{what}:{at}"},
-            capture_output=True,
-            text=True,
-            timeout=KILL_TIMEOUT,
-        )
-        assert proc.returncode == -signal.SIGKILL, (what, at, proc.stderr[-3000:])
+        kill_in_write(_args(inputs, run), what, at)
         # The checkpoint being written is not visible; the one before it is whole and is where --resume goes.
         assert max(step_numbers(run)) == newest, (what, at, step_numbers(run))
         assert verify_checkpoint(run / "checkpoints" / f"step-{newest:07d}") == []
     assert json.loads((run / "results.json").read_text())["steps"] == STEPS  # the last kill came after results.json
-    finish(_start(inputs, run))
+    finish(start_gpt1(_args(inputs, run)))
     assert _final(run) == reference
     _assert_clean(run)

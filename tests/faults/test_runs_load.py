@@ -9,10 +9,10 @@ import shutil
 
 import pytest
 from corpus_helpers import random_corpus
+from error_lines import assert_one_line_error
 from run_helpers import (
     cli,
     flip_byte,
-    one_line_error,
     snapshot,
     sst2_folder,
     tiny_config,
@@ -96,8 +96,10 @@ def test_an_unreadable_config_json_in_the_newest_checkpoint_is_one_line(setup, t
     before = snapshot(run)
     args = _commands(corpus, run, sst2, tmp_path)[command]
     for extra in ([], ["--no-verify"]):
-        code, _, err = cli(args + extra, capsys)
-        one_line_error(code, err, f"{run}/checkpoints/step-0000004/config.json", "unreadable checkpoint config")
+        res = cli(args + extra, capsys)
+        assert_one_line_error(
+            res, f"{run}/checkpoints/step-0000004/config.json", "unreadable checkpoint config", alone=True
+        )
     assert snapshot(run) == before
     assert not (tmp_path / "ft").exists()
 
@@ -106,8 +108,10 @@ def test_an_unreadable_config_json_in_the_newest_checkpoint_is_one_line(setup, t
 def test_a_damaged_checkpoint_is_refused_unless_no_verify(setup, tmp_path, capsys, command):
     corpus, run, sst2 = _damaged(setup, tmp_path, "weights")
     args = _commands(corpus, run, sst2, tmp_path)[command]
-    code, _, err = cli(args, capsys)
-    one_line_error(code, err, f"{run}/checkpoints/step-0000004/model.safetensors: checksum mismatch", "--no-verify")
+    res = cli(args, capsys)
+    assert_one_line_error(
+        res, f"{run}/checkpoints/step-0000004/model.safetensors: checksum mismatch", "--no-verify", alone=True
+    )
     assert not (tmp_path / "ft").exists()
     code, out, err = cli(args + ["--no-verify"], capsys)
     assert code == 0 and "error" not in err, err
@@ -120,8 +124,8 @@ def test_eval_on_tasks_honours_no_verify(setup, tmp_path, capsys):
     assert code == 0, err
     flip_byte(ft / "checkpoints" / "final" / "model.safetensors")
     args = ["eval", "--checkpoint", str(ft), "--data-dir", str(sst2), "--device", "cpu", "--out", str(tmp_path / "e")]
-    code, _, err = cli(args, capsys)
-    one_line_error(code, err, "model.safetensors: checksum mismatch", "--no-verify")
+    res = cli(args, capsys)
+    assert_one_line_error(res, "model.safetensors: checksum mismatch", "--no-verify", alone=True)
     code, _, err = cli(args + ["--no-verify"], capsys)
     assert code == 0, err
 
@@ -162,5 +166,5 @@ def test_a_hugging_face_export_is_sent_to_convert(setup, tmp_path, capsys):
         ["eval", "--checkpoint", str(export), "--data", str(setup[0])],
         ["zeroshot", "--checkpoint", str(export), "--task", "sst2", "--data-dir", str(setup[2])],
     ):
-        code, _, err = cli(args, capsys)
-        one_line_error(code, err, "Hugging Face export", f"gpt1 convert {export} --from hf")
+        res = cli(args, capsys)
+        assert_one_line_error(res, "Hugging Face export", f"gpt1 convert {export} --from hf", alone=True)

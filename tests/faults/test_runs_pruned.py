@@ -6,8 +6,9 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from error_lines import assert_one_line_error
 
-from tests.faults.conftest import assert_one_line_error, copy_of, gpt1
+from tests.faults.conftest import copy_of, gpt1
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -10,12 +10,12 @@ import shutil
 
 import pytest
 from corpus_helpers import random_corpus
+from error_lines import assert_one_line_error
 from run_helpers import (
     TINY_ARGS,
     cli,
     flip_byte,
     learned_corpus,
-    one_line_error,
     snapshot,
     tiny_config,
 )
@@ -74,23 +74,23 @@ def test_the_two_tokenizers_really_differ_only_in_ids(corpora):
 def test_resume_onto_another_tokenizer_is_refused_naming_both(corpora, finished, tmp_path, capsys):
     run = _copy(finished, tmp_path)
     before = snapshot(run)
-    code, _, err = cli(
+    res = cli(
         ["pretrain", "--out", str(run), "--resume", "--data", str(corpora[1]), "--max-steps", "4", "--quiet"], capsys
     )
-    one_line_error(
-        code,
-        err,
+    assert_one_line_error(
+        res,
         f"--data {corpora[1]}",
         "another tokenizer",
         f"{corpora[1]}/tokenizer",
         f"{run}/checkpoints/step-0000002/tokenizer",
+        alone=True,
     )
     assert snapshot(run) == before  # config.toml not rewritten, no checkpoint added
 
 
 def test_eval_on_another_tokenizer_is_refused_naming_both(corpora, finished, capsys):
-    code, _, err = cli(["eval", "--checkpoint", str(finished), "--data", str(corpora[1]), "--device", "cpu"], capsys)
-    one_line_error(code, err, "another tokenizer", f"{corpora[1]}", f"{finished}/checkpoints/step-0000002")
+    res = cli(["eval", "--checkpoint", str(finished), "--data", str(corpora[1]), "--device", "cpu"], capsys)
+    assert_one_line_error(res, "another tokenizer", f"{corpora[1]}", f"{finished}/checkpoints/step-0000002", alone=True)
     code, out, err = cli(["eval", "--checkpoint", str(finished), "--data", str(corpora[0]), "--device", "cpu"], capsys)
     assert code == 0 and "perplexity on" in out, err
 
@@ -100,8 +100,10 @@ def test_resume_onto_another_corpus_with_the_same_tokenizer_is_refused(byte_corp
     pretrain(tiny_config(byte_corpus, run, max_steps=2))
     other = random_corpus(tmp_path / "other", seed=1)  # the byte tokenizer again, other shards
     before = snapshot(run)
-    code, _, err = cli(["pretrain", "--out", str(run), "--resume", "--data", str(other), "--max-steps", "4"], capsys)
-    one_line_error(code, err, "cannot resume with changed settings", f"data {byte_corpus} → {other} (another corpus)")
+    res = cli(["pretrain", "--out", str(run), "--resume", "--data", str(other), "--max-steps", "4"], capsys)
+    assert_one_line_error(
+        res, "cannot resume with changed settings", f"data {byte_corpus} → {other} (another corpus)", alone=True
+    )
     assert snapshot(run) == before
     # The same corpus under another path (moved, or a relative path) is the same corpus.
     moved = tmp_path / "moved"
@@ -133,9 +135,9 @@ def test_resume_onto_another_corpus_with_the_same_tokenizer_is_refused(byte_corp
 def test_resume_with_settings_that_define_the_run_is_refused(finished, tmp_path, capsys, flags, named):
     run = _copy(finished, tmp_path)
     before = snapshot(run)
-    code, _, err = cli(["pretrain", "--out", str(run), "--resume", "--max-steps", "4", "--quiet", *flags], capsys)
-    one_line_error(code, err, f"{run}: cannot resume with changed settings", *named)
-    assert "max_steps" not in err  # the run's length may change
+    res = cli(["pretrain", "--out", str(run), "--resume", "--max-steps", "4", "--quiet", *flags], capsys)
+    assert_one_line_error(res, f"{run}: cannot resume with changed settings", *named, alone=True)
+    assert "max_steps" not in res.err  # the run's length may change
     assert snapshot(run) == before
 
 
@@ -189,8 +191,8 @@ def test_a_legacy_checkpoint_is_compared_with_the_runs_config_toml(finished, cor
         del cfg["config_sha256"]  # checkpoints that old had no digest of their config either
         (c / "config.json").write_text(json.dumps(cfg))
     before = snapshot(run)
-    code, _, err = cli(["pretrain", "--out", str(run), "--resume", "--seq-len", "8", "--quiet"], capsys)
-    one_line_error(code, err, "seq_len 16 → 8")
+    res = cli(["pretrain", "--out", str(run), "--resume", "--seq-len", "8", "--quiet"], capsys)
+    assert_one_line_error(res, "seq_len 16 → 8", alone=True)
     assert snapshot(run) == before
     with pytest.raises(GPT1Error, match="another tokenizer"):  # the tokenizer is compared from the checkpoint itself
         pretrain(tiny_config(corpora[1], run, max_steps=4, resume=True))
@@ -241,8 +243,8 @@ def test_no_intact_checkpoint_is_one_line_and_no_verify_takes_the_newest(byte_co
     for c in (run / "checkpoints").iterdir():
         flip_byte(c / "optimizer.safetensors")
     before = snapshot(run)
-    code, _, err = cli(["pretrain", "--out", str(run), "--resume", "--max-steps", "5"], capsys)
-    one_line_error(code, err, "no intact checkpoint", "step-0000004", "step-0000002", "--no-verify")
+    res = cli(["pretrain", "--out", str(run), "--resume", "--max-steps", "5"], capsys)
+    assert_one_line_error(res, "no intact checkpoint", "step-0000004", "step-0000002", "--no-verify", alone=True)
     assert snapshot(run) == before
     # --no-verify is the escape: the newest is resumed as it is (a flipped byte in an Adam moment loads fine).
     code, _, err = cli(["pretrain", "--out", str(run), "--resume", "--max-steps", "5", "--no-verify"], capsys)
@@ -255,8 +257,8 @@ def test_no_verify_with_an_unreadable_newest_config_is_one_line(byte_corpus, tmp
     pretrain(tiny_config(byte_corpus, run, max_steps=4))
     (run / "checkpoints" / "step-0000004" / "config.json").write_text("{not json")
     before = snapshot(run)
-    code, _, err = cli(["pretrain", "--out", str(run), "--resume", "--max-steps", "5", "--no-verify"], capsys)
-    one_line_error(code, err, "step-0000004/config.json: unreadable checkpoint config")
+    res = cli(["pretrain", "--out", str(run), "--resume", "--max-steps", "5", "--no-verify"], capsys)
+    assert_one_line_error(res, "step-0000004/config.json: unreadable checkpoint config", alone=True)
     assert snapshot(run) == before
 
 
@@ -281,18 +283,16 @@ def test_a_run_directory_belongs_to_pretraining(byte_corpus, tmp_path, capsys):
     ):
         before = snapshot(out) if out.exists() else None
         for resume in ([], ["--resume"]):
-            code, _, err = cli(
+            res = cli(
                 ["pretrain", "--data", str(byte_corpus), "--out", str(out), *TINY_ARGS, "--max-steps", "1", *resume],
                 capsys,
             )
-            one_line_error(code, err, f"--out {out}", why)
+            assert_one_line_error(res, f"--out {out}", why, alone=True)
         assert (snapshot(out) if out.exists() else None) == before
     # Existing checkpoints without --resume stay refused (pretraining has no --overwrite).
     before = snapshot(run)
-    code, _, err = cli(
-        ["pretrain", "--data", str(byte_corpus), "--out", str(run), *TINY_ARGS, "--max-steps", "1"], capsys
-    )
-    one_line_error(code, err, "already holds checkpoints", "--resume")
+    res = cli(["pretrain", "--data", str(byte_corpus), "--out", str(run), *TINY_ARGS, "--max-steps", "1"], capsys)
+    assert_one_line_error(res, "already holds checkpoints", "--resume", alone=True)
     assert snapshot(run) == before
 
 

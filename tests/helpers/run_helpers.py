@@ -14,6 +14,7 @@ from pathlib import Path
 
 import corpus_helpers  # noqa: F401  (registers the byte tokenizer of the corpora written there)
 import pytest
+from error_lines import Outcome
 
 import gptcli.train.finetune_dev as ft_dev
 from gptcli.train.pretrain import PretrainConfig
@@ -85,24 +86,14 @@ def learned_corpus(directory: Path, words: str, vocab_size: int = 60, seed: int 
     return directory
 
 
-def cli(args: list[str], capsys) -> tuple[int, str, str]:
-    """``gpt1 ARGS`` in this process: (exit code, stdout, stderr)."""
+def cli(args: list[str], capsys) -> Outcome:
+    """``gpt1 ARGS`` in this process: (exit code, stdout, stderr), for :func:`error_lines.assert_one_line_error`."""
     from gptcli.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(args)
     out = capsys.readouterr()
-    return e.value.code, out.out, out.err
-
-
-def one_line_error(code: int, err: str, *needles: str) -> str:
-    """Assert ``err`` is exactly one ``error: ...`` line (exit 1) holding every needle; returns the line."""
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 1, (code, err)
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
+    return Outcome(e.value.code, out.out, out.err)
 
 
 def snapshot(directory: Path) -> dict[str, str]:

@@ -22,7 +22,6 @@ from gptcli.errors import GPT1Error
 from gptcli.model import kernels
 from gptcli.model.dropout import Dropout, dropout
 from gptcli.model.gpt import GPT, ModelConfig
-from gptcli.model.kernels import cpu as kernel_cpu
 from gptcli.system import runtime
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -311,11 +310,11 @@ def test_the_amx_forms_follow_the_cpu_flag_unless_forced(monkeypatch: pytest.Mon
     """``kernels.amx()`` is the CPU's ``amx_bf16`` flag, read from /proc/cpuinfo, never a timing; tests force it."""
     from gptcli.system import runtime
 
-    monkeypatch.setattr(runtime, "_cpu_flags", lambda: "flags\t: avx512f avx512_bf16 amx_bf16 amx_tile")
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: "flags\t: avx512f avx512_bf16 amx_bf16 amx_tile")
     assert kernels.amx() and runtime.cpu_has_bf16()
-    monkeypatch.setattr(runtime, "_cpu_flags", lambda: "flags\t: avx512f avx512_bf16")  # Zen 4: bf16, no AMX
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: "flags\t: avx512f avx512_bf16")  # Zen 4: bf16, no AMX
     assert not kernels.amx() and runtime.cpu_has_bf16()
-    monkeypatch.setattr(kernel_cpu, "_amx_forced", True)
+    kernels.force_amx(True)
     assert kernels.amx()
     kernels.force_amx(None)
     assert not kernels.amx()

@@ -11,7 +11,6 @@ from compiled_helpers import assert_runs_eagerly_between_graphs, built_library
 from kernel_helpers import applied
 
 from gptcli.model import kernels
-from gptcli.model.kernels import cpu as kernel_cpu
 from gptcli.model.kernels import linear as amx
 from gptcli.model.kernels import native
 from gptcli.model.kernels.layers import Linear
@@ -23,11 +22,11 @@ def lib():
 
 
 @pytest.fixture
-def avx512(lib, monkeypatch: pytest.MonkeyPatch):
+def avx512(lib):
     """The AMX form as the model takes it: forced on (``kernels.force_amx``), on a library built with AVX-512."""
     if lib.vector_isa() != "avx512":
         pytest.skip("the library here is not built with AVX-512: the AMX form never runs (autocast's does)")
-    monkeypatch.setattr(kernel_cpu, "_amx_forced", True)
+    kernels.force_amx(True)
     return lib
 
 

@@ -52,7 +52,7 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> None:
     ids=["zen5", "zen4", "xeon", "zen3", "unknown"],
 )
 def test_only_a_zen5_takes_onednn_a_flag_read_that_tests_can_force(monkeypatch, cpu: str, takes: bool) -> None:
-    monkeypatch.setattr(runtime, "_cpu_flags", lambda: cpu)
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: cpu)
     assert kernel_cpu.cpu_has_full_width_avx512() is takes and kernels.onednn_fp32() is takes
     kernels.force_onednn_fp32(not takes)
     assert kernels.onednn_fp32() is not takes
@@ -140,7 +140,7 @@ def test_without_gradients_large_batches_take_onednn_and_decoding_steps_keep_mkl
 @pytest.mark.parametrize("pad", [False, True], ids=["plain", "padded"])
 def test_the_tied_output_layer_linked_on_onednn_gives_mkls_loss_and_gradients(monkeypatch, calls, pad: bool) -> None:
     """The fp32 ``_LinkedProduct`` (lookup linked, padded or not) and the evaluation logits, oneDNN against MKL."""
-    monkeypatch.setattr(kernel_cpu, "_amx_forced", False)
+    kernels.force_amx(False)
     monkeypatch.setattr(kernel_tied, "PAD_MIN_POSITIONS", 8 if pad else 10**9)
     torch.manual_seed(0)
     model = applied(GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=32, n_layer=1, n_head=2, n_inner=64)).eval())

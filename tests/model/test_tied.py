@@ -6,7 +6,6 @@ import torch
 from kernel_helpers import applied
 
 from gptcli.model import kernels
-from gptcli.model.kernels import cpu as kernel_cpu
 from gptcli.model.losses import next_token_nll
 
 
@@ -18,7 +17,7 @@ def test_padded_output_product_gives_the_same_logits_and_gradients(monkeypatch):
     from gptcli.model.kernels import tied as padding
 
     set_kernels("auto")
-    monkeypatch.setattr(kernel_cpu, "_amx_forced", False)  # fp32 pads on CPUs without AMX
+    kernels.force_amx(False)  # fp32 pads on CPUs without AMX
     model = applied(GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32)))
     ids = torch.randint(0, 101, (4, 16))
     results = []
@@ -46,7 +45,7 @@ def test_training_loss_through_the_padded_product_is_the_plain_one(monkeypatch):
     from gptcli.model.kernels import tied as padding
 
     set_kernels("auto")
-    monkeypatch.setattr(kernel_cpu, "_amx_forced", False)  # fp32 pads on CPUs without AMX
+    kernels.force_amx(False)  # fp32 pads on CPUs without AMX
     torch.manual_seed(0)
     model = applied(GPT(ModelConfig(vocab_size=101, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32)).eval())
     ids = torch.randint(0, 101, (4, 16))
@@ -93,7 +92,7 @@ def test_the_amx_padded_product_gives_the_plain_bf16_loss_and_gradients(monkeypa
     ids = torch.randint(0, 101, (4, 16))
     results = []
     for amx in (False, True):
-        monkeypatch.setattr(kernel_cpu, "_amx_forced", amx)
+        kernels.force_amx(amx)
         model.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss = model.lm_nll(model(ids[:, :-1]), ids[:, 1:])
@@ -117,7 +116,7 @@ def test_on_an_amx_cpu_fp32_keeps_the_plain_product_and_bf16_training_the_padded
     monkeypatch.setattr(padding, "PAD_MIN_POSITIONS", 8)
     h, w = torch.randn(4, 16, 16), torch.randn(101, 16)
     for amx, fp32 in ((True, False), (False, True)):
-        monkeypatch.setattr(kernel_cpu, "_amx_forced", amx)
+        kernels.force_amx(amx)
         assert padding.padding_is_faster(h, w) is fp32
         assert padding.padding_is_faster(h, w, training=True) is fp32
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -125,7 +124,7 @@ def test_on_an_amx_cpu_fp32_keeps_the_plain_product_and_bf16_training_the_padded
             assert not padding.padding_is_faster(h, w)
 
 
-def test_bf16_training_pads_at_any_size_without_amx(monkeypatch):
+def test_bf16_training_pads_at_any_size_without_amx():
     """Under bf16 autocast the embedding is cast anyway, so without AMX the training product pads at any number of
     positions (fine-tuning's micro-batches of about a thousand); on AMX the padded product keeps its measured bound,
     and fp32 (whose pad is a copy of its own) keeps it everywhere."""
@@ -135,7 +134,7 @@ def test_bf16_training_pads_at_any_size_without_amx(monkeypatch):
     set_kernels("auto")
     h, w = torch.randn(4, 16, 16), torch.randn(101, 16)  # 64 positions, under PAD_MIN_POSITIONS
     for amx in (False, True):
-        monkeypatch.setattr(kernel_cpu, "_amx_forced", amx)
+        kernels.force_amx(amx)
         assert not padding.padding_is_faster(h, w, training=True)  # fp32
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert padding.padding_is_faster(h, w, training=True) is not amx
@@ -163,7 +162,7 @@ def test_fine_tunings_auxiliary_loss_takes_the_amx_padded_product_under_bf16(mon
     targets[0, -3:] = -100  # ignored positions lose nothing
     results = []
     for amx, pads in ((False, False), (False, True), (True, True)):  # the plain product first: the reference
-        monkeypatch.setattr(kernel_cpu, "_amx_forced", amx)
+        kernels.force_amx(amx)
         monkeypatch.setattr(padding, "padding_is_faster", rule if pads else lambda *a, **k: False)
         model.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):

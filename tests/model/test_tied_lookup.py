@@ -12,7 +12,6 @@ from torch.profiler import ProfilerActivity, profile
 
 from gptcli.model import kernels
 from gptcli.model.gpt import GPT, ModelConfig
-from gptcli.model.kernels import cpu as kernel_cpu
 from gptcli.model.kernels import tied as padding
 from gptcli.model.kernels.tied_lookup import Link
 
@@ -53,7 +52,7 @@ PATHS = {
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_the_linked_lookup_gives_the_reference_gradients_without_a_vocabulary_sized_one(monkeypatch, path):
     amx, min_positions, bf16 = PATHS[path]
-    monkeypatch.setattr(kernel_cpu, "_amx_forced", amx)
+    kernels.force_amx(amx)
     monkeypatch.setattr(padding, "PAD_MIN_POSITIONS", min_positions)
     model, ids = _model(), torch.randint(0, 101, (4, 16))
     ids[:, :4] = 7  # a token looked up many times: its rows are summed
@@ -70,10 +69,10 @@ def test_the_linked_lookup_gives_the_reference_gradients_without_a_vocabulary_si
         torch.testing.assert_close(got[name], g, msg=name, **tol)
 
 
-def test_accumulated_micro_batches_and_a_second_use_of_the_output_layer(monkeypatch):
+def test_accumulated_micro_batches_and_a_second_use_of_the_output_layer():
     """Two backward passes into the same gradients (gradient accumulation), the second through two uses of the
     output layer in one graph: the reference's sums."""
-    monkeypatch.setattr(kernel_cpu, "_amx_forced", True)
+    kernels.force_amx(True)
     model, ids = _model(), torch.randint(0, 101, (2, 4, 16))
 
     def run(m):
@@ -88,11 +87,11 @@ def test_accumulated_micro_batches_and_a_second_use_of_the_output_layer(monkeypa
         torch.testing.assert_close(got[name], g, atol=1e-6, rtol=1e-5, msg=name)
 
 
-def test_without_the_output_layer_or_in_another_backward_pass_the_lookup_computes_its_own(monkeypatch):
+def test_without_the_output_layer_or_in_another_backward_pass_the_lookup_computes_its_own():
     """A loss without the LM (a classifier's), and an output layer whose backward ran in an earlier pass than the
     lookup's: the link was not offered, or was withdrawn when that pass ended, and the lookup's gradient is the
     reference's dense one."""
-    monkeypatch.setattr(kernel_cpu, "_amx_forced", True)
+    kernels.force_amx(True)
     model, ids = _model(), torch.randint(0, 101, (4, 16))
 
     def no_lm(m):
@@ -115,10 +114,10 @@ def test_without_the_output_layer_or_in_another_backward_pass_the_lookup_compute
             torch.testing.assert_close(got[name], g, atol=1e-6, rtol=1e-5, msg=f"{run.__name__}: {name}")
 
 
-def test_a_use_of_the_weight_summed_after_the_output_layers_keeps_the_link(monkeypatch):
+def test_a_use_of_the_weight_summed_after_the_output_layers_keeps_the_link():
     """A second use of the weight whose gradient autograd adds into the output layer's in place (it arrives
     second): the offered tensor still holds the sum, and the lookup adds into it."""
-    monkeypatch.setattr(kernel_cpu, "_amx_forced", True)
+    kernels.force_amx(True)
     model, ids = _model(), torch.randint(0, 101, (4, 16))
 
     def run(m):

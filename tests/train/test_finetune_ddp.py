@@ -24,12 +24,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from error_lines import assert_one_line_error
 
 from gptcli.progress import Progress
 from gptcli.train.finetune import FinetuneConfig, finetune
 from gptcli.train.finetune_job import micro_batches, packed_extract, rank_share
 from gptcli.train.trainer import Parallel
-from tests.faults.conftest import REPO, assert_one_line_error, gpt1, one_thread_env, step_numbers, tree
+from tests.faults.conftest import REPO, gpt1, one_thread_env, step_numbers, tree
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

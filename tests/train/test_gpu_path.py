@@ -398,7 +398,7 @@ def test_bf16_asked_on_a_cpu_that_only_emulates_it_is_warned_about(monkeypatch, 
     from gptcli.system import runtime
 
     cpu = torch.device("cpu")
-    monkeypatch.setattr(runtime, "_cpu_flags", lambda: "flags\t: avx2 fma")  # AMD Zen 3
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: "flags\t: avx2 fma")  # AMD Zen 3
     assert "emulated" in runtime.precision_warning("bf16", cpu)
     assert runtime.precision_warning("fp32", cpu) is None and resolve_precision("auto", cpu) == "fp32"
     assert runtime.precision_warning("bf16", torch.device("cuda")) is None
@@ -422,7 +422,7 @@ def test_bf16_asked_on_a_cpu_that_only_emulates_it_is_warned_about(monkeypatch, 
         progress=report,
     )
     assert any("emulated" in n["message"] and n["level"] == "warn" for n in report.of("note"))
-    monkeypatch.setattr(runtime, "_cpu_flags", lambda: "flags\t: avx512f avx512_bf16")  # Zen 4: native
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: "flags\t: avx512f avx512_bf16")  # Zen 4: native
     assert runtime.precision_warning("bf16", cpu) is None
 
 

@@ -33,10 +33,10 @@ def test_bf16_micro_batches_share_one_cast_of_each_weight_and_sum_the_same_gradi
     autocast's cache until the update's last backward pass), the tied output layer's padded bf16 copy of the
     embedding too (kernels/casts.py), and accumulates the gradients a loop with one autocast region per
     micro-batch does, bit for bit."""
-    from gptcli.model.kernels import cpu as kernel_cpu
+    from gptcli.model import kernels
     from gptcli.model.kernels import tied
 
-    monkeypatch.setattr(kernel_cpu, "_amx_forced", False)  # the AMX forms: the next test
+    kernels.force_amx(False)  # the AMX forms: the next test
     padded = []
     real_copy = tied._padded_copy
     monkeypatch.setattr(tied, "_padded_copy", lambda w, dtype: padded.append(1) or real_copy(w, dtype))
@@ -102,12 +102,12 @@ def test_the_amx_forms_cast_each_weight_once_per_update_and_sum_the_same_gradien
     same bit for bit."""
     from compiled_helpers import built_library
 
-    from gptcli.model.kernels import cpu as kernel_cpu
+    from gptcli.model import kernels
     from gptcli.model.kernels import linear, tied
 
     if built_library().vector_isa() != "avx512":
         pytest.skip("the library here is not built with AVX-512: the AMX forms never run")
-    monkeypatch.setattr(kernel_cpu, "_amx_forced", True)
+    kernels.force_amx(True)
     made = {"linear": 0, "head": 0}
 
     def counted(kind, make):

@@ -14,14 +14,14 @@ from gptcli.system import runtime
 
 def cpu_has_amx() -> bool:
     """Whether the CPU multiplies bf16 matrices on AMX tiles (``amx_bf16``)."""
-    return "amx_bf16" in runtime._cpu_flags()
+    return "amx_bf16" in runtime.cpu_flags()
 
 
 def cpu_has_full_width_avx512() -> bool:
     """Whether the CPU is an AMD one of family 1Ah or later (``cpu family : 26``) with AVX-512, whose 512-bit FMA
     units are full width (family 19h's take each instruction twice). Asked for every linear
     layer's product: the text is parsed once."""
-    return _full_width_avx512(runtime._cpu_flags())
+    return _full_width_avx512(runtime.cpu_flags())
 
 
 @functools.lru_cache(maxsize=2)
