@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from error_lines import assert_one_line_error
 from run_helpers import sst2_folder
 
 import gptcli.checkpoint as checkpoint_mod
@@ -17,7 +18,7 @@ import gptcli.train.finetune_setup as finetune_setup_mod
 from gptcli.errors import GPT1Error
 from gptcli.files.fsutil import safetensors_shapes
 from gptcli.train.finetune import FinetuneConfig, finetune
-from tests.faults.conftest import assert_one_line_error, gpt1
+from tests.faults.conftest import gpt1
 from tests.faults.test_bad_checkpoints import _commands
 
 pytestmark = pytest.mark.usefixtures("one_thread")

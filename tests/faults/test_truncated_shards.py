@@ -15,12 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from error_lines import Outcome, assert_one_line_error
 
 from tests.faults.conftest import (
     KILL_TIMEOUT,
     TINY_ARGS,
-    Outcome,
-    assert_one_line_error,
     copy_of,
     gpt1,
     one_thread_env,
