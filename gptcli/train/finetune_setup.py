@@ -21,7 +21,6 @@ import torch
 from gptcli import checkpoint as ckpt
 from gptcli.checkpoint import is_checkpoint, load_checkpoint, read_header, tokenizer_home
 from gptcli.config import to_dict
-from gptcli.data.batching import EVAL_SUBSET_SEED, subsample
 from gptcli.data.cache import encode_cached
 from gptcli.data.shards import tokenizer_fingerprint
 from gptcli.data.transforms import Encoded
@@ -35,7 +34,7 @@ from gptcli.progress import Progress
 from gptcli.system.out_of_memory import weights_fit
 from gptcli.system.runtime import Precision
 from gptcli.tasks import ReadOptions, Task
-from gptcli.tasks.base import Example
+from gptcli.tasks.base import EVAL_SUBSET_SEED, Example, subsample
 from gptcli.tokenizers import Tokenizer, load_tokenizer
 from gptcli.train.finetune_config import FinetuneConfig
 from gptcli.train.run.directory import recorded
