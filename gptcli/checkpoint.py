@@ -71,6 +71,12 @@ class Checkpoint:
     kind: str = "lm"
     meta: dict[str, Any] = field(default_factory=dict)
     head_state: dict[str, torch.Tensor] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+    """sha256 of every other file, as its config records them (empty for checkpoints written before checksums)."""
+
+    def weights_sha256(self) -> str:
+        """The weights file's sha256: the recorded one, else (a checkpoint written before checksums) computed."""
+        return self.files.get(WEIGHTS) or sha256_file(self.path / WEIGHTS)
 
 
 def atomic_directory(target: Path, write: Callable[[Path], None]) -> Path:
@@ -418,7 +424,7 @@ def _load_checkpoint(p: Path, map_location: str | torch.device, load_tokenizer: 
         from gptcli.tokenizers import load_tokenizer as _load_tok
 
         tok = _load_tok(p / TOKENIZER)
-    return Checkpoint(p, model, mcfg, tok, header.kind, header.meta, head)
+    return Checkpoint(p, model, mcfg, tok, header.kind, header.meta, head, header.files)
 
 
 def _param_count(weights: Path) -> int:

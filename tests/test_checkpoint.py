@@ -182,3 +182,16 @@ def test_a_hugging_face_export_is_named_as_such(tmp_path):
     (hf / "model.safetensors").write_bytes(b"")
     with pytest.raises(GPT1Error, match="Hugging Face export, not a gpt1 checkpoint .*gpt1 convert .* --from hf"):
         ckpt.load_checkpoint(hf)
+
+
+def test_weights_sha256_is_the_recorded_checksum_else_the_files(tmp_path):
+    """``Checkpoint.weights_sha256`` (what a fine-tuning resume compares its init checkpoint by): the sha256 the
+    checkpoint's config records for its weights, and for a checkpoint written before checksums the file's own."""
+    from gptcli.files.fsutil import sha256_file
+
+    path = ckpt.save_checkpoint(tmp_path / "c", GPT(TINY), meta={"step": 1})
+    loaded = ckpt.load_checkpoint(path, load_tokenizer=False)
+    assert loaded.files == ckpt.read_header(path).files
+    assert loaded.weights_sha256() == sha256_file(path / ckpt.WEIGHTS) == loaded.files[ckpt.WEIGHTS]
+    older = ckpt.Checkpoint(path, loaded.model, loaded.config, None)  # no recorded checksums
+    assert older.files == {} and older.weights_sha256() == sha256_file(path / ckpt.WEIGHTS)

@@ -17,7 +17,8 @@ from gptcli.model.build import dropout_fields
 from gptcli.model.gpt import ModelConfig
 from gptcli.model.lstm import LSTMConfig
 from gptcli.train.distributed import LaunchConfig, LaunchSpec
-from gptcli.train.pretrain import CONFIG_FILE, PretrainConfig, check_settings
+from gptcli.train.pretrain import CONFIG_FILE, PretrainConfig
+from gptcli.train.pretrain_config import check_pretrain
 
 OPTIONS = Options(
     PretrainConfig,
@@ -85,7 +86,7 @@ def run(p: Parsed) -> None:
     base = _settings_under_the_options(p, held)
     cfg = p.resolve(PretrainConfig, base)
     _check_model_table(cfg, p.base_source if "model" in base else None)
-    check_settings(cfg)
+    check_pretrain(cfg, world_size=None)  # the processes are checked when the launch is planned
     release_held(held, console)  # the defaults chosen (./corpus, runs/pretrain), said once the settings are valid
     resume, out = p.given.get("resume", False), p.given.get("out")
     if resume and out is not None and "data" not in p.given and not Path(cfg.data).exists():
@@ -127,7 +128,7 @@ command = OPTIONS.command(run)
 def _check_model_table(cfg: PretrainConfig, source: Path | None) -> None:
     """The model overrides typed against the preset's fields now (pretrain() checks them again), so that an error
     in a --config file's [model] table names the file, as one in its top-level keys does."""
-    from gptcli.train.pretrain import model_overrides
+    from gptcli.train.pretrain_config import model_overrides
 
     try:
         model_overrides(cfg)

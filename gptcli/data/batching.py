@@ -17,15 +17,12 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import torch
 
 from gptcli.data.transforms import Encoded
 from gptcli.model.losses import lm_positions
 from gptcli.model.packed import Packing, to_device
-
-T = TypeVar("T")
 
 PAD_ID = 0
 """Any valid id works (padding is masked and causally after every real token); 0 is ``<unk>`` in the original vocab."""
@@ -271,16 +268,3 @@ def num_batches(n: int, batch_size: int, pool: int = 50, batching: str = "length
     span = max(1, pool) * batch_size
     full, rest = divmod(n, span)
     return full * pool + -(-rest // batch_size)
-
-
-EVAL_SUBSET_SEED = 0
-"""The seed of every evaluation subset (``finetune --max-eval-examples``, ``eval --max-examples``): a fine-tuning
-run's dev score and ``gpt1 eval``'s are on the same examples, whatever the run's training seed."""
-
-
-def subsample(items: list[T], n: int | None, seed: int) -> list[T]:
-    """A random subset of ``n`` items in their original order (all of them when ``n`` is None or larger)."""
-    if n is None or n >= len(items):
-        return items
-    keep = sorted(random.Random(seed).sample(range(len(items)), n))
-    return [items[i] for i in keep]

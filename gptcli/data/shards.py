@@ -383,6 +383,12 @@ class Corpus:
                 )
         return problems
 
+    def check_intact(self) -> None:
+        """Refuse a corpus that :meth:`verify` finds a problem in, with one line naming the first."""
+        problems = self.verify()
+        if problems:
+            raise GPT1Error(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+
 
 @dataclass
 class SplitSummary:

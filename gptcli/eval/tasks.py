@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from gptcli.checkpoint import Checkpoint, atomic_directory, load_checkpoint, read_header, resolve_checkpoint
 from gptcli.config import check_settings
-from gptcli.data.batching import EVAL_SUBSET_SEED, iterate, subsample
+from gptcli.data.batching import iterate
 from gptcli.data.transforms import encode_examples
 from gptcli.errors import GPT1Error
 from gptcli.eval.baselines import prediction_summary, trivial_level
@@ -38,6 +38,7 @@ from gptcli.progress import SILENT, Progress, staged
 from gptcli.system.out_of_memory import weights_fit
 from gptcli.system.runtime import resolve_device, resolve_precision
 from gptcli.tasks import Example, ReadOptions, Task, get_task
+from gptcli.tasks.base import EVAL_SUBSET_SEED, subsample
 
 RESULTS = "results.json"
 PREDICTIONS = "predictions.jsonl"

@@ -96,6 +96,22 @@ def with_dropout(model: LanguageModel, p: float) -> LanguageModel:
     return new.train(model.training)
 
 
+def reinit_after(model: LanguageModel, keep_layers: int) -> None:
+    """Re-initialise blocks ``keep_layers…`` with the model's own init (fine-tuning's ``transfer_layers`` ablation).
+
+    The embeddings (token, position) and blocks ``0 … keep_layers-1`` keep their values, as the released code's
+    ``n_transfer`` does. An LSTM keeps its embedding and LSTM layers ``0 … keep_layers-1``
+    (:meth:`gptcli.model.lstm.LSTMLM.reinit_layers`; the paper's has one layer: 0 keeps the embedding only).
+    ValueError for a ``keep_layers`` outside ``0 … n_layer``."""
+    if not 0 <= keep_layers <= model.config.n_layer:
+        raise ValueError(f"keep_layers must be between 0 and {model.config.n_layer}, got {keep_layers}")
+    if isinstance(model, LSTMLM):  # one module holds every layer
+        model.reinit_layers(keep_layers)
+        return
+    for block in list(model.blocks)[keep_layers:]:
+        block.apply(model._init_weights)
+
+
 def build_model(config: AnyConfig) -> LanguageModel:
     """A freshly initialised model of the config's architecture (on the default device)."""
     return ARCHS[arch_of(config)][1](config)

@@ -340,7 +340,7 @@ def _stopped(what: str, signal_name: str) -> GPT1Error:
 
 def _check(cfg: QuickstartConfig) -> None:
     from gptcli.config import check_settings
-    from gptcli.train.pretrain import model_overrides
+    from gptcli.train.pretrain_config import model_overrides
 
     check_settings(cfg)  # one rule per number, the same in every command (gptcli.config.RULES)
     # The [model] table typed against the tiny preset's fields, as pretraining does, before stage 1 rather than 3.
@@ -451,7 +451,8 @@ def pretrain_model(run: _Stages, text: TaskText, corpus_dir: Path) -> tuple[Pret
     from gptcli.eval.perplexity import evaluate_lm
     from gptcli.model.build import build_model
     from gptcli.system.runtime import resolve_device, resolve_precision
-    from gptcli.train.pretrain import build_model_config, pretrain
+    from gptcli.train.pretrain import pretrain
+    from gptcli.train.pretrain_config import build_model_config
 
     cfg = run.cfg
     device = resolve_device(cfg.device)

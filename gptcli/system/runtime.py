@@ -176,6 +176,15 @@ def configure_backends(device: torch.device) -> None:
         torch.set_float32_matmul_precision("high")
 
 
+def prepare_device(name: str, precision: str, given: torch.device | None = None) -> tuple[torch.device, Precision]:
+    """The device a run computes on (``given``: a job's worker's own, ``cuda:LOCAL_RANK``, which a bare "cuda" would
+    not name; else ``name`` resolved) and its concrete precision, with the backends configured for it."""
+    device = given if given is not None else resolve_device(name)
+    resolved = resolve_precision(precision, device)
+    configure_backends(device)
+    return device, resolved
+
+
 def gpu_peak_flops(device: torch.device, precision: Precision) -> float | None:
     """The GPU's dense peak for ``precision`` from :data:`GPU_PEAK_FLOPS`; None for a GPU not listed (or a
     precision it has no tensor cores for): MFU is then not shown."""

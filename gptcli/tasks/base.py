@@ -7,10 +7,11 @@ and registers them; the training loop never branches on a task's name, only on i
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from gptcli import guide
 from gptcli.errors import GPT1Error
@@ -18,6 +19,7 @@ from gptcli.files.fsutil import regular_file_problem
 from gptcli.tasks.sources import MANUAL, SOURCES
 
 DATA_ENV = "GPT1_DATA"
+T = TypeVar("T")
 
 
 def data_root() -> Path:
@@ -219,3 +221,16 @@ class Task:
                 f"put the official file there)"
             )
         return out
+
+
+EVAL_SUBSET_SEED = 0
+"""The seed of every evaluation subset (``finetune --max-eval-examples``, ``eval --max-examples``): a fine-tuning
+run's dev score and ``gpt1 eval``'s are on the same examples, whatever the run's training seed."""
+
+
+def subsample(items: list[T], n: int | None, seed: int) -> list[T]:
+    """A random subset of ``n`` items in their original order (all of them when ``n`` is None or larger)."""
+    if n is None or n >= len(items):
+        return items
+    keep = sorted(random.Random(seed).sample(range(len(items)), n))
+    return [items[i] for i in keep]

@@ -6,8 +6,8 @@ task head and trains with the paper's settings, scoring the dev split after ever
 holds the best (or last) epoch's body + head and tokenizer, ``RUN/results.json`` its dev scores.
 
 :func:`finetune` reads top to bottom: the settings → the run directory opened
-(:func:`gptcli.train.run.directory.open_run`) → the task's data, the body and the encoded examples
-(:mod:`gptcli.train.finetune_setup`) → the job (:func:`_build_job`) and the resume check → the update loop
+(:func:`gptcli.train.run.directory.open_run`) → the task's data, the device, the body and the encoded examples
+(:func:`gptcli.train.finetune_setup.build_setup`) → the job (:func:`_build_job`) and the resume check → the update loop
 (:func:`gptcli.train.run.loop.train`) over :class:`gptcli.train.finetune_job.FinetuneJob` → the outputs
 (:func:`_finish`). Ablations (paper Table 5, Figure 2 left): ``init="none"``, ``lm_weight=0``,
 ``transfer_layers=K``.
@@ -23,23 +23,20 @@ from pathlib import Path
 from typing import Any, cast
 
 from gptcli.checkpoint import Header, save_checkpoint
-from gptcli.config import check_settings, to_dict
+from gptcli.config import to_dict
 from gptcli.data.batching import num_batches
 from gptcli.errors import GPT1Error
 from gptcli.eval.baselines import baseline_of
 from gptcli.files.fsutil import write_text_atomic
 from gptcli.files.outputs import next_free
-from gptcli.model.build import LanguageModel, arch_of
+from gptcli.model.build import LanguageModel
 from gptcli.model.classifier import FinetuneModel
 from gptcli.model.heads import TaskHead
-from gptcli.model.kernels import check_mode, use_kernels
-from gptcli.model.kernels import prepare as prepare_kernels  # the compiled kernels' first-use build, as a stage
-from gptcli.model.lstm import precision_note
+from gptcli.model.kernels import use_kernels
 from gptcli.progress import SILENT, Progress
 from gptcli.system.out_of_memory import weights_fit
-from gptcli.system.runtime import configure_backends, precision_warning, resolve_device, resolve_precision
-from gptcli.tasks import Task, get_task
-from gptcli.train.finetune_config import RULES, FinetuneConfig
+from gptcli.tasks import get_task
+from gptcli.train.finetune_config import RULES, FinetuneConfig, check_finetune, run_inputs
 from gptcli.train.finetune_dev import PREDICTION_SUMMARY, scores_of
 from gptcli.train.finetune_job import FinetuneJob, TaskLoss, body_and_head, lr_schedule
 from gptcli.train.finetune_setup import (
@@ -47,7 +44,6 @@ from gptcli.train.finetune_setup import (
     build_setup,
     changed_data,
     checkpoint_meta,
-    read_task_data,
     run_identity,
 )
 from gptcli.train.optim import make_optimizer
@@ -125,43 +121,33 @@ def finetune(
     :func:`gptcli.files.locks.output_lock`)."""
     par = parallel or Parallel()
     report = (progress or SILENT) if par.is_main else SILENT
-    check_config(config)
-    check_world(config.batch_size, par.world_size)
+    check_finetune(config, par.world_size)
     task = get_task(config.task)
     out = Path(config.out) if config.out else next_free(default_run_dir(task.name))
     if not config.out:  # what `gpt1 finetune` chooses too (it says so before calling here)
         config = dataclasses.replace(config, out=str(out))
         report.note(f"run directory: {out}")
+    inputs = run_inputs(config.init, config.tokenizer, task, config.data_dir)
     opened = open_run(
         FINETUNE_RUN,
         out,
         resume=config.resume,
         overwrite=config.overwrite,
         verify=config.verify,
-        inputs=run_inputs(config.init, config.tokenizer, task, config.data_dir),
+        inputs=inputs,
         par=par,
         report=report,
     )
-    with opened as run, use_kernels(config.kernels):  # the caller's kernel mode back after
+    with opened as run:
         if run.mode == "done":
             return finished_run(config, run.out, report, tidy=par.is_main)
-        return _finetune(config, task, run, par, report)
+        with use_kernels(config.kernels):  # the caller's kernel mode back after
+            setup, gpt = build_setup(config, task, par, report)
+            return _finetune(setup, gpt, run, par, report)
 
 
-def _finetune(config: FinetuneConfig, task: Task, run: RunDir, par: Parallel, report: Progress) -> FinetuneResult:
-    """The run in its opened directory: the task's data, device, body and encoded examples, the job, the update
-    loop, the outputs."""
-    data = read_task_data(task, config)
-    # A worker of a job computes on its own device (cuda:LOCAL_RANK), which a bare "cuda" would not name.
-    device = par.device if par.device is not None else resolve_device(config.device)
-    precision = resolve_precision(config.precision, device)
-    if (warning := precision_warning(precision, device)) is not None:
-        report.note(warning, level="warn")
-    configure_backends(device)
-    prepare_kernels(device, report)
-    setup, gpt = build_setup(config, task, data, device, precision, par, report)
-    if arch_of(gpt.config) == "lstm" and (note := precision_note(device.type, precision)) is not None:
-        report.note(note)
+def _finetune(setup: FinetuneSetup, gpt: LanguageModel, run: RunDir, par: Parallel, report: Progress) -> FinetuneResult:
+    """The run in its opened directory, from what it is made of: the job, the update loop, the outputs."""
     job = _build_job(setup, gpt, par, run, report)
     with run.writing() as work:
         _start(job, run, work, report)
@@ -179,17 +165,6 @@ def _finetune(config: FinetuneConfig, task: Task, run: RunDir, par: Parallel, re
         return _finish(job, run.out)
 
 
-def run_inputs(init: str, tokenizer: str | None, task: Task, data_dir: str | None) -> list[Path]:
-    """What a fine-tuning run reads, which its ``out`` must never be: the --init checkpoint or run, the tokenizer,
-    the task's data."""
-    inputs = [Path(p) for p in (init, tokenizer) if p and p.lower() != "none"]
-    try:
-        inputs.append(task.data_dir(data_dir))
-    except GPT1Error:
-        pass  # missing data is reported when it is read, with the task's own advice
-    return inputs
-
-
 def _build_job(setup: FinetuneSetup, gpt: LanguageModel, par: Parallel, run: RunDir, report: Progress) -> FinetuneJob:
     """Put the head on the body (its init draws from the RNG after the body's special tokens), set up the optimizer,
     schedule and trainer (the model wrapped for the ranks), restore a resumed run and check that it is the same."""
@@ -198,13 +173,13 @@ def _build_job(setup: FinetuneSetup, gpt: LanguageModel, par: Parallel, run: Run
     with weights_fit(setup.device, lambda: sum(p.numel() for p in model.parameters())):
         model = model.to(setup.device)
     total = num_batches(len(setup.train_enc), c.batch_size, batching=c.batching) * c.epochs
+    loss, schedule = TaskLoss(c.lm_weight), lr_schedule(c, total)
     optimizer = make_optimizer(model, c.lr, c.weight_decay, decay=c.decay, report=report)
-    loss = TaskLoss(c.lm_weight)
     trainer = Trainer(
         par.wrap(model),
         optimizer,
         loss,
-        lr_schedule(c, total),
+        schedule,
         device=setup.device,
         precision=setup.precision,
         grad_clip=c.grad_clip or None,
@@ -217,6 +192,8 @@ def _build_job(setup: FinetuneSetup, gpt: LanguageModel, par: Parallel, run: Run
     if run.resume_header is not None:
         for note in _resume_notes(job, run.resume_header):
             report.note(note)
+    if run.resume_from is not None:
+        job.restore(run.resume_from)
     return job
 
 
@@ -245,13 +222,10 @@ def _resume_notes(job: FinetuneJob, header: Header) -> list[str]:
 
 
 def _start(job: FinetuneJob, run: RunDir, work: Path | None, report: Progress) -> None:
-    """Restore a resumed run on every rank, start the run directory (rank 0: ``work``), give every rank but 0 its own
-    dropout stream, and say what the run is."""
+    """Start the run directory (rank 0: ``work``), give every rank but 0 its own dropout stream, and say what the
+    run is."""
     setup, state = job.setup, job.state
-    records = None
-    if run.resume_from is not None:
-        job.restore(run.resume_from)
-        records = state.records
+    records = state.records if run.resume_from is not None else None
     job.begin()
     job.work = work
     if work is not None:
@@ -288,41 +262,11 @@ def _train(job: FinetuneJob, report: Progress) -> str | None:
         report.end()
 
 
-def check_config(c: FinetuneConfig) -> None:
-    """Refuse settings that cannot work, before anything is read or loaded: every number by its one rule
-    (:data:`gptcli.config.RULES`, the same in every command), then the combinations."""
-    if not c.task:
-        raise GPT1Error("no task given (--task NAME; see --list-tasks)")
-    check_mode(c.kernels)
-    check_settings(c)
-    if c.init.lower() == "none" and not c.tokenizer:
-        raise GPT1Error("--init none needs --tokenizer DIR (a tokenizer directory or a checkpoint) to encode the task")
-    if c.transfer_layers is not None and c.init.lower() == "none":
-        raise GPT1Error(
-            "--transfer-layers needs a pretrained --init checkpoint (with --init none nothing is transferred)"
-        )
-    if c.resume and c.overwrite:
-        raise GPT1Error("--resume continues the run in --out and --overwrite starts it over (pass one of them)")
-
-
-def check_world(batch_size: int, world_size: int) -> None:
-    """Refuse a global batch that ``world_size`` processes cannot share (checked by the launcher before any worker
-    starts, and by every worker). A batch the processes do not divide evenly is handled exactly (shares differ by
-    one example and the loss is weighted by example counts); one smaller than the processes would leave some of
-    them without examples in every update."""
-    if world_size > 1 and batch_size < world_size:
-        raise GPT1Error(
-            f"--batch-size {batch_size} is smaller than the {world_size} processes: every update would "
-            f"leave a process without examples (use a batch of at least {world_size}, or fewer processes)"
-        )
-
-
 def plan_launch_run(config: FinetuneConfig, world_size: int) -> RunDirPlan:
     """What a launcher checks once before it starts ``world_size`` workers: the settings, the batch against the
     processes, and what the run does with ``out`` (without hashing checkpoints: each worker verifies the one it
     resumes from). A refusal here is the workers' own one-line error, before any process starts."""
-    check_config(config)
-    check_world(config.batch_size, world_size)
+    check_finetune(config, world_size)
     inputs = run_inputs(config.init, config.tokenizer, get_task(config.task), config.data_dir)
     return plan_run_dir(
         FINETUNE_RUN,

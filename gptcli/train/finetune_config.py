@@ -1,11 +1,16 @@
-"""The settings of a fine-tuning run (:class:`FinetuneConfig`, the CLI's options) and how ``--resume`` treats each."""
+"""The settings of a fine-tuning run (:class:`FinetuneConfig`, the CLI's options), how ``--resume`` treats each, and
+the checks they pass before anything is read (:func:`check_finetune`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
-from gptcli.model.kernels import config_default
+from gptcli.config import check_settings
+from gptcli.errors import GPT1Error
+from gptcli.model.kernels import check_mode, config_default
+from gptcli.tasks import Task
 from gptcli.train.run.resume import SettingRules
 
 # What --resume compares (gptcli.train.run.resume). The defining settings decide what the run's updates and dev
@@ -200,3 +205,39 @@ class FinetuneConfig:
     def scoring_batch_size(self) -> int:
         """Examples per evaluation batch: ``eval_batch_size``, by default twice ``batch_size``."""
         return self.eval_batch_size or 2 * self.batch_size
+
+
+def check_finetune(c: FinetuneConfig, world_size: int) -> None:
+    """Refuse settings that cannot work, before anything is read or loaded (by the launcher of a job before any
+    worker starts, and by every worker): every number by its one rule (:data:`gptcli.config.RULES`, the same in
+    every command), then the combinations, then the global batch against the ``world_size`` processes."""
+    if not c.task:
+        raise GPT1Error("no task given (--task NAME; see --list-tasks)")
+    check_mode(c.kernels)
+    check_settings(c)
+    if c.init.lower() == "none" and not c.tokenizer:
+        raise GPT1Error("--init none needs --tokenizer DIR (a tokenizer directory or a checkpoint) to encode the task")
+    if c.transfer_layers is not None and c.init.lower() == "none":
+        raise GPT1Error(
+            "--transfer-layers needs a pretrained --init checkpoint (with --init none nothing is transferred)"
+        )
+    if c.resume and c.overwrite:
+        raise GPT1Error("--resume continues the run in --out and --overwrite starts it over (pass one of them)")
+    # A batch the processes do not divide evenly is handled exactly (shares differ by one example and the loss is
+    # weighted by example counts); one smaller than the processes would leave some of them without examples.
+    if world_size > 1 and c.batch_size < world_size:
+        raise GPT1Error(
+            f"--batch-size {c.batch_size} is smaller than the {world_size} processes: every update would "
+            f"leave a process without examples (use a batch of at least {world_size}, or fewer processes)"
+        )
+
+
+def run_inputs(init: str, tokenizer: str | None, task: Task, data_dir: str | None) -> list[Path]:
+    """What a fine-tuning run reads, which its ``out`` must never be: the --init checkpoint or run, the tokenizer,
+    the task's data."""
+    inputs = [Path(p) for p in (init, tokenizer) if p and p.lower() != "none"]
+    try:
+        inputs.append(task.data_dir(data_dir))
+    except GPT1Error:
+        pass  # missing data is reported when it is read, with the task's own advice
+    return inputs

@@ -1,8 +1,8 @@
 """What a fine-tuning run is made of, built before its first update: the task's examples, the pretrained body with
 its special tokens, the encoded sequences, and a record of all of it by content (what ``--resume`` compares).
 
-:func:`read_task_data` comes first (a missing or malformed file should fail before any weights are loaded), then
-:func:`build_setup`: the body, then the encoding (through the cache).
+:func:`build_setup` builds it in the order a refusal should come: the task's data (:func:`read_task_data`; a missing
+or malformed file fails before any weights are loaded), the device, the body, then the encoding (through the cache).
 """
 
 from __future__ import annotations
@@ -21,21 +21,30 @@ import torch
 from gptcli import checkpoint as ckpt
 from gptcli.checkpoint import is_checkpoint, load_checkpoint, read_header, tokenizer_home
 from gptcli.config import to_dict
-from gptcli.data.batching import EVAL_SUBSET_SEED, subsample
 from gptcli.data.cache import encode_cached
 from gptcli.data.shards import tokenizer_fingerprint
 from gptcli.data.transforms import Encoded
 from gptcli.errors import GPT1Error
 from gptcli.eval.baselines import label_counts
 from gptcli.files.fsutil import sha256_file
-from gptcli.model.build import AnyConfig, LanguageModel, build_model, config_from_dict, preset, with_dropout
+from gptcli.model.build import (
+    AnyConfig,
+    LanguageModel,
+    arch_of,
+    build_model,
+    config_from_dict,
+    preset,
+    reinit_after,
+    with_dropout,
+)
 from gptcli.model.heads import HeadConfig
-from gptcli.model.lstm import LSTMLM
+from gptcli.model.kernels import prepare as prepare_kernels  # the compiled kernels' first-use build, as a stage
+from gptcli.model.lstm import precision_note
 from gptcli.progress import Progress
 from gptcli.system.out_of_memory import weights_fit
-from gptcli.system.runtime import Precision
+from gptcli.system.runtime import Precision, precision_warning, prepare_device
 from gptcli.tasks import ReadOptions, Task
-from gptcli.tasks.base import Example
+from gptcli.tasks.base import EVAL_SUBSET_SEED, Example, subsample
 from gptcli.tokenizers import Tokenizer, load_tokenizer
 from gptcli.train.finetune_config import FinetuneConfig
 from gptcli.train.run.directory import recorded
@@ -71,16 +80,16 @@ class FinetuneSetup:
 
 
 def build_setup(
-    config: FinetuneConfig,
-    task: Task,
-    data: TaskData,
-    device: torch.device,
-    precision: Precision,
-    par: Parallel,
-    report: Progress,
+    config: FinetuneConfig, task: Task, par: Parallel, report: Progress
 ) -> tuple[FinetuneSetup, LanguageModel]:
-    """Seed every RNG, build the body (which draws the special tokens' rows) and encode the task's ``data``
-    (:func:`read_task_data`); returns the setup and the body."""
+    """Everything a run is made of, in the order a refusal should come: the task's data first (a missing or malformed
+    file fails before any weights are loaded), then the device, the body (seeded: it draws the special tokens'
+    rows) and the encoded examples. Returns the setup and the body."""
+    data = read_task_data(task, config)
+    device, precision = prepare_device(config.device, config.precision, given=par.device)
+    if (warning := precision_warning(precision, device)) is not None:
+        report.note(warning, level="warn")
+    prepare_kernels(device, report)
     seed_everything(config.seed)
     gpt, tok, source = build_body(config)
     n_ctx = sequence_limit(config, gpt.config.n_ctx)
@@ -95,6 +104,8 @@ def build_setup(
         pdrop=config.clf_pdrop,
         init_std=gpt.config.init_std,
     )
+    if arch_of(gpt.config) == "lstm" and (note := precision_note(device.type, precision)) is not None:
+        report.note(note)
     setup = FinetuneSetup(config, task, device, precision, data, tok, n_ctx, train_enc, dev_enc, head, source)
     return setup, gpt
 
@@ -128,25 +139,22 @@ class TaskData:
     """Rows the dataset's own rule leaves out (SNLI/MNLI ``gold_label == "-"``)."""
 
 
-def read_split(task: Task, split: str, config: FinetuneConfig) -> tuple[list[Example], list[str], int]:
-    """Examples of one split, the skipped bad rows (``path:line: reason``) and the count of rows the dataset's
-    own rule leaves out (SNLI/MNLI ``gold_label == "-"``)."""
-    opts = ReadOptions(skip_bad_rows=config.skip_bad_rows, skippable=True)
-    examples = task.read(split, config.data_dir, opts)
-    return examples, opts.skipped, len(getattr(opts, "excluded", []))
-
-
 def read_task_data(task: Task, config: FinetuneConfig) -> TaskData:
-    """The labeled training split and (unless ``eval_split`` is empty) the labeled dev split, subsampled."""
-    train, skipped, excluded = read_split(task, config.train_split, config)
+    """The labeled training split and (unless ``eval_split`` is empty) the labeled dev split, subsampled, with the
+    bad rows skipped (``path:line: reason``) and the count of rows the dataset's own rule leaves out (SNLI/MNLI
+    ``gold_label == "-"``)."""
+    opts = ReadOptions(skip_bad_rows=config.skip_bad_rows, skippable=True)
+    train = task.read(config.train_split, config.data_dir, opts)
     unlabeled = sum(e.label is None for e in train)
     if unlabeled:
         raise GPT1Error(f"{task.name}: split {config.train_split!r} has {unlabeled} unlabeled rows; cannot train on it")
+    skipped, excluded = opts.skipped, len(getattr(opts, "excluded", []))
     dev: list[Example] = []
     if config.eval_split:
-        dev, dev_skipped, dev_excluded = read_split(task, config.eval_split, config)
-        skipped += dev_skipped
-        excluded += dev_excluded
+        dev_opts = ReadOptions(skip_bad_rows=config.skip_bad_rows, skippable=True)
+        dev = task.read(config.eval_split, config.data_dir, dev_opts)
+        skipped += dev_opts.skipped
+        excluded += len(getattr(dev_opts, "excluded", []))
         if any(e.label is None for e in dev):
             raise GPT1Error(f"{task.name}: split {config.eval_split!r} is unlabeled; choose a labeled --eval-split")
     train = subsample(train, config.max_train_examples, config.seed)
@@ -156,23 +164,6 @@ def read_task_data(task: Task, config: FinetuneConfig) -> TaskData:
     if not train:
         raise GPT1Error(f"{task.name}: no training examples in split {config.train_split!r}")
     return TaskData(train, dev, skipped, excluded)
-
-
-def reinit_after(gpt: LanguageModel, keep_layers: int) -> None:
-    """Re-initialise blocks ``keep_layers…`` with the model's own init (``transfer_layers`` ablation).
-
-    The embeddings (token, position) and blocks ``0 … keep_layers-1`` keep their pretrained values, as the
-    released code's ``n_transfer`` does. An LSTM keeps its embedding and LSTM layers ``0 … keep_layers-1``
-    (:meth:`gptcli.model.lstm.LSTMLM.reinit_layers`; the paper's has one layer: 0 keeps the embedding only).
-    """
-    n = gpt.config.n_layer
-    if not 0 <= keep_layers <= n:
-        raise GPT1Error(f"--transfer-layers must be between 0 and {n} (the model's layers), got {keep_layers}")
-    if isinstance(gpt, LSTMLM):  # one module holds every layer
-        gpt.reinit_layers(keep_layers)
-        return
-    for block in list(gpt.blocks)[keep_layers:]:
-        block.apply(gpt._init_weights)
 
 
 def _tokenizer_source(path: str) -> tuple[Path, AnyConfig | None]:
@@ -205,13 +196,13 @@ def _load_tokenizer_from(path: str) -> tuple[Tokenizer, AnyConfig | None]:
     return load_tokenizer(where), mcfg
 
 
-def _check_same_tokenizer(config: FinetuneConfig, init: Path) -> None:
+def _check_same_tokenizer(tokenizer: str, init: Path) -> None:
     """Refuse a ``--tokenizer`` other than the pretrained checkpoint's own: the model's embeddings were learned for
     its ids, and another tokenizer's ids (even of the same vocabulary size) would silently train nonsense."""
-    where, _ = _tokenizer_source(str(config.tokenizer))
+    where, _ = _tokenizer_source(tokenizer)
     if tokenizer_fingerprint(where) != tokenizer_fingerprint(init / ckpt.TOKENIZER):
         raise GPT1Error(
-            f"--tokenizer {config.tokenizer} is another tokenizer than the checkpoint {init}'s "
+            f"--tokenizer {tokenizer} is another tokenizer than the checkpoint {init}'s "
             f"({where} differs from {init / ckpt.TOKENIZER}; drop --tokenizer to use the checkpoint's own, or pass "
             "--init none to train from scratch with this tokenizer)"
         )
@@ -249,18 +240,17 @@ def build_body(config: FinetuneConfig) -> tuple[LanguageModel, Tokenizer, dict[s
         if not config.init:
             raise GPT1Error("no checkpoint to fine-tune: pass --init CHECKPOINT (or --init none for no pretraining)")
         ck = load_checkpoint(config.init, verify=config.verify)
+        weights_sha = ck.weights_sha256()  # what a resume compares the init checkpoint by
         gpt = ck.model
         found: Tokenizer | None = ck.tokenizer
         if config.tokenizer and found is not None:
-            _check_same_tokenizer(config, ck.path)  # the same one by content: nothing to load twice
+            _check_same_tokenizer(config.tokenizer, ck.path)  # the same one by content: nothing to load twice
         elif config.tokenizer:
             found, _ = _load_tokenizer_from(config.tokenizer)
         if found is None:
             raise GPT1Error(f"{ck.path}: checkpoint has no tokenizer/ (pass --tokenizer DIR)")
         tok = found
         n_sp = max(0, 3 - gpt.config.n_special)
-        # What a resume compares the init checkpoint by (its recorded checksum; computed for older checkpoints).
-        weights_sha = read_header(ck.path).files.get(ckpt.WEIGHTS) or sha256_file(ck.path / ckpt.WEIGHTS)
         source = {"init": str(ck.path), "init_kind": ck.kind, "init_meta": ck.meta, "init_sha256": weights_sha}
     if tok.vocab_size != gpt.config.vocab_size:
         raise GPT1Error(
@@ -269,6 +259,11 @@ def build_body(config: FinetuneConfig) -> tuple[LanguageModel, Tokenizer, dict[s
         )
     gpt.add_special_tokens(n_sp)  # start, delimiter, extract: new rows drawn from N(0, 0.02)
     if config.transfer_layers is not None and config.init.lower() != "none":
+        if not 0 <= config.transfer_layers <= gpt.config.n_layer:
+            raise GPT1Error(
+                f"--transfer-layers must be between 0 and {gpt.config.n_layer} (the model's layers), "
+                f"got {config.transfer_layers}"
+            )
         reinit_after(gpt, config.transfer_layers)
         source["transfer_layers"] = config.transfer_layers
     if config.dropout is not None:

@@ -15,7 +15,6 @@ uninterrupted one (tested).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,27 +23,20 @@ from typing import Any, cast
 import torch
 
 from gptcli import checkpoint as ckpt
-from gptcli.config import check_settings as check_all_settings
-from gptcli.config import coerce_fields, load_file
+from gptcli.config import load_file
 from gptcli.data.shards import Corpus, open_corpus, tokenizer_fingerprint
 from gptcli.data.windows import WindowSampler
 from gptcli.errors import GPT1Error
 from gptcli.files.outputs import check_output
-from gptcli.model.build import AnyConfig, LanguageModel, arch_of, build_model, preset, preset_class
-from gptcli.model.kernels import check_mode, use_kernels
+from gptcli.model.build import AnyConfig, LanguageModel, arch_of, build_model
 from gptcli.model.kernels import prepare as prepare_kernels  # the compiled kernels' first-use build, as a stage
+from gptcli.model.kernels import use_kernels
 from gptcli.model.lstm import precision_note
 from gptcli.progress import SILENT, Level, Progress
-from gptcli.system.runtime import (
-    configure_backends,
-    peak_flops,
-    precision_warning,
-    resolve_device,
-    resolve_precision,
-)
+from gptcli.system.runtime import peak_flops, precision_warning, prepare_device
 from gptcli.train.distributed import LaunchSpec, inputs_verified_by_launcher
 from gptcli.train.optim import lr_at, make_optimizer
-from gptcli.train.pretrain_config import RULES, PretrainConfig
+from gptcli.train.pretrain_config import RULES, PretrainConfig, build_model_config, check_pretrain
 from gptcli.train.pretrain_job import BatchFeed, PretrainJob, RunPlan, unigram_loss
 from gptcli.train.recipes import WARMUP_RULE, recipe_note, warmup_for
 from gptcli.train.run.directory import (
@@ -82,14 +74,6 @@ class PretrainResult:
     """The newest checkpoint this process knows of (on ranks > 0: the one it resumed from, if any)."""
 
 
-def check_settings(config: PretrainConfig) -> None:
-    """Refuse impossible numbers with a one-line error, before anything is read or written. ``max_steps = 0`` is
-    refused, not run as one update (or none): a run of no updates has nothing to save."""
-    check_mode(config.kernels)
-    check_all_settings(config)  # one rule per setting, the same in every command (gptcli.config.RULES)
-    model_overrides(config)  # [model] is a free-form table here: typed against the preset's own fields
-
-
 def plan_steps(config: PretrainConfig, steps_per_epoch: int) -> int:
     """Number of updates: the first reached of epochs, max_steps and max_tokens."""
     caps = [max(1, int(config.epochs * steps_per_epoch))]
@@ -100,20 +84,6 @@ def plan_steps(config: PretrainConfig, steps_per_epoch: int) -> int:
     return max(1, min(caps))
 
 
-def check_launch(config: PretrainConfig, world_size: int) -> None:
-    """Refuse batch settings that ``world_size`` processes cannot split (checked before any worker starts)."""
-    if config.batch_size % world_size != 0:
-        raise GPT1Error(f"--batch-size {config.batch_size} is not divisible by the {world_size} processes")
-    # Without a micro-batch size each process takes its whole share of the global batch at once.
-    mb = config.micro_batch_size or config.batch_size // world_size
-    if config.batch_size <= 0 or mb <= 0 or config.seq_len <= 0:
-        raise GPT1Error("--batch-size, --micro-batch-size and --seq-len must be positive")
-    if config.batch_size % (mb * world_size) != 0:
-        raise GPT1Error(
-            f"--batch-size {config.batch_size} must be a multiple of --micro-batch-size {mb} × {world_size} process(es)"
-        )
-
-
 def plan_pretrain_launch(config: PretrainConfig, spec: LaunchSpec) -> bool:
     """Check ``config`` for a launch of ``spec``'s processes; True when the shards were verified here.
 
@@ -121,8 +91,7 @@ def plan_pretrain_launch(config: PretrainConfig, spec: LaunchSpec) -> bool:
     tells its workers so (:func:`gptcli.train.distributed.launch_command`), outside their config. Each worker still
     checks the checkpoint it resumes from as ``verify_data`` says: a damaged newest one is skipped with the warning
     by all alike, and all continue from the same intact one."""
-    check_settings(config)
-    check_launch(config, spec.nproc_per_node * spec.nnodes)
+    check_pretrain(config, spec.nproc_per_node * spec.nnodes)
     check_output(Path(config.out), "pretrain-run", overwrite=True, inputs=[Path(config.data)], replacing=False)
     corpus = open_training_corpus(config) if config.verify_data else open_corpus(config.data)
     validation_split(config, corpus)  # a --val-split the corpus lacks: refused once, here, not by every worker
@@ -148,47 +117,6 @@ def lm_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
     return bare.lm_nll(model(batch[:, :-1]), batch[:, 1:])
 
 
-def model_overrides(config: PretrainConfig) -> dict[str, Any]:
-    """The ``[model]`` overrides typed and checked against the fields of the preset's config class (a Transformer's
-    or an LSTM's), as the top-level settings are (:func:`gptcli.config.coerce_fields`): ``n_layer = true`` or
-    ``n_embd = 1.5`` is a one-line error naming the key, not a traceback or a model of another shape. None values
-    are dropped (:func:`gptcli.model.build.preset` ignores them)."""
-    try:
-        cls = preset_class(config.preset)
-    except KeyError as e:
-        raise GPT1Error(str(e.args[0])) from None
-    known = [f.name for f in dataclasses.fields(cls) if f.name not in ("vocab_size", "n_special")]
-    unknown = set(config.model) - {*known, "vocab_size", "n_special"}
-    if unknown:
-        raise GPT1Error(
-            f"unknown model setting(s) {', '.join(sorted(unknown))} in [model] (preset {config.preset}, "
-            f"a {arch_of(cls())}, takes {', '.join(known)})"
-        )
-    given = {k: v for k, v in config.model.items() if v is not None}
-    return coerce_fields(cls, given, prefix="model.")
-
-
-def build_model_config(config: PretrainConfig, vocab_size: int) -> AnyConfig:
-    """The preset with the ``[model]`` overrides and the corpus's vocabulary; GPT1Error for impossible settings."""
-    overrides = model_overrides(config)
-    if "vocab_size" in config.model and config.model["vocab_size"] != vocab_size:
-        raise GPT1Error(
-            f"[model] vocab_size {config.model['vocab_size']} differs from the corpus tokenizer's {vocab_size}"
-        )
-    try:
-        mcfg = preset(config.preset, **{**overrides, "vocab_size": vocab_size, "n_special": 0})
-    except KeyError as e:
-        raise GPT1Error(str(e.args[0])) from None
-    except ValueError as e:
-        raise GPT1Error(str(e)) from None
-    if config.seq_len > mcfg.n_ctx:
-        raise GPT1Error(f"--seq-len {config.seq_len} exceeds the model context n_ctx={mcfg.n_ctx}")
-    for key in ("n_ctx", "n_embd", "n_layer", "n_head", "n_inner", "n_hidden"):
-        if getattr(mcfg, key, 1) < 1:
-            raise GPT1Error(f"--{key.replace('_', '-')} {getattr(mcfg, key)} is impossible (it must be at least 1)")
-    return mcfg
-
-
 def validation_split(config: PretrainConfig, corpus: Corpus) -> str | None:
     """The split validation reads: ``val_split`` when the corpus has it. Any name but the default is one the user
     chose, so a corpus without it is refused rather than validated on another split. The default ("val") cannot be
@@ -207,17 +135,9 @@ def validation_split(config: PretrainConfig, corpus: Corpus) -> str | None:
 def open_training_corpus(config: PretrainConfig) -> Corpus:
     """The prepared corpus, with every shard checked against its manifest checksum unless ``verify_data`` is off."""
     corpus = open_corpus(config.data)
-    verify_corpus(corpus, config)
-    return corpus
-
-
-def verify_corpus(corpus: Corpus, config: PretrainConfig) -> None:
-    """Every shard against its manifest checksum (unless ``verify_data`` is off, or the launcher of this worker
-    already did it)."""
     if config.verify_data and not inputs_verified_by_launcher():
-        problems = corpus.verify()
-        if problems:
-            raise GPT1Error(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        corpus.check_intact()
+    return corpus
 
 
 def pretrain(
@@ -238,8 +158,7 @@ def pretrain(
     """
     par = parallel or Parallel()
     report = (progress or SILENT) if par.is_main else SILENT
-    check_settings(config)
-    check_launch(config, par.world_size)
+    check_pretrain(config, par.world_size)
     corpus = open_corpus(config.data)
     mcfg = build_model_config(config, corpus.tokenizer.vocab_size)
     val_name = validation_split(config, corpus)
@@ -259,7 +178,8 @@ def pretrain(
         if run.resume_from is not None and run.resume_header is not None:
             for note in _resume_notes(config, corpus, mcfg, run.resume_from, run.resume_header):
                 report.note(note)
-        return _pretrain(_plan(config, corpus, mcfg, val_name, run, par, report), report)
+        plan = _plan(config, corpus, mcfg, val_name, run, par, report)
+        return _pretrain(plan, report)
 
 
 def _pretrain(plan: RunPlan, report: Progress) -> PretrainResult:
@@ -310,12 +230,10 @@ def _plan(
 ) -> RunPlan:
     """Pick device and precision, verify the corpus, sample its windows and count the updates. Nothing is written
     yet: every refusal leaves the run as it was."""
-    # A worker of a job computes on its own device (cuda:LOCAL_RANK), which a bare "cuda" would not name.
-    device = par.device if par.device is not None else resolve_device(config.device)
-    precision = resolve_precision(config.precision, device)
-    configure_backends(device)
+    device, precision = prepare_device(config.device, config.precision, given=par.device)
     prepare_kernels(device, report)
-    verify_corpus(corpus, config)
+    if config.verify_data and not inputs_verified_by_launcher():  # a launcher verified it once for all its workers
+        corpus.check_intact()
     train_arrays = corpus.arrays("train")
     for split in ("train", val_name) if val_name is not None else ("train",):
         corpus.check_token_ids(split, mcfg.total_vocab)
@@ -355,6 +273,7 @@ def _resume_notes(
 ) -> list[str]:
     """The resume check (:func:`gptcli.train.run.resume.check_resume`) with pretraining's inputs compared by content:
     the corpus's tokenizer (refused on its own, first: nothing else would make sense) and its shards."""
+    old = _saved_settings(header, Path(config.out))
     mine, theirs = corpus.tokenizer_fingerprint(), tokenizer_fingerprint(path / ckpt.TOKENIZER)
     if mine is not None and theirs is not None and mine != theirs:
         raise GPT1Error(
@@ -362,7 +281,6 @@ def _resume_notes(
             f"({corpus.dir / 'tokenizer'} differs from {path / ckpt.TOKENIZER}; resume on the run's own corpus, or "
             f"start a new run with another --out)"
         )
-    old = _saved_settings(header, Path(config.out))
     inputs = []
     saved_corpus = header.meta.get("corpus_sha256")
     if saved_corpus is not None and saved_corpus != corpus.fingerprint():

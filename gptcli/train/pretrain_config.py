@@ -1,12 +1,17 @@
-"""The settings of a pretraining run (:class:`PretrainConfig`, the CLI's options) and how ``--resume`` treats each."""
+"""The settings of a pretraining run (:class:`PretrainConfig`, the CLI's options), how ``--resume`` treats each, and
+the checks they pass before anything is read (:func:`check_pretrain`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from gptcli.model.kernels import config_default
+from gptcli.config import check_settings, coerce_fields
+from gptcli.errors import GPT1Error
+from gptcli.model.build import AnyConfig, arch_of, preset, preset_class
+from gptcli.model.kernels import check_mode, config_default
 from gptcli.train.run.resume import SettingRules
 
 # What --resume compares (gptcli.train.run.resume). A resumed run keeps the settings that define what its updates,
@@ -151,3 +156,66 @@ class PretrainConfig:
     max_minutes: float | None = None
     """Stop once this many minutes of updates have passed, however far the schedule got (validated and saved as at
     the end, with a warning saying so); unset: no time limit. The quickstart sets it to its deadline."""
+
+
+def check_pretrain(config: PretrainConfig, world_size: int | None) -> None:
+    """Refuse impossible settings with a one-line error, before anything is read or written (by the launcher of a
+    job before any worker starts, and by every worker). ``max_steps = 0`` is refused, not run as one update (or
+    none): a run of no updates has nothing to save. Then the batch against the ``world_size`` processes (None: not
+    known yet, as when the command reads its options)."""
+    check_mode(config.kernels)
+    check_settings(config)  # one rule per setting, the same in every command (gptcli.config.RULES)
+    model_overrides(config)  # [model] is a free-form table here: typed against the preset's own fields
+    if world_size is None:
+        return
+    if config.batch_size % world_size != 0:
+        raise GPT1Error(f"--batch-size {config.batch_size} is not divisible by the {world_size} processes")
+    # Without a micro-batch size each process takes its whole share of the global batch at once.
+    mb = config.micro_batch_size or config.batch_size // world_size
+    if config.batch_size <= 0 or mb <= 0 or config.seq_len <= 0:
+        raise GPT1Error("--batch-size, --micro-batch-size and --seq-len must be positive")
+    if config.batch_size % (mb * world_size) != 0:
+        raise GPT1Error(
+            f"--batch-size {config.batch_size} must be a multiple of --micro-batch-size {mb} × {world_size} process(es)"
+        )
+
+
+def model_overrides(config: PretrainConfig) -> dict[str, Any]:
+    """The ``[model]`` overrides typed and checked against the fields of the preset's config class (a Transformer's
+    or an LSTM's), as the top-level settings are (:func:`gptcli.config.coerce_fields`): ``n_layer = true`` or
+    ``n_embd = 1.5`` is a one-line error naming the key, not a traceback or a model of another shape. None values
+    are dropped (:func:`gptcli.model.build.preset` ignores them)."""
+    try:
+        cls = preset_class(config.preset)
+    except KeyError as e:
+        raise GPT1Error(str(e.args[0])) from None
+    known = [f.name for f in dataclasses.fields(cls) if f.name not in ("vocab_size", "n_special")]
+    unknown = set(config.model) - {*known, "vocab_size", "n_special"}
+    if unknown:
+        raise GPT1Error(
+            f"unknown model setting(s) {', '.join(sorted(unknown))} in [model] (preset {config.preset}, "
+            f"a {arch_of(cls())}, takes {', '.join(known)})"
+        )
+    given = {k: v for k, v in config.model.items() if v is not None}
+    return coerce_fields(cls, given, prefix="model.")
+
+
+def build_model_config(config: PretrainConfig, vocab_size: int) -> AnyConfig:
+    """The preset with the ``[model]`` overrides and the corpus's vocabulary; GPT1Error for impossible settings."""
+    overrides = model_overrides(config)
+    if "vocab_size" in config.model and config.model["vocab_size"] != vocab_size:
+        raise GPT1Error(
+            f"[model] vocab_size {config.model['vocab_size']} differs from the corpus tokenizer's {vocab_size}"
+        )
+    try:
+        mcfg = preset(config.preset, **{**overrides, "vocab_size": vocab_size, "n_special": 0})
+    except KeyError as e:
+        raise GPT1Error(str(e.args[0])) from None
+    except ValueError as e:
+        raise GPT1Error(str(e)) from None
+    if config.seq_len > mcfg.n_ctx:
+        raise GPT1Error(f"--seq-len {config.seq_len} exceeds the model context n_ctx={mcfg.n_ctx}")
+    for key in ("n_ctx", "n_embd", "n_layer", "n_head", "n_inner", "n_hidden"):
+        if getattr(mcfg, key, 1) < 1:
+            raise GPT1Error(f"--{key.replace('_', '-')} {getattr(mcfg, key)} is impossible (it must be at least 1)")
+    return mcfg

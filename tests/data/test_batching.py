@@ -213,19 +213,6 @@ def test_multiple_choice_head_and_lm_loss_match_transformers_double_heads():
         torch.testing.assert_close(per_seq[r], ref, atol=1e-5, rtol=1e-5)
 
 
-def test_subsample_is_seeded_and_keeps_the_order():
-    from gptcli.data.batching import subsample
-
-    items = list(range(100))
-    a = subsample(items, 10, seed=3)
-    assert len(a) == 10 and a == sorted(a) and a == subsample(items, 10, seed=3)
-    assert a != subsample(items, 10, seed=4)
-    assert (
-        subsample(items, None, 0) is items and subsample(items, 100, 0) is items and subsample(items, 500, 0) is items
-    )
-    assert subsample(items, 0, 0) == []
-
-
 # --------------------------------------------------------------------------------------------- random vs length
 
 

@@ -79,6 +79,7 @@ def test_corpus_and_verify(tmp_path):
     assert corpus.num_documents("val") == 1 and corpus.num_tokens("val") == 7
     np.testing.assert_array_equal(corpus.arrays("val")[0], np.arange(7))
     assert corpus.verify() == []
+    corpus.check_intact()
     # flip one byte of the token data: the checksum catches it
     path = tmp_path / shard_name("val", 0)
     data = bytearray(path.read_bytes())
@@ -87,6 +88,8 @@ def test_corpus_and_verify(tmp_path):
     path.write_bytes(bytes(data))
     problems = corpus.verify()
     assert len(problems) == 1 and "checksum mismatch" in problems[0] and "val-00000" in problems[0]
+    with pytest.raises(GPT1Error, match=r"val-00000.*checksum mismatch"):
+        corpus.check_intact()  # the first problem, as one line
     path.unlink()
     assert "missing" in corpus.verify()[0]
     with pytest.raises(GPT1Error, match="missing"):

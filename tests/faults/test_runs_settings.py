@@ -14,7 +14,8 @@ from run_helpers import TINY_ARGS, cli, flip_byte, tiny_config
 
 from gptcli.errors import GPT1Error
 from gptcli.eval.perplexity import corpus_perplexity
-from gptcli.train.pretrain import check_settings, pretrain
+from gptcli.train.pretrain import pretrain
+from gptcli.train.pretrain_config import check_pretrain
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -69,11 +70,12 @@ def test_every_impossible_number_is_caught_by_the_library_too(corpus, tmp_path):
         {"model": {"attn_pdrop": 1.0}},
     ):
         with pytest.raises(GPT1Error, match="is impossible"):
-            check_settings(tiny_config(corpus, tmp_path / "run", **kw))
-    check_settings(
+            check_pretrain(tiny_config(corpus, tmp_path / "run", **kw), world_size=1)
+    check_pretrain(
         tiny_config(
             corpus, tmp_path / "run", warmup_steps=0, grad_clip=0.0, keep_last=0, seed=0, model={"embd_pdrop": 0.0}
-        )
+        ),
+        world_size=1,
     )
     assert not (tmp_path / "run").exists()
 

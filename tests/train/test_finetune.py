@@ -453,8 +453,7 @@ def test_dropout_overrides_the_bodys_dropouts_without_moving_the_random_stream(p
 def test_the_dev_subset_is_evals_whatever_the_training_seed(shared_data):
     """``finetune --max-eval-examples N`` scores the dev examples ``eval --max-examples N`` scores, for any
     ``--seed`` (it drew them with seed + 1: the first GPU run's finetune and eval scored different CoLA subsets)."""
-    from gptcli.data.batching import EVAL_SUBSET_SEED, subsample
-    from gptcli.tasks.base import ReadOptions
+    from gptcli.tasks.base import EVAL_SUBSET_SEED, ReadOptions, subsample
     from gptcli.tasks.registry import get_task
     from gptcli.train.finetune_setup import read_task_data
 

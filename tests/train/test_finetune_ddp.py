@@ -190,13 +190,12 @@ def test_dev_predictions_are_shared_out_and_gathered_in_the_split_order(inputs, 
     from gptcli.progress import SILENT
     from gptcli.tasks import get_task
     from gptcli.train.finetune_dev import predict_dev
-    from gptcli.train.finetune_setup import build_setup, read_task_data
+    from gptcli.train.finetune_setup import build_setup
     from gptcli.train.trainer import Parallel
 
     data = _copy_rows(shared_data / "glue" / "STS-B", tmp_path / "STS-B", 8, 17)
     cfg = _cfg(inputs, tmp_path / "run", task="stsb", data_dir=str(data), batch_size=2)
-    task = get_task("stsb")
-    setup, gpt = build_setup(cfg, task, read_task_data(task, cfg), torch.device("cpu"), "fp32", Parallel(), SILENT)
+    setup, gpt = build_setup(cfg, get_task("stsb"), Parallel(), SILENT)
     model = FinetuneModel(gpt, TaskHead(setup.head_config))
     torch.nn.init.constant_(model.head.linear.bias, 0.5)  # mid-range scores: none clipped to 0 or 5
     extract = packed_extract(cfg.layout, model)  # as the job lays out its dev batches
