@@ -42,6 +42,7 @@ from gptcli.system.runtime import (
     resolve_device,
     resolve_precision,
 )
+from gptcli.train.compiled import check_compile_mode, compile_loss, keeps_grads
 from gptcli.train.distributed import LaunchSpec, inputs_verified_by_launcher
 from gptcli.train.optim import lr_at, make_optimizer
 from gptcli.train.pretrain_config import RULES, PretrainConfig
@@ -86,6 +87,7 @@ def check_settings(config: PretrainConfig) -> None:
     """Refuse impossible numbers with a one-line error, before anything is read or written. ``max_steps = 0`` is
     refused, not run as one update (or none): a run of no updates has nothing to save."""
     check_mode(config.kernels)
+    check_compile_mode(config.compile, config.compile_mode)
     check_all_settings(config)  # one rule per setting, the same in every command (gptcli.config.RULES)
     model_overrides(config)  # [model] is a free-form table here: typed against the preset's own fields
 
@@ -431,7 +433,7 @@ def _start(plan: RunPlan, report: Progress) -> PretrainJob:
 def _make_trainer(plan: RunPlan, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Trainer:
     """Wrap the model for the ranks and set the loss and the schedule."""
     config = plan.config
-    loss_fn = torch.compile(lm_loss) if config.compile else lm_loss
+    loss_fn = compile_loss(lm_loss, config.compile_mode) if config.compile else lm_loss
     total_steps, warmup = plan.total_steps, config.warmup_steps
     return Trainer(
         plan.par.wrap(model),
@@ -441,6 +443,7 @@ def _make_trainer(plan: RunPlan, model: torch.nn.Module, optimizer: torch.optim.
         device=plan.device,
         precision=plan.precision,
         grad_clip=config.grad_clip,
+        keep_grads=keeps_grads(config.compile, config.compile_mode),
     )
 
 
