@@ -127,7 +127,8 @@ def check_cudagraphs_training(ctx: Ctx) -> str:
     autograd keeps the backward graph's output itself as the gradient: a second micro-batch's backward then adds
     into memory the graphs own (pytorch/pytorch#169545: "accessing tensor output of CUDAGraphs that has been
     overwritten by a subsequent run", open as of torch 2.11). Kept gradients, zeroed in place instead of freed, give
-    autograd a buffer of its own to add into: that is the candidate. DDP's gradient buckets are the other case.
+    autograd a buffer of its own to add into: what ``--compile-mode reduce-overhead`` does (the Trainer's
+    ``keep_grads``). DDP's gradient buckets are the other case.
     Same weights, no dropout, 4 updates per arm; an arm that raises is recorded, not fatal."""
     import torch
 
@@ -143,9 +144,7 @@ def check_cudagraphs_training(ctx: Ctx) -> str:
         par = DDPParallel(DistInfo(rank=0, local_rank=0, world_size=1), device)
         for case, wrap in (("accumulated", lambda m: m), ("ddp", par.wrap)):
             for arm, mode, kept in arms:
-                tr = trainer(ctx, wrap(build(ctx, **layers)), loss_fn=compiled_loss(ctx, mode))
-                if kept:
-                    _keep_gradients(tr.optimizer)
+                tr = trainer(ctx, wrap(build(ctx, **layers)), loss_fn=compiled_loss(ctx, mode), keep_grads=kept)
                 try:
                     res = [tr.step(i, mbs) for i, mbs in enumerate(halves)]
                     rows[f"{case}_{arm}"] = [{"loss": float(r.loss), "grad_norm": float(r.grad_norm)} for r in res]
@@ -170,17 +169,6 @@ def check_cudagraphs_training(ctx: Ctx) -> str:
     if bad:
         raise Failed(f"CUDA graphs with kept gradients change or break the update: {note} (tolerance {tol:g})")
     return f"graphs against none, 4 updates of 2 micro-batches: {note}"
-
-
-def _keep_gradients(optimizer) -> None:
-    """Every parameter's ``.grad`` allocated (zeros) now and zeroed in place after each update instead of freed."""
-    import torch
-
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            p.grad = torch.zeros_like(p)
-    zero_grad = optimizer.zero_grad
-    optimizer.zero_grad = lambda set_to_none=True: zero_grad(set_to_none=False)
 
 
 def _worst_rel(rows, reference) -> float | None:

@@ -25,8 +25,11 @@ def build(ctx: Ctx, preset: str | None = None, vocab: int | None = None, **overr
     return build_model(cfg).to(ctx.device)
 
 
-def trainer(ctx: Ctx, model, precision: str | None = None, loss_fn: Callable | None = None):
-    """A Trainer as pretraining builds it: fused AdamW (make_optimizer), lm_loss, clipping 1.0, constant lr."""
+def trainer(
+    ctx: Ctx, model, precision: str | None = None, loss_fn: Callable | None = None, *, keep_grads: bool = False
+):
+    """A Trainer as pretraining builds it: fused AdamW (make_optimizer), lm_loss, clipping 1.0, constant lr;
+    ``keep_grads`` as ``--compile-mode`` sets it for CUDA graphs (gptcli.train.compiled.keeps_grads)."""
     from gptcli.train.optim import make_optimizer
     from gptcli.train.pretrain import lm_loss
     from gptcli.train.trainer import Trainer
@@ -40,6 +43,7 @@ def trainer(ctx: Ctx, model, precision: str | None = None, loss_fn: Callable | N
         device=ctx.device,
         precision=precision or ctx.precision,
         grad_clip=1.0,
+        keep_grads=keep_grads,
     )
 
 

@@ -24,7 +24,7 @@ OPTIONS = Options(
     PretrainConfig,
     panels={
         "Input": ("data", "verify_data", "val_split"),
-        "Model": ("preset", "seq_len", "compile"),
+        "Model": ("preset", "seq_len", "compile", "compile_mode"),
         "Optimisation": (
             "lr",
             "batch_size",

@@ -34,6 +34,7 @@ from gptcli.model.kernels import use_kernels
 from gptcli.model.lstm import precision_note
 from gptcli.progress import SILENT, Level, Progress
 from gptcli.system.runtime import peak_flops, precision_warning, prepare_device
+from gptcli.train.compiled import compile_loss, keeps_grads
 from gptcli.train.distributed import LaunchSpec, inputs_verified_by_launcher
 from gptcli.train.optim import lr_at, make_optimizer
 from gptcli.train.pretrain_config import RULES, PretrainConfig, build_model_config, check_pretrain
@@ -349,7 +350,7 @@ def _start(plan: RunPlan, report: Progress) -> PretrainJob:
 def _make_trainer(plan: RunPlan, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Trainer:
     """Wrap the model for the ranks and set the loss and the schedule."""
     config = plan.config
-    loss_fn = torch.compile(lm_loss) if config.compile else lm_loss
+    loss_fn = compile_loss(lm_loss, config.compile_mode) if config.compile else lm_loss
     total_steps, warmup = plan.total_steps, config.warmup_steps
     return Trainer(
         plan.par.wrap(model),
@@ -359,6 +360,7 @@ def _make_trainer(plan: RunPlan, model: torch.nn.Module, optimizer: torch.optim.
         device=plan.device,
         precision=plan.precision,
         grad_clip=config.grad_clip,
+        keep_grads=keeps_grads(config.compile, config.compile_mode),
     )
 
 

@@ -12,6 +12,7 @@ from gptcli.config import check_settings, coerce_fields
 from gptcli.errors import GPT1Error
 from gptcli.model.build import AnyConfig, arch_of, preset, preset_class
 from gptcli.model.kernels import check_mode, config_default
+from gptcli.train.compiled import check_compile_mode
 from gptcli.train.run.resume import SettingRules
 
 # What --resume compares (gptcli.train.run.resume). A resumed run keeps the settings that define what its updates,
@@ -21,8 +22,8 @@ from gptcli.train.run.resume import SettingRules
 # sooner; the schedule is recomputed over the new total), the learning-rate recipe and clipping (lower --lr after a
 # loss spike), the micro-batch (gradient accumulation sums the same mean gradient in another order: last-bit
 # differences only; changing the number of processes does the same), and what validation reads. The rest — the
-# cadences, tensorboard, wandb, device, precision, kernels, compile, peak_flops, verify_data — changes how the run
-# is computed or watched, not what it computes, and is taken silently.
+# cadences, tensorboard, wandb, device, precision, kernels, compile, compile_mode, peak_flops, verify_data — changes
+# how the run is computed or watched, not what it computes, and is taken silently.
 RULES = SettingRules(
     defining=("seq_len", "batch_size", "seed", "decay", "weight_decay", "beta1", "beta2", "eps"),
     adjustable=(
@@ -46,6 +47,7 @@ RULES = SettingRules(
         "precision",
         "kernels",
         "compile",
+        "compile_mode",
         "eval_every",
         "save_every",
         "keep_last",
@@ -125,6 +127,10 @@ class PretrainConfig:
     compile: bool = False
     """torch.compile the loss computation: faster on a GPU once compiled, no gain on CPU (docs/performance.md,
     "Compile")."""
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
+    """torch.compile's mode, with --compile: default = inductor's kernels; reduce-overhead also replays them as CUDA
+    graphs (on a GPU; gradients are then kept allocated and zeroed in place, not freed, between updates);
+    max-autotune = CUDA graphs and a search for the fastest matrix-product kernels (a much longer first update)."""
     eval_every: int = 1000
     """Validate every this many updates (and always at the end); 0 = only at the end."""
     eval_batches: int | None = None
@@ -164,6 +170,7 @@ def check_pretrain(config: PretrainConfig, world_size: int | None) -> None:
     none): a run of no updates has nothing to save. Then the batch against the ``world_size`` processes (None: not
     known yet, as when the command reads its options)."""
     check_mode(config.kernels)
+    check_compile_mode(config.compile, config.compile_mode)
     check_settings(config)  # one rule per setting, the same in every command (gptcli.config.RULES)
     model_overrides(config)  # [model] is a free-form table here: typed against the preset's own fields
     if world_size is None:

@@ -61,6 +61,7 @@ class Trainer:
         device: torch.device,
         precision: Precision = "fp32",
         grad_clip: float | None = 1.0,
+        keep_grads: bool = False,
     ) -> None:
         # The CLI checks the floor before any command; a library user reaches training through here, and an older
         # torch would otherwise fail at the first update's clipping (torch_floor.py), after the data was prepared.
@@ -75,6 +76,14 @@ class Trainer:
         # fp16 gradients underflow without loss scaling; bf16 has fp32's exponent range and needs none.
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
+        # keep_grads: gradients allocated from the start and zeroed in place after each update, never freed, so that
+        # backward adds into buffers of their own (CUDA graphs: gptcli.train.compiled). Freed, the default, costs
+        # no memory between updates.
+        self.keep_grads = keep_grads
+        if keep_grads:
+            for p in self.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
 
     def step(self, step: int, micro_batches: Sequence[Any]) -> StepResult:
         """Forward/backward every micro-batch, clip, and apply update number ``step`` (0-based)."""
@@ -105,7 +114,7 @@ class Trainer:
             norm = grad_norm(self.params)
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=not self.keep_grads)
         return StepResult(total / n, norm.detach().float(), lr)
 
 

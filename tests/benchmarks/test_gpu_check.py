@@ -39,6 +39,9 @@ CUDA_ONLY = {
     "throughput_64x512_eager",
     "throughput_64x512_compile",
     "throughput_8x512_cudagraphs",
+    "throughput_8x512_autotune",
+    "throughput_64x512_cudagraphs",
+    "throughput_64x512_autotune",
     "step_profile",
     "cudagraphs_training",
     "chunked_loss",
@@ -340,26 +343,23 @@ def test_the_sync_line_names_places_only_when_there_are_any():
     )
 
 
-def test_kept_gradients_give_the_trainers_update():
-    """cudagraphs_training's candidate arm (gradients kept and zeroed in place, not freed) must be the same update as
-    the Trainer's own, or a difference on the GPU would not be the graphs'. Eager, CPU, two micro-batches."""
+def test_kept_gradients_give_the_trainers_update(tmp_path):
+    """cudagraphs_training's candidate arm (gradients kept and zeroed in place, not freed: the Trainer's keep_grads,
+    as --compile-mode reduce-overhead sets it) must be the same update as the default, or a difference on the GPU
+    would not be the graphs'. The check's trainer passes it on. Eager, CPU, two micro-batches."""
     import torch
 
     from gptcli.model.build import build_model, preset
-    from gptcli.train.optim import make_optimizer
-    from gptcli.train.pretrain import lm_loss
-    from gptcli.train.trainer import Trainer
 
     gc = load_script()
+    ctx = gc.context.Ctx(dry=True, work=tmp_path, result_path=None)  # CPU, fp32
     data = [torch.randint(0, 64, (4, 17), generator=torch.Generator().manual_seed(i)) for i in range(3)]
     results = []
     for kept in (False, True):
         torch.manual_seed(0)
         model = build_model(preset("tiny", vocab_size=64, n_layer=1, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0))
-        opt = make_optimizer(model, 1e-3)
-        if kept:
-            gc.check_compile._keep_gradients(opt)
-        tr = Trainer(model, opt, lm_loss, lambda s: 1e-3, device=torch.device("cpu"), precision="fp32", grad_clip=1.0)
+        tr = gc.models.trainer(ctx, model, keep_grads=kept)
+        assert tr.keep_grads is kept
         results.append(
             [(float(r.loss), float(r.grad_norm)) for r in (tr.step(i, list(d.chunk(2))) for i, d in enumerate(data))]
         )
