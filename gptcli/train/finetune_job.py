@@ -331,11 +331,12 @@ class FinetuneJob:
             self.loss.reduced, self.grad_norm, self.last_loss = terms, norm, loss
         self.last_lr = pending[-1].result.lr
 
-    def update_finished(self, report: Progress, due: Due) -> None:
+    def log(self, report: Progress, due: Due) -> None:
+        """The progress report and, when ``due.log``, a ``train`` line in metrics.jsonl: the losses since the last
+        one, this update's terms (L2, L1), rate, gradient norm and throughput."""
         if not due.log:
             report.advance(1)
-
-    def log(self, report: Progress) -> None:
+            return
         now, c, state = time.perf_counter(), self.setup.config, self.state
         state.log(
             {

@@ -191,16 +191,16 @@ class PretrainJob:
         assert self.result is not None
         self.figures = self.result.read()
 
-    def update_finished(self, report: Progress, due: Due) -> None:
-        self.meter.stop(self.setup.tokens_per_step)  # after the read: the window's time includes the device's work
-
     def position(self) -> int:
         return self.state.step
 
-    def log(self, report: Progress) -> None:
-        """A ``train`` line in metrics.jsonl and an ``advance`` (see :func:`gptcli.train.pretrain.pretrain`) for the
-        update just done, from its figures read at this sync point. Every rank calls it: the logged loss is averaged
-        over ranks."""
+    def log(self, report: Progress, due: Due) -> None:
+        """The update's throughput and, when ``due.log``, a ``train`` line in metrics.jsonl and an ``advance`` (see
+        :func:`gptcli.train.pretrain.pretrain`) from its figures read at this sync point. Every rank calls it: the
+        logged loss is averaged over ranks."""
+        self.meter.stop(self.setup.tokens_per_step)  # after the read: the window's time includes the device's work
+        if not due.log:
+            return
         assert self.result is not None
         state, lr, (loss, grad_norm) = self.state, self.result.lr, self.figures
         loss = self.par.mean(loss)

@@ -474,7 +474,7 @@ def test_a_rank_after_the_first_draws_the_same_masks_after_a_resume():
         def after_update(self) -> Due:
             return Due()
 
-        def update_finished(self, report, due) -> None:
+        def log(self, report, due) -> None:
             pass
 
     whole, resumed = Job(0, 6), Job(3, 6)

@@ -64,11 +64,9 @@ class Job:
     def read_figures(self):
         self.calls.append(f"read {self.state.step}")
 
-    def update_finished(self, report, due):
-        pass
-
-    def log(self, report):
-        self.calls.append(f"log {self.state.step}")
+    def log(self, report, due):
+        if due.log:
+            self.calls.append(f"log {self.state.step}")
 
     def evaluate(self, report, stop):
         self.calls.append(f"evaluate {self.state.step}")
