@@ -263,9 +263,6 @@ class FinetuneJob:
     def _epoch_done(self) -> bool:
         return self.done_in_epoch == len(self.batches)
 
-    def finished(self) -> bool:
-        return self.epoch >= self.setup.config.epochs and self._epoch_done() and self.evaluated
-
     def due_on_resume(self) -> Due | None:
         """A run stopped after its epoch's last update but before its dev score: the score, then a checkpoint."""
         return Due(evaluate=True, save=True) if self._epoch_done() and not self.evaluated else None

@@ -160,9 +160,6 @@ class PretrainJob:
         self.val_loss: float | None = None
         """The last validation loss (None before the first, or without a validation split)."""
 
-    def finished(self) -> bool:
-        return self.state.step >= self.state.total
-
     def next_update(self) -> torch.Tensor:
         """One optimizer update on this rank's share of the next global batch, queued on the device without waiting
         for it; the batch after it is read and sent to the device while this one computes."""
@@ -185,7 +182,7 @@ class PretrainJob:
         """A run resumed at its last update has no update left: it still ends as every run does, validated (its
         checkpoint holds this step already). Otherwise nothing: a checkpoint is written only after all that its
         update was due."""
-        return Due(evaluate=True) if self.finished() else None
+        return Due(evaluate=True) if self.state.step >= self.state.total else None
 
     def read_figures(self) -> None:
         assert self.result is not None

@@ -460,9 +460,6 @@ def test_a_rank_after_the_first_draws_the_same_masks_after_a_resume():
             self.state, self.par, self.masks = RunState(torch.device("cpu"), total), Rank1(), {}
             self.state.step, self.state.rank_seed = start, 1234
 
-        def finished(self) -> bool:
-            return self.state.step >= self.state.total
-
         def due_on_resume(self):
             return None
 

@@ -40,9 +40,6 @@ class Job:
         self.calls: list[str] = []
         self.evaluate_ok, self.signal_after, self.resume_due = evaluate_ok, signal_after, None
 
-    def finished(self):
-        return self.state.step >= self.state.total
-
     def next_update(self):
         self.state.step += 1
         self.calls.append(f"update {self.state.step}")

@@ -173,9 +173,9 @@ class Due:
 
 
 class Job(Protocol):
-    """What a kind of run hands to :func:`train`. The loop asks, for every update: :meth:`next_update`, then
-    :meth:`after_update` (what is due), at a sync point :meth:`read_figures`, then :meth:`log`, and as due
-    :meth:`evaluate` and :meth:`save`."""
+    """What a kind of run hands to :func:`train`, which runs its updates until ``state.step`` reaches ``state.total``.
+    The loop asks, for every update: :meth:`next_update`, then :meth:`after_update` (what is due), at a sync point
+    :meth:`read_figures`, then :meth:`log`, and as due :meth:`evaluate` and :meth:`save`."""
 
     state: RunState
     par: Parallel
@@ -186,9 +186,6 @@ class Job(Protocol):
     def model(self) -> nn.Module:
         """The bare model whose weights are checked before every checkpoint (read-only here: each job holds its
         own kind of model)."""
-
-    def finished(self) -> bool:
-        """Whether every planned update is done."""
 
     def next_update(self) -> torch.Tensor:
         """Queue the next update on the device without waiting for it (``state.step`` counts it); its loss."""
@@ -241,7 +238,7 @@ def train(job: Job, stop: GracefulStop, report: Progress, max_minutes: float | N
         if stopped is not None:
             return stopped
     unread = False
-    while not job.finished():
+    while job.state.step < job.state.total:
         if deadline is not None and job.par.any(time.monotonic() >= deadline):  # every rank stops at the same update
             report.note(
                 f"stopped at the time limit ({max_minutes:g} min) after update {job.state.step} of "
