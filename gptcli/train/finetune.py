@@ -226,7 +226,7 @@ def _start(job: FinetuneJob, run: RunDir, work: Path | None, report: Progress) -
     run is."""
     setup, state = job.setup, job.state
     records = state.records if run.resume_from is not None else None
-    job.begin()
+    job.start_epoch()
     job.work = work
     if work is not None:
         state.logger = start_run_dir(

@@ -232,7 +232,7 @@ class FinetuneJob:
         self.resumable = resumable
         self.work: Path | None = None
         """The directory rank 0 writes in (``out``, or the hidden one that becomes ``out``)."""
-        # Where the run stands: saved in every step checkpoint (:meth:`position_state`).
+        # Where the run stands: saved in every step checkpoint (:meth:`state_dict`).
         self.epoch, self.done_in_epoch, self.evaluated = 1, 0, False
         """The epoch in progress (1-based), its batches already trained on, and whether it was scored."""
         self.shuffle = random.Random(setup.config.seed)
@@ -254,7 +254,7 @@ class FinetuneJob:
 
     # --- the epochs -------------------------------------------------------------------------------------------------
 
-    def begin(self) -> None:
+    def start_epoch(self) -> None:
         """Rebuild the current epoch's batch order (after a restore, or for the first epoch)."""
         self.batches = epoch_batches(
             self.setup.config, [e.length for e in self.setup.train_enc], self.shuffle, self.epoch_rng
@@ -262,9 +262,6 @@ class FinetuneJob:
 
     def _epoch_done(self) -> bool:
         return self.done_in_epoch == len(self.batches)
-
-    def finished(self) -> bool:
-        return self.epoch >= self.setup.config.epochs and self._epoch_done() and self.evaluated
 
     def due_on_resume(self) -> Due | None:
         """A run stopped after its epoch's last update but before its dev score: the score, then a checkpoint."""
@@ -275,7 +272,7 @@ class FinetuneJob:
         if self._epoch_done():  # scored and saved: on to the next epoch
             self.epoch, self.done_in_epoch, self.evaluated = self.epoch + 1, 0, False
             self.epoch_rng = self.shuffle.getstate()
-            self.begin()
+            self.start_epoch()
         setup, par = self.setup, self.par
         parts = micro_batches(self.batches[self.done_in_epoch], par.rank, par.world_size, setup.config.micro_batch_size)
         enc, lay_out = setup.train_enc, training_collate(setup, self.model)
@@ -331,11 +328,12 @@ class FinetuneJob:
             self.loss.reduced, self.grad_norm, self.last_loss = terms, norm, loss
         self.last_lr = pending[-1].result.lr
 
-    def update_finished(self, report: Progress, due: Due) -> None:
+    def log(self, report: Progress, due: Due) -> None:
+        """The progress report and, when ``due.log``, a ``train`` line in metrics.jsonl: the losses since the last
+        one, this update's terms (L2, L1), rate, gradient norm and throughput."""
         if not due.log:
             report.advance(1)
-
-    def log(self, report: Progress) -> None:
+            return
         now, c, state = time.perf_counter(), self.setup.config, self.state
         state.log(
             {
@@ -441,13 +439,13 @@ class FinetuneJob:
             self.setup.tokenizer,
             kind="finetuned",
             meta=meta,
-            state={"step": self.state.step, "finetune": self.position_state()},
+            state={"step": self.state.step, "finetune": self.state_dict()},
             keep_last=self.setup.config.keep_last,
             head_state=self.model.head.state_dict(),
             extra=(lambda d: ckpt.save_tensors(best, d / BEST)) if best else None,
         )
 
-    def position_state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """Where the run stands, as JSON (floats round-trip exactly)."""
         version, state, gauss = self.epoch_rng
         return {

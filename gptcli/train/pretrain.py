@@ -7,10 +7,10 @@ Run directory (:mod:`gptcli.train.run.directory`)::
     RUN/checkpoints/step-0001000/      checkpoint directories (checkpoint.py) with training state; last K kept
 
 :func:`pretrain` reads top to bottom: the settings → the corpus and the model's shape → the run directory opened
-(:func:`gptcli.train.run.directory.open_run`) and a resume checked → :func:`_plan` (device, shards verified, windows,
-updates) → :func:`_start` (model, optimizer, restored state) → the update loop (:func:`gptcli.train.run.loop.train`)
-over :class:`gptcli.train.pretrain_job.PretrainJob`. On CPU a resumed run's losses are bitwise those of an
-uninterrupted one (tested).
+(:func:`gptcli.train.run.directory.open_run`) and a resume checked → :func:`_build_setup` (device, shards verified,
+windows, updates) → :func:`_start` (model, optimizer, restored state) → the update loop
+(:func:`gptcli.train.run.loop.train`) over :class:`gptcli.train.pretrain_job.PretrainJob`. On CPU a resumed run's
+losses are bitwise those of an uninterrupted one (tested).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from gptcli.train.compiled import compile_loss, keeps_grads
 from gptcli.train.distributed import LaunchSpec, inputs_verified_by_launcher
 from gptcli.train.optim import lr_at, make_optimizer
 from gptcli.train.pretrain_config import RULES, PretrainConfig, build_model_config, check_pretrain
-from gptcli.train.pretrain_job import BatchFeed, PretrainJob, RunPlan, unigram_loss
+from gptcli.train.pretrain_job import BatchFeed, PretrainJob, PretrainSetup, unigram_loss
 from gptcli.train.recipes import WARMUP_RULE, recipe_note, warmup_for
 from gptcli.train.run.directory import (
     CONFIG_FILE,
@@ -179,39 +179,39 @@ def pretrain(
         if run.resume_from is not None and run.resume_header is not None:
             for note in _resume_notes(config, corpus, mcfg, run.resume_from, run.resume_header):
                 report.note(note)
-        plan = _plan(config, corpus, mcfg, val_name, run, par, report)
-        return _pretrain(plan, report)
+        setup = _build_setup(config, corpus, mcfg, val_name, run, par, report)
+        return _pretrain(setup, report)
 
 
-def _pretrain(plan: RunPlan, report: Progress) -> PretrainResult:
-    job = _start(plan, report)
+def _pretrain(setup: PretrainSetup, report: Progress) -> PretrainResult:
+    job = _start(setup, report)
     state = job.state
     report.stage("pretrain", state.total, unit="updates", done=state.step)
     for note, level in _start_notes(job):
         report.note(note, level=level)
     try:
-        with stop_handler(plan.par, resumable=True) as stop:
-            stopped_by = train(job, stop, report, plan.config.max_minutes)
+        with stop_handler(setup.par, resumable=True) as stop:
+            stopped_by = train(job, stop, report, setup.config.max_minutes)
     finally:
         report.end()
         if state.logger is not None:
             state.logger.close()
     final_val = job.val_loss if stopped_by is None else None
-    return PretrainResult(plan.run_dir, state.step, state.total, final_val, stopped_by, state.last_checkpoint)
+    return PretrainResult(setup.run_dir, state.step, state.total, final_val, stopped_by, state.last_checkpoint)
 
 
 def _start_notes(job: PretrainJob) -> list[tuple[str, Level]]:
     """What the run says as it starts, as (note, level): a schedule that does not fit the run, a precision this
     CPU only emulates and an update larger than the free memory (warnings), the LSTM's precision and the preset's
     recipe."""
-    plan, config = job.plan, job.plan.config
+    setup, config = job.setup, job.setup.config
     notes: list[tuple[str | None, Level]] = [
-        (warmup_warning(plan.total_steps, config.warmup_steps, config.lr), "warn"),
-        (precision_warning(plan.precision, plan.device), "warn"),
+        (warmup_warning(setup.total_steps, config.warmup_steps, config.lr), "warn"),
+        (precision_warning(setup.precision, setup.device), "warn"),
         (job.memory_warning(), "warn"),
     ]
-    if arch_of(plan.model_config) == "lstm":
-        notes.append((precision_note(plan.device.type, plan.precision), "info"))
+    if arch_of(setup.model_config) == "lstm":
+        notes.append((precision_note(setup.device.type, setup.precision), "info"))
     if job.state.step == 0:
         notes.append((recipe_note(config.preset, config.lr, config.batch_size, config.seq_len), "info"))
     return [(n, level) for n, level in notes if n is not None]
@@ -220,7 +220,7 @@ def _start_notes(job: PretrainJob) -> list[tuple[str, Level]]:
 # --- before the first update ---------------------------------------------------------------------------------------
 
 
-def _plan(
+def _build_setup(
     config: PretrainConfig,
     corpus: Corpus,
     mcfg: AnyConfig,
@@ -228,7 +228,7 @@ def _plan(
     run: RunDir,
     par: Parallel,
     report: Progress,
-) -> RunPlan:
+) -> PretrainSetup:
     """Pick device and precision, verify the corpus, sample its windows and count the updates. Nothing is written
     yet: every refusal leaves the run as it was."""
     device, precision = prepare_device(config.device, config.precision, given=par.device)
@@ -242,7 +242,7 @@ def _plan(
     sampler = WindowSampler(train_arrays, config.seq_len, config.batch_size, config.seed, par.rank, par.world_size)
     total_steps = plan_steps(config, sampler.steps_per_epoch)
     unigram = unigram_loss(train_arrays, val_arrays, mcfg.total_vocab) if par.is_main and val_arrays else None
-    return RunPlan(
+    return PretrainSetup(
         config,
         par,
         device,
@@ -308,71 +308,71 @@ def _build(mcfg: AnyConfig, device: torch.device) -> LanguageModel:
         raise model_out_of_memory(device, params) from e
 
 
-def _start(plan: RunPlan, report: Progress) -> PretrainJob:
+def _start(setup: PretrainSetup, report: Progress) -> PretrainJob:
     """Build the model (the same weights on every rank) and its trainer, restore a resumed run, and open the run
     directory.
 
     The order is the order of RNG use: seed → initialise → restore the saved RNG → reseed ranks > 0.
     """
-    config, par = plan.config, plan.par
+    config, par = setup.config, setup.par
     torch.manual_seed(config.seed)
-    model = _build(plan.model_config, plan.device)
+    model = _build(setup.model_config, setup.device)
     optimizer = make_optimizer(
         model, config.lr, config.weight_decay, (config.beta1, config.beta2), config.eps, config.decay, report=report
     )
-    trainer = _make_trainer(plan, model, optimizer)
-    state = RunState(plan.device, plan.total_steps, checkpoints=plan.run_dir / "checkpoints")
+    trainer = _make_trainer(setup, model, optimizer)
+    state = RunState(setup.device, setup.total_steps, checkpoints=setup.run_dir / "checkpoints")
     records = None
-    if plan.resume_from is not None:
-        doc = read_step_checkpoint(plan.resume_from, trainer, model)
-        plan.sampler.load_state_dict(doc["sampler"])
+    if setup.resume_from is not None:
+        doc = read_step_checkpoint(setup.resume_from, trainer, model)
+        setup.sampler.load_state_dict(doc["sampler"])
         state.step = state.first_step = int(doc["step"])
         records = doc.get("records")  # counted since this version; before: cut by step
         state.records = records if records is not None else 0
-        state.last_checkpoint, state.saved = plan.resume_from, state.step
+        state.last_checkpoint, state.saved = setup.resume_from, state.step
     state.rank_seed = config.seed  # each rank's dropout stream, redrawn per update (run/loop.py)
     if par.is_main:  # a pretraining run always writes in place: it has no --overwrite to build a replacement
-        with run_directory(PRETRAIN_RUN, plan.run_dir, replace=False) as work:
+        with run_directory(PRETRAIN_RUN, setup.run_dir, replace=False) as work:
             state.logger = start_run_dir(
                 work,
                 config,
-                resumed=plan.resume_from is not None,
+                resumed=setup.resume_from is not None,
                 step=state.step,
                 records=records,
                 report=report,
                 tensorboard=config.tensorboard,
                 wandb=config.wandb,
             )
-    meter = _throughput_meter(plan, model, report)
-    return PretrainJob(plan, model, trainer, state, BatchFeed(plan.sampler, plan.device), meter)
+    meter = _throughput_meter(setup, model, report)
+    return PretrainJob(setup, model, trainer, state, BatchFeed(setup.sampler, setup.device), meter)
 
 
-def _make_trainer(plan: RunPlan, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Trainer:
+def _make_trainer(setup: PretrainSetup, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Trainer:
     """Wrap the model for the ranks and set the loss and the schedule."""
-    config = plan.config
+    config = setup.config
     loss_fn = compile_loss(lm_loss, config.compile_mode) if config.compile else lm_loss
-    total_steps, warmup = plan.total_steps, config.warmup_steps
+    total_steps, warmup = setup.total_steps, config.warmup_steps
     return Trainer(
-        plan.par.wrap(model),
+        setup.par.wrap(model),
         optimizer,
         loss_fn,
         lambda s: lr_at(s, total_steps, config.lr, warmup, config.schedule),
-        device=plan.device,
-        precision=plan.precision,
+        device=setup.device,
+        precision=setup.precision,
         grad_clip=config.grad_clip,
         keep_grads=keeps_grads(config.compile, config.compile_mode),
     )
 
 
-def _throughput_meter(plan: RunPlan, model: LanguageModel, report: Progress) -> Throughput:
+def _throughput_meter(setup: PretrainSetup, model: LanguageModel, report: Progress) -> Throughput:
     """Tokens/s and MFU of the updates alone (not validation or saving)."""
-    config, par = plan.config, plan.par
+    config, par = setup.config, setup.par
     fpt = model.flops_per_token(config.seq_len)
     # tokens_per_step is the global batch, so the meter reads global tokens/s; MFU divides by all devices' peak.
-    peak = peak_flops(plan.device, plan.precision, config.peak_flops) if par.is_main else None
+    peak = peak_flops(setup.device, setup.precision, config.peak_flops) if par.is_main else None
     if par.is_main and peak is None:
         report.note(
-            f"unknown GPU {torch.cuda.get_device_name(plan.device)!r} for {plan.precision}: MFU not shown "
+            f"unknown GPU {torch.cuda.get_device_name(setup.device)!r} for {setup.precision}: MFU not shown "
             "(pass --peak-flops with its dense peak FLOP/s)",
             level="warn",
         )

@@ -1,7 +1,7 @@
 """What pretraining passes to the update loop (:func:`gptcli.train.run.loop.train`): its windows, its cadences, its
 figures and validation, and what its step checkpoints hold.
 
-:class:`RunPlan` is fixed before the first update (what the run reads, where it computes, for how long);
+:class:`PretrainSetup` is fixed before the first update (what the run reads, where it computes, for how long);
 :class:`PretrainJob` is the run as it trains, one :class:`gptcli.train.run.loop.Job`. Validation also says when a
 run learned nothing (:func:`plateau_hint`: its loss still at the unigram loss of token frequencies alone).
 """
@@ -44,7 +44,7 @@ _COUNT_CHUNK = 1 << 22  # tokens per bincount: bounded memory (np.bincount works
 
 
 @dataclass
-class RunPlan:
+class PretrainSetup:
     """What a run is made of before any weights exist: where it computes, what it reads and for how long."""
 
     config: PretrainConfig
@@ -132,17 +132,23 @@ class PretrainJob:
     resumable = True
 
     def __init__(
-        self, plan: RunPlan, model: LanguageModel, trainer: Trainer, state: RunState, feed: BatchFeed, meter: Throughput
+        self,
+        setup: PretrainSetup,
+        model: LanguageModel,
+        trainer: Trainer,
+        state: RunState,
+        feed: BatchFeed,
+        meter: Throughput,
     ) -> None:
-        self.plan, self.model, self.trainer, self.state, self.feed, self.meter = (
-            plan,
+        self.setup, self.model, self.trainer, self.state, self.feed, self.meter = (
+            setup,
             model,
             trainer,
             state,
             feed,
             meter,
         )
-        self.par = plan.par
+        self.par = setup.par
         self.result: StepResult | None = None
         """The update just queued (its figures still on the device until a sync point reads them)."""
         self.figures = (math.nan, math.nan)
@@ -154,21 +160,18 @@ class PretrainJob:
         self.val_loss: float | None = None
         """The last validation loss (None before the first, or without a validation split)."""
 
-    def finished(self) -> bool:
-        return self.state.step >= self.state.total
-
     def next_update(self) -> torch.Tensor:
         """One optimizer update on this rank's share of the next global batch, queued on the device without waiting
         for it; the batch after it is read and sent to the device while this one computes."""
         self.meter.start()
         batch = self.feed.next()
-        self.result = self.trainer.step(self.state.step, split_micro_batches(batch, self.plan.micro))
+        self.result = self.trainer.step(self.state.step, split_micro_batches(batch, self.setup.micro))
         self.feed.prefetch()
         self.state.step += 1
         return self.result.loss
 
     def after_update(self) -> Due:
-        config, step, last = self.plan.config, self.state.step, self.state.step == self.state.total
+        config, step, last = self.setup.config, self.state.step, self.state.step == self.state.total
         return Due(
             log=every(step, config.log_every) or last,
             evaluate=every(step, config.eval_every) or last,
@@ -179,22 +182,22 @@ class PretrainJob:
         """A run resumed at its last update has no update left: it still ends as every run does, validated (its
         checkpoint holds this step already). Otherwise nothing: a checkpoint is written only after all that its
         update was due."""
-        return Due(evaluate=True) if self.finished() else None
+        return Due(evaluate=True) if self.state.step >= self.state.total else None
 
     def read_figures(self) -> None:
         assert self.result is not None
         self.figures = self.result.read()
 
-    def update_finished(self, report: Progress, due: Due) -> None:
-        self.meter.stop(self.plan.tokens_per_step)  # after the read: the window's time includes the device's work
-
     def position(self) -> int:
         return self.state.step
 
-    def log(self, report: Progress) -> None:
-        """A ``train`` line in metrics.jsonl and an ``advance`` (see :func:`gptcli.train.pretrain.pretrain`) for the
-        update just done, from its figures read at this sync point. Every rank calls it: the logged loss is averaged
-        over ranks."""
+    def log(self, report: Progress, due: Due) -> None:
+        """The update's throughput and, when ``due.log``, a ``train`` line in metrics.jsonl and an ``advance`` (see
+        :func:`gptcli.train.pretrain.pretrain`) from its figures read at this sync point. Every rank calls it: the
+        logged loss is averaged over ranks."""
+        self.meter.stop(self.setup.tokens_per_step)  # after the read: the window's time includes the device's work
+        if not due.log:
+            return
         assert self.result is not None
         state, lr, (loss, grad_norm) = self.state, self.result.lr, self.figures
         loss = self.par.mean(loss)
@@ -209,7 +212,7 @@ class PretrainJob:
                 "loss": loss,
                 "lr": lr,
                 "grad_norm": grad_norm,
-                "tokens": state.step * self.plan.tokens_per_step,
+                "tokens": state.step * self.setup.tokens_per_step,
                 "tokens_per_s": tps,
                 "mfu": mfu,
                 "elapsed_s": round(elapsed, 3),
@@ -230,24 +233,24 @@ class PretrainJob:
         """Validation loss at the current step (none without a validation split), logged as an ``eval`` line and a
         ``note``. Every rank calls it: each scores its share of the batches. Not cut short by a signal: it is
         bounded by ``eval_batches``."""
-        plan = self.plan
-        if plan.val_arrays is None:
+        setup = self.setup
+        if setup.val_arrays is None:
             return True
-        loss, tokens = self._validation_loss(plan.val_arrays)
+        loss, tokens = self._validation_loss(setup.val_arrays)
         perplexity = math.exp(min(loss, 700))
         self.state.log(
             {
                 "kind": "eval",
                 "step": self.state.step,
-                "split": plan.val_name,
+                "split": setup.val_name,
                 "loss": loss,
                 "perplexity": perplexity,
                 "tokens": tokens,
-                "unigram_loss": plan.unigram_loss,
+                "unigram_loss": setup.unigram_loss,
             }
         )
         report.note(f"validation at update {self.state.step}: loss {loss:.4f}, perplexity {perplexity:.2f}")
-        hint = None if self.plateau_noted else plateau_hint(self.state.step, loss, plan.unigram_loss)
+        hint = None if self.plateau_noted else plateau_hint(self.state.step, loss, setup.unigram_loss)
         if hint is not None:
             report.note(hint, level="warn")
             self.plateau_noted = True
@@ -256,15 +259,15 @@ class PretrainJob:
 
     def _validation_loss(self, arrays: list[np.ndarray]) -> tuple[float, int]:
         """(mean loss per token, tokens scored) over the validation split, combined over ranks."""
-        plan, par = self.plan, self.par
+        setup, par = self.setup, self.par
         ev = evaluate_lm(
             cast(LanguageModel, unwrap(self.model)),  # unwrapping leaves the model's own class
             arrays,
-            plan.config.seq_len,
-            plan.micro,
-            device=plan.device,
-            precision=plan.precision,
-            max_batches=validation_batches(plan.config, plan.micro),
+            setup.config.seq_len,
+            setup.micro,
+            device=setup.device,
+            precision=setup.precision,
+            max_batches=validation_batches(setup.config, setup.micro),
             rank=par.rank,
             world_size=par.world_size,
         )
@@ -277,21 +280,21 @@ class PretrainJob:
 
     def memory_warning(self) -> str | None:
         """On a CPU, when the largest forward/backward would not fit in the free memory (memory.py)."""
-        plan, c = self.plan, self.plan.config
-        mc = plan.model_config
-        if plan.device.type != "cpu" or arch_of(mc) != TRANSFORMER:  # the estimate is the Transformer's
+        setup, c = self.setup, self.setup.config
+        mc = setup.model_config
+        if setup.device.type != "cpu" or arch_of(mc) != TRANSFORMER:  # the estimate is the Transformer's
             return None
         params = sum(p.numel() for p in self.model.parameters())
 
         def needed(rows: int) -> int:
-            return update_bytes(mc.n_layer, mc.n_embd, mc.total_vocab, params, rows * c.seq_len, plan.precision)
+            return update_bytes(mc.n_layer, mc.n_embd, mc.total_vocab, params, rows * c.seq_len, setup.precision)
 
-        return too_big_warning(needed, plan.micro, f"sequences of {c.seq_len} tokens", divides=plan.share)
+        return too_big_warning(needed, setup.micro, f"sequences of {c.seq_len} tokens", divides=setup.share)
 
     def memory_advice(self, evaluating: bool) -> str:
         """``--micro-batch-size`` halved (the largest size under half that divides a process's share, as the
         batch split requires): it sets the rows of every training and validation forward pass."""
-        c, share, now = self.plan.config, self.plan.share, self.plan.micro
+        c, share, now = self.setup.config, self.setup.share, self.setup.micro
         size = half(now, divides=share)
         if size is None:
             return (
@@ -310,33 +313,33 @@ class PretrainJob:
 
     def save(self) -> Path:
         """(Rank 0) checkpoint the current step with its training state; prune to ``keep_last``."""
-        plan, at = self.plan, self.state.step
-        tokens = at * plan.tokens_per_step
+        setup, at = self.setup, self.state.step
+        tokens = at * setup.tokens_per_step
         assert self.state.checkpoints is not None
         return write_step_checkpoint(
             self.state.checkpoints,
             at,
             self.trainer,
             self.model,
-            plan.corpus.tokenizer,
+            setup.corpus.tokenizer,
             kind="lm",
             meta={
                 "step": at,
                 "tokens": tokens,
                 "stage": "pretrain",
-                "seq_len": plan.config.seq_len,
+                "seq_len": setup.config.seq_len,
                 # What the resume check compares a later --resume against.
-                "pretrain_config": to_dict(dataclasses.replace(plan.config, resume=False)),
-                "corpus_sha256": plan.corpus.fingerprint(),
+                "pretrain_config": to_dict(dataclasses.replace(setup.config, resume=False)),
+                "corpus_sha256": setup.corpus.fingerprint(),
             },
             state={
                 "step": at,
-                "total_steps": plan.total_steps,
+                "total_steps": setup.total_steps,
                 "tokens": tokens,
                 "sampler": self.feed.state_dict(),
                 "records": self.state.records,
             },
-            keep_last=plan.config.keep_last,
+            keep_last=setup.config.keep_last,
         )
 
 

@@ -460,9 +460,6 @@ def test_a_rank_after_the_first_draws_the_same_masks_after_a_resume():
             self.state, self.par, self.masks = RunState(torch.device("cpu"), total), Rank1(), {}
             self.state.step, self.state.rank_seed = start, 1234
 
-        def finished(self) -> bool:
-            return self.state.step >= self.state.total
-
         def due_on_resume(self):
             return None
 
@@ -474,7 +471,7 @@ def test_a_rank_after_the_first_draws_the_same_masks_after_a_resume():
         def after_update(self) -> Due:
             return Due()
 
-        def update_finished(self, report, due) -> None:
+        def log(self, report, due) -> None:
             pass
 
     whole, resumed = Job(0, 6), Job(3, 6)

@@ -23,7 +23,7 @@ from gptcli.system.runtime import peak_for_gpu_name, resolve_precision
 from gptcli.train import distributed
 from gptcli.train import pretrain as pretrain_mod
 from gptcli.train.optim import make_optimizer
-from gptcli.train.pretrain import PretrainConfig, RunPlan, pretrain
+from gptcli.train.pretrain import PretrainConfig, PretrainSetup, pretrain
 from gptcli.train.run.loop import NonFiniteLossError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -146,11 +146,11 @@ def test_a_cuda_bf16_lstm_run_says_what_its_lstm_computes_in(tmp_path, monkeypat
 
 @pytest.mark.parametrize("world, micro, rows", [(8, None, 8), (1, None, 64), (8, 4, 4), (3, None, 21)])
 def test_validation_reads_a_ranks_share_not_the_global_batch(world, micro, rows):
-    plan = SimpleNamespace(
+    setup = SimpleNamespace(
         config=SimpleNamespace(batch_size=64, micro_batch_size=micro), par=SimpleNamespace(world_size=world)
     )
-    plan.share = RunPlan.share.fget(plan)
-    assert RunPlan.micro.fget(plan) == rows
+    setup.share = PretrainSetup.share.fget(setup)
+    assert PretrainSetup.micro.fget(setup) == rows
 
 
 def test_a_resume_loads_the_checkpoint_onto_the_cpu_then_into_the_model(tmp_path, monkeypatch):

@@ -40,9 +40,6 @@ class Job:
         self.calls: list[str] = []
         self.evaluate_ok, self.signal_after, self.resume_due = evaluate_ok, signal_after, None
 
-    def finished(self):
-        return self.state.step >= self.state.total
-
     def next_update(self):
         self.state.step += 1
         self.calls.append(f"update {self.state.step}")
@@ -64,11 +61,9 @@ class Job:
     def read_figures(self):
         self.calls.append(f"read {self.state.step}")
 
-    def update_finished(self, report, due):
-        pass
-
-    def log(self, report):
-        self.calls.append(f"log {self.state.step}")
+    def log(self, report, due):
+        if due.log:
+            self.calls.append(f"log {self.state.step}")
 
     def evaluate(self, report, stop):
         self.calls.append(f"evaluate {self.state.step}")

@@ -159,7 +159,8 @@ class RunState:
 
 @dataclass(frozen=True)
 class Due:
-    """What is due after an update (or, for :meth:`Job.due_on_resume`, at a restored position)."""
+    """What is due after an update (or, for :meth:`Job.due_on_resume`, at a restored position: never a log line,
+    no update's figures wait there)."""
 
     log: bool = False
     evaluate: bool = False
@@ -172,9 +173,9 @@ class Due:
 
 
 class Job(Protocol):
-    """What a kind of run hands to :func:`train`. The loop asks, for every update: :meth:`next_update`, then
-    :meth:`after_update` (what is due), and at a sync point :meth:`read_figures`, :meth:`log`, :meth:`evaluate`,
-    :meth:`save`."""
+    """What a kind of run hands to :func:`train`, which runs its updates until ``state.step`` reaches ``state.total``.
+    The loop asks, for every update: :meth:`next_update`, then :meth:`after_update` (what is due), at a sync point
+    :meth:`read_figures`, then :meth:`log`, and as due :meth:`evaluate` and :meth:`save`."""
 
     state: RunState
     par: Parallel
@@ -185,9 +186,6 @@ class Job(Protocol):
     def model(self) -> nn.Module:
         """The bare model whose weights are checked before every checkpoint (read-only here: each job holds its
         own kind of model)."""
-
-    def finished(self) -> bool:
-        """Whether every planned update is done."""
 
     def next_update(self) -> torch.Tensor:
         """Queue the next update on the device without waiting for it (``state.step`` counts it); its loss."""
@@ -201,11 +199,9 @@ class Job(Protocol):
     def read_figures(self) -> None:
         """At a sync point: read the figures of the updates since the last one (one transfer)."""
 
-    def update_finished(self, report: Progress, due: Due) -> None:
-        """After the update (and its read, if any): per-update bookkeeping such as throughput and progress."""
-
-    def log(self, report: Progress) -> None:
-        """A training line in metrics.jsonl and the progress report, from the figures :meth:`read_figures` got."""
+    def log(self, report: Progress, due: Due) -> None:
+        """After every update (and its read, if any): the progress report and, when ``due.log``, a training line in
+        metrics.jsonl from the figures :meth:`read_figures` got."""
 
     def evaluate(self, report: Progress, stop: GracefulStop) -> bool:
         """Score the held-out data now; False when a signal cut it short (nothing changed: it is redone)."""
@@ -242,7 +238,7 @@ def train(job: Job, stop: GracefulStop, report: Progress, max_minutes: float | N
         if stopped is not None:
             return stopped
     unread = False
-    while not job.finished():
+    while job.state.step < job.state.total:
         if deadline is not None and job.par.any(time.monotonic() >= deadline):  # every rank stops at the same update
             report.note(
                 f"stopped at the time limit ({max_minutes:g} min) after update {job.state.step} of "
@@ -260,7 +256,7 @@ def train(job: Job, stop: GracefulStop, report: Progress, max_minutes: float | N
         if due.sync:
             sync_point(job)
         unread = not due.sync
-        job.update_finished(report, due)
+        job.log(report, due)
         stopped = _do_due(job, due, stop, report)
         if stopped is not None:
             return stopped
@@ -268,9 +264,8 @@ def train(job: Job, stop: GracefulStop, report: Progress, max_minutes: float | N
 
 
 def _do_due(job: Job, due: Due, stop: GracefulStop, report: Progress) -> str | None:
-    """What is due after an update, in the one order: log, evaluate, save, and stop if a signal came."""
-    if due.log:
-        job.log(report)
+    """What is due after an update (its log line written), in the one order: evaluate, save, and stop if a signal
+    came."""
     if due.evaluate and not _evaluate(job, report, stop):
         return stop_here(job, stop)  # a signal came during the evaluation: it is redone on resume
     if due.save:
