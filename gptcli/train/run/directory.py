@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -37,7 +38,7 @@ from gptcli.model.build import LanguageModel
 from gptcli.progress import Progress
 from gptcli.tokenizers import Tokenizer
 from gptcli.train.run import training_state
-from gptcli.train.run.resume import resume_point
+from gptcli.train.run.resume import SettingRules, resume_point
 from gptcli.train.runlog import METRICS, RunLogger, keep_first_records, truncate_metrics
 from gptcli.train.trainer import Parallel, Trainer
 
@@ -88,6 +89,8 @@ class RunDir:
     plan: RunDirPlan
     is_main: bool
     resume_header: ckpt.Header | None = None
+    results: dict[str, Any] | None = None
+    """A finished run's recorded outcome (mode ``done``), its settings already found the same."""
 
     @property
     def out(self) -> Path:
@@ -118,18 +121,48 @@ def open_run(
     overwrite: bool,
     verify: bool,
     inputs: list[Path],
+    settings: Any = None,
+    rules: SettingRules | None = None,
     par: Parallel,
     report: Progress,
 ) -> Iterator[RunDir]:
     """Open ``out`` for a run, held for as long as the block runs: locked (by rank 0, or the job's launcher:
     :func:`gptcli.files.locks.output_lock`), checked to be no input and no other kind of directory, and what to do with
-    it decided (:func:`plan_run_dir`), with the checkpoint a resume continues from. Every rank has looked at the
+    it decided (:func:`plan_run_dir`), with the checkpoint a resume continues from, or, for a finished run resumed,
+    its results (:func:`finished_results`: its recorded settings compared to ``settings`` by ``rules``; the stale
+    temporaries a kill in its last moments left in checkpoints/ removed by rank 0). Every rank has looked at the
     directory before rank 0 writes in it."""
     with main_rank_lock(out, par.is_main):
         plan = plan_run_dir(kind, out, resume=resume, overwrite=overwrite, verify=verify, inputs=inputs, report=report)
         header = ckpt.read_header(plan.resume_from) if plan.resume_from is not None else None
         par.barrier()
-        yield RunDir(kind, plan, par.is_main, header)
+        results = None
+        if plan.mode == "done" and kind.results is not None and rules is not None:
+            results = finished_results(out / kind.results, rules, settings)
+            if par.is_main:
+                training_state.remove_step_checkpoints(out / CHECKPOINTS)
+            report.note(f"{out}: the run is already finished; nothing to resume")
+        yield RunDir(kind, plan, par.is_main, header, results)
+
+
+def finished_results(path: Path, rules: SettingRules, settings: Any) -> dict[str, Any]:
+    """A finished run's results (``path``), read back for a resume of it: a resume is idempotent (e.g. a job requeued
+    after it ended) unless a setting that defines the run changed, which is refused as any resume would be."""
+    out = path.parent
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+        old = dict(results["config"])
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise GPT1Error(
+            f"{path}: unreadable results of a finished run ({e}) (pass --overwrite to run it again)"
+        ) from None
+    changed, _ = rules.setting_changes(settings, old)
+    if changed:
+        raise GPT1Error(
+            f"{out}: the run is finished with other settings: {', '.join(changed)} (pass --overwrite to "
+            "run it again with these, or choose another --out)"
+        )
+    return dict(results)
 
 
 def recorded(config: C) -> C:
