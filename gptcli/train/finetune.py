@@ -56,12 +56,12 @@ from gptcli.train.run.directory import (
     open_run,
     plan_run_dir,
     recorded,
+    remove_step_checkpoints,
     start_run_dir,
     step_checkpoints,
 )
 from gptcli.train.run.loop import RunState, stop_handler, train
 from gptcli.train.run.resume import check_resume
-from gptcli.train.run.training_state import remove_step_checkpoints
 from gptcli.train.trainer import Parallel, Trainer
 
 RESULTS = "results.json"

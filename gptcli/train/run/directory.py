@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import shutil
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,7 +141,7 @@ def open_run(
         if plan.mode == "done" and kind.results is not None and rules is not None:
             results = finished_results(out / kind.results, rules, settings)
             if par.is_main:
-                training_state.remove_step_checkpoints(out / CHECKPOINTS)
+                remove_step_checkpoints(out / CHECKPOINTS)
             report.note(f"{out}: the run is already finished; nothing to resume")
         yield RunDir(kind, plan, par.is_main, header, results)
 
@@ -183,6 +184,47 @@ def step_checkpoints(out: str | Path) -> list[Path]:
 def has_checkpoints(out: str | Path) -> bool:
     """Whether RUN/checkpoints holds a step checkpoint (continued with ``resume``, refused without it)."""
     return bool(step_checkpoints(out))
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:07d}"
+
+
+def prune_checkpoints(checkpoints: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` complete ``step-*`` checkpoints and stale temporary directories."""
+    checkpoints = Path(checkpoints)
+    if not checkpoints.is_dir():
+        return []
+    removed = []
+    # .tmp-: a checkpoint write or a prune cut short; .old-: a checkpoint replaced (fine-tuning saves the same step
+    # again after an interrupted epoch's dev score) whose swap was cut short.
+    for stale in [*checkpoints.glob(".step-*.tmp-*"), *checkpoints.glob(".step-*.old-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
+        removed.append(stale)
+    if keep > 0:
+        done = sorted(c for c in checkpoints.glob("step-*") if c.is_dir() and ckpt.is_checkpoint(c))
+        for old in done[:-keep]:
+            _discard(old)
+            removed.append(old)
+    return removed
+
+
+def remove_step_checkpoints(checkpoints: Path) -> None:
+    """Delete every ``step-*`` checkpoint, oldest first (so an interrupted removal leaves the newest), and every stale
+    temporary (a write, a swap or a prune cut short): a finished fine-tuning run keeps only ``final``."""
+    d = Path(checkpoints)
+    for stale in [*d.glob(".*.tmp-*"), *d.glob(".*.old-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
+    for old in sorted(c for c in d.glob("step-*") if c.is_dir()):
+        _discard(old)
+
+
+def _discard(old: Path) -> None:
+    # Hide it first (an atomic rename), then delete: a crash mid-delete leaves a stale temporary that the next
+    # prune removes, never a half-deleted step-* directory that looks like a damaged checkpoint.
+    trash = old.parent / f".{old.name}.tmp-pruned-{uuid.uuid4().hex[:8]}"
+    old.rename(trash)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def plan_run_dir(
@@ -353,7 +395,7 @@ def write_step_checkpoint(
             extra(d)
 
     path = ckpt.save_checkpoint(
-        checkpoints / training_state.step_dir_name(step),
+        checkpoints / step_dir_name(step),
         body,
         tokenizer,
         kind=kind,
@@ -361,7 +403,7 @@ def write_step_checkpoint(
         head_state=head_state,
         extra=write_state,
     )
-    training_state.prune_checkpoints(checkpoints, keep_last)
+    prune_checkpoints(checkpoints, keep_last)
     return path
 
 
