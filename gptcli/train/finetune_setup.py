@@ -31,8 +31,8 @@ from gptcli.model.build import (
     AnyConfig,
     LanguageModel,
     arch_of,
-    build_model,
     config_from_dict,
+    new_model,
     preset,
     reinit_after,
     with_dropout,
@@ -41,7 +41,6 @@ from gptcli.model.heads import HeadConfig
 from gptcli.model.kernels import prepare as prepare_kernels  # the compiled kernels' first-use build, as a stage
 from gptcli.model.lstm import precision_note
 from gptcli.progress import Progress
-from gptcli.system.out_of_memory import weights_fit
 from gptcli.system.runtime import Precision, precision_warning, prepare_device
 from gptcli.tasks import ReadOptions, Task
 from gptcli.tasks.base import EVAL_SUBSET_SEED, Example, subsample
@@ -208,17 +207,6 @@ def _check_same_tokenizer(tokenizer: str, init: Path) -> None:
         )
 
 
-def _build(mcfg: AnyConfig) -> LanguageModel:
-    """A new model (``--init none``); one whose weights alone do not fit is the one-line error that gives its size."""
-
-    def count() -> int:
-        with torch.device("meta"):  # the count, without allocating the weights again
-            return build_model(mcfg).num_params()
-
-    with weights_fit("cpu", count):
-        return build_model(mcfg)
-
-
 def build_body(config: FinetuneConfig) -> tuple[LanguageModel, Tokenizer, dict[str, Any]]:
     """The GPT body with its three special tokens, the tokenizer, and a description of where it came from."""
     n_sp = 3
@@ -234,7 +222,7 @@ def build_body(config: FinetuneConfig) -> tuple[LanguageModel, Tokenizer, dict[s
             except KeyError as e:
                 raise GPT1Error(f"--model: {e.args[0]}") from None
         mcfg.vocab_size = tok.vocab_size
-        gpt = _build(mcfg)
+        gpt = new_model(mcfg)
         source: dict[str, Any] = {"init": "none", "tokenizer": str(config.tokenizer)}
     else:
         if not config.init:
