@@ -272,10 +272,10 @@ def build_body(
         weights_sha = ck.weights_sha256()  # what a resume compares the init checkpoint by
         gpt = ck.model
         found: Tokenizer | None = ck.tokenizer
-        if tokenizer and found is not None:
-            _check_same_tokenizer(tokenizer, ck.path)  # the same one by content: nothing to load twice
-        elif tokenizer:
+        if tokenizer and found is None:  # the checkpoint has none: --tokenizer gives it
             found, _ = _load_tokenizer_from(tokenizer)
+        elif tokenizer:
+            _check_same_tokenizer(tokenizer, ck.path)  # the same one by content: nothing to load twice
         if found is None:
             raise GPT1Error(f"{ck.path}: checkpoint has no tokenizer/ (pass --tokenizer DIR)")
         tok = found
