@@ -401,9 +401,11 @@ def _load_checkpoint(p: Path, map_location: str | torch.device, load_tokenizer: 
     if verify:
         check_intact(p)
     mcfg = model_config(p, header)
-    check_weights_fit(p / WEIGHTS, mcfg)  # from the safetensors header, before anything is allocated
+    shapes = safetensors_shapes(p / WEIGHTS)  # the weights file's header, read once: nothing is allocated yet
+    check_weights_fit(p / WEIGHTS, shapes, mcfg)
+    params = sum(math.prod(shape) for shape in shapes.values())  # every tensor, the task head's too
     try:
-        with weights_fit(map_location, lambda: _param_count(p / WEIGHTS)):
+        with weights_fit(map_location, lambda: params):
             tensors = load_file(str(p / WEIGHTS), device=str(map_location))
     except OutOfMemory:
         raise
@@ -425,11 +427,6 @@ def _load_checkpoint(p: Path, map_location: str | torch.device, load_tokenizer: 
 
         tok = _load_tok(p / TOKENIZER)
     return Checkpoint(p, model, mcfg, tok, header.kind, header.meta, head, header.files)
-
-
-def _param_count(weights: Path) -> int:
-    """The parameters of a weights file (every tensor, the task head's too), from its header alone."""
-    return sum(math.prod(shape) for shape in safetensors_shapes(weights).values())
 
 
 def model_config(p: Path, header: Header) -> AnyConfig:
@@ -472,11 +469,11 @@ def _check_finite(weights: Path, tensors: dict[str, torch.Tensor]) -> None:
         )
 
 
-def check_weights_fit(weights: Path, mcfg: AnyConfig) -> None:
-    """Refuse a config that does not describe the weights file, reading only the file's header and building the
-    model on the meta device with one and two layers: a config claiming 100,000 layers (or 10^9 rows) costs
-    nothing, where building it first would take minutes and gigabytes before "weights do not match"."""
-    shapes = {k: v for k, v in safetensors_shapes(weights).items() if not k.startswith(HEAD_PREFIX)}
+def check_weights_fit(weights: Path, shapes: dict[str, tuple[int, ...]], mcfg: AnyConfig) -> None:
+    """Refuse a config that does not describe the weights file (``shapes``: every tensor's, from the file's header),
+    building the model on the meta device with one and two layers: a config claiming 100,000 layers (or 10^9 rows)
+    costs nothing, where building it first would take minutes and gigabytes before "weights do not match"."""
+    shapes = {k: v for k, v in shapes.items() if not k.startswith(HEAD_PREFIX)}
     per = []
     for n in (1, 2):
         with torch.device("meta"):

@@ -14,6 +14,7 @@ from gptcli import checkpoint as ckpt
 from gptcli.errors import GPT1Error
 from gptcli.model.gpt import GPT, ModelConfig
 from gptcli.train.optim import make_optimizer
+from gptcli.train.run import directory
 from gptcli.train.run import training_state as ts
 
 TINY = ModelConfig(vocab_size=50, n_ctx=8, n_embd=16, n_layer=1, n_head=2, n_inner=32)
@@ -94,7 +95,7 @@ def test_resolve_newest_ignores_temp_dirs_and_prune_keeps_k(tmp_path):
     model, _ = _trained()
     run = tmp_path / "run"
     for step in (2, 4, 6):
-        ckpt.save_checkpoint(run / "checkpoints" / ts.step_dir_name(step), model, meta={"step": step})
+        ckpt.save_checkpoint(run / "checkpoints" / directory.step_dir_name(step), model, meta={"step": step})
     # What a process killed mid-save leaves: a temp dir that even holds complete-looking files.
     stale = run / "checkpoints" / ".step-0000008.tmp-deadbeef"
     stale.mkdir()
@@ -102,7 +103,7 @@ def test_resolve_newest_ignores_temp_dirs_and_prune_keeps_k(tmp_path):
     (stale / ckpt.WEIGHTS).write_bytes(b"\0" * 10)
     assert ckpt.resolve_checkpoint(run).name == "step-0000006"
     assert ckpt.load_checkpoint(run).meta["step"] == 6
-    ts.prune_checkpoints(run / "checkpoints", keep=2)
+    directory.prune_checkpoints(run / "checkpoints", keep=2)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0000004", "step-0000006"]
 
 
@@ -149,14 +150,14 @@ def test_newest_intact_skips_damaged_checkpoints_and_says_why(tmp_path):
     model, _ = _trained()
     run = tmp_path / "run"
     for step in (1, 2, 3):
-        ckpt.save_checkpoint(run / "checkpoints" / ts.step_dir_name(step), model, meta={"step": step})
-    newest = run / "checkpoints" / ts.step_dir_name(3)
+        ckpt.save_checkpoint(run / "checkpoints" / directory.step_dir_name(step), model, meta={"step": step})
+    newest = run / "checkpoints" / directory.step_dir_name(3)
     (newest / ckpt.WEIGHTS).write_bytes(b"garbage")
     good, skipped = ckpt.newest_intact(run)
-    assert good.name == ts.step_dir_name(2)
+    assert good.name == directory.step_dir_name(2)
     assert [(c.name, "checksum mismatch" in why) for c, why in skipped] == [(newest.name, True)]
     for step in (1, 2):
-        (run / "checkpoints" / ts.step_dir_name(step) / ckpt.CONFIG).write_text("{not json")
+        (run / "checkpoints" / directory.step_dir_name(step) / ckpt.CONFIG).write_text("{not json")
     with pytest.raises(GPT1Error, match="no intact checkpoint"):
         ckpt.newest_intact(run)
 

@@ -18,6 +18,7 @@ import torch
 from gptcli.model import gpt, lstm
 from gptcli.model.gpt import GPT, KVCache, ModelConfig
 from gptcli.model.lstm import LSTMLM, LSTMConfig, LSTMState
+from gptcli.system.out_of_memory import weights_fit
 
 TRANSFORMER = "transformer"
 """The ``arch`` of GPT-1 itself; a checkpoint that records none is one."""
@@ -115,6 +116,18 @@ def reinit_after(model: LanguageModel, keep_layers: int) -> None:
 def build_model(config: AnyConfig) -> LanguageModel:
     """A freshly initialised model of the config's architecture (on the default device)."""
     return ARCHS[arch_of(config)][1](config)
+
+
+def new_model(config: AnyConfig, device: torch.device | str = "cpu") -> LanguageModel:
+    """A freshly initialised model on ``device`` for a run to train; one whose weights alone do not fit is the
+    one-line error that gives its size (:func:`gptcli.system.out_of_memory.weights_fit`)."""
+
+    def count() -> int:
+        with torch.device("meta"):  # the count, without allocating the weights again
+            return build_model(config).num_params()
+
+    with weights_fit(device, count):
+        return build_model(config).to(device)
 
 
 def new_cache(

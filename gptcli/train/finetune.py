@@ -25,7 +25,6 @@ from typing import Any, cast
 from gptcli.checkpoint import Header, save_checkpoint
 from gptcli.config import to_dict
 from gptcli.data.batching import num_batches
-from gptcli.errors import GPT1Error
 from gptcli.eval.baselines import baseline_of
 from gptcli.files.fsutil import write_text_atomic
 from gptcli.files.outputs import next_free
@@ -57,12 +56,12 @@ from gptcli.train.run.directory import (
     open_run,
     plan_run_dir,
     recorded,
+    remove_step_checkpoints,
     start_run_dir,
     step_checkpoints,
 )
 from gptcli.train.run.loop import RunState, stop_handler, train
 from gptcli.train.run.resume import check_resume
-from gptcli.train.run.training_state import remove_step_checkpoints
 from gptcli.train.trainer import Parallel, Trainer
 
 RESULTS = "results.json"
@@ -135,12 +134,15 @@ def finetune(
         overwrite=config.overwrite,
         verify=config.verify,
         inputs=inputs,
+        settings=config,
+        rules=RULES,
         par=par,
         report=report,
     )
     with opened as run:
-        if run.mode == "done":
-            return finished_run(config, run.out, report, tidy=par.is_main)
+        if run.results is not None:  # a finished run resumed: nothing to train, the result it has
+            steps, history = int(run.results.get("steps", 0)), list(run.results.get("history", []))
+            return FinetuneResult(run.out, run.out / CHECKPOINTS / FINAL, run.results, history, None, steps, steps)
         with use_kernels(config.kernels):  # the caller's kernel mode back after
             setup, gpt = build_setup(config, task, par, report)
             return _finetune(setup, gpt, run, par, report)
@@ -277,30 +279,6 @@ def plan_launch_run(config: FinetuneConfig, world_size: int) -> RunDirPlan:
         inputs=inputs,
         report=SILENT,
     )
-
-
-def finished_run(config: FinetuneConfig, out: Path, report: Progress, tidy: bool = True) -> FinetuneResult:
-    """``resume`` of a finished run: nothing to train, so the result it has (a resume is idempotent, e.g. for a job
-    that is requeued after it ended) — unless a setting that defines the run changed, which is refused as any resume
-    would be. Stale temporaries a kill in the run's last moments left in checkpoints/ are removed."""
-    try:
-        results = json.loads((out / RESULTS).read_text(encoding="utf-8"))
-        old = dict(results["config"])
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise GPT1Error(
-            f"{out / RESULTS}: unreadable results of a finished run ({e}) (pass --overwrite to run it again)"
-        ) from None
-    changed, _ = RULES.setting_changes(config, old)
-    if changed:
-        raise GPT1Error(
-            f"{out}: the run is finished with other settings: {', '.join(changed)} (pass --overwrite to "
-            "run it again with these, or choose another --out)"
-        )
-    if tidy:  # rank 0 of a data-parallel job alone
-        remove_step_checkpoints(out / CHECKPOINTS)
-    report.note(f"{out}: the run is already finished; nothing to resume")
-    steps = int(results.get("steps", 0))
-    return FinetuneResult(out, out / CHECKPOINTS / FINAL, results, list(results.get("history", [])), None, steps, steps)
 
 
 # --------------------------------------------------------------------------------------------- outputs

@@ -31,8 +31,8 @@ from gptcli.model.build import (
     AnyConfig,
     LanguageModel,
     arch_of,
-    build_model,
     config_from_dict,
+    new_model,
     preset,
     reinit_after,
     with_dropout,
@@ -41,7 +41,6 @@ from gptcli.model.heads import HeadConfig
 from gptcli.model.kernels import prepare as prepare_kernels  # the compiled kernels' first-use build, as a stage
 from gptcli.model.lstm import precision_note
 from gptcli.progress import Progress
-from gptcli.system.out_of_memory import weights_fit
 from gptcli.system.runtime import Precision, precision_warning, prepare_device
 from gptcli.tasks import ReadOptions, Task
 from gptcli.tasks.base import EVAL_SUBSET_SEED, Example, subsample
@@ -85,16 +84,36 @@ def build_setup(
     """Everything a run is made of, in the order a refusal should come: the task's data first (a missing or malformed
     file fails before any weights are loaded), then the device, the body (seeded: it draws the special tokens'
     rows) and the encoded examples. Returns the setup and the body."""
-    data = read_task_data(task, config)
+    splits = (config.train_split, config.eval_split)
+    data = read_task_data(
+        task,
+        config.data_dir,
+        splits,
+        skip_bad_rows=config.skip_bad_rows,
+        max_train=config.max_train_examples,
+        max_eval=config.max_eval_examples,
+        seed=config.seed,
+    )
     device, precision = prepare_device(config.device, config.precision, given=par.device)
     if (warning := precision_warning(precision, device)) is not None:
         report.note(warning, level="warn")
     prepare_kernels(device, report)
     seed_everything(config.seed)
-    gpt, tok, source = build_body(config)
-    n_ctx = sequence_limit(config, gpt.config.n_ctx)
+    gpt, tok, source = build_body(
+        config.init,
+        config.tokenizer,
+        model=config.model,
+        verify=config.verify,
+        transfer_layers=config.transfer_layers,
+        dropout=config.dropout,
+    )
+    n_ctx = sequence_limit(config.n_ctx, gpt.config.n_ctx)
     train_enc, dev_enc = main_rank_first(
-        par, config.cache, lambda: encode_task_data(config, task, data, tok, n_ctx, report)
+        par,
+        config.cache,
+        lambda: encode_task_data(
+            task, data, tok, n_ctx, splits, cache=config.cache, workers=config.workers, progress=report
+        ),
     )
     head = HeadConfig(
         kind=task.kind,
@@ -110,15 +129,15 @@ def build_setup(
     return setup, gpt
 
 
-def sequence_limit(config: FinetuneConfig, model_ctx: int) -> int:
+def sequence_limit(n_ctx: int | None, model_ctx: int) -> int:
     """The longest sequence: ``n_ctx``, default the model's context. A longer one is refused, not shortened: the run
     would record an ``n_ctx`` its model cannot read (and its encoded-example cache key would name it)."""
-    if config.n_ctx is not None and config.n_ctx > model_ctx:
+    if n_ctx is not None and n_ctx > model_ctx:
         raise GPT1Error(
-            f"--n-ctx {config.n_ctx} exceeds the model's context of {model_ctx} tokens (pass --n-ctx "
+            f"--n-ctx {n_ctx} exceeds the model's context of {model_ctx} tokens (pass --n-ctx "
             f"{model_ctx} or less, or leave it unset for the model's context)"
         )
-    return config.n_ctx or model_ctx
+    return n_ctx or model_ctx
 
 
 def seed_everything(seed: int) -> None:
@@ -139,30 +158,40 @@ class TaskData:
     """Rows the dataset's own rule leaves out (SNLI/MNLI ``gold_label == "-"``)."""
 
 
-def read_task_data(task: Task, config: FinetuneConfig) -> TaskData:
-    """The labeled training split and (unless ``eval_split`` is empty) the labeled dev split, subsampled, with the
-    bad rows skipped (``path:line: reason``) and the count of rows the dataset's own rule leaves out (SNLI/MNLI
-    ``gold_label == "-"``)."""
-    opts = ReadOptions(skip_bad_rows=config.skip_bad_rows, skippable=True)
-    train = task.read(config.train_split, config.data_dir, opts)
+def read_task_data(
+    task: Task,
+    data_dir: str | None,
+    splits: tuple[str, str] = ("train", "dev"),
+    *,
+    skip_bad_rows: bool = False,
+    max_train: int | None = None,
+    max_eval: int | None = None,
+    seed: int = 42,
+) -> TaskData:
+    """The labeled training split and (unless the evaluation split, ``splits[1]``, is empty) the labeled dev split,
+    subsampled (the training examples with ``seed``), with the bad rows skipped (``path:line: reason``) and the count
+    of rows the dataset's own rule leaves out (SNLI/MNLI ``gold_label == "-"``)."""
+    train_split, eval_split = splits
+    opts = ReadOptions(skip_bad_rows=skip_bad_rows, skippable=True)
+    train = task.read(train_split, data_dir, opts)
     unlabeled = sum(e.label is None for e in train)
     if unlabeled:
-        raise GPT1Error(f"{task.name}: split {config.train_split!r} has {unlabeled} unlabeled rows; cannot train on it")
+        raise GPT1Error(f"{task.name}: split {train_split!r} has {unlabeled} unlabeled rows; cannot train on it")
     skipped, excluded = opts.skipped, len(getattr(opts, "excluded", []))
     dev: list[Example] = []
-    if config.eval_split:
-        dev_opts = ReadOptions(skip_bad_rows=config.skip_bad_rows, skippable=True)
-        dev = task.read(config.eval_split, config.data_dir, dev_opts)
+    if eval_split:
+        dev_opts = ReadOptions(skip_bad_rows=skip_bad_rows, skippable=True)
+        dev = task.read(eval_split, data_dir, dev_opts)
         skipped += dev_opts.skipped
         excluded += len(getattr(dev_opts, "excluded", []))
         if any(e.label is None for e in dev):
-            raise GPT1Error(f"{task.name}: split {config.eval_split!r} is unlabeled; choose a labeled --eval-split")
-    train = subsample(train, config.max_train_examples, config.seed)
+            raise GPT1Error(f"{task.name}: split {eval_split!r} is unlabeled; choose a labeled --eval-split")
+    train = subsample(train, max_train, seed)
     # The dev subset is drawn as `gpt1 eval --max-examples` draws it (it drew with seed + 1 before: a run's dev score
     # and eval's were on different examples, and runs of different seeds on different dev subsets).
-    dev = subsample(dev, config.max_eval_examples, EVAL_SUBSET_SEED)
+    dev = subsample(dev, max_eval, EVAL_SUBSET_SEED)
     if not train:
-        raise GPT1Error(f"{task.name}: no training examples in split {config.train_split!r}")
+        raise GPT1Error(f"{task.name}: no training examples in split {train_split!r}")
     return TaskData(train, dev, skipped, excluded)
 
 
@@ -208,45 +237,45 @@ def _check_same_tokenizer(tokenizer: str, init: Path) -> None:
         )
 
 
-def _build(mcfg: AnyConfig) -> LanguageModel:
-    """A new model (``--init none``); one whose weights alone do not fit is the one-line error that gives its size."""
-
-    def count() -> int:
-        with torch.device("meta"):  # the count, without allocating the weights again
-            return build_model(mcfg).num_params()
-
-    with weights_fit("cpu", count):
-        return build_model(mcfg)
-
-
-def build_body(config: FinetuneConfig) -> tuple[LanguageModel, Tokenizer, dict[str, Any]]:
-    """The GPT body with its three special tokens, the tokenizer, and a description of where it came from."""
+def build_body(
+    init: str,
+    tokenizer: str | None = None,
+    *,
+    model: str = "gpt1",
+    verify: bool = True,
+    transfer_layers: int | None = None,
+    dropout: float | None = None,
+) -> tuple[LanguageModel, Tokenizer, dict[str, Any]]:
+    """The GPT body with its three special tokens, the tokenizer, and a description of where it came from: the
+    checkpoint ``init`` (verified unless ``verify`` is off), or with ``init="none"`` a new ``model`` preset (or the
+    shape of the checkpoint ``tokenizer`` names); its layers after ``transfer_layers`` re-initialised, its dropouts
+    set to ``dropout``."""
     n_sp = 3
-    if config.init.lower() == "none":
-        if not config.tokenizer:
+    if init.lower() == "none":
+        if not tokenizer:
             raise GPT1Error(
                 "--init none needs --tokenizer DIR (a tokenizer directory or a checkpoint) to encode the task"
             )
-        tok, mcfg = _load_tokenizer_from(config.tokenizer)
+        tok, mcfg = _load_tokenizer_from(tokenizer)
         if mcfg is None:
             try:
-                mcfg = preset(config.model, vocab_size=tok.vocab_size)
+                mcfg = preset(model, vocab_size=tok.vocab_size)
             except KeyError as e:
                 raise GPT1Error(f"--model: {e.args[0]}") from None
         mcfg.vocab_size = tok.vocab_size
-        gpt = _build(mcfg)
-        source: dict[str, Any] = {"init": "none", "tokenizer": str(config.tokenizer)}
+        gpt = new_model(mcfg)
+        source: dict[str, Any] = {"init": "none", "tokenizer": str(tokenizer)}
     else:
-        if not config.init:
+        if not init:
             raise GPT1Error("no checkpoint to fine-tune: pass --init CHECKPOINT (or --init none for no pretraining)")
-        ck = load_checkpoint(config.init, verify=config.verify)
+        ck = load_checkpoint(init, verify=verify)
         weights_sha = ck.weights_sha256()  # what a resume compares the init checkpoint by
         gpt = ck.model
         found: Tokenizer | None = ck.tokenizer
-        if config.tokenizer and found is not None:
-            _check_same_tokenizer(config.tokenizer, ck.path)  # the same one by content: nothing to load twice
-        elif config.tokenizer:
-            found, _ = _load_tokenizer_from(config.tokenizer)
+        if tokenizer and found is None:  # the checkpoint has none: --tokenizer gives it
+            found, _ = _load_tokenizer_from(tokenizer)
+        elif tokenizer:
+            _check_same_tokenizer(tokenizer, ck.path)  # the same one by content: nothing to load twice
         if found is None:
             raise GPT1Error(f"{ck.path}: checkpoint has no tokenizer/ (pass --tokenizer DIR)")
         tok = found
@@ -258,29 +287,36 @@ def build_body(config: FinetuneConfig) -> tuple[LanguageModel, Tokenizer, dict[s
             "they must come from the same pretraining run"
         )
     gpt.add_special_tokens(n_sp)  # start, delimiter, extract: new rows drawn from N(0, 0.02)
-    if config.transfer_layers is not None and config.init.lower() != "none":
-        if not 0 <= config.transfer_layers <= gpt.config.n_layer:
+    if transfer_layers is not None and init.lower() != "none":
+        if not 0 <= transfer_layers <= gpt.config.n_layer:
             raise GPT1Error(
                 f"--transfer-layers must be between 0 and {gpt.config.n_layer} (the model's layers), "
-                f"got {config.transfer_layers}"
+                f"got {transfer_layers}"
             )
-        reinit_after(gpt, config.transfer_layers)
-        source["transfer_layers"] = config.transfer_layers
-    if config.dropout is not None:
-        gpt = with_dropout(gpt, config.dropout)
+        reinit_after(gpt, transfer_layers)
+        source["transfer_layers"] = transfer_layers
+    if dropout is not None:
+        gpt = with_dropout(gpt, dropout)
     return gpt, tok, source
 
 
 def encode_task_data(
-    config: FinetuneConfig, task: Task, data: TaskData, tok: Tokenizer, n_ctx: int, progress: Progress | None = None
+    task: Task,
+    data: TaskData,
+    tok: Tokenizer,
+    n_ctx: int,
+    splits: tuple[str, str] = ("train", "dev"),
+    *,
+    cache: bool = True,
+    workers: int = 0,
+    progress: Progress | None = None,
 ) -> tuple[list[Encoded], list[Encoded]]:
     """The training and dev examples encoded (through the encoding cache unless ``cache`` is off, over ``workers``
-    processes): the same ids whichever way they were obtained, so the run is the same."""
-    opts: dict[str, Any] = dict(cache=config.cache, workers=config.workers, progress=progress)
-    train_enc = encode_cached(task, data.train, tok, n_ctx, what=f"{task.name} {config.train_split}", **opts)
-    dev_enc = (
-        encode_cached(task, data.dev, tok, n_ctx, what=f"{task.name} {config.eval_split}", **opts) if data.dev else []
-    )
+    processes; ``splits`` name them in the progress report): the same ids whichever way they were obtained, so the
+    run is the same."""
+    opts: dict[str, Any] = dict(cache=cache, workers=workers, progress=progress)
+    train_enc = encode_cached(task, data.train, tok, n_ctx, what=f"{task.name} {splits[0]}", **opts)
+    dev_enc = encode_cached(task, data.dev, tok, n_ctx, what=f"{task.name} {splits[1]}", **opts) if data.dev else []
     return train_enc, dev_enc
 
 

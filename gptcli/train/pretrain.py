@@ -28,7 +28,7 @@ from gptcli.data.shards import Corpus, open_corpus, tokenizer_fingerprint
 from gptcli.data.windows import WindowSampler
 from gptcli.errors import GPT1Error
 from gptcli.files.outputs import check_output
-from gptcli.model.build import AnyConfig, LanguageModel, arch_of, build_model
+from gptcli.model.build import AnyConfig, LanguageModel, arch_of, new_model
 from gptcli.model.kernels import prepare as prepare_kernels  # the compiled kernels' first-use build, as a stage
 from gptcli.model.kernels import use_kernels
 from gptcli.model.lstm import precision_note
@@ -50,7 +50,6 @@ from gptcli.train.run.directory import (
     start_run_dir,
 )
 from gptcli.train.run.loop import RunState, stop_handler, train
-from gptcli.train.run.memory import is_out_of_memory, model_out_of_memory
 from gptcli.train.run.resume import check_resume
 from gptcli.train.runlog import Throughput
 from gptcli.train.trainer import Parallel, Trainer, unwrap
@@ -296,18 +295,6 @@ def _resume_notes(
     return check_resume(config.out, RULES, config, old, header, mcfg, inputs)
 
 
-def _build(mcfg: AnyConfig, device: torch.device) -> LanguageModel:
-    """A new model on ``device``; one whose weights alone do not fit is the one-line error that gives its size."""
-    try:
-        return build_model(mcfg).to(device)
-    except Exception as e:  # noqa: BLE001 - re-raised as it is unless an allocation failed
-        if not is_out_of_memory(e):
-            raise
-        with torch.device("meta"):  # the count, without allocating the weights again
-            params = build_model(mcfg).num_params()
-        raise model_out_of_memory(device, params) from e
-
-
 def _start(setup: PretrainSetup, report: Progress) -> PretrainJob:
     """Build the model (the same weights on every rank) and its trainer, restore a resumed run, and open the run
     directory.
@@ -316,7 +303,7 @@ def _start(setup: PretrainSetup, report: Progress) -> PretrainJob:
     """
     config, par = setup.config, setup.par
     torch.manual_seed(config.seed)
-    model = _build(setup.model_config, setup.device)
+    model = new_model(setup.model_config, setup.device)
     optimizer = make_optimizer(
         model, config.lr, config.weight_decay, (config.beta1, config.beta2), config.eps, config.decay, report=report
     )

@@ -14,7 +14,7 @@ from error_lines import assert_one_line_error
 from run_helpers import sst2_folder
 
 import gptcli.checkpoint as checkpoint_mod
-import gptcli.train.finetune_setup as finetune_setup_mod
+import gptcli.model.build as build_mod
 from gptcli.errors import GPT1Error
 from gptcli.files.fsutil import safetensors_shapes
 from gptcli.train.finetune import FinetuneConfig, finetune
@@ -48,7 +48,7 @@ def test_loading_a_checkpoint_too_big_for_memory_says_its_size(command, run, cor
 
 
 def test_finetune_init_none_too_big_for_memory_says_its_size(run, tmp_path, monkeypatch):
-    real, sizes = finetune_setup_mod.build_model, []
+    real, sizes = build_mod.build_model, []
 
     def too_big(config):
         if torch.get_default_device().type != "meta":  # counting parameters allocates nothing
@@ -56,7 +56,7 @@ def test_finetune_init_none_too_big_for_memory_says_its_size(run, tmp_path, monk
             raise _host_out_of_memory()
         return real(config)
 
-    monkeypatch.setattr(finetune_setup_mod, "build_model", too_big)
+    monkeypatch.setattr(build_mod, "build_model", too_big)
     config = FinetuneConfig(
         task="sst2",
         init="none",

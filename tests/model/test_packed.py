@@ -34,7 +34,6 @@ from gptcli.model.losses import lm_loss_per_sequence, lm_loss_per_sequence_packe
 from gptcli.model.packed import Packing, SharedGrid
 from gptcli.model.packed_eval import final_states_at
 from gptcli.tasks import get_task
-from gptcli.train.finetune import FinetuneConfig
 from gptcli.train.finetune_setup import build_body, encode_task_data, read_task_data
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -46,20 +45,10 @@ RACE = Path(__file__).resolve().parents[1] / "tasks" / "fixtures" / "RACE"
 
 def _encoded(task_name, pretrained, shared_data, n_ctx=None, n=24, data_dir=None):
     data_dir = data_dir or shared_data / TASKS[task_name]
-    cfg = FinetuneConfig(
-        task=task_name,
-        init=str(pretrained),
-        data_dir=str(data_dir),
-        max_train_examples=n,
-        eval_split="",
-        cache=False,
-        workers=1,
-        seed=3,
-    )
     task = get_task(task_name)
-    gpt, tok, _ = build_body(cfg)
-    data = read_task_data(task, cfg)
-    train, _ = encode_task_data(cfg, task, data, tok, n_ctx or gpt.config.n_ctx)
+    gpt, tok, _ = build_body(str(pretrained))
+    data = read_task_data(task, str(data_dir), ("train", ""), max_train=n, seed=3)
+    train, _ = encode_task_data(task, data, tok, n_ctx or gpt.config.n_ctx, cache=False, workers=1)
     head = TaskHead(
         HeadConfig(
             kind=task.kind,

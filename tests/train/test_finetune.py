@@ -165,7 +165,7 @@ def test_eval_refuses_a_task_of_another_kind(pretrained, shared_data, tmp_path):
 
 def test_transfer_layers_keeps_exactly_the_first_k_blocks(pretrained):
     pre = load_checkpoint(pretrained).model.state_dict()
-    gpt, tok, source = build_body(FinetuneConfig(task="rte", init=str(pretrained), transfer_layers=1))
+    gpt, tok, source = build_body(str(pretrained), transfer_layers=1)
     sd = gpt.state_dict()
     assert source["transfer_layers"] == 1
     torch.testing.assert_close(sd["tok_emb.weight"][:97], pre["tok_emb.weight"])
@@ -177,16 +177,16 @@ def test_transfer_layers_keeps_exactly_the_first_k_blocks(pretrained):
             assert not torch.allclose(sd[k], v) and abs(sd[k].std().item() - 0.02) < 0.01  # fresh N(0, 0.02)
     assert torch.all(sd["blocks.1.attn.qkv.bias"] == 0) and torch.all(sd["blocks.1.ln_1.weight"] == 1)
     # K = 0: embeddings only; K = n_layer: everything.
-    gpt0, _, _ = build_body(FinetuneConfig(task="rte", init=str(pretrained), transfer_layers=0))
+    gpt0, _, _ = build_body(str(pretrained), transfer_layers=0)
     assert not torch.allclose(gpt0.state_dict()["blocks.0.mlp.fc.weight"], pre["blocks.0.mlp.fc.weight"])
-    gpt2, _, _ = build_body(FinetuneConfig(task="rte", init=str(pretrained), transfer_layers=2))
+    gpt2, _, _ = build_body(str(pretrained), transfer_layers=2)
     torch.testing.assert_close(gpt2.state_dict()["blocks.1.mlp.fc.weight"], pre["blocks.1.mlp.fc.weight"])
     with pytest.raises(GPT1Error, match="between 0 and 2"):
-        build_body(FinetuneConfig(task="rte", init=str(pretrained), transfer_layers=3))
+        build_body(str(pretrained), transfer_layers=3)
 
 
 def test_special_tokens_are_appended_with_small_random_rows(pretrained):
-    gpt, tok, _ = build_body(FinetuneConfig(task="rte", init=str(pretrained)))
+    gpt, tok, _ = build_body(str(pretrained))
     emb = gpt.tok_emb.weight
     assert emb.shape[0] == 100 == tok.total_vocab and gpt.config.n_special == 3
     new = emb[97:]
@@ -196,14 +196,14 @@ def test_special_tokens_are_appended_with_small_random_rows(pretrained):
 def test_init_none_is_random_with_the_checkpoint_shape(pretrained, tmp_path):
     pre = load_checkpoint(pretrained).model.state_dict()
     torch.manual_seed(1)  # the fixture's "pretrained" weights were drawn from seed 0
-    gpt, tok, source = build_body(FinetuneConfig(task="rte", init="none", tokenizer=str(pretrained)))
+    gpt, tok, source = build_body("none", str(pretrained))
     assert source["init"] == "none" and gpt.config.n_layer == TINY.n_layer and tok.vocab_size == 97
     assert not torch.allclose(gpt.state_dict()["blocks.0.mlp.fc.weight"], pre["blocks.0.mlp.fc.weight"])
     with pytest.raises(GPT1Error, match="--init none needs --tokenizer"):
-        build_body(FinetuneConfig(task="rte", init="none"))
+        build_body("none")
     # A bare tokenizer directory: the shape comes from the --model preset.
     ToyTokenizer(97).save(tmp_path / "tok")
-    gpt, tok, _ = build_body(FinetuneConfig(task="rte", init="none", tokenizer=str(tmp_path / "tok"), model="tiny"))
+    gpt, tok, _ = build_body("none", str(tmp_path / "tok"), model="tiny")
     assert gpt.config.n_layer == 4 and gpt.config.vocab_size == 97 and gpt.config.n_special == 3
 
 
@@ -211,13 +211,13 @@ def test_tokenizer_with_a_pretrained_init_must_be_the_checkpoints_own(pretrained
     # The checkpoint's own tokenizer, named again (the checkpoint, or a copy of its folder): accepted.
     shutil.copytree(pretrained / "tokenizer", tmp_path / "same")
     for same in (pretrained, tmp_path / "same"):
-        _, tok, _ = build_body(FinetuneConfig(task="rte", init=str(pretrained), tokenizer=str(same)))
+        _, tok, _ = build_body(str(pretrained), str(same))
         assert tok.vocab_size == 97
     # Another tokenizer of the same vocabulary size (other content): refused, saying what to do.
     ToyTokenizer(97).save(tmp_path / "other")
     (tmp_path / "other" / "learned_from.txt").write_text("another text", encoding="utf-8")
     with pytest.raises(GPT1Error, match=r"another tokenizer than the checkpoint .*drop --tokenizer.*--init none"):
-        build_body(FinetuneConfig(task="rte", init=str(pretrained), tokenizer=str(tmp_path / "other")))
+        build_body(str(pretrained), str(tmp_path / "other"))
 
 
 def test_lm_weight_zero_disables_the_lm_term(pretrained, shared_data, tmp_path):
@@ -438,11 +438,10 @@ def test_with_dropout_0_the_layouts_train_alike_update_for_update(task, folder, 
 def test_dropout_overrides_the_bodys_dropouts_without_moving_the_random_stream(pretrained):
     cfg = _cfg("rte", pretrained, Path("unused"), Path("unused"))
     torch.manual_seed(5)
-    gpt, _, _ = build_body(cfg)
+    gpt, _, _ = build_body(cfg.init, dropout=cfg.dropout)
     after_default = torch.rand(3)
     torch.manual_seed(5)
-    cfg.dropout = 0.25
-    dropped, _, _ = build_body(cfg)
+    dropped, _, _ = build_body(cfg.init, dropout=0.25)
     assert torch.equal(torch.rand(3), after_default)  # the head's init, the masks: drawn as without the override
     assert (dropped.config.embd_pdrop, dropped.config.attn_pdrop, dropped.config.resid_pdrop) == (0.25,) * 3
     assert {m.p for m in dropped.modules() if isinstance(m, torch.nn.Dropout)} == {0.25}
@@ -462,8 +461,7 @@ def test_the_dev_subset_is_evals_whatever_the_training_seed(shared_data):
     every_dev = task.read("dev", data_dir, ReadOptions())
     evals = subsample(every_dev, 16, EVAL_SUBSET_SEED)
     for seed in (0, 7):
-        cfg = FinetuneConfig(task="rte", data_dir=data_dir, max_train_examples=8, max_eval_examples=16, seed=seed)
-        dev = read_task_data(task, cfg).dev
+        dev = read_task_data(task, data_dir, ("train", "dev"), max_train=8, max_eval=16, seed=seed).dev
         assert [e.uid for e in dev] == [e.uid for e in evals] and len(dev) == 16
 
 
@@ -479,3 +477,11 @@ def test_n_ctx_above_the_models_context_is_refused(pretrained, tmp_path):
     ):
         finetune(cfg)
     assert not (tmp_path / "run").exists()
+
+
+def test_sequence_limit_defaults_to_the_models_context_and_refuses_a_longer_one():
+    from gptcli.train.finetune_setup import sequence_limit
+
+    assert sequence_limit(None, 64) == 64 and sequence_limit(32, 64) == 32
+    with pytest.raises(GPT1Error, match="^--n-ctx 65 exceeds the model's context of 64 tokens"):
+        sequence_limit(65, 64)

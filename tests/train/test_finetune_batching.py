@@ -13,10 +13,12 @@ import pytest
 import gptcli.train.finetune as ft
 from gptcli.data.batching import bucketed_batches, random_batches
 from gptcli.errors import GPT1Error
-from gptcli.progress import Progress, RecordingProgress
+from gptcli.progress import RecordingProgress
 from gptcli.train.finetune import FinetuneConfig, finetune
+from gptcli.train.finetune_config import RULES
 from gptcli.train.finetune_job import epoch_batches, lr_schedule
 from gptcli.train.optim import lr_at
+from gptcli.train.run.directory import finished_results
 from tests.train.test_finetune_resume import SignalAt, _cfg, _write_sst2, outcome
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -87,9 +89,9 @@ def test_a_run_recorded_before_batching_existed_counts_as_length_bucketed(tmp_pa
     recorded = {k: v for k, v in ft.to_dict(FinetuneConfig(task="sst2")).items() if k != "batching"}
     (tmp_path / ft.RESULTS).write_text(json.dumps({"config": recorded, "steps": 3}), encoding="utf-8")
     with pytest.raises(GPT1Error, match="finished with other settings: batching length → random"):
-        ft.finished_run(FinetuneConfig(task="sst2", resume=True), tmp_path, Progress())
-    res = ft.finished_run(FinetuneConfig(task="sst2", batching="length"), tmp_path, Progress())
-    assert res.step == 3
+        finished_results(tmp_path / ft.RESULTS, RULES, FinetuneConfig(task="sst2", resume=True))
+    res = finished_results(tmp_path / ft.RESULTS, RULES, FinetuneConfig(task="sst2", batching="length"))
+    assert res["steps"] == 3
 
 
 def test_a_resume_onto_the_other_architecture_is_refused_by_name(pretrained, data, tmp_path):

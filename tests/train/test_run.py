@@ -20,7 +20,7 @@ from gptcli.errors import GPT1Error
 from gptcli.files.outputs import mark
 from gptcli.model.gpt import ModelConfig
 from gptcli.progress import RecordingProgress
-from gptcli.train.run.directory import RunKind, plan_run_dir, reopen_metrics
+from gptcli.train.run.directory import RunKind, finished_results, open_run, plan_run_dir, reopen_metrics
 from gptcli.train.run.loop import Due, GracefulStop, NonFiniteLossError, RunState, train
 from gptcli.train.run.resume import SettingRules, check_resume
 from gptcli.train.trainer import Parallel
@@ -267,6 +267,39 @@ def test_the_plan_for_out_is_the_same_rule_for_every_kind(tmp_path):
     ):
         plan_run_dir(fine, run, resume=False, overwrite=False, **kw)
     assert plan_run_dir(fine, run, resume=False, overwrite=True, **kw).mode == "replace"
+
+
+@dataclasses.dataclass
+class _Settings:
+    seed: int = 0
+    lr: float = 0.1
+
+
+def test_a_finished_run_resumed_is_opened_with_its_results_once_its_settings_match(tmp_path):
+    """open_run reads a finished run's results back and compares the settings they record (finished_results); a
+    changed defining setting, or unreadable results, is refused naming the file and --overwrite."""
+    rules = SettingRules(defining=("seed",), adjustable=("lr",), silent=())
+    fine = RunKind(
+        "finetune-run", "fine-tuning run", overwrite=True, final="a fine-tuned checkpoint", results="results.json"
+    )
+    run = tmp_path / "run"
+    (run / "checkpoints" / "final").mkdir(parents=True)
+    (run / "checkpoints" / ".step-0000002.tmp-1").mkdir()  # a kill's leftover, removed by rank 0
+    mark(run, "finetune-run")
+    results = run / "results.json"
+    results.write_text(json.dumps({"config": {"seed": 1, "lr": 0.1}, "steps": 3}), encoding="utf-8")
+    settings = _Settings(seed=1, lr=0.2)
+    assert finished_results(results, rules, settings)["steps"] == 3  # an adjustable change is no refusal
+    with pytest.raises(GPT1Error, match="the run is finished with other settings: seed 1 → 2 \\(pass --overwrite"):
+        finished_results(results, rules, _Settings(seed=2, lr=0.1))
+    rec = RecordingProgress()
+    kw = dict(resume=True, overwrite=False, verify=True, inputs=[], par=Parallel(), report=rec)
+    with open_run(fine, run, settings=settings, rules=rules, **kw) as opened:
+        assert opened.mode == "done" and opened.results is not None and opened.results["steps"] == 3
+    assert not list((run / "checkpoints").glob(".*")) and "already finished" in rec.of("note")[-1]["message"]
+    results.write_text("{", encoding="utf-8")
+    with pytest.raises(GPT1Error, match="results.json: unreadable results of a finished run .*--overwrite"):
+        finished_results(results, rules, settings)
 
 
 @pytest.mark.parametrize("locked", ["run", "checkpoints"])

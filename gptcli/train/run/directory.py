@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +39,7 @@ from gptcli.model.build import LanguageModel
 from gptcli.progress import Progress
 from gptcli.tokenizers import Tokenizer
 from gptcli.train.run import training_state
-from gptcli.train.run.resume import resume_point
+from gptcli.train.run.resume import SettingRules, resume_point
 from gptcli.train.runlog import METRICS, RunLogger, keep_first_records, truncate_metrics
 from gptcli.train.trainer import Parallel, Trainer
 
@@ -88,6 +90,8 @@ class RunDir:
     plan: RunDirPlan
     is_main: bool
     resume_header: ckpt.Header | None = None
+    results: dict[str, Any] | None = None
+    """A finished run's recorded outcome (mode ``done``), its settings already found the same."""
 
     @property
     def out(self) -> Path:
@@ -118,18 +122,48 @@ def open_run(
     overwrite: bool,
     verify: bool,
     inputs: list[Path],
+    settings: Any = None,
+    rules: SettingRules | None = None,
     par: Parallel,
     report: Progress,
 ) -> Iterator[RunDir]:
     """Open ``out`` for a run, held for as long as the block runs: locked (by rank 0, or the job's launcher:
     :func:`gptcli.files.locks.output_lock`), checked to be no input and no other kind of directory, and what to do with
-    it decided (:func:`plan_run_dir`), with the checkpoint a resume continues from. Every rank has looked at the
+    it decided (:func:`plan_run_dir`), with the checkpoint a resume continues from, or, for a finished run resumed,
+    its results (:func:`finished_results`: its recorded settings compared to ``settings`` by ``rules``; the stale
+    temporaries a kill in its last moments left in checkpoints/ removed by rank 0). Every rank has looked at the
     directory before rank 0 writes in it."""
     with main_rank_lock(out, par.is_main):
         plan = plan_run_dir(kind, out, resume=resume, overwrite=overwrite, verify=verify, inputs=inputs, report=report)
         header = ckpt.read_header(plan.resume_from) if plan.resume_from is not None else None
         par.barrier()
-        yield RunDir(kind, plan, par.is_main, header)
+        results = None
+        if plan.mode == "done" and kind.results is not None and rules is not None:
+            results = finished_results(out / kind.results, rules, settings)
+            if par.is_main:
+                remove_step_checkpoints(out / CHECKPOINTS)
+            report.note(f"{out}: the run is already finished; nothing to resume")
+        yield RunDir(kind, plan, par.is_main, header, results)
+
+
+def finished_results(path: Path, rules: SettingRules, settings: Any) -> dict[str, Any]:
+    """A finished run's results (``path``), read back for a resume of it: a resume is idempotent (e.g. a job requeued
+    after it ended) unless a setting that defines the run changed, which is refused as any resume would be."""
+    out = path.parent
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+        old = dict(results["config"])
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise GPT1Error(
+            f"{path}: unreadable results of a finished run ({e}) (pass --overwrite to run it again)"
+        ) from None
+    changed, _ = rules.setting_changes(settings, old)
+    if changed:
+        raise GPT1Error(
+            f"{out}: the run is finished with other settings: {', '.join(changed)} (pass --overwrite to "
+            "run it again with these, or choose another --out)"
+        )
+    return dict(results)
 
 
 def recorded(config: C) -> C:
@@ -150,6 +184,47 @@ def step_checkpoints(out: str | Path) -> list[Path]:
 def has_checkpoints(out: str | Path) -> bool:
     """Whether RUN/checkpoints holds a step checkpoint (continued with ``resume``, refused without it)."""
     return bool(step_checkpoints(out))
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:07d}"
+
+
+def prune_checkpoints(checkpoints: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` complete ``step-*`` checkpoints and stale temporary directories."""
+    checkpoints = Path(checkpoints)
+    if not checkpoints.is_dir():
+        return []
+    removed = []
+    # .tmp-: a checkpoint write or a prune cut short; .old-: a checkpoint replaced (fine-tuning saves the same step
+    # again after an interrupted epoch's dev score) whose swap was cut short.
+    for stale in [*checkpoints.glob(".step-*.tmp-*"), *checkpoints.glob(".step-*.old-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
+        removed.append(stale)
+    if keep > 0:
+        done = sorted(c for c in checkpoints.glob("step-*") if c.is_dir() and ckpt.is_checkpoint(c))
+        for old in done[:-keep]:
+            _discard(old)
+            removed.append(old)
+    return removed
+
+
+def remove_step_checkpoints(checkpoints: Path) -> None:
+    """Delete every ``step-*`` checkpoint, oldest first (so an interrupted removal leaves the newest), and every stale
+    temporary (a write, a swap or a prune cut short): a finished fine-tuning run keeps only ``final``."""
+    d = Path(checkpoints)
+    for stale in [*d.glob(".*.tmp-*"), *d.glob(".*.old-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
+    for old in sorted(c for c in d.glob("step-*") if c.is_dir()):
+        _discard(old)
+
+
+def _discard(old: Path) -> None:
+    # Hide it first (an atomic rename), then delete: a crash mid-delete leaves a stale temporary that the next
+    # prune removes, never a half-deleted step-* directory that looks like a damaged checkpoint.
+    trash = old.parent / f".{old.name}.tmp-pruned-{uuid.uuid4().hex[:8]}"
+    old.rename(trash)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def plan_run_dir(
@@ -320,7 +395,7 @@ def write_step_checkpoint(
             extra(d)
 
     path = ckpt.save_checkpoint(
-        checkpoints / training_state.step_dir_name(step),
+        checkpoints / step_dir_name(step),
         body,
         tokenizer,
         kind=kind,
@@ -328,7 +403,7 @@ def write_step_checkpoint(
         head_state=head_state,
         extra=write_state,
     )
-    training_state.prune_checkpoints(checkpoints, keep_last)
+    prune_checkpoints(checkpoints, keep_last)
     return path
 
 

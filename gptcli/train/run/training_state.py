@@ -1,4 +1,4 @@
-"""The training state a step checkpoint carries beside the model, and the step directories of a run.
+"""The training state a step checkpoint carries beside the model.
 
 A step checkpoint is a checkpoint (:mod:`gptcli.checkpoint`: weights, tokenizer, config.json with checksums) plus
 two files that only a resume reads::
@@ -7,22 +7,20 @@ two files that only a resume reads::
     optimizer.safetensors        every optimizer state tensor as "state.<param index>.<name>", plus RNG byte states
 
 Both load without executing code; the optimizer state maps back through parameter *indices*, the same order
-``torch.optim.Optimizer.state_dict`` uses. A run keeps its newest ``keep_last`` step directories
-(:func:`prune_checkpoints`); a finished fine-tuning run removes them all (:func:`remove_step_checkpoints`).
+``torch.optim.Optimizer.state_dict`` uses. The step directories themselves (named, pruned, removed) belong to the
+run directory (:mod:`gptcli.train.run.directory`).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import uuid
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 from safetensors.torch import load_file
 
-from gptcli.checkpoint import FORMAT, check_intact, is_checkpoint, save_tensors
+from gptcli.checkpoint import FORMAT, check_intact, save_tensors
 from gptcli.errors import GPT1Error
 
 TRAINING_STATE = "training_state.json"
@@ -175,44 +173,3 @@ def restore_training_state(
         scaler.load_state_dict(doc["grad_scaler"])
     if restore_rng:
         set_rng_state(doc.get("rng", {}), tensors)
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:07d}"
-
-
-def prune_checkpoints(checkpoints: Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` complete ``step-*`` checkpoints and stale temporary directories."""
-    checkpoints = Path(checkpoints)
-    if not checkpoints.is_dir():
-        return []
-    removed = []
-    # .tmp-: a checkpoint write or a prune cut short; .old-: a checkpoint replaced (fine-tuning saves the same step
-    # again after an interrupted epoch's dev score) whose swap was cut short.
-    for stale in [*checkpoints.glob(".step-*.tmp-*"), *checkpoints.glob(".step-*.old-*")]:
-        shutil.rmtree(stale, ignore_errors=True)
-        removed.append(stale)
-    if keep > 0:
-        done = sorted(c for c in checkpoints.glob("step-*") if c.is_dir() and is_checkpoint(c))
-        for old in done[:-keep]:
-            _discard(old)
-            removed.append(old)
-    return removed
-
-
-def remove_step_checkpoints(checkpoints: Path) -> None:
-    """Delete every ``step-*`` checkpoint, oldest first (so an interrupted removal leaves the newest), and every stale
-    temporary (a write, a swap or a prune cut short): a finished fine-tuning run keeps only ``final``."""
-    d = Path(checkpoints)
-    for stale in [*d.glob(".*.tmp-*"), *d.glob(".*.old-*")]:
-        shutil.rmtree(stale, ignore_errors=True)
-    for old in sorted(c for c in d.glob("step-*") if c.is_dir()):
-        _discard(old)
-
-
-def _discard(old: Path) -> None:
-    # Hide it first (an atomic rename), then delete: a crash mid-delete leaves a stale temporary that the next
-    # prune removes, never a half-deleted step-* directory that looks like a damaged checkpoint.
-    trash = old.parent / f".{old.name}.tmp-pruned-{uuid.uuid4().hex[:8]}"
-    old.rename(trash)
-    shutil.rmtree(trash, ignore_errors=True)
