@@ -350,7 +350,7 @@ def _job_failure(
             f"swapping); the launcher killed it and ended the job (resume with --resume; the limit is half of "
             f"{TIMEOUT_ENV}={spec.timeout_s} s{output})"
         )
-    rank, failure = _first_failure(e.failures)
+    rank, failure = failure_that_ended(e.failures)
     if failure.exitcode < 0:  # a signal: out of memory (SIGKILL), a crash (SIGSEGV, SIGBUS), a user or a scheduler
         return WorkerFailed(
             f"worker rank {rank} was killed ({failure.signal_name()}); the launcher stopped the other workers "
@@ -365,11 +365,14 @@ def _job_failure(
     )
 
 
-def _first_failure(failures: dict[int, Any]) -> tuple[int, Any]:
+def failure_that_ended(failures: dict[int, Any]) -> tuple[int, Any]:
     """The failure that ended the job: a worker killed by a signal (the others then fail on its closed connection,
-    sometimes within the same second, which elastic's own first-failure choice cannot tell apart); else the first."""
-    killed = [r for r, f in failures.items() if f.exitcode < 0 and f.signal_name() != "SIGTERM"]
-    rank = min(killed or failures, key=lambda r: (failures[r].timestamp, r))
+    sometimes within the same second, which elastic's own first-failure choice cannot tell apart); else the first
+    worker that failed on its own. A SIGTERM is the launcher stopping the others, so it is named only when alone."""
+    stopped = {r for r, f in failures.items() if f.exitcode < 0 and f.signal_name() == "SIGTERM"}
+    killed = [r for r, f in failures.items() if f.exitcode < 0 and r not in stopped]
+    failed = [r for r in failures if r not in stopped]
+    rank = min(killed or failed or failures, key=lambda r: (failures[r].timestamp, r))
     return rank, failures[rank]
 
 

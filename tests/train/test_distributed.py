@@ -541,3 +541,27 @@ def test_a_validation_cap_scores_the_same_windows_whatever_the_processes(corpus)
         ]
         assert sum(p.tokens for p in parts) == one.tokens == 8 * SEQ, (world, micro)
         assert sum(p.loss * p.tokens for p in parts) / one.tokens == pytest.approx(one.loss, rel=1e-6)
+
+
+class _Failure:
+    """A worker's failure as elastic reports it: exit code (negative: the signal), signal name, time in seconds."""
+
+    def __init__(self, exitcode: int, timestamp: int) -> None:
+        self.exitcode, self.timestamp = exitcode, timestamp
+
+    def signal_name(self) -> str:
+        return signal.Signals(-self.exitcode).name if self.exitcode < 0 else "<N/A>"
+
+
+def test_the_failure_named_is_the_worker_that_failed_not_the_one_the_launcher_stopped():
+    """Rank 1 fails on its own and the launcher SIGTERMs rank 0 within the same second: rank 1 is named, not the
+    lower rank the launcher stopped."""
+    from gptcli.train.distributed import failure_that_ended
+
+    failures = {0: _Failure(-signal.SIGTERM, 100), 1: _Failure(1, 100)}
+    assert failure_that_ended(failures)[0] == 1
+    # A worker killed from outside (SIGKILL) is named before the others, which then fail on its closed connection.
+    failures = {0: _Failure(-signal.SIGKILL, 101), 1: _Failure(1, 100)}
+    assert failure_that_ended(failures)[0] == 0
+    # A SIGTERM alone (the user's or a scheduler's) is still named.
+    assert failure_that_ended({1: _Failure(-signal.SIGTERM, 100)})[0] == 1
