@@ -396,3 +396,57 @@ def unblock_later(fifo: Path, after: float = 30.0) -> None:
     t = threading.Timer(after, release)
     t.daemon = True
     t.start()
+
+
+def sst2_inputs(corpus: Path, root: Path, n_train: int, n_dev: int) -> tuple[Path, Path]:
+    """(a "pretrained" checkpoint with the corpus's real tokenizer, so a subprocess can load it; an SST-2 folder of
+    ``n_train`` and ``n_dev`` random sentences) under ``root``, for fine-tuning runs killed in subprocesses."""
+    import random
+
+    import torch
+
+    from gptcli.checkpoint import save_checkpoint
+    from gptcli.data.shards import open_corpus
+    from gptcli.model.gpt import GPT, ModelConfig
+
+    tok = open_corpus(corpus).tokenizer
+    torch.manual_seed(0)
+    # Dropout stays on (the default 0.1): a resume must restore the torch RNG state to draw the same masks.
+    gpt = GPT(ModelConfig(vocab_size=tok.vocab_size, n_ctx=32, n_embd=32, n_layer=1, n_head=2, n_inner=128))
+    pre = save_checkpoint(root / "pre", gpt, tok, meta={"step": 1})
+    data = root / "SST-2"
+    data.mkdir()
+    rng = random.Random(1)
+    for name, n in (("train.tsv", n_train), ("dev.tsv", n_dev)):
+        rows = ["sentence\tlabel"] + [
+            f"{' '.join(rng.choice(WORDS) for _ in range(rng.randint(3, 14)))}\t{rng.randint(0, 1)}" for _ in range(n)
+        ]
+        (data / name).write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return pre, data
+
+
+def launch_workers(launcher: int) -> dict[int, int]:
+    """{rank: pid} of a launcher's worker processes (its children with a RANK in their environment)."""
+    found = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            env = (d / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == launcher:
+            for item in env:
+                if item.startswith(b"RANK="):
+                    found[int(item[5:])] = int(d.name)
+    return found
+
+
+def end_launch(proc: subprocess.Popen) -> None:
+    """Kill a launcher still running after a test, and its workers first (they would outlive it)."""
+    if proc.poll() is None:
+        for pid in launch_workers(proc.pid).values():
+            os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.communicate()

@@ -7,7 +7,6 @@ elastic launcher's; what the workers printed is kept in the run's ``workers.log`
 from __future__ import annotations
 
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -17,33 +16,23 @@ import pytest
 
 from gptcli.train import distributed
 from gptcli.train.launch_files import KEEP_ENV, debugging, keep_uncaught
-from tests.faults.conftest import KILL_TIMEOUT, REPO, WORDS, gpt1, one_thread_env, step_numbers, wait_for
-from tests.faults.test_ddp_stopped_rank import _workers
+from tests.faults.conftest import (
+    KILL_TIMEOUT,
+    REPO,
+    end_launch,
+    gpt1,
+    launch_workers,
+    one_thread_env,
+    sst2_inputs,
+    step_numbers,
+    wait_for,
+)
 
 
 @pytest.fixture(scope="module")
 def inputs(corpus, tmp_path_factory) -> tuple[Path, Path]:
     """(a "pretrained" checkpoint with the corpus's tokenizer; an SST-2 folder of 200 training sentences)."""
-    import torch
-
-    from gptcli.checkpoint import save_checkpoint
-    from gptcli.data.shards import open_corpus
-    from gptcli.model.gpt import GPT, ModelConfig
-
-    root = tmp_path_factory.mktemp("killed-rank")
-    tok = open_corpus(corpus).tokenizer
-    torch.manual_seed(0)
-    gpt = GPT(ModelConfig(vocab_size=tok.vocab_size, n_ctx=32, n_embd=32, n_layer=1, n_head=2, n_inner=128))
-    pre = save_checkpoint(root / "pre", gpt, tok, meta={"step": 1})
-    data = root / "SST-2"
-    data.mkdir()
-    rng = random.Random(1)
-    for name, n in (("train.tsv", 200), ("dev.tsv", 8)):
-        rows = ["sentence\tlabel"] + [
-            f"{' '.join(rng.choice(WORDS) for _ in range(rng.randint(3, 14)))}\t{rng.randint(0, 1)}" for _ in range(n)
-        ]
-        (data / name).write_text("\n".join(rows) + "\n", encoding="utf-8")
-    return pre, data
+    return sst2_inputs(corpus, tmp_path_factory.mktemp("killed-rank"), 200, 8)
 
 
 @pytest.mark.slow
@@ -66,16 +55,12 @@ def test_a_killed_rank_is_one_line_and_the_workers_output_is_kept(inputs, tmp_pa
     )
     try:
         assert wait_for(lambda: len(step_numbers(run)) > 0, proc, "the first checkpoint", poll=0.05)
-        workers = _workers(proc.pid)
+        workers = launch_workers(proc.pid)
         assert sorted(workers) == [0, 1], workers
         os.kill(workers[rank], signal.SIGKILL)
         out, err = proc.communicate(timeout=KILL_TIMEOUT)
     finally:
-        if proc.poll() is None:
-            for pid in _workers(proc.pid).values():
-                os.kill(pid, signal.SIGKILL)
-            proc.kill()
-            proc.communicate()
+        end_launch(proc)
     assert proc.returncode == 1, err[-3000:]
     # The line the launcher prints before it starts, then the error alone: no traceback of the surviving rank (up
     # to 88 lines before), none of elastic's log lines.

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from error_lines import assert_one_line_error
 
-from tests.faults.conftest import REPO, TINY_ARGS, gpt1
+from tests.faults.conftest import REPO, TINY_ARGS, end_launch, gpt1, launch_workers
 
 pytestmark = [
     pytest.mark.slow,
@@ -27,24 +27,6 @@ pytestmark = [
 ]
 
 TIMEOUT_S = 20
-
-
-def _workers(launcher: int) -> dict[int, int]:
-    """{rank: pid} of the launcher's worker processes (its children with a RANK in their environment)."""
-    found = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            env = (d / "environ").read_bytes().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == launcher:
-            for item in env:
-                if item.startswith(b"RANK="):
-                    found[int(item[5:])] = int(d.name)
-    return found
 
 
 def _logged(run: Path) -> int:
@@ -87,7 +69,7 @@ def test_a_stopped_rank_ends_the_job_within_the_timeout_naming_it(corpus, tmp_pa
         while _logged(run) < 12:  # past two checkpoints
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
             time.sleep(0.05)
-        workers = _workers(proc.pid)
+        workers = launch_workers(proc.pid)
         assert sorted(workers) == [0, 1], workers
         # Rank 0: the rank that writes checkpoints and logs. The old message named the rank left waiting (1).
         stopped = time.monotonic()
@@ -95,11 +77,7 @@ def test_a_stopped_rank_ends_the_job_within_the_timeout_naming_it(corpus, tmp_pa
         _, err = proc.communicate(timeout=TIMEOUT_S + 60)
         took = time.monotonic() - stopped
     finally:
-        if proc.poll() is None:
-            for pid in _workers(proc.pid).values():
-                os.kill(pid, signal.SIGKILL)
-            proc.kill()
-            proc.communicate()
+        end_launch(proc)
     assert proc.returncode == 1, err[-3000:]
     lines = [x for x in err.splitlines() if x.strip()]
     assert lines[-1].startswith("error: worker rank 0 stopped responding"), err[-3000:]

@@ -25,10 +25,10 @@ import pytest
 
 from gptcli.files.outputs import MARKER
 from tests.faults.conftest import (
-    WORDS,
     finish,
     kill_and_resume,
     kill_in_write,
+    sst2_inputs,
     start_gpt1,
     step_numbers,
 )
@@ -43,27 +43,7 @@ TIMING = ("tokens_per_s", "elapsed_s")
 @pytest.fixture(scope="module")
 def inputs(corpus, tmp_path_factory) -> tuple[Path, Path]:
     """(a "pretrained" checkpoint with the corpus's real tokenizer, so a subprocess can load it; an SST-2 folder)."""
-    import torch
-
-    from gptcli.checkpoint import save_checkpoint
-    from gptcli.data.shards import open_corpus
-    from gptcli.model.gpt import GPT, ModelConfig
-
-    root = tmp_path_factory.mktemp("kill9-ft")
-    tok = open_corpus(corpus).tokenizer
-    torch.manual_seed(0)
-    # Dropout stays on (the default 0.1): a resume must restore the torch RNG state to draw the same masks.
-    gpt = GPT(ModelConfig(vocab_size=tok.vocab_size, n_ctx=32, n_embd=32, n_layer=1, n_head=2, n_inner=128))
-    pre = save_checkpoint(root / "pre", gpt, tok, meta={"step": 1})
-    data = root / "SST-2"
-    data.mkdir()
-    rng = random.Random(1)
-    for name, n in (("train.tsv", N_TRAIN), ("dev.tsv", 16)):
-        rows = ["sentence\tlabel"] + [
-            f"{' '.join(rng.choice(WORDS) for _ in range(rng.randint(3, 14)))}\t{rng.randint(0, 1)}" for _ in range(n)
-        ]
-        (data / name).write_text("\n".join(rows) + "\n", encoding="utf-8")
-    return pre, data
+    return sst2_inputs(corpus, tmp_path_factory.mktemp("kill9-ft"), N_TRAIN, 16)
 
 
 def _args(inputs: tuple[Path, Path], out: Path) -> list[str]:
