@@ -13,6 +13,7 @@ import torch
 from corpus_helpers import random_corpus
 from run_helpers import tiny_config
 
+import gptcli.model.build as build_mod
 import gptcli.train.pretrain as pretrain_mod
 import gptcli.train.pretrain_job as pretrain_job_mod
 from gptcli.train.pretrain import PretrainConfig, pretrain
@@ -328,7 +329,7 @@ def test_a_cgroup_limit_above_the_process_counts(tmp_path, version) -> None:
 
 def test_a_model_whose_weights_alone_do_not_fit_says_its_size(corpus, tmp_path, monkeypatch) -> None:
     """Building the model itself failed: no batch setting can help, so the error gives the model's size instead."""
-    real, sizes = pretrain_mod.build_model, []
+    real, sizes = build_mod.build_model, []
 
     def too_big(config):
         if torch.get_default_device().type != "meta":  # counting parameters allocates nothing
@@ -336,7 +337,7 @@ def test_a_model_whose_weights_alone_do_not_fit_says_its_size(corpus, tmp_path, 
             raise _host_out_of_memory()
         return real(config)
 
-    monkeypatch.setattr(pretrain_mod, "build_model", too_big)
+    monkeypatch.setattr(build_mod, "build_model", too_big)
     with pytest.raises(OutOfMemory) as e:
         pretrain(_cfg(corpus, tmp_path / "run"))
     params = sizes[0]
