@@ -97,9 +97,10 @@ def _private_root(root: Path) -> Path:
 def launch_folder() -> Iterator[Path]:
     """A new folder for one launch, removed when the launch ends; folders of dead launchers are swept first."""
     root = launch_root()
-    sweep(root)
     for attempt in range(3):  # another launcher may remove the empty root between our mkdir and mkdtemp
         base = _private_root(root)
+        if attempt == 0:
+            sweep(base)  # only in a root this user owns: never in a folder someone else put at that name
         try:
             folder = Path(tempfile.mkdtemp(prefix=f"launch-{os.getpid()}-{this_host()}-", dir=base))
             break
