@@ -246,27 +246,25 @@ def encode_cached(
     warnings (``"rte train"``)."""
     report = progress or SILENT
     key = cache_key(task, examples, tokenizer, n_ctx) if cache and examples else None
-    if key is not None:
-        base = Path(root) if root is not None else default_root()
-        found = read_entry(base, key[0], len(examples))
-        if isinstance(found, list):
-            with _gc_paused():
-                return [
-                    Encoded(s, ex.label, i, ex.uid, dict(ex.extra)) for i, (s, ex) in enumerate(zip(found, examples))
-                ]
-        if isinstance(found, str):
-            report.note(
-                f"encoding cache entry {base / key[0]}.arrow for {what} is damaged ({found}): encoding again",
-                level="warn",
-            )
-    enc = encode_examples(task, examples, tokenizer, n_ctx, workers)  # no cache, or no intact entry
-    if key is not None:
-        try:
-            write_entry(base, *key, [e.seqs for e in enc])
-        except OSError as e:
-            report.note(
-                f"cannot write the encoding cache in {base} ({e.strerror or e}): set {ENV} to a writable "
-                "folder, or pass --no-cache",
-                level="warn",
-            )
+    if key is None:
+        return encode_examples(task, examples, tokenizer, n_ctx, workers)
+    base = Path(root) if root is not None else default_root()
+    name, parts = key
+    found = read_entry(base, name, len(examples))
+    if isinstance(found, list):
+        with _gc_paused():
+            return [Encoded(s, ex.label, i, ex.uid, dict(ex.extra)) for i, (s, ex) in enumerate(zip(found, examples))]
+    if isinstance(found, str):
+        report.note(
+            f"encoding cache entry {base / name}.arrow for {what} is damaged ({found}): encoding again", level="warn"
+        )
+    enc = encode_examples(task, examples, tokenizer, n_ctx, workers)
+    try:
+        write_entry(base, name, parts, [e.seqs for e in enc])
+    except OSError as e:
+        report.note(
+            f"cannot write the encoding cache in {base} ({e.strerror or e}): set {ENV} to a writable "
+            "folder, or pass --no-cache",
+            level="warn",
+        )
     return enc
