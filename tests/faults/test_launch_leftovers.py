@@ -64,6 +64,19 @@ def test_a_sweep_leaves_links_and_files_alone(tmp_path):
     assert (target / "keep").is_file() and (root / f"launch-{pid}-{this_host()}-file").is_file()
 
 
+def test_no_sweep_through_a_root_that_is_not_this_users_folder(tmp_path, monkeypatch):
+    """The root's name taken by a link to another folder: the launch works in a private folder of its own and
+    removes nothing behind the link, not even what looks like a dead launcher's folder."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    looks_dead = _folder(elsewhere, _dead_pid())
+    launch_root().symlink_to(elsewhere)
+    with launch_folder() as mine:
+        assert elsewhere not in mine.parents
+    assert looks_dead.is_dir()
+
+
 def test_the_last_launch_leaves_no_trace(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with launch_folder() as folder:
