@@ -39,12 +39,10 @@ from gptcli.files.fsutil import (
     move_into_place,
     read_bytes_inside,
     regular_file_problem,
-    safetensors_shapes,
     sha256_file,
     temp_sibling,
 )
 from gptcli.files.outputs import foreign_entries
-from gptcli.model import kernels
 from gptcli.model.build import TRANSFORMER, AnyConfig, LanguageModel, arch_of, build_model, config_class
 from gptcli.system.out_of_memory import OutOfMemory, weights_fit
 
@@ -140,6 +138,61 @@ def save_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[st
             raise
         n = int(code.group(1))
         raise OSError(n, os.strerror(n), str(path)) from None
+
+
+SAFETENSORS_HEADER_LIMIT = 100 << 20
+_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
+
+
+def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape in a safetensors file, from its header alone (nothing is allocated): a one-line
+    error when the header is not one, or when the tensors it lists do not fill the file exactly."""
+    problem = regular_file_problem(path)
+    if problem is not None:
+        raise GPT1Error(f"{path}: {problem} (restore the weights)")
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if size < 8 or not 0 < n <= min(SAFETENSORS_HEADER_LIMIT, size - 8):
+                raise ValueError(f"a header of {n:,} bytes in a file of {size:,}")
+            header = json.loads(f.read(n))
+        shapes, end = {}, 0
+        for name, t in header.items():
+            if name == "__metadata__":
+                continue
+            shape = tuple(int(d) for d in t["shape"])
+            begin, stop = (int(x) for x in t["data_offsets"])
+            elems = 1
+            for d in shape:
+                elems *= d
+            if min(shape, default=1) < 0 or stop - begin != elems * _DTYPE_BYTES[t["dtype"]]:
+                raise ValueError(f"tensor {name}: shape {list(shape)} does not fit its bytes")
+            shapes[name], end = shape, max(end, stop)
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, OSError) as e:
+        raise GPT1Error(f"{path}: unreadable weights ({e}) (restore the file)") from None
+    if 8 + n + end != size:
+        raise GPT1Error(
+            f"{path}: unreadable weights (its header describes {8 + n + end:,} bytes, the file has "
+            f"{size:,}: truncated or padded) (restore the file)"
+        )
+    return shapes
 
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -381,7 +434,8 @@ def check_intact(p: Path) -> None:
 def load_checkpoint(
     path: str | Path, *, map_location: str | torch.device = "cpu", load_tokenizer: bool = True, verify: bool = True
 ) -> Checkpoint:
-    """Open a checkpoint (or the newest one in a run directory) as a model in eval mode on ``map_location``;
+    """Open a checkpoint (or the newest one in a run directory) as the reference model in eval mode on
+    ``map_location`` (whoever computes with it applies the fast paths: :func:`gptcli.model.kernels.apply`);
     ``verify`` checks every file against the checksums in its config first. A checkpoint that a running job prunes
     while it is read is said to be gone, not "unreadable"."""
     p = resolve_checkpoint(path)
@@ -419,7 +473,7 @@ def _load_checkpoint(p: Path, map_location: str | torch.device, load_tokenizer: 
         model.load_state_dict(body, strict=True, assign=True)
     except RuntimeError as e:
         raise GPT1Error(f"{p / WEIGHTS}: weights do not match the config ({str(e).splitlines()[0]})") from None
-    kernels.apply(model.eval(), map_location)  # the fast CPU paths, where --kernels auto runs on CPU
+    model.eval()
     _check_finite(p / WEIGHTS, tensors)
     tok = None
     if load_tokenizer and (p / TOKENIZER).is_dir():

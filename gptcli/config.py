@@ -177,7 +177,7 @@ def _read_config_text(p: Path) -> str:
         raise GPT1Error(f"{p}: not a valid config file: {e}") from None
 
 
-def load_file(path: str | Path) -> dict[str, Any]:
+def read_config_file(path: str | Path) -> dict[str, Any]:
     """Read a ``.toml`` or ``.json`` config file into a dict, with a one-line error on failure. A file without
     either suffix (``/dev/stdin``) is JSON when it starts with ``{``, TOML otherwise."""
     p = Path(path)

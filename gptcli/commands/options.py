@@ -30,7 +30,7 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from gptcli.config import from_dict, load_file, to_dict
+from gptcli.config import from_dict, read_config_file, to_dict
 from gptcli.errors import GPT1Error
 
 # Fields that, in whichever config has them, take their default from an environment variable (--help names it).
@@ -131,10 +131,10 @@ class Parsed:
         exists, else nothing."""
         if self.config_file is not None:
             self.base_source = Path(self.config_file)
-            return load_file(self.config_file)
+            return read_config_file(self.config_file)
         if fallback is not None and fallback.is_file():
             self.base_source = Path(fallback)
-            return load_file(fallback)
+            return read_config_file(fallback)
         return {}
 
     def resolve(self, cls: type, base: Mapping[str, Any] | None = None) -> Any:

@@ -23,6 +23,7 @@ import torch
 from gptcli.checkpoint import TOKENIZER, load_checkpoint, read_header, resolve_checkpoint, verify_checkpoint
 from gptcli.data.shards import Corpus, open_corpus, tokenizer_fingerprint
 from gptcli.errors import GPT1Error
+from gptcli.model import kernels
 from gptcli.model.build import LanguageModel
 from gptcli.model.kernels import use_kernels
 from gptcli.model.losses import IGNORE
@@ -206,7 +207,8 @@ def _corpus_perplexity(
             corpus.check_token_ids(split, ck.config.total_vocab)
             # At most n_ctx: _check_checkpoint refused a longer one.
             n = seq_len or min(trained_seq_len(ck.path) or ck.config.n_ctx, ck.config.n_ctx)
-            res = evaluate_lm(ck.model, arrays, n, batch_size, device=dev, precision=prec, max_batches=max_batches)
+            model = kernels.apply(ck.model, dev)
+            res = evaluate_lm(model, arrays, n, batch_size, device=dev, precision=prec, max_batches=max_batches)
             step = ck.meta.get("step")
             rows.append(
                 CheckpointPerplexity(ck.path, None if step is None else int(step), res.loss, res.perplexity, res.tokens)
@@ -219,13 +221,13 @@ def trained_seq_len(checkpoint: Path) -> int | None:
     """The window a pretraining run trained its checkpoint ``RUN/checkpoints/step-N`` at (``seq_len`` in
     ``RUN/config.toml``), or None. Scoring a model trained on 128-token windows at its full 512-token context
     measures positions it never learned, so the run's own length is the default window."""
-    from gptcli.config import load_file
+    from gptcli.config import read_config_file
 
     config = checkpoint.parent.parent / "config.toml"
     if checkpoint.parent.name != "checkpoints" or not config.is_file():
         return None
     try:
-        value = load_file(config).get("seq_len")
+        value = read_config_file(config).get("seq_len")
     except GPT1Error:
         return None  # a damaged run config is the run's problem: the model's context is still a valid default
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None

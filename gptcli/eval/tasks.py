@@ -30,6 +30,7 @@ from gptcli.eval.perplexity import corpus_perplexity
 from gptcli.files.fsutil import write_text_atomic
 from gptcli.files.locks import maybe_lock, output_lock
 from gptcli.files.outputs import check_output, mark
+from gptcli.model import kernels
 from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.gpt import GPT
 from gptcli.model.heads import HeadConfig, TaskHead
@@ -163,7 +164,7 @@ def load_finetuned(
     model = FinetuneModel(ck.model, head)
     with weights_fit(device, lambda: sum(p.numel() for p in model.parameters())):
         model = model.to(device).eval()
-    return ck, model, ck.tokenizer
+    return ck, kernels.apply(model, device), ck.tokenizer
 
 
 def load_results(paths: Iterable[str | Path]) -> list[dict[str, Any]]:

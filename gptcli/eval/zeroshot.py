@@ -559,6 +559,7 @@ def open_model(checkpoint: str | Path, device: str = "auto", verify: bool = True
     warning note to ``progress``: the heuristics are the paper's for language models, Figure 2's curve over
     pretraining."""
     from gptcli.checkpoint import load_checkpoint
+    from gptcli.model import kernels
     from gptcli.system.out_of_memory import weights_fit
     from gptcli.system.runtime import resolve_device
 
@@ -578,7 +579,7 @@ def open_model(checkpoint: str | Path, device: str = "auto", verify: bool = True
     dev = resolve_device(device)
     with weights_fit(dev, lambda: sum(p.numel() for p in ck.model.parameters())):
         model = ck.model.to(dev).eval()
-    return model, ck.tokenizer, ck
+    return kernels.apply(model, dev), ck.tokenizer, ck
 
 
 def _summary(r: TaskResult) -> str:

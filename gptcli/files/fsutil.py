@@ -6,7 +6,6 @@ import contextlib
 import ctypes
 import errno
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -244,60 +243,3 @@ def read_bytes_inside(directory: str | Path, rel: object, limit: int, what: str)
         raise GPT1Error(f"{path}: {problem} (restore the {what})")
     with open(path, "rb") as f:
         return f.read(limit + 1)[:limit]
-
-
-SAFETENSORS_HEADER_LIMIT = 100 << 20
-_DTYPE_BYTES = {
-    "F64": 8,
-    "F32": 4,
-    "F16": 2,
-    "BF16": 2,
-    "I64": 8,
-    "I32": 4,
-    "I16": 2,
-    "I8": 1,
-    "U8": 1,
-    "BOOL": 1,
-    "U16": 2,
-    "U32": 4,
-    "U64": 8,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-}
-
-
-def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """Every tensor's shape in a safetensors file, from its header alone (nothing is allocated): a one-line
-    error when the header is not one, or when the tensors it lists do not fill the file exactly."""
-    from gptcli.errors import GPT1Error
-
-    problem = regular_file_problem(path)
-    if problem is not None:
-        raise GPT1Error(f"{path}: {problem} (restore the weights)")
-    size = os.path.getsize(path)
-    try:
-        with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            if size < 8 or not 0 < n <= min(SAFETENSORS_HEADER_LIMIT, size - 8):
-                raise ValueError(f"a header of {n:,} bytes in a file of {size:,}")
-            header = json.loads(f.read(n))
-        shapes, end = {}, 0
-        for name, t in header.items():
-            if name == "__metadata__":
-                continue
-            shape = tuple(int(d) for d in t["shape"])
-            begin, stop = (int(x) for x in t["data_offsets"])
-            elems = 1
-            for d in shape:
-                elems *= d
-            if min(shape, default=1) < 0 or stop - begin != elems * _DTYPE_BYTES[t["dtype"]]:
-                raise ValueError(f"tensor {name}: shape {list(shape)} does not fit its bytes")
-            shapes[name], end = shape, max(end, stop)
-    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, OSError) as e:
-        raise GPT1Error(f"{path}: unreadable weights ({e}) (restore the file)") from None
-    if 8 + n + end != size:
-        raise GPT1Error(
-            f"{path}: unreadable weights (its header describes {8 + n + end:,} bytes, the file has "
-            f"{size:,}: truncated or padded) (restore the file)"
-        )
-    return shapes

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gptcli.errors import GPT1Error
+from gptcli.model import kernels
 from gptcli.model.generate import GenerateConfig, iter_generate, iter_generate_batch
 from gptcli.model.kernels import check_mode, use_kernels
 from gptcli.progress import SILENT, Progress, staged
@@ -161,8 +162,9 @@ def start_generation(cfg: GenerateConfig, progress: Progress | None = None) -> G
         raise GPT1Error(str(e)) from None
     check_mode(cfg.kernels)  # applied where the model computes: each step of stream() and sample_texts()
     device = resolve_device(cfg.device)
+    ckpt = load_checkpoint(cfg.checkpoint, map_location=device, verify=cfg.verify)
     with use_kernels(cfg.kernels):  # the kernels applied to the model where the config's mode runs them
-        ckpt = load_checkpoint(cfg.checkpoint, map_location=device, verify=cfg.verify)
+        kernels.apply(ckpt.model, device)
     tok = ckpt.tokenizer
     if tok is None:
         raise GPT1Error(f"{ckpt.path}: the checkpoint has no tokenizer/ directory; cannot turn the prompt into ids")

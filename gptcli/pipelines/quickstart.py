@@ -676,7 +676,7 @@ def zeroshot_models(run: _Stages, text: TaskText, pre: Pretrained) -> tuple[None
 
     train_ex = shuffled.SHUFFLED.read("train", text.task_dir)[: run.cfg.zeroshot_fit_examples]
     test_ex = shuffled.SHUFFLED.read("test", text.task_dir)
-    after = load_checkpoint(pre.checkpoint).model.to(pre.device).eval()
+    after = apply_kernels(load_checkpoint(pre.checkpoint).model.to(pre.device).eval(), pre.device)
     pre.init_model.eval()
     zs: dict[str, Any] = {}
     for name, model in (("before", pre.init_model), ("after", after)):

@@ -23,7 +23,7 @@ from typing import Any, cast
 import torch
 
 from gptcli import checkpoint as ckpt
-from gptcli.config import load_file
+from gptcli.config import read_config_file
 from gptcli.data.shards import Corpus, open_corpus, tokenizer_fingerprint
 from gptcli.data.windows import WindowSampler
 from gptcli.errors import GPT1Error
@@ -263,7 +263,7 @@ def _saved_settings(header: ckpt.Header, run_dir: Path) -> dict[str, Any]:
     if isinstance(header.meta.get("pretrain_config"), dict):
         return header.meta["pretrain_config"]
     try:
-        return load_file(run_dir / CONFIG_FILE)
+        return read_config_file(run_dir / CONFIG_FILE)
     except GPT1Error:
         return {}
 

@@ -155,7 +155,7 @@ def test_required_settings_are_one_line_errors(tmp_path):
 
 
 def test_cli_finetune_and_list_tasks(pretrained, shared_data, tmp_path):
-    from gptcli.config import from_dict, load_file
+    from gptcli.config import from_dict, read_config_file
 
     runner = CliRunner()
     r = runner.invoke(app, ["finetune", "--list-tasks"], env=WIDE)
@@ -192,7 +192,7 @@ def test_cli_finetune_and_list_tasks(pretrained, shared_data, tmp_path):
     assert r.exit_code == 0, r.output
     saved = (tmp_path / "run" / "config.toml").read_text()
     assert "lm_weight = 0.0" in saved and "lr = 0.001" in saved and "batch_size = 8" in saved
-    again = from_dict(FinetuneConfig, load_file(tmp_path / "run" / "config.toml"))  # repeatable with --config
+    again = from_dict(FinetuneConfig, read_config_file(tmp_path / "run" / "config.toml"))  # repeatable with --config
     assert again.lm_weight == 0.0 and again.task == "rte" and again.max_train_examples == 16
     assert "dev scores of the kept epoch" in r.output and "done" in r.output
 

@@ -13,7 +13,7 @@ from corpus_helpers import random_corpus
 from error_lines import Outcome, assert_one_line_error
 
 from gptcli.commands.pretrain import OPTIONS
-from gptcli.config import load_file
+from gptcli.config import read_config_file
 from gptcli.train.pretrain import PretrainConfig
 
 PANELS = (
@@ -228,7 +228,7 @@ def test_config_file_is_kept_unless_an_option_is_typed(corpus, tmp_path, capsys)
     args = ["pretrain", "--config", str(cfg), *TINY, "--max-steps", "2", "--lr", "0.00025", "--n-layer", "1"]
     code, _, err = _cli(args, capsys)
     assert code == 0, err
-    saved = load_file(run / "config.toml")
+    saved = read_config_file(run / "config.toml")
     assert saved["max_steps"] == 2 and saved["lr"] == 0.00025  # typed
     assert saved["seed"] == 7 and saved["schedule"] == "linear" and saved["keep_last"] == 1  # from the file
     assert saved["model"]["n_layer"] == 1 and saved["model"]["n_embd"] == 32
@@ -242,7 +242,7 @@ def test_verify_and_no_verify_both_run(corpus, tmp_path, capsys):
             ["pretrain", "--data", str(corpus), "--out", str(run), *TINY, "--max-steps", "1", flag], capsys
         )
         assert code == 0, err
-        assert load_file(run / "config.toml")["verify_data"] is (flag == "--verify")
+        assert read_config_file(run / "config.toml")["verify_data"] is (flag == "--verify")
 
 
 def test_launcher_verifies_shards_before_starting_workers(corpus, tmp_path, capsys):

@@ -44,7 +44,7 @@ def _write(fifo: Path, text: str) -> None:
 def test_a_config_from_a_pipe_is_read(tmp_path):
     """``--config /dev/stdin`` is a pipe, not a regular file: it is read once, like the file it stands for (JSON
     when it starts with ``{``, TOML otherwise)."""
-    from gptcli.config import load_file
+    from gptcli.config import read_config_file
 
     for text, expected in (('{"lr": 0.25}', {"lr": 0.25}), ("lr = 0.5\n", {"lr": 0.5})):
         fifo = tmp_path / "fifo"
@@ -52,6 +52,6 @@ def test_a_config_from_a_pipe_is_read(tmp_path):
 
         writer = threading.Thread(target=_write, args=(fifo, text), daemon=True)
         writer.start()
-        assert load_file(fifo) == expected
+        assert read_config_file(fifo) == expected
         writer.join(10)
         fifo.unlink()

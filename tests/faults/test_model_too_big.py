@@ -15,8 +15,8 @@ from run_helpers import sst2_folder
 
 import gptcli.checkpoint as checkpoint_mod
 import gptcli.model.build as build_mod
+from gptcli.checkpoint import safetensors_shapes
 from gptcli.errors import GPT1Error
-from gptcli.files.fsutil import safetensors_shapes
 from gptcli.train.finetune import FinetuneConfig, finetune
 from tests.faults.conftest import gpt1
 from tests.faults.test_bad_checkpoints import _commands

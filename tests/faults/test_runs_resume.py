@@ -314,14 +314,14 @@ def test_a_launched_run_records_the_users_settings_and_its_resumes_verify(corpor
     # A --procs run once recorded its launcher's decisions (verify_data = false, device = "cpu") as the run's
     # settings: every later --resume then skipped the checksums and trained on a damaged checkpoint without a word.
     # The launcher checks the shards once and its workers skip that; the checkpoint each still verifies.
-    from gptcli.config import load_file
+    from gptcli.config import read_config_file
 
     run = tmp_path / "run"
     tiny = [a for a in TINY_ARGS if a not in ("--device", "cpu")]  # the device left to the launcher
     args = ["pretrain", "--data", str(corpora[0]), "--out", str(run), *tiny, "--max-steps", "4", "--save-every", "2"]
     proc = _gpt1_procs([*args, "--procs", "2"])  # a sentencepiece corpus: workers need no test imports
     assert proc.returncode == 0, proc.stderr[-3000:]
-    recorded = load_file(run / "config.toml")
+    recorded = read_config_file(run / "config.toml")
     assert recorded["verify_data"] is True and recorded["device"] == "auto", recorded
     flip_byte(run / "checkpoints" / "step-0000004" / "model.safetensors")
     alone = _copy(run, tmp_path / "alone")
@@ -334,4 +334,4 @@ def test_a_launched_run_records_the_users_settings_and_its_resumes_verify(corpor
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "warning: skipping checkpoint step-0000004" in proc.stderr, proc.stderr[-3000:]
     assert read_header(run).step == 6 and verify_checkpoint(run / "checkpoints" / "step-0000006") == []
-    assert load_file(run / "config.toml")["verify_data"] is True
+    assert read_config_file(run / "config.toml")["verify_data"] is True

@@ -321,18 +321,23 @@ def test_the_amx_forms_follow_the_cpu_flag_unless_forced(monkeypatch: pytest.Mon
 
 
 @pytest.mark.parametrize("mode", kernels.MODES)
-def test_runs_apply_the_kernels_where_they_load_or_train_a_model(pretrained, mode: str) -> None:
-    """``load_checkpoint`` (every evaluation, generation and fine-tuning's init) and the ``Trainer`` (pretraining and
-    fine-tuning) give the model the kernels under ``auto`` on CPU, and leave it plain PyTorch under ``reference``."""
+def test_runs_apply_the_kernels_where_they_compute_with_a_model(pretrained, mode: str) -> None:
+    """``load_checkpoint`` returns the reference model; what computes with one gives it the kernels under ``auto``
+    on CPU (a scoring run's ``open_model``, the ``Trainer`` of pretraining and fine-tuning) and leaves it plain
+    PyTorch under ``reference``."""
     from gptcli.checkpoint import load_checkpoint
+    from gptcli.eval.zeroshot import open_model
     from gptcli.model.kernels.layers import TiedKernels, WrittenOutAttention
     from gptcli.train.trainer import Trainer
 
     with kernels.use_kernels(mode):
         loaded = load_checkpoint(pretrained).model
+        scored = open_model(pretrained, device="cpu")[0]
         built = GPT(ModelConfig(vocab_size=50, n_ctx=8, n_embd=8, n_layer=1, n_head=2, n_inner=16))
         opt = torch.optim.SGD(built.parameters(), lr=0.1)
         Trainer(built, opt, lambda m, b: m.lm_loss(b[:, :-1], b[:, 1:]), lambda s: 0.1, device=torch.device("cpu"))
-    for model in (loaded, built):
+    assert not isinstance(loaded.tied, TiedKernels)
+    assert not isinstance(loaded.blocks[0].attn.attention, WrittenOutAttention)
+    for model in (scored, built):
         assert isinstance(model.tied, TiedKernels) is (mode == "auto")
         assert isinstance(model.blocks[0].attn.attention, WrittenOutAttention) is (mode == "auto")

@@ -14,7 +14,7 @@ import pytest
 import torch
 from corpus_helpers import random_corpus
 
-from gptcli.config import from_dict, load_file
+from gptcli.config import from_dict, read_config_file
 from gptcli.errors import GPT1Error
 from gptcli.model.gpt import GPT, ModelConfig
 from gptcli.progress import RecordingProgress
@@ -169,7 +169,7 @@ def test_a_run_whose_config_lacks_the_setting_loads_and_resumes_with_a_new_mode(
     text = config.read_text()
     assert 'compile_mode = "default"' in text
     config.write_text(text.replace('compile_mode = "default"\n', ""))  # as an older gpt1 wrote it
-    assert from_dict(PretrainConfig, load_file(config)).compile_mode == "default"
+    assert from_dict(PretrainConfig, read_config_file(config)).compile_mode == "default"
 
     resume = ["pretrain", "--out", str(run), "--resume", "--max-steps", "3", "--quiet"]
     code, _, err = _cli(resume, capsys)

@@ -18,6 +18,7 @@ This package is the only place in gptcli that may use private ``torch._*`` funct
 from __future__ import annotations
 
 import contextlib
+from typing import TypeVar
 
 import torch
 import torch.nn as nn
@@ -34,6 +35,8 @@ from gptcli.system.runtime import (
     use_kernels,
 )
 from gptcli.system.runtime import kernels_enabled as enabled
+
+ModelT = TypeVar("ModelT", bound=nn.Module)
 
 
 def amx() -> bool:
@@ -64,7 +67,7 @@ def force_onednn_fp32(value: bool | None) -> None:
     cpu.force_onednn_fp32(value)
 
 
-def apply(model: nn.Module, device: torch.device | str) -> nn.Module:
+def apply(model: ModelT, device: torch.device | str) -> ModelT:
     """``model`` with its seams replaced in place by the kernels' forms (``layers.py``) where :func:`enabled` says
     so for ``device`` (``auto``, on CPU); untouched, and no kernel module imported, elsewhere. Call it once a model
     is built or loaded for a run, before it computes (and before ``torch.compile``). Applying twice changes nothing;
