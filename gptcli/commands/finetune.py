@@ -141,9 +141,9 @@ def _launch(cfg: FinetuneConfig, spec: LaunchSpec, quiet: bool, console: Any) ->
     """Start the workers of a --gpus/--procs run here; each re-runs `gpt1 finetune` on the resolved config. The
     settings and the run directory are checked once, before any worker starts; resuming a finished run needs none."""
     from gptcli.train.distributed import describe_launch, launch_command
-    from gptcli.train.finetune import finetune, plan_launch_run, step_checkpoints
+    from gptcli.train.finetune import check_finetune_launch, finetune, step_checkpoints
 
-    plan = plan_launch_run(cfg, spec.nproc_per_node * spec.nnodes)
+    plan = check_finetune_launch(cfg, spec.nproc_per_node * spec.nnodes)
     if plan.mode == "done":
         show_outcome(finetune(cfg, progress=WarningsOnly(console)), console)
         return

@@ -178,13 +178,13 @@ def _short_form_defaults(p: Parsed, base: dict[str, Any], resume: bool, console:
 
 
 def _launch(cfg: PretrainConfig, spec: LaunchSpec, quiet: bool, console: Any) -> None:
-    """Start the workers of a --gpus/--procs run here (planned by gptcli.train.pretrain.plan_pretrain_launch);
+    """Start the workers of a --gpus/--procs run here (checked by gptcli.train.pretrain.check_pretrain_launch);
     each re-runs `gpt1 pretrain` on the resolved config."""
     from gptcli.checkpoint import resolve_checkpoint
     from gptcli.train.distributed import describe_launch, launch_command
-    from gptcli.train.pretrain import plan_pretrain_launch
+    from gptcli.train.pretrain import check_pretrain_launch
 
-    verified = plan_pretrain_launch(cfg, spec)
+    verified = check_pretrain_launch(cfg, spec)
     console.print(describe_launch(spec, cfg.batch_size), highlight=False)
     stopped = launch_command(spec, "pretrain", cfg, resume=cfg.resume, quiet=quiet, inputs_verified=verified)
     if stopped:

@@ -76,7 +76,7 @@ __all__ = [
     "FinetuneResult",
     "default_run_dir",
     "finetune",
-    "plan_launch_run",
+    "check_finetune_launch",
     "step_checkpoints",
 ]
 
@@ -264,10 +264,10 @@ def _train(job: FinetuneJob, report: Progress) -> str | None:
         report.end()
 
 
-def plan_launch_run(config: FinetuneConfig, world_size: int) -> RunDirPlan:
+def check_finetune_launch(config: FinetuneConfig, world_size: int) -> RunDirPlan:
     """What a launcher checks once before it starts ``world_size`` workers: the settings, the batch against the
-    processes, and what the run does with ``out`` (without hashing checkpoints: each worker verifies the one it
-    resumes from). A refusal here is the workers' own one-line error, before any process starts."""
+    processes, and what the run does with ``out`` (not which checkpoint a resume continues from: each worker
+    verifies and picks it). A refusal here is the workers' own one-line error, before any process starts."""
     check_finetune(config, world_size)
     inputs = run_inputs(config.init, config.tokenizer, get_task(config.task), config.data_dir)
     return plan_run_dir(
@@ -275,7 +275,6 @@ def plan_launch_run(config: FinetuneConfig, world_size: int) -> RunDirPlan:
         Path(cast(str, config.out)),  # the command names the run directory before it launches
         resume=config.resume,
         overwrite=config.overwrite,
-        verify=False,
         inputs=inputs,
         report=SILENT,
     )

@@ -84,7 +84,7 @@ def plan_steps(config: PretrainConfig, steps_per_epoch: int) -> int:
     return max(1, min(caps))
 
 
-def plan_pretrain_launch(config: PretrainConfig, spec: LaunchSpec) -> bool:
+def check_pretrain_launch(config: PretrainConfig, spec: LaunchSpec) -> bool:
     """Check ``config`` for a launch of ``spec``'s processes; True when the shards were verified here.
 
     The shards are verified here rather than in every worker (they would all read the whole corpus): the launch

@@ -165,21 +165,6 @@ class Parallel:
         return [obj]
 
 
-def seed_rank_rng(seed: int, rank: int, step: int) -> None:
-    """Give every rank but 0 its own dropout stream from here on.
-
-    Dropout draws from the global RNG, and every rank starts alike: all are seeded with ``seed`` so they build the
-    same weights, and a resumed run restores rank 0's saved RNG state on every rank. Left so, each rank would drop
-    the same units at the same positions of its own batch — correlated masks where data parallelism should
-    average ``world_size`` independent ones. Rank 0 keeps the single-process stream (a 1-process run and rank 0 of
-    an N-process run draw the same masks); rank r > 0 is reseeded from (seed, rank, step) before every update (the
-    update loop calls this), so a resume at any step reproduces it: reseeded once at the start, rank r's stream
-    after a resume was another than the uninterrupted run's, and so were its masks and the final weights.
-    """
-    if rank > 0:
-        torch.manual_seed((seed * 1_000_003 + rank * 7_919 + step) % (2**63 - 1))
-
-
 def unwrap(model: nn.Module) -> nn.Module:
     """The bare model inside DDP / torch.compile wrappers."""
     while True:

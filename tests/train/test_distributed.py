@@ -401,7 +401,7 @@ def test_two_nodes_on_one_machine_match_one_process(corpus, tmp_path):
 
 
 def test_each_rank_draws_its_own_dropout_masks_and_rank_0_keeps_the_single_process_stream():
-    from gptcli.train.trainer import seed_rank_rng
+    from gptcli.train.run.loop import seed_rank_rng
 
     def masks(rank: int, step: int) -> torch.Tensor:
         torch.manual_seed(1234)  # what every rank did before building the model (or restored on resume)

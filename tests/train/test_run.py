@@ -250,7 +250,7 @@ def test_the_plan_for_out_is_the_same_rule_for_every_kind(tmp_path):
     fine = RunKind(
         "finetune-run", "fine-tuning run", overwrite=True, final="a fine-tuned checkpoint", results="results.json"
     )
-    kw = dict(verify=True, inputs=[], report=RecordingProgress())
+    kw = dict(inputs=[], report=RecordingProgress())
     assert plan_run_dir(pre, tmp_path / "new", resume=False, overwrite=False, **kw).mode == "fresh"
     run = tmp_path / "run"
     _step(run, 2), _step(run, 4)
@@ -259,7 +259,7 @@ def test_the_plan_for_out_is_the_same_rule_for_every_kind(tmp_path):
         plan_run_dir(pre, run, resume=False, overwrite=False, **kw)
     mark(run, "finetune-run")
     plan = plan_run_dir(fine, run, resume=True, overwrite=False, **kw)
-    assert plan.mode == "resume" and plan.resume_from.name == "step-0000004"
+    assert plan.mode == "resume" and [c.name for c in plan.steps] == ["step-0000002", "step-0000004"]
     with pytest.raises(
         GPT1Error,
         match="holds an unfinished fine-tuning run with checkpoints \\(pass --resume to "
@@ -316,7 +316,7 @@ def test_an_unwritable_run_directory_is_refused_before_training(locked, tmp_path
     real = os.access
     monkeypatch.setattr(directory.os, "access", lambda p, mode, **k: Path(p) != denied and real(p, mode, **k))
     kind = RunKind("pretrain-run", "pretraining run", overwrite=False)
-    kw = dict(overwrite=False, verify=True, inputs=[], report=RecordingProgress())
+    kw = dict(overwrite=False, inputs=[], report=RecordingProgress())
     with pytest.raises(GPT1Error, match=f"^cannot write in {re.escape(str(denied))}: .*\\(make it writable, or copy"):
         plan_run_dir(kind, run, resume=True, **kw)
     shutil.rmtree(run / "checkpoints")
@@ -333,13 +333,15 @@ def test_a_resume_skips_a_damaged_checkpoint_and_says_so(tmp_path):
     mark(run, "pretrain-run")
     rec = RecordingProgress()
     kind = RunKind("pretrain-run", "pretraining run", overwrite=False)
-    plan = plan_run_dir(kind, run, resume=True, overwrite=False, verify=True, inputs=[], report=rec)
-    assert plan.resume_from.name == "step-0000002"
+    kw = dict(resume=True, overwrite=False, verify=True, inputs=[], par=Parallel(), report=rec)
+    with open_run(kind, run, **kw) as opened:
+        assert opened.resume_from is not None and opened.resume_from.name == "step-0000002"
     [warning] = [n["message"] for n in rec.of("note")]
     assert warning.startswith("skipping checkpoint step-0000004: ")
     (run / "checkpoints" / "step-0000002" / "model.safetensors").write_bytes(b"damaged")
     with pytest.raises(GPT1Error, match="no intact checkpoint .*\\(restore a checkpoint, or pass --no-verify"):
-        plan_run_dir(kind, run, resume=True, overwrite=False, verify=True, inputs=[], report=rec)
+        with open_run(kind, run, **kw):
+            pass
 
 
 def test_metrics_are_cut_back_to_what_the_checkpoint_had_seen(tmp_path):

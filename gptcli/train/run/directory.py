@@ -77,8 +77,8 @@ class RunDirPlan:
     ``resume``: continue the run in ``out``; ``replace``: build a new run in a hidden sibling and swap it in when
     complete (``overwrite`` of a finished run or of an unfinished one's checkpoints); ``done``: ``resume`` of a
     finished run, which has nothing left to do."""
-    resume_from: Path | None = None
-    """The step checkpoint a resumed run continues from."""
+    steps: list[Path] = dataclasses.field(default_factory=list)
+    """The run's step checkpoints, oldest first (mode ``resume``: :func:`open_run` picks the one to continue from)."""
 
 
 @dataclass
@@ -89,6 +89,8 @@ class RunDir:
     kind: RunKind
     plan: RunDirPlan
     is_main: bool
+    resume_from: Path | None = None
+    """The step checkpoint a resumed run continues from."""
     resume_header: ckpt.Header | None = None
     results: dict[str, Any] | None = None
     """A finished run's recorded outcome (mode ``done``), its settings already found the same."""
@@ -100,10 +102,6 @@ class RunDir:
     @property
     def mode(self) -> str:
         return self.plan.mode
-
-    @property
-    def resume_from(self) -> Path | None:
-        return self.plan.resume_from
 
     def writing(self) -> contextlib.AbstractContextManager[Path | None]:
         """Rank 0 writes in ``out`` (or the hidden sibling that replaces it: :func:`run_directory`); the other ranks
@@ -134,8 +132,11 @@ def open_run(
     temporaries a kill in its last moments left in checkpoints/ removed by rank 0). Every rank has looked at the
     directory before rank 0 writes in it."""
     with main_rank_lock(out, par.is_main):
-        plan = plan_run_dir(kind, out, resume=resume, overwrite=overwrite, verify=verify, inputs=inputs, report=report)
-        header = ckpt.read_header(plan.resume_from) if plan.resume_from is not None else None
+        plan = plan_run_dir(kind, out, resume=resume, overwrite=overwrite, inputs=inputs, report=report)
+        resume_from = None
+        if plan.mode == "resume":
+            resume_from = resume_point(out, plan.steps, verify, report, overwrite=kind.overwrite)
+        header = ckpt.read_header(resume_from) if resume_from is not None else None
         par.barrier()
         results = None
         if plan.mode == "done" and kind.results is not None and rules is not None:
@@ -143,7 +144,7 @@ def open_run(
             if par.is_main:
                 remove_step_checkpoints(out / CHECKPOINTS)
             report.note(f"{out}: the run is already finished; nothing to resume")
-        yield RunDir(kind, plan, par.is_main, header, results)
+        yield RunDir(kind, plan, par.is_main, resume_from, header, results)
 
 
 def finished_results(path: Path, rules: SettingRules, settings: Any) -> dict[str, Any]:
@@ -179,6 +180,23 @@ def step_checkpoints(out: str | Path) -> list[Path]:
     if not d.is_dir():
         return []
     return sorted(c for c in d.glob("step-*") if c.is_dir() and ckpt.is_checkpoint(c))
+
+
+def split_at_step(out: str | Path, step: int) -> tuple[Path | None, list[Path]]:
+    """The newest step checkpoint of the run from before update ``step`` (None: none), and those from ``step`` on.
+    A checkpoint's step is its header's, or its directory name's when the header is unreadable."""
+    before, later = None, []
+    for c in step_checkpoints(out):
+        try:
+            saved = ckpt.read_header(c).step
+        except GPT1Error:
+            digits = c.name.rsplit("-", 1)[-1]
+            saved = int(digits) if digits.isdigit() else -1
+        if saved < step:
+            before = c
+        else:
+            later.append(c)
+    return before, later
 
 
 def has_checkpoints(out: str | Path) -> bool:
@@ -228,7 +246,7 @@ def _discard(old: Path) -> None:
 
 
 def plan_run_dir(
-    kind: RunKind, out: Path, *, resume: bool, overwrite: bool, verify: bool, inputs: list[Path], report: Progress
+    kind: RunKind, out: Path, *, resume: bool, overwrite: bool, inputs: list[Path], report: Progress
 ) -> RunDirPlan:
     """Decide what to do with ``out`` (see :class:`RunDirPlan`): never write into an input or another kind of
     directory. A finished run is replaced only with ``overwrite``; a run with checkpoints is continued with
@@ -239,7 +257,7 @@ def plan_run_dir(
     finished = kind.final is not None and (out / CHECKPOINTS / FINAL).exists()
     if resume and steps:
         check_writable(out, resume=True)
-        return RunDirPlan(out, "resume", resume_point(out, steps, verify, report, overwrite=kind.overwrite))
+        return RunDirPlan(out, "resume", steps)
     if overwrite and (finished or steps):
         check_replaceable(out, kind.marker)  # a user's notes in the run would go with it
         return RunDirPlan(out, "replace")

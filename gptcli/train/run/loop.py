@@ -28,13 +28,12 @@ from typing import Any, Protocol
 import torch
 import torch.nn as nn
 
-from gptcli.checkpoint import read_header
 from gptcli.errors import GPT1Error
 from gptcli.progress import Progress
-from gptcli.train.run.directory import step_checkpoints
+from gptcli.train.run.directory import split_at_step
 from gptcli.train.run.memory import is_out_of_memory, out_of_memory
 from gptcli.train.runlog import RunLogger
-from gptcli.train.trainer import Parallel, seed_rank_rng
+from gptcli.train.trainer import Parallel
 
 
 class NonFiniteLossError(GPT1Error):
@@ -142,7 +141,7 @@ class RunState:
     """The step this process started from (the resumed one), for rates and the ETA."""
     rank_seed: int | None = None
     """The run's seed: every rank but 0 redraws its dropout stream from (seed, rank, step) before each update
-    (:func:`gptcli.train.trainer.seed_rank_rng`), so that a resume at any step draws what the uninterrupted run
+    (:func:`seed_rank_rng`), so that a resume at any step draws what the uninterrupted run
     drew (rank 0's stream is the one a checkpoint saves). None: the stream is left alone."""
     started: float = field(default_factory=time.perf_counter)
     watch: NonFiniteWatch = field(init=False)
@@ -225,6 +224,21 @@ def stop_handler(par: Parallel, resumable: bool) -> GracefulStop:
     if not resumable:
         return GracefulStop(signals=())
     return GracefulStop(escalate=type(par) is Parallel)
+
+
+def seed_rank_rng(seed: int, rank: int, step: int) -> None:
+    """Give every rank but 0 its own dropout stream from here on.
+
+    Dropout draws from the global RNG, and every rank starts alike: all are seeded with ``seed`` so they build the
+    same weights, and a resumed run restores rank 0's saved RNG state on every rank. Left so, each rank would drop
+    the same units at the same positions of its own batch — correlated masks where data parallelism should
+    average ``world_size`` independent ones. Rank 0 keeps the single-process stream (a 1-process run and rank 0 of
+    an N-process run draw the same masks); rank r > 0 is reseeded from (seed, rank, step) before every update (the
+    update loop calls this), so a resume at any step reproduces it: reseeded once at the start, rank r's stream
+    after a resume was another than the uninterrupted run's, and so were its masks and the final weights.
+    """
+    if rank > 0:
+        torch.manual_seed((seed * 1_000_003 + rank * 7_919 + step) % (2**63 - 1))
 
 
 def train(job: Job, stop: GracefulStop, report: Progress, max_minutes: float | None = None) -> str | None:
@@ -364,28 +378,14 @@ def diverged(state: RunState, what: str) -> NonFiniteLossError:
     way those weights are suspect, and so is a checkpoint saved from them (step ``state.step``; resuming from it
     replays the same batch on the same weights). The checkpoints of earlier steps gave finite losses; the newest of
     them is named, with the later ones to move away first (``--resume`` takes the newest)."""
-    good, later = None, []
-    for c in step_checkpoints(state.checkpoints.parent) if state.checkpoints is not None else []:
-        if _step_of(c) < state.step:
-            good = c
-        else:
-            later.append(c.name)
+    good, later = split_at_step(state.checkpoints.parent, state.step) if state.checkpoints else (None, [])
     advice = "perhaps with a lower --lr or --precision fp32"
     if good is None:
         where = f"no checkpoint was saved before the divergence; start a new run with another --out, {advice}"
     else:
-        first = f"move away the later {', '.join(later)}, then " if later else ""
+        first = f"move away the later {', '.join(c.name for c in later)}, then " if later else ""
         where = (
             f"the newest checkpoint from before the divergence is {good}; to continue from it, {first}"
             f"resume with --resume, {advice}"
         )
     return NonFiniteLossError(f"{what}; stopping ({where})")
-
-
-def _step_of(c: Path) -> int:
-    """A checkpoint's step: its header's, or its directory name's when the header is unreadable."""
-    try:
-        return read_header(c).step
-    except GPT1Error:
-        digits = c.name.rsplit("-", 1)[-1]
-        return int(digits) if digits.isdigit() else -1
