@@ -52,7 +52,7 @@ MAX_MODULE_LINES = 750
 # only what differs (its inputs, its loss, its checkpoint's extra state) — never a second copy of the rule itself.
 ONE_DEFINITION = {
     "check_resume": "gptcli.train.run.resume",  # the refusal that names every change of a resumed run
-    "resume_point": "gptcli.train.run.resume",  # which checkpoint a resume continues from
+    "resume_point": "gptcli.train.run.directory",  # which checkpoint a resume continues from
     "diverged": "gptcli.train.run.loop",  # the non-finite policy: one error, naming the last good checkpoint
     "NonFiniteWatch": "gptcli.train.run.loop",
     "NonFiniteLossError": "gptcli.train.run.loop",

@@ -171,10 +171,10 @@ def _build_job(setup: FinetuneSetup, gpt: LanguageModel, par: Parallel, run: Run
     """Put the head on the body (its init draws from the RNG after the body's special tokens), set up the optimizer,
     schedule and trainer (the model wrapped for the ranks), restore a resumed run and check that it is the same."""
     c = setup.config
+    total = num_batches(len(setup.train_enc), c.batch_size, batching=c.batching) * c.epochs
     model = FinetuneModel(gpt, TaskHead(setup.head_config))
     with weights_fit(setup.device, lambda: sum(p.numel() for p in model.parameters())):
         model = model.to(setup.device)
-    total = num_batches(len(setup.train_enc), c.batch_size, batching=c.batching) * c.epochs
     loss, schedule = TaskLoss(c.lm_weight), lr_schedule(c, total)
     optimizer = make_optimizer(model, c.lr, c.weight_decay, decay=c.decay, report=report)
     trainer = Trainer(
@@ -332,6 +332,9 @@ def write_outputs(job: FinetuneJob, out: Path, chosen_epoch: int, work: Path | N
 
 def _results(job: FinetuneJob, epoch: int, dev_scores: dict[str, Any], final: Path) -> dict[str, Any]:
     setup, c, task = job.setup, job.setup.config, job.setup.task
+    # The last epoch's scores beside the kept one's: a best epoch is chosen on the very examples it is scored on, so
+    # its score is an optimistic estimate and the last epoch's is the unbiased one (docs/finetune.md).
+    last_scores = next((scores_of(h) for h in job.history if h["epoch"] == c.epochs), {})
     return {
         "task": task.name,
         "title": task.title,
@@ -343,9 +346,7 @@ def _results(job: FinetuneJob, epoch: int, dev_scores: dict[str, Any], final: Pa
         **{k: v for h in job.history if h["epoch"] == epoch for k, v in h.items() if k in PREDICTION_SUMMARY},
         "epoch": epoch,
         "select": c.select if c.eval_split else "last",  # no dev split: nothing to choose by, the last is kept
-        # The last epoch's scores beside the kept one's: a best epoch is chosen on the very examples it is scored
-        # on, so its score is an optimistic estimate and the last epoch's is the unbiased one (docs/finetune.md).
-        "last_scores": next((scores_of(h) for h in job.history if h["epoch"] == c.epochs), {}),
+        "last_scores": last_scores,
         "checkpoint": str(final),
         "n_train": len(setup.data.train),
         "n_eval": len(setup.data.dev),

@@ -107,6 +107,8 @@ def build_setup(
         transfer_layers=config.transfer_layers,
         dropout=config.dropout,
     )
+    if arch_of(gpt.config) == "lstm" and (note := precision_note(device.type, precision)) is not None:
+        report.note(note)
     n_ctx = sequence_limit(config.n_ctx, gpt.config.n_ctx)
     train_enc, dev_enc = main_rank_first(
         par,
@@ -123,8 +125,6 @@ def build_setup(
         pdrop=config.clf_pdrop,
         init_std=gpt.config.init_std,
     )
-    if arch_of(gpt.config) == "lstm" and (note := precision_note(device.type, precision)) is not None:
-        report.note(note)
     setup = FinetuneSetup(config, task, device, precision, data, tok, n_ctx, train_enc, dev_enc, head, source)
     return setup, gpt
 
@@ -156,6 +156,10 @@ class TaskData:
     """Malformed rows skipped with ``skip_bad_rows`` (``path:line: reason``)."""
     excluded: int
     """Rows the dataset's own rule leaves out (SNLI/MNLI ``gold_label == "-"``)."""
+    folder: Path
+    """The task's data folder."""
+    files: dict[str, str]
+    """sha256 of every file the splits read, by its path inside ``folder``: hashed when read, for the resume check."""
 
 
 def read_task_data(
@@ -169,8 +173,8 @@ def read_task_data(
     seed: int = 42,
 ) -> TaskData:
     """The labeled training split and (unless the evaluation split, ``splits[1]``, is empty) the labeled dev split,
-    subsampled (the training examples with ``seed``), with the bad rows skipped (``path:line: reason``) and the count
-    of rows the dataset's own rule leaves out (SNLI/MNLI ``gold_label == "-"``)."""
+    subsampled (the training examples with ``seed``), with the bad rows skipped (``path:line: reason``), the count
+    of rows the dataset's own rule leaves out (SNLI/MNLI ``gold_label == "-"``) and the sha256 of every file read."""
     train_split, eval_split = splits
     opts = ReadOptions(skip_bad_rows=skip_bad_rows, skippable=True)
     train = task.read(train_split, data_dir, opts)
@@ -192,7 +196,15 @@ def read_task_data(
     dev = subsample(dev, max_eval, EVAL_SUBSET_SEED)
     if not train:
         raise GPT1Error(f"{task.name}: no training examples in split {train_split!r}")
-    return TaskData(train, dev, skipped, excluded)
+    folder = task.data_dir(data_dir)
+    files: dict[str, str] = {}
+    for split in dict.fromkeys(s for s in splits if s):
+        for name in task.splits[split].files:
+            top = folder / name
+            for f in sorted(top.rglob("*")) if top.is_dir() else [top]:
+                if f.is_file():
+                    files[f.relative_to(folder).as_posix()] = sha256_file(f)
+    return TaskData(train, dev, skipped, excluded, folder, files)
 
 
 def _tokenizer_source(path: str) -> tuple[Path, AnyConfig | None]:
@@ -335,17 +347,8 @@ def main_rank_first(par: Parallel, cache: bool, work: Callable[[], T]) -> T:
 
 def run_identity(setup: FinetuneSetup) -> dict[str, Any]:
     """What the run is made of, by content, recorded in every step checkpoint: the data files read (sha256 each,
-    by path inside the task folder), the init checkpoint's weights, and the encoded examples (which the tokenizer,
-    the truncation and the subsets decide)."""
-    c, task = setup.config, setup.task
-    folder = task.data_dir(c.data_dir)
-    files: dict[str, str] = {}
-    for split in dict.fromkeys(s for s in (c.train_split, c.eval_split) if s):
-        for name in task.splits[split].files:
-            top = folder / name
-            for f in sorted(top.rglob("*")) if top.is_dir() else [top]:
-                if f.is_file():
-                    files[f.relative_to(folder).as_posix()] = sha256_file(f)
+    by path inside the task folder: :attr:`TaskData.files`), the init checkpoint's weights, and the encoded examples
+    (which the tokenizer, the truncation and the subsets decide)."""
     h = hashlib.sha256()
     for e in [*setup.train_enc, None, *setup.dev_enc]:  # about 1 s for MNLI's 393k pairs
         if e is None:
@@ -355,8 +358,8 @@ def run_identity(setup: FinetuneSetup) -> dict[str, Any]:
             h.update(len(seq).to_bytes(4, "little") + array("q", seq).tobytes())
         h.update(repr(e.label).encode() + b";")
     return {
-        "data_dir": str(folder.resolve()),
-        "data_files": files,
+        "data_dir": str(setup.data.folder.resolve()),
+        "data_files": setup.data.files,
         "init_sha256": setup.source.get("init_sha256"),
         "examples_sha256": h.hexdigest(),
     }

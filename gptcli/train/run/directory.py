@@ -22,7 +22,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -39,7 +39,7 @@ from gptcli.model.build import LanguageModel
 from gptcli.progress import Progress
 from gptcli.tokenizers import Tokenizer
 from gptcli.train.run import training_state
-from gptcli.train.run.resume import SettingRules, resume_point
+from gptcli.train.run.resume import SettingRules
 from gptcli.train.runlog import METRICS, RunLogger, keep_first_records, truncate_metrics
 from gptcli.train.trainer import Parallel, Trainer
 
@@ -197,6 +197,23 @@ def split_at_step(out: str | Path, step: int) -> tuple[Path | None, list[Path]]:
         else:
             later.append(c)
     return before, later
+
+
+def resume_point(out: Path, steps: Sequence[Path], verify: bool, report: Progress, *, overwrite: bool) -> Path:
+    """The step checkpoint a resume continues from: the newest of ``steps`` whose files verify, each newer damaged
+    one skipped with a warning naming it and why (with ``verify`` off: simply the newest). ``overwrite``: the run
+    can also be started over, which the refusal then offers."""
+    if not verify:
+        return steps[-1]
+    try:
+        path, skipped = ckpt.newest_intact(out, candidates=steps)
+    except GPT1Error as e:
+        ways = ["restore a checkpoint", "pass --no-verify to resume from the newest anyway"]
+        ways += ["--overwrite to start the run over"] if overwrite else []
+        raise GPT1Error(f"{e} ({', '.join(ways[:-1])}, or {ways[-1]})") from None
+    for bad, why in skipped:
+        report.note(f"skipping checkpoint {bad.name}: {why}; resuming from {path.name}", level="warn")
+    return path
 
 
 def has_checkpoints(out: str | Path) -> bool:
@@ -429,7 +446,7 @@ def read_step_checkpoint(
     path: Path, trainer: Trainer, body: nn.Module, head: nn.Module | None = None
 ) -> dict[str, Any]:
     """Load a step checkpoint into a freshly built run: the weights, the optimizer and loss scaler, every RNG; returns
-    the job's JSON state. Its files were verified when it was chosen (:func:`gptcli.train.run.resume.resume_point`)
+    the job's JSON state. Its files were verified when it was chosen (:func:`resume_point`)
     or ``--no-verify`` said not to.
 
     The weights are read onto the CPU and copied into the model where it lives: loading onto "cuda" would put

@@ -1,4 +1,4 @@
-"""What ``--resume`` continues from, and what it refuses to change.
+"""What ``--resume`` refuses to change.
 
 A resumed run must be the run it continues, or its checkpoints, metrics and results would describe a run that never
 happened. Every kind of run states, for each of its settings, whether it *defines* the run (a resume that changes
@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gptcli.checkpoint import Header, newest_intact
+from gptcli.checkpoint import Header
 from gptcli.errors import GPT1Error
 from gptcli.model.build import AnyConfig, arch_of
-from gptcli.progress import Progress
 
 # Model config fields a resume may change: dropout is regularisation, not shape (out_pdrop: the LSTM's).
 ADJUSTABLE_MODEL = ("embd_pdrop", "attn_pdrop", "resid_pdrop", "out_pdrop")
@@ -105,20 +104,3 @@ def check_resume(
         )
     notes = [*dropouts, *adjusted]
     return [f"resuming with changed settings: {', '.join(notes)}"] if notes else []
-
-
-def resume_point(out: Path, steps: Sequence[Path], verify: bool, report: Progress, *, overwrite: bool) -> Path:
-    """The step checkpoint a resume continues from: the newest of ``steps`` whose files verify, each newer damaged
-    one skipped with a warning naming it and why (with ``verify`` off: simply the newest). ``overwrite``: the run
-    can also be started over, which the refusal then offers."""
-    if not verify:
-        return steps[-1]
-    try:
-        path, skipped = newest_intact(out, candidates=steps)
-    except GPT1Error as e:
-        ways = ["restore a checkpoint", "pass --no-verify to resume from the newest anyway"]
-        ways += ["--overwrite to start the run over"] if overwrite else []
-        raise GPT1Error(f"{e} ({', '.join(ways[:-1])}, or {ways[-1]})") from None
-    for bad, why in skipped:
-        report.note(f"skipping checkpoint {bad.name}: {why}; resuming from {path.name}", level="warn")
-    return path
