@@ -92,8 +92,8 @@ def check_resume(
     (``inputs``, named by the job), architecture or shape, or defining setting — naming every change with its old
     and new value; returns a note for the adjustable ones that changed. ``unexplained`` is a difference the job saw
     but cannot attribute (fine-tuning's encoded examples): named only when nothing else explains it."""
-    shape, dropouts = model_changes(header, mcfg)
     settings, adjusted = rules.setting_changes(config, saved)
+    shape, dropouts = model_changes(header, mcfg)
     changed = [*inputs, *shape, *settings]
     if not changed and unexplained is not None:
         changed.append(unexplained)
