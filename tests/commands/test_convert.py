@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from help_panels import help_panels, option_row, run_cli
+from error_lines import gpt1
+from help_panels import help_panels, option_row
 
 from gptcli.interop.convert import ConvertConfig, ConvertResult
 
@@ -49,18 +50,20 @@ def test_help_groups_options_in_panels_with_defaults(capsys, monkeypatch):
 def test_old_spellings_parse(seen, tmp_path, capsys):
     src, tok = tmp_path / "release", tmp_path / "bpe"
     assert (
-        run_cli(
-            "convert",
-            "--from",
-            "openai",
-            str(src),
-            "--out",
-            str(tmp_path / "a"),
-            "--n-head",
-            "4",
-            "--tokenizer",
-            str(tok),
-        )
+        gpt1(
+            [
+                "convert",
+                "--from",
+                "openai",
+                str(src),
+                "--out",
+                str(tmp_path / "a"),
+                "--n-head",
+                "4",
+                "--tokenizer",
+                str(tok),
+            ]
+        ).code
         == 0
     )
     cfg = seen[-1]
@@ -70,7 +73,7 @@ def test_old_spellings_parse(seen, tmp_path, capsys):
     assert "warning: a warning" in err and "wrote gpt1 checkpoint" in err and "1,234 parameters" in err
 
     (tmp_path / "b").mkdir()
-    assert run_cli("convert", "--to", "hf", str(src), "-o", str(tmp_path / "b"), "--overwrite") == 0
+    assert gpt1(["convert", "--to", "hf", str(src), "-o", str(tmp_path / "b"), "--overwrite"]).code == 0
     cfg = seen[-1]
     assert (cfg.to_format, cfg.from_format, cfg.out, cfg.overwrite, cfg.n_head) == (
         "hf",
@@ -83,10 +86,10 @@ def test_old_spellings_parse(seen, tmp_path, capsys):
 
 
 def test_usage_errors_are_one_line(seen, tmp_path, capsys):
-    assert run_cli("convert", "--from", "hf", "--out", str(tmp_path / "x")) == 1
+    assert gpt1(["convert", "--from", "hf", "--out", str(tmp_path / "x")]).code == 1
     assert "SRC is required" in capsys.readouterr().err
-    assert run_cli("convert", "--from", "hf", str(tmp_path)) == 1
+    assert gpt1(["convert", "--from", "hf", str(tmp_path)]).code == 1
     assert "--out is required" in capsys.readouterr().err
-    assert run_cli("convert", "--from", "hf", "--to", "hf", str(tmp_path), "--out", str(tmp_path / "x")) == 1
+    assert gpt1(["convert", "--from", "hf", "--to", "hf", str(tmp_path), "--out", str(tmp_path / "x")]).code == 1
     assert "exactly one of --from" in capsys.readouterr().err
     assert not seen

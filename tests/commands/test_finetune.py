@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+from error_lines import gpt1
 from typer.testing import CliRunner
 
 from gptcli.cli import app
@@ -38,10 +39,9 @@ def capture(monkeypatch):
     return run
 
 
-def test_help_groups_options_in_panels_with_defaults():
-    r = CliRunner().invoke(app, ["finetune", "--help"], env=WIDE)
-    assert r.exit_code == 0, r.output
-    text = r.output
+def test_help_groups_options_in_panels_with_defaults(capsys):
+    code, text, err = gpt1(["finetune", "--help"], capsys, env=WIDE)
+    assert code == 0, text + err
     for panel in (
         "Input",
         "Model",
@@ -154,20 +154,19 @@ def test_required_settings_are_one_line_errors(tmp_path):
     assert isinstance(r.exception, GPT1Error) and "unknown task 'bogus'" in str(r.exception)  # before any download
 
 
-def test_cli_finetune_and_list_tasks(pretrained, shared_data, tmp_path):
+def test_cli_finetune_and_list_tasks(pretrained, shared_data, tmp_path, capsys):
     from gptcli.config import from_dict, read_config_file
 
-    runner = CliRunner()
-    r = runner.invoke(app, ["finetune", "--list-tasks"], env=WIDE)
-    assert r.exit_code == 0, r.output
+    code, out, err = gpt1(["finetune", "--list-tasks"], capsys, env=WIDE)
+    output = out + err
+    assert code == 0, output
     for name in ("sst2", "mnli-mm", "race-h", "storycloze", "stsb"):
-        assert name in r.output
-    assert "<s> premise $ hypothesis <e>" in r.output
-    assert "<s> story $ ending <e>" in r.output and "<s> context question $ answer <e>" in r.output  # Story Cloze, RACE
+        assert name in output
+    assert "<s> premise $ hypothesis <e>" in output
+    assert "<s> story $ ending <e>" in output and "<s> context question $ answer <e>" in output  # Story Cloze, RACE
     cfg = tmp_path / "ft.toml"
     cfg.write_text('lr = 0.001\nbatch_size = 8\nepochs = 1\ndevice = "cpu"\nprecision = "fp32"\n')
-    r = runner.invoke(
-        app,
+    code, out, err = gpt1(
         [
             "finetune",
             "--task",
@@ -188,18 +187,19 @@ def test_cli_finetune_and_list_tasks(pretrained, shared_data, tmp_path):
             "0",
             "-q",
         ],
+        capsys,
     )
-    assert r.exit_code == 0, r.output
+    output = out + err
+    assert code == 0, output
     saved = (tmp_path / "run" / "config.toml").read_text()
     assert "lm_weight = 0.0" in saved and "lr = 0.001" in saved and "batch_size = 8" in saved
     again = from_dict(FinetuneConfig, read_config_file(tmp_path / "run" / "config.toml"))  # repeatable with --config
     assert again.lm_weight == 0.0 and again.task == "rte" and again.max_train_examples == 16
-    assert "dev scores of the kept epoch" in r.output and "done" in r.output
+    assert "dev scores of the kept epoch" in output and "done" in output
 
 
-def test_cli_shows_progress_and_epoch_scores(pretrained, shared_data, tmp_path):
-    r = CliRunner().invoke(
-        app,
+def test_cli_shows_progress_and_epoch_scores(pretrained, shared_data, tmp_path, capsys):
+    code, out, err = gpt1(
         [
             "finetune",
             "--task",
@@ -225,10 +225,12 @@ def test_cli_shows_progress_and_epoch_scores(pretrained, shared_data, tmp_path):
             "--precision",
             "fp32",
         ],
+        capsys,
         env=WIDE,
     )
-    assert r.exit_code == 0, r.output
-    assert "epoch 1 (update 2): dev accuracy" in r.output and "epoch 2 (update 4): dev accuracy" in r.output
+    output = out + err
+    assert code == 0, output
+    assert "epoch 1 (update 2): dev accuracy" in output and "epoch 2 (update 4): dev accuracy" in output
 
 
 @pytest.mark.parametrize("kernels", ["auto", "reference"])
@@ -240,56 +242,57 @@ def test_layout_shared_trains_story_cloze_and_a_resume_may_not_leave_it(
     training shares dropout masks: it changes what the run computes, not only how)."""
     import json
 
-    from help_panels import run_cli
     from run_helpers import signal_at_dev_score
 
     signal_at_dev_score(monkeypatch)
     run = tmp_path / "run"
     assert (
-        run_cli(
-            "finetune",
-            "--task",
-            "storycloze",
-            "--init",
-            "none",
-            "--model",
-            "tiny",
-            "--tokenizer",
-            str(pretrained / "tokenizer"),
-            "--out",
-            str(run),
-            "--data-dir",
-            str(shared_data / "storycloze"),
-            "--max-train-examples",
-            "16",
-            "--max-eval-examples",
-            "8",
-            "--batch-size",
-            "8",
-            "--epochs",
-            "2",
-            "--lr",
-            "1e-3",
-            "--device",
-            "cpu",
-            "--precision",
-            "fp32",
-            "--kernels",
-            kernels,
-            "--layout",
-            "shared",
-            "--log-every",
-            "1",
-            "-q",
-        )
+        gpt1(
+            [
+                "finetune",
+                "--task",
+                "storycloze",
+                "--init",
+                "none",
+                "--model",
+                "tiny",
+                "--tokenizer",
+                str(pretrained / "tokenizer"),
+                "--out",
+                str(run),
+                "--data-dir",
+                str(shared_data / "storycloze"),
+                "--max-train-examples",
+                "16",
+                "--max-eval-examples",
+                "8",
+                "--batch-size",
+                "8",
+                "--epochs",
+                "2",
+                "--lr",
+                "1e-3",
+                "--device",
+                "cpu",
+                "--precision",
+                "fp32",
+                "--kernels",
+                kernels,
+                "--layout",
+                "shared",
+                "--log-every",
+                "1",
+                "-q",
+            ]
+        ).code
         == 130
     )
     assert 'layout = "shared"' in (run / "config.toml").read_text()
     capsys.readouterr()
-    assert run_cli("finetune", "--out", str(run), "--resume", "--layout", "packed", "-q") == 1
+    assert gpt1(["finetune", "--out", str(run), "--resume", "--layout", "packed", "-q"]).code == 1
     err = " ".join(capsys.readouterr().err.split())
     assert "cannot resume with changed settings: layout shared → packed (these define the run" in err
-    assert run_cli("finetune", "--out", str(run), "--resume", "-q") == 0
+    assert gpt1(["finetune", "--out", str(run), "--resume", "-q"]).code == 0
     results = json.loads((run / "results.json").read_text())
     assert results["steps"] == 4 and len(results["history"]) == 2 and "accuracy" in results["scores"]
     train = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]

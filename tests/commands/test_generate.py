@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from help_panels import help_panels, option_row, run_cli
+from error_lines import gpt1
+from help_panels import help_panels, option_row
 
 from gptcli.model.generate import GenerateConfig
 
@@ -58,27 +59,29 @@ def test_help_groups_options_in_panels_with_defaults(capsys, monkeypatch):
 
 def test_old_spellings_parse_and_stream(seen, capsys):
     assert (
-        run_cli(
-            "generate",
-            "-c",
-            "ck",
-            "-p",
-            "Hello there",
-            "-n",
-            "5",
-            "--greedy",
-            "-t",
-            "0.7",
-            "--top-k",
-            "3",
-            "--top-p",
-            "0.9",
-            "--seed",
-            "11",
-            "--no-cache",
-            "--device",
-            "cpu",
-        )
+        gpt1(
+            [
+                "generate",
+                "-c",
+                "ck",
+                "-p",
+                "Hello there",
+                "-n",
+                "5",
+                "--greedy",
+                "-t",
+                "0.7",
+                "--top-k",
+                "3",
+                "--top-p",
+                "0.9",
+                "--seed",
+                "11",
+                "--no-cache",
+                "--device",
+                "cpu",
+            ]
+        ).code
         == 0
     )
     cfg = seen[-1]
@@ -88,7 +91,7 @@ def test_old_spellings_parse_and_stream(seen, capsys):
     cap = capsys.readouterr()
     assert cap.out == "the prompt one two three\n"
     assert "3 tokens in 0.50 s" in cap.err and "greedy" in cap.err and "no cache" in cap.err
-    assert run_cli("generate", "--checkpoint", "ck", "--prompt", "x", "--sample", "--max-new-tokens", "2") == 0
+    assert gpt1(["generate", "--checkpoint", "ck", "--prompt", "x", "--sample", "--max-new-tokens", "2"]).code == 0
     cfg = seen[-1]
     assert (cfg.greedy, cfg.max_new_tokens, cfg.use_cache, cfg.device) == (False, 2, True, "auto")
 
@@ -96,7 +99,7 @@ def test_old_spellings_parse_and_stream(seen, capsys):
 def test_config_file_under_the_command_line(seen, tmp_path):
     f = tmp_path / "s.toml"
     f.write_text('max_new_tokens = 3\ngreedy = true\ntop_k = 5\ncheckpoint = "from-file"\n')
-    assert run_cli("generate", "-p", "x", "--config", str(f), "--top-k", "0", "--sample") == 0
+    assert gpt1(["generate", "-p", "x", "--config", str(f), "--top-k", "0", "--sample"]).code == 0
     cfg = seen[-1]
     assert cfg.max_new_tokens == 3 and cfg.checkpoint == Path("from-file")  # from the file
     assert cfg.top_k == 0 and cfg.greedy is False  # typed: win over the file, also at their defaults
@@ -117,7 +120,7 @@ def test_samples_option_prints_each_sample_under_a_header(monkeypatch, capsys, t
 
     configs: list[GenerateConfig] = []
     monkeypatch.setattr(pipeline, "start_generation", lambda cfg, progress=None: configs.append(cfg) or FakeBatch())
-    assert run_cli("generate", "-c", "ck", "-p", "x", "--samples", "3", "--seed", "1") == 0
+    assert gpt1(["generate", "-c", "ck", "-p", "x", "--samples", "3", "--seed", "1"]).code == 0
     assert configs[-1].samples == 3
     cap = capsys.readouterr()
     assert cap.out == (
@@ -125,7 +128,7 @@ def test_samples_option_prints_each_sample_under_a_header(monkeypatch, capsys, t
     )
     assert "6 tokens in 0.50 s" in cap.err and "3 samples as one batch" in cap.err
     (tmp_path / "s.toml").write_text("samples = 2\n")
-    assert run_cli("generate", "-c", "ck", "-p", "x", "--config", str(tmp_path / "s.toml")) == 0
+    assert gpt1(["generate", "-c", "ck", "-p", "x", "--config", str(tmp_path / "s.toml")]).code == 0
     assert configs[-1].samples == 2
 
 
@@ -141,13 +144,13 @@ def test_samples_end_to_end(tmp_path, capsys):
     model = GPT(ModelConfig(vocab_size=97, n_ctx=16, n_embd=16, n_layer=1, n_head=2, n_inner=32))
     save_checkpoint(tmp_path / "ck", model, ToyTokenizer(97))
     common = ("-c", str(tmp_path / "ck"), "-p", "a b c", "-n", "4", "--greedy", "--device", "cpu")
-    assert run_cli("generate", *common) == 0
+    assert gpt1(["generate", *common]).code == 0
     single = capsys.readouterr().out
-    assert run_cli("generate", *common, "--samples", "2") == 0
+    assert gpt1(["generate", *common, "--samples", "2"]).code == 0
     cap = capsys.readouterr()
     assert cap.out == f"--- sample 1/2 ---\n{single}--- sample 2/2 ---\n{single}"
     assert "8 tokens in" in cap.err
-    assert run_cli("generate", *common, "--samples", "0") == 1
+    assert gpt1(["generate", *common, "--samples", "0"]).code == 1
     assert "--samples 0 is impossible" in capsys.readouterr().err
 
 
@@ -166,16 +169,16 @@ def test_greedy_does_not_check_the_sampling_settings_it_ignores(tmp_path, capsys
         ToyTokenizer(97),
     )
     common = ("-c", str(tmp_path / "ck"), "-p", "a b c", "-n", "3", "--device", "cpu")
-    assert run_cli("generate", *common, "--greedy") == 0
+    assert gpt1(["generate", *common, "--greedy"]).code == 0
     greedy = capsys.readouterr().out
     for ignored in (("--temperature", "0"), ("--top-p", "0"), ("--top-k", "-1"), ("--seed", "-5")):
-        assert run_cli("generate", *common, "--greedy", *ignored) == 0, ignored
+        assert gpt1(["generate", *common, "--greedy", *ignored]).code == 0, ignored
         assert capsys.readouterr().out == greedy
-    assert run_cli("generate", *common, "--temperature", "0") == 1  # sampling reads it: still refused
+    assert gpt1(["generate", *common, "--temperature", "0"]).code == 1  # sampling reads it: still refused
     assert "--temperature 0.0 is impossible" in capsys.readouterr().err
     settings = tmp_path / "sampling.toml"  # the file's temperature is ignored when --greedy is typed over it
     settings.write_text("temperature = 0.0\ntop_p = 0.0\n")
-    assert run_cli("generate", *common, "--config", str(settings), "--greedy") == 0
+    assert gpt1(["generate", *common, "--config", str(settings), "--greedy"]).code == 0
     assert capsys.readouterr().out == greedy
-    assert run_cli("generate", *common, "--config", str(settings)) == 1
+    assert gpt1(["generate", *common, "--config", str(settings)]).code == 1
     assert "temperature" in capsys.readouterr().err

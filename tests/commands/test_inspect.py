@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
+from error_lines import gpt1
 
-from gptcli.cli import app, main
+from gptcli.cli import main
 from gptcli.data.prepare import PrepareConfig, prepare
-
-runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
@@ -23,11 +21,11 @@ def corpus(tmp_path_factory):
     ).out
 
 
-def test_help_shows_defaults_and_the_old_flags():
-    r = runner.invoke(app, ["inspect", "--help"], env={"COLUMNS": "200"})
-    assert r.exit_code == 0, r.output
-    assert "[default: 64]" in r.output and "--sample-tokens" in r.output and "--no-verify" in r.output
-    assert "DIRECTORY" in r.output.upper()
+def test_help_shows_defaults_and_the_old_flags(capsys):
+    code, out, err = gpt1(["inspect", "--help"], capsys, env={"COLUMNS": "200"})
+    assert code == 0, out + err
+    assert "[default: 64]" in out and "--sample-tokens" in out and "--no-verify" in out
+    assert "DIRECTORY" in out.upper()
 
 
 def test_inspect_prints_summary_sample_and_verification(corpus, capsys):
@@ -43,6 +41,5 @@ def test_inspect_prints_summary_sample_and_verification(corpus, capsys):
     assert e.value.code == 0 and "first val document" not in text and "checksums" not in text
 
 
-def test_missing_directory_argument_is_a_usage_error():
-    r = runner.invoke(app, ["inspect"])
-    assert r.exit_code == 2
+def test_missing_directory_argument_is_a_usage_error(capsys):
+    assert gpt1(["inspect"], capsys).code == 2

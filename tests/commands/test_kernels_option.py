@@ -4,7 +4,8 @@ carried by the config, applied when the run starts, refused in one line when unk
 from __future__ import annotations
 
 import pytest
-from help_panels import help_panels, option_row, run_cli
+from error_lines import gpt1
+from help_panels import help_panels, option_row
 
 from gptcli.model import kernels
 
@@ -53,7 +54,7 @@ def test_the_config_takes_the_option_or_the_environment(generation, monkeypatch,
         monkeypatch.delenv(kernels.ENV, raising=False)
     else:
         monkeypatch.setenv(kernels.ENV, env)
-    assert run_cli("generate", "-c", "ck", "-p", "x", *args) == 0
+    assert gpt1(["generate", "-c", "ck", "-p", "x", *args]).code == 0
     assert generation[-1].kernels == want
 
 
@@ -97,7 +98,7 @@ def test_a_generation_computes_in_its_setting_and_leaves_the_callers(pretrained,
 
 def test_an_unknown_mode_is_one_line_and_starts_nothing(tmp_path, capsys) -> None:
     out = tmp_path / "run"
-    code = run_cli("pretrain", "--data", str(tmp_path / "corpus"), "--out", str(out), "--kernels", "fast")
+    code = gpt1(["pretrain", "--data", str(tmp_path / "corpus"), "--out", str(out), "--kernels", "fast"]).code
     err = capsys.readouterr().err
     assert code == 1
     assert err.strip().splitlines() == ["error: --kernels: expected one of auto, reference, got 'fast'"]
@@ -121,23 +122,25 @@ def test_a_pretraining_run_resumes_under_the_other_mode(tmp_path, capsys, monkey
     import gptcli.train.pretrain as pretraining
 
     corpus, out = random_corpus(tmp_path / "corpus"), tmp_path / "run"
-    assert run_cli("pretrain", "--data", str(corpus), "--out", str(out), *TINY_ARGS, "--max-steps", "2") == 0
+    assert gpt1(["pretrain", "--data", str(corpus), "--out", str(out), *TINY_ARGS, "--max-steps", "2"]).code == 0
     capsys.readouterr()
     seen: list[str] = []
     monkeypatch.setattr(pretraining, "prepare_kernels", lambda device, report: seen.append(kernels.mode()))
-    code = run_cli(
-        "pretrain",
-        "--data",
-        str(corpus),
-        "--out",
-        str(out),
-        *TINY_ARGS,
-        "--max-steps",
-        "3",
-        "--resume",
-        "--kernels",
-        "reference",
-    )
+    code = gpt1(
+        [
+            "pretrain",
+            "--data",
+            str(corpus),
+            "--out",
+            str(out),
+            *TINY_ARGS,
+            "--max-steps",
+            "3",
+            "--resume",
+            "--kernels",
+            "reference",
+        ]
+    ).code
     assert code == 0, capsys.readouterr().err
     assert seen == ["reference"]  # the run computed in it
     assert 'kernels = "reference"' in (out / "config.toml").read_text()
@@ -149,7 +152,7 @@ def test_the_environment_is_a_default_under_a_config_file(generation, monkeypatc
     monkeypatch.setenv(kernels.ENV, "reference")
     cfg = tmp_path / "run.toml"
     cfg.write_text('kernels = "auto"\n')
-    assert run_cli("generate", "-c", "ck", "-p", "x", "--config", str(cfg)) == 0
+    assert gpt1(["generate", "-c", "ck", "-p", "x", "--config", str(cfg)]).code == 0
     assert generation[-1].kernels == "auto"
-    assert run_cli("generate", "-c", "ck", "-p", "x") == 0
+    assert gpt1(["generate", "-c", "ck", "-p", "x"]).code == 0
     assert generation[-1].kernels == "reference"

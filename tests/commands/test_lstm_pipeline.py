@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from corpus_helpers import write_corpus
-from help_panels import run_cli
+from error_lines import gpt1
 
 from gptcli.checkpoint import load_checkpoint, read_header
 from gptcli.model.lstm import LSTMLM
@@ -33,32 +33,34 @@ def lstm_run(tmp_path_factory, shared_data) -> Path:
     text = " ".join(_sentences(shared_data / "glue" / "SST-2" / "train.tsv", 300))
     ids = np.frombuffer(text.encode(), dtype=np.uint8).astype(np.int64)
     corpus = write_corpus(root / "corpus", {"train": [[ids[:-2000]]], "val": [[ids[-2000:]]]})
-    code = run_cli(
-        "pretrain",
-        "--data",
-        str(corpus),
-        "--out",
-        str(root / "run"),
-        "--preset",
-        "lstm-tiny",
-        *SHAPE,
-        "--dropout",
-        "0.2",
-        "--seq-len",
-        "64",
-        "--batch-size",
-        "4",
-        "--max-steps",
-        "4",
-        "--warmup-steps",
-        "1",
-        "--eval-batches",
-        "2",
-        "--peak-flops",
-        "1e11",
-        "--quiet",
-        *RUNTIME,
-    )
+    code = gpt1(
+        [
+            "pretrain",
+            "--data",
+            str(corpus),
+            "--out",
+            str(root / "run"),
+            "--preset",
+            "lstm-tiny",
+            *SHAPE,
+            "--dropout",
+            "0.2",
+            "--seq-len",
+            "64",
+            "--batch-size",
+            "4",
+            "--max-steps",
+            "4",
+            "--warmup-steps",
+            "1",
+            "--eval-batches",
+            "2",
+            "--peak-flops",
+            "1e11",
+            "--quiet",
+            *RUNTIME,
+        ]
+    ).code
     assert code == 0
     return root / "run"
 
@@ -85,18 +87,20 @@ def test_settings_of_the_other_architecture_and_resumes_onto_it_are_refused(lstm
     corpus = lstm_run.parent / "corpus"
     capsys.readouterr()
     assert (
-        run_cli(
-            "pretrain",
-            "--data",
-            str(corpus),
-            "--out",
-            str(tmp_path / "x"),
-            "--preset",
-            "lstm-tiny",
-            "--n-head",
-            "4",
-            *RUNTIME,
-        )
+        gpt1(
+            [
+                "pretrain",
+                "--data",
+                str(corpus),
+                "--out",
+                str(tmp_path / "x"),
+                "--preset",
+                "lstm-tiny",
+                "--n-head",
+                "4",
+                *RUNTIME,
+            ]
+        ).code
         == 1
     )
     err = capsys.readouterr().err
@@ -107,17 +111,19 @@ def test_settings_of_the_other_architecture_and_resumes_onto_it_are_refused(lstm
     toml = toml.replace("n_hidden = 24", "n_head = 2").replace("out_pdrop", "resid_pdrop")
     (tmp_path / "t.toml").write_text(toml)
     assert (
-        run_cli(
-            "pretrain",
-            "--config",
-            str(tmp_path / "t.toml"),
-            "--out",
-            str(lstm_run),
-            "--max-steps",
-            "6",
-            "--resume",
-            *RUNTIME,
-        )
+        gpt1(
+            [
+                "pretrain",
+                "--config",
+                str(tmp_path / "t.toml"),
+                "--out",
+                str(lstm_run),
+                "--max-steps",
+                "6",
+                "--resume",
+                *RUNTIME,
+            ]
+        ).code
         == 1
     )
     assert "architecture lstm → transformer" in capsys.readouterr().err
@@ -127,29 +133,31 @@ def test_finetune_eval_on_real_sst2_rows(lstm_run, shared_data, tmp_path):
     sst2 = shared_data / "glue" / "SST-2"
     out = tmp_path / "ft"
     assert (
-        run_cli(
-            "finetune",
-            "--task",
-            "sst2",
-            "--init",
-            str(lstm_run),
-            "--out",
-            str(out),
-            "--data-dir",
-            str(sst2),
-            "--max-train-examples",
-            "16",
-            "--max-eval-examples",
-            "8",
-            "--batch-size",
-            "8",
-            "--epochs",
-            "1",
-            "--lr",
-            "1e-3",
-            "-q",
-            *RUNTIME,
-        )
+        gpt1(
+            [
+                "finetune",
+                "--task",
+                "sst2",
+                "--init",
+                str(lstm_run),
+                "--out",
+                str(out),
+                "--data-dir",
+                str(sst2),
+                "--max-train-examples",
+                "16",
+                "--max-eval-examples",
+                "8",
+                "--batch-size",
+                "8",
+                "--epochs",
+                "1",
+                "--lr",
+                "1e-3",
+                "-q",
+                *RUNTIME,
+            ]
+        ).code
         == 0
     )
     final = out / "checkpoints" / "final"
@@ -157,18 +165,20 @@ def test_finetune_eval_on_real_sst2_rows(lstm_run, shared_data, tmp_path):
     assert header.arch == "lstm" and header.kind == "finetuned" and header.model["n_special"] == 3
     assert "accuracy" in json.loads((out / "results.json").read_text())["scores"]
     assert (
-        run_cli(
-            "eval",
-            "--checkpoint",
-            str(out),
-            "--data-dir",
-            str(sst2),
-            "--max-examples",
-            "8",
-            "--out",
-            str(tmp_path / "ev"),
-            *RUNTIME,
-        )
+        gpt1(
+            [
+                "eval",
+                "--checkpoint",
+                str(out),
+                "--data-dir",
+                str(sst2),
+                "--max-examples",
+                "8",
+                "--out",
+                str(tmp_path / "ev"),
+                *RUNTIME,
+            ]
+        ).code
         == 0
     )
     res = json.loads(next((tmp_path / "ev").rglob("results.json")).read_text())
@@ -196,34 +206,41 @@ def test_finetune_without_pretraining_builds_an_lstm(lstm_run, shared_data, tmp_
         *RUNTIME,
     ]
     assert (
-        run_cli("finetune", "--init", "none", "--tokenizer", str(lstm_run), "--out", str(tmp_path / "a"), *common) == 0
+        gpt1(["finetune", "--init", "none", "--tokenizer", str(lstm_run), "--out", str(tmp_path / "a"), *common]).code
+        == 0
     )
     a = read_header(tmp_path / "a" / "checkpoints" / "final")
     assert a.arch == "lstm" and a.model["n_hidden"] == 24
     tokenizer = lstm_run.parent / "corpus" / "tokenizer"
     assert (
-        run_cli(
-            "finetune",
-            "--init",
-            "none",
-            "--model",
-            "lstm-tiny",
-            "--tokenizer",
-            str(tokenizer),
-            "--out",
-            str(tmp_path / "p"),
-            *common,
-        )
+        gpt1(
+            [
+                "finetune",
+                "--init",
+                "none",
+                "--model",
+                "lstm-tiny",
+                "--tokenizer",
+                str(tokenizer),
+                "--out",
+                str(tmp_path / "p"),
+                *common,
+            ]
+        ).code
         == 0
     )
     p = read_header(tmp_path / "p" / "checkpoints" / "final")
     assert p.arch == "lstm" and p.model["n_hidden"] == 768 and p.model["vocab_size"] == 256
     assert (
-        run_cli("finetune", "--init", str(lstm_run), "--transfer-layers", "0", "--out", str(tmp_path / "b"), *common)
+        gpt1(
+            ["finetune", "--init", str(lstm_run), "--transfer-layers", "0", "--out", str(tmp_path / "b"), *common]
+        ).code
         == 0
     )
     assert (
-        run_cli("finetune", "--init", str(lstm_run), "--transfer-layers", "2", "--out", str(tmp_path / "c"), *common)
+        gpt1(
+            ["finetune", "--init", str(lstm_run), "--transfer-layers", "2", "--out", str(tmp_path / "c"), *common]
+        ).code
         == 1
     )
 
@@ -231,29 +248,31 @@ def test_finetune_without_pretraining_builds_an_lstm(lstm_run, shared_data, tmp_
 def test_zeroshot_and_generate(lstm_run, shared_data, tmp_path, capsys):
     out = tmp_path / "zs"
     assert (
-        run_cli(
-            "zeroshot",
-            "--task",
-            "sst2",
-            "--checkpoint",
-            str(lstm_run),
-            "--data-dir",
-            str(shared_data / "glue" / "SST-2"),
-            "--limit",
-            "12",
-            "--out",
-            str(out),
-            *RUNTIME,
-        )
+        gpt1(
+            [
+                "zeroshot",
+                "--task",
+                "sst2",
+                "--checkpoint",
+                str(lstm_run),
+                "--data-dir",
+                str(shared_data / "glue" / "SST-2"),
+                "--limit",
+                "12",
+                "--out",
+                str(out),
+                *RUNTIME,
+            ]
+        ).code
         == 0
     )
     res = json.loads((out / "results.json").read_text())
     assert res["tasks"]["sst2"]["n"] == 12
     capsys.readouterr()
     assert (
-        run_cli(
-            "generate", "--checkpoint", str(lstm_run), "--prompt", "it is a", "-n", "8", "--greedy", "--device", "cpu"
-        )
+        gpt1(
+            ["generate", "--checkpoint", str(lstm_run), "--prompt", "it is a", "-n", "8", "--greedy", "--device", "cpu"]
+        ).code
         == 0
     )
     assert capsys.readouterr().out.strip()
@@ -261,7 +280,7 @@ def test_zeroshot_and_generate(lstm_run, shared_data, tmp_path, capsys):
 
 def test_convert_to_hf_refuses_an_lstm(lstm_run, tmp_path, capsys):
     capsys.readouterr()
-    assert run_cli("convert", "--to", "hf", str(lstm_run), "--out", str(tmp_path / "hf")) == 1
+    assert gpt1(["convert", "--to", "hf", str(lstm_run), "--out", str(tmp_path / "hf")]).code == 1
     err = capsys.readouterr().err.strip()
     assert "an lstm checkpoint cannot be exported" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "hf").exists()

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from error_lines import gpt1
 from typer.testing import CliRunner
 
 import gptcli.data.prepare as prep
@@ -17,14 +18,9 @@ from gptcli.errors import GPT1Error
 runner = CliRunner()
 
 
-def _help() -> str:
-    r = runner.invoke(app, ["prepare", "--help"], env={"COLUMNS": "200"})
-    assert r.exit_code == 0, r.output
-    return r.output
-
-
-def test_help_has_panels_and_derived_defaults():
-    text = _help()
+def test_help_has_panels_and_derived_defaults(capsys):
+    code, text, err = gpt1(["prepare", "--help"], capsys, env={"COLUMNS": "200"})
+    assert code == 0, text + err
     for panel in ("Input", "Data", "Output", "Runtime"):
         assert re.search(rf"─ {panel} ─", text), f"no {panel} panel"
     for default in ("40478", "text", "0.01", "1000000", "67108864"):

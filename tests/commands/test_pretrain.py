@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from corpus_helpers import random_corpus
-from error_lines import Outcome, assert_one_line_error
+from error_lines import Outcome, assert_one_line_error, gpt1
 
 from gptcli.commands.pretrain import OPTIONS
 from gptcli.config import read_config_file
@@ -56,15 +56,6 @@ TINY = [
     "1e11",
     "--quiet",
 ]
-
-
-def _cli(args: list[str], capsys) -> tuple[int, str, str]:
-    from gptcli.cli import main
-
-    with pytest.raises(SystemExit) as e:
-        main(args)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
 
 
 def _panels(text: str) -> dict[str, str]:
@@ -226,7 +217,7 @@ def test_config_file_is_kept_unless_an_option_is_typed(corpus, tmp_path, capsys)
     )
     # Typed options win even when they spell the default (--lr 0.00025); --n-layer merges into the [model] table.
     args = ["pretrain", "--config", str(cfg), *TINY, "--max-steps", "2", "--lr", "0.00025", "--n-layer", "1"]
-    code, _, err = _cli(args, capsys)
+    code, _, err = gpt1(args, capsys)
     assert code == 0, err
     saved = read_config_file(run / "config.toml")
     assert saved["max_steps"] == 2 and saved["lr"] == 0.00025  # typed
@@ -238,7 +229,7 @@ def test_config_file_is_kept_unless_an_option_is_typed(corpus, tmp_path, capsys)
 def test_verify_and_no_verify_both_run(corpus, tmp_path, capsys):
     for flag in ("--verify", "--no-verify"):
         run = tmp_path / flag.strip("-")
-        code, _, err = _cli(
+        code, _, err = gpt1(
             ["pretrain", "--data", str(corpus), "--out", str(run), *TINY, "--max-steps", "1", flag], capsys
         )
         assert code == 0, err
@@ -252,7 +243,7 @@ def test_launcher_verifies_shards_before_starting_workers(corpus, tmp_path, caps
     raw = bytearray(shard.read_bytes())
     raw[-50] ^= 0xFF
     shard.write_bytes(bytes(raw))
-    code, _, err = _cli(["pretrain", "--data", str(bad), "--out", str(tmp_path / "r"), *TINY, "--procs", "2"], capsys)
+    code, _, err = gpt1(["pretrain", "--data", str(bad), "--out", str(tmp_path / "r"), *TINY, "--procs", "2"], capsys)
     assert code == 1 and f"{shard.name}: checksum mismatch" in err
     assert not (tmp_path / "r").exists()  # refused before any worker started
 
@@ -261,9 +252,9 @@ def test_missing_data_and_out_are_one_line_errors(tmp_path, capsys, monkeypatch)
     """No --data: ./corpus (what `gpt1 prepare` writes) when it is there, else one line; a resume names its run.
     (The defaults themselves: tests/commands/test_defaults.py.)"""
     monkeypatch.chdir(tmp_path)
-    code, _, err = _cli(["pretrain", "--out", str(tmp_path / "r")], capsys)
+    code, _, err = gpt1(["pretrain", "--out", str(tmp_path / "r")], capsys)
     assert code == 1 and "--data is required: there is no ./corpus here" in err and "gpt1 prepare" in err
-    code, _, err = _cli(["pretrain", "--data", str(tmp_path), "--resume"], capsys)
+    code, _, err = gpt1(["pretrain", "--data", str(tmp_path), "--resume"], capsys)
     assert code == 1 and "--resume needs --out RUN" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing was made
 
@@ -277,7 +268,7 @@ def test_a_bad_setting_is_the_only_line_when_the_defaults_were_chosen(setting, c
     monkeypatch.chdir(tmp_path)
     shutil.copytree(corpus, tmp_path / "corpus")
     (tmp_path / "bad.toml").write_text(setting + "\n", encoding="utf-8")
-    assert_one_line_error(Outcome(*_cli(["pretrain", "--config", "bad.toml"], capsys)), alone=True)
+    assert_one_line_error(Outcome(*gpt1(["pretrain", "--config", "bad.toml"], capsys)), alone=True)
     assert not (tmp_path / "runs").exists()
 
 
@@ -288,7 +279,7 @@ def test_a_mistyped_model_table_is_one_line_naming_the_file(corpus, tmp_path, ca
         ("n_layer = true", "model.n_layer: expected an integer, got True"),
     ):
         cfg.write_text(f'data = "{corpus}"\nout = "{tmp_path / "run"}"\n\n[model]\n{line}\n', encoding="utf-8")
-        code, _, err = _cli(["pretrain", "--config", str(cfg), *TINY[:1], "tiny", "--max-steps", "1"], capsys)
+        code, _, err = gpt1(["pretrain", "--config", str(cfg), *TINY[:1], "tiny", "--max-steps", "1"], capsys)
         assert code == 1 and err.strip() == f"error: {cfg}: {message}", err
     assert not (tmp_path / "run").exists()
 
@@ -299,7 +290,7 @@ def test_a_launch_stopped_before_its_first_checkpoint_does_not_advise_a_resume(c
     import gptcli.train.distributed as distributed
 
     monkeypatch.setattr(distributed, "launch_command", lambda *a, **k: "SIGINT")
-    code, _, err = _cli(
+    code, _, err = gpt1(
         ["pretrain", "--data", str(corpus), "--out", str(tmp_path / "r"), *TINY, "--procs", "2"], capsys
     )
     assert code == 130 and "before the first checkpoint: nothing to resume" in err and "--resume" not in err

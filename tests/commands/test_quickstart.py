@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from help_panels import help_panels, option_row, run_cli
+from error_lines import gpt1
+from help_panels import help_panels, option_row
 
 from gptcli.pipelines.quickstart import QuickstartConfig, QuickstartResult
 
@@ -49,22 +50,24 @@ def test_help_groups_options_in_panels_with_defaults(capsys, monkeypatch):
 def test_old_spellings_parse(seen, tmp_path):
     out = tmp_path / "qs"
     assert (
-        run_cli(
-            "quickstart",
-            "--out",
-            str(out),
-            "--minutes",
-            "2.5",
-            "--seed",
-            "7",
-            "--overwrite",
-            "--device",
-            "cpu",
-            "--precision",
-            "fp32",
-            "--workers",
-            "1",
-        )
+        gpt1(
+            [
+                "quickstart",
+                "--out",
+                str(out),
+                "--minutes",
+                "2.5",
+                "--seed",
+                "7",
+                "--overwrite",
+                "--device",
+                "cpu",
+                "--precision",
+                "fp32",
+                "--workers",
+                "1",
+            ]
+        ).code
         == 0
     )
     cfg = seen[-1]
@@ -77,18 +80,18 @@ def test_config_file_under_the_command_line(seen, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the default --out, runs/quickstart: here, not beside a user's real quickstart
     f = tmp_path / "qs.toml"
     f.write_text("minutes = 3.0\nseed = 9\nvocab_size = 500\noverwrite = true\n\n[model]\nn_layer = 1\n")
-    assert run_cli("quickstart", "--config", str(f), "--seed", "0", "--lr", "0.01") == 0
+    assert gpt1(["quickstart", "--config", str(f), "--seed", "0", "--lr", "0.01"]).code == 0
     cfg = seen[-1]
     assert cfg.minutes == 3.0 and cfg.vocab_size == 500 and cfg.overwrite  # from the file
     assert cfg.seed == 0  # typed on the command line: wins, even where it equals the default
     assert cfg.lr == 0.01 and cfg.batch_size == QuickstartConfig.batch_size  # typed; default
     assert cfg.model == {"n_layer": 1}
-    assert run_cli("quickstart", "--config", str(f), "--no-overwrite") == 0
+    assert gpt1(["quickstart", "--config", str(f), "--no-overwrite"]).code == 0
     assert seen[-1].overwrite is False
 
 
 def test_bad_config_file_is_one_line(tmp_path, capsys):
     f = tmp_path / "bad.toml"
     f.write_text("minuets = 3\n")
-    assert run_cli("quickstart", "--config", str(f)) == 1
+    assert gpt1(["quickstart", "--config", str(f)]).code == 1
     assert "minuets" in capsys.readouterr().err

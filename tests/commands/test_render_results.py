@@ -7,10 +7,9 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from error_lines import gpt1
 from rich.console import Console
-from typer.testing import CliRunner
 
-from gptcli.cli import app
 from gptcli.commands.render import details_table, results_table
 from gptcli.eval.baselines import baseline_of, label_counts, prediction_summary, trivial_level
 from gptcli.eval.metrics import score_predictions
@@ -149,9 +148,8 @@ def test_the_per_epoch_line_shows_the_level():
     assert _epoch_line(mixed, run) == "epoch 2 (update 6): dev accuracy 60.00 (≈ majority 60.00)"
 
 
-def test_gpt1_finetune_shows_the_level_per_epoch_and_in_its_table(pretrained, shared_data, tmp_path):
-    r = CliRunner().invoke(
-        app,
+def test_gpt1_finetune_shows_the_level_per_epoch_and_in_its_table(pretrained, shared_data, tmp_path, capsys):
+    code, out, err = gpt1(
         [
             "finetune",
             "--task",
@@ -177,15 +175,17 @@ def test_gpt1_finetune_shows_the_level_per_epoch_and_in_its_table(pretrained, sh
             "--precision",
             "fp32",
         ],
+        capsys,
         env={"COLUMNS": "200"},
     )
-    assert r.exit_code == 0, r.output
+    output = out + err
+    assert code == 0, output
     res = json.loads((tmp_path / "run" / "results.json").read_text())
     base = res["baseline"]
     assert base["source"] == "train" and sum(base["label_counts"].values()) == 16
     level = base["majority"]["accuracy"]
-    assert f"majority {level:.2f})" in r.output  # the epoch line: "(majority 50.00)" / "(≈ majority 50.00)"
-    assert "│ majority │" in r.output.replace("┃", "│") and f"{level:.1f}" in r.output
+    assert f"majority {level:.2f})" in output  # the epoch line: "(majority 50.00)" / "(≈ majority 50.00)"
+    assert "│ majority │" in output.replace("┃", "│") and f"{level:.1f}" in output
     from gptcli.checkpoint import read_header
 
     assert read_header(tmp_path / "run").meta["train_label_counts"] == base["label_counts"]

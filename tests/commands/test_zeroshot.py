@@ -7,19 +7,13 @@ from __future__ import annotations
 import re
 
 import pytest
+from error_lines import gpt1
 
 from gptcli.eval.curve import Curve
 from gptcli.eval.zeroshot import ZeroShotConfig
 
-
-def _cli(args, capsys, monkeypatch):
-    from gptcli.cli import main
-
-    monkeypatch.setenv("COLUMNS", "200")
-    with pytest.raises(SystemExit) as e:
-        main(args)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
+# A terminal wide enough that the lines the tests read do not wrap.
+WIDE = {"COLUMNS": "200"}
 
 
 @pytest.fixture
@@ -44,8 +38,8 @@ def calls(monkeypatch):
     return seen
 
 
-def test_help_shows_panels_and_defaults(capsys, monkeypatch):
-    code, out, _ = _cli(["zeroshot", "--help"], capsys, monkeypatch)
+def test_help_shows_panels_and_defaults(capsys):
+    code, out, _ = gpt1(["zeroshot", "--help"], capsys, env=WIDE)
     assert code == 0
     panels = re.findall(r"╭─ (\w+) ─", out)
     assert panels == ["Options", "Input", "Evaluation", "Runtime", "Output"]
@@ -77,8 +71,8 @@ def test_help_shows_panels_and_defaults(capsys, monkeypatch):
     assert "--batch-size" in blocks["Runtime"] and "--out" in blocks["Output"]
 
 
-def test_every_old_spelling_parses_into_the_config(calls, capsys, monkeypatch):
-    code, out, err = _cli(
+def test_every_old_spelling_parses_into_the_config(calls, capsys):
+    code, out, err = gpt1(
         [
             "zeroshot",
             "--task",
@@ -106,7 +100,7 @@ def test_every_old_spelling_parses_into_the_config(calls, capsys, monkeypatch):
             "--no-curve",
         ],
         capsys,
-        monkeypatch,
+        env=WIDE,
     )
     assert code == 0, err
     assert calls["zeroshot"] == ZeroShotConfig(
@@ -126,14 +120,14 @@ def test_every_old_spelling_parses_into_the_config(calls, capsys, monkeypatch):
     assert "step 7" in out and "wrote zs/results.json" in out
 
 
-def test_defaults_when_only_the_checkpoint_is_given(calls, capsys, monkeypatch):
-    code, _, err = _cli(["zeroshot", "--checkpoint", "ck"], capsys, monkeypatch)
+def test_defaults_when_only_the_checkpoint_is_given(calls, capsys):
+    code, _, err = gpt1(["zeroshot", "--checkpoint", "ck"], capsys, env=WIDE)
     assert code == 0, err
     assert calls["zeroshot"] == ZeroShotConfig(checkpoint="ck")
 
 
-def test_several_checkpoints_make_a_curve_with_sota_overrides(calls, capsys, monkeypatch):
-    code, out, err = _cli(
+def test_several_checkpoints_make_a_curve_with_sota_overrides(calls, capsys):
+    code, out, err = gpt1(
         [
             "zeroshot",
             "--task",
@@ -150,7 +144,7 @@ def test_several_checkpoints_make_a_curve_with_sota_overrides(calls, capsys, mon
             "dprd=train",
         ],
         capsys,
-        monkeypatch,
+        env=WIDE,
     )
     assert code == 0, err
     cfg, checkpoints, sota = calls["curve"]
@@ -159,20 +153,20 @@ def test_several_checkpoints_make_a_curve_with_sota_overrides(calls, capsys, mon
     assert "zero-shot curve" in out
 
 
-def test_curve_flag_and_run_directory(calls, tmp_path, capsys, monkeypatch):
+def test_curve_flag_and_run_directory(calls, tmp_path, capsys):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     # --task all over a run directory: the curve; --no-curve: its newest checkpoint only.
-    assert _cli(["zeroshot", "--task", "all", "--checkpoint", str(run)], capsys, monkeypatch)[0] == 0
+    assert gpt1(["zeroshot", "--task", "all", "--checkpoint", str(run)], capsys, env=WIDE)[0] == 0
     assert calls.pop("curve")[1] == [str(run)]
-    assert _cli(["zeroshot", "--task", "all", "--checkpoint", str(run), "--no-curve"], capsys, monkeypatch)[0] == 0
+    assert gpt1(["zeroshot", "--task", "all", "--checkpoint", str(run), "--no-curve"], capsys, env=WIDE)[0] == 0
     assert calls.pop("zeroshot").checkpoint == str(run) and "curve" not in calls
     # --curve forces it for one checkpoint and one task.
-    assert _cli(["zeroshot", "--task", "sst2", "--checkpoint", "ck", "--curve"], capsys, monkeypatch)[0] == 0
+    assert gpt1(["zeroshot", "--task", "sst2", "--checkpoint", "ck", "--curve"], capsys, env=WIDE)[0] == 0
     assert calls["curve"][1] == ["ck"]
 
 
-def test_config_file_precedence(calls, tmp_path, capsys, monkeypatch):
+def test_config_file_precedence(calls, tmp_path, capsys):
     """defaults < --config FILE < options typed (a typed value wins even when it equals the default)."""
     cfg = tmp_path / "zs.toml"
     cfg.write_text(
@@ -180,10 +174,10 @@ def test_config_file_precedence(calls, tmp_path, capsys, monkeypatch):
         'precision = "fp32"\n\n[splits]\nwsc = "test"\n',
         encoding="utf-8",
     )
-    code, _, err = _cli(
+    code, _, err = gpt1(
         ["zeroshot", "--config", str(cfg), "--limit", "9", "--batch-size", "32", "--split", "dprd=test"],
         capsys,
-        monkeypatch,
+        env=WIDE,
     )
     assert code == 0, err
     got = calls.pop("zeroshot")
@@ -196,9 +190,7 @@ def test_config_file_precedence(calls, tmp_path, capsys, monkeypatch):
         "fp32",
     )
     assert got.splits == {"wsc": "test", "dprd": "test"}  # the file's table, then the typed pairs
-    code, _, err = _cli(
-        ["zeroshot", "--config", str(cfg), "--checkpoint", "typed", "--split", "dev"], capsys, monkeypatch
-    )
+    code, _, err = gpt1(["zeroshot", "--config", str(cfg), "--checkpoint", "typed", "--split", "dev"], capsys, env=WIDE)
     assert code == 0, err
     got = calls.pop("zeroshot")
     assert (got.checkpoint, got.split, got.limit) == ("typed", "dev", 7)
@@ -223,7 +215,7 @@ def test_config_file_precedence(calls, tmp_path, capsys, monkeypatch):
         (["--checkpoint", "a", "--checkpoint", "b", "--sota", "wsc=high"], "--sota wsc=high: not a number"),
     ],
 )
-def test_user_errors_are_one_line(args, message, capsys, monkeypatch):
+def test_user_errors_are_one_line(args, message, capsys):
     """Checked before any checkpoint is opened (``nowhere`` does not exist)."""
-    code, _, err = _cli(["zeroshot", *args], capsys, monkeypatch)
+    code, _, err = gpt1(["zeroshot", *args], capsys, env=WIDE)
     assert code == 1 and message in " ".join(err.split()), err

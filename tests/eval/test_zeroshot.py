@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from error_lines import Outcome, assert_one_line_error
+from error_lines import Outcome, assert_one_line_error, gpt1
 from zs_toy_tokenizer import BagLM, ToyTokenizer
 
 from gptcli.errors import GPT1Error
@@ -21,6 +21,8 @@ from gptcli.tasks.winograd import read_dprd
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+# A terminal wide enough that the lines the tests read do not wrap.
+WIDE = {"COLUMNS": "240"}
 WORDS = "very positive negative good bad movie film the a was it . he she they ball red blue story end".split()
 
 
@@ -209,16 +211,6 @@ def tiny_run(tmp_path_factory):
     return root
 
 
-def _cli(args, capsys, monkeypatch):
-    from gptcli.cli import main
-
-    monkeypatch.setenv("COLUMNS", "240")
-    with pytest.raises(SystemExit) as e:
-        main(args)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
-
-
 @pytest.mark.parametrize(
     "task, folder, extra, n",
     [
@@ -229,9 +221,9 @@ def _cli(args, capsys, monkeypatch):
         ("storycloze", "storycloze", ["--limit", "20"], 20),
     ],
 )
-def test_cli_on_real_files(task, folder, extra, n, tiny_run, shared_data, tmp_path, capsys, monkeypatch):
+def test_cli_on_real_files(task, folder, extra, n, tiny_run, shared_data, tmp_path, capsys):
     out = tmp_path / "out"
-    code, stdout, err = _cli(
+    code, stdout, err = gpt1(
         [
             "zeroshot",
             "--task",
@@ -247,7 +239,7 @@ def test_cli_on_real_files(task, folder, extra, n, tiny_run, shared_data, tmp_pa
             *extra,
         ],
         capsys,
-        monkeypatch,
+        env=WIDE,
     )
     assert code == 0, err
     res = json.loads((out / "results.json").read_text())
@@ -264,9 +256,9 @@ def test_cli_on_real_files(task, folder, extra, n, tiny_run, shared_data, tmp_pa
     assert task in stdout and f"{t['score']:.1f}" in stdout
 
 
-def test_curve_over_a_run(tiny_run, shared_data, tmp_path, capsys, monkeypatch):
+def test_curve_over_a_run(tiny_run, shared_data, tmp_path, capsys):
     out = tmp_path / "curve"
-    code, stdout, err = _cli(
+    code, stdout, err = gpt1(
         [
             "zeroshot",
             "--task",
@@ -285,7 +277,7 @@ def test_curve_over_a_run(tiny_run, shared_data, tmp_path, capsys, monkeypatch):
             "fp32",
         ],
         capsys,
-        monkeypatch,
+        env=WIDE,
     )
     assert code == 0, err
     png = (out / "curve.png").read_bytes()
@@ -317,17 +309,19 @@ def test_curve_needs_matplotlib(tiny_run, tmp_path, monkeypatch):
     assert not out.exists()  # checked before any scoring or writing
 
 
-def test_user_errors(tiny_run, tmp_path, capsys, monkeypatch):
-    code, _, err = _cli(
+def test_user_errors(tiny_run, tmp_path, capsys):
+    code, _, err = gpt1(
         ["zeroshot", "--task", "sst2", "--checkpoint", str(tiny_run), "--data-dir", str(tmp_path / "nope")],
         capsys,
-        monkeypatch,
+        env=WIDE,
     )
     assert code == 1 and "data directory for task 'sst2' not found" in err
-    code, _, err = _cli(["zeroshot", "--task", "bogus", "--checkpoint", str(tiny_run)], capsys, monkeypatch)
+    code, _, err = gpt1(["zeroshot", "--task", "bogus", "--checkpoint", str(tiny_run)], capsys, env=WIDE)
     assert code == 1 and "unknown zero-shot task 'bogus'" in err
-    code, _, err = _cli(
-        ["zeroshot", "--task", "dprd", "--checkpoint", str(tiny_run), "--data-dir", str(tmp_path)], capsys, monkeypatch
+    code, _, err = gpt1(
+        ["zeroshot", "--task", "dprd", "--checkpoint", str(tiny_run), "--data-dir", str(tmp_path)],
+        capsys,
+        env=WIDE,
     )
     assert code == 1 and "test.c.txt" in err
 
@@ -350,11 +344,11 @@ def test_sst2_with_the_original_bpe_reads_both_words_from_one_pass(shared_data):
     assert r.notes == [] and sum(rows) == 3  # one row per example, no multi-token note
 
 
-def test_config_file_and_overrides(tiny_run, shared_data, tmp_path, capsys, monkeypatch):
+def test_config_file_and_overrides(tiny_run, shared_data, tmp_path, capsys):
     cfg = tmp_path / "zs.toml"
     cfg.write_text('task = "dprd"\nsplit = "train"\nlimit = 7\nprecision = "fp32"\n', encoding="utf-8")
     out = tmp_path / "o"
-    code, _, err = _cli(
+    code, _, err = gpt1(
         [
             "zeroshot",
             "--config",
@@ -369,7 +363,7 @@ def test_config_file_and_overrides(tiny_run, shared_data, tmp_path, capsys, monk
             str(out),
         ],
         capsys,
-        monkeypatch,
+        env=WIDE,
     )
     assert code == 0, err
     res = json.loads((out / "results.json").read_text())
@@ -446,10 +440,10 @@ def test_several_tasks_skip_missing_data_but_not_bad_files(tmp_path):
         )
 
 
-def test_dprd_falls_back_to_the_split_that_exists(tiny_run, shared_data, tmp_path, capsys, monkeypatch):
+def test_dprd_falls_back_to_the_split_that_exists(tiny_run, shared_data, tmp_path, capsys):
     """Only DPRD's train file ships here: without --split it is scored (zero-shot trains on nothing) and said so."""
     out = tmp_path / "out"
-    code, _, err = _cli(
+    code, _, err = gpt1(
         [
             "zeroshot",
             "--task",
@@ -466,7 +460,7 @@ def test_dprd_falls_back_to_the_split_that_exists(tiny_run, shared_data, tmp_pat
             "fp32",
         ],
         capsys,
-        monkeypatch,
+        env=WIDE,
     )
     assert code == 0, err
     t = json.loads((out / "results.json").read_text())["tasks"]["dprd"]
@@ -550,7 +544,7 @@ def test_curve_reports_one_stage_per_checkpoint_and_skips_once(tiny_run, shared_
     assert summaries == [f"step {p.step}: wsc {p.scores['wsc']:.1f}" for p in curve.points]
 
 
-def test_a_task_that_cannot_be_read_is_the_only_line(tiny_run, shared_data, tmp_path, capsys, monkeypatch):
+def test_a_task_that_cannot_be_read_is_the_only_line(tiny_run, shared_data, tmp_path, capsys):
     """The task's files are read before its progress stage is drawn: CoLA pointed at SST-2's folder is one error
     line, not a blank line and a rule above it; so is CoLA without the train split its threshold is fitted on."""
     from gptcli.eval.zeroshot import evaluate
@@ -559,7 +553,7 @@ def test_a_task_that_cannot_be_read_is_the_only_line(tiny_run, shared_data, tmp_
     shutil.copy(shared_data / "glue" / "CoLA" / "dev.tsv", tmp_path / "cola" / "dev.tsv")
     for data in (shared_data / "glue" / "SST-2", tmp_path / "missing", tmp_path / "cola"):
         args = ["zeroshot", "--task", "cola", "--data-dir", str(data), "--checkpoint", str(tiny_run)]
-        assert_one_line_error(Outcome(*_cli(args, capsys, monkeypatch)), alone=True)
+        assert_one_line_error(Outcome(*gpt1(args, capsys, env=WIDE)), alone=True)
     rec = RecordingProgress()
     with pytest.raises(GPT1Error, match="threshold is fitted on the train split"):
         evaluate(None, None, ZeroShotConfig(task="cola", data_dir=str(tmp_path / "cola")), rec)
@@ -588,7 +582,7 @@ def test_out_of_memory_in_scoring_is_one_line(tiny_run, shared_data, tmp_path, c
         "--limit",
         "4",
     ]
-    code, _, err = _cli(args, capsys, monkeypatch)
+    code, _, err = gpt1(args, capsys, env=WIDE)
     assert code == 1 and err.count("\n") == 1 and "Traceback" not in err, err
     assert err.startswith(
         "error: out of memory: CUDA out of memory. Tried to allocate 30.00 GiB. (score in smaller "

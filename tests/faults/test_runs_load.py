@@ -9,9 +9,8 @@ import shutil
 
 import pytest
 from corpus_helpers import random_corpus
-from error_lines import assert_one_line_error
+from error_lines import assert_one_line_error, gpt1
 from run_helpers import (
-    cli,
     flip_byte,
     snapshot,
     sst2_folder,
@@ -96,7 +95,7 @@ def test_an_unreadable_config_json_in_the_newest_checkpoint_is_one_line(setup, t
     before = snapshot(run)
     args = _commands(corpus, run, sst2, tmp_path)[command]
     for extra in ([], ["--no-verify"]):
-        res = cli(args + extra, capsys)
+        res = gpt1(args + extra, capsys)
         assert_one_line_error(
             res, f"{run}/checkpoints/step-0000004/config.json", "unreadable checkpoint config", alone=True
         )
@@ -108,25 +107,25 @@ def test_an_unreadable_config_json_in_the_newest_checkpoint_is_one_line(setup, t
 def test_a_damaged_checkpoint_is_refused_unless_no_verify(setup, tmp_path, capsys, command):
     corpus, run, sst2 = _damaged(setup, tmp_path, "weights")
     args = _commands(corpus, run, sst2, tmp_path)[command]
-    res = cli(args, capsys)
+    res = gpt1(args, capsys)
     assert_one_line_error(
         res, f"{run}/checkpoints/step-0000004/model.safetensors: checksum mismatch", "--no-verify", alone=True
     )
     assert not (tmp_path / "ft").exists()
-    code, out, err = cli(args + ["--no-verify"], capsys)
+    code, out, err = gpt1(args + ["--no-verify"], capsys)
     assert code == 0 and "error" not in err, err
 
 
 def test_eval_on_tasks_honours_no_verify(setup, tmp_path, capsys):
     corpus, run, sst2 = setup
     ft = tmp_path / "ft"
-    code, _, err = cli(_commands(corpus, run, sst2, tmp_path)["finetune"], capsys)
+    code, _, err = gpt1(_commands(corpus, run, sst2, tmp_path)["finetune"], capsys)
     assert code == 0, err
     flip_byte(ft / "checkpoints" / "final" / "model.safetensors")
     args = ["eval", "--checkpoint", str(ft), "--data-dir", str(sst2), "--device", "cpu", "--out", str(tmp_path / "e")]
-    res = cli(args, capsys)
+    res = gpt1(args, capsys)
     assert_one_line_error(res, "model.safetensors: checksum mismatch", "--no-verify", alone=True)
-    code, _, err = cli(args + ["--no-verify"], capsys)
+    code, _, err = gpt1(args + ["--no-verify"], capsys)
     assert code == 0, err
 
 
@@ -149,9 +148,9 @@ def test_a_curve_over_a_run_honours_no_verify(setup, tmp_path, capsys):
         "--precision",
         "fp32",
     ]
-    code, _, err = cli(args, capsys)
+    code, _, err = gpt1(args, capsys)
     assert code == 1 and "step-0000004/model.safetensors: checksum mismatch" in err and "Traceback" not in err
-    code, _, err = cli(args + ["--no-verify"], capsys)
+    code, _, err = gpt1(args + ["--no-verify"], capsys)
     assert code == 0, err
 
 
@@ -166,5 +165,5 @@ def test_a_hugging_face_export_is_sent_to_convert(setup, tmp_path, capsys):
         ["eval", "--checkpoint", str(export), "--data", str(setup[0])],
         ["zeroshot", "--checkpoint", str(export), "--task", "sst2", "--data-dir", str(setup[2])],
     ):
-        res = cli(args, capsys)
+        res = gpt1(args, capsys)
         assert_one_line_error(res, "Hugging Face export", f"gpt1 convert {export} --from hf", alone=True)

@@ -10,10 +10,9 @@ import shutil
 
 import pytest
 from corpus_helpers import random_corpus
-from error_lines import assert_one_line_error
+from error_lines import assert_one_line_error, gpt1
 from run_helpers import (
     TINY_ARGS,
-    cli,
     flip_byte,
     learned_corpus,
     snapshot,
@@ -74,7 +73,7 @@ def test_the_two_tokenizers_really_differ_only_in_ids(corpora):
 def test_resume_onto_another_tokenizer_is_refused_naming_both(corpora, finished, tmp_path, capsys):
     run = _copy(finished, tmp_path)
     before = snapshot(run)
-    res = cli(
+    res = gpt1(
         ["pretrain", "--out", str(run), "--resume", "--data", str(corpora[1]), "--max-steps", "4", "--quiet"], capsys
     )
     assert_one_line_error(
@@ -89,9 +88,9 @@ def test_resume_onto_another_tokenizer_is_refused_naming_both(corpora, finished,
 
 
 def test_eval_on_another_tokenizer_is_refused_naming_both(corpora, finished, capsys):
-    res = cli(["eval", "--checkpoint", str(finished), "--data", str(corpora[1]), "--device", "cpu"], capsys)
+    res = gpt1(["eval", "--checkpoint", str(finished), "--data", str(corpora[1]), "--device", "cpu"], capsys)
     assert_one_line_error(res, "another tokenizer", f"{corpora[1]}", f"{finished}/checkpoints/step-0000002", alone=True)
-    code, out, err = cli(["eval", "--checkpoint", str(finished), "--data", str(corpora[0]), "--device", "cpu"], capsys)
+    code, out, err = gpt1(["eval", "--checkpoint", str(finished), "--data", str(corpora[0]), "--device", "cpu"], capsys)
     assert code == 0 and "perplexity on" in out, err
 
 
@@ -100,7 +99,7 @@ def test_resume_onto_another_corpus_with_the_same_tokenizer_is_refused(byte_corp
     pretrain(tiny_config(byte_corpus, run, max_steps=2))
     other = random_corpus(tmp_path / "other", seed=1)  # the byte tokenizer again, other shards
     before = snapshot(run)
-    res = cli(["pretrain", "--out", str(run), "--resume", "--data", str(other), "--max-steps", "4"], capsys)
+    res = gpt1(["pretrain", "--out", str(run), "--resume", "--data", str(other), "--max-steps", "4"], capsys)
     assert_one_line_error(
         res, "cannot resume with changed settings", f"data {byte_corpus} → {other} (another corpus)", alone=True
     )
@@ -135,7 +134,7 @@ def test_resume_onto_another_corpus_with_the_same_tokenizer_is_refused(byte_corp
 def test_resume_with_settings_that_define_the_run_is_refused(finished, tmp_path, capsys, flags, named):
     run = _copy(finished, tmp_path)
     before = snapshot(run)
-    res = cli(["pretrain", "--out", str(run), "--resume", "--max-steps", "4", "--quiet", *flags], capsys)
+    res = gpt1(["pretrain", "--out", str(run), "--resume", "--max-steps", "4", "--quiet", *flags], capsys)
     assert_one_line_error(res, f"{run}: cannot resume with changed settings", *named, alone=True)
     assert "max_steps" not in res.err  # the run's length may change
     assert snapshot(run) == before
@@ -191,7 +190,7 @@ def test_a_legacy_checkpoint_is_compared_with_the_runs_config_toml(finished, cor
         del cfg["config_sha256"]  # checkpoints that old had no digest of their config either
         (c / "config.json").write_text(json.dumps(cfg))
     before = snapshot(run)
-    res = cli(["pretrain", "--out", str(run), "--resume", "--seq-len", "8", "--quiet"], capsys)
+    res = gpt1(["pretrain", "--out", str(run), "--resume", "--seq-len", "8", "--quiet"], capsys)
     assert_one_line_error(res, "seq_len 16 → 8", alone=True)
     assert snapshot(run) == before
     with pytest.raises(GPT1Error, match="another tokenizer"):  # the tokenizer is compared from the checkpoint itself
@@ -231,7 +230,7 @@ def test_every_kind_of_damage_falls_back(byte_corpus, tmp_path, capsys, damage):
         flip_byte(newest / "training_state.json", 10)
     else:
         shutil.rmtree(newest / "tokenizer")
-    code, _, err = cli(["pretrain", "--out", str(run), "--resume", "--max-steps", "5"], capsys)
+    code, _, err = gpt1(["pretrain", "--out", str(run), "--resume", "--max-steps", "5"], capsys)
     assert code == 0, err
     assert "warning: skipping checkpoint step-0000004" in err and "resuming from step-0000002" in err
     assert read_header(run / "checkpoints" / "step-0000005").meta["step"] == 5
@@ -243,11 +242,11 @@ def test_no_intact_checkpoint_is_one_line_and_no_verify_takes_the_newest(byte_co
     for c in (run / "checkpoints").iterdir():
         flip_byte(c / "optimizer.safetensors")
     before = snapshot(run)
-    res = cli(["pretrain", "--out", str(run), "--resume", "--max-steps", "5"], capsys)
+    res = gpt1(["pretrain", "--out", str(run), "--resume", "--max-steps", "5"], capsys)
     assert_one_line_error(res, "no intact checkpoint", "step-0000004", "step-0000002", "--no-verify", alone=True)
     assert snapshot(run) == before
     # --no-verify is the escape: the newest is resumed as it is (a flipped byte in an Adam moment loads fine).
-    code, _, err = cli(["pretrain", "--out", str(run), "--resume", "--max-steps", "5", "--no-verify"], capsys)
+    code, _, err = gpt1(["pretrain", "--out", str(run), "--resume", "--max-steps", "5", "--no-verify"], capsys)
     assert code == 0 and "warning" not in err, err
     assert load_checkpoint(run).meta["step"] == 5
 
@@ -257,7 +256,7 @@ def test_no_verify_with_an_unreadable_newest_config_is_one_line(byte_corpus, tmp
     pretrain(tiny_config(byte_corpus, run, max_steps=4))
     (run / "checkpoints" / "step-0000004" / "config.json").write_text("{not json")
     before = snapshot(run)
-    res = cli(["pretrain", "--out", str(run), "--resume", "--max-steps", "5", "--no-verify"], capsys)
+    res = gpt1(["pretrain", "--out", str(run), "--resume", "--max-steps", "5", "--no-verify"], capsys)
     assert_one_line_error(res, "step-0000004/config.json: unreadable checkpoint config", alone=True)
     assert snapshot(run) == before
 
@@ -283,7 +282,7 @@ def test_a_run_directory_belongs_to_pretraining(byte_corpus, tmp_path, capsys):
     ):
         before = snapshot(out) if out.exists() else None
         for resume in ([], ["--resume"]):
-            res = cli(
+            res = gpt1(
                 ["pretrain", "--data", str(byte_corpus), "--out", str(out), *TINY_ARGS, "--max-steps", "1", *resume],
                 capsys,
             )
@@ -291,7 +290,7 @@ def test_a_run_directory_belongs_to_pretraining(byte_corpus, tmp_path, capsys):
         assert (snapshot(out) if out.exists() else None) == before
     # Existing checkpoints without --resume stay refused (pretraining has no --overwrite).
     before = snapshot(run)
-    res = cli(["pretrain", "--data", str(byte_corpus), "--out", str(run), *TINY_ARGS, "--max-steps", "1"], capsys)
+    res = gpt1(["pretrain", "--data", str(byte_corpus), "--out", str(run), *TINY_ARGS, "--max-steps", "1"], capsys)
     assert_one_line_error(res, "already holds checkpoints", "--resume", alone=True)
     assert snapshot(run) == before
 
@@ -326,7 +325,7 @@ def test_a_launched_run_records_the_users_settings_and_its_resumes_verify(corpor
     flip_byte(run / "checkpoints" / "step-0000004" / "model.safetensors")
     alone = _copy(run, tmp_path / "alone")
     # Resumed as one process, as a one-process run's resume would be: the warning, and the previous checkpoint.
-    code, _, err = cli(["pretrain", "--out", str(alone), "--resume", "--max-steps", "5"], capsys)
+    code, _, err = gpt1(["pretrain", "--out", str(alone), "--resume", "--max-steps", "5"], capsys)
     assert code == 0 and "warning: skipping checkpoint step-0000004" in err, err
     assert "resuming from step-0000002" in err and read_header(alone).step == 5
     # Resumed with --procs 2: every rank skips it alike.

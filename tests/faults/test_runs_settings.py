@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 from corpus_helpers import random_corpus, write_corpus
-from error_lines import assert_one_line_error
-from run_helpers import TINY_ARGS, cli, flip_byte, tiny_config
+from error_lines import assert_one_line_error, gpt1
+from run_helpers import TINY_ARGS, flip_byte, tiny_config
 
 from gptcli.errors import GPT1Error
 from gptcli.eval.perplexity import corpus_perplexity
@@ -54,7 +54,7 @@ def corpus(tmp_path_factory):
 )
 def test_impossible_numbers_are_one_line_and_create_nothing(corpus, tmp_path, capsys, flags, named):
     out = tmp_path / "run"
-    res = cli(["pretrain", "--data", str(corpus), "--out", str(out), *TINY_ARGS, "--max-steps", "2", *flags], capsys)
+    res = gpt1(["pretrain", "--data", str(corpus), "--out", str(out), *TINY_ARGS, "--max-steps", "2", *flags], capsys)
     assert_one_line_error(res, named, alone=True)
     assert not out.exists()
 
@@ -99,7 +99,7 @@ def _out_of_range_corpus(directory):
 def test_out_of_range_token_ids_are_one_line_and_leave_no_run(tmp_path, capsys, verify):
     data = _out_of_range_corpus(tmp_path / "corpus")
     out = tmp_path / "run"
-    res = cli(["pretrain", "--data", str(data), "--out", str(out), *TINY_ARGS, "--max-steps", "2", *verify], capsys)
+    res = gpt1(["pretrain", "--data", str(data), "--out", str(out), *TINY_ARGS, "--max-steps", "2", *verify], capsys)
     assert_one_line_error(
         res, f"{data}/train-00001.arrow: holds token id 1000", "vocabulary of 256 ids", "gpt1 inspect", alone=True
     )
@@ -117,12 +117,12 @@ def test_a_damaged_shard_with_no_verify_is_one_line(corpus, tmp_path, capsys):
     raw[600:640] = b"\xff" * 40  # inside the uint16 ids: 0xffff, far outside 256
     shard.write_bytes(bytes(raw))
     out = tmp_path / "run"
-    res = cli(
+    res = gpt1(
         ["pretrain", "--data", str(data), "--out", str(out), *TINY_ARGS, "--max-steps", "2", "--no-verify"], capsys
     )
     assert_one_line_error(res, "train-00000.arrow: holds token id 65535", alone=True)
     assert not out.exists()
-    res = cli(["pretrain", "--data", str(data), "--out", str(out), *TINY_ARGS, "--max-steps", "2"], capsys)
+    res = gpt1(["pretrain", "--data", str(data), "--out", str(out), *TINY_ARGS, "--max-steps", "2"], capsys)
     assert_one_line_error(res, "train-00000.arrow: checksum mismatch", alone=True)
     assert not out.exists()
 

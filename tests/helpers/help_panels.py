@@ -1,21 +1,13 @@
-"""Test helpers for command tests: run `gpt1 ...` in-process, and read `--help` as {panel title: its lines}."""
+"""Test helpers for command tests: read `gpt1 COMMAND --help` (run in this process by ``error_lines.gpt1``) as
+{panel title: its lines}."""
 
 from __future__ import annotations
 
 import re
 
-import pytest
+from error_lines import gpt1
 
 PANEL_TOP = re.compile(r"^╭─ (.+?) ─+╮$")
-
-
-def run_cli(*args: str) -> int:
-    """``gpt1 ARGS`` in this process; its exit code."""
-    from gptcli.cli import main
-
-    with pytest.raises(SystemExit) as e:
-        main(list(args))
-    return int(e.value.code or 0)
 
 
 def help_panels(capsys, monkeypatch, command: str) -> dict[str, str]:
@@ -24,7 +16,7 @@ def help_panels(capsys, monkeypatch, command: str) -> dict[str, str]:
     monkeypatch.setenv("COLUMNS", "220")
     monkeypatch.setenv("TERMINAL_WIDTH", "220")
     capsys.readouterr()
-    assert run_cli(command, "--help") == 0
+    assert gpt1([command, "--help"]).code == 0
     panels: dict[str, list[str]] = {}
     current: list[str] | None = None
     for line in capsys.readouterr().out.splitlines():

@@ -1,5 +1,6 @@
 """Test helpers for runs and their checkpoints: a tiny pretraining config, corpora with *learned* tokenizers (two
-different tokenizers of the same size), the command line as a function, file snapshots and byte flips.
+different tokenizers of the same size), file snapshots and byte flips (the command line as a function is
+``error_lines.gpt1``).
 
 Used by tests/faults/test_runs_*.py. Everything is sized for seconds on two CPU cores.
 """
@@ -13,8 +14,6 @@ import signal
 from pathlib import Path
 
 import corpus_helpers  # noqa: F401  (registers the byte tokenizer of the corpora written there)
-import pytest
-from error_lines import Outcome
 
 import gptcli.train.finetune_dev as ft_dev
 from gptcli.train.pretrain import PretrainConfig
@@ -84,16 +83,6 @@ def learned_corpus(directory: Path, words: str, vocab_size: int = 60, seed: int 
         (texts / f"t{i}.txt").write_text(" ".join(rng.choice(vocabulary) for _ in range(800)), encoding="utf-8")
     prepare(PrepareConfig(inputs=[str(texts)], out=directory, vocab_size=vocab_size, workers=1, val_fraction=0.2))
     return directory
-
-
-def cli(args: list[str], capsys) -> Outcome:
-    """``gpt1 ARGS`` in this process: (exit code, stdout, stderr), for :func:`error_lines.assert_one_line_error`."""
-    from gptcli.cli import main
-
-    with pytest.raises(SystemExit) as e:
-        main(args)
-    out = capsys.readouterr()
-    return Outcome(e.value.code, out.out, out.err)
 
 
 def snapshot(directory: Path) -> dict[str, str]:

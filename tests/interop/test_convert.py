@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from error_lines import gpt1
 
 from gptcli.checkpoint import load_checkpoint, save_checkpoint
 from gptcli.model.gpt import GPT, ModelConfig
@@ -52,14 +53,6 @@ def hf_model(vocab_size: int) -> OpenAIGPTLMHeadModel:
     return m
 
 
-def run_cli(*args: str) -> int:
-    from gptcli.cli import main
-
-    with pytest.raises(SystemExit) as e:
-        main(list(args))
-    return int(e.value.code or 0)
-
-
 def ours_logits(ckpt: Path, idx: torch.Tensor) -> torch.Tensor:
     c = load_checkpoint(ckpt)
     with torch.no_grad():
@@ -75,7 +68,7 @@ def test_from_hf_safetensors_logits_match(tmp_path: Path) -> None:
     hf.save_pretrained(tmp_path / "hf")
     tok.save_bpe_files(tmp_path / "hf")
     assert (tmp_path / "hf" / "model.safetensors").is_file()
-    assert run_cli("convert", "--from", "hf", str(tmp_path / "hf"), "--out", str(tmp_path / "ck")) == 0
+    assert gpt1(["convert", "--from", "hf", str(tmp_path / "hf"), "--out", str(tmp_path / "ck")]).code == 0
     with torch.no_grad():
         ref = hf(IDX).logits
     got = ours_logits(tmp_path / "ck", IDX)
@@ -95,7 +88,7 @@ def test_from_hf_pytorch_bin(tmp_path: Path) -> None:
     hf.config.save_pretrained(d)
     torch.save(hf.state_dict(), d / "pytorch_model.bin")
     tok.save_bpe_files(d)
-    assert run_cli("convert", "--from", "hf", str(d), "--out", str(tmp_path / "ck")) == 0
+    assert gpt1(["convert", "--from", "hf", str(d), "--out", str(tmp_path / "ck")]).code == 0
     with torch.no_grad():
         assert torch.allclose(ours_logits(tmp_path / "ck", IDX), hf(IDX).logits, atol=1e-4)
 
@@ -112,7 +105,7 @@ def test_to_hf_loads_in_transformers(tmp_path: Path) -> None:
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
     save_checkpoint(tmp_path / "ck", model, tok)
-    assert run_cli("convert", "--to", "hf", str(tmp_path / "ck"), "--out", str(tmp_path / "hf")) == 0
+    assert gpt1(["convert", "--to", "hf", str(tmp_path / "ck"), "--out", str(tmp_path / "hf")]).code == 0
     hf = OpenAIGPTLMHeadModel.from_pretrained(tmp_path / "hf").eval()
     with torch.no_grad():
         ours = model.lm_logits(model(IDX))
@@ -124,9 +117,9 @@ def test_to_hf_loads_in_transformers(tmp_path: Path) -> None:
     # And back again: the special rows survive a round trip.
     model.add_special_tokens(3)
     save_checkpoint(tmp_path / "ck3", model, tok)
-    assert run_cli("convert", "--to", "hf", str(tmp_path / "ck3"), "--out", str(tmp_path / "hf3")) == 0
+    assert gpt1(["convert", "--to", "hf", str(tmp_path / "ck3"), "--out", str(tmp_path / "hf3")]).code == 0
     assert json.loads((tmp_path / "hf3" / "config.json").read_text())["vocab_size"] == tok.vocab_size + 3
-    assert run_cli("convert", "--from", "hf", str(tmp_path / "hf3"), "--out", str(tmp_path / "back")) == 0
+    assert gpt1(["convert", "--from", "hf", str(tmp_path / "hf3"), "--out", str(tmp_path / "back")]).code == 0
     back = load_checkpoint(tmp_path / "back")
     assert back.config.n_special == 3 and back.config.vocab_size == tok.vocab_size
     assert torch.equal(back.model.tok_emb.weight, model.tok_emb.weight)
@@ -135,7 +128,7 @@ def test_to_hf_loads_in_transformers(tmp_path: Path) -> None:
 def test_to_hf_without_tokenizer_says_so(tmp_path: Path, capsys) -> None:
     model = GPT(ModelConfig(vocab_size=40, n_ctx=N_CTX, n_embd=N_EMBD, n_layer=1, n_head=N_HEAD, n_inner=4 * N_EMBD))
     save_checkpoint(tmp_path / "ck", model, None)
-    assert run_cli("convert", "--to", "hf", str(tmp_path / "ck"), "--out", str(tmp_path / "hf")) == 0
+    assert gpt1(["convert", "--to", "hf", str(tmp_path / "ck"), "--out", str(tmp_path / "hf")]).code == 0
     assert "no tokenizer" in capsys.readouterr().err
     assert {p.name for p in (tmp_path / "hf").iterdir()} == {"config.json", "model.safetensors", ".gpt1-output"}
     OpenAIGPTLMHeadModel.from_pretrained(tmp_path / "hf")
@@ -172,9 +165,18 @@ def test_from_openai_release_layout(tmp_path: Path) -> None:
     (tmp_path / "rel" / "vocab.json").rename(tmp_path / "rel" / "encoder_bpe_40000.json")
     (tmp_path / "rel" / "merges.txt").rename(tmp_path / "rel" / "vocab_40000.bpe")
     assert (
-        run_cli(
-            "convert", "--from", "openai", str(tmp_path / "rel"), "--out", str(tmp_path / "ck"), "--n-head", str(N_HEAD)
-        )
+        gpt1(
+            [
+                "convert",
+                "--from",
+                "openai",
+                str(tmp_path / "rel"),
+                "--out",
+                str(tmp_path / "ck"),
+                "--n-head",
+                str(N_HEAD),
+            ]
+        ).code
         == 0
     )
     with torch.no_grad():
@@ -190,9 +192,18 @@ def test_from_openai_stacked_finetuning_matrix(tmp_path: Path) -> None:
     write_openai_release(hf, tmp_path / "rel", stacked_specials=3)
     tok.save_bpe_files(tmp_path / "rel")
     assert (
-        run_cli(
-            "convert", "--from", "openai", str(tmp_path / "rel"), "--out", str(tmp_path / "ck"), "--n-head", str(N_HEAD)
-        )
+        gpt1(
+            [
+                "convert",
+                "--from",
+                "openai",
+                str(tmp_path / "rel"),
+                "--out",
+                str(tmp_path / "ck"),
+                "--n-head",
+                str(N_HEAD),
+            ]
+        ).code
         == 0
     )
     c = load_checkpoint(tmp_path / "ck")
@@ -211,7 +222,7 @@ def test_real_release_shapes_are_understood(shared_data: Path) -> None:
 # ----------------------------------------------------------------------------------------------- errors
 def test_cli_errors(tmp_path: Path, capsys) -> None:
     def err(*args: str) -> str:
-        assert run_cli(*args) == 1
+        assert gpt1(args).code == 1
         return capsys.readouterr().err
 
     out = str(tmp_path / "out")
@@ -251,7 +262,7 @@ def test_hub_id_unreachable_message(tmp_path: Path, monkeypatch, capsys) -> None
 
     monkeypatch.setattr(hub, "snapshot_download", unreachable)
     monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", False)
-    assert run_cli("convert", "--from", "hf", "openai-community/openai-gpt", "--out", str(tmp_path / "ck")) == 1
+    assert gpt1(["convert", "--from", "hf", "openai-community/openai-gpt", "--out", str(tmp_path / "ck")]).code == 1
     msg = " ".join(capsys.readouterr().err.split())
     assert "openai-community/openai-gpt: the Hugging Face Hub could not be reached" in msg and "HF_ENDPOINT" in msg
     assert not (tmp_path / "ck").exists()
@@ -261,7 +272,7 @@ def test_to_hf_with_a_non_openai_tokenizer_says_it_is_not_exported(tmp_path: Pat
     toy = pytest.importorskip("toy_tokenizer")  # tests/toy_tokenizer.py: a Tokenizer of another kind
     model = GPT(ModelConfig(vocab_size=97, n_ctx=N_CTX, n_embd=N_EMBD, n_layer=1, n_head=N_HEAD, n_inner=4 * N_EMBD))
     save_checkpoint(tmp_path / "ck", model, toy.ToyTokenizer(97))
-    assert run_cli("convert", "--to", "hf", str(tmp_path / "ck"), "--out", str(tmp_path / "hf")) == 0
+    assert gpt1(["convert", "--to", "hf", str(tmp_path / "ck"), "--out", str(tmp_path / "hf")]).code == 0
     assert "tokenizer kind 'toy' is not exported" in capsys.readouterr().err.replace("\n", " ")
     assert not (tmp_path / "hf" / "vocab.json").exists()
     hf = OpenAIGPTLMHeadModel.from_pretrained(tmp_path / "hf").eval()
@@ -279,7 +290,7 @@ def test_from_hf_reads_the_tokenizer_json_transformers_5_saves(tmp_path: Path, c
     hf_model(tok.vocab_size).save_pretrained(d)
     transformers.OpenAIGPTTokenizer.from_pretrained(tmp_path / "bpe").save_pretrained(d)
     assert (d / "tokenizer.json").is_file() and not (d / "vocab.json").exists()
-    assert run_cli("convert", "--from", "hf", str(d), "--out", str(tmp_path / "ck")) == 0
+    assert gpt1(["convert", "--from", "hf", str(d), "--out", str(tmp_path / "ck")]).code == 0
     c = load_checkpoint(tmp_path / "ck")
     assert isinstance(c.tokenizer, OpenAIBPETokenizer)
     assert c.tokenizer.encoder == tok.encoder and c.tokenizer.merges == tok.merges
@@ -289,6 +300,6 @@ def test_from_hf_reads_the_tokenizer_json_transformers_5_saves(tmp_path: Path, c
     body["model"] = {"type": "WordPiece", "vocab": body["model"]["vocab"]}
     (d / "tokenizer.json").write_text(json.dumps(body))
     capsys.readouterr()
-    assert run_cli("convert", "--from", "hf", str(d), "--out", str(tmp_path / "ck2")) == 0
+    assert gpt1(["convert", "--from", "hf", str(d), "--out", str(tmp_path / "ck2")]).code == 0
     assert load_checkpoint(tmp_path / "ck2").tokenizer is None
     assert "tokenizer.json: not GPT-1's BPE" in capsys.readouterr().err

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
-import traceback
 from pathlib import Path
 
 import pytest
+from error_lines import gpt1
 from hub_standin import MODEL_COMMIT, glue_tables, use_cache, write_dataset_repo, write_gpt1_repo
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -65,22 +64,6 @@ def data_root(shared_data, tmp_path, monkeypatch) -> Path:
             (root / folder / name).write_text("".join(lines[: n + 1]), encoding="utf-8")
     monkeypatch.setenv("GPT1_DATA", str(root))
     return root
-
-
-def gpt1(capsys, *args) -> tuple[int | None, str, str]:
-    """``gpt1 ARGS`` in this process: (exit code, stdout, stderr); code None when a traceback escaped."""
-    from gptcli.cli import main
-
-    try:
-        main([str(a) for a in args])
-        code: int | None = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:
-        code = None
-        print(traceback.format_exc(), file=sys.stderr)
-    cap = capsys.readouterr()
-    return code, cap.out, " ".join(cap.err.split())
 
 
 # --------------------------------------------------------------------------------------------------- ids
@@ -136,27 +119,34 @@ def _scores(run: Path) -> dict:
 
 
 def test_zeroshot_sst2_uses_the_released_model_and_its_cache(hub, data_root, conversions, tmp_path, capsys):
-    code, out, err = gpt1(capsys, "zeroshot", "--task", "sst2", "--limit", "24", "--out", tmp_path / "zs1", *CPU)
+    code, out, err = gpt1(
+        ["zeroshot", "--task", "sst2", "--limit", "24", "--out", tmp_path / "zs1", *CPU], capsys, unwrap_err=True
+    )
     assert code == 0, err
     assert "model: openai-gpt (no --checkpoint given: OpenAI's released GPT-1, the paper's model)" in err
     assert f"openai-community/openai-gpt@{MODEL_COMMIT[:8]} (converted:" in err and len(conversions) == 1
     # Again: the cache, no conversion; then the same model as a local path (converted by `gpt1 convert`).
-    code, _, err = gpt1(capsys, "zeroshot", "--task", "sst2", "--limit", "24", "--out", tmp_path / "zs2", *CPU)
+    code, _, err = gpt1(
+        ["zeroshot", "--task", "sst2", "--limit", "24", "--out", tmp_path / "zs2", *CPU], capsys, unwrap_err=True
+    )
     assert code == 0 and f"@{MODEL_COMMIT[:8]} (cached:" in err and len(conversions) == 1, err
-    code, _, err = gpt1(capsys, "convert", "--from", "hf", hub, "--out", tmp_path / "ck")
+    code, _, err = gpt1(["convert", "--from", "hf", hub, "--out", tmp_path / "ck"], capsys, unwrap_err=True)
     assert code == 0, err
     code, _, err = gpt1(
+        [
+            "zeroshot",
+            "--task",
+            "sst2",
+            "--limit",
+            "24",
+            "--checkpoint",
+            tmp_path / "ck",
+            "--out",
+            tmp_path / "zs3",
+            *CPU,
+        ],
         capsys,
-        "zeroshot",
-        "--task",
-        "sst2",
-        "--limit",
-        "24",
-        "--checkpoint",
-        tmp_path / "ck",
-        "--out",
-        tmp_path / "zs3",
-        *CPU,
+        unwrap_err=True,
     )
     assert code == 0 and "model:" not in err, err
     a, b, c = (_scores(tmp_path / d)["tasks"]["sst2"] for d in ("zs1", "zs2", "zs3"))
@@ -168,19 +158,19 @@ def test_zeroshot_sst2_uses_the_released_model_and_its_cache(hub, data_root, con
 def test_finetune_rte_with_no_init_and_no_out(hub, data_root, conversions, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     short = ["finetune", "--task", "rte", "--epochs", "1", "--batch-size", "8", "--lr", "1e-3", "-q", *CPU]
-    code, out, err = gpt1(capsys, *short)
+    code, out, err = gpt1([*short], capsys, unwrap_err=True)
     assert code == 0, err
     assert "model: openai-gpt (no --init given: OpenAI's released GPT-1, the paper's model)" in err
     assert "run directory: runs/finetune-rte" in err and len(conversions) == 1
     first = _scores(tmp_path / "runs" / "finetune-rte")
     assert first["task"] == "rte" and first["n_eval"] == 8
     # Typed again: a new run directory (never the earlier run), the cached model.
-    code, _, err = gpt1(capsys, *short)
+    code, _, err = gpt1([*short], capsys, unwrap_err=True)
     assert code == 0 and "run directory: runs/finetune-rte-2 (runs/finetune-rte exists" in err, err
     assert "(cached:" in err and len(conversions) == 1
     # The same model passed explicitly as a local path gives the same scores.
-    assert gpt1(capsys, "convert", "--from", "hf", hub, "--out", tmp_path / "ck")[0] == 0
-    code, _, err = gpt1(capsys, *short, "--init", tmp_path / "ck", "--out", tmp_path / "explicit")
+    assert gpt1(["convert", "--from", "hf", hub, "--out", tmp_path / "ck"], capsys, unwrap_err=True)[0] == 0
+    code, _, err = gpt1([*short, "--init", tmp_path / "ck", "--out", tmp_path / "explicit"], capsys, unwrap_err=True)
     assert code == 0, err
     assert (
         _scores(tmp_path / "explicit")["scores"]
@@ -200,7 +190,7 @@ def test_offline_and_not_cached_is_one_line(tmp_path, data_root, capsys, monkeyp
         ["generate", "--prompt", "hello"],
         ["convert", "--from", "hf", "openai-gpt", "--out", tmp_path / "ck"],
     ):
-        code, out, err = gpt1(capsys, *args)
+        code, out, err = gpt1([*args], capsys, unwrap_err=True)
         assert code == 1 and "Traceback" not in err, err
         assert err.startswith(
             "error: openai-community/openai-gpt is not in the Hugging Face cache and HF_HUB_OFFLINE "
@@ -213,33 +203,38 @@ def test_offline_and_not_cached_is_one_line(tmp_path, data_root, capsys, monkeyp
 def test_missing_data_is_reported_before_any_download(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GPT1_DATA", str(tmp_path / "nothing"))
     monkeypatch.setattr("gptcli.interop.hub.download", lambda hub: pytest.fail("downloaded before checking the data"))
-    code, _, err = gpt1(capsys, "finetune", "--task", "rte", "--out", tmp_path / "run")
+    code, _, err = gpt1(["finetune", "--task", "rte", "--out", tmp_path / "run"], capsys, unwrap_err=True)
     assert code == 1 and "data directory for task 'rte' not found" in err and "`gpt1 fetch rte`" in err
-    code, _, err = gpt1(capsys, "zeroshot", "--task", "sst2")
+    code, _, err = gpt1(["zeroshot", "--task", "sst2"], capsys, unwrap_err=True)
     assert code == 1 and "data directory for task 'sst2' not found" in err and "`gpt1 fetch sst2`" in err
 
 
 def test_hub_ids_wherever_a_checkpoint_is_taken(hub, conversions, tmp_path, capsys, monkeypatch):
     from gptcli.checkpoint import load_checkpoint
 
-    code, _, err = gpt1(capsys, "convert", "--from", "hf", "openai-gpt", "--out", tmp_path / "ck")
+    code, _, err = gpt1(["convert", "--from", "hf", "openai-gpt", "--out", tmp_path / "ck"], capsys, unwrap_err=True)
     assert code == 0 and "wrote gpt1 checkpoint" in err and conversions == [tmp_path / "ck"], err  # not the cache
     assert load_checkpoint(tmp_path / "ck").meta["source"]["commit"] == MODEL_COMMIT
     code, out, err = gpt1(
+        [
+            "generate",
+            "--checkpoint",
+            "openai-community/openai-gpt",
+            "--prompt",
+            "the ship",
+            "-n",
+            "3",
+            "--greedy",
+            "--device",
+            "cpu",
+        ],
         capsys,
-        "generate",
-        "--checkpoint",
-        "openai-community/openai-gpt",
-        "--prompt",
-        "the ship",
-        "-n",
-        "3",
-        "--greedy",
-        "--device",
-        "cpu",
+        unwrap_err=True,
     )
     assert code == 0 and out.startswith("the ship") and "model: openai-community/openai-gpt →" in err, err
-    code, out, err = gpt1(capsys, "generate", "--prompt", "the ship", "-n", "3", "--greedy", "--device", "cpu")
+    code, out, err = gpt1(
+        ["generate", "--prompt", "the ship", "-n", "3", "--greedy", "--device", "cpu"], capsys, unwrap_err=True
+    )
     assert code == 0 and "(no --checkpoint given" in err and "(cached:" in err and len(conversions) == 2
     # A local directory spelled like the id wins, and nothing is looked up.
     monkeypatch.chdir(tmp_path)
@@ -247,7 +242,9 @@ def test_hub_ids_wherever_a_checkpoint_is_taken(hub, conversions, tmp_path, caps
     (tmp_path / "ck").rename(tmp_path / "openai-community" / "openai-gpt")
     monkeypatch.setattr("gptcli.interop.hub.download", lambda hub: pytest.fail("looked up a local path on the Hub"))
     code, _, err = gpt1(
-        capsys, "generate", "--checkpoint", "openai-community/openai-gpt", "--prompt", "a", "-n", "1", "--device", "cpu"
+        ["generate", "--checkpoint", "openai-community/openai-gpt", "--prompt", "a", "-n", "1", "--device", "cpu"],
+        capsys,
+        unwrap_err=True,
     )
     assert code == 0 and "model:" not in err, err
 
@@ -277,7 +274,7 @@ def test_missing_task_data_is_fetched_into_the_default_root_only(hub_cache, shar
         "-q",
         *CPU,
     ]
-    code, _, err = gpt1(capsys, *args)
+    code, _, err = gpt1([*args], capsys, unwrap_err=True)
     root = tmp_path / "home" / ".cache" / "gpt1" / "data"
     assert code == 0, err
     assert (
@@ -288,6 +285,6 @@ def test_missing_task_data_is_fetched_into_the_default_root_only(hub_cache, shar
     assert (root / "RTE" / "dev.tsv").read_bytes() == (shared_data / "glue" / "RTE" / "dev.tsv").read_bytes()
     assert _scores(tmp_path / "runs" / "finetune-rte")["n_eval"] == 4
     monkeypatch.setenv("GPT1_DATA", str(tmp_path / "mine"))
-    code, _, err = gpt1(capsys, *args)
+    code, _, err = gpt1([*args], capsys, unwrap_err=True)
     assert code == 1 and "data directory for task 'rte' not found" in err and "`gpt1 fetch rte`" in err
     assert not (tmp_path / "mine").exists()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from error_lines import gpt1
 
 from gptcli.checkpoint import save_checkpoint
 from gptcli.model.generate import SamplingConfig, filter_logits, generate, iter_generate
@@ -31,14 +32,6 @@ def tiny_tokenizer() -> OpenAIBPETokenizer:
     ]
     merges = [("t", "h"), ("th", "e</w>"), ("a", "n"), ("an", "d</w>")]
     return OpenAIBPETokenizer({t: i for i, t in enumerate(vocab)}, merges)
-
-
-def run_cli(*args: str) -> int:
-    from gptcli.cli import main
-
-    with pytest.raises(SystemExit) as e:
-        main(list(args))
-    return int(e.value.code or 0)
 
 
 V = 60  # tiny_tokenizer's vocabulary
@@ -166,18 +159,20 @@ def test_cli_generate_streams(tmp_path: Path, capsys) -> None:
     tok = tiny_tokenizer()
     save_checkpoint(tmp_path / "ck", tiny_model(), tok)
     assert (
-        run_cli(
-            "generate",
-            "--checkpoint",
-            str(tmp_path / "ck"),
-            "--prompt",
-            "The band and the",
-            "-n",
-            "6",
-            "--greedy",
-            "--device",
-            "cpu",
-        )
+        gpt1(
+            [
+                "generate",
+                "--checkpoint",
+                str(tmp_path / "ck"),
+                "--prompt",
+                "The band and the",
+                "-n",
+                "6",
+                "--greedy",
+                "--device",
+                "cpu",
+            ]
+        ).code
         == 0
     )
     cap = capsys.readouterr()
@@ -189,14 +184,16 @@ def test_cli_generate_streams(tmp_path: Path, capsys) -> None:
 
 
 def test_cli_generate_errors(tmp_path: Path, capsys) -> None:
-    assert run_cli("generate", "--checkpoint", str(tmp_path / "none"), "--prompt", "hi") == 1
+    assert gpt1(["generate", "--checkpoint", str(tmp_path / "none"), "--prompt", "hi"]).code == 1
     assert "checkpoint not found" in capsys.readouterr().err
     save_checkpoint(tmp_path / "notok", tiny_model(), None)
-    assert run_cli("generate", "--checkpoint", str(tmp_path / "notok"), "--prompt", "hi", "--device", "cpu") == 1
+    assert gpt1(["generate", "--checkpoint", str(tmp_path / "notok"), "--prompt", "hi", "--device", "cpu"]).code == 1
     assert "no tokenizer" in capsys.readouterr().err
     save_checkpoint(tmp_path / "ck", tiny_model(), tiny_tokenizer())
     assert (
-        run_cli("generate", "--checkpoint", str(tmp_path / "ck"), "--prompt", "hi", "--top-p", "0", "--device", "cpu")
+        gpt1(
+            ["generate", "--checkpoint", str(tmp_path / "ck"), "--prompt", "hi", "--top-p", "0", "--device", "cpu"]
+        ).code
         == 1
     )
     assert "--top-p 0.0 is impossible" in capsys.readouterr().err
@@ -253,22 +250,24 @@ def test_cli_config_file_and_long_prompt(tmp_path: Path, capsys) -> None:
     (tmp_path / "s.toml").write_text("max_new_tokens = 3\ngreedy = true\n")
     prompt = "a b c d e f g h i j"  # 10 tokens > the 8-token context: the last 7 are kept
     assert (
-        run_cli(
-            "generate",
-            "-c",
-            str(tmp_path / "ck"),
-            "-p",
-            prompt,
-            "--config",
-            str(tmp_path / "s.toml"),
-            "--device",
-            "cpu",
-        )
+        gpt1(
+            [
+                "generate",
+                "-c",
+                str(tmp_path / "ck"),
+                "-p",
+                prompt,
+                "--config",
+                str(tmp_path / "s.toml"),
+                "--device",
+                "cpu",
+            ]
+        ).code
         == 0
     )
     cap = capsys.readouterr()
     assert "keeping the last 7" in cap.err and "1 tokens in" in cap.err  # 7 + 1 fills the context
     assert cap.out.startswith("d e f g h i j")
     (tmp_path / "bad.toml").write_text("max_new_tokens = 3\nbeam_width = 4\n")
-    assert run_cli("generate", "-c", str(tmp_path / "ck"), "-p", "a", "--config", str(tmp_path / "bad.toml")) == 1
+    assert gpt1(["generate", "-c", str(tmp_path / "ck"), "-p", "a", "--config", str(tmp_path / "bad.toml")]).code == 1
     assert "unknown setting beam_width" in capsys.readouterr().err

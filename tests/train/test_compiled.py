@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from corpus_helpers import random_corpus
+from error_lines import gpt1
 
 from gptcli.config import from_dict, read_config_file
 from gptcli.errors import GPT1Error
@@ -80,22 +81,13 @@ def _losses(run: Path) -> list[float]:
     return [r["loss"] for r in recs if r["kind"] == "train"]
 
 
-def _cli(args, capsys):
-    from gptcli.cli import main
-
-    with pytest.raises(SystemExit) as e:
-        main(args)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
-
-
 def test_the_modes_are_the_settings_choices_and_others_are_refused(tmp_path, capsys):
     assert typing.get_args(typing.get_type_hints(PretrainConfig)["compile_mode"]) == MODES
     assert PretrainConfig().compile_mode == "default"
     assert set(GRAPHED_MODES) < set(MODES)
     with pytest.raises(GPT1Error, match="compile_mode: expected one of"):
         from_dict(PretrainConfig, {"compile": True, "compile_mode": "fast"})
-    code, _, err = _cli(["pretrain", "--data", str(tmp_path), "--compile", "--compile-mode", "fast"], capsys)
+    code, _, err = gpt1(["pretrain", "--data", str(tmp_path), "--compile", "--compile-mode", "fast"], capsys)
     assert code == 2 and "'fast' is not one of 'default', 'reduce-overhead', 'max-autotune'" in err
 
 
@@ -104,7 +96,7 @@ def test_a_mode_without_compile_is_refused_in_one_line(corpus, tmp_path, capsys)
     with pytest.raises(GPT1Error, match=r"--compile-mode max-autotune takes effect only with --compile \(add"):
         check_pretrain(PretrainConfig(compile_mode="max-autotune"), None)
     args = ["pretrain", "--data", str(corpus), "--out", str(tmp_path / "r"), "--compile-mode", "reduce-overhead"]
-    code, _, err = _cli(args, capsys)
+    code, _, err = gpt1(args, capsys)
     assert code == 1 and err.startswith("error: --compile-mode reduce-overhead takes effect only with --compile")
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
 
@@ -163,7 +155,7 @@ def test_a_run_whose_config_lacks_the_setting_loads_and_resumes_with_a_new_mode(
     run = tmp_path / "run"
     args = ["pretrain", "--data", str(corpus), "--out", str(run), *TINY, "--seq-len", "16", "--batch-size", "4"]
     args += ["--max-steps", "2", "--warmup-steps", "1", "--device", "cpu", "--precision", "fp32", "--compile"]
-    code, _, err = _cli([*args, "--peak-flops", "1e11", "--quiet"], capsys)
+    code, _, err = gpt1([*args, "--peak-flops", "1e11", "--quiet"], capsys)
     assert code == 0, err
     config = run / "config.toml"
     text = config.read_text()
@@ -172,9 +164,9 @@ def test_a_run_whose_config_lacks_the_setting_loads_and_resumes_with_a_new_mode(
     assert from_dict(PretrainConfig, read_config_file(config)).compile_mode == "default"
 
     resume = ["pretrain", "--out", str(run), "--resume", "--max-steps", "3", "--quiet"]
-    code, _, err = _cli(resume, capsys)
+    code, _, err = gpt1(resume, capsys)
     assert code == 0, err
-    code, _, err = _cli([*resume[:-2], "4", "--compile-mode", "reduce-overhead", "--quiet"], capsys)
+    code, _, err = gpt1([*resume[:-2], "4", "--compile-mode", "reduce-overhead", "--quiet"], capsys)
     assert code == 0, err
     assert [c["kwargs"] for c in compiles] == [{}, {}, {"mode": "reduce-overhead"}]
     assert 'compile_mode = "reduce-overhead"' in config.read_text()

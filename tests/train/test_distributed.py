@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from corpus_helpers import write_corpus
+from error_lines import gpt1
 
 from gptcli.data.shards import open_corpus
 from gptcli.data.windows import WindowSampler
@@ -201,12 +202,9 @@ def test_validation_batches_are_shared_out_over_ranks(corpus):
 
 
 def test_launch_options_are_checked_before_starting_anything(corpus, tmp_path, capsys):
-    from gptcli.cli import main
-
     def run(*extra):
-        with pytest.raises(SystemExit) as e:
-            main(["pretrain", "--data", str(corpus), "--out", str(tmp_path / "r"), *extra])
-        return e.value.code, capsys.readouterr().err
+        code, _, err = gpt1(["pretrain", "--data", str(corpus), "--out", str(tmp_path / "r"), *extra], capsys)
+        return code, err
 
     if not torch.cuda.is_available():
         code, err = run("--gpus", "2")

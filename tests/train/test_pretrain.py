@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from corpus_helpers import random_corpus, text_corpus
+from error_lines import gpt1
 
 import gptcli.train.pretrain as pretrain_mod
 from gptcli.checkpoint import load_checkpoint
@@ -231,15 +232,6 @@ def test_nan_loss_stops_naming_last_good_checkpoint(corpus, tmp_path, monkeypatc
     assert "nan" in msg and "update 6" in msg and str(run / "checkpoints" / "step-0000004") in msg
 
 
-def _cli(args, capsys):
-    from gptcli.cli import main
-
-    with pytest.raises(SystemExit) as e:
-        main(args)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
-
-
 def test_cli_pretrain_then_eval_perplexity(corpus, tmp_path, capsys):
     run = tmp_path / "run"
     args = [
@@ -276,12 +268,12 @@ def test_cli_pretrain_then_eval_perplexity(corpus, tmp_path, capsys):
         "1e11",
         "--quiet",
     ]
-    code, _, err = _cli(args, capsys)
+    code, _, err = gpt1(args, capsys)
     assert code == 0, err
     saved = (run / "config.toml").read_text()
     assert "max_steps = 3" in saved and "n_layer = 2" in saved
     final = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"eval"' in x][-1]
-    code, out, err = _cli(
+    code, out, err = gpt1(
         [
             "eval",
             "--checkpoint",
@@ -300,26 +292,26 @@ def test_cli_pretrain_then_eval_perplexity(corpus, tmp_path, capsys):
     assert code == 0, err
     assert f"{final['perplexity']:.2f}" in out  # same windows, same number
     # Resuming a finished run with its saved config extends it.
-    code, _, err = _cli(["pretrain", "--out", str(run), "--resume", "--max-steps", "4", "--quiet"], capsys)
+    code, _, err = gpt1(["pretrain", "--out", str(run), "--resume", "--max-steps", "4", "--quiet"], capsys)
     assert code == 0, err
     assert load_checkpoint(run).meta["step"] == 4
 
 
 def test_cli_errors_are_one_line(corpus, tmp_path, capsys):
-    code, _, err = _cli(["pretrain", "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "r")], capsys)
+    code, _, err = gpt1(["pretrain", "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "r")], capsys)
     assert code == 1 and "corpus directory not found" in err and "Traceback" not in err
     bad = random_corpus(tmp_path / "bad")
     shard = bad / "train-00001.arrow"
     raw = bytearray(shard.read_bytes())
     raw[-200] ^= 0xFF
     shard.write_bytes(bytes(raw))
-    code, _, err = _cli(["pretrain", "--data", str(bad), "--out", str(tmp_path / "r"), "--device", "cpu"], capsys)
+    code, _, err = gpt1(["pretrain", "--data", str(bad), "--out", str(tmp_path / "r"), "--device", "cpu"], capsys)
     assert code == 1 and "train-00001.arrow: checksum mismatch" in err
-    code, _, err = _cli(["eval", "--checkpoint", str(tmp_path / "nope"), "--data", str(corpus)], capsys)
+    code, _, err = gpt1(["eval", "--checkpoint", str(tmp_path / "nope"), "--data", str(corpus)], capsys)
     assert code == 1 and "checkpoint not found" in err
-    code, _, err = _cli(["pretrain", "--data", str(corpus), "--out", str(tmp_path / "r"), "--precision", "fp8"], capsys)
+    code, _, err = gpt1(["pretrain", "--data", str(corpus), "--out", str(tmp_path / "r"), "--precision", "fp8"], capsys)
     assert code == 1 and "--precision" in err
-    code, _, err = _cli(
+    code, _, err = gpt1(
         [
             "pretrain",
             "--data",
@@ -336,7 +328,7 @@ def test_cli_errors_are_one_line(corpus, tmp_path, capsys):
     assert code == 1 and "multiple of --micro-batch-size" in err
     bad_cfg = tmp_path / "run.toml"
     bad_cfg.write_text('data = "x"\nout = "y"\nlearning_rate = 1.0\n')
-    code, _, err = _cli(["pretrain", "--config", str(bad_cfg)], capsys)
+    code, _, err = gpt1(["pretrain", "--config", str(bad_cfg)], capsys)
     assert code == 1 and "unknown setting learning_rate" in err
 
 

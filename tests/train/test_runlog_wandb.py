@@ -16,7 +16,8 @@ else:
     wandb = pytest.importorskip("wandb", reason="wandb is part of the dev extra (pip install -e '.[dev]')")
 
 from corpus_helpers import random_corpus  # noqa: E402
-from run_helpers import TINY_ARGS, cli  # noqa: E402
+from error_lines import gpt1  # noqa: E402
+from run_helpers import TINY_ARGS  # noqa: E402
 from wandb_helpers import logged, offline_runs  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -44,7 +45,7 @@ def test_pretrain_logs_the_same_scalars_config_and_checkpoints_offline(tmp_path,
         "--log-every",
         "1",
     ]
-    code, _, err = cli([*args, "--wandb"], capsys)
+    code, _, err = gpt1([*args, "--wandb"], capsys)
     assert code == 0, err
     history, summary, config = logged(run)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -61,7 +62,7 @@ def test_pretrain_logs_the_same_scalars_config_and_checkpoints_offline(tmp_path,
 
     # Resumed for two more updates: the same W&B run (its id is kept in RUN/wandb); a project given by name.
     run_id = summary["_run_id"]
-    code, _, err = cli(
+    code, _, err = gpt1(
         [*args[:-6], "--max-steps", "6", "--save-every", "2", "--log-every", "1", "--resume", "--wandb=gpt1"], capsys
     )
     assert code == 0, err
@@ -93,7 +94,7 @@ def test_finetune_logs_the_same_records(pretrained, tmp_path, capsys):
     from run_helpers import sst2_folder
 
     run = tmp_path / "ft"
-    code, _, err = cli(
+    code, _, err = gpt1(
         [
             "finetune",
             "--task",
