@@ -487,8 +487,7 @@ def model_config(p: Path, header: Header) -> AnyConfig:
     """The architecture's config from ``header.model``, every field type-checked (a dim that is a string or a float
     is refused, not turned into a TypeError deep inside the model) and every size positive."""
     try:
-        arch_config = config_class(header.arch)
-        mcfg: AnyConfig = from_dict(arch_config, header.model, prefix="model.")
+        mcfg: AnyConfig = from_dict(config_class(header.arch), header.model, prefix="model.")
     except GPT1Error as e:
         raise GPT1Error(
             f"{p / CONFIG}: unreadable checkpoint config ({e}) (restore the file or use another checkpoint)"

@@ -37,7 +37,7 @@ from gptcli import __version__
 from gptcli.errors import GPT1Error
 from gptcli.files.fsutil import printable, visible_path
 from gptcli.system.torch_floor import check_torch
-from gptcli.train.launch_files import keep_for_launcher
+from gptcli.train.launch_files import debugging, keep_for_launcher
 
 # (subcommand, module in gptcli.commands, one-line summary for `gpt1 --help`), in the order of the paper's pipeline.
 # A module is imported only when its subcommand runs or shows its own --help: torch and spaCy load in seconds,
@@ -340,7 +340,7 @@ def _error_line(text: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point with one-line user errors and meaningful exit codes."""
     debug_env = os.environ.get("GPT1_DEBUG")
-    _state["debug"] = debug_env not in (None, "", "0")
+    _state["debug"] = debugging()
     command = typer.main.get_command(app)
     previous = _catch_sigterm()
     try:

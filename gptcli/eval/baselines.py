@@ -97,8 +97,7 @@ def trivial_level(
 def baseline_of(task: Task, train: Sequence[Example], evaluated: Sequence[Example]) -> dict[str, Any] | None:
     """:func:`trivial_level` on ``evaluated`` with the majority label of the ``train`` examples (fine-tuning's own
     training set, subsampled or not: the labels the model saw)."""
-    counts = label_counts(task, train)
-    return trivial_level(task, evaluated, counts)
+    return trivial_level(task, evaluated, label_counts(task, train))
 
 
 def level(baseline: dict[str, Any] | None, key: str) -> tuple[str, float | None]:

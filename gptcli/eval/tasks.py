@@ -36,7 +36,7 @@ from gptcli.model.gpt import GPT
 from gptcli.model.heads import HeadConfig, TaskHead
 from gptcli.model.kernels import config_default, use_kernels
 from gptcli.progress import SILENT, Progress, staged
-from gptcli.system.out_of_memory import weights_fit
+from gptcli.system.out_of_memory import move_model
 from gptcli.system.runtime import resolve_device, resolve_precision
 from gptcli.tasks import Example, ReadOptions, Task, get_task
 from gptcli.tasks.base import EVAL_SUBSET_SEED, subsample
@@ -161,9 +161,7 @@ def load_finetuned(
         head.load_state_dict(ck.head_state)
     except RuntimeError as e:
         raise GPT1Error(f"{ck.path}: head weights do not match the head config ({str(e).splitlines()[0]})") from None
-    model = FinetuneModel(ck.model, head)
-    with weights_fit(device, lambda: sum(p.numel() for p in model.parameters())):
-        model = model.to(device).eval()
+    model = move_model(FinetuneModel(ck.model, head), device).eval()
     return ck, kernels.apply(model, device), ck.tokenizer
 
 

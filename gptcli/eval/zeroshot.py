@@ -560,7 +560,7 @@ def open_model(checkpoint: str | Path, device: str = "auto", verify: bool = True
     pretraining."""
     from gptcli.checkpoint import load_checkpoint
     from gptcli.model import kernels
-    from gptcli.system.out_of_memory import weights_fit
+    from gptcli.system.out_of_memory import move_model
     from gptcli.system.runtime import resolve_device
 
     ck = load_checkpoint(checkpoint, verify=verify)
@@ -577,8 +577,7 @@ def open_model(checkpoint: str | Path, device: str = "auto", verify: bool = True
             level="warn",
         )
     dev = resolve_device(device)
-    with weights_fit(dev, lambda: sum(p.numel() for p in ck.model.parameters())):
-        model = ck.model.to(dev).eval()
+    model = move_model(ck.model, dev).eval()
     return kernels.apply(model, dev), ck.tokenizer, ck
 
 

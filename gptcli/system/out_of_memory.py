@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from gptcli.errors import GPT1Error
+
+ModuleT = TypeVar("ModuleT", bound=torch.nn.Module)
 
 # Failed allocations that PyTorch raises as a plain RuntimeError, not torch.OutOfMemoryError: its CPU allocator's
 # (torch 2.13: "DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes"; older: "not enough
@@ -77,3 +79,9 @@ def weights_fit(device: Any, params: Callable[[], int]) -> Iterator[None]:
         if not is_out_of_memory(e):
             raise
         raise model_out_of_memory(torch.device(device), params()) from e
+
+
+def move_model(model: ModuleT, device: Any) -> ModuleT:
+    """``model.to(device)``; a model whose weights alone do not fit there is :func:`model_out_of_memory`."""
+    with weights_fit(device, lambda: sum(p.numel() for p in model.parameters())):
+        return model.to(device)

@@ -33,7 +33,7 @@ from gptcli.model.classifier import FinetuneModel
 from gptcli.model.heads import TaskHead
 from gptcli.model.kernels import use_kernels
 from gptcli.progress import SILENT, Progress
-from gptcli.system.out_of_memory import weights_fit
+from gptcli.system.out_of_memory import move_model
 from gptcli.tasks import get_task
 from gptcli.train.finetune_config import RULES, FinetuneConfig, check_finetune, run_inputs
 from gptcli.train.finetune_dev import PREDICTION_SUMMARY, scores_of
@@ -172,9 +172,7 @@ def _build_job(setup: FinetuneSetup, gpt: LanguageModel, par: Parallel, run: Run
     schedule and trainer (the model wrapped for the ranks), restore a resumed run and check that it is the same."""
     c = setup.config
     total = num_batches(len(setup.train_enc), c.batch_size, batching=c.batching) * c.epochs
-    model = FinetuneModel(gpt, TaskHead(setup.head_config))
-    with weights_fit(setup.device, lambda: sum(p.numel() for p in model.parameters())):
-        model = model.to(setup.device)
+    model = move_model(FinetuneModel(gpt, TaskHead(setup.head_config)), setup.device)
     loss, schedule = TaskLoss(c.lm_weight), lr_schedule(c, total)
     optimizer = make_optimizer(model, c.lr, c.weight_decay, decay=c.decay, report=report)
     trainer = Trainer(

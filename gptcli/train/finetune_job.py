@@ -374,7 +374,6 @@ class FinetuneJob:
 
     def memory_warning(self) -> str | None:
         """On a CPU, when the epoch's largest forward/backward would not fit in the free memory (memory.py)."""
-        micro = self._micro()[1]
         setup, mc = self.setup, body_and_head(self.model)[0].config
         if setup.device.type != "cpu" or arch_of(mc) != TRANSFORMER or not self.batches:
             return None
@@ -392,7 +391,7 @@ class FinetuneJob:
             )
             return update_bytes(mc.n_layer, mc.n_embd, mc.total_vocab, params, most, setup.precision)
 
-        return too_big_warning(needed, micro, "examples")
+        return too_big_warning(needed, self._micro()[1], "examples")
 
     def memory_advice(self, evaluating: bool) -> str:
         """``--eval-batch-size`` halved for the dev scoring, else ``--micro-batch-size`` halved (a multiple-choice

@@ -300,12 +300,13 @@ def build_body(
         )
     gpt.add_special_tokens(n_sp)  # start, delimiter, extract: new rows drawn from N(0, 0.02)
     if transfer_layers is not None and init.lower() != "none":
-        if not 0 <= transfer_layers <= gpt.config.n_layer:
+        try:
+            reinit_after(gpt, transfer_layers)
+        except ValueError:  # its range is reinit_after's rule; said here in the option's words
             raise GPT1Error(
                 f"--transfer-layers must be between 0 and {gpt.config.n_layer} (the model's layers), "
                 f"got {transfer_layers}"
-            )
-        reinit_after(gpt, transfer_layers)
+            ) from None
         source["transfer_layers"] = transfer_layers
     if dropout is not None:
         gpt = with_dropout(gpt, dropout)

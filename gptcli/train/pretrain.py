@@ -93,7 +93,9 @@ def check_pretrain_launch(config: PretrainConfig, spec: LaunchSpec) -> bool:
     by all alike, and all continue from the same intact one."""
     check_pretrain(config, spec.nproc_per_node * spec.nnodes)
     check_output(Path(config.out), "pretrain-run", overwrite=True, inputs=[Path(config.data)], replacing=False)
-    corpus = open_training_corpus(config) if config.verify_data else open_corpus(config.data)
+    corpus = open_corpus(config.data)
+    if config.verify_data:
+        corpus.check_intact()
     validation_split(config, corpus)  # a --val-split the corpus lacks: refused once, here, not by every worker
     return config.verify_data
 
@@ -130,14 +132,6 @@ def validation_split(config: PretrainConfig, corpus: Corpus) -> str | None:
             f"{', '.join(corpus.splits) or 'none'}; pass one of them)"
         )
     return next((s for s in ("validation", "valid") if s in corpus.splits), None)
-
-
-def open_training_corpus(config: PretrainConfig) -> Corpus:
-    """The prepared corpus, with every shard checked against its manifest checksum unless ``verify_data`` is off."""
-    corpus = open_corpus(config.data)
-    if config.verify_data and not inputs_verified_by_launcher():
-        corpus.check_intact()
-    return corpus
 
 
 def pretrain(

@@ -372,10 +372,8 @@ def start_run_dir(
         if stale.is_file():
             stale.unlink()
     # Atomically: a config.toml cut short would be read back by `--resume` as a run with other settings.
-    kept = recorded(config)
-    settings = to_dict(kept)
-    text = dumps_toml(settings)
-    write_text_atomic(work / CONFIG_FILE, text)
+    settings = to_dict(recorded(config))
+    write_text_atomic(work / CONFIG_FILE, dumps_toml(settings))
     metrics = work / METRICS
     if resumed:
         reopen_metrics(metrics, records, step, report)
