@@ -50,7 +50,7 @@ def _ulp_close(a: torch.Tensor, b: torch.Tensor) -> None:
     "features", [(768, 2304), (96, 40), (40, 96), (64, 64)], ids=["qkv", "narrow", "wide", "square"]
 )
 @pytest.mark.parametrize("bias", [True, False])
-def test_the_amx_form_is_autocasts_linear(lib, features: tuple[int, int], bias: bool) -> None:
+def test_the_amx_form_is_autocasts_linear(avx512, features: tuple[int, int], bias: bool) -> None:
     """Every shape class of ``weight_grad`` (in < out: the input transposed, out < in: the gradient, square:
     autograd's form), a position count no tile divides, a 3-D float32 input as the model hands it over."""
     fan_in, fan_out = features
