@@ -23,8 +23,8 @@ import torch
 from gptcli.checkpoint import TOKENIZER, load_checkpoint, read_header, resolve_checkpoint, verify_checkpoint
 from gptcli.data.shards import Corpus, open_corpus, tokenizer_fingerprint
 from gptcli.errors import GPT1Error
-from gptcli.model import kernels
 from gptcli.model.build import LanguageModel
+from gptcli.model.kernels import apply as apply_kernels
 from gptcli.model.kernels import use_kernels
 from gptcli.model.losses import IGNORE
 from gptcli.progress import SILENT, Progress, staged
@@ -207,7 +207,7 @@ def _corpus_perplexity(
             corpus.check_token_ids(split, ck.config.total_vocab)
             # At most n_ctx: _check_checkpoint refused a longer one.
             n = seq_len or min(trained_seq_len(ck.path) or ck.config.n_ctx, ck.config.n_ctx)
-            model = kernels.apply(ck.model, dev)
+            model = apply_kernels(ck.model, dev)
             res = evaluate_lm(model, arrays, n, batch_size, device=dev, precision=prec, max_batches=max_batches)
             step = ck.meta.get("step")
             rows.append(

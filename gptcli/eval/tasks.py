@@ -30,10 +30,10 @@ from gptcli.eval.perplexity import corpus_perplexity
 from gptcli.files.fsutil import write_text_atomic
 from gptcli.files.locks import maybe_lock, output_lock
 from gptcli.files.outputs import check_output, mark
-from gptcli.model import kernels
 from gptcli.model.classifier import FinetuneModel, predict
 from gptcli.model.gpt import GPT
 from gptcli.model.heads import HeadConfig, TaskHead
+from gptcli.model.kernels import apply as apply_kernels
 from gptcli.model.kernels import config_default, use_kernels
 from gptcli.progress import SILENT, Progress, staged
 from gptcli.system.out_of_memory import move_model
@@ -162,7 +162,7 @@ def load_finetuned(
     except RuntimeError as e:
         raise GPT1Error(f"{ck.path}: head weights do not match the head config ({str(e).splitlines()[0]})") from None
     model = move_model(FinetuneModel(ck.model, head), device).eval()
-    return ck, kernels.apply(model, device), ck.tokenizer
+    return ck, apply_kernels(model, device), ck.tokenizer
 
 
 def load_results(paths: Iterable[str | Path]) -> list[dict[str, Any]]:

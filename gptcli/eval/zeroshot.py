@@ -559,7 +559,7 @@ def open_model(checkpoint: str | Path, device: str = "auto", verify: bool = True
     warning note to ``progress``: the heuristics are the paper's for language models, Figure 2's curve over
     pretraining."""
     from gptcli.checkpoint import load_checkpoint
-    from gptcli.model import kernels
+    from gptcli.model.kernels import apply as apply_kernels
     from gptcli.system.out_of_memory import move_model
     from gptcli.system.runtime import resolve_device
 
@@ -578,7 +578,7 @@ def open_model(checkpoint: str | Path, device: str = "auto", verify: bool = True
         )
     dev = resolve_device(device)
     model = move_model(ck.model, dev).eval()
-    return kernels.apply(model, dev), ck.tokenizer, ck
+    return apply_kernels(model, dev), ck.tokenizer, ck
 
 
 def _summary(r: TaskResult) -> str:

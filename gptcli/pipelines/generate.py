@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gptcli.errors import GPT1Error
-from gptcli.model import kernels
 from gptcli.model.generate import GenerateConfig, iter_generate, iter_generate_batch
+from gptcli.model.kernels import apply as apply_kernels
 from gptcli.model.kernels import check_mode, use_kernels
 from gptcli.progress import SILENT, Progress, staged
 
@@ -164,7 +164,7 @@ def start_generation(cfg: GenerateConfig, progress: Progress | None = None) -> G
     device = resolve_device(cfg.device)
     ckpt = load_checkpoint(cfg.checkpoint, map_location=device, verify=cfg.verify)
     with use_kernels(cfg.kernels):  # the kernels applied to the model where the config's mode runs them
-        kernels.apply(ckpt.model, device)
+        apply_kernels(ckpt.model, device)
     tok = ckpt.tokenizer
     if tok is None:
         raise GPT1Error(f"{ckpt.path}: the checkpoint has no tokenizer/ directory; cannot turn the prompt into ids")
